@@ -1,0 +1,9 @@
+"""The engine: worker pool, heartbeat, reaper, retention, watchdog and metrics.
+
+It works through the ``Repo`` port and never imports psycopg or ``brooq_py.postgres``.
+"""
+
+from brooq_py.engine.config import Config
+from brooq_py.engine.repo import ClaimedJob, Gauges, HeldLease, Listener, Outcome, Repo, TopicCount
+
+__all__ = ["ClaimedJob", "Config", "Gauges", "HeldLease", "Listener", "Outcome", "Repo", "TopicCount"]

@@ -1,0 +1,168 @@
+"""Config: the engine's settings, validated on construction and readable from QUEUE_* variables."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+
+from brooq_py.queue import ConfigError, KindOptions, parse_go_duration
+from brooq_py.queue.options import check_int, check_positive, check_timeouts, normalise_durations
+
+_DURATIONS = (
+    "poll_interval",
+    "lease",
+    "reaper_period",
+    "watchdog_grace",
+    "retention_ttl",
+    "retention_period",
+    "attempt_timeout",
+    "max_execution_timeout",
+    "backoff_base",
+    "backoff_max",
+)
+# Zero is meaningful for these two (disabled / computed); every other period must be > 0.
+_MAY_BE_ZERO = ("retention_ttl", "retention_period")
+
+ENV_VARS: dict[str, tuple[str, str]] = {
+    "QUEUE_WORKERS": ("workers", "int"),
+    "QUEUE_POLL_INTERVAL": ("poll_interval", "duration"),
+    "QUEUE_LEASE": ("lease", "duration"),
+    "QUEUE_ATTEMPT_TIMEOUT": ("attempt_timeout", "duration"),
+    "QUEUE_MAX_EXECUTION_TIMEOUT": ("max_execution_timeout", "duration"),
+    "QUEUE_BACKOFF_BASE": ("backoff_base", "duration"),
+    "QUEUE_BACKOFF_MAX": ("backoff_max", "duration"),
+    "QUEUE_MAX_ATTEMPTS": ("max_attempts", "int"),
+    "QUEUE_REAPER_PERIOD": ("reaper_period", "duration"),
+    "QUEUE_WATCHDOG_GRACE": ("watchdog_grace", "duration"),
+    "QUEUE_RETENTION_TTL": ("retention_ttl", "duration"),
+    "QUEUE_RETENTION_BATCH": ("retention_batch", "int"),
+    "QUEUE_RETENTION_PERIOD": ("retention_period", "duration"),
+}
+_DIGITS = re.compile(r"[0-9]+")
+
+
+@dataclass(frozen=True)
+class Config:
+    """Engine settings. Durations accept ``timedelta`` or seconds and are held as ``timedelta``.
+
+    Raise ``ConfigError`` listing every problem found (SPEC K1).
+    """
+
+    workers: int = 2
+    poll_interval: timedelta | float = 1
+    lease: timedelta | float = 120
+    reaper_period: timedelta | float | None = None
+    watchdog_grace: timedelta | float | None = None
+    retention_ttl: timedelta | float = 30 * 86400
+    retention_batch: int = 1000
+    retention_period: timedelta | float = 0
+    max_attempts: int = 5
+    attempt_timeout: timedelta | float = 60
+    max_execution_timeout: timedelta | float = 300
+    backoff_base: timedelta | float = 1
+    backoff_max: timedelta | float = 60
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        check_int(self, "workers", 1, problems)
+        check_int(self, "max_attempts", 1, problems)
+        check_int(self, "retention_batch", 1, problems)
+        normalise_durations(self, _DURATIONS, problems)
+        check_positive(self, tuple(n for n in _DURATIONS if n not in _MAY_BE_ZERO), problems)
+        for name in _MAY_BE_ZERO:
+            value = getattr(self, name)
+            if isinstance(value, timedelta) and value < timedelta(0):
+                problems.append(f"{name} must not be negative, got {value.total_seconds():g}s")
+        check_timeouts(self, problems)
+        if problems:
+            raise ConfigError(problems)
+
+    # --- typed accessors for the computed values -------------------------
+
+    def td(self, name: str) -> timedelta:
+        value = getattr(self, name)
+        assert isinstance(value, timedelta), name
+        return value
+
+    @property
+    def lease_td(self) -> timedelta:
+        return self.td("lease")
+
+    @property
+    def heartbeat_period(self) -> timedelta:
+        """How often leases are renewed: lease/3 (SPEC C3)."""
+        return self.lease_td / 3
+
+    @property
+    def effective_reaper_period(self) -> timedelta:
+        """reaper_period, or max(5s, lease/4) when unset (SPEC R1)."""
+        if self.reaper_period is not None:
+            return self.td("reaper_period")
+        return max(timedelta(seconds=5), self.lease_td / 4)
+
+    @property
+    def effective_watchdog_grace(self) -> timedelta:
+        """watchdog_grace, or the lease when unset (SPEC C5)."""
+        if self.watchdog_grace is not None:
+            return self.td("watchdog_grace")
+        return self.lease_td
+
+    @property
+    def retention_enabled(self) -> bool:
+        return self.td("retention_ttl") > timedelta(0)
+
+    @property
+    def effective_retention_period(self) -> timedelta:
+        """retention_period, or ttl/100 clamped to [1 min, 1 h] when 0 (SPEC T3)."""
+        period = self.td("retention_period")
+        if period > timedelta(0):
+            return period
+        computed = self.td("retention_ttl") / 100
+        return min(max(computed, timedelta(minutes=1)), timedelta(hours=1))
+
+    def kind_defaults(self) -> KindOptions:
+        """The KindOptions a topic registered without options gets."""
+        return KindOptions(
+            max_attempts=self.max_attempts,
+            attempt_timeout=self.attempt_timeout,
+            max_execution_timeout=self.max_execution_timeout,
+            backoff_base=self.backoff_base,
+            backoff_max=self.backoff_max,
+        )
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:
+        """Build a Config from the QUEUE_* variables (SPEC K2).
+
+        An empty value counts as unset; durations need a unit (``30s``, ``1h30m``;
+        a bare ``0`` is zero); integers are plain decimal digits. Raise
+        ``ConfigError`` listing every problem, parse and validation alike.
+        """
+        env = os.environ if environ is None else environ
+        kwargs: dict[str, object] = {}
+        problems: list[str] = []
+        for var, (name, kind) in ENV_VARS.items():
+            raw = env.get(var)
+            if raw is None or raw == "":
+                continue
+            if kind == "int":
+                if not _DIGITS.fullmatch(raw):
+                    problems.append(f"{var}={raw!r}: expected a whole number in plain digits")
+                    continue
+                kwargs[name] = int(raw)
+            else:
+                try:
+                    kwargs[name] = parse_go_duration(raw)
+                except ValueError as exc:
+                    problems.append(f"{var}: {exc}")
+        try:
+            cfg = cls(**kwargs)  # type: ignore[arg-type]
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+            raise ConfigError(problems) from None
+        if problems:
+            raise ConfigError(problems)
+        return cfg

@@ -1,0 +1,91 @@
+"""Claim: a claimed job as its handler sees it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from brooq_py.queue.job import Job, Lease
+from brooq_py.queue.tx import Tx
+
+
+class Claim:
+    """A claimed job: its identity, decoded payload, attempt and lease.
+
+    ``chain`` and ``on_succeeded`` collect work for the transaction that records
+    this job as done; nothing of it runs unless the job ends done.
+    """
+
+    __slots__ = (
+        "_callbacks",
+        "_chained",
+        "attempt",
+        "claim_token",
+        "id",
+        "lease",
+        "max_attempts",
+        "payload",
+        "priority",
+        "topic",
+    )
+
+    def __init__(
+        self,
+        *,
+        id: str,
+        topic: str,
+        payload: Any,
+        attempt: int,
+        max_attempts: int,
+        lease: Lease,
+        claim_token: str = "",
+        priority: int = 0,
+    ) -> None:
+        self.id = id
+        self.topic = topic
+        self.payload = payload
+        self.attempt = attempt
+        self.max_attempts = max_attempts
+        self.lease = lease
+        self.claim_token = claim_token
+        self.priority = priority
+        self._chained: list[Job] = []
+        self._callbacks: list[Callable[[Tx], None]] = []
+
+    def chain(self, job: Job) -> None:
+        """Enqueue *job* in the transaction that records this job as done.
+
+        Raise ``InvalidJob`` (a ``TypeError`` for a non-Job) at once for bad input.
+        """
+        if not isinstance(job, Job):
+            raise TypeError(f"chain() takes a Job, got {type(job).__name__}")
+        job.payload_json()  # refuse bad payloads now, in the handler, not at closing
+        self._chained.append(job)
+
+    def on_succeeded(self, fn: Callable[[Tx], None]) -> None:
+        """Run ``fn(tx)`` inside the transaction that records this job as done.
+
+        If *fn* raises, that transaction rolls back and the attempt is recorded
+        as failed.
+        """
+        if not callable(fn):
+            raise TypeError("on_succeeded() takes a callable fn(tx)")
+        self._callbacks.append(fn)
+
+    @property
+    def chained(self) -> tuple[Job, ...]:
+        """The jobs chained so far, in order."""
+        return tuple(self._chained)
+
+    @property
+    def callbacks(self) -> tuple[Callable[[Tx], None], ...]:
+        """The on_succeeded callbacks registered so far, in order."""
+        return tuple(self._callbacks)
+
+    @property
+    def has_closing_work(self) -> bool:
+        """True when success must close in its own transaction (chain/on_succeeded)."""
+        return bool(self._chained or self._callbacks)
+
+    def __repr__(self) -> str:
+        return f"Claim(id={self.id!r}, topic={self.topic!r}, attempt={self.attempt}/{self.max_attempts})"

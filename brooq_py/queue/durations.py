@@ -1,0 +1,72 @@
+"""Durations: ``timedelta`` or seconds in Python, Go-style strings in the environment."""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import timedelta
+
+_UNITS: dict[str, float] = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "μs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+
+
+def to_timedelta(value: object, name: str = "duration") -> timedelta:
+    """Return *value* (a ``timedelta`` or a number of seconds) as a ``timedelta``.
+
+    Raise ``TypeError`` for anything else (``bool`` included) and ``ValueError``
+    for NaN or infinity.
+    """
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name}: expected timedelta or seconds, got {type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{name}: must be finite, got {value!r}")
+    try:
+        return timedelta(seconds=value)
+    except OverflowError as exc:
+        raise ValueError(f"{name}: out of range: {value!r}") from exc
+
+
+def parse_go_duration(text: str) -> timedelta:
+    """Parse a Go-style duration such as ``30s``, ``1h30m``, ``1.5s`` or ``250ms``.
+
+    A bare ``0`` is zero, as Go's ParseDuration has it; any other bare number,
+    an empty string or an unknown unit raises ``ValueError``.
+    """
+    s = text
+    if s in ("0", "+0", "-0"):
+        return timedelta(0)
+    sign = 1.0
+    if s[:1] in ("+", "-"):
+        sign = -1.0 if s[0] == "-" else 1.0
+        s = s[1:]
+    if not s:
+        raise ValueError(f"invalid duration {text!r}")
+    pos = 0
+    total = 0.0
+    while pos < len(s):
+        m = _PART.match(s, pos)
+        if m is None:
+            if re.fullmatch(r"\d+(\.\d*)?", s[pos:]):
+                raise ValueError(f"invalid duration {text!r}: missing unit (e.g. {text}s)")
+            raise ValueError(f"invalid duration {text!r}")
+        total += float(m.group(1)) * _UNITS[m.group(2)]
+        pos = m.end()
+    if not math.isfinite(total) or total > timedelta.max.total_seconds():
+        raise ValueError(f"invalid duration {text!r}: out of range")
+    return timedelta(seconds=sign * total)
+
+
+def format_duration(d: timedelta) -> str:
+    """Format *d* compactly for logs and errors (``1.5s``, ``2m0s`` style is not needed)."""
+    return f"{d.total_seconds():g}s"

@@ -1,0 +1,108 @@
+"""The library's errors, the handler signals and the cancellation causes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import TypeVar
+
+from brooq_py.queue.durations import to_timedelta
+
+
+class BrooqError(Exception):
+    """Root of the library's own errors."""
+
+
+class ConfigError(BrooqError, ValueError):
+    """Invalid settings; ``problems`` lists every one found, not just the first."""
+
+    def __init__(self, problems: list[str] | str) -> None:
+        self.problems: list[str] = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("; ".join(self.problems))
+
+
+class InvalidJob(BrooqError, ValueError):
+    """A job that cannot be enqueued (SPEC E4); nothing was written."""
+
+
+class JobNotFound(BrooqError, LookupError):
+    """No job has this id (for callers that want an error rather than ``None``)."""
+
+
+class UnknownTopic(BrooqError, LookupError):
+    """A topic no handler is registered for, where that matters."""
+
+
+# --- handler signals -------------------------------------------------------
+
+
+class MustDelay(Exception):
+    """Retry after *delay* (clamped to the topic's backoff_max); the attempt stays spent."""
+
+    def __init__(self, delay: timedelta | float) -> None:
+        self.delay: timedelta = to_timedelta(delay, "delay")
+        if self.delay < timedelta(0):
+            raise ValueError("MustDelay: delay must not be negative")
+        super().__init__(f"retry requested in {self.delay.total_seconds():g}s")
+
+
+class MustPreserveAttempt(Exception):
+    """Retry with backoff and give the attempt back; such a failure never makes a job dead."""
+
+
+class MustCancelTask(Exception):
+    """Cancel the job, whatever attempts remain."""
+
+
+# --- cancellation causes (Context.cause) -------------------------------------
+
+
+class LeaseLost(Exception):
+    """The row is no longer this claim's (canceled, reaped or taken over)."""
+
+
+class AttemptTimeout(TimeoutError):
+    """attempt_timeout elapsed since the attempt started."""
+
+
+class MaxExecutionExceeded(TimeoutError):
+    """max_execution_timeout elapsed since the attempt started: the engine gave up."""
+
+
+class EngineStopping(Exception):
+    """The engine is stopping and its graceful period ran out."""
+
+
+def iter_chain(exc: BaseException) -> Iterator[BaseException]:
+    """Yield *exc*, its ``__cause__``/``__context__`` chain and group members, once each."""
+    seen: set[int] = set()
+    stack: list[BaseException] = [exc]
+    while stack:
+        cur = stack.pop()
+        if id(cur) in seen:
+            continue
+        seen.add(id(cur))
+        yield cur
+        if isinstance(cur, BaseExceptionGroup):
+            stack.extend(reversed(cur.exceptions))
+        if cur.__context__ is not None:
+            stack.append(cur.__context__)
+        if cur.__cause__ is not None:
+            stack.append(cur.__cause__)
+
+
+E = TypeVar("E", bound=BaseException)
+
+
+def find_signal(exc: BaseException, kind: type[E]) -> E | None:
+    """Return the first exception of *kind* in *exc*'s chain or groups, if any."""
+    for cur in iter_chain(exc):
+        if isinstance(cur, kind):
+            return cur
+    return None
+
+
+def delay_of(exc: BaseException) -> timedelta | None:
+    """Return the delay of the ``MustDelay`` in *exc*'s chain, or ``None``."""
+    found = find_signal(exc, MustDelay)
+    return None if found is None else found.delay

@@ -1,0 +1,175 @@
+"""Jobs to enqueue, enqueue results, rows as stored, states and leases."""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from brooq_py.queue.errors import InvalidJob
+
+INT32_MIN = -(2**31)
+INT32_MAX = 2**31 - 1
+
+
+class State(enum.StrEnum):
+    """Where a job stands. ``failed`` is a wait for the next attempt, not a verdict."""
+
+    PENDING = "pending"
+    PROCESSING = "processing"
+    FAILED = "failed"
+    DONE = "done"
+    DEAD = "dead"
+    CANCELED = "canceled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (State.DONE, State.DEAD, State.CANCELED)
+
+
+TERMINAL_STATES = frozenset({State.DONE, State.DEAD, State.CANCELED})
+ACTIVE_STATES = frozenset({State.PENDING, State.PROCESSING, State.FAILED})
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def encode_payload(payload: Any) -> str:
+    """Return *payload* as JSON text, refusing what PostgreSQL's jsonb cannot hold.
+
+    ``bytes`` are taken as pre-encoded JSON text and validated. Raise
+    ``InvalidJob`` for a value that is not JSON-serialisable, for NaN or
+    Infinity and for ``\\u0000`` anywhere in the document.
+    """
+    if isinstance(payload, bytes | bytearray | memoryview):
+        try:
+            text = bytes(payload).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidJob(f"payload bytes are not UTF-8: {exc}") from None
+        try:
+            json.loads(text, parse_constant=_reject_constant)
+        except (ValueError, RecursionError) as exc:
+            raise InvalidJob(f"payload bytes are not valid JSON: {exc}") from None
+    else:
+        try:
+            text = json.dumps(payload, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise InvalidJob(f"payload is not JSON-serialisable: {exc}") from None
+    if "\x00" in text or "\\u0000" in text:
+        raise InvalidJob("payload contains \\u0000, which PostgreSQL jsonb cannot store")
+    return text
+
+
+def check_text(value: str, what: str) -> None:
+    """Raise ``InvalidJob`` if *value* holds NUL or lone surrogates (PostgreSQL text cannot)."""
+    if "\x00" in value:
+        raise InvalidJob(f"{what} contains a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidJob(f"{what} is not valid Unicode text") from None
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job to enqueue. Validated when built: bad input raises ``InvalidJob``."""
+
+    topic: str
+    payload: Any = None
+    idempotency_key: str | None = None
+    available_at: datetime | None = None
+    priority: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.topic, str):
+            raise InvalidJob(f"topic must be a str, got {type(self.topic).__name__}")
+        if not self.topic:
+            raise InvalidJob("topic must not be empty")
+        check_text(self.topic, "topic")
+        key = self.idempotency_key
+        if key is not None:
+            if not isinstance(key, str):
+                raise InvalidJob(f"idempotency_key must be a str or None, got {type(key).__name__}")
+            check_text(key, "idempotency_key")
+        at = self.available_at
+        if at is not None:
+            if not isinstance(at, datetime):
+                raise InvalidJob(f"available_at must be a datetime, got {type(at).__name__}")
+            if at.tzinfo is None or at.tzinfo.utcoffset(at) is None:
+                raise InvalidJob("available_at must be timezone-aware (a naive datetime is ambiguous)")
+        p = self.priority
+        if isinstance(p, bool) or not isinstance(p, int):
+            raise InvalidJob(f"priority must be an int, got {type(p).__name__}")
+        if not INT32_MIN <= p <= INT32_MAX:
+            raise InvalidJob(f"priority must fit a 32-bit signed int, got {p}")
+        if isinstance(self.payload, float) and not math.isfinite(self.payload):
+            raise InvalidJob("payload: NaN and Infinity are not valid JSON")
+
+    @property
+    def key(self) -> str | None:
+        """The idempotency key as stored: ``""`` and ``None`` both mean no key."""
+        return self.idempotency_key or None
+
+    def payload_json(self) -> str:
+        """Return the payload as JSON text (see ``encode_payload``)."""
+        return encode_payload(self.payload)
+
+
+class EnqueueResult(NamedTuple):
+    """What an enqueue returns: the job's id and whether this call created it."""
+
+    id: str
+    created: bool
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Who holds a claimed job and until when (database clock)."""
+
+    locked_by: str
+    locked_until: datetime
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """One row of the job table, as ``Store.get`` returns it."""
+
+    id: str
+    topic: str
+    payload: Any
+    state: State
+    attempts: int
+    priority: int
+    available_at: datetime
+    locked_by: str | None
+    locked_until: datetime | None
+    last_error: str | None
+    idempotency_key: str | None
+    created_at: datetime
+    updated_at: datetime
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the row as a JSON-ready dict (datetimes in ISO 8601)."""
+
+        def iso(d: datetime | None) -> str | None:
+            return None if d is None else d.isoformat()
+
+        return {
+            "id": self.id,
+            "topic": self.topic,
+            "payload": self.payload,
+            "state": str(self.state),
+            "attempts": self.attempts,
+            "priority": self.priority,
+            "available_at": iso(self.available_at),
+            "locked_by": self.locked_by,
+            "locked_until": iso(self.locked_until),
+            "last_error": self.last_error,
+            "idempotency_key": self.idempotency_key,
+            "created_at": iso(self.created_at),
+            "updated_at": iso(self.updated_at),
+        }

@@ -1,0 +1,86 @@
+"""KindOptions: per-topic retry and timeout settings, validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from datetime import timedelta
+
+from brooq_py.queue.durations import to_timedelta
+from brooq_py.queue.errors import ConfigError
+
+_DURATIONS = ("attempt_timeout", "max_execution_timeout", "backoff_base", "backoff_max")
+
+
+def normalise_durations(obj: object, names: tuple[str, ...], problems: list[str]) -> None:
+    """Turn each named attribute of a frozen dataclass into a ``timedelta`` in place."""
+    for name in names:
+        value = getattr(obj, name)
+        if value is None:
+            continue
+        try:
+            object.__setattr__(obj, name, to_timedelta(value, name))
+        except (TypeError, ValueError) as exc:
+            problems.append(str(exc))
+
+
+def check_int(obj: object, name: str, minimum: int, problems: list[str]) -> None:
+    value = getattr(obj, name)
+    if isinstance(value, bool) or not isinstance(value, int):
+        problems.append(f"{name}: expected an int, got {type(value).__name__}")
+    elif value < minimum:
+        problems.append(f"{name} must be >= {minimum}, got {value}")
+
+
+def check_positive(obj: object, names: tuple[str, ...], problems: list[str]) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if isinstance(value, timedelta) and value <= timedelta(0):
+            problems.append(f"{name} must be > 0, got {value.total_seconds():g}s")
+
+
+def check_timeouts(obj: object, problems: list[str]) -> None:
+    """The cross-field rules shared by Config and KindOptions (SPEC K1)."""
+    base, cap = getattr(obj, "backoff_base"), getattr(obj, "backoff_max")
+    if isinstance(base, timedelta) and isinstance(cap, timedelta) and base > cap:
+        problems.append(
+            f"backoff_base ({base.total_seconds():g}s) must not exceed backoff_max ({cap.total_seconds():g}s)"
+        )
+    att, hard = getattr(obj, "attempt_timeout"), getattr(obj, "max_execution_timeout")
+    if isinstance(att, timedelta) and isinstance(hard, timedelta) and att > hard:
+        problems.append(
+            f"attempt_timeout ({att.total_seconds():g}s) must not exceed "
+            f"max_execution_timeout ({hard.total_seconds():g}s)"
+        )
+
+
+@dataclass(frozen=True)
+class KindOptions:
+    """Per-topic settings. Durations accept ``timedelta`` or seconds and are held as ``timedelta``.
+
+    Raise ``ConfigError`` listing every problem (SPEC K1).
+    """
+
+    max_attempts: int = 5
+    attempt_timeout: timedelta | float = 60
+    max_execution_timeout: timedelta | float = 300
+    backoff_base: timedelta | float = 1
+    backoff_max: timedelta | float = 60
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        check_int(self, "max_attempts", 1, problems)
+        normalise_durations(self, _DURATIONS, problems)
+        check_positive(self, _DURATIONS, problems)
+        check_timeouts(self, problems)
+        if problems:
+            raise ConfigError(problems)
+
+    def td(self, name: str) -> timedelta:
+        """Return the named duration as a ``timedelta`` (typed accessor)."""
+        value = getattr(self, name)
+        assert isinstance(value, timedelta)
+        return value
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
