@@ -15,6 +15,7 @@ from brooq_py.queue.errors import (
     MustCancelTask,
     MustDelay,
     MustPreserveAttempt,
+    StoreUnavailable,
     UnknownTopic,
     delay_of,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "MustDelay",
     "MustPreserveAttempt",
     "State",
+    "StoreUnavailable",
     "Tx",
     "UnknownTopic",
     "delay_of",

@@ -33,6 +33,10 @@ class UnknownTopic(BrooqError, LookupError):
     """A topic no handler is registered for, where that matters."""
 
 
+class StoreUnavailable(BrooqError, ConnectionError):
+    """The database could not be reached or the connection broke mid-statement."""
+
+
 # --- handler signals -------------------------------------------------------
 
 
