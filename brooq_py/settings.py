@@ -1,0 +1,316 @@
+"""Operator settings: the environment, a ``.env`` file, and what the command line needs.
+
+The environment wins over ``.env``; an empty value counts as unset (``KEY=``
+never turns a default into an empty string). Every problem found is collected
+and raised at once as ``ConfigError`` before any connection is made. Secrets
+(a DSN's password, the HTTP token) never appear in a problem's text (SPEC K3).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import string
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from brooq_py.engine.config import Config
+from brooq_py.queue import ConfigError
+
+DEFAULT_SCHEMA = "public"
+DEFAULT_HTTP_ADDR = "127.0.0.1:8090"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+# PostgreSQL silently truncates longer identifiers, which would put jobs in another schema.
+_MAX_IDENTIFIER_BYTES = 63
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_TOKEN_CHARS = frozenset(string.ascii_letters + string.digits + string.punctuation)
+_DOUBLE_QUOTE_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", '"': '"', "\\": "\\", "$": "$"}
+
+
+# --- DSN masking ---------------------------------------------------------------
+
+_URL_START = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
+_KV_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S*)", re.IGNORECASE)
+MASK = "***"
+
+
+def mask_dsn(dsn: str) -> str:
+    """Return *dsn* with any password replaced by ``***`` (URL or key=value form).
+
+    Works on text that does not parse, too: it is what goes into logs and
+    error messages, so it must never fail and never leak.
+    """
+    match = _URL_START.match(dsn)
+    if match is None:
+        return _KV_PASSWORD.sub(lambda m: m.group(1) + MASK, dsn)
+    head, rest = dsn[: match.end()], dsn[match.end() :]
+    query_at = rest.find("?")
+    authority = rest if query_at < 0 else rest[:query_at]
+    at = authority.rfind("@")
+    if at < 0:
+        # A password holding an unescaped '?' would end the search early; fall back to the first '@'.
+        at = rest.find("@")
+    if at >= 0:
+        userinfo = rest[:at]
+        colon = userinfo.find(":")
+        if colon >= 0:
+            rest = userinfo[: colon + 1] + MASK + rest[at:]
+    return head + _QUERY_PASSWORD.sub(lambda m: m.group(1) + MASK, rest)
+
+
+# --- .env ----------------------------------------------------------------------
+
+
+def parse_dotenv(text: str, *, source: str = ".env") -> tuple[dict[str, str], list[str]]:
+    """Parse simple ``KEY=VALUE`` lines; return the values and the problems found.
+
+    Blank lines and ``#`` comments are skipped; ``export KEY=VALUE`` is accepted;
+    a value may be single-quoted (literal), double-quoted (``\\n``, ``\\"``,
+    ``\\\\`` escapes) or bare (a `` #`` starts a comment, surrounding spaces are
+    dropped). A problem names the line, never its value.
+    """
+    values: dict[str, str] = {}
+    problems: list[str] = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("export ") or line.startswith("export\t"):
+            line = line[len("export") :].lstrip()
+        key, sep, value = line.partition("=")
+        key = key.strip()
+        if not sep or not _KEY.fullmatch(key):
+            problems.append(f"{source} line {number}: expected KEY=VALUE")
+            continue
+        parsed = _parse_value(value.strip())
+        if parsed is None:
+            problems.append(f"{source} line {number}: unterminated or malformed quoted value for {key}")
+            continue
+        values[key] = parsed
+    return values, problems
+
+
+def _parse_value(value: str) -> str | None:
+    if not value:
+        return ""
+    quote = value[0]
+    if quote == "'":
+        end = value.find("'", 1)
+        if end < 0 or not _only_comment(value[end + 1 :]):
+            return None
+        return value[1:end]
+    if quote == '"':
+        out: list[str] = []
+        i = 1
+        while i < len(value):
+            ch = value[i]
+            if ch == "\\" and i + 1 < len(value):
+                nxt = value[i + 1]
+                out.append(_DOUBLE_QUOTE_ESCAPES.get(nxt, "\\" + nxt))
+                i += 2
+                continue
+            if ch == '"':
+                return "".join(out) if _only_comment(value[i + 1 :]) else None
+            out.append(ch)
+            i += 1
+        return None
+    comment = re.search(r"\s#", value)
+    return (value[: comment.start()] if comment else value).rstrip()
+
+
+def _only_comment(tail: str) -> bool:
+    tail = tail.strip()
+    return not tail or tail.startswith("#")
+
+
+def check_dsn(dsn: str) -> str | None:
+    """Return a problem if *dsn* is not a libpq connection string, else None; nothing connects."""
+    if "\x00" in dsn:
+        return "DATABASE_URL contains a NUL character"
+    from psycopg import conninfo
+
+    try:
+        conninfo.conninfo_to_dict(dsn)
+    except Exception:
+        # libpq's message may quote the text around the error, the password included.
+        return f"DATABASE_URL is not a valid connection string: {mask_dsn(dsn)}"
+    return None
+
+
+def merge_env(environ: Mapping[str, str], dotenv: Mapping[str, str]) -> dict[str, str]:
+    """Return ``dotenv`` overlaid by ``environ``; an empty environment value does not override."""
+    merged = {k: v for k, v in dotenv.items() if v != ""}
+    merged.update({k: v for k, v in environ.items() if v != ""})
+    return merged
+
+
+# --- the settings ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the command line runs with. ``repr`` hides the DSN's password and the token."""
+
+    database_url: str | None
+    schema: str = DEFAULT_SCHEMA
+    http_host: str = "127.0.0.1"
+    http_port: int = 8090
+    http_token: str | None = field(default=None, repr=False)
+    log_level: str = "INFO"
+    config: Config = field(default_factory=Config)
+
+    def __repr__(self) -> str:
+        dsn = None if self.database_url is None else mask_dsn(self.database_url)
+        token = None if self.http_token is None else MASK
+        return (
+            f"Settings(database_url={dsn!r}, schema={self.schema!r}, http_host={self.http_host!r}, "
+            f"http_port={self.http_port}, http_token={token!r}, log_level={self.log_level!r}, "
+            f"config={self.config!r})"
+        )
+
+    @property
+    def masked_database_url(self) -> str:
+        return "(unset)" if self.database_url is None else mask_dsn(self.database_url)
+
+
+def parse_http_addr(text: str) -> tuple[str, int]:
+    """Parse ``host:port`` or ``[v6]:port``; raise ``ValueError`` with a message naming the problem.
+
+    The host must be given (``0.0.0.0:8090`` listens everywhere, deliberately);
+    port 0 asks the system for a free one.
+    """
+    if text.startswith("["):
+        close = text.find("]")
+        if close < 0 or text[close + 1 : close + 2] != ":":
+            raise ValueError(f"BROOQ_HTTP_ADDR={text!r}: expected [v6-address]:port")
+        host, port_text = text[1:close], text[close + 2 :]
+    else:
+        host, sep, port_text = text.rpartition(":")
+        if not sep:
+            raise ValueError(f"BROOQ_HTTP_ADDR={text!r}: expected host:port")
+        if ":" in host:
+            raise ValueError(f"BROOQ_HTTP_ADDR={text!r}: put an IPv6 address in brackets, [::1]:8090")
+    if not host:
+        raise ValueError(
+            f"BROOQ_HTTP_ADDR={text!r}: the host is missing (use 0.0.0.0:PORT to listen on every interface)"
+        )
+    if not port_text.isascii() or not port_text.isdigit() or int(port_text) > 65535:
+        raise ValueError(f"BROOQ_HTTP_ADDR={text!r}: the port must be a number from 0 to 65535")
+    return host, int(port_text)
+
+
+def _read_token_file(path_text: str, env: Mapping[str, str], problems: list[str]) -> str | None:
+    path = Path(path_text)
+    credentials = env.get("CREDENTIALS_DIRECTORY")
+    if not path.is_absolute() and credentials:
+        # systemd LoadCredential=: a bare name refers to $CREDENTIALS_DIRECTORY/name.
+        path = Path(credentials) / path
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        problems.append(f"BROOQ_HTTP_TOKEN_FILE: cannot read {str(path)!r}: {exc.strerror or exc}")
+        return None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        problems.append(f"BROOQ_HTTP_TOKEN_FILE: {str(path)!r} is not UTF-8 text")
+        return None
+    if text.endswith("\r\n"):
+        text = text[:-2]
+    elif text.endswith("\n"):
+        text = text[:-1]
+    return text
+
+
+def _check_token(token: str, var: str, problems: list[str]) -> str | None:
+    if token == "":
+        problems.append(f"{var}: the token is empty")
+        return None
+    if not all(ch in _TOKEN_CHARS for ch in token):
+        problems.append(f"{var}: the token must be printable ASCII without spaces")
+        return None
+    return token
+
+
+def load_settings(
+    environ: Mapping[str, str] | None = None,
+    *,
+    dotenv: str | Path | None = ".env",
+    schema: str | None = None,
+    need_database: bool = True,
+) -> Settings:
+    """Read the settings from *environ* (default ``os.environ``) and the *dotenv* file if it exists.
+
+    *schema*, when given (``--schema``), wins over ``BROOQ_SCHEMA``. Raise
+    ``ConfigError`` listing every problem at once: the ``.env`` syntax, the
+    ``QUEUE_*`` values (``Config.from_env``), ``BROOQ_*`` values and, with
+    *need_database*, a missing ``DATABASE_URL``. Nothing connects here.
+    """
+    problems: list[str] = []
+    file_values: dict[str, str] = {}
+    if dotenv is not None:
+        path = Path(dotenv)
+        if path.is_file():
+            try:
+                text = path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                problems.append(f"{path}: cannot read: {exc}")
+            else:
+                file_values, file_problems = parse_dotenv(text, source=str(path))
+                problems.extend(file_problems)
+    env = merge_env(os.environ if environ is None else environ, file_values)
+
+    database_url = env.get("DATABASE_URL")
+    if database_url is None and need_database:
+        problems.append("DATABASE_URL is not set")
+    elif database_url is not None:
+        problem = check_dsn(database_url)
+        if problem:
+            problems.append(problem)
+
+    schema_name = schema if schema else env.get("BROOQ_SCHEMA", DEFAULT_SCHEMA)
+    if "\x00" in schema_name:
+        problems.append("schema name contains a NUL character")
+    elif len(schema_name.encode("utf-8", "surrogatepass")) > _MAX_IDENTIFIER_BYTES:
+        problems.append(f"schema name {schema_name!r} is longer than {_MAX_IDENTIFIER_BYTES} bytes")
+
+    host, port = "127.0.0.1", 8090
+    try:
+        host, port = parse_http_addr(env.get("BROOQ_HTTP_ADDR", DEFAULT_HTTP_ADDR))
+    except ValueError as exc:
+        problems.append(str(exc))
+
+    token: str | None = None
+    inline, token_file = env.get("BROOQ_HTTP_TOKEN"), env.get("BROOQ_HTTP_TOKEN_FILE")
+    if inline is not None and token_file is not None:
+        problems.append("BROOQ_HTTP_TOKEN and BROOQ_HTTP_TOKEN_FILE are both set; set only one")
+    elif inline is not None:
+        token = _check_token(inline, "BROOQ_HTTP_TOKEN", problems)
+    elif token_file is not None:
+        read = _read_token_file(token_file, env, problems)
+        if read is not None:
+            token = _check_token(read, "BROOQ_HTTP_TOKEN_FILE", problems)
+
+    log_level = env.get("BROOQ_LOG_LEVEL", "INFO").upper()
+    if log_level not in LOG_LEVELS:
+        problems.append(f"BROOQ_LOG_LEVEL={log_level!r}: expected one of {', '.join(LOG_LEVELS)}")
+
+    config: Config | None = None
+    try:
+        config = Config.from_env(env)
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+
+    if problems or config is None:
+        raise ConfigError(problems)
+    return Settings(
+        database_url=database_url,
+        schema=schema_name,
+        http_host=host,
+        http_port=port,
+        http_token=token,
+        log_level=log_level,
+        config=config,
+    )
