@@ -1,0 +1,114 @@
+"""What ``brooq-py stats`` shows: depth by topic and state, oldest ready age, in-flight work, dead jobs.
+
+Every statement is bounded and index-served (sql/stats_*.sql): counts stop at
+a cap, lists at a limit, and terminal rows are never counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from brooq_py.postgres.queries import render
+
+DEFAULT_CAP = 100_000
+
+
+@dataclass(frozen=True)
+class TopicDepth:
+    topic: str
+    pending: int
+    processing: int
+    failed: int
+    oldest_ready_seconds: float
+
+
+@dataclass(frozen=True)
+class InFlight:
+    id: str
+    topic: str
+    locked_by: str
+    locked_until: datetime
+    attempts: int
+    expired: bool
+
+
+@dataclass(frozen=True)
+class Holder:
+    locked_by: str
+    jobs: int
+    next_lease_end: datetime
+
+
+@dataclass(frozen=True)
+class DeadJob:
+    id: str
+    topic: str
+    attempts: int
+    last_error: str | None
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class Stats:
+    """One ``stats`` report. A count equal to ``cap`` means "at least that many"."""
+
+    schema: str
+    cap: int
+    topics: list[TopicDepth]
+    holders: list[Holder]
+    in_flight: list[InFlight]
+    dead: list[DeadJob]
+
+    def to_json(self) -> dict[str, Any]:
+        def iso(d: datetime) -> str:
+            return d.isoformat()
+
+        return {
+            "schema": self.schema,
+            "cap": self.cap,
+            "topics": [vars(t) for t in self.topics],
+            "holders": [
+                {"locked_by": h.locked_by, "jobs": h.jobs, "next_lease_end": iso(h.next_lease_end)}
+                for h in self.holders
+            ],
+            "in_flight": [{**vars(f), "locked_until": iso(f.locked_until)} for f in self.in_flight],
+            "dead": [{**vars(d), "updated_at": iso(d.updated_at)} for d in self.dead],
+        }
+
+
+def collect(
+    conn: psycopg.Connection[Any],
+    schema: str = "public",
+    *,
+    dead_limit: int = 10,
+    in_flight_limit: int = 50,
+    max_topics: int = 1000,
+    cap: int = DEFAULT_CAP,
+) -> Stats:
+    """Read a stats report of *schema* over *conn*, in one transaction.
+
+    Raise ``psycopg.Error`` as the driver does (the caller translates it).
+    """
+    with conn.transaction(), conn.cursor() as cur:
+        cur.execute(render("stats_topics", schema).composed, {"max_topics": max_topics})
+        topic_names = [str(row[0]) for row in cur.fetchall()]
+        topics: list[TopicDepth] = []
+        if topic_names:
+            cur.execute(render("stats_depth", schema).composed, {"topics": topic_names, "cap": cap})
+            topics = [
+                TopicDepth(str(t), int(p), int(pr), int(f), float(age)) for t, p, pr, f, age in cur.fetchall()
+            ]
+        cur.execute(render("stats_holders", schema).composed, {"limit": in_flight_limit})
+        holders = [Holder(str(by), int(n), until) for by, n, until in cur.fetchall()]
+        cur.execute(render("stats_in_flight", schema).composed, {"limit": in_flight_limit})
+        in_flight = [
+            InFlight(str(i), str(t), str(by), until, int(a), bool(exp))
+            for i, t, by, until, a, exp in cur.fetchall()
+        ]
+        cur.execute(render("stats_dead", schema).composed, {"limit": dead_limit})
+        dead = [DeadJob(str(i), str(t), int(a), err, at) for i, t, a, err, at in cur.fetchall()]
+    return Stats(schema, cap, topics, holders, in_flight, dead)
