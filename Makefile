@@ -1,0 +1,92 @@
+# brooq_py developer tasks. `make` (or `make help`) lists them.
+#
+# Needs only Python >= 3.11 and make: `make install` builds .venv/ from pyproject.toml.
+# Database: the demo, the tests and the benchmarks find one themselves (brooq_py.devdb):
+# DATABASE_URL if set, else PostgreSQL on 127.0.0.1:5432, else a throwaway local server.
+
+PYTHON ?= python3
+VENV ?= .venv
+COMPOSE ?= docker compose
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.install-stamp
+SOURCES := brooq_py tests bench
+
+.DEFAULT_GOAL := help
+.PHONY: help install demo test lint fmt typecheck check bench migrate-up migrate-down migrate-status \
+	db-up db-down clean distclean require-database-url
+
+help: ## show this help
+	@echo "usage: make <target> [PYTHON=python3.11]"
+	@echo
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | \
+		awk 'BEGIN {FS = ":.*## "}; {printf "  %-15s %s\n", $$1, $$2}'
+
+install: $(STAMP) ## create .venv and install the package with its dev tools (again when pyproject.toml changes)
+
+$(STAMP): pyproject.toml
+	@if [ ! -x "$(PY)" ]; then \
+		command -v "$(PYTHON)" >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; install Python >= 3.11 or run make PYTHON=/path/to/python3.11" >&2; exit 1; }; \
+		"$(PYTHON)" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { \
+			echo "error: brooq_py needs Python >= 3.11, but $(PYTHON) is $$("$(PYTHON)" -V 2>&1)." >&2; \
+			echo "       run make PYTHON=python3.11 (or newer)" >&2; exit 1; }; \
+		echo "creating $(VENV) with $$("$(PYTHON)" -V 2>&1)"; \
+		"$(PYTHON)" -m venv "$(VENV)" || { \
+			echo "error: '$(PYTHON) -m venv' failed; on Debian/Ubuntu: apt-get install python3-venv" >&2; exit 1; }; \
+	fi
+	@"$(PY)" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { \
+		echo "error: $(VENV) runs $$("$(PY)" -V 2>&1); brooq_py needs >= 3.11. Remove $(VENV) (make distclean) and retry." >&2; exit 1; }
+	"$(PY)" -m pip install --quiet -e '.[dev]'
+	@touch "$@"
+
+demo: install ## run the demo against the database devdb finds
+	"$(PY)" -m brooq_py.demo
+
+test: install ## run the test suite (pytest tests/)
+	"$(PY)" -m pytest tests
+
+lint: install ## ruff check and ruff format --check
+	"$(VENV)/bin/ruff" check $(SOURCES)
+	"$(VENV)/bin/ruff" format --check $(SOURCES)
+
+fmt: install ## format the code and apply safe lint fixes
+	"$(VENV)/bin/ruff" format $(SOURCES)
+	"$(VENV)/bin/ruff" check --fix $(SOURCES)
+
+typecheck: install ## mypy --strict on the package
+	"$(VENV)/bin/mypy" --strict brooq_py
+
+check: lint typecheck test ## lint, typecheck and test: what CI runs
+
+bench: install ## run the benchmarks against the database devdb finds
+	"$(PY)" bench/run.py
+
+migrate-up: require-database-url install ## apply all migrations on the database at DATABASE_URL
+	"$(PY)" -m brooq_py migrate up
+
+migrate-down: require-database-url install ## roll back one migration on DATABASE_URL
+	"$(PY)" -m brooq_py migrate down
+
+migrate-status: require-database-url install ## show the migration state of DATABASE_URL
+	"$(PY)" -m brooq_py migrate status
+
+db-up: ## start PostgreSQL 15 on 127.0.0.1:5432 with Docker (docker-compose.yml)
+	USER="$${USER:-$$(id -un)}" $(COMPOSE) up -d --wait postgres
+	@echo "PostgreSQL is up: the demo, tests and benchmarks find it on 127.0.0.1:5432 by themselves;"
+	@echo "for the migrate targets: export DATABASE_URL=postgresql://$${USER:-$$(id -un)}@127.0.0.1:5432/test"
+
+db-down: ## stop the Docker PostgreSQL (its data volume is kept; docker compose down -v drops it)
+	USER="$${USER:-$$(id -un)}" $(COMPOSE) down
+
+clean: ## remove caches and build output (keeps .venv)
+	rm -rf .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist *.egg-info "$(STAMP)"
+	find . -path ./$(VENV) -prune -o -type d -name __pycache__ -exec rm -rf {} +
+
+distclean: clean ## clean, and remove .venv too
+	rm -rf "$(VENV)"
+
+require-database-url:
+	@[ -n "$$DATABASE_URL" ] || { \
+		echo "error: DATABASE_URL is not set. Point it at the database to migrate, e.g." >&2; \
+		echo "  export DATABASE_URL=postgresql://$$(id -un)@127.0.0.1:5432/test   (local server)" >&2; \
+		echo "  make db-up && export DATABASE_URL=postgresql://$$(id -un)@127.0.0.1:5432/test   (Docker)" >&2; \
+		exit 1; }
