@@ -13,18 +13,10 @@ that schema too, so an application's own alembic history is untouched.
 
 from __future__ import annotations
 
-import hashlib
-
 from alembic import context
 from sqlalchemy import text
 
-VERSION_TABLE = "brooq_alembic_version"
-
-
-def lock_key(schema: str) -> int:
-    """Return the advisory lock key of *schema*: a signed 64-bit hash of 'brooq' and the schema."""
-    digest = hashlib.blake2b(f"brooq:{schema}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big", signed=True)
+from brooq_py.postgres.migrations import VERSION_TABLE, lock_key
 
 
 def quote_ident(name: str) -> str:

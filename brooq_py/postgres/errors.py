@@ -1,0 +1,50 @@
+"""Translate psycopg's connection errors at the Store's edge; never leak a DSN password."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+
+from brooq_py.queue import StoreUnavailable
+
+_URL_PASSWORD = re.compile(r"(://[^:/@\s]*:)[^@\s]*@")
+_KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+# Server-side states that mean "the connection is gone or cannot be had", as opposed to
+# a statement's own failure (a statement timeout is an OperationalError too, 57014).
+_CONNECTION_STATES = frozenset({"57P01", "57P02", "57P03", "53300"})
+
+
+def mask_dsn(text: str) -> str:
+    """Return *text* with any DSN password replaced by ``***`` (URL and key=value forms)."""
+    text = _URL_PASSWORD.sub(r"\1***@", text)
+    return _KV_PASSWORD.sub(r"\1***", text)
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """Return True if *exc* says the database cannot be reached or the connection broke."""
+    if isinstance(exc, psycopg.InterfaceError):
+        return True
+    if isinstance(exc, psycopg.OperationalError):
+        state = exc.sqlstate
+        return state is None or state.startswith("08") or state in _CONNECTION_STATES
+    return False
+
+
+def unavailable(exc: BaseException, doing: str) -> StoreUnavailable:
+    """Return a StoreUnavailable for *exc* (the caller raises it ``from exc``)."""
+    detail = mask_dsn(str(exc).strip()) or type(exc).__name__
+    return StoreUnavailable(f"database unavailable while {doing}: {type(exc).__name__}: {detail}")
+
+
+@contextmanager
+def translated(doing: str) -> Iterator[None]:
+    """Raise StoreUnavailable (chained) for a psycopg connection error inside the block."""
+    try:
+        yield
+    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+        if not is_connection_error(exc):
+            raise
+        raise unavailable(exc, doing) from exc

@@ -1,0 +1,66 @@
+"""Named SQL statements: loaded once from ``sql/*.sql``, rendered per schema.
+
+Each file holds one statement with ``{job}`` (the job table) or ``{channel}``
+placeholders and psycopg ``%(name)s`` parameters. A Store renders every
+statement once for its schema with ``psycopg.sql.Identifier`` and never sets
+``search_path`` on a connection.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from importlib import resources
+
+from psycopg import sql
+
+from brooq_py.postgres.channel import channel_for
+
+
+@functools.cache
+def load(name: str) -> str:
+    """Return the text of ``sql/<name>.sql`` (read once per process)."""
+    path = resources.files("brooq_py.postgres") / "sql" / f"{name}.sql"
+    text: str = path.read_text(encoding="utf-8")
+    return text
+
+
+@dataclass(frozen=True)
+class Query:
+    """One statement rendered for a schema: bytes for psycopg, text for a foreign Tx."""
+
+    name: str
+    composed: bytes
+    text: str
+
+
+def render(name: str, schema: str) -> Query:
+    """Render ``sql/<name>.sql`` for *schema*."""
+    template = sql.SQL(load(name))
+    composed = template.format(
+        job=sql.Identifier(schema, "job"),
+        channel=sql.Identifier(channel_for(schema)),
+    )
+    return Query(name, composed.as_bytes(None), composed.as_string(None))
+
+
+class Queries:
+    """Every statement the Store runs, rendered once for one schema."""
+
+    def __init__(self, schema: str) -> None:
+        self.schema = schema
+        self.enqueue = render("job_enqueue", schema)
+        self.enqueue_many = render("job_enqueue_many", schema)
+        self.get_by_key = render("job_get_by_key", schema)
+        self.get_by_keys = render("job_get_by_keys", schema)
+        self.get = render("job_get", schema)
+        self.cancel = render("job_cancel", schema)
+        self.claim = render("job_claim", schema)
+        self.settle_many = render("job_settle_many", schema)
+        self.settle_one = render("job_settle_one", schema)
+        self.renew = render("lease_renew", schema)
+        self.reap = render("lease_reap", schema)
+        self.delete_terminal = render("job_delete_terminal", schema)
+        self.gauges = render("gauges_by_topic", schema)
+        self.ping = render("ping", schema)
+        self.listen = render("listen", schema)

@@ -1,0 +1,62 @@
+"""Run a named statement on a psycopg connection or on a caller's foreign ``Tx``."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from psycopg.rows import tuple_row
+
+from brooq_py.postgres.queries import Query
+from brooq_py.postgres.wraptx import as_psycopg
+
+Rows = list[tuple[Any, ...]]
+Runner = Callable[[Query, dict[str, Any]], Rows]
+
+
+def on_connection(conn: psycopg.Connection[Any]) -> Runner:
+    """Return a runner on *conn*, with tuple rows whatever the connection's row factory."""
+
+    def run(query: Query, params: dict[str, Any]) -> Rows:
+        with conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(query.composed, params)
+            return cur.fetchall() if cur.description is not None else []
+
+    return run
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def on_foreign(tx: Any) -> Runner:
+    """Return a runner on a foreign Tx: ``tx.execute(text, params)`` with psycopg's ``%(name)s`` style.
+
+    Rows are read from what ``execute`` returns, else from *tx* itself (a DB-API cursor).
+    """
+
+    def run(query: Query, params: dict[str, Any]) -> Rows:
+        result = tx.execute(query.text, {k: _plain(v) for k, v in params.items()})
+        for source in (result, tx):
+            fetchall = getattr(source, "fetchall", None)
+            if callable(fetchall):
+                return [tuple(row) for row in fetchall()]
+        return []
+
+    return run
+
+
+def on_tx(tx: Any) -> Runner:
+    """Return the runner for a caller's *tx*: its psycopg connection when it has one."""
+    conn = as_psycopg(tx)
+    if conn is not None:
+        return on_connection(conn)
+    if not callable(getattr(tx, "execute", None)):
+        raise TypeError(f"not a transaction (no execute method): {type(tx).__name__}")
+    return on_foreign(tx)

@@ -1,0 +1,34 @@
+-- name: job_claim
+-- SPEC C1. One index scan per topic (the claim index, read in claim order and
+-- stopped at the limit), so a topic with nothing ready costs one probe however
+-- many jobs of other topics wait; then the best `limit` candidates overall.
+-- The lease comes from the database clock.
+WITH cand AS (
+    SELECT c.id, c.priority, c.available_at
+    FROM unnest(%(topics)s::text[]) AS t(topic)
+    CROSS JOIN LATERAL (
+        SELECT id, priority, available_at
+        FROM {job}
+        WHERE topic = t.topic AND state IN ('pending', 'failed') AND available_at <= now()
+        ORDER BY priority DESC, available_at, id
+        LIMIT %(limit)s
+        FOR NO KEY UPDATE SKIP LOCKED
+    ) AS c
+    ORDER BY c.priority DESC, c.available_at, c.id
+    LIMIT %(limit)s
+), claimed AS (
+    UPDATE {job} j
+    SET state = 'processing',
+        locked_by = %(worker)s,
+        locked_until = now() + %(lease)s::interval,
+        attempts = j.attempts + 1,
+        claim_token = gen_random_uuid(),
+        updated_at = now()
+    FROM cand
+    WHERE j.id = cand.id
+    RETURNING j.id, j.topic, j.payload, j.attempts, j.priority, j.claim_token, j.locked_by,
+              j.locked_until, j.available_at
+)
+SELECT id, topic, payload, attempts, priority, claim_token, locked_by, locked_until
+FROM claimed
+ORDER BY priority DESC, available_at, id

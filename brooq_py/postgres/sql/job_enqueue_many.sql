@@ -1,0 +1,23 @@
+-- name: job_enqueue_many
+-- A batch in one statement (SPEC E5). Returns one row per input, in input order:
+-- the inserted id, else the id of the row already holding (topic, key) as the
+-- statement's snapshot sees it (NULL when a concurrent duplicate committed
+-- meanwhile: the caller asks again in a new statement).
+WITH input AS (
+    SELECT *
+    FROM unnest(%(ids)s::uuid[], %(topics)s::text[], %(payloads)s::text[], %(keys)s::text[],
+                %(available_at)s::timestamptz[], %(priorities)s::int[])
+         WITH ORDINALITY AS u(id, topic, payload, key, available_at, priority, ord)
+), inserted AS (
+    INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, priority)
+    SELECT id, topic, payload::jsonb, key, coalesce(available_at, now()), priority
+    FROM input
+    ORDER BY ord
+    ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id
+)
+SELECT coalesce(ins.id, existing.id) AS id, ins.id IS NOT NULL AS created
+FROM input i
+LEFT JOIN inserted ins ON ins.id = i.id
+LEFT JOIN {job} existing ON i.key IS NOT NULL AND existing.topic = i.topic AND existing.idempotency_key = i.key
+ORDER BY i.ord

@@ -1,0 +1,15 @@
+-- name: job_settle_many
+-- SPEC P3, C10: many outcomes, each guarded by state and its claim's token;
+-- rows no longer ours (canceled, reaped, claimed again) are left alone.
+UPDATE {job} j
+SET state = u.state,
+    attempts = CASE WHEN u.give_back THEN greatest(j.attempts - 1, 0) ELSE j.attempts END,
+    available_at = CASE WHEN u.state IN ('failed', 'pending') THEN now() + u.delay ELSE j.available_at END,
+    last_error = coalesce(u.error, j.last_error),
+    locked_by = CASE WHEN u.state = 'pending' THEN NULL ELSE j.locked_by END,
+    locked_until = CASE WHEN u.state = 'pending' THEN NULL ELSE j.locked_until END,
+    updated_at = now()
+FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(states)s::text[], %(delays)s::interval[],
+            %(give_back)s::bool[], %(errors)s::text[]) AS u(id, token, state, delay, give_back, error)
+WHERE j.id = u.id AND j.state = 'processing' AND j.claim_token = u.token
+RETURNING j.id

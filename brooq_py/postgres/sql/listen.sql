@@ -1,0 +1,2 @@
+-- name: listen
+LISTEN {channel}

@@ -1,0 +1,168 @@
+"""The Store's worker side: claim, settle, renew, reap, retention, gauges (the engine's Repo)."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+
+from brooq_py.engine.repo import ClaimedJob, Gauges, HeldLease, Outcome, TopicCount
+from brooq_py.postgres.errors import is_connection_error, translated, unavailable
+from brooq_py.postgres.queries import Queries
+from brooq_py.postgres.runner import Rows, on_connection, on_tx
+from brooq_py.queue import State, Tx
+
+# Each gauge count reads at most this many index entries.
+GAUGE_CAP = 100_000
+
+_SETTLE_STATES = frozenset({State.DONE, State.FAILED, State.DEAD, State.CANCELED, State.PENDING})
+
+
+def _settle_state(outcome: Outcome) -> str:
+    state = State(outcome.state)
+    if state not in _SETTLE_STATES:
+        raise ValueError(f"an outcome cannot set state {state!r}")
+    return str(state)
+
+
+class WorkerSide:
+    """Mixin of Store: every statement the engine runs, one named SQL file each."""
+
+    _q: Queries
+    _hb_lock: threading.Lock
+    _hb_conn: psycopg.Connection[Any] | None
+
+    def _run(self, doing: str, query: Any, params: dict[str, Any]) -> Rows:  # pragma: no cover - Store's
+        raise NotImplementedError
+
+    def _connect_own(self) -> psycopg.Connection[Any]:  # pragma: no cover - Store's
+        raise NotImplementedError
+
+    def claim(self, topics: Sequence[str], limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:
+        """Claim up to *limit* ready jobs of *topics* in one statement (SPEC C1), in claim order.
+
+        Each claimed row becomes processing with locked_by=*worker*,
+        locked_until=now()+*lease* (database clock), attempts+1 and a fresh claim_token.
+        """
+        if not topics or limit < 1:
+            return []
+        rows = self._run(
+            "claiming jobs",
+            self._q.claim,
+            {"topics": list(topics), "limit": limit, "worker": worker, "lease": lease},
+        )
+        return [
+            ClaimedJob(
+                id=str(r[0]),
+                topic=r[1],
+                payload=r[2],
+                attempts=r[3],
+                priority=r[4],
+                claim_token=str(r[5]),
+                locked_by=r[6],
+                locked_until=r[7],
+            )
+            for r in rows
+        ]
+
+    def settle_many(self, outcomes: Sequence[Outcome]) -> set[str]:
+        """Write many outcomes in one guarded statement (SPEC P3, C10); return the ids written.
+
+        A row no longer processing under the outcome's claim_token is left alone: 0 rows is normal.
+        """
+        if not outcomes:
+            return set()
+        states = [_settle_state(o) for o in outcomes]
+        rows = self._run(
+            "settling outcomes",
+            self._q.settle_many,
+            {
+                "ids": [uuid.UUID(o.id) for o in outcomes],
+                "tokens": [uuid.UUID(o.claim_token) for o in outcomes],
+                "states": states,
+                "delays": [o.delay for o in outcomes],
+                "give_back": [o.give_back for o in outcomes],
+                "errors": [o.last_error for o in outcomes],
+            },
+        )
+        return {str(r[0]) for r in rows}
+
+    def settle_tx(self, tx: Tx, outcome: Outcome) -> bool:
+        """Write one guarded outcome inside *tx* (the caller commits); return whether the row was ours."""
+        params = {
+            "id": uuid.UUID(outcome.id),
+            "token": uuid.UUID(outcome.claim_token),
+            "state": _settle_state(outcome),
+            "delay": outcome.delay,
+            "give_back": outcome.give_back,
+            "error": outcome.last_error,
+        }
+        with translated("settling an outcome"):
+            return bool(on_tx(tx)(self._q.settle_one, params))
+
+    def renew(self, leases: Sequence[HeldLease], lease: timedelta) -> set[str]:
+        """Extend every lease still ours to now()+*lease* in one statement (SPEC C3); return their ids.
+
+        Runs on the Store's own heartbeat connection, never the pool, so handlers
+        holding pool connections cannot starve it. On a connection error the
+        connection is closed, StoreUnavailable is raised, and the next call reopens it.
+        """
+        if not leases:
+            return set()
+        params = {
+            "ids": [uuid.UUID(h.id) for h in leases],
+            "tokens": [uuid.UUID(h.claim_token) for h in leases],
+            "lease": lease,
+        }
+        with self._hb_lock:
+            try:
+                if self._hb_conn is None or self._hb_conn.closed:
+                    self._hb_conn = None
+                    self._hb_conn = self._connect_own()
+                rows = on_connection(self._hb_conn)(self._q.renew, params)
+            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                if not is_connection_error(exc):
+                    raise
+                self._close_heartbeat_locked()
+                raise unavailable(exc, "renewing leases") from exc
+        return {str(r[0]) for r in rows}
+
+    def _close_heartbeat_locked(self) -> None:
+        conn, self._hb_conn = self._hb_conn, None
+        if conn is not None:
+            conn.close()
+
+    def reap_expired(self) -> list[tuple[str, str]]:
+        """Return expired processing rows to pending, attempts unchanged (SPEC R1); (id, topic) each."""
+        rows = self._run("reaping expired leases", self._q.reap, {})
+        return [(str(r[0]), r[1]) for r in rows]
+
+    def delete_terminal(self, ttl: timedelta, batch: int) -> list[tuple[str, str]]:
+        """Delete one batch (at most *batch* rows) of terminal rows older than *ttl*, oldest first (T1)."""
+        if ttl <= timedelta(0) or batch < 1:
+            return []
+        rows = self._run("deleting terminal jobs", self._q.delete_terminal, {"ttl": ttl, "batch": batch})
+        return [(str(r[0]), r[1]) for r in rows]
+
+    def gauges(self, topics: Sequence[str]) -> Gauges:
+        """Read per-topic depth of pending/processing/failed and the oldest ready age (SPEC O1).
+
+        Each count is capped at GAUGE_CAP (100,000): it reads at most that many
+        index entries, so a scrape never counts the whole table. The oldest
+        ready age is one probe of the ready-age index; 0 when nothing is ready.
+        """
+        if not topics:
+            return Gauges(counts=[], oldest_ready_seconds={})
+        rows = self._run("reading gauges", self._q.gauges, {"topics": list(topics), "cap": GAUGE_CAP})
+        counts: list[TopicCount] = []
+        oldest: dict[str, float] = {}
+        for topic, pending, processing, failed, age in rows:
+            counts.append(TopicCount(topic, State.PENDING, int(pending)))
+            counts.append(TopicCount(topic, State.PROCESSING, int(processing)))
+            counts.append(TopicCount(topic, State.FAILED, int(failed)))
+            oldest[topic] = max(0.0, float(age))
+        return Gauges(counts=counts, oldest_ready_seconds=oldest)
