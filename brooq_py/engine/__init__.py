@@ -3,7 +3,22 @@
 It works through the ``Repo`` port and never imports psycopg or ``brooq_py.postgres``.
 """
 
+from brooq_py.engine.clock import Clock, SystemClock
 from brooq_py.engine.config import Config
+from brooq_py.engine.engine import Engine, Health
 from brooq_py.engine.repo import ClaimedJob, Gauges, HeldLease, Listener, Outcome, Repo, TopicCount
 
-__all__ = ["ClaimedJob", "Config", "Gauges", "HeldLease", "Listener", "Outcome", "Repo", "TopicCount"]
+__all__ = [
+    "ClaimedJob",
+    "Clock",
+    "Config",
+    "Engine",
+    "Gauges",
+    "Health",
+    "HeldLease",
+    "Listener",
+    "Outcome",
+    "Repo",
+    "SystemClock",
+    "TopicCount",
+]

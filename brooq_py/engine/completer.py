@@ -1,0 +1,127 @@
+"""Completer: batches plain outcome writes into one guarded statement (SPEC C10)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from brooq_py.engine.repo import Outcome
+
+MAX_BATCH = 1000
+
+
+class Completer:
+    """Buffers outcomes and flushes them with ``write(batch)`` on its own thread.
+
+    It flushes as soon as something waits and a previous flush ended, so under
+    load batches grow by themselves while an idle engine writes at once. A full
+    buffer (``max_buffer``) makes ``put`` wait: back-pressure on the slots.
+    A failed flush is logged and retried with backoff; the outcomes stay
+    buffered (their leases are still renewed until a flush ends them).
+    ``on_written(batch, written_ids)`` runs after every successful flush.
+    """
+
+    name = "completer"
+
+    def __init__(
+        self,
+        write: Callable[[Sequence[Outcome]], set[str]],
+        on_written: Callable[[Sequence[Outcome], set[str]], None],
+        log: logging.Logger,
+        *,
+        max_buffer: int = 5000,
+        max_batch: int = MAX_BATCH,
+    ) -> None:
+        self._write = write
+        self._on_written = on_written
+        self._log = log
+        self._max_buffer = max_buffer
+        self._max_batch = max_batch
+        self._buf: list[Outcome] = []
+        self._inflight = 0
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        with self._cond:
+            if self._thread is not None:
+                return
+            self._stopping = False
+            self._thread = threading.Thread(target=self._loop, name="brooq-completer", daemon=True)
+            self._thread.start()
+
+    def put(self, outcome: Outcome) -> None:
+        with self._cond:
+            while len(self._buf) >= self._max_buffer and self._thread is not None and not self._stopping:
+                self._cond.wait(0.5)
+            self._buf.append(outcome)
+            self._cond.notify_all()
+
+    @property
+    def pending(self) -> int:
+        with self._cond:
+            return len(self._buf) + self._inflight
+
+    def flush_once(self) -> int:
+        """Write what is buffered now, in this thread (for tests and stop); return how many."""
+        with self._cond:
+            batch, self._buf = self._buf, []
+            self._inflight += len(batch)
+        try:
+            done = 0
+            for i in range(0, len(batch), self._max_batch):
+                part = batch[i : i + self._max_batch]
+                written = self._write(part)
+                self._on_written(part, written)
+                done += len(part)
+            return done
+        except BaseException:
+            with self._cond:
+                self._buf[:0] = batch[done:]
+            raise
+        finally:
+            with self._cond:
+                self._inflight -= len(batch)
+                self._cond.notify_all()
+
+    def _loop(self) -> None:
+        failures = 0
+        while True:
+            with self._cond:
+                while not self._buf and not self._stopping:
+                    self._cond.wait()
+                if not self._buf and self._stopping:
+                    return
+            try:
+                self.flush_once()
+                failures = 0
+            except Exception as exc:
+                failures += 1
+                delay = min(0.05 * 2**failures, 5.0)
+                self._log.warning(
+                    "completer: writing outcomes failed (%s); retrying in %.2fs", type(exc).__name__, delay
+                )
+                with self._cond:
+                    if self._stopping and failures > 3:
+                        return  # stop() reports what could not be written
+                time.sleep(delay)
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """Flush what is buffered, stop the thread; return how many outcomes stay unwritten."""
+        with self._cond:
+            thread, self._thread = self._thread, None
+            self._stopping = True
+            self._cond.notify_all()
+        if thread is not None:
+            thread.join(timeout)
+        with self._cond:
+            left = len(self._buf)
+        if left:
+            try:
+                self.flush_once()
+            except Exception as exc:
+                self._log.error("completer: %d outcomes could not be written at stop: %s", left, exc)
+        return self.pending

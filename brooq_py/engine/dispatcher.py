@@ -1,0 +1,86 @@
+"""Dispatcher: claims up to the free slots in one statement and hands the claims out (SPEC C1)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from brooq_py.engine.repo import ClaimedJob
+from brooq_py.engine.slots import SlotPool
+
+
+class Dispatcher:
+    """One thread: wait for a free slot and (a wake-up or poll_interval), then claim.
+
+    It claims again at once while a claim came back full (a backlog), and
+    otherwise waits for a NOTIFY wake-up or the poll interval. A failed claim is
+    logged and retried with backoff.
+    """
+
+    def __init__(
+        self,
+        claim: Callable[[int], list[ClaimedJob]],
+        slots: SlotPool,
+        launch: Callable[[ClaimedJob], None],
+        poll_interval: float,
+        log: logging.Logger,
+    ) -> None:
+        self._claim = claim
+        self._slots = slots
+        self._launch = launch
+        self._poll = poll_interval
+        self._log = log
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="brooq-dispatcher", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        thread, self._thread = self._thread, None
+        self._stop.set()
+        self._wake.set()
+        if thread is not None:
+            thread.join(timeout)
+
+    def _loop(self) -> None:
+        backlog = True  # look once at start-up without waiting
+        failures = 0
+        while not self._stop.is_set():
+            if self._slots.wait_free(0.25) == 0:
+                continue
+            if not backlog:
+                self._wake.wait(self._poll)
+            if self._stop.is_set():
+                return
+            self._wake.clear()
+            free = self._slots.free
+            if free <= 0:
+                backlog = True
+                continue
+            try:
+                rows = self._claim(free)
+            except Exception as exc:
+                failures += 1
+                delay = min(self._poll, 0.1 * 2 ** min(failures, 8))
+                if failures in (1, 5) or failures % 100 == 0:
+                    self._log.warning("dispatcher: claim failed (%s); retrying in %.2fs", exc, delay)
+                backlog = False
+                time.sleep(delay)
+                continue
+            if failures:
+                self._log.info("dispatcher: claiming works again after %d failures", failures)
+            failures = 0
+            backlog = len(rows) >= free
+            for row in rows:
+                self._launch(row)

@@ -1,0 +1,431 @@
+"""Engine: the facade that wires the worker pool and the background services together."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import threading
+import uuid
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from brooq_py.engine.attempt import Attempt, Kind
+from brooq_py.engine.clock import Clock, SystemClock
+from brooq_py.engine.completer import Completer
+from brooq_py.engine.config import Config
+from brooq_py.engine.dispatcher import Dispatcher
+from brooq_py.engine.heartbeat import Heartbeat
+from brooq_py.engine.inflight import InFlight
+from brooq_py.engine.listener import WakeListener
+from brooq_py.engine.metrics import Metrics, StoreCollector
+from brooq_py.engine.outcome import Ending
+from brooq_py.engine.reaper import Reaper
+from brooq_py.engine.repo import ClaimedJob, Repo
+from brooq_py.engine.retention import Retention
+from brooq_py.engine.runner import Runner
+from brooq_py.engine.slots import AsyncRunner, SlotPool
+from brooq_py.engine.ticker import Ticker
+from brooq_py.engine.watchdog import Watchdog
+from brooq_py.queue import (
+    BrooqError,
+    ConfigError,
+    Context,
+    EngineStopping,
+    EnqueueResult,
+    Job,
+    JobRow,
+    KindOptions,
+    LeaseLost,
+    MaxExecutionExceeded,
+    Tx,
+)
+from brooq_py.queue.handler import Handler
+
+
+@dataclass(frozen=True)
+class Health:
+    """What /healthz reports: ok when the database answers, the engine runs and hung
+    handlers do not outnumber the workers (SPEC C5)."""
+
+    ok: bool
+    database: bool
+    running: bool
+    hung: int
+    workers: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "database": self.database,
+            "running": self.running,
+            "hung": self.hung,
+            "workers": self.workers,
+        }
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class Engine:
+    """Claims, runs and settles jobs of the registered topics through *repo*.
+
+    ``start()`` starts the pool and the services; ``stop(timeout)`` stops
+    claiming, lets in-flight work finish up to *timeout* (default: the lease),
+    then cancels it with ``EngineStopping`` and flushes every outcome (SPEC C11).
+    """
+
+    def __init__(
+        self,
+        repo: Repo,
+        config: Config | None = None,
+        *,
+        logger: logging.Logger | None = None,
+        registry: CollectorRegistry | None = None,
+        clock: Clock | None = None,
+        worker_id: str | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.repo = repo
+        self.config = config if config is not None else Config()
+        if not isinstance(self.config, Config):
+            raise ConfigError(f"config must be a Config, got {type(self.config).__name__}")
+        self.log = logger or logging.getLogger("brooq_py.engine")
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        self.clock: Clock = clock or SystemClock()
+        self.worker_id = worker_id or default_worker_id()
+        self.metrics = Metrics(self.registry)
+        self.registry.register(StoreCollector(self.repo.gauges, lambda: self.topics, self.log))
+        self._kinds: dict[str, Kind] = {}
+        self._lock = threading.RLock()
+        self._state = "new"  # new -> running -> stopping -> stopped
+        self.inflight = InFlight()
+        self._async = AsyncRunner(self.log)
+        self.runner = Runner(repo, self.inflight, self.metrics, self._async, self.log, rng)
+        self._slots: SlotPool | None = None
+        self._dispatcher: Dispatcher | None = None
+        self._completer: Completer | None = None
+        self._services: list[Ticker] = []
+
+    # --- registration ------------------------------------------------------
+
+    @property
+    def topics(self) -> tuple[str, ...]:
+        return tuple(self._kinds)
+
+    @property
+    def running(self) -> bool:
+        return self._state == "running"
+
+    def register_kind(self, topic: str, handler: Handler, options: KindOptions | None = None) -> None:
+        """Register *handler* for *topic*; before ``start()`` only.
+
+        Raise ``ConfigError`` for invalid options, a bad topic or handler, or a
+        topic registered twice; ``BrooqError`` after ``start()``.
+        """
+        with self._lock:
+            if self._state != "new":
+                raise BrooqError("register_kind() must be called before start()")
+            problems: list[str] = []
+            if not isinstance(topic, str) or not topic or "\x00" in topic:
+                problems.append(f"topic must be non-empty text without NUL, got {topic!r}")
+            elif topic in self._kinds:
+                problems.append(f"topic {topic!r} is already registered")
+            if options is None:
+                options = self.config.kind_defaults()
+            elif not isinstance(options, KindOptions):
+                problems.append(f"options must be a KindOptions, got {type(options).__name__}")
+            kind: Kind | None = None
+            if not problems:
+                try:
+                    kind = Kind.build(topic, handler, options)
+                except TypeError as exc:
+                    problems.append(str(exc))
+            if problems or kind is None:
+                raise ConfigError(problems)
+            self._kinds[topic] = kind
+            self.metrics.prime([topic])
+
+    # --- producer side -----------------------------------------------------
+
+    def enqueue(self, job: Job) -> EnqueueResult:
+        """Enqueue *job* through the pool (see ``Store.enqueue``)."""
+        result = self.repo.enqueue(job)
+        if result.created:
+            self.metrics.child(self.metrics.enqueued, job.topic).inc()
+        return result
+
+    def enqueue_tx(self, tx: Tx, job: Job) -> EnqueueResult:
+        """Enqueue *job* inside the caller's transaction *tx* (SPEC E3)."""
+        result = self.repo.enqueue_tx(tx, job)
+        if result.created:
+            self.metrics.child(self.metrics.enqueued, job.topic).inc()
+        return result
+
+    def enqueue_many(self, jobs: Sequence[Job], tx: Tx | None = None) -> list[EnqueueResult]:
+        """Enqueue a batch in one round trip (SPEC E5)."""
+        results = self.repo.enqueue_many(jobs, tx)
+        for job, r in zip(jobs, results, strict=True):
+            if r.created:
+                self.metrics.child(self.metrics.enqueued, job.topic).inc()
+        return results
+
+    def begin(self) -> AbstractContextManager[Tx]:
+        """A transaction from the pool: commit on a clean exit, rollback on an exception."""
+        return self.repo.begin()
+
+    def cancel(self, job_id: str) -> bool:
+        """Cancel a pending, failed or processing job (SPEC X1); a running one stops via lease loss."""
+        return self.repo.cancel(job_id)
+
+    def get(self, job_id: str) -> JobRow | None:
+        """The job's row, or None for an unknown or malformed id."""
+        return self.repo.get(job_id)
+
+    def health(self) -> Health:
+        database = False
+        try:
+            database = bool(self.repo.ping())
+        except Exception:
+            database = False
+        hung = self.inflight.hung_count()
+        running = self.running
+        ok = database and running and hung <= self.config.workers
+        return Health(ok=ok, database=database, running=running, hung=hung, workers=self.config.workers)
+
+    # --- lifecycle ---------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the worker pool and the background services; idempotent."""
+        with self._lock:
+            if self._state == "running":
+                return
+            if self._state != "new":
+                raise BrooqError("an engine cannot be started again after stop()")
+            if not self._kinds:
+                self.log.warning("engine: starting with no registered topic; nothing will be claimed")
+            cfg = self.config
+            self._slots = SlotPool(cfg.workers, self.runner.run, self.log)
+            self._completer = Completer(
+                self.repo.settle_many, self.runner.on_written, self.log, max_buffer=max(1000, 8 * cfg.workers)
+            )
+            self.runner.completer = self._completer
+            self._dispatcher = Dispatcher(
+                self._claim, self._slots, self._launch, cfg.td("poll_interval").total_seconds(), self.log
+            )
+            self._services = [
+                Heartbeat(
+                    cfg.heartbeat_period,
+                    self.inflight.held,
+                    lambda leases: self.repo.renew(leases, cfg.lease_td),
+                    self._lease_lost,
+                    self.log,
+                ),
+                Watchdog(
+                    self.inflight.running,
+                    cfg.effective_watchdog_grace.total_seconds(),
+                    self.clock,
+                    self._give_up,
+                    self._hung,
+                    self.log,
+                ),
+                Reaper(
+                    cfg.effective_reaper_period,
+                    self.repo.reap_expired,
+                    lambda t: self.metrics.child(self.metrics.reaped, t).inc(),
+                    self.log,
+                ),
+                WakeListener(self.repo.listen, self._dispatcher.wake, self.log),
+            ]
+            if cfg.retention_enabled:
+                self._services.append(
+                    Retention(
+                        cfg.effective_retention_period,
+                        cfg.td("retention_ttl"),
+                        cfg.retention_batch,
+                        self.repo.delete_terminal,
+                        lambda t, n: self.metrics.child(self.metrics.retention_deleted, t).inc(n),
+                        self.log,
+                    )
+                )
+            self._completer.start()
+            self._slots.start()
+            for s in self._services:
+                s.start()
+            self._dispatcher.start()
+            self._state = "running"
+            self.log.info(
+                "engine: started worker=%s workers=%d topics=%s lease=%gs",
+                self.worker_id,
+                cfg.workers,
+                ",".join(self._kinds) or "-",
+                cfg.lease_td.total_seconds(),
+            )
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop gracefully (SPEC C11); safe before start() and twice.
+
+        Stop claiming; wait up to *timeout* seconds (None: the lease) for
+        in-flight handlers; cancel the rest with ``EngineStopping`` and wait up
+        to watchdog_grace for them (one still running is hung and its row goes
+        back to pending, attempt given back); flush every outcome.
+        """
+        with self._lock:
+            if self._state != "running":
+                return
+            self._state = "stopping"
+        cfg = self.config
+        wait = cfg.lease_td.total_seconds() if timeout is None else max(0.0, float(timeout))
+        slots, dispatcher, completer = self._slots, self._dispatcher, self._completer
+        assert slots is not None and dispatcher is not None and completer is not None
+        dispatcher.stop()
+        if not slots.wait_idle(wait):
+            for a in self.inflight.running():
+                if not a.finished:
+                    a.ctx.cancel(EngineStopping("the engine is stopping"))
+            slots.wait_idle(cfg.effective_watchdog_grace.total_seconds() + 1.0)
+        for a in self.inflight.running():
+            if a.hung and not a.stopping_hung:
+                # hung before stop: its lease was let go; hand the row back now rather than
+                # leave it processing until the reaper (guarded: a no-op if it moved on)
+                self._hand_back(a)
+        left = completer.stop()
+        for s in reversed(self._services):
+            s.stop()
+        slots.stop()
+        self._async.close()
+        self._state = "stopped"
+        if left:
+            self.log.error("engine: stopped with %d outcomes unwritten (database unreachable)", left)
+        self.log.info("engine: stopped worker=%s", self.worker_id)
+
+    def close(self) -> None:
+        """Stop if needed and close the store's own connections; safe to repeat."""
+        self.stop()
+        with self._lock:
+            if self._state == "closed":
+                return
+            self._state = "closed"
+        self.repo.close()
+
+    def __enter__(self) -> Engine:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def run_once(self) -> int:
+        """Without start(): claim one batch, run it in this thread, write every outcome; return how many.
+
+        Timeouts and the heartbeat do not run here: it is meant for tests and scripts.
+        """
+        with self._lock:
+            if self._state == "running":
+                raise BrooqError("run_once() is for an engine that was not started")
+        rows = self._claim(self.config.workers)
+        for row in rows:
+            a = self._attempt(row)
+            if a is None:
+                continue
+            self.inflight.add(a)
+            self.runner.run(a)
+        return len(rows)
+
+    # --- internals -----------------------------------------------------------
+
+    def _claim(self, limit: int) -> list[ClaimedJob]:
+        if not self._kinds:
+            return []
+        return self.repo.claim(list(self._kinds), limit, self.worker_id, self.config.lease_td)
+
+    def _attempt(self, row: ClaimedJob) -> Attempt | None:
+        kind = self._kinds.get(row.topic)
+        self.metrics.child(self.metrics.claimed, row.topic).inc()
+        if kind is None:  # cannot happen: claims name only our topics; hand it back all the same
+            self.log.error("engine: claimed job id=%s of unregistered topic %r", row.id, row.topic)
+            return None
+        ctx = Context(deadline=self.clock.now() + kind.options.td("attempt_timeout"))
+        a = Attempt(row, kind, self.clock.monotonic(), ctx)
+        clock = self.clock
+
+        def mark(_cause: BaseException) -> None:
+            a.cancelled_at = clock.monotonic()
+
+        ctx.add_callback(mark)
+        return a
+
+    def _launch(self, row: ClaimedJob) -> None:
+        a = self._attempt(row)
+        assert self._slots is not None
+        if a is None:
+            return
+        self.inflight.add(a)
+        self._slots.submit(a)
+
+    def _lease_lost(self, a: Attempt) -> None:
+        if not self.inflight.drop(a):
+            return  # an outcome write ended it meanwhile
+        a.lost = True
+        self.metrics.child(self.metrics.lease_lost, a.topic).inc()
+        if a.ctx.cancel(LeaseLost("the row is no longer this claim's (canceled, reaped or taken over)")):
+            self.log.warning(
+                "job id=%s topic=%s attempt=%d: lease lost; cancelling the handler",
+                a.id,
+                a.topic,
+                a.claim.attempt,
+            )
+
+    def _give_up(self, a: Attempt) -> None:
+        if not a.abandon():
+            return
+        hard = a.kind.options.td("max_execution_timeout").total_seconds()
+        cause = MaxExecutionExceeded(f"max_execution_timeout of {hard:g}s elapsed")
+        a.ctx.cancel(cause)
+        self.log.error(
+            "job id=%s topic=%s attempt=%d: still running after max_execution_timeout; "
+            "recording a failed attempt and freeing the slot",
+            a.id,
+            a.topic,
+            a.claim.attempt,
+        )
+        if not a.lost:
+            self.runner.settle(a, Ending(cause=a.ctx.cause, gave_up=True, error=cause))
+        assert self._slots is not None
+        self._slots.release(a)
+
+    def _hung(self, a: Attempt) -> None:
+        a.hung = True
+        self.metrics.child(self.metrics.hung, a.topic).inc()
+        self.log.error(
+            "job id=%s topic=%s attempt=%d: handler hung: still running %gs after its context was "
+            "cancelled (%s); its lease is no longer renewed",
+            a.id,
+            a.topic,
+            a.claim.attempt,
+            self.config.effective_watchdog_grace.total_seconds(),
+            type(a.ctx.cause).__name__,
+        )
+        if a.abandon():
+            assert self._slots is not None
+            if self._state == "stopping":
+                self._hand_back(a)
+            else:
+                self.inflight.drop(a)
+            self._slots.release(a)
+
+    def _hand_back(self, a: Attempt) -> None:
+        """At stop: a hung handler's row goes back to pending with its attempt given back (C11)."""
+        if a.lost or a.stopping_hung:
+            return
+        a.stopping_hung = True
+        self.runner.settle(a, Ending(cause=a.ctx.cause, stopping_hung=True))

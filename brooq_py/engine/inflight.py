@@ -1,0 +1,66 @@
+"""InFlight: the attempts this engine holds leases for and the handlers still running."""
+
+from __future__ import annotations
+
+import threading
+
+from brooq_py.engine.attempt import Attempt
+from brooq_py.engine.repo import Outcome
+
+
+class InFlight:
+    """Two views, one lock.
+
+    ``held``: leases the heartbeat renews, keyed by job id, from claim until an
+    outcome write ends them (or the lease is lost, or the engine gives up on a
+    hung handler). ``running``: handlers whose thread has not returned yet,
+    including ones the engine gave up on.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[str, Attempt] = {}
+        self._running: set[Attempt] = set()
+
+    def add(self, a: Attempt) -> None:
+        with self._lock:
+            self._held[a.id] = a
+            self._running.add(a)
+
+    def held(self) -> list[Attempt]:
+        with self._lock:
+            return list(self._held.values())
+
+    def running(self) -> list[Attempt]:
+        with self._lock:
+            return list(self._running)
+
+    def held_count(self) -> int:
+        with self._lock:
+            return len(self._held)
+
+    def drop(self, a: Attempt) -> bool:
+        """Stop holding *a*'s lease; return False if it was no longer held."""
+        with self._lock:
+            if self._held.get(a.id) is a:
+                del self._held[a.id]
+                return True
+            return False
+
+    def drop_outcome(self, o: Outcome) -> Attempt | None:
+        """Stop holding the lease an outcome write ended (matched by id and claim token)."""
+        with self._lock:
+            a = self._held.get(o.id)
+            if a is not None and a.row.claim_token == o.claim_token:
+                del self._held[o.id]
+                return a
+            return None
+
+    def end(self, a: Attempt) -> None:
+        """The handler's thread returned."""
+        with self._lock:
+            self._running.discard(a)
+
+    def hung_count(self) -> int:
+        with self._lock:
+            return sum(1 for a in self._running if a.hung)

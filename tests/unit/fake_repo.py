@@ -1,0 +1,296 @@
+"""An in-memory Repo for the engine's unit tests: the same guards as the real store, no database."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from brooq_py.engine.repo import ClaimedJob, Gauges, HeldLease, Outcome, TopicCount
+from brooq_py.queue import EnqueueResult, Job, JobRow, State, Tx
+
+
+@dataclass
+class Row:
+    id: str
+    topic: str
+    payload: Any
+    state: State = State.PENDING
+    attempts: int = 0
+    priority: int = 0
+    available_at: float = 0.0
+    locked_by: str | None = None
+    locked_until: float | None = None
+    last_error: str | None = None
+    key: str | None = None
+    claim_token: str | None = None
+    seq: int = 0
+    history: list[State] = field(default_factory=list)
+
+
+class FakeTx:
+    """Buffers writes; the repo applies them on commit only."""
+
+    def __init__(self) -> None:
+        self.ops: list[Any] = []
+
+    def execute(self, query: Any, params: Any = None) -> Any:
+        self.ops.append(("execute", query, params))
+
+
+class FakeListener:
+    def __init__(self, repo: FakeRepo) -> None:
+        self.repo = repo
+        self.seen = repo.notify_count
+
+    def wait(self, timeout: float) -> bool:
+        with self.repo.cond:
+            if self.repo.listen_broken:
+                raise ConnectionError("listener broken")
+            self.repo.cond.wait_for(lambda: self.repo.notify_count != self.seen, timeout)
+            changed = self.repo.notify_count != self.seen
+            self.seen = self.repo.notify_count
+            return changed
+
+    def close(self) -> None:
+        pass
+
+
+class FakeRepo:
+    """Thread-safe in-memory job store with P3's guards on every write."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.cond = threading.Condition(self.lock)
+        self.rows: dict[str, Row] = {}
+        self.seq = 0
+        self.notify_count = 0
+        self.listen_broken = False
+        self.fail_renew = 0
+        self.fail_settle = 0
+        self.fail_enqueue_topics: set[str] = set()
+        self.calls: dict[str, int] = {}
+        self.settle_batches: list[int] = []
+        self.closed = False
+
+    def _count(self, name: str) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+
+    @staticmethod
+    def now() -> float:
+        return time.monotonic()
+
+    # producer side
+    def _insert(self, job: Job) -> EnqueueResult:
+        if job.topic in self.fail_enqueue_topics:
+            raise RuntimeError(f"enqueue of {job.topic} refused")
+        key = job.key
+        if key is not None:
+            for r in self.rows.values():
+                if r.topic == job.topic and r.key == key:
+                    return EnqueueResult(r.id, False)
+        self.seq += 1
+        payload = json.loads(job.payload_json())
+        r = Row(
+            id=str(uuid.uuid4()),
+            topic=job.topic,
+            payload=payload,
+            priority=job.priority,
+            available_at=self.now(),
+            key=key,
+            seq=self.seq,
+        )
+        self.rows[r.id] = r
+        self.notify_count += 1
+        self.cond.notify_all()
+        return EnqueueResult(r.id, True)
+
+    def enqueue(self, job: Job) -> EnqueueResult:
+        with self.lock:
+            return self._insert(job)
+
+    def enqueue_tx(self, tx: Tx, job: Job) -> EnqueueResult:
+        assert isinstance(tx, FakeTx)
+        if job.topic in self.fail_enqueue_topics:
+            raise RuntimeError(f"enqueue of {job.topic} refused")
+        tx.ops.append(("enqueue", job))
+        return EnqueueResult("pending-" + uuid.uuid4().hex, True)
+
+    def enqueue_many(self, jobs: Sequence[Job], tx: Tx | None = None) -> list[EnqueueResult]:
+        with self.lock:
+            return [self._insert(j) for j in jobs]
+
+    @contextmanager
+    def begin(self) -> Iterator[Tx]:
+        tx = FakeTx()
+        with self.lock:
+            snapshot = {k: Row(**{**v.__dict__, "history": list(v.history)}) for k, v in self.rows.items()}
+            try:
+                yield tx
+                for op in tx.ops:
+                    if op[0] == "enqueue":
+                        self._insert(op[1])
+            except BaseException:
+                self.rows = snapshot
+                raise
+
+    def cancel(self, job_id: str) -> bool:
+        with self.lock:
+            r = self.rows.get(job_id)
+            if r is None or r.state.terminal:
+                return False
+            self._set(r, State.CANCELED)
+            return True
+
+    def get(self, job_id: str) -> JobRow | None:
+        with self.lock:
+            r = self.rows.get(job_id)
+            if r is None:
+                return None
+            epoch = datetime.now(UTC)
+            return JobRow(
+                id=r.id,
+                topic=r.topic,
+                payload=r.payload,
+                state=r.state,
+                attempts=r.attempts,
+                priority=r.priority,
+                available_at=epoch,
+                locked_by=r.locked_by,
+                locked_until=None,
+                last_error=r.last_error,
+                idempotency_key=r.key,
+                created_at=epoch,
+                updated_at=epoch,
+            )
+
+    def _set(self, r: Row, state: State) -> None:
+        r.state = state
+        r.history.append(state)
+
+    # worker side
+    def claim(self, topics: Sequence[str], limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:
+        self._count("claim")
+        with self.lock:
+            now = self.now()
+            ready = [
+                r
+                for r in self.rows.values()
+                if r.topic in topics and r.state in (State.PENDING, State.FAILED) and r.available_at <= now
+            ]
+            ready.sort(key=lambda r: (-r.priority, r.available_at, r.seq))
+            out = []
+            for r in ready[:limit]:
+                self._set(r, State.PROCESSING)
+                r.attempts += 1
+                r.locked_by = worker
+                r.locked_until = now + lease.total_seconds()
+                r.claim_token = str(uuid.uuid4())
+                out.append(
+                    ClaimedJob(
+                        id=r.id,
+                        topic=r.topic,
+                        payload=r.payload,
+                        attempts=r.attempts,
+                        priority=r.priority,
+                        claim_token=r.claim_token,
+                        locked_by=worker,
+                        locked_until=datetime.now(UTC) + lease,
+                    )
+                )
+            return out
+
+    def _apply(self, o: Outcome) -> bool:
+        r = self.rows.get(o.id)
+        if r is None or r.state is not State.PROCESSING or r.claim_token != o.claim_token:
+            return False
+        self._set(r, o.state)
+        if o.give_back:
+            r.attempts = max(r.attempts - 1, 0)
+        if o.state in (State.FAILED, State.PENDING):
+            r.available_at = self.now() + o.delay.total_seconds()
+        if o.state is State.PENDING:
+            r.locked_by = r.locked_until = None
+        if o.last_error is not None:
+            r.last_error = o.last_error
+        return True
+
+    def settle_many(self, outcomes: Sequence[Outcome]) -> set[str]:
+        self._count("settle_many")
+        with self.lock:
+            if self.fail_settle:
+                self.fail_settle -= 1
+                raise ConnectionError("settle failed")
+            self.settle_batches.append(len(outcomes))
+            return {o.id for o in outcomes if self._apply(o)}
+
+    def settle_tx(self, tx: Tx, outcome: Outcome) -> bool:
+        with self.lock:
+            return self._apply(outcome)
+
+    def renew(self, leases: Sequence[HeldLease], lease: timedelta) -> set[str]:
+        self._count("renew")
+        with self.lock:
+            if self.fail_renew:
+                self.fail_renew -= 1
+                raise ConnectionError("renew failed")
+            alive = set()
+            for h in leases:
+                r = self.rows.get(h.id)
+                if r is not None and r.state is State.PROCESSING and r.claim_token == h.claim_token:
+                    r.locked_until = self.now() + lease.total_seconds()
+                    alive.add(h.id)
+            return alive
+
+    def reap_expired(self) -> list[tuple[str, str]]:
+        with self.lock:
+            now = self.now()
+            out = []
+            for r in self.rows.values():
+                if r.state is State.PROCESSING and r.locked_until is not None and r.locked_until < now:
+                    self._set(r, State.PENDING)
+                    r.locked_by = r.locked_until = None
+                    r.available_at = now
+                    out.append((r.id, r.topic))
+            return out
+
+    def delete_terminal(self, ttl: timedelta, batch: int) -> list[tuple[str, str]]:
+        with self.lock:
+            gone = [r for r in self.rows.values() if r.state.terminal][:batch]
+            for r in gone:
+                del self.rows[r.id]
+            return [(r.id, r.topic) for r in gone]
+
+    def gauges(self, topics: Sequence[str]) -> Gauges:
+        with self.lock:
+            counts: dict[tuple[str, State], int] = {}
+            for r in self.rows.values():
+                if r.topic in topics and not r.state.terminal:
+                    counts[(r.topic, r.state)] = counts.get((r.topic, r.state), 0) + 1
+            return Gauges([TopicCount(t, s, n) for (t, s), n in counts.items()], {t: 0.0 for t in topics})
+
+    def listen(self) -> FakeListener:
+        if self.listen_broken:
+            raise ConnectionError("cannot listen")
+        return FakeListener(self)
+
+    def ping(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+
+    # test helpers
+    def row(self, job_id: str) -> Row:
+        with self.lock:
+            return self.rows[job_id]
+
+    def expire(self, job_id: str) -> None:
+        with self.lock:
+            self.rows[job_id].locked_until = self.now() - 1

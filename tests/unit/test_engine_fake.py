@@ -1,0 +1,449 @@
+"""Engine behaviour against an in-memory repo (no database): fast and deterministic."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from brooq_py.engine import Config, Engine
+from brooq_py.queue import (
+    AttemptTimeout,
+    BrooqError,
+    Claim,
+    ConfigError,
+    Context,
+    EngineStopping,
+    Job,
+    KindOptions,
+    LeaseLost,
+    MustCancelTask,
+    MustDelay,
+    MustPreserveAttempt,
+    State,
+    Tx,
+)
+from tests.unit.fake_repo import FakeRepo
+
+FAST = {"backoff_base": 0.001, "backoff_max": 0.002}
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.005)
+    raise AssertionError("condition not met in time")
+
+
+@pytest.fixture
+def repo() -> FakeRepo:
+    return FakeRepo()
+
+
+@pytest.fixture
+def make_engine(repo: FakeRepo) -> Iterator[Callable[..., Engine]]:
+    engines: list[Engine] = []
+
+    def make(**cfg: object) -> Engine:
+        params: dict[str, object] = {"workers": 2, "poll_interval": 0.05, "lease": 3, **FAST}
+        params.update(cfg)
+        e = Engine(repo, Config(**params))  # type: ignore[arg-type]
+        engines.append(e)
+        return e
+
+    yield make
+    for e in engines:
+        e.stop(timeout=1)
+
+
+def test_run_once_done_charges_one_attempt_c1_c6(repo: FakeRepo, make_engine: Callable[..., Engine]) -> None:
+    seen: list[Claim] = []
+    e = make_engine()
+    e.register_kind("t", lambda ctx, claim: seen.append(claim))
+    jid = e.enqueue(Job("t", {"n": 1})).id
+    assert e.run_once() == 1
+    row = repo.row(jid)
+    assert row.state is State.DONE and row.attempts == 1
+    assert seen[0].attempt == 1 and seen[0].payload == {"n": 1} and seen[0].max_attempts == 5
+
+
+def test_failure_then_dead_on_last_attempt_c6(repo: FakeRepo, make_engine: Callable[..., Engine]) -> None:
+    e = make_engine()
+
+    def boom(ctx: Context, claim: Claim) -> None:
+        raise ValueError("boom")
+
+    e.register_kind("t", boom, KindOptions(max_attempts=2, **FAST))
+    jid = e.enqueue(Job("t")).id
+    e.run_once()
+    assert repo.row(jid).state is State.FAILED
+    assert repo.row(jid).last_error == "ValueError: boom"
+    wait_for(lambda: e.run_once() == 1)
+    assert repo.row(jid).state is State.DEAD and repo.row(jid).attempts == 2
+
+
+def test_signals_c8(repo: FakeRepo, make_engine: Callable[..., Engine]) -> None:
+    e = make_engine(workers=3)
+
+    def handler(ctx: Context, claim: Claim) -> None:
+        kind = claim.payload["kind"]
+        if kind == "cancel":
+            raise MustCancelTask("no longer needed")
+        if kind == "preserve":
+            raise RuntimeError("wrapped") from MustPreserveAttempt()
+        if kind == "delay":
+            raise ExceptionGroup("g", [MustDelay(3600)])
+
+    e.register_kind("t", handler, KindOptions(max_attempts=1, backoff_base=1, backoff_max=60))
+    ids = {k: e.enqueue(Job("t", {"kind": k})).id for k in ("cancel", "preserve", "delay")}
+    assert e.run_once() == 3
+    assert repo.row(ids["cancel"]).state is State.CANCELED
+    pres = repo.row(ids["preserve"])
+    assert pres.state is State.FAILED and pres.attempts == 0
+    # MustDelay on the last attempt: dead all the same
+    assert repo.row(ids["delay"]).state is State.DEAD
+
+
+def test_preserve_attempt_never_dead_c8(repo: FakeRepo, make_engine: Callable[..., Engine]) -> None:
+    e = make_engine()
+
+    def handler(ctx: Context, claim: Claim) -> None:
+        raise MustPreserveAttempt()
+
+    e.register_kind("t", handler, KindOptions(max_attempts=1, **FAST))
+    jid = e.enqueue(Job("t")).id
+    for _ in range(10):
+        wait_for(lambda: e.run_once() == 1)
+        assert repo.row(jid).state is State.FAILED
+    assert repo.row(jid).attempts == 0
+
+
+def test_chain_commits_with_done_c9(repo: FakeRepo, make_engine: Callable[..., Engine]) -> None:
+    e = make_engine()
+    e.register_kind("t", lambda ctx, claim: claim.chain(Job("next", {"from": claim.id})))
+    jid = e.enqueue(Job("t")).id
+    e.run_once()
+    assert repo.row(jid).state is State.DONE
+    children = [r for r in repo.rows.values() if r.topic == "next"]
+    assert len(children) == 1 and children[0].payload == {"from": jid}
+
+
+def test_chain_failure_rolls_back_and_fails_c9(repo: FakeRepo, make_engine: Callable[..., Engine]) -> None:
+    e = make_engine()
+    repo.fail_enqueue_topics.add("bad")
+    e.register_kind("t", lambda ctx, claim: claim.chain(Job("bad")))
+    jid = e.enqueue(Job("t")).id
+    e.run_once()
+    row = repo.row(jid)
+    assert row.state is State.FAILED and "refused" in (row.last_error or "")
+    assert not [r for r in repo.rows.values() if r.topic == "bad"]
+
+
+def test_on_succeeded_failure_records_failed_c9(repo: FakeRepo, make_engine: Callable[..., Engine]) -> None:
+    e = make_engine()
+
+    def cb(tx: Tx) -> None:
+        raise RuntimeError("callback failed")
+
+    def handler(ctx: Context, claim: Claim) -> None:
+        claim.chain(Job("child"))
+        claim.on_succeeded(cb)
+
+    e.register_kind("t", handler)
+    jid = e.enqueue(Job("t")).id
+    e.run_once()
+    assert repo.row(jid).state is State.FAILED
+    assert not [r for r in repo.rows.values() if r.topic == "child"]
+
+
+def test_nothing_chained_on_failure_c9(repo: FakeRepo, make_engine: Callable[..., Engine]) -> None:
+    e = make_engine()
+
+    def handler(ctx: Context, claim: Claim) -> None:
+        claim.chain(Job("child"))
+        raise ValueError("no")
+
+    e.register_kind("t", handler)
+    e.enqueue(Job("t"))
+    e.run_once()
+    assert not [r for r in repo.rows.values() if r.topic == "child"]
+
+
+def test_async_and_object_handlers_c2(repo: FakeRepo, make_engine: Callable[..., Engine]) -> None:
+    e = make_engine()
+    loops: list[str] = []
+
+    async def ahandler(ctx: Context, claim: Claim) -> None:
+        await asyncio.sleep(0)
+        loops.append(threading.current_thread().name)
+
+    class Obj:
+        def handle(self, ctx: Context, claim: Claim) -> None:
+            loops.append("obj")
+
+    e.register_kind("a", ahandler)
+    e.register_kind("o", Obj())
+    a = e.enqueue(Job("a")).id
+    o = e.enqueue(Job("o")).id
+    assert e.run_once() == 2
+    assert repo.row(a).state is State.DONE and repo.row(o).state is State.DONE
+    assert "brooq-async" in loops and "obj" in loops
+    e.stop()
+
+
+def test_register_kind_errors(make_engine: Callable[..., Engine]) -> None:
+    e = make_engine()
+    e.register_kind("t", lambda ctx, claim: None)
+    with pytest.raises(ConfigError):
+        e.register_kind("t", lambda ctx, claim: None)
+    with pytest.raises(ConfigError):
+        e.register_kind("", lambda ctx, claim: None)
+    with pytest.raises(ConfigError):
+        e.register_kind("x", object())  # type: ignore[arg-type]
+    with pytest.raises(ConfigError):
+        e.register_kind("y", lambda ctx, claim: None, {"max_attempts": 1})  # type: ignore[arg-type]
+    e.start()
+    with pytest.raises(BrooqError):
+        e.register_kind("z", lambda ctx, claim: None)
+
+
+def test_unregistered_topic_not_claimed_c1(repo: FakeRepo, make_engine: Callable[..., Engine]) -> None:
+    e = make_engine()
+    e.register_kind("mine", lambda ctx, claim: None)
+    other = repo.enqueue(Job("theirs")).id
+    assert e.run_once() == 0
+    assert repo.row(other).state is State.PENDING
+
+
+def test_started_engine_drains_and_batches_completions_c10(
+    repo: FakeRepo, make_engine: Callable[..., Engine]
+) -> None:
+    e = make_engine(workers=8)
+    e.register_kind("t", lambda ctx, claim: None)
+    ids = [r.id for r in repo.enqueue_many([Job("t", i) for i in range(500)])]
+    e.start()
+    wait_for(lambda: all(repo.row(i).state is State.DONE for i in ids))
+    assert sum(repo.settle_batches) == 500
+    assert len(repo.settle_batches) < 500  # several outcomes per statement
+    assert all(repo.row(i).attempts == 1 for i in ids)
+
+
+def test_notify_wakes_idle_worker_e6(repo: FakeRepo, make_engine: Callable[..., Engine]) -> None:
+    e = make_engine(poll_interval=3600)  # only a wake-up can bring the job in
+    e.register_kind("t", lambda ctx, claim: None)
+    e.start()
+    time.sleep(0.05)
+    jid = e.enqueue(Job("t")).id
+    wait_for(lambda: repo.row(jid).state is State.DONE)
+
+
+def test_cancel_reaches_running_handler_as_lease_lost_x2(
+    repo: FakeRepo, make_engine: Callable[..., Engine]
+) -> None:
+    e = make_engine(lease=0.3)
+    causes: list[BaseException | None] = []
+    started = threading.Event()
+
+    def handler(ctx: Context, claim: Claim) -> None:
+        started.set()
+        ctx.wait(10)
+        causes.append(ctx.cause)
+
+    e.register_kind("t", handler)
+    jid = e.enqueue(Job("t")).id
+    e.start()
+    assert started.wait(5)
+    assert e.cancel(jid)
+    wait_for(lambda: bool(causes))
+    assert isinstance(causes[0], LeaseLost)
+    e.stop(timeout=1)
+    assert repo.row(jid).state is State.CANCELED  # the late return wrote nothing
+    assert repo.row(jid).history[-1] is State.CANCELED
+
+
+def test_heartbeat_error_is_not_a_cancel_c3(repo: FakeRepo, make_engine: Callable[..., Engine]) -> None:
+    e = make_engine(lease=0.3)
+    release = threading.Event()
+    causes: list[BaseException | None] = []
+
+    def handler(ctx: Context, claim: Claim) -> None:
+        release.wait(10)
+        causes.append(ctx.cause)
+
+    e.register_kind("t", handler)
+    repo.fail_renew = 3
+    jid = e.enqueue(Job("t")).id
+    e.start()
+    wait_for(lambda: repo.calls.get("renew", 0) >= 5)
+    release.set()
+    wait_for(lambda: repo.row(jid).state is State.DONE)
+    assert causes == [None]
+
+
+def test_attempt_timeout_then_failed_c4(repo: FakeRepo, make_engine: Callable[..., Engine]) -> None:
+    e = make_engine()
+    causes: list[BaseException | None] = []
+
+    def handler(ctx: Context, claim: Claim) -> None:
+        ctx.wait(10)
+        causes.append(ctx.cause)
+        ctx.raise_if_done()
+
+    e.register_kind("t", handler, KindOptions(attempt_timeout=0.1, max_execution_timeout=10, **FAST))
+    jid = e.enqueue(Job("t")).id
+    e.start()
+    wait_for(lambda: repo.row(jid).state is not State.PENDING and repo.row(jid).history[-1] is State.FAILED)
+    assert isinstance(causes[0], AttemptTimeout)
+    assert (repo.row(jid).last_error or "").startswith("AttemptTimeout")
+
+
+def test_hung_handler_is_reported_and_slot_freed_c5(
+    repo: FakeRepo, make_engine: Callable[..., Engine]
+) -> None:
+    e = make_engine(workers=1, watchdog_grace=0.1)
+    forever = threading.Event()
+
+    def hang(ctx: Context, claim: Claim) -> None:
+        forever.wait(30)  # ignores ctx
+
+    e.register_kind("hang", hang, KindOptions(attempt_timeout=0.1, max_execution_timeout=30, **FAST))
+    e.register_kind("ok", lambda ctx, claim: None)
+    hung_id = e.enqueue(Job("hang")).id
+    e.start()
+    wait_for(lambda: e.inflight.hung_count() == 1)
+    # the slot is free again: other work runs with workers=1
+    ok_id = e.enqueue(Job("ok")).id
+    wait_for(lambda: repo.row(ok_id).state is State.DONE)
+    # its lease is no longer renewed: the reaper can hand it out after it expires
+    assert hung_id not in {a.id for a in e.inflight.held()}
+    hung = e.registry.get_sample_value("brooq_hung_workers_total", {"topic": "hang"})
+    assert hung == 1.0
+    forever.set()
+
+
+def test_max_execution_gives_up_failed_not_dead_c4(
+    repo: FakeRepo, make_engine: Callable[..., Engine]
+) -> None:
+    e = make_engine(workers=1, watchdog_grace=30)
+    forever = threading.Event()
+    e.register_kind(
+        "t",
+        lambda ctx, claim: forever.wait(30),
+        KindOptions(max_attempts=1, attempt_timeout=0.05, max_execution_timeout=0.1, **FAST),
+    )
+    jid = e.enqueue(Job("t")).id
+    e.start()
+    wait_for(lambda: repo.row(jid).history[-1:] == [State.FAILED] or repo.row(jid).attempts > 1)
+    assert State.DEAD not in repo.row(jid).history
+    assert "MaxExecutionExceeded" in (repo.row(jid).last_error or "")
+    forever.set()
+
+
+def test_stop_hands_back_attempt_of_raising_handler_c11(
+    repo: FakeRepo, make_engine: Callable[..., Engine]
+) -> None:
+    e = make_engine()
+    started = threading.Event()
+
+    def handler(ctx: Context, claim: Claim) -> None:
+        started.set()
+        ctx.wait(10)
+        ctx.raise_if_done()
+
+    e.register_kind("t", handler)
+    jid = e.enqueue(Job("t")).id
+    e.start()
+    assert started.wait(5)
+    e.stop(timeout=0.05)
+    row = repo.row(jid)
+    assert row.state is State.PENDING and row.attempts == 0
+    assert "EngineStopping" in (row.last_error or "")
+
+
+def test_stop_lets_returning_handler_finish_done_c11(
+    repo: FakeRepo, make_engine: Callable[..., Engine]
+) -> None:
+    e = make_engine()
+    started = threading.Event()
+    causes: list[BaseException | None] = []
+
+    def handler(ctx: Context, claim: Claim) -> None:
+        started.set()
+        ctx.wait(10)
+        causes.append(ctx.cause)
+
+    e.register_kind("t", handler)
+    jid = e.enqueue(Job("t")).id
+    e.start()
+    assert started.wait(5)
+    e.stop(timeout=0.05)
+    assert isinstance(causes[0], EngineStopping)
+    assert repo.row(jid).state is State.DONE
+
+
+def test_stop_hung_handler_goes_back_to_pending_c11(
+    repo: FakeRepo, make_engine: Callable[..., Engine]
+) -> None:
+    e = make_engine(watchdog_grace=0.1)
+    forever = threading.Event()
+    started = threading.Event()
+
+    def hang(ctx: Context, claim: Claim) -> None:
+        started.set()
+        forever.wait(30)
+
+    e.register_kind("t", hang)
+    jid = e.enqueue(Job("t")).id
+    e.start()
+    assert started.wait(5)
+    e.stop(timeout=0.05)
+    row = repo.row(jid)
+    assert row.state is State.PENDING and row.attempts == 0
+    forever.set()
+
+
+def test_completer_retries_failed_flush(repo: FakeRepo, make_engine: Callable[..., Engine]) -> None:
+    e = make_engine()
+    e.register_kind("t", lambda ctx, claim: None)
+    repo.fail_settle = 2
+    jid = e.enqueue(Job("t")).id
+    e.start()
+    wait_for(lambda: repo.row(jid).state is State.DONE)
+
+
+def test_listener_failure_degrades_to_polling_e6(repo: FakeRepo, make_engine: Callable[..., Engine]) -> None:
+    repo.listen_broken = True
+    e = make_engine(poll_interval=0.05)
+    e.register_kind("t", lambda ctx, claim: None)
+    e.start()
+    jid = e.enqueue(Job("t")).id
+    wait_for(lambda: repo.row(jid).state is State.DONE)
+
+
+def test_metrics_move_o1(repo: FakeRepo, make_engine: Callable[..., Engine]) -> None:
+    e = make_engine()
+    e.register_kind("t", lambda ctx, claim: None)
+    e.enqueue(Job("t"))
+    e.run_once()
+    get = e.registry.get_sample_value
+    assert get("brooq_enqueued_total", {"topic": "t"}) == 1.0
+    assert get("brooq_claimed_total", {"topic": "t"}) == 1.0
+    assert get("brooq_settle_total", {"topic": "t", "outcome": "done"}) == 1.0
+    assert get("brooq_attempt_duration_seconds_count", {"topic": "t"}) == 1.0
+    assert get("brooq_jobs", {"topic": "t", "state": "pending"}) == 0.0
+    assert get("brooq_up") == 1.0
+
+
+def test_stop_and_close_are_safe_to_repeat(repo: FakeRepo, make_engine: Callable[..., Engine]) -> None:
+    e = make_engine()
+    e.stop()
+    e.close()
+    e.close()
+    assert repo.closed
+    logging.getLogger(__name__).debug("closed twice")
