@@ -9,7 +9,7 @@ VENV ?= .venv
 COMPOSE ?= docker compose
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.install-stamp
-SOURCES := brooq_py tests bench
+SOURCES := $(wildcard brooq_py tests bench)  # bench/ may not exist yet
 
 .DEFAULT_GOAL := help
 .PHONY: help install demo test lint fmt typecheck check bench migrate-up migrate-down migrate-status \
