@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import json
 import math
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -13,6 +14,10 @@ from brooq_py.queue.errors import InvalidJob
 
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
+
+# A JSON "\u0000" escape is a backslash preceded by an even number of backslashes;
+# the text "\\u0000" (an escaped backslash, then "u0000") is ordinary and storable.
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 class State(enum.StrEnum):
@@ -59,7 +64,11 @@ def encode_payload(payload: Any) -> str:
             text = json.dumps(payload, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
         except (TypeError, ValueError, RecursionError) as exc:
             raise InvalidJob(f"payload is not JSON-serialisable: {exc}") from None
-    if "\x00" in text or "\\u0000" in text:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidJob("payload holds a lone surrogate, which is not valid Unicode text") from None
+    if "\x00" in text or _NUL_ESCAPE.search(text):
         raise InvalidJob("payload contains \\u0000, which PostgreSQL jsonb cannot store")
     return text
 
