@@ -1,0 +1,222 @@
+"""Job validation (API.md Job, SPEC E1 and E4): bad input is refused before anything is written."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from brooq_py.queue import BrooqError, InvalidJob, Job
+
+
+def refused(**kw: Any) -> InvalidJob:
+    """Build a Job and encode its payload (build or enqueue time, API.md); return the InvalidJob."""
+    kw.setdefault("topic", "email.send")
+    with pytest.raises(InvalidJob) as info:
+        Job(**kw).payload_json()
+    return info.value
+
+
+def test_invalid_job_is_a_value_error_and_a_brooq_error_api() -> None:
+    assert issubclass(InvalidJob, ValueError)
+    assert issubclass(InvalidJob, BrooqError)
+
+
+# --- topic and key (E4) ----------------------------------------------------------------
+
+
+def test_e4_empty_topic_refused() -> None:
+    assert "empty" in str(refused(topic=""))
+
+
+@pytest.mark.parametrize("topic", ["a\x00b", "\x00"])
+def test_e4_nul_in_topic_refused(topic: str) -> None:
+    assert "NUL" in str(refused(topic=topic))
+
+
+@pytest.mark.parametrize("topic", [None, 1, b"email.send", ["email"]])
+def test_e4_non_str_topic_refused(topic: object) -> None:
+    refused(topic=topic)
+
+
+def test_e4_nul_in_idempotency_key_refused() -> None:
+    refused(idempotency_key="k\x00")
+
+
+def test_e4_non_str_idempotency_key_refused() -> None:
+    refused(idempotency_key=42)
+
+
+def test_e4_lone_surrogate_in_topic_refused() -> None:
+    refused(topic="bad\ud800")
+
+
+@pytest.mark.parametrize(("given", "stored"), [("", None), (None, None), (" ", " "), ("k-1", "k-1")])
+def test_e1_key_empty_and_none_mean_no_key_space_is_a_key(given: str | None, stored: str | None) -> None:
+    assert Job("t", idempotency_key=given).key == stored
+
+
+def test_topic_convention_not_enforced_api() -> None:
+    assert Job("Email Send").topic == "Email Send"
+
+
+# --- available_at (E4) -----------------------------------------------------------------
+
+
+def test_e4_naive_datetime_refused() -> None:
+    assert "timezone" in str(refused(available_at=datetime(2030, 1, 1)))
+
+
+@pytest.mark.parametrize(
+    "at",
+    [datetime(2030, 1, 1, tzinfo=UTC), datetime(2030, 1, 1, tzinfo=timezone(timedelta(hours=-5)))],
+)
+def test_e4_aware_datetime_accepted(at: datetime) -> None:
+    assert Job("t", available_at=at).available_at == at
+
+
+def test_e4_available_at_non_datetime_refused() -> None:
+    refused(available_at="2030-01-01T00:00:00Z")
+
+
+# --- priority (API.md: a 32-bit signed int) --------------------------------------------
+
+
+@pytest.mark.parametrize("priority", [-(2**31), -1, 0, 7, 2**31 - 1])
+def test_priority_int32_accepted(priority: int) -> None:
+    assert Job("t", priority=priority).priority == priority
+
+
+@pytest.mark.parametrize("priority", [-(2**31) - 1, 2**31, 10**20])
+def test_priority_outside_int32_refused(priority: int) -> None:
+    assert "32-bit" in str(refused(priority=priority))
+
+
+@pytest.mark.parametrize("priority", [True, False, 1.0, "1", None])
+def test_priority_bool_and_non_int_refused(priority: object) -> None:
+    refused(priority=priority)
+
+
+# --- payload (E4) ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_e4_top_level_nan_infinity_refused(value: float) -> None:
+    refused(payload=value)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"a": float("nan")},
+        [1, 2, float("inf")],
+        {"deep": [{"x": float("-inf")}]},
+    ],
+)
+def test_e4_nested_nan_infinity_refused(payload: Any) -> None:
+    refused(payload=payload)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        "\x00",
+        "a\x00b",
+        {"msg": "x\x00"},
+        {"a\x00": 1},
+        [["\x00"]],
+    ],
+)
+def test_e4_nul_in_payload_refused_as_value_and_as_key(payload: Any) -> None:
+    assert "u0000" in str(refused(payload=payload))
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        "\\u0000",  # a backslash then "u0000": six characters of ordinary text
+        {"path": "C:\\u0000\\file"},
+        {"\\u0000": 1},
+        "\\\\u0000",
+    ],
+)
+def test_e4_backslash_u0000_text_is_not_a_nul(payload: Any) -> None:
+    """Only a real NUL is refused; the text "\\u0000" (a backslash and five characters) is fine."""
+    text = Job("t", payload).payload_json()
+    assert json.loads(text) == payload
+
+
+@pytest.mark.parametrize("payload", [{1, 2}, object(), {"a": {1}}, {(1, 2): "tuple key"}, b"\xff\xfe"])
+def test_e4_non_serialisable_payload_refused(payload: Any) -> None:
+    refused(payload=payload)
+
+
+def test_e4_self_referencing_payload_refused() -> None:
+    loop: list[Any] = []
+    loop.append(loop)
+    refused(payload=loop)
+
+
+def test_e4_lone_surrogate_in_payload_refused() -> None:
+    """PostgreSQL text cannot hold a lone surrogate: refuse it as InvalidJob, not a driver error."""
+    refused(payload={"name": "file\udcff.txt"})
+
+
+@pytest.mark.parametrize(
+    ("raw", "decoded"),
+    [
+        (b'{"a": 1}', {"a": 1}),
+        (b"[1, 2.5, null, true]", [1, 2.5, None, True]),
+        (b'"text"', "text"),
+        (bytearray(b"null"), None),
+        (memoryview(b"3"), 3),
+    ],
+)
+def test_e4_bytes_are_pre_encoded_json_validated(raw: Any, decoded: Any) -> None:
+    assert json.loads(Job("t", raw).payload_json()) == decoded
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"",
+        b"{",
+        b"{'a': 1}",
+        b"NaN",
+        b'{"a": NaN}',
+        b"[Infinity]",
+        b"-Infinity",
+        b'{"a": "\\u0000"}',
+        b'{"\\u0000": 1}',
+        b'"\x00"',
+    ],
+)
+def test_e4_bytes_invalid_json_nan_or_nul_refused(raw: bytes) -> None:
+    refused(payload=raw)
+
+
+def test_e4_bytes_not_utf8_refused() -> None:
+    assert "UTF-8" in str(refused(payload=b'"\xff"'))
+
+
+def test_api_none_payload_is_json_null() -> None:
+    assert Job("t").payload_json() == "null"
+    assert Job("t", None).payload_json() == "null"
+
+
+def test_api_str_payload_is_a_json_string() -> None:
+    assert json.loads(Job("t", "hello").payload_json()) == "hello"
+    assert json.loads(Job("t", '{"a": 1}').payload_json()) == '{"a": 1}'
+
+
+def test_api_non_ascii_payload_round_trips() -> None:
+    payload = {"name": "Zoë", "emoji": "🎉", "cjk": "漢字"}
+    assert json.loads(Job("t", payload).payload_json()) == payload
+
+
+def test_job_is_frozen() -> None:
+    job = Job("t")
+    with pytest.raises(AttributeError):
+        job.topic = "other"  # type: ignore[misc]
