@@ -16,7 +16,8 @@ _UNITS: dict[str, float] = {
     "m": 60.0,
     "h": 3600.0,
 }
-_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+# ASCII digits only, as Go has it: \d would also take other scripts' digits (e.g. "٣s").
+_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)")
 
 
 def to_timedelta(value: object, name: str = "duration") -> timedelta:
@@ -57,14 +58,17 @@ def parse_go_duration(text: str) -> timedelta:
     while pos < len(s):
         m = _PART.match(s, pos)
         if m is None:
-            if re.fullmatch(r"\d+(\.\d*)?", s[pos:]):
+            if re.fullmatch(r"[0-9]+(\.[0-9]*)?", s[pos:]):
                 raise ValueError(f"invalid duration {text!r}: missing unit (e.g. {text}s)")
             raise ValueError(f"invalid duration {text!r}")
         total += float(m.group(1)) * _UNITS[m.group(2)]
         pos = m.end()
-    if not math.isfinite(total) or total > timedelta.max.total_seconds():
-        raise ValueError(f"invalid duration {text!r}: out of range")
-    return timedelta(seconds=sign * total)
+    try:
+        if not math.isfinite(total):
+            raise OverflowError
+        return timedelta(seconds=sign * total)
+    except OverflowError:
+        raise ValueError(f"invalid duration {text!r}: out of range") from None
 
 
 def format_duration(d: timedelta) -> str:
