@@ -70,7 +70,7 @@ class Config:
         check_int(self, "workers", 1, problems)
         check_int(self, "max_attempts", 1, problems)
         check_int(self, "retention_batch", 1, problems)
-        normalise_durations(self, _DURATIONS, problems)
+        normalise_durations(self, _DURATIONS, problems, optional=("reaper_period", "watchdog_grace"))
         check_positive(self, tuple(n for n in _DURATIONS if n not in _MAY_BE_ZERO), problems)
         for name in _MAY_BE_ZERO:
             value = getattr(self, name)

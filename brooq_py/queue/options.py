@@ -11,11 +11,16 @@ from brooq_py.queue.errors import ConfigError
 _DURATIONS = ("attempt_timeout", "max_execution_timeout", "backoff_base", "backoff_max")
 
 
-def normalise_durations(obj: object, names: tuple[str, ...], problems: list[str]) -> None:
-    """Turn each named attribute of a frozen dataclass into a ``timedelta`` in place."""
+def normalise_durations(
+    obj: object, names: tuple[str, ...], problems: list[str], optional: tuple[str, ...] = ()
+) -> None:
+    """Turn each named attribute of a frozen dataclass into a ``timedelta`` in place.
+
+    ``None`` is accepted only for the names in *optional*; anywhere else it is a problem.
+    """
     for name in names:
         value = getattr(obj, name)
-        if value is None:
+        if value is None and name in optional:
             continue
         try:
             object.__setattr__(obj, name, to_timedelta(value, name))
