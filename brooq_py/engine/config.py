@@ -152,7 +152,11 @@ class Config:
                 if not _DIGITS.fullmatch(raw):
                     problems.append(f"{var}={raw!r}: expected a whole number in plain digits")
                     continue
-                kwargs[name] = int(raw)
+                try:
+                    kwargs[name] = int(raw)
+                except ValueError:  # more digits than int() converts (sys.get_int_max_str_digits)
+                    problems.append(f"{var}: {len(raw)} digits is out of range")
+                    continue
             else:
                 try:
                     kwargs[name] = parse_go_duration(raw)
