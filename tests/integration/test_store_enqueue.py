@@ -320,3 +320,14 @@ def test_x1_cancel(store: Store, dsn: str, schema: str) -> None:
         assert store.cancel(bad) is False  # type: ignore[arg-type]
         assert store.get(bad) is None  # type: ignore[arg-type]
     assert store.get(str(uuid.uuid4())) is None
+
+
+def test_enqueue_restores_the_pool_connections_autocommit_flag(dsn: str, schema: str) -> None:
+    with ConnectionPool(dsn, min_size=1, max_size=1) as p:
+        store = Store(p, schema=schema)
+        store.enqueue(Job("t", 1))
+        store.enqueue_many([Job("t", 2)])
+        store.cancel(str(uuid.uuid4()))
+        with p.connection() as conn:
+            assert conn.autocommit is False
+        store.close()

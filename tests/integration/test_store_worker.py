@@ -1,0 +1,281 @@
+"""Store, worker side: claim, settle, renew, reap, retention, gauges, listen (SPEC C1, C3, C10, P3, R1, T1-T2, O1, E6)."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from brooq_py.engine.repo import HeldLease, Outcome
+from brooq_py.postgres import Store
+from brooq_py.queue import Job, State, StoreUnavailable
+
+LEASE = timedelta(seconds=60)
+PAST = datetime(2020, 1, 1, tzinfo=UTC)
+
+
+@pytest.fixture
+def db(dsn: str, schema: str) -> Iterator[psycopg.Connection[Any]]:
+    """A raw autocommit connection with search_path on the test schema (test-side SQL only)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        yield conn
+
+
+def test_c1_claim_order_topics_attempts_token(store: Store, db: psycopg.Connection[Any]) -> None:
+    a = store.enqueue(Job("a", "a-low", available_at=PAST)).id
+    b = store.enqueue(Job("a", "a-high", priority=5, available_at=PAST + timedelta(hours=1))).id
+    c = store.enqueue(Job("b", "b-old", available_at=PAST - timedelta(days=1))).id
+    store.enqueue(Job("other", "x", available_at=PAST))
+    store.enqueue(Job("a", "future", available_at=datetime.now(UTC) + timedelta(hours=1)))
+    got = store.claim(["a", "b"], 10, "w1", LEASE)
+    assert [j.id for j in got] == [b, c, a]
+    for j in got:
+        assert j.attempts == 1 and j.locked_by == "w1"
+        uuid.UUID(j.claim_token)
+        assert j.locked_until > datetime.now(UTC) + timedelta(seconds=30)
+    assert got[0].payload == "a-high" and got[0].priority == 5
+    assert len({j.claim_token for j in got}) == 3
+    assert store.claim(["a", "b"], 10, "w1", LEASE) == []
+    row = store.get(b)
+    assert row is not None and row.state == State.PROCESSING and row.attempts == 1
+    assert store.claim([], 10, "w", LEASE) == [] and store.claim(["a"], 0, "w", LEASE) == []
+
+
+def test_c1_claim_limit_and_equal_priority_order(store: Store) -> None:
+    ids = [store.enqueue(Job("a", i, available_at=PAST + timedelta(seconds=i))).id for i in range(5)]
+    assert [j.id for j in store.claim(["a"], 2, "w", LEASE)] == ids[:2]
+    assert [j.id for j in store.claim(["a"], 10, "w", LEASE)] == ids[2:]
+
+
+def test_c1_failed_jobs_are_claimed_when_ready(store: Store, db: psycopg.Connection[Any]) -> None:
+    j = store.enqueue(Job("a", 1)).id
+    db.execute(
+        "UPDATE job SET state = 'failed', available_at = now() + interval '1 hour' WHERE id = %s", (j,)
+    )
+    assert store.claim(["a"], 5, "w", LEASE) == []
+    db.execute("UPDATE job SET available_at = now() - interval '1 second' WHERE id = %s", (j,))
+    [claimed] = store.claim(["a"], 5, "w", LEASE)
+    assert claimed.id == j
+
+
+def test_p1_concurrent_claims_never_share_a_job(store: Store) -> None:
+    store.enqueue_many([Job("a", i) for i in range(300)])
+    got: list[list[str]] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(6)
+
+    def worker(n: int) -> None:
+        barrier.wait()
+        mine: list[str] = []
+        while batch := store.claim(["a"], 7, f"w{n}", LEASE):
+            mine.extend(j.id for j in batch)
+        with lock:
+            got.append(mine)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    every = [i for m in got for i in m]
+    assert len(every) == 300 and len(set(every)) == 300
+
+
+def outcome(j: Any, state: State, **kw: Any) -> Outcome:
+    return Outcome(id=j.id, claim_token=j.claim_token, state=state, topic=j.topic, **kw)
+
+
+def test_c10_settle_many_semantics(store: Store, db: psycopg.Connection[Any]) -> None:
+    store.enqueue_many([Job("a", i) for i in range(5)])
+    js = store.claim(["a"], 5, "w", LEASE)
+    db.execute("UPDATE job SET last_error = 'earlier'")
+    written = store.settle_many(
+        [
+            outcome(js[0], State.DONE),
+            outcome(js[1], State.FAILED, delay=timedelta(hours=1), last_error="boom"),
+            outcome(js[2], State.DEAD, last_error="dead"),
+            outcome(js[3], State.CANCELED),
+            outcome(js[4], State.PENDING, give_back=True, delay=timedelta(0)),
+        ]
+    )
+    assert written == {j.id for j in js}
+    rows = {j.id: store.get(j.id) for j in js}
+    r0, r1, r2, r3, r4 = (rows[j.id] for j in js)
+    assert r0 is not None and r0.state == State.DONE and r0.last_error == "earlier" and r0.attempts == 1
+    assert r1 is not None and r1.state == State.FAILED and r1.last_error == "boom"
+    assert r1.available_at > datetime.now(UTC) + timedelta(minutes=50)
+    assert r2 is not None and r2.state == State.DEAD and r2.last_error == "dead"
+    assert r3 is not None and r3.state == State.CANCELED
+    assert r4 is not None and r4.state == State.PENDING and r4.attempts == 0
+    assert r4.locked_by is None and r4.locked_until is None
+    assert store.settle_many([]) == set()
+
+
+def test_p3_settle_guard_canceled_reaped_or_stale_token(store: Store, db: psycopg.Connection[Any]) -> None:
+    store.enqueue_many([Job("a", i) for i in range(3)])
+    c, r, s = store.claim(["a"], 3, "w", LEASE)
+    assert store.cancel(c.id)
+    db.execute("UPDATE job SET locked_until = now() - interval '1 second' WHERE id = %s", (r.id,))
+    assert store.reap_expired() == [(r.id, "a")]
+    [again] = store.claim(["a"], 1, "w", LEASE)  # the same engine claims its reaped job again
+    assert again.id == r.id and again.claim_token != r.claim_token
+    stale = Outcome(id=s.id, claim_token=str(uuid.uuid4()), state=State.DONE)
+    written = store.settle_many(
+        [outcome(c, State.DONE), outcome(r, State.DONE), stale, outcome(s, State.FAILED)]
+    )
+    assert written == {s.id}
+    rc, rr = store.get(c.id), store.get(r.id)
+    assert rc is not None and rc.state == State.CANCELED
+    assert rr is not None and rr.state == State.PROCESSING and rr.attempts == 2
+    assert store.settle_many([outcome(s, State.DONE)]) == set()  # terminal is never overwritten
+    rs = store.get(s.id)
+    assert rs is not None and rs.state == State.FAILED
+
+
+def test_c9_settle_tx_with_chained_enqueue(store: Store) -> None:
+    store.enqueue(Job("a", 1))
+    [j] = store.claim(["a"], 1, "w", LEASE)
+    with pytest.raises(RuntimeError), store.begin() as tx:
+        assert store.settle_tx(tx, outcome(j, State.DONE)) is True
+        child = store.enqueue_tx(tx, Job("child", 1))
+        raise RuntimeError("boom")
+    assert store.get(child.id) is None
+    row = store.get(j.id)
+    assert row is not None and row.state == State.PROCESSING
+    with store.begin() as tx:
+        assert store.settle_tx(tx, outcome(j, State.DONE)) is True
+        child = store.enqueue_tx(tx, Job("child", 1))
+    row = store.get(j.id)
+    assert row is not None and row.state == State.DONE and store.get(child.id) is not None
+    with store.begin() as tx:
+        assert store.settle_tx(tx, outcome(j, State.FAILED)) is False
+
+
+def test_c3_renew_returns_only_leases_still_ours(store: Store, db: psycopg.Connection[Any]) -> None:
+    store.enqueue_many([Job("a", i) for i in range(4)])
+    js = store.claim(["a"], 4, "w", timedelta(seconds=5))
+    assert store.cancel(js[0].id)
+    before = {r[0]: r[1] for r in db.execute("SELECT id::text, locked_until FROM job").fetchall()}
+    leases = [HeldLease(j.id, j.claim_token) for j in js[1:]] + [
+        HeldLease(js[0].id, js[0].claim_token),
+        HeldLease(js[1].id, str(uuid.uuid4())),
+    ]
+    assert store.renew(leases, timedelta(minutes=10)) == {j.id for j in js[1:]}
+    after = {r[0]: r[1] for r in db.execute("SELECT id::text, locked_until FROM job").fetchall()}
+    for j in js[1:]:
+        assert after[j.id] > before[j.id] + timedelta(minutes=5)
+    assert after[js[0].id] == before[js[0].id]
+    assert store.renew([], LEASE) == set()
+
+
+def test_c3_renew_reopens_its_connection_after_a_break(store: Store, dsn: str) -> None:
+    store.enqueue(Job("a", 1))
+    [j] = store.claim(["a"], 1, "w", LEASE)
+    held = [HeldLease(j.id, j.claim_token)]
+    assert store.renew(held, LEASE) == {j.id}
+    conn = store._hb_conn
+    assert conn is not None
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+    with pytest.raises(StoreUnavailable):
+        store.renew(held, LEASE)
+    assert store.renew(held, LEASE) == {j.id}
+
+
+def test_r1_reap_expired(store: Store, db: psycopg.Connection[Any]) -> None:
+    store.enqueue_many([Job("a", 1), Job("b", 2), Job("a", 3)])
+    x, y, z = store.claim(["a", "b"], 3, "w", LEASE)
+    db.execute("UPDATE job SET locked_until = now() - interval '1 second' WHERE id IN (%s, %s)", (x.id, y.id))
+    store.settle_many([outcome(y, State.DONE)])  # terminal, with an expired locked_until
+    assert store.reap_expired() == [(x.id, x.topic)]
+    rx = store.get(x.id)
+    assert rx is not None and rx.state == State.PENDING and rx.attempts == 1 and rx.locked_by is None
+    ry, rz = store.get(y.id), store.get(z.id)
+    assert ry is not None and ry.state == State.DONE
+    assert rz is not None and rz.state == State.PROCESSING
+    assert store.reap_expired() == []
+
+
+def test_t1_t2_delete_terminal(store: Store, db: psycopg.Connection[Any]) -> None:
+    ids = [r.id for r in store.enqueue_many([Job("t", i) for i in range(8)])]
+    states = ["done", "dead", "canceled", "done", "pending", "failed", "processing", "done"]
+    for n, (job_id, st) in enumerate(zip(ids, states, strict=True)):
+        db.execute(
+            "UPDATE job SET state = %s, locked_by = 'w', locked_until = now(), "
+            "updated_at = now() - make_interval(days => 100 - %s) WHERE id = %s",
+            (st, n, job_id),
+        )
+    db.execute("UPDATE job SET updated_at = now() WHERE id = %s", (ids[7],))  # too young
+    first = store.delete_terminal(timedelta(days=30), 2)
+    assert first == [(ids[0], "t"), (ids[1], "t")]
+    rest = store.delete_terminal(timedelta(days=30), 10)
+    assert sorted(rest) == sorted([(ids[2], "t"), (ids[3], "t")])
+    assert store.delete_terminal(timedelta(days=30), 10) == []
+    remaining = {r[0] for r in db.execute("SELECT id::text FROM job").fetchall()}
+    assert remaining == {ids[4], ids[5], ids[6], ids[7]}
+    assert store.delete_terminal(timedelta(0), 10) == []
+
+
+def test_o1_gauges(store: Store, db: psycopg.Connection[Any]) -> None:
+    store.enqueue_many([Job("a", i, available_at=PAST) for i in range(3)] + [Job("b", 1)])
+    store.claim(["a"], 1, "w", LEASE)
+    db.execute("UPDATE job SET state = 'failed' WHERE topic = 'b'")
+    g = store.gauges(["a", "b", "none"])
+    counts = {(c.topic, c.state): c.count for c in g.counts}
+    assert counts[("a", State.PENDING)] == 2 and counts[("a", State.PROCESSING)] == 1
+    assert counts[("a", State.FAILED)] == 0 and counts[("b", State.FAILED)] == 1
+    assert counts[("none", State.PENDING)] == 0
+    assert g.oldest_ready_seconds["a"] > 86400 and g.oldest_ready_seconds["none"] == 0.0
+    assert store.gauges([]).counts == []
+
+
+def wait_for(listener: Any, timeout: float = 10.0) -> bool:
+    return bool(listener.wait(timeout))
+
+
+def test_e6_notify_after_commit_once_per_statement_not_after_rollback(store: Store) -> None:
+    listener = store.listen()
+    try:
+        assert listener.wait(0.05) is False
+        with pytest.raises(RuntimeError), store.begin() as tx:
+            store.enqueue_tx(tx, Job("a", 1))
+            raise RuntimeError("boom")
+        assert listener.wait(0.3) is False
+        store.enqueue_many([Job("a", i) for i in range(50)])
+        assert wait_for(listener)
+        assert listener.wait(0.3) is False  # one notification for the 50-row statement
+        store.enqueue(Job("a", 1))
+        assert wait_for(listener)
+    finally:
+        listener.close()
+    listener.close()  # safe twice
+
+
+def test_listener_raises_store_unavailable_when_its_connection_breaks(store: Store, dsn: str) -> None:
+    listener = store.listen()
+    try:
+        pid = listener._conn.info.backend_pid
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        with pytest.raises(StoreUnavailable):
+            for _ in range(50):
+                listener.wait(0.2)
+    finally:
+        listener.close()
+
+
+def test_ping_and_close(store: Store) -> None:
+    assert store.ping() is True
+    listener = store.listen()
+    store.close()
+    with pytest.raises(StoreUnavailable):
+        listener.wait(0.01)
+    store.close()
+    assert store.ping() is True  # the pool is the caller's and still open
