@@ -34,6 +34,9 @@ def describe_error(exc: BaseException) -> str:
         message = "<unprintable message>"
     text = f"{name}: {message}" if message else name
     text = text.replace("\x00", "\\x00")
+    # PostgreSQL text is UTF-8: a lone surrogate (a surrogateescape'd filename, say) would
+    # make the outcome write itself fail, so escape it.
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     if len(text) > MAX_ERROR_CHARS:
         text = text[: MAX_ERROR_CHARS - 20] + " ...[truncated]"
     return text
