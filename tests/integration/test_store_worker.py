@@ -279,3 +279,36 @@ def test_ping_and_close(store: Store) -> None:
         listener.wait(0.01)
     store.close()
     assert store.ping() is True  # the pool is the caller's and still open
+
+
+def plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from plan_nodes(child)
+
+
+def test_s4_claim_reads_the_claim_index_in_order_and_an_empty_topic_stays_cheap(
+    store: Store, db: psycopg.Connection[Any]
+) -> None:
+    """S4: 20k ready jobs of another topic do not make a claim of an empty topic read them."""
+    db.execute("INSERT INTO job (topic, payload) SELECT 'big', '1' FROM generate_series(1, 20000)")
+    db.execute("ANALYZE job")
+    params = {"topics": ["empty"], "limit": 10, "worker": "w", "lease": LEASE}
+    [[explained]] = db.execute(
+        b"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + store._q.claim.composed, params
+    ).fetchall()
+    nodes = list(plan_nodes(explained[0]["Plan"]))
+    lock_rows = [n for n in nodes if n["Node Type"] == "LockRows"]
+    assert len(lock_rows) == 1
+    scan = lock_rows[0]["Plans"][0]
+    assert scan["Node Type"] in ("Index Scan", "Index Only Scan") and scan["Index Name"] == "job_claim_idx"
+    assert "topic = t.topic" in scan["Index Cond"]
+    assert scan["Shared Hit Blocks"] + scan.get("Shared Read Blocks", 0) <= 10
+    assert not [n for n in nodes if n["Node Type"] == "Seq Scan"]
+    params["topics"] = ["big"]
+    [[explained]] = db.execute(
+        b"EXPLAIN (ANALYZE, FORMAT JSON) " + store._q.claim.composed, params
+    ).fetchall()
+    nodes = list(plan_nodes(explained[0]["Plan"]))
+    scan = next(n for n in nodes if n["Node Type"] == "LockRows")["Plans"][0]
+    assert scan.get("Index Name") == "job_claim_idx" and scan["Actual Rows"] <= 10

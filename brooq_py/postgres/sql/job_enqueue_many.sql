@@ -5,8 +5,8 @@
 -- meanwhile: the caller asks again in a new statement).
 WITH input AS (
     SELECT *
-    FROM unnest(%(ids)s::uuid[], %(topics)s::text[], %(payloads)s::text[], %(keys)s::text[],
-                %(available_at)s::timestamptz[], %(priorities)s::int[])
+    FROM unnest(%(ids)b::uuid[], %(topics)b::text[], %(payloads)b::text[], %(keys)b::text[],
+                %(available_at)b::timestamptz[], %(priorities)b::int[])
          WITH ORDINALITY AS u(id, topic, payload, key, available_at, priority, ord)
 ), inserted AS (
     INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, priority)
@@ -16,8 +16,10 @@ WITH input AS (
     ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id
 )
-SELECT coalesce(ins.id, existing.id) AS id, ins.id IS NOT NULL AS created
+SELECT CASE WHEN ins.id IS NOT NULL THEN ins.id
+            WHEN i.key IS NOT NULL THEN (SELECT e.id FROM {job} e WHERE e.topic = i.topic AND e.idempotency_key = i.key)
+       END AS id,
+       ins.id IS NOT NULL AS created
 FROM input i
 LEFT JOIN inserted ins ON ins.id = i.id
-LEFT JOIN {job} existing ON i.key IS NOT NULL AND existing.topic = i.topic AND existing.idempotency_key = i.key
 ORDER BY i.ord

@@ -1,5 +1,5 @@
 -- name: job_get_by_keys
 -- The jobs holding several (topic, key) pairs at once (enqueue_many's follow-up).
 SELECT k.topic, k.key, j.id
-FROM unnest(%(topics)s::text[], %(keys)s::text[]) AS k(topic, key)
+FROM unnest(%(topics)b::text[], %(keys)b::text[]) AS k(topic, key)
 JOIN {job} j ON j.topic = k.topic AND j.idempotency_key = k.key

@@ -9,7 +9,7 @@ SET state = u.state,
     locked_by = CASE WHEN u.state = 'pending' THEN NULL ELSE j.locked_by END,
     locked_until = CASE WHEN u.state = 'pending' THEN NULL ELSE j.locked_until END,
     updated_at = now()
-FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(states)s::text[], %(delays)s::interval[],
-            %(give_back)s::bool[], %(errors)s::text[]) AS u(id, token, state, delay, give_back, error)
+FROM unnest(%(ids)b::uuid[], %(tokens)b::uuid[], %(states)b::text[], %(delays)b::interval[],
+            %(give_back)b::bool[], %(errors)b::text[]) AS u(id, token, state, delay, give_back, error)
 WHERE j.id = u.id AND j.state = 'processing' AND j.claim_token = u.token
 RETURNING j.id
