@@ -1,0 +1,185 @@
+"""Fixtures of the fault-injection suite: a schema with the side tables, real worker processes.
+
+Worker processes run ``worker_proc.py`` in a session of their own (``start_new_session``) and
+are killed as a group in teardown, whatever the test did.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from brooq_py.postgres import migrations
+from tests.chaos import invariants
+
+WORKER = Path(__file__).with_name("worker_proc.py")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("BROOQ_SLOW") == "1":
+        return
+    skip = pytest.mark.skip(reason="long variant: set BROOQ_SLOW=1 to run it")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+def wait_for(cond: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+    """Poll *cond* until it returns something truthy; fail with *what* after *timeout* seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
+
+
+def make_chaos_schema(dsn: str) -> str:
+    name = "chaos_" + uuid.uuid4().hex[:16]
+    migrations.upgrade(dsn, schema=name)
+    invariants.install(dsn, name)
+    return name
+
+
+def drop(dsn: str, schema: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+@pytest.fixture
+def chaos_schema(dsn: str) -> Iterator[str]:
+    """A fresh migrated schema with chaos_exec, chaos_audit, chaos_violation and their triggers."""
+    name = make_chaos_schema(dsn)
+    try:
+        yield name
+    finally:
+        drop(dsn, name)
+
+
+class Worker:
+    """One worker process (its own engine and pool)."""
+
+    def __init__(self, settings: dict[str, Any], log_path: Path) -> None:
+        self.settings = settings
+        self.label = settings["label"]
+        self.log_path = log_path
+        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in kill()/stop()
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+        self.proc = subprocess.Popen(
+            [sys.executable, str(WORKER), json.dumps(settings)],
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+            cwd=str(REPO_ROOT),
+        )
+
+    def wait_ready(self, timeout: float = 30.0) -> str:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        line = self.proc.stdout.readline().decode()
+        if not line.startswith("ready ") or time.monotonic() > deadline:
+            raise AssertionError(f"worker {self.label} did not start: {line!r}\n{self.log_tail()}")
+        return line.split()[1]
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group (no cleanup of any kind in the worker)."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+        self._close()
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM (graceful stop); SIGKILL the group if it does not exit in time."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._close()
+        return self.proc.returncode
+
+    def _close(self) -> None:
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self._log.close()
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator[Callable[..., Worker]]:
+    """Start worker processes; every one still alive is killed (as a group) in teardown."""
+    workers: list[Worker] = []
+    counter = iter(range(1_000_000))
+
+    def start(dsn: str, schema: str, **settings: Any) -> Worker:
+        label = settings.pop("label", None) or f"w{next(counter)}"
+        w = Worker({"dsn": dsn, "schema": schema, "label": label, **settings}, tmp_path / f"{label}.log")
+        workers.append(w)
+        w.wait_ready()
+        return w
+
+    try:
+        yield start
+    finally:
+        for w in workers:
+            if w.alive:
+                w.kill()
+            else:
+                w._close()
+
+
+def enqueue_parents(dsn: str, schema: str, payloads: list[dict[str, Any]]) -> set[str]:
+    """Enqueue one ``chaos`` job per payload through the Store; return their ids."""
+    from psycopg_pool import ConnectionPool
+
+    from brooq_py import Job
+    from brooq_py.postgres import Store
+
+    with ConnectionPool(dsn, min_size=1, max_size=2, open=True) as pool:
+        store = Store(pool, schema=schema)
+        results = store.enqueue_many([Job("chaos", p) for p in payloads])
+        store.close()
+    return {r.id for r in results}
+
+
+def settled(dsn: str, schema: str, ids: set[str]) -> bool:
+    """True when every job of *ids* and every child is terminal."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            sql.SQL(
+                "SELECT count(*) FILTER (WHERE state IN ('done','dead','canceled') AND id = ANY(%s::uuid[])),"
+                " count(*) FILTER (WHERE state NOT IN ('done','dead','canceled')) FROM {}.job"
+            ).format(sql.Identifier(schema)),
+            [list(ids)],
+        ).fetchone()
+    assert row is not None
+    return bool(row[0] == len(ids) and row[1] == 0)

@@ -1,0 +1,169 @@
+"""A real worker process for the fault-injection suite.
+
+Run as ``python tests/chaos/worker_proc.py '<json settings>'``. It opens its own pool on the
+DSN (application_name ``chaos-engine-<label>``, so a test can find and terminate the engine's
+connections in pg_stat_activity), builds a Store and an Engine with a short lease, registers
+the topics ``chaos`` and ``chaos.child``, and runs until SIGTERM (graceful stop) or SIGKILL.
+
+The ``chaos`` handler records every execution in ``chaos_exec`` on a separate connection
+(application_name ``chaos-recorder``, never terminated by the tests), with times from the
+database clock. Its payload steers it: ``sleep`` (seconds, waited on ctx), ``fail_first``
+(raise on attempts up to this number), ``chain`` (chain one ``chaos.child`` job on success).
+
+Settings: dsn, schema, label, workers, lease, reaper_period, poll_interval, max_attempts,
+check (bool: pool check=ConnectionPool.check_connection), skew (seconds added to this
+process's time.time() and datetime.now(): the Python clock of another host).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg_pool import ConnectionPool
+
+
+def _skew_clock(seconds: float) -> None:
+    """Move this process's wall clock (time.time, datetime.now/utcnow) by *seconds*."""
+    real_time = time.time
+
+    def skewed_time() -> float:
+        return real_time() + seconds
+
+    time.time = skewed_time
+    real_dt = _dt.datetime
+
+    class SkewedDatetime(real_dt):
+        @classmethod
+        def now(cls, tz: Any = None) -> Any:  # type: ignore[override]
+            return real_dt.now(tz) + _dt.timedelta(seconds=seconds)
+
+        @classmethod
+        def utcnow(cls) -> Any:  # type: ignore[override]
+            return real_dt.now(_dt.UTC).replace(tzinfo=None) + _dt.timedelta(seconds=seconds)
+
+    _dt.datetime = SkewedDatetime  # type: ignore[misc]
+
+
+class Recorder:
+    """Writes chaos_exec rows on per-thread autocommit connections, retrying through outages."""
+
+    def __init__(self, dsn: str, schema: str) -> None:
+        self.dsn = dsn
+        self.schema = sql.Identifier(schema)
+        self.local = threading.local()
+
+    def _conn(self) -> psycopg.Connection[Any]:
+        conn: psycopg.Connection[Any] | None = getattr(self.local, "conn", None)
+        if conn is None or conn.closed:
+            conn = psycopg.connect(self.dsn, autocommit=True, application_name="chaos-recorder")
+            self.local.conn = conn
+        return conn
+
+    def run(self, query: str, params: dict[str, Any]) -> None:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                self._conn().execute(sql.SQL(query).format(s=self.schema), params)  # type: ignore[arg-type]
+                return
+            except psycopg.OperationalError:
+                conn = getattr(self.local, "conn", None)
+                if conn is not None:
+                    conn.close()
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def start(self, job_id: str, token: str, worker: str, attempt: int) -> None:
+        self.run(
+            "INSERT INTO {s}.chaos_exec (claim_token, job_id, worker, attempt)"
+            " VALUES (%(t)s, %(j)s, %(w)s, %(a)s) ON CONFLICT (claim_token) DO NOTHING",
+            {"t": token, "j": job_id, "w": worker, "a": attempt},
+        )
+
+    def end(self, token: str, how: str) -> None:
+        self.run(
+            "UPDATE {s}.chaos_exec SET ended_at = clock_timestamp(), how = %(h)s"
+            " WHERE claim_token = %(t)s AND ended_at IS NULL",
+            {"t": token, "h": how},
+        )
+
+
+def main() -> None:
+    settings = json.loads(sys.argv[1])
+    if settings.get("skew"):
+        _skew_clock(float(settings["skew"]))
+
+    from brooq_py import Config, Engine, Job, KindOptions
+    from brooq_py.postgres import Store
+
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(threadName)s %(levelname)s %(message)s"
+    )
+    dsn, schema, label = settings["dsn"], settings["schema"], settings["label"]
+    worker_id = f"chaos-{label}:{os.getpid()}"
+    recorder = Recorder(dsn, schema)
+    conninfo = psycopg.conninfo.make_conninfo(dsn, application_name=f"chaos-engine-{label}")
+    kwargs: dict[str, Any] = {"min_size": 1, "max_size": 6, "open": True, "timeout": 5}
+    if settings.get("check"):
+        kwargs["check"] = ConnectionPool.check_connection
+    pool: ConnectionPool[Any] = ConnectionPool(conninfo, **kwargs)
+    store = Store(pool, schema=schema)
+    lease = float(settings.get("lease", 2.0))
+    config = Config(
+        workers=int(settings.get("workers", 3)),
+        lease=lease,
+        reaper_period=float(settings.get("reaper_period", 0.5)),
+        poll_interval=float(settings.get("poll_interval", 0.2)),
+        watchdog_grace=float(settings.get("watchdog_grace", lease)),
+        retention_ttl=0,
+    )
+    opts = KindOptions(
+        max_attempts=int(settings.get("max_attempts", 50)),
+        attempt_timeout=60,
+        max_execution_timeout=120,
+        backoff_base=0.05,
+        backoff_max=0.2,
+    )
+    engine = Engine(store, config, worker_id=worker_id)
+
+    def handle(ctx: Any, claim: Any) -> None:
+        p = claim.payload if isinstance(claim.payload, dict) else {}
+        recorder.start(claim.id, claim.claim_token, worker_id, claim.attempt)
+        if ctx.wait(float(p.get("sleep", 0.0))):
+            recorder.end(claim.claim_token, "cancelled:" + type(ctx.cause).__name__)
+            ctx.raise_if_done()
+        if claim.attempt <= int(p.get("fail_first", 0)):
+            recorder.end(claim.claim_token, "raised")
+            raise RuntimeError(f"planned failure on attempt {claim.attempt}")
+        if p.get("chain"):
+            claim.chain(Job("chaos.child", {"parent": claim.id}))
+        recorder.end(claim.claim_token, "ok")
+
+    def handle_child(ctx: Any, claim: Any) -> None:
+        return None
+
+    engine.register_kind("chaos", handle, opts)
+    engine.register_kind("chaos.child", handle_child, opts)
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    engine.start()
+    print(f"ready {worker_id}", flush=True)
+    stop.wait()
+    engine.close()
+    pool.close()
+    print("stopped", flush=True)
+
+
+if __name__ == "__main__":
+    main()
