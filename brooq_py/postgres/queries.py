@@ -9,12 +9,15 @@ statement once for its schema with ``psycopg.sql.Identifier`` and never sets
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from importlib import resources
 
 from psycopg import sql
 
 from brooq_py.postgres.channel import channel_for
+
+_BINARY_PLACEHOLDER = re.compile(r"%\((\w+)\)b")
 
 
 @functools.cache
@@ -41,7 +44,9 @@ def render(name: str, schema: str) -> Query:
         job=sql.Identifier(schema, "job"),
         channel=sql.Identifier(channel_for(schema)),
     )
-    return Query(name, composed.as_bytes(None), composed.as_string(None))
+    # A foreign Tx gets the text with plain %(name)s placeholders: binary ones are psycopg's own.
+    text = _BINARY_PLACEHOLDER.sub(r"%(\1)s", composed.as_string(None))
+    return Query(name, composed.as_bytes(None), text)
 
 
 class Queries:

@@ -331,3 +331,22 @@ def test_enqueue_restores_the_pool_connections_autocommit_flag(dsn: str, schema:
         with p.connection() as conn:
             assert conn.autocommit is False
         store.close()
+
+
+def test_e5_enqueue_many_through_a_foreign_tx(store: Store, dsn: str) -> None:
+    class Foreign:
+        def __init__(self, conn: psycopg.Connection[Any]) -> None:
+            self.cur = psycopg.ClientCursor(conn)  # client-side binding, as Django's backend uses
+
+        def execute(self, query: Any, params: Any = None) -> Any:
+            return self.cur.execute(query.encode(), params)
+
+    with psycopg.connect(dsn) as conn:
+        res = store.enqueue_many(
+            [Job("t", 1, idempotency_key="a"), Job("t", 2), Job("t", 3, idempotency_key="a")],
+            tx=Foreign(conn),
+        )
+        conn.commit()
+    assert [r.created for r in res] == [True, True, False] and res[2].id == res[0].id
+    row = store.get(res[1].id)
+    assert row is not None and row.payload == 2
