@@ -260,6 +260,30 @@ def _translate_db_error(exc: Exception, settings: Settings) -> None:
         raise Failure(f"database error: {_first_line(exc)}") from None
 
 
+def _check_migrated(settings: Settings) -> None:
+    """Refuse to run workers on a schema without the job table; warn when it is behind head."""
+    from brooq_py.postgres import migrations
+
+    _probe(settings)
+    try:
+        revision = migrations.current(_dsn(settings), schema=settings.schema)
+        heads = migrations.heads()
+    except Exception as exc:
+        raise Failure(f"cannot read the schema revision: {type(exc).__name__}: {_first_line(exc)}") from None
+    if revision is None:
+        raise Failure(
+            f"schema {settings.schema!r} is not migrated: run `{PROG} migrate up --schema {settings.schema}`"
+        )
+    if revision not in heads:
+        log.warning(
+            "schema %s is at revision %s, not head (%s): run `%s migrate up`",
+            settings.schema,
+            revision,
+            ", ".join(heads),
+            PROG,
+        )
+
+
 def _check_id(job_id: str) -> str:
     if not _UUID.fullmatch(job_id):
         raise Failure(f"malformed job id {job_id!r}: expected a UUID", status=2)
@@ -533,6 +557,7 @@ def _cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         from brooq_py.engine import Engine
         from brooq_py.postgres import Store
 
+        _check_migrated(settings)
         pool = _open_pool(settings, max_size=settings.config.workers + 2)
         store = Store(pool, schema=settings.schema, conninfo=_dsn(settings))
         engine = Engine(store, settings.config)

@@ -232,8 +232,12 @@ def test_bad_enqueue_input_exits_2_and_writes_nothing(
     assert count_rows(dsn, schema) == 0
 
 
-def test_unmigrated_schema_is_one_clear_line(dsn: str, fresh_schema: str, tmp_path: Path) -> None:
-    result = run_cli("get", str(uuid.uuid4()), "--schema", fresh_schema, dsn=dsn, cwd=tmp_path)
+@pytest.mark.parametrize("command", [["get", str(uuid.uuid4())], ["stats"], ["worker", "--demo"]])
+def test_unmigrated_schema_is_one_clear_line(
+    dsn: str, fresh_schema: str, tmp_path: Path, command: list[str]
+) -> None:
+    env = cli_env(dsn, BROOQ_HTTP_ADDR="127.0.0.1:0")
+    result = run_cli(*command, "--schema", fresh_schema, dsn=dsn, cwd=tmp_path, env=env)
     assert result.returncode == 1
     assert "migrate up" in result.stderr and "Traceback" not in result.stderr
 
