@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument(
         "--schema",
         metavar="S",
-        default=None,
+        default=argparse.SUPPRESS,
         help="the schema of the job table (default: BROOQ_SCHEMA, else public)",
     )
     parser = argparse.ArgumentParser(
@@ -121,6 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
 
+    # SUPPRESS: `migrate --schema S up` must not be reset by the nested parser's default.
+    args.schema = getattr(args, "schema", None)
     need_database = not (args.command == "worker" and args.app)
     try:
         settings = load_settings(schema=args.schema, need_database=need_database)

@@ -155,7 +155,10 @@ def test_migrate_up_down_status_on_a_fresh_schema(dsn: str, fresh_schema: str, t
     assert migrate("up", "--to", head) == head
     assert migrate("down", "--to", "base") == "none"
     assert migrate("status") == "none"
-    assert migrate("up", "--to", "0001") == "0001"
+    # --schema also works before the action.
+    early = run_cli("migrate", "--schema", fresh_schema, "up", "--to", "0001", dsn=dsn, cwd=tmp_path)
+    assert early.returncode == 0 and early.stdout.strip() == "0001"
+    assert migrations.current(dsn, schema=fresh_schema) == "0001"
 
     bad = run_cli("migrate", "up", "--to", "nope", "--schema", fresh_schema, dsn=dsn, cwd=tmp_path)
     assert bad.returncode == 1 and "migrate up failed" in bad.stderr and "Traceback" not in bad.stderr
