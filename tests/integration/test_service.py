@@ -16,7 +16,7 @@ from psycopg_pool import ConnectionPool
 
 from brooq_py.engine import Config, Engine
 from brooq_py.postgres import Store
-from brooq_py.queue import Claim, Context, Job, State
+from brooq_py.queue import Claim, Context, Job, State, StoreUnavailable
 from brooq_py.service import MAX_BODY, Server, serve
 from brooq_py.service import app as service_app
 
@@ -381,3 +381,25 @@ def test_server_binds_port_zero_and_closes_twice(engine: Engine) -> None:
     srv.close()
     with pytest.raises(OSError):
         request(srv, "GET", "/healthz")
+
+
+def test_store_errors_are_short_answers_without_details(
+    engine: Engine, server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unreachable database is a 503, any other failure a generic 500; neither carries details."""
+    job_id = str(uuid.uuid4())
+
+    def unavailable(_id: str) -> None:
+        raise StoreUnavailable("connection to the secret host failed")
+
+    monkeypatch.setattr(engine, "get", unavailable)
+    reply = request(server, "GET", f"/jobs/{job_id}", token=TOKEN)
+    assert reply.status == 503 and reply.json() == {"error": "database unavailable"}
+
+    def broken(_id: str) -> None:
+        raise RuntimeError("secret internals")
+
+    monkeypatch.setattr(engine, "get", broken)
+    reply = request(server, "GET", f"/jobs/{job_id}", token=TOKEN)
+    assert reply.status == 500 and reply.json() == {"error": "internal error"}
+    assert b"secret" not in reply.body and b"Traceback" not in reply.body
