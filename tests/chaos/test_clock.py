@@ -1,0 +1,123 @@
+"""Clock skew between hosts does not break leases: lease times come from the database clock.
+
+By construction (NOTES, Reliability): every SQL file that writes locked_until or available_at
+computes it from now() (plus an interval parameter), never from a timestamp sent from Python.
+And a run where the worker processes' Python clocks are an hour off, with handlers that run
+longer than the lease while heartbeating: no lease is lost, nothing is reaped.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+import brooq_py.postgres
+from tests.chaos import invariants
+from tests.chaos.conftest import Worker, enqueue_parents, settled, wait_for
+
+SQL_DIR = Path(brooq_py.postgres.__file__).with_name("sql")
+# What an assignment may be: NULL, now() [+ interval parameter], the column itself, or a CASE of those.
+_ALLOWED_PIECE = re.compile(
+    r"^(NULL|now\(\)( \+ %\(\w+\)[sbt]::interval| \+ \w+\.\w+)?|(\w+\.)?(locked_until|available_at))$"
+)
+
+
+def _strip_comments(text: str) -> str:
+    return re.sub(r"--[^\n]*", "", text)
+
+
+def _split_top(text: str) -> list[str]:
+    """Split on commas outside parentheses."""
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return [*parts, cur]
+
+
+def _sql_update_assignments() -> list[tuple[str, str, str]]:
+    found = []
+    for path in sorted(SQL_DIR.glob("*.sql")):
+        body = " ".join(_strip_comments(path.read_text()).split())
+        for m in re.finditer(r"\bSET\b(.+?)(?=\bFROM\b|\bWHERE\b|\bRETURNING\b|$)", body, re.IGNORECASE):
+            for item in _split_top(m.group(1)):
+                col, _, expr = item.partition("=")
+                if col.strip() in ("locked_until", "available_at"):
+                    found.append((path.name, col.strip(), expr.strip()))
+    return found
+
+
+def test_lease_and_availability_writes_use_database_clock_by_construction() -> None:
+    """Every UPDATE that sets locked_until/available_at uses now(), an interval parameter, NULL or
+    the column's own value; no SQL file takes a timestamptz parameter for them."""
+    assignments = _sql_update_assignments()
+    columns = {(name, col) for name, col, _ in assignments}
+    # the statements that must be there: claim, renew, reap, settle
+    for expected in ("job_claim.sql", "lease_renew.sql", "lease_reap.sql", "job_settle_many.sql"):
+        assert any(name == expected for name, _ in columns), f"{expected}: no lease/availability write found"
+    for name, col, expr in assignments:
+        pieces = [expr]
+        case = re.fullmatch(r"CASE WHEN .+? THEN (.+?) ELSE (.+?) END", expr)
+        if case:
+            pieces = [case.group(1).strip(), case.group(2).strip()]
+        for piece in pieces:
+            assert _ALLOWED_PIECE.match(piece), f"{name}: {col} = {expr!r} is not computed from now()"
+            if "+ u." in piece:  # a per-row value from an unnest: it must be an interval array
+                text = SQL_DIR.joinpath(name).read_text()
+                var = piece.split("+ u.")[1]
+                assert re.search(rf"%\(\w+\)[sbt]::interval\[\].*AS u\([^)]*\b{var}\b", text, re.S), (
+                    name,
+                    piece,
+                )
+    for path in SQL_DIR.glob("*.sql"):
+        body = _strip_comments(path.read_text())
+        if re.search(r"\b(UPDATE|INSERT)\b", body, re.IGNORECASE):
+            for m in re.finditer(r"%\((\w+)\)[sbt]::timestamptz", body):
+                # only an enqueue may take the caller's own available_at (a job's schedule)
+                assert path.name.startswith("job_enqueue") and m.group(1) == "available_at", (path.name, m)
+
+
+def lease_spans(dsn: str, schema: str) -> tuple[timedelta, timedelta]:
+    """min and max of (locked_until set - time of the write), database clock, over every write."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            sql.SQL(
+                "SELECT min(new_locked_until - at), max(new_locked_until - at) FROM {}.chaos_audit"
+                " WHERE new_state = 'processing' AND new_locked_until IS DISTINCT FROM old_locked_until"
+            ).format(sql.Identifier(schema))
+        ).fetchone()
+    assert row is not None and row[0] is not None
+    return row[0], row[1]
+
+
+@pytest.mark.parametrize("skew", [3600, -3600])
+def test_skewed_python_clock_leases_hold_P1(
+    dsn: str, chaos_schema: str, spawn: Callable[..., Worker], skew: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Worker processes whose time.time()/datetime.now() are an hour off run handlers for 2.5 leases
+    while heartbeating: every lease is renewed from the database clock, none is lost or reaped."""
+    payloads = [{"n": i, "sleep": 5.0 if i < 4 else 0.1} for i in range(12)]
+    ids = enqueue_parents(dsn, chaos_schema, payloads)
+    workers = [spawn(dsn, chaos_schema, skew=skew, lease=2.0, reaper_period=0.5, workers=4) for _ in range(2)]
+    wait_for(lambda: settled(dsn, chaos_schema, ids), 90, "every job to settle")
+    for w in workers:
+        assert w.stop() == 0, w.log_tail()
+    report = invariants.check(dsn, chaos_schema, ids)
+    report.assert_ok()
+    assert report.states == {"done": 12}
+    assert report.reaps == 0, "a lease of a live, heartbeating worker was reaped"
+    assert report.claims == 12, "a job was claimed twice"
+    low, high = lease_spans(dsn, chaos_schema)
+    # locked_until = now() + 2 s on the server: never an hour away, whatever the worker's clock says
+    assert timedelta(seconds=-1) < low and high <= timedelta(seconds=2), (low, high)
