@@ -1,0 +1,367 @@
+"""brooq_py benchmarks: the hot path against PostgreSQL's own ceilings on this machine.
+
+    .venv/bin/python bench/run.py [--quick | --full] [--only W3,W4] [--out PATH]
+
+Runs the PostgreSQL ceilings (raw psycopg INSERT+COMMIT, executemany, the pgbench
+one-commit-per-job claim script) and the workloads W1-W7 plus the memory drain,
+each in a fresh schema of the database brooq_py.devdb.acquire() finds, prints a
+table with PASS/MISS against each target and writes the figures to
+bench/results/latest.json. Ratios are taken within this run on this server only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import itertools
+import json
+import logging
+import math
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import baselines  # noqa: E402
+import psycopg  # noqa: E402
+import w7  # noqa: E402
+import workloads  # noqa: E402
+from util import fresh_schema  # noqa: E402
+
+from brooq_py import devdb  # noqa: E402
+
+WORKLOADS = ("W1", "W2", "W3", "W3b", "W4", "W5", "W6", "W7", "MEM")
+
+SIZES: dict[str, dict[str, Any]] = {
+    "quick": dict(
+        raw=1000,
+        many=2000,
+        w1=1000,
+        w2=2000,
+        w3=2000,
+        w4=20,
+        w5_others=10_000,
+        w5_claims=50,
+        w6_ticks=10,
+        w7=1000,
+        mem=3000,
+        pgbench_s=3,
+    ),
+    "default": dict(
+        raw=20_000,
+        many=20_000,
+        w1=20_000,
+        w2=20_000,
+        w3=20_000,
+        w4=200,
+        w5_others=100_000,
+        w5_claims=200,
+        w6_ticks=30,
+        w7=20_000,
+        mem=40_000,
+        pgbench_s=10,
+    ),
+    "full": dict(
+        raw=20_000,
+        many=20_000,
+        w1=20_000,
+        w2=20_000,
+        w3=20_000,
+        w4=200,
+        w5_others=100_000,
+        w5_claims=200,
+        w6_ticks=30,
+        w7=40_000,
+        mem=200_000,
+        pgbench_s=20,
+    ),
+}
+
+
+def machine(db: devdb.DevDatabase) -> dict[str, Any]:
+    mem_kb = 0
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                mem_kb = int(line.split()[1])
+    with psycopg.connect(db.dsn, autocommit=True) as conn:
+        settings = {
+            name: conn.execute(f"SHOW {name}").fetchone()[0]  # type: ignore[index]
+            for name in ("server_version", "fsync", "synchronous_commit", "shared_buffers", "max_connections")
+        }
+        version = conn.execute("SELECT version()").fetchone()[0]  # type: ignore[index]
+    return {
+        "nproc": os.cpu_count(),
+        "memory_gib": round(mem_kb / 2**20, 1),
+        "python": platform.python_version(),
+        "psycopg": psycopg.__version__,
+        "postgresql": version,
+        "pg_settings": settings,
+        "db_how": db.how,
+        "db_dsn": devdb.mask_dsn(db.dsn),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def verdict(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("PASS" if ok else "MISS")
+
+
+def evaluate(r: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per target: workload, measured, target, ratio, verdict."""
+    rows: list[dict[str, Any]] = []
+    base = r.get("baselines", {})
+    raw = base.get("raw_insert_commit", {}).get("per_s")
+    ceilings = base.get("pgbench_runs", [])
+
+    def add(name: str, measured: str, target: str, ratio: float | None, ok: bool | None) -> None:
+        rows.append(
+            {
+                "workload": name,
+                "measured": measured,
+                "target": target,
+                "ratio": None if ratio is None or math.isnan(ratio) else round(ratio, 3),
+                "verdict": verdict(ok),
+            }
+        )
+
+    if raw:
+        add("raw INSERT+COMMIT", f"{raw:,.0f}/s", "(bar ~1,300/s)", None, None)
+    if "raw_executemany" in base:
+        add(
+            "raw executemany", f"{base['raw_executemany']['per_s']:,.0f} rows/s", "(bar 37-45k/s)", None, None
+        )
+    for c in ceilings:
+        measured = f"{c['per_s']:,.0f} jobs/s" if "per_s" in c else c.get("error", "?")
+        add(f"pgbench ceiling (before {c['before']})", measured, "(bar 1,900-2,800/s)", None, None)
+    if "W1" in r:
+        v, ratio = r["W1"]["per_s"], r["W1"]["ratio"]
+        add("W1 enqueue one/tx", f"{v:,.0f}/s", ">= 0.9 x raw", ratio, ratio >= 0.9)
+    if "W2" in r:
+        v = r["W2"]["per_s"]
+        add("W2 enqueue_many x1000", f"{v:,.0f}/s", ">= 40,000/s", None, v >= 40_000)
+    for key, need in (("W3", 1.0), ("W3b", 2.0)):
+        if key in r:
+            w = r[key]
+            if "per_s" not in w:
+                add(
+                    f"{key} drain workers={w['workers']}",
+                    w.get("error", "?"),
+                    f">= {need} x ceiling",
+                    None,
+                    False,
+                )
+            elif w.get("ceiling_per_s"):
+                ratio = w["per_s"] / w["ceiling_per_s"]
+                add(
+                    f"{key} drain workers={w['workers']}",
+                    f"{w['per_s']:,.0f} jobs/s",
+                    f">= {need:g} x ceiling",
+                    ratio,
+                    ratio >= need,
+                )
+    if "W4" in r:
+        w = r["W4"]
+        ok = w["p50_ms"] <= 3 and w["p99_ms"] <= 15 and w["started"] == w["n"]
+        add(
+            "W4 enqueue->start",
+            f"p50 {w['p50_ms']:.2f} / p99 {w['p99_ms']:.2f} ms",
+            "p50<=3, p99<=15 ms",
+            None,
+            ok,
+        )
+    if "W5" in r:
+        w = r["W5"]
+        worst = max(w["ratio_found_p50"], w["ratio_empty_p50"])
+        add(
+            "W5 claim, 100k others",
+            f"found {w['backlog']['found_p50_ms']:.2f} / empty {w['backlog']['empty_p50_ms']:.2f} ms p50",
+            "<= 2 x empty table",
+            worst,
+            worst <= 2.0,
+        )
+    if "W6" in r:
+        w = r["W6"]
+        ok = w["statements_per_tick"] == 1 and w["p99_ms"] <= 20 and w["renewed_min"] == w["in_flight"]
+        add(
+            "W6 renew 1,000 leases",
+            f"{w['statements_per_tick']:g} stmt, p50 {w['p50_ms']:.1f} / p99 {w['p99_ms']:.1f} ms",
+            "1 stmt, <= 20 ms",
+            None,
+            ok,
+        )
+    if "W7" in r:
+        runs = r["W7"]["runs"]
+        ceiling = r["W7"].get("ceiling_per_s")
+        twice = sum(x["jobs_run_twice"] for x in runs)
+        missing = any(x["distinct_jobs"] != x["n"] or x["runs"] != x["n"] for x in runs)
+        grows = True
+        for prev, cur in itertools.pairwise(runs):
+            if "per_s" not in prev or "per_s" not in cur:
+                grows = False
+                continue
+            saturated = bool(ceiling) and prev["per_s"] >= 0.8 * ceiling
+            if cur["per_s"] < 1.05 * prev["per_s"] and not saturated:
+                grows = False
+        figures = " / ".join(f"{x['processes']}p {x.get('per_s', float('nan')):,.0f}" for x in runs)
+        ratio = runs[-1].get("per_s", float("nan")) / ceiling if ceiling else None
+        add(
+            "W7 processes",
+            f"{figures} jobs/s; twice={twice}",
+            "grows to PG ceiling; none twice",
+            ratio,
+            grows and twice == 0 and not missing,
+        )
+    if "MEM" in r:
+        m = r["MEM"]
+        if m.get("rss_drift_pct") is None:
+            add("memory drain", m.get("error", "no samples"), "RSS +-10 %", None, None)
+        else:
+            add(
+                f"memory drain {m['n']:,}",
+                f"RSS {m['rss_warm_mb']:.0f} -> max {m['rss_max_mb']:.0f} MiB ({m['rss_drift_pct']:.1f} %)",
+                "flat +-10 %",
+                None,
+                m["rss_drift_pct"] <= 10,
+            )
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    heads = ("workload", "measured", "target", "ratio", "verdict")
+    cells = [[str(row[h]) if row[h] is not None else "" for h in heads] for row in rows]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(heads)]
+    line = "  ".join(h.ljust(w) for h, w in zip(heads, widths, strict=True))
+    print(line)
+    print("-" * len(line))
+    for c in cells:
+        print("  ".join(x.ljust(w) for x, w in zip(c, widths, strict=True)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="a CI-sized smoke run of every workload")
+    size.add_argument("--full", action="store_true", help="the long variants (200k-job memory drain)")
+    ap.add_argument("--only", default="", help=f"comma-separated subset of {','.join(WORKLOADS)}")
+    ap.add_argument("--out", default=str(HERE / "results" / "latest.json"), help="where to write the JSON")
+    ap.add_argument("--no-write", action="store_true", help="print only, write no JSON")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+    mode = "quick" if args.quick else "full" if args.full else "default"
+    sz = SIZES[mode]
+    only = {w.strip().upper() for w in args.only.split(",") if w.strip()}
+    known = {w.upper() for w in WORKLOADS}
+    if only - known:
+        ap.error(f"unknown workload(s): {', '.join(sorted(only - known))}")
+    selected = [w for w in WORKLOADS if not only or w.upper() in only]
+
+    db = devdb.acquire()
+    try:
+        info = machine(db)
+        print(
+            f"brooq_py bench ({mode}): {info['db_how']} {info['db_dsn']}; nproc={info['nproc']}, "
+            f"{info['memory_gib']} GiB, PostgreSQL {info['pg_settings']['server_version']} "
+            f"(fsync={info['pg_settings']['fsync']}, synchronous_commit="
+            f"{info['pg_settings']['synchronous_commit']})",
+            flush=True,
+        )
+        results: dict[str, Any] = {"mode": mode, "machine": info, "sizes": sz, "baselines": {}}
+        t_all = time.perf_counter()
+
+        def step(name: str, fn: Any, *a: Any) -> Any:
+            print(f"  {name} ...", end="", flush=True)
+            t0 = time.perf_counter()
+            out = fn(*a)
+            print(f" {time.perf_counter() - t0:.1f}s", flush=True)
+            return out
+
+        # W1 runs the raw INSERT+COMMIT baseline itself, interleaved with its rounds; the pgbench
+        # ceiling runs right before each drain it is compared with (W3, W3b, W7).
+        if "W2" in selected:
+            with fresh_schema(db.dsn, "raw") as schema:
+                results["baselines"]["raw_executemany"] = step(
+                    "raw executemany", baselines.raw_executemany, db.dsn, schema, sz["many"]
+                )
+        ceilings: list[dict[str, Any]] = []
+        results["baselines"]["pgbench_runs"] = ceilings
+
+        runs = {
+            "W1": lambda: workloads.w1_enqueue_one(db.dsn, sz["w1"]),
+            "W2": lambda: workloads.w2_enqueue_many(db.dsn, sz["w2"]),
+            "W3": lambda: workloads.drain(db.dsn, sz["w3"], 4, "w3"),
+            "W3b": lambda: workloads.drain(db.dsn, sz["w3"], 32, "w3b"),
+            "W4": lambda: workloads.w4_latency(db.dsn, sz["w4"]),
+            "W5": lambda: workloads.w5_claim_backlog(db.dsn, sz["w5_others"], sz["w5_claims"]),
+            "W6": lambda: workloads.w6_heartbeat(db.dsn, 1000, sz["w6_ticks"]),
+            "W7": lambda: w7.w7(db.dsn, sz["w7"]),
+            "MEM": lambda: workloads.memory_drain(db.dsn, sz["mem"]),
+        }
+        for name in selected:
+            ceiling = None
+            if name in ("W3", "W3b", "W7"):
+                with fresh_schema(db.dsn, "pgb") as schema:
+                    ceiling = step(
+                        f"pgbench claim ceiling (before {name})",
+                        baselines.pgbench_ceiling,
+                        db.dsn,
+                        schema,
+                        sz["pgbench_s"],
+                    )
+                ceiling["before"] = name
+                ceilings.append(ceiling)
+            try:
+                results[name] = step(name, runs[name])
+                if ceiling is not None:
+                    results[name]["ceiling_per_s"] = ceiling.get("per_s")
+                if name == "W1":
+                    results["baselines"]["raw_insert_commit"] = {
+                        "n": results[name]["n"],
+                        "seconds": results[name]["raw_seconds"],
+                        "per_s": results[name]["raw_per_s"],
+                        "interleaved_with": "W1",
+                    }
+            except Exception as exc:  # one broken workload must not hide the others' figures
+                print(f" failed: {type(exc).__name__}: {exc}", flush=True)
+                results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        results["total_seconds"] = round(time.perf_counter() - t_all, 1)
+        rows = evaluate(
+            {
+                k: v
+                for k, v in results.items()
+                if not (isinstance(v, dict) and "error" in v and k in WORKLOADS)
+            }
+        )
+        for name in selected:
+            if isinstance(results.get(name), dict) and "error" in results[name]:
+                rows.append(
+                    {
+                        "workload": name,
+                        "measured": results[name]["error"],
+                        "target": "",
+                        "ratio": None,
+                        "verdict": "MISS",
+                    }
+                )
+        results["table"] = rows
+        print()
+        print_table(rows)
+        print(f"\ntotal {results['total_seconds']}s")
+        if not args.no_write:
+            out = Path(args.out)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(results, indent=2, default=str) + "\n")
+            print(f"wrote {out}")
+    finally:
+        db.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
