@@ -25,7 +25,8 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from brooq_py.queue import ConfigError, InvalidJob, Job, StoreUnavailable, parse_go_duration
-from brooq_py.settings import Settings, load_settings, mask_dsn, merge_env, parse_dotenv
+from brooq_py.redact import mask_dsn
+from brooq_py.settings import Settings, load_settings, merge_env, parse_dotenv
 
 if TYPE_CHECKING:
     from psycopg_pool import ConnectionPool

@@ -51,12 +51,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import IO
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import quote
 
 import psycopg
 from psycopg import conninfo, sql
 
 from brooq_py.queue.errors import BrooqError
+from brooq_py.redact import mask_dsn
 
 __all__ = [
     "DevDatabase",
@@ -193,27 +194,6 @@ def start_throwaway() -> DevDatabase:
 
 
 # --- DSN helpers ---------------------------------------------------------------------------------
-
-_MASK = "****"
-_KV_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s']\S*)", re.IGNORECASE)
-_QUERY_PASSWORD = re.compile(r"((?:^|&)password=)[^&]*", re.IGNORECASE)
-
-
-def mask_dsn(dsn: str) -> str:
-    """Return *dsn* with any password replaced by ``****``.
-
-    Handles the URL form (``postgresql://user:secret@host/db?password=...``)
-    and the key=value form (``host=h password=secret`` or ``password='a b'``).
-    """
-    if "://" not in dsn:
-        return _KV_PASSWORD.sub(lambda m: m.group(1) + _MASK, dsn)
-    parts = urlsplit(dsn)
-    netloc = parts.netloc
-    userinfo, at, hosts = netloc.rpartition("@")
-    if at and ":" in userinfo:
-        netloc = userinfo.split(":", 1)[0] + ":" + _MASK + "@" + hosts
-    query = _QUERY_PASSWORD.sub(lambda m: m.group(1) + _MASK, parts.query)
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
 def _url(user: str, port: int, dbname: str) -> str:

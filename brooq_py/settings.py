@@ -17,6 +17,7 @@ from pathlib import Path
 
 from brooq_py.engine.config import Config
 from brooq_py.queue import ConfigError
+from brooq_py.redact import MASK, mask_dsn
 
 DEFAULT_SCHEMA = "public"
 DEFAULT_HTTP_ADDR = "127.0.0.1:8090"
@@ -29,35 +30,6 @@ _DOUBLE_QUOTE_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", '"': '"', "\\": "\\", 
 
 
 # --- DSN masking ---------------------------------------------------------------
-
-_URL_START = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
-_KV_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S*)", re.IGNORECASE)
-MASK = "***"
-
-
-def mask_dsn(dsn: str) -> str:
-    """Return *dsn* with any password replaced by ``***`` (URL or key=value form).
-
-    Works on text that does not parse, too: it is what goes into logs and
-    error messages, so it must never fail and never leak.
-    """
-    match = _URL_START.match(dsn)
-    if match is None:
-        return _KV_PASSWORD.sub(lambda m: m.group(1) + MASK, dsn)
-    head, rest = dsn[: match.end()], dsn[match.end() :]
-    query_at = rest.find("?")
-    authority = rest if query_at < 0 else rest[:query_at]
-    at = authority.rfind("@")
-    if at < 0:
-        # A password holding an unescaped '?' would end the search early; fall back to the first '@'.
-        at = rest.find("@")
-    if at >= 0:
-        userinfo = rest[:at]
-        colon = userinfo.find(":")
-        if colon >= 0:
-            rest = userinfo[: colon + 1] + MASK + rest[at:]
-    return head + _QUERY_PASSWORD.sub(lambda m: m.group(1) + MASK, rest)
 
 
 # --- .env ----------------------------------------------------------------------

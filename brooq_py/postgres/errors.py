@@ -2,25 +2,17 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import psycopg
 
 from brooq_py.queue import StoreUnavailable
+from brooq_py.redact import mask_secrets
 
-_URL_PASSWORD = re.compile(r"(://[^:/@\s]*:)[^@\s]*@")
-_KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
 # Server-side states that mean "the connection is gone or cannot be had", as opposed to
 # a statement's own failure (a statement timeout is an OperationalError too, 57014).
 _CONNECTION_STATES = frozenset({"57P01", "57P02", "57P03", "53300"})
-
-
-def mask_dsn(text: str) -> str:
-    """Return *text* with any DSN password replaced by ``***`` (URL and key=value forms)."""
-    text = _URL_PASSWORD.sub(r"\1***@", text)
-    return _KV_PASSWORD.sub(r"\1***", text)
 
 
 def is_connection_error(exc: BaseException) -> bool:
@@ -35,7 +27,7 @@ def is_connection_error(exc: BaseException) -> bool:
 
 def unavailable(exc: BaseException, doing: str) -> StoreUnavailable:
     """Return a StoreUnavailable for *exc* (the caller raises it ``from exc``)."""
-    detail = mask_dsn(str(exc).strip()) or type(exc).__name__
+    detail = mask_secrets(str(exc).strip()) or type(exc).__name__
     return StoreUnavailable(f"database unavailable while {doing}: {type(exc).__name__}: {detail}")
 
 

@@ -225,19 +225,19 @@ def test_run_propagates_exit_status_and_sets_database_url() -> None:
 @pytest.mark.parametrize(
     ("dsn", "masked"),
     [
-        ("postgresql://app:s3cr%40t@db:5432/app", "postgresql://app:****@db:5432/app"),
+        ("postgresql://app:s3cr%40t@db:5432/app", "postgresql://app:***@db:5432/app"),
         (
             "postgres://app:p@ss:w@rd@h1,h2/app?sslmode=require",
-            "postgres://app:****@h1,h2/app?sslmode=require",
+            "postgres://app:***@h1,h2/app?sslmode=require",
         ),
         (
             "postgresql://app@db/app?password=hunter2&sslmode=disable",
-            "postgresql://app@db/app?password=****&sslmode=disable",
+            "postgresql://app@db/app?password=***&sslmode=disable",
         ),
         ("postgresql://root@127.0.0.1:5432/test", "postgresql://root@127.0.0.1:5432/test"),
-        ("host=db user=app password=hunter2 dbname=app", "host=db user=app password=**** dbname=app"),
-        ("host=db password = 'two words \\' quoted' dbname=app", "host=db password = **** dbname=app"),
-        ("host=db PASSWORD=x", "host=db PASSWORD=****"),
+        ("host=db user=app password=hunter2 dbname=app", "host=db user=app password=*** dbname=app"),
+        ("host=db password = 'two words \\' quoted' dbname=app", "host=db password = *** dbname=app"),
+        ("host=db PASSWORD=x", "host=db PASSWORD=***"),
         ("host=db user=app dbname=app", "host=db user=app dbname=app"),
     ],
 )

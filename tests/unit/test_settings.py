@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from brooq_py.queue import ConfigError
-from brooq_py.settings import load_settings, mask_dsn, parse_dotenv, parse_http_addr
+from brooq_py.redact import mask_dsn
+from brooq_py.settings import load_settings, parse_dotenv, parse_http_addr
 
 DSN = "postgresql://app:s3cret-pw@db.example:5432/jobs"
 
