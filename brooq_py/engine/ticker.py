@@ -30,6 +30,7 @@ class Ticker:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._failures = 0
 
     def tick(self) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
@@ -76,5 +77,13 @@ class Ticker:
     def _safe_tick(self) -> None:
         try:
             self.tick()
-        except Exception:
-            self.log.exception("%s tick failed; retrying next period", self.name)
+        except Exception as exc:
+            self._failures += 1
+            if self._failures == 1:
+                self.log.exception("%s tick failed; retrying every %gs", self.name, self.period)
+            elif self._failures in (5, 50) or self._failures % 500 == 0:
+                self.log.warning("%s tick failed %d times in a row: %s", self.name, self._failures, exc)
+            return
+        if self._failures:
+            self.log.info("%s works again after %d failed ticks", self.name, self._failures)
+        self._failures = 0

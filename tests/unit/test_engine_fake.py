@@ -447,3 +447,33 @@ def test_stop_and_close_are_safe_to_repeat(repo: FakeRepo, make_engine: Callable
     e.close()
     assert repo.closed
     logging.getLogger(__name__).debug("closed twice")
+
+
+def test_ticker_logs_a_failing_tick_once_then_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    """Ticker base: errors are logged (the stack once, not every period) and the loop goes on."""
+    from brooq_py.engine.ticker import Ticker
+
+    calls: list[int] = []
+
+    class Failing(Ticker):
+        name = "failing"
+
+        def tick(self) -> None:
+            calls.append(1)
+            if len(calls) < 10:
+                raise RuntimeError("no table")
+
+    t = Failing(0.001, logging.getLogger("test.ticker"))
+    t.stop()  # safe before start
+    with caplog.at_level(logging.INFO, logger="test.ticker"):
+        t.start()
+        t.start()  # idempotent
+        wait_for(lambda: len(calls) >= 11)
+        t.stop()
+        t.stop()  # safe twice
+    stacks = [r for r in caplog.records if r.exc_info]
+    assert len(stacks) == 1
+    assert any("works again" in r.getMessage() for r in caplog.records)
+    calls.clear()
+    with pytest.raises(RuntimeError):  # run_once lets the error through, for tests
+        Failing(1, logging.getLogger("x")).run_once()
