@@ -98,10 +98,15 @@ def collect(
         topic_names = [str(row[0]) for row in cur.fetchall()]
         topics: list[TopicDepth] = []
         if topic_names:
-            cur.execute(render("stats_depth", schema).composed, {"topics": topic_names, "cap": cap})
-            topics = [
-                TopicDepth(str(t), int(p), int(pr), int(f), float(age)) for t, p, pr, f, age in cur.fetchall()
-            ]
+            # The same bounded statement /metrics reads at scrape time.
+            cur.execute(render("gauges_by_topic", schema).composed, {"topics": topic_names, "cap": cap})
+            topics = sorted(
+                (
+                    TopicDepth(str(t), int(p), int(pr), int(f), float(age))
+                    for t, p, pr, f, age in cur.fetchall()
+                ),
+                key=lambda d: d.topic,
+            )
         cur.execute(render("stats_holders", schema).composed, {"limit": in_flight_limit})
         holders = [Holder(str(by), int(n), until) for by, n, until in cur.fetchall()]
         cur.execute(render("stats_in_flight", schema).composed, {"limit": in_flight_limit})

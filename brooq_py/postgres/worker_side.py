@@ -153,7 +153,8 @@ class WorkerSide:
 
         Each count is capped at GAUGE_CAP (100,000): it reads at most that many
         index entries, so a scrape never counts the whole table. The oldest
-        ready age is one probe of the ready-age index; 0 when nothing is ready.
+        ready age is a skip scan of the claim index (one probe per distinct
+        priority); 0 when nothing is ready.
         """
         if not topics:
             return Gauges(counts=[], oldest_ready_seconds={})

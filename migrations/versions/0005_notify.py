@@ -1,4 +1,4 @@
-"""0005 wake-up NOTIFY on every insert path, and the ready-age index (SPEC E6, O1).
+"""0005 wake-up NOTIFY on every insert path (SPEC E6).
 
 A statement-level trigger sends one notification per INSERT statement,
 whatever its row count (a psql INSERT included); PostgreSQL folds identical
@@ -6,10 +6,6 @@ notifications of one transaction into one and delivers them at commit only.
 The channel carries the schema: ``'brooq.' || schema`` when that fits in 63
 bytes, else ``'brooq.' || md5(schema)`` (``brooq_py.postgres.channel_for``
 applies the same rule). It is computed from the trigger's own table schema.
-
-The ready-age index answers "oldest ready job of a topic" with one index
-probe; the claim index, ordered by priority first, would have to read every
-ready entry of the topic to find the oldest.
 """
 
 from alembic import op
@@ -39,12 +35,8 @@ def upgrade() -> None:
     op.execute(
         "CREATE TRIGGER job_notify AFTER INSERT ON job FOR EACH STATEMENT EXECUTE FUNCTION job_notify()"
     )
-    op.execute(
-        "CREATE INDEX job_ready_age_idx ON job (topic, available_at) WHERE state IN ('pending', 'failed')"
-    )
 
 
 def downgrade() -> None:
-    op.execute("DROP INDEX job_ready_age_idx")
     op.execute("DROP TRIGGER job_notify ON job")
     op.execute("DROP FUNCTION job_notify()")

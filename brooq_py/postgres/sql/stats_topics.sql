@@ -1,6 +1,6 @@
 -- name: stats_topics
 -- The topics that have active jobs, for `stats`. Ready/waiting topics come from a
--- skip scan of the ready-age index (one probe per distinct topic, however many
+-- skip scan of the claim index (one probe per distinct topic, however many
 -- jobs each holds); processing rows are few (bounded by the workers running).
 WITH RECURSIVE waiting(topic) AS (
     (SELECT topic FROM {job} WHERE state IN ('pending', 'failed') ORDER BY topic LIMIT 1)
