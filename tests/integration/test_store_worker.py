@@ -236,6 +236,22 @@ def test_o1_gauges(store: Store, db: psycopg.Connection[Any]) -> None:
     assert store.gauges([]).counts == []
 
 
+def test_o1_oldest_ready_age_looks_past_priorities(store: Store) -> None:
+    """O1: the oldest ready job counts whatever its priority (the skip scan visits every priority),
+    and a job not yet available does not."""
+    now = datetime.now(UTC)
+    store.enqueue_many(
+        [
+            Job("a", 1, priority=9, available_at=now - timedelta(seconds=10)),
+            Job("a", 2, priority=-3, available_at=now - timedelta(hours=2)),
+            Job("a", 3, priority=0, available_at=now - timedelta(minutes=5)),
+            Job("a", 4, priority=-7, available_at=now + timedelta(hours=5)),
+        ]
+    )
+    age = store.gauges(["a"]).oldest_ready_seconds["a"]
+    assert 7100 < age < 7300
+
+
 def wait_for(listener: Any, timeout: float = 10.0) -> bool:
     return bool(listener.wait(timeout))
 
