@@ -212,7 +212,7 @@ class Engine:
             if not self._kinds:
                 self.log.warning("engine: starting with no registered topic; nothing will be claimed")
             cfg = self.config
-            self._slots = SlotPool(cfg.workers, self.runner.run, self.log)
+            self._slots = SlotPool(cfg.workers, self._run_claimed, self.log)
             self._completer = Completer(
                 self.repo.settle_many, self.runner.on_written, self.log, max_buffer=max(1000, 8 * cfg.workers)
             )
@@ -365,12 +365,18 @@ class Engine:
         return a
 
     def _launch(self, row: ClaimedJob) -> None:
-        a = self._attempt(row)
+        # The slot thread builds the attempt: the dispatcher only hands rows out, so it is
+        # back to claiming at once (its work is serial; the slots' is parallel).
         assert self._slots is not None
+        self._slots.submit(row)
+
+    def _run_claimed(self, row: ClaimedJob) -> Attempt | None:
+        a = self._attempt(row)
         if a is None:
-            return
+            return None
         self.inflight.add(a)
-        self._slots.submit(a)
+        self.runner.run(a)
+        return a
 
     def _lease_lost(self, a: Attempt) -> None:
         if not self.inflight.drop(a):

@@ -25,7 +25,7 @@ class SlotPool:
     engine's control, so a hung handler never blocks interpreter exit.
     """
 
-    def __init__(self, size: int, run: Callable[[Attempt], None], log: logging.Logger) -> None:
+    def __init__(self, size: int, run: Callable[[Any], Attempt | None], log: logging.Logger) -> None:
         self.size = size
         self._run = run
         self._log = log
@@ -71,10 +71,11 @@ class SlotPool:
         with self._cond:
             return self._cond.wait_for(lambda: self._free == self.size, timeout)
 
-    def submit(self, attempt: Attempt) -> None:
+    def submit(self, item: object) -> None:
+        """Hand *item* to a free slot; ``run(item)`` turns it into an attempt and runs it there."""
         with self._cond:
             self._free -= 1
-        self._queue.put(attempt)
+        self._queue.put(item)
 
     def release(self, attempt: Attempt) -> None:
         """Free the slot of an attempt the engine gave up on; a new thread takes its place."""
@@ -91,12 +92,12 @@ class SlotPool:
                 item = self._queue.get()
                 if item is _STOP:
                     return
-                attempt: Attempt = item
+                attempt: Attempt | None = None
                 try:
-                    self._run(attempt)
+                    attempt = self._run(item)
                 except BaseException:  # the run function handles everything; this is a last guard
-                    self._log.exception("worker: unexpected error running job id=%s", attempt.id)
-                if attempt.abandoned:
+                    self._log.exception("worker: unexpected error running %r", item)
+                if attempt is not None and attempt.abandoned:
                     return  # our slot was released and taken over while the handler hung
                 with self._cond:
                     self._free += 1

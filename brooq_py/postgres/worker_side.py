@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 
 from brooq_py.engine.repo import ClaimedJob, Gauges, HeldLease, Outcome, TopicCount
+from brooq_py.postgres.arrays import bool_array, float_array, text_array, uuid_array
 from brooq_py.postgres.errors import is_connection_error, translated, unavailable
 from brooq_py.postgres.queries import Queries
 from brooq_py.postgres.runner import Rows, on_connection, on_tx
@@ -57,12 +58,12 @@ class WorkerSide:
         )
         return [
             ClaimedJob(
-                id=str(r[0]),
+                id=r[0],
                 topic=r[1],
                 payload=r[2],
                 attempts=r[3],
                 priority=r[4],
-                claim_token=str(r[5]),
+                claim_token=r[5],
                 locked_by=r[6],
                 locked_until=r[7],
             )
@@ -81,15 +82,15 @@ class WorkerSide:
             "settling outcomes",
             self._q.settle_many,
             {
-                "ids": [uuid.UUID(o.id) for o in outcomes],
-                "tokens": [uuid.UUID(o.claim_token) for o in outcomes],
-                "states": states,
-                "delays": [o.delay for o in outcomes],
-                "give_back": [o.give_back for o in outcomes],
-                "errors": [o.last_error for o in outcomes],
+                "ids": uuid_array([o.id for o in outcomes]),
+                "tokens": uuid_array([o.claim_token for o in outcomes]),
+                "states": text_array(states),
+                "delays": float_array([o.delay.total_seconds() for o in outcomes]),
+                "give_back": bool_array([o.give_back for o in outcomes]),
+                "errors": text_array([o.last_error for o in outcomes]),
             },
         )
-        return {str(r[0]) for r in rows}
+        return {r[0] for r in rows}
 
     def settle_tx(self, tx: Tx, outcome: Outcome) -> bool:
         """Write one guarded outcome inside *tx* (the caller commits); return whether the row was ours."""
@@ -114,8 +115,8 @@ class WorkerSide:
         if not leases:
             return set()
         params = {
-            "ids": [uuid.UUID(h.id) for h in leases],
-            "tokens": [uuid.UUID(h.claim_token) for h in leases],
+            "ids": uuid_array([h.id for h in leases]),
+            "tokens": uuid_array([h.claim_token for h in leases]),
             "lease": lease,
         }
         with self._hb_lock:
@@ -129,7 +130,7 @@ class WorkerSide:
                     raise
                 self._close_heartbeat_locked()
                 raise unavailable(exc, "renewing leases") from exc
-        return {str(r[0]) for r in rows}
+        return {r[0] for r in rows}
 
     def _close_heartbeat_locked(self) -> None:
         conn, self._hb_conn = self._hb_conn, None

@@ -29,6 +29,6 @@ WITH cand AS (
     RETURNING j.id, j.topic, j.payload, j.attempts, j.priority, j.claim_token, j.locked_by,
               j.locked_until, j.available_at
 )
-SELECT id, topic, payload, attempts, priority, claim_token, locked_by, locked_until
+SELECT id::text, topic, payload, attempts, priority, claim_token::text, locked_by, locked_until
 FROM claimed
 ORDER BY priority DESC, available_at, id

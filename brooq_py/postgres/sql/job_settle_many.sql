@@ -4,12 +4,13 @@
 UPDATE {job} j
 SET state = u.state,
     attempts = CASE WHEN u.give_back THEN greatest(j.attempts - 1, 0) ELSE j.attempts END,
-    available_at = CASE WHEN u.state IN ('failed', 'pending') THEN now() + u.delay ELSE j.available_at END,
+    available_at = CASE WHEN u.state IN ('failed', 'pending') THEN now() + make_interval(secs => u.delay)
+                        ELSE j.available_at END,
     last_error = coalesce(u.error, j.last_error),
     locked_by = CASE WHEN u.state = 'pending' THEN NULL ELSE j.locked_by END,
     locked_until = CASE WHEN u.state = 'pending' THEN NULL ELSE j.locked_until END,
     updated_at = now()
-FROM unnest(%(ids)b::uuid[], %(tokens)b::uuid[], %(states)b::text[], %(delays)b::interval[],
-            %(give_back)b::bool[], %(errors)b::text[]) AS u(id, token, state, delay, give_back, error)
+FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(states)s::text[], %(delays)s::float8[],
+            %(give_back)s::bool[], %(errors)s::text[]) AS u(id, token, state, delay, give_back, error)
 WHERE j.id = u.id AND j.state = 'processing' AND j.claim_token = u.token
-RETURNING j.id
+RETURNING j.id::text
