@@ -24,7 +24,8 @@ from tests.chaos.conftest import Worker, enqueue_parents, settled, wait_for
 SQL_DIR = Path(brooq_py.postgres.__file__).with_name("sql")
 # What an assignment may be: NULL, now() [+ interval parameter], the column itself, or a CASE of those.
 _ALLOWED_PIECE = re.compile(
-    r"^(NULL|now\(\)( \+ %\(\w+\)[sbt]::interval| \+ \w+\.\w+)?|(\w+\.)?(locked_until|available_at))$"
+    r"^(NULL|now\(\)( \+ %\(\w+\)[sbt]::interval| \+ \w+\.\w+| \+ make_interval\(secs => \w+\.\w+\))?"
+    r"|(\w+\.)?(locked_until|available_at))$"
 )
 
 
