@@ -474,32 +474,16 @@ class ThrowawayServer:
                 "--locale=C",
                 "--no-sync",
             ]
-            uid, gid, groups = self._popen_ids()
-            result = subprocess.run(
-                cmd,
-                capture_output=True,
-                text=True,
-                env={**os.environ, "LC_ALL": "C", "LANG": "C"},
-                cwd=staging,
-                user=uid,
-                group=gid,
-                extra_groups=groups,
-            )
+            result = self._run_as_owner(cmd, cwd=staging)
             if result.returncode != 0:
                 raise DevDatabaseError(
                     f"initdb failed ({result.returncode}):\n{result.stdout}{result.stderr}"
                 )
             # Bake the database into the template: single-user mode needs no port and no wait.
-            result = subprocess.run(
+            result = self._run_as_owner(
                 [str(self.bindir / "postgres"), "--single", "-D", str(target), "-c", "fsync=off", "postgres"],
-                input=f'create database "{self.dbname}";\n',
-                capture_output=True,
-                text=True,
-                env={**os.environ, "LC_ALL": "C", "LANG": "C"},
                 cwd=staging,
-                user=uid,
-                group=gid,
-                extra_groups=groups,
+                input=f'create database "{self.dbname}";\n',
             )
             if result.returncode != 0:
                 raise DevDatabaseError(
@@ -514,6 +498,23 @@ class ThrowawayServer:
             shutil.rmtree(staging, ignore_errors=True)
         log.info("cached initdb template in %s", template)
         return template
+
+    def _run_as_owner(
+        self, cmd: list[str], *, cwd: Path, input: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a server tool as the data directory's owner, in the C locale, capturing its output."""
+        uid, gid, groups = self._popen_ids()
+        return subprocess.run(
+            cmd,
+            input=input,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "LC_ALL": "C", "LANG": "C"},
+            cwd=cwd,
+            user=uid,
+            group=gid,
+            extra_groups=groups,
+        )
 
     def _popen_ids(self) -> tuple[int | None, int | None, list[int] | None]:
         """user, group and extra_groups for Popen: the server account when we are root."""
