@@ -477,3 +477,42 @@ def test_ticker_logs_a_failing_tick_once_then_goes_on(caplog: pytest.LogCaptureF
     calls.clear()
     with pytest.raises(RuntimeError):  # run_once lets the error through, for tests
         Failing(1, logging.getLogger("x")).run_once()
+
+
+def test_retention_stops_at_100_batches_a_tick_and_warns_t1(caplog: pytest.LogCaptureFixture) -> None:
+    from datetime import timedelta
+
+    from brooq_py.engine.retention import MAX_BATCHES_PER_TICK, Retention
+
+    calls: list[int] = []
+    deleted: dict[str, int] = {}
+
+    def delete(ttl: timedelta, batch: int) -> list[tuple[str, str]]:
+        calls.append(batch)
+        return [(f"id{i}", "t") for i in range(batch)]  # always a full batch: more remain
+
+    r = Retention(
+        60, timedelta(days=1), 3, delete, lambda t, n: deleted.__setitem__(t, n), logging.getLogger("r")
+    )
+    with caplog.at_level(logging.WARNING, logger="r"):
+        r.run_once()
+    assert len(calls) == MAX_BATCHES_PER_TICK == 100
+    assert deleted == {"t": 300}
+    assert any("more remain" in rec.getMessage() for rec in caplog.records)
+
+
+def test_retention_ttl_zero_starts_no_retention_loop_t3(repo: FakeRepo) -> None:
+    from brooq_py.engine.retention import Retention
+
+    e = Engine(repo, Config(retention_ttl=0, lease=3))
+    e.start()
+    try:
+        assert not [s for s in e._services if isinstance(s, Retention)]
+    finally:
+        e.close()
+    e2 = Engine(FakeRepo(), Config(retention_ttl=3600, lease=3))
+    e2.start()
+    try:
+        assert [s for s in e2._services if isinstance(s, Retention)]
+    finally:
+        e2.close()
