@@ -119,14 +119,18 @@ def test_chain_picks_database_url_when_set(monkeypatch: pytest.MonkeyPatch) -> N
     assert (db.how, db.dsn, db.server) == ("DATABASE_URL", url, None)
 
 
-def test_chain_picks_local_5432_when_it_answers(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An empty DATABASE_URL counts as unset; the machine's 5432 answers here (.ci/run starts it)."""
+def test_chain_picks_local_5432_when_it_answers(
+    monkeypatch: pytest.MonkeyPatch, throwaway: DevDatabase
+) -> None:
+    """An empty DATABASE_URL counts as unset, and a server answering on the local port is used
+    (a throwaway one stands in for 5432, so the test holds on a machine without one)."""
     monkeypatch.setenv("DATABASE_URL", "")
-    db = devdb.acquire()
+    assert throwaway.server is not None
+    db = devdb.acquire(local_port=throwaway.server.port)
     try:
         assert db.how == "local 5432"
         assert db.server is None
-        assert ":5432/" in db.dsn
+        assert f":{throwaway.server.port}/" in db.dsn
         assert _select_one(db.dsn) == 1
     finally:
         db.close()
