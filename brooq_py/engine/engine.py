@@ -305,6 +305,7 @@ class Engine:
                 # leave it processing until the reaper (guarded: a no-op if it moved on)
                 self._hand_back(a)
         left = completer.stop()
+        self.runner.completer = None  # from now on (run_once) outcomes are written at once
         for s in reversed(self._services):
             s.stop()
         slots.stop()

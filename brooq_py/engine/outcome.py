@@ -83,9 +83,6 @@ def decide(
         )
     if error is None:
         return outcome(State.DONE)
-    if isinstance(error, KeyboardInterrupt | SystemExit):
-        # Not the job's failure: hand the attempt back.
-        return outcome(State.PENDING, give_back=True, last_error=describe_error(error))
     if find_signal(error, MustCancelTask) is not None:
         return outcome(State.CANCELED, last_error=describe_error(error))
     if isinstance(cause, EngineStopping):

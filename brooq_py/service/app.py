@@ -73,11 +73,12 @@ _REASONS = {
 
 
 class SurfaceApp:
-    """The WSGI callable. *token* None turns every /jobs path off (404)."""
+    """The WSGI callable. *token* None (or empty) turns every /jobs path off (404)."""
 
     def __init__(self, engine: Engine, token: str | None = None) -> None:
         self.engine = engine
-        self._token = None if token is None else token.encode("utf-8")
+        # An empty token is no token: otherwise "Authorization: Bearer " would open /jobs.
+        self._token = token.encode("utf-8") if token else None
 
     def __repr__(self) -> str:
         return f"SurfaceApp(engine={self.engine!r}, token={'set' if self._token else 'unset'})"

@@ -293,6 +293,16 @@ def test_jobs_are_off_without_a_configured_token(open_server: Server, store: Sto
     assert request(open_server, "GET", "/healthz").status in (200, 503)
 
 
+def test_an_empty_token_is_no_token(engine: Engine, store: Store) -> None:
+    """SPEC O2: serve(token="") keeps /jobs off; "Authorization: Bearer " must not open it."""
+    job_id = store.enqueue(Job(IDLE_TOPIC, None)).id
+    with serve(engine, port=0, token="") as srv:
+        assert request(srv, "GET", f"/jobs/{job_id}", token="").status == 404
+        assert request(srv, "GET", f"/jobs/{job_id}", headers={"Authorization": "Bearer "}).status == 404
+        assert request(srv, "POST", f"/jobs/{job_id}/cancel", token="").status == 404
+    assert store.get(job_id).state == State.PENDING  # type: ignore[union-attr]
+
+
 def test_cancel_then_get(server: Server, store: Store) -> None:
     """SPEC X1 through the surface: the first cancel changes the row, the second does not."""
     job_id = store.enqueue(Job(IDLE_TOPIC, {"x": 1})).id

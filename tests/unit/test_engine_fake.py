@@ -516,3 +516,56 @@ def test_retention_ttl_zero_starts_no_retention_loop_t3(repo: FakeRepo) -> None:
         assert [s for s in e2._services if isinstance(s, Retention)]
     finally:
         e2.close()
+
+
+def test_healthz_turns_unhealthy_once_hung_outnumber_workers_c5(
+    repo: FakeRepo, make_engine: Callable[..., Engine]
+) -> None:
+    e = make_engine(workers=1, watchdog_grace=0.05)
+    forever = threading.Event()
+    e.register_kind(
+        "hang",
+        lambda ctx, claim: forever.wait(30),
+        KindOptions(attempt_timeout=0.05, max_execution_timeout=30, **FAST),
+    )
+    e.enqueue(Job("hang"))
+    e.start()
+    wait_for(lambda: e.inflight.hung_count() == 1)
+    health = e.health()
+    assert health.ok and health.hung == 1 and health.workers == 1
+    e.enqueue(Job("hang"))  # the freed slot takes it; it hangs too
+    wait_for(lambda: e.inflight.hung_count() == 2)
+    health = e.health()
+    assert not health.ok and health.database and health.running
+    forever.set()
+
+
+def test_reaper_logs_count_and_topics_at_info_r1(caplog: pytest.LogCaptureFixture) -> None:
+    from brooq_py.engine.reaper import Reaper
+
+    reaped: list[str] = []
+    rows = [("1", "email"), ("2", "email"), ("3", "sms")]
+    r = Reaper(5, lambda: rows, reaped.append, logging.getLogger("reaper-test"))
+    with caplog.at_level(logging.INFO, logger="reaper-test"):
+        r.run_once()
+    assert sorted(reaped) == ["email", "email", "sms"]
+    [record] = [rec for rec in caplog.records if rec.name == "reaper-test"]
+    assert record.levelno == logging.INFO
+    assert (
+        "3 expired" in record.getMessage()
+        and "email:2" in record.getMessage()
+        and "sms:1" in record.getMessage()
+    )
+
+
+def test_run_once_after_stop_writes_outcomes_at_once(
+    repo: FakeRepo, make_engine: Callable[..., Engine]
+) -> None:
+    """run_once writes every outcome before returning, also on an engine that was started and stopped."""
+    e = make_engine()
+    e.register_kind("t", lambda ctx, claim: None)
+    e.start()
+    e.stop(timeout=1)
+    jid = repo.enqueue(Job("t")).id
+    assert e.run_once() == 1
+    assert repo.row(jid).state is State.DONE

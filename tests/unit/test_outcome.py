@@ -269,10 +269,12 @@ def test_c4_gave_up_without_error_still_records_a_reason() -> None:
 
 
 @pytest.mark.parametrize("exc", [KeyboardInterrupt(), SystemExit(1)])
-def test_c6_keyboard_interrupt_and_system_exit_go_back_to_pending(exc: BaseException) -> None:
+def test_c6_keyboard_interrupt_and_system_exit_from_a_handler_are_failed_attempts(exc: BaseException) -> None:
+    """C6: any exception is a failed attempt; a handler that calls sys.exit() must reach dead,
+    not be handed back forever (the worker thread survives either way)."""
+    assert must(Ending(error=exc)).state is State.FAILED
     out = must(Ending(error=exc), attempt=3)
-    assert out.state is State.PENDING
-    assert out.give_back
+    assert out.state is State.DEAD and not out.give_back
 
 
 class Custom(BaseException):
