@@ -223,6 +223,19 @@ def test_t1_t2_delete_terminal(store: Store, db: psycopg.Connection[Any]) -> Non
     assert store.delete_terminal(timedelta(0), 10) == []
 
 
+def test_t3_deleting_a_row_releases_its_idempotency_key(store: Store, db: psycopg.Connection[Any]) -> None:
+    """T3/E1: the key lives as long as the row; after retention deletes it, the key makes a new job."""
+    first = store.enqueue(Job("t", 1, idempotency_key="order-7"))
+    assert store.enqueue(Job("t", 2, idempotency_key="order-7")) == (first.id, False)
+    db.execute(
+        "UPDATE job SET state = 'done', updated_at = now() - interval '40 days' WHERE id = %s", (first.id,)
+    )
+    assert store.enqueue(Job("t", 3, idempotency_key="order-7")) == (first.id, False)  # terminal: still held
+    assert store.delete_terminal(timedelta(days=30), 10) == [(first.id, "t")]
+    again = store.enqueue(Job("t", 4, idempotency_key="order-7"))
+    assert again.created and again.id != first.id
+
+
 def test_o1_gauges(store: Store, db: psycopg.Connection[Any]) -> None:
     store.enqueue_many([Job("a", i, available_at=PAST) for i in range(3)] + [Job("b", 1)])
     store.claim(["a"], 1, "w", LEASE)
