@@ -77,8 +77,11 @@ class Completer:
             for i in range(0, len(batch), self._max_batch):
                 part = batch[i : i + self._max_batch]
                 written = self._write(part)
-                self._on_written(part, written)
                 done += len(part)
+                try:
+                    self._on_written(part, written)
+                except Exception:  # the rows are written: bookkeeping errors must not rewrite them
+                    self._log.exception("completer: after-write bookkeeping failed")
             return done
         except BaseException:
             with self._cond:

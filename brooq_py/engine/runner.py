@@ -6,6 +6,7 @@ import inspect
 import logging
 import random
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -145,11 +146,12 @@ class Runner:
             self.on_written(batch, self.repo.settle_many(batch))
 
     def on_written(self, batch: list[Outcome] | Any, written: set[str]) -> None:
+        settled: Counter[tuple[str, str]] = Counter()
         for o in batch:
             self.inflight.drop_outcome(o)
             if o.id in written:
                 if o.state is not State.PENDING:
-                    self.metrics.child(self.metrics.settled, o.topic, str(o.state)).inc()
+                    settled[(o.topic, str(o.state))] += 1
             else:
                 self.log.info(
                     "job id=%s topic=%s: %s not written: the row was no longer this claim's",
@@ -157,6 +159,8 @@ class Runner:
                     o.topic,
                     o.state,
                 )
+        for (topic, state), n in settled.items():  # one counter update per (topic, outcome) a batch
+            self.metrics.child(self.metrics.settled, topic, state).inc(n)
 
     def _close_success(self, a: Attempt) -> None:
         claim = a.claim

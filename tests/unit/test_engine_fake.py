@@ -569,3 +569,24 @@ def test_run_once_after_stop_writes_outcomes_at_once(
     jid = repo.enqueue(Job("t")).id
     assert e.run_once() == 1
     assert repo.row(jid).state is State.DONE
+
+
+def test_completer_does_not_rewrite_after_a_bookkeeping_error_c10() -> None:
+    """A failure after the write (bookkeeping) is logged; the written batch is not sent again."""
+    from brooq_py.engine.completer import Completer
+    from brooq_py.engine.repo import Outcome
+
+    writes: list[int] = []
+
+    def write(batch: object) -> set[str]:
+        writes.append(len(batch))  # type: ignore[arg-type]
+        return set()
+
+    def broken(batch: object, written: set[str]) -> None:
+        raise RuntimeError("bookkeeping")
+
+    c = Completer(write, broken, logging.getLogger("completer-test"))
+    c.put(Outcome(id="a", claim_token="t", state=State.DONE))
+    assert c.flush_once() == 1
+    assert c.flush_once() == 0
+    assert writes == [1] and c.pending == 0
