@@ -5,7 +5,8 @@ It works through the ``Repo`` port and never imports psycopg or ``brooq_py.postg
 
 from brooq_py.engine.clock import Clock, SystemClock
 from brooq_py.engine.config import Config
-from brooq_py.engine.engine import Engine, Health
+from brooq_py.engine.engine import Engine
+from brooq_py.engine.health import Health
 from brooq_py.engine.repo import ClaimedJob, Gauges, HeldLease, Listener, Outcome, Repo, TopicCount
 
 __all__ = [

@@ -10,9 +10,7 @@ import threading
 import uuid
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -21,16 +19,17 @@ from brooq_py.engine.clock import Clock, SystemClock
 from brooq_py.engine.completer import Completer
 from brooq_py.engine.config import Config
 from brooq_py.engine.dispatcher import Dispatcher
+from brooq_py.engine.health import Health
 from brooq_py.engine.heartbeat import Heartbeat
 from brooq_py.engine.inflight import InFlight
 from brooq_py.engine.listener import WakeListener
 from brooq_py.engine.metrics import Metrics, StoreCollector
-from brooq_py.engine.outcome import Ending
 from brooq_py.engine.reaper import Reaper
 from brooq_py.engine.repo import ClaimedJob, Repo
 from brooq_py.engine.retention import Retention
 from brooq_py.engine.runner import Runner
 from brooq_py.engine.slots import AsyncRunner, SlotPool
+from brooq_py.engine.supervisor import Supervisor
 from brooq_py.engine.ticker import Ticker
 from brooq_py.engine.watchdog import Watchdog
 from brooq_py.queue import (
@@ -42,33 +41,9 @@ from brooq_py.queue import (
     Job,
     JobRow,
     KindOptions,
-    LeaseLost,
-    MaxExecutionExceeded,
     Tx,
 )
 from brooq_py.queue.handler import Handler
-
-
-@dataclass(frozen=True)
-class Health:
-    """What /healthz reports: ok when the database answers, the engine runs and hung
-    handlers do not outnumber the workers (SPEC C5)."""
-
-    ok: bool
-    database: bool
-    running: bool
-    hung: int
-    workers: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "database": self.database,
-            "running": self.running,
-            "hung": self.hung,
-            "workers": self.workers,
-        }
-
 
 # How long the completer lets outcomes gather before it writes them (SPEC C10: "within milliseconds").
 COMPLETER_LINGER = 0.002
@@ -113,6 +88,14 @@ class Engine:
         self.inflight = InFlight()
         self._async = AsyncRunner(self.log)
         self.runner = Runner(repo, self.inflight, self.metrics, self._async, self.log, rng)
+        self.supervisor = Supervisor(
+            self.inflight,
+            self.runner,
+            self.metrics,
+            self.config.effective_watchdog_grace.total_seconds(),
+            lambda: self._state == "stopping",
+            self.log,
+        )
         self._slots: SlotPool | None = None
         self._dispatcher: Dispatcher | None = None
         self._completer: Completer | None = None
@@ -199,10 +182,12 @@ class Engine:
             database = bool(self.repo.ping())
         except Exception:
             database = False
-        hung = self.inflight.hung_count()
-        running = self.running
-        ok = database and running and hung <= self.config.workers
-        return Health(ok=ok, database=database, running=running, hung=hung, workers=self.config.workers)
+        return Health.of(
+            database=database,
+            running=self.running,
+            hung=self.inflight.hung_count(),
+            workers=self.config.workers,
+        )
 
     # --- lifecycle ---------------------------------------------------------
 
@@ -217,6 +202,7 @@ class Engine:
                 self.log.warning("engine: starting with no registered topic; nothing will be claimed")
             cfg = self.config
             self._slots = SlotPool(cfg.workers, self._run_claimed, self.log)
+            self.supervisor.slots = self._slots
             self._completer = Completer(
                 self.repo.settle_many,
                 self.runner.on_written,
@@ -233,15 +219,15 @@ class Engine:
                     cfg.heartbeat_period,
                     self.inflight.held,
                     lambda leases: self.repo.renew(leases, cfg.lease_td),
-                    self._lease_lost,
+                    self.supervisor.lease_lost,
                     self.log,
                 ),
                 Watchdog(
                     self.inflight.running,
                     cfg.effective_watchdog_grace.total_seconds(),
                     self.clock,
-                    self._give_up,
-                    self._hung,
+                    self.supervisor.give_up,
+                    self.supervisor.hung,
                     self.log,
                 ),
                 Reaper(
@@ -303,7 +289,7 @@ class Engine:
             if a.hung and not a.stopping_hung:
                 # hung before stop: its lease was let go; hand the row back now rather than
                 # leave it processing until the reaper (guarded: a no-op if it moved on)
-                self._hand_back(a)
+                self.supervisor.hand_back(a)
         left = completer.stop()
         self.runner.completer = None  # from now on (run_once) outcomes are written at once
         for s in reversed(self._services):
@@ -386,61 +372,3 @@ class Engine:
         self.inflight.add(a)
         self.runner.run(a)
         return a
-
-    def _lease_lost(self, a: Attempt) -> None:
-        if not self.inflight.drop(a):
-            return  # an outcome write ended it meanwhile
-        a.lost = True
-        self.metrics.child(self.metrics.lease_lost, a.topic).inc()
-        if a.ctx.cancel(LeaseLost("the row is no longer this claim's (canceled, reaped or taken over)")):
-            self.log.warning(
-                "job id=%s topic=%s attempt=%d: lease lost; cancelling the handler",
-                a.id,
-                a.topic,
-                a.claim.attempt,
-            )
-
-    def _give_up(self, a: Attempt) -> None:
-        if not a.abandon():
-            return
-        hard = a.kind.options.td("max_execution_timeout").total_seconds()
-        cause = MaxExecutionExceeded(f"max_execution_timeout of {hard:g}s elapsed")
-        a.ctx.cancel(cause)
-        self.log.error(
-            "job id=%s topic=%s attempt=%d: still running after max_execution_timeout; "
-            "recording a failed attempt and freeing the slot",
-            a.id,
-            a.topic,
-            a.claim.attempt,
-        )
-        if not a.lost:
-            self.runner.settle(a, Ending(cause=a.ctx.cause, gave_up=True, error=cause))
-        assert self._slots is not None
-        self._slots.release(a)
-
-    def _hung(self, a: Attempt) -> None:
-        a.hung = True
-        self.metrics.child(self.metrics.hung, a.topic).inc()
-        self.log.error(
-            "job id=%s topic=%s attempt=%d: handler hung: still running %gs after its context was "
-            "cancelled (%s); its lease is no longer renewed",
-            a.id,
-            a.topic,
-            a.claim.attempt,
-            self.config.effective_watchdog_grace.total_seconds(),
-            type(a.ctx.cause).__name__,
-        )
-        if a.abandon():
-            assert self._slots is not None
-            if self._state == "stopping":
-                self._hand_back(a)
-            else:
-                self.inflight.drop(a)
-            self._slots.release(a)
-
-    def _hand_back(self, a: Attempt) -> None:
-        """At stop: a hung handler's row goes back to pending with its attempt given back (C11)."""
-        if a.lost or a.stopping_hung:
-            return
-        a.stopping_hung = True
-        self.runner.settle(a, Ending(cause=a.ctx.cause, stopping_hung=True))
