@@ -1,0 +1,29 @@
+"""The ``brooq-py`` command line (also ``python -m brooq_py``).
+
+Exit status: 0 success; 1 a runtime failure (database unreachable, unknown
+job, a cancel that changed nothing); 2 bad usage, bad input or invalid
+settings (listed all at once, before anything connects); 130 a second SIGINT
+during a graceful stop.
+
+Modules: ``entry`` (the parser and :func:`main`), ``worker`` (the worker
+command and its signal handling), ``commands`` (the one-shot commands) and
+``common`` (:class:`Failure` and the database helpers they share).
+"""
+
+from __future__ import annotations
+
+from brooq_py.cli.commands import format_stats
+from brooq_py.cli.common import CONNECT_TIMEOUT, PROG, Failure
+from brooq_py.cli.entry import LOG_FORMAT, build_parser, main
+from brooq_py.cli.worker import demo_handler
+
+__all__ = [
+    "CONNECT_TIMEOUT",
+    "LOG_FORMAT",
+    "PROG",
+    "Failure",
+    "build_parser",
+    "demo_handler",
+    "format_stats",
+    "main",
+]

@@ -1,0 +1,194 @@
+"""The one-shot commands: ``migrate``, ``enqueue``, ``cancel``, ``get`` and ``stats``.
+
+Each takes the parsed arguments and the settings, prints its result to stdout
+and returns the exit status; expected errors are raised as :class:`Failure`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from brooq_py.cli.common import (
+    PROG,
+    Failure,
+    check_id,
+    connect_kwargs,
+    database_url,
+    first_line,
+    log,
+    open_store,
+    probe,
+    translate_db_error,
+)
+from brooq_py.queue import InvalidJob, Job, parse_go_duration
+from brooq_py.settings import Settings
+
+# --- migrate -------------------------------------------------------------------
+
+
+def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    from brooq_py.postgres import migrations
+
+    probe(settings)
+    dsn, schema = database_url(settings), settings.schema
+    try:
+        if args.action == "status":
+            print(migrations.current(dsn, schema=schema) or "none")
+            return 0
+        if args.action == "up":
+            migrations.upgrade(dsn, schema=schema, revision=args.to or "head")
+        else:
+            if args.to is None and migrations.current(dsn, schema=schema) is None:
+                print(f"{PROG}: schema {schema!r} has no migrations applied; nothing to do", file=sys.stderr)
+                print("none")
+                return 0
+            migrations.downgrade(dsn, schema=schema, revision=args.to or "-1")
+        now = migrations.current(dsn, schema=schema)
+    except Failure:
+        raise
+    except Exception as exc:
+        raise Failure(f"migrate {args.action} failed: {type(exc).__name__}: {first_line(exc)}") from None
+    log.info("schema %s is at revision %s", schema, now or "none")
+    print(now or "none")
+    return 0
+
+
+# --- enqueue / cancel / get --------------------------------------------------------
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def build_job(args: argparse.Namespace) -> Job:
+    try:
+        payload = json.loads(args.payload, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        raise Failure(f"JSON payload is not valid: {exc}", status=2) from None
+    available_at: datetime | None = None
+    if args.delay is not None:
+        try:
+            delay = parse_go_duration(args.delay)
+        except ValueError as exc:
+            raise Failure(f"--delay: {exc}", status=2) from None
+        if delay < timedelta(0):
+            raise Failure(f"--delay must not be negative, got {args.delay!r}", status=2)
+        available_at = datetime.now(UTC) + delay
+    try:
+        job = Job(
+            topic=args.topic,
+            payload=payload,
+            idempotency_key=args.key,
+            available_at=available_at,
+            priority=args.priority,
+        )
+        job.payload_json()
+    except InvalidJob as exc:
+        raise Failure(f"invalid job: {exc}", status=2) from None
+    return job
+
+
+def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
+    job = build_job(args)
+    with open_store(settings) as store:
+        result = store.enqueue(job)
+    print(result.id)
+    if not result.created:
+        print(
+            f"{PROG}: (existing) a job with key {job.key!r} already exists in topic {job.topic!r}; "
+            "its id is printed and nothing was enqueued",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
+    job_id = check_id(args.job_id)
+    with open_store(settings) as store:
+        canceled = store.cancel(job_id)
+    print(json.dumps({"canceled": canceled}))
+    return 0 if canceled else 1
+
+
+def cmd_get(args: argparse.Namespace, settings: Settings) -> int:
+    job_id = check_id(args.job_id)
+    with open_store(settings) as store:
+        row = store.get(job_id)
+    if row is None:
+        raise Failure(f"no job with id {job_id} in schema {settings.schema!r}")
+    print(json.dumps(row.to_json(), indent=2, ensure_ascii=False))
+    return 0
+
+
+# --- stats ----------------------------------------------------------------------
+
+
+def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
+    import psycopg
+
+    from brooq_py.postgres import stats
+
+    if args.dead < 0:
+        raise Failure("--dead must not be negative", status=2)
+    probe(settings)
+    try:
+        with psycopg.connect(database_url(settings), **connect_kwargs(settings)) as conn:
+            report = stats.collect(conn, settings.schema, dead_limit=args.dead)
+    except psycopg.Error as exc:
+        translate_db_error(exc, settings)
+        raise
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2, ensure_ascii=False))
+    else:
+        print(format_stats(report))
+    return 0
+
+
+def _age(seconds: float) -> str:
+    if seconds <= 0:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.1f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def format_stats(report: Any) -> str:
+    """Render a ``stats.Stats`` report as plain text, one fact per line."""
+
+    def count(n: int) -> str:
+        return f">={n}" if n >= report.cap else str(n)
+
+    lines = [f"schema {report.schema}", ""]
+    if report.topics:
+        width = max(5, *(len(t.topic) for t in report.topics))
+        lines.append(
+            f"{'topic':<{width}}  {'pending':>9}  {'processing':>10}  {'failed':>9}  {'oldest ready':>12}"
+        )
+        for t in report.topics:
+            lines.append(
+                f"{t.topic:<{width}}  {count(t.pending):>9}  {count(t.processing):>10}  "
+                f"{count(t.failed):>9}  {_age(t.oldest_ready_seconds):>12}"
+            )
+    else:
+        lines.append("no active jobs (pending, processing or failed)")
+    lines += ["", f"in flight: {len(report.in_flight)} shown"]
+    for h in report.holders:
+        lines.append(f"  holder {h.locked_by}  jobs {h.jobs}  next lease end {h.next_lease_end.isoformat()}")
+    for f in report.in_flight:
+        flag = "  EXPIRED" if f.expired else ""
+        lines.append(
+            f"  {f.id}  {f.topic}  attempt {f.attempts}  {f.locked_by}  until {f.locked_until.isoformat()}{flag}"
+        )
+    lines += ["", f"dead (most recent {len(report.dead)}):"]
+    for d in report.dead:
+        error = (d.last_error or "").replace("\n", " ")
+        if len(error) > 120:
+            error = error[:117] + "..."
+        lines.append(f"  {d.id}  {d.topic}  attempts {d.attempts}  {d.updated_at.isoformat()}  {error}")
+    return "\n".join(lines)

@@ -1,0 +1,124 @@
+"""The argument parser and :func:`main`: settings first, then one command.
+
+Invalid settings are listed all at once (status 2) before anything connects;
+a :class:`Failure` becomes one line on stderr with its status, an unreachable
+store status 1, an interrupt status 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from brooq_py.cli.commands import cmd_cancel, cmd_enqueue, cmd_get, cmd_migrate, cmd_stats
+from brooq_py.cli.common import PROG, Failure, first_line, scrub
+from brooq_py.cli.worker import cmd_worker
+from brooq_py.queue import ConfigError, StoreUnavailable
+from brooq_py.settings import Settings, load_settings
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
+    "worker": cmd_worker,
+    "migrate": cmd_migrate,
+    "enqueue": cmd_enqueue,
+    "cancel": cmd_cancel,
+    "get": cmd_get,
+    "stats": cmd_stats,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--schema",
+        metavar="S",
+        default=argparse.SUPPRESS,
+        help="the schema of the job table (default: BROOQ_SCHEMA, else public)",
+    )
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="brooq_py: a PostgreSQL-native job queue. Settings come from the environment and ./.env.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    worker = sub.add_parser("worker", parents=[common], help="run workers and the service surface")
+    which = worker.add_mutually_exclusive_group(required=True)
+    which.add_argument(
+        "--app", metavar="MODULE:ATTR", help="an Engine, or a zero-argument callable returning one"
+    )
+    which.add_argument("--demo", action="store_true", help="run the built-in `demo` topic on DATABASE_URL")
+    worker.add_argument(
+        "--stop-timeout",
+        metavar="D",
+        default=None,
+        help="how long a graceful stop waits for running handlers (Go duration; default: the lease)",
+    )
+
+    migrate = sub.add_parser("migrate", parents=[common], help="apply or revert the schema migrations")
+    msub = migrate.add_subparsers(dest="action", required=True, metavar="ACTION")
+    up = msub.add_parser("up", parents=[common], help="upgrade to head, or to --to REV")
+    up.add_argument("--to", metavar="REV", default=None)
+    down = msub.add_parser("down", parents=[common], help="go one revision down, or to --to REV (base: all)")
+    down.add_argument("--to", metavar="REV", default=None)
+    msub.add_parser("status", parents=[common], help="print the current revision, or none")
+
+    enqueue = sub.add_parser("enqueue", parents=[common], help="enqueue one job; prints its id")
+    enqueue.add_argument("topic", metavar="TOPIC")
+    enqueue.add_argument("payload", metavar="JSON", help='the payload as JSON text, e.g. \'{"msg": "hi"}\'')
+    enqueue.add_argument("--key", default=None, help="idempotency key")
+    enqueue.add_argument(
+        "--delay", metavar="D", default=None, help="run after this Go duration, e.g. 30s, 1h30m"
+    )
+    enqueue.add_argument("--priority", metavar="N", type=int, default=0, help="higher runs first (default 0)")
+
+    cancel = sub.add_parser("cancel", parents=[common], help="cancel a pending, failed or processing job")
+    cancel.add_argument("job_id", metavar="ID")
+    get = sub.add_parser("get", parents=[common], help="print a job as JSON")
+    get.add_argument("job_id", metavar="ID")
+
+    stats = sub.add_parser("stats", parents=[common], help="depth, oldest ready age, in-flight and dead jobs")
+    stats.add_argument(
+        "--dead", metavar="N", type=int, default=10, help="how many recent dead jobs (default 10)"
+    )
+    stats.add_argument("--json", action="store_true", help="print the report as JSON")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
+
+    # SUPPRESS: `migrate --schema S up` must not be reset by the nested parser's default.
+    args.schema = getattr(args, "schema", None)
+    need_database = not (args.command == "worker" and args.app)
+    try:
+        settings = load_settings(schema=args.schema, need_database=need_database)
+    except ConfigError as exc:
+        print(f"{PROG}: invalid settings:", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  - {problem}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level, format=LOG_FORMAT, stream=sys.stderr)
+    if settings.log_level != "DEBUG":
+        logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
+
+    try:
+        return COMMANDS[args.command](args, settings)
+    except Failure as exc:
+        print(f"{PROG}: {scrub(str(exc), settings)}", file=sys.stderr)
+        return exc.status
+    except StoreUnavailable as exc:
+        print(
+            f"{PROG}: database unavailable ({settings.masked_database_url}): {scrub(first_line(exc), settings)}",
+            file=sys.stderr,
+        )
+        return 1
+    except KeyboardInterrupt:
+        return 130

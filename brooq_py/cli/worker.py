@@ -1,0 +1,174 @@
+"""The ``worker`` command: run an Engine and the service surface until SIGTERM or SIGINT.
+
+The first SIGTERM/SIGINT stops gracefully (no new claims, wait up to
+``--stop-timeout`` for running handlers); a second SIGINT during that stop
+exits at once with status 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from brooq_py.cli.common import Failure, check_migrated, database_url, log, open_pool
+from brooq_py.queue import parse_go_duration
+from brooq_py.settings import Settings, merge_env, parse_dotenv
+
+if TYPE_CHECKING:
+    from psycopg_pool import ConnectionPool
+
+    from brooq_py.engine import Engine
+    from brooq_py.postgres import Store
+    from brooq_py.queue import Claim, Context
+
+
+def demo_handler(ctx: Context, claim: Claim) -> None:
+    """The built-in `demo` topic: log the payload and return."""
+    text = json.dumps(claim.payload, ensure_ascii=False)
+    if len(text) > 200:
+        text = text[:197] + "..."
+    logging.getLogger("brooq_py.demo").info(
+        "demo job %s attempt %d payload %s", claim.id, claim.attempt, text
+    )
+
+
+def _load_app(spec: str) -> Engine:
+    from brooq_py.engine import Engine
+
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise Failure(f"--app {spec!r}: expected module:attr, e.g. myapp.jobs:engine", status=2)
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and module_name.startswith(exc.name):
+            raise Failure(f"--app {spec!r}: no module named {exc.name!r}", status=2) from None
+        log.exception("importing %s failed", module_name)
+        raise Failure(f"--app {spec!r}: importing {module_name} failed") from None
+    except Exception:
+        log.exception("importing %s failed", module_name)
+        raise Failure(f"--app {spec!r}: importing {module_name} failed") from None
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise Failure(f"--app {spec!r}: {module_name} has no attribute {attr!r}", status=2) from None
+    if not isinstance(obj, Engine) and callable(obj):
+        obj = obj()
+    if not isinstance(obj, Engine):
+        raise Failure(
+            f"--app {spec!r}: expected an Engine or a callable returning one, got {type(obj).__name__}"
+        )
+    return obj
+
+
+def _apply_dotenv_to_environ(path: Path = Path(".env")) -> None:
+    """Make ./.env visible to an --app module's own os.environ reads; the environment still wins."""
+    if not path.is_file():
+        return
+    values, _ = parse_dotenv(path.read_text(encoding="utf-8"), source=str(path))
+    for key, value in merge_env(os.environ, values).items():
+        if not os.environ.get(key):
+            os.environ[key] = value
+
+
+class _Signals:
+    """SIGTERM/SIGINT set ``stopping``; a second SIGINT during the stop exits at once."""
+
+    def __init__(self) -> None:
+        self.stopping = threading.Event()
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._handle)
+            signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if not self.stopping.is_set():
+            log.info("%s received: stopping gracefully (a second SIGINT exits at once)", name)
+            self.stopping.set()
+            return
+        if signum == signal.SIGINT:
+            log.warning("second SIGINT: exiting now, without waiting for running handlers")
+            logging.shutdown()
+            os._exit(130)
+        log.info("%s received again: already stopping", name)
+
+
+def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
+    from brooq_py.service import serve
+
+    stop_timeout: float | None = None
+    if args.stop_timeout is not None:
+        try:
+            stop_timeout = parse_go_duration(args.stop_timeout).total_seconds()
+        except ValueError as exc:
+            raise Failure(f"--stop-timeout: {exc}", status=2) from None
+        if stop_timeout < 0:
+            raise Failure("--stop-timeout must not be negative", status=2)
+
+    signals = _Signals()
+    signals.install()
+    pool: ConnectionPool | None = None
+    store: Store | None = None
+    if args.demo:
+        from brooq_py.engine import Engine
+        from brooq_py.postgres import Store
+
+        check_migrated(settings)
+        pool = open_pool(settings, max_size=settings.config.workers + 2)
+        store = Store(pool, schema=settings.schema, conninfo=database_url(settings))
+        engine = Engine(store, settings.config)
+        engine.register_kind("demo", demo_handler)
+    else:
+        if args.schema:
+            log.warning("--schema is ignored with --app: the app's Store has its own schema")
+        _apply_dotenv_to_environ()
+        engine = _load_app(args.app)
+
+    server = None
+    try:
+        engine.start()
+        try:
+            server = serve(engine, settings.http_host, settings.http_port, settings.http_token)
+        except OSError as exc:
+            raise Failure(
+                f"cannot listen on {settings.http_host}:{settings.http_port}: {exc.strerror}"
+            ) from None
+        log.info(
+            "worker running: topics %s, %d workers; service surface listening on %s (/jobs %s)",
+            ", ".join(engine.topics) or "(none)",
+            engine.config.workers,
+            server.url,
+            "enabled" if settings.http_token else "disabled: no token",
+        )
+        while not signals.stopping.wait(1.0):
+            pass
+        log.info("stopping: no new claims; waiting for running handlers")
+        engine.stop(stop_timeout)
+        log.info("stopped")
+        return 0
+    finally:
+        with contextlib.suppress(Exception):
+            engine.close()
+        if server is not None:
+            server.close()
+        if store is not None:
+            with contextlib.suppress(Exception):
+                store.close()
+        if pool is not None:
+            pool.close()
