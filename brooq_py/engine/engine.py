@@ -8,6 +8,7 @@ import random
 import socket
 import threading
 import uuid
+from collections import Counter
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
@@ -341,11 +342,13 @@ class Engine:
     def _claim(self, limit: int) -> list[ClaimedJob]:
         if not self._kinds:
             return []
-        return self.repo.claim(list(self._kinds), limit, self.worker_id, self.config.lease_td)
+        rows = self.repo.claim(list(self._kinds), limit, self.worker_id, self.config.lease_td)
+        for topic, n in Counter(r.topic for r in rows).items():  # one counter update per topic a claim
+            self.metrics.child(self.metrics.claimed, topic).inc(n)
+        return rows
 
     def _attempt(self, row: ClaimedJob) -> Attempt | None:
         kind = self._kinds.get(row.topic)
-        self.metrics.child(self.metrics.claimed, row.topic).inc()
         if kind is None:  # cannot happen: claims name only our topics; hand it back all the same
             self.log.error("engine: claimed job id=%s of unregistered topic %r", row.id, row.topic)
             return None
