@@ -77,20 +77,20 @@ class WorkerSide:
         """
         if not outcomes:
             return set()
-        states = [_settle_state(o) for o in outcomes]
-        rows = self._run(
-            "settling outcomes",
-            self._q.settle_many,
-            {
-                "ids": uuid_array([o.id for o in outcomes]),
-                "tokens": uuid_array([o.claim_token for o in outcomes]),
-                "states": text_array(states),
-                "delays": float_array([o.delay.total_seconds() for o in outcomes]),
-                "give_back": bool_array([o.give_back for o in outcomes]),
-                "errors": text_array([o.last_error for o in outcomes]),
-            },
-        )
+        rows = self._run("settling outcomes", self._q.settle_many, self._settle_params(outcomes))
         return {r[0] for r in rows}
+
+    @staticmethod
+    def _settle_params(outcomes: Sequence[Outcome]) -> dict[str, Any]:
+        """The batch as one array literal per column (see arrays.py)."""
+        return {
+            "ids": uuid_array([o.id for o in outcomes]),
+            "tokens": uuid_array([o.claim_token for o in outcomes]),
+            "states": text_array([_settle_state(o) for o in outcomes]),
+            "delays": float_array([o.delay.total_seconds() for o in outcomes]),
+            "give_back": bool_array([o.give_back for o in outcomes]),
+            "errors": text_array([o.last_error for o in outcomes]),
+        }
 
     def settle_tx(self, tx: Tx, outcome: Outcome) -> bool:
         """Write one guarded outcome inside *tx* (the caller commits); return whether the row was ours."""
