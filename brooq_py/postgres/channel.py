@@ -1,4 +1,4 @@
-"""The wake-up channel of a schema (the same rule as migration 0005's trigger)."""
+"""The wake-up channel of a schema (the same rule as the NOTIFY trigger of migrations 0005-0006)."""
 
 from __future__ import annotations
 

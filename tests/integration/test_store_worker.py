@@ -363,3 +363,18 @@ def test_c10_c3_batch_writes_do_not_walk_the_lease_index(store: Store, db: psyco
         assert "job_lease_expiry_idx" not in plan, plan
     assert store.renew([HeldLease(r.id, r.claim_token) for r in rows], LEASE) == {r.id for r in rows}
     assert store.settle_many(outcomes) == {r.id for r in rows}
+
+
+def test_e6_a_duplicate_enqueue_wakes_nobody(store: Store) -> None:
+    """E6: a statement that inserted nothing (the key already existed) sends no notification."""
+    listener = store.listen()
+    try:
+        first = store.enqueue(Job("a", 1, idempotency_key="k"))
+        assert wait_for(listener)
+        again = store.enqueue(Job("a", 2, idempotency_key="k"))
+        assert again == (first.id, False)
+        assert listener.wait(0.3) is False
+        store.enqueue_many([Job("a", 3, idempotency_key="k"), Job("b", 4, idempotency_key="k")])
+        assert wait_for(listener)  # one new row (topic b) in the batch: a notification
+    finally:
+        listener.close()
