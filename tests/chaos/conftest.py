@@ -38,18 +38,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-def wait_for(cond: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
-    """Poll *cond* until it returns something truthy; fail with *what* after *timeout* seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(interval)
-
-
 def make_chaos_schema(dsn: str) -> str:
     name = "chaos_" + uuid.uuid4().hex[:16]
     migrations.upgrade(dsn, schema=name)

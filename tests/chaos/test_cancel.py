@@ -20,9 +20,10 @@ from psycopg_pool import ConnectionPool
 
 from brooq_py.postgres import Store
 from tests.chaos import invariants
-from tests.chaos.conftest import Worker, enqueue_parents, settled, wait_for
+from tests.chaos.conftest import Worker, enqueue_parents, settled
 from tests.chaos.test_kill import make_payloads
 from tests.chaos.test_restart import done_count
+from tests.polling import wait_for
 
 CANCEL = (
     "UPDATE {schema}.job SET state = 'canceled', updated_at = now() "
@@ -38,7 +39,7 @@ def test_cancel_storm_from_psql_races_completions_X1_P3(
     ids = enqueue_parents(dsn, chaos_schema, make_payloads(150, rng, sleep=(0.0, 0.3)))
     order = sorted(ids)
     workers = [spawn(dsn, chaos_schema, workers=4) for _ in range(2)]
-    wait_for(lambda: done_count(dsn, chaos_schema) >= 40, 60, "completions under way")
+    wait_for(lambda: done_count(dsn, chaos_schema) >= 40, "completions under way", timeout=60)
     scripts = []
     for _ in range(2):
         rng.shuffle(order)
@@ -72,7 +73,7 @@ def test_cancel_storm_from_psql_races_completions_X1_P3(
     psql_hits = [line for out, _ in outs for line in out.split() if line]
     hits = psql_hits + store_hits
     assert len(hits) == len(set(hits)), "a row was canceled twice"
-    wait_for(lambda: settled(dsn, chaos_schema, ids), 90, "every job to settle after the storm")
+    wait_for(lambda: settled(dsn, chaos_schema, ids), "every job to settle after the storm", timeout=90)
     for w in workers:
         assert w.stop() == 0, w.log_tail()
     with psycopg.connect(dsn, autocommit=True) as conn:

@@ -19,7 +19,8 @@ from psycopg import sql
 
 import brooq_py.postgres
 from tests.chaos import invariants
-from tests.chaos.conftest import Worker, enqueue_parents, settled, wait_for
+from tests.chaos.conftest import Worker, enqueue_parents, settled
+from tests.polling import wait_for
 
 SQL_DIR = Path(brooq_py.postgres.__file__).with_name("sql")
 # What an assignment may be: NULL, now() [+ interval parameter], the column itself, or a CASE of those.
@@ -111,7 +112,7 @@ def test_skewed_python_clock_leases_hold_P1(
     payloads = [{"n": i, "sleep": 5.0 if i < 4 else 0.1} for i in range(12)]
     ids = enqueue_parents(dsn, chaos_schema, payloads)
     workers = [spawn(dsn, chaos_schema, skew=skew, lease=2.0, reaper_period=0.5, workers=4) for _ in range(2)]
-    wait_for(lambda: settled(dsn, chaos_schema, ids), 90, "every job to settle")
+    wait_for(lambda: settled(dsn, chaos_schema, ids), "every job to settle", timeout=90)
     for w in workers:
         assert w.stop() == 0, w.log_tail()
     report = invariants.check(dsn, chaos_schema, ids)

@@ -16,8 +16,9 @@ import psycopg
 import pytest
 
 from tests.chaos import invariants
-from tests.chaos.conftest import Worker, enqueue_parents, settled, wait_for
+from tests.chaos.conftest import Worker, enqueue_parents, settled
 from tests.chaos.test_kill import make_payloads
+from tests.polling import wait_for
 
 
 def terminate_engine_connections(dsn: str) -> int:
@@ -53,12 +54,12 @@ def test_terminated_connections_engine_reconnects_P1_P2_P3(
         rounds += 1
         time.sleep(rng.uniform(0.2, 0.6))
     assert drops >= 5, f"only {drops} connections terminated"
-    wait_for(lambda: settled(dsn, chaos_schema, ids), 120, "every job to settle after the drops")
+    wait_for(lambda: settled(dsn, chaos_schema, ids), "every job to settle after the drops", timeout=120)
     # both engines still work: a second batch after the storm settles too, and LISTEN is back
     more = enqueue_parents(dsn, chaos_schema, make_payloads(20, rng, sleep=(0.0, 0.1)))
-    wait_for(lambda: settled(dsn, chaos_schema, ids | more), 60, "the batch after the storm")
+    wait_for(lambda: settled(dsn, chaos_schema, ids | more), "the batch after the storm", timeout=60)
     for w in (checked, unchecked):
-        wait_for(lambda w=w: listening(dsn, w.label), 30, f"{w.label} to LISTEN again")
+        wait_for(lambda w=w: listening(dsn, w.label), f"{w.label} to LISTEN again", timeout=30)
         assert w.alive, w.log_tail()
         assert w.stop() == 0, w.log_tail()
     report = invariants.check(dsn, chaos_schema, ids | more)

@@ -13,7 +13,7 @@ from brooq_py import Config, Engine, Job, KindOptions
 from brooq_py.postgres import Store
 from brooq_py.queue import State
 from tests.chaos import invariants
-from tests.chaos.conftest import wait_for
+from tests.polling import wait_for
 
 
 class OddBase(BaseException):
@@ -82,7 +82,7 @@ def test_misbehaving_handlers_C4_C5_C6_P3(dsn: str, chaos_schema: str, chaos_sto
             rows = [chaos_store.get(i) for i in ids.values()]
             return all(r is not None and r.state in (State.DONE, State.DEAD) for r in rows)
 
-        wait_for(all_terminal, 60, "every misbehaving job to end")
+        wait_for(all_terminal, "every misbehaving job to end", timeout=60)
     finally:
         release.set()
         engine.close()

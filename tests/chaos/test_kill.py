@@ -13,7 +13,8 @@ import pytest
 from psycopg import sql
 
 from tests.chaos import invariants
-from tests.chaos.conftest import Worker, enqueue_parents, settled, wait_for
+from tests.chaos.conftest import Worker, enqueue_parents, settled
+from tests.polling import wait_for
 
 
 def make_payloads(
@@ -73,7 +74,7 @@ def run_kills(
         w = spawn(dsn, schema, **settings)
         live.append((w, f"chaos-{w.label}:{w.proc.pid}"))
         time.sleep(rng.uniform(0.3, 1.0))
-    wait_for(lambda: settled(dsn, schema, ids), 120, "every job to settle after the kills")
+    wait_for(lambda: settled(dsn, schema, ids), "every job to settle after the kills", timeout=120)
     for w, _ in live:
         assert w.stop() == 0, w.log_tail()
     report = invariants.check(dsn, schema, ids)

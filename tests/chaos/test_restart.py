@@ -13,8 +13,9 @@ import pytest
 
 from brooq_py import devdb
 from tests.chaos import invariants
-from tests.chaos.conftest import Worker, enqueue_parents, make_chaos_schema, settled, wait_for
+from tests.chaos.conftest import Worker, enqueue_parents, make_chaos_schema, settled
 from tests.chaos.test_kill import make_payloads
+from tests.polling import wait_for
 
 
 @pytest.fixture
@@ -43,9 +44,9 @@ def test_postgres_restart_under_load_P1_P2_P3(
     rng = random.Random(3)
     ids = enqueue_parents(dsn, schema, make_payloads(80, rng, sleep=(0.05, 0.4)))
     workers = [spawn(dsn, schema, check=(i == 0), workers=3) for i in range(2)]
-    wait_for(lambda: done_count(dsn, schema) >= 10, 60, "some jobs done before the restart")
+    wait_for(lambda: done_count(dsn, schema) >= 10, "some jobs done before the restart", timeout=60)
     throwaway.restart()
-    wait_for(lambda: settled(dsn, schema, ids), 120, "every job to settle after the restart")
+    wait_for(lambda: settled(dsn, schema, ids), "every job to settle after the restart", timeout=120)
     for w in workers:
         assert w.alive, w.log_tail()
         assert w.stop() == 0, w.log_tail()

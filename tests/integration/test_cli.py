@@ -14,7 +14,7 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from psycopg import sql
 from brooq_py.engine import Config, Engine
 from brooq_py.postgres import Store, migrations
 from brooq_py.queue import Claim, Context, Job, KindOptions, State
+from tests.polling import wait_for
 
 PASSWORD = "Sup3r-Secret-Pw"
 
@@ -54,15 +55,6 @@ def run_cli(
         timeout=timeout,
         check=False,
     )
-
-
-def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def count_rows(dsn: str, schema: str, state: str | None = None) -> int:

@@ -24,17 +24,9 @@ from brooq_py.queue import (
     State,
     Tx,
 )
+from tests.polling import wait_for
 
 FAST = {"backoff_base": 0.01, "backoff_max": 0.02}
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"{what} not met within {timeout}s")
 
 
 def q(pool: ConnectionPool[Any], schema: str, query: str, *params: Any) -> list[tuple[Any, ...]]:

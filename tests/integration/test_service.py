@@ -5,9 +5,8 @@ from __future__ import annotations
 import http.client
 import json
 import logging
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,6 +18,7 @@ from brooq_py.postgres import Store
 from brooq_py.queue import Claim, Context, Job, State, StoreUnavailable
 from brooq_py.service import MAX_BODY, Server, serve
 from brooq_py.service import app as service_app
+from tests.polling import wait_for
 
 TOKEN = "t0ken-" + uuid.uuid4().hex
 TOPIC = "svc.test"
@@ -68,15 +68,6 @@ def request(
         return Reply(resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read())
     finally:
         conn.close()
-
-
-def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def handler(ctx: Context, claim: Claim) -> None:

@@ -265,7 +265,7 @@ def test_o1_oldest_ready_age_looks_past_priorities(store: Store) -> None:
     assert 7100 < age < 7300
 
 
-def wait_for(listener: Any, timeout: float = 10.0) -> bool:
+def notified(listener: Any, timeout: float = 10.0) -> bool:
     return bool(listener.wait(timeout))
 
 
@@ -278,10 +278,10 @@ def test_e6_notify_after_commit_once_per_statement_not_after_rollback(store: Sto
             raise RuntimeError("boom")
         assert listener.wait(0.3) is False
         store.enqueue_many([Job("a", i) for i in range(50)])
-        assert wait_for(listener)
+        assert notified(listener)
         assert listener.wait(0.3) is False  # one notification for the 50-row statement
         store.enqueue(Job("a", 1))
-        assert wait_for(listener)
+        assert notified(listener)
     finally:
         listener.close()
     listener.close()  # safe twice
@@ -370,11 +370,11 @@ def test_e6_a_duplicate_enqueue_wakes_nobody(store: Store) -> None:
     listener = store.listen()
     try:
         first = store.enqueue(Job("a", 1, idempotency_key="k"))
-        assert wait_for(listener)
+        assert notified(listener)
         again = store.enqueue(Job("a", 2, idempotency_key="k"))
         assert again == (first.id, False)
         assert listener.wait(0.3) is False
         store.enqueue_many([Job("a", 3, idempotency_key="k"), Job("b", 4, idempotency_key="k")])
-        assert wait_for(listener)  # one new row (topic b) in the batch: a notification
+        assert notified(listener)  # one new row (topic b) in the batch: a notification
     finally:
         listener.close()

@@ -27,18 +27,10 @@ from brooq_py.queue import (
     State,
     Tx,
 )
+from tests.polling import wait_for
 from tests.unit.fake_repo import FakeRepo
 
 FAST = {"backoff_base": 0.001, "backoff_max": 0.002}
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.005)
-    raise AssertionError("condition not met in time")
 
 
 @pytest.fixture
