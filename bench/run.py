@@ -37,6 +37,21 @@ from brooq_py import devdb  # noqa: E402
 
 WORKLOADS = ("W1", "W2", "W3", "W3b", "W4", "W5", "W6", "W7", "MEM")
 
+_DEFAULT: dict[str, Any] = dict(
+    raw=20_000,
+    many=20_000,
+    w1=20_000,
+    w2=20_000,
+    w3=20_000,
+    w4=200,
+    w5_others=100_000,
+    w5_claims=200,
+    w6_ticks=30,
+    w7=20_000,
+    mem=40_000,
+    pgbench_s=10,
+)
+
 SIZES: dict[str, dict[str, Any]] = {
     "quick": dict(
         raw=1000,
@@ -52,34 +67,9 @@ SIZES: dict[str, dict[str, Any]] = {
         mem=3000,
         pgbench_s=3,
     ),
-    "default": dict(
-        raw=20_000,
-        many=20_000,
-        w1=20_000,
-        w2=20_000,
-        w3=20_000,
-        w4=200,
-        w5_others=100_000,
-        w5_claims=200,
-        w6_ticks=30,
-        w7=20_000,
-        mem=40_000,
-        pgbench_s=10,
-    ),
-    "full": dict(
-        raw=20_000,
-        many=20_000,
-        w1=20_000,
-        w2=20_000,
-        w3=20_000,
-        w4=200,
-        w5_others=100_000,
-        w5_claims=200,
-        w6_ticks=30,
-        w7=40_000,
-        mem=200_000,
-        pgbench_s=20,
-    ),
+    "default": _DEFAULT,
+    # the long variants: a 200k-job memory drain, a bigger W7, longer ceilings
+    "full": {**_DEFAULT, "w7": 40_000, "mem": 200_000, "pgbench_s": 20},
 }
 
 
