@@ -39,6 +39,18 @@ def repo() -> FakeRepo:
 
 
 @pytest.fixture
+def ignores_ctx() -> Iterator[Callable[[Context, Claim], None]]:
+    """A handler that ignores its context and blocks until the test ends (released in teardown)."""
+    release = threading.Event()
+
+    def handler(ctx: Context, claim: Claim) -> None:
+        release.wait(30)
+
+    yield handler
+    release.set()
+
+
+@pytest.fixture
 def make_engine(repo: FakeRepo) -> Iterator[Callable[..., Engine]]:
     engines: list[Engine] = []
 
@@ -296,15 +308,10 @@ def test_attempt_timeout_then_failed_c4(repo: FakeRepo, make_engine: Callable[..
 
 
 def test_hung_handler_is_reported_and_slot_freed_c5(
-    repo: FakeRepo, make_engine: Callable[..., Engine]
+    repo: FakeRepo, make_engine: Callable[..., Engine], ignores_ctx: Callable[[Context, Claim], None]
 ) -> None:
     e = make_engine(workers=1, watchdog_grace=0.1)
-    forever = threading.Event()
-
-    def hang(ctx: Context, claim: Claim) -> None:
-        forever.wait(30)  # ignores ctx
-
-    e.register_kind("hang", hang, KindOptions(attempt_timeout=0.1, max_execution_timeout=30, **FAST))
+    e.register_kind("hang", ignores_ctx, KindOptions(attempt_timeout=0.1, max_execution_timeout=30, **FAST))
     e.register_kind("ok", lambda ctx, claim: None)
     hung_id = e.enqueue(Job("hang")).id
     e.start()
@@ -316,17 +323,15 @@ def test_hung_handler_is_reported_and_slot_freed_c5(
     assert hung_id not in {a.id for a in e.inflight.held()}
     hung = e.registry.get_sample_value("brooq_hung_workers_total", {"topic": "hang"})
     assert hung == 1.0
-    forever.set()
 
 
 def test_max_execution_gives_up_failed_not_dead_c4(
-    repo: FakeRepo, make_engine: Callable[..., Engine]
+    repo: FakeRepo, make_engine: Callable[..., Engine], ignores_ctx: Callable[[Context, Claim], None]
 ) -> None:
     e = make_engine(workers=1, watchdog_grace=30)
-    forever = threading.Event()
     e.register_kind(
         "t",
-        lambda ctx, claim: forever.wait(30),
+        ignores_ctx,
         KindOptions(max_attempts=1, attempt_timeout=0.05, max_execution_timeout=0.1, **FAST),
     )
     jid = e.enqueue(Job("t")).id
@@ -334,7 +339,6 @@ def test_max_execution_gives_up_failed_not_dead_c4(
     wait_for(lambda: repo.row(jid).history[-1:] == [State.FAILED] or repo.row(jid).attempts > 1)
     assert State.DEAD not in repo.row(jid).history
     assert "MaxExecutionExceeded" in (repo.row(jid).last_error or "")
-    forever.set()
 
 
 def test_stop_hands_back_attempt_of_raising_handler_c11(
@@ -511,13 +515,12 @@ def test_retention_ttl_zero_starts_no_retention_loop_t3(repo: FakeRepo) -> None:
 
 
 def test_healthz_turns_unhealthy_once_hung_outnumber_workers_c5(
-    repo: FakeRepo, make_engine: Callable[..., Engine]
+    repo: FakeRepo, make_engine: Callable[..., Engine], ignores_ctx: Callable[[Context, Claim], None]
 ) -> None:
     e = make_engine(workers=1, watchdog_grace=0.05)
-    forever = threading.Event()
     e.register_kind(
         "hang",
-        lambda ctx, claim: forever.wait(30),
+        ignores_ctx,
         KindOptions(attempt_timeout=0.05, max_execution_timeout=30, **FAST),
     )
     e.enqueue(Job("hang"))
@@ -529,7 +532,6 @@ def test_healthz_turns_unhealthy_once_hung_outnumber_workers_c5(
     wait_for(lambda: e.inflight.hung_count() == 2)
     health = e.health()
     assert not health.ok and health.database and health.running
-    forever.set()
 
 
 def test_reaper_logs_count_and_topics_at_info_r1(caplog: pytest.LogCaptureFixture) -> None:
