@@ -14,44 +14,30 @@ branch_labels = None
 depends_on = None
 
 _CHANNEL = """
-                CASE WHEN octet_length('brooq.' || TG_TABLE_SCHEMA) <= 63
-                     THEN 'brooq.' || TG_TABLE_SCHEMA
-                     ELSE 'brooq.' || md5(TG_TABLE_SCHEMA)
-                END"""
+    CASE WHEN octet_length('brooq.' || TG_TABLE_SCHEMA) <= 63
+         THEN 'brooq.' || TG_TABLE_SCHEMA
+         ELSE 'brooq.' || md5(TG_TABLE_SCHEMA)
+    END"""
+
+
+def _replace(body: str, referencing: str) -> None:
+    """Recreate job_notify() with *body* and its statement trigger, *referencing* a transition table or not."""
+    op.execute("DROP TRIGGER job_notify ON job")
+    op.execute(
+        f"CREATE OR REPLACE FUNCTION job_notify() RETURNS trigger LANGUAGE plpgsql AS $$ "
+        f"BEGIN {body} RETURN NULL; END $$"
+    )
+    op.execute(
+        f"CREATE TRIGGER job_notify AFTER INSERT ON job {referencing}FOR EACH STATEMENT EXECUTE FUNCTION job_notify()"
+    )
 
 
 def upgrade() -> None:
-    op.execute("DROP TRIGGER job_notify ON job")
-    op.execute(
-        f"""
-        CREATE OR REPLACE FUNCTION job_notify() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN
-            IF EXISTS (SELECT 1 FROM inserted) THEN
-                PERFORM pg_notify({_CHANNEL}, '');
-            END IF;
-            RETURN NULL;
-        END
-        $$
-        """
-    )
-    op.execute(
-        "CREATE TRIGGER job_notify AFTER INSERT ON job REFERENCING NEW TABLE AS inserted "
-        "FOR EACH STATEMENT EXECUTE FUNCTION job_notify()"
+    _replace(
+        f"IF EXISTS (SELECT 1 FROM inserted) THEN PERFORM pg_notify({_CHANNEL}, ''); END IF;",
+        "REFERENCING NEW TABLE AS inserted ",
     )
 
 
 def downgrade() -> None:
-    op.execute("DROP TRIGGER job_notify ON job")
-    op.execute(
-        f"""
-        CREATE OR REPLACE FUNCTION job_notify() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN
-            PERFORM pg_notify({_CHANNEL}, '');
-            RETURN NULL;
-        END
-        $$
-        """
-    )
-    op.execute(
-        "CREATE TRIGGER job_notify AFTER INSERT ON job FOR EACH STATEMENT EXECUTE FUNCTION job_notify()"
-    )
+    _replace(f"PERFORM pg_notify({_CHANNEL}, '');", "")
