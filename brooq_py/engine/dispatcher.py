@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from brooq_py.engine.repo import ClaimedJob
 from brooq_py.engine.slots import SlotPool
+from brooq_py.engine.ticker import worth_logging
 
 
 class Dispatcher:
@@ -73,7 +74,7 @@ class Dispatcher:
             except Exception as exc:
                 failures += 1
                 delay = min(self._poll, 0.1 * 2 ** min(failures, 8))
-                if failures in (1, 5) or failures % 100 == 0:
+                if worth_logging(failures):
                     self._log.warning("dispatcher: claim failed (%s); retrying in %.2fs", exc, delay)
                 backlog = False
                 time.sleep(delay)

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable
 
 from brooq_py.engine.repo import Listener
-from brooq_py.engine.ticker import Ticker
+from brooq_py.engine.ticker import Ticker, worth_logging
 
 WAIT_SLICE = 0.5
 RECONNECT_MAX = 30.0
@@ -56,7 +56,7 @@ class WakeListener(Ticker):
     def _fail(self, exc: Exception) -> None:
         self._failures += 1
         self._wake()
-        level = logging.WARNING if self._failures in (1, 5) or self._failures % 50 == 0 else logging.DEBUG
+        level = logging.WARNING if worth_logging(self._failures) else logging.DEBUG
         self.log.log(
             level,
             "listener: LISTEN connection failed (%s); polling meanwhile, reconnecting",

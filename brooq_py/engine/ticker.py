@@ -7,6 +7,11 @@ import threading
 from datetime import timedelta
 
 
+def worth_logging(failures: int) -> bool:
+    """Whether the *failures*-th failure in a row deserves a log line: the 1st, 5th, 50th, then every 500th."""
+    return failures in (1, 5, 50) or failures % 500 == 0
+
+
 class Ticker:
     """A daemon thread that calls ``tick()`` every *period*.
 
@@ -81,7 +86,7 @@ class Ticker:
             self._failures += 1
             if self._failures == 1:
                 self.log.exception("%s tick failed; retrying every %gs", self.name, self.period)
-            elif self._failures in (5, 50) or self._failures % 500 == 0:
+            elif worth_logging(self._failures):
                 self.log.warning("%s tick failed %d times in a row: %s", self.name, self._failures, exc)
             return
         if self._failures:
