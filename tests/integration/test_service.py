@@ -284,6 +284,14 @@ def test_jobs_are_off_without_a_configured_token(open_server: Server, store: Sto
     assert request(open_server, "GET", "/healthz").status in (200, 503)
 
 
+def test_o2_listens_on_loopback_by_default(engine: Engine) -> None:
+    """O2: without a host the surface binds 127.0.0.1 only."""
+    with serve(engine, port=0) as srv:
+        assert srv._httpd.server_address[0] == "127.0.0.1"  # the bound socket, not the argument
+        assert srv.url.startswith("http://127.0.0.1:")
+        assert request(srv, "GET", "/healthz").status in (200, 503)
+
+
 def test_an_empty_token_is_no_token(engine: Engine, store: Store) -> None:
     """SPEC O2: serve(token="") keeps /jobs off; "Authorization: Bearer " must not open it."""
     job_id = store.enqueue(Job(IDLE_TOPIC, None)).id

@@ -189,6 +189,27 @@ def test_c3_renew_reopens_its_connection_after_a_break(store: Store, dsn: str) -
     assert store.renew(held, LEASE) == {j.id}
 
 
+def test_r1_racing_reapers_return_each_job_once(store: Store, db: psycopg.Connection[Any]) -> None:
+    """R1: several reapers at once (one per engine) return every expired job exactly once."""
+    store.enqueue_many([Job("a", i) for i in range(300)])
+    claimed = store.claim(["a"], 300, "w", LEASE)
+    db.execute("UPDATE job SET locked_until = now() - interval '1 second' WHERE state = 'processing'")
+    results: list[list[tuple[str, str]]] = []
+    start = threading.Barrier(4)
+
+    def reap() -> None:
+        start.wait()
+        results.append(store.reap_expired())
+
+    threads = [threading.Thread(target=reap) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    returned = [job_id for rows in results for job_id, _ in rows]
+    assert sorted(returned) == sorted(c.id for c in claimed)  # each once, none missed
+
+
 def test_r1_reap_expired(store: Store, db: psycopg.Connection[Any]) -> None:
     store.enqueue_many([Job("a", 1), Job("b", 2), Job("a", 3)])
     x, y, z = store.claim(["a", "b"], 3, "w", LEASE)
