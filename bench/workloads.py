@@ -15,9 +15,9 @@ from psycopg import sql
 from util import count_not_done, fresh_schema, job_table, pct, rss_mb, store_on, wait_all_done
 
 from brooq_py.engine import Config, Engine
-from brooq_py.engine.repo import HeldLease
 from brooq_py.postgres import Store
 from brooq_py.queue import Job
+from brooq_py.queue.port import HeldLease
 
 TOPIC = "bench"
 PAYLOAD = {"n": 1, "what": "bench"}

@@ -54,6 +54,7 @@ class Queries:
 
     def __init__(self, schema: str) -> None:
         self.schema = schema
+        self._rendered: dict[str, Query] = {}
         self.enqueue = render("job_enqueue", schema)
         self.enqueue_many = render("job_enqueue_many", schema)
         self.get_by_key = render("job_get_by_key", schema)
@@ -69,3 +70,10 @@ class Queries:
         self.gauges = render("gauges_by_topic", schema)
         self.ping = render("ping", schema)
         self.listen = render("listen", schema)
+
+    def __getitem__(self, name: str) -> Query:
+        """Return ``sql/<name>.sql`` rendered for this schema (rendered once, on first use)."""
+        query = self._rendered.get(name)
+        if query is None:
+            query = self._rendered[name] = render(name, self.schema)
+        return query

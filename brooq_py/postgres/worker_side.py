@@ -10,12 +10,12 @@ from typing import Any
 
 import psycopg
 
-from brooq_py.engine.repo import ClaimedJob, Gauges, HeldLease, Outcome, TopicCount
 from brooq_py.postgres.arrays import bool_array, float_array, text_array, uuid_array
 from brooq_py.postgres.errors import is_connection_error, translated, unavailable
 from brooq_py.postgres.queries import Queries
 from brooq_py.postgres.runner import Rows, on_connection, on_tx
 from brooq_py.queue import State, Tx
+from brooq_py.queue.port import ClaimedJob, Gauges, HeldLease, Outcome, TopicCount
 
 # Each gauge count reads at most this many index entries.
 GAUGE_CAP = 100_000

@@ -21,9 +21,15 @@ _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 class State(enum.StrEnum):
-    """Where a job stands. ``failed`` is a wait for the next attempt, not a verdict."""
+    """Where a job stands.
+
+    ``pending`` is ready to claim; ``scheduled`` waits for a future
+    ``available_at``; ``failed`` waits out its backoff before the next attempt
+    (not a verdict). The stager moves due scheduled and failed rows to pending.
+    """
 
     PENDING = "pending"
+    SCHEDULED = "scheduled"
     PROCESSING = "processing"
     FAILED = "failed"
     DONE = "done"
@@ -36,7 +42,7 @@ class State(enum.StrEnum):
 
 
 TERMINAL_STATES = frozenset({State.DONE, State.DEAD, State.CANCELED})
-ACTIVE_STATES = frozenset({State.PENDING, State.PROCESSING, State.FAILED})
+ACTIVE_STATES = frozenset({State.PENDING, State.SCHEDULED, State.PROCESSING, State.FAILED})
 
 
 def _reject_constant(name: str) -> Any:

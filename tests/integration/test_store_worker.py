@@ -12,9 +12,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from brooq_py.engine.repo import HeldLease, Outcome
 from brooq_py.postgres import Store
 from brooq_py.queue import Job, State, StoreUnavailable
+from brooq_py.queue.port import HeldLease, Outcome
 
 LEASE = timedelta(seconds=60)
 PAST = datetime(2020, 1, 1, tzinfo=UTC)

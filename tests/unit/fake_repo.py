@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from brooq_py.engine.repo import ClaimedJob, Gauges, HeldLease, Outcome, TopicCount
 from brooq_py.queue import EnqueueResult, Job, JobRow, State, Tx
+from brooq_py.queue.port import ClaimedJob, Gauges, HeldLease, Outcome, TopicCount
 
 
 @dataclass

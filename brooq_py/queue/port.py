@@ -1,0 +1,138 @@
+"""The Repo port: everything the engine asks of the job store, and the records it passes.
+
+A leaf module of the vocabulary (standard library only) that both sides import:
+the engine uses the port, ``brooq_py.postgres.Store`` implements it, and neither
+imports the other. ``brooq_py.engine.Repo`` re-exports it. Every time the store writes (lease ends, available_at) comes from
+the database clock: the engine sends durations, never timestamps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from brooq_py.queue.job import EnqueueResult, Job, JobRow, State
+from brooq_py.queue.tx import Tx
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    """One row a claim took: processing, leased to ``locked_by`` under ``claim_token``."""
+
+    id: str
+    topic: str
+    payload: Any
+    attempts: int
+    priority: int
+    claim_token: str
+    locked_by: str
+    locked_until: datetime
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One guarded outcome write (SPEC P3): applied only while the row is
+    ``processing`` under ``claim_token``.
+
+    state: DONE, FAILED, DEAD, CANCELED, or PENDING (an attempt handed back).
+    delay: for FAILED and PENDING, available_at = now() + delay (database clock).
+    give_back: attempts = greatest(attempts - 1, 0).
+    last_error: None keeps the row's last_error.
+    """
+
+    id: str
+    claim_token: str
+    state: State
+    delay: timedelta = timedelta(0)
+    give_back: bool = False
+    last_error: str | None = None
+    topic: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True)
+class HeldLease:
+    """A lease the engine holds: the row id and the claim's token."""
+
+    id: str
+    claim_token: str
+
+
+@dataclass(frozen=True)
+class TopicCount:
+    topic: str
+    state: State
+    count: int
+
+
+@dataclass(frozen=True)
+class Gauges:
+    """What /metrics reads at scrape time: active-state depth and oldest ready age."""
+
+    counts: list[TopicCount]
+    oldest_ready_seconds: dict[str, float]
+
+
+class Listener(Protocol):
+    """A wake-up subscription on its own connection (LISTEN)."""
+
+    def wait(self, timeout: float) -> bool:
+        """Block up to *timeout* seconds; return True if a notification arrived.
+
+        Raise on a broken connection (the engine reconnects with backoff).
+        """
+        ...
+
+    def close(self) -> None: ...
+
+
+class Repo(Protocol):
+    """The job store, as the engine uses it."""
+
+    # producer side
+    def enqueue(self, job: Job) -> EnqueueResult: ...
+    def enqueue_tx(self, tx: Tx, job: Job) -> EnqueueResult: ...
+    def enqueue_many(self, jobs: Sequence[Job], tx: Tx | None = None) -> list[EnqueueResult]: ...
+    def begin(self) -> AbstractContextManager[Tx]: ...
+    def cancel(self, job_id: str) -> bool: ...
+    def get(self, job_id: str) -> JobRow | None: ...
+
+    # worker side
+    def claim(self, topics: Sequence[str], limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:
+        """Claim up to *limit* ready jobs of *topics* in one statement (SPEC C1)."""
+        ...
+
+    def settle_many(self, outcomes: Sequence[Outcome]) -> set[str]:
+        """Write many outcomes in one guarded statement; return the ids written."""
+        ...
+
+    def settle_tx(self, tx: Tx, outcome: Outcome) -> bool:
+        """Write one guarded outcome inside *tx*; return whether the row was ours."""
+        ...
+
+    def renew(self, leases: Sequence[HeldLease], lease: timedelta) -> set[str]:
+        """Extend every lease still ours by *lease* in one statement; return their ids (SPEC C3)."""
+        ...
+
+    def reap_expired(self) -> list[tuple[str, str]]:
+        """Return expired processing rows to pending (SPEC R1); return (id, topic) of each."""
+        ...
+
+    def delete_terminal(self, ttl: timedelta, batch: int) -> list[tuple[str, str]]:
+        """Delete one batch of terminal rows older than *ttl* (SPEC T1); return (id, topic)."""
+        ...
+
+    def gauges(self, topics: Sequence[str]) -> Gauges: ...
+    def listen(self) -> Listener:
+        """Open a LISTEN subscription on this store's wake-up channel."""
+        ...
+
+    def ping(self) -> bool:
+        """Return True if the database answers."""
+        ...
+
+    def close(self) -> None:
+        """Close the connections the store opened for itself (never the caller's pool)."""
+        ...
