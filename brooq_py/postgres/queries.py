@@ -1,6 +1,7 @@
 """Named SQL statements: loaded once from ``sql/*.sql``, rendered per schema.
 
-Each file holds one statement with ``{job}`` (the job table) or ``{channel}``
+Each file holds one statement with ``{job}``, ``{topic_setting}`` (the tables),
+``{channel}`` (the wake-up channel as an identifier) or ``{channel_literal}`` (as text)
 placeholders and psycopg ``%(name)s`` parameters. A Store renders every
 statement once for its schema with ``psycopg.sql.Identifier`` and never sets
 ``search_path`` on a connection.
@@ -42,7 +43,9 @@ def render(name: str, schema: str) -> Query:
     template = sql.SQL(load(name))
     composed = template.format(
         job=sql.Identifier(schema, "job"),
+        topic_setting=sql.Identifier(schema, "topic_setting"),
         channel=sql.Identifier(channel_for(schema)),
+        channel_literal=sql.Literal(channel_for(schema)),
     )
     # A foreign Tx gets the text with plain %(name)s placeholders: binary ones are psycopg's own.
     text = _BINARY_PLACEHOLDER.sub(r"%(\1)s", composed.as_string(None))

@@ -28,6 +28,7 @@ import psycopg_pool
 from brooq_py.postgres.enqueueing import enqueue_batch, enqueue_one, validated
 from brooq_py.postgres.errors import translated
 from brooq_py.postgres.listener import PgListener
+from brooq_py.postgres.operator_side import OperatorSide
 from brooq_py.postgres.queries import Queries, Query
 from brooq_py.postgres.runner import Rows, on_connection, on_tx
 from brooq_py.postgres.worker_side import WorkerSide
@@ -50,7 +51,7 @@ def parse_id(job_id: Any) -> uuid.UUID | None:
         return None
 
 
-class Store(WorkerSide):
+class Store(WorkerSide, OperatorSide):
     """The job store on a caller's ``psycopg_pool.ConnectionPool`` (the engine's Repo).
 
     The pool stays the caller's: the Store never opens or closes it.
@@ -104,6 +105,9 @@ class Store(WorkerSide):
                 if not saved and not conn.closed:
                     with contextlib.suppress(psycopg.Error):  # a broken one: the pool discards it
                         conn.autocommit = False
+
+    def _parse_id(self, job_id: Any) -> uuid.UUID | None:
+        return parse_id(job_id)
 
     def _run(self, doing: str, query: Query, params: dict[str, Any]) -> Rows:
         with self._autocommit(doing) as conn:
