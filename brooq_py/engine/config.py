@@ -42,7 +42,16 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "QUEUE_RETENTION_PERIOD": ("retention_period", "duration"),
     "QUEUE_NOTIFY": ("notify", "bool"),
 }
-_BOOLS = {"true": True, "1": True, "on": True, "yes": True, "false": False, "0": False, "off": False, "no": False}
+_BOOLS = {
+    "true": True,
+    "1": True,
+    "on": True,
+    "yes": True,
+    "false": False,
+    "0": False,
+    "off": False,
+    "no": False,
+}
 _DIGITS = re.compile(r"[0-9]+")
 
 

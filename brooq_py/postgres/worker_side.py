@@ -154,7 +154,9 @@ class WorkerSide:
         if not topics or batch < 1:
             return Staged({}, None)
         rows = self._run(
-            "staging due jobs", self._q["job_stage"], {"topics": list(topics), "batch": batch, "notify": notify}
+            "staging due jobs",
+            self._q["job_stage"],
+            {"topics": list(topics), "batch": batch, "notify": notify},
         )
         dues = [float(r[2]) for r in rows if r[2] is not None]
         return Staged({str(r[0]): int(r[1]) for r in rows if r[1]}, min(dues) if dues else None)

@@ -16,7 +16,6 @@ from brooq_py.queue import EnqueueResult, Job, JobRow, State, Tx
 from brooq_py.queue.ids import uuid7
 from brooq_py.queue.port import ClaimedJob, Gauges, HeldLease, Outcome, Staged, TopicCount
 
-
 _WAITING = (State.SCHEDULED, State.FAILED)
 
 
@@ -52,7 +51,10 @@ class FakeListener:
     """Wake-ups by topic (SPEC Z3): ready ones make ``wait()`` return True, scheduled ones call on_scheduled."""
 
     def __init__(
-        self, repo: FakeRepo, topics: Sequence[str] | None = None, on_scheduled: Callable[[], None] | None = None
+        self,
+        repo: FakeRepo,
+        topics: Sequence[str] | None = None,
+        on_scheduled: Callable[[], None] | None = None,
     ) -> None:
         self.repo = repo
         self.seen = repo.notify_count
