@@ -48,6 +48,7 @@ class Retention(Ticker):
         return 0.0 if self.behind else self.period
 
     def tick(self) -> None:
+        self.behind = False  # a failing delete waits a period, never loops at once
         total: Counter[str] = Counter()
         full = False
         for _ in range(MAX_BATCHES_PER_TICK):
@@ -61,7 +62,7 @@ class Retention(Ticker):
                 break
         for topic, n in total.items():
             self._on_deleted(topic, n)
-        if full and not self.behind:
+        if full and not self._drained:
             self.log.info("retention: a backlog of expired terminal jobs; deleting batch after batch")
         self.behind = full
         self._drained.update(total)

@@ -70,10 +70,15 @@ class Stager(Ticker):
             return
         poked = self._poke.is_set()
         self._poke.clear()
-        if poked and not self._due():
+        due = self._due()
+        # Forget the due time until a statement succeeds: a failing database is retried
+        # every poll interval, never in a busy loop on a due time already past.
+        self._due_at = None
+        if poked and not due:
             self._learn(self._next_due(self.topics))
             if not self._due():
                 return
+            self._due_at = None
         total = 0
         while not self._stop.is_set():
             staged = self._stage(self.topics, self.batch)

@@ -22,6 +22,7 @@ from brooq_py.postgres.queries import render
 from brooq_py.queue import Claim, Context, Job, State
 from brooq_py.queue.port import ClaimedJob
 from tests.conftest import drop_schema
+from tests.polling import wait_for
 
 LEASE = timedelta(seconds=30)
 
@@ -379,3 +380,32 @@ def test_z4_ids_are_uuidv7_and_increasing(store: Store, db: psycopg.Connection[A
     assert uuid.UUID(str(psql)).version == 7 and uuid.UUID(str(psql)) > parsed[0]
     stamps = db.execute("SELECT uuid_v7() FROM generate_series(1, 3)").fetchall()
     assert all(uuid.UUID(str(s)).version == 7 for (s,) in stamps)
+
+
+# --- Z1 ------------------------------------------------------------------------------------------
+
+
+def test_z1_retention_drains_a_backlog_at_once_and_never_blocks_claims(
+    store: Store, engines: Callable[..., Engine], db: psycopg.Connection[Any]
+) -> None:
+    """3,000 expired rows in batches of 10: 300 batches, more than one tick; the period (1 h) never waits."""
+    db.execute(
+        "INSERT INTO job (topic, payload, state, updated_at) "
+        "SELECT 'old', '{}', 'done', now() - interval '40 days' FROM generate_series(1, 3000)"
+    )
+    (locked,) = db.execute("SELECT id FROM job LIMIT 1").fetchone() or (None,)
+    ran = threading.Event()
+    with psycopg.connect(_dsn(db), autocommit=True) as locker:
+        locker.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(store.schema)))
+        with locker.transaction():
+            locker.execute("SELECT 1 FROM job WHERE id = %s FOR UPDATE", (locked,))  # psql holds one row
+            e = engines(retention_ttl=86400, retention_batch=10, retention_period=3600)
+            e.register_kind("a", lambda ctx, claim: ran.set())
+            e.start()
+            store.enqueue(Job("a", 1))
+            assert ran.wait(30)  # claims go on while retention deletes
+            wait_for(
+                lambda: db.execute("SELECT count(*) FROM job WHERE topic = 'old'").fetchone() == (1,),
+                "every expired row but the locked one deleted",
+                60,
+            )

@@ -616,3 +616,24 @@ def test_completer_does_not_rewrite_after_a_bookkeeping_error_c10() -> None:
     assert c.flush_once() == 1
     assert c.flush_once() == 0
     assert writes == [1] and c.pending == 0
+
+
+def test_z1_a_failing_delete_waits_a_period() -> None:
+    from datetime import timedelta
+
+    from brooq_py.engine.retention import MAX_BATCHES_PER_TICK, Retention
+
+    calls = [0]
+
+    def delete(ttl: timedelta, batch: int) -> list[tuple[str, str]]:
+        calls[0] += 1
+        if calls[0] > MAX_BATCHES_PER_TICK:
+            raise ConnectionError("down")
+        return [("id", "t")] * batch
+
+    r = Retention(600, timedelta(days=1), 2, delete, lambda t, n: None, logging.getLogger("r"))
+    r.run_once()
+    assert r.behind and r.next_delay() == 0.0
+    with pytest.raises(ConnectionError):
+        r.run_once()
+    assert not r.behind and r.next_delay() == 600

@@ -169,3 +169,18 @@ def test_z3_the_listener_wakes_only_for_its_topics(repo: FakeRepo) -> None:
     assert sub.wait(0.05) is False and scheduled.count == 1
     repo.enqueue(Job("a", 1))
     assert sub.wait(1) is True
+
+
+def test_s7_a_failing_database_is_retried_every_period_not_in_a_busy_loop(repo: FakeRepo) -> None:
+    s = stager(repo, Woken(), period=7.0)
+    repo.enqueue(Job("a", 1, available_at=later(0.01)))
+    s.run_once()
+    wait_for(lambda: s.next_delay() == 0.0, "the job is due")
+
+    def broken(topics: Sequence[str], batch: int) -> Staged:
+        raise ConnectionError("down")
+
+    s._stage = broken
+    with pytest.raises(ConnectionError):
+        s.run_once()
+    assert s.next_delay() == 7.0
