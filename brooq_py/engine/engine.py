@@ -170,7 +170,7 @@ class Engine:
         return self.repo.begin()
 
     def cancel(self, job_id: str) -> bool:
-        """Cancel a pending, failed or processing job (SPEC X1); a running one stops via lease loss."""
+        """Cancel a pending, scheduled, failed or processing job (SPEC X1); a running one stops via lease loss."""
         return self.repo.cancel(job_id)
 
     def get(self, job_id: str) -> JobRow | None:
