@@ -29,13 +29,14 @@ sys.path.insert(0, str(HERE))
 
 import baselines  # noqa: E402
 import psycopg  # noqa: E402
+import scale  # noqa: E402
 import w7  # noqa: E402
 import workloads  # noqa: E402
 from util import fresh_schema  # noqa: E402
 
 from brooq_py import devdb  # noqa: E402
 
-WORKLOADS = ("W1", "W2", "W3", "W3b", "W4", "W5", "W6", "W7", "MEM")
+WORKLOADS = ("W1", "W2", "W3", "W3b", "W4", "W5", "W5b", "W6", "W7", "W9", "RET", "MEM")
 
 _DEFAULT: dict[str, Any] = dict(
     raw=20_000,
@@ -50,6 +51,10 @@ _DEFAULT: dict[str, Any] = dict(
     w7=20_000,
     mem=40_000,
     pgbench_s=10,
+    w5b_scheduled=1_000_000,
+    w5b_failed=100_000,
+    w9=1000,
+    ret_expired=1_000_000,
 )
 
 SIZES: dict[str, dict[str, Any]] = {
@@ -66,6 +71,10 @@ SIZES: dict[str, dict[str, Any]] = {
         w7=1000,
         mem=3000,
         pgbench_s=3,
+        w5b_scheduled=50_000,
+        w5b_failed=5000,
+        w9=200,
+        ret_expired=50_000,
     ),
     "default": _DEFAULT,
     # the long variants: a 200k-job memory drain, a bigger W7, longer ceilings
@@ -174,6 +183,37 @@ def evaluate(r: dict[str, Any]) -> list[dict[str, Any]]:
             "<= 2 x empty table",
             worst,
             worst <= 2.0,
+        )
+    if "W5b" in r:
+        w = r["W5b"]
+        worst = max(w["ratio_found_p50"], w["ratio_empty_p50"])
+        add(
+            f"W5b claim, {w['scheduled']:,} scheduled + {w['failed']:,} failed same topic",
+            f"found {w['waiting']['found_p50_ms']:.2f} (empty table {w['empty']['found_p50_ms']:.2f}) ms p50",
+            "<= 2 x empty table",
+            worst,
+            worst <= 2.0,
+        )
+    if "W9" in r:
+        w = r["W9"]
+        ok = w["p50_ms"] <= 50 and w["p99_ms"] <= 250 and w["started"] == w["n"]
+        add(
+            f"W9 {w['n']:,} scheduled 5-15 s ahead",
+            f"late p50 {w['p50_ms']:.1f} / p99 {w['p99_ms']:.1f} ms",
+            "p50<=50, p99<=250 ms",
+            None,
+            ok,
+        )
+    if "RET" in r:
+        w = r["RET"]
+        ok = w["rows_per_min_during_w3"] >= 50_000 and w["w3_ratio"] >= 0.8
+        add(
+            f"retention {w['expired']:,} expired during W3",
+            f"{w['rows_per_min_during_w3']:,.0f} rows/min; W3 {w['w3_with_per_s']:,.0f} vs "
+            f"{w['w3_without_per_s']:,.0f} jobs/s",
+            ">= 50,000/min, W3 >= 0.8 x",
+            w["w3_ratio"],
+            ok,
         )
     if "W6" in r:
         w = r["W6"]
@@ -292,6 +332,11 @@ def main(argv: list[str] | None = None) -> int:
             "W6": lambda: workloads.w6_heartbeat(db.dsn, 1000, sz["w6_ticks"]),
             "W7": lambda: w7.w7(db.dsn, sz["w7"]),
             "MEM": lambda: workloads.memory_drain(db.dsn, sz["mem"]),
+            "W5b": lambda: scale.w5b_claim_beside_waiting(
+                db.dsn, sz["w5b_scheduled"], sz["w5b_failed"], sz["w5_claims"]
+            ),
+            "W9": lambda: scale.w9_scheduled_lateness(db.dsn, sz["w9"]),
+            "RET": lambda: scale.retention_pace(db.dsn, sz["ret_expired"], sz["w3"]),
         }
         for name in selected:
             ceiling = None

@@ -1,6 +1,6 @@
 """Enqueue on any runner: one job (E1-E3) or a batch in one statement (E5).
 
-Ids are generated here (uuid4), so a job's id is known before commit.
+Ids are generated here (UUIDv7, time-ordered: SPEC Z4), so a job's id is known before commit.
 Idempotency relies on ``INSERT ... ON CONFLICT DO NOTHING``: a duplicate never
 raises into the caller's transaction at READ COMMITTED (SPEC E2). Under
 REPEATABLE READ or SERIALIZABLE a duplicate committed concurrently raises a
@@ -16,6 +16,7 @@ from typing import Any
 from brooq_py.postgres.queries import Queries
 from brooq_py.postgres.runner import Runner
 from brooq_py.queue import BrooqError, EnqueueResult, InvalidJob, Job
+from brooq_py.queue.ids import uuid7
 
 # A row found by key can vanish (retention) before we read it: insert again, a few times.
 _ATTEMPTS = 5
@@ -44,7 +45,7 @@ def validated(jobs: Sequence[Job]) -> list[str]:
 
 def enqueue_one(run: Runner, q: Queries, job: Job, payload: str) -> EnqueueResult:
     """Insert *job* unless (topic, key) exists; return its id and whether this call created it."""
-    params = job_params(job, payload, uuid.uuid4())
+    params = job_params(job, payload, uuid7())
     for _ in range(_ATTEMPTS):
         rows = run(q.enqueue, params)
         if rows:
@@ -74,7 +75,7 @@ def enqueue_batch(
                 repeats.append((i, first))
                 continue
         todo.append(i)
-    ids = {i: uuid.uuid4() for i in todo}
+    ids = {i: uuid7() for i in todo}
 
     for _ in range(_ATTEMPTS):
         if not todo:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -27,7 +27,7 @@ import psycopg_pool
 
 from brooq_py.postgres.enqueueing import enqueue_batch, enqueue_one, validated
 from brooq_py.postgres.errors import translated
-from brooq_py.postgres.listener import PgListener
+from brooq_py.postgres.listener import PROBE_TIMEOUT, PgListener
 from brooq_py.postgres.operator_side import OperatorSide
 from brooq_py.postgres.queries import Queries, Query
 from brooq_py.postgres.runner import Rows, on_connection, on_tx
@@ -80,6 +80,7 @@ class Store(WorkerSide, OperatorSide):
         self._listeners: set[PgListener] = set()
         self._listeners_lock = threading.Lock()
         self.ping_timeout = 2.0
+        self.listen_probe_timeout: float | None = PROBE_TIMEOUT
 
     # -- connections ----------------------------------------------------------
 
@@ -163,7 +164,7 @@ class Store(WorkerSide, OperatorSide):
             yield WrapTx(conn)
 
     def cancel(self, job_id: str) -> bool:
-        """Cancel a pending, failed or processing job (SPEC X1).
+        """Cancel a pending, scheduled, failed or processing job (SPEC X1).
 
         Return False for terminal, unknown or malformed ids (never raise on a malformed id).
         """
@@ -199,9 +200,23 @@ class Store(WorkerSide, OperatorSide):
 
     # -- engine plumbing -----------------------------------------------------------
 
-    def listen(self) -> PgListener:
-        """Open a LISTEN subscription on this schema's channel, on a connection of its own."""
-        listener = PgListener(self._connect_own, self._q.listen, on_close=self._forget_listener)
+    def listen(
+        self, topics: Sequence[str] | None = None, on_scheduled: Callable[[], None] | None = None
+    ) -> PgListener:
+        """Open a LISTEN subscription on this schema's channel, on a connection of its own.
+
+        It reports wake-ups of *topics* only (all when None) and calls *on_scheduled*
+        for scheduled jobs of them (SPEC Z3). A connection that delivers no
+        notifications (a transaction-pooling proxy) is refused with one log line.
+        """
+        listener = PgListener(
+            self._connect_own,
+            self._q,
+            on_close=self._forget_listener,
+            topics=topics,
+            on_scheduled=on_scheduled,
+            probe_timeout=self.listen_probe_timeout,
+        )
         with self._listeners_lock:
             self._listeners.add(listener)
         return listener
