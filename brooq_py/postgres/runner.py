@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -43,6 +44,10 @@ def on_foreign(tx: Any) -> Runner:
 
     def run(query: Query, params: dict[str, Any]) -> Rows:
         result = tx.execute(query.text, {k: _plain(v) for k, v in params.items()})
+        if inspect.isawaitable(result):
+            if inspect.iscoroutine(result):
+                result.close()  # never awaited: close it rather than leave a warning behind
+            raise TypeError(_ASYNC_TX.format(name=type(tx).__name__))
         for source in (result, tx):
             fetchall = getattr(source, "fetchall", None)
             if callable(fetchall):
@@ -52,11 +57,29 @@ def on_foreign(tx: Any) -> Runner:
     return run
 
 
+_ASYNC_TX = "{name} is an asyncio transaction: enqueue through AsyncStore (and AsyncWrapTx), not Store"
+
+
+def refuse_async(tx: Any) -> None:
+    """Raise TypeError naming AsyncStore when *tx* is an asyncio connection, wrapper or session."""
+    if (
+        isinstance(tx, psycopg.AsyncConnection)
+        or isinstance(getattr(tx, "psycopg", None), psycopg.AsyncConnection)
+        or inspect.iscoroutinefunction(getattr(tx, "execute", None))
+    ):
+        raise TypeError(_ASYNC_TX.format(name=type(tx).__name__))
+
+
 def on_tx(tx: Any) -> Runner:
-    """Return the runner for a caller's *tx*: its psycopg connection when it has one."""
+    """Return the runner for a caller's *tx*: its psycopg connection when it has one.
+
+    Raise TypeError for an asyncio connection (it belongs to AsyncStore) and for
+    an object without ``execute``.
+    """
     conn = as_psycopg(tx)
     if conn is not None:
         return on_connection(conn)
+    refuse_async(tx)
     if not callable(getattr(tx, "execute", None)):
         raise TypeError(f"not a transaction (no execute method): {type(tx).__name__}")
     return on_foreign(tx)
