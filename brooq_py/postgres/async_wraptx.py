@@ -63,6 +63,9 @@ class AsyncWrapTx:
             connection = await conn_or_session.connection()
         elif isinstance(conn_or_session, AsyncConnection):
             connection = conn_or_session
+            if not connection.in_transaction():
+                # Begin as SQLAlchemy's autobegin would, so its commit() commits our insert too.
+                await connection.begin()
         elif isinstance(conn_or_session, Connection | Session):
             raise TypeError("a sync SQLAlchemy Connection or Session: use WrapTx.from_sqlalchemy and Store")
         else:

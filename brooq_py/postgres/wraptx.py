@@ -51,6 +51,9 @@ class WrapTx:
             connection = conn_or_session.connection()
         elif isinstance(conn_or_session, Connection):
             connection = conn_or_session
+            if not connection.in_transaction():
+                # Begin as SQLAlchemy's autobegin would, so its commit() commits our insert too.
+                connection.begin()
         else:
             raise TypeError(f"not a SQLAlchemy Connection or Session: {type(conn_or_session).__name__}")
         driver = connection.connection.driver_connection
