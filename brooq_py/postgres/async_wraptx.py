@@ -10,7 +10,7 @@ import psycopg
 from psycopg.rows import tuple_row
 
 from brooq_py.postgres.queries import Query
-from brooq_py.postgres.runner import Rows
+from brooq_py.postgres.runner import Rows, own_json
 from brooq_py.postgres.wraptx import WrapTx
 
 AsyncRunner = Callable[[Query, dict[str, Any]], Awaitable[Rows]]
@@ -85,10 +85,11 @@ class AsyncWrapTx:
 
 
 def on_async_connection(conn: psycopg.AsyncConnection[Any]) -> AsyncRunner:
-    """Return an awaitable runner on *conn*, with tuple rows whatever the connection's row factory."""
+    """Return an awaitable runner on *conn*, with tuple rows (and decoded jsonb) whatever its settings."""
 
     async def run(query: Query, params: dict[str, Any]) -> Rows:
         async with conn.cursor(row_factory=tuple_row) as cur:
+            own_json(cur)
             await cur.execute(query.composed, params)
             return await cur.fetchall() if cur.description is not None else []
 

@@ -8,7 +8,9 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+from psycopg import postgres, pq
 from psycopg.rows import tuple_row
+from psycopg.types.json import JsonbBinaryLoader, JsonbLoader
 
 from brooq_py.postgres.queries import Query
 from brooq_py.postgres.wraptx import as_psycopg
@@ -17,11 +19,26 @@ Rows = list[tuple[Any, ...]]
 Runner = Callable[[Query, dict[str, Any]], Rows]
 
 
+_JSONB = postgres.types["jsonb"].oid
+
+
+def own_json(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> None:
+    """Decode jsonb on *cur* with psycopg's own loader, whatever the caller's connection set up.
+
+    Django, for one, registers a text loader for jsonb on its connections; a
+    payload must still come back decoded. Only that cursor is touched.
+    """
+    if cur.adapters.get_loader(_JSONB, pq.Format.TEXT) is not JsonbLoader:
+        cur.adapters.register_loader("jsonb", JsonbLoader)
+        cur.adapters.register_loader("jsonb", JsonbBinaryLoader)
+
+
 def on_connection(conn: psycopg.Connection[Any]) -> Runner:
-    """Return a runner on *conn*, with tuple rows whatever the connection's row factory."""
+    """Return a runner on *conn*, with tuple rows (and decoded jsonb) whatever the connection's settings."""
 
     def run(query: Query, params: dict[str, Any]) -> Rows:
         with conn.cursor(row_factory=tuple_row) as cur:
+            own_json(cur)
             cur.execute(query.composed, params)
             return cur.fetchall() if cur.description is not None else []
 

@@ -182,6 +182,11 @@ class Store(WorkerSide, OperatorSide):
         row: JobRow | None = self._drive("reading a job", plans.get(self._q, job_id))
         return row
 
+    def get_tx(self, tx: Tx, job_id: str) -> JobRow | None:
+        """Return the job's row as the caller's transaction *tx* sees it; None for an unknown or malformed id."""
+        with translated("reading a job"):
+            return drive(plans.get(self._q, job_id), on_tx(tx))
+
     # -- engine plumbing -----------------------------------------------------------
 
     def listen(self) -> PgListener:

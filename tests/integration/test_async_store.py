@@ -449,3 +449,24 @@ def test_a1_enqueues_never_block_the_event_loop(dsn: str, schema: str, store: St
         t.join(30)
     assert waited >= hold * 0.9  # the database really was slow
     assert worst < hold / 2, f"the event loop stalled for {worst:.2f}s"
+
+
+def test_e3_payload_decoded_whatever_loader_the_callers_connection_registered(
+    dsn: str, schema: str, store: Store
+) -> None:
+    """A connection that loads jsonb as text (as Django's does) still reads decoded payloads."""
+    from psycopg.types.string import TextLoader
+
+    made = store.enqueue(Job("t", {"a": [1, 2]}))
+    with psycopg.connect(dsn) as conn:
+        conn.adapters.register_loader("jsonb", TextLoader)
+        row = store.get_tx(conn, made.id)
+        assert row is not None and row.payload == {"a": [1, 2]}
+        assert conn.execute("SELECT '{}'::jsonb").fetchone() == ("{}",)  # the caller's setting is kept
+
+    async def main() -> Any:
+        async with await psycopg.AsyncConnection.connect(dsn) as aconn:
+            aconn.adapters.register_loader("jsonb", TextLoader)
+            return await AsyncStore(None, schema=schema).enqueue_tx(aconn, Job("t", 1, idempotency_key="j"))
+
+    assert run(main).created
