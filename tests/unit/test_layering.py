@@ -55,7 +55,9 @@ def test_postgres_does_not_import_alembic_or_sqlalchemy() -> None:
     assert not [m for m in mods if top(m) in ("alembic", "sqlalchemy")]
 
 
-@pytest.mark.parametrize("forbidden", ["brooq_py.engine", "prometheus_client", "alembic", "sqlalchemy", "django"])
+@pytest.mark.parametrize(
+    "forbidden", ["brooq_py.engine", "prometheus_client", "alembic", "sqlalchemy", "django"]
+)
 def test_a1_a_producer_only_import_stays_light(forbidden: str) -> None:
     """``import brooq_py.postgres`` (Store, AsyncStore, WrapTx, AsyncWrapTx) loads no engine, no
     metrics, no migration tool and no framework: the whole import graph, migrations included."""
