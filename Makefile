@@ -14,7 +14,7 @@ STAMP := $(VENV)/.install-stamp
 DJANGO_VENV ?= .venv-django
 DJANGO_PYTHON ?= $(shell bash tests/django_project/newest-python.sh)
 DJANGO_STAMP := $(DJANGO_VENV)/.install-stamp
-SOURCES := $(wildcard brooq_py tests bench)  # bench/ may not exist yet
+SOURCES := $(wildcard brooq_py tests bench examples)  # bench/ may not exist yet
 
 .DEFAULT_GOAL := help
 .PHONY: help install install-django test-django demo test lint fmt typecheck check bench migrate-up migrate-down migrate-status \
