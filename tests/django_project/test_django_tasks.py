@@ -141,3 +141,26 @@ def test_brooq_worker_runs_until_sigterm(django_env: dict[str, str], tmp_path: P
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert "stopping" in err
+
+
+def test_e3_wraptx_from_django_joins_the_atomic_block(django_env: dict[str, str], dsn: str) -> None:
+    """The README's Django ORM snippet: Store(None) + WrapTx.from_django() inside transaction.atomic()."""
+    from django.db import connection, transaction
+    from shop.models import Order
+
+    from brooq_py.postgres import Store, WrapTx
+    from brooq_py.queue import Job
+
+    schema = django_env["BROOQ_SCHEMA"]
+    store = Store(None, schema=schema)
+    with transaction.atomic():
+        order = Order.objects.create(item="lamp")
+        tx = WrapTx.from_django()
+        assert tx.psycopg is connection.connection
+        kept = store.enqueue_tx(tx, Job("email.send", {"order": order.pk}))
+    row = job_row(dsn, schema, kept.id)
+    assert row is not None and row[3] == {"order": order.pk}
+    with pytest.raises(RuntimeError), transaction.atomic():
+        gone = store.enqueue_tx(WrapTx.from_django("default"), Job("email.send", {"order": 0}))
+        raise RuntimeError("boom")
+    assert job_row(dsn, schema, gone.id) is None
