@@ -151,12 +151,13 @@ class Store(WorkerSide, OperatorSide):
         nothing written). A key repeated inside the batch creates one job; the
         repeats get its id with created=False.
         """
+        run = on_tx(tx) if tx is not None else None  # a wrong tx is refused even for no jobs
         plan = plans.enqueue_many(self._q, jobs)
         if not jobs:
             return []
-        if tx is not None:
+        if run is not None:
             with translated("enqueueing a batch"):
-                return drive(plan, on_tx(tx))
+                return drive(plan, run)
         result: list[EnqueueResult] = self._drive("enqueueing a batch", plan)
         return result
 

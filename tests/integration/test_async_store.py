@@ -470,3 +470,41 @@ def test_e3_payload_decoded_whatever_loader_the_callers_connection_registered(
             return await AsyncStore(None, schema=schema).enqueue_tx(aconn, Job("t", 1, idempotency_key="j"))
 
     assert run(main).created
+
+
+def test_a1_a_cancelled_enqueue_waiting_on_a_lock_leaves_the_connection_usable(dsn: str, schema: str) -> None:
+    """An enqueue waiting on a key another transaction holds can be given up on (asyncio timeout):
+    the statement is cancelled on the server and the caller's connection works after its rollback."""
+
+    async def main() -> tuple[Any, Any]:
+        astore = AsyncStore(None, schema=schema)
+        async with (
+            await psycopg.AsyncConnection.connect(dsn) as holder,
+            await psycopg.AsyncConnection.connect(dsn) as waiter,
+        ):
+            await astore.enqueue_tx(holder, Job("t", 1, idempotency_key="held"))
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(astore.enqueue_tx(waiter, Job("t", 2, idempotency_key="held")), 0.5)
+            await waiter.rollback()
+            again = await astore.enqueue_tx(waiter, Job("t", 3, idempotency_key="other"))
+            await waiter.commit()
+            await holder.rollback()
+            return again, await (await waiter.execute("SELECT 1")).fetchone()
+
+    again, one = run(main)
+    assert again.created and one == (1,)
+
+
+def test_a1_a_dropped_connection_is_store_unavailable(dsn: str, schema: str) -> None:
+    from brooq_py.queue import StoreUnavailable
+
+    async def main() -> None:
+        astore = AsyncStore(None, schema=schema)
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            pid = conn.info.backend_pid
+            with psycopg.connect(dsn, autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            with pytest.raises(StoreUnavailable, match="database unavailable while enqueueing"):
+                await astore.enqueue_tx(conn, Job("t", 1))
+
+    run(main)
