@@ -56,7 +56,7 @@ def _error_of(row: JobRow) -> list[Any]:
     return [TaskError(exception_class_path=path, traceback=row.last_error)]
 
 
-class BrooqBackend(BaseTaskBackend):  # type: ignore[misc]
+class BrooqBackend(BaseTaskBackend):
     """Enqueue Django tasks as brooq jobs in the caller's transaction; read results from the rows."""
 
     supports_defer = True
