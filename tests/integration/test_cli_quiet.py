@@ -6,26 +6,16 @@ from __future__ import annotations
 import os
 import pydoc
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from brooq_py.engine import Config
-from tests.conftest import drop_schema
 from tests.integration.test_cli import run_cli
+from tests.integration.test_migrations import bare_schema  # noqa: F401 - the fixture
 
 
-@pytest.fixture
-def bare_schema(dsn: str) -> Iterator[str]:
-    name = "t_" + uuid.uuid4().hex
-    try:
-        yield name
-    finally:
-        drop_schema(dsn, name)
-
-
-def test_migrate_up_is_quiet_unless_verbose(dsn: str, bare_schema: str, tmp_path: Path) -> None:
+def test_migrate_up_is_quiet_unless_verbose(dsn: str, bare_schema: str, tmp_path: Path) -> None:  # noqa: F811
     quiet = run_cli("migrate", "up", "--to", "0001", "--schema", bare_schema, dsn=dsn, cwd=tmp_path)
     assert quiet.returncode == 0, quiet.stderr
     assert "alembic" not in quiet.stderr and "Running upgrade" not in quiet.stderr
