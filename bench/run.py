@@ -3,7 +3,8 @@
     .venv/bin/python bench/run.py [--quick | --full] [--only W3,W4] [--out PATH]
 
 Runs the PostgreSQL ceilings (raw psycopg INSERT+COMMIT, executemany, the pgbench
-one-commit-per-job claim script) and the workloads W1-W7 plus the memory drain,
+one-commit-per-job claim script) and the workloads W1-W7 (W1a, W2a: W1 and W2 through
+AsyncStore) plus the memory drain,
 each in a fresh schema of the database brooq_py.devdb.acquire() finds, prints a
 table with PASS/MISS against each target and writes the figures to
 bench/results/latest.json. Ratios are taken within this run on this server only.
@@ -27,6 +28,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import async_producer  # noqa: E402
 import baselines  # noqa: E402
 import psycopg  # noqa: E402
 import scale  # noqa: E402
@@ -36,7 +38,7 @@ from util import fresh_schema  # noqa: E402
 
 from brooq_py import devdb  # noqa: E402
 
-WORKLOADS = ("W1", "W2", "W3", "W3b", "W4", "W5", "W5b", "W6", "W7", "W9", "RET", "MEM")
+WORKLOADS = ("W1", "W2", "W1a", "W2a", "W3", "W3b", "W4", "W5", "W5b", "W6", "W7", "W9", "RET", "MEM")
 
 _DEFAULT: dict[str, Any] = dict(
     raw=20_000,
@@ -144,6 +146,12 @@ def evaluate(r: dict[str, Any]) -> list[dict[str, Any]]:
     if "W2" in r:
         v = r["W2"]["per_s"]
         add("W2 enqueue_many x1000", f"{v:,.0f}/s", ">= 40,000/s", None, v >= 40_000)
+    if "W1a" in r:  # AsyncStore beside the sync Store, interleaved in one run
+        v, ratio = r["W1a"]["per_s"], r["W1a"]["ratio"]
+        add("W1a async enqueue one/tx", f"{v:,.0f}/s", "(vs sync Store, same run)", ratio, None)
+    if "W2a" in r:
+        v = r["W2a"]["per_s"]
+        add("W2a async enqueue_many x1000", f"{v:,.0f}/s", ">= 40,000/s", None, v >= 40_000)
     for key, need in (("W3", 1.0), ("W3b", 2.0)):
         if key in r:
             w = r[key]
@@ -325,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
         runs = {
             "W1": lambda: workloads.w1_enqueue_one(db.dsn, sz["w1"]),
             "W2": lambda: workloads.w2_enqueue_many(db.dsn, sz["w2"]),
+            "W1a": lambda: async_producer.w1a_enqueue_one(db.dsn, sz["w1"]),
+            "W2a": lambda: async_producer.w2a_enqueue_many(db.dsn, sz["w2"]),
             "W3": lambda: workloads.drain(db.dsn, sz["w3"], 4, "w3"),
             "W3b": lambda: workloads.drain(db.dsn, sz["w3"], 32, "w3b"),
             "W4": lambda: workloads.w4_latency(db.dsn, sz["w4"]),

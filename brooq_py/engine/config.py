@@ -149,14 +149,14 @@ class Config:
         )
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] = os.environ) -> Config:
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:
         """Build a Config from the QUEUE_* variables (SPEC K2).
 
         An empty value counts as unset; durations need a unit (``30s``, ``1h30m``;
         a bare ``0`` is zero); integers are plain decimal digits. Raise
         ``ConfigError`` listing every problem, parse and validation alike.
         """
-        env = os.environ if environ is None else environ  # None: tolerated, read the process environment
+        env = os.environ if environ is None else environ  # None (the default): the process environment
         kwargs: dict[str, object] = {}
         problems: list[str] = []
         for var, (name, kind) in ENV_VARS.items():
