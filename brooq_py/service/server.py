@@ -127,12 +127,12 @@ class Server:
         self._backend: Backend
         if dashboard:
             try:
-                from brooq_py.web.surface import UvicornBackend
+                from brooq_py.web.surface import uvicorn_backend
             except ImportError as exc:
                 raise ImportError(
                     "the dashboard needs the web extra: pip install 'brooq-py[web]' (or serve(..., dashboard=False))"
                 ) from exc
-            self._backend = UvicornBackend(engine, host, port, token, gate=gate, read_only=read_only)
+            self._backend = uvicorn_backend(engine, host, port, token, gate=gate, read_only=read_only)
         else:
             self._backend = WsgiBackend(SurfaceApp(engine, token, gate), host, port)
         self.host = host

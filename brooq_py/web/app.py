@@ -152,6 +152,7 @@ class Dashboard:
             fresh = valid = self.settings.signer.new_session()
         base = str(request.scope.get("root_path", ""))
         context = {
+            "title": "brooq",
             "base": base,
             "url": lambda path, **q: self._url(request, path, **q),
             "csrf": self.settings.signer.csrf(valid) if valid else "",
@@ -176,7 +177,9 @@ class Dashboard:
         return response
 
     def _error(self, request: Request, status: int, message: str) -> Response:
-        return self._page(request, "error.html", {"status": status, "message": message}, status)
+        return self._page(
+            request, "error.html", {"status": status, "message": message, "title": str(status)}, status
+        )
 
     # --- pages ---------------------------------------------------------------------------------
 
@@ -205,7 +208,7 @@ class Dashboard:
         return self._listing(request, "jobs.html", topic, state)
 
     def dead_page(self, request: Request) -> Response:
-        return self.guard(request) or self._listing(request, "dead.html", None, State.DEAD)
+        return self.guard(request) or self._listing(request, "jobs.html", None, State.DEAD)
 
     def _listing(self, request: Request, template: str, topic: str | None, state: str) -> Response:
         after = request.query_params.get("after")

@@ -79,12 +79,10 @@ def surface_app(
     return Gated(Starlette(routes=routes), gate)
 
 
-class UvicornBackend:
-    """uvicorn serving ``surface_app`` in a daemon thread, on a socket bound here (so errors raise here)."""
+class ThreadedUvicorn:
+    """uvicorn serving *app* in a daemon thread, on a socket bound here (so bind errors raise here)."""
 
-    def __init__(
-        self, engine: Engine, host: str, port: int, token: str | None, *, gate: Gate, read_only: bool
-    ) -> None:
+    def __init__(self, app: ASGIApp, host: str, port: int) -> None:
         self._sock = socket.socket(family(host), socket.SOCK_STREAM)
         try:
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -96,7 +94,6 @@ class UvicornBackend:
             raise
         bound = self._sock.getsockname()
         self.address = (str(bound[0]), int(bound[1]))
-        app = surface_app(engine, token, host=host, gate=gate, read_only=read_only)
         config = uvicorn.Config(
             app,
             log_config=None,
@@ -128,3 +125,10 @@ class UvicornBackend:
         self._server.should_exit = True
         self._thread.join(timeout=5)
         self._sock.close()
+
+
+def uvicorn_backend(
+    engine: Engine, host: str, port: int, token: str | None, *, gate: Gate, read_only: bool
+) -> ThreadedUvicorn:
+    """Return the surface's server when the web extra is installed: ``surface_app`` on uvicorn."""
+    return ThreadedUvicorn(surface_app(engine, token, host=host, gate=gate, read_only=read_only), host, port)
