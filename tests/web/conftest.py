@@ -153,7 +153,8 @@ def chromium() -> Iterator[Any]:
 @pytest.fixture
 def browser(chromium: Any) -> Iterator[Any]:
     """The session's browser with no cookies and a blank page at the start of each test."""
-    chromium.delete_all_cookies()
+    # Cookies ignore the port: clear every host's, not only the current page's.
+    chromium.execute_cdp_cmd("Network.clearBrowserCookies", {})
     chromium.get("about:blank")
     yield chromium
     chromium.get("about:blank")
