@@ -30,12 +30,13 @@ sys.path.insert(0, str(HERE))
 import baselines  # noqa: E402
 import psycopg  # noqa: E402
 import w7  # noqa: E402
+import web  # noqa: E402
 import workloads  # noqa: E402
 from util import fresh_schema  # noqa: E402
 
 from brooq_py import devdb  # noqa: E402
 
-WORKLOADS = ("W1", "W2", "W3", "W3b", "W4", "W5", "W6", "W7", "MEM")
+WORKLOADS = ("W1", "W2", "W3", "W3b", "W4", "W5", "W6", "W7", "MEM", "DASH")
 
 _DEFAULT: dict[str, Any] = dict(
     raw=20_000,
@@ -50,6 +51,7 @@ _DEFAULT: dict[str, Any] = dict(
     w7=20_000,
     mem=40_000,
     pgbench_s=10,
+    dash=1_000_000,
 )
 
 SIZES: dict[str, dict[str, Any]] = {
@@ -66,6 +68,7 @@ SIZES: dict[str, dict[str, Any]] = {
         w7=1000,
         mem=3000,
         pgbench_s=3,
+        dash=50_000,
     ),
     "default": _DEFAULT,
     # the long variants: a 200k-job memory drain, a bigger W7, longer ceilings
@@ -219,6 +222,17 @@ def evaluate(r: dict[str, Any]) -> list[dict[str, Any]]:
                 None,
                 m["rss_drift_pct"] <= 10,
             )
+    if "DASH" in r:
+        for page, m in r["DASH"]["pages"].items():
+            cached = page == "topics (cached)"
+            bound = 5 if cached else 500 if page.startswith("topics") else 100
+            add(
+                f"DASH {page}, {r['DASH']['n']:,} jobs",
+                f"p50 {m['p50_ms']:.1f} / p99 {m['p99_ms']:.1f} ms",
+                f"p99 <= {bound} ms",
+                None,
+                m["p99_ms"] <= bound,
+            )
     return rows
 
 
@@ -292,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
             "W6": lambda: workloads.w6_heartbeat(db.dsn, 1000, sz["w6_ticks"]),
             "W7": lambda: w7.w7(db.dsn, sz["w7"]),
             "MEM": lambda: workloads.memory_drain(db.dsn, sz["mem"]),
+            "DASH": lambda: web.dashboard_latency(db.dsn, sz["dash"]),
         }
         for name in selected:
             ceiling = None

@@ -25,8 +25,12 @@ from brooq_py.queue import State
 if TYPE_CHECKING:
     from brooq_py.postgres.store import Store
 
-DEFAULT_CAP = 100_000
+DEFAULT_CAP = 10_000
 DEFAULT_TTL = 2.0
+# The last hour's outcomes change slowly at a minute's grain and cost the most to read:
+# read at most every ACTIVITY_TTL seconds, up to ACTIVITY_CAP rows.
+ACTIVITY_TTL = 30.0
+ACTIVITY_CAP = 100_000
 MAX_TOPICS = 500
 MINUTES = 60
 WAITING = (State.PENDING, State.SCHEDULED, State.FAILED)
@@ -44,7 +48,8 @@ class TopicView:
     """One topic: counts per state (None where not counted cheaply; capped at ``cap``).
 
     Active states are counted over the table; done, dead and canceled over the
-    last hour (``throughput`` is the done count per minute, oldest first).
+    last hour (``throughput`` is the done count per minute, oldest first), read
+    at most every ``ACTIVITY_TTL`` seconds.
     """
 
     topic: str
@@ -149,6 +154,8 @@ class Overview:
         self._lock = threading.Lock()
         self._cached: Topics | None = None
         self._cached_at = 0.0
+        self._activity: list[tuple[Any, ...]] | None = None
+        self._activity_at = 0.0
 
     def topics(self) -> Topics:
         """Return the topic overview, from the cache while it is younger than ``ttl``.
@@ -163,10 +170,12 @@ class Overview:
             self._cached, self._cached_at = fresh, self._clock()
             return fresh
 
-    def forget(self) -> None:
-        """Drop the cached overview, so the next read sees an action's effect."""
+    def forget(self, activity: bool = False) -> None:
+        """Drop the cached counts (and the last hour's outcomes too with *activity*), so the next read sees an action."""
         with self._lock:
             self._cached = None
+            if activity:
+                self._activity = None
 
     def _read_topics(self) -> Topics:
         q = self.store._q
@@ -179,8 +188,10 @@ class Overview:
             names = {str(r[0]) for r in cur.fetchall()}
             cur.execute(q["topic_settings"].composed, {})
             settings = {str(r[0]): (bool(r[1]), r[2]) for r in cur.fetchall()}
-            cur.execute(q["web_activity"].composed, {"cap": self.cap})
-            activity = cur.fetchall()
+            if self._activity is None or self._clock() - self._activity_at >= ACTIVITY_TTL:
+                cur.execute(q["web_activity"].composed, {"cap": ACTIVITY_CAP})
+                self._activity, self._activity_at = cur.fetchall(), self._clock()
+            activity = self._activity
             names |= set(settings) | {str(r[0]) for r in activity}
             topics = sorted(names)[:MAX_TOPICS]
             gauges: dict[str, dict[str, Any]] = {}

@@ -95,7 +95,7 @@ class Operator:
         canceled = bool(self._guarded("canceling a job", self.jobs.cancel, row.id))
         if canceled:
             log.info("job %s canceled by an operator", row.id)
-        self._changed()
+        self._changed(activity=True)
         return canceled
 
     def retry(self, raw_id: str) -> bool:
@@ -104,7 +104,7 @@ class Operator:
         retried = bool(self._guarded("retrying a job", controls.retry, row.id))
         if retried:
             log.info("job %s retried by an operator", row.id)
-        self._changed()
+        self._changed(activity=True)
         return retried
 
     def pause(self, raw_topic: str) -> None:
@@ -125,9 +125,9 @@ class Operator:
         topics: Topics = self._guarded("reading the topics", self.overview.topics)
         return topics
 
-    def _changed(self) -> None:
+    def _changed(self, activity: bool = False) -> None:
         if self.overview is not None:
-            self.overview.forget()
+            self.overview.forget(activity)
 
 
 def for_repo(jobs: Jobs, repo: Any) -> Operator:

@@ -18,6 +18,7 @@ def dashboard(
     read_only: bool = False,
     concurrency: int = 32,
     refresh_ms: int = 2000,
+    cache_seconds: float = 2.0,
 ) -> ASGIApp:
     """Return the dashboard of *store* as an ASGI application.
 
@@ -25,11 +26,13 @@ def dashboard(
     ``Authorization: Bearer <token>`` works too). Without a token it answers
     only requests it receives on a loopback address (403 otherwise).
     *read_only* hides every action and refuses them (403). At most
-    *concurrency* requests are served at once; the next one gets 503.
+    *concurrency* requests are served at once; the next one gets 503. The
+    topic counts are read at most every *cache_seconds* (shared by every
+    viewer); pages refresh them every *refresh_ms* milliseconds.
     """
     if not isinstance(store, Store):
         raise TypeError(f"dashboard() needs a brooq_py.postgres.Store, got {type(store).__name__}")
-    overview = Overview(store)
+    overview = Overview(store, ttl=cache_seconds)
     board = build(
         Operator(store, store, overview), overview, token=token, read_only=read_only, refresh_ms=refresh_ms
     )
