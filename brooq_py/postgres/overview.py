@@ -31,6 +31,8 @@ DEFAULT_TTL = 2.0
 # read at most every ACTIVITY_TTL seconds, up to ACTIVITY_CAP rows.
 ACTIVITY_TTL = 30.0
 ACTIVITY_CAP = 100_000
+# A read that takes long is reused longer: at most 1/READ_SHARE of the time is spent reading.
+READ_SHARE = 5
 MAX_TOPICS = 500
 MINUTES = 60
 WAITING = (State.PENDING, State.SCHEDULED, State.FAILED)
@@ -154,20 +156,26 @@ class Overview:
         self._lock = threading.Lock()
         self._cached: Topics | None = None
         self._cached_at = 0.0
+        self._fresh_for = ttl
         self._activity: list[tuple[Any, ...]] | None = None
         self._activity_at = 0.0
 
     def topics(self) -> Topics:
         """Return the topic overview, from the cache while it is younger than ``ttl``.
 
+        A slow read is kept longer (``READ_SHARE`` times its duration), so
+        however large the table, reading it takes a bounded share of the time.
+
         Concurrent callers on a stale cache wait for one read instead of each
         reading. Raise ``StoreUnavailable`` when the database cannot be reached.
         """
         with self._lock:
-            if self._cached is not None and self._clock() - self._cached_at < self.ttl:
+            if self._cached is not None and self._clock() - self._cached_at < self._fresh_for:
                 return self._cached
+            started = self._clock()
             fresh = self._read_topics()
             self._cached, self._cached_at = fresh, self._clock()
+            self._fresh_for = max(self.ttl, READ_SHARE * (self._cached_at - started))
             return fresh
 
     def forget(self, activity: bool = False) -> None:

@@ -230,3 +230,36 @@ def test_mounted_under_a_prefix(store: Store, mount: str) -> None:
         assert board.request("GET", "/static/app.js").status == 200
     finally:
         server.close()
+
+
+def test_database_down_is_a_short_503_page(schema: str) -> None:
+    """An unreachable database is a 503 page on every read and action, never a 500 or a traceback."""
+    from psycopg_pool import ConnectionPool
+
+    from brooq_py.web.surface import ThreadedUvicorn
+
+    dead: ConnectionPool[Any] = ConnectionPool(
+        "postgresql://root@127.0.0.1:1/test?connect_timeout=1", min_size=1, open=False, timeout=1
+    )
+    dead.open(wait=False)
+    store = Store(dead, schema=schema)
+    server = ThreadedUvicorn(dashboard(store, token=TOKEN), "127.0.0.1", 0)
+    try:
+        board = Board(f"http://127.0.0.1:{server.address[1]}", server.address[1])
+        job_id = str(uuid.uuid4())
+        for method, path, form in (
+            ("GET", "/", None),
+            ("GET", "/topics.rows", None),
+            ("GET", "/dead", None),
+            ("GET", f"/job/{job_id}", None),
+            ("GET", f"/jobs?topic={TOPIC}&state=pending", None),
+            ("POST", "/action/pause", {"topic": TOPIC}),
+            ("POST", "/action/cancel", {"id": job_id}),
+        ):
+            reply = board.request(method, path, form=form, token=TOKEN)
+            assert reply.status == 503, (path, reply.status)
+            assert "database unavailable" in reply.body and "Traceback" not in reply.body
+    finally:
+        server.close()
+        store.close()
+        dead.close()
