@@ -3,8 +3,9 @@
 The table is filled with one INSERT ... SELECT generate_series: 60 % done over
 the last two hours, 15 % pending, 5 % failed, 5 % dead, 15 % canceled, across
 eight topics; then ANALYZE. Each page is fetched `samples` times with the
-bearer token; the topic overview is measured uncached (cache_seconds=0) and
-cached (the default 2 s), list pages on their first and on a deep page.
+bearer token; the topic overview's database read is timed alone (the cache
+dropped before each read), the topics page over HTTP as viewers get it (the
+default cache), list pages on their first and on a deep page.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from psycopg import sql
 from util import fresh_schema, job_table, pct, store_on
 
+from brooq_py.postgres.overview import Overview
 from brooq_py.web import dashboard
 from brooq_py.web.surface import ThreadedUvicorn
 
@@ -82,23 +84,36 @@ def deep(port: int, path: str, pages: int) -> str:
     return path
 
 
+def overview_read(store: Any, samples: int) -> dict[str, float]:
+    """The topic overview read from the database, the cache dropped before each read."""
+    view = Overview(store)
+    view.topics()
+    times = []
+    for _ in range(samples):
+        view.forget(activity=True)
+        t0 = time.perf_counter()
+        view.topics()
+        times.append((time.perf_counter() - t0) * 1000)
+    return {
+        "p50_ms": round(pct(times, 50), 2),
+        "p99_ms": round(pct(times, 99), 2),
+        "max_ms": round(max(times), 2),
+    }
+
+
 def dashboard_latency(dsn: str, n: int, samples: int = 30) -> dict[str, Any]:
     out: dict[str, Any] = {"n": n, "samples": samples}
     with fresh_schema(dsn, "dash") as schema, store_on(dsn, schema, max_size=4) as store:
         out["fill_seconds"] = round(fill(dsn, schema, n), 1)
-        dead_id = store._run(
-            "bench",
-            store._q["web_jobs_finished"],
-            {"state": "dead", "topic": None, "after_at": None, "after_id": None, "limit": 1},
-        )[0][0]
+        dead_id = Overview(store).jobs(None, "dead", limit=1).jobs[0].id
         cold = ThreadedUvicorn(dashboard(store, token=TOKEN, cache_seconds=0), "127.0.0.1", 0)
         warm = ThreadedUvicorn(dashboard(store, token=TOKEN), "127.0.0.1", 0)
         try:
             cp, wp = cold.address[1], warm.address[1]
+            out["overview_read"] = overview_read(store, max(5, samples // 3))
             pending = f"/jobs?topic={TOPICS[0]}&state=pending"
             done = f"/jobs?topic={TOPICS[1]}&state=done"
             pages = {
-                "topics (uncached)": (cp, "/"),
                 "topics (cached)": (wp, "/"),
                 "pending, first page": (cp, pending),
                 "pending, page 20": (cp, deep(cp, pending, 19)),

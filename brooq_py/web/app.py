@@ -21,6 +21,8 @@ from typing import Any
 from urllib.parse import urlencode
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -31,7 +33,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from brooq_py.postgres.overview import FINISHED, STATES, WAITING, BadCursor, Overview
 from brooq_py.queue import ACTIVE_STATES, State
 from brooq_py.service.actions import ActionError, Operator
-from brooq_py.service.api import Gate
+from brooq_py.service.api import BUSY, Gate, check_body
 from brooq_py.service.auth import SESSION_SECONDS, TokenGuard
 from brooq_py.web.render import jinja_env
 
@@ -160,7 +162,7 @@ class Dashboard:
             "login": self.settings.login,
             "states": [str(s) for s in STATES],
             "refresh_ms": self.settings.refresh_ms,
-            "here": request.url.path[len(base) :] + ("?" + request.url.query if request.url.query else ""),
+            "here": _here(request, base),
             **context,
         }
         response = self.templates.TemplateResponse(request, name, context, status_code=status)
@@ -255,7 +257,9 @@ class Dashboard:
             return RedirectResponse(self._url(request, "/"), status_code=303)
         target = _local(request.query_params.get("next"))
         if request.method == "POST":
-            form = await request.form()
+            form = await self._form(request)
+            if isinstance(form, Response):
+                return form
             target = _local(str(form.get("next") or ""))
             if self.settings.signer.matches(str(form.get("token") or "")):
                 response = RedirectResponse(self._url(request, target), status_code=303)
@@ -266,8 +270,13 @@ class Dashboard:
         return self._page(request, "login.html", {"next": target, "failed": False, "title": "Log in"})
 
     async def logout(self, request: Request) -> Response:
-        form = await request.form()
-        refused = self.guard(request) or self._csrf_refusal(request, form)
+        refused = self.guard(request)
+        if refused:
+            return refused
+        form = await self._form(request)
+        if isinstance(form, Response):
+            return form
+        refused = self._csrf_refusal(request, form)
         if refused:
             return refused
         response = RedirectResponse(
@@ -278,9 +287,21 @@ class Dashboard:
 
     # --- actions ---------------------------------------------------------------------------------
 
+    async def _form(self, request: Request) -> FormData | Response:
+        """Read a small urlencoded form: never more than ``MAX_BODY`` bytes, never a chunked body."""
+        problem = check_body(request.headers.get("content-length"), request.headers.get("transfer-encoding"))
+        if problem is not None:
+            return self._error(request, problem.status, "That form is too large or malformed.")
+        return await request.form(max_files=0, max_fields=2 * PAGE_SIZE + 10)
+
     async def action(self, request: Request) -> Response:
-        form = await request.form()
-        refused = self.guard(request) or self._csrf_refusal(request, form)
+        refused = self.guard(request)
+        if refused:
+            return refused
+        form = await self._form(request)
+        if isinstance(form, Response):
+            return form
+        refused = self._csrf_refusal(request, form)
         if refused:
             return refused
         if self.settings.read_only:
@@ -291,7 +312,7 @@ class Dashboard:
             return self._error(request, 404, "No such action.")
         values = {k: [str(v) for v in form.getlist(k)] for k in ("id", "topic")}
         try:
-            message = await _in_thread(act, self.op, values)
+            message = await run_in_threadpool(act, self.op, values)
         except ActionError as exc:
             return self._error(request, exc.status, exc.message)
         back = _local(str(form.get("back") or "/"))
@@ -299,14 +320,6 @@ class Dashboard:
         return RedirectResponse(
             self._url(request, back) + sep + urlencode({"done": message}), status_code=303
         )
-
-
-async def _in_thread(
-    act: Callable[[Operator, dict[str, list[str]]], str], op: Operator, values: dict[str, list[str]]
-) -> str:
-    from starlette.concurrency import run_in_threadpool
-
-    return await run_in_threadpool(act, op, values)
 
 
 def _one(values: dict[str, list[str]], key: str) -> str:
@@ -343,6 +356,12 @@ _ACTIONS: dict[str, Callable[[Operator, dict[str, list[str]]], str]] = {
 }
 
 
+def _here(request: Request, base: str) -> str:
+    """Return the current page inside the dashboard, without the last action's message."""
+    query = urlencode([(k, v) for k, v in request.query_params.multi_items() if k != "done"])
+    return request.url.path[len(base) :] + ("?" + query if query else "")
+
+
 def _local(target: str | None) -> str:
     """Return *target* when it is a path inside the dashboard, else ``/`` (no open redirect)."""
     if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
@@ -371,8 +390,6 @@ class Gated:
 
 
 async def _send_busy(send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
-    from brooq_py.service.api import BUSY
-
     headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in BUSY.all_headers()]
     await send({"type": "http.response.start", "status": BUSY.status, "headers": headers})
     await send({"type": "http.response.body", "body": BUSY.body})

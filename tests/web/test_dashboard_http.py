@@ -263,3 +263,28 @@ def test_database_down_is_a_short_503_page(schema: str) -> None:
         server.close()
         store.close()
         dead.close()
+
+
+def test_forms_are_bounded_and_read_after_the_token(board: Board, store: Store) -> None:
+    """A form body over 64 KiB is refused (413) unread; without the token nothing is read at all (401)."""
+    import http.client
+
+    def post(path: str, length: int, token: str | None) -> int:
+        conn = http.client.HTTPConnection("127.0.0.1", board.port, timeout=30)
+        try:
+            conn.putrequest("POST", path)
+            conn.putheader("Content-Type", "application/x-www-form-urlencoded")
+            conn.putheader("Content-Length", str(length))
+            if token:
+                conn.putheader("Authorization", f"Bearer {token}")
+            conn.endheaders()  # the body never comes: the answer must not wait for it
+            resp = conn.getresponse()
+            resp.read()
+            return resp.status
+        finally:
+            conn.close()
+
+    assert post("/action/pause", 10 * 1024 * 1024, None) == 401
+    assert post("/action/pause", 10 * 1024 * 1024, TOKEN) == 413
+    assert post("/login", 10 * 1024 * 1024, None) == 413
+    assert store.paused() == set()
