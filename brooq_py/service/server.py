@@ -99,7 +99,10 @@ class WsgiBackend:
 
 def web_installed() -> bool:
     """Return whether the ``web`` extra's packages can be imported."""
-    return all(importlib.util.find_spec(name) is not None for name in WEB_MODULES)
+    try:
+        return all(importlib.util.find_spec(name) is not None for name in WEB_MODULES)
+    except (ImportError, ValueError):
+        return False
 
 
 class Server:
