@@ -27,11 +27,16 @@ from tests.web.test_dashboard_http import kill
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
-def login(browser: WebDriver, board: Board, token: str = TOKEN) -> None:
+def login(browser: WebDriver, board: Board, token: str = TOKEN, *, accepted: bool = True) -> None:
+    """Log in through the form; wait until the dashboard is shown (or, not *accepted*, the refusal)."""
     browser.get(board.url + "/")
     wait_for(lambda: browser.find_elements(By.ID, "token"), "the login form")
     browser.find_element(By.ID, "token").send_keys(token)
     browser.find_element(By.ID, "login").click()
+    if accepted:
+        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "table#topics"), "the topics page after login")
+    else:
+        wait_for(lambda: "not the right one" in browser.page_source, "the refusal")
 
 
 def cell(browser: WebDriver, topic: str, state: str) -> str:
@@ -62,9 +67,7 @@ def test_login_is_required(browser: WebDriver, board: Board, store: Store) -> No
     browser.get(board.url + "/")
     assert "/login" in browser.current_url
     assert not browser.find_elements(By.CSS_SELECTOR, 'tr[data-topic="web.login"]')
-    login(browser, board, "wrong-token")
-    wait_for(lambda: "not the right one" in browser.page_source, "the refusal")
-    browser.find_element(By.ID, "token").clear()
+    login(browser, board, "wrong-token", accepted=False)
     login(browser, board)
     wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, 'tr[data-topic="web.login"]'), "the topics page")
     cookie = browser.get_cookie("brooq_session")
