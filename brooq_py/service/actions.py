@@ -71,7 +71,7 @@ class Operator:
         self.overview = overview
 
     @staticmethod
-    def _guarded(doing: str, action: Any, *args: Any) -> Any:
+    def guarded(doing: str, action: Any, *args: Any) -> Any:
         try:
             return action(*args)
         except StoreUnavailable:
@@ -84,7 +84,7 @@ class Operator:
         return self.controls
 
     def get(self, raw_id: str) -> JobRow:
-        row: JobRow | None = self._guarded("reading a job", self.jobs.get, job_id(raw_id))
+        row: JobRow | None = self.guarded("reading a job", self.jobs.get, job_id(raw_id))
         if row is None:
             raise ActionError(404, "no such job")
         return row
@@ -92,7 +92,7 @@ class Operator:
     def cancel(self, raw_id: str) -> bool:
         # cancel() alone cannot tell "unknown" from "already terminal": look first.
         row = self.get(raw_id)
-        canceled = bool(self._guarded("canceling a job", self.jobs.cancel, row.id))
+        canceled = bool(self.guarded("canceling a job", self.jobs.cancel, row.id))
         if canceled:
             log.info("job %s canceled by an operator", row.id)
         self._changed(activity=True)
@@ -101,7 +101,7 @@ class Operator:
     def retry(self, raw_id: str) -> bool:
         controls = self._controls()
         row = self.get(raw_id)
-        retried = bool(self._guarded("retrying a job", controls.retry, row.id))
+        retried = bool(self.guarded("retrying a job", controls.retry, row.id))
         if retried:
             log.info("job %s retried by an operator", row.id)
         self._changed(activity=True)
@@ -109,20 +109,20 @@ class Operator:
 
     def pause(self, raw_topic: str) -> None:
         topic = topic_name(raw_topic)
-        self._guarded("pausing a topic", self._controls().pause, topic)
+        self.guarded("pausing a topic", self._controls().pause, topic)
         log.info("topic %r paused by an operator", topic)
         self._changed()
 
     def resume(self, raw_topic: str) -> None:
         topic = topic_name(raw_topic)
-        self._guarded("resuming a topic", self._controls().resume, topic)
+        self.guarded("resuming a topic", self._controls().resume, topic)
         log.info("topic %r resumed by an operator", topic)
         self._changed()
 
     def topics(self) -> Topics:
         if self.overview is None:
             raise ActionError(404, "not found")
-        topics: Topics = self._guarded("reading the topics", self.overview.topics)
+        topics: Topics = self.guarded("reading the topics", self.overview.topics)
         return topics
 
     def _changed(self, activity: bool = False) -> None:

@@ -215,7 +215,7 @@ class Dashboard:
     def _listing(self, request: Request, template: str, topic: str | None, state: str) -> Response:
         after = request.query_params.get("after")
         try:
-            page = self.op._guarded(
+            page = self.op.guarded(
                 "reading a page of jobs", self.overview.jobs, topic, state, after, PAGE_SIZE
             )
         except BadCursor:
