@@ -34,7 +34,9 @@ def login(browser: WebDriver, board: Board, token: str = TOKEN, *, accepted: boo
     browser.find_element(By.ID, "token").send_keys(token)
     browser.find_element(By.ID, "login").click()
     if accepted:
-        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "table#topics"), "the topics page after login")
+        wait_for(
+            lambda: browser.find_elements(By.CSS_SELECTOR, "table#topics"), "the topics page after login"
+        )
     else:
         wait_for(lambda: "not the right one" in browser.page_source, "the refusal")
 
