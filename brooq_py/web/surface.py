@@ -73,6 +73,11 @@ def surface_app(
     if overview is not None and (token or is_loopback(host)):
         board = build(surface.operator, overview, token=token, read_only=read_only)
         routes.append(Mount("/ui", app=board.app))
+        log.info(
+            "dashboard at /ui (%s%s)",
+            "token required" if token else "no token: loopback only",
+            ", read-only" if read_only else "",
+        )
     elif overview is not None:
         log.warning("the dashboard at /ui is off: the surface listens on %s without a token", host)
     routes.append(Mount("", app=SurfaceRoutes(surface)))
