@@ -1,37 +1,189 @@
-"""Health: what /healthz reports about an engine."""
+"""Health: what /healthz reports about an engine, from memory (SPEC Z2, C5).
+
+The engine's repo is wrapped in a ``TrackedRepo`` that records when each of
+its statements last succeeded and since when they fail. ``/healthz`` reads
+that record and the engine's own state: it never runs a statement of its own,
+so a burst of health checks costs the database nothing.
+"""
 
 from __future__ import annotations
 
+import itertools
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
+
+from brooq_py.engine.clock import Clock
+from brooq_py.queue.port import Repo
+
+# Calls that are not the engine's statements: a subscription with its own backoff,
+# a transaction whose statements are the caller's, and the store's own teardown.
+UNTRACKED = frozenset({"listen", "begin", "close", "ping"})
+# Errors that say the caller passed something wrong, not that the database failed.
+CALLER_ERRORS = (ValueError, TypeError, LookupError)
 
 
 @dataclass(frozen=True)
 class Health:
-    """ok when the database answers, the engine runs and hung handlers do not
-    outnumber the workers (SPEC C5)."""
+    """ok when the engine's statements succeed, the engine runs and hung handlers do not
+    outnumber the workers (SPEC C5, Z2).
+
+    database: False once statements have failed for longer than the grace (at
+    once when none has ever succeeded), or one has been in flight for longer
+    than the stall bound. The ages are seconds; None when there is nothing to tell.
+    """
 
     ok: bool
     database: bool
     running: bool
     hung: int
     workers: int
+    last_success_age: float | None = None
+    failing_for: float | None = None
+    error: str | None = None
 
     @classmethod
-    def of(cls, *, database: bool, running: bool, hung: int, workers: int) -> Health:
+    def of(
+        cls,
+        *,
+        database: bool,
+        running: bool,
+        hung: int,
+        workers: int,
+        last_success_age: float | None = None,
+        failing_for: float | None = None,
+        error: str | None = None,
+    ) -> Health:
         return cls(
             ok=database and running and hung <= workers,
             database=database,
             running=running,
             hung=hung,
             workers=workers,
+            last_success_age=last_success_age,
+            failing_for=failing_for,
+            error=error,
         )
 
     def to_json(self) -> dict[str, Any]:
+        def rounded(value: float | None) -> float | None:
+            return None if value is None else round(value, 3)
+
         return {
             "ok": self.ok,
             "database": self.database,
             "running": self.running,
             "hung": self.hung,
             "workers": self.workers,
+            "last_success_age_seconds": rounded(self.last_success_age),
+            "failing_for_seconds": rounded(self.failing_for),
+            "error": self.error,
         }
+
+
+@dataclass(frozen=True)
+class StatementStatus:
+    """What the tracker knows at one moment (seconds on the clock's monotonic scale)."""
+
+    ok: bool
+    last_success_age: float | None
+    failing_for: float | None
+    error: str | None
+
+
+class StatementTracker:
+    """Records the start and end of every statement; thread-safe, no I/O."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._in_flight: dict[int, float] = {}
+        self._last_success: float | None = None
+        self._failing_since: float | None = None
+        self._error: str | None = None
+        self.calls = 0
+
+    def started(self) -> int:
+        with self._lock:
+            token = next(self._ids)
+            self._in_flight[token] = self._clock.monotonic()
+            self.calls += 1
+            return token
+
+    def ended(self, token: int, exc: BaseException | None) -> None:
+        now = self._clock.monotonic()
+        with self._lock:
+            self._in_flight.pop(token, None)
+            if exc is not None and not isinstance(exc, Exception):
+                return  # KeyboardInterrupt, SystemExit: says nothing about the database
+            if exc is None or isinstance(exc, CALLER_ERRORS):
+                self._last_success = now
+                self._failing_since = None
+                self._error = None
+            else:
+                if self._failing_since is None:
+                    self._failing_since = now
+                self._error = type(exc).__name__
+
+    def status(self, grace: float, stall: float) -> StatementStatus:
+        """Judge the statements: failing for longer than *grace* seconds (at once when none
+        ever succeeded), or one in flight for longer than *stall* seconds, is not ok."""
+        now = self._clock.monotonic()
+        with self._lock:
+            success, failing, error = self._last_success, self._failing_since, self._error
+            oldest = min(self._in_flight.values(), default=None)
+        failing_for = None if failing is None else now - failing
+        ok = failing_for is None or (success is not None and failing_for < grace)
+        if oldest is not None and now - oldest > stall:
+            ok = False
+            error = error or "statement stalled"
+        age = None if success is None else now - success
+        return StatementStatus(ok, age, failing_for, error)
+
+
+class TrackedRepo:
+    """A Repo that forwards every call to *repo* and reports each statement to *tracker*."""
+
+    def __init__(self, repo: Repo, tracker: StatementTracker) -> None:
+        self._repo = repo
+        self._tracker = tracker
+        self._wrapped: dict[str, Callable[..., Any]] = {}
+
+    @property
+    def inner(self) -> Repo:
+        return self._repo
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._repo, name)
+        if name in UNTRACKED or name.startswith("_") or not callable(attr):
+            return attr
+        found = self._wrapped.get(name)
+        if found is None:
+            found = self._wrapped[name] = self._track(name)
+        return found
+
+    def _track(self, name: str) -> Callable[..., Any]:
+        repo, tracker = self._repo, self._tracker
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            token = tracker.started()
+            try:
+                result = getattr(repo, name)(*args, **kwargs)
+            except BaseException as exc:
+                tracker.ended(token, exc)
+                raise
+            tracker.ended(token, None)
+            return result
+
+        call.__name__ = name
+        return call
+
+    def __repr__(self) -> str:
+        return f"TrackedRepo({self._repo!r})"
+
+
+def tracked(repo: Repo, tracker: StatementTracker) -> Repo:
+    """Wrap *repo* so that *tracker* sees every statement the engine runs through it."""
+    return cast(Repo, TrackedRepo(repo, tracker))

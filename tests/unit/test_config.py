@@ -226,6 +226,7 @@ FULL_ENV = {
     "QUEUE_RETENTION_TTL": "72h",
     "QUEUE_RETENTION_BATCH": "500",
     "QUEUE_RETENTION_PERIOD": "5m",
+    "QUEUE_GAUGES_PERIOD": "15s",
 }
 
 
@@ -246,6 +247,7 @@ def test_k2_from_env_reads_every_queue_variable() -> None:
         retention_ttl=timedelta(hours=72),
         retention_batch=500,
         retention_period=300,
+        gauges_period=15,
     )
 
 
@@ -313,3 +315,16 @@ def test_k2_from_env_lists_parse_and_validation_problems_together() -> None:
 
 def test_k2_from_env_negative_duration_refused() -> None:
     assert len(env_problems({"QUEUE_LEASE": "-5s"})) == 1
+
+
+def test_z2_gauges_period_is_validated_like_every_period() -> None:
+    """SPEC Z2, K1: the refresher's period must be > 0; it sets the health grace with poll_interval."""
+    assert Config().td("gauges_period") == timedelta(seconds=5)
+    assert Config().health_grace == timedelta(seconds=10)
+    assert Config(poll_interval=10, gauges_period=1).health_grace == timedelta(seconds=30)
+    for bad in (0, -1):
+        with pytest.raises(ConfigError) as info:
+            Config(gauges_period=bad)
+        assert any("gauges_period" in p for p in info.value.problems)
+    with pytest.raises(ConfigError):
+        Config.from_env({"QUEUE_GAUGES_PERIOD": "5"})
