@@ -29,9 +29,10 @@ class Health:
     """ok when the engine's statements succeed, the engine runs and hung handlers do not
     outnumber the workers (SPEC C5, Z2).
 
-    database: False once statements have failed for longer than the grace (at
-    once when none has ever succeeded), or one has been in flight for longer
-    than the stall bound. The ages are seconds; None when there is nothing to tell.
+    database: False while one of the engine's statements keeps failing for
+    longer than the grace (at once when it never succeeded), or one has been in
+    flight for longer than the stall bound. The ages are seconds; None when
+    there is nothing to tell; error names the statement and the error's type.
     """
 
     ok: bool
@@ -92,17 +93,30 @@ class StatementStatus:
     error: str | None
 
 
+@dataclass
+class _Record:
+    """One statement's (one Repo method's) latest streak of failures."""
+
+    succeeded: bool = False
+    first_failure: float | None = None  # None: its latest call succeeded
+    last_failure: float = 0.0
+    error: str = ""
+
+
 class StatementTracker:
-    """Records the start and end of every statement; thread-safe, no I/O."""
+    """Records the start and end of every statement, per Repo method; thread-safe, no I/O.
+
+    Judged per method, so that one statement that keeps succeeding (a read of
+    the statistics views) cannot hide another that keeps failing (every claim).
+    """
 
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._in_flight: dict[int, float] = {}
+        self._records: dict[str, _Record] = {}
         self._last_success: float | None = None
-        self._failing_since: float | None = None
-        self._error: str | None = None
         self.calls = 0
 
     def started(self) -> int:
@@ -112,30 +126,44 @@ class StatementTracker:
             self.calls += 1
             return token
 
-    def ended(self, token: int, exc: BaseException | None) -> None:
+    def ended(self, token: int, name: str, exc: BaseException | None) -> None:
         now = self._clock.monotonic()
         with self._lock:
             self._in_flight.pop(token, None)
             if exc is not None and not isinstance(exc, Exception):
                 return  # KeyboardInterrupt, SystemExit: says nothing about the database
+            record = self._records.setdefault(name, _Record())
             if exc is None or isinstance(exc, CALLER_ERRORS):
                 self._last_success = now
-                self._failing_since = None
-                self._error = None
-            else:
-                if self._failing_since is None:
-                    self._failing_since = now
-                self._error = type(exc).__name__
+                record.succeeded = True
+                record.first_failure = None
+                return
+            if record.first_failure is None:
+                record.first_failure = now
+            record.last_failure = now
+            record.error = f"{name}: {type(exc).__name__}"
 
     def status(self, grace: float, stall: float) -> StatementStatus:
-        """Judge the statements: failing for longer than *grace* seconds (at once when none
-        ever succeeded), or one in flight for longer than *stall* seconds, is not ok."""
+        """Judge the statements at this moment.
+
+        A statement is failing when its latest call failed less than *grace*
+        seconds ago and it has failed since *grace* seconds or more (at once
+        when it never succeeded). One in flight for longer than *stall*
+        seconds fails health too.
+        """
         now = self._clock.monotonic()
+        ok, failing_for, error = True, None, None
         with self._lock:
-            success, failing, error = self._last_success, self._failing_since, self._error
+            for r in self._records.values():
+                if r.first_failure is None or now - r.last_failure >= grace:
+                    continue
+                streak = now - r.first_failure
+                if failing_for is None or streak > failing_for:
+                    failing_for, error = streak, r.error
+                if streak >= grace or not r.succeeded:
+                    ok = False
             oldest = min(self._in_flight.values(), default=None)
-        failing_for = None if failing is None else now - failing
-        ok = failing_for is None or (success is not None and failing_for < grace)
+            success = self._last_success
         if oldest is not None and now - oldest > stall:
             ok = False
             error = error or "statement stalled"
@@ -172,9 +200,9 @@ class TrackedRepo:
             try:
                 result = getattr(repo, name)(*args, **kwargs)
             except BaseException as exc:
-                tracker.ended(token, exc)
+                tracker.ended(token, name, exc)
                 raise
-            tracker.ended(token, None)
+            tracker.ended(token, name, None)
             return result
 
         call.__name__ = name

@@ -104,7 +104,7 @@ class SnapshotCollector(Collector):
         f["up"].add_metric([], 1.0 if view.fresh else 0.0)
         snap = view.snapshot
         if snap is None:
-            return [f["up"]]
+            return list(f.values())  # named, without samples: nothing was read yet
         g = snap.gauges
         seen: dict[tuple[str, str], int] = {(t, str(s)): 0 for t in snap.topics for s in ACTIVE}
         for c in g.counts:

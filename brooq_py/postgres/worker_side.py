@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from brooq_py.postgres.arrays import bool_array, float_array, text_array, uuid_array
 from brooq_py.postgres.errors import is_connection_error, translated, unavailable
@@ -176,8 +177,6 @@ class WorkerSide:
 
         One statement on the statistics views (sql/gauges_database.sql): no table is scanned.
         """
-        schema = self._q.schema
-        ((age, dead, live),) = self._run(
-            "reading database gauges", self._q["gauges_database"], {"schema": schema}
-        )
+        job = sql.Identifier(self._q.schema, "job").as_string(None)
+        ((age, dead, live),) = self._run("reading database gauges", self._q["gauges_database"], {"job": job})
         return DatabaseGauges(max(0.0, float(age)), int(dead), int(live))

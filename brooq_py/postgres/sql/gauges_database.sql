@@ -4,7 +4,8 @@
 -- (another client's session or a prepared transaction); while it is open no
 -- row version deleted after it began can be removed, in any table. Without
 -- pg_read_all_stats (or pg_monitor) a role sees only its own sessions' times.
--- dead/live tuples: the statistics system's counts for this schema's job table.
+-- dead/live tuples: the statistics system's counts for this schema's job table
+-- (%(job)s is its qualified name: a schema without the table is an error, not 0).
 -- Reads shared memory only: no table is scanned.
 SELECT coalesce(extract(epoch FROM now() - least(
            (SELECT min(a.xact_start) FROM pg_stat_activity a
@@ -15,4 +16,4 @@ SELECT coalesce(extract(epoch FROM now() - least(
        coalesce(s.n_dead_tup, 0) AS job_dead_tuples,
        coalesce(s.n_live_tup, 0) AS job_live_tuples
 FROM (SELECT 1) AS one
-LEFT JOIN pg_stat_user_tables s ON s.schemaname = %(schema)s AND s.relname = 'job'
+LEFT JOIN pg_stat_user_tables s ON s.relid = %(job)s::regclass
