@@ -114,15 +114,15 @@ class StatementTracker:
         self._clock = clock
         self._lock = threading.Lock()
         self._ids = itertools.count()
-        self._in_flight: dict[int, float] = {}
+        self._in_flight: dict[int, tuple[str, float]] = {}
         self._records: dict[str, _Record] = {}
         self._last_success: float | None = None
         self.calls = 0
 
-    def started(self) -> int:
+    def started(self, name: str) -> int:
         with self._lock:
             token = next(self._ids)
-            self._in_flight[token] = self._clock.monotonic()
+            self._in_flight[token] = (name, self._clock.monotonic())
             self.calls += 1
             return token
 
@@ -146,23 +146,26 @@ class StatementTracker:
     def status(self, grace: float, stall: float) -> StatementStatus:
         """Judge the statements at this moment.
 
-        A statement is failing when its latest call failed less than *grace*
-        seconds ago and it has failed since *grace* seconds or more (at once
-        when it never succeeded). One in flight for longer than *stall*
-        seconds fails health too.
+        A statement is failing when its latest call failed and it is still
+        being tried (failed less than *grace* seconds ago, or a call is in
+        flight); it fails health once it has failed for *grace* seconds or
+        more, or at once when it never succeeded. A lone failure of a statement
+        that runs once an hour therefore passes, an unmigrated schema does not.
+        One statement in flight for longer than *stall* seconds fails health too.
         """
         now = self._clock.monotonic()
         ok, failing_for, error = True, None, None
         with self._lock:
-            for r in self._records.values():
-                if r.first_failure is None or now - r.last_failure >= grace:
+            trying = {name for name, _ in self._in_flight.values()}
+            for name, r in self._records.items():
+                if r.first_failure is None or (now - r.last_failure >= grace and name not in trying):
                     continue
                 streak = now - r.first_failure
                 if failing_for is None or streak > failing_for:
                     failing_for, error = streak, r.error
                 if streak >= grace or not r.succeeded:
                     ok = False
-            oldest = min(self._in_flight.values(), default=None)
+            oldest = min((t for _, t in self._in_flight.values()), default=None)
             success = self._last_success
         if oldest is not None and now - oldest > stall:
             ok = False
@@ -196,7 +199,7 @@ class TrackedRepo:
         repo, tracker = self._repo, self._tracker
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            token = tracker.started()
+            token = tracker.started(name)
             try:
                 result = getattr(repo, name)(*args, **kwargs)
             except BaseException as exc:

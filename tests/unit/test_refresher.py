@@ -160,21 +160,23 @@ def test_z2_statement_tracker_judges_failures_by_their_duration(clock: ManualClo
     """SPEC Z2: failing longer than the grace is unhealthy; never having succeeded is unhealthy at once."""
     t = StatementTracker(clock)
     assert t.status(10, 100).ok  # nothing ran: nothing against it
-    t.ended(t.started(), "claim", RuntimeError("relation does not exist"))
+    t.ended(t.started("claim"), "claim", RuntimeError("relation does not exist"))
     s = t.status(10, 100)
     assert not s.ok and s.error == "claim: RuntimeError" and s.last_success_age is None
-    t.ended(t.started(), "claim", None)
+    t.ended(t.started("claim"), "claim", None)
     assert t.status(10, 100).ok
     clock.t += 1
-    t.ended(t.started(), "claim", ConnectionError("down"))
+    t.ended(t.started("claim"), "claim", ConnectionError("down"))
     clock.t += 9.5
-    t.ended(t.started(), "claim", ConnectionError("down"))
+    t.ended(t.started("claim"), "claim", ConnectionError("down"))
     assert t.status(10, 100).ok  # failing for 9.5 s: still within the grace
     clock.t += 1
-    t.ended(t.started(), "claim", ConnectionError("down"))
+    t.ended(t.started("claim"), "claim", ConnectionError("down"))
     s = t.status(10, 100)
     assert not s.ok and s.failing_for == 10.5 and s.last_success_age == 11.5
-    t.ended(t.started(), "claim", InvalidJob("bad payload"))  # the caller's mistake: the database answered
+    t.ended(
+        t.started("claim"), "claim", InvalidJob("bad payload")
+    )  # the caller's mistake: the database answered
     assert t.status(10, 100).ok
 
 
@@ -182,8 +184,8 @@ def test_z2_one_statement_succeeding_does_not_hide_another_that_keeps_failing(cl
     """SPEC Z2: on an unmigrated schema the statistics read works and every claim fails: unhealthy."""
     t = StatementTracker(clock)
     for _ in range(20):
-        t.ended(t.started(), "claim", RuntimeError("relation does not exist"))
-        t.ended(t.started(), "database_gauges", None)
+        t.ended(t.started("claim"), "claim", RuntimeError("relation does not exist"))
+        t.ended(t.started("database_gauges"), "database_gauges", None)
         clock.t += 1
     s = t.status(10, 100)
     assert not s.ok and s.error == "claim: RuntimeError"
@@ -192,17 +194,28 @@ def test_z2_one_statement_succeeding_does_not_hide_another_that_keeps_failing(cl
 def test_z2_a_lone_failure_of_a_rare_statement_does_not_pin_health(clock: ManualClock) -> None:
     """A statement that runs once an hour (retention) and failed once is not unhealthy for the hour."""
     t = StatementTracker(clock)
-    t.ended(t.started(), "delete_terminal", None)
-    t.ended(t.started(), "delete_terminal", RuntimeError("lock timeout"))
+    t.ended(t.started("delete_terminal"), "delete_terminal", None)
+    t.ended(t.started("delete_terminal"), "delete_terminal", RuntimeError("lock timeout"))
     assert t.status(10, 100).ok
     clock.t += 60
     assert t.status(10, 100).ok
 
 
+def test_z2_a_failing_statement_blocked_in_its_retry_still_counts(clock: ManualClock) -> None:
+    """A claim that failed and now waits (for a pool connection) is still failing, not recovered."""
+    t = StatementTracker(clock)
+    t.ended(t.started("claim"), "claim", None)
+    t.ended(t.started("claim"), "claim", ConnectionError("server closed the connection"))
+    t.started("claim")  # blocked: no answer yet
+    clock.t += 30
+    s = t.status(10, 100)
+    assert not s.ok and s.error == "claim: ConnectionError"
+
+
 def test_z2_a_statement_stalled_past_the_bound_is_unhealthy(clock: ManualClock) -> None:
     """SPEC Z2, L3: a statement in flight longer than the stall bound (the lease) fails health."""
     t = StatementTracker(clock)
-    token = t.started()
+    token = t.started("claim")
     clock.t += 50
     assert t.status(10, 60).ok
     clock.t += 11
