@@ -184,7 +184,7 @@ def test_z2_oldest_transaction_age_sees_a_psql_transaction_left_open(dsn: str, s
 
 
 def test_z2_dead_tuples_of_the_job_table(dsn: str, schema: str, store: Store) -> None:
-    """SPEC Z2: deleted rows show as dead tuples of this schema's job table until VACUUM."""
+    """SPEC Z2: deleted rows show as dead tuples of this schema's job table."""
     execute(dsn, schema, "ALTER TABLE {job} SET (autovacuum_enabled = false)")
     with psycopg.connect(dsn, autocommit=True) as conn:
         job = sql.Identifier(schema, "job")
@@ -196,9 +196,8 @@ def test_z2_dead_tuples_of_the_job_table(dsn: str, schema: str, store: Store) ->
         conn.execute(sql.SQL("DELETE FROM {}").format(job))
         conn.execute("SELECT pg_stat_force_next_flush()")
     wait_for(lambda: store.database_gauges().job_dead_tuples >= 300, "300 dead tuples")
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("VACUUM {}").format(sql.Identifier(schema, "job")))
-    wait_for(lambda: store.database_gauges().job_dead_tuples == 0, "VACUUM to clear them")
+    # (Whether a VACUUM now clears them depends on every other session of the shared server:
+    # one transaction open anywhere on the database keeps them. That is the point of the gauge.)
 
 
 # --- the cost of a scrape -------------------------------------------------------------------------
