@@ -29,13 +29,14 @@ sys.path.insert(0, str(HERE))
 
 import baselines  # noqa: E402
 import psycopg  # noqa: E402
+import scrape  # noqa: E402
 import w7  # noqa: E402
 import workloads  # noqa: E402
 from util import fresh_schema  # noqa: E402
 
 from brooq_py import devdb  # noqa: E402
 
-WORKLOADS = ("W1", "W2", "W3", "W3b", "W4", "W5", "W6", "W7", "MEM")
+WORKLOADS = ("W1", "W2", "W3", "W3b", "W4", "W5", "W6", "W7", "MEM", "SCRAPE")
 
 _DEFAULT: dict[str, Any] = dict(
     raw=20_000,
@@ -219,6 +220,18 @@ def evaluate(r: dict[str, Any]) -> list[dict[str, Any]]:
                 None,
                 m["rss_drift_pct"] <= 10,
             )
+    if "SCRAPE" in r:
+        w = r["SCRAPE"]
+        d = w["per_request_reads"]
+        add(
+            f"SCRAPE {w['requests']} concurrent /metrics",
+            f"{w['statements_during_burst']} stmt (refresh: {w['refresh_statements']} per period, "
+            f"{w['refresh_ms']:.1f} ms), p50 {w['p50_ms']:.1f} / p99 {w['p99_ms']:.1f} ms; "
+            f"read per request: {d['statements']} stmt, p99 {d['p99_ms']:.0f} ms",
+            "<= 1 refresh",
+            None,
+            w["ok"] == w["requests"] and w["statements_during_burst"] <= w["refresh_statements"],
+        )
     return rows
 
 
@@ -292,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
             "W6": lambda: workloads.w6_heartbeat(db.dsn, 1000, sz["w6_ticks"]),
             "W7": lambda: w7.w7(db.dsn, sz["w7"]),
             "MEM": lambda: workloads.memory_drain(db.dsn, sz["mem"]),
+            "SCRAPE": lambda: scrape.scrape_cost(db.dsn),
         }
         for name in selected:
             ceiling = None
