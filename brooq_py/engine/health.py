@@ -187,7 +187,10 @@ class TrackedRepo:
         return self._repo
 
     def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._repo, name)
+        repo = self.__dict__.get("_repo")
+        if repo is None:  # not initialised (copy, unpickling): no recursion through _repo
+            raise AttributeError(name)
+        attr = getattr(repo, name)
         if name in UNTRACKED or name.startswith("_") or not callable(attr):
             return attr
         found = self._wrapped.get(name)

@@ -257,3 +257,13 @@ def test_z2_healthz_turns_unhealthy_when_every_statement_fails(
     health = wait_for(lambda: (h := engine.health()).error is not None and h, "a failed statement")
     assert not health.ok and not health.database and health.running
     assert health.to_json()["error"] in ("claim: RuntimeError", "gauges: RuntimeError")
+
+
+def test_z2_tracked_repo_forwards_attributes_and_survives_a_copy(clock: ManualClock) -> None:
+    import copy
+
+    repo = FakeRepo()
+    r = tracked(repo, StatementTracker(clock))
+    assert getattr(r, "rows") is repo.rows  # plain attributes pass through, untracked
+    assert getattr(r, "inner") is repo
+    copy.copy(r)  # no recursion through a missing _repo
