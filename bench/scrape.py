@@ -1,8 +1,8 @@
 """SCRAPE: what 100 concurrent /metrics requests cost the database (SPEC Z2).
 
 An engine with a backlog in several topics serves /metrics over real HTTP;
-100 requests are sent at the same moment and every statement the Store runs
-meanwhile is counted. For comparison, the same burst reading the gauges per
+100 requests are sent at the same moment and every statement the engine runs
+meanwhile is counted (``engine.statements``). For comparison, the same burst reading the gauges per
 request (what a scrape did before the refresher) is timed on the same Store.
 """
 
@@ -11,42 +11,17 @@ from __future__ import annotations
 import http.client
 import threading
 import time
-from collections import Counter
 from typing import Any
 
 from psycopg import sql
 from util import fresh_schema, pct, store_on
 
 from brooq_py.engine import Config, Engine
-from brooq_py.postgres import Store
 from brooq_py.queue import Job
 from brooq_py.service import serve
 
 TOPICS = [f"scrape.{i}" for i in range(10)]
 HOUR = 3600
-
-
-class CountingStore(Store):
-    """The real Store, counting every statement it runs."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.statements: Counter[str] = Counter()
-        self._count_lock = threading.Lock()
-
-    def _run(self, doing: str, query: Any, params: dict[str, Any]) -> Any:
-        with self._count_lock:
-            self.statements[doing] += 1
-        return super()._run(doing, query, params)
-
-    def ping(self, timeout: float | None = None) -> bool:
-        with self._count_lock:
-            self.statements["pinging"] += 1
-        return super().ping(timeout)
-
-    def total(self) -> int:
-        with self._count_lock:
-            return sum(self.statements.values())
 
 
 def burst(n: int, action: Any) -> tuple[float, list[float]]:
@@ -73,11 +48,7 @@ def burst(n: int, action: Any) -> tuple[float, list[float]]:
 
 
 def scrape_cost(dsn: str, backlog: int = 20_000, n: int = 100) -> dict[str, Any]:
-    with (
-        fresh_schema(dsn, "scrape") as schema,
-        store_on(dsn, schema, max_size=8, factory=CountingStore) as store,
-    ):
-        assert isinstance(store, CountingStore)
+    with fresh_schema(dsn, "scrape") as schema, store_on(dsn, schema, max_size=8) as store:
         per_topic = backlog // len(TOPICS)
         for topic in TOPICS:
             store.enqueue_many([Job(topic, {"i": i}) for i in range(per_topic)])
@@ -109,13 +80,15 @@ def scrape_cost(dsn: str, backlog: int = 20_000, n: int = 100) -> dict[str, Any]
                     statuses.append(resp.status)
                     conns[i].close()
 
-                before = store.total()
+                # engine.statements counts every statement the engine runs through its Store.
+                before = engine.statements.calls
                 wall, lat = burst(n, get)
-                from_memory = store.total() - before
+                from_memory = engine.statements.calls - before
             # The same burst, each request reading the gauges itself (the former scrape).
-            before = store.total()
-            wall_direct, lat_direct = burst(n, lambda i: (store.gauges(TOPICS), store.database_gauges()))
-            direct = store.total() - before
+            repo = engine.repo
+            before = engine.statements.calls
+            wall_direct, lat_direct = burst(n, lambda i: (repo.gauges(TOPICS), repo.database_gauges()))
+            direct = engine.statements.calls - before
         finally:
             engine.close()
     return {

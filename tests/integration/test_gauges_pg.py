@@ -8,6 +8,7 @@ throwaway one this test starts, never on the shared server.
 from __future__ import annotations
 
 import http.client
+import logging
 import os
 import subprocess
 import threading
@@ -306,26 +307,16 @@ def test_z2_healthz_503_on_an_unmigrated_schema(dsn: str, pool: ConnectionPool[A
         drop_schema(dsn, schema)
 
 
-@pytest.fixture
-def throwaway() -> Iterator[devdb.DevDatabase]:
-    try:
-        db = devdb.start_throwaway()
-    except devdb.PostgresNotFound as exc:
-        pytest.skip(f"no PostgreSQL server binaries to start a throwaway server: {exc}")
-    try:
-        yield db
-    finally:
-        db.close()
-
-
 def test_z2_healthz_503_while_the_database_is_gone_and_200_after_it_returns(
-    throwaway: devdb.DevDatabase, caplog: pytest.LogCaptureFixture
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """SPEC Z2: statements failing for longer than the grace turn /healthz 503; 200 again once they
     succeed. /metrics keeps answering meanwhile (brooq_up 0, the last gauges)."""
-    import logging
-
     caplog.set_level(logging.CRITICAL)
+    try:
+        throwaway = devdb.start_throwaway()  # this test's own server: the shared one is never stopped
+    except devdb.PostgresNotFound as exc:
+        pytest.skip(f"no PostgreSQL server binaries to start a throwaway server: {exc}")
     server = throwaway.server
     assert server is not None
     schema = "t_" + uuid.uuid4().hex
@@ -352,3 +343,4 @@ def test_z2_healthz_503_while_the_database_is_gone_and_200_after_it_returns(
     finally:
         engine.close()
         pool.close()
+        throwaway.close()
