@@ -22,6 +22,12 @@ from brooq_py.queue.port import Repo
 UNTRACKED = frozenset({"listen", "begin", "close", "ping"})
 # Errors that say the caller passed something wrong, not that the database failed.
 CALLER_ERRORS = (ValueError, TypeError, LookupError)
+# Calls an application makes through the engine (Engine.enqueue_tx in its own transaction...):
+# their success says the database answers, but their failure or wait may be the caller's own
+# (a transaction it broke, a lock it holds), so health never turns on them.
+CALLER_DRIVEN = frozenset(
+    {"enqueue", "enqueue_tx", "enqueue_many", "cancel", "get", "retry", "pause", "resume", "set_limit"}
+)
 
 
 @dataclass(frozen=True)
@@ -122,7 +128,8 @@ class StatementTracker:
     def started(self, name: str) -> int:
         with self._lock:
             token = next(self._ids)
-            self._in_flight[token] = (name, self._clock.monotonic())
+            if name not in CALLER_DRIVEN:
+                self._in_flight[token] = (name, self._clock.monotonic())
             self.calls += 1
             return token
 
@@ -132,6 +139,10 @@ class StatementTracker:
             self._in_flight.pop(token, None)
             if exc is not None and not isinstance(exc, Exception):
                 return  # KeyboardInterrupt, SystemExit: says nothing about the database
+            if name in CALLER_DRIVEN:
+                if exc is None:
+                    self._last_success = now
+                return
             record = self._records.setdefault(name, _Record())
             if exc is None or isinstance(exc, CALLER_ERRORS):
                 self._last_success = now

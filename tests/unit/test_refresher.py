@@ -267,3 +267,17 @@ def test_z2_tracked_repo_forwards_attributes_and_survives_a_copy(clock: ManualCl
     assert getattr(r, "rows") is repo.rows  # plain attributes pass through, untracked
     assert getattr(r, "inner") is repo
     copy.copy(r)  # no recursion through a missing _repo
+
+
+def test_z2_an_applications_own_failing_calls_do_not_turn_health(clock: ManualClock) -> None:
+    """Engine.enqueue_tx in a transaction the application broke, or blocked on its own lock,
+    is the application's: health turns on the engine's statements only."""
+    t = StatementTracker(clock)
+    for _ in range(20):
+        t.ended(t.started("enqueue_tx"), "enqueue_tx", RuntimeError("current transaction is aborted"))
+        clock.t += 1
+    t.started("enqueue_tx")  # waits on a row lock the application holds
+    clock.t += 1000
+    assert t.status(10, 100).ok
+    t.ended(t.started("claim"), "claim", RuntimeError("down"))
+    assert not t.status(10, 100).ok  # the engine's own statement never succeeded
