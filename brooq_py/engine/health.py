@@ -161,7 +161,8 @@ class StatementTracker:
         being tried (failed less than *grace* seconds ago, or a call is in
         flight); it fails health once it has failed for *grace* seconds or
         more, or at once when it never succeeded. A lone failure of a statement
-        that runs once an hour therefore passes, an unmigrated schema does not.
+        that runs once an hour therefore counts for *grace* seconds at most,
+        while an unmigrated schema (every claim failing) counts until it is fixed.
         One statement in flight for longer than *stall* seconds fails health too.
         """
         now = self._clock.monotonic()
