@@ -32,6 +32,7 @@ import async_producer  # noqa: E402
 import baselines  # noqa: E402
 import psycopg  # noqa: E402
 import scale  # noqa: E402
+import scrape  # noqa: E402
 import w7  # noqa: E402
 import web  # noqa: E402
 import workloads  # noqa: E402
@@ -39,7 +40,24 @@ from util import fresh_schema  # noqa: E402
 
 from brooq_py import devdb  # noqa: E402
 
-WORKLOADS = ("W1", "W2", "W1a", "W2a", "W3", "W3b", "W4", "W5", "W5b", "W6", "W7", "W9", "RET", "MEM", "DASH")
+WORKLOADS = (
+    "W1",
+    "W2",
+    "W1a",
+    "W2a",
+    "W3",
+    "W3b",
+    "W4",
+    "W5",
+    "W5b",
+    "W6",
+    "W7",
+    "W9",
+    "RET",
+    "MEM",
+    "DASH",
+    "SCRAPE",
+)
 
 _DEFAULT: dict[str, Any] = dict(
     raw=20_000,
@@ -289,6 +307,18 @@ def evaluate(r: dict[str, Any]) -> list[dict[str, Any]]:
                 None,
                 m["p99_ms"] <= bound,
             )
+    if "SCRAPE" in r:
+        w = r["SCRAPE"]
+        d = w["per_request_reads"]
+        add(
+            f"SCRAPE {w['requests']} concurrent /metrics",
+            f"{w['statements_during_burst']} stmt (refresh: {w['refresh_statements']} per period, "
+            f"{w['refresh_ms']:.1f} ms), p50 {w['p50_ms']:.1f} / p99 {w['p99_ms']:.1f} ms; "
+            f"read per request: {d['statements']} stmt, p99 {d['p99_ms']:.0f} ms",
+            "<= 1 refresh",
+            None,
+            w["ok"] == w["requests"] and w["statements_during_burst"] <= w["refresh_statements"],
+        )
     return rows
 
 
@@ -370,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
             "W9": lambda: scale.w9_scheduled_lateness(db.dsn, sz["w9"]),
             "RET": lambda: scale.retention_pace(db.dsn, sz["ret_expired"], sz["w3"]),
             "DASH": lambda: web.dashboard_latency(db.dsn, sz["dash"]),
+            "SCRAPE": lambda: scrape.scrape_cost(db.dsn),
         }
         for name in selected:
             ceiling = None

@@ -72,7 +72,6 @@ class Queries:
         self.renew = render("lease_renew", schema)
         self.reap = render("lease_reap", schema)
         self.delete_terminal = render("job_delete_terminal", schema)
-        self.gauges = render("gauges_by_topic", schema)
         self.ping = render("ping", schema)
         self.listen = render("listen", schema)
 

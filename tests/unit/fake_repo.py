@@ -14,7 +14,7 @@ from typing import Any
 
 from brooq_py.queue import EnqueueResult, Job, JobRow, State, Tx
 from brooq_py.queue.ids import uuid7
-from brooq_py.queue.port import ClaimedJob, Gauges, HeldLease, Outcome, Staged, TopicCount
+from brooq_py.queue.port import ClaimedJob, DatabaseGauges, Gauges, HeldLease, Outcome, Staged, TopicCount
 
 _WAITING = (State.SCHEDULED, State.FAILED)
 
@@ -96,6 +96,8 @@ class FakeRepo:
         self.fail_renew = 0
         self.fail_settle = 0
         self.fail_enqueue_topics: set[str] = set()
+        self.fail_gauges = 0
+        self.database = DatabaseGauges(0.0, 0, 0)
         self.calls: dict[str, int] = {}
         self.settle_batches: list[int] = []
         self.closed = False
@@ -299,12 +301,20 @@ class FakeRepo:
             return [(r.id, r.topic) for r in gone]
 
     def gauges(self, topics: Sequence[str]) -> Gauges:
+        self._count("gauges")
         with self.lock:
+            if self.fail_gauges:
+                self.fail_gauges -= 1
+                raise ConnectionError("gauges failed")
             counts: dict[tuple[str, State], int] = {}
             for r in self.rows.values():
                 if r.topic in topics and not r.state.terminal:
                     counts[(r.topic, r.state)] = counts.get((r.topic, r.state), 0) + 1
             return Gauges([TopicCount(t, s, n) for (t, s), n in counts.items()], {t: 0.0 for t in topics})
+
+    def database_gauges(self) -> DatabaseGauges:
+        self._count("database_gauges")
+        return self.database
 
     def stage(self, topics: Sequence[str], batch: int, notify: bool = True) -> Staged:
         self._count("stage")
