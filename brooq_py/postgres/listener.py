@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import psycopg
 
+from brooq_py.postgres.bounds import deadline, statement_budget
 from brooq_py.postgres.errors import is_connection_error, translated, unavailable
 from brooq_py.postgres.queries import Query
 
@@ -24,9 +27,13 @@ class PgListener:
         connect: Callable[[], psycopg.Connection[Any]],
         listen: Query,
         on_close: Callable[[PgListener], None] | None = None,
+        ping: tuple[Query, timedelta] | None = None,
     ) -> None:
         self._lock = threading.Lock()
         self._on_close = on_close
+        # A silent LISTEN connection looks like a quiet queue: ping it every lease/3 (SPEC L3).
+        self._ping = ping
+        self._pinged = time.monotonic()
         with translated("opening the LISTEN connection"):
             self._conn = connect()
             try:
@@ -43,11 +50,22 @@ class PgListener:
         try:
             for _ in self._conn.notifies(timeout=max(0.0, timeout), stop_after=1):
                 return True
+            self._ping_if_due()
             return False
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
             if not is_connection_error(exc):
                 raise
             raise unavailable(exc, "waiting for notifications") from exc
+
+    def _ping_if_due(self) -> None:
+        if self._ping is None:
+            return
+        query, lease = self._ping
+        if time.monotonic() - self._pinged < max(lease.total_seconds() / 3, 1.0):
+            return
+        with deadline(self._conn, statement_budget(lease)):
+            self._conn.execute(query.composed)
+        self._pinged = time.monotonic()
 
     def close(self) -> None:
         """Close the connection; safe to repeat."""

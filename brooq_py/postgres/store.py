@@ -20,11 +20,13 @@ import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 import psycopg
 import psycopg_pool
 
+from brooq_py.postgres.bounds import DEFAULT_LEASE, merged
 from brooq_py.postgres.enqueueing import enqueue_batch, enqueue_one, validated
 from brooq_py.postgres.errors import translated
 from brooq_py.postgres.listener import PgListener
@@ -80,17 +82,27 @@ class Store(WorkerSide, OperatorSide):
         self._listeners: set[PgListener] = set()
         self._listeners_lock = threading.Lock()
         self.ping_timeout = 2.0
+        self._own_lease = DEFAULT_LEASE
 
     # -- connections ----------------------------------------------------------
 
     def _connect_own(self) -> psycopg.Connection[Any]:
-        """Open one of the Store's own autocommit connections from ``conninfo``."""
+        """Open one of the Store's own autocommit connections from ``conninfo``, its waits bounded (L3)."""
         if self._conninfo is not None:
-            return psycopg.connect(self._conninfo, autocommit=True)
+            return psycopg.connect(self._conninfo, autocommit=True, **merged({}, self._own_lease))
         conninfo = self._pool_conninfo() if callable(self._pool_conninfo) else self._pool_conninfo
         kwargs = self._pool_kwargs() if callable(self._pool_kwargs) else (self._pool_kwargs or {})
         extra = {k: v for k, v in kwargs.items() if k not in _NOT_LIBPQ}
-        return psycopg.connect(conninfo, autocommit=True, **extra)
+        return psycopg.connect(conninfo, autocommit=True, **merged(extra, self._own_lease))
+
+    def bound_waits(self, lease: timedelta) -> None:
+        """Bound every wait on the Store's own connections by *lease* (SPEC L3); the engine calls it at start.
+
+        Connections opened from now on set lock_timeout, statement_timeout, TCP
+        keepalives and tcp_user_timeout from it; a statement on them that has
+        not answered within about lease/3 has its socket shut down.
+        """
+        self._own_lease = lease
 
     @contextmanager
     def _autocommit(self, doing: str, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
@@ -201,7 +213,12 @@ class Store(WorkerSide, OperatorSide):
 
     def listen(self) -> PgListener:
         """Open a LISTEN subscription on this schema's channel, on a connection of its own."""
-        listener = PgListener(self._connect_own, self._q.listen, on_close=self._forget_listener)
+        listener = PgListener(
+            self._connect_own,
+            self._q.listen,
+            on_close=self._forget_listener,
+            ping=(self._q.ping, self._own_lease),
+        )
         with self._listeners_lock:
             self._listeners.add(listener)
         return listener

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from brooq_py.queue import EnqueueResult, Job, JobRow, State, Tx
+from brooq_py.queue import EnqueueResult, Job, JobRow, State, StoreUnavailable, Tx
 from brooq_py.queue.port import ClaimedJob, Gauges, HeldLease, Outcome, TopicCount
 
 
@@ -78,6 +78,11 @@ class FakeRepo:
         self.calls: dict[str, int] = {}
         self.settle_batches: list[int] = []
         self.closed = False
+        self.version: str | None = "0007"
+        self.fail_close = 0  # closing transactions whose COMMIT fails with StoreUnavailable
+        self.renew_hang = threading.Event()  # cleared: renew() blocks, as on a silent socket
+        self.renew_hang.set()
+        self.bounded: timedelta | None = None
 
     def _count(self, name: str) -> None:
         self.calls[name] = self.calls.get(name, 0) + 1
@@ -133,6 +138,9 @@ class FakeRepo:
             snapshot = {k: Row(**{**v.__dict__, "history": list(v.history)}) for k, v in self.rows.items()}
             try:
                 yield tx
+                if self.fail_close:
+                    self.fail_close -= 1
+                    raise StoreUnavailable("connection lost at COMMIT")
                 for op in tx.ops:
                     if op[0] == "enqueue":
                         self._insert(op[1])
@@ -236,6 +244,7 @@ class FakeRepo:
 
     def renew(self, leases: Sequence[HeldLease], lease: timedelta) -> set[str]:
         self._count("renew")
+        self.renew_hang.wait()
         with self.lock:
             if self.fail_renew:
                 self.fail_renew -= 1
@@ -282,6 +291,12 @@ class FakeRepo:
 
     def ping(self) -> bool:
         return True
+
+    def schema_version(self) -> str | None:
+        return self.version
+
+    def bound_waits(self, lease: timedelta) -> None:
+        self.bounded = lease
 
     def close(self) -> None:
         self.closed = True
