@@ -205,5 +205,5 @@ class AsyncRunner:
             loop.call_soon_threadsafe(loop.stop)
             if thread is not None:
                 thread.join(5)
-            if not loop.is_running() and not self._tasks:
-                loop.close()
+            if not loop.is_running():
+                loop.close()  # a hung handler's task stays pending, never resumed
