@@ -142,7 +142,7 @@ class Attempt:
             priority=row.priority,
         )
         self.started = started
-        # When the database last confirmed the lease (monotonic): the claim, then each renewal (L4).
+        # When the database last confirmed the lease (monotonic): the claim's return, then each renewal (L4).
         self.renewed_at = started
         self.soft_deadline = started + opts.td("attempt_timeout").total_seconds()
         self.hard_deadline = started + opts.td("max_execution_timeout").total_seconds()

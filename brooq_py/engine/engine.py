@@ -99,7 +99,6 @@ class Engine:
             self.config.effective_watchdog_grace.total_seconds(),
             self.log,
         )
-        self._claimed_at = 0.0
         self._slots: SlotPool | None = None
         self._dispatcher: Dispatcher | None = None
         self._completer: Completer | None = None
@@ -360,7 +359,6 @@ class Engine:
     def _claim(self, limit: int) -> list[ClaimedJob]:
         if not self._kinds:
             return []
-        self._claimed_at = self.clock.monotonic()  # the leases run from before the claim was sent
         rows = self.repo.claim(list(self._kinds), limit, self.worker_id, self.config.lease_td)
         for topic, n in Counter(r.topic for r in rows).items():  # one counter update per topic a claim
             self.metrics.child(self.metrics.claimed, topic).inc(n)
@@ -382,7 +380,6 @@ class Engine:
             return None
         ctx = Context(deadline=self.clock.now() + kind.options.td("attempt_timeout"))
         a = Attempt(row, kind, self.clock.monotonic(), ctx)
-        a.renewed_at = min(a.renewed_at, self._claimed_at) if self._claimed_at else a.renewed_at
         self.inflight.add(a)
         if row.attempts > kind.options.max_attempts:
             a.end(Phase.POISONED)

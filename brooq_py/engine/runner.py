@@ -69,8 +69,11 @@ class Runner:
         if a.kind.is_async:
 
             def on_done(error: BaseException | None) -> None:
+                # On the loop's thread: the handler's end is recorded at once (the watchdog must not
+                # call a finished handler hung while it waits for a settler); the writes go off the loop.
                 self._observe(a, t0)
-                self.settlers.run(lambda: self.finish(a, error))
+                was = self.ended(a)
+                self.settlers.run(lambda: self.conclude(a, error, was))
 
             self.loop.spawn(lambda: a.kind.handler(a.ctx, a.claim), on_done)
         else:
@@ -115,8 +118,16 @@ class Runner:
 
     def finish(self, a: Attempt, error: BaseException | None) -> None:
         """The handler's code ended: settle its ending unless another ending came first; free the slot."""
+        self.conclude(a, error, self.ended(a))
+
+    def ended(self, a: Attempt) -> HandlerState | None:
+        """Record that the handler's code ended; return its state before (RUNNING: the slot is ours to free)."""
         was = a.handler_to(HandlerState.ENDED)
         self.inflight.end(a)
+        return was
+
+    def conclude(self, a: Attempt, error: BaseException | None, was: HandlerState | None) -> None:
+        """Settle the handler's ending unless another ending came first, then free its slot."""
         try:
             if a.end(Phase.RETURNED if error is None else Phase.RAISED):
                 self.settle(a, error)
