@@ -114,8 +114,14 @@ class Ticker:
         """Count one failure and log it by the rule (the loop calls this for a tick that raises)."""
         self._failures += 1
         if self._failures == 1:
+            # A lost connection is expected weather, not a bug: its stack would only be noise.
+            stack = None if isinstance(exc, ConnectionError) else exc
             self.log.warning(
-                "%s failed (%s: %s); retrying with backoff", self.name, type(exc).__name__, exc, exc_info=exc
+                "%s failed (%s: %s); retrying with backoff",
+                self.name,
+                type(exc).__name__,
+                exc,
+                exc_info=stack,
             )
         elif worth_logging(self._failures):
             self.log.warning(

@@ -27,12 +27,14 @@ class PgListener:
         connect: Callable[[], psycopg.Connection[Any]],
         listen: Query,
         on_close: Callable[[PgListener], None] | None = None,
-        ping: tuple[Query, timedelta] | None = None,
+        ping_every: timedelta | None = None,
     ) -> None:
         self._lock = threading.Lock()
         self._on_close = on_close
-        # A silent LISTEN connection looks like a quiet queue: ping it every lease/3 (SPEC L3).
-        self._ping = ping
+        # A silent LISTEN connection looks like a quiet queue: ping it every lease/3 (SPEC L3), by
+        # repeating the LISTEN (a no-op for the server, and the session still shows LISTEN).
+        self._listen = listen
+        self._ping_every = ping_every
         self._pinged = time.monotonic()
         with translated("opening the LISTEN connection"):
             self._conn = connect()
@@ -58,13 +60,11 @@ class PgListener:
             raise unavailable(exc, "waiting for notifications") from exc
 
     def _ping_if_due(self) -> None:
-        if self._ping is None:
-            return
-        query, lease = self._ping
-        if time.monotonic() - self._pinged < max(lease.total_seconds() / 3, 1.0):
+        lease = self._ping_every
+        if lease is None or time.monotonic() - self._pinged < max(lease.total_seconds() / 3, 1.0):
             return
         with deadline(self._conn, statement_budget(lease)):
-            self._conn.execute(query.composed)
+            self._conn.execute(self._listen.composed)
         self._pinged = time.monotonic()
 
     def close(self) -> None:

@@ -217,7 +217,7 @@ class Store(WorkerSide, OperatorSide):
             self._connect_own,
             self._q.listen,
             on_close=self._forget_listener,
-            ping=(self._q.ping, self._own_lease),
+            ping_every=self._own_lease,
         )
         with self._listeners_lock:
             self._listeners.add(listener)
