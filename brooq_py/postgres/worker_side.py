@@ -12,6 +12,7 @@ import psycopg
 from psycopg import sql
 
 from brooq_py.postgres.arrays import bool_array, float_array, text_array, uuid_array
+from brooq_py.postgres.bounds import deadline, statement_budget
 from brooq_py.postgres.errors import is_connection_error, translated, unavailable
 from brooq_py.postgres.queries import Queries
 from brooq_py.postgres.runner import Rows, on_connection, on_tx
@@ -37,6 +38,7 @@ class WorkerSide:
     _q: Queries
     _hb_lock: threading.Lock
     _hb_conn: psycopg.Connection[Any] | None
+    _own_lease: timedelta
 
     def _run(self, doing: str, query: Any, params: dict[str, Any]) -> Rows:  # pragma: no cover - Store's
         raise NotImplementedError
@@ -109,6 +111,9 @@ class WorkerSide:
     def renew(self, leases: Sequence[HeldLease], lease: timedelta) -> set[str]:
         """Extend every lease still ours to now()+*lease* in one statement (SPEC C3); return their ids.
 
+        A row locked by another transaction is skipped, not waited for, and its
+        id returned all the same: still ours, renewed next time (SPEC L3).
+
         Runs on the Store's own heartbeat connection, never the pool, so handlers
         holding pool connections cannot starve it. On a connection error the
         connection is closed, StoreUnavailable is raised, and the next call reopens it.
@@ -125,7 +130,8 @@ class WorkerSide:
                 if self._hb_conn is None or self._hb_conn.closed:
                     self._hb_conn = None
                     self._hb_conn = self._connect_own()
-                rows = on_connection(self._hb_conn)(self._q.renew, params)
+                with deadline(self._hb_conn, statement_budget(self._own_lease)):
+                    rows = on_connection(self._hb_conn)(self._q.renew, params)
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 if not is_connection_error(exc):
                     raise
@@ -137,6 +143,14 @@ class WorkerSide:
         conn, self._hb_conn = self._hb_conn, None
         if conn is not None:
             conn.close()
+
+    def schema_version(self) -> str | None:
+        """Return the migration revision this Store's schema is at; None when it was never migrated."""
+        try:
+            rows = self._run("reading the schema version", self._q["schema_version"], {})
+        except psycopg.errors.UndefinedTable:
+            return None
+        return str(rows[0][0]) if rows else None
 
     def reap_expired(self) -> list[tuple[str, str]]:
         """Return expired processing rows to pending, attempts unchanged (SPEC R1); (id, topic) each."""

@@ -188,6 +188,10 @@ class Repo(Protocol):
         """Return True if the database answers."""
         ...
 
+    def schema_version(self) -> str | None:
+        """Return the migration revision the store's schema is at; None when it was never migrated."""
+        ...
+
     def close(self) -> None:
         """Close the connections the store opened for itself (never the caller's pool)."""
         ...

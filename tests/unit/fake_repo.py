@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from brooq_py.queue import EnqueueResult, Job, JobRow, State, Tx
+from brooq_py.queue import EnqueueResult, Job, JobRow, State, StoreUnavailable, Tx
 from brooq_py.queue.ids import uuid7
 from brooq_py.queue.port import ClaimedJob, DatabaseGauges, Gauges, HeldLease, Outcome, Staged, TopicCount
 
@@ -101,6 +101,11 @@ class FakeRepo:
         self.calls: dict[str, int] = {}
         self.settle_batches: list[int] = []
         self.closed = False
+        self.version: str | None = "0009"
+        self.fail_close = 0  # closing transactions whose COMMIT fails with StoreUnavailable
+        self.renew_hang = threading.Event()  # cleared: renew() blocks, as on a silent socket
+        self.renew_hang.set()
+        self.bounded: timedelta | None = None
 
     @property
     def notify_count(self) -> int:
@@ -166,6 +171,9 @@ class FakeRepo:
             snapshot = {k: Row(**{**v.__dict__, "history": list(v.history)}) for k, v in self.rows.items()}
             try:
                 yield tx
+                if self.fail_close:
+                    self.fail_close -= 1
+                    raise StoreUnavailable("connection lost at COMMIT")
                 for op in tx.ops:
                     if op[0] == "enqueue":
                         self._insert(op[1])
@@ -269,6 +277,7 @@ class FakeRepo:
 
     def renew(self, leases: Sequence[HeldLease], lease: timedelta) -> set[str]:
         self._count("renew")
+        self.renew_hang.wait()
         with self.lock:
             if self.fail_renew:
                 self.fail_renew -= 1
@@ -348,6 +357,12 @@ class FakeRepo:
 
     def ping(self) -> bool:
         return True
+
+    def schema_version(self) -> str | None:
+        return self.version
+
+    def bound_waits(self, lease: timedelta) -> None:
+        self.bounded = lease
 
     def close(self) -> None:
         self.closed = True
