@@ -45,6 +45,7 @@ from brooq_py.queue import (
     Job,
     JobRow,
     KindOptions,
+    StoreUnavailable,
     Tx,
 )
 from brooq_py.queue.handler import Handler
@@ -208,7 +209,13 @@ class Engine:
     # --- lifecycle ---------------------------------------------------------
 
     def start(self) -> None:
-        """Start the worker pool and the background services; idempotent."""
+        """Start the worker pool and the background services; idempotent.
+
+        Raise ``BrooqError`` naming ``migrate up --schema S`` when the database
+        answers and the schema is not migrated (or too old). A database that
+        cannot be reached does not stop the start: the engine's loops retry
+        with backoff and /healthz answers 503 until its statements succeed.
+        """
         with self._lock:
             if self._state == "running":
                 return
@@ -217,7 +224,10 @@ class Engine:
             if not self._kinds:
                 self.log.warning("engine: starting with no registered topic; nothing will be claimed")
             cfg = self.config
-            check_schema(self.repo)
+            try:
+                check_schema(self.repo)
+            except StoreUnavailable as exc:
+                self.log.warning("engine: could not check the schema (%s); starting, statements retry", exc)
             bound = getattr(self.repo, "bound_waits", None)
             if callable(bound):
                 bound(cfg.lease_td)
