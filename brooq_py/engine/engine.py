@@ -12,10 +12,12 @@ from collections import Counter
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from brooq_py.engine.attempt import Attempt, Kind
+from brooq_py.engine.capacity import Capacity
 from brooq_py.engine.clock import Clock, SystemClock
 from brooq_py.engine.completer import Completer
 from brooq_py.engine.config import Config
@@ -29,9 +31,11 @@ from brooq_py.engine.reaper import Reaper
 from brooq_py.engine.repo import ClaimedJob, Repo
 from brooq_py.engine.retention import Retention
 from brooq_py.engine.runner import Runner
+from brooq_py.engine.scheduler import Schedule, Scheduler
 from brooq_py.engine.slots import AsyncRunner, SlotPool
 from brooq_py.engine.supervisor import Supervisor
 from brooq_py.engine.ticker import Ticker
+from brooq_py.engine.topic_watch import TopicWatch
 from brooq_py.engine.watchdog import Watchdog
 from brooq_py.queue import (
     BrooqError,
@@ -101,6 +105,20 @@ class Engine:
         self._dispatcher: Dispatcher | None = None
         self._completer: Completer | None = None
         self._services: list[Ticker] = []
+        # operator controls (SPEC Q2-Q4): per-topic capacity, the settings watch, periodic jobs
+        self._caps: dict[str, int | None] = {}
+        self.capacity = Capacity(
+            self._caps, self.config.td("poll_interval").total_seconds(), self.clock.monotonic
+        )
+        self._topic_watch = TopicWatch(
+            self.config.td("poll_interval").total_seconds(),
+            self.repo.topic_settings,
+            lambda: self.topics,
+            self.capacity,
+            self.metrics.topic_setting,
+            self.log,
+        )
+        self._schedules: list[Schedule] = []
 
     # --- registration ------------------------------------------------------
 
@@ -139,7 +157,25 @@ class Engine:
             if problems or kind is None:
                 raise ConfigError(problems)
             self._kinds[topic] = kind
+            self._caps[topic] = kind.options.concurrency
             self.metrics.prime([topic])
+
+    def schedule(
+        self, topic: str, cron: str, payload: Any = None, *, timezone: str = "UTC", priority: int = 0
+    ) -> None:
+        """Enqueue a job of *topic* at every tick of *cron* (in *timezone*); before ``start()`` only.
+
+        Every engine that declares it enqueues it, and each tick yields exactly one
+        job (SPEC Q4). Raise ``ConfigError`` at once for a bad expression, time
+        zone, topic, payload or priority, or a topic scheduled twice.
+        """
+        with self._lock:
+            if self._state != "new":
+                raise BrooqError("schedule() must be called before start()")
+            s = Schedule.build(topic, cron, payload, timezone, priority)
+            if any(x.topic == topic for x in self._schedules):
+                raise ConfigError([f"topic {topic!r} is already scheduled (one schedule per topic)"])
+            self._schedules.append(s)
 
     # --- producer side -----------------------------------------------------
 
@@ -238,7 +274,19 @@ class Engine:
                     self.log,
                 ),
                 WakeListener(self.repo.listen, self._dispatcher.wake, self.log),
+                self._topic_watch,
             ]
+            self.capacity.wake = self._dispatcher.wake
+            if self._schedules:
+                self._services.append(
+                    Scheduler(
+                        self._schedules,
+                        self.enqueue,
+                        self.clock.now,
+                        lambda t, at: self.metrics.child(self.metrics.schedule_next, t).set(at),
+                        self.log,
+                    )
+                )
             if cfg.retention_enabled:
                 self._services.append(
                     Retention(
@@ -328,13 +376,10 @@ class Engine:
         with self._lock:
             if self._state == "running":
                 raise BrooqError("run_once() is for an engine that was not started")
+        self._topic_watch.run_once()
         rows = self._claim(self.config.workers)
         for row in rows:
-            a = self._attempt(row)
-            if a is None:
-                continue
-            self.inflight.add(a)
-            self.runner.run(a)
+            self._run_claimed(row)
         return len(rows)
 
     # --- internals -----------------------------------------------------------
@@ -342,7 +387,7 @@ class Engine:
     def _claim(self, limit: int) -> list[ClaimedJob]:
         if not self._kinds:
             return []
-        rows = self.repo.claim(list(self._kinds), limit, self.worker_id, self.config.lease_td)
+        rows = self.capacity.claim(self.repo, list(self._kinds), limit, self.worker_id, self.config.lease_td)
         for topic, n in Counter(r.topic for r in rows).items():  # one counter update per topic a claim
             self.metrics.child(self.metrics.claimed, topic).inc(n)
         return rows
@@ -369,9 +414,12 @@ class Engine:
         self._slots.submit(row)
 
     def _run_claimed(self, row: ClaimedJob) -> Attempt | None:
-        a = self._attempt(row)
-        if a is None:
-            return None
-        self.inflight.add(a)
-        self.runner.run(a)
-        return a
+        try:
+            a = self._attempt(row)
+            if a is None:
+                return None
+            self.inflight.add(a)
+            self.runner.run(a)
+            return a
+        finally:
+            self.capacity.ended(row.topic)

@@ -75,6 +75,16 @@ class Gauges:
     oldest_ready_seconds: dict[str, float]
 
 
+@dataclass(frozen=True)
+class TopicSetting:
+    """A topic an operator has touched: paused or not, and its global limit (None: unlimited)."""
+
+    topic: str
+    paused: bool
+    limit: int | None
+    updated_at: datetime
+
+
 class Listener(Protocol):
     """A wake-up subscription on its own connection (LISTEN)."""
 
@@ -100,8 +110,27 @@ class Repo(Protocol):
     def get(self, job_id: str) -> JobRow | None: ...
 
     # worker side
-    def claim(self, topics: Sequence[str], limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:
-        """Claim up to *limit* ready jobs of *topics* in one statement (SPEC C1)."""
+    def claim(
+        self,
+        topics: Sequence[str],
+        limit: int,
+        worker: str,
+        lease: timedelta,
+        caps: Sequence[int] | None = None,
+    ) -> list[ClaimedJob]:
+        """Claim up to *limit* ready jobs of *topics* in one statement (SPEC C1).
+
+        *caps* (one per topic) caps each topic's share; paused and globally
+        limited topics are left out (SPEC Q2, Q3).
+        """
+        ...
+
+    def claim_limited(self, topic: str, limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:
+        """Claim up to *limit* jobs of a globally limited *topic*, never beyond its limit (SPEC Q3)."""
+        ...
+
+    def topic_settings(self) -> list[TopicSetting]:
+        """Every topic an operator has paused or limited (SPEC Q2, Q3)."""
         ...
 
     def settle_many(self, outcomes: Sequence[Outcome]) -> set[str]:

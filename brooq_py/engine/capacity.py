@@ -1,0 +1,116 @@
+"""Capacity: how many jobs of each topic the next claim may take (SPEC Q2, Q3).
+
+Two caps meet here. ``KindOptions.concurrency`` caps a topic in this engine:
+the claim takes at most the topic's free capacity (its cap minus the jobs of
+it this engine holds). A global limit (``Store.set_limit``) caps the topic
+across every engine: such a topic is left out of the common claim by the
+database itself and claimed on its own, under its topic's lock
+(``Repo.claim_limited``). Which topics are limited is learnt from the settings
+the engine reads every poll interval; a stale view only delays a limited
+topic's claims, it can never break its limit, because the database decides.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Collection, Mapping, Sequence
+from datetime import timedelta
+
+from brooq_py.queue.port import ClaimedJob, Repo
+
+
+class Capacity:
+    """Per-topic room for the next claim; thread-safe (the dispatcher plans, slots end)."""
+
+    def __init__(
+        self,
+        caps: Mapping[str, int | None],
+        retry_after: float,
+        monotonic: Callable[[], float],
+    ) -> None:
+        self._caps = caps
+        self._retry_after = retry_after
+        self._monotonic = monotonic
+        self._lock = threading.Lock()
+        self._active: Counter[str] = Counter()  # claimed here and not ended yet
+        self._limited: frozenset[str] = frozenset()
+        self._due: dict[str, float] = {}  # limited topic -> when its next claim is due
+        self._held: set[str] = set()  # topics a cap held back: their end wakes the dispatcher
+        self.wake: Callable[[], None] = lambda: None
+
+    @property
+    def limited(self) -> frozenset[str]:
+        return self._limited
+
+    def set_limited(self, topics: Collection[str]) -> None:
+        """The topics with a global limit, as last read from the settings."""
+        with self._lock:
+            new = frozenset(topics) - self._limited
+            self._limited = frozenset(topics)
+        if new:
+            self.wake()
+
+    def active(self, topic: str) -> int:
+        with self._lock:
+            return self._active[topic]
+
+    def claim(
+        self, repo: Repo, topics: Sequence[str], free: int, worker: str, lease: timedelta
+    ) -> list[ClaimedJob]:
+        """Claim up to *free* jobs: one common statement, then each limited topic that is due."""
+        common, caps, limited = self._plan(topics, free)
+        rows: list[ClaimedJob] = []
+        if common:
+            rows = repo.claim(common, free, worker, lease, caps)
+            self._taken(rows)
+        for topic, room in limited:
+            room = min(room, free - len(rows))
+            if room <= 0:
+                break
+            got = repo.claim_limited(topic, room, worker, lease)
+            self._taken(got)
+            with self._lock:
+                if len(got) < room:  # full or empty: try again after a while, or when one of ours ends
+                    self._due[topic] = self._monotonic() + self._retry_after
+                    self._held.add(topic)
+            rows.extend(got)
+        return rows
+
+    def _plan(self, topics: Sequence[str], free: int) -> tuple[list[str], list[int], list[tuple[str, int]]]:
+        caps_of = self._caps
+        now = self._monotonic()
+        common: list[str] = []
+        caps: list[int] = []
+        limited: list[tuple[str, int]] = []
+        with self._lock:
+            for topic in topics:
+                cap = caps_of.get(topic)
+                room = free if cap is None else min(free, cap - self._active[topic])
+                if cap is not None and room < free:
+                    self._held.add(topic)
+                if topic in self._limited:
+                    if room > 0 and self._due.get(topic, 0.0) <= now:
+                        limited.append((topic, room))
+                elif room > 0:
+                    common.append(topic)
+                    caps.append(room)
+        return common, caps, limited
+
+    def _taken(self, rows: Sequence[ClaimedJob]) -> None:
+        if rows:
+            with self._lock:
+                self._active.update(r.topic for r in rows)
+
+    def ended(self, topic: str) -> None:
+        """A claimed job of *topic* ended here (its handler returned, or it never ran)."""
+        with self._lock:
+            self._active[topic] -= 1
+            if self._active[topic] <= 0:
+                del self._active[topic]
+            held = topic in self._held
+            if held:
+                self._held.discard(topic)
+                self._due.pop(topic, None)
+        if held:
+            self.wake()
