@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 
 from brooq_py.cli.commands import cmd_cancel, cmd_enqueue, cmd_get, cmd_migrate, cmd_stats
 from brooq_py.cli.common import PROG, Failure, first_line, scrub
+from brooq_py.cli.operator import add_parsers as add_operator_parsers
+from brooq_py.cli.operator import cmd_limit, cmd_pause, cmd_resume, cmd_retry, cmd_topics
 from brooq_py.cli.worker import cmd_worker
 from brooq_py.queue import ConfigError, StoreUnavailable
 from brooq_py.settings import Settings, load_settings
@@ -27,6 +29,11 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "cancel": cmd_cancel,
     "get": cmd_get,
     "stats": cmd_stats,
+    "retry": cmd_retry,
+    "pause": cmd_pause,
+    "resume": cmd_resume,
+    "limit": cmd_limit,
+    "topics": cmd_topics,
 }
 
 
@@ -84,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--dead", metavar="N", type=int, default=10, help="how many recent dead jobs (default 10)"
     )
     stats.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_operator_parsers(sub, common)
     return parser
 
 
