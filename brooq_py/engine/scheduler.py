@@ -68,8 +68,11 @@ class Schedule:
             except CronSimError as exc:
                 problems.append(f"cron {cron!r}: {exc}")
         try:
-            Job(topic, payload, idempotency_key=tick_key(datetime.now(ZoneInfo("UTC"))), priority=priority)
-        except (InvalidJob, TypeError) as exc:
+            job = Job(
+                topic, payload, idempotency_key=tick_key(datetime.now(ZoneInfo("UTC"))), priority=priority
+            )
+            job.payload_json()
+        except (InvalidJob, TypeError, ValueError) as exc:
             problems.append(str(exc))
         if problems or tz is None:
             raise ConfigError(problems)
