@@ -28,6 +28,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import baselines  # noqa: E402
+import limits  # noqa: E402
 import psycopg  # noqa: E402
 import w7  # noqa: E402
 import workloads  # noqa: E402
@@ -35,7 +36,7 @@ from util import fresh_schema  # noqa: E402
 
 from brooq_py import devdb  # noqa: E402
 
-WORKLOADS = ("W1", "W2", "W3", "W3b", "W4", "W5", "W6", "W7", "MEM")
+WORKLOADS = ("W1", "W2", "W3", "W3b", "W4", "W5", "W6", "W7", "MEM", "Q3")
 
 _DEFAULT: dict[str, Any] = dict(
     raw=20_000,
@@ -219,6 +220,40 @@ def evaluate(r: dict[str, Any]) -> list[dict[str, Any]]:
                 None,
                 m["rss_drift_pct"] <= 10,
             )
+    if "Q3" in r:
+        rows.extend(q3_rows(r["Q3"]))
+    return rows
+
+
+def q3_rows(q: dict[str, Any]) -> list[dict[str, Any]]:
+    """W3 with a limited topic in the engine vs without (within 5 %), and the limited topic's rate."""
+    w3, rate = q["w3"], q["rate"]
+    rows = [
+        {
+            "workload": "Q3 W3 with a limited topic",
+            "measured": f"{w3['with_limited_median']:,.0f} vs {w3['plain_median']:,.0f} jobs/s",
+            "target": ">= 0.95 x W3 without",
+            "ratio": round(w3["ratio"], 3),
+            "verdict": "PASS" if w3["ratio"] >= 0.95 else "MISS",
+        }
+    ]
+    for name, x in rate.items():
+        ok = "per_s" in x and x["peak"] <= x["limit"]
+        measured = f"{x['per_s']:,.0f} jobs/s, peak {x['peak']}" if "per_s" in x else x.get("error", "?")
+        target = f"peak <= {x['limit']}" + (
+            f", ideal {x['ideal_per_s']:,.0f}/s" if "ideal_per_s" in x else ""
+        )
+        rows.append(
+            {
+                "workload": f"Q3 limit {x['limit']}, {name}",
+                "measured": measured,
+                "target": target,
+                "ratio": round(x["per_s"] / x["ideal_per_s"], 3)
+                if "ideal_per_s" in x and "per_s" in x
+                else None,
+                "verdict": "PASS" if ok else "MISS",
+            }
+        )
     return rows
 
 
@@ -292,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
             "W6": lambda: workloads.w6_heartbeat(db.dsn, 1000, sz["w6_ticks"]),
             "W7": lambda: w7.w7(db.dsn, sz["w7"]),
             "MEM": lambda: workloads.memory_drain(db.dsn, sz["mem"]),
+            "Q3": lambda: {
+                "w3": limits.w3_with_limited(db.dsn, sz["w3"]),
+                "rate": limits.limited_rate(db.dsn, sz["w3"] // 4),
+            },
         }
         for name in selected:
             ceiling = None

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import timedelta
 
 from brooq_py.queue.port import ClaimedJob, Repo
@@ -103,14 +103,28 @@ class Capacity:
                 self._active.update(r.topic for r in rows)
 
     def ended(self, topic: str) -> None:
-        """A claimed job of *topic* ended here (its handler returned, or it never ran)."""
+        """A claimed job of *topic* ended here (its handler returned, or it never ran).
+
+        A topic held back by its local cap is claimed again at once. A globally
+        limited one waits for ``settled``: until its outcome is written the
+        database still counts the row as processing.
+        """
         with self._lock:
             self._active[topic] -= 1
             if self._active[topic] <= 0:
                 del self._active[topic]
-            held = topic in self._held
-            if held:
+            wake = topic in self._held and topic not in self._limited
+            if wake:
+                self._held.discard(topic)
+        if wake:
+            self.wake()
+
+    def settled(self, topics: Iterable[str]) -> None:
+        """Outcomes of *topics* were written: a limited topic held back may have room again."""
+        with self._lock:
+            ready = self._held & self._limited & set(topics)
+            for topic in ready:
                 self._held.discard(topic)
                 self._due.pop(topic, None)
-        if held:
+        if ready:
             self.wake()

@@ -28,7 +28,7 @@ from brooq_py.engine.inflight import InFlight
 from brooq_py.engine.listener import WakeListener
 from brooq_py.engine.metrics import Metrics, StoreCollector
 from brooq_py.engine.reaper import Reaper
-from brooq_py.engine.repo import ClaimedJob, Repo
+from brooq_py.engine.repo import ClaimedJob, Outcome, Repo
 from brooq_py.engine.retention import Retention
 from brooq_py.engine.runner import Runner
 from brooq_py.engine.scheduler import Schedule, Scheduler
@@ -242,7 +242,7 @@ class Engine:
             self.supervisor.slots = self._slots
             self._completer = Completer(
                 self.repo.settle_many,
-                self.runner.on_written,
+                self._written,
                 self.log,
                 max_buffer=max(1000, 8 * cfg.workers),
                 linger=COMPLETER_LINGER,
@@ -406,6 +406,10 @@ class Engine:
 
         ctx.add_callback(mark)
         return a
+
+    def _written(self, batch: Sequence[Outcome], written: set[str]) -> None:
+        self.runner.on_written(batch, written)
+        self.capacity.settled(o.topic for o in batch)  # a limited topic may have room again (SPEC Q3)
 
     def _launch(self, row: ClaimedJob) -> None:
         # The slot thread builds the attempt: the dispatcher only hands rows out, so it is

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from brooq_py.engine.capacity import Capacity
-from brooq_py.queue import Job
+from brooq_py.queue import Job, State
 from tests.unit.fake_repo import FakeRepo
 
 LEASE = timedelta(seconds=30)
@@ -52,14 +52,18 @@ def test_q3_a_limited_topic_is_claimed_on_its_own_path_and_waits_after_a_short_c
     assert repo.calls["claim_limited"] == 2
 
 
-def test_q3_one_of_our_limited_jobs_ending_makes_the_next_claim_try_at_once() -> None:
+def test_q3_a_limited_topic_is_tried_again_once_one_of_our_outcomes_is_written_not_before() -> None:
     repo, cap, _, wakes = setup({"a": None})
     repo.settings["a"] = (False, 1)
     cap.set_limited(["a"])
     (row,) = cap.claim(repo, ["a"], 5, "w", LEASE)
     assert cap.claim(repo, ["a"], 5, "w", LEASE) == []
-    repo.rows[row.id].state = repo.rows[row.id].state.__class__("done")
-    cap.ended("a")
+    calls = repo.calls["claim_limited"]
+    cap.ended("a")  # the handler returned; the row is still processing until its outcome is written
+    assert len(wakes) == 1 and cap.claim(repo, ["a"], 5, "w", LEASE) == []
+    assert repo.calls["claim_limited"] == calls
+    repo.rows[row.id].state = State.DONE
+    cap.settled(["a"])
     assert len(wakes) == 2
     assert len(cap.claim(repo, ["a"], 5, "w", LEASE)) == 1
 
