@@ -73,18 +73,18 @@ def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_pause(args: argparse.Namespace, settings: Settings) -> int:
-    topic = check_topic(args.topic)
-    with open_store(settings) as store:
-        store.pause(topic)
-    print(json.dumps({"topic": topic, "paused": True}))
-    return 0
+    return _pause(args, settings, True)
 
 
 def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
+    return _pause(args, settings, False)
+
+
+def _pause(args: argparse.Namespace, settings: Settings, paused: bool) -> int:
     topic = check_topic(args.topic)
     with open_store(settings) as store:
-        store.resume(topic)
-    print(json.dumps({"topic": topic, "paused": False}))
+        (store.pause if paused else store.resume)(topic)
+    print(json.dumps({"topic": topic, "paused": paused}))
     return 0
 
 

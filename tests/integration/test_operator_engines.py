@@ -6,42 +6,18 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
 
 import psycopg
-import pytest
 from psycopg import sql
 
-from brooq_py.engine import Config, Engine
+from brooq_py.engine import Engine
 from brooq_py.postgres import Store
 from brooq_py.queue import Claim, Context, Job, KindOptions, State
+from tests.integration.test_engine_pg import FAST, engines
 from tests.polling import wait_for
 
-FAST = {"backoff_base": 0.01, "backoff_max": 0.02}
-
-
-@pytest.fixture
-def engines(store: Store) -> Iterator[Callable[..., Engine]]:
-    made: list[Engine] = []
-
-    def make(**cfg: Any) -> Engine:
-        params: dict[str, Any] = {
-            "workers": 4,
-            "poll_interval": 0.2,
-            "lease": 5,
-            "reaper_period": 0.5,
-            **FAST,
-        }
-        params.update(cfg)
-        e = Engine(store, Config(**params))
-        made.append(e)
-        return e
-
-    yield make
-    for e in made:
-        e.stop(timeout=2)
-        e.close()
+__all__ = ["engines"]  # the fixture
 
 
 def states(dsn: str, schema: str, topic: str) -> dict[str, int]:

@@ -141,23 +141,21 @@ def test_q4_a_failed_enqueue_is_tried_again_soon_and_then_the_latest_tick_goes_i
 
 def test_q4_two_schedulers_and_a_restart_make_one_job_per_tick() -> None:
     shared = Harness(sched("*/2 * * * * *"), now=T0)
-    other = Scheduler(
-        [sched("*/2 * * * * *")],
-        shared.enqueue,
-        lambda: shared.now,
-        lambda t, v: None,
-        logging.getLogger("t"),
-    )
+
+    def another() -> Scheduler:
+        return Scheduler(
+            [sched("*/2 * * * * *")],
+            shared.enqueue,
+            lambda: shared.now,
+            lambda t, v: None,
+            logging.getLogger("t"),
+        )
+
+    other = another()
     for s in range(0, 20):
         shared.now = T0 + timedelta(seconds=s, milliseconds=7 * s)
         shared.scheduler.run_once()
         other.run_once()
         if s == 10:  # a restart of one: a fresh scheduler makes up the latest tick, already there
-            other = Scheduler(
-                [sched("*/2 * * * * *")],
-                shared.enqueue,
-                lambda: shared.now,
-                lambda t, v: None,
-                logging.getLogger("t"),
-            )
+            other = another()
     assert [j.key for j in shared.jobs] == [tick_key(T0 + timedelta(seconds=s)) for s in range(0, 20, 2)]
