@@ -131,8 +131,9 @@ class OperatorSide:
 
         One READ COMMITTED transaction: the topic's transaction-scoped advisory
         lock first, then the claim, whose snapshot (taken once the lock is held)
-        counts every committed processing row of the topic. A topic that is
-        paused or no longer limited yields nothing here.
+        counts every committed processing row of the topic. The lock is tried,
+        never waited for: when another transaction holds it, nothing is claimed
+        this time. A topic that is paused or no longer limited yields nothing.
         """
         if limit < 1:
             return []
@@ -140,7 +141,8 @@ class OperatorSide:
         with self._autocommit("claiming a limited topic") as conn, _read_committed(conn):
             run = on_connection(conn)
             with conn.transaction():
-                run(self._q["topic_claim_lock"], {"topic": topic})
+                if not run(self._q["topic_claim_lock"], {"topic": topic})[0][0]:
+                    return []  # another claim of the topic holds the lock: nothing this time
                 return claimed_jobs(run(self._q["job_claim_limited"], params))
 
 

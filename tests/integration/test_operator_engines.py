@@ -13,6 +13,7 @@ from psycopg import sql
 
 from brooq_py.engine import Engine
 from brooq_py.postgres import Store
+from brooq_py.postgres.channel import channel_for
 from brooq_py.queue import Claim, Context, Job, KindOptions, State
 from tests.integration.test_engine_pg import FAST, engines
 from tests.polling import wait_for
@@ -283,3 +284,27 @@ def test_q4_two_engines_scheduling_the_same_cron_make_one_job_per_tick(
     ticks = [datetime.fromisoformat(k.removeprefix("cron:")) for k in keys]
     assert [tick_key(t) for t in ticks] == keys
     assert all((y - x).total_seconds() == 1 for x, y in itertools.pairwise(ticks)), ticks
+
+
+def test_q3_a_session_holding_the_topics_lock_holds_only_that_topic_never_the_engine(
+    store: Store, dsn: str, schema: str, engines: Callable[..., Engine]
+) -> None:
+    """SPEC Q3, L3: the limited path tries its lock; with it held in psql the other topics run and the
+    limited one waits, then runs once the lock is let go."""
+    store.set_limit("lim", 2)
+    e = engines()
+    e.register_kind("lim", lambda ctx, claim: None)
+    e.register_kind("free", lambda ctx, claim: None)
+    e.start()
+    with psycopg.connect(dsn) as psql:
+        psql.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s || ':' || 'lim', 0))", (channel_for(schema),)
+        )
+        store.enqueue_many(
+            [Job("lim", {"n": n}) for n in range(5)] + [Job("free", {"n": n}) for n in range(5)]
+        )
+        wait_for(lambda: states(dsn, schema, "free").get("done") == 5, "the free topic done")
+        time.sleep(0.5)
+        assert states(dsn, schema, "lim") == {"pending": 5}
+        psql.rollback()
+    wait_for(lambda: states(dsn, schema, "lim").get("done") == 5, "the limited topic done")
