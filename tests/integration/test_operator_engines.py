@@ -221,7 +221,8 @@ def test_q2_paused_topic_untouched_across_engines_while_others_run_then_resume_w
         (row := store.get(i)) is not None and row.state is State.PENDING and row.attempts == 0 for i in ids
     )
     store.resume("paused")
-    wait_for(lambda: states(dsn, schema, "paused").get("done") == 11, "resumed topic done")
+    # woken by the resume: well before the 30 s poll
+    wait_for(lambda: states(dsn, schema, "paused").get("done") == 11, "resumed topic done", timeout=15)
 
 
 def test_q1_retry_of_a_dead_job_runs_it_again(
@@ -242,7 +243,10 @@ def test_q1_retry_of_a_dead_job_runs_it_again(
     jid = store.enqueue(Job("t", {})).id
     wait_for(lambda: (r := store.get(jid)) is not None and r.state is State.DEAD, "dead")
     assert store.retry(jid) is True
-    wait_for(lambda: (r := store.get(jid)) is not None and r.state is State.DONE, "done after retry")
+    # woken by the retry: well before the 30 s poll
+    wait_for(
+        lambda: (r := store.get(jid)) is not None and r.state is State.DONE, "done after retry", timeout=15
+    )
     row = store.get(jid)
     assert row is not None and row.attempts == 1 and "first run fails" in (row.last_error or "")
     assert calls == [1, 1]
