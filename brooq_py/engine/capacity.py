@@ -39,10 +39,6 @@ class Capacity:
         self._held: set[str] = set()  # topics a cap held back: their end wakes the dispatcher
         self.wake: Callable[[], None] = lambda: None
 
-    @property
-    def limited(self) -> frozenset[str]:
-        return self._limited
-
     def set_limited(self, topics: Collection[str]) -> None:
         """The topics with a global limit, as last read from the settings."""
         with self._lock:
@@ -50,10 +46,6 @@ class Capacity:
             self._limited = frozenset(topics)
         if new:
             self.wake()
-
-    def active(self, topic: str) -> int:
-        with self._lock:
-            return self._active[topic]
 
     def claim(
         self, repo: Repo, topics: Sequence[str], free: int, worker: str, lease: timedelta
