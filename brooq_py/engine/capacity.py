@@ -50,12 +50,10 @@ class Capacity:
     def claim(
         self, repo: Repo, topics: Sequence[str], free: int, worker: str, lease: timedelta
     ) -> list[ClaimedJob]:
-        """Claim up to *free* jobs: one common statement, then each limited topic that is due."""
+        """Claim up to *free* jobs: each limited topic that is due first (a backlog of unlimited
+        topics must not starve it), then every other topic in one common statement."""
         common, caps, limited = self._plan(topics, free)
         rows: list[ClaimedJob] = []
-        if common:
-            rows = repo.claim(common, free, worker, lease, caps)
-            self._taken(rows)
         for topic, room in limited:
             room = min(room, free - len(rows))
             if room <= 0:
@@ -63,9 +61,14 @@ class Capacity:
             got = repo.claim_limited(topic, room, worker, lease)
             self._taken(got)
             with self._lock:
-                if len(got) < room:  # full or empty: try again after a while, or when one of ours ends
+                if len(got) < room:  # at its limit, empty or locked: again after a while, or on a settle
                     self._due[topic] = self._monotonic() + self._retry_after
                     self._held.add(topic)
+            rows.extend(got)
+        left = free - len(rows)
+        if common and left > 0:
+            got = repo.claim(common, left, worker, lease, [min(c, left) for c in caps])
+            self._taken(got)
             rows.extend(got)
         return rows
 

@@ -73,3 +73,12 @@ def test_q2_q3_the_common_claim_leaves_out_paused_and_limited_topics_even_with_a
     repo.settings["a"] = (True, None)
     repo.settings["b"] = (False, 2)  # the engine has not read it yet
     assert cap.claim(repo, ["a", "b"], 20, "w", LEASE) == []
+
+
+def test_q3_a_backlog_of_unlimited_topics_never_starves_a_limited_one() -> None:
+    repo, cap, _, _ = setup({"a": None, "b": None})
+    repo.settings["a"] = (False, 5)
+    cap.set_limited(["a"])
+    for _ in range(3):  # one slot free at a time, both topics with a backlog
+        (row,) = cap.claim(repo, ["a", "b"], 1, "w", LEASE)
+        assert row.topic == "a"
