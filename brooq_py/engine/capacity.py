@@ -50,9 +50,10 @@ class Capacity:
     def claim(
         self, repo: Repo, topics: Sequence[str], free: int, worker: str, lease: timedelta
     ) -> list[ClaimedJob]:
-        """Claim up to *free* jobs: each limited topic that is due first (a backlog of unlimited
-        topics must not starve it), then every other topic in one common statement."""
-        common, caps, limited = self._plan(topics, free)
+        """Claim up to *free* jobs: each limited topic that is due, each topic its local cap holds
+        below *free* (bounded, so a backlog of the others cannot starve them), then every other
+        topic in one common statement with what is left."""
+        common, capped, limited = self._plan(topics, free)
         rows: list[ClaimedJob] = []
         for topic, room in limited:
             room = min(room, free - len(rows))
@@ -65,32 +66,45 @@ class Capacity:
                     self._due[topic] = self._monotonic() + self._retry_after
                     self._held.add(topic)
             rows.extend(got)
+        for topic, room in capped:
+            room = min(room, free - len(rows))
+            if room <= 0:
+                break
+            got = repo.claim([topic], room, worker, lease)
+            self._taken(got)
+            rows.extend(got)
         left = free - len(rows)
         if common and left > 0:
-            got = repo.claim(common, left, worker, lease, [min(c, left) for c in caps])
+            got = repo.claim(common, left, worker, lease)
             self._taken(got)
             rows.extend(got)
         return rows
 
-    def _plan(self, topics: Sequence[str], free: int) -> tuple[list[str], list[int], list[tuple[str, int]]]:
+    def _plan(
+        self, topics: Sequence[str], free: int
+    ) -> tuple[list[str], list[tuple[str, int]], list[tuple[str, int]]]:
+        """Split *topics*: the common claim's, the capped ones' (room below *free*), the limited due ones'."""
         caps_of = self._caps
         now = self._monotonic()
         common: list[str] = []
-        caps: list[int] = []
+        capped: list[tuple[str, int]] = []
         limited: list[tuple[str, int]] = []
         with self._lock:
             for topic in topics:
                 cap = caps_of.get(topic)
                 room = free if cap is None else min(free, cap - self._active[topic])
-                if cap is not None and room < free:
-                    self._held.add(topic)
+                if room < free:
+                    self._held.add(topic)  # its next end wakes the dispatcher
+                if room <= 0:
+                    continue
                 if topic in self._limited:
-                    if room > 0 and self._due.get(topic, 0.0) <= now:
+                    if self._due.get(topic, 0.0) <= now:
                         limited.append((topic, room))
-                elif room > 0:
+                elif room < free:
+                    capped.append((topic, room))
+                else:
                     common.append(topic)
-                    caps.append(room)
-        return common, caps, limited
+        return common, capped, limited
 
     def _taken(self, rows: Sequence[ClaimedJob]) -> None:
         if rows:

@@ -60,26 +60,21 @@ class WorkerSide:
     def _connect_own(self) -> psycopg.Connection[Any]:  # pragma: no cover - Store's
         raise NotImplementedError
 
-    def claim(
-        self,
-        topics: Sequence[str],
-        limit: int,
-        worker: str,
-        lease: timedelta,
-        caps: Sequence[int] | None = None,
-    ) -> list[ClaimedJob]:
+    def claim(self, topics: Sequence[str], limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:
         """Claim up to *limit* ready jobs of *topics* in one statement (SPEC C1), in claim order.
 
         Each claimed row becomes processing with locked_by=*worker*,
         locked_until=now()+*lease* (database clock), attempts+1 and a fresh claim_token.
-        *caps* (one per topic) caps each topic's share (SPEC Q3); paused and
-        globally limited topics are left out in the statement's own snapshot.
+        Paused and globally limited topics are left out in the statement's own snapshot (Q2, Q3).
         """
         if not topics or limit < 1:
             return []
-        capped = [limit] * len(topics) if caps is None else [max(0, min(c, limit)) for c in caps]
-        params = {"topics": list(topics), "caps": capped, "limit": limit, "worker": worker, "lease": lease}
-        return claimed_jobs(self._run("claiming jobs", self._q.claim, params))
+        rows = self._run(
+            "claiming jobs",
+            self._q.claim,
+            {"topics": list(topics), "limit": limit, "worker": worker, "lease": lease},
+        )
+        return claimed_jobs(rows)
 
     def settle_many(self, outcomes: Sequence[Outcome]) -> set[str]:
         """Write many outcomes in one guarded statement (SPEC P3, C10); return the ids written.

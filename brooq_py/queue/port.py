@@ -110,18 +110,10 @@ class Repo(Protocol):
     def get(self, job_id: str) -> JobRow | None: ...
 
     # worker side
-    def claim(
-        self,
-        topics: Sequence[str],
-        limit: int,
-        worker: str,
-        lease: timedelta,
-        caps: Sequence[int] | None = None,
-    ) -> list[ClaimedJob]:
+    def claim(self, topics: Sequence[str], limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:
         """Claim up to *limit* ready jobs of *topics* in one statement (SPEC C1).
 
-        *caps* (one per topic) caps each topic's share; paused and globally
-        limited topics are left out (SPEC Q2, Q3).
+        Paused and globally limited topics are left out (SPEC Q2, Q3).
         """
         ...
 

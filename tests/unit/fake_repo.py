@@ -176,19 +176,11 @@ class FakeRepo:
         r.history.append(state)
 
     # worker side
-    def claim(
-        self,
-        topics: Sequence[str],
-        limit: int,
-        worker: str,
-        lease: timedelta,
-        caps: Sequence[int] | None = None,
-    ) -> list[ClaimedJob]:
+    def claim(self, topics: Sequence[str], limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:
         self._count("claim")
         with self.lock:
-            cap = dict(zip(topics, caps if caps is not None else [limit] * len(topics), strict=True))
             held = {t for t, (paused, lim) in self.settings.items() if paused or lim is not None}
-            return self._take({t: c for t, c in cap.items() if t not in held}, limit, worker, lease)
+            return self._take({t: limit for t in topics if t not in held}, limit, worker, lease)
 
     def claim_limited(self, topic: str, limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:
         self._count("claim_limited")

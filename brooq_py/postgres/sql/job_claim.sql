@@ -2,28 +2,25 @@
 -- SPEC C1. One index scan per topic (the claim index, read in claim order and
 -- stopped at the limit), so a topic with nothing ready costs one probe however
 -- many jobs of other topics wait; then the best `limit` candidates overall.
--- The lease comes from the database clock. Each topic takes at most its cap
--- (the engine's free capacity for it, SPEC Q3). Paused and globally limited
--- topics are left out in this statement's own snapshot (SPEC Q2, Q3): the
--- limited ones are claimed by job_claim_limited under their topic's lock.
-WITH live AS MATERIALIZED (
-    SELECT t.topic, t.cap
-    FROM unnest(%(topics)s::text[], %(caps)s::int[]) AS t(topic, cap)
-    WHERE NOT EXISTS (
-        SELECT 1 FROM {topic_setting} s
-        WHERE s.topic = t.topic AND (s.paused OR s.concurrency_limit IS NOT NULL)
-    )
-), cand AS (
+-- The lease comes from the database clock. Paused and globally limited topics
+-- are left out in this statement's own snapshot (SPEC Q2, Q3), before their
+-- index is read: the limited ones are claimed by job_claim_limited under their
+-- topic's lock. The settings are read once per statement (an InitPlan).
+WITH cand AS (
     SELECT c.id, c.priority, c.available_at
-    FROM live AS t
+    FROM unnest(%(topics)s::text[]) AS t(topic)
     CROSS JOIN LATERAL (
         SELECT id, priority, available_at
         FROM {job}
         WHERE topic = t.topic AND state IN ('pending', 'failed') AND available_at <= now()
         ORDER BY priority DESC, available_at, id
-        LIMIT t.cap
+        LIMIT %(limit)s
         FOR NO KEY UPDATE SKIP LOCKED
     ) AS c
+    WHERE t.topic <> ALL (coalesce(
+        (SELECT array_agg(s.topic) FROM {topic_setting} s WHERE s.paused OR s.concurrency_limit IS NOT NULL),
+        '{{}}'
+    ))
     ORDER BY c.priority DESC, c.available_at, c.id
     LIMIT %(limit)s
 ), claimed AS (
