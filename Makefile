@@ -9,10 +9,15 @@ VENV ?= .venv
 COMPOSE ?= docker compose
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.install-stamp
-SOURCES := $(wildcard brooq_py tests bench)  # bench/ may not exist yet
+# Django 6 needs Python >= 3.12 while brooq_py supports 3.11: its tests get a venv of their own,
+# made with the newest Python >= 3.12 found (PATH, then pyenv), or DJANGO_PYTHON=/path/to/python3.12.
+DJANGO_VENV ?= .venv-django
+DJANGO_PYTHON ?= $(shell bash tests/django_project/newest-python.sh)
+DJANGO_STAMP := $(DJANGO_VENV)/.install-stamp
+SOURCES := $(wildcard brooq_py tests bench examples)  # bench/ may not exist yet
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test lint fmt typecheck check bench migrate-up migrate-down migrate-status \
+.PHONY: help install install-django test-django demo test lint fmt typecheck check bench migrate-up migrate-down migrate-status \
 	db-up db-down clean distclean require-database-url
 
 help: ## show this help
@@ -41,8 +46,30 @@ $(STAMP): pyproject.toml
 demo: install ## run the demo against the database devdb finds
 	"$(PY)" -m brooq_py.demo
 
-test: install ## run the test suite (pytest tests/)
+test: install ## run the test suite (pytest tests/), then the Django tests in their own venv
 	"$(PY)" -m pytest tests
+	@$(MAKE) --no-print-directory test-django
+
+test-django: ## the Django 6 tests (tests/django_project) in $(DJANGO_VENV), Python >= 3.12
+	@if [ -z "$(DJANGO_PYTHON)" ]; then \
+		echo "*** Django tests NOT run: no Python >= 3.12 found (Django 6 needs it)." >&2; \
+		echo "*** Install one, or run make test-django DJANGO_PYTHON=/path/to/python3.12" >&2; \
+		if [ -n "$$BROOQ_REQUIRE_DJANGO" ]; then exit 1; else exit 0; fi; \
+	fi; \
+	$(MAKE) --no-print-directory install-django && \
+	echo "Django tests with $$("$(DJANGO_VENV)/bin/python" -V) in $(DJANGO_VENV)" && \
+	"$(DJANGO_VENV)/bin/python" -m pytest tests/django_project
+
+install-django: $(DJANGO_STAMP) ## create $(DJANGO_VENV) (newest Python >= 3.12) with brooq_py[django] and pytest
+
+$(DJANGO_STAMP): pyproject.toml
+	@[ -n "$(DJANGO_PYTHON)" ] || { echo "error: no Python >= 3.12 found for Django 6; set DJANGO_PYTHON" >&2; exit 1; }
+	@if [ ! -x "$(DJANGO_VENV)/bin/python" ]; then \
+		echo "creating $(DJANGO_VENV) with $$("$(DJANGO_PYTHON)" -V 2>&1)"; \
+		"$(DJANGO_PYTHON)" -m venv "$(DJANGO_VENV)"; \
+	fi
+	"$(DJANGO_VENV)/bin/python" -m pip install --quiet -e '.[django]' 'pytest>=8'
+	@touch "$@"
 
 lint: install ## ruff check and ruff format --check
 	"$(VENV)/bin/ruff" check $(SOURCES)
@@ -81,8 +108,8 @@ clean: ## remove caches and build output (keeps .venv)
 	rm -rf .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist *.egg-info "$(STAMP)"
 	find . -path ./$(VENV) -prune -o -type d -name __pycache__ -exec rm -rf {} +
 
-distclean: clean ## clean, and remove .venv too
-	rm -rf "$(VENV)"
+distclean: clean ## clean, and remove .venv (and the Django venv) too
+	rm -rf "$(VENV)" "$(DJANGO_VENV)"
 
 require-database-url:
 	@[ -n "$$DATABASE_URL" ] || { \

@@ -3,7 +3,8 @@
     .venv/bin/python bench/run.py [--quick | --full] [--only W3,W4] [--out PATH]
 
 Runs the PostgreSQL ceilings (raw psycopg INSERT+COMMIT, executemany, the pgbench
-one-commit-per-job claim script) and the workloads W1-W7 plus the memory drain,
+one-commit-per-job claim script) and the workloads W1-W7 (W1a, W2a: W1 and W2 through
+AsyncStore) plus the memory drain,
 each in a fresh schema of the database brooq_py.devdb.acquire() finds, prints a
 table with PASS/MISS against each target and writes the figures to
 bench/results/latest.json. Ratios are taken within this run on this server only.
@@ -27,16 +28,18 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import async_producer  # noqa: E402
 import baselines  # noqa: E402
 import limits  # noqa: E402
 import psycopg  # noqa: E402
+import scale  # noqa: E402
 import w7  # noqa: E402
 import workloads  # noqa: E402
 from util import fresh_schema  # noqa: E402
 
 from brooq_py import devdb  # noqa: E402
 
-WORKLOADS = ("W1", "W2", "W3", "W3b", "W4", "W5", "W6", "W7", "MEM", "Q3")
+WORKLOADS = ("W1", "W2", "W1a", "W2a", "W3", "W3b", "W4", "W5", "W5b", "W6", "W7", "W9", "RET", "MEM", "Q3")
 
 _DEFAULT: dict[str, Any] = dict(
     raw=20_000,
@@ -51,6 +54,10 @@ _DEFAULT: dict[str, Any] = dict(
     w7=20_000,
     mem=40_000,
     pgbench_s=10,
+    w5b_scheduled=1_000_000,
+    w5b_failed=100_000,
+    w9=1000,
+    ret_expired=1_000_000,
 )
 
 SIZES: dict[str, dict[str, Any]] = {
@@ -67,6 +74,10 @@ SIZES: dict[str, dict[str, Any]] = {
         w7=1000,
         mem=3000,
         pgbench_s=3,
+        w5b_scheduled=50_000,
+        w5b_failed=5000,
+        w9=200,
+        ret_expired=50_000,
     ),
     "default": _DEFAULT,
     # the long variants: a 200k-job memory drain, a bigger W7, longer ceilings
@@ -136,6 +147,12 @@ def evaluate(r: dict[str, Any]) -> list[dict[str, Any]]:
     if "W2" in r:
         v = r["W2"]["per_s"]
         add("W2 enqueue_many x1000", f"{v:,.0f}/s", ">= 40,000/s", None, v >= 40_000)
+    if "W1a" in r:  # AsyncStore beside the sync Store, interleaved in one run
+        v, ratio = r["W1a"]["per_s"], r["W1a"]["ratio"]
+        add("W1a async enqueue one/tx", f"{v:,.0f}/s", "(vs sync Store, same run)", ratio, None)
+    if "W2a" in r:
+        v = r["W2a"]["per_s"]
+        add("W2a async enqueue_many x1000", f"{v:,.0f}/s", ">= 40,000/s", None, v >= 40_000)
     for key, need in (("W3", 1.0), ("W3b", 2.0)):
         if key in r:
             w = r[key]
@@ -175,6 +192,37 @@ def evaluate(r: dict[str, Any]) -> list[dict[str, Any]]:
             "<= 2 x empty table",
             worst,
             worst <= 2.0,
+        )
+    if "W5b" in r:
+        w = r["W5b"]
+        worst = max(w["ratio_found_p50"], w["ratio_empty_p50"])
+        add(
+            f"W5b claim, {w['scheduled']:,} scheduled + {w['failed']:,} failed same topic",
+            f"found {w['waiting']['found_p50_ms']:.2f} (empty table {w['empty']['found_p50_ms']:.2f}) ms p50",
+            "<= 2 x empty table",
+            worst,
+            worst <= 2.0,
+        )
+    if "W9" in r:
+        w = r["W9"]
+        ok = w["p50_ms"] <= 50 and w["p99_ms"] <= 250 and w["started"] == w["n"]
+        add(
+            f"W9 {w['n']:,} scheduled 5-15 s ahead",
+            f"late p50 {w['p50_ms']:.1f} / p99 {w['p99_ms']:.1f} ms",
+            "p50<=50, p99<=250 ms",
+            None,
+            ok,
+        )
+    if "RET" in r:
+        w = r["RET"]
+        ok = w["rows_per_min_during_w3"] >= 50_000 and w["w3_ratio"] >= 0.8
+        add(
+            f"retention {w['expired']:,} expired during W3",
+            f"{w['rows_per_min_during_w3']:,.0f} rows/min; W3 {w['w3_with_per_s']:,.0f} vs "
+            f"{w['w3_without_per_s']:,.0f} jobs/s",
+            ">= 50,000/min, W3 >= 0.8 x",
+            w["w3_ratio"],
+            ok,
         )
     if "W6" in r:
         w = r["W6"]
@@ -320,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
         runs = {
             "W1": lambda: workloads.w1_enqueue_one(db.dsn, sz["w1"]),
             "W2": lambda: workloads.w2_enqueue_many(db.dsn, sz["w2"]),
+            "W1a": lambda: async_producer.w1a_enqueue_one(db.dsn, sz["w1"]),
+            "W2a": lambda: async_producer.w2a_enqueue_many(db.dsn, sz["w2"]),
             "W3": lambda: workloads.drain(db.dsn, sz["w3"], 4, "w3"),
             "W3b": lambda: workloads.drain(db.dsn, sz["w3"], 32, "w3b"),
             "W4": lambda: workloads.w4_latency(db.dsn, sz["w4"]),
@@ -327,6 +377,11 @@ def main(argv: list[str] | None = None) -> int:
             "W6": lambda: workloads.w6_heartbeat(db.dsn, 1000, sz["w6_ticks"]),
             "W7": lambda: w7.w7(db.dsn, sz["w7"]),
             "MEM": lambda: workloads.memory_drain(db.dsn, sz["mem"]),
+            "W5b": lambda: scale.w5b_claim_beside_waiting(
+                db.dsn, sz["w5b_scheduled"], sz["w5b_failed"], sz["w5_claims"]
+            ),
+            "W9": lambda: scale.w9_scheduled_lateness(db.dsn, sz["w9"]),
+            "RET": lambda: scale.retention_pace(db.dsn, sz["ret_expired"], sz["w3"]),
             "Q3": lambda: {
                 "w3": limits.w3_with_limited(db.dsn, sz["w3"]),
                 "rate": limits.limited_rate(db.dsn, sz["w3"] // 4),

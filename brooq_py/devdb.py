@@ -142,6 +142,8 @@ def acquire(*, local_port: int = LOCAL_PORT) -> DevDatabase:
     and no PostgreSQL binaries are installed, :class:`DevDatabaseError` when
     that server does not start within ``START_TIMEOUT`` seconds.
     """
+    # A throwaway's owner killed with SIGKILL could not remove its directory: any next start does.
+    sweep_stale_dirs()
     url = os.environ.get("DATABASE_URL", "").strip()
     if url:
         log.info("using DATABASE_URL: %s", mask_dsn(url))

@@ -21,6 +21,7 @@ from brooq_py.devdb import (
     mask_dsn,
     start_throwaway,
 )
+from brooq_py.devdb_process import die_with_parent
 
 _USAGE = """\
 usage: python -m brooq_py.devdb            show which database the chain picks
@@ -76,8 +77,13 @@ def _show() -> int:
 def _run(cmd: list[str]) -> int:
     with acquire() as db:
         print(f"brooq_py.devdb: {db.how}: {mask_dsn(db.dsn)}", file=sys.stderr)
+        parent = os.getpid()
         try:
-            child = subprocess.Popen(cmd, env={**os.environ, "DATABASE_URL": db.dsn})
+            # PDEATHSIG: killed with SIGKILL, this process cannot stop CMD; the kernel does.
+            # (Spawned from the main thread, which lives as long as the wait below.)
+            child = subprocess.Popen(
+                cmd, env={**os.environ, "DATABASE_URL": db.dsn}, preexec_fn=lambda: die_with_parent(parent)
+            )
         except OSError as exc:
             print(f"brooq_py.devdb: cannot run {cmd[0]!r}: {exc}", file=sys.stderr)
             return 127

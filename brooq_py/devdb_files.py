@@ -138,13 +138,18 @@ def popen_ids(account: pwd.struct_passwd | None) -> tuple[int | None, int | None
 
 
 def pid_alive(pid: int) -> bool:
+    """True while *pid* runs; a zombie (dead, not yet reaped by whoever adopted it) is not alive."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True  # no /proc to ask: take the signal's word
+    return "\nState:\tZ" not in status
 
 
 def sweep_stale_dirs() -> None:

@@ -43,8 +43,8 @@ def free_port() -> int:
         return port
 
 
-def _set_pdeathsig(parent_pid: int) -> None:
-    """In the child: ask for SIGKILL when the spawning thread exits (runs after the uid change)."""
+def die_with_parent(parent_pid: int) -> None:
+    """In a child (preexec_fn): ask for SIGKILL when the spawning thread exits (runs after any uid change)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
@@ -77,7 +77,7 @@ def spawn_postgres(
         stderr=subprocess.STDOUT,
         cwd=socket_dir,
         env={**os.environ, "LC_ALL": "C", "LANG": "C"},
-        preexec_fn=lambda: _set_pdeathsig(parent),
+        preexec_fn=lambda: die_with_parent(parent),
         user=uid,
         group=gid,
         extra_groups=groups,

@@ -61,10 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--stop-timeout",
         metavar="D",
         default=None,
-        help="how long a graceful stop waits for running handlers (Go duration; default: the lease)",
+        help="how long a graceful stop waits for running handlers (a duration such as 30s or 1m30s; default: the lease)",
     )
 
     migrate = sub.add_parser("migrate", parents=[common], help="apply or revert the schema migrations")
+    migrate.add_argument(
+        "-v", "--verbose", action="store_true", help="show alembic's own progress (INFO) as well"
+    )
     msub = migrate.add_subparsers(dest="action", required=True, metavar="ACTION")
     up = msub.add_parser("up", parents=[common], help="upgrade to head, or to --to REV")
     up.add_argument("--to", metavar="REV", default=None)
@@ -77,11 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
     enqueue.add_argument("payload", metavar="JSON", help='the payload as JSON text, e.g. \'{"msg": "hi"}\'')
     enqueue.add_argument("--key", default=None, help="idempotency key")
     enqueue.add_argument(
-        "--delay", metavar="D", default=None, help="run after this Go duration, e.g. 30s, 1h30m"
+        "--delay", metavar="D", default=None, help="run after this long: a duration such as 30s or 1m30s"
     )
     enqueue.add_argument("--priority", metavar="N", type=int, default=0, help="higher runs first (default 0)")
 
-    cancel = sub.add_parser("cancel", parents=[common], help="cancel a pending, failed or processing job")
+    cancel = sub.add_parser(
+        "cancel", parents=[common], help="cancel a pending, scheduled, failed or processing job"
+    )
     cancel.add_argument("job_id", metavar="ID")
     get = sub.add_parser("get", parents=[common], help="print a job as JSON")
     get.add_argument("job_id", metavar="ID")
@@ -116,6 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=settings.log_level, format=LOG_FORMAT, stream=sys.stderr)
     if settings.log_level != "DEBUG":
         logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
+    if not getattr(args, "verbose", False):
+        logging.getLogger("alembic").setLevel(logging.WARNING)  # its INFO chatter only when asked (-v)
 
     try:
         return COMMANDS[args.command](args, settings)

@@ -40,6 +40,17 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "QUEUE_RETENTION_TTL": ("retention_ttl", "duration"),
     "QUEUE_RETENTION_BATCH": ("retention_batch", "int"),
     "QUEUE_RETENTION_PERIOD": ("retention_period", "duration"),
+    "QUEUE_NOTIFY": ("notify", "bool"),
+}
+_BOOLS = {
+    "true": True,
+    "1": True,
+    "on": True,
+    "yes": True,
+    "false": False,
+    "0": False,
+    "off": False,
+    "no": False,
 }
 _DIGITS = re.compile(r"[0-9]+")
 
@@ -64,12 +75,16 @@ class Config:
     max_execution_timeout: timedelta | float = 300
     backoff_base: timedelta | float = 1
     backoff_max: timedelta | float = 60
+    # False: poll only. The engine neither LISTENs nor sends wake-ups of its own (SPEC Z3).
+    notify: bool = True
 
     def __post_init__(self) -> None:
         problems: list[str] = []
         check_int(self, "workers", 1, problems)
         check_int(self, "max_attempts", 1, problems)
         check_int(self, "retention_batch", 1, problems)
+        if not isinstance(self.notify, bool):
+            problems.append(f"notify must be a bool, got {type(self.notify).__name__}")
         normalise_durations(self, _DURATIONS, problems, optional=("reaper_period", "watchdog_grace"))
         check_positive(self, tuple(n for n in _DURATIONS if n not in _MAY_BE_ZERO), problems)
         for name in _MAY_BE_ZERO:
@@ -134,21 +149,26 @@ class Config:
         )
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] = os.environ) -> Config:
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:
         """Build a Config from the QUEUE_* variables (SPEC K2).
 
         An empty value counts as unset; durations need a unit (``30s``, ``1h30m``;
         a bare ``0`` is zero); integers are plain decimal digits. Raise
         ``ConfigError`` listing every problem, parse and validation alike.
         """
-        env = os.environ if environ is None else environ  # None: tolerated, read the process environment
+        env = os.environ if environ is None else environ  # None (the default): the process environment
         kwargs: dict[str, object] = {}
         problems: list[str] = []
         for var, (name, kind) in ENV_VARS.items():
             raw = env.get(var)
             if raw is None or raw == "":
                 continue
-            if kind == "int":
+            if kind == "bool":
+                if raw.lower() not in _BOOLS:
+                    problems.append(f"{var}={raw!r}: expected true or false")
+                    continue
+                kwargs[name] = _BOOLS[raw.lower()]
+            elif kind == "int":
                 if not _DIGITS.fullmatch(raw):
                     problems.append(f"{var}={raw!r}: expected a whole number in plain digits")
                     continue

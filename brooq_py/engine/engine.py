@@ -25,7 +25,6 @@ from brooq_py.engine.dispatcher import Dispatcher
 from brooq_py.engine.health import Health
 from brooq_py.engine.heartbeat import Heartbeat
 from brooq_py.engine.inflight import InFlight
-from brooq_py.engine.listener import WakeListener
 from brooq_py.engine.metrics import Metrics, StoreCollector
 from brooq_py.engine.reaper import Reaper
 from brooq_py.engine.repo import ClaimedJob, Outcome, Repo
@@ -36,6 +35,7 @@ from brooq_py.engine.slots import AsyncRunner, SlotPool
 from brooq_py.engine.supervisor import Supervisor
 from brooq_py.engine.ticker import Ticker
 from brooq_py.engine.topic_watch import TopicWatch
+from brooq_py.engine.wakeups import stage_now, wake_services
 from brooq_py.engine.watchdog import Watchdog
 from brooq_py.queue import (
     BrooqError,
@@ -206,7 +206,7 @@ class Engine:
         return self.repo.begin()
 
     def cancel(self, job_id: str) -> bool:
-        """Cancel a pending, failed or processing job (SPEC X1); a running one stops via lease loss."""
+        """Cancel a pending, scheduled, failed or processing job (SPEC X1); a running one stops via lease loss."""
         return self.repo.cancel(job_id)
 
     def get(self, job_id: str) -> JobRow | None:
@@ -273,9 +273,9 @@ class Engine:
                     lambda t: self.metrics.child(self.metrics.reaped, t).inc(),
                     self.log,
                 ),
-                WakeListener(self.repo.listen, self._dispatcher.wake, self.log),
                 self._topic_watch,
             ]
+            self._services += wake_services(self.repo, cfg, self.topics, self._dispatcher.wake, self.log)
             self.capacity.wake = self._dispatcher.wake
             if self._schedules:
                 self._services.append(
@@ -376,6 +376,7 @@ class Engine:
         with self._lock:
             if self._state == "running":
                 raise BrooqError("run_once() is for an engine that was not started")
+        stage_now(self.repo, self.config, self.topics)
         self._topic_watch.run_once()
         rows = self._claim(self.config.workers)
         for row in rows:

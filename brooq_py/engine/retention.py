@@ -1,4 +1,10 @@
-"""Retention: terminal rows older than the TTL are deleted in batches (SPEC T1-T3)."""
+"""Retention: terminal rows older than the TTL are deleted in batches (SPEC T1-T3, Z1).
+
+Retention keeps pace: while a tick ends on its batch cap (the last batch came
+back full, so more expired rows remain) the next tick follows at once, so a
+backlog drains at the speed of the delete. Each batch is one short statement
+over terminal rows only (SKIP LOCKED): it never waits for, or blocks, a claim.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +15,13 @@ from datetime import timedelta
 
 from brooq_py.engine.ticker import Ticker
 
-MAX_BATCHES_PER_TICK = 100
+# Batches a tick deletes before it reports (metrics, stop check); a tick that ends
+# on this cap is followed at once by the next.
+MAX_BATCHES_PER_TICK = 10
 
 
 class Retention(Ticker):
-    """Deletes batches while they come back full, at most 100 a tick, then WARNs."""
+    """Deletes batches while they come back full; back to back while a backlog lasts (Z1)."""
 
     name = "retention"
 
@@ -33,27 +41,36 @@ class Retention(Ticker):
         self.batch = batch
         self._delete = delete
         self._on_deleted = on_deleted
+        self.behind = False  # the last tick ended on its cap: more expired rows remain
+        self._drained: Counter[str] = Counter()  # deleted since the last tick that was not behind
+
+    def next_delay(self) -> float:
+        return 0.0 if self.behind else self.period
 
     def tick(self) -> None:
+        self.behind = False  # a failing delete waits a period, never loops at once
         total: Counter[str] = Counter()
+        full = False
         for _ in range(MAX_BATCHES_PER_TICK):
+            if self._stop.is_set():
+                break
             rows = self._delete(self.ttl, self.batch)
             for _, topic in rows:
                 total[topic] += 1
-            if len(rows) < self.batch:
+            full = len(rows) >= self.batch
+            if not full:
                 break
-        else:
-            self.log.warning(
-                "retention: %d batches of %d deleted this tick and more remain; continuing next tick",
-                MAX_BATCHES_PER_TICK,
-                self.batch,
-            )
         for topic, n in total.items():
             self._on_deleted(topic, n)
-        if total:
+        if full and not self._drained:
+            self.log.info("retention: a backlog of expired terminal jobs; deleting batch after batch")
+        self.behind = full
+        self._drained.update(total)
+        if not full and self._drained:
             self.log.info(
                 "retention: deleted %d terminal jobs older than %gs topics=%s",
-                sum(total.values()),
+                sum(self._drained.values()),
                 self.ttl.total_seconds(),
-                ",".join(f"{t}:{n}" for t, n in sorted(total.items())),
+                ",".join(f"{t}:{n}" for t, n in sorted(self._drained.items())),
             )
+            self._drained.clear()

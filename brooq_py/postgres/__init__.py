@@ -2,12 +2,16 @@
 
 ``Store`` implements the engine's ``Repo`` port on a caller's
 ``psycopg_pool.ConnectionPool``; ``WrapTx`` and ``as_psycopg`` adapt a caller's
-transaction; ``migrations`` applies the schema (alembic, imported lazily).
+transaction; ``AsyncStore`` and ``AsyncWrapTx`` are the producer side for
+asyncio code; ``migrations`` applies the schema (alembic, imported lazily).
+Importing this package loads neither the engine, prometheus_client nor alembic.
 """
 
 from brooq_py.postgres import migrations
+from brooq_py.postgres.async_store import AsyncStore
+from brooq_py.postgres.async_wraptx import AsyncWrapTx
 from brooq_py.postgres.channel import channel_for
 from brooq_py.postgres.store import Store
 from brooq_py.postgres.wraptx import WrapTx, as_psycopg
 
-__all__ = ["Store", "WrapTx", "as_psycopg", "channel_for", "migrations"]
+__all__ = ["AsyncStore", "AsyncWrapTx", "Store", "WrapTx", "as_psycopg", "channel_for", "migrations"]

@@ -1,16 +1,33 @@
-"""The wake-up channel of a schema (the same rule as the NOTIFY trigger of migrations 0005-0006)."""
+"""The wake-up channels of a schema (the same rule as the NOTIFY trigger of migrations 0005-0008)."""
 
 from __future__ import annotations
 
 import hashlib
 
 _PREFIX = "brooq."
+_STAGE_PREFIX = "brooq_stage."
 _MAX_IDENTIFIER_BYTES = 63
 
 
-def channel_for(schema: str) -> str:
-    """Return the NOTIFY channel of *schema*: ``brooq.<schema>``, or ``brooq.<md5(schema)>`` past 63 bytes."""
-    channel = _PREFIX + schema
+def _named(prefix: str, schema: str) -> str:
+    channel = prefix + schema
     if len(channel.encode("utf-8")) <= _MAX_IDENTIFIER_BYTES:
         return channel
-    return _PREFIX + hashlib.md5(schema.encode("utf-8"), usedforsecurity=False).hexdigest()
+    return prefix + hashlib.md5(schema.encode("utf-8"), usedforsecurity=False).hexdigest()
+
+
+def channel_for(schema: str) -> str:
+    """Return the NOTIFY channel of *schema*: ``brooq.<schema>``, or ``brooq.<md5(schema)>`` past 63 bytes.
+
+    Its notifications say a topic has ready (pending) jobs; the payload is the topic
+    (empty: every topic).
+    """
+    return _named(_PREFIX, schema)
+
+
+def stage_channel_for(schema: str) -> str:
+    """Return the stager's channel of *schema*: ``brooq_stage.<schema>`` (md5 past 63 bytes).
+
+    Its notifications say a job of the topic in the payload was scheduled.
+    """
+    return _named(_STAGE_PREFIX, schema)

@@ -1,6 +1,12 @@
-"""Enqueue on any runner: one job (E1-E3) or a batch in one statement (E5).
+"""The producer's rules, written once for the sync Store and the AsyncStore.
 
-Ids are generated here (uuid4), so a job's id is known before commit.
+Each operation is a *plan*: a generator that yields ``(query, params)`` for
+every statement it needs and receives that statement's rows back. It does no
+I/O itself, so one plan serves both sides: ``drive`` runs it on a blocking
+runner (``Store``), ``drive_async`` on an awaitable one (``AsyncStore``), and
+the rules (E1-E5, X1, Q1) cannot drift apart between the two.
+
+Ids are generated here (UUIDv7, time-ordered: SPEC Z4), so a job's id is known before commit.
 Idempotency relies on ``INSERT ... ON CONFLICT DO NOTHING``: a duplicate never
 raises into the caller's transaction at READ COMMITTED (SPEC E2). Under
 REPEATABLE READ or SERIALIZABLE a duplicate committed concurrently raises a
@@ -10,15 +16,71 @@ serialization failure, as any conflicting write does there.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Generator, Sequence
+from typing import Any, TypeVar
 
-from brooq_py.postgres.queries import Queries
-from brooq_py.postgres.runner import Runner
-from brooq_py.queue import BrooqError, EnqueueResult, InvalidJob, Job
+from brooq_py.postgres.queries import Queries, Query
+from brooq_py.postgres.runner import Rows
+from brooq_py.queue import BrooqError, EnqueueResult, InvalidJob, Job, JobRow, State
+from brooq_py.queue.ids import uuid7
+
+Statement = tuple[Query, dict[str, Any]]
+T = TypeVar("T")
+Plan = Generator[Statement, Rows, T]
 
 # A row found by key can vanish (retention) before we read it: insert again, a few times.
 _ATTEMPTS = 5
+
+
+def first_statement(plan: Plan[T]) -> tuple[Statement | None, T | None]:
+    """Start *plan*: return its first statement, or (None, result) when it needs none.
+
+    A Store takes a connection only for a plan that has a statement to run (a
+    malformed id needs none).
+    """
+    try:
+        return next(plan), None
+    except StopIteration as done:
+        return None, done.value
+
+
+def drive(plan: Plan[T], run: Callable[[Query, dict[str, Any]], Rows], first: Statement | None = None) -> T:
+    """Run *plan* to its end on a blocking runner and return its result.
+
+    *first* is the plan's first statement when ``first_statement`` already started it.
+    """
+    try:
+        statement = next(plan) if first is None else first
+        while True:
+            statement = plan.send(run(*statement))
+    except StopIteration as done:
+        result: T = done.value
+        return result
+
+
+async def drive_async(
+    plan: Plan[T], run: Callable[[Query, dict[str, Any]], Awaitable[Rows]], first: Statement | None = None
+) -> T:
+    """Run *plan* to its end on an awaitable runner and return its result (*first*: as ``drive``)."""
+    try:
+        statement = next(plan) if first is None else first
+        while True:
+            statement = plan.send(await run(*statement))
+    except StopIteration as done:
+        result: T = done.value
+        return result
+
+
+def parse_id(job_id: Any) -> uuid.UUID | None:
+    """Return *job_id* as a UUID, or None when it is not a well-formed one."""
+    if isinstance(job_id, uuid.UUID):
+        return job_id
+    if not isinstance(job_id, str):
+        return None
+    try:
+        return uuid.UUID(job_id)
+    except ValueError:
+        return None
 
 
 def job_params(job: Job, payload: str, job_id: uuid.UUID) -> dict[str, Any]:
@@ -42,26 +104,40 @@ def validated(jobs: Sequence[Job]) -> list[str]:
     return texts
 
 
-def enqueue_one(run: Runner, q: Queries, job: Job, payload: str) -> EnqueueResult:
-    """Insert *job* unless (topic, key) exists; return its id and whether this call created it."""
-    params = job_params(job, payload, uuid.uuid4())
+def enqueue_one(q: Queries, job: Job) -> Plan[EnqueueResult]:
+    """Insert *job* unless (topic, key) exists; return its id and whether this call created it.
+
+    The job is validated when the plan is made, before any statement (E4).
+    """
+    (payload,) = validated([job])
+    return _enqueue_one(q, job, payload)
+
+
+def _enqueue_one(q: Queries, job: Job, payload: str) -> Plan[EnqueueResult]:
+    params = job_params(job, payload, uuid7())
     for _ in range(_ATTEMPTS):
-        rows = run(q.enqueue, params)
+        rows = yield q.enqueue, params
         if rows:
             return EnqueueResult(str(rows[0][0]), True)
         if job.key is None:
             break
         # A new statement: its snapshot sees a duplicate committed while we waited on it.
-        rows = run(q.get_by_key, {"topic": job.topic, "key": job.key})
+        rows = yield q.get_by_key, {"topic": job.topic, "key": job.key}
         if rows:
             return EnqueueResult(str(rows[0][0]), False)
     raise BrooqError(f"enqueue of topic {job.topic!r} did not settle after {_ATTEMPTS} attempts")
 
 
-def enqueue_batch(
-    run: Runner, q: Queries, jobs: Sequence[Job], payloads: Sequence[str]
-) -> list[EnqueueResult]:
-    """Enqueue *jobs* in one statement (more only for keys a concurrent writer held); input order."""
+def enqueue_many(q: Queries, jobs: Sequence[Job]) -> Plan[list[EnqueueResult]]:
+    """Enqueue *jobs* in one statement (more only for keys a concurrent writer held); input order.
+
+    Every job is validated when the plan is made: one bad job refuses the batch (E4, E5).
+    """
+    payloads = validated(jobs)
+    return _enqueue_many(q, jobs, payloads)
+
+
+def _enqueue_many(q: Queries, jobs: Sequence[Job], payloads: Sequence[str]) -> Plan[list[EnqueueResult]]:
     results: list[EnqueueResult | None] = [None] * len(jobs)
     first_of: dict[tuple[str, str], int] = {}
     repeats: list[tuple[int, int]] = []
@@ -74,12 +150,12 @@ def enqueue_batch(
                 repeats.append((i, first))
                 continue
         todo.append(i)
-    ids = {i: uuid.uuid4() for i in todo}
+    ids = {i: uuid7() for i in todo}
 
     for _ in range(_ATTEMPTS):
         if not todo:
             break
-        rows = run(
+        rows = yield (
             q.enqueue_many,
             {
                 "ids": [ids[i] for i in todo],
@@ -98,16 +174,14 @@ def enqueue_batch(
                 results[i] = EnqueueResult(str(job_id), bool(created))
         todo = []
         if unresolved:
-            found = {
-                (topic, key): str(job_id)
-                for topic, key, job_id in run(
-                    q.get_by_keys,
-                    {
-                        "topics": [jobs[i].topic for i in unresolved],
-                        "keys": [jobs[i].key for i in unresolved],
-                    },
-                )
-            }
+            found_rows = yield (
+                q.get_by_keys,
+                {
+                    "topics": [jobs[i].topic for i in unresolved],
+                    "keys": [jobs[i].key for i in unresolved],
+                },
+            )
+            found = {(topic, key): str(job_id) for topic, key, job_id in found_rows}
             for i in unresolved:
                 existing = found.get((jobs[i].topic, str(jobs[i].key)))
                 if existing is None:
@@ -121,3 +195,41 @@ def enqueue_batch(
         assert first_result is not None
         results[i] = EnqueueResult(first_result.id, False)
     return [r for r in results if r is not None]
+
+
+def by_id(query: Query, job_id: Any) -> Plan[bool]:
+    """Run *query* (cancel, retry) for a well-formed *job_id*; True if it changed a row.
+
+    A malformed id changes nothing and runs no statement (False, never an error).
+    """
+    parsed = parse_id(job_id)
+    if parsed is None:
+        return False
+    rows = yield query, {"id": parsed}
+    return bool(rows)
+
+
+def get(q: Queries, job_id: Any) -> Plan[JobRow | None]:
+    """Read the job's row; None for an unknown or malformed id (no statement for a malformed one)."""
+    parsed = parse_id(job_id)
+    if parsed is None:
+        return None
+    rows = yield q.get, {"id": parsed}
+    if not rows:
+        return None
+    r = rows[0]
+    return JobRow(
+        id=str(r[0]),
+        topic=r[1],
+        payload=r[2],
+        state=State(r[3]),
+        attempts=r[4],
+        priority=r[5],
+        available_at=r[6],
+        locked_by=r[7],
+        locked_until=r[8],
+        last_error=r[9],
+        idempotency_key=r[10],
+        created_at=r[11],
+        updated_at=r[12],
+    )

@@ -1,53 +1,133 @@
-"""A LISTEN subscription on its own autocommit connection (the engine's wake-up)."""
+"""A LISTEN subscription on its own autocommit connection (the engine's wake-up).
+
+Wake-ups name their topic (SPEC Z3): the subscription reports only those of
+its topics. Right after LISTEN a probe is sent from a second connection; when
+no notification at all arrives within ``PROBE_TIMEOUT`` the connection does not
+deliver them (LISTEN through a transaction-pooling proxy such as PgBouncer in
+transaction mode): the subscription says so in one log line, closes its
+connection and from then on only sleeps, so polling carries the work.
+"""
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Callable
+import time
+import uuid
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
 
+from brooq_py.postgres.channel import channel_for, stage_channel_for
 from brooq_py.postgres.errors import is_connection_error, translated, unavailable
-from brooq_py.postgres.queries import Query
+from brooq_py.postgres.queries import Queries
+
+log = logging.getLogger("brooq_py.postgres")
+
+# Seconds the probe may take before LISTEN is declared dead on this connection.
+PROBE_TIMEOUT = 5.0
 
 
 class PgListener:
-    """Wait for NOTIFYs on the schema's channel.
+    """Wait for NOTIFYs on the schema's channels.
 
     The connection is opened and LISTENs at construction (raise
-    StoreUnavailable if the database cannot be reached).
+    StoreUnavailable if the database cannot be reached). *topics* None: every
+    wake-up counts. *on_scheduled*: also LISTEN on the stager's channel and call
+    it (from ``wait()``) for a scheduled job of one of the topics.
     """
 
     def __init__(
         self,
         connect: Callable[[], psycopg.Connection[Any]],
-        listen: Query,
+        queries: Queries,
         on_close: Callable[[PgListener], None] | None = None,
+        *,
+        topics: Sequence[str] | None = None,
+        on_scheduled: Callable[[], None] | None = None,
+        probe_timeout: float | None = PROBE_TIMEOUT,
     ) -> None:
         self._lock = threading.Lock()
         self._on_close = on_close
+        self._topics = None if topics is None else frozenset(topics)
+        self._on_scheduled = on_scheduled
+        self._stage_channel = stage_channel_for(queries.schema)
+        self._refused = False
+        self._probe = f"brooq-probe:{uuid.uuid4()}"
+        self._probe_deadline: float | None = None
         with translated("opening the LISTEN connection"):
             self._conn = connect()
             try:
-                self._conn.execute(listen.composed)
+                self._conn.execute(queries.listen.composed)
+                if on_scheduled is not None:
+                    self._conn.execute(queries["listen_stage"].composed)
+                if probe_timeout is not None:
+                    with connect() as other:
+                        other.execute(queries["listen_probe"].composed, {"payload": self._probe})
+                    self._probe_deadline = time.monotonic() + probe_timeout
             except BaseException:
                 self._conn.close()
                 raise
+        self._channel = channel_for(queries.schema)
+
+    @property
+    def refused(self) -> bool:
+        """True once the probe showed that this connection does not deliver notifications."""
+        return self._refused
+
+    def _wanted(self, payload: str) -> bool:
+        return payload == "" or self._topics is None or payload in self._topics
 
     def wait(self, timeout: float) -> bool:
-        """Block up to *timeout* seconds; return True if a notification arrived.
+        """Block up to *timeout* seconds; return True if a wake-up for our topics arrived.
 
         Raise StoreUnavailable when the connection is broken or closed.
         """
-        try:
-            for _ in self._conn.notifies(timeout=max(0.0, timeout), stop_after=1):
+        deadline = time.monotonic() + max(0.0, timeout)
+        while True:
+            remaining = deadline - time.monotonic()
+            if self._refused:
+                time.sleep(max(0.0, remaining))
+                return False
+            if remaining <= 0:
+                return False
+            note = self._next(remaining)
+            if note is None:
+                if self._probe_deadline is not None and time.monotonic() >= self._probe_deadline:
+                    self._refuse()
+                return False
+            self._probe_deadline = None  # something arrived: LISTEN works here
+            if note.payload == self._probe:
+                continue
+            if note.channel == self._stage_channel:
+                if self._on_scheduled is not None and self._wanted(note.payload):
+                    self._on_scheduled()
+                continue
+            if self._wanted(note.payload):
                 return True
-            return False
+
+    def _next(self, timeout: float) -> psycopg.Notify | None:
+        try:
+            for note in self._conn.notifies(timeout=timeout, stop_after=1):
+                return note
+            return None
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
             if not is_connection_error(exc):
                 raise
             raise unavailable(exc, "waiting for notifications") from exc
+
+    def _refuse(self) -> None:
+        self._refused = True
+        self._probe_deadline = None
+        log.error(
+            "LISTEN on %s delivers no notifications (a transaction-pooling proxy such as PgBouncer?): "
+            "wake-ups are off and the engine polls every poll_interval; give the Store a direct "
+            "conninfo for LISTEN, or set Config(notify=False)",
+            self._channel,
+        )
+        with self._lock:
+            self._conn.close()
 
     def close(self) -> None:
         """Close the connection; safe to repeat."""

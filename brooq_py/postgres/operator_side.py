@@ -10,6 +10,7 @@ from typing import Any
 
 import psycopg
 
+from brooq_py.postgres.enqueueing import Plan, by_id
 from brooq_py.postgres.queries import Queries
 from brooq_py.postgres.runner import Rows, on_connection
 from brooq_py.postgres.worker_side import claimed_jobs
@@ -65,7 +66,7 @@ class OperatorSide:
     def _run(self, doing: str, query: Any, params: dict[str, Any]) -> Rows:  # pragma: no cover - Store's
         raise NotImplementedError
 
-    def _parse_id(self, job_id: Any) -> Any:  # pragma: no cover - Store's
+    def _drive(self, doing: str, plan: Plan[Any]) -> Any:  # pragma: no cover - Store's
         raise NotImplementedError
 
     def _autocommit(
@@ -79,10 +80,8 @@ class OperatorSide:
         Wake the engines of its topic. Return False for any other state and for
         unknown or malformed ids.
         """
-        parsed = self._parse_id(job_id)
-        if parsed is None:
-            return False
-        return bool(self._run("retrying a job", self._q["job_retry"], {"id": parsed}))
+        done: bool = self._drive("retrying a job", by_id(self._q["job_retry"], job_id))
+        return done
 
     def pause(self, topic: str) -> None:
         """Pause *topic*: no engine claims it from its next claim on; running jobs finish (SPEC Q2)."""

@@ -1,7 +1,8 @@
 """Named SQL statements: loaded once from ``sql/*.sql``, rendered per schema.
 
 Each file holds one statement with ``{job}``, ``{topic_setting}`` (the tables),
-``{channel}`` (the wake-up channel as an identifier) or ``{channel_literal}`` (as text)
+``{channel}`` (the wake-up channel as an identifier), ``{channel_literal}`` (as text) or
+``{stage_channel}`` (the stager's channel)
 placeholders and psycopg ``%(name)s`` parameters. A Store renders every
 statement once for its schema with ``psycopg.sql.Identifier`` and never sets
 ``search_path`` on a connection.
@@ -16,7 +17,7 @@ from importlib import resources
 
 from psycopg import sql
 
-from brooq_py.postgres.channel import channel_for
+from brooq_py.postgres.channel import channel_for, stage_channel_for
 
 _BINARY_PLACEHOLDER = re.compile(r"%\((\w+)\)b")
 
@@ -46,6 +47,7 @@ def render(name: str, schema: str) -> Query:
         topic_setting=sql.Identifier(schema, "topic_setting"),
         channel=sql.Identifier(channel_for(schema)),
         channel_literal=sql.Literal(channel_for(schema)),
+        stage_channel=sql.Identifier(stage_channel_for(schema)),
     )
     # A foreign Tx gets the text with plain %(name)s placeholders: binary ones are psycopg's own.
     text = _BINARY_PLACEHOLDER.sub(r"%(\1)s", composed.as_string(None))

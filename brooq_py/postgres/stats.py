@@ -24,6 +24,7 @@ class TopicDepth:
     processing: int
     failed: int
     oldest_ready_seconds: float
+    scheduled: int = 0
 
 
 @dataclass(frozen=True)
@@ -102,8 +103,8 @@ def collect(
             cur.execute(render("gauges_by_topic", schema).composed, {"topics": topic_names, "cap": cap})
             topics = sorted(
                 (
-                    TopicDepth(str(t), int(p), int(pr), int(f), float(age))
-                    for t, p, pr, f, age in cur.fetchall()
+                    TopicDepth(str(t), int(p), int(pr), int(f), float(age), int(s))
+                    for t, p, pr, f, age, s in cur.fetchall()
                 ),
                 key=lambda d: d.topic,
             )

@@ -17,69 +17,66 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 import psycopg_pool
 
-from brooq_py.postgres.enqueueing import enqueue_batch, enqueue_one, validated
+from brooq_py.postgres import enqueueing as plans
+from brooq_py.postgres.enqueueing import drive, first_statement, parse_id
 from brooq_py.postgres.errors import translated
-from brooq_py.postgres.listener import PgListener
+from brooq_py.postgres.listener import PROBE_TIMEOUT, PgListener
 from brooq_py.postgres.operator_side import OperatorSide
+from brooq_py.postgres.producer import check_schema, no_pool
 from brooq_py.postgres.queries import Queries, Query
 from brooq_py.postgres.runner import Rows, on_connection, on_tx
 from brooq_py.postgres.worker_side import WorkerSide
 from brooq_py.postgres.wraptx import WrapTx
-from brooq_py.queue import EnqueueResult, Job, JobRow, State, Tx
+from brooq_py.queue import EnqueueResult, Job, JobRow, Tx
+
+__all__ = ["Store", "parse_id"]
 
 # Connection settings of the pool that are not libpq parameters, left out of our own connections.
 _NOT_LIBPQ = frozenset({"autocommit", "row_factory", "cursor_factory", "context"})
 
 
-def parse_id(job_id: Any) -> uuid.UUID | None:
-    """Return *job_id* as a UUID, or None when it is not a well-formed one."""
-    if isinstance(job_id, uuid.UUID):
-        return job_id
-    if not isinstance(job_id, str):
-        return None
-    try:
-        return uuid.UUID(job_id)
-    except ValueError:
-        return None
-
-
 class Store(WorkerSide, OperatorSide):
     """The job store on a caller's ``psycopg_pool.ConnectionPool`` (the engine's Repo).
 
-    The pool stays the caller's: the Store never opens or closes it.
-    ``schema`` names the schema the migrations were applied to; every statement
+    The pool stays the caller's: the Store never opens or closes it. ``pool``
+    may be None for a producer that only enqueues inside its own transactions
+    (``enqueue_tx``, ``enqueue_many(tx=...)``); the methods that need a pool then
+    raise BrooqError. ``schema`` names the schema the migrations were applied to; every statement
     is rendered for it once, here.
     """
 
     def __init__(
         self,
-        pool: psycopg_pool.ConnectionPool[Any],
+        pool: psycopg_pool.ConnectionPool[Any] | None,
         *,
         schema: str = "public",
         conninfo: str | None = None,
     ) -> None:
-        if not isinstance(schema, str) or not schema or "\x00" in schema:
-            raise ValueError(f"invalid schema name: {schema!r}")
+        if isinstance(pool, psycopg_pool.AsyncConnectionPool):
+            raise TypeError("an AsyncConnectionPool goes to AsyncStore, not Store")
+        if pool is not None and not isinstance(pool, psycopg_pool.ConnectionPool):
+            raise TypeError(f"Store needs a psycopg_pool.ConnectionPool or None, got {type(pool).__name__}")
+        check_schema(schema)
         self._pool = pool
         self.schema = schema
         self._conninfo = conninfo
         # The pool's settings may be callables (evaluated per connection); so are ours.
-        self._pool_conninfo = pool.conninfo
-        self._pool_kwargs = pool.kwargs
+        self._pool_conninfo = pool.conninfo if pool is not None else None
+        self._pool_kwargs = pool.kwargs if pool is not None else None
         self._q = Queries(schema)
         self._hb_lock = threading.Lock()
         self._hb_conn: psycopg.Connection[Any] | None = None
         self._listeners: set[PgListener] = set()
         self._listeners_lock = threading.Lock()
         self.ping_timeout = 2.0
+        self.listen_probe_timeout: float | None = PROBE_TIMEOUT
 
     # -- connections ----------------------------------------------------------
 
@@ -87,6 +84,8 @@ class Store(WorkerSide, OperatorSide):
         """Open one of the Store's own autocommit connections from ``conninfo``."""
         if self._conninfo is not None:
             return psycopg.connect(self._conninfo, autocommit=True)
+        if self._pool_conninfo is None:
+            raise no_pool("Store", "opening its own connection")
         conninfo = self._pool_conninfo() if callable(self._pool_conninfo) else self._pool_conninfo
         kwargs = self._pool_kwargs() if callable(self._pool_kwargs) else (self._pool_kwargs or {})
         extra = {k: v for k, v in kwargs.items() if k not in _NOT_LIBPQ}
@@ -95,6 +94,8 @@ class Store(WorkerSide, OperatorSide):
     @contextmanager
     def _autocommit(self, doing: str, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
         """Lend a pool connection in autocommit mode; put its flag back before it returns to the pool."""
+        if self._pool is None:
+            raise no_pool("Store", doing)
         with translated(doing), self._pool.connection(timeout=timeout) as conn:
             saved = conn.autocommit
             if not saved:
@@ -106,14 +107,19 @@ class Store(WorkerSide, OperatorSide):
                     with contextlib.suppress(psycopg.Error):  # a broken one: the pool discards it
                         conn.autocommit = False
 
-    def _parse_id(self, job_id: Any) -> uuid.UUID | None:
-        return parse_id(job_id)
-
     def _run(self, doing: str, query: Query, params: dict[str, Any]) -> Rows:
         with self._autocommit(doing) as conn:
             return on_connection(conn)(query, params)
 
     # -- producer side ----------------------------------------------------------
+
+    def _drive(self, doing: str, plan: plans.Plan[Any]) -> Any:
+        """Run *plan* in autocommit statements on a pool connection (none taken if it needs none)."""
+        first, result = first_statement(plan)
+        if first is None:
+            return result
+        with self._autocommit(doing) as conn:
+            return drive(plan, on_connection(conn), first)
 
     def enqueue(self, job: Job) -> EnqueueResult:
         """Enqueue *job* in its own autocommit statement; return its id and whether this call created it.
@@ -121,9 +127,8 @@ class Store(WorkerSide, OperatorSide):
         Idempotent on (topic, key) for the life of the row (SPEC E1). Raise
         InvalidJob before anything is written for a bad job (E4).
         """
-        (payload,) = validated([job])
-        with self._autocommit("enqueueing") as conn:
-            return enqueue_one(on_connection(conn), self._q, job, payload)
+        result: EnqueueResult = self._drive("enqueueing", plans.enqueue_one(self._q, job))
+        return result
 
     def enqueue_tx(self, tx: Tx, job: Job) -> EnqueueResult:
         """Enqueue *job* inside the caller's transaction *tx* (SPEC E3); the caller commits.
@@ -134,10 +139,11 @@ class Store(WorkerSide, OperatorSide):
         rollback. A duplicate never aborts the transaction at READ COMMITTED
         (SPEC E2); under REPEATABLE READ or SERIALIZABLE a duplicate committed
         concurrently raises a serialization failure, as any conflicting write does.
+        An asyncio connection raises TypeError naming AsyncStore.
         """
-        (payload,) = validated([job])
+        plan = plans.enqueue_one(self._q, job)
         with translated("enqueueing"):
-            return enqueue_one(on_tx(tx), self._q, job, payload)
+            return drive(plan, on_tx(tx))
 
     def enqueue_many(self, jobs: Sequence[Job], tx: Tx | None = None) -> list[EnqueueResult]:
         """Enqueue *jobs* in one statement (SPEC E5), in *tx* when given; results in input order.
@@ -146,62 +152,62 @@ class Store(WorkerSide, OperatorSide):
         nothing written). A key repeated inside the batch creates one job; the
         repeats get its id with created=False.
         """
-        payloads = validated(jobs)
+        run = on_tx(tx) if tx is not None else None  # a wrong tx is refused even for no jobs
+        plan = plans.enqueue_many(self._q, jobs)
         if not jobs:
             return []
-        if tx is not None:
+        if run is not None:
             with translated("enqueueing a batch"):
-                return enqueue_batch(on_tx(tx), self._q, jobs, payloads)
-        with self._autocommit("enqueueing a batch") as conn:
-            return enqueue_batch(on_connection(conn), self._q, jobs, payloads)
+                return drive(plan, run)
+        result: list[EnqueueResult] = self._drive("enqueueing a batch", plan)
+        return result
 
     @contextmanager
     def begin(self) -> Iterator[WrapTx]:
         """Yield a WrapTx on a pool connection inside a transaction: commit on a clean exit,
         rollback on an exception."""
+        if self._pool is None:
+            raise no_pool("Store", "opening a transaction")
         with translated("running a transaction"), self._pool.connection() as conn, conn.transaction():
             yield WrapTx(conn)
 
     def cancel(self, job_id: str) -> bool:
-        """Cancel a pending, failed or processing job (SPEC X1).
+        """Cancel a pending, scheduled, failed or processing job (SPEC X1).
 
         Return False for terminal, unknown or malformed ids (never raise on a malformed id).
         """
-        parsed = parse_id(job_id)
-        if parsed is None:
-            return False
-        return bool(self._run("canceling a job", self._q.cancel, {"id": parsed}))
+        done: bool = self._drive("canceling a job", plans.by_id(self._q.cancel, job_id))
+        return done
 
     def get(self, job_id: str) -> JobRow | None:
         """Return the job's row; None for an unknown or malformed id."""
-        parsed = parse_id(job_id)
-        if parsed is None:
-            return None
-        rows = self._run("reading a job", self._q.get, {"id": parsed})
-        if not rows:
-            return None
-        r = rows[0]
-        return JobRow(
-            id=str(r[0]),
-            topic=r[1],
-            payload=r[2],
-            state=State(r[3]),
-            attempts=r[4],
-            priority=r[5],
-            available_at=r[6],
-            locked_by=r[7],
-            locked_until=r[8],
-            last_error=r[9],
-            idempotency_key=r[10],
-            created_at=r[11],
-            updated_at=r[12],
-        )
+        row: JobRow | None = self._drive("reading a job", plans.get(self._q, job_id))
+        return row
+
+    def get_tx(self, tx: Tx, job_id: str) -> JobRow | None:
+        """Return the job's row as the caller's transaction *tx* sees it; None for an unknown or malformed id."""
+        with translated("reading a job"):
+            return drive(plans.get(self._q, job_id), on_tx(tx))
 
     # -- engine plumbing -----------------------------------------------------------
 
-    def listen(self) -> PgListener:
-        """Open a LISTEN subscription on this schema's channel, on a connection of its own."""
-        listener = PgListener(self._connect_own, self._q.listen, on_close=self._forget_listener)
+    def listen(
+        self, topics: Sequence[str] | None = None, on_scheduled: Callable[[], None] | None = None
+    ) -> PgListener:
+        """Open a LISTEN subscription on this schema's channel, on a connection of its own.
+
+        It reports wake-ups of *topics* only (all when None) and calls *on_scheduled*
+        for scheduled jobs of them (SPEC Z3). A connection that delivers no
+        notifications (a transaction-pooling proxy) is refused with one log line.
+        """
+        listener = PgListener(
+            self._connect_own,
+            self._q,
+            on_close=self._forget_listener,
+            topics=topics,
+            on_scheduled=on_scheduled,
+            probe_timeout=self.listen_probe_timeout,
+        )
         with self._listeners_lock:
             self._listeners.add(listener)
         return listener

@@ -15,7 +15,7 @@ from brooq_py.postgres.errors import is_connection_error, translated, unavailabl
 from brooq_py.postgres.queries import Queries
 from brooq_py.postgres.runner import Rows, on_connection, on_tx
 from brooq_py.queue import State, Tx
-from brooq_py.queue.port import ClaimedJob, Gauges, HeldLease, Outcome, TopicCount
+from brooq_py.queue.port import ClaimedJob, Gauges, HeldLease, Outcome, Staged, TopicCount
 
 # Each gauge count reads at most this many index entries.
 GAUGE_CAP = 100_000
@@ -155,8 +155,27 @@ class WorkerSide:
         rows = self._run("deleting terminal jobs", self._q.delete_terminal, {"ttl": ttl, "batch": batch})
         return [(str(r[0]), r[1]) for r in rows]
 
+    def stage(self, topics: Sequence[str], batch: int, notify: bool = True) -> Staged:
+        """Make up to *batch* due scheduled/failed rows of *topics* pending, in one statement (SPEC S7)."""
+        if not topics or batch < 1:
+            return Staged({}, None)
+        rows = self._run(
+            "staging due jobs",
+            self._q["job_stage"],
+            {"topics": list(topics), "batch": batch, "notify": notify},
+        )
+        dues = [float(r[2]) for r in rows if r[2] is not None]
+        return Staged({str(r[0]): int(r[1]) for r in rows if r[1]}, min(dues) if dues else None)
+
+    def next_due(self, topics: Sequence[str]) -> float | None:
+        """Seconds until the earliest scheduled/failed row of *topics* is due (<= 0: due; None: none)."""
+        if not topics:
+            return None
+        rows = self._run("reading the next due time", self._q["job_next_due"], {"topics": list(topics)})
+        return None if not rows or rows[0][0] is None else float(rows[0][0])
+
     def gauges(self, topics: Sequence[str]) -> Gauges:
-        """Read per-topic depth of pending/processing/failed and the oldest ready age (SPEC O1).
+        """Read per-topic depth of pending/scheduled/processing/failed and the oldest ready age (SPEC O1).
 
         Each count is capped at GAUGE_CAP (100,000): it reads at most that many
         index entries, so a scrape never counts the whole table. The oldest
@@ -168,8 +187,9 @@ class WorkerSide:
         rows = self._run("reading gauges", self._q.gauges, {"topics": list(topics), "cap": GAUGE_CAP})
         counts: list[TopicCount] = []
         oldest: dict[str, float] = {}
-        for topic, pending, processing, failed, age in rows:
+        for topic, pending, processing, failed, age, scheduled in rows:
             counts.append(TopicCount(topic, State.PENDING, int(pending)))
+            counts.append(TopicCount(topic, State.SCHEDULED, int(scheduled)))
             counts.append(TopicCount(topic, State.PROCESSING, int(processing)))
             counts.append(TopicCount(topic, State.FAILED, int(failed)))
             oldest[topic] = max(0.0, float(age))

@@ -18,6 +18,8 @@ class WrapTx:
     __slots__ = ("_conn",)
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        if isinstance(conn, psycopg.AsyncConnection):
+            raise TypeError("WrapTx needs a sync psycopg.Connection; wrap an AsyncConnection in AsyncWrapTx")
         if not isinstance(conn, psycopg.Connection):
             raise TypeError(f"WrapTx needs a psycopg.Connection, got {type(conn).__name__}")
         self._conn = conn
@@ -49,11 +51,35 @@ class WrapTx:
             connection = conn_or_session.connection()
         elif isinstance(conn_or_session, Connection):
             connection = conn_or_session
+            if not connection.in_transaction():
+                # Begin as SQLAlchemy's autobegin would, so its commit() commits our insert too.
+                connection.begin()
         else:
             raise TypeError(f"not a SQLAlchemy Connection or Session: {type(conn_or_session).__name__}")
         driver = connection.connection.driver_connection
         if not isinstance(driver, psycopg.Connection):
             raise TypeError(f"the SQLAlchemy driver connection is {type(driver).__name__}, not psycopg 3")
+        return cls(driver)
+
+    @classmethod
+    def from_django(cls, using: str = "default") -> WrapTx:
+        """Wrap the psycopg 3 connection behind Django's database connection *using*.
+
+        The enqueue joins whatever ``transaction.atomic()`` block is open on that
+        connection (outside one, Django's autocommit commits it at once). Raise
+        TypeError when the connection's driver is not psycopg 3 (Django's
+        ``django.db.backends.postgresql`` with psycopg 3 installed).
+        """
+        from django.db import connections  # Django is an optional extra: imported only here
+
+        connection = connections[using]
+        connection.ensure_connection()
+        driver = connection.connection
+        if not isinstance(driver, psycopg.Connection):
+            raise TypeError(
+                f"Django connection {using!r} runs on {type(driver).__name__}, not psycopg 3 "
+                "(use django.db.backends.postgresql with psycopg 3 installed)"
+            )
         return cls(driver)
 
     def __repr__(self) -> str:

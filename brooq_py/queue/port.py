@@ -8,7 +8,7 @@ the database clock: the engine sends durations, never timestamps.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -85,6 +85,23 @@ class TopicSetting:
     updated_at: datetime
 
 
+@dataclass(frozen=True)
+class Staged:
+    """What one stager statement did (SPEC S7).
+
+    promoted: rows made pending, by topic (topics with none are left out).
+    next_due_in: seconds until the earliest scheduled or failed row of the
+    topics not yet due, by the database clock; None when none waits.
+    """
+
+    promoted: dict[str, int]
+    next_due_in: float | None
+
+    @property
+    def total(self) -> int:
+        return sum(self.promoted.values())
+
+
 class Listener(Protocol):
     """A wake-up subscription on its own connection (LISTEN)."""
 
@@ -145,9 +162,26 @@ class Repo(Protocol):
         """Delete one batch of terminal rows older than *ttl* (SPEC T1); return (id, topic)."""
         ...
 
+    def stage(self, topics: Sequence[str], batch: int, notify: bool = True) -> Staged:
+        """Make up to *batch* due scheduled/failed rows of *topics* pending in one statement (SPEC S7).
+
+        SKIP LOCKED; with *notify*, one wake-up per topic promoted for the engines elsewhere.
+        """
+        ...
+
+    def next_due(self, topics: Sequence[str]) -> float | None:
+        """Seconds until the earliest scheduled/failed row of *topics* is due (<= 0: due now; None: none)."""
+        ...
+
     def gauges(self, topics: Sequence[str]) -> Gauges: ...
-    def listen(self) -> Listener:
-        """Open a LISTEN subscription on this store's wake-up channel."""
+    def listen(
+        self, topics: Sequence[str] | None = None, on_scheduled: Callable[[], None] | None = None
+    ) -> Listener:
+        """Open a LISTEN subscription on this store's wake-up channel.
+
+        With *topics*, ``wait()`` reports only wake-ups for those topics (SPEC Z3);
+        *on_scheduled* is called (from ``wait()``) when a job of one of them was scheduled.
+        """
         ...
 
     def ping(self) -> bool:

@@ -183,7 +183,9 @@ def test_enqueue_then_get(dsn: str, schema: str, tmp_path: Path, store: Store) -
     got = run_cli("get", job_id, "--schema", schema, dsn=dsn, cwd=tmp_path)
     assert got.returncode == 0, got.stderr
     row = json.loads(got.stdout)
-    assert row["id"] == job_id and row["topic"] == "email.send" and row["state"] == "pending"
+    assert (
+        row["id"] == job_id and row["topic"] == "email.send" and row["state"] == "scheduled"
+    )  # S5: due in 1h
     assert row["payload"] == {"to": "a@b"} and row["priority"] == 5 and row["idempotency_key"] == "k-1"
     stored = store.get(job_id)
     assert stored is not None and stored.available_at > stored.created_at + timedelta(minutes=50)

@@ -75,7 +75,7 @@ def test_e1_defaults_and_fields(store: Store) -> None:
     assert (row.topic, row.payload, row.state, row.attempts, row.priority) == (
         "t",
         {"a": [1, "x"]},
-        State.PENDING,
+        State.SCHEDULED,  # S5: due in 2030
         0,
         -7,
     )

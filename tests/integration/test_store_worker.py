@@ -54,13 +54,16 @@ def test_c1_claim_limit_and_equal_priority_order(store: Store) -> None:
     assert [j.id for j in store.claim(["a"], 10, "w", LEASE)] == ids[2:]
 
 
-def test_c1_failed_jobs_are_claimed_when_ready(store: Store, db: psycopg.Connection[Any]) -> None:
+def test_c1_s7_failed_jobs_are_claimed_once_staged(store: Store, db: psycopg.Connection[Any]) -> None:
     j = store.enqueue(Job("a", 1)).id
     db.execute(
         "UPDATE job SET state = 'failed', available_at = now() + interval '1 hour' WHERE id = %s", (j,)
     )
+    assert store.stage(["a"], 10).total == 0
     assert store.claim(["a"], 5, "w", LEASE) == []
     db.execute("UPDATE job SET available_at = now() - interval '1 second' WHERE id = %s", (j,))
+    assert store.claim(["a"], 5, "w", LEASE) == []  # a due failed row waits for the stager (S6)
+    assert store.stage(["a"], 10).promoted == {"a": 1}
     [claimed] = store.claim(["a"], 5, "w", LEASE)
     assert claimed.id == j
 

@@ -83,3 +83,23 @@ def test_enqueue_tx_keeps_the_callers_row_factory_and_autocommit(store: Store, d
         assert store.enqueue_tx(conn, Job("t", 1, idempotency_key="k")) == (r.id, False)
         conn.commit()
     assert store.get(r.id) is not None
+
+
+def test_e3_sqlalchemy_connection_commit_keeps_the_job(store: Store, dsn: str) -> None:
+    """E3: an enqueue through a fresh SQLAlchemy Connection (no statement of its own yet) is in the
+    Connection's transaction: its commit() keeps the job, its rollback() drops it."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.pool import NullPool
+
+    engine = create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(dsn), poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            kept = store.enqueue_tx(WrapTx.from_sqlalchemy(conn), Job("t", 1))
+            conn.commit()
+        with engine.connect() as conn:
+            gone = store.enqueue_tx(WrapTx.from_sqlalchemy(conn), Job("t", 2))
+            conn.rollback()
+    finally:
+        engine.dispose()
+    assert store.get(kept.id) is not None
+    assert store.get(gone.id) is None

@@ -6,14 +6,17 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from brooq_py.queue import EnqueueResult, Job, JobRow, State, Tx
-from brooq_py.queue.port import ClaimedJob, Gauges, HeldLease, Outcome, TopicCount, TopicSetting
+from brooq_py.queue.ids import uuid7
+from brooq_py.queue.port import ClaimedJob, Gauges, HeldLease, Outcome, Staged, TopicCount, TopicSetting
+
+_WAITING = (State.SCHEDULED, State.FAILED)
 
 
 @dataclass
@@ -45,18 +48,36 @@ class FakeTx:
 
 
 class FakeListener:
-    def __init__(self, repo: FakeRepo) -> None:
+    """Wake-ups by topic (SPEC Z3): ready ones make ``wait()`` return True, scheduled ones call on_scheduled."""
+
+    def __init__(
+        self,
+        repo: FakeRepo,
+        topics: Sequence[str] | None = None,
+        on_scheduled: Callable[[], None] | None = None,
+    ) -> None:
         self.repo = repo
         self.seen = repo.notify_count
+        self.topics = None if topics is None else set(topics)
+        self.on_scheduled = on_scheduled
 
     def wait(self, timeout: float) -> bool:
         with self.repo.cond:
             if self.repo.listen_broken:
                 raise ConnectionError("listener broken")
             self.repo.cond.wait_for(lambda: self.repo.notify_count != self.seen, timeout)
-            changed = self.repo.notify_count != self.seen
+            notes = self.repo.notes[self.seen :]
             self.seen = self.repo.notify_count
-            return changed
+        woken = False
+        for kind, topic in notes:
+            if self.topics is not None and topic not in self.topics:
+                continue
+            if kind == "scheduled":
+                if self.on_scheduled is not None:
+                    self.on_scheduled()
+            else:
+                woken = True
+        return woken
 
     def close(self) -> None:
         pass
@@ -70,7 +91,7 @@ class FakeRepo:
         self.cond = threading.Condition(self.lock)
         self.rows: dict[str, Row] = {}
         self.seq = 0
-        self.notify_count = 0
+        self.notes: list[tuple[str, str]] = []  # (ready | scheduled, topic), one per wake-up sent
         self.listen_broken = False
         self.fail_renew = 0
         self.fail_settle = 0
@@ -79,6 +100,14 @@ class FakeRepo:
         self.settle_batches: list[int] = []
         self.closed = False
         self.settings: dict[str, tuple[bool, int | None]] = {}  # topic -> (paused, limit)
+
+    @property
+    def notify_count(self) -> int:
+        return len(self.notes)
+
+    def _notify(self, kind: str, topic: str) -> None:
+        self.notes.append((kind, topic))
+        self.cond.notify_all()
 
     def _count(self, name: str) -> None:
         self.calls[name] = self.calls.get(name, 0) + 1
@@ -98,18 +127,20 @@ class FakeRepo:
                     return EnqueueResult(r.id, False)
         self.seq += 1
         payload = json.loads(job.payload_json())
+        now = self.now()
+        at = now if job.available_at is None else now + (job.available_at - datetime.now(UTC)).total_seconds()
         r = Row(
-            id=str(uuid.uuid4()),
+            id=str(uuid7()),
             topic=job.topic,
             payload=payload,
+            state=State.SCHEDULED if at > now else State.PENDING,
             priority=job.priority,
-            available_at=self.now(),
+            available_at=at,
             key=key,
             seq=self.seq,
         )
         self.rows[r.id] = r
-        self.notify_count += 1
-        self.cond.notify_all()
+        self._notify("scheduled" if r.state is State.SCHEDULED else "ready", r.topic)
         return EnqueueResult(r.id, True)
 
     def enqueue(self, job: Job) -> EnqueueResult:
@@ -196,7 +227,7 @@ class FakeRepo:
         ready = [
             r
             for r in self.rows.values()
-            if r.topic in caps and r.state in (State.PENDING, State.FAILED) and r.available_at <= now
+            if r.topic in caps and r.state is State.PENDING and r.available_at <= now
         ]
         ready.sort(key=lambda r: (-r.priority, r.available_at, r.seq))
         out = []
@@ -302,10 +333,35 @@ class FakeRepo:
                     counts[(r.topic, r.state)] = counts.get((r.topic, r.state), 0) + 1
             return Gauges([TopicCount(t, s, n) for (t, s), n in counts.items()], {t: 0.0 for t in topics})
 
-    def listen(self) -> FakeListener:
+    def stage(self, topics: Sequence[str], batch: int, notify: bool = True) -> Staged:
+        self._count("stage")
+        with self.lock:
+            now = self.now()
+            waiting = [r for r in self.rows.values() if r.topic in topics and r.state in _WAITING]
+            due = sorted((r for r in waiting if r.available_at <= now), key=lambda r: r.available_at)[:batch]
+            promoted: dict[str, int] = {}
+            for r in due:
+                self._set(r, State.PENDING)
+                promoted[r.topic] = promoted.get(r.topic, 0) + 1
+            if notify:
+                for topic in promoted:
+                    self._notify("ready", topic)
+            later = [r.available_at for r in waiting if r.available_at > now]
+            return Staged(promoted, min(later) - now if later else None)
+
+    def next_due(self, topics: Sequence[str]) -> float | None:
+        self._count("next_due")
+        with self.lock:
+            at = [r.available_at for r in self.rows.values() if r.topic in topics and r.state in _WAITING]
+            return min(at) - self.now() if at else None
+
+    def listen(
+        self, topics: Sequence[str] | None = None, on_scheduled: Callable[[], None] | None = None
+    ) -> FakeListener:
+        self._count("listen")
         if self.listen_broken:
             raise ConnectionError("cannot listen")
-        return FakeListener(self)
+        return FakeListener(self, topics, on_scheduled)
 
     def ping(self) -> bool:
         return True

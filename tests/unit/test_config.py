@@ -226,6 +226,7 @@ FULL_ENV = {
     "QUEUE_RETENTION_TTL": "72h",
     "QUEUE_RETENTION_BATCH": "500",
     "QUEUE_RETENTION_PERIOD": "5m",
+    "QUEUE_NOTIFY": "off",
 }
 
 
@@ -246,7 +247,17 @@ def test_k2_from_env_reads_every_queue_variable() -> None:
         retention_ttl=timedelta(hours=72),
         retention_batch=500,
         retention_period=300,
+        notify=False,
     )
+
+
+def test_z3_notify_switch_from_env_takes_booleans_only() -> None:
+    assert Config.from_env({"QUEUE_NOTIFY": "true"}).notify is True
+    assert Config.from_env({"QUEUE_NOTIFY": "0"}).notify is False
+    with pytest.raises(ConfigError, match="QUEUE_NOTIFY"):
+        Config.from_env({"QUEUE_NOTIFY": "maybe"})
+    with pytest.raises(ConfigError, match="notify must be a bool"):
+        Config(notify="no")  # type: ignore[arg-type]
 
 
 def test_k2_from_env_empty_mapping_gives_defaults() -> None:

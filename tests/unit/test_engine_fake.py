@@ -475,26 +475,58 @@ def test_ticker_logs_a_failing_tick_once_then_goes_on(caplog: pytest.LogCaptureF
         Failing(1, logging.getLogger("x")).run_once()
 
 
-def test_retention_stops_at_100_batches_a_tick_and_warns_t1(caplog: pytest.LogCaptureFixture) -> None:
+def test_z1_retention_tick_ending_on_its_cap_is_followed_at_once(caplog: pytest.LogCaptureFixture) -> None:
     from datetime import timedelta
 
     from brooq_py.engine.retention import MAX_BATCHES_PER_TICK, Retention
 
     calls: list[int] = []
     deleted: dict[str, int] = {}
+    backlog = [3 * MAX_BATCHES_PER_TICK * 2 + 1]  # rows left: two full ticks, then one short
 
     def delete(ttl: timedelta, batch: int) -> list[tuple[str, str]]:
         calls.append(batch)
-        return [(f"id{i}", "t") for i in range(batch)]  # always a full batch: more remain
+        n = min(batch, backlog[0])
+        backlog[0] -= n
+        return [(f"id{i}", "t") for i in range(n)]
 
     r = Retention(
-        60, timedelta(days=1), 3, delete, lambda t, n: deleted.__setitem__(t, n), logging.getLogger("r")
-    )
-    with caplog.at_level(logging.WARNING, logger="r"):
+        3600, timedelta(days=1), 3, delete, lambda t, n: deleted.__setitem__(t, deleted.get(t, 0) + n),
+        logging.getLogger("r"),
+    )  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="r"):
         r.run_once()
-    assert len(calls) == MAX_BATCHES_PER_TICK == 100
-    assert deleted == {"t": 300}
-    assert any("more remain" in rec.getMessage() for rec in caplog.records)
+        assert len(calls) == MAX_BATCHES_PER_TICK and r.behind and r.next_delay() == 0.0
+        r.run_once()
+        assert r.behind and r.next_delay() == 0.0
+        r.run_once()
+    assert not r.behind and r.next_delay() == 3600
+    assert deleted == {"t": 3 * MAX_BATCHES_PER_TICK * 2 + 1} and backlog == [0]
+    lines = [rec.getMessage() for rec in caplog.records]
+    assert sum("backlog" in m for m in lines) == 1
+    assert sum("deleted 61 terminal jobs" in m for m in lines) == 1
+
+
+def test_z1_retention_drains_a_backlog_without_waiting_a_period() -> None:
+    from datetime import timedelta
+
+    from brooq_py.engine.retention import Retention
+
+    backlog = [5000]
+
+    def delete(ttl: timedelta, batch: int) -> list[tuple[str, str]]:
+        n = min(batch, backlog[0])
+        backlog[0] -= n
+        return [("id", "t")] * n
+
+    r = Retention(3600, timedelta(days=1), 7, delete, lambda t, n: None, logging.getLogger("r"))
+    r.start()
+    try:
+        wait_for(
+            lambda: backlog[0] == 0, "the backlog drained (period 1 h: only ticks at once get there)", 20
+        )
+    finally:
+        r.stop()
 
 
 def test_retention_ttl_zero_starts_no_retention_loop_t3(repo: FakeRepo) -> None:
@@ -584,3 +616,24 @@ def test_completer_does_not_rewrite_after_a_bookkeeping_error_c10() -> None:
     assert c.flush_once() == 1
     assert c.flush_once() == 0
     assert writes == [1] and c.pending == 0
+
+
+def test_z1_a_failing_delete_waits_a_period() -> None:
+    from datetime import timedelta
+
+    from brooq_py.engine.retention import MAX_BATCHES_PER_TICK, Retention
+
+    calls = [0]
+
+    def delete(ttl: timedelta, batch: int) -> list[tuple[str, str]]:
+        calls[0] += 1
+        if calls[0] > MAX_BATCHES_PER_TICK:
+            raise ConnectionError("down")
+        return [("id", "t")] * batch
+
+    r = Retention(600, timedelta(days=1), 2, delete, lambda t, n: None, logging.getLogger("r"))
+    r.run_once()
+    assert r.behind and r.next_delay() == 0.0
+    with pytest.raises(ConnectionError):
+        r.run_once()
+    assert not r.behind and r.next_delay() == 600

@@ -53,3 +53,19 @@ def test_postgres_does_not_import_alembic_or_sqlalchemy() -> None:
     mods = loaded_by("brooq_py.postgres")
     assert "psycopg" in mods  # the probe works
     assert not [m for m in mods if top(m) in ("alembic", "sqlalchemy")]
+
+
+@pytest.mark.parametrize(
+    "forbidden", ["brooq_py.engine", "prometheus_client", "alembic", "sqlalchemy", "django"]
+)
+def test_a1_a_producer_only_import_stays_light(forbidden: str) -> None:
+    """``import brooq_py.postgres`` (Store, AsyncStore, WrapTx, AsyncWrapTx) loads no engine, no
+    metrics, no migration tool and no framework: the whole import graph, migrations included."""
+    mods = loaded_by("brooq_py.postgres")
+    assert "brooq_py.postgres.async_store" in mods  # the probe works
+    assert not [m for m in mods if m == forbidden or m.startswith(forbidden + ".")]
+
+
+def test_the_django_contrib_is_never_imported_by_the_core() -> None:
+    for module in ("brooq_py", "brooq_py.postgres", "brooq_py.engine", "brooq_py.cli"):
+        assert not [m for m in loaded_by(module) if m.startswith(("brooq_py.contrib", "django"))]

@@ -2,5 +2,5 @@
 -- SPEC X1: active rows only; terminal rows are never touched.
 UPDATE {job}
 SET state = 'canceled', updated_at = now()
-WHERE id = %(id)s AND state IN ('pending', 'failed', 'processing')
+WHERE id = %(id)s AND state IN ('pending', 'scheduled', 'failed', 'processing')
 RETURNING id

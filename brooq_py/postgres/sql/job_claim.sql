@@ -12,7 +12,7 @@ WITH cand AS (
     CROSS JOIN LATERAL (
         SELECT id, priority, available_at
         FROM {job}
-        WHERE topic = t.topic AND state IN ('pending', 'failed') AND available_at <= now()
+        WHERE topic = t.topic AND state = 'pending' AND available_at <= now()
         ORDER BY priority DESC, available_at, id
         LIMIT %(limit)s
         FOR NO KEY UPDATE SKIP LOCKED

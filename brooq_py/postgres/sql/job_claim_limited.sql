@@ -16,7 +16,7 @@ WITH room AS (
 ), cand AS (
     SELECT id
     FROM {job}
-    WHERE topic = %(topic)s AND state IN ('pending', 'failed') AND available_at <= now()
+    WHERE topic = %(topic)s AND state = 'pending' AND available_at <= now()
     ORDER BY priority DESC, available_at, id
     LIMIT coalesce((SELECT n FROM room), 0)
     FOR NO KEY UPDATE SKIP LOCKED

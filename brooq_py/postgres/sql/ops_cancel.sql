@@ -2,4 +2,4 @@
 -- Cancel from psql (SPEC X1): a running job stops through lease loss within lease/3.
 UPDATE {job}
 SET state = 'canceled', updated_at = now()
-WHERE id = %(id)s AND state IN ('pending', 'failed', 'processing')
+WHERE id = %(id)s AND state IN ('pending', 'scheduled', 'failed', 'processing')

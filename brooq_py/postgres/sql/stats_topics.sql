@@ -1,16 +1,27 @@
 -- name: stats_topics
--- The topics that have active jobs, for `stats`. Ready/waiting topics come from a
--- skip scan of the claim index (one probe per distinct topic, however many
--- jobs each holds); processing rows are few (bounded by the workers running).
-WITH RECURSIVE waiting(topic) AS (
-    (SELECT topic FROM {job} WHERE state IN ('pending', 'failed') ORDER BY topic LIMIT 1)
+-- The topics that have active jobs, for `stats`. Ready and waiting topics come
+-- from skip scans of the claim index (pending rows) and of the stage index
+-- (scheduled and failed rows): one probe per distinct topic, however many jobs
+-- each holds; processing rows are few (bounded by the workers running).
+WITH RECURSIVE ready(topic) AS (
+    (SELECT topic FROM {job} WHERE state = 'pending' ORDER BY topic LIMIT 1)
     UNION ALL
     SELECT (SELECT j.topic FROM {job} j
-            WHERE j.state IN ('pending', 'failed') AND j.topic > w.topic
+            WHERE j.state = 'pending' AND j.topic > r.topic
+            ORDER BY j.topic LIMIT 1)
+    FROM ready r
+    WHERE r.topic IS NOT NULL
+), waiting(topic) AS (
+    (SELECT topic FROM {job} WHERE state IN ('scheduled', 'failed') ORDER BY topic LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.topic FROM {job} j
+            WHERE j.state IN ('scheduled', 'failed') AND j.topic > w.topic
             ORDER BY j.topic LIMIT 1)
     FROM waiting w
     WHERE w.topic IS NOT NULL
 )
+SELECT topic FROM ready WHERE topic IS NOT NULL
+UNION
 SELECT topic FROM waiting WHERE topic IS NOT NULL
 UNION
 SELECT topic FROM {job} WHERE state = 'processing'

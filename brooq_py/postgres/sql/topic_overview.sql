@@ -8,7 +8,7 @@ WITH counts AS (
 ), ready AS (
     SELECT topic, extract(epoch FROM now() - min(available_at))::float8 AS age
     FROM {job}
-    WHERE state IN ('pending', 'failed') AND available_at <= now()
+    WHERE state = 'pending' AND available_at <= now()
     GROUP BY topic
 )
 SELECT coalesce(c.topic, s.topic) AS topic,

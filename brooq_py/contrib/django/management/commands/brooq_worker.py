@@ -1,0 +1,69 @@
+"""``manage.py brooq_worker``: run the tasks of a BrooqBackend until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import threading
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+from psycopg_pool import ConnectionPool
+
+from brooq_py.contrib.django.worker import backend_named, conninfo_for, discover, handler_for, topics
+from brooq_py.engine import Config, Engine
+from brooq_py.postgres import Store
+
+
+class Command(BaseCommand):
+    help = "Run the Django tasks enqueued through brooq_py.contrib.django.BrooqBackend."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--backend", default="default", help="the TASKS alias (default: default)")
+        parser.add_argument(
+            "--queue",
+            action="append",
+            dest="queues",
+            help="a queue to run (repeat; default: the backend's QUEUES)",
+        )
+        parser.add_argument("--module", action="append", default=[], help="another module that defines tasks")
+        parser.add_argument(
+            "--workers", type=int, default=None, help="worker threads (default: QUEUE_WORKERS or 2)"
+        )
+        parser.add_argument("--burst", action="store_true", help="run what is ready, then exit")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            backend = backend_named(options["backend"])
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
+        tasks = discover(backend, options["module"])
+        if not tasks:
+            raise CommandError(f"no tasks found for TASKS[{backend.alias!r}] (apps' tasks modules, --module)")
+        config = Config.from_env()
+        if options["workers"] is not None:
+            config = dataclasses.replace(config, workers=options["workers"])
+        kinds = topics(backend, tasks, options["queues"] or backend.queues)
+        with ConnectionPool(conninfo_for(backend.database), min_size=1, max_size=config.workers + 2) as pool:
+            store = Store(pool, schema=backend.schema)
+            engine = Engine(store, config)
+            try:
+                for topic, task in kinds.items():
+                    engine.register_kind(topic, handler_for(task, backend, engine.worker_id))
+                self.stderr.write(f"brooq_worker: {len(kinds)} topics in schema {backend.schema}")
+                if options["burst"]:
+                    ran = 0
+                    while n := engine.run_once():
+                        ran += n
+                    self.stderr.write(f"brooq_worker: ran {ran} tasks, none left ready")
+                    return
+                stop = threading.Event()
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    signal.signal(sig, lambda *_: stop.set())
+                engine.start()
+                while not stop.wait(1.0):
+                    pass
+                self.stderr.write("brooq_worker: stopping")
+            finally:
+                engine.close()
+                store.close()

@@ -1,0 +1,151 @@
+"""The AsyncStore: brooq_py's producer side for asyncio code, on psycopg's async connections.
+
+It keeps every producer rule of the sync Store (SPEC A1: E1-E6, X1, Q1) by
+running the very same plans (``enqueueing``) and SQL files, awaited on an
+``AsyncConnection``: no call blocks the event loop. Statements outside a
+caller's transaction take a pool connection for autocommit statements and put
+its autocommit flag back before returning it, as the Store does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import psycopg
+import psycopg_pool
+
+from brooq_py.postgres import enqueueing as plans
+from brooq_py.postgres.async_wraptx import AsyncWrapTx, async_connection_of, on_async_connection
+from brooq_py.postgres.enqueueing import drive_async, first_statement
+from brooq_py.postgres.errors import translated
+from brooq_py.postgres.producer import check_schema, no_pool
+from brooq_py.postgres.queries import Queries
+from brooq_py.queue import EnqueueResult, Job, JobRow
+
+AsyncTx = AsyncWrapTx | psycopg.AsyncConnection[Any]
+
+
+class AsyncStore:
+    """The producer side on a caller's ``psycopg_pool.AsyncConnectionPool`` (or none).
+
+    The pool stays the caller's: the AsyncStore never opens or closes it.
+    ``pool`` may be None for a producer that only enqueues inside its own
+    transactions (``enqueue_tx``, ``enqueue_many(tx=...)``); the other methods
+    then raise BrooqError. ``schema`` names the schema the migrations were
+    applied to. Workers run on the sync ``Store`` and ``Engine``.
+    """
+
+    def __init__(
+        self, pool: psycopg_pool.AsyncConnectionPool[Any] | None = None, *, schema: str = "public"
+    ) -> None:
+        if isinstance(pool, psycopg_pool.ConnectionPool):
+            raise TypeError("a sync ConnectionPool goes to Store, not AsyncStore")
+        if pool is not None and not isinstance(pool, psycopg_pool.AsyncConnectionPool):
+            raise TypeError(
+                f"AsyncStore needs a psycopg_pool.AsyncConnectionPool or None, got {type(pool).__name__}"
+            )
+        self._pool = pool
+        self.schema = check_schema(schema)
+        self._q = Queries(schema)
+
+    @asynccontextmanager
+    async def _autocommit(self, doing: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """Lend a pool connection in autocommit mode; put its flag back before it returns to the pool."""
+        if self._pool is None:
+            raise no_pool("AsyncStore", doing)
+        with translated(doing):
+            async with self._pool.connection() as conn:
+                saved = conn.autocommit
+                if not saved:
+                    await conn.set_autocommit(True)
+                try:
+                    yield conn
+                finally:
+                    if not saved and not conn.closed:
+                        with contextlib.suppress(psycopg.Error):  # a broken one: the pool discards it
+                            await conn.set_autocommit(False)
+
+    async def _drive(self, doing: str, plan: plans.Plan[Any]) -> Any:
+        """Run *plan* in autocommit statements on a pool connection (none taken if it needs none)."""
+        first, result = first_statement(plan)
+        if first is None:
+            return result
+        async with self._autocommit(doing) as conn:
+            return await drive_async(plan, on_async_connection(conn), first)
+
+    async def enqueue(self, job: Job) -> EnqueueResult:
+        """Enqueue *job* in its own autocommit statement; return its id and whether this call created it.
+
+        Idempotent on (topic, key) for the life of the row (SPEC E1). Raise
+        InvalidJob before anything is written for a bad job (E4).
+        """
+        result: EnqueueResult = await self._drive("enqueueing", plans.enqueue_one(self._q, job))
+        return result
+
+    async def enqueue_tx(self, tx: AsyncTx, job: Job) -> EnqueueResult:
+        """Enqueue *job* inside the caller's transaction *tx* (SPEC E3); the caller commits.
+
+        *tx* is an AsyncWrapTx or a bare psycopg ``AsyncConnection``; a sync one
+        raises TypeError naming Store. The id is known at once; the job is
+        visible to workers at commit and gone on rollback. A duplicate never
+        aborts the transaction at READ COMMITTED (SPEC E2).
+        """
+        conn = async_connection_of(tx)
+        plan = plans.enqueue_one(self._q, job)
+        with translated("enqueueing"):
+            return await drive_async(plan, on_async_connection(conn))
+
+    async def enqueue_many(self, jobs: Sequence[Job], tx: AsyncTx | None = None) -> list[EnqueueResult]:
+        """Enqueue *jobs* in one statement (SPEC E5), in *tx* when given; results in input order.
+
+        Every job is validated first: one bad job refuses the batch (InvalidJob,
+        nothing written). A key repeated inside the batch creates one job; the
+        repeats get its id with created=False.
+        """
+        conn = async_connection_of(tx) if tx is not None else None
+        plan = plans.enqueue_many(self._q, jobs)
+        if not jobs:
+            return []
+        if conn is not None:
+            with translated("enqueueing a batch"):
+                return await drive_async(plan, on_async_connection(conn))
+        result: list[EnqueueResult] = await self._drive("enqueueing a batch", plan)
+        return result
+
+    @asynccontextmanager
+    async def begin(self) -> AsyncIterator[AsyncWrapTx]:
+        """Yield an AsyncWrapTx on a pool connection inside a transaction: commit on a clean exit,
+        rollback on an exception."""
+        if self._pool is None:
+            raise no_pool("AsyncStore", "opening a transaction")
+        with translated("running a transaction"):
+            async with self._pool.connection() as conn, conn.transaction():
+                yield AsyncWrapTx(conn)
+
+    async def cancel(self, job_id: str) -> bool:
+        """Cancel a pending, scheduled, failed or processing job (SPEC X1).
+
+        Return False for terminal, unknown or malformed ids (never raise on a malformed id).
+        """
+        done: bool = await self._drive("canceling a job", plans.by_id(self._q.cancel, job_id))
+        return done
+
+    async def get(self, job_id: str) -> JobRow | None:
+        """Return the job's row; None for an unknown or malformed id."""
+        row: JobRow | None = await self._drive("reading a job", plans.get(self._q, job_id))
+        return row
+
+    async def retry(self, job_id: str) -> bool:
+        """Put a dead or canceled job back to pending: attempts 0, due now, last_error kept (SPEC Q1).
+
+        Wake the engines of its topic. Return False for any other state and for
+        unknown or malformed ids.
+        """
+        done: bool = await self._drive("retrying a job", plans.by_id(self._q["job_retry"], job_id))
+        return done
+
+    def __repr__(self) -> str:
+        return f"AsyncStore(schema={self.schema!r})"

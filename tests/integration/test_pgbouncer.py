@@ -1,0 +1,102 @@
+"""Behind a real PgBouncer in transaction mode the producer and the engine work (SPEC Z5, Z3).
+
+The pool goes through the bouncer with ``prepare_threshold=None``; LISTEN and
+the heartbeat use a direct ``conninfo``. With the bouncer only, LISTEN is
+refused in one log line and polling carries the work.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from psycopg_pool import ConnectionPool
+
+from brooq_py.engine import Config, Engine
+from brooq_py.postgres import Store
+from brooq_py.queue import Claim, Context, Job, State
+from tests.integration.pgbouncer import pgbouncer, pgbouncer_binary
+from tests.polling import wait_for
+
+
+@pytest.fixture(scope="module")
+def bouncer(dsn: str) -> Iterator[str]:
+    binary = pgbouncer_binary()
+    if binary is None:
+        pytest.skip("pgbouncer is not installed (apt-get install pgbouncer; .ci/run installs it)")
+    with pgbouncer(dsn, binary) as url:
+        yield url
+
+
+@pytest.fixture
+def bounced_pool(bouncer: str) -> Iterator[ConnectionPool[Any]]:
+    p: ConnectionPool[Any] = ConnectionPool(
+        bouncer, min_size=1, max_size=6, open=True, kwargs={"prepare_threshold": None}
+    )
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+def run_jobs(store: Store, config: Config, n: int) -> None:
+    """Enqueue n ready jobs (one inside a transaction) and 3 scheduled ones; an engine runs them all."""
+    done: list[int] = []
+    lock = threading.Lock()
+
+    def handler(ctx: Context, claim: Claim) -> None:
+        with lock:
+            done.append(claim.payload)
+
+    engine = Engine(store, config)
+    engine.register_kind("z5", handler)
+    engine.start()
+    try:
+        ids = [r.id for r in store.enqueue_many([Job("z5", i) for i in range(n)])]
+        with store.begin() as tx:
+            ids.append(store.enqueue_tx(tx, Job("z5", n)).id)
+        soon = datetime.now(UTC) + timedelta(seconds=1)
+        ids += [store.enqueue(Job("z5", n + 1 + i, available_at=soon)).id for i in range(3)]
+        wait_for(lambda: len(done) == n + 4, "every job ran", 60)
+    finally:
+        engine.stop(5)
+    for job_id in ids:
+        row = store.get(job_id)
+        assert row is not None and row.state is State.DONE
+    assert sorted(done) == list(range(n + 4))
+
+
+def test_z5_producer_and_engine_through_pgbouncer_with_direct_listen(
+    bounced_pool: ConnectionPool[Any], schema: str, dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = Store(bounced_pool, schema=schema, conninfo=dsn)
+    try:
+        with caplog.at_level(logging.ERROR):
+            # poll_interval 1 h: the direct LISTEN and the stager bring every job in
+            run_jobs(store, Config(workers=4, poll_interval=3600, lease=6), 40)
+        assert not [r for r in caplog.records if "delivers no notifications" in r.getMessage()]
+    finally:
+        store.close()
+
+
+def test_z5_z3_listen_through_pgbouncer_is_refused_once_and_polling_carries_on(
+    bounced_pool: ConnectionPool[Any], schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = Store(bounced_pool, schema=schema)  # no conninfo: LISTEN would go through the bouncer
+    store.listen_probe_timeout = 1.0
+    try:
+        with caplog.at_level(logging.ERROR, logger="brooq_py.postgres"):
+            run_jobs(store, Config(workers=4, poll_interval=0.2, lease=6), 40)
+            wait_for(
+                lambda: [r for r in caplog.records if "delivers no notifications" in r.getMessage()],
+                "the refusal",
+                30,
+            )
+        refusals = [r for r in caplog.records if "delivers no notifications" in r.getMessage()]
+        assert len(refusals) == 1 and refusals[0].levelno == logging.ERROR
+    finally:
+        store.close()
