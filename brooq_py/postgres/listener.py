@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -56,6 +57,7 @@ class PgListener:
         self._refused = False
         self._probe = f"brooq-probe:{uuid.uuid4()}"
         self._probe_deadline: float | None = None
+        self._backlog: deque[psycopg.Notify] = deque()
         with translated("opening the LISTEN connection"):
             self._conn = connect()
             try:
@@ -108,10 +110,13 @@ class PgListener:
                 return True
 
     def _next(self, timeout: float) -> psycopg.Notify | None:
+        if self._backlog:
+            return self._backlog.popleft()
         try:
-            for note in self._conn.notifies(timeout=timeout, stop_after=1):
-                return note
-            return None
+            # Read the generator to its end: notifications that arrive in one packet are
+            # yielded together, and leaving the generator early would drop the rest.
+            self._backlog.extend(self._conn.notifies(timeout=timeout, stop_after=1))
+            return self._backlog.popleft() if self._backlog else None
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
             if not is_connection_error(exc):
                 raise

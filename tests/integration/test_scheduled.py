@@ -316,6 +316,19 @@ def test_z3_a_listener_wakes_only_for_its_topics(store: Store) -> None:
         sub.close()
 
 
+def test_z3_a_wake_up_arriving_in_one_packet_with_others_is_not_lost(store: Store) -> None:
+    """Notifications read in one packet are all seen: the one for our topic after another topic's."""
+    sub = store.listen(["a"])
+    try:
+        with store.begin() as tx:  # one commit: both notifications reach the listener together
+            store.enqueue_tx(tx, Job("b", 1))
+            store.enqueue_tx(tx, Job("a", 1))
+        time.sleep(0.2)  # let both arrive before the first read
+        assert sub.wait(10) is True
+    finally:
+        sub.close()
+
+
 class CountingStore(Store):
     """Counts claims, to see what woke the dispatcher."""
 
