@@ -383,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
             "W9": lambda: scale.w9_scheduled_lateness(db.dsn, sz["w9"]),
             "RET": lambda: scale.retention_pace(db.dsn, sz["ret_expired"], sz["w3"]),
             "Q3": lambda: {
-                "w3": limits.w3_with_limited(db.dsn, sz["w3"]),
+                "w3": limits.w3_with_limited(db.dsn, sz["w3"] // 2),
                 "rate": limits.limited_rate(db.dsn, sz["w3"] // 4),
             },
         }
