@@ -17,7 +17,7 @@ DJANGO_STAMP := $(DJANGO_VENV)/.install-stamp
 SOURCES := $(wildcard brooq_py tests bench examples)  # bench/ may not exist yet
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-django test-django demo test lint fmt typecheck check bench migrate-up migrate-down migrate-status \
+.PHONY: help install install-django test-django demo test screenshots lint fmt typecheck check bench migrate-up migrate-down migrate-status \
 	db-up db-down clean distclean require-database-url
 
 help: ## show this help
@@ -71,6 +71,9 @@ $(DJANGO_STAMP): pyproject.toml
 	"$(DJANGO_VENV)/bin/python" -m pip install --quiet -e '.[django]' 'pytest>=8'
 	@touch "$@"
 
+screenshots: install ## retake docs/dashboard-*.png in the browser tests' headless Chromium
+	BROOQ_SCREENSHOTS=1 "$(PY)" -m pytest -q tests/web/test_dashboard_browser.py -k screenshots
+
 lint: install ## ruff check and ruff format --check
 	"$(VENV)/bin/ruff" check $(SOURCES)
 	"$(VENV)/bin/ruff" format --check $(SOURCES)
@@ -84,7 +87,7 @@ typecheck: install ## mypy --strict on the package
 
 check: lint typecheck test ## lint, typecheck and test: what CI runs
 
-bench: install ## run the benchmarks against the database devdb finds
+bench: install ## run the benchmarks (DASH: dashboard pages over 1,000,000 jobs) against the database devdb finds
 	"$(PY)" bench/run.py
 
 migrate-up: require-database-url install ## apply all migrations on the database at DATABASE_URL

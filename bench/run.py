@@ -34,12 +34,30 @@ import limits  # noqa: E402
 import psycopg  # noqa: E402
 import scale  # noqa: E402
 import w7  # noqa: E402
+import web  # noqa: E402
 import workloads  # noqa: E402
 from util import fresh_schema  # noqa: E402
 
 from brooq_py import devdb  # noqa: E402
 
-WORKLOADS = ("W1", "W2", "W1a", "W2a", "W3", "W3b", "W4", "W5", "W5b", "W6", "W7", "W9", "RET", "MEM", "Q3")
+WORKLOADS = (
+    "W1",
+    "W2",
+    "W1a",
+    "W2a",
+    "W3",
+    "W3b",
+    "W4",
+    "W5",
+    "W5b",
+    "W6",
+    "W7",
+    "W9",
+    "RET",
+    "MEM",
+    "DASH",
+    "Q3",
+)
 
 _DEFAULT: dict[str, Any] = dict(
     raw=20_000,
@@ -58,6 +76,7 @@ _DEFAULT: dict[str, Any] = dict(
     w5b_failed=100_000,
     w9=1000,
     ret_expired=1_000_000,
+    dash=1_000_000,
 )
 
 SIZES: dict[str, dict[str, Any]] = {
@@ -78,6 +97,7 @@ SIZES: dict[str, dict[str, Any]] = {
         w5b_failed=5000,
         w9=200,
         ret_expired=50_000,
+        dash=50_000,
     ),
     "default": _DEFAULT,
     # the long variants: a 200k-job memory drain, a bigger W7, longer ceilings
@@ -268,6 +288,25 @@ def evaluate(r: dict[str, Any]) -> list[dict[str, Any]]:
                 None,
                 m["rss_drift_pct"] <= 10,
             )
+    if "DASH" in r:
+        m = r["DASH"]["overview_read"]
+        add(
+            f"DASH topic overview read, {r['DASH']['n']:,} jobs",
+            f"p50 {m['p50_ms']:.1f} / p99 {m['p99_ms']:.1f} ms",
+            "(cached 2 s, or 5x the read)",
+            None,
+            None,
+        )
+        for page, m in r["DASH"]["pages"].items():
+            cached = page == "topics (cached)"
+            bound = 50 if cached else 100
+            add(
+                f"DASH {page}, {r['DASH']['n']:,} jobs",
+                f"p50 {m['p50_ms']:.1f} / p99 {m['p99_ms']:.1f} ms",
+                f"p99 <= {bound} ms",
+                None,
+                m["p99_ms"] <= bound,
+            )
     if "Q3" in r:
         rows.extend(q3_rows(r["Q3"]))
     return rows
@@ -302,7 +341,6 @@ def q3_rows(q: dict[str, Any]) -> list[dict[str, Any]]:
                 "verdict": "PASS" if ok else "MISS",
             }
         )
-    return rows
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
@@ -382,6 +420,7 @@ def main(argv: list[str] | None = None) -> int:
             ),
             "W9": lambda: scale.w9_scheduled_lateness(db.dsn, sz["w9"]),
             "RET": lambda: scale.retention_pace(db.dsn, sz["ret_expired"], sz["w3"]),
+            "DASH": lambda: web.dashboard_latency(db.dsn, sz["dash"]),
             "Q3": lambda: {
                 "w3": limits.w3_with_limited(db.dsn, sz["w3"] // 2),
                 "rate": limits.limited_rate(db.dsn, sz["w3"] // 4),

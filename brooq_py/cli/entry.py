@@ -12,6 +12,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
+from brooq_py.cli import dashboard
 from brooq_py.cli.commands import cmd_cancel, cmd_enqueue, cmd_get, cmd_migrate, cmd_stats
 from brooq_py.cli.common import PROG, Failure, first_line, scrub
 from brooq_py.cli.operator import add_parsers as add_operator_parsers
@@ -29,6 +30,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "cancel": cmd_cancel,
     "get": cmd_get,
     "stats": cmd_stats,
+    "dashboard": dashboard.cmd_dashboard,
     "retry": cmd_retry,
     "pause": cmd_pause,
     "resume": cmd_resume,
@@ -96,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--dead", metavar="N", type=int, default=10, help="how many recent dead jobs (default 10)"
     )
     stats.add_argument("--json", action="store_true", help="print the report as JSON")
+    dashboard.add_parser(sub, common)
     add_operator_parsers(sub, common)
     return parser
 

@@ -21,14 +21,14 @@ from brooq_py.service import MAX_BODY, serve
 TOKEN = "s3cret-token"
 
 
-@pytest.fixture
-def surface(store: Store) -> Iterator[tuple[int, str]]:
+@pytest.fixture(params=[True, False], ids=["starlette", "wsgi"])
+def surface(store: Store, request: pytest.FixtureRequest) -> Iterator[tuple[int, str]]:
     engine = Engine(store)
     engine.register_kind("chaos", lambda ctx, claim: None)
     job_id = store.enqueue(Job("other", {"x": 1})).id  # a real id, never claimed (no handler)
     engine.start()
     try:
-        with serve(engine, port=0, token=TOKEN) as server:
+        with serve(engine, port=0, token=TOKEN, dashboard=request.param) as server:
             yield server.port, job_id
     finally:
         engine.close()
@@ -58,7 +58,22 @@ bodies = st.one_of(st.none(), st.binary(max_size=200), st.just(b"x" * (MAX_BODY 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     method=methods,
-    shape=st.sampled_from(["/jobs/{}", "/jobs/{}/cancel", "/jobs/{}/x", "/{}", "/jobs/", "/metrics/{}"]),
+    shape=st.sampled_from(
+        [
+            "/jobs/{}",
+            "/jobs/{}/cancel",
+            "/jobs/{}/retry",
+            "/jobs/{}/x",
+            "/{}",
+            "/jobs/",
+            "/metrics/{}",
+            "/topics/{}/pause",
+            "/topics/{}/resume",
+            "/topics",
+            "/ui/job/{}",
+            "/ui/jobs?topic={}&state=pending",
+        ]
+    ),
     job=ids,
     real=st.booleans(),
     auth=tokens,
@@ -89,5 +104,5 @@ def test_http_bad_requests_are_4xx_never_5xx(
         conn.close()
     assert resp.status < 500, (method, path, auth, resp.status)
     good_auth = auth in (f"Bearer {TOKEN}", f"bearer {TOKEN}")  # the scheme is case-insensitive (RFC 7235)
-    if path.startswith("/jobs/") and not good_auth:
+    if path.startswith(("/jobs/", "/topics")) and not good_auth:
         assert resp.status == 401, (method, path, resp.status)

@@ -84,16 +84,23 @@ def engine(store: Store) -> Iterator[Engine]:
         eng.close()
 
 
+# Both servers that carry the surface's routes: uvicorn with the dashboard (the web extra) and
+# the stdlib WSGI server of the core install. Every test of the surface runs on both.
+@pytest.fixture(params=[True, False], ids=["starlette", "wsgi"])
+def stack(request: pytest.FixtureRequest) -> bool:
+    return bool(request.param)
+
+
 @pytest.fixture
-def server(engine: Engine) -> Iterator[Server]:
-    with serve(engine, port=0, token=TOKEN) as srv:
+def server(engine: Engine, stack: bool) -> Iterator[Server]:
+    with serve(engine, port=0, token=TOKEN, dashboard=stack) as srv:
         yield srv
 
 
 @pytest.fixture
-def open_server(engine: Engine) -> Iterator[Server]:
+def open_server(engine: Engine, stack: bool) -> Iterator[Server]:
     """The surface with no token configured: /jobs is off."""
-    with serve(engine, port=0) as srv:
+    with serve(engine, port=0, dashboard=stack) as srv:
         yield srv
 
 
@@ -139,7 +146,7 @@ def test_healthz_and_metrics_answer_with_the_database_down(schema: str) -> None:
         store = Store(dead_pool, schema=schema)
         eng = Engine(store, Config(workers=1))
         eng.register_kind(TOPIC, handler)
-        with serve(eng, port=0) as srv:
+        with serve(eng, port=0, dashboard=False) as srv:
             health = request(srv, "GET", "/healthz")
             assert health.status == 503
             assert health.json()["database"] is False
@@ -284,18 +291,18 @@ def test_jobs_are_off_without_a_configured_token(open_server: Server, store: Sto
     assert request(open_server, "GET", "/healthz").status in (200, 503)
 
 
-def test_o2_listens_on_loopback_by_default(engine: Engine) -> None:
+def test_o2_listens_on_loopback_by_default(engine: Engine, stack: bool) -> None:
     """O2: without a host the surface binds 127.0.0.1 only."""
-    with serve(engine, port=0) as srv:
-        assert srv._httpd.server_address[0] == "127.0.0.1"  # the bound socket, not the argument
+    with serve(engine, port=0, dashboard=stack) as srv:
+        assert srv.address[0] == "127.0.0.1"  # the bound socket, not the argument
         assert srv.url.startswith("http://127.0.0.1:")
         assert request(srv, "GET", "/healthz").status in (200, 503)
 
 
-def test_an_empty_token_is_no_token(engine: Engine, store: Store) -> None:
+def test_an_empty_token_is_no_token(engine: Engine, store: Store, stack: bool) -> None:
     """SPEC O2: serve(token="") keeps /jobs off; "Authorization: Bearer " must not open it."""
     job_id = store.enqueue(Job(IDLE_TOPIC, None)).id
-    with serve(engine, port=0, token="") as srv:
+    with serve(engine, port=0, token="", dashboard=stack) as srv:
         assert request(srv, "GET", f"/jobs/{job_id}", token="").status == 404
         assert request(srv, "GET", f"/jobs/{job_id}", headers={"Authorization": "Bearer "}).status == 404
         assert request(srv, "POST", f"/jobs/{job_id}/cancel", token="").status == 404
@@ -378,12 +385,12 @@ def test_token_never_reaches_logs_or_responses(
     ]
     assert not any(TOKEN.encode() in b for b in bodies)
     assert TOKEN not in caplog.text
-    assert TOKEN not in repr(server) and TOKEN not in repr(server._httpd.get_app())
+    assert TOKEN not in repr(server) and TOKEN not in repr(server._backend)
     assert any("/jobs/" in r.getMessage() for r in caplog.records)  # requests are logged at DEBUG
 
 
-def test_server_binds_port_zero_and_closes_twice(engine: Engine) -> None:
-    srv = serve(engine, host="127.0.0.1", port=0)
+def test_server_binds_port_zero_and_closes_twice(engine: Engine, stack: bool) -> None:
+    srv = serve(engine, host="127.0.0.1", port=0, dashboard=stack)
     assert srv.port != 0 and srv.url == f"http://127.0.0.1:{srv.port}"
     assert request(srv, "GET", "/healthz").status == 503
     srv.close()

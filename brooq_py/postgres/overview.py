@@ -1,0 +1,263 @@
+"""What the dashboard and ``GET /topics`` read: topics with their counts, pages of jobs.
+
+Every read is a fixed, small number of index-served statements: counts stop
+at a cap, lists at a page size with a keyset cursor, and the last hour of
+outcomes is read from the retention index up to the cap. Terminal rows are
+never counted over the whole table. The topic overview is cached for a short
+time, shared by every caller, so a page view and its live refresh cost the
+database nothing while the cache is fresh.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from psycopg.rows import tuple_row
+
+from brooq_py.queue import State
+
+if TYPE_CHECKING:
+    from brooq_py.postgres.store import Store
+
+DEFAULT_CAP = 10_000
+DEFAULT_TTL = 2.0
+# The last hour's outcomes change slowly at a minute's grain and cost the most to read:
+# read at most every ACTIVITY_TTL seconds, up to ACTIVITY_CAP rows.
+ACTIVITY_TTL = 30.0
+ACTIVITY_CAP = 100_000
+# A read that takes long is reused longer: at most 1/READ_SHARE of the time is spent reading.
+READ_SHARE = 5
+MAX_TOPICS = 500
+MINUTES = 60
+WAITING = (State.PENDING, State.SCHEDULED, State.FAILED)
+FINISHED = (State.DONE, State.DEAD, State.CANCELED)
+# The order of the topics page's columns.
+STATES = (State.PENDING, State.SCHEDULED, State.PROCESSING, State.FAILED, *FINISHED)
+
+
+class BadCursor(ValueError):
+    """A page cursor that this module did not write."""
+
+
+@dataclass(frozen=True)
+class TopicView:
+    """One topic: counts per state (None where not counted cheaply; capped at ``cap``).
+
+    Active states are counted over the table; done, dead and canceled over the
+    last hour (``throughput`` is the done count per minute, oldest first), read
+    at most every ``ACTIVITY_TTL`` seconds.
+    """
+
+    topic: str
+    counts: dict[str, int | None]
+    oldest_ready_seconds: float
+    paused: bool
+    limit: int | None
+    throughput: list[int] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "topic": self.topic,
+            "counts": dict(self.counts),
+            "oldest_ready_seconds": round(self.oldest_ready_seconds, 3),
+            "paused": self.paused,
+            "limit": self.limit,
+            "done_per_minute": list(self.throughput),
+        }
+
+
+@dataclass(frozen=True)
+class Topics:
+    """The overview at one moment: ``read_at`` is when the database was read."""
+
+    topics: list[TopicView]
+    cap: int
+    read_at: datetime
+
+
+@dataclass(frozen=True)
+class JobLine:
+    """One job of a page (no payload: the job page reads the row)."""
+
+    id: str
+    topic: str
+    state: str
+    attempts: int
+    priority: int
+    available_at: datetime
+    locked_until: datetime | None
+    last_error: str | None
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class JobsPage:
+    """One page of jobs; ``next`` is the cursor of the following page, None on the last one."""
+
+    jobs: list[JobLine]
+    next: str | None
+
+
+def _cursor_of(state: str, line: JobLine) -> str:
+    if state in WAITING:
+        return f"{line.priority}|{line.available_at.isoformat()}|{line.id}"
+    at = line.locked_until if state == State.PROCESSING else line.updated_at
+    assert at is not None
+    return f"{at.isoformat()}|{line.id}"
+
+
+def _parse_cursor(state: str, cursor: str | None) -> dict[str, Any]:
+    empty: dict[str, Any] = {"after_priority": None, "after_at": None, "after_id": None}
+    if not cursor:
+        return empty
+    parts = cursor.split("|")
+    try:
+        if state in WAITING:
+            if len(parts) != 3:
+                raise BadCursor("bad cursor")
+            return {
+                "after_priority": int(parts[0]),
+                "after_at": datetime.fromisoformat(parts[1]),
+                "after_id": uuid.UUID(parts[2]),
+            }
+        if len(parts) != 2:
+            raise BadCursor("bad cursor")
+        return {
+            "after_priority": None,
+            "after_at": datetime.fromisoformat(parts[0]),
+            "after_id": uuid.UUID(parts[1]),
+        }
+    except (ValueError, OverflowError) as exc:
+        raise BadCursor("bad cursor") from exc
+
+
+class Overview:
+    """Bounded reads of one Store for people and dashboards; ``topics()`` is cached for *ttl* seconds."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        ttl: float = DEFAULT_TTL,
+        cap: int = DEFAULT_CAP,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.ttl = ttl
+        self.cap = cap
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._cached: Topics | None = None
+        self._cached_at = 0.0
+        self._fresh_for = ttl
+        self._activity: list[tuple[Any, ...]] | None = None
+        self._activity_at = 0.0
+
+    def topics(self) -> Topics:
+        """Return the topic overview, from the cache while it is younger than ``ttl``.
+
+        A slow read is kept longer (``READ_SHARE`` times its duration), so
+        however large the table, reading it takes a bounded share of the time.
+
+        Concurrent callers on a stale cache wait for one read instead of each
+        reading. Raise ``StoreUnavailable`` when the database cannot be reached.
+        """
+        with self._lock:
+            if self._cached is not None and self._clock() - self._cached_at < self._fresh_for:
+                return self._cached
+            started = self._clock()
+            fresh = self._read_topics()
+            self._cached, self._cached_at = fresh, self._clock()
+            self._fresh_for = max(self.ttl, READ_SHARE * (self._cached_at - started))
+            return fresh
+
+    def forget(self, activity: bool = False) -> None:
+        """Drop the cached counts (and the last hour's outcomes too with *activity*), so the next read sees an action."""
+        with self._lock:
+            self._cached = None
+            if activity:
+                self._activity = None
+
+    def _read_topics(self) -> Topics:
+        q = self.store._q
+        with (
+            self.store._autocommit("reading the topic overview") as conn,
+            conn.transaction(),
+            conn.cursor(row_factory=tuple_row) as cur,
+        ):
+            cur.execute(q["stats_topics"].composed, {"max_topics": MAX_TOPICS})
+            names = {str(r[0]) for r in cur.fetchall()}
+            cur.execute(q["topic_settings"].composed, {})
+            settings = {str(r[0]): (bool(r[1]), r[2]) for r in cur.fetchall()}
+            if self._activity is None or self._clock() - self._activity_at >= ACTIVITY_TTL:
+                cur.execute(q["web_activity"].composed, {"cap": ACTIVITY_CAP})
+                self._activity, self._activity_at = cur.fetchall(), self._clock()
+            activity = self._activity
+            names |= set(settings) | {str(r[0]) for r in activity}
+            topics = sorted(names)[:MAX_TOPICS]
+            gauges: dict[str, dict[str, Any]] = {}
+            if topics:
+                cur.execute(q["gauges_by_topic"].composed, {"topics": topics, "cap": self.cap})
+                columns = [d.name for d in cur.description or ()]
+                gauges = {str(r[0]): dict(zip(columns, r, strict=True)) for r in cur.fetchall()}
+        recent: dict[str, dict[str, int]] = {}
+        per_minute: dict[str, list[int]] = {}
+        for topic, state, minutes_ago, jobs in activity:
+            recent.setdefault(topic, {})
+            recent[topic][state] = recent[topic].get(state, 0) + int(jobs)
+            if state == State.DONE:
+                series = per_minute.setdefault(topic, [0] * MINUTES)
+                series[MINUTES - 1 - int(minutes_ago)] += int(jobs)
+        views = []
+        for topic in topics:
+            g = gauges.get(topic, {})
+            counts: dict[str, int | None] = {}
+            for state in STATES:
+                if state in FINISHED:
+                    counts[state] = recent.get(topic, {}).get(state, 0)
+                else:
+                    value = g.get(str(state))
+                    counts[state] = None if value is None else int(value)
+            paused, limit = settings.get(topic, (False, None))
+            views.append(
+                TopicView(
+                    topic=topic,
+                    counts=counts,
+                    oldest_ready_seconds=float(g.get("oldest_ready_seconds") or 0.0),
+                    paused=paused,
+                    limit=limit,
+                    throughput=per_minute.get(topic, [0] * MINUTES),
+                )
+            )
+        return Topics(views, self.cap, datetime.now(UTC))
+
+    def jobs(self, topic: str | None, state: str, cursor: str | None = None, limit: int = 50) -> JobsPage:
+        """Return one page of *topic*'s jobs in *state*, newest first (*topic* None: finished states only).
+
+        Raise ``BadCursor`` for a cursor this module did not write and
+        ``ValueError`` for an unknown state.
+        """
+        if state in WAITING and topic is not None:
+            name = "web_jobs_waiting"
+        elif state == State.PROCESSING and topic is not None:
+            name = "web_jobs_processing"
+        elif state in FINISHED:
+            name = "web_jobs_finished"
+        else:
+            raise ValueError(f"no listing for state {state!r}")
+        params = {"topic": topic, "state": str(state), "limit": limit + 1, **_parse_cursor(state, cursor)}
+        rows = self.store._run("reading a page of jobs", self.store._q[name], params)
+        lines = [
+            JobLine(str(r[0]), str(r[1]), str(r[2]), int(r[3]), int(r[4]), r[5], r[6], r[7], r[8], r[9])
+            for r in rows
+        ]
+        more = len(lines) > limit
+        lines = lines[:limit]
+        return JobsPage(lines, _cursor_of(state, lines[-1]) if more and lines else None)
