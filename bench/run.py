@@ -33,6 +33,7 @@ import baselines  # noqa: E402
 import limits  # noqa: E402
 import psycopg  # noqa: E402
 import scale  # noqa: E402
+import scrape  # noqa: E402
 import w7  # noqa: E402
 import web  # noqa: E402
 import workloads  # noqa: E402
@@ -56,6 +57,7 @@ WORKLOADS = (
     "RET",
     "MEM",
     "DASH",
+    "SCRAPE",
     "Q3",
 )
 
@@ -307,6 +309,18 @@ def evaluate(r: dict[str, Any]) -> list[dict[str, Any]]:
                 None,
                 m["p99_ms"] <= bound,
             )
+    if "SCRAPE" in r:
+        w = r["SCRAPE"]
+        d = w["per_request_reads"]
+        add(
+            f"SCRAPE {w['requests']} concurrent /metrics",
+            f"{w['statements_during_burst']} stmt (refresh: {w['refresh_statements']} per period, "
+            f"{w['refresh_ms']:.1f} ms), p50 {w['p50_ms']:.1f} / p99 {w['p99_ms']:.1f} ms; "
+            f"read per request: {d['statements']} stmt, p99 {d['p99_ms']:.0f} ms",
+            "<= 1 refresh",
+            None,
+            w["ok"] == w["requests"] and w["statements_during_burst"] <= w["refresh_statements"],
+        )
     if "Q3" in r:
         rows.extend(q3_rows(r["Q3"]))
     return rows
@@ -421,6 +435,7 @@ def main(argv: list[str] | None = None) -> int:
             "W9": lambda: scale.w9_scheduled_lateness(db.dsn, sz["w9"]),
             "RET": lambda: scale.retention_pace(db.dsn, sz["ret_expired"], sz["w3"]),
             "DASH": lambda: web.dashboard_latency(db.dsn, sz["dash"]),
+            "SCRAPE": lambda: scrape.scrape_cost(db.dsn),
             "Q3": lambda: {
                 "w3": limits.w3_with_limited(db.dsn, sz["w3"] // 2),
                 "rate": limits.limited_rate(db.dsn, sz["w3"] // 4),

@@ -21,7 +21,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from brooq_py.cli.common import Failure, check_migrated, database_url, log, open_pool
-from brooq_py.queue import parse_go_duration
+from brooq_py.queue import BrooqError, parse_go_duration
 from brooq_py.settings import Settings, merge_env, parse_dotenv
 
 if TYPE_CHECKING:
@@ -135,14 +135,22 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         engine = Engine(store, settings.config)
         engine.register_kind("demo", demo_handler)
     else:
-        if args.schema:
-            log.warning("--schema is ignored with --app: the app's Store has its own schema")
         _apply_dotenv_to_environ()
         engine = _load_app(args.app)
+        app_schema = getattr(engine.repo, "schema", None)
+        if args.schema and app_schema is not None and args.schema != app_schema:
+            raise Failure(
+                f"--schema {args.schema} does not match the app's Store (schema {app_schema!r}): "
+                f"drop --schema or give the app's Store schema={args.schema!r}",
+                status=2,
+            )
 
     server = None
     try:
-        engine.start()
+        try:
+            engine.start()
+        except BrooqError as exc:  # e.g. the schema is not migrated: one line naming the fix
+            raise Failure(str(exc)) from None
         try:
             server = serve(engine, settings.http_host, settings.http_port, settings.http_token)
         except OSError as exc:

@@ -1,4 +1,19 @@
-"""Attempt: one claimed job in this engine, from claim to its outcome write."""
+"""Attempt: one claimed job in this engine, as an explicit state machine (SPEC L1).
+
+Two machines share one lock. ``phase`` is the attempt's ending::
+
+    CLAIMED ──▶ RUNNING ──▶ RETURNED | RAISED | HUNG | LOST | GAVE_UP | FENCED
+       │                               │
+       └──▶ POISONED | UNRUN           └──▶ SETTLING ──▶ SETTLED
+
+The first ending wins: a handler that returns after the watchdog called it hung
+finds the attempt ended and writes nothing. ``handler`` is the life of the
+handler's code (a thread or a task), which may outlive the attempt's ending:
+RUNNING ──▶ ENDED, or ──▶ ABANDONED (the engine stopped waiting: slot freed) /
+HUNG (counted, slot freed) and later ──▶ ENDED. Whoever moves the handler out of
+RUNNING owns the slot's release. A move not in the tables raises
+``IllegalTransition``: a bug, never a race.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +21,68 @@ import inspect
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from brooq_py.engine.repo import ClaimedJob
 from brooq_py.queue import Claim, Context, KindOptions, Lease
 
 HandlerCallable = Callable[[Context, Claim], Any]
+
+
+class Phase(StrEnum):
+    CLAIMED = "claimed"
+    RUNNING = "running"
+    RETURNED = "returned"  # the handler returned: the only ending that can close done (L1)
+    RAISED = "raised"
+    HUNG = "hung"  # still running watchdog_grace after its ctx was cancelled (C5)
+    LOST = "lost"  # the heartbeat found the row no longer this claim's (C3)
+    GAVE_UP = "gave_up"  # max_execution_timeout (C4)
+    FENCED = "fenced"  # renewals failed for a whole lease (L4)
+    POISONED = "poisoned"  # claimed with attempts past max_attempts: never run (L5)
+    UNRUN = "unrun"  # claimed while the engine stopped: handed back unrun
+    SETTLING = "settling"
+    SETTLED = "settled"
+
+
+class HandlerState(StrEnum):
+    RUNNING = "running"
+    ENDED = "ended"
+    ABANDONED = "abandoned"  # the engine stopped waiting (gave up); not hung yet
+    HUNG = "hung"
+
+
+ENDINGS = frozenset(
+    {
+        Phase.RETURNED,
+        Phase.RAISED,
+        Phase.HUNG,
+        Phase.LOST,
+        Phase.GAVE_UP,
+        Phase.FENCED,
+        Phase.POISONED,
+        Phase.UNRUN,
+    }
+)
+
+PHASES: dict[Phase, frozenset[Phase]] = {
+    Phase.CLAIMED: frozenset({Phase.RUNNING, Phase.POISONED, Phase.UNRUN}),
+    Phase.RUNNING: frozenset(ENDINGS - {Phase.POISONED, Phase.UNRUN}),
+    **{e: frozenset({Phase.SETTLING}) for e in ENDINGS},
+    Phase.SETTLING: frozenset({Phase.SETTLED}),
+    Phase.SETTLED: frozenset(),
+}
+
+HANDLER: dict[HandlerState, frozenset[HandlerState]] = {
+    HandlerState.RUNNING: frozenset({HandlerState.ENDED, HandlerState.ABANDONED, HandlerState.HUNG}),
+    HandlerState.ABANDONED: frozenset({HandlerState.ENDED, HandlerState.HUNG}),
+    HandlerState.HUNG: frozenset({HandlerState.ENDED}),
+    HandlerState.ENDED: frozenset(),
+}
+
+
+class IllegalTransition(RuntimeError):
+    """A move the attempt's tables do not allow: a bug in the engine."""
 
 
 @dataclass(frozen=True)
@@ -37,28 +108,22 @@ class Kind:
 
 
 class Attempt:
-    """The engine's record of one claim while it is ours.
-
-    Flags change under ``lock``: ``finished`` (the handler returned or raised),
-    ``abandoned`` (the watchdog or max_execution_timeout gave up on a handler
-    still running), ``lost`` (the heartbeat found the row no longer ours).
-    """
+    """The engine's record of one claim while it is ours (see the module's tables)."""
 
     __slots__ = (
-        "abandoned",
+        "_ending",
+        "_handler",
+        "_lock",
+        "_phase",
         "cancelled_at",
         "claim",
         "ctx",
-        "finished",
         "hard_deadline",
-        "hung",
         "kind",
-        "lock",
-        "lost",
+        "renewed_at",
         "row",
         "soft_deadline",
         "started",
-        "stopping_hung",
     )
 
     def __init__(self, row: ClaimedJob, kind: Kind, started: float, ctx: Context) -> None:
@@ -77,15 +142,15 @@ class Attempt:
             priority=row.priority,
         )
         self.started = started
+        # When the database last confirmed the lease (monotonic): the claim's return, then each renewal (L4).
+        self.renewed_at = started
         self.soft_deadline = started + opts.td("attempt_timeout").total_seconds()
         self.hard_deadline = started + opts.td("max_execution_timeout").total_seconds()
         self.cancelled_at: float | None = None
-        self.lock = threading.Lock()
-        self.finished = False
-        self.abandoned = False
-        self.lost = False
-        self.stopping_hung = False
-        self.hung = False
+        self._lock = threading.Lock()
+        self._phase = Phase.CLAIMED
+        self._ending: Phase | None = None
+        self._handler = HandlerState.RUNNING
 
     @property
     def id(self) -> str:
@@ -95,21 +160,79 @@ class Attempt:
     def topic(self) -> str:
         return self.row.topic
 
-    def finish(self) -> bool:
-        """Mark the handler ended; return False if the engine had already given up on it."""
-        with self.lock:
-            if self.abandoned:
+    @property
+    def phase(self) -> Phase:
+        return self._phase
+
+    @property
+    def ending(self) -> Phase | None:
+        """How the attempt ended (one of ENDINGS), or None while it runs."""
+        return self._ending
+
+    @property
+    def handler(self) -> HandlerState:
+        return self._handler
+
+    @property
+    def hung(self) -> bool:
+        return self._handler is HandlerState.HUNG
+
+    # --- the ending -------------------------------------------------------
+
+    def _move(self, to: Phase) -> None:
+        if to not in PHASES[self._phase]:
+            raise IllegalTransition(f"attempt {self.id}: {self._phase} -> {to}")
+        self._phase = to
+
+    def start(self) -> None:
+        """CLAIMED -> RUNNING: the handler is about to be called."""
+        with self._lock:
+            self._move(Phase.RUNNING)
+
+    def end(self, ending: Phase) -> bool:
+        """Record how the attempt ended; return False if another ending came first.
+
+        From RUNNING (or CLAIMED for POISONED and UNRUN) only: the race between a
+        handler's return and the watchdog or heartbeat is normal, and its loser
+        learns it here. Raise ``IllegalTransition`` for a phase that is no ending.
+        """
+        if ending not in ENDINGS:
+            raise IllegalTransition(f"attempt {self.id}: {ending} is not an ending")
+        with self._lock:
+            if ending not in PHASES[self._phase]:
+                if self._phase in (Phase.CLAIMED, Phase.RUNNING):
+                    raise IllegalTransition(f"attempt {self.id}: {self._phase} -> {ending}")
                 return False
-            self.finished = True
+            self._phase = self._ending = ending
             return True
 
-    def abandon(self) -> bool:
-        """Give up on a handler still running; return False if it already ended."""
-        with self.lock:
-            if self.finished or self.abandoned:
-                return False
-            self.abandoned = True
-            return True
+    def settling(self) -> Phase:
+        """Ending -> SETTLING; return the ending being settled. Raise if there is none (a second settle)."""
+        with self._lock:
+            ending = self._phase
+            if ending not in ENDINGS:
+                raise IllegalTransition(f"attempt {self.id}: settling from {ending}")
+            self._move(Phase.SETTLING)
+            return ending
+
+    def settled(self) -> None:
+        """SETTLING -> SETTLED: the outcome was written, found not ours, or there is none to write."""
+        with self._lock:
+            self._move(Phase.SETTLED)
+
+    # --- the handler's life ------------------------------------------------
+
+    def handler_to(self, to: HandlerState) -> HandlerState | None:
+        """Move the handler's state; return the previous one, or None when the move is not allowed
+        from where it is (a normal race: e.g. ended before the watchdog called it hung)."""
+        with self._lock:
+            was = self._handler
+            if to not in HANDLER[was]:
+                if to is HandlerState.ENDED:
+                    raise IllegalTransition(f"attempt {self.id}: handler ended twice")
+                return None
+            self._handler = to
+            return was
 
 
 def is_awaitable(value: object) -> bool:

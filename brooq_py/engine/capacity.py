@@ -17,6 +17,9 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import timedelta
 
+from brooq_py.engine.attempt import Attempt
+from brooq_py.engine.clock import Clock
+from brooq_py.engine.inflight import InFlight
 from brooq_py.queue.port import ClaimedJob, Repo
 
 
@@ -137,3 +140,18 @@ class Capacity:
                 self._due.pop(topic, None)
         if ready:
             self.wake()
+
+
+class CountingInFlight(InFlight):
+    """InFlight that reports each handler's end once, by topic (a topic's room in this engine)."""
+
+    def __init__(self, lease_seconds: float, clock: Clock, on_end: Callable[[str], None]) -> None:
+        super().__init__(lease_seconds, clock)
+        self._on_end = on_end
+
+    def end(self, a: Attempt) -> None:
+        with self._lock:  # once per attempt, however often its end is recorded
+            was = a in self._running
+            self._running.discard(a)
+        if was:
+            self._on_end(a.topic)

@@ -19,7 +19,9 @@ class Completer:
     batch is full), and batches grow by themselves under load. A full
     buffer (``max_buffer``) makes ``put`` wait: back-pressure on the slots.
     A failed flush is logged and retried with backoff; the outcomes stay
-    buffered (their leases are still renewed until a flush ends them).
+    buffered (their leases are still renewed until a flush ends them) while
+    ``keep(outcome)`` says their lease is still held; the others go to
+    ``on_dropped`` (SPEC L6: a failed write is never the job's failure).
     ``on_written(batch, written_ids)`` runs after every successful flush.
     """
 
@@ -34,6 +36,8 @@ class Completer:
         max_buffer: int = 5000,
         max_batch: int = MAX_BATCH,
         linger: float = 0.0,
+        keep: Callable[[Outcome], bool] | None = None,
+        on_dropped: Callable[[Sequence[Outcome]], None] | None = None,
     ) -> None:
         self._write = write
         self._on_written = on_written
@@ -41,6 +45,8 @@ class Completer:
         self._max_buffer = max_buffer
         self._max_batch = max_batch
         self._linger = linger
+        self._keep = keep
+        self._on_dropped = on_dropped
         self._buf: list[Outcome] = []
         self._inflight = 0
         self._cond = threading.Condition()
@@ -123,10 +129,28 @@ class Completer:
                 self._log.warning(
                     "completer: writing outcomes failed (%s); retrying in %.2fs", type(exc).__name__, delay
                 )
+                self._drop_lost()
                 with self._cond:
                     if self._stopping and failures > 3:
                         return  # stop() reports what could not be written
                 time.sleep(delay)
+
+    def _drop_lost(self) -> None:
+        """Give up on buffered outcomes whose lease is no longer held (the reaper returns those jobs)."""
+        if self._keep is None:
+            return
+        with self._cond:
+            kept: list[Outcome] = []
+            dropped: list[Outcome] = []
+            for o in self._buf:
+                (kept if self._keep(o) else dropped).append(o)
+            self._buf = kept
+            self._cond.notify_all()
+        if dropped and self._on_dropped is not None:
+            try:
+                self._on_dropped(dropped)
+            except Exception:
+                self._log.exception("completer: bookkeeping of dropped outcomes failed")
 
     def stop(self, timeout: float = 10.0) -> int:
         """Flush what is buffered, stop the thread; return how many outcomes stay unwritten."""

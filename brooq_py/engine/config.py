@@ -22,6 +22,7 @@ _DURATIONS = (
     "max_execution_timeout",
     "backoff_base",
     "backoff_max",
+    "gauges_period",
 )
 # Zero is meaningful for these two (disabled / computed); every other period must be > 0.
 _MAY_BE_ZERO = ("retention_ttl", "retention_period")
@@ -41,6 +42,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "QUEUE_RETENTION_BATCH": ("retention_batch", "int"),
     "QUEUE_RETENTION_PERIOD": ("retention_period", "duration"),
     "QUEUE_NOTIFY": ("notify", "bool"),
+    "QUEUE_GAUGES_PERIOD": ("gauges_period", "duration"),
 }
 _BOOLS = {
     "true": True,
@@ -77,6 +79,8 @@ class Config:
     backoff_max: timedelta | float = 60
     # False: poll only. The engine neither LISTENs nor sends wake-ups of its own (SPEC Z3).
     notify: bool = True
+    # How often the refresher reads the gauges /metrics serves (SPEC Z2).
+    gauges_period: timedelta | float = 5
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -137,6 +141,12 @@ class Config:
             return period
         computed = self.td("retention_ttl") / 100
         return min(max(computed, timedelta(minutes=1)), timedelta(hours=1))
+
+    @property
+    def health_grace(self) -> timedelta:
+        """How long the engine's statements may fail before /healthz says 503 (SPEC Z2):
+        max(3 poll intervals, 2 gauge refreshes), 10 s by default."""
+        return max(3 * self.td("poll_interval"), 2 * self.td("gauges_period"))
 
     def kind_defaults(self) -> KindOptions:
         """The KindOptions a topic registered without options gets."""

@@ -17,7 +17,8 @@ class Dispatcher:
 
     It claims again at once while a claim came back full (a backlog), and
     otherwise waits for a NOTIFY wake-up or the poll interval. A failed claim is
-    logged and retried with backoff.
+    logged and retried with backoff. Rows a claim returns after ``stop()`` are
+    handed to *hand_back* instead of launched.
     """
 
     def __init__(
@@ -27,12 +28,14 @@ class Dispatcher:
         launch: Callable[[ClaimedJob], None],
         poll_interval: float,
         log: logging.Logger,
+        hand_back: Callable[[list[ClaimedJob]], None] | None = None,
     ) -> None:
         self._claim = claim
         self._slots = slots
         self._launch = launch
         self._poll = poll_interval
         self._log = log
+        self._hand_back = hand_back
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -83,5 +86,10 @@ class Dispatcher:
                 self._log.info("dispatcher: claiming works again after %d failures", failures)
             failures = 0
             backlog = len(rows) >= free
+            if self._stop.is_set() and rows and self._hand_back is not None:
+                # stop() gave up waiting for this claim (a pool wait can outlast its join): the
+                # slots may be stopping, so the rows go back unrun rather than start now.
+                self._hand_back(rows)
+                return
             for row in rows:
                 self._launch(row)

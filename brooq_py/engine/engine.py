@@ -16,21 +16,23 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from brooq_py.engine.attempt import Attempt, Kind
-from brooq_py.engine.capacity import Capacity
+from brooq_py.engine.attempt import Attempt, Kind, Phase
+from brooq_py.engine.capacity import Capacity, CountingInFlight
 from brooq_py.engine.clock import Clock, SystemClock
 from brooq_py.engine.completer import Completer
 from brooq_py.engine.config import Config
 from brooq_py.engine.dispatcher import Dispatcher
-from brooq_py.engine.health import Health
+from brooq_py.engine.health import Health, StatementTracker, tracked
 from brooq_py.engine.heartbeat import Heartbeat
-from brooq_py.engine.inflight import InFlight
-from brooq_py.engine.metrics import Metrics, StoreCollector
+from brooq_py.engine.metrics import EngineRegistry, Metrics, SnapshotCollector
+from brooq_py.engine.outcome import Ending, decide
 from brooq_py.engine.reaper import Reaper
+from brooq_py.engine.refresher import Refresher
 from brooq_py.engine.repo import ClaimedJob, Outcome, Repo
 from brooq_py.engine.retention import Retention
 from brooq_py.engine.runner import Runner
 from brooq_py.engine.scheduler import Schedule, Scheduler
+from brooq_py.engine.schema import check_schema
 from brooq_py.engine.slots import AsyncRunner, SlotPool
 from brooq_py.engine.supervisor import Supervisor
 from brooq_py.engine.ticker import Ticker
@@ -82,23 +84,37 @@ class Engine:
         if not isinstance(self.config, Config):
             raise ConfigError(f"config must be a Config, got {type(self.config).__name__}")
         self.log = logger or logging.getLogger("brooq_py.engine")
-        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        self.registry = registry if registry is not None else EngineRegistry(auto_describe=True)
         self.clock: Clock = clock or SystemClock()
+        # Every statement's outcome feeds health(), so /healthz runs none of its own (SPEC Z2).
+        self.statements = StatementTracker(self.clock)
+        self.repo = repo = tracked(repo, self.statements)
         self.worker_id = worker_id or default_worker_id()
         self.metrics = Metrics(self.registry)
-        self.registry.register(StoreCollector(self.repo.gauges, lambda: self.topics, self.log))
+        self.refresher = Refresher(
+            self.config.td("gauges_period"),
+            repo.gauges,
+            repo.database_gauges,
+            lambda: self.topics,
+            self.clock,
+            self.log,
+        )
+        self.registry.register(SnapshotCollector(self.refresher.view))
         self._kinds: dict[str, Kind] = {}
         self._lock = threading.RLock()
         self._state = "new"  # new -> running -> stopping -> stopped
-        self.inflight = InFlight()
+        # a handler that ended frees its topic's room in this engine (SPEC Q3)
+        self.inflight = CountingInFlight(
+            self.config.lease_td.total_seconds(), self.clock, lambda topic: self.capacity.ended(topic)
+        )
         self._async = AsyncRunner(self.log)
         self.runner = Runner(repo, self.inflight, self.metrics, self._async, self.log, rng)
+        self.runner.stopping = lambda: self._state == "stopping"
         self.supervisor = Supervisor(
             self.inflight,
             self.runner,
             self.metrics,
             self.config.effective_watchdog_grace.total_seconds(),
-            lambda: self._state == "stopping",
             self.log,
         )
         self._slots: SlotPool | None = None
@@ -214,16 +230,17 @@ class Engine:
         return self.repo.get(job_id)
 
     def health(self) -> Health:
-        database = False
-        try:
-            database = bool(self.repo.ping())
-        except Exception:
-            database = False
+        """The engine's state and its statements' record, from memory: no database round trip (SPEC Z2)."""
+        cfg = self.config
+        status = self.statements.status(cfg.health_grace.total_seconds(), cfg.lease_td.total_seconds())
         return Health.of(
-            database=database,
+            database=status.ok,
             running=self.running,
             hung=self.inflight.hung_count(),
-            workers=self.config.workers,
+            workers=cfg.workers,
+            last_success_age=status.last_success_age,
+            failing_for=status.failing_for,
+            error=status.error,
         )
 
     # --- lifecycle ---------------------------------------------------------
@@ -238,18 +255,29 @@ class Engine:
             if not self._kinds:
                 self.log.warning("engine: starting with no registered topic; nothing will be claimed")
             cfg = self.config
-            self._slots = SlotPool(cfg.workers, self._run_claimed, self.log)
-            self.supervisor.slots = self._slots
+            check_schema(self.repo)
+            bound = getattr(self.repo, "bound_waits", None)
+            if callable(bound):
+                bound(cfg.lease_td)
+            slots = self._slots = SlotPool(cfg.workers)
+            self.runner.release_slot = self.supervisor.release_slot = slots.release
             self._completer = Completer(
                 self.repo.settle_many,
                 self._written,
                 self.log,
                 max_buffer=max(1000, 8 * cfg.workers),
                 linger=COMPLETER_LINGER,
+                keep=self.inflight.still_held,
+                on_dropped=self.runner.on_dropped,
             )
             self.runner.completer = self._completer
             self._dispatcher = Dispatcher(
-                self._claim, self._slots, self._launch, cfg.td("poll_interval").total_seconds(), self.log
+                self._claim,
+                slots,
+                self._launch,
+                cfg.td("poll_interval").total_seconds(),
+                self.log,
+                hand_back=self._hand_back,
             )
             self._services = [
                 Heartbeat(
@@ -258,13 +286,18 @@ class Engine:
                     lambda leases: self.repo.renew(leases, cfg.lease_td),
                     self.supervisor.lease_lost,
                     self.log,
+                    self.clock,
                 ),
                 Watchdog(
                     self.inflight.running,
+                    self.inflight.held,
                     cfg.effective_watchdog_grace.total_seconds(),
+                    cfg.lease_td.total_seconds(),
                     self.clock,
+                    self.supervisor.timeout,
                     self.supervisor.give_up,
                     self.supervisor.hung,
+                    self.supervisor.fence,
                     self.log,
                 ),
                 Reaper(
@@ -273,6 +306,7 @@ class Engine:
                     lambda t: self.metrics.child(self.metrics.reaped, t).inc(),
                     self.log,
                 ),
+                self.refresher,
                 self._topic_watch,
             ]
             self._services += wake_services(self.repo, cfg, self.topics, self._dispatcher.wake, self.log)
@@ -299,7 +333,6 @@ class Engine:
                     )
                 )
             self._completer.start()
-            self._slots.start()
             for s in self._services:
                 s.start()
             self._dispatcher.start()
@@ -331,19 +364,21 @@ class Engine:
         dispatcher.stop()
         if not slots.wait_idle(wait):
             for a in self.inflight.running():
-                if not a.finished:
-                    a.ctx.cancel(EngineStopping("the engine is stopping"))
-            slots.wait_idle(cfg.effective_watchdog_grace.total_seconds() + 1.0)
+                self.supervisor.stopping_cancel(a)
+            slots.wait_idle(cfg.effective_watchdog_grace.total_seconds())
         for a in self.inflight.running():
-            if a.hung and not a.stopping_hung:
-                # hung before stop: its lease was let go; hand the row back now rather than
-                # leave it processing until the reaper (guarded: a no-op if it moved on)
-                self.supervisor.hand_back(a)
+            if a.hung and a.ending is Phase.HUNG and not isinstance(a.ctx.cause, EngineStopping):
+                # hung before the stop: nothing was written and its lease was let go; hand the
+                # row back now rather than leave it processing until the reaper (guarded)
+                self.supervisor.release_at_stop(a)
+            else:
+                self.supervisor.hung(a)  # still running after the stop's grace: hung at stop (C11, L1)
         left = completer.stop()
         self.runner.completer = None  # from now on (run_once) outcomes are written at once
         for s in reversed(self._services):
             s.stop()
-        slots.stop()
+        self.runner.threads.stop()
+        self.runner.settlers.stop()
         self._async.close()
         self._state = "stopped"
         if left:
@@ -380,7 +415,9 @@ class Engine:
         self._topic_watch.run_once()
         rows = self._claim(self.config.workers)
         for row in rows:
-            self._run_claimed(row)
+            a = self._attempt(row)
+            if a is not None:
+                self.runner.run_here(a)
         return len(rows)
 
     # --- internals -----------------------------------------------------------
@@ -394,18 +431,42 @@ class Engine:
         return rows
 
     def _attempt(self, row: ClaimedJob) -> Attempt | None:
+        """Build, hold and start the attempt of a claimed row; None when it must not run.
+
+        A row of an unregistered topic (cannot happen: claims name only our
+        topics) is handed back unrun; a poisoned row (attempts past
+        max_attempts, SPEC L5) ends dead without running.
+        """
         kind = self._kinds.get(row.topic)
-        if kind is None:  # cannot happen: claims name only our topics; hand it back all the same
-            self.log.error("engine: claimed job id=%s of unregistered topic %r", row.id, row.topic)
+        if kind is None:
+            self.log.error(
+                "engine: claimed job id=%s of unregistered topic %r; handing it back", row.id, row.topic
+            )
+            self._hand_back([row])
             return None
         ctx = Context(deadline=self.clock.now() + kind.options.td("attempt_timeout"))
         a = Attempt(row, kind, self.clock.monotonic(), ctx)
+        self.inflight.add(a)
+        if row.attempts > kind.options.max_attempts:
+            a.end(Phase.POISONED)
+            self.inflight.end(a)
+            self.log.error(
+                "job id=%s topic=%s: claimed for attempt %d of %d: earlier attempts hung or died "
+                "without an outcome; not run again, dead (L5)",
+                row.id,
+                row.topic,
+                row.attempts,
+                kind.options.max_attempts,
+            )
+            self.runner.settle(a)
+            return None
         clock = self.clock
 
         def mark(_cause: BaseException) -> None:
             a.cancelled_at = clock.monotonic()
 
         ctx.add_callback(mark)
+        a.start()
         return a
 
     def _written(self, batch: Sequence[Outcome], written: set[str]) -> None:
@@ -413,18 +474,32 @@ class Engine:
         self.capacity.settled(o.topic for o in batch)  # a limited topic may have room again (SPEC Q3)
 
     def _launch(self, row: ClaimedJob) -> None:
-        # The slot thread builds the attempt: the dispatcher only hands rows out, so it is
-        # back to claiming at once (its work is serial; the slots' is parallel).
         assert self._slots is not None
-        self._slots.submit(row)
+        a = self._attempt(row)
+        if a is None:
+            return
+        self._slots.take()
+        self.runner.launch(a)
 
-    def _run_claimed(self, row: ClaimedJob) -> Attempt | None:
+    def _hand_back(self, rows: list[ClaimedJob]) -> None:
+        """Give claimed rows back unrun (pending, attempt given back): the engine stops or cannot run them."""
+        outcomes = []
+        for row in rows:
+            kind = self._kinds.get(row.topic)
+            options = kind.options if kind is not None else self.config.kind_defaults()
+            outcome = decide(
+                id=row.id,
+                claim_token=row.claim_token,
+                topic=row.topic,
+                attempt=row.attempts,
+                options=options,
+                ending=Ending(Phase.UNRUN),
+            )
+            if outcome is not None:
+                outcomes.append(outcome)
         try:
-            a = self._attempt(row)
-            if a is None:
-                return None
-            self.inflight.add(a)
-            self.runner.run(a)
-            return a
-        finally:
-            self.capacity.ended(row.topic)
+            self.repo.settle_many(outcomes)
+        except Exception as exc:
+            self.log.warning(
+                "engine: handing back %d claimed rows failed (%s); the reaper returns them", len(rows), exc
+            )

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Summary
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from brooq_py.engine.repo import Gauges
+from brooq_py.engine.refresher import GaugeView
 from brooq_py.queue import State
 
-ACTIVE = (State.PENDING, State.PROCESSING, State.FAILED)
+ACTIVE = (State.PENDING, State.SCHEDULED, State.PROCESSING, State.FAILED)
 
 
 class Metrics:
@@ -77,55 +76,87 @@ class Metrics:
                 self.child(self.settled, t, outcome)
 
 
-class StoreCollector(Collector):
-    """Reads brooq_jobs and brooq_ready_oldest_age_seconds at scrape time.
+class SnapshotCollector(Collector):
+    """Serves the gauges from the refresher's latest snapshot: a scrape runs no query (SPEC Z2).
 
-    ``describe()`` is defined so that registering the collector runs no query.
-    A scrape with the database down still answers, with brooq_up at 0.
+    brooq_up is 1 while the latest refresh succeeded; after a failed one the
+    last snapshot is still served, brooq_up is 0 and brooq_gauges_age_seconds
+    grows. Before the first successful refresh only brooq_up (0) has a sample.
     """
 
-    def __init__(
-        self,
-        read: Callable[[Sequence[str]], Gauges],
-        topics: Callable[[], Sequence[str]],
-        log: logging.Logger,
-    ) -> None:
-        self._read = read
-        self._topics = topics
-        self._log = log
+    def __init__(self, view: Callable[[], GaugeView]) -> None:
+        self._view = view
 
-    def describe(self) -> Iterable[Metric]:
-        return [
-            GaugeMetricFamily("brooq_jobs", "Jobs in an active state, by topic.", labels=["topic", "state"]),
-            GaugeMetricFamily(
+    @staticmethod
+    def _families() -> dict[str, GaugeMetricFamily]:
+        return {
+            "jobs": GaugeMetricFamily(
+                "brooq_jobs",
+                "Jobs in an active state, by topic (each count capped).",
+                labels=["topic", "state"],
+            ),
+            "ready": GaugeMetricFamily(
                 "brooq_ready_oldest_age_seconds",
                 "Age of the oldest ready job (0 when none).",
                 labels=["topic"],
             ),
-            GaugeMetricFamily("brooq_up", "1 when the database answered this scrape."),
-        ]
+            "xact": GaugeMetricFamily(
+                "brooq_oldest_transaction_age_seconds",
+                "Age of the oldest transaction open on the database (it holds back VACUUM).",
+            ),
+            "dead": GaugeMetricFamily("brooq_job_dead_tuples", "Dead row versions in the job table."),
+            "live": GaugeMetricFamily("brooq_job_live_tuples", "Live rows in the job table (estimate)."),
+            "age": GaugeMetricFamily("brooq_gauges_age_seconds", "Seconds since these gauges were read."),
+            "up": GaugeMetricFamily("brooq_up", "1 when the latest gauge refresh reached the database."),
+        }
+
+    def describe(self) -> Iterable[Metric]:
+        return list(self._families().values())
 
     def collect(self) -> Iterable[Metric]:
-        jobs = GaugeMetricFamily(
-            "brooq_jobs", "Jobs in an active state, by topic.", labels=["topic", "state"]
-        )
-        age = GaugeMetricFamily(
-            "brooq_ready_oldest_age_seconds", "Age of the oldest ready job (0 when none).", labels=["topic"]
-        )
-        up = GaugeMetricFamily("brooq_up", "1 when the database answered this scrape.")
-        topics = list(self._topics())
-        try:
-            g = self._read(topics)
-        except Exception as exc:
-            self._log.warning("metrics: reading gauges failed: %s", type(exc).__name__)
-            up.add_metric([], 0.0)
-            return [up]
-        seen: dict[tuple[str, str], int] = {(t, str(s)): 0 for t in topics for s in ACTIVE}
+        f = self._families()
+        view = self._view()
+        f["up"].add_metric([], 1.0 if view.fresh else 0.0)
+        snap = view.snapshot
+        if snap is None:
+            return list(f.values())  # named, without samples: nothing was read yet
+        g = snap.gauges
+        seen: dict[tuple[str, str], int] = {(t, str(s)): 0 for t in snap.topics for s in ACTIVE}
         for c in g.counts:
             seen[(c.topic, str(c.state))] = c.count
         for (topic, state), n in sorted(seen.items()):
-            jobs.add_metric([topic, state], float(n))
-        for topic in sorted(set(topics) | set(g.oldest_ready_seconds)):
-            age.add_metric([topic], float(g.oldest_ready_seconds.get(topic, 0.0)))
-        up.add_metric([], 1.0)
-        return [jobs, age, up]
+            f["jobs"].add_metric([topic, state], float(n))
+        for topic in sorted(set(snap.topics) | set(g.oldest_ready_seconds)):
+            f["ready"].add_metric([topic], float(g.oldest_ready_seconds.get(topic, 0.0)))
+        db = snap.database
+        f["xact"].add_metric([], db.oldest_transaction_seconds)
+        f["dead"].add_metric([], float(db.job_dead_tuples))
+        f["live"].add_metric([], float(db.job_live_tuples))
+        f["age"].add_metric([], view.age or 0.0)
+        return list(f.values())
+
+
+# Sample suffixes prometheus_client adds to these types when created series are on.
+_CREATED_TYPES = frozenset({"counter", "summary", "histogram", "gaugehistogram"})
+
+
+class EngineRegistry(CollectorRegistry):
+    """The engine's private registry: every family as collected, without its ``*_created`` samples.
+
+    prometheus_client's switch for those (``disable_created_metrics()``) is
+    process-wide and would change the registries of the application around
+    the engine; this drops them from this registry's output only.
+    """
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in super().collect():
+            if metric.type not in _CREATED_TYPES:
+                yield metric
+                continue
+            created = metric.name + "_created"
+            if not any(s.name == created for s in metric.samples):
+                yield metric
+                continue
+            trimmed = Metric(metric.name, metric.documentation, metric.type, metric.unit)
+            trimmed.samples = [s for s in metric.samples if s.name != created]
+            yield trimmed

@@ -9,6 +9,7 @@ import random
 from dataclasses import dataclass
 from datetime import timedelta
 
+from brooq_py.engine.attempt import Phase
 from brooq_py.engine.backoff import backoff_delay
 from brooq_py.engine.repo import Outcome
 from brooq_py.queue import (
@@ -44,12 +45,20 @@ def describe_error(exc: BaseException) -> str:
 
 @dataclass(frozen=True)
 class Ending:
-    """How an attempt ended: *error* None means the handler returned normally."""
+    """How an attempt ended: its *phase* (an ending of ``attempt.Phase``), the handler's
+    *error* (None when it returned or never ran), ctx's *cause* then, and whether the
+    engine was *stopping*."""
 
+    phase: Phase
     error: BaseException | None = None
-    cause: BaseException | None = None  # ctx.cause at the end
-    gave_up: bool = False  # max_execution_timeout: the engine stopped waiting (C4)
-    stopping_hung: bool = False  # hung while the engine stops (C11)
+    cause: BaseException | None = None
+    stopping: bool = False
+
+
+POISON_ERROR = (
+    "claimed again after all {max} attempts ended without an outcome (handlers hung or their "
+    "process died); not run again"
+)
 
 
 def decide(
@@ -62,27 +71,44 @@ def decide(
     ending: Ending,
     rng: random.Random | None = None,
 ) -> Outcome | None:
-    """Return the outcome to write, or None when nothing may be written (LeaseLost)."""
-    cause, error = ending.cause, ending.error
-    if isinstance(cause, LeaseLost):
-        return None  # whoever took the row already recorded its fate (C3, X2)
+    """Return the outcome an ending deserves, or None when nothing may be written.
+
+    The one router from an attempt's ending to its outcome: only RETURNED is done.
+    """
+    phase, cause, error = ending.phase, ending.cause, ending.error
+    if phase in (Phase.LOST, Phase.FENCED) or isinstance(cause, LeaseLost):
+        return None  # whoever took the row already recorded its fate (C3, X2, L4)
 
     def outcome(state: State, **kw: object) -> Outcome:
         return Outcome(id=id, claim_token=claim_token, state=state, topic=topic, **kw)  # type: ignore[arg-type]
 
     base, cap = options.td("backoff_base"), options.td("backoff_max")
 
-    if ending.stopping_hung:
-        return outcome(State.PENDING, give_back=True, last_error="EngineStopping: handler hung at shutdown")
-    if ending.gave_up:
+    if phase is Phase.POISONED:
+        return outcome(State.DEAD, last_error=POISON_ERROR.format(max=options.max_attempts))
+    if phase is Phase.UNRUN:
+        return outcome(State.PENDING, give_back=True)
+    if phase is Phase.HUNG:
+        if not ending.stopping:
+            return None  # C5: the lease is left to expire and the reaper returns the job
+        if isinstance(cause, EngineStopping):  # C11: stopping is not the job's failure
+            return outcome(
+                State.PENDING, give_back=True, last_error="EngineStopping: handler hung at shutdown"
+            )
+        # Hung for its own reasons before the stop: the row goes back now, the attempt counted (C5, L5).
+        hung_by = type(cause).__name__ if cause is not None else "unknown"
+        return outcome(State.PENDING, last_error=f"handler hung ({hung_by}); row released at shutdown")
+    if phase is Phase.GAVE_UP:
         # The hard ceiling is not the job's verdict: failed with backoff, never dead (C4).
         return outcome(
             State.FAILED,
             delay=backoff_delay(attempt, base, cap, rng),
             last_error=describe_error(error if error is not None else cause or TimeoutError()),
         )
-    if error is None:
+    if phase is Phase.RETURNED:
         return outcome(State.DONE)
+    if phase is not Phase.RAISED or error is None:
+        raise ValueError(f"no outcome for ending {phase} (error={error!r})")
     if find_signal(error, MustCancelTask) is not None:
         return outcome(State.CANCELED, last_error=describe_error(error))
     if isinstance(cause, EngineStopping):

@@ -1,4 +1,4 @@
-"""Runner: runs one attempt's handler and routes its ending to the right outcome write."""
+"""Runner: runs one attempt's handler (a thread or a task) and settles its ending (SPEC C4-C11, L1, L6)."""
 
 from __future__ import annotations
 
@@ -7,18 +7,20 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
 
-from brooq_py.engine.attempt import Attempt
+from brooq_py.engine.attempt import Attempt, HandlerState, Phase
 from brooq_py.engine.completer import Completer
 from brooq_py.engine.inflight import InFlight
 from brooq_py.engine.metrics import Metrics
 from brooq_py.engine.outcome import Ending, decide, describe_error
 from brooq_py.engine.repo import Outcome, Repo
-from brooq_py.engine.slots import AsyncRunner
-from brooq_py.queue import LeaseLost, MustCancelTask, MustDelay, MustPreserveAttempt, State
+from brooq_py.engine.slots import AsyncRunner, Threads
+from brooq_py.queue import MustCancelTask, MustDelay, MustPreserveAttempt, State, StoreUnavailable
 from brooq_py.queue.errors import find_signal
+
+CLOSE_RETRY_FIRST = 0.05
+CLOSE_RETRY_MAX = 2.0
 
 
 class _NotOurs(Exception):
@@ -26,11 +28,14 @@ class _NotOurs(Exception):
 
 
 class Runner:
-    """Runs handlers (sync in the slot thread, async on the engine's loop) and settles them.
+    """Runs handlers and settles every attempt's ending exactly once.
 
-    A plain outcome goes to the Completer (batched). A success that carries
-    ``chain``/``on_succeeded`` closes in its own transaction: done, child
-    enqueues and callbacks, all or nothing (SPEC C9).
+    Sync handlers run on ``threads``; ``async def`` handlers run as tasks on
+    ``loop`` and their endings are settled on ``settlers`` (no database call on
+    the loop's thread). A plain outcome goes to the Completer (batched); a
+    RETURNED attempt with ``chain``/``on_succeeded`` closes in its own
+    transaction: chained enqueues and callbacks first, the guarded row write
+    last, all or nothing (SPEC C9).
     """
 
     def __init__(
@@ -38,77 +43,129 @@ class Runner:
         repo: Repo,
         inflight: InFlight,
         metrics: Metrics,
-        async_runner: AsyncRunner,
+        loop: AsyncRunner,
         log: logging.Logger,
         rng: random.Random | None = None,
     ) -> None:
         self.repo = repo
         self.inflight = inflight
         self.metrics = metrics
-        self.async_runner = async_runner
+        self.loop = loop
         self.log = log
         self.rng = rng
+        self.threads = Threads("worker", log)
+        self.settlers = Threads("settler", log, max_threads=4)
         self.completer: Completer | None = None  # None: write each outcome at once (run_once)
+        self.release_slot: Callable[[], None] = lambda: None
+        self.stopping: Callable[[], bool] = lambda: False
+        self.sleep: Callable[[float], None] = time.sleep
 
     # --- running ---------------------------------------------------------
 
-    def invoke(self, a: Attempt) -> BaseException | None:
-        """Call the handler; return the exception it ended with, or None."""
-        kind, ctx, claim = a.kind, a.ctx, a.claim
+    def launch(self, a: Attempt) -> None:
+        """Start *a*'s handler: a task on the loop for an async kind, else a thread."""
+        self._busy(a, +1)
+        t0 = time.monotonic()
+        if a.kind.is_async:
+
+            def on_done(error: BaseException | None) -> None:
+                # On the loop's thread: the handler's end is recorded at once (the watchdog must not
+                # call a finished handler hung while it waits for a settler); the writes go off the loop.
+                self._observe(a, t0)
+                was = self.ended(a)
+                self.settlers.run(lambda: self.conclude(a, error, was))
+
+            self.loop.spawn(lambda: a.kind.handler(a.ctx, a.claim), on_done)
+        else:
+
+            def run() -> None:
+                error = self._call_sync(a)
+                self._observe(a, t0)
+                self.finish(a, error)
+
+            self.threads.run(run)
+
+    def run_here(self, a: Attempt) -> None:
+        """Run *a*'s handler in this thread and settle it (``Engine.run_once``)."""
+        self._busy(a, +1)
+        t0 = time.monotonic()
+        if a.kind.is_async:
+            try:
+                self.loop.wait(a.kind.handler(a.ctx, a.claim))
+                error: BaseException | None = None
+            except BaseException as exc:
+                error = exc
+        else:
+            error = self._call_sync(a)
+        self._observe(a, t0)
+        self.finish(a, error)
+
+    def _call_sync(self, a: Attempt) -> BaseException | None:
         try:
-            if kind.is_async:
-                self._await(a, kind.handler(ctx, claim))
-            else:
-                result = kind.handler(ctx, claim)
-                if inspect.isawaitable(result):
-                    self._await(a, result)
+            result = a.kind.handler(a.ctx, a.claim)
+            if inspect.isawaitable(result):
+                self.loop.wait(result)
         except BaseException as exc:
             return exc
         return None
 
-    def _await(self, a: Attempt, awaitable: Any) -> None:
-        async def main() -> Any:
-            return await awaitable
+    def _busy(self, a: Attempt, n: int) -> None:
+        self.metrics.child(self.metrics.busy, a.topic).inc(n)
 
-        def on_cancel(cancel: Callable[[], object]) -> None:
-            def on_ctx(_cause: BaseException) -> None:
-                cancel()
+    def _observe(self, a: Attempt, t0: float) -> None:
+        self._busy(a, -1)
+        self.metrics.child(self.metrics.duration, a.topic).observe(time.monotonic() - t0)
 
-            a.ctx.add_callback(on_ctx)
+    def finish(self, a: Attempt, error: BaseException | None) -> None:
+        """The handler's code ended: settle its ending unless another ending came first; free the slot."""
+        self.conclude(a, error, self.ended(a))
 
-        self.async_runner.run(main(), on_cancel)
+    def ended(self, a: Attempt) -> HandlerState | None:
+        """Record that the handler's code ended; return its state before (RUNNING: the slot is ours to free)."""
+        was = a.handler_to(HandlerState.ENDED)
+        self.inflight.end(a)
+        return was
 
-    def run(self, a: Attempt) -> None:
-        """The slot's job: run the handler, then write its outcome unless the engine gave up on it."""
-        busy = self.metrics.child(self.metrics.busy, a.topic)
-        busy.inc()
-        t0 = time.monotonic()
+    def conclude(self, a: Attempt, error: BaseException | None, was: HandlerState | None) -> None:
+        """Settle the handler's ending unless another ending came first, then free its slot."""
         try:
-            error = self.invoke(a)
+            if a.end(Phase.RETURNED if error is None else Phase.RAISED):
+                self.settle(a, error)
+            else:
+                self._late(a, error)
         finally:
-            busy.dec()
-            self.metrics.child(self.metrics.duration, a.topic).observe(time.monotonic() - t0)
-        try:
-            if not a.finish():
-                self._late_return(a, error)
-                return
-            self.settle(a, Ending(error=error, cause=a.ctx.cause))
-        finally:
-            self.inflight.end(a)
+            if was is HandlerState.RUNNING:  # otherwise the engine freed the slot when it stopped waiting
+                self.release_slot()
 
-    def _late_return(self, a: Attempt, error: BaseException | None) -> None:
+    def _late(self, a: Attempt, error: BaseException | None) -> None:
         how = "returned" if error is None else f"raised {describe_error(error)}"
         self.log.warning(
-            "job id=%s topic=%s attempt=%d: handler %s after the engine gave up on it; nothing written",
+            "job id=%s topic=%s attempt=%d: handler %s after the attempt ended (%s); nothing written",
             a.id,
             a.topic,
             a.claim.attempt,
             how,
+            a.phase,
         )
 
     # --- settling --------------------------------------------------------
 
-    def decide(self, a: Attempt, ending: Ending) -> Outcome | None:
+    def settle(self, a: Attempt, error: BaseException | None = None) -> None:
+        """Settle the ending *a* just reached: exactly once, through ``decide()``."""
+        phase = a.settling()
+        ending = Ending(phase, error=error, cause=a.ctx.cause, stopping=self.stopping())
+        outcome = self._decide(a, ending)
+        if outcome is None:
+            self._nothing(a)
+            return
+        if phase is Phase.RAISED and error is not None:
+            self._log_failure(a, error)
+        if outcome.state is State.DONE and a.claim.has_closing_work:
+            self._close(a, outcome)
+            return
+        self.put(outcome)
+
+    def _decide(self, a: Attempt, ending: Ending) -> Outcome | None:
         return decide(
             id=a.id,
             claim_token=a.row.claim_token,
@@ -119,24 +176,9 @@ class Runner:
             rng=self.rng,
         )
 
-    def settle(self, a: Attempt, ending: Ending) -> None:
-        if isinstance(ending.cause, LeaseLost) or a.lost:
-            self.inflight.drop(a)
-            self.log.info(
-                "job id=%s topic=%s attempt=%d: lease lost; the handler's ending is not written",
-                a.id,
-                a.topic,
-                a.claim.attempt,
-            )
-            return
-        if ending.error is None and a.claim.has_closing_work and not ending.gave_up:
-            self._close_success(a)
-            return
-        if ending.error is not None:
-            self._log_failure(a, ending.error)
-        outcome = self.decide(a, ending)
-        if outcome is not None:
-            self.put(outcome)
+    def _nothing(self, a: Attempt) -> None:
+        self.inflight.drop(a)
+        a.settled()
 
     def put(self, outcome: Outcome) -> None:
         if self.completer is not None:
@@ -145,10 +187,12 @@ class Runner:
             batch = [outcome]
             self.on_written(batch, self.repo.settle_many(batch))
 
-    def on_written(self, batch: list[Outcome] | Any, written: set[str]) -> None:
+    def on_written(self, batch: Sequence[Outcome], written: set[str]) -> None:
         settled: Counter[tuple[str, str]] = Counter()
         for o in batch:
-            self.inflight.drop_outcome(o)
+            a = self.inflight.drop_outcome(o)
+            if a is not None:
+                a.settled()
             if o.id in written:
                 if o.state is not State.PENDING:
                     settled[(o.topic, str(o.state))] += 1
@@ -162,37 +206,88 @@ class Runner:
         for (topic, state), n in settled.items():  # one counter update per (topic, outcome) a batch
             self.metrics.child(self.metrics.settled, topic, state).inc(n)
 
-    def _close_success(self, a: Attempt) -> None:
-        claim = a.claim
-        done = Outcome(id=a.id, claim_token=a.row.claim_token, state=State.DONE, topic=a.topic)
-        try:
-            with self.repo.begin() as tx:
-                if not self.repo.settle_tx(tx, done):
-                    raise _NotOurs
-                for job in claim.chained:
-                    self.repo.enqueue_tx(tx, job)
-                for fn in claim.callbacks:
-                    fn(tx)
-        except _NotOurs:
-            self.inflight.drop(a)
-            self.log.info("job id=%s topic=%s: done not written: the row was no longer ours", a.id, a.topic)
-            return
-        except Exception as exc:
-            self.log.error(
-                "job id=%s topic=%s attempt=%d: closing transaction failed; recording a failed attempt",
-                a.id,
-                a.topic,
-                claim.attempt,
-                exc_info=exc,
+    def on_dropped(self, batch: Sequence[Outcome]) -> None:
+        """Outcomes the completer gave up on: their lease was lost while the write failed (L6)."""
+        for o in batch:
+            a = self.inflight.drop_outcome(o)
+            if a is not None:
+                a.settled()
+            self.log.warning(
+                "job id=%s topic=%s: %s not written: the store was unreachable for a whole lease; "
+                "the reaper returns the job",
+                o.id,
+                o.topic,
+                o.state,
             )
-            outcome = self.decide(a, Ending(error=exc, cause=a.ctx.cause))
-            if outcome is not None:
-                self.put(outcome)
-            return
-        self.inflight.drop(a)
+
+    def _close(self, a: Attempt, done: Outcome) -> None:
+        """Done + chained enqueues + on_succeeded in one transaction, the row written last (SPEC C9, L3).
+
+        A store that is unreachable (StoreUnavailable, the COMMIT's included) is
+        not the job's failure: the transaction is retried while the lease is
+        held and fresh, then nothing is written (L6). A failing callback or
+        chained job is: it is recorded as a raise.
+        """
+        claim = a.claim
+        delay = CLOSE_RETRY_FIRST
+        while True:
+            try:
+                with self.repo.begin() as tx:
+                    for job in claim.chained:
+                        self.repo.enqueue_tx(tx, job)
+                    for fn in claim.callbacks:
+                        fn(tx)
+                    if not self.repo.settle_tx(tx, done):
+                        raise _NotOurs
+            except _NotOurs:
+                self._nothing(a)
+                self.log.info(
+                    "job id=%s topic=%s: done not written: the row was no longer ours", a.id, a.topic
+                )
+                return
+            except StoreUnavailable as exc:
+                if not (self.inflight.holds(a) and self.inflight.fresh(a)):
+                    self._give_up_close(a, exc)
+                    return
+                self.log.warning(
+                    "job id=%s topic=%s: closing transaction failed (%s); retrying in %.2fs",
+                    a.id,
+                    a.topic,
+                    exc,
+                    delay,
+                )
+                self.sleep(delay)
+                delay = min(delay * 2, CLOSE_RETRY_MAX)
+                continue
+            except Exception as exc:
+                self.log.error(
+                    "job id=%s topic=%s attempt=%d: closing transaction failed; recording a failed attempt",
+                    a.id,
+                    a.topic,
+                    claim.attempt,
+                    exc_info=exc,
+                )
+                outcome = self._decide(a, Ending(Phase.RAISED, error=exc, cause=a.ctx.cause))
+                if outcome is None:
+                    self._nothing(a)
+                else:
+                    self.put(outcome)
+                return
+            break
+        self._nothing(a)
         self.metrics.child(self.metrics.settled, a.topic, "done").inc()
         for job in claim.chained:
             self.metrics.child(self.metrics.enqueued, job.topic).inc()
+
+    def _give_up_close(self, a: Attempt, exc: BaseException) -> None:
+        self._nothing(a)
+        self.log.warning(
+            "job id=%s topic=%s: closing transaction not written (%s) and the lease is lost; "
+            "the reaper returns the job",
+            a.id,
+            a.topic,
+            exc,
+        )
 
     def _log_failure(self, a: Attempt, error: BaseException) -> None:
         if any(find_signal(error, s) is not None for s in (MustCancelTask, MustDelay, MustPreserveAttempt)):

@@ -1,40 +1,30 @@
-"""Worker slots (daemon threads) and the event loop that runs ``async def`` handlers."""
+"""Worker slots, the daemon threads of sync handlers, and the one event loop of async ones (SPEC L2).
+
+A slot is a unit of the engine's capacity (``workers``), not a thread: a sync
+handler takes a slot and a thread, an ``async def`` handler takes a slot and a
+task on the engine's loop, and no thread at all.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import itertools
 import logging
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from queue import SimpleQueue
 from typing import Any
-
-from brooq_py.engine.attempt import Attempt
 
 _STOP = object()
 
 
 class SlotPool:
-    """``size`` daemon threads that run attempts handed to them.
+    """``size`` slots: taken by the dispatcher for each claimed row, freed exactly once per attempt."""
 
-    A slot is busy from ``submit`` until its attempt ends, or until the engine
-    gives up on it (``release``): then a fresh thread takes the slot and the
-    stuck one exits whenever its handler returns. Threads are daemons under the
-    engine's control, so a hung handler never blocks interpreter exit.
-    """
-
-    def __init__(self, size: int, run: Callable[[Any], Attempt | None], log: logging.Logger) -> None:
+    def __init__(self, size: int) -> None:
         self.size = size
-        self._run = run
-        self._log = log
-        self._queue: SimpleQueue[Any] = SimpleQueue()
         self._cond = threading.Condition()
         self._free = size
-        self._threads: set[threading.Thread] = set()
-        self._started = False
-        self._seq = itertools.count(1)
 
     @property
     def free(self) -> int:
@@ -46,83 +36,105 @@ class SlotPool:
         with self._cond:
             return self.size - self._free
 
-    def start(self) -> None:
+    def take(self) -> None:
         with self._cond:
-            if self._started:
-                return
-            self._started = True
-            for _ in range(self.size):
-                self._spawn()
+            self._free -= 1
 
-    def _spawn(self) -> None:
-        t = threading.Thread(target=self._worker, name=f"brooq-worker-{next(self._seq)}", daemon=True)
-        self._threads.add(t)
-        t.start()
+    def release(self) -> None:
+        with self._cond:
+            self._free += 1
+            self._cond.notify_all()
 
     def wait_free(self, timeout: float) -> int:
         """Wait up to *timeout* seconds for a free slot; return how many are free."""
         with self._cond:
-            if self._free == 0:
+            if self._free <= 0:
                 self._cond.wait_for(lambda: self._free > 0, timeout)
             return self._free
 
     def wait_idle(self, timeout: float | None) -> bool:
         """Wait until no slot is busy; return False on timeout."""
         with self._cond:
-            return self._cond.wait_for(lambda: self._free == self.size, timeout)
+            return self._cond.wait_for(lambda: self._free >= self.size, timeout)
 
-    def submit(self, item: object) -> None:
-        """Hand *item* to a free slot; ``run(item)`` turns it into an attempt and runs it there."""
-        with self._cond:
-            self._free -= 1
-        self._queue.put(item)
 
-    def release(self, attempt: Attempt) -> None:
-        """Free the slot of an attempt the engine gave up on; a new thread takes its place."""
-        with self._cond:
-            self._free += 1
-            if self._started:
+class Threads:
+    """Daemon threads that run the functions handed to them, grown on demand.
+
+    With *max_threads* None a function never waits for a thread: an idle one
+    takes it or a new one starts (a thread stuck in a hung handler is simply
+    never idle again). With a bound, functions queue for the threads there are.
+    Daemons under the engine's control, so a hung handler never blocks exit.
+    """
+
+    def __init__(self, name: str, log: logging.Logger, max_threads: int | None = None) -> None:
+        self._name = name
+        self._log = log
+        self._max = max_threads
+        self._queue: SimpleQueue[Any] = SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        self._threads: set[threading.Thread] = set()
+        self._seq = itertools.count(1)
+
+    def run(self, fn: Callable[[], None]) -> None:
+        with self._lock:
+            if self._idle > 0:
+                self._idle -= 1  # that thread is now promised to this function
+            elif self._max is None or len(self._threads) < self._max:
                 self._spawn()
-            self._cond.notify_all()
+        self._queue.put(fn)
+
+    @property
+    def count(self) -> int:
+        with self._lock:
+            return len(self._threads)
+
+    def _spawn(self) -> None:
+        t = threading.Thread(target=self._worker, name=f"brooq-{self._name}-{next(self._seq)}", daemon=True)
+        self._threads.add(t)
+        t.start()
 
     def _worker(self) -> None:
         me = threading.current_thread()
         try:
             while True:
-                item = self._queue.get()
-                if item is _STOP:
+                fn = self._queue.get()
+                if fn is _STOP:
                     return
-                attempt: Attempt | None = None
                 try:
-                    attempt = self._run(item)
-                except BaseException:  # the run function handles everything; this is a last guard
-                    self._log.exception("worker: unexpected error running %r", item)
-                if attempt is not None and attempt.abandoned:
-                    return  # our slot was released and taken over while the handler hung
-                with self._cond:
-                    self._free += 1
-                    self._cond.notify_all()
+                    fn()
+                except BaseException:  # the functions handle their own errors; this is a last guard
+                    self._log.exception("%s: unexpected error", self._name)
+                with self._lock:
+                    self._idle += 1
         finally:
-            with self._cond:
+            with self._lock:
                 self._threads.discard(me)
 
     def stop(self) -> None:
-        """Ask idle threads to exit (busy ones exit after their attempt)."""
-        with self._cond:
+        """Ask every thread to exit once it is idle (a hung one never is: it dies with the process)."""
+        with self._lock:
             n = len(self._threads)
-            self._started = False
+            self._idle = 0
         for _ in range(n):
             self._queue.put(_STOP)
 
 
 class AsyncRunner:
-    """One event loop, on its own daemon thread, for every ``async def`` handler."""
+    """One event loop, on its own daemon thread, for every ``async def`` handler.
+
+    A handler runs as a task there; nothing ever cancels it by force (SPEC L2):
+    its own ending is reported to *on_done* on the loop's thread, which must not
+    block (the engine hands it to a settling thread).
+    """
 
     def __init__(self, log: logging.Logger) -> None:
         self._log = log
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._tasks: set[asyncio.Task[Any]] = set()
 
     def _ensure(self) -> asyncio.AbstractEventLoop:
         with self._lock:
@@ -141,17 +153,51 @@ class AsyncRunner:
                 self._loop = loop
             return self._loop
 
-    def run(self, coro: Coroutine[Any, Any, Any], on_cancel: Callable[[Callable[[], object]], None]) -> Any:
-        """Run *coro* on the loop and block until it ends; return or raise its result.
+    def spawn(
+        self,
+        make: Callable[[], Any],
+        on_done: Callable[[BaseException | None], None],
+    ) -> None:
+        """Run ``await make()`` as a task on the loop; then call ``on_done(error or None)`` there."""
 
-        *on_cancel* receives a function that cancels the task (thread-safe).
-        """
-        loop = self._ensure()
-        fut: concurrent.futures.Future[Any] = asyncio.run_coroutine_threadsafe(coro, loop)
-        on_cancel(fut.cancel)
+        async def main() -> BaseException | None:
+            try:
+                await make()
+            except BaseException as exc:  # the handler's own ending, whatever it is
+                return exc
+            return None
+
+        def done(task: asyncio.Task[BaseException | None]) -> None:
+            self._tasks.discard(task)
+            error: BaseException | None
+            if task.cancelled():
+                error = asyncio.CancelledError("the handler's task was cancelled")
+            else:
+                error = task.result()
+            on_done(error)
+
+        def create() -> None:
+            task = asyncio.get_running_loop().create_task(main())
+            self._tasks.add(task)
+            task.add_done_callback(done)
+
+        self._ensure().call_soon_threadsafe(create)
+
+    def wait(self, awaitable: Any) -> Any:
+        """Await *awaitable* on the loop from another thread and return its result (never cancelled)."""
+
+        async def main() -> Any:
+            return await awaitable
+
+        fut = asyncio.run_coroutine_threadsafe(main(), self._ensure())
         return fut.result()
 
+    @property
+    def tasks(self) -> int:
+        return len(self._tasks)
+
     def close(self) -> None:
+        """Stop the loop; a hung handler's task is left behind with it (it cannot be killed)."""
         with self._lock:
             loop, self._loop = self._loop, None
             thread, self._thread = self._thread, None
@@ -160,4 +206,4 @@ class AsyncRunner:
             if thread is not None:
                 thread.join(5)
             if not loop.is_running():
-                loop.close()
+                loop.close()  # a hung handler's task stays pending, never resumed

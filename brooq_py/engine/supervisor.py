@@ -1,25 +1,24 @@
-"""Supervisor: what the engine does when a lease is lost, a handler overruns, or hangs (SPEC C3-C5, C11)."""
+"""Supervisor: the heartbeat's and the watchdog's verdicts on running attempts (SPEC C3-C5, C11, L1, L4).
+
+Each verdict is one ending of the attempt's state machine; the first ending
+wins, so a verdict that comes after the handler's own ending does nothing.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
 
-from brooq_py.engine.attempt import Attempt
+from brooq_py.engine.attempt import Attempt, HandlerState, Phase
 from brooq_py.engine.inflight import InFlight
 from brooq_py.engine.metrics import Metrics
-from brooq_py.engine.outcome import Ending
+from brooq_py.engine.outcome import Ending, decide
 from brooq_py.engine.runner import Runner
-from brooq_py.engine.slots import SlotPool
-from brooq_py.queue import LeaseLost, MaxExecutionExceeded
+from brooq_py.queue import AttemptTimeout, EngineStopping, LeaseLost, MaxExecutionExceeded
 
 
 class Supervisor:
-    """The heartbeat's and the watchdog's verdicts on running attempts, carried out.
-
-    ``stopping()`` tells whether the engine is in its graceful stop; ``slots``
-    is set when the engine starts.
-    """
+    """Carries out lease losses, fencing, timeouts, give-ups and hung verdicts."""
 
     def __init__(
         self,
@@ -27,34 +26,57 @@ class Supervisor:
         runner: Runner,
         metrics: Metrics,
         grace_seconds: float,
-        stopping: Callable[[], bool],
         log: logging.Logger,
     ) -> None:
         self.inflight = inflight
         self.runner = runner
         self.metrics = metrics
         self.grace = grace_seconds
-        self.stopping = stopping
         self.log = log
-        self.slots: SlotPool | None = None
+        self.release_slot: Callable[[], None] = lambda: None
 
     def lease_lost(self, a: Attempt) -> None:
-        """The heartbeat found the row no longer ours: cancel the handler; nothing will be written."""
-        if not self.inflight.drop(a):
-            return  # an outcome write ended it meanwhile
-        a.lost = True
+        """The heartbeat found the row no longer ours: cancel the handler; nothing will be written (C3).
+
+        An attempt already settling is left alone: its outcome write is on its
+        way and its guard decides (a renewal racing the write is no lost lease).
+        """
+        if not a.end(Phase.LOST):
+            return
         self.metrics.child(self.metrics.lease_lost, a.topic).inc()
-        if a.ctx.cancel(LeaseLost("the row is no longer this claim's (canceled, reaped or taken over)")):
-            self.log.warning(
-                "job id=%s topic=%s attempt=%d: lease lost; cancelling the handler",
-                a.id,
-                a.topic,
-                a.claim.attempt,
-            )
+        a.ctx.cancel(LeaseLost("the row is no longer this claim's (canceled, reaped or taken over)"))
+        self.log.warning(
+            "job id=%s topic=%s attempt=%d: lease lost; cancelling the handler, nothing will be written",
+            a.id,
+            a.topic,
+            a.claim.attempt,
+        )
+        self.runner.settle(a)
+
+    def fence(self, a: Attempt) -> None:
+        """Renewals failed for a whole lease: others may run the job now; cancel and write nothing (L4)."""
+        if not a.end(Phase.FENCED):
+            return
+        self.metrics.child(self.metrics.lease_lost, a.topic).inc()
+        a.ctx.cancel(LeaseLost("the lease could not be renewed for a whole lease (fenced)"))
+        self.log.error(
+            "job id=%s topic=%s attempt=%d: no renewal for %gs: fencing (cancelling the handler, "
+            "nothing will be written)",
+            a.id,
+            a.topic,
+            a.claim.attempt,
+            self.inflight.lease,
+        )
+        self.runner.settle(a)
+
+    def timeout(self, a: Attempt) -> None:
+        """attempt_timeout: cancel ctx; the handler's own ending decides (C4)."""
+        seconds = a.kind.options.td("attempt_timeout").total_seconds()
+        a.ctx.cancel(AttemptTimeout(f"attempt_timeout of {seconds:g}s elapsed"))
 
     def give_up(self, a: Attempt) -> None:
         """max_execution_timeout: record a failed attempt (never dead for this alone), free the slot."""
-        if not a.abandon():
+        if not a.end(Phase.GAVE_UP):
             return
         hard = a.kind.options.td("max_execution_timeout").total_seconds()
         cause = MaxExecutionExceeded(f"max_execution_timeout of {hard:g}s elapsed")
@@ -66,13 +88,20 @@ class Supervisor:
             a.topic,
             a.claim.attempt,
         )
-        if not a.lost:
-            self.runner.settle(a, Ending(cause=a.ctx.cause, gave_up=True, error=cause))
-        self._release(a)
+        if a.handler_to(HandlerState.ABANDONED) is HandlerState.RUNNING:
+            self.release_slot()
+        self.runner.settle(a, cause)
 
     def hung(self, a: Attempt) -> None:
-        """Still running watchdog_grace after its cancel: report it, stop renewing, free the slot (C5)."""
-        a.hung = True
+        """Still running watchdog_grace after its cancel: count it, free the slot, end the attempt (C5, L1).
+
+        Hung ends the attempt without done, chain or on_succeeded, whatever the
+        handler registered: at stop the row goes back to pending with its
+        attempt given back (C11); otherwise the lease is left to expire.
+        """
+        was = a.handler_to(HandlerState.HUNG)
+        if was is None:
+            return
         self.metrics.child(self.metrics.hung, a.topic).inc()
         self.log.error(
             "job id=%s topic=%s attempt=%d: handler hung: still running %gs after its context was "
@@ -83,20 +112,27 @@ class Supervisor:
             self.grace,
             type(a.ctx.cause).__name__,
         )
-        if a.abandon():
-            if self.stopping():
-                self.hand_back(a)
-            else:
-                self.inflight.drop(a)
-            self._release(a)
+        if was is HandlerState.RUNNING:
+            self.release_slot()
+        if a.end(Phase.HUNG):
+            self.runner.settle(a)
 
-    def hand_back(self, a: Attempt) -> None:
-        """At stop: a hung handler's row goes back to pending with its attempt given back (C11)."""
-        if a.lost or a.stopping_hung:
-            return
-        a.stopping_hung = True
-        self.runner.settle(a, Ending(cause=a.ctx.cause, stopping_hung=True))
+    def release_at_stop(self, a: Attempt) -> None:
+        """At stop, hand back the row of a handler hung before the stop (the reaper's work, done early).
 
-    def _release(self, a: Attempt) -> None:
-        if self.slots is not None:
-            self.slots.release(a)
+        The attempt ended HUNG and wrote nothing; its attempt stays counted (C5,
+        L5), and the guard makes this a no-op if the row moved on.
+        """
+        outcome = decide(
+            id=a.id,
+            claim_token=a.row.claim_token,
+            topic=a.topic,
+            attempt=a.claim.attempt,
+            options=a.kind.options,
+            ending=Ending(Phase.HUNG, cause=a.ctx.cause, stopping=True),
+        )
+        if outcome is not None:
+            self.runner.put(outcome)
+
+    def stopping_cancel(self, a: Attempt) -> None:
+        a.ctx.cancel(EngineStopping("the engine is stopping"))

@@ -1,4 +1,10 @@
-"""Ticker: the small base every background service runs on."""
+"""Ticker: the one lifecycle base every background service runs on (SPEC L7).
+
+It owns the loop, the stop, and what happens when a tick fails: the failure
+count, the exponential backoff (capped) and the logging rule (the first
+failure, a reminder at the 5th, 50th and every 500th, and the recovery once).
+A service only says what one tick does and, when healthy, how long to wait.
+"""
 
 from __future__ import annotations
 
@@ -13,15 +19,21 @@ def worth_logging(failures: int) -> bool:
 
 
 class Ticker:
-    """A daemon thread that calls ``tick()`` every *period*.
+    """A daemon thread that calls ``tick()`` every ``next_delay()`` seconds (*period* by default).
 
     ``start()`` is idempotent; ``stop()`` is safe before ``start()`` and twice.
-    The first tick runs at once when *initial_tick* is set. An exception from a
-    tick is logged and the loop goes on. ``run_once()`` runs one tick in the
-    caller's thread, for tests.
+    The first tick runs at once when *initial_tick* is set. A tick that raises
+    is a failure: it is counted and logged by the rule above, and the next tick
+    comes after ``failure_delay()`` instead: ``backoff_base`` doubled per failure
+    in a row, capped at ``backoff_max`` (None: the period). A tick that
+    returns is a success and ends the run of failures. A tick that runs long
+    (a connection's life) calls ``recovered()`` once its work is healthy again.
+    ``run_once()`` runs one tick in the caller's thread, for tests.
     """
 
     name = "ticker"
+    backoff_base = 0.5
+    backoff_max: float | None = None
 
     def __init__(
         self, period: timedelta | float, logger: logging.Logger, *, initial_tick: bool = True
@@ -49,6 +61,11 @@ class Ticker:
         t = self._thread
         return t is not None and t.is_alive() and not self._stop.is_set()
 
+    @property
+    def failures(self) -> int:
+        """How many ticks in a row failed (0 while healthy)."""
+        return self._failures
+
     def start(self) -> None:
         with self._lock:
             if self._thread is not None:
@@ -72,23 +89,53 @@ class Ticker:
     def _loop(self) -> None:
         if self._initial_tick and not self._stop.is_set():
             self._safe_tick()
-        while not self._wait(self.next_delay()):
+        while not self._wait(self.failure_delay() if self._failures else self.next_delay()):
             self._safe_tick()
 
     def next_delay(self) -> float:
-        """Seconds until the next tick (the period unless a service says otherwise)."""
+        """Seconds until the next tick while healthy (the period unless a service says otherwise)."""
         return self.period
+
+    def failure_delay(self) -> float:
+        """Seconds until the next tick after ``failures`` failed ticks in a row: exponential, capped."""
+        cap = self.period if self.backoff_max is None else self.backoff_max
+        base = min(self.backoff_base, cap)
+        return float(min(cap, base * 2 ** min(max(self._failures - 1, 0), 30)))
 
     def _safe_tick(self) -> None:
         try:
             self.tick()
         except Exception as exc:
-            self._failures += 1
-            if self._failures == 1:
-                self.log.exception("%s tick failed; retrying every %gs", self.name, self.period)
-            elif worth_logging(self._failures):
-                self.log.warning("%s tick failed %d times in a row: %s", self.name, self._failures, exc)
+            self.failed(exc)
             return
+        self.recovered()
+
+    def failed(self, exc: BaseException) -> None:
+        """Count one failure and log it by the rule (the loop calls this for a tick that raises)."""
+        self._failures += 1
+        if self._failures == 1:
+            # A lost connection is expected weather, not a bug: its stack would only be noise.
+            stack = None if isinstance(exc, ConnectionError) else exc
+            self.log.warning(
+                "%s failed (%s: %s); retrying with backoff",
+                self.name,
+                type(exc).__name__,
+                exc,
+                exc_info=stack,
+            )
+        elif worth_logging(self._failures):
+            self.log.warning(
+                "%s still failing after %d attempts (%s: %s)",
+                self.name,
+                self._failures,
+                type(exc).__name__,
+                exc,
+            )
+        else:
+            self.log.debug("%s failed again (%s)", self.name, type(exc).__name__)
+
+    def recovered(self) -> None:
+        """End a run of failures, logging the recovery once."""
         if self._failures:
-            self.log.info("%s works again after %d failed ticks", self.name, self._failures)
+            self.log.info("%s works again after %d failures", self.name, self._failures)
         self._failures = 0

@@ -16,10 +16,12 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any
 
 import psycopg
 
+from brooq_py.postgres.bounds import deadline, statement_budget
 from brooq_py.postgres.channel import channel_for, stage_channel_for
 from brooq_py.postgres.errors import is_connection_error, translated, unavailable
 from brooq_py.postgres.queries import Queries
@@ -48,8 +50,14 @@ class PgListener:
         topics: Sequence[str] | None = None,
         on_scheduled: Callable[[], None] | None = None,
         probe_timeout: float | None = PROBE_TIMEOUT,
+        ping_every: timedelta | None = None,
     ) -> None:
         self._lock = threading.Lock()
+        # A silent LISTEN connection looks like a quiet queue: ping it every lease/3 (SPEC L3), by
+        # repeating the LISTEN (a no-op for the server, and the session still shows LISTEN).
+        self._listen = queries.listen
+        self._ping_every = ping_every
+        self._pinged = time.monotonic()
         self._on_close = on_close
         self._topics = None if topics is None else frozenset(topics)
         self._on_scheduled = on_scheduled
@@ -98,6 +106,8 @@ class PgListener:
             if note is None:
                 if self._probe_deadline is not None and time.monotonic() >= self._probe_deadline:
                     self._refuse()
+                else:
+                    self._ping_if_due()
                 return False
             self._probe_deadline = None  # something arrived: LISTEN works here
             if note.payload == self._probe:
@@ -121,6 +131,19 @@ class PgListener:
             if not is_connection_error(exc):
                 raise
             raise unavailable(exc, "waiting for notifications") from exc
+
+    def _ping_if_due(self) -> None:
+        lease = self._ping_every
+        if lease is None or time.monotonic() - self._pinged < max(lease.total_seconds() / 3, 1.0):
+            return
+        try:
+            with deadline(self._conn, statement_budget(lease)):
+                self._conn.execute(self._listen.composed)
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            if not is_connection_error(exc):
+                raise
+            raise unavailable(exc, "pinging the LISTEN connection") from exc
+        self._pinged = time.monotonic()
 
     def _refuse(self) -> None:
         self._refused = True

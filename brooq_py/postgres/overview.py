@@ -204,7 +204,7 @@ class Overview:
             topics = sorted(names)[:MAX_TOPICS]
             gauges: dict[str, dict[str, Any]] = {}
             if topics:
-                cur.execute(q["gauges_by_topic"].composed, {"topics": topics, "cap": self.cap})
+                cur.execute(q["gauges_topics"].composed, {"topics": topics, "cap": self.cap})
                 columns = [d.name for d in cur.description or ()]
                 gauges = {str(r[0]): dict(zip(columns, r, strict=True)) for r in cur.fetchall()}
         recent: dict[str, dict[str, int]] = {}

@@ -1,6 +1,6 @@
 """Named SQL statements: loaded once from ``sql/*.sql``, rendered per schema.
 
-Each file holds one statement with ``{job}``, ``{topic_setting}`` (the tables),
+Each file holds one statement with ``{job}``, ``{topic_setting}``, ``{version_table}`` (the tables),
 ``{channel}`` (the wake-up channel as an identifier), ``{channel_literal}`` (as text) or
 ``{stage_channel}`` (the stager's channel)
 placeholders and psycopg ``%(name)s`` parameters. A Store renders every
@@ -45,6 +45,7 @@ def render(name: str, schema: str) -> Query:
     composed = template.format(
         job=sql.Identifier(schema, "job"),
         topic_setting=sql.Identifier(schema, "topic_setting"),
+        version_table=sql.Identifier(schema, "brooq_alembic_version"),
         channel=sql.Identifier(channel_for(schema)),
         channel_literal=sql.Literal(channel_for(schema)),
         stage_channel=sql.Identifier(stage_channel_for(schema)),
@@ -72,7 +73,6 @@ class Queries:
         self.renew = render("lease_renew", schema)
         self.reap = render("lease_reap", schema)
         self.delete_terminal = render("job_delete_terminal", schema)
-        self.gauges = render("gauges_by_topic", schema)
         self.ping = render("ping", schema)
         self.listen = render("listen", schema)
 

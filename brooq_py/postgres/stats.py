@@ -99,12 +99,12 @@ def collect(
         topic_names = [str(row[0]) for row in cur.fetchall()]
         topics: list[TopicDepth] = []
         if topic_names:
-            # The same bounded statement /metrics reads at scrape time.
-            cur.execute(render("gauges_by_topic", schema).composed, {"topics": topic_names, "cap": cap})
+            # The same bounded statement the engine's gauge refresher reads.
+            cur.execute(render("gauges_topics", schema).composed, {"topics": topic_names, "cap": cap})
             topics = sorted(
                 (
                     TopicDepth(str(t), int(p), int(pr), int(f), float(age), int(s))
-                    for t, p, pr, f, age, s in cur.fetchall()
+                    for t, p, s, pr, f, age in cur.fetchall()
                 ),
                 key=lambda d: d.topic,
             )

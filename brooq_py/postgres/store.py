@@ -19,12 +19,14 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 import psycopg
 import psycopg_pool
 
 from brooq_py.postgres import enqueueing as plans
+from brooq_py.postgres.bounds import DEFAULT_LEASE, merged
 from brooq_py.postgres.enqueueing import drive, first_statement, parse_id
 from brooq_py.postgres.errors import translated
 from brooq_py.postgres.listener import PROBE_TIMEOUT, PgListener
@@ -77,19 +79,29 @@ class Store(WorkerSide, OperatorSide):
         self._listeners_lock = threading.Lock()
         self.ping_timeout = 2.0
         self.listen_probe_timeout: float | None = PROBE_TIMEOUT
+        self._own_lease = DEFAULT_LEASE
 
     # -- connections ----------------------------------------------------------
 
     def _connect_own(self) -> psycopg.Connection[Any]:
-        """Open one of the Store's own autocommit connections from ``conninfo``."""
+        """Open one of the Store's own autocommit connections from ``conninfo``, its waits bounded (L3)."""
         if self._conninfo is not None:
-            return psycopg.connect(self._conninfo, autocommit=True)
+            return psycopg.connect(self._conninfo, autocommit=True, **merged({}, self._own_lease))
         if self._pool_conninfo is None:
             raise no_pool("Store", "opening its own connection")
         conninfo = self._pool_conninfo() if callable(self._pool_conninfo) else self._pool_conninfo
         kwargs = self._pool_kwargs() if callable(self._pool_kwargs) else (self._pool_kwargs or {})
         extra = {k: v for k, v in kwargs.items() if k not in _NOT_LIBPQ}
-        return psycopg.connect(conninfo, autocommit=True, **extra)
+        return psycopg.connect(conninfo, autocommit=True, **merged(extra, self._own_lease))
+
+    def bound_waits(self, lease: timedelta) -> None:
+        """Bound every wait on the Store's own connections by *lease* (SPEC L3); the engine calls it at start.
+
+        Connections opened from now on set lock_timeout, statement_timeout, TCP
+        keepalives and tcp_user_timeout from it; a statement on them that has
+        not answered within about lease/3 has its socket shut down.
+        """
+        self._own_lease = lease
 
     @contextmanager
     def _autocommit(self, doing: str, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
@@ -207,6 +219,7 @@ class Store(WorkerSide, OperatorSide):
             topics=topics,
             on_scheduled=on_scheduled,
             probe_timeout=self.listen_probe_timeout,
+            ping_every=self._own_lease,
         )
         with self._listeners_lock:
             self._listeners.add(listener)

@@ -9,13 +9,15 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from brooq_py.postgres.arrays import bool_array, float_array, text_array, uuid_array
+from brooq_py.postgres.bounds import deadline, statement_budget
 from brooq_py.postgres.errors import is_connection_error, translated, unavailable
 from brooq_py.postgres.queries import Queries
 from brooq_py.postgres.runner import Rows, on_connection, on_tx
 from brooq_py.queue import State, Tx
-from brooq_py.queue.port import ClaimedJob, Gauges, HeldLease, Outcome, Staged, TopicCount
+from brooq_py.queue.port import ClaimedJob, DatabaseGauges, Gauges, HeldLease, Outcome, Staged, TopicCount
 
 # Each gauge count reads at most this many index entries.
 GAUGE_CAP = 100_000
@@ -53,6 +55,7 @@ class WorkerSide:
     _q: Queries
     _hb_lock: threading.Lock
     _hb_conn: psycopg.Connection[Any] | None
+    _own_lease: timedelta
 
     def _run(self, doing: str, query: Any, params: dict[str, Any]) -> Rows:  # pragma: no cover - Store's
         raise NotImplementedError
@@ -114,6 +117,9 @@ class WorkerSide:
     def renew(self, leases: Sequence[HeldLease], lease: timedelta) -> set[str]:
         """Extend every lease still ours to now()+*lease* in one statement (SPEC C3); return their ids.
 
+        A row locked by another transaction is skipped, not waited for, and its
+        id returned all the same: still ours, renewed next time (SPEC L3).
+
         Runs on the Store's own heartbeat connection, never the pool, so handlers
         holding pool connections cannot starve it. On a connection error the
         connection is closed, StoreUnavailable is raised, and the next call reopens it.
@@ -130,7 +136,8 @@ class WorkerSide:
                 if self._hb_conn is None or self._hb_conn.closed:
                     self._hb_conn = None
                     self._hb_conn = self._connect_own()
-                rows = on_connection(self._hb_conn)(self._q.renew, params)
+                with deadline(self._hb_conn, statement_budget(self._own_lease)):
+                    rows = on_connection(self._hb_conn)(self._q.renew, params)
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 if not is_connection_error(exc):
                     raise
@@ -142,6 +149,14 @@ class WorkerSide:
         conn, self._hb_conn = self._hb_conn, None
         if conn is not None:
             conn.close()
+
+    def schema_version(self) -> str | None:
+        """Return the migration revision this Store's schema is at; None when it was never migrated."""
+        try:
+            rows = self._run("reading the schema version", self._q["schema_version"], {})
+        except psycopg.errors.UndefinedTable:
+            return None
+        return str(rows[0][0]) if rows else None
 
     def reap_expired(self) -> list[tuple[str, str]]:
         """Return expired processing rows to pending, attempts unchanged (SPEC R1); (id, topic) each."""
@@ -175,22 +190,32 @@ class WorkerSide:
         return None if not rows or rows[0][0] is None else float(rows[0][0])
 
     def gauges(self, topics: Sequence[str]) -> Gauges:
-        """Read per-topic depth of pending/scheduled/processing/failed and the oldest ready age (SPEC O1).
+        """Read per-topic depth of pending/scheduled/processing/failed and the oldest ready age (O1, Z2).
 
-        Each count is capped at GAUGE_CAP (100,000): it reads at most that many
-        index entries, so a scrape never counts the whole table. The oldest
-        ready age is a skip scan of the claim index (one probe per distinct
-        priority); 0 when nothing is ready.
+        Each count is capped at GAUGE_CAP (100,000) and served by an index
+        (sql/gauges_topics.sql), so a refresh never counts the whole table. The
+        oldest ready age is a skip scan of the claim index; 0 when nothing is ready.
         """
         if not topics:
             return Gauges(counts=[], oldest_ready_seconds={})
-        rows = self._run("reading gauges", self._q.gauges, {"topics": list(topics), "cap": GAUGE_CAP})
+        rows = self._run(
+            "reading gauges", self._q["gauges_topics"], {"topics": list(topics), "cap": GAUGE_CAP}
+        )
         counts: list[TopicCount] = []
         oldest: dict[str, float] = {}
-        for topic, pending, processing, failed, age, scheduled in rows:
+        for topic, pending, scheduled, processing, failed, age in rows:
             counts.append(TopicCount(topic, State.PENDING, int(pending)))
             counts.append(TopicCount(topic, State.SCHEDULED, int(scheduled)))
             counts.append(TopicCount(topic, State.PROCESSING, int(processing)))
             counts.append(TopicCount(topic, State.FAILED, int(failed)))
             oldest[topic] = max(0.0, float(age))
         return Gauges(counts=counts, oldest_ready_seconds=oldest)
+
+    def database_gauges(self) -> DatabaseGauges:
+        """Read the oldest open transaction's age and the job table's dead and live tuples (SPEC Z2).
+
+        One statement on the statistics views (sql/gauges_database.sql): no table is scanned.
+        """
+        job = sql.Identifier(self._q.schema, "job").as_string(None)
+        ((age, dead, live),) = self._run("reading database gauges", self._q["gauges_database"], {"job": job})
+        return DatabaseGauges(max(0.0, float(age)), int(dead), int(live))

@@ -69,7 +69,7 @@ class TopicCount:
 
 @dataclass(frozen=True)
 class Gauges:
-    """What /metrics reads at scrape time: active-state depth and oldest ready age."""
+    """Per topic: the depth of each active state (capped counts) and the oldest ready age."""
 
     counts: list[TopicCount]
     oldest_ready_seconds: dict[str, float]
@@ -100,6 +100,20 @@ class Staged:
     @property
     def total(self) -> int:
         return sum(self.promoted.values())
+
+
+@dataclass(frozen=True)
+class DatabaseGauges:
+    """What keeps VACUUM from cleaning the job table (SPEC Z2).
+
+    oldest_transaction_seconds: age of the oldest transaction open on the
+    database (0 when none); job_dead_tuples / job_live_tuples: the statistics
+    system's row counts for the job table.
+    """
+
+    oldest_transaction_seconds: float
+    job_dead_tuples: int
+    job_live_tuples: int
 
 
 class Listener(Protocol):
@@ -173,7 +187,14 @@ class Repo(Protocol):
         """Seconds until the earliest scheduled/failed row of *topics* is due (<= 0: due now; None: none)."""
         ...
 
-    def gauges(self, topics: Sequence[str]) -> Gauges: ...
+    def gauges(self, topics: Sequence[str]) -> Gauges:
+        """Read each topic's depth per active state and its oldest ready age, in one bounded statement."""
+        ...
+
+    def database_gauges(self) -> DatabaseGauges:
+        """Read the oldest open transaction's age and the job table's dead tuples (no table scan)."""
+        ...
+
     def listen(
         self, topics: Sequence[str] | None = None, on_scheduled: Callable[[], None] | None = None
     ) -> Listener:
@@ -186,6 +207,10 @@ class Repo(Protocol):
 
     def ping(self) -> bool:
         """Return True if the database answers."""
+        ...
+
+    def schema_version(self) -> str | None:
+        """Return the migration revision the store's schema is at; None when it was never migrated."""
         ...
 
     def close(self) -> None:

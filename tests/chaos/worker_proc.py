@@ -8,9 +8,12 @@ the topics ``chaos`` and ``chaos.child``, and runs until SIGTERM (graceful stop)
 The ``chaos`` handler records every execution in ``chaos_exec`` on a separate connection
 (application_name ``chaos-recorder``, never terminated by the tests), with times from the
 database clock. Its payload steers it: ``sleep`` (seconds, waited on ctx), ``fail_first``
-(raise on attempts up to this number), ``chain`` (chain one ``chaos.child`` job on success).
+(raise on attempts up to this number), ``chain`` (chain one ``chaos.child`` job on success),
+``poison`` (SIGKILL the worker's own process), ``hang`` (ignore ctx, never return). Settings
+``async`` (run ``chaos`` as an ``async def``) and ``attempt_timeout`` (seconds, default 60).
 
-Settings: dsn, schema, label, workers, lease, reaper_period, poll_interval, max_attempts,
+Settings: dsn, schema, label, workers, lease, reaper_period, poll_interval, max_attempts, async,
+attempt_timeout,
 check (bool: pool check=ConnectionPool.check_connection), skew (seconds added to this
 process's time.time() and datetime.now(): the Python clock of another host).
 """
@@ -129,7 +132,7 @@ def main() -> None:
     )
     opts = KindOptions(
         max_attempts=int(settings.get("max_attempts", 50)),
-        attempt_timeout=60,
+        attempt_timeout=float(settings.get("attempt_timeout", 60)),
         max_execution_timeout=120,
         backoff_base=0.05,
         backoff_max=0.2,
@@ -139,6 +142,10 @@ def main() -> None:
     def handle(ctx: Any, claim: Any) -> None:
         p = claim.payload if isinstance(claim.payload, dict) else {}
         recorder.start(claim.id, claim.claim_token, worker_id, claim.attempt)
+        if p.get("poison"):
+            os.kill(os.getpid(), signal.SIGKILL)  # a job that takes its process down with it
+        if p.get("hang"):
+            time.sleep(3600)  # ignores ctx: hung (SPEC C5), never returns
         if ctx.wait(float(p.get("sleep", 0.0))):
             recorder.end(claim.claim_token, "cancelled:" + type(ctx.cause).__name__)
             ctx.raise_if_done()
@@ -149,10 +156,30 @@ def main() -> None:
             claim.chain(Job("chaos.child", {"parent": claim.id}))
         recorder.end(claim.claim_token, "ok")
 
+    async def handle_async(ctx: Any, claim: Any) -> None:
+        # The same steps as a task on the engine's loop; the recorder's blocking calls off the loop.
+        import asyncio
+
+        p = claim.payload if isinstance(claim.payload, dict) else {}
+        await asyncio.to_thread(recorder.start, claim.id, claim.claim_token, worker_id, claim.attempt)
+        if p.get("poison"):
+            os.kill(os.getpid(), signal.SIGKILL)  # a job that takes its process down with it
+        if p.get("hang"):
+            await asyncio.sleep(3600)  # ignores ctx: hung (SPEC C5), never returns
+        if await ctx.wait_async(float(p.get("sleep", 0.0))):
+            await asyncio.to_thread(recorder.end, claim.claim_token, "cancelled:" + type(ctx.cause).__name__)
+            ctx.raise_if_done()
+        if claim.attempt <= int(p.get("fail_first", 0)):
+            await asyncio.to_thread(recorder.end, claim.claim_token, "raised")
+            raise RuntimeError(f"planned failure on attempt {claim.attempt}")
+        if p.get("chain"):
+            claim.chain(Job("chaos.child", {"parent": claim.id}))
+        await asyncio.to_thread(recorder.end, claim.claim_token, "ok")
+
     def handle_child(ctx: Any, claim: Any) -> None:
         return None
 
-    engine.register_kind("chaos", handle, opts)
+    engine.register_kind("chaos", handle_async if settings.get("async") else handle, opts)
     engine.register_kind("chaos.child", handle_child, opts)
 
     stop = threading.Event()

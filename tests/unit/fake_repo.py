@@ -12,9 +12,18 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from brooq_py.queue import EnqueueResult, Job, JobRow, State, Tx
+from brooq_py.queue import EnqueueResult, Job, JobRow, State, StoreUnavailable, Tx
 from brooq_py.queue.ids import uuid7
-from brooq_py.queue.port import ClaimedJob, Gauges, HeldLease, Outcome, Staged, TopicCount, TopicSetting
+from brooq_py.queue.port import (
+    ClaimedJob,
+    DatabaseGauges,
+    Gauges,
+    HeldLease,
+    Outcome,
+    Staged,
+    TopicCount,
+    TopicSetting,
+)
 
 _WAITING = (State.SCHEDULED, State.FAILED)
 
@@ -96,9 +105,16 @@ class FakeRepo:
         self.fail_renew = 0
         self.fail_settle = 0
         self.fail_enqueue_topics: set[str] = set()
+        self.fail_gauges = 0
+        self.database = DatabaseGauges(0.0, 0, 0)
         self.calls: dict[str, int] = {}
         self.settle_batches: list[int] = []
         self.closed = False
+        self.version: str | None = "0009"
+        self.fail_close = 0  # closing transactions whose COMMIT fails with StoreUnavailable
+        self.renew_hang = threading.Event()  # cleared: renew() blocks, as on a silent socket
+        self.renew_hang.set()
+        self.bounded: timedelta | None = None
         self.settings: dict[str, tuple[bool, int | None]] = {}  # topic -> (paused, limit)
 
     @property
@@ -165,6 +181,9 @@ class FakeRepo:
             snapshot = {k: Row(**{**v.__dict__, "history": list(v.history)}) for k, v in self.rows.items()}
             try:
                 yield tx
+                if self.fail_close:
+                    self.fail_close -= 1
+                    raise StoreUnavailable("connection lost at COMMIT")
                 for op in tx.ops:
                     if op[0] == "enqueue":
                         self._insert(op[1])
@@ -294,6 +313,7 @@ class FakeRepo:
 
     def renew(self, leases: Sequence[HeldLease], lease: timedelta) -> set[str]:
         self._count("renew")
+        self.renew_hang.wait()
         with self.lock:
             if self.fail_renew:
                 self.fail_renew -= 1
@@ -326,12 +346,20 @@ class FakeRepo:
             return [(r.id, r.topic) for r in gone]
 
     def gauges(self, topics: Sequence[str]) -> Gauges:
+        self._count("gauges")
         with self.lock:
+            if self.fail_gauges:
+                self.fail_gauges -= 1
+                raise ConnectionError("gauges failed")
             counts: dict[tuple[str, State], int] = {}
             for r in self.rows.values():
                 if r.topic in topics and not r.state.terminal:
                     counts[(r.topic, r.state)] = counts.get((r.topic, r.state), 0) + 1
             return Gauges([TopicCount(t, s, n) for (t, s), n in counts.items()], {t: 0.0 for t in topics})
+
+    def database_gauges(self) -> DatabaseGauges:
+        self._count("database_gauges")
+        return self.database
 
     def stage(self, topics: Sequence[str], batch: int, notify: bool = True) -> Staged:
         self._count("stage")
@@ -365,6 +393,12 @@ class FakeRepo:
 
     def ping(self) -> bool:
         return True
+
+    def schema_version(self) -> str | None:
+        return self.version
+
+    def bound_waits(self, lease: timedelta) -> None:
+        self.bounded = lease
 
     def close(self) -> None:
         self.closed = True

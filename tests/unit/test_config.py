@@ -227,6 +227,7 @@ FULL_ENV = {
     "QUEUE_RETENTION_BATCH": "500",
     "QUEUE_RETENTION_PERIOD": "5m",
     "QUEUE_NOTIFY": "off",
+    "QUEUE_GAUGES_PERIOD": "15s",
 }
 
 
@@ -248,6 +249,7 @@ def test_k2_from_env_reads_every_queue_variable() -> None:
         retention_batch=500,
         retention_period=300,
         notify=False,
+        gauges_period=15,
     )
 
 
@@ -324,3 +326,16 @@ def test_k2_from_env_lists_parse_and_validation_problems_together() -> None:
 
 def test_k2_from_env_negative_duration_refused() -> None:
     assert len(env_problems({"QUEUE_LEASE": "-5s"})) == 1
+
+
+def test_z2_gauges_period_is_validated_like_every_period() -> None:
+    """SPEC Z2, K1: the refresher's period must be > 0; it sets the health grace with poll_interval."""
+    assert Config().td("gauges_period") == timedelta(seconds=5)
+    assert Config().health_grace == timedelta(seconds=10)
+    assert Config(poll_interval=10, gauges_period=1).health_grace == timedelta(seconds=30)
+    for bad in (0, -1):
+        with pytest.raises(ConfigError) as info:
+            Config(gauges_period=bad)
+        assert any("gauges_period" in p for p in info.value.problems)
+    with pytest.raises(ConfigError):
+        Config.from_env({"QUEUE_GAUGES_PERIOD": "5"})

@@ -272,7 +272,8 @@ def test_cancel_reaches_running_handler_as_lease_lost_x2(
 
 
 def test_heartbeat_error_is_not_a_cancel_c3(repo: FakeRepo, make_engine: Callable[..., Engine]) -> None:
-    e = make_engine(lease=0.3)
+    # three failed renewals, a third of a lease: a blip, not yet L4's whole lease
+    e = make_engine(lease=1.5)
     release = threading.Event()
     causes: list[BaseException | None] = []
 
@@ -432,6 +433,8 @@ def test_metrics_move_o1(repo: FakeRepo, make_engine: Callable[..., Engine]) -> 
     assert get("brooq_claimed_total", {"topic": "t"}) == 1.0
     assert get("brooq_settle_total", {"topic": "t", "outcome": "done"}) == 1.0
     assert get("brooq_attempt_duration_seconds_count", {"topic": "t"}) == 1.0
+    assert get("brooq_up") == 0.0  # gauges come from the refresher (SPEC Z2): none read yet
+    e.refresher.run_once()
     assert get("brooq_jobs", {"topic": "t", "state": "pending"}) == 0.0
     assert get("brooq_up") == 1.0
 

@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 
+from brooq_py.engine.attempt import Phase
 from brooq_py.engine.outcome import MAX_ERROR_CHARS, Ending, decide, describe_error
 from brooq_py.engine.repo import Outcome
 from brooq_py.queue import (
@@ -93,13 +94,13 @@ WRAP_IDS = ["bare", "cause", "context", "group", "nested-group", "group-cause"]
 
 
 def test_c9_returned_is_done() -> None:
-    out = must(Ending())
+    out = must(Ending(Phase.RETURNED))
     assert out.state is State.DONE
     assert not out.give_back
 
 
 def test_c9_returned_on_last_attempt_is_done() -> None:
-    assert must(Ending(), attempt=3).state is State.DONE
+    assert must(Ending(Phase.RETURNED), attempt=3).state is State.DONE
 
 
 @pytest.mark.parametrize("attempt", [1, 2, 3, 4, 5])
@@ -107,7 +108,7 @@ def test_c6_c7_exception_is_failed_with_backoff_in_half_ceiling_to_ceiling(attem
     opts = KindOptions(max_attempts=10, backoff_base=2, backoff_max=20)
     d = min(2 * S * 2 ** (attempt - 1), 20 * S)
     for seed in range(20):
-        out = run(Ending(error=raised(ValueError("boom"))), attempt, opts, seed)
+        out = run(Ending(Phase.RAISED, error=raised(ValueError("boom"))), attempt, opts, seed)
         assert out is not None
         assert out.state is State.FAILED
         assert d / 2 <= out.delay <= d
@@ -117,13 +118,13 @@ def test_c6_c7_exception_is_failed_with_backoff_in_half_ceiling_to_ceiling(attem
 
 @pytest.mark.parametrize("attempt", [3, 4, 100])
 def test_c6_exception_on_last_attempt_is_dead(attempt: int) -> None:
-    out = must(Ending(error=raised(ValueError("boom"))), attempt=attempt)
+    out = must(Ending(Phase.RAISED, error=raised(ValueError("boom"))), attempt=attempt)
     assert out.state is State.DEAD
     assert out.last_error == "ValueError: boom"
 
 
 def test_c6_max_attempts_one_dies_on_first_failure() -> None:
-    out = must(Ending(error=raised(RuntimeError("x"))), options=KindOptions(max_attempts=1))
+    out = must(Ending(Phase.RAISED, error=raised(RuntimeError("x"))), options=KindOptions(max_attempts=1))
     assert out.state is State.DEAD
 
 
@@ -132,25 +133,25 @@ def test_c6_max_attempts_one_dies_on_first_failure() -> None:
 
 @pytest.mark.parametrize("wrap", WRAPS, ids=WRAP_IDS)
 def test_c8_must_delay_is_failed_after_the_delay(wrap: object) -> None:
-    out = must(Ending(error=wrap(MustDelay(7))))  # type: ignore[operator]
+    out = must(Ending(Phase.RAISED, error=wrap(MustDelay(7))))  # type: ignore[operator]
     assert out.state is State.FAILED
     assert out.delay == 7 * S
     assert not out.give_back
 
 
 def test_c8_must_delay_clamped_to_backoff_max() -> None:
-    out = must(Ending(error=raised(MustDelay(timedelta(hours=5)))))
+    out = must(Ending(Phase.RAISED, error=raised(MustDelay(timedelta(hours=5)))))
     assert out.state is State.FAILED
     assert out.delay == 60 * S
 
 
 def test_c8_must_delay_zero_is_immediate() -> None:
-    assert must(Ending(error=raised(MustDelay(0)))).delay == timedelta(0)
+    assert must(Ending(Phase.RAISED, error=raised(MustDelay(0)))).delay == timedelta(0)
 
 
 @pytest.mark.parametrize("wrap", WRAPS, ids=WRAP_IDS)
 def test_c8_must_delay_on_last_attempt_is_dead(wrap: object) -> None:
-    out = must(Ending(error=wrap(MustDelay(7))), attempt=3)  # type: ignore[operator]
+    out = must(Ending(Phase.RAISED, error=wrap(MustDelay(7))), attempt=3)  # type: ignore[operator]
     assert out.state is State.DEAD
 
 
@@ -159,7 +160,7 @@ def test_c8_must_delay_on_last_attempt_is_dead(wrap: object) -> None:
 
 @pytest.mark.parametrize("wrap", WRAPS, ids=WRAP_IDS)
 def test_c8_must_preserve_attempt_is_failed_with_give_back(wrap: object) -> None:
-    out = must(Ending(error=wrap(MustPreserveAttempt("later"))), attempt=2)  # type: ignore[operator]
+    out = must(Ending(Phase.RAISED, error=wrap(MustPreserveAttempt("later"))), attempt=2)  # type: ignore[operator]
     assert out.state is State.FAILED
     assert out.give_back
     d = 4 * S
@@ -169,7 +170,7 @@ def test_c8_must_preserve_attempt_is_failed_with_give_back(wrap: object) -> None
 @pytest.mark.parametrize("wrap", WRAPS, ids=WRAP_IDS)
 def test_c8_must_preserve_attempt_never_dead(wrap: object) -> None:
     out = must(  # attempt 10 of max 1: far past the last attempt
-        Ending(error=wrap(MustPreserveAttempt())),  # type: ignore[operator]
+        Ending(Phase.RAISED, error=wrap(MustPreserveAttempt())),  # type: ignore[operator]
         attempt=10,
         options=KindOptions(max_attempts=1),
     )
@@ -183,13 +184,13 @@ def test_c8_must_preserve_attempt_never_dead(wrap: object) -> None:
 @pytest.mark.parametrize("wrap", WRAPS, ids=WRAP_IDS)
 @pytest.mark.parametrize("attempt", [1, 3, 50])
 def test_c8_must_cancel_task_is_canceled_whatever_attempts_remain(wrap: object, attempt: int) -> None:
-    out = must(Ending(error=wrap(MustCancelTask("no"))), attempt=attempt)  # type: ignore[operator]
+    out = must(Ending(Phase.RAISED, error=wrap(MustCancelTask("no"))), attempt=attempt)  # type: ignore[operator]
     assert out.state is State.CANCELED
     assert not out.give_back
 
 
 def test_c8_plain_exception_group_without_signal_is_failed() -> None:
-    out = must(Ending(error=ExceptionGroup("g", [ValueError("a"), KeyError("b")])))
+    out = must(Ending(Phase.RAISED, error=ExceptionGroup("g", [ValueError("a"), KeyError("b")])))
     assert out.state is State.FAILED
 
 
@@ -201,12 +202,12 @@ def test_c8_plain_exception_group_without_signal_is_failed() -> None:
     [None, ValueError("x"), MustCancelTask(), MustDelay(1), MustPreserveAttempt(), KeyboardInterrupt()],
 )
 def test_c3_x2_lease_lost_writes_nothing_whatever_the_handler_did(error: BaseException | None) -> None:
-    assert run(Ending(error=error, cause=LeaseLost())) is None
-    assert run(Ending(error=error, cause=LeaseLost()), attempt=3) is None
+    assert run(Ending(Phase.RAISED, error=error, cause=LeaseLost())) is None
+    assert run(Ending(Phase.RAISED, error=error, cause=LeaseLost()), attempt=3) is None
 
 
 def test_c3_lease_lost_writes_nothing_even_when_given_up() -> None:
-    assert run(Ending(cause=LeaseLost(), gave_up=True)) is None
+    assert run(Ending(Phase.GAVE_UP, cause=LeaseLost())) is None
 
 
 # --- C11: EngineStopping ----------------------------------------------------------------
@@ -214,23 +215,26 @@ def test_c3_lease_lost_writes_nothing_even_when_given_up() -> None:
 
 @pytest.mark.parametrize("attempt", [1, 3, 9])
 def test_c11_engine_stopping_and_raise_goes_back_to_pending_with_give_back(attempt: int) -> None:
-    out = must(Ending(error=raised(EngineStopping("stop")), cause=EngineStopping("stop")), attempt=attempt)
+    out = must(
+        Ending(Phase.RAISED, error=raised(EngineStopping("stop")), cause=EngineStopping("stop")),
+        attempt=attempt,
+    )
     assert out.state is State.PENDING
     assert out.give_back
 
 
 def test_c11_engine_stopping_and_other_exception_is_pending() -> None:
-    out = must(Ending(error=raised(ValueError("x")), cause=EngineStopping()), attempt=3)
+    out = must(Ending(Phase.RAISED, error=raised(ValueError("x")), cause=EngineStopping()), attempt=3)
     assert out.state is State.PENDING
     assert out.give_back
 
 
 def test_c11_engine_stopping_and_return_is_done() -> None:
-    assert must(Ending(cause=EngineStopping())).state is State.DONE
+    assert must(Ending(Phase.RETURNED, cause=EngineStopping())).state is State.DONE
 
 
 def test_c11_hung_at_stop_is_pending_with_give_back() -> None:
-    out = must(Ending(cause=EngineStopping(), stopping_hung=True), attempt=3)
+    out = must(Ending(Phase.HUNG, cause=EngineStopping(), stopping=True), attempt=3)
     assert out.state is State.PENDING
     assert out.give_back
 
@@ -239,11 +243,11 @@ def test_c11_hung_at_stop_is_pending_with_give_back() -> None:
 
 
 def test_c4_attempt_timeout_and_return_is_done() -> None:
-    assert must(Ending(cause=AttemptTimeout())).state is State.DONE
+    assert must(Ending(Phase.RETURNED, cause=AttemptTimeout())).state is State.DONE
 
 
 def test_c4_attempt_timeout_and_raise_is_failed() -> None:
-    out = must(Ending(error=raised(AttemptTimeout("late")), cause=AttemptTimeout("late")))
+    out = must(Ending(Phase.RAISED, error=raised(AttemptTimeout("late")), cause=AttemptTimeout("late")))
     assert out.state is State.FAILED
     assert out.last_error == "AttemptTimeout: late"
 
@@ -251,7 +255,7 @@ def test_c4_attempt_timeout_and_raise_is_failed() -> None:
 @pytest.mark.parametrize("attempt", [1, 3, 1000])
 def test_c4_gave_up_is_failed_with_backoff_never_dead(attempt: int) -> None:
     cause = MaxExecutionExceeded("max_execution_timeout of 300s elapsed")
-    out = must(Ending(error=cause, cause=cause, gave_up=True), attempt=attempt)
+    out = must(Ending(Phase.GAVE_UP, error=cause, cause=cause), attempt=attempt)
     assert out.state is State.FAILED
     assert not out.give_back
     d = min(2 * S * 2 ** (attempt - 1), 60 * S) if attempt < 100 else 60 * S
@@ -260,7 +264,7 @@ def test_c4_gave_up_is_failed_with_backoff_never_dead(attempt: int) -> None:
 
 
 def test_c4_gave_up_without_error_still_records_a_reason() -> None:
-    out = must(Ending(gave_up=True), attempt=3)
+    out = must(Ending(Phase.GAVE_UP), attempt=3)
     assert out.state is State.FAILED
     assert out.last_error
 
@@ -272,8 +276,8 @@ def test_c4_gave_up_without_error_still_records_a_reason() -> None:
 def test_c6_keyboard_interrupt_and_system_exit_from_a_handler_are_failed_attempts(exc: BaseException) -> None:
     """C6: any exception is a failed attempt; a handler that calls sys.exit() must reach dead,
     not be handed back forever (the worker thread survives either way)."""
-    assert must(Ending(error=exc)).state is State.FAILED
-    out = must(Ending(error=exc), attempt=3)
+    assert must(Ending(Phase.RAISED, error=exc)).state is State.FAILED
+    out = must(Ending(Phase.RAISED, error=exc), attempt=3)
     assert out.state is State.DEAD and not out.give_back
 
 
@@ -283,15 +287,15 @@ class Custom(BaseException):
 
 @pytest.mark.parametrize("exc", [Custom("odd"), GeneratorExit()])
 def test_c6_other_base_exceptions_are_failed(exc: BaseException) -> None:
-    assert must(Ending(error=exc)).state is State.FAILED
-    assert must(Ending(error=exc), attempt=3).state is State.DEAD
+    assert must(Ending(Phase.RAISED, error=exc)).state is State.FAILED
+    assert must(Ending(Phase.RAISED, error=exc), attempt=3).state is State.DEAD
 
 
 # --- C6: last_error -------------------------------------------------------------------
 
 
 def test_c6_last_error_is_type_and_message_without_payload() -> None:
-    out = must(Ending(error=raised(KeyError("missing"))))
+    out = must(Ending(Phase.RAISED, error=raised(KeyError("missing"))))
     assert out.last_error == "KeyError: 'missing'"
 
 
@@ -312,7 +316,7 @@ class Unprintable(Exception):
 
 
 def test_c6_last_error_survives_a_raising_str() -> None:
-    out = must(Ending(error=raised(Unprintable())))
+    out = must(Ending(Phase.RAISED, error=raised(Unprintable())))
     assert out.state is State.FAILED
     assert out.last_error is not None and out.last_error.startswith("Unprintable")
 

@@ -1,0 +1,33 @@
+"""The schema check an engine runs before it starts (issue: an engine on an unmigrated schema)."""
+
+from __future__ import annotations
+
+from brooq_py.engine.repo import Repo
+from brooq_py.queue import BrooqError
+
+# The oldest migration whose tables and columns this code's statements use.
+SCHEMA_NEEDED = "0009"
+PROG = "brooq-py"
+
+
+def _number(revision: str) -> int | None:
+    head = revision.split("_", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def check_schema(repo: Repo) -> None:
+    """Raise ``BrooqError`` naming ``migrate up --schema S`` when the repo's schema is missing or too old.
+
+    A revision this code does not know (newer, or not a number) is accepted:
+    migrations only add, and a newer schema is the deployer's choice.
+    """
+    schema = getattr(repo, "schema", "public")
+    version = repo.schema_version()
+    fix = f"run `{PROG} migrate up --schema {schema}`"
+    if version is None:
+        raise BrooqError(f"schema {schema!r} is not migrated (no brooq_py tables there): {fix}")
+    have, need = _number(version), _number(SCHEMA_NEEDED)
+    if have is not None and need is not None and have < need:
+        raise BrooqError(
+            f"schema {schema!r} is at migration {version}; this code needs {SCHEMA_NEEDED}: {fix}"
+        )

@@ -1,0 +1,293 @@
+"""The attempt lifecycle under faults: a silent TCP path (L3, L4), async handlers under SIGKILL (L2),
+a poison job among good ones (L5)."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg_pool import ConnectionPool
+
+from brooq_py.engine import Config, Engine
+from brooq_py.postgres import Store
+from brooq_py.queue import Claim, Context, KindOptions, LeaseLost
+from tests.chaos import invariants
+from tests.chaos.conftest import Worker, enqueue_parents, settled
+from tests.chaos.test_kill import held_by, make_payloads
+from tests.polling import wait_for
+
+
+class SilentProxy:
+    """A TCP proxy in front of PostgreSQL that can stop forwarding (both ways) without closing.
+
+    While silent, bytes stay in the sockets' buffers, so the peers' kernels still ACK: no
+    TCP timeout ever fires, as on a path through a stuck middlebox. ``resume()`` lets them through.
+    """
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.forwarding = threading.Event()
+        self.forwarding.set()
+        self.closed = False
+        self._socks: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closed:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.target)
+            except OSError:
+                client.close()
+                continue
+            self._socks += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+
+    def _pump(self, a: socket.socket, b: socket.socket) -> None:
+        peers = {a: b, b: a}
+        try:
+            while not self.closed:
+                self.forwarding.wait()
+                ready, _, _ = select.select([a, b], [], [], 0.1)
+                for s in ready:
+                    if not self.forwarding.is_set():
+                        break
+                    data = s.recv(65536)
+                    if not data:
+                        return
+                    peers[s].sendall(data)
+        except OSError:
+            return
+        finally:
+            a.close()
+            b.close()
+
+    def silence(self) -> None:
+        self.forwarding.clear()
+
+    def resume(self) -> None:
+        self.forwarding.set()
+
+    def close(self) -> None:
+        self.closed = True
+        self.forwarding.set()
+        self.server.close()
+        for s in self._socks:
+            with contextlib.suppress(OSError):
+                s.close()
+
+
+@pytest.fixture
+def proxy(dsn: str) -> Iterator[SilentProxy]:
+    info = psycopg.conninfo.conninfo_to_dict(dsn)
+    p = SilentProxy(str(info.get("host") or "127.0.0.1"), int(info.get("port") or 5432))
+    yield p
+    p.close()
+
+
+def via(dsn: str, port: int) -> str:
+    return psycopg.conninfo.make_conninfo(dsn, host="127.0.0.1", port=port)
+
+
+def audit(dsn: str, schema: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute(
+            sql.SQL(
+                "SELECT job_id::text, old_state, new_state, old_token::text, old_attempts, new_attempts"
+                " FROM {}.chaos_audit ORDER BY seq"
+            ).format(sql.Identifier(schema))
+        ).fetchall()
+
+
+def test_l4_l3_an_engine_whose_tcp_path_goes_silent_fences_itself_and_nothing_is_written_twice(
+    dsn: str, chaos_schema: str, proxy: SilentProxy
+) -> None:
+    lease = 2.0
+    n = 8
+    cancelled: dict[str, tuple[float, BaseException | None]] = {}
+    tokens_a: set[str] = set()
+    started_a = threading.Event()
+    silent_at: list[float] = []
+
+    def make_handler(label: str) -> Callable[[Context, Claim], None]:
+        def handler(ctx: Context, claim: Claim) -> None:
+            if label == "a":
+                tokens_a.add(claim.claim_token)
+                started_a.set()
+            if ctx.wait(lease * 4):
+                cancelled[claim.claim_token] = (time.monotonic(), ctx.cause)
+                ctx.raise_if_done()
+
+        return handler
+
+    def engine(label: str, conninfo: str, workers: int) -> tuple[Engine, ConnectionPool[Any]]:
+        pool: ConnectionPool[Any] = ConnectionPool(
+            conninfo, min_size=1, max_size=workers + 2, open=True, timeout=5
+        )
+        e = Engine(
+            Store(pool, schema=chaos_schema),
+            Config(workers=workers, lease=lease, reaper_period=0.3, poll_interval=0.2, watchdog_grace=30),
+            worker_id=f"chaos-{label}",
+        )
+        e.register_kind(
+            "chaos", make_handler(label), KindOptions(attempt_timeout=60, max_execution_timeout=120)
+        )
+        return e, pool
+
+    ids = enqueue_parents(dsn, chaos_schema, [{"n": i} for i in range(n)])
+    a, pool_a = engine("a", via(dsn, proxy.port), 4)
+    b, pool_b = engine("b", dsn, 4)
+    a.start()
+    try:
+        assert started_a.wait(30)
+        wait_for(lambda: held_by(dsn, chaos_schema, "chaos-a") == 4, what="engine a holds 4 jobs")
+        proxy.silence()
+        silent_at.append(time.monotonic())
+        b.start()
+        wait_for(lambda: len(cancelled) >= 4, what="engine a's handlers fenced", timeout=60)
+        for when, cause in cancelled.values():
+            assert isinstance(cause, LeaseLost)
+            print(f"fenced {when - silent_at[0]:.2f}s after the path went silent (lease {lease}s)")
+            assert when - silent_at[0] < lease * 3  # generous: the rule is "within a lease"
+        wait_for(lambda: settled(dsn, chaos_schema, ids), what="engine b finishes every job", timeout=90)
+        proxy.resume()  # whatever engine a still had buffered may reach the database now
+        time.sleep(lease)
+    finally:
+        b.stop(timeout=5)
+        proxy.resume()
+        a.stop(timeout=5)
+        a.close()
+        b.close()
+        pool_a.close()
+        pool_b.close()
+    rows = audit(dsn, chaos_schema)
+    done = [r for r in rows if r[2] == "done"]
+    assert sorted(r[0] for r in done) == sorted(ids)  # every job done exactly once
+    for job_id, old, new, token, old_att, new_att in rows:
+        if token in tokens_a and old == "processing" and new != "processing":
+            # only the reaper ended a's claims (pending, attempts unchanged): a wrote no outcome
+            assert new == "pending" and old_att == new_att, (job_id, old, new)
+
+
+def test_l2_async_handlers_under_sigkill_p1_p2_p3(
+    dsn: str, chaos_schema: str, spawn: Callable[..., Worker]
+) -> None:
+    """Async handlers (tasks on the engine's loop) in worker processes SIGKILLed mid-job: every job
+    settles once, attempts = failures + reaps + 1, children exactly for done parents."""
+    rng = random.Random(11)
+    jobs = 300
+    ids = enqueue_parents(dsn, chaos_schema, make_payloads(jobs, rng, sleep=(0.3, 1.5)))
+    settings = {"workers": 8, "lease": 2.0, "reaper_period": 0.5, "async": True}
+    live = [spawn(dsn, chaos_schema, **settings) for _ in range(2)]
+    kills = mid_job = 0
+    while kills < 3:
+        victim = rng.choice(live)
+        wid = f"chaos-{victim.label}:{victim.proc.pid}"
+        deadline = time.monotonic() + 5
+        while held_by(dsn, chaos_schema, wid) == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        mid_job += held_by(dsn, chaos_schema, wid) > 0
+        victim.kill()
+        kills += 1
+        live.remove(victim)
+        live.append(spawn(dsn, chaos_schema, **settings))
+        time.sleep(rng.uniform(0.3, 1.0))
+    wait_for(lambda: settled(dsn, chaos_schema, ids), what="every job settled after the kills", timeout=180)
+    for w in live:
+        assert w.stop() == 0, w.log_tail()
+    report = invariants.check(dsn, chaos_schema, ids)
+    report.assert_ok()
+    assert report.states == {"done": jobs}
+    assert mid_job >= 1 and report.reaps >= 1
+    print(f"[chaos] async sigkill: jobs={jobs} kills={kills} mid-job={mid_job} reaped={report.reaps}")
+
+
+def run_poison(
+    dsn: str, schema: str, spawn: Callable[..., Worker], poison: dict[str, Any], settings: dict[str, Any]
+) -> tuple[set[str], str, int]:
+    ids = enqueue_parents(dsn, schema, [{"n": i} for i in range(1000)])
+    (bad,) = enqueue_parents(dsn, schema, [poison])
+    live = [spawn(dsn, schema, **settings) for _ in range(2)]
+    respawned = 0
+    deadline = time.monotonic() + 300
+    while not settled(dsn, schema, ids | {bad}):
+        assert time.monotonic() < deadline, "the queue did not settle"
+        for w in list(live):
+            if not w.alive:
+                w.kill()
+                live.remove(w)
+                live.append(spawn(dsn, schema, **settings))
+                respawned += 1
+        time.sleep(0.2)
+    for w in live:
+        assert w.stop() == 0, w.log_tail()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        state, attempts, last_error = conn.execute(
+            sql.SQL("SELECT state, attempts, last_error FROM {}.job WHERE id = %s").format(
+                sql.Identifier(schema)
+            ),
+            [bad],
+        ).fetchone() or (None, None, None)
+        runs = conn.execute(
+            sql.SQL("SELECT count(*) FROM {}.chaos_exec WHERE job_id = %s").format(sql.Identifier(schema)),
+            [bad],
+        ).fetchone()
+    assert state == "dead" and "not run again" in (last_error or "")
+    assert runs == (3,) and attempts == 4  # three runs, a fourth claim that never ran
+    return ids, bad, respawned
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+def test_l5_a_hanging_poison_job_among_1000_good_ones_ends_dead(
+    dsn: str, chaos_schema: str, spawn: Callable[..., Worker], is_async: bool
+) -> None:
+    """One job ignores its ctx and never returns (hung, C5); with max_attempts=3 it runs three
+    times, is claimed a fourth time and ends dead unrun (L5); the 1,000 others all end done."""
+    settings = {"workers": 8, "lease": 2.0, "reaper_period": 0.3, "max_attempts": 3, "async": is_async}
+    settings |= {"attempt_timeout": 1.0, "watchdog_grace": 0.5}
+    ids, bad, respawned = run_poison(dsn, chaos_schema, spawn, {"hang": True}, settings)
+    assert respawned == 0
+    report = invariants.check(dsn, chaos_schema, ids | {bad})
+    report.assert_ok()
+    assert report.states == {"done": 1000, "dead": 1}
+    print(f"[chaos] hanging poison ({'async' if is_async else 'sync'}): 1000 done, poison dead after 3 runs")
+
+
+def test_l5_a_process_killing_poison_job_among_1000_good_ones_ends_dead(
+    dsn: str, chaos_schema: str, spawn: Callable[..., Worker]
+) -> None:
+    """One job SIGKILLs its worker process each time it runs: it runs three times and ends dead
+    unrun on its fourth claim (L5). A good job can share the poison's process on every run (the
+    reaper returns a dead process's rows together, so they tend to be claimed together again) and
+    lose its outcome each time (the process dies before the write): L5 cannot tell it from a
+    poison job, so it may end dead the same way; nothing else may."""
+    settings = {"workers": 8, "lease": 2.0, "reaper_period": 0.3, "max_attempts": 3}
+    ids, bad, respawned = run_poison(dsn, chaos_schema, spawn, {"poison": True}, settings)
+    assert respawned == 3
+    report = invariants.check(dsn, chaos_schema, ids | {bad})
+    report.assert_ok()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        dead = conn.execute(
+            sql.SQL(
+                "SELECT id::text, attempts, last_error FROM {}.job WHERE state = 'dead' AND id <> %s"
+            ).format(sql.Identifier(chaos_schema)),
+            [bad],
+        ).fetchall()
+    collateral = [r for r in dead if r[1] == 4 and "not run again" in (r[2] or "")]
+    assert collateral == dead  # only jobs whose three claims all ended without an outcome died
+    assert report.states.get("done", 0) == 1000 - len(collateral)
+    print(f"[chaos] killing poison: dead after 3 runs; {len(collateral)} good jobs shared all its deaths")

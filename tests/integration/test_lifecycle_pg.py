@@ -1,0 +1,290 @@
+"""The attempt lifecycle on real PostgreSQL (SPEC L1-L7, C5, C11): each test names the rule it checks."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import socket
+import textwrap
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg_pool import ConnectionPool
+
+from brooq_py.engine import Config, Engine
+from brooq_py.postgres import Store
+from brooq_py.queue import BrooqError, Claim, Context, Job, KindOptions, State
+from tests.integration.test_cli import cli_env, run_cli
+from tests.polling import wait_for
+
+FAST = {"backoff_base": 0.01, "backoff_max": 0.02}
+
+
+def q(pool: ConnectionPool[Any], schema: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
+    with pool.connection() as conn:
+        rendered = sql.SQL(query).format(job=sql.Identifier(schema, "job"))  # type: ignore[arg-type]
+        cur = conn.execute(rendered, params or None)
+        return cur.fetchall() if cur.description is not None else []
+
+
+@pytest.fixture
+def release() -> Iterator[threading.Event]:
+    ev = threading.Event()
+    yield ev
+    ev.set()
+
+
+@pytest.fixture
+def engines(store: Store) -> Iterator[Callable[..., Engine]]:
+    made: list[Engine] = []
+
+    def make(repo: Store | None = None, **cfg: Any) -> Engine:
+        params: dict[str, Any] = {
+            "workers": 4,
+            "poll_interval": 0.2,
+            "lease": 3,
+            "reaper_period": 0.5,
+            **FAST,
+        }
+        params.update(cfg)
+        e = Engine(repo or store, Config(**params))
+        made.append(e)
+        return e
+
+    yield make
+    for e in made:
+        e.stop(timeout=2)
+        e.close()
+
+
+def row(store: Store, job_id: str) -> Any:
+    r = store.get(job_id)
+    assert r is not None
+    return r
+
+
+def test_l1_c11_hung_at_stop_with_chain_and_on_succeeded_is_pending_and_chains_nothing(
+    store: Store,
+    pool: ConnectionPool[Any],
+    schema: str,
+    engines: Callable[..., Engine],
+    release: threading.Event,
+) -> None:
+    e = engines(watchdog_grace=0.3)
+    started = threading.Event()
+    callbacks: list[int] = []
+
+    def handler(ctx: Context, claim: Claim) -> None:
+        claim.chain(Job("child", {"from": claim.id}))
+        claim.on_succeeded(lambda tx: callbacks.append(1))
+        started.set()
+        release.wait(60)  # ignores the stop's cancel
+
+    e.register_kind("t", handler, KindOptions(**FAST))
+    jid = e.enqueue(Job("t")).id
+    e.start()
+    assert started.wait(30)
+    e.stop(timeout=0.1)
+    r = row(store, jid)
+    assert r.state is State.PENDING and r.attempts == 0
+    release.set()
+    wait_for(lambda: not e.inflight.running(), what="the late handler ended")
+    assert q(pool, schema, "SELECT count(*) FROM {job} WHERE topic = 'child'") == [(0,)]
+    assert callbacks == []
+    assert row(store, jid).state is State.PENDING
+
+
+def test_l2_c4_async_handler_ignoring_ctx_past_attempt_timeout_that_returns_is_done(
+    store: Store, engines: Callable[..., Engine]
+) -> None:
+    e = engines(watchdog_grace=10)
+
+    async def handler(ctx: Context, claim: Claim) -> None:
+        await asyncio.sleep(0.5)  # attempt_timeout passes meanwhile; the task is never cancelled
+
+    e.register_kind("t", handler, KindOptions(attempt_timeout=0.05, max_execution_timeout=60, **FAST))
+    jid = e.enqueue(Job("t")).id
+    e.start()
+    wait_for(lambda: row(store, jid).state is State.DONE, what="done")
+    r = row(store, jid)
+    assert r.attempts == 1 and r.last_error is None
+
+
+def test_l2_500_concurrent_async_handlers_with_fewer_than_64_threads(
+    store: Store, engines: Callable[..., Engine]
+) -> None:
+    e = engines(workers=500)
+    running = 0
+    peak = 0
+    gate: list[asyncio.Event] = []
+    loop: list[asyncio.AbstractEventLoop] = []
+
+    async def handler(ctx: Context, claim: Claim) -> None:
+        nonlocal running, peak
+        if not gate:
+            gate.append(asyncio.Event())
+            loop.append(asyncio.get_running_loop())
+        running += 1  # the loop's thread only
+        peak = max(peak, threading.active_count())
+        await gate[0].wait()
+
+    e.register_kind("t", handler)
+    ids = [r.id for r in e.enqueue_many([Job("t", {"n": i}) for i in range(500)])]
+    before = threading.active_count()
+    e.start()
+    wait_for(lambda: running == 500, what="500 async handlers running at once", timeout=60)
+    during = threading.active_count()
+    print(f"threads: before start {before}, with 500 async handlers running {during}, peak {peak}")
+    assert during - before < 64 and peak - before < 64
+    loop[0].call_soon_threadsafe(gate[0].set)
+    wait_for(
+        lambda: store.get(ids[-1]) is not None and all(row(store, i).state is State.DONE for i in ids[::50]),
+        what="all done",
+        timeout=60,
+    )
+
+
+def test_l3_a_psql_row_lock_held_three_leases_costs_no_other_lease(
+    store: Store, pool: ConnectionPool[Any], schema: str, dsn: str, engines: Callable[..., Engine]
+) -> None:
+    lease = 1.5
+    e = engines(lease=lease, workers=2, watchdog_grace=30)
+    causes: dict[str, BaseException | None] = {}
+
+    def handler(ctx: Context, claim: Claim) -> None:
+        ctx.wait(lease * 3 + 1.5)  # runs past the three leases the lock is held
+        causes[claim.topic] = ctx.cause
+
+    e.register_kind("locked", handler, KindOptions(attempt_timeout=60, max_execution_timeout=120))
+    e.register_kind("free", handler, KindOptions(attempt_timeout=60, max_execution_timeout=120))
+    locked = e.enqueue(Job("locked")).id
+    free = e.enqueue(Job("free")).id
+    e.start()
+    wait_for(
+        lambda: row(store, locked).state is State.PROCESSING and row(store, free).state is State.PROCESSING
+    )
+    with psycopg.connect(dsn) as conn:  # an operator's open transaction, as in psql
+        conn.execute(
+            sql.SQL("SELECT 1 FROM {} WHERE id = %s FOR UPDATE").format(sql.Identifier(schema, "job")),
+            (locked,),
+        )
+        time.sleep(lease * 3)
+        conn.rollback()
+    wait_for(lambda: row(store, free).state is State.DONE, what="the other job done")
+    r = row(store, free)
+    assert r.attempts == 1 and causes["free"] is None
+    assert not e.registry.get_sample_value("brooq_reaped_total", {"topic": "free"})
+    assert not e.registry.get_sample_value("brooq_lease_lost_total", {"topic": "free"})
+
+
+def test_l5_hung_handler_with_max_attempts_2_ends_dead_after_two_claims(
+    store: Store, engines: Callable[..., Engine], release: threading.Event
+) -> None:
+    e = engines(lease=1, reaper_period=0.2, watchdog_grace=0.2, workers=1)
+    calls: list[int] = []
+
+    def hang(ctx: Context, claim: Claim) -> None:
+        calls.append(claim.attempt)
+        release.wait(120)
+
+    e.register_kind("t", hang, KindOptions(max_attempts=2, attempt_timeout=0.1, max_execution_timeout=120))
+    jid = e.enqueue(Job("t")).id
+    e.start()
+    wait_for(lambda: row(store, jid).state is State.DEAD, what="dead", timeout=60)
+    assert calls == [1, 2]
+    r = row(store, jid)
+    assert r.attempts == 3 and "not run again" in (r.last_error or "")
+
+
+class DownServer:
+    """A TCP port that accepts and hangs up at once (a server that is down), counting connections."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.accepted: list[float] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted.append(time.monotonic())
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_l7_a_down_server_sees_exponentially_spaced_reconnects(
+    pool: ConnectionPool[Any], schema: str, engines: Callable[..., Engine]
+) -> None:
+    down = DownServer()
+    store = Store(pool, schema=schema, conninfo=f"postgresql://root@127.0.0.1:{down.port}/test")
+    try:
+        e = engines(store)
+        e.register_kind("t", lambda ctx, claim: None)
+        e.start()
+        wait_for(lambda: len(down.accepted) >= 1, what="a first LISTEN attempt")
+        time.sleep(8)
+        n = len(down.accepted)
+        e.stop(timeout=1)
+        gaps = [b - a for a, b in itertools.pairwise(down.accepted)]
+        print(f"reconnects in 8s: {n}; gaps: {[round(g, 2) for g in gaps]}")
+        # exponential from 0.5s: attempts at 0, .5, 1.5, 3.5, 7.5 (a fixed 0.5s retry makes 16)
+        assert n <= 6
+        assert all(later >= earlier * 1.5 for earlier, later in itertools.pairwise(gaps))
+    finally:
+        down.close()
+        store.close()
+
+
+def test_start_refuses_an_unmigrated_schema_naming_the_fix(
+    pool: ConnectionPool[Any], dsn: str, engines: Callable[..., Engine]
+) -> None:
+    name = "t_" + uuid.uuid4().hex
+    e = engines(Store(pool, schema=name))
+    e.register_kind("t", lambda ctx, claim: None)
+    with pytest.raises(BrooqError, match=f"migrate up --schema {name}"):
+        e.start()
+    assert not e.running
+
+
+def test_worker_schema_is_checked_against_the_apps_store(dsn: str, schema: str, tmp_path: Path) -> None:
+    (tmp_path / "schemaapp.py").write_text(
+        textwrap.dedent(
+            """
+            import os
+
+            from psycopg_pool import ConnectionPool
+
+            from brooq_py import Config, Engine
+            from brooq_py.postgres import Store
+
+
+            def make_engine():
+                pool = ConnectionPool(os.environ["DATABASE_URL"], min_size=1, max_size=2, open=True)
+                return Engine(Store(pool, schema=os.environ["APP_SCHEMA"]), Config(workers=1))
+            """
+        )
+    )
+    env = cli_env(dsn, BROOQ_HTTP_ADDR="127.0.0.1:0", APP_SCHEMA=schema)
+    result = run_cli(
+        "worker", "--app", "schemaapp:make_engine", "--schema", "other", dsn=dsn, cwd=tmp_path, env=env
+    )
+    assert result.returncode == 2, result.stderr
+    assert "--schema other does not match" in result.stderr and "Traceback" not in result.stderr
+    env["APP_SCHEMA"] = "t_never_migrated_" + uuid.uuid4().hex[:8]
+    result = run_cli("worker", "--app", "schemaapp:make_engine", dsn=dsn, cwd=tmp_path, env=env)
+    assert result.returncode == 1, result.stderr
+    assert f"migrate up --schema {env['APP_SCHEMA']}" in result.stderr and "Traceback" not in result.stderr

@@ -1,0 +1,403 @@
+"""The attempt lifecycle in the engine, on the fake repo (SPEC L1-L7, C3-C5, C11)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+
+import pytest
+
+from brooq_py.engine import Config, Engine
+from brooq_py.engine.dispatcher import Dispatcher
+from brooq_py.engine.heartbeat import Heartbeat
+from brooq_py.engine.listener import RECONNECT_MAX, WakeListener
+from brooq_py.engine.repo import ClaimedJob, Outcome
+from brooq_py.engine.slots import SlotPool
+from brooq_py.queue import BrooqError, Claim, Context, Job, KindOptions, LeaseLost, State, Tx
+from tests.polling import wait_for
+from tests.unit.fake_repo import FakeRepo
+
+FAST = {"backoff_base": 0.001, "backoff_max": 0.002}
+
+
+@pytest.fixture
+def repo() -> FakeRepo:
+    return FakeRepo()
+
+
+@pytest.fixture
+def release() -> Iterator[threading.Event]:
+    """Set in teardown: handlers that ignore their ctx wait on it."""
+    ev = threading.Event()
+    yield ev
+    ev.set()
+
+
+@pytest.fixture
+def make_engine(repo: FakeRepo) -> Iterator[Callable[..., Engine]]:
+    engines: list[Engine] = []
+
+    def make(**cfg: object) -> Engine:
+        params: dict[str, object] = {"workers": 2, "poll_interval": 0.05, "lease": 3, **FAST}
+        params.update(cfg)
+        e = Engine(repo, Config(**params))  # type: ignore[arg-type]
+        engines.append(e)
+        return e
+
+    yield make
+    for e in engines:
+        e.stop(timeout=1)
+
+
+def children(repo: FakeRepo, topic: str) -> list[str]:
+    with repo.lock:
+        return [r.id for r in repo.rows.values() if r.topic == topic]
+
+
+# --- item 1: hung handlers never close done -------------------------------------------
+
+
+def test_l1_c11_hung_at_stop_with_chain_and_on_succeeded_goes_back_to_pending(
+    repo: FakeRepo, make_engine: Callable[..., Engine], release: threading.Event
+) -> None:
+    e = make_engine(watchdog_grace=0.1)
+    ran: list[str] = []
+    started = threading.Event()
+
+    def handler(ctx: Context, claim: Claim) -> None:
+        claim.chain(Job("child"))
+        claim.on_succeeded(lambda tx: ran.append("callback"))
+        started.set()
+        release.wait(30)  # ignores the stop's cancel: hung at stop
+
+    e.register_kind("t", handler, KindOptions(**FAST))
+    jid = e.enqueue(Job("t")).id
+    e.start()
+    assert started.wait(10)
+    e.stop(timeout=0.05)
+    row = repo.row(jid)
+    assert row.state is State.PENDING and row.attempts == 0
+    assert State.DONE not in row.history
+    release.set()  # the handler returns now: still nothing closes
+    wait_for(lambda: not e.inflight.running(), what="the late handler ended")
+    assert children(repo, "child") == [] and ran == []
+    assert repo.row(jid).state is State.PENDING
+
+
+def test_l1_c5_hung_any_time_never_writes_done_nor_chains(
+    repo: FakeRepo, make_engine: Callable[..., Engine], release: threading.Event
+) -> None:
+    e = make_engine(watchdog_grace=0.05)
+    ran: list[str] = []
+
+    def handler(ctx: Context, claim: Claim) -> None:
+        claim.chain(Job("child"))
+        claim.on_succeeded(lambda tx: ran.append("callback"))
+        release.wait(30)
+
+    e.register_kind("t", handler, KindOptions(attempt_timeout=0.05, max_execution_timeout=60, **FAST))
+    jid = e.enqueue(Job("t")).id
+    e.start()
+    wait_for(lambda: e.inflight.hung_count() == 1, what="hung")
+    release.set()
+    wait_for(lambda: not e.inflight.running(), what="the late handler ended")
+    row = repo.row(jid)
+    assert row.state is State.PROCESSING  # the lease is left to expire (C5)
+    assert children(repo, "child") == [] and ran == []
+
+
+# --- item 2: async handlers are tasks --------------------------------------------------
+
+
+def test_l2_c4_async_handler_ignoring_ctx_past_timeout_that_returns_is_done(
+    repo: FakeRepo, make_engine: Callable[..., Engine]
+) -> None:
+    e = make_engine(watchdog_grace=10)
+    seen: list[BaseException | None] = []
+
+    async def handler(ctx: Context, claim: Claim) -> None:
+        await asyncio.sleep(0.3)  # past attempt_timeout, ignoring ctx: the task is not cancelled
+        seen.append(ctx.cause)
+
+    e.register_kind("t", handler, KindOptions(attempt_timeout=0.05, max_execution_timeout=60, **FAST))
+    jid = e.enqueue(Job("t")).id
+    e.start()
+    wait_for(lambda: repo.row(jid).state is State.DONE, what="done")
+    assert repo.row(jid).attempts == 1 and repo.row(jid).last_error is None
+    assert len(seen) == 1 and seen[0] is not None
+
+
+def test_l2_c5_async_handler_ignoring_ctx_is_hung_and_frees_its_slot(
+    repo: FakeRepo, make_engine: Callable[..., Engine]
+) -> None:
+    e = make_engine(workers=1, watchdog_grace=0.05)
+    forever = asyncio.Event()
+
+    async def hang(ctx: Context, claim: Claim) -> None:
+        await forever.wait()  # never set: the task lives on; it cannot be killed
+
+    e.register_kind("hang", hang, KindOptions(attempt_timeout=0.05, max_execution_timeout=60, **FAST))
+    e.register_kind("ok", lambda ctx, claim: None)
+    hung_id = e.enqueue(Job("hang")).id
+    e.start()
+    wait_for(lambda: e.inflight.hung_count() == 1, what="hung")
+    ok_id = e.enqueue(Job("ok")).id
+    wait_for(lambda: repo.row(ok_id).state is State.DONE, what="the freed slot runs other work")
+    assert repo.row(hung_id).state is State.PROCESSING
+
+
+def test_l2_500_async_handlers_run_at_once_on_few_threads(
+    repo: FakeRepo, make_engine: Callable[..., Engine]
+) -> None:
+    e = make_engine(workers=500)
+    running = 0
+    peak_threads = 0
+    gate: asyncio.Event | None = None
+    lock = threading.Lock()
+
+    async def handler(ctx: Context, claim: Claim) -> None:
+        nonlocal running, gate, peak_threads
+        if gate is None:
+            gate = asyncio.Event()
+        with lock:
+            running += 1
+            peak_threads = max(peak_threads, threading.active_count())
+        await gate.wait()
+
+    e.register_kind("t", handler)
+    e.enqueue_many([Job("t", {"n": i}) for i in range(500)])
+    before = threading.active_count()  # other tests' leftovers (hung handlers' threads) included
+    e.start()
+    wait_for(lambda: running == 500, what="500 handlers running at once")
+    assert threading.active_count() - before < 64 and peak_threads - before < 64
+    assert gate is not None
+    loop_gate = gate
+    e._async._ensure().call_soon_threadsafe(loop_gate.set)
+    wait_for(lambda: all(r.state is State.DONE for r in repo.rows.values()), what="all done")
+
+
+# --- item 4: poison jobs end -----------------------------------------------------------
+
+
+def test_l5_a_claim_past_max_attempts_ends_dead_without_running(
+    repo: FakeRepo, make_engine: Callable[..., Engine]
+) -> None:
+    e = make_engine()
+    calls: list[int] = []
+    e.register_kind("t", lambda ctx, claim: calls.append(1), KindOptions(max_attempts=2, **FAST))
+    jid = e.enqueue(Job("t")).id
+    repo.row(jid).attempts = 2  # two claims ended without an outcome (hung, or their process died)
+    assert e.run_once() == 1
+    row = repo.row(jid)
+    assert row.state is State.DEAD and calls == []
+    assert "not run again" in (row.last_error or "")
+
+
+def test_l5_hung_handler_with_max_attempts_2_ends_dead_after_two_claims(
+    repo: FakeRepo, make_engine: Callable[..., Engine], release: threading.Event
+) -> None:
+    e = make_engine(watchdog_grace=0.05, reaper_period=0.05)
+    calls: list[int] = []
+
+    def hang(ctx: Context, claim: Claim) -> None:
+        calls.append(claim.attempt)
+        release.wait(30)
+
+    e.register_kind(
+        "t", hang, KindOptions(max_attempts=2, attempt_timeout=0.05, max_execution_timeout=60, **FAST)
+    )
+    jid = e.enqueue(Job("t")).id
+    e.start()
+    for n in (1, 2):
+        wait_for(lambda n=n: e.inflight.hung_count() == n, what=f"hung #{n}")  # type: ignore[misc]
+        repo.expire(jid)  # its lease runs out; the reaper returns it
+    wait_for(lambda: repo.row(jid).state is State.DEAD, what="dead")
+    assert calls == [1, 2]
+
+
+# --- item 5: the listener's backoff ----------------------------------------------------
+
+
+def test_l7_listener_reconnects_with_exponential_backoff_and_logs_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    waits: list[float] = []
+    log = logging.getLogger("test.listener")
+    up = threading.Event()
+
+    class Sub:
+        def wait(self, timeout: float) -> bool:
+            w._stop.set()  # one healthy wait, then the test is over
+            return False
+
+        def close(self) -> None:
+            pass
+
+    def listen() -> Sub:
+        if not up.is_set():
+            raise ConnectionError("down")
+        return Sub()
+
+    class Recorded(WakeListener):
+        def _wait(self, seconds: float) -> bool:
+            waits.append(seconds)
+            if len(waits) == 9:
+                up.set()
+            return len(waits) > 12 or self._stop.is_set()
+
+    w = Recorded(listen, lambda: None, log)
+    with caplog.at_level(logging.DEBUG, logger="test.listener"):
+        w._loop()
+    assert waits[:8] == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, RECONNECT_MAX, RECONNECT_MAX]
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.getMessage().startswith("listener failed") for r in warnings[:1]] == [True]
+    assert len([r for r in warnings if "failed (" in r.getMessage()]) == 1  # the first failure, once
+    recovered = [r for r in caplog.records if "works again" in r.getMessage()]
+    assert len(recovered) == 1
+
+
+# --- item 6: self-fencing --------------------------------------------------------------
+
+
+def test_l4_renewals_silent_for_a_lease_fence_the_handler_and_write_nothing(
+    repo: FakeRepo, make_engine: Callable[..., Engine]
+) -> None:
+    e = make_engine(lease=0.6, watchdog_grace=10)
+    causes: list[BaseException | None] = []
+
+    def handler(ctx: Context, claim: Claim) -> None:
+        ctx.wait(20)
+        causes.append(ctx.cause)
+
+    e.register_kind("t", handler)
+    jid = e.enqueue(Job("t")).id
+    repo.renew_hang.clear()  # every renewal blocks, as on a socket that went silent
+    e.start()
+    try:
+        wait_for(lambda: causes, what="the handler cancelled", timeout=20)
+        assert isinstance(causes[0], LeaseLost)
+        wait_for(lambda: not e.inflight.running())
+        assert repo.row(jid).state is State.PROCESSING  # nothing written: others may run it now
+        assert e.registry.get_sample_value("brooq_lease_lost_total", {"topic": "t"}) == 1.0
+    finally:
+        repo.renew_hang.set()
+
+
+# --- item 7: the smaller ones ----------------------------------------------------------
+
+
+def test_c3_a_renewal_between_the_write_and_its_bookkeeping_is_no_lease_lost(
+    repo: FakeRepo, make_engine: Callable[..., Engine], caplog: pytest.LogCaptureFixture
+) -> None:
+    e = make_engine()
+    e.register_kind("t", lambda ctx, claim: None)
+    write = repo.settle_many
+    beats: list[int] = []
+
+    def settle_then_beat(outcomes: list[Outcome]) -> set[str]:
+        written = write(outcomes)
+        hb = next(s for s in e._services if isinstance(s, Heartbeat))
+        hb.run_once()  # a heartbeat lands after the commit, before the in-flight set forgets the job
+        beats.append(1)
+        return written
+
+    repo.settle_many = settle_then_beat  # type: ignore[method-assign]
+    jid = e.enqueue(Job("t")).id
+    with caplog.at_level(logging.WARNING):
+        e.start()
+        wait_for(lambda: repo.row(jid).state is State.DONE and beats)
+    assert not e.registry.get_sample_value("brooq_lease_lost_total", {"topic": "t"})
+    assert not [r for r in caplog.records if "lease lost" in r.getMessage()]
+
+
+def test_l6_connection_lost_at_the_closing_commit_is_retried_never_dead(
+    repo: FakeRepo, make_engine: Callable[..., Engine]
+) -> None:
+    e = make_engine()
+    ran: list[int] = []
+
+    def handler(ctx: Context, claim: Claim) -> None:
+        claim.chain(Job("child"))
+        claim.on_succeeded(lambda tx: ran.append(1))
+
+    e.register_kind("t", handler, KindOptions(max_attempts=1, **FAST))
+    repo.fail_close = 2
+    jid = e.enqueue(Job("t")).id
+    e.start()
+    wait_for(lambda: repo.row(jid).state is State.DONE, what="done after the retries")
+    assert State.DEAD not in repo.row(jid).history and State.FAILED not in repo.row(jid).history
+    assert len(children(repo, "child")) == 1
+
+
+def test_l6_outcome_writes_failing_for_a_lease_are_given_up_not_made_dead(
+    repo: FakeRepo, make_engine: Callable[..., Engine]
+) -> None:
+    e = make_engine(lease=0.6)
+    e.register_kind("t", lambda ctx, claim: None, KindOptions(max_attempts=1, **FAST))
+    repo.fail_settle = 10**9
+    repo.fail_renew = 10**9
+    jid = e.enqueue(Job("t")).id
+    e.start()
+    wait_for(lambda: not e.inflight.held(), what="the outcome given up", timeout=20)
+    assert repo.row(jid).state is State.PROCESSING  # the reaper returns it; never dead
+    repo.fail_settle = repo.fail_renew = 0
+
+
+def test_c11_rows_a_claim_returns_after_stop_are_handed_back_unrun() -> None:
+    release = threading.Event()
+    handed: list[list[ClaimedJob]] = []
+    launched: list[ClaimedJob] = []
+    row = ClaimedJob("00000000-0000-0000-0000-000000000009", "t", {}, 1, 0, "tok", "w", None)  # type: ignore[arg-type]
+
+    def claim(limit: int) -> list[ClaimedJob]:
+        release.wait(10)  # waiting on the pool longer than stop() waits for the dispatcher
+        return [row]
+
+    d = Dispatcher(claim, SlotPool(1), launched.append, 0.05, logging.getLogger("t"), hand_back=handed.append)
+    d.start()
+    d.stop(timeout=0.05)
+    release.set()
+    wait_for(lambda: handed, what="handed back")
+    assert handed == [[row]] and launched == []
+
+
+def test_a_claimed_row_of_an_unregistered_topic_is_handed_back(
+    repo: FakeRepo, make_engine: Callable[..., Engine]
+) -> None:
+    e = make_engine()
+    e.register_kind("t", lambda ctx, claim: None)
+    jid = e.enqueue(Job("other")).id
+    [row] = repo.claim(["other"], 1, "w", timedelta(seconds=30))
+    e._launch(row) if e._slots is not None else e._attempt(row)
+    r = repo.row(jid)
+    assert r.state is State.PENDING and r.attempts == 0
+
+
+# --- item 8: the schema check -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", [None, "0003"])
+def test_start_refuses_a_schema_missing_or_too_old(
+    repo: FakeRepo, make_engine: Callable[..., Engine], version: str | None
+) -> None:
+    repo.version = version
+    e = make_engine()
+    e.register_kind("t", lambda ctx, claim: None)
+    with pytest.raises(BrooqError, match="migrate up --schema public"):
+        e.start()
+    assert not e.running
+
+
+def test_start_bounds_the_stores_own_waits_by_the_lease_l3(
+    repo: FakeRepo, make_engine: Callable[..., Engine]
+) -> None:
+    e = make_engine(lease=9)
+    e.start()
+    assert repo.bounded == timedelta(seconds=9)
+
+
+def _unused(tx: Tx) -> None:  # keeps Tx imported for the callbacks' annotations
+    return None
