@@ -9,7 +9,7 @@ import socket
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
 
@@ -34,7 +34,7 @@ from brooq_py.engine.schema import check_schema
 from brooq_py.engine.slots import AsyncRunner, SlotPool
 from brooq_py.engine.supervisor import Supervisor
 from brooq_py.engine.ticker import Ticker
-from brooq_py.engine.wakeups import stage_now, wake_services
+from brooq_py.engine.wakeups import own_wakes, stage_now, wake_services
 from brooq_py.engine.watchdog import Watchdog
 from brooq_py.queue import (
     BrooqError,
@@ -113,6 +113,7 @@ class Engine:
         )
         self._slots: SlotPool | None = None
         self._dispatcher: Dispatcher | None = None
+        self._enqueued: Callable[[Job], None] = lambda job: None  # poll-only: wake our own services
         self._completer: Completer | None = None
         self._services: list[Ticker] = []
 
@@ -162,6 +163,7 @@ class Engine:
         result = self.repo.enqueue(job)
         if result.created:
             self.metrics.child(self.metrics.enqueued, job.topic).inc()
+            self._enqueued(job)
         return result
 
     def enqueue_tx(self, tx: Tx, job: Job) -> EnqueueResult:
@@ -177,6 +179,8 @@ class Engine:
         for job, r in zip(jobs, results, strict=True):
             if r.created:
                 self.metrics.child(self.metrics.enqueued, job.topic).inc()
+                if tx is None:
+                    self._enqueued(job)
         return results
 
     def begin(self) -> AbstractContextManager[Tx]:
@@ -270,7 +274,11 @@ class Engine:
                 ),
                 self.refresher,
             ]
-            self._services += wake_services(self.repo, cfg, self.topics, self._dispatcher.wake, self.log)
+            wakers = wake_services(self.repo, cfg, self.topics, self._dispatcher.wake, self.log)
+            self._services += wakers
+            self.runner.on_waiting, self._enqueued = own_wakes(
+                wakers, cfg, self.topics, self._dispatcher.wake
+            )
             if cfg.retention_enabled:
                 self._services.append(
                     Retention(
