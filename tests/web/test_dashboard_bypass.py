@@ -55,7 +55,7 @@ def test_o2_a_forged_or_foreign_cookie_is_no_session(board: Board, store: Store)
         "brooq_session=",
         "brooq_session=99999999999.",
         "brooq_session=1.deadbeef",
-        "brooq_session=%s.%s" % ("9" * 30, "0" * 64),
+        f"brooq_session={'9' * 30}.{'0' * 64}",
         "brooq_session=-1.abc",
     ):
         assert board.request("GET", "/", cookie=cookie).status == 303, cookie
@@ -88,7 +88,7 @@ def test_o2_login_never_redirects_off_the_dashboard(board: Board) -> None:
         assert reply.status == 303, target
         location = reply.location
         assert location.startswith("/") and not location.startswith("//"), (target, location)
-        assert "\\" not in location and "\t" not in location and not location[1:2] in ("/", "\\"), location
+        assert "\\" not in location and "\t" not in location and location[1:2] not in ("/", "\\"), location
 
 
 def test_o2_markup_in_a_topic_name_or_a_flash_message_is_text(board: Board, store: Store) -> None:
