@@ -95,3 +95,20 @@ def test_q1_retry_of_a_canceled_scheduled_job_is_due_now_and_claimable(
     assert states(db, [job]) == ["pending"]
     assert [c.id for c in store.claim(["a"], 5, "w", LEASE)] == [job]
     assert store.stage(["a"], 10).total == 0  # nothing left for the stager
+
+
+def test_x1_s7_a_cancel_in_flight_on_a_due_scheduled_row_wins_over_the_stager(
+    store: Store, dsn: str, schema: str, db: psycopg.Connection[Any]
+) -> None:
+    """The stager skips the row a psql cancel holds (no wait, no spin on its due time); the cancel sticks."""
+    job = store.enqueue(Job("a", 1, available_at=later(3600))).id
+    db.execute("UPDATE job SET available_at = now() - interval '1 second' WHERE id = %s", (job,))
+    with psycopg.connect(dsn) as psql:
+        psql.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        psql.execute("UPDATE job SET state = 'canceled', updated_at = now() WHERE id = %s", (job,))
+        staged = store.stage(["a"], 10)
+        assert staged.total == 0 and staged.next_due_in is None  # not "due now": the stager sleeps
+        psql.commit()
+    assert store.stage(["a"], 10).total == 0
+    assert states(db, [job]) == ["canceled"]
+    assert store.claim(["a"], 5, "w", LEASE) == []
