@@ -10,30 +10,21 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
 
 from brooq_py.engine import Config, Engine
 from brooq_py.postgres import Store
 from brooq_py.queue import Claim, Context, Job, MustDelay, State
+from tests.integration import test_scheduled
+from tests.integration.test_scheduled import later
 from tests.polling import wait_for
 
+db = test_scheduled.db  # the raw autocommit connection fixture on the test schema
+
 HOUR = 3600
-
-
-def later(seconds: float) -> datetime:
-    return datetime.now(UTC) + timedelta(seconds=seconds)
-
-
-@pytest.fixture
-def db(dsn: str, schema: str) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
-        yield conn
 
 
 @pytest.fixture

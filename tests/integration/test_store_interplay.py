@@ -2,29 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import psycopg
-import pytest
 from psycopg import sql
 
 from brooq_py.postgres import Store
 from brooq_py.queue import Job
+from tests.integration import test_scheduled
+from tests.integration.test_scheduled import later
+
+db = test_scheduled.db  # the raw autocommit connection fixture on the test schema
 
 LEASE = timedelta(seconds=30)
-
-
-def later(seconds: float) -> datetime:
-    return datetime.now(UTC) + timedelta(seconds=seconds)
-
-
-@pytest.fixture
-def db(dsn: str, schema: str) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
-        yield conn
 
 
 def states(db: psycopg.Connection[Any], ids: list[str]) -> list[str]:
