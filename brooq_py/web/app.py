@@ -41,6 +41,7 @@ log = logging.getLogger("brooq_py.web")
 
 COOKIE = "brooq_session"
 PAGE_SIZE = 50
+MAX_PAYLOAD_SHOWN = 256 * 1024  # characters of a job's pretty-printed payload on its page
 RETRYABLE = (State.DEAD, State.CANCELED)
 CANCELABLE = (*ACTIVE_STATES, State.SCHEDULED)
 
@@ -245,6 +246,9 @@ class Dashboard:
         except ActionError as exc:
             return self._error(request, exc.status, exc.message)
         payload = json.dumps(row.payload, indent=2, ensure_ascii=False, sort_keys=True)
+        if len(payload) > MAX_PAYLOAD_SHOWN:  # a page a browser can open, whatever was enqueued
+            hidden = len(payload) - MAX_PAYLOAD_SHOWN
+            payload = f"{payload[:MAX_PAYLOAD_SHOWN]}\n… {hidden:,} more characters not shown"
         context = {
             "job": row,
             "payload": payload,

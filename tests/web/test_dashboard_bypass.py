@@ -99,3 +99,12 @@ def test_o2_markup_in_a_topic_name_or_a_flash_message_is_text(board: Board, stor
         body = board.request("GET", page, cookie=cookie).body
         assert "<script>alert(1)" not in body and "<img src=x" not in body, page
         assert '"><script' not in body, page
+
+
+def test_z2_a_huge_payload_makes_a_bounded_job_page(board: Board, store: Store) -> None:
+    """A 30 MB payload is shown in part, with how much was left out, not as a 30 MB page."""
+    job = store.enqueue(Job(TOPIC, {"blob": ["x" * 1000] * 30_000})).id
+    reply = board.request("GET", f"/job/{job}", token=TOKEN)
+    assert reply.status == 200
+    assert len(reply.body) < 1_000_000
+    assert "more characters not shown" in reply.body
