@@ -221,7 +221,7 @@ class Engine:
             if not self._kinds:
                 self.log.warning("engine: starting with no registered topic; nothing will be claimed")
             cfg = self.config
-            check_schema(self.repo)
+            check_schema(self.repo, self.log)
             bound = getattr(self.repo, "bound_waits", None)
             if callable(bound):
                 bound(cfg.lease_td)
