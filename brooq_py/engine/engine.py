@@ -9,7 +9,7 @@ import socket
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any
@@ -37,7 +37,7 @@ from brooq_py.engine.slots import AsyncRunner, SlotPool
 from brooq_py.engine.supervisor import Supervisor
 from brooq_py.engine.ticker import Ticker
 from brooq_py.engine.topic_watch import TopicWatch
-from brooq_py.engine.wakeups import stage_now, wake_services
+from brooq_py.engine.wakeups import own_wakes, stage_now, wake_services
 from brooq_py.engine.watchdog import Watchdog
 from brooq_py.queue import (
     BrooqError,
@@ -48,7 +48,6 @@ from brooq_py.queue import (
     Job,
     JobRow,
     KindOptions,
-    StoreUnavailable,
     Tx,
 )
 from brooq_py.queue.handler import Handler
@@ -120,6 +119,7 @@ class Engine:
         )
         self._slots: SlotPool | None = None
         self._dispatcher: Dispatcher | None = None
+        self._enqueued: Callable[[Job], None] = lambda job: None  # poll-only: wake our own services
         self._completer: Completer | None = None
         self._services: list[Ticker] = []
         # operator controls (SPEC Q2-Q4): per-topic capacity, the settings watch, periodic jobs
@@ -201,6 +201,7 @@ class Engine:
         result = self.repo.enqueue(job)
         if result.created:
             self.metrics.child(self.metrics.enqueued, job.topic).inc()
+            self._enqueued(job)
         return result
 
     def enqueue_tx(self, tx: Tx, job: Job) -> EnqueueResult:
@@ -216,6 +217,8 @@ class Engine:
         for job, r in zip(jobs, results, strict=True):
             if r.created:
                 self.metrics.child(self.metrics.enqueued, job.topic).inc()
+                if tx is None:
+                    self._enqueued(job)
         return results
 
     def begin(self) -> AbstractContextManager[Tx]:
@@ -262,10 +265,7 @@ class Engine:
             if not self._kinds:
                 self.log.warning("engine: starting with no registered topic; nothing will be claimed")
             cfg = self.config
-            try:
-                check_schema(self.repo)
-            except StoreUnavailable as exc:
-                self.log.warning("engine: could not check the schema (%s); starting, statements retry", exc)
+            check_schema(self.repo, self.log)
             bound = getattr(self.repo, "bound_waits", None)
             if callable(bound):
                 bound(cfg.lease_td)
@@ -319,7 +319,11 @@ class Engine:
                 self.refresher,
                 self._topic_watch,
             ]
-            self._services += wake_services(self.repo, cfg, self.topics, self._dispatcher.wake, self.log)
+            wakers = wake_services(self.repo, cfg, self.topics, self._dispatcher.wake, self.log)
+            self._services += wakers
+            self.runner.on_waiting, self._enqueued = own_wakes(
+                wakers, cfg, self.topics, self._dispatcher.wake
+            )
             self.capacity.wake = self._dispatcher.wake
             if self._schedules:
                 self._services.append(

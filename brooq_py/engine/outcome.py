@@ -99,10 +99,13 @@ def decide(
         hung_by = type(cause).__name__ if cause is not None else "unknown"
         return outcome(State.PENDING, last_error=f"handler hung ({hung_by}); row released at shutdown")
     if phase is Phase.GAVE_UP:
-        # The hard ceiling is not the job's verdict: failed with backoff, never dead (C4).
+        # The hard ceiling is not the job's verdict: failed with backoff, never dead (C4). On the
+        # last attempt that attempt is given back, or the next claim would find attempts past
+        # max_attempts and take the job for poison (L5): dead after all, for "no outcome".
         return outcome(
             State.FAILED,
             delay=backoff_delay(attempt, base, cap, rng),
+            give_back=attempt >= options.max_attempts,
             last_error=describe_error(error if error is not None else cause or TimeoutError()),
         )
     if phase is Phase.RETURNED:

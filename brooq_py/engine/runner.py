@@ -59,6 +59,9 @@ class Runner:
         self.release_slot: Callable[[], None] = lambda: None
         self.stopping: Callable[[], bool] = lambda: False
         self.sleep: Callable[[float], None] = time.sleep
+        # Called after a flush wrote a failed attempt's retry time: the stager's
+        # cue to read the earliest due time again, since no NOTIFY announces such a row (SPEC S7).
+        self.on_waiting: Callable[[], None] = lambda: None
 
     # --- running ---------------------------------------------------------
 
@@ -189,6 +192,8 @@ class Runner:
 
     def on_written(self, batch: Sequence[Outcome], written: set[str]) -> None:
         settled: Counter[tuple[str, str]] = Counter()
+        if any(o.id in written and o.state is State.FAILED for o in batch):
+            self.on_waiting()
         for o in batch:
             a = self.inflight.drop_outcome(o)
             if a is not None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+
 from brooq_py.engine.repo import Repo
-from brooq_py.queue import BrooqError
+from brooq_py.queue import BrooqError, StoreUnavailable
 
 # The oldest migration whose tables and columns this code's statements use.
 SCHEMA_NEEDED = "0009"
@@ -15,14 +17,23 @@ def _number(revision: str) -> int | None:
     return int(head) if head.isdigit() else None
 
 
-def check_schema(repo: Repo) -> None:
+def check_schema(repo: Repo, log: logging.Logger | None = None) -> None:
     """Raise ``BrooqError`` naming ``migrate up --schema S`` when the repo's schema is missing or too old.
 
     A revision this code does not know (newer, or not a number) is accepted:
-    migrations only add, and a newer schema is the deployer's choice.
+    migrations only add, and a newer schema is the deployer's choice. A database
+    that does not answer is no verdict on its schema: the check is skipped with a
+    warning, and the engine starts and retries its statements as after any outage
+    (/healthz says 503 until they succeed).
     """
     schema = getattr(repo, "schema", "public")
-    version = repo.schema_version()
+    try:
+        version = repo.schema_version()
+    except StoreUnavailable as exc:
+        (log or logging.getLogger("brooq_py.engine")).warning(
+            "engine: cannot check schema %r now (%s); starting anyway", schema, exc
+        )
+        return
     fix = f"run `{PROG} migrate up --schema {schema}`"
     if version is None:
         raise BrooqError(f"schema {schema!r} is not migrated (no brooq_py tables there): {fix}")

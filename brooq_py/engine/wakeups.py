@@ -7,9 +7,10 @@ from collections.abc import Callable, Sequence
 
 from brooq_py.engine.config import Config
 from brooq_py.engine.listener import WakeListener
-from brooq_py.engine.repo import Repo, Staged
+from brooq_py.engine.repo import Listener, Repo, Staged
 from brooq_py.engine.stager import STAGE_BATCH, Stager, stage_due
 from brooq_py.engine.ticker import Ticker
+from brooq_py.queue import Job
 
 
 def wake_services(
@@ -26,7 +27,37 @@ def wake_services(
     )
     if not cfg.notify:
         return [stager]
-    return [stager, WakeListener(lambda: repo.listen(topics, stager.wake), wake, log)]
+
+    def listen() -> Listener:
+        sub = repo.listen(topics, stager.wake)
+        # A scheduled job's NOTIFY sent while no LISTEN was up is lost: look at the due times again.
+        stager.wake()
+        return sub
+
+    return [stager, WakeListener(listen, wake, log)]
+
+
+def own_wakes(
+    services: Sequence[Ticker], cfg: Config, topics: Sequence[str], wake: Callable[[], None]
+) -> tuple[Callable[[], None], Callable[[Job], None]]:
+    """What the engine tells its own stager and dispatcher, since no NOTIFY does (SPEC S7).
+
+    The first wakes the stager after a failed attempt's retry time was written (the
+    trigger announces inserts only). The second is for a job the engine enqueued
+    itself and committed: without NOTIFY (``cfg.notify`` off) only a poll would see
+    it, so a scheduled one wakes the stager and any one the dispatcher.
+    """
+    stager = next(s for s in services if isinstance(s, Stager))
+    ours = frozenset(topics)
+
+    def enqueued(job: Job) -> None:
+        if cfg.notify or job.topic not in ours:
+            return
+        if job.available_at is not None:
+            stager.wake()
+        wake()
+
+    return stager.wake, enqueued
 
 
 def stage_now(repo: Repo, cfg: Config, topics: Sequence[str]) -> Staged:

@@ -135,7 +135,8 @@ def for_repo(jobs: Jobs, repo: Any) -> Operator:
     from brooq_py.postgres.overview import Overview
     from brooq_py.postgres.store import Store
 
-    store = getattr(repo, "inner", repo)  # the engine's repo is a statement-tracking wrapper
-    if isinstance(store, Store):
-        return Operator(jobs, store, Overview(store))
+    # The engine's repo is wrapped to track its own statements (health): the operator's are not its.
+    repo = getattr(repo, "inner", repo)
+    if isinstance(repo, Store):
+        return Operator(jobs, repo, Overview(repo))
     return Operator(jobs, None, None)

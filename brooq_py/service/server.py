@@ -27,6 +27,9 @@ log = logging.getLogger("brooq_py.service")
 
 # A client that stalls mid-request holds a thread at most this long.
 REQUEST_TIMEOUT = 10.0
+# Connections the kernel queues before they are accepted. socketserver's default of 5 drops the
+# handshakes of a burst (200 scrapes at once): those clients waited a minute on SYN retransmits.
+LISTEN_BACKLOG = 1024
 WEB_MODULES = ("starlette", "jinja2", "uvicorn", "multipart")
 
 
@@ -42,6 +45,7 @@ class _Handler(WSGIRequestHandler):
 
 class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
     daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG
     block_on_close = False
     allow_reuse_address = True
 

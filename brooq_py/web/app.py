@@ -41,6 +41,7 @@ log = logging.getLogger("brooq_py.web")
 
 COOKIE = "brooq_session"
 PAGE_SIZE = 50
+MAX_PAYLOAD_SHOWN = 256 * 1024  # characters of a job's pretty-printed payload on its page
 RETRYABLE = (State.DEAD, State.CANCELED)
 CANCELABLE = (*ACTIVE_STATES, State.SCHEDULED)
 
@@ -113,7 +114,9 @@ class Dashboard:
         """Return the refusal for *request*, or None when it may see the dashboard."""
         if not self.settings.login:
             server = request.scope.get("server")
-            if not is_loopback(server[0] if server else None):
+            if not is_loopback(server[0] if server else None) or not _loopback_name(
+                request.headers.get("host")
+            ):
                 return self._error(
                     request,
                     403,
@@ -150,7 +153,7 @@ class Dashboard:
         session = request.cookies.get(COOKIE)
         valid = session if session and self.settings.signer.session(session) else None
         fresh = None
-        if valid is None and not self.settings.login:
+        if valid is None and not self.settings.login and status < 400:  # never to a refused request
             fresh = valid = self.settings.signer.new_session()
         base = str(request.scope.get("root_path", ""))
         context = {
@@ -243,6 +246,9 @@ class Dashboard:
         except ActionError as exc:
             return self._error(request, exc.status, exc.message)
         payload = json.dumps(row.payload, indent=2, ensure_ascii=False, sort_keys=True)
+        if len(payload) > MAX_PAYLOAD_SHOWN:  # a page a browser can open, whatever was enqueued
+            hidden = len(payload) - MAX_PAYLOAD_SHOWN
+            payload = f"{payload[:MAX_PAYLOAD_SHOWN]}\n… {hidden:,} more characters not shown"
         context = {
             "job": row,
             "payload": payload,
@@ -360,6 +366,23 @@ def _here(request: Request, base: str) -> str:
     """Return the current page inside the dashboard, without the last action's message."""
     query = urlencode([(k, v) for k, v in request.query_params.multi_items() if k != "done"])
     return request.url.path[len(base) :] + ("?" + query if query else "")
+
+
+def _loopback_name(host: str | None) -> bool:
+    """Return whether a Host header names a loopback address (None: HTTP/1.0, no name given).
+
+    A page whose name was rebound to 127.0.0.1 (DNS rebinding) reaches a loopback
+    dashboard under its own name, and as its own origin could read the page and its
+    CSRF token: without a token, only a loopback name is served.
+    """
+    if host is None:
+        return True
+    name = host.strip().lower()
+    if name.startswith("["):
+        name = name[1:].partition("]")[0]
+    elif name.count(":") == 1:
+        name = name.partition(":")[0]
+    return is_loopback(name.rstrip("."))
 
 
 def _local(target: str | None) -> str:

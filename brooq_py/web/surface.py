@@ -22,7 +22,7 @@ from starlette.routing import Mount
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from brooq_py.service.api import Gate, Request, Surface, safe
-from brooq_py.service.server import family
+from brooq_py.service.server import LISTEN_BACKLOG, family
 from brooq_py.web.app import Gated, build, is_loopback
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ class ThreadedUvicorn:
         try:
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             self._sock.bind((host, port))
-            self._sock.listen(128)
+            self._sock.listen(LISTEN_BACKLOG)
             self._sock.setblocking(False)
         except OSError:
             self._sock.close()

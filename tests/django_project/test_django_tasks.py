@@ -164,3 +164,32 @@ def test_e3_wraptx_from_django_joins_the_atomic_block(django_env: dict[str, str]
         gone = store.enqueue_tx(WrapTx.from_django("default"), Job("email.send", {"order": 0}))
         raise RuntimeError("boom")
     assert job_row(dsn, schema, gone.id) is None
+
+
+def test_e3_e2_a_savepoint_rolled_back_drops_only_its_own_enqueue(
+    django_env: dict[str, str], dsn: str
+) -> None:
+    """A nested atomic() that rolls back takes its enqueue with it while the outer block commits; a
+    duplicate key inside the block neither aborts it nor creates a second row."""
+    from django.db import transaction
+    from shop.models import Order
+    from shop.tasks import record
+
+    from brooq_py.postgres import Store, WrapTx
+    from brooq_py.queue import Job
+
+    schema = django_env["BROOQ_SCHEMA"]
+    store = Store(None, schema=schema)
+    key = f"order-{uuid.uuid4()}"
+    with transaction.atomic():
+        kept = record.enqueue("/nonexistent/kept", "kept")
+        first = store.enqueue_tx(WrapTx.from_django(), Job("email.send", 1, idempotency_key=key))
+        with pytest.raises(RuntimeError), transaction.atomic():
+            gone = record.enqueue("/nonexistent/gone", "gone")
+            raise RuntimeError("boom")
+        again = store.enqueue_tx(WrapTx.from_django(), Job("email.send", 2, idempotency_key=key))
+        Order.objects.create(item="after the duplicate")  # the transaction still works
+    assert job_row(dsn, schema, kept.id) is not None
+    assert job_row(dsn, schema, gone.id) is None
+    assert (again.id, again.created) == (first.id, False)
+    assert Order.objects.filter(item="after the duplicate").exists()
