@@ -99,10 +99,13 @@ def decide(
         hung_by = type(cause).__name__ if cause is not None else "unknown"
         return outcome(State.PENDING, last_error=f"handler hung ({hung_by}); row released at shutdown")
     if phase is Phase.GAVE_UP:
-        # The hard ceiling is not the job's verdict: failed with backoff, never dead (C4).
+        # The hard ceiling is not the job's verdict: failed with backoff, never dead (C4). On the
+        # last attempt the attempt is given back, or the next claim would pass max_attempts and
+        # call the job poisoned (L5), though this attempt did end with an outcome.
         return outcome(
             State.FAILED,
             delay=backoff_delay(attempt, base, cap, rng),
+            give_back=attempt >= options.max_attempts,
             last_error=describe_error(error if error is not None else cause or TimeoutError()),
         )
     if phase is Phase.RETURNED:
@@ -111,17 +114,20 @@ def decide(
         raise ValueError(f"no outcome for ending {phase} (error={error!r})")
     if find_signal(error, MustCancelTask) is not None:
         return outcome(State.CANCELED, last_error=describe_error(error))
-    if isinstance(cause, EngineStopping):
-        # Stopping is not the job's failure (C11).
-        return outcome(State.PENDING, give_back=True, last_error=describe_error(error))
     last_error = describe_error(error)
+    delay_signal = find_signal(error, MustDelay)
+    if isinstance(cause, EngineStopping):
+        # Stopping is not the job's failure (C11); a MustDelay's "not before" still holds (C8).
+        if delay_signal is not None:
+            delay = max(min(delay_signal.delay, cap), timedelta(0))
+            return outcome(State.FAILED, delay=delay, give_back=True, last_error=last_error)
+        return outcome(State.PENDING, give_back=True, last_error=last_error)
     if find_signal(error, MustPreserveAttempt) is not None:
         return outcome(
             State.FAILED, delay=backoff_delay(attempt, base, cap, rng), give_back=True, last_error=last_error
         )
     if attempt >= options.max_attempts:
         return outcome(State.DEAD, last_error=last_error)
-    delay_signal = find_signal(error, MustDelay)
     if delay_signal is not None:
         delay = min(delay_signal.delay, cap)
         return outcome(State.FAILED, delay=max(delay, timedelta(0)), last_error=last_error)
