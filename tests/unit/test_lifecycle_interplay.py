@@ -7,7 +7,9 @@ the hard ceiling on a job's last attempt, a signal raised after the stop's cance
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 
@@ -94,6 +96,128 @@ def test_c4_l5_max_execution_on_the_last_attempt_never_makes_the_job_dead(
     row = repo.row(jid)
     assert State.DEAD not in row.history and State.FAILED in row.history
     assert len(calls) == 2
+
+
+# --- C11: stop against stop, against the completer, from a handler -----------------------
+
+
+def test_c11_a_second_stop_returns_only_once_the_engine_stopped(
+    repo: FakeRepo, make_engine: Callable[..., Engine]
+) -> None:
+    """stop() while another stop() is under way (a signal handler and the main thread's close()):
+    the second call must not return before the first has flushed every outcome, or close() shuts
+    the store under the first stop and the row stays processing."""
+    e = make_engine()
+    started = threading.Event()
+
+    def handler(ctx: Context, claim: Claim) -> None:
+        started.set()
+        time.sleep(0.5)  # finishes well within the first stop's timeout
+
+    e.register_kind("t", handler)
+    jid = e.enqueue(Job("t")).id
+    e.start()
+    assert started.wait(10)
+    first = threading.Thread(target=e.stop, kwargs={"timeout": 30})
+    first.start()
+    wait_for(lambda: not e.running, what="the first stop under way")
+    e.close()
+    assert repo.row(jid).state is State.DONE
+    assert not repo.closed or repo.row(jid).state is State.DONE
+    first.join(30)
+
+
+def test_c11_an_outcome_settled_after_the_completer_stopped_is_still_written(
+    repo: FakeRepo, make_engine: Callable[..., Engine]
+) -> None:
+    """A handler that returns while stop() stops the completer (a settler thread slow to run,
+    a thread preempted between its return and its put): its outcome must be written, not
+    appended to a buffer nobody flushes any more."""
+    e = make_engine()
+    e.register_kind("t", lambda ctx, claim: None)
+    e.start()
+    jid = e.enqueue(Job("t")).id
+    wait_for(lambda: repo.row(jid).state is State.DONE)
+    other = e.enqueue(Job("other")).id
+    [row] = repo.claim(["other"], 1, e.worker_id, timedelta(seconds=30))
+    completer = e._completer
+    assert completer is not None
+    completer.stop()  # what stop() does just before it switches to writing at once
+    e.runner.put(Outcome(id=row.id, claim_token=row.claim_token, state=State.DONE, topic="other"))
+    assert repo.row(other).state is State.DONE
+
+
+def test_c11_stop_waits_for_a_closing_transaction_under_way(
+    repo: FakeRepo, make_engine: Callable[..., Engine]
+) -> None:
+    """A handler returned before the stop, but its closing transaction (chain + on_succeeded) is
+    still being retried after a connection lost at COMMIT (L6) when the stop's timeout and grace
+    are over: stop() must not return while that outcome is still on its way (a process exits
+    right after stop(), and the daemon thread writing it dies with it)."""
+    e = make_engine(watchdog_grace=0.05)
+    returned = threading.Event()
+
+    def handler(ctx: Context, claim: Claim) -> None:
+        claim.chain(Job("child"))
+        claim.on_succeeded(lambda tx: None)
+        returned.set()
+
+    e.register_kind("t", handler)
+    repo.fail_close = 4  # retried with backoff for a good while, outside the fake's lock
+    jid = e.enqueue(Job("t")).id
+    e.start()
+    assert returned.wait(10)
+    e.stop(timeout=0.01)
+    assert repo.row(jid).state is State.DONE and len(children(repo, "child")) == 1
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_c11_l1_stop_called_from_a_handler_does_not_hang_that_handler(
+    repo: FakeRepo, make_engine: Callable[..., Engine], kind: str
+) -> None:
+    """A handler that calls stop() (a "shutdown" job) cannot wait for itself: stop() from a
+    handler starts the stop and returns; the handler's own return is then done, like any
+    handler that returns during a stop, instead of being called hung at stop and run again."""
+    e = make_engine(watchdog_grace=0.2)
+    stopped_from: list[str] = []
+
+    def sync_handler(ctx: Context, claim: Claim) -> None:
+        e.stop(timeout=10)
+        stopped_from.append("sync")
+
+    async def async_handler(ctx: Context, claim: Claim) -> None:
+        e.stop(timeout=10)
+        await asyncio.sleep(0)
+        stopped_from.append("async")
+
+    e.register_kind("t", sync_handler if kind == "sync" else async_handler)
+    jid = e.enqueue(Job("t")).id
+    e.start()
+    wait_for(lambda: stopped_from, what="the handler returned from stop()")
+    e.stop()  # from the test's thread: returns once the stop is over
+    row = repo.row(jid)
+    assert row.state is State.DONE and row.attempts == 1
+    assert e.inflight.hung_count() == 0
+
+
+def test_c11_close_after_run_once_with_an_async_handler_ends_the_loop_thread(
+    repo: FakeRepo, make_engine: Callable[..., Engine]
+) -> None:
+    """run_once() runs an async handler on the engine's loop without start(); close() must end
+    that loop's thread too (stop() has nothing to stop), or each such engine leaks one."""
+    e = make_engine()
+    seen: list[threading.Thread] = []
+
+    async def handler(ctx: Context, claim: Claim) -> None:
+        seen.append(threading.current_thread())  # the loop's own thread
+        claim.chain(Job("child"))
+
+    e.register_kind("t", handler)
+    jid = e.enqueue(Job("t")).id
+    assert e.run_once() == 1
+    assert repo.row(jid).state is State.DONE and len(children(repo, "child")) == 1
+    e.close()
+    wait_for(lambda: not seen[0].is_alive(), what="the loop's thread ended")
 
 
 # --- C8 meets C11: signals raised after each cause ----------------------------------------
