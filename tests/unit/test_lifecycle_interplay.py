@@ -253,3 +253,28 @@ def test_c8_c11_other_signals_after_the_stops_cancel() -> None:
     assert o is not None and o.state is State.CANCELED
     o = _decide(MustPreserveAttempt("later"), EngineStopping("stop"), attempt=3)
     assert o is not None and o.give_back and o.state is not State.DEAD
+
+
+# --- C4: the hard ceiling against a handler's return ----------------------------------------
+
+
+def test_c4_l1_give_up_from_a_stale_look_after_the_handler_returned_leaves_it_done(
+    repo: FakeRepo, make_engine: Callable[..., Engine]
+) -> None:
+    """The watchdog took its list of running attempts; the handler returns (an async one: its end
+    recorded on the loop, its settling queued for a settler); then the watchdog reaches it past
+    max_execution_timeout. The handler was not "still running then" (C4): its return decides,
+    done, not a failed attempt written over its return."""
+    e = make_engine()
+    e.register_kind("t", lambda ctx, claim: None)
+    e.start()
+    jid = e.enqueue(Job("t")).id
+    e.stop()  # nothing claims it: the test drives the attempt's moves itself
+    [row] = repo.claim(["t"], 1, e.worker_id, timedelta(seconds=30))
+    a = e._attempt(row)
+    assert a is not None
+    was = e.runner.ended(a)  # the handler returned
+    e.supervisor.give_up(a)  # the watchdog, from the list it took before
+    e.runner.conclude(a, None, was)  # the settler's turn
+    r = repo.row(jid)
+    assert r.state is State.DONE and r.last_error is None
