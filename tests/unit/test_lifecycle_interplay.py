@@ -278,3 +278,32 @@ def test_c4_l1_give_up_from_a_stale_look_after_the_handler_returned_leaves_it_do
     e.runner.conclude(a, None, was)  # the settler's turn
     r = repo.row(jid)
     assert r.state is State.DONE and r.last_error is None
+
+
+# --- L6 meets L5 ----------------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="L6 vs L5: a given-up outcome write on the last attempt leaves attempts at max_attempts; "
+    "the reaper returns the row as it does a crash, and the next claim calls it poisoned. Telling "
+    "the two apart needs a mark in the row (the reaper's or the engine's), i.e. a migration.",
+)
+def test_l6_l5_an_outcome_write_given_up_on_the_last_attempt_never_makes_the_job_dead(
+    repo: FakeRepo, make_engine: Callable[..., Engine]
+) -> None:
+    """The handler returned on its last attempt, but the store was unreachable for a whole lease:
+    the write is given up and the reaper returns the job (L6). L6 says this never makes a job
+    dead; the next claim must run it again, not call it poisoned (L5)."""
+    e = make_engine(lease=0.6, reaper_period=60)
+    calls: list[int] = []
+    e.register_kind("t", lambda ctx, claim: calls.append(claim.attempt), KindOptions(max_attempts=1, **FAST))
+    repo.fail_settle = repo.fail_renew = 10**9
+    jid = e.enqueue(Job("t")).id
+    e.start()
+    wait_for(lambda: calls and not e.inflight.held(), what="the outcome given up", timeout=20)
+    repo.fail_settle = repo.fail_renew = 0  # the store is back; the lease has expired meanwhile
+    repo.expire(jid)
+    assert repo.reap_expired() == [(jid, "t")]  # another engine's reaper, say
+    wait_for(lambda: repo.row(jid).state.terminal, what="settled again")
+    assert repo.row(jid).state is State.DONE
