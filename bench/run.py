@@ -30,6 +30,7 @@ sys.path.insert(0, str(HERE))
 
 import async_producer  # noqa: E402
 import baselines  # noqa: E402
+import limits  # noqa: E402
 import psycopg  # noqa: E402
 import scale  # noqa: E402
 import scrape  # noqa: E402
@@ -57,6 +58,7 @@ WORKLOADS = (
     "MEM",
     "DASH",
     "SCRAPE",
+    "Q3",
 )
 
 _DEFAULT: dict[str, Any] = dict(
@@ -319,7 +321,40 @@ def evaluate(r: dict[str, Any]) -> list[dict[str, Any]]:
             None,
             w["ok"] == w["requests"] and w["statements_during_burst"] <= w["refresh_statements"],
         )
+    if "Q3" in r:
+        rows.extend(q3_rows(r["Q3"]))
     return rows
+
+
+def q3_rows(q: dict[str, Any]) -> list[dict[str, Any]]:
+    """W3 with a limited topic in the engine vs without (within 5 %), and the limited topic's rate."""
+    w3, rate = q["w3"], q["rate"]
+    rows = [
+        {
+            "workload": "Q3 W3 with a limited topic",
+            "measured": f"{w3['with_limited_median']:,.0f} vs {w3['plain_median']:,.0f} jobs/s",
+            "target": ">= 0.95 x W3 without",
+            "ratio": round(w3["ratio"], 3),
+            "verdict": "PASS" if w3["ratio"] >= 0.95 else "MISS",
+        }
+    ]
+    for name, x in rate.items():
+        ok = "per_s" in x and x["peak"] <= x["limit"]
+        measured = f"{x['per_s']:,.0f} jobs/s, peak {x['peak']}" if "per_s" in x else x.get("error", "?")
+        target = f"peak <= {x['limit']}" + (
+            f", ideal {x['ideal_per_s']:,.0f}/s" if "ideal_per_s" in x else ""
+        )
+        rows.append(
+            {
+                "workload": f"Q3 limit {x['limit']}, {name}",
+                "measured": measured,
+                "target": target,
+                "ratio": round(x["per_s"] / x["ideal_per_s"], 3)
+                if "ideal_per_s" in x and "per_s" in x
+                else None,
+                "verdict": "PASS" if ok else "MISS",
+            }
+        )
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
@@ -401,6 +436,10 @@ def main(argv: list[str] | None = None) -> int:
             "RET": lambda: scale.retention_pace(db.dsn, sz["ret_expired"], sz["w3"]),
             "DASH": lambda: web.dashboard_latency(db.dsn, sz["dash"]),
             "SCRAPE": lambda: scrape.scrape_cost(db.dsn),
+            "Q3": lambda: {
+                "w3": limits.w3_with_limited(db.dsn, sz["w3"] // 2),
+                "rate": limits.limited_rate(db.dsn, sz["w3"] // 4),
+            },
         }
         for name in selected:
             ceiling = None

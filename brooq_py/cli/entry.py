@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from brooq_py.cli import dashboard
 from brooq_py.cli.commands import cmd_cancel, cmd_enqueue, cmd_get, cmd_migrate, cmd_stats
 from brooq_py.cli.common import PROG, Failure, first_line, scrub
+from brooq_py.cli.operator import add_parsers as add_operator_parsers
+from brooq_py.cli.operator import cmd_limit, cmd_pause, cmd_resume, cmd_retry, cmd_topics
 from brooq_py.cli.worker import cmd_worker
 from brooq_py.queue import ConfigError, StoreUnavailable
 from brooq_py.settings import Settings, load_settings
@@ -29,6 +31,11 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "get": cmd_get,
     "stats": cmd_stats,
     "dashboard": dashboard.cmd_dashboard,
+    "retry": cmd_retry,
+    "pause": cmd_pause,
+    "resume": cmd_resume,
+    "limit": cmd_limit,
+    "topics": cmd_topics,
 }
 
 
@@ -92,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     stats.add_argument("--json", action="store_true", help="print the report as JSON")
     dashboard.add_parser(sub, common)
+    add_operator_parsers(sub, common)
     return parser
 
 

@@ -12,28 +12,31 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from brooq_py.engine.attempt import Attempt, Kind, Phase
+from brooq_py.engine.capacity import Capacity, CountingInFlight
 from brooq_py.engine.clock import Clock, SystemClock
 from brooq_py.engine.completer import Completer
 from brooq_py.engine.config import Config
 from brooq_py.engine.dispatcher import Dispatcher
 from brooq_py.engine.health import Health, StatementTracker, tracked
 from brooq_py.engine.heartbeat import Heartbeat
-from brooq_py.engine.inflight import InFlight
 from brooq_py.engine.metrics import EngineRegistry, Metrics, SnapshotCollector
 from brooq_py.engine.outcome import Ending, decide
 from brooq_py.engine.reaper import Reaper
 from brooq_py.engine.refresher import Refresher
-from brooq_py.engine.repo import ClaimedJob, Repo
+from brooq_py.engine.repo import ClaimedJob, Outcome, Repo
 from brooq_py.engine.retention import Retention
 from brooq_py.engine.runner import Runner
+from brooq_py.engine.scheduler import Schedule, Scheduler
 from brooq_py.engine.schema import check_schema
 from brooq_py.engine.slots import AsyncRunner, SlotPool
 from brooq_py.engine.supervisor import Supervisor
 from brooq_py.engine.ticker import Ticker
+from brooq_py.engine.topic_watch import TopicWatch
 from brooq_py.engine.wakeups import stage_now, wake_services
 from brooq_py.engine.watchdog import Watchdog
 from brooq_py.queue import (
@@ -45,6 +48,7 @@ from brooq_py.queue import (
     Job,
     JobRow,
     KindOptions,
+    StoreUnavailable,
     Tx,
 )
 from brooq_py.queue.handler import Handler
@@ -100,7 +104,10 @@ class Engine:
         self._kinds: dict[str, Kind] = {}
         self._lock = threading.RLock()
         self._state = "new"  # new -> running -> stopping -> stopped
-        self.inflight = InFlight(self.config.lease_td.total_seconds(), self.clock)
+        # a handler that ended frees its topic's room in this engine (SPEC Q3)
+        self.inflight = CountingInFlight(
+            self.config.lease_td.total_seconds(), self.clock, lambda topic: self.capacity.ended(topic)
+        )
         self._async = AsyncRunner(self.log)
         self.runner = Runner(repo, self.inflight, self.metrics, self._async, self.log, rng)
         self.runner.stopping = lambda: self._state == "stopping"
@@ -116,6 +123,20 @@ class Engine:
         self._completer: Completer | None = None
         self._services: list[Ticker] = []
         self._stopped = threading.Event()  # set once a stop() is over: a concurrent one waits for it
+        # operator controls (SPEC Q2-Q4): per-topic capacity, the settings watch, periodic jobs
+        self._caps: dict[str, int | None] = {}
+        self.capacity = Capacity(
+            self._caps, self.config.td("poll_interval").total_seconds(), self.clock.monotonic
+        )
+        self._topic_watch = TopicWatch(
+            self.config.td("poll_interval").total_seconds(),
+            self.repo.topic_settings,
+            lambda: self.topics,
+            self.capacity,
+            self.metrics.topic_setting,
+            self.log,
+        )
+        self._schedules: list[Schedule] = []
 
     # --- registration ------------------------------------------------------
 
@@ -154,7 +175,25 @@ class Engine:
             if problems or kind is None:
                 raise ConfigError(problems)
             self._kinds[topic] = kind
+            self._caps[topic] = kind.options.concurrency
             self.metrics.prime([topic])
+
+    def schedule(
+        self, topic: str, cron: str, payload: Any = None, *, timezone: str = "UTC", priority: int = 0
+    ) -> None:
+        """Enqueue a job of *topic* at every tick of *cron* (in *timezone*); before ``start()`` only.
+
+        Every engine that declares it enqueues it, and each tick yields exactly one
+        job (SPEC Q4). Raise ``ConfigError`` at once for a bad expression, time
+        zone, topic, payload or priority, or a topic scheduled twice.
+        """
+        with self._lock:
+            if self._state != "new":
+                raise BrooqError("schedule() must be called before start()")
+            s = Schedule.build(topic, cron, payload, timezone, priority)
+            if any(x.topic == topic for x in self._schedules):
+                raise ConfigError([f"topic {topic!r} is already scheduled (one schedule per topic)"])
+            self._schedules.append(s)
 
     # --- producer side -----------------------------------------------------
 
@@ -209,7 +248,13 @@ class Engine:
     # --- lifecycle ---------------------------------------------------------
 
     def start(self) -> None:
-        """Start the worker pool and the background services; idempotent."""
+        """Start the worker pool and the background services; idempotent.
+
+        Raise ``BrooqError`` naming ``migrate up --schema S`` when the database
+        answers and the schema is not migrated (or too old). A database that
+        cannot be reached does not stop the start: the engine's loops retry
+        with backoff and /healthz answers 503 until its statements succeed.
+        """
         with self._lock:
             if self._state == "running":
                 return
@@ -218,7 +263,10 @@ class Engine:
             if not self._kinds:
                 self.log.warning("engine: starting with no registered topic; nothing will be claimed")
             cfg = self.config
-            check_schema(self.repo)
+            try:
+                check_schema(self.repo)
+            except StoreUnavailable as exc:
+                self.log.warning("engine: could not check the schema (%s); starting, statements retry", exc)
             bound = getattr(self.repo, "bound_waits", None)
             if callable(bound):
                 bound(cfg.lease_td)
@@ -226,7 +274,7 @@ class Engine:
             self.runner.release_slot = self.supervisor.release_slot = slots.release
             self._completer = Completer(
                 self.repo.settle_many,
-                self.runner.on_written,
+                self._written,
                 self.log,
                 max_buffer=max(1000, 8 * cfg.workers),
                 linger=COMPLETER_LINGER,
@@ -270,8 +318,20 @@ class Engine:
                     self.log,
                 ),
                 self.refresher,
+                self._topic_watch,
             ]
             self._services += wake_services(self.repo, cfg, self.topics, self._dispatcher.wake, self.log)
+            self.capacity.wake = self._dispatcher.wake
+            if self._schedules:
+                self._services.append(
+                    Scheduler(
+                        self._schedules,
+                        self.enqueue,
+                        self.clock.now,
+                        lambda t, at: self.metrics.child(self.metrics.schedule_next, t).set(at),
+                        self.log,
+                    )
+                )
             if cfg.retention_enabled:
                 self._services.append(
                     Retention(
@@ -381,6 +441,7 @@ class Engine:
             if self._state == "running":
                 raise BrooqError("run_once() is for an engine that was not started")
         stage_now(self.repo, self.config, self.topics)
+        self._topic_watch.run_once()
         rows = self._claim(self.config.workers)
         for row in rows:
             a = self._attempt(row)
@@ -402,7 +463,7 @@ class Engine:
     def _claim(self, limit: int) -> list[ClaimedJob]:
         if not self._kinds:
             return []
-        rows = self.repo.claim(list(self._kinds), limit, self.worker_id, self.config.lease_td)
+        rows = self.capacity.claim(self.repo, list(self._kinds), limit, self.worker_id, self.config.lease_td)
         for topic, n in Counter(r.topic for r in rows).items():  # one counter update per topic a claim
             self.metrics.child(self.metrics.claimed, topic).inc(n)
         return rows
@@ -445,6 +506,10 @@ class Engine:
         ctx.add_callback(mark)
         a.start()
         return a
+
+    def _written(self, batch: Sequence[Outcome], written: set[str]) -> None:
+        self.runner.on_written(batch, written)
+        self.capacity.settled(o.topic for o in batch)  # a limited topic may have room again (SPEC Q3)
 
     def _launch(self, row: ClaimedJob) -> None:
         assert self._slots is not None

@@ -40,6 +40,17 @@ class Metrics:
         self.hung = Counter(
             "brooq_hung_workers", "Handlers still running watchdog_grace after cancel.", ["topic"], registry=r
         )
+        # operator controls (SPEC Q2-Q4): read from the topic settings every poll interval
+        self.topic_paused = Gauge("brooq_topic_paused", "1 when the topic is paused.", ["topic"], registry=r)
+        self.topic_limit = Gauge(
+            "brooq_topic_limit", "The topic's global concurrency limit (+Inf: none).", ["topic"], registry=r
+        )
+        self.schedule_next = Gauge(
+            "brooq_schedule_next_tick_timestamp_seconds",
+            "Unix time of a periodic job's next tick.",
+            ["topic"],
+            registry=r,
+        )
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
     def child(self, metric: Any, *labels: str) -> Any:
@@ -50,6 +61,10 @@ class Metrics:
             found = metric.labels(*labels)
             self._children[key] = found
         return found
+
+    def topic_setting(self, topic: str, paused: bool, limit: float) -> None:
+        self.child(self.topic_paused, topic).set(1.0 if paused else 0.0)
+        self.child(self.topic_limit, topic).set(limit)
 
     def prime(self, topics: Iterable[str]) -> None:
         """Create every per-topic series at zero so dashboards see them before the first job."""

@@ -2,26 +2,44 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import timedelta
 from typing import Any
+
+import psycopg
 
 from brooq_py.postgres.enqueueing import Plan, by_id
 from brooq_py.postgres.queries import Queries
-from brooq_py.postgres.runner import Rows
+from brooq_py.postgres.runner import Rows, on_connection
+from brooq_py.postgres.worker_side import claimed_jobs
 from brooq_py.queue import InvalidJob
+from brooq_py.queue.port import ClaimedJob, TopicSetting
+
+__all__ = ["INT32_MAX", "OperatorSide", "TopicOverview", "TopicSetting", "checked_limit", "checked_topic"]
 
 INT32_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True)
-class TopicSetting:
-    """A topic an operator has touched: paused or not, and its global limit (None: unlimited)."""
+class TopicOverview:
+    """One topic as the operator sees it: jobs per state, oldest ready age, paused, limit."""
 
     topic: str
+    counts: dict[str, int]
+    oldest_ready_seconds: float
     paused: bool
     limit: int | None
-    updated_at: datetime
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "topic": self.topic,
+            "counts": self.counts,
+            "oldest_ready_seconds": self.oldest_ready_seconds,
+            "paused": self.paused,
+            "limit": self.limit,
+        }
 
 
 def checked_topic(topic: Any) -> str:
@@ -49,6 +67,11 @@ class OperatorSide:
         raise NotImplementedError
 
     def _drive(self, doing: str, plan: Plan[Any]) -> Any:  # pragma: no cover - Store's
+        raise NotImplementedError
+
+    def _autocommit(
+        self, doing: str, timeout: float | None = None
+    ) -> AbstractContextManager[psycopg.Connection[Any]]:  # pragma: no cover - Store's
         raise NotImplementedError
 
     def retry(self, job_id: str) -> bool:
@@ -84,3 +107,52 @@ class OperatorSide:
         """Return every topic an operator has paused or limited, by name."""
         rows = self._run("reading topic settings", self._q["topic_settings"], {})
         return [TopicSetting(topic=r[0], paused=r[1], limit=r[2], updated_at=r[3]) for r in rows]
+
+    def topic_overview(self) -> list[TopicOverview]:
+        """Every topic with jobs or settings: jobs per state, oldest ready age, paused, limit.
+
+        Reads the whole job table (one grouped scan): an operator's command, not a scrape.
+        """
+        rows = self._run("reading topics", self._q["topic_overview"], {})
+        return [
+            TopicOverview(
+                topic=r[0],
+                counts={str(k): int(v) for k, v in (r[1] or {}).items()},
+                oldest_ready_seconds=max(0.0, float(r[2] or 0.0)),
+                paused=bool(r[3]),
+                limit=r[4],
+            )
+            for r in rows
+        ]
+
+    def claim_limited(self, topic: str, limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:
+        """Claim up to *limit* jobs of a globally limited *topic*, never beyond its limit (SPEC Q3).
+
+        One READ COMMITTED transaction: the topic's transaction-scoped advisory
+        lock first, then the claim, whose snapshot (taken once the lock is held)
+        counts every committed processing row of the topic. The lock is tried,
+        never waited for: when another transaction holds it, nothing is claimed
+        this time. A topic that is paused or no longer limited yields nothing.
+        """
+        if limit < 1:
+            return []
+        params = {"topic": topic, "limit": limit, "worker": worker, "lease": lease}
+        with self._autocommit("claiming a limited topic") as conn, _read_committed(conn):
+            run = on_connection(conn)
+            with conn.transaction():
+                if not run(self._q["topic_claim_lock"], {"topic": topic})[0][0]:
+                    return []  # another claim of the topic holds the lock: nothing this time
+                return claimed_jobs(run(self._q["job_claim_limited"], params))
+
+
+@contextmanager
+def _read_committed(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """Run the transactions inside at READ COMMITTED, whatever the pool's own setting."""
+    saved = conn.isolation_level
+    conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+    try:
+        yield
+    finally:
+        if not conn.closed:
+            with suppress(psycopg.Error):  # a broken connection: the pool discards it
+                conn.isolation_level = saved

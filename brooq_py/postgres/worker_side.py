@@ -32,6 +32,23 @@ def _settle_state(outcome: Outcome) -> str:
     return str(state)
 
 
+def claimed_jobs(rows: Rows) -> list[ClaimedJob]:
+    """The rows a claim statement returned, as ClaimedJob records."""
+    return [
+        ClaimedJob(
+            id=r[0],
+            topic=r[1],
+            payload=r[2],
+            attempts=r[3],
+            priority=r[4],
+            claim_token=r[5],
+            locked_by=r[6],
+            locked_until=r[7],
+        )
+        for r in rows
+    ]
+
+
 class WorkerSide:
     """Mixin of Store: every statement the engine runs, one named SQL file each."""
 
@@ -51,6 +68,7 @@ class WorkerSide:
 
         Each claimed row becomes processing with locked_by=*worker*,
         locked_until=now()+*lease* (database clock), attempts+1 and a fresh claim_token.
+        Paused and globally limited topics are left out in the statement's own snapshot (Q2, Q3).
         """
         if not topics or limit < 1:
             return []
@@ -59,19 +77,7 @@ class WorkerSide:
             self._q.claim,
             {"topics": list(topics), "limit": limit, "worker": worker, "lease": lease},
         )
-        return [
-            ClaimedJob(
-                id=r[0],
-                topic=r[1],
-                payload=r[2],
-                attempts=r[3],
-                priority=r[4],
-                claim_token=r[5],
-                locked_by=r[6],
-                locked_until=r[7],
-            )
-            for r in rows
-        ]
+        return claimed_jobs(rows)
 
     def settle_many(self, outcomes: Sequence[Outcome]) -> set[str]:
         """Write many outcomes in one guarded statement (SPEC P3, C10); return the ids written.

@@ -70,10 +70,14 @@ class KindOptions:
     max_execution_timeout: timedelta | float = 300
     backoff_base: timedelta | float = 1
     backoff_max: timedelta | float = 60
+    # At most this many jobs of the topic at once in this engine (SPEC Q3); None: no cap.
+    concurrency: int | None = None
 
     def __post_init__(self) -> None:
         problems: list[str] = []
         check_int(self, "max_attempts", 1, problems)
+        if self.concurrency is not None:
+            check_int(self, "concurrency", 1, problems)
         normalise_durations(self, _DURATIONS, problems)
         check_positive(self, _DURATIONS, problems)
         check_timeouts(self, problems)

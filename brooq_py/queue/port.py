@@ -76,6 +76,16 @@ class Gauges:
 
 
 @dataclass(frozen=True)
+class TopicSetting:
+    """A topic an operator has touched: paused or not, and its global limit (None: unlimited)."""
+
+    topic: str
+    paused: bool
+    limit: int | None
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
 class Staged:
     """What one stager statement did (SPEC S7).
 
@@ -132,7 +142,18 @@ class Repo(Protocol):
 
     # worker side
     def claim(self, topics: Sequence[str], limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:
-        """Claim up to *limit* ready jobs of *topics* in one statement (SPEC C1)."""
+        """Claim up to *limit* ready jobs of *topics* in one statement (SPEC C1).
+
+        Paused and globally limited topics are left out (SPEC Q2, Q3).
+        """
+        ...
+
+    def claim_limited(self, topic: str, limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:
+        """Claim up to *limit* jobs of a globally limited *topic*, never beyond its limit (SPEC Q3)."""
+        ...
+
+    def topic_settings(self) -> list[TopicSetting]:
+        """Every topic an operator has paused or limited (SPEC Q2, Q3)."""
         ...
 
     def settle_many(self, outcomes: Sequence[Outcome]) -> set[str]:

@@ -135,6 +135,7 @@ def for_repo(jobs: Jobs, repo: Any) -> Operator:
     from brooq_py.postgres.overview import Overview
     from brooq_py.postgres.store import Store
 
-    if isinstance(repo, Store):
-        return Operator(jobs, repo, Overview(repo))
+    store = getattr(repo, "inner", repo)  # the engine's repo is a statement-tracking wrapper
+    if isinstance(store, Store):
+        return Operator(jobs, store, Overview(store))
     return Operator(jobs, None, None)

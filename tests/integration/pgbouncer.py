@@ -21,7 +21,7 @@ from pathlib import Path
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from brooq_py.devdb_process import _set_pdeathsig, free_port
+from brooq_py.devdb_process import die_with_parent, free_port
 
 
 def pgbouncer_binary() -> str | None:
@@ -79,7 +79,7 @@ def pgbouncer(dsn: str, binary: str) -> Iterator[str]:
             user=None if account is None else account.pw_uid,
             group=None if account is None else account.pw_gid,
             extra_groups=None if account is None else [],
-            preexec_fn=lambda: _set_pdeathsig(parent),
+            preexec_fn=lambda: die_with_parent(parent),
         )
         try:
             params.update(host="127.0.0.1", port=str(listen))

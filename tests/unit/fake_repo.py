@@ -14,7 +14,16 @@ from typing import Any
 
 from brooq_py.queue import EnqueueResult, Job, JobRow, State, StoreUnavailable, Tx
 from brooq_py.queue.ids import uuid7
-from brooq_py.queue.port import ClaimedJob, DatabaseGauges, Gauges, HeldLease, Outcome, Staged, TopicCount
+from brooq_py.queue.port import (
+    ClaimedJob,
+    DatabaseGauges,
+    Gauges,
+    HeldLease,
+    Outcome,
+    Staged,
+    TopicCount,
+    TopicSetting,
+)
 
 _WAITING = (State.SCHEDULED, State.FAILED)
 
@@ -106,6 +115,7 @@ class FakeRepo:
         self.renew_hang = threading.Event()  # cleared: renew() blocks, as on a silent socket
         self.renew_hang.set()
         self.bounded: timedelta | None = None
+        self.settings: dict[str, tuple[bool, int | None]] = {}  # topic -> (paused, limit)
 
     @property
     def notify_count(self) -> int:
@@ -219,33 +229,59 @@ class FakeRepo:
     def claim(self, topics: Sequence[str], limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:
         self._count("claim")
         with self.lock:
-            now = self.now()
-            ready = [
-                r
-                for r in self.rows.values()
-                if r.topic in topics and r.state is State.PENDING and r.available_at <= now
-            ]
-            ready.sort(key=lambda r: (-r.priority, r.available_at, r.seq))
-            out = []
-            for r in ready[:limit]:
-                self._set(r, State.PROCESSING)
-                r.attempts += 1
-                r.locked_by = worker
-                r.locked_until = now + lease.total_seconds()
-                r.claim_token = str(uuid.uuid4())
-                out.append(
-                    ClaimedJob(
-                        id=r.id,
-                        topic=r.topic,
-                        payload=r.payload,
-                        attempts=r.attempts,
-                        priority=r.priority,
-                        claim_token=r.claim_token,
-                        locked_by=worker,
-                        locked_until=datetime.now(UTC) + lease,
-                    )
+            held = {t for t, (paused, lim) in self.settings.items() if paused or lim is not None}
+            return self._take({t: limit for t in topics if t not in held}, limit, worker, lease)
+
+    def claim_limited(self, topic: str, limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:
+        self._count("claim_limited")
+        with self.lock:
+            paused, lim = self.settings.get(topic, (False, None))
+            if paused or lim is None:
+                return []
+            running = sum(1 for r in self.rows.values() if r.topic == topic and r.state == State.PROCESSING)
+            return self._take({topic: max(0, min(limit, lim - running))}, limit, worker, lease)
+
+    def _take(self, caps: dict[str, int], limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:
+        now = self.now()
+        ready = [
+            r
+            for r in self.rows.values()
+            if r.topic in caps and r.state is State.PENDING and r.available_at <= now
+        ]
+        ready.sort(key=lambda r: (-r.priority, r.available_at, r.seq))
+        out = []
+        taken: dict[str, int] = {}
+        for r in ready:
+            if len(out) >= limit:
+                break
+            if taken.get(r.topic, 0) >= caps[r.topic]:
+                continue
+            taken[r.topic] = taken.get(r.topic, 0) + 1
+            self._set(r, State.PROCESSING)
+            r.attempts += 1
+            r.locked_by = worker
+            r.locked_until = now + lease.total_seconds()
+            r.claim_token = str(uuid.uuid4())
+            out.append(
+                ClaimedJob(
+                    id=r.id,
+                    topic=r.topic,
+                    payload=r.payload,
+                    attempts=r.attempts,
+                    priority=r.priority,
+                    claim_token=r.claim_token,
+                    locked_by=worker,
+                    locked_until=datetime.now(UTC) + lease,
                 )
-            return out
+            )
+        return out
+
+    def topic_settings(self) -> list[TopicSetting]:
+        with self.lock:
+            return [
+                TopicSetting(t, paused, lim, datetime.now(UTC))
+                for t, (paused, lim) in sorted(self.settings.items())
+            ]
 
     def _apply(self, o: Outcome) -> bool:
         r = self.rows.get(o.id)

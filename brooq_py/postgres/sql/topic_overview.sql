@@ -1,0 +1,22 @@
+-- name: topic_overview
+-- Every topic with jobs or settings: jobs per state, the oldest ready job's age,
+-- paused and the global limit (the `topics` command). One grouped scan of the table.
+WITH counts AS (
+    SELECT topic, jsonb_object_agg(state, n) AS counts
+    FROM (SELECT topic, state, count(*) AS n FROM {job} GROUP BY topic, state) AS c
+    GROUP BY topic
+), ready AS (
+    SELECT topic, extract(epoch FROM now() - min(available_at))::float8 AS age
+    FROM {job}
+    WHERE state = 'pending' AND available_at <= now()
+    GROUP BY topic
+)
+SELECT coalesce(c.topic, s.topic) AS topic,
+       coalesce(c.counts, '{{}}'::jsonb),
+       coalesce(r.age, 0),
+       coalesce(s.paused, false),
+       s.concurrency_limit
+FROM counts c
+FULL JOIN {topic_setting} s ON s.topic = c.topic
+LEFT JOIN ready r ON r.topic = coalesce(c.topic, s.topic)
+ORDER BY 1

@@ -1,0 +1,161 @@
+"""Periodic jobs (SPEC Q4): cron parsing, tick keys and the make-up rule, on a fake clock."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from brooq_py.engine import Engine
+from brooq_py.engine.scheduler import Schedule, Scheduler, tick_key
+from brooq_py.queue import BrooqError, ConfigError, EnqueueResult, Job
+from tests.unit.fake_repo import FakeRepo
+
+T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
+
+
+class Harness:
+    def __init__(self, *schedules: Schedule, now: datetime = T0) -> None:
+        self.now = now
+        self.jobs: list[Job] = []
+        self.keys: set[tuple[str, str | None]] = set()
+        self.next: dict[str, float] = {}
+        self.fail = False
+        self.scheduler = Scheduler(
+            list(schedules), self.enqueue, lambda: self.now, self.next.__setitem__, logging.getLogger("t")
+        )
+
+    def enqueue(self, job: Job) -> EnqueueResult:
+        if self.fail:
+            raise ConnectionError("down")
+        created = (job.topic, job.key) not in self.keys
+        self.keys.add((job.topic, job.key))
+        if created:
+            self.jobs.append(job)
+        return EnqueueResult("id", created)
+
+    def at(self, now: datetime) -> None:
+        self.now = now
+        self.scheduler.run_once()
+
+
+def sched(cron: str, tz: str = "UTC", payload: Any = None) -> Schedule:
+    return Schedule.build("t", cron, payload, tz, 0)
+
+
+def test_q4_five_fields_hourly_and_six_fields_with_leading_seconds() -> None:
+    assert sched("0 * * * *").after(T0) == T0 + timedelta(hours=1)
+    assert sched("*/2 * * * * *").after(T0) == T0 + timedelta(seconds=2)
+
+
+@pytest.mark.parametrize(
+    "cron, tz",
+    [
+        ("61 * * * *", "UTC"),
+        ("* * *", "UTC"),
+        ("* * * * * * *", "UTC"),
+        (5, "UTC"),
+        ("* * * * *", "Mars/Base"),
+    ],
+)
+def test_q4_bad_expression_or_time_zone_raises_config_error_at_once(cron: Any, tz: str) -> None:
+    with pytest.raises(ConfigError):
+        Schedule.build("t", cron, None, tz, 0)
+    e = Engine(FakeRepo())
+    with pytest.raises(ConfigError):
+        e.schedule("t", cron, timezone=tz)
+
+
+def test_q4_bad_payload_priority_topic_and_a_second_schedule_of_a_topic_raise_config_error() -> None:
+    e = Engine(FakeRepo())
+    with pytest.raises(ConfigError):
+        e.schedule("t", "* * * * *", {1, 2})
+    with pytest.raises(ConfigError):
+        e.schedule("t", "* * * * *", priority=2**40)
+    with pytest.raises(ConfigError):
+        e.schedule("", "* * * * *")
+    e.schedule("t", "* * * * *")
+    with pytest.raises(ConfigError):
+        e.schedule("t", "0 * * * *")
+
+
+def test_q4_schedule_after_start_is_refused() -> None:
+    e = Engine(FakeRepo())
+    e.start()
+    try:
+        with pytest.raises(BrooqError):
+            e.schedule("t", "* * * * *")
+    finally:
+        e.stop(timeout=1)
+
+
+def test_q4_tick_key_is_the_tick_in_utc_whatever_the_time_zone() -> None:
+    paris = sched("0 3 * * *", "Europe/Paris")
+    tick = paris.after(T0)
+    assert tick.utcoffset() == timedelta(hours=1)
+    assert tick_key(tick) == "cron:2026-03-02T02:00:00+00:00"
+    assert paris.job(tick).key == tick_key(tick)
+
+
+def test_q4_each_tick_is_enqueued_once_as_time_passes() -> None:
+    h = Harness(sched("*/10 * * * * *"), now=T0 + timedelta(seconds=3))
+    h.scheduler.run_once()  # start-up: 12:00:00 is 3 s old, at most one period: made up
+    for s in range(4, 45):
+        h.at(T0 + timedelta(seconds=s))
+    assert [j.key for j in h.jobs] == [tick_key(T0 + timedelta(seconds=s)) for s in (0, 10, 20, 30, 40)]
+    assert h.next["t"] == (T0 + timedelta(seconds=50)).timestamp()
+
+
+def test_q4_at_start_only_the_latest_missed_tick_is_made_up_if_at_most_one_period_old() -> None:
+    # an hourly job started 20 minutes after its tick: made up, once
+    h = Harness(sched("0 * * * *"), now=T0 + timedelta(minutes=20))
+    h.scheduler.run_once()
+    h.at(T0 + timedelta(minutes=21))
+    assert [j.key for j in h.jobs] == [tick_key(T0)]
+    # 09-17 hourly, started at 23:00: the 17:00 tick is six hours old, more than its hour: not made up
+    late = Harness(sched("0 9-17 * * *"), now=T0.replace(hour=23))
+    late.scheduler.run_once()
+    assert late.jobs == []
+    assert late.next["t"] == T0.replace(day=2, hour=9).timestamp()
+
+
+def test_q4_ticks_missed_while_running_late_are_made_up_once_the_latest() -> None:
+    h = Harness(sched("* * * * * *"), now=T0)
+    h.scheduler.run_once()
+    h.at(T0 + timedelta(seconds=30, microseconds=500))  # thirty ticks missed (a long pause)
+    assert [j.key for j in h.jobs] == [tick_key(T0), tick_key(T0 + timedelta(seconds=30))]
+
+
+def test_q4_a_failed_enqueue_is_tried_again_soon_and_then_the_latest_tick_goes_in() -> None:
+    h = Harness(sched("*/5 * * * * *"), now=T0 + timedelta(seconds=1))
+    h.fail = True
+    h.scheduler.run_once()
+    assert h.scheduler.next_delay() == 1.0
+    h.fail = False
+    h.at(T0 + timedelta(seconds=2))
+    assert [j.key for j in h.jobs] == [tick_key(T0)]
+    assert 0 < h.scheduler.next_delay() <= 3.01
+
+
+def test_q4_two_schedulers_and_a_restart_make_one_job_per_tick() -> None:
+    shared = Harness(sched("*/2 * * * * *"), now=T0)
+
+    def another() -> Scheduler:
+        return Scheduler(
+            [sched("*/2 * * * * *")],
+            shared.enqueue,
+            lambda: shared.now,
+            lambda t, v: None,
+            logging.getLogger("t"),
+        )
+
+    other = another()
+    for s in range(0, 20):
+        shared.now = T0 + timedelta(seconds=s, milliseconds=7 * s)
+        shared.scheduler.run_once()
+        other.run_once()
+        if s == 10:  # a restart of one: a fresh scheduler makes up the latest tick, already there
+            other = another()
+    assert [j.key for j in shared.jobs] == [tick_key(T0 + timedelta(seconds=s)) for s in range(0, 20, 2)]
