@@ -220,6 +220,17 @@ class Attempt:
         with self._lock:
             self._move(Phase.SETTLED)
 
+    def give_up(self, ending: Phase) -> bool:
+        """End the attempt with *ending* and abandon its handler, in one move, only while the
+        handler still runs; return whether it did. A handler that already returned (its settling
+        still to come) ends the attempt itself: it was not still running (C4)."""
+        with self._lock:
+            if self._handler is not HandlerState.RUNNING or ending not in PHASES[self._phase]:
+                return False
+            self._phase = self._ending = ending
+            self._handler = HandlerState.ABANDONED
+            return True
+
     # --- the handler's life ------------------------------------------------
 
     def handler_to(self, to: HandlerState) -> HandlerState | None:

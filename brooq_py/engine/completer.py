@@ -62,8 +62,11 @@ class Completer:
             self._thread = threading.Thread(target=self._loop, name="brooq-completer", daemon=True)
             self._thread.start()
 
-    def put(self, outcome: Outcome) -> None:
+    def put(self, outcome: Outcome) -> bool:
+        """Buffer *outcome* for the next flush; False once ``stop()`` began: the caller writes it."""
         with self._cond:
+            if self._stopping and self._thread is None:
+                return False
             while len(self._buf) >= self._max_buffer and self._thread is not None and not self._stopping:
                 self._cond.wait(0.5)
             self._buf.append(outcome)
@@ -71,6 +74,7 @@ class Completer:
             # it lingers, more outcomes joining need no wake-up (one context switch less a job).
             if self._idle or len(self._buf) >= self._max_batch:
                 self._cond.notify_all()
+            return True
 
     @property
     def pending(self) -> int:

@@ -122,6 +122,7 @@ class Engine:
         self._enqueued: Callable[[Job], None] = lambda job: None  # poll-only: wake our own services
         self._completer: Completer | None = None
         self._services: list[Ticker] = []
+        self._stopped = threading.Event()  # set once a stop() is over: a concurrent one waits for it
         # operator controls (SPEC Q2-Q4): per-topic capacity, the settings watch, periodic jobs
         self._caps: dict[str, int | None] = {}
         self.capacity = Capacity(
@@ -365,12 +366,23 @@ class Engine:
         Stop claiming; wait up to *timeout* seconds (None: the lease) for
         in-flight handlers; cancel the rest with ``EngineStopping`` and wait up
         to watchdog_grace for them (one still running is hung and its row goes
-        back to pending, attempt given back); flush every outcome.
+        back to pending, attempt given back); flush every outcome. A call while
+        another stop is under way returns once that one is over. From a handler
+        (or its callback) it only starts the stop and returns: a handler cannot
+        wait for itself, and its own return is then done like any other's.
         """
+        if self._defer(lambda: self.stop(timeout)):
+            return
         with self._lock:
-            if self._state != "running":
+            if self._state == "stopping":
+                stopping = True
+            elif self._state != "running":
                 return
-            self._state = "stopping"
+            else:
+                stopping, self._state = False, "stopping"
+        if stopping:
+            self._stopped.wait()
+            return
         cfg = self.config
         wait = cfg.lease_td.total_seconds() if timeout is None else max(0.0, float(timeout))
         slots, dispatcher, completer = self._slots, self._dispatcher, self._completer
@@ -387,6 +399,9 @@ class Engine:
                 self.supervisor.release_at_stop(a)
             else:
                 self.supervisor.hung(a)  # still running after the stop's grace: hung at stop (C11, L1)
+        # Handlers that ended free their slot once their outcome is on its way (a closing
+        # transaction retried, a settler's turn): wait for those, bounded by the lease (L6).
+        slots.wait_idle(cfg.lease_td.total_seconds())
         left = completer.stop()
         self.runner.completer = None  # from now on (run_once) outcomes are written at once
         for s in reversed(self._services):
@@ -395,13 +410,17 @@ class Engine:
         self.runner.settlers.stop()
         self._async.close()
         self._state = "stopped"
+        self._stopped.set()
         if left:
             self.log.error("engine: stopped with %d outcomes unwritten (database unreachable)", left)
         self.log.info("engine: stopped worker=%s", self.worker_id)
 
     def close(self) -> None:
         """Stop if needed and close the store's own connections; safe to repeat."""
+        if self._defer(self.close):
+            return
         self.stop()
+        self._async.close()  # run_once() may have started the loop without start()
         with self._lock:
             if self._state == "closed":
                 return
@@ -435,6 +454,15 @@ class Engine:
         return len(rows)
 
     # --- internals -----------------------------------------------------------
+
+    def _defer(self, fn: Callable[[], None]) -> bool:
+        """Run *fn* on a thread of its own when called on one of the engine's handler threads (a
+        worker, a settler or the async loop), where it would wait for the caller itself; say so."""
+        runner = self.runner
+        if not (runner.threads.owns_current() or runner.settlers.owns_current() or self._async.on_loop()):
+            return False
+        threading.Thread(target=fn, name="brooq-stop", daemon=True).start()
+        return True
 
     def _claim(self, limit: int) -> list[ClaimedJob]:
         if not self._kinds:

@@ -114,17 +114,20 @@ def decide(
         raise ValueError(f"no outcome for ending {phase} (error={error!r})")
     if find_signal(error, MustCancelTask) is not None:
         return outcome(State.CANCELED, last_error=describe_error(error))
-    if isinstance(cause, EngineStopping):
-        # Stopping is not the job's failure (C11).
-        return outcome(State.PENDING, give_back=True, last_error=describe_error(error))
     last_error = describe_error(error)
+    delay_signal = find_signal(error, MustDelay)
+    if isinstance(cause, EngineStopping):
+        # Stopping is not the job's failure (C11); a MustDelay's "not before" still holds (C8).
+        if delay_signal is not None:
+            delay = max(min(delay_signal.delay, cap), timedelta(0))
+            return outcome(State.FAILED, delay=delay, give_back=True, last_error=last_error)
+        return outcome(State.PENDING, give_back=True, last_error=last_error)
     if find_signal(error, MustPreserveAttempt) is not None:
         return outcome(
             State.FAILED, delay=backoff_delay(attempt, base, cap, rng), give_back=True, last_error=last_error
         )
     if attempt >= options.max_attempts:
         return outcome(State.DEAD, last_error=last_error)
-    delay_signal = find_signal(error, MustDelay)
     if delay_signal is not None:
         delay = min(delay_signal.delay, cap)
         return outcome(State.FAILED, delay=max(delay, timedelta(0)), last_error=last_error)

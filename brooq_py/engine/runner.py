@@ -184,9 +184,9 @@ class Runner:
         a.settled()
 
     def put(self, outcome: Outcome) -> None:
-        if self.completer is not None:
-            self.completer.put(outcome)
-        else:
+        """Hand *outcome* to the completer; write it at once without one, or once it stopped (C11)."""
+        completer = self.completer
+        if completer is None or not completer.put(outcome):
             batch = [outcome]
             self.on_written(batch, self.repo.settle_many(batch))
 

@@ -90,6 +90,11 @@ class Threads:
         with self._lock:
             return len(self._threads)
 
+    def owns_current(self) -> bool:
+        """Whether the calling thread is one of these."""
+        with self._lock:
+            return threading.current_thread() in self._threads
+
     def _spawn(self) -> None:
         t = threading.Thread(target=self._worker, name=f"brooq-{self._name}-{next(self._seq)}", daemon=True)
         self._threads.add(t)
@@ -191,6 +196,10 @@ class AsyncRunner:
 
         fut = asyncio.run_coroutine_threadsafe(main(), self._ensure())
         return fut.result()
+
+    def on_loop(self) -> bool:
+        """Whether the calling thread is the loop's."""
+        return self._thread is not None and threading.current_thread() is self._thread
 
     @property
     def tasks(self) -> int:

@@ -75,8 +75,12 @@ class Supervisor:
         a.ctx.cancel(AttemptTimeout(f"attempt_timeout of {seconds:g}s elapsed"))
 
     def give_up(self, a: Attempt) -> None:
-        """max_execution_timeout: record a failed attempt (never dead for this alone), free the slot."""
-        if not a.end(Phase.GAVE_UP):
+        """max_execution_timeout: record a failed attempt (never dead for this alone), free the slot.
+
+        Only while the handler still runs: the watchdog's list may be a moment old, and a handler
+        that returned since then is settled by its own ending.
+        """
+        if not a.give_up(Phase.GAVE_UP):
             return
         hard = a.kind.options.td("max_execution_timeout").total_seconds()
         cause = MaxExecutionExceeded(f"max_execution_timeout of {hard:g}s elapsed")
@@ -88,8 +92,7 @@ class Supervisor:
             a.topic,
             a.claim.attempt,
         )
-        if a.handler_to(HandlerState.ABANDONED) is HandlerState.RUNNING:
-            self.release_slot()
+        self.release_slot()  # the handler was RUNNING: its slot is ours to free
         self.runner.settle(a, cause)
 
     def hung(self, a: Attempt) -> None:

@@ -291,3 +291,56 @@ def test_l5_a_process_killing_poison_job_among_1000_good_ones_ends_dead(
     assert collateral == dead  # only jobs whose three claims all ended without an outcome died
     assert report.states.get("done", 0) == 1000 - len(collateral)
     print(f"[chaos] killing poison: dead after 3 runs; {len(collateral)} good jobs shared all its deaths")
+
+
+def test_c9_l1_sigkill_inside_the_closing_transaction_leaves_no_child_and_no_outcome(
+    dsn: str, chaos_schema: str, spawn: Callable[..., Worker]
+) -> None:
+    """A worker is SIGKILLed while its closing transaction is open: the chained child is
+    inserted and the on_succeeded callback runs, the row not yet written (it is written last).
+    The server rolls the transaction back: no child, the row still processing under the dead
+    claim; the reaper returns it (attempt counted), another worker runs it again, and the job
+    ends done with exactly one child (C9, P2, P3)."""
+    settings = {"workers": 2, "lease": 2.0, "reaper_period": 0.3}
+    first = spawn(dsn, chaos_schema, **settings)
+    [jid] = enqueue_parents(dsn, chaos_schema, [{"chain": True, "close_hold": 3600}])
+    schema = sql.Identifier(chaos_schema)
+
+    def closing() -> bool:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            row = conn.execute(
+                sql.SQL("SELECT count(*) FROM {}.chaos_exec WHERE job_id = %s AND how = 'closing'").format(
+                    schema
+                ),
+                [jid],
+            ).fetchone()
+        return row is not None and row[0] >= 1
+
+    wait_for(closing, what="the closing transaction open", timeout=60)
+    first.kill()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        children = conn.execute(
+            sql.SQL("SELECT count(*) FROM {}.job WHERE topic = 'chaos.child'").format(schema)
+        )
+        assert children.fetchone() == (0,)
+        state = conn.execute(
+            sql.SQL("SELECT state, attempts FROM {}.job WHERE id = %s").format(schema), [jid]
+        )
+        assert state.fetchone() == ("processing", 1)
+        # the second run closes at once: same payload but no hold this time
+        conn.execute(
+            sql.SQL("UPDATE {}.job SET payload = payload - 'close_hold' WHERE id = %s").format(schema), [jid]
+        )
+    spawn(dsn, chaos_schema, **settings)
+    wait_for(lambda: settled(dsn, chaos_schema, {jid}), what="done after the reaper", timeout=120)
+    report = invariants.check(dsn, chaos_schema, {jid})
+    report.assert_ok()
+    assert report.states == {"done": 1}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            sql.SQL("SELECT attempts FROM {}.job WHERE id = %s").format(schema), [jid]
+        ).fetchone()
+        children = conn.execute(
+            sql.SQL("SELECT count(*) FROM {}.job WHERE topic = 'chaos.child'").format(schema)
+        )
+        assert row == (2,) and children.fetchone() == (1,)

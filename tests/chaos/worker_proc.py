@@ -9,7 +9,9 @@ The ``chaos`` handler records every execution in ``chaos_exec`` on a separate co
 (application_name ``chaos-recorder``, never terminated by the tests), with times from the
 database clock. Its payload steers it: ``sleep`` (seconds, waited on ctx), ``fail_first``
 (raise on attempts up to this number), ``chain`` (chain one ``chaos.child`` job on success),
-``poison`` (SIGKILL the worker's own process), ``hang`` (ignore ctx, never return). Settings
+``poison`` (SIGKILL the worker's own process), ``hang`` (ignore ctx, never return),
+``close_hold`` (seconds: an on_succeeded callback marks the execution ``closing`` and then
+sleeps inside the closing transaction, after the chained insert). Settings
 ``async`` (run ``chaos`` as an ``async def``) and ``attempt_timeout`` (seconds, default 60).
 
 Settings: dsn, schema, label, workers, lease, reaper_period, poll_interval, max_attempts, async,
@@ -93,6 +95,9 @@ class Recorder:
             {"t": token, "j": job_id, "w": worker, "a": attempt},
         )
 
+    def mark(self, token: str, how: str) -> None:
+        self.run("UPDATE {s}.chaos_exec SET how = %(h)s WHERE claim_token = %(t)s", {"t": token, "h": how})
+
     def end(self, token: str, how: str) -> None:
         self.run(
             "UPDATE {s}.chaos_exec SET ended_at = clock_timestamp(), how = %(h)s"
@@ -139,6 +144,13 @@ def main() -> None:
     )
     engine = Engine(store, config, worker_id=worker_id)
 
+    def closing(token: str, hold: float) -> Any:
+        def callback(tx: Any) -> None:
+            recorder.mark(token, "closing")
+            time.sleep(hold)
+
+        return callback
+
     def handle(ctx: Any, claim: Any) -> None:
         p = claim.payload if isinstance(claim.payload, dict) else {}
         recorder.start(claim.id, claim.claim_token, worker_id, claim.attempt)
@@ -154,6 +166,8 @@ def main() -> None:
             raise RuntimeError(f"planned failure on attempt {claim.attempt}")
         if p.get("chain"):
             claim.chain(Job("chaos.child", {"parent": claim.id}))
+        if p.get("close_hold"):
+            claim.on_succeeded(closing(claim.claim_token, float(p["close_hold"])))
         recorder.end(claim.claim_token, "ok")
 
     async def handle_async(ctx: Any, claim: Any) -> None:
