@@ -42,8 +42,12 @@ def test_immediate_stop_under_load_loses_no_outcome_P1_P2_P3(
     rng = random.Random(14)
     ids = enqueue_parents(dsn, schema, make_payloads(120, rng, sleep=(0.01, 0.2)))
     workers = [spawn(dsn, schema, check=(i == 0), workers=4) for i in range(2)]
+
+    def done_at_least(n: int) -> Callable[[], bool]:
+        return lambda: done_count(dsn, schema) >= n
+
     for stop_at in (10, 40):
-        wait_for(lambda n=stop_at: done_count(dsn, schema) >= n, f"{stop_at} jobs done", timeout=90)
+        wait_for(done_at_least(stop_at), f"{stop_at} jobs done", timeout=90)
         stop_immediately(throwaway)
         throwaway.restart()  # crash recovery on the same port and data directory
     wait_for(lambda: settled(dsn, schema, ids), "every job to settle after the stops", timeout=180)
