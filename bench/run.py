@@ -30,6 +30,7 @@ sys.path.insert(0, str(HERE))
 
 import async_producer  # noqa: E402
 import baselines  # noqa: E402
+import big_table  # noqa: E402
 import psycopg  # noqa: E402
 import scale  # noqa: E402
 import scrape  # noqa: E402
@@ -59,7 +60,10 @@ WORKLOADS = (
     "MEM",
     "DASH",
     "SCRAPE",
+    "W10",
 )
+# Run only by --full or when named in --only: the 10,000,000-row table takes minutes to build.
+FULL_ONLY = frozenset({"W10"})
 
 _DEFAULT: dict[str, Any] = dict(
     raw=20_000,
@@ -80,6 +84,8 @@ _DEFAULT: dict[str, Any] = dict(
     w9=1000,
     ret_expired=1_000_000,
     dash=1_000_000,
+    w10_terminal=9_900_000,
+    w10_active=100_000,
 )
 
 SIZES: dict[str, dict[str, Any]] = {
@@ -102,6 +108,8 @@ SIZES: dict[str, dict[str, Any]] = {
         w9=200,
         ret_expired=50_000,
         dash=50_000,
+        w10_terminal=200_000,
+        w10_active=10_000,
     ),
     "default": _DEFAULT,
     # the long variants: a 200k-job memory drain, a bigger W7, longer ceilings
@@ -323,6 +331,20 @@ def evaluate(r: dict[str, Any]) -> list[dict[str, Any]]:
                 None,
                 m["rss_drift_pct"] <= 10,
             )
+    if "W10" in r:
+        w = r["W10"]
+        ratios = w["ratios_p50"]
+        worst = max(ratios.values())
+        add(
+            f"W10 {w['terminal'] + w['active']:,}-row table ({w['terminal']:,} terminal)",
+            " / ".join(
+                f"{k} {w['big'][k + '_p50_ms']:.2f} (fresh {w['fresh'][k + '_p50_ms']:.2f})" for k in ratios
+            )
+            + " ms p50",
+            "<= 2 x fresh table",
+            worst,
+            worst <= 2.0,
+        )
     if "DASH" in r:
         m = r["DASH"]["overview_read"]
         add(
@@ -385,7 +407,9 @@ def main(argv: list[str] | None = None) -> int:
     known = {w.upper() for w in WORKLOADS}
     if only - known:
         ap.error(f"unknown workload(s): {', '.join(sorted(only - known))}")
-    selected = [w for w in WORKLOADS if not only or w.upper() in only]
+    selected = [
+        w for w in WORKLOADS if (w.upper() in only if only else (w not in FULL_ONLY or mode == "full"))
+    ]
 
     db = devdb.acquire()
     try:
@@ -437,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
             "RET": lambda: scale.retention_pace(db.dsn, sz["ret_expired"], sz["w3"]),
             "DASH": lambda: web.dashboard_latency(db.dsn, sz["dash"]),
             "SCRAPE": lambda: scrape.scrape_cost(db.dsn),
+            "W10": lambda: big_table.w10_big_table(db.dsn, sz["w10_terminal"], sz["w10_active"]),
         }
         for name in selected:
             ceiling = None
