@@ -14,6 +14,7 @@ import random
 import signal
 from collections.abc import Callable
 
+import psycopg
 import pytest
 
 from brooq_py import devdb
@@ -22,6 +23,22 @@ from tests.chaos.conftest import Worker, enqueue_parents, make_chaos_schema, set
 from tests.chaos.test_kill import make_payloads
 from tests.chaos.test_restart import done_count, throwaway  # noqa: F401 - the fixture
 from tests.polling import wait_for
+
+
+def synchronous(db: devdb.DevDatabase) -> None:
+    """The throwaway server starts with synchronous_commit off for speed (a command-line setting);
+    this test needs it on in every session: a database default outranks the command line."""
+    with psycopg.connect(db.dsn, autocommit=True) as conn:
+        conn.execute(
+            "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET synchronous_commit = on', current_database()); END $$"
+        )
+    assert _setting(db.dsn) == "on"
+
+
+def _setting(dsn: str) -> str:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SHOW synchronous_commit").fetchone()
+    return str(row[0]) if row else ""
 
 
 def stop_immediately(db: devdb.DevDatabase) -> None:
@@ -38,6 +55,7 @@ def test_immediate_stop_under_load_loses_no_outcome_P1_P2_P3(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     dsn = throwaway.dsn
+    synchronous(throwaway)
     schema = make_chaos_schema(dsn)
     rng = random.Random(14)
     ids = enqueue_parents(dsn, schema, make_payloads(120, rng, sleep=(0.01, 0.2)))
