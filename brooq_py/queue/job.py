@@ -18,6 +18,8 @@ INT32_MAX = 2**31 - 1
 # A JSON "\u0000" escape is a backslash preceded by an even number of backslashes;
 # the text "\\u0000" (an escaped backslash, then "u0000") is ordinary and storable.
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+# One encoder for every payload: json.dumps with options builds a new one per call.
+_ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"))
 
 
 class State(enum.StrEnum):
@@ -67,14 +69,14 @@ def encode_payload(payload: Any) -> str:
             raise InvalidJob(f"payload bytes are not valid JSON: {exc}") from None
     else:
         try:
-            text = json.dumps(payload, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+            text = _ENCODER.encode(payload)
         except (TypeError, ValueError, RecursionError) as exc:
             raise InvalidJob(f"payload is not JSON-serialisable: {exc}") from None
         try:
             text.encode("utf-8")
         except UnicodeEncodeError:
             raise InvalidJob("payload holds a lone surrogate, which is not valid Unicode text") from None
-    if "\x00" in text or _NUL_ESCAPE.search(text):
+    if "\x00" in text or ("\\u0000" in text and _NUL_ESCAPE.search(text)):
         raise InvalidJob("payload contains \\u0000, which PostgreSQL jsonb cannot store")
     return text
 
