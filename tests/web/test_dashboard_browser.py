@@ -51,7 +51,16 @@ def cell(browser: WebDriver, topic: str, state: str) -> str:
 
 
 def click_action(browser: WebDriver, scope: str, action: str) -> None:
-    """Click an action's button (again if the live refresh swapped it out under the click)."""
+    """Click an action's button (again if the live refresh swapped it out under the click), then
+    wait for the page the action answers with (a new document: the URL may already say done=)."""
+    page = browser.find_element(By.TAG_NAME, "html")
+
+    def navigated() -> bool:
+        try:
+            page.tag_name  # noqa: B018 - touching a node of the old document raises once it is gone
+        except StaleElementReferenceException:
+            return "done=" in browser.current_url
+        return False
 
     def click() -> bool:
         try:
@@ -61,7 +70,7 @@ def click_action(browser: WebDriver, scope: str, action: str) -> None:
         return True
 
     wait_for(click, f"a click on {action}")
-    wait_for(lambda: "done=" in browser.current_url, f"the {action} to come back")
+    wait_for(navigated, f"the {action} to come back")
 
 
 def test_login_is_required(browser: WebDriver, board: Board, store: Store) -> None:
