@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 from datetime import timedelta
@@ -20,6 +21,8 @@ from brooq_py.queue.port import ClaimedJob, TopicSetting
 __all__ = ["INT32_MAX", "OperatorSide", "TopicOverview", "TopicSetting", "checked_limit", "checked_topic"]
 
 INT32_MAX = 2**31 - 1
+# The longest set_limit waits for the topic's claim lock, then for the claims begun before its limit.
+LIMIT_WAIT = 10.0
 
 
 @dataclass(frozen=True)
@@ -101,7 +104,26 @@ class OperatorSide:
         Raise ValueError for a limit that is not None or an integer from 0 to 2**31-1.
         """
         params = {"topic": checked_topic(topic), "limit": checked_limit(limit)}
-        self._run("setting a topic's limit", self._q["topic_set_limit"], params)
+        if params["limit"] is None:
+            self._run("setting a topic's limit", self._q["topic_set_limit"], params)
+            return
+        # A claim of an unlimited topic that ran before the limit committed may still commit rows of
+        # it: until it has, the limited path must not count (it would not see them and add on top).
+        # So the topic's claim lock is held, the limit written, and the job table's writers begun
+        # before it are waited for (bounded), then the lock is let go.
+        with self._autocommit("setting a topic's limit") as conn:
+            run = on_connection(conn)
+            held = _until(lambda: bool(run(self._q["topic_limit_hold"], params)[0][0]), LIMIT_WAIT)
+            try:
+                run(self._q["topic_set_limit"], params)
+                writers = run(self._q["topic_limit_writers"], {})
+                if writers:
+                    left = {"pids": [w[0] for w in writers], "starts": [w[1] for w in writers]}
+                    _until(lambda: run(self._q["topic_limit_writers_left"], left)[0][0] == 0, LIMIT_WAIT)
+            finally:
+                if held and not conn.closed:
+                    with suppress(psycopg.Error):  # a broken connection: its session's lock goes with it
+                        run(self._q["topic_limit_unhold"], params)
 
     def topic_settings(self) -> list[TopicSetting]:
         """Return every topic an operator has paused or limited, by name."""
@@ -143,6 +165,16 @@ class OperatorSide:
                 if not run(self._q["topic_claim_lock"], {"topic": topic})[0][0]:
                     return []  # another claim of the topic holds the lock: nothing this time
                 return claimed_jobs(run(self._q["job_claim_limited"], params))
+
+
+def _until(done: Callable[[], bool], timeout: float) -> bool:
+    """Poll *done* until it is true (True) or *timeout* seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 @contextmanager
