@@ -5,35 +5,38 @@ runs (Q1, P3). Every claim's view is recorded in the database by a row trigger."
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 from psycopg import sql
 
 from brooq_py.engine import Engine
 from brooq_py.postgres import Store
-from brooq_py.queue import Claim, Context, Job
+from brooq_py.queue import Claim, Context, Job, KindOptions
 from tests.integration.test_engine_pg import engines
-from tests.integration.test_operator_engines import states
+from tests.integration.test_operator_engines import Peak, states
 from tests.polling import wait_for
 
 __all__ = ["engines"]  # the fixture
 
 
-def claims_seen(dsn: str, schema: str, topic: str) -> tuple[Callable[[], list[int]], Callable[[], None]]:
-    """A row trigger records, for every row a claim moves to processing, the topic's processing rows
-    the claiming transaction sees at the end of its statement. Returns (read, clear)."""
+def claims_seen(dsn: str, schema: str, topic: str) -> tuple[Callable[..., list[int]], Callable[[], None]]:
+    """A row trigger records, for every row a claim moves to processing, the processing rows of that
+    row's topic the claiming transaction sees at the end of its statement. Returns (read, clear):
+    read() gives *topic*'s records, read(other) another topic's."""
     job = sql.Identifier(schema, "job")
     side = sql.Identifier(schema, "claims_seen")
     fn = sql.Identifier(schema, "record_claim")
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE TABLE {} (n int NOT NULL)").format(side))
+        conn.execute(sql.SQL("CREATE TABLE {} (topic text NOT NULL, n int NOT NULL)").format(side))
         conn.execute(
             sql.SQL(
                 "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-                "INSERT INTO {side} SELECT count(*) FROM {job} WHERE state = 'processing' AND topic = {t}; "
-                "RETURN NULL; END $$"
-            ).format(fn=fn, side=side, job=job, t=sql.Literal(topic))
+                "INSERT INTO {side} SELECT NEW.topic, count(*) FROM {job} "
+                "WHERE state = 'processing' AND topic = NEW.topic; RETURN NULL; END $$"
+            ).format(fn=fn, side=side, job=job)
         )
         conn.execute(
             sql.SQL(
@@ -42,9 +45,10 @@ def claims_seen(dsn: str, schema: str, topic: str) -> tuple[Callable[[], list[in
             ).format(job, fn)
         )
 
-    def read() -> list[int]:
+    def read(of: str = topic) -> list[int]:
         with psycopg.connect(dsn) as conn:
-            return [int(r[0]) for r in conn.execute(sql.SQL("SELECT n FROM {}").format(side)).fetchall()]
+            query = sql.SQL("SELECT n FROM {} WHERE topic = %s").format(side)
+            return [int(r[0]) for r in conn.execute(query, (of,)).fetchall()]
 
     def clear() -> None:
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -216,3 +220,62 @@ def test_q3_a_limit_set_while_a_common_claim_is_in_flight_is_not_exceeded_by_lat
         assert states(dsn, schema, "lim") == {"pending": 5, "processing": 5}
     finally:
         go.set()
+
+
+def test_q2_q3_s7_a_paused_and_limited_topic_stays_put_while_the_stager_promotes_its_jobs(
+    store: Store, dsn: str, schema: str, engines: Callable[..., Engine]
+) -> None:
+    """Scenario: a topic both paused and limited (2), with scheduled jobs that fall due while it is
+    paused: the stager makes them pending, no engine claims them (neither path); on resume they run,
+    never more than 2 at once."""
+    read, _ = claims_seen(dsn, schema, "lim")
+    store.pause("lim")
+    store.set_limit("lim", 2)
+    es = [engines(workers=3), engines(workers=3)]
+    for e in es:
+        e.register_kind("lim", lambda ctx, claim: time.sleep(0.05))
+        e.register_kind("free", lambda ctx, claim: None)
+        e.start()
+    wait_for(lambda: all(limit_seen(e, "lim") == 2 for e in es), "both engines read the limit")
+    due = datetime.now(UTC) + timedelta(seconds=1)
+    store.enqueue_many([Job("lim", {"n": n}, available_at=due) for n in range(8)])
+    wait_for(lambda: states(dsn, schema, "lim").get("pending") == 8, "the stager made them pending")
+    store.enqueue_many([Job("free", {"n": n}) for n in range(4)])
+    wait_for(lambda: states(dsn, schema, "free").get("done") == 4, "another topic runs meanwhile")
+    assert states(dsn, schema, "lim") == {"pending": 8} and read() == []
+    store.resume("lim")
+    wait_for(lambda: states(dsn, schema, "lim").get("done") == 8, "done after resume")
+    seen = read()
+    assert len(seen) == 8 and max(seen) <= 2, seen
+
+
+def test_q3_several_limited_topics_at_once_with_a_per_engine_cap_on_one(
+    store: Store, dsn: str, schema: str, engines: Callable[..., Engine]
+) -> None:
+    """Scenario: topics a (limit 3, KindOptions.concurrency 1 in each engine) and b (limit 2) on
+    three engines, with an unlimited topic's backlog: every claim sees at most a's and b's limits,
+    and a never runs twice at once in one engine."""
+    read, _ = claims_seen(dsn, schema, "a")
+    store.set_limit("a", 3)
+    store.set_limit("b", 2)
+    es = [engines(workers=3) for _ in range(3)]
+    peaks = {id(e): Peak() for e in es}
+    for e in es:
+        peak = peaks[id(e)]
+
+        def in_a(ctx: Context, claim: Claim, peak: Peak = peak) -> None:
+            with peak:
+                time.sleep(0.03)
+
+        e.register_kind("a", in_a, KindOptions(concurrency=1))
+        e.register_kind("b", lambda ctx, claim: time.sleep(0.02))
+        e.register_kind("free", lambda ctx, claim: None)
+        e.start()
+    store.enqueue_many(
+        [Job(t, {"n": n}) for n in range(20) for t in ("a", "b")] + [Job("free", {"n": n}) for n in range(60)]
+    )
+    for t, n in (("a", 20), ("b", 20), ("free", 60)):
+        wait_for(lambda t=t, n=n: states(dsn, schema, t).get("done") == n, f"{t} done", timeout=90)  # type: ignore[misc]
+    assert len(read("a")) == 20 and max(read("a")) <= 3
+    assert len(read("b")) == 20 and max(read("b")) <= 2
+    assert all(p.max == 1 for p in peaks.values())

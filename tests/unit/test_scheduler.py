@@ -194,3 +194,34 @@ def test_q4_dst_spring_forward_makes_one_job_for_the_skipped_tick() -> None:
     late = Harness(sched("30 2 * * *", "Europe/Berlin"), now=datetime(2026, 3, 29, 1, 5, tzinfo=UTC))
     late.scheduler.run_once()
     assert [j.key for j in late.jobs] == [h.jobs[1].key]
+
+
+def test_q4_engines_with_skewed_clocks_and_a_restart_exactly_at_a_tick_make_one_job_per_tick() -> None:
+    """Scenario: two engines whose clocks differ by 1.3 s (one ahead, one behind the tick) share a
+    schedule of every 2 s; a third starts exactly at a tick instant. Each enqueues each tick as it
+    sees it: the keys derive from the tick, not the clock, so one job per tick and none skipped."""
+    shared = Harness(sched("*/2 * * * * *"), now=T0)
+    skew = timedelta(milliseconds=1300)
+
+    def scheduler(offset: timedelta) -> Scheduler:
+        return Scheduler(
+            [sched("*/2 * * * * *")],
+            shared.enqueue,
+            lambda: shared.now + offset,
+            lambda t, v: None,
+            logging.getLogger("t"),
+        )
+
+    ahead, behind = scheduler(skew), scheduler(-skew)
+    for tenth in range(0, 200):
+        shared.now = T0 + timedelta(milliseconds=100 * tenth)
+        ahead.run_once()
+        behind.run_once()
+        if tenth == 100:  # exactly at the 10 s tick: a fresh engine makes up that tick, already there
+            fresh = scheduler(timedelta(0))
+            fresh.run_once()
+            assert fresh.schedules[0].next_tick == T0 + timedelta(seconds=12)
+    keys = [j.key for j in shared.jobs]
+    assert len(keys) == len(set(keys))
+    # the one ahead saw up to T0+21.2 s, the one behind from T0-1.3 s (its start-up made up T0-2 s)
+    assert sorted(keys) == [tick_key(T0 + timedelta(seconds=s)) for s in range(-2, 22, 2)]
