@@ -16,6 +16,7 @@ from brooq_py.postgres.queries import Queries
 from brooq_py.postgres.runner import Rows, on_connection
 from brooq_py.postgres.worker_side import claimed_jobs
 from brooq_py.queue import InvalidJob
+from brooq_py.queue.job import check_text
 from brooq_py.queue.port import ClaimedJob, TopicSetting
 
 __all__ = ["INT32_MAX", "OperatorSide", "TopicOverview", "TopicSetting", "checked_limit", "checked_topic"]
@@ -46,9 +47,10 @@ class TopicOverview:
 
 
 def checked_topic(topic: Any) -> str:
-    """Return *topic*, or raise InvalidJob for anything but non-empty text without NUL."""
-    if not isinstance(topic, str) or not topic or "\x00" in topic:
+    """Return *topic*, or raise InvalidJob for anything but non-empty text without NUL or lone surrogates."""
+    if not isinstance(topic, str) or not topic:
         raise InvalidJob(f"topic must be non-empty text without NUL, got {topic!r}")
+    check_text(topic, "topic")  # a lone surrogate (undecodable bytes on a command line) is no text
     return topic
 
 

@@ -98,8 +98,10 @@ def test_set_limit_refuses_bad_limits_before_writing(store: Store, limit: object
     assert store.topic_settings() == []
 
 
-@pytest.mark.parametrize("topic", ["", "a\x00b", None])
+@pytest.mark.parametrize("topic", ["", "a\x00b", None, "\udcff"])
 def test_operator_controls_refuse_bad_topics(store: Store, topic: object) -> None:
+    with pytest.raises(InvalidJob):
+        store.set_limit(topic, 3)  # type: ignore[arg-type]
     for call in (store.pause, store.resume):
         with pytest.raises(InvalidJob):
             call(topic)  # type: ignore[arg-type]
