@@ -10,63 +10,21 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import psycopg
-from psycopg import sql
 
 from brooq_py.engine import Engine
 from brooq_py.postgres import Store
 from brooq_py.queue import Claim, Context, Job, KindOptions
 from tests.integration.test_engine_pg import engines
-from tests.integration.test_operator_engines import Peak, states
+from tests.integration.test_operator_engines import Peak, claims_seen, states
 from tests.polling import wait_for
 
 __all__ = ["engines"]  # the fixture
 
 
-def claims_seen(dsn: str, schema: str, topic: str) -> tuple[Callable[..., list[int]], Callable[[], None]]:
-    """A row trigger records, for every row a claim moves to processing, the processing rows of that
-    row's topic the claiming transaction sees at the end of its statement. Returns (read, clear):
-    read() gives *topic*'s records, read(other) another topic's."""
-    job = sql.Identifier(schema, "job")
-    side = sql.Identifier(schema, "claims_seen")
-    fn = sql.Identifier(schema, "record_claim")
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE TABLE {} (topic text NOT NULL, n int NOT NULL)").format(side))
-        conn.execute(
-            sql.SQL(
-                "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-                "INSERT INTO {side} SELECT NEW.topic, count(*) FROM {job} "
-                "WHERE state = 'processing' AND topic = NEW.topic; RETURN NULL; END $$"
-            ).format(fn=fn, side=side, job=job)
-        )
-        conn.execute(
-            sql.SQL(
-                "CREATE TRIGGER record_claim AFTER UPDATE ON {} FOR EACH ROW "
-                "WHEN (NEW.state = 'processing' AND OLD.state <> 'processing') EXECUTE FUNCTION {}()"
-            ).format(job, fn)
-        )
-
-    def read(of: str = topic) -> list[int]:
-        with psycopg.connect(dsn) as conn:
-            query = sql.SQL("SELECT n FROM {} WHERE topic = %s").format(side)
-            return [int(r[0]) for r in conn.execute(query, (of,)).fetchall()]
-
-    def clear() -> None:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DELETE FROM {}").format(side))
-
-    return read, clear
-
-
-def row(dsn: str, schema: str, job_id: str) -> tuple[str, int, str | None]:
-    with psycopg.connect(dsn) as conn:
-        r = conn.execute(
-            sql.SQL("SELECT state, attempts, last_error FROM {} WHERE id = %s").format(
-                sql.Identifier(schema, "job")
-            ),
-            (job_id,),
-        ).fetchone()
+def row(store: Store, job_id: str) -> tuple[str, int, str | None]:
+    r = store.get(job_id)
     assert r is not None
-    return str(r[0]), int(r[1]), r[2]
+    return str(r.state), r.attempts, r.last_error
 
 
 def limit_seen(e: Engine, topic: str) -> float:
@@ -102,15 +60,15 @@ def test_q3_c5_a_hung_handler_of_a_limited_topic_still_counts_until_reaped_and_i
     first = store.enqueue(Job("lim", {"n": 0})).id
     for e in es:
         e.start()
-    wait_for(lambda: row(dsn, schema, first)[1] == 1, "the first attempt claimed")
+    wait_for(lambda: row(store, first)[1] == 1, "the first attempt claimed")
     store.enqueue_many([Job("lim", {"n": n}) for n in range(1, 5)])
     wait_for(lambda: states(dsn, schema, "lim").get("done") == 5, "every job done", timeout=90)
-    assert row(dsn, schema, first) == ("done", 2, None)
+    assert row(store, first) == ("done", 2, None)
     hang.set()
     wait_for(hung_over.is_set, "the hung handler ended")
     for e in es:
         e.stop(timeout=5)  # flushes whatever the late ending left to write
-    assert row(dsn, schema, first) == ("done", 2, None)
+    assert row(store, first) == ("done", 2, None)
     seen = read()
     assert len(seen) == 6 and max(seen) <= 1, seen
 
@@ -179,12 +137,12 @@ def test_q1_p3_retry_of_a_canceled_job_whose_hung_handler_still_runs_in_the_same
     wait_for(lambda: runs, "the first attempt running")
     assert store.cancel(job_id)
     assert store.retry(job_id)
-    wait_for(lambda: row(dsn, schema, job_id)[0] == "done", "the retried job done")
+    wait_for(lambda: row(store, job_id)[0] == "done", "the retried job done")
     assert runs == [1, 1]
     hang.set()
     wait_for(hung_over.is_set, "the hung handler ended")
     e.stop(timeout=5)
-    assert row(dsn, schema, job_id) == ("done", 1, None)
+    assert row(store, job_id) == ("done", 1, None)
 
 
 def test_q3_a_limit_set_while_a_common_claim_is_in_flight_is_not_exceeded_by_later_claims(
