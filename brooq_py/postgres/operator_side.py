@@ -22,7 +22,7 @@ from brooq_py.queue.port import ClaimedJob, TopicSetting
 __all__ = ["INT32_MAX", "OperatorSide", "TopicOverview", "TopicSetting", "checked_limit", "checked_topic"]
 
 INT32_MAX = 2**31 - 1
-# The longest set_limit waits for the topic's claim lock, then for the claims begun before its limit.
+# The longest set_limit waits for the claims begun before a topic's first limit.
 LIMIT_WAIT = 10.0
 
 
@@ -109,23 +109,18 @@ class OperatorSide:
         if params["limit"] is None:
             self._run("setting a topic's limit", self._q["topic_set_limit"], params)
             return
-        # A claim of an unlimited topic that ran before the limit committed may still commit rows of
-        # it: until it has, the limited path must not count (it would not see them and add on top).
-        # So the topic's claim lock is held, the limit written, and the job table's writers begun
-        # before it are waited for (bounded), then the lock is let go.
+        # A claim that ran while the topic was unlimited may still commit rows of it: a limited
+        # claim that counted before they did would add on top. So a topic limited for the first
+        # time is held at limit 0 until the job table's writers begun before that have ended
+        # (bounded), then given its limit. Plain transactions only: safe behind a pooling proxy.
         with self._autocommit("setting a topic's limit") as conn:
             run = on_connection(conn)
-            held = _until(lambda: bool(run(self._q["topic_limit_hold"], params)[0][0]), LIMIT_WAIT)
-            try:
-                run(self._q["topic_set_limit"], params)
+            if run(self._q["topic_limit_hold"], params):
                 writers = run(self._q["topic_limit_writers"], {})
                 if writers:
                     left = {"pids": [w[0] for w in writers], "starts": [w[1] for w in writers]}
                     _until(lambda: run(self._q["topic_limit_writers_left"], left)[0][0] == 0, LIMIT_WAIT)
-            finally:
-                if held and not conn.closed:
-                    with suppress(psycopg.Error):  # a broken connection: its session's lock goes with it
-                        run(self._q["topic_limit_unhold"], params)
+            run(self._q["topic_set_limit"], params)
 
     def topic_settings(self) -> list[TopicSetting]:
         """Return every topic an operator has paused or limited, by name."""
