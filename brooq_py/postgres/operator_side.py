@@ -116,7 +116,7 @@ class OperatorSide:
         with self._autocommit("setting a topic's limit") as conn:
             run = on_connection(conn)
             if run(self._q["topic_limit_hold"], params):
-                writers = run(self._q["topic_limit_writers"], {})
+                writers = run(self._q["topic_limit_writers"], {"schema": self._q.schema})
                 if writers:
                     left = {"pids": [w[0] for w in writers], "starts": [w[1] for w in writers]}
                     _until(lambda: run(self._q["topic_limit_writers_left"], left)[0][0] == 0, LIMIT_WAIT)

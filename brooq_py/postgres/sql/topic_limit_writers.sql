@@ -5,5 +5,8 @@
 SELECT DISTINCT a.pid, a.xact_start
 FROM pg_locks l
 JOIN pg_stat_activity a ON a.pid = l.pid
-WHERE l.locktype = 'relation' AND l.relation = '{job}'::regclass AND l.mode = 'RowExclusiveLock'
+JOIN pg_class c ON c.oid = l.relation
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE l.locktype = 'relation' AND n.nspname = %(schema)s AND c.relname = 'job'
+    AND l.mode = 'RowExclusiveLock' AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
     AND l.granted AND a.pid <> pg_backend_pid() AND a.xact_start < now()
