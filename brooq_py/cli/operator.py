@@ -14,8 +14,8 @@ from typing import Any
 
 from brooq_py.cli.commands import _age
 from brooq_py.cli.common import Failure, check_id, open_store
-from brooq_py.postgres.operator_side import INT32_MAX, TopicOverview
-from brooq_py.queue import State
+from brooq_py.postgres.operator_side import INT32_MAX, TopicOverview, checked_topic
+from brooq_py.queue import InvalidJob, State
 from brooq_py.settings import Settings
 
 # The states in the order ``topics`` shows them.
@@ -41,9 +41,10 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def check_topic(topic: str) -> str:
-    if not topic or "\x00" in topic:
-        raise Failure(f"invalid topic {topic!r}: expected non-empty text", status=2)
-    return topic
+    try:
+        return checked_topic(topic)
+    except InvalidJob:
+        raise Failure(f"invalid topic {topic!r}: expected non-empty text", status=2) from None
 
 
 def parse_limit(text: str) -> int | None:

@@ -56,8 +56,27 @@ class Capacity:
         """Claim up to *free* jobs: each limited topic that is due, each topic its local cap holds
         below *free* (bounded, so a backlog of the others cannot starve them), then every other
         topic in one common statement with what is left."""
-        common, capped, limited = self._plan(topics, free)
         rows: list[ClaimedJob] = []
+        try:
+            self._claim_into(rows, repo, topics, free, worker, lease)
+        except Exception:
+            if not rows:
+                raise
+            # An earlier statement of this round committed its rows: they are ours and must run (a
+            # failure here would leave them unrun until their lease expires, their topic's room taken
+            # for good). The failure is the next claim's to report.
+        return rows
+
+    def _claim_into(
+        self,
+        rows: list[ClaimedJob],
+        repo: Repo,
+        topics: Sequence[str],
+        free: int,
+        worker: str,
+        lease: timedelta,
+    ) -> None:
+        common, capped, limited = self._plan(topics, free)
         for topic, room in limited:
             room = min(room, free - len(rows))
             if room <= 0:
@@ -81,7 +100,6 @@ class Capacity:
             got = repo.claim(common, left, worker, lease)
             self._taken(got)
             rows.extend(got)
-        return rows
 
     def _plan(
         self, topics: Sequence[str], free: int

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 from datetime import timedelta
@@ -15,11 +16,14 @@ from brooq_py.postgres.queries import Queries
 from brooq_py.postgres.runner import Rows, on_connection
 from brooq_py.postgres.worker_side import claimed_jobs
 from brooq_py.queue import InvalidJob
+from brooq_py.queue.job import check_text
 from brooq_py.queue.port import ClaimedJob, TopicSetting
 
 __all__ = ["INT32_MAX", "OperatorSide", "TopicOverview", "TopicSetting", "checked_limit", "checked_topic"]
 
 INT32_MAX = 2**31 - 1
+# The longest set_limit waits for the claims begun before a topic's first limit.
+LIMIT_WAIT = 10.0
 
 
 @dataclass(frozen=True)
@@ -43,9 +47,10 @@ class TopicOverview:
 
 
 def checked_topic(topic: Any) -> str:
-    """Return *topic*, or raise InvalidJob for anything but non-empty text without NUL."""
-    if not isinstance(topic, str) or not topic or "\x00" in topic:
+    """Return *topic*, or raise InvalidJob for anything but non-empty text without NUL or lone surrogates."""
+    if not isinstance(topic, str) or not topic:
         raise InvalidJob(f"topic must be non-empty text without NUL, got {topic!r}")
+    check_text(topic, "topic")  # a lone surrogate (undecodable bytes on a command line) is no text
     return topic
 
 
@@ -101,7 +106,21 @@ class OperatorSide:
         Raise ValueError for a limit that is not None or an integer from 0 to 2**31-1.
         """
         params = {"topic": checked_topic(topic), "limit": checked_limit(limit)}
-        self._run("setting a topic's limit", self._q["topic_set_limit"], params)
+        if params["limit"] is None:
+            self._run("setting a topic's limit", self._q["topic_set_limit"], params)
+            return
+        # A claim that ran while the topic was unlimited may still commit rows of it: a limited
+        # claim that counted before they did would add on top. So a topic limited for the first
+        # time is held at limit 0 until the job table's writers begun before that have ended
+        # (bounded), then given its limit. Plain transactions only: safe behind a pooling proxy.
+        with self._autocommit("setting a topic's limit") as conn:
+            run = on_connection(conn)
+            if run(self._q["topic_limit_hold"], params):
+                writers = run(self._q["topic_limit_writers"], {"schema": self._q.schema})
+                if writers:
+                    left = {"pids": [w[0] for w in writers], "starts": [w[1] for w in writers]}
+                    _until(lambda: run(self._q["topic_limit_writers_left"], left)[0][0] == 0, LIMIT_WAIT)
+            run(self._q["topic_set_limit"], params)
 
     def topic_settings(self) -> list[TopicSetting]:
         """Return every topic an operator has paused or limited, by name."""
@@ -143,6 +162,16 @@ class OperatorSide:
                 if not run(self._q["topic_claim_lock"], {"topic": topic})[0][0]:
                     return []  # another claim of the topic holds the lock: nothing this time
                 return claimed_jobs(run(self._q["job_claim_limited"], params))
+
+
+def _until(done: Callable[[], bool], timeout: float) -> bool:
+    """Poll *done* until it is true (True) or *timeout* seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 @contextmanager

@@ -64,6 +64,17 @@ def test_q2_cli_pause_and_resume_a_topic_and_refuse_an_empty_one(
     assert code == 2 and "invalid topic" in err
 
 
+def test_q2_q3_cli_a_topic_of_undecodable_bytes_is_bad_input_not_a_traceback(
+    store: Store, dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """Scenario: a topic argument that is not UTF-8 (b"\\xff" in argv, a lone surrogate to Python)
+    reached the database driver and crashed with a UnicodeEncodeError traceback."""
+    for args in (("pause", "\udcff"), ("resume", "\udcff"), ("limit", "\udcff", "3")):
+        code, _, err = cli(dsn, schema, tmp_path, *args)
+        assert code == 2 and "invalid topic" in err and "Traceback" not in err, err
+    assert store.topic_settings() == []
+
+
 @pytest.mark.parametrize("bad", ["x", "-1", "2147483648", "1.5"])
 def test_q3_cli_limit_refuses_anything_but_a_number_or_none(
     store: Store, dsn: str, schema: str, tmp_path: Path, bad: str

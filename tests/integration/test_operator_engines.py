@@ -78,41 +78,49 @@ class Sampler:
         self.thread.join(10)
 
 
-def record_processing_counts(dsn: str, schema: str) -> Callable[[], list[int]]:
-    """A trigger writes, after every claim statement, the processing rows its transaction sees per topic."""
+def claims_seen(dsn: str, schema: str, topic: str) -> tuple[Callable[..., list[int]], Callable[[], None]]:
+    """A row trigger records, for every row a claim moves to processing, the processing rows of that
+    row's topic the claiming transaction sees at the end of its statement. Returns (read, clear):
+    read() gives *topic*'s records, read(other) another topic's."""
     job = sql.Identifier(schema, "job")
-    side = sql.Identifier(schema, "processing_seen")
-    fn = sql.Identifier(schema, "record_processing")
+    side = sql.Identifier(schema, "claims_seen")
+    fn = sql.Identifier(schema, "record_claim")
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE TABLE {} (n int NOT NULL)").format(side))
+        conn.execute(sql.SQL("CREATE TABLE {} (topic text NOT NULL, n int NOT NULL)").format(side))
         conn.execute(
             sql.SQL(
                 "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-                "INSERT INTO {side} SELECT count(*) FROM {job} WHERE state = 'processing' AND topic = 'lim'; "
-                "RETURN NULL; END $$"
+                "INSERT INTO {side} SELECT NEW.topic, count(*) FROM {job} "
+                "WHERE state = 'processing' AND topic = NEW.topic; RETURN NULL; END $$"
             ).format(fn=fn, side=side, job=job)
         )
         conn.execute(
             sql.SQL(
-                "CREATE TRIGGER record_processing AFTER UPDATE ON {} FOR EACH STATEMENT EXECUTE FUNCTION {}()"
+                "CREATE TRIGGER record_claim AFTER UPDATE ON {} FOR EACH ROW "
+                "WHEN (NEW.state = 'processing' AND OLD.state <> 'processing') EXECUTE FUNCTION {}()"
             ).format(job, fn)
         )
 
-    def read() -> list[int]:
+    def read(of: str = topic) -> list[int]:
         with psycopg.connect(dsn) as conn:
-            return [int(r[0]) for r in conn.execute(sql.SQL("SELECT n FROM {}").format(side)).fetchall()]
+            query = sql.SQL("SELECT n FROM {} WHERE topic = %s").format(side)
+            return [int(r[0]) for r in conn.execute(query, (of,)).fetchall()]
 
-    return read
+    def clear() -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DELETE FROM {}").format(side))
+
+    return read, clear
 
 
 def test_q3_global_limit_never_exceeded_while_8_slots_of_3_engines_compete_for_30_jobs(
     store: Store, dsn: str, schema: str, engines: Callable[..., Engine]
 ) -> None:
     """SPEC Q3: with a global limit of 3, never more than 3 jobs processing at any moment, checked
-    in the handlers, by a sampler on its own connection and by a trigger after every claim."""
+    in the handlers, by a sampler on its own connection and by a trigger at every claim."""
     limit = 3
     store.set_limit("lim", limit)
-    seen = record_processing_counts(dsn, schema)
+    seen, _ = claims_seen(dsn, schema, "lim")
     peak = Peak()
 
     def handler(ctx: Context, claim: Claim) -> None:

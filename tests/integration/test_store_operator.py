@@ -41,7 +41,7 @@ def test_retry_puts_a_dead_or_canceled_job_back_to_pending_keeping_last_error_Q1
     assert row.available_at <= row.updated_at + timedelta(seconds=1)
 
 
-@pytest.mark.parametrize("state", ["pending", "failed", "done"])
+@pytest.mark.parametrize("state", ["pending", "scheduled", "failed", "done"])
 def test_retry_leaves_other_states_alone_Q1(store: Store, dsn: str, schema: str, state: str) -> None:
     job_id = store.enqueue(Job("t", {"n": 1})).id
     force_state(dsn, schema, job_id, state, 2, None)
@@ -98,8 +98,10 @@ def test_set_limit_refuses_bad_limits_before_writing(store: Store, limit: object
     assert store.topic_settings() == []
 
 
-@pytest.mark.parametrize("topic", ["", "a\x00b", None])
+@pytest.mark.parametrize("topic", ["", "a\x00b", None, "\udcff"])
 def test_operator_controls_refuse_bad_topics(store: Store, topic: object) -> None:
+    with pytest.raises(InvalidJob):
+        store.set_limit(topic, 3)  # type: ignore[arg-type]
     for call in (store.pause, store.resume):
         with pytest.raises(InvalidJob):
             call(topic)  # type: ignore[arg-type]

@@ -82,3 +82,25 @@ def test_q3_a_backlog_of_unlimited_topics_never_starves_a_limited_one() -> None:
     for _ in range(3):  # one slot free at a time, both topics with a backlog
         (row,) = cap.claim(repo, ["a", "b"], 1, "w", LEASE)
         assert row.topic == "a"
+
+
+def test_q3_c11_rows_a_limited_claim_took_are_handed_out_when_the_common_claim_after_it_fails() -> None:
+    """Scenario: a limited topic's claim commits its rows, then the common claim of the same round
+    fails (a dropped connection). Those rows are processing in the database under this engine:
+    losing them leaves them unrun until their lease expires and keeps the topic's local room taken
+    for good (its handlers never end here)."""
+    repo, cap, _, _ = setup({"a": 1, "b": None})
+    repo.settings["a"] = (False, 5)
+    cap.set_limited(["a"])
+    real = repo.claim
+
+    def broken(*args: object, **kwargs: object) -> list[object]:
+        raise ConnectionError("connection lost")
+
+    repo.claim = broken  # type: ignore[method-assign,assignment]
+    rows = cap.claim(repo, ["a", "b"], 4, "w", LEASE)
+    assert [r.topic for r in rows] == ["a"]
+    repo.claim = real  # type: ignore[method-assign]
+    cap.ended("a")
+    cap.settled(["a"])
+    assert [r.topic for r in cap.claim(repo, ["a"], 4, "w", LEASE)] == ["a"]

@@ -159,3 +159,69 @@ def test_q4_two_schedulers_and_a_restart_make_one_job_per_tick() -> None:
         if s == 10:  # a restart of one: a fresh scheduler makes up the latest tick, already there
             other = another()
     assert [j.key for j in shared.jobs] == [tick_key(T0 + timedelta(seconds=s)) for s in range(0, 20, 2)]
+
+
+def test_q4_dst_fall_back_every_tick_of_the_repeated_hour_is_enqueued() -> None:
+    """Scenario: an engine in Europe/Berlin runs */30 through the fall-back night (2026-10-25, 03:00
+    CEST -> 02:00 CET). The repeated hour's ticks (02:00 and 02:30 CET, 01:00 and 01:30 UTC) are
+    ticks like any other: each must become its own job, keyed by its UTC instant."""
+    start = datetime(2026, 10, 24, 23, 50, tzinfo=UTC)
+    h = Harness(sched("*/30 * * * *", "Europe/Berlin"), now=start)
+    h.scheduler.run_once()
+    for minute in range(1, 200):
+        h.at(start + timedelta(minutes=minute, seconds=1))
+    expected = [
+        tick_key(datetime(2026, 10, 24, 23, 30, tzinfo=UTC) + timedelta(minutes=30 * i)) for i in range(8)
+    ]
+    assert [j.key for j in h.jobs] == expected
+
+
+def test_q4_dst_spring_forward_makes_one_job_for_the_skipped_tick() -> None:
+    """Scenario: "30 2 * * *" in Europe/Berlin on 2026-03-29, when 02:30 does not exist (02:00 CET
+    -> 03:00 CEST): one job at 03:00 CEST, none twice, and the next day's at 02:30 CEST as usual
+    (the start-up makes up the day before's, at most one period old); a second engine started right
+    after the skipped tick makes it up under the same key."""
+    start = datetime(2026, 3, 28, 23, 0, tzinfo=UTC)
+    h = Harness(sched("30 2 * * *", "Europe/Berlin"), now=start)
+    h.scheduler.run_once()
+    for minute in range(1, 26 * 60, 7):
+        h.at(start + timedelta(minutes=minute))
+    assert [j.key for j in h.jobs] == [
+        tick_key(datetime(2026, 3, 28, 1, 30, tzinfo=UTC)),
+        tick_key(datetime(2026, 3, 29, 1, 0, tzinfo=UTC)),
+        tick_key(datetime(2026, 3, 30, 0, 30, tzinfo=UTC)),
+    ]
+    late = Harness(sched("30 2 * * *", "Europe/Berlin"), now=datetime(2026, 3, 29, 1, 5, tzinfo=UTC))
+    late.scheduler.run_once()
+    assert [j.key for j in late.jobs] == [h.jobs[1].key]
+
+
+def test_q4_engines_with_skewed_clocks_and_a_restart_exactly_at_a_tick_make_one_job_per_tick() -> None:
+    """Scenario: two engines whose clocks differ by 1.3 s (one ahead, one behind the tick) share a
+    schedule of every 2 s; a third starts exactly at a tick instant. Each enqueues each tick as it
+    sees it: the keys derive from the tick, not the clock, so one job per tick and none skipped."""
+    shared = Harness(sched("*/2 * * * * *"), now=T0)
+    skew = timedelta(milliseconds=1300)
+
+    def scheduler(offset: timedelta) -> Scheduler:
+        return Scheduler(
+            [sched("*/2 * * * * *")],
+            shared.enqueue,
+            lambda: shared.now + offset,
+            lambda t, v: None,
+            logging.getLogger("t"),
+        )
+
+    ahead, behind = scheduler(skew), scheduler(-skew)
+    for tenth in range(0, 200):
+        shared.now = T0 + timedelta(milliseconds=100 * tenth)
+        ahead.run_once()
+        behind.run_once()
+        if tenth == 100:  # exactly at the 10 s tick: a fresh engine makes up that tick, already there
+            fresh = scheduler(timedelta(0))
+            fresh.run_once()
+            assert fresh.schedules[0].next_tick == T0 + timedelta(seconds=12)
+    keys = [j.key for j in shared.jobs]
+    assert len(keys) == len(set(keys))
+    # the one ahead saw up to T0+21.2 s, the one behind from T0-1.3 s (its start-up made up T0-2 s)
+    assert sorted(keys) == [tick_key(T0 + timedelta(seconds=s)) for s in range(-2, 22, 2)]
