@@ -28,14 +28,8 @@ from brooq_py.queue import (
     Tx,
 )
 from tests.polling import wait_for
+from tests.unit.conftest import FAST
 from tests.unit.fake_repo import FakeRepo
-
-FAST = {"backoff_base": 0.001, "backoff_max": 0.002}
-
-
-@pytest.fixture
-def repo() -> FakeRepo:
-    return FakeRepo()
 
 
 @pytest.fixture
@@ -48,22 +42,6 @@ def ignores_ctx() -> Iterator[Callable[[Context, Claim], None]]:
 
     yield handler
     release.set()
-
-
-@pytest.fixture
-def make_engine(repo: FakeRepo) -> Iterator[Callable[..., Engine]]:
-    engines: list[Engine] = []
-
-    def make(**cfg: object) -> Engine:
-        params: dict[str, object] = {"workers": 2, "poll_interval": 0.05, "lease": 3, **FAST}
-        params.update(cfg)
-        e = Engine(repo, Config(**params))  # type: ignore[arg-type]
-        engines.append(e)
-        return e
-
-    yield make
-    for e in engines:
-        e.stop(timeout=1)
 
 
 def test_run_once_done_charges_one_attempt_c1_c6(repo: FakeRepo, make_engine: Callable[..., Engine]) -> None:

@@ -11,7 +11,7 @@ from datetime import timedelta
 
 import pytest
 
-from brooq_py.engine import Config, Engine
+from brooq_py.engine import Engine
 from brooq_py.engine.attempt import Phase
 from brooq_py.engine.dispatcher import Dispatcher
 from brooq_py.engine.heartbeat import Heartbeat
@@ -34,14 +34,8 @@ from brooq_py.queue import (
     Tx,
 )
 from tests.polling import wait_for
+from tests.unit.conftest import FAST
 from tests.unit.fake_repo import FakeRepo
-
-FAST = {"backoff_base": 0.001, "backoff_max": 0.002}
-
-
-@pytest.fixture
-def repo() -> FakeRepo:
-    return FakeRepo()
 
 
 @pytest.fixture
@@ -50,22 +44,6 @@ def release() -> Iterator[threading.Event]:
     ev = threading.Event()
     yield ev
     ev.set()
-
-
-@pytest.fixture
-def make_engine(repo: FakeRepo) -> Iterator[Callable[..., Engine]]:
-    engines: list[Engine] = []
-
-    def make(**cfg: object) -> Engine:
-        params: dict[str, object] = {"workers": 2, "poll_interval": 0.05, "lease": 3, **FAST}
-        params.update(cfg)
-        e = Engine(repo, Config(**params))  # type: ignore[arg-type]
-        engines.append(e)
-        return e
-
-    yield make
-    for e in engines:
-        e.stop(timeout=1)
 
 
 def children(repo: FakeRepo, topic: str) -> list[str]:
