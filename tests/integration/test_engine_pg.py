@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
-import pytest
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
@@ -24,40 +23,8 @@ from brooq_py.queue import (
     State,
     Tx,
 )
+from tests.integration.conftest import FAST, q
 from tests.polling import wait_for
-
-FAST = {"backoff_base": 0.01, "backoff_max": 0.02}
-
-
-def q(pool: ConnectionPool[Any], schema: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
-    """Run a test-side query against the schema's job table (`{job}` is the table)."""
-    with pool.connection() as conn:
-        rendered = sql.SQL(query).format(job=sql.Identifier(schema, "job"))  # type: ignore[arg-type]
-        cur = conn.execute(rendered, params or None)
-        return cur.fetchall() if cur.description is not None else []
-
-
-@pytest.fixture
-def engines(store: Store) -> Iterator[Callable[..., Engine]]:
-    made: list[Engine] = []
-
-    def make(repo: Store | None = None, **cfg: Any) -> Engine:
-        params: dict[str, Any] = {
-            "workers": 4,
-            "poll_interval": 0.2,
-            "lease": 3,
-            "reaper_period": 0.5,
-            **FAST,
-        }
-        params.update(cfg)
-        e = Engine(repo or store, Config(**params))
-        made.append(e)
-        return e
-
-    yield make
-    for e in made:
-        e.stop(timeout=2)
-        e.close()
 
 
 def state_of(store: Store, job_id: str) -> State:

@@ -18,20 +18,12 @@ import pytest
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
-from brooq_py.engine import Config, Engine
+from brooq_py.engine import Engine
 from brooq_py.postgres import Store
 from brooq_py.queue import BrooqError, Claim, Context, Job, KindOptions, State, Tx
+from tests.integration.conftest import FAST, q
 from tests.integration.test_cli import cli_env, run_cli
 from tests.polling import wait_for
-
-FAST = {"backoff_base": 0.01, "backoff_max": 0.02}
-
-
-def q(pool: ConnectionPool[Any], schema: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
-    with pool.connection() as conn:
-        rendered = sql.SQL(query).format(job=sql.Identifier(schema, "job"))  # type: ignore[arg-type]
-        cur = conn.execute(rendered, params or None)
-        return cur.fetchall() if cur.description is not None else []
 
 
 @pytest.fixture
@@ -39,29 +31,6 @@ def release() -> Iterator[threading.Event]:
     ev = threading.Event()
     yield ev
     ev.set()
-
-
-@pytest.fixture
-def engines(store: Store) -> Iterator[Callable[..., Engine]]:
-    made: list[Engine] = []
-
-    def make(repo: Store | None = None, **cfg: Any) -> Engine:
-        params: dict[str, Any] = {
-            "workers": 4,
-            "poll_interval": 0.2,
-            "lease": 3,
-            "reaper_period": 0.5,
-            **FAST,
-        }
-        params.update(cfg)
-        e = Engine(repo or store, Config(**params))
-        made.append(e)
-        return e
-
-    yield make
-    for e in made:
-        e.stop(timeout=2)
-        e.close()
 
 
 def row(store: Store, job_id: str) -> Any:

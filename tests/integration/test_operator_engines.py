@@ -15,10 +15,8 @@ from brooq_py.engine import Engine
 from brooq_py.postgres import Store
 from brooq_py.postgres.channel import channel_for
 from brooq_py.queue import Claim, Context, Job, KindOptions, State
-from tests.integration.test_engine_pg import FAST, engines
+from tests.integration.conftest import FAST
 from tests.polling import wait_for
-
-__all__ = ["engines"]  # the fixture
 
 
 def states(dsn: str, schema: str, topic: str) -> dict[str, int]:

@@ -14,11 +14,8 @@ import psycopg
 from brooq_py.engine import Engine
 from brooq_py.postgres import Store
 from brooq_py.queue import Claim, Context, Job, KindOptions
-from tests.integration.test_engine_pg import engines
 from tests.integration.test_operator_engines import Peak, claims_seen, states
 from tests.polling import wait_for
-
-__all__ = ["engines"]  # the fixture
 
 
 def row(store: Store, job_id: str) -> tuple[str, int, str | None]:
