@@ -276,15 +276,9 @@ class Dashboard:
         return self._page(request, "login.html", {"next": target, "failed": False, "title": "Log in"})
 
     async def logout(self, request: Request) -> Response:
-        refused = self.guard(request)
-        if refused:
-            return refused
-        form = await self._form(request)
+        form = await self._posted(request)
         if isinstance(form, Response):
             return form
-        refused = self._csrf_refusal(request, form)
-        if refused:
-            return refused
         response = RedirectResponse(
             self._url(request, "/login" if self.settings.login else "/"), status_code=303
         )
@@ -300,7 +294,8 @@ class Dashboard:
             return self._error(request, problem.status, "That form is too large or malformed.")
         return await request.form(max_files=0, max_fields=2 * PAGE_SIZE + 10)
 
-    async def action(self, request: Request) -> Response:
+    async def _posted(self, request: Request) -> FormData | Response:
+        """The form of a state-changing POST: token first, then a bounded body, then its CSRF token."""
         refused = self.guard(request)
         if refused:
             return refused
@@ -308,8 +303,12 @@ class Dashboard:
         if isinstance(form, Response):
             return form
         refused = self._csrf_refusal(request, form)
-        if refused:
-            return refused
+        return refused if refused else form
+
+    async def action(self, request: Request) -> Response:
+        form = await self._posted(request)
+        if isinstance(form, Response):
+            return form
         if self.settings.read_only:
             return self._error(request, 403, "This dashboard is read-only.")
         name = request.path_params["action"]
