@@ -76,6 +76,21 @@ class Completer:
                 self._cond.notify_all()
             return True
 
+    def has_room(self) -> bool:
+        """Whether ``offer`` would take an outcome now (running, buffer not full)."""
+        with self._cond:
+            return self._thread is not None and not self._stopping and len(self._buf) < self._max_buffer
+
+    def offer(self, outcome: Outcome) -> bool:
+        """``put`` without waiting: False when stopping or the buffer is full (nothing buffered)."""
+        with self._cond:
+            if self._thread is None or self._stopping or len(self._buf) >= self._max_buffer:
+                return False
+            self._buf.append(outcome)
+            if self._idle or len(self._buf) >= self._max_batch:
+                self._cond.notify_all()
+            return True
+
     @property
     def pending(self) -> int:
         with self._cond:

@@ -13,7 +13,7 @@ from brooq_py.engine.ticker import worth_logging
 
 
 class Dispatcher:
-    """One thread: wait for a free slot and (a wake-up or poll_interval), then claim.
+    """One thread: wait for a free slot and (a wake-up or poll_interval), then claim and launch the rows together.
 
     It claims again at once while a claim came back full (a backlog), and
     otherwise waits for a NOTIFY wake-up or the poll interval. A failed claim is
@@ -25,7 +25,7 @@ class Dispatcher:
         self,
         claim: Callable[[int], list[ClaimedJob]],
         slots: SlotPool,
-        launch: Callable[[ClaimedJob], None],
+        launch: Callable[[list[ClaimedJob]], None],
         poll_interval: float,
         log: logging.Logger,
         hand_back: Callable[[list[ClaimedJob]], None] | None = None,
@@ -91,5 +91,5 @@ class Dispatcher:
                 # slots may be stopping, so the rows go back unrun rather than start now.
                 self._hand_back(rows)
                 return
-            for row in rows:
-                self._launch(row)
+            if rows:
+                self._launch(rows)

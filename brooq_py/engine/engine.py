@@ -285,7 +285,7 @@ class Engine:
             self._dispatcher = Dispatcher(
                 self._claim,
                 slots,
-                self._launch,
+                self._launch_all,
                 cfg.td("poll_interval").total_seconds(),
                 self.log,
                 hand_back=self._hand_back,
@@ -516,12 +516,18 @@ class Engine:
         self.capacity.settled(o.topic for o in batch)  # a limited topic may have room again (SPEC Q3)
 
     def _launch(self, row: ClaimedJob) -> None:
+        self._launch_all([row])
+
+    def _launch_all(self, rows: Sequence[ClaimedJob]) -> None:
+        """Start the attempts of a claim's rows, each on a slot the dispatcher counted free."""
         assert self._slots is not None
-        a = self._attempt(row)
-        if a is None:
-            return
-        self._slots.take()
-        self.runner.launch(a)
+        attempts = []
+        for row in rows:
+            a = self._attempt(row)
+            if a is not None:
+                self._slots.take()
+                attempts.append(a)
+        self.runner.launch_many(attempts)
 
     def _hand_back(self, rows: list[ClaimedJob]) -> None:
         """Give claimed rows back unrun (pending, attempt given back): the engine stops or cannot run them."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import random
@@ -67,26 +68,67 @@ class Runner:
 
     def launch(self, a: Attempt) -> None:
         """Start *a*'s handler: a task on the loop for an async kind, else a thread."""
-        self._busy(a, +1)
+        self.launch_many([a])
+
+    def launch_many(self, attempts: Sequence[Attempt]) -> None:
+        """Start each attempt's handler; the async ones reach the loop in one hand-over."""
+        tasks = []
+        for a in attempts:
+            self._busy(a, +1)
+            if a.kind.is_async:
+                tasks.append((functools.partial(a.kind.handler, a.ctx, a.claim), self._on_task_done(a)))
+            else:
+                self.threads.run(functools.partial(self._run_thread, a, time.monotonic()))
+        self.loop.spawn_many(tasks)
+
+    def _run_thread(self, a: Attempt, t0: float) -> None:
+        error = self._call_sync(a)
+        self._observe(a, t0)
+        self.finish(a, error)
+
+    def _on_task_done(self, a: Attempt) -> Callable[[BaseException | None], None]:
         t0 = time.monotonic()
-        if a.kind.is_async:
 
-            def on_done(error: BaseException | None) -> None:
-                # On the loop's thread: the handler's end is recorded at once (the watchdog must not
-                # call a finished handler hung while it waits for a settler); the writes go off the loop.
-                self._observe(a, t0)
-                was = self.ended(a)
-                self.settlers.run(lambda: self.conclude(a, error, was))
+        def on_done(error: BaseException | None) -> None:
+            # On the loop's thread: the handler's end is recorded at once (the watchdog must not
+            # call a finished handler hung while it waits for a settler). A plain return is settled
+            # here when that cannot block (the completer has room); the rest goes to a settler thread.
+            self._observe(a, t0)
+            was = self.ended(a)
+            if error is None and not a.claim.has_closing_work and self._conclude_returned(a, was):
+                return
+            self.settlers.run(lambda: self.conclude(a, error, was))
 
-            self.loop.spawn(lambda: a.kind.handler(a.ctx, a.claim), on_done)
-        else:
+        return on_done
 
-            def run() -> None:
-                error = self._call_sync(a)
-                self._observe(a, t0)
-                self.finish(a, error)
+    def _conclude_returned(self, a: Attempt, was: HandlerState | None) -> bool:
+        """Settle a returned attempt without blocking (the loop's thread); False: nothing done yet."""
+        completer = self.completer
+        if completer is None or not completer.has_room():
+            return False
+        try:
+            if not a.end(Phase.RETURNED):
+                self._late(a, None)
+            else:
+                outcome = self.settling_outcome(a, None)
+                if outcome is not None and not completer.offer(outcome):
+                    # Filled up meanwhile: a settler waits for room; the slot stays taken until then.
+                    self.settlers.run(lambda: self._put_then_free(outcome, was))
+                    return True
+        except BaseException:
+            if was is HandlerState.RUNNING:
+                self.release_slot()
+            raise
+        if was is HandlerState.RUNNING:
+            self.release_slot()
+        return True
 
-            self.threads.run(run)
+    def _put_then_free(self, outcome: Outcome, was: HandlerState | None) -> None:
+        try:
+            self.put(outcome)
+        finally:
+            if was is HandlerState.RUNNING:
+                self.release_slot()
 
     def run_here(self, a: Attempt) -> None:
         """Run *a*'s handler in this thread and settle it (``Engine.run_once``)."""
@@ -155,18 +197,25 @@ class Runner:
 
     def settle(self, a: Attempt, error: BaseException | None = None) -> None:
         """Settle the ending *a* just reached: exactly once, through ``decide()``."""
+        outcome = self.settling_outcome(a, error)
+        if outcome is None:
+            return
+        if outcome.state is State.DONE and a.claim.has_closing_work:
+            self._close(a, outcome)
+            return
+        self.put(outcome)
+
+    def settling_outcome(self, a: Attempt, error: BaseException | None) -> Outcome | None:
+        """Move *a* to settling and decide its outcome; None when nothing is to be written (then settled)."""
         phase = a.settling()
         ending = Ending(phase, error=error, cause=a.ctx.cause, stopping=self.stopping())
         outcome = self._decide(a, ending)
         if outcome is None:
             self._nothing(a)
-            return
+            return None
         if phase is Phase.RAISED and error is not None:
             self._log_failure(a, error)
-        if outcome.state is State.DONE and a.claim.has_closing_work:
-            self._close(a, outcome)
-            return
-        self.put(outcome)
+        return outcome
 
     def _decide(self, a: Attempt, ending: Ending) -> Outcome | None:
         return decide(

@@ -8,14 +8,24 @@ task on the engine's loop, and no thread at all.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from queue import SimpleQueue
 from typing import Any
 
 _STOP = object()
+
+
+async def _main(make: Callable[[], Any]) -> BaseException | None:
+    """Await one handler; return how it ended (None: it returned) instead of raising."""
+    try:
+        await make()
+    except BaseException as exc:  # the handler's own ending, whatever it is
+        return exc
+    return None
 
 
 class SlotPool:
@@ -164,29 +174,35 @@ class AsyncRunner:
         on_done: Callable[[BaseException | None], None],
     ) -> None:
         """Run ``await make()`` as a task on the loop; then call ``on_done(error or None)`` there."""
+        self.spawn_many([(make, on_done)])
 
-        async def main() -> BaseException | None:
-            try:
-                await make()
-            except BaseException as exc:  # the handler's own ending, whatever it is
-                return exc
-            return None
-
-        def done(task: asyncio.Task[BaseException | None]) -> None:
-            self._tasks.discard(task)
-            error: BaseException | None
-            if task.cancelled():
-                error = asyncio.CancelledError("the handler's task was cancelled")
-            else:
-                error = task.result()
-            on_done(error)
+    def spawn_many(
+        self, handlers: Sequence[tuple[Callable[[], Any], Callable[[BaseException | None], None]]]
+    ) -> None:
+        """``spawn`` each ``(make, on_done)``: one wake-up of the loop for the whole batch of a claim."""
+        if not handlers:
+            return
+        batch = list(handlers)
 
         def create() -> None:
-            task = asyncio.get_running_loop().create_task(main())
-            self._tasks.add(task)
-            task.add_done_callback(done)
+            loop = asyncio.get_running_loop()
+            for make, on_done in batch:
+                task = loop.create_task(_main(make))
+                self._tasks.add(task)
+                task.add_done_callback(functools.partial(self._done, on_done))
 
         self._ensure().call_soon_threadsafe(create)
+
+    def _done(
+        self, on_done: Callable[[BaseException | None], None], task: asyncio.Task[BaseException | None]
+    ) -> None:
+        self._tasks.discard(task)
+        error: BaseException | None
+        if task.cancelled():
+            error = asyncio.CancelledError("the handler's task was cancelled")
+        else:
+            error = task.result()
+        on_done(error)
 
     def wait(self, awaitable: Any) -> Any:
         """Await *awaitable* on the loop from another thread and return its result (never cancelled)."""

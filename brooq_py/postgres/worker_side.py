@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Sequence
 from datetime import timedelta
@@ -12,10 +11,10 @@ import psycopg
 from psycopg import sql
 
 from brooq_py.postgres.arrays import bool_array, float_array, text_array, uuid_array
-from brooq_py.postgres.bounds import deadline, statement_budget
-from brooq_py.postgres.errors import is_connection_error, translated, unavailable
+from brooq_py.postgres.errors import translated
+from brooq_py.postgres.own import OwnConnection
 from brooq_py.postgres.queries import Queries
-from brooq_py.postgres.runner import Rows, on_connection, on_tx
+from brooq_py.postgres.runner import Rows, on_tx
 from brooq_py.queue import State, Tx
 from brooq_py.queue.port import ClaimedJob, DatabaseGauges, Gauges, HeldLease, Outcome, Staged, TopicCount
 
@@ -53,8 +52,9 @@ class WorkerSide:
     """Mixin of Store: every statement the engine runs, one named SQL file each."""
 
     _q: Queries
-    _hb_lock: threading.Lock
-    _hb_conn: psycopg.Connection[Any] | None
+    _heartbeat: OwnConnection
+    _claimer: OwnConnection | None
+    _settler: OwnConnection | None
     _own_lease: timedelta
 
     def _run(self, doing: str, query: Any, params: dict[str, Any]) -> Rows:  # pragma: no cover - Store's
@@ -72,11 +72,14 @@ class WorkerSide:
         """
         if not topics or limit < 1:
             return []
-        rows = self._run(
-            "claiming jobs",
-            self._q.claim,
-            {"topics": list(topics), "limit": limit, "worker": worker, "lease": lease},
+        params = {"topics": list(topics), "limit": limit, "worker": worker, "lease": lease}
+        # On the Store's own claim connection (its plan cached: no planning per claim); a second
+        # engine claiming through this Store at the same moment takes a pool connection instead.
+        rows = (
+            None if self._claimer is None else self._claimer.try_run("claiming jobs", self._q.claim, params)
         )
+        if rows is None:
+            rows = self._run("claiming jobs", self._q.claim, params)
         return claimed_jobs(rows)
 
     def settle_many(self, outcomes: Sequence[Outcome]) -> set[str]:
@@ -86,7 +89,15 @@ class WorkerSide:
         """
         if not outcomes:
             return set()
-        rows = self._run("settling outcomes", self._q.settle_many, self._settle_params(outcomes))
+        params = self._settle_params(outcomes)
+        # The completer's batches on a connection of their own (as claims); busy: the pool.
+        rows = (
+            None
+            if self._settler is None
+            else self._settler.try_run("settling outcomes", self._q.settle_many, params)
+        )
+        if rows is None:
+            rows = self._run("settling outcomes", self._q.settle_many, params)
         return {r[0] for r in rows}
 
     @staticmethod
@@ -131,24 +142,8 @@ class WorkerSide:
             "tokens": uuid_array([h.claim_token for h in leases]),
             "lease": lease,
         }
-        with self._hb_lock:
-            try:
-                if self._hb_conn is None or self._hb_conn.closed:
-                    self._hb_conn = None
-                    self._hb_conn = self._connect_own()
-                with deadline(self._hb_conn, statement_budget(self._own_lease)):
-                    rows = on_connection(self._hb_conn)(self._q.renew, params)
-            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-                if not is_connection_error(exc):
-                    raise
-                self._close_heartbeat_locked()
-                raise unavailable(exc, "renewing leases") from exc
+        rows = self._heartbeat.run("renewing leases", self._q.renew, params)
         return {r[0] for r in rows}
-
-    def _close_heartbeat_locked(self) -> None:
-        conn, self._hb_conn = self._hb_conn, None
-        if conn is not None:
-            conn.close()
 
     def schema_version(self) -> str | None:
         """Return the migration revision this Store's schema is at; None when it was never migrated."""

@@ -11,8 +11,10 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg_pool import ConnectionPool
 
 from brooq_py.postgres import Store
+from brooq_py.postgres.own import OwnConnection
 from brooq_py.queue import Job, State, StoreUnavailable
 from brooq_py.queue.port import HeldLease, Outcome
 
@@ -183,13 +185,54 @@ def test_c3_renew_reopens_its_connection_after_a_break(store: Store, dsn: str) -
     [j] = store.claim(["a"], 1, "w", LEASE)
     held = [HeldLease(j.id, j.claim_token)]
     assert store.renew(held, LEASE) == {j.id}
-    conn = store._hb_conn
+    conn = store._heartbeat._conn
     assert conn is not None
     with psycopg.connect(dsn, autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
     with pytest.raises(StoreUnavailable):
         store.renew(held, LEASE)
     assert store.renew(held, LEASE) == {j.id}
+
+
+def claimer(store: Store) -> OwnConnection:
+    assert store._claimer is not None, "a Store without conninfo claims on a connection of its own"
+    return store._claimer
+
+
+def test_c1_claim_reopens_its_connection_after_a_break(store: Store, dsn: str) -> None:
+    """C1: claims run on the Store's own connection; a broken one raises StoreUnavailable once, then reopens."""
+    store.enqueue_many([Job("a", i) for i in range(2)])
+    assert len(store.claim(["a"], 1, "w", LEASE)) == 1
+    conn = claimer(store)._conn
+    assert conn is not None
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+    with pytest.raises(StoreUnavailable):
+        store.claim(["a"], 1, "w", LEASE)
+    assert len(store.claim(["a"], 1, "w", LEASE)) == 1
+    assert claimer(store)._conn is not None and claimer(store)._conn is not conn
+
+
+def test_c1_the_claim_plan_is_cached_on_its_own_session_only(store: Store, pool: ConnectionPool[Any]) -> None:
+    """The claim connection plans its statement once; the caller's pool sessions keep their settings."""
+    store.enqueue(Job("a", 1))
+    store.claim(["a"], 1, "w", LEASE)
+    own = claimer(store)._conn
+    assert own is not None
+    assert own.execute("SHOW plan_cache_mode").fetchone() == ("force_generic_plan",)
+    with pool.connection() as conn:
+        assert conn.execute("SHOW plan_cache_mode").fetchone() == ("auto",)
+
+
+def test_c1_a_claim_while_the_claim_connection_is_busy_takes_the_pool(store: Store) -> None:
+    """Two engines on one Store claim at once: the second claim goes through the pool, same rules."""
+    store.enqueue_many([Job("a", i) for i in range(3)])
+    store.claim(["a"], 1, "w", LEASE)
+    own = claimer(store)._conn
+    with claimer(store)._lock:  # the other engine's claim is running
+        rows = store.claim(["a"], 5, "w2", LEASE)
+    assert len(rows) == 2 and all(r.locked_by == "w2" for r in rows)
+    assert claimer(store)._conn is own
 
 
 def test_r1_racing_reapers_return_each_job_once(store: Store, db: psycopg.Connection[Any]) -> None:

@@ -350,7 +350,7 @@ def test_c11_rows_a_claim_returns_after_stop_are_handed_back_unrun() -> None:
         release.wait(10)  # waiting on the pool longer than stop() waits for the dispatcher
         return [row]
 
-    d = Dispatcher(claim, SlotPool(1), launched.append, 0.05, logging.getLogger("t"), hand_back=handed.append)
+    d = Dispatcher(claim, SlotPool(1), launched.extend, 0.05, logging.getLogger("t"), hand_back=handed.append)
     d.start()
     d.stop(timeout=0.05)
     release.set()

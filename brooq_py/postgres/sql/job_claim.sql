@@ -31,8 +31,7 @@ WITH cand AS (
         attempts = j.attempts + 1,
         claim_token = gen_random_uuid(),
         updated_at = now()
-    FROM cand
-    WHERE j.id = cand.id
+    WHERE j.id = ANY (ARRAY(SELECT id FROM cand))
     RETURNING j.id, j.topic, j.payload, j.attempts, j.priority, j.claim_token, j.locked_by,
               j.locked_until, j.available_at
 )

@@ -1,0 +1,73 @@
+"""One of the Store's own connections (heartbeat, claims): opened on first use, reopened after a break.
+
+The engine runs each of these statements from one thread, so a connection of
+its own per kind of statement costs one backend and saves the pool checkout, and
+its session can be set up for that statement alone (a claim's plan is cached).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from brooq_py.postgres.bounds import deadline
+from brooq_py.postgres.errors import is_connection_error, unavailable
+from brooq_py.postgres.queries import Query
+from brooq_py.postgres.runner import Rows, on_connection
+
+
+class OwnConnection:
+    """A lazily opened autocommit connection that runs one statement at a time.
+
+    ``run`` raises StoreUnavailable on a connection error and closes the
+    connection (the next call reopens it); ``try_run`` returns None instead of
+    waiting while another thread is using it.
+    """
+
+    def __init__(
+        self, connect: Callable[[], psycopg.Connection[Any]], budget: Callable[[], float] | None = None
+    ) -> None:
+        self._connect = connect
+        self._budget = budget
+        self._lock = threading.Lock()
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def run(self, doing: str, query: Query, params: dict[str, Any]) -> Rows:
+        with self._lock:
+            return self._run_locked(doing, query, params)
+
+    def try_run(self, doing: str, query: Query, params: dict[str, Any]) -> Rows | None:
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            return self._run_locked(doing, query, params)
+        finally:
+            self._lock.release()
+
+    def _run_locked(self, doing: str, query: Query, params: dict[str, Any]) -> Rows:
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = None
+                self._conn = self._connect()
+            if self._budget is None:
+                return on_connection(self._conn)(query, params)
+            with deadline(self._conn, self._budget()):
+                return on_connection(self._conn)(query, params)
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            if not is_connection_error(exc):
+                raise
+            self._close_locked()
+            raise unavailable(exc, doing) from exc
+
+    def _close_locked(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    def close(self) -> None:
+        """Close the connection (a statement running on it finishes first); safe to repeat."""
+        with self._lock:
+            self._close_locked()
