@@ -3,7 +3,8 @@
 Connections: statements outside a caller's transaction take a pool connection
 for one autocommit statement (one round trip) and restore its autocommit flag
 before giving it back. The heartbeat and LISTEN connections are the Store's own,
-opened from ``conninfo`` (default: the pool's), so busy handlers never starve them.
+opened from ``conninfo`` (default: the pool's), so busy handlers never starve them;
+without a separate ``conninfo`` claims and outcome batches have one each too.
 
 Prepared statements: psycopg's default ``prepare_threshold`` applies. Behind a
 transaction-pooling proxy (PgBouncer in transaction mode), open the pool with
@@ -261,7 +262,7 @@ class Store(WorkerSide, OperatorSide):
             return False
 
     def close(self) -> None:
-        """Close the Store's own connections (heartbeat, open listeners); never the pool. Safe to repeat."""
+        """Close the Store's own connections (heartbeat, claims, outcomes, listeners); never the pool. Safe to repeat."""
         self._heartbeat.close()
         for own in (self._claimer, self._settler):
             if own is not None:

@@ -235,6 +235,39 @@ def test_c1_a_claim_while_the_claim_connection_is_busy_takes_the_pool(store: Sto
     assert claimer(store)._conn is own
 
 
+def test_c10_outcome_batches_run_on_their_own_connection_and_reopen_it(store: Store, dsn: str) -> None:
+    """C10: settle_many writes on the Store's own connection; a break raises once, then it reopens;
+    while it is busy (another engine's batch) the pool writes, under the same guard."""
+    store.enqueue_many([Job("a", i) for i in range(3)])
+    js = store.claim(["a"], 3, "w", LEASE)
+    done = [Outcome(j.id, j.claim_token, State.DONE) for j in js]
+    assert store.settle_many(done[:1]) == {js[0].id}
+    settler = store._settler
+    assert settler is not None and settler._conn is not None
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (settler._conn.info.backend_pid,))
+    with pytest.raises(StoreUnavailable):
+        store.settle_many(done[1:2])
+    assert store.settle_many(done[1:2]) == {js[1].id}
+    with settler._lock:
+        assert store.settle_many(done) == {js[2].id}  # the first two are no longer processing
+    assert {store.get(j.id).state for j in js} == {State.DONE}  # type: ignore[union-attr]
+
+
+def test_a_store_with_its_own_conninfo_claims_and_settles_on_the_pool(
+    pool: ConnectionPool[Any], schema: str, dsn: str
+) -> None:
+    """Store(pool, conninfo=...) (a pool behind a proxy): no claim or settle connection of its own."""
+    s = Store(pool, schema=schema, conninfo=dsn)
+    try:
+        s.enqueue(Job("a", 1))
+        [j] = s.claim(["a"], 1, "w", LEASE)
+        assert s.settle_many([Outcome(j.id, j.claim_token, State.DONE)]) == {j.id}
+        assert s._claimer is None and s._settler is None
+    finally:
+        s.close()
+
+
 def test_r1_racing_reapers_return_each_job_once(store: Store, db: psycopg.Connection[Any]) -> None:
     """R1: several reapers at once (one per engine) return every expired job exactly once."""
     store.enqueue_many([Job("a", i) for i in range(300)])
