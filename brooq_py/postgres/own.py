@@ -34,10 +34,14 @@ class OwnConnection:
         self._budget = budget
         self._lock = threading.Lock()
         self._conn: psycopg.Connection[Any] | None = None
+        self._close_after = False
 
     def run(self, doing: str, query: Query, params: dict[str, Any]) -> Rows:
         with self._lock:
-            return self._run_locked(doing, query, params)
+            try:
+                return self._run_locked(doing, query, params)
+            finally:
+                self._close_if_asked()
 
     def try_run(self, doing: str, query: Query, params: dict[str, Any]) -> Rows | None:
         if not self._lock.acquire(blocking=False):
@@ -45,7 +49,13 @@ class OwnConnection:
         try:
             return self._run_locked(doing, query, params)
         finally:
+            self._close_if_asked()
             self._lock.release()
+
+    def _close_if_asked(self) -> None:
+        if self._close_after:
+            self._close_after = False
+            self._close_locked()
 
     def _run_locked(self, doing: str, query: Query, params: dict[str, Any]) -> Rows:
         try:
@@ -67,7 +77,16 @@ class OwnConnection:
         if conn is not None:
             conn.close()
 
-    def close(self) -> None:
-        """Close the connection (a statement running on it finishes first); safe to repeat."""
-        with self._lock:
-            self._close_locked()
+    def close(self, wait: float = 1.0) -> None:
+        """Close the connection; safe to repeat.
+
+        A statement still running after *wait* seconds is not waited for: the
+        connection is closed as soon as that statement returns.
+        """
+        if self._lock.acquire(timeout=wait):
+            try:
+                self._close_locked()
+            finally:
+                self._lock.release()
+        else:
+            self._close_after = True

@@ -1,0 +1,46 @@
+"""The Store's own connections (brooq_py/postgres/own.py): one statement at a time, closed without hanging."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import psycopg
+
+from brooq_py.postgres.own import OwnConnection
+from brooq_py.postgres.queries import Query
+from tests.polling import wait_for
+
+BLOCKED = Query("blocked", b"SELECT pg_advisory_lock(4242), pg_advisory_unlock(4242)", "")
+ONE = Query("one", b"SELECT 1", "SELECT 1")
+
+
+def test_close_does_not_wait_for_a_running_statement_and_closes_after_it(dsn: str) -> None:
+    opened: list[psycopg.Connection[Any]] = []
+
+    def connect() -> psycopg.Connection[Any]:
+        opened.append(psycopg.connect(dsn, autocommit=True))
+        return opened[-1]
+
+    own = OwnConnection(connect)
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute("SELECT pg_advisory_lock(4242)")
+        t = threading.Thread(target=own.run, args=("testing", BLOCKED, {}))
+        t.start()
+        wait_for(
+            lambda: (
+                admin.execute(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                ).fetchone()
+                == (1,)
+            ),
+            what="the statement waiting on the lock",
+        )
+        assert own.try_run("testing", ONE, {}) is None  # busy: a caller takes the pool instead
+        own.close(wait=0.05)  # returns although the statement still runs
+        assert not opened[0].closed
+        admin.execute("SELECT pg_advisory_unlock(4242)")
+    t.join(10)
+    assert opened[0].closed  # closed as soon as its statement returned
+    assert own.try_run("testing", ONE, {}) == [(1,)] and len(opened) == 2  # reopened on next use
+    own.close()
