@@ -24,7 +24,9 @@ class OwnConnection:
 
     ``run`` raises StoreUnavailable on a connection error and closes the
     connection (the next call reopens it); ``try_run`` returns None instead of
-    waiting while another thread is using it.
+    waiting while another thread is using it. After ``close()`` a statement
+    still runs (a claim's late hand-back, say) but its connection is closed as
+    it ends, until ``reuse()``: nothing stays open behind a closed Store.
     """
 
     def __init__(
@@ -34,7 +36,7 @@ class OwnConnection:
         self._budget = budget
         self._lock = threading.Lock()
         self._conn: psycopg.Connection[Any] | None = None
-        self._close_after = False
+        self._closed = False
 
     def run(self, doing: str, query: Query, params: dict[str, Any]) -> Rows:
         with self._lock:
@@ -53,8 +55,7 @@ class OwnConnection:
             self._lock.release()
 
     def _close_if_asked(self) -> None:
-        if self._close_after:
-            self._close_after = False
+        if self._closed:
             self._close_locked()
 
     def _run_locked(self, doing: str, query: Query, params: dict[str, Any]) -> Rows:
@@ -78,15 +79,18 @@ class OwnConnection:
             conn.close()
 
     def close(self, wait: float = 1.0) -> None:
-        """Close the connection; safe to repeat.
+        """Close the connection, and each one a later statement opens as that statement ends; safe to repeat.
 
         A statement still running after *wait* seconds is not waited for: the
         connection is closed as soon as that statement returns.
         """
+        self._closed = True  # before the lock: a statement that holds it closes on its way out
         if self._lock.acquire(timeout=wait):
             try:
                 self._close_locked()
             finally:
                 self._lock.release()
-        else:
-            self._close_after = True
+
+    def reuse(self) -> None:
+        """Keep the connection open between statements again (an engine starts on the Store)."""
+        self._closed = False

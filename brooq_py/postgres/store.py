@@ -122,9 +122,13 @@ class Store(WorkerSide, OperatorSide):
 
         Connections opened from now on set lock_timeout, statement_timeout, TCP
         keepalives and tcp_user_timeout from it; a statement on them that has
-        not answered within about lease/3 has its socket shut down.
+        not answered within about lease/3 has its socket shut down. Own connections
+        a ``close()`` shut stay open between statements again.
         """
         self._own_lease = lease
+        for own in (self._heartbeat, self._claimer, self._settler):
+            if own is not None:
+                own.reuse()
 
     @contextmanager
     def _autocommit(self, doing: str, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:

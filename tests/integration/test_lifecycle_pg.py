@@ -18,7 +18,7 @@ import pytest
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
-from brooq_py.engine import Engine
+from brooq_py.engine import Config, Engine
 from brooq_py.postgres import Store
 from brooq_py.queue import BrooqError, Claim, Context, Job, KindOptions, State, Tx
 from tests.integration.conftest import FAST, q
@@ -440,3 +440,54 @@ def test_l3_c10_a_psql_lock_on_one_finished_row_holds_up_no_other_outcome(
         finally:
             conn.rollback()
     wait_for(lambda: state(store, jid) is State.DONE, what="the locked job done once released")
+
+
+class _SlowClaimAnswers(Store):
+    """A Store whose claims answer late once ``hold`` is set: the rows are claimed, the answer waits."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.hold = False
+        self.claimed = threading.Event()
+        self.answer = threading.Event()
+        self.opened: list[psycopg.Connection[Any]] = []
+
+    def _connect_own(self, options: str = "") -> psycopg.Connection[Any]:
+        conn = super()._connect_own(options)
+        self.opened.append(conn)
+        return conn
+
+    def claim(self, topics: Any, limit: int, worker: str, lease: Any) -> Any:
+        rows = super().claim(topics, limit, worker, lease)
+        if rows and self.hold:
+            self.claimed.set()
+            self.answer.wait(30)
+        return rows
+
+
+def test_c11_rows_of_a_claim_answered_after_close_go_back_and_no_own_connection_stays_open(
+    pool: ConnectionPool[Any], schema: str
+) -> None:
+    """C11 with Engine.close() (API: the Store's own connections are closed by Engine.close()):
+    stop() gives up waiting for a claim whose answer comes late; once it comes, its rows go back
+    to pending unrun, and that hand-back must not leave a connection of the Store's open behind it."""
+    s = _SlowClaimAnswers(pool, schema=schema)
+    e = Engine(s, Config(workers=2, poll_interval=0.2, lease=3, **FAST))
+    e.register_kind("t", lambda ctx, claim: None)
+    e.start()
+    done = e.enqueue(Job("t")).id  # the claim and settle connections are open and in use
+    wait_for(lambda: row(s, done).state is State.DONE, what="a first job done")
+    s.hold = True
+    jid = e.enqueue(Job("t")).id
+    assert s.claimed.wait(30)
+    dispatcher = e._dispatcher
+    assert dispatcher is not None and dispatcher._thread is not None
+    late, stop = dispatcher._thread, dispatcher.stop
+    dispatcher.stop = lambda timeout=10.0: stop(timeout=0.1)  # type: ignore[method-assign]
+    e.close()  # gives up on the claim's answer
+    assert row(s, jid).state is State.PROCESSING
+    s.answer.set()
+    late.join(30)
+    r = row(s, jid)
+    assert r.state is State.PENDING and r.attempts == 0  # handed back unrun (C11)
+    assert [c for c in s.opened if not c.closed] == []

@@ -44,3 +44,25 @@ def test_close_does_not_wait_for_a_running_statement_and_closes_after_it(dsn: st
     assert opened[0].closed  # closed as soon as its statement returned
     assert own.try_run("testing", ONE, {}) == [(1,)] and len(opened) == 2  # reopened on next use
     own.close()
+
+
+def test_a_statement_after_close_opens_a_connection_and_closes_it_until_reuse(dsn: str) -> None:
+    """After close() (Engine.close: the Store's own connections closed) a late statement still runs,
+    on a connection closed as it ends; once an engine starts on the Store again (reuse) it stays open."""
+    opened: list[psycopg.Connection[Any]] = []
+
+    def connect() -> psycopg.Connection[Any]:
+        opened.append(psycopg.connect(dsn, autocommit=True))
+        return opened[-1]
+
+    own = OwnConnection(connect)
+    assert own.run("testing", ONE, {}) == [(1,)] and not opened[0].closed
+    own.close()
+    assert opened[0].closed
+    assert own.try_run("testing", ONE, {}) == [(1,)] and own.run("testing", ONE, {}) == [(1,)]
+    assert len(opened) == 3 and all(c.closed for c in opened)
+    own.reuse()
+    assert own.run("testing", ONE, {}) == [(1,)] and own.try_run("testing", ONE, {}) == [(1,)]
+    assert len(opened) == 4 and not opened[3].closed
+    own.close()
+    assert opened[3].closed
