@@ -491,3 +491,37 @@ def test_c11_rows_of_a_claim_answered_after_close_go_back_and_no_own_connection_
     r = row(s, jid)
     assert r.state is State.PENDING and r.attempts == 0  # handed back unrun (C11)
     assert [c for c in s.opened if not c.closed] == []
+
+
+def test_l3_l6_a_psql_lock_outlasting_the_lease_of_a_returned_jobs_row_still_ends_it_done_once(
+    store: Store, pool: ConnectionPool[Any], schema: str, dsn: str, engines: Callable[..., Engine]
+) -> None:
+    """A handler returns while an operator's open transaction holds its row's lock, for longer than
+    the lease: renewals skip the row and count it as still held (L3), and the outcome write waits
+    or is retried (L6). Once the lock goes, the row must end done from that one run: not be
+    taken by the reaper meanwhile (its locked_until passed under the lock) and run a second time."""
+    lease = 3.0
+    e = engines(lease=lease, watchdog_grace=30)
+    job = sql.Identifier(schema, "job")
+    locked = threading.Event()
+    runs: list[int] = []
+
+    def handler(ctx: Context, claim: Claim) -> None:
+        runs.append(claim.attempt)
+        if claim.attempt == 1:
+            assert locked.wait(30)  # returns once psql holds the row's lock
+
+    e.register_kind("t", handler, KindOptions(**FAST))
+    jid = e.enqueue(Job("t")).id
+    e.start()
+    wait_for(lambda: runs == [1], what="the handler running")
+    with psycopg.connect(dsn) as conn:  # as in psql: BEGIN; SELECT ... FOR UPDATE; (ROLLBACK later)
+        conn.execute(sql.SQL("SELECT 1 FROM {} WHERE id = %s FOR UPDATE").format(job), (jid,))
+        locked.set()
+        wait_for(lambda: not e.inflight.running(), what="the handler returned")
+        time.sleep(lease * 1.5)  # the row's locked_until passes while the lock is held
+        conn.rollback()
+    wait_for(lambda: not e.inflight.held(), what="the outcome settled")
+    r = row(store, jid)
+    assert (r.state, r.attempts, runs) == (State.DONE, 1, [1])
+    assert not e.registry.get_sample_value("brooq_reaped_total", {"topic": "t"})
