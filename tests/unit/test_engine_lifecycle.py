@@ -637,3 +637,64 @@ def test_l6_l5_an_outcome_write_given_up_on_the_last_attempt_never_makes_the_job
 
 def _unused(tx: Tx) -> None:  # keeps Tx imported for the callbacks' annotations
     return None
+
+
+# --- async handlers settled on the loop (C10, L2) ------------------------------------------
+
+
+@pytest.mark.parametrize("offer", ["as it is", "refused after has_room"])
+def test_c10_l2_async_returns_meeting_a_full_outcome_buffer_are_settled_once_each_slot_freed_once(
+    repo: FakeRepo, make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch, offer: str
+) -> None:
+    """Async handlers return while the outcome writes are held up and the completer's buffer fills
+    (max_buffer): returns that find no room wait on settler threads, their slots still taken (the
+    claims stop), never on the loop. Once the writes go through, every job is done exactly once,
+    every slot is free again and the busy gauge is back to zero. Run again with ``offer`` refused
+    after ``has_room`` said yes (the buffer filled in between): the settler puts it and frees the slot."""
+    e = make_engine(workers=40, lease=30)
+    writes = threading.Event()
+    settle = repo.settle_many
+
+    def held_up(outcomes: list[Outcome]) -> set[str]:
+        assert writes.wait(30)
+        return settle(outcomes)
+
+    monkeypatch.setattr(repo, "settle_many", held_up)
+    loop_beats: list[float] = []
+
+    async def handler(ctx: Context, claim: Claim) -> None:
+        loop_beats.append(time.monotonic())
+        await asyncio.sleep(0)
+
+    e.register_kind("t", handler)
+    n = 2500
+    ids = [r.id for r in e.enqueue_many([Job("t", i) for i in range(n)])]
+    e.start()
+    completer = e._completer
+    slots = e._slots
+    assert completer is not None and slots is not None
+    if offer != "as it is":
+        monkeypatch.setattr(completer, "has_room", lambda: True)
+    busy = {"topic": "t"}
+    wait_for(
+        lambda: (
+            slots.free == 0
+            and len(completer._buf) >= 1000
+            and e.registry.get_sample_value("brooq_worker_busy", busy) == 0
+        ),
+        what="the buffer full, every slot taken by a handler that returned",
+    )
+    stalled = len(loop_beats)
+    time.sleep(0.3)
+    try:
+        assert len(loop_beats) == stalled  # no new claim while the returns wait for room
+    finally:
+        writes.set()
+    wait_for(lambda: all(repo.row(i).state is State.DONE for i in ids), what="all done", timeout=60)
+    wait_for(lambda: slots.free == 40 and not e.inflight.held(), what="every slot free")
+    assert all(repo.row(i).history == [State.PROCESSING, State.DONE] for i in ids)
+    assert e.registry.get_sample_value("brooq_settle_total", {"topic": "t", "outcome": "done"}) == n
+    assert e.registry.get_sample_value("brooq_worker_busy", busy) == 0
+    assert e.registry.get_sample_value("brooq_attempt_duration_seconds_count", {"topic": "t"}) == n
+    e.stop(timeout=5)
+    assert slots.free == 40
