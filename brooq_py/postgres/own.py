@@ -24,9 +24,10 @@ class OwnConnection:
 
     ``run`` raises StoreUnavailable on a connection error and closes the
     connection (the next call reopens it); ``try_run`` returns None instead of
-    waiting while another thread is using it. After ``close()`` a statement
-    still runs (a claim's late hand-back, say) but its connection is closed as
-    it ends, until ``reuse()``: nothing stays open behind a closed Store.
+    waiting while another thread is using it. Nothing stays open behind a
+    closed Store: after ``close()`` and until ``reuse()``, ``try_run`` returns
+    None (a claim's late hand-back goes to the pool) and ``run`` closes the
+    connection it opened as its statement ends.
     """
 
     def __init__(
@@ -47,6 +48,9 @@ class OwnConnection:
 
     def try_run(self, doing: str, query: Query, params: dict[str, Any]) -> Rows | None:
         if not self._lock.acquire(blocking=False):
+            return None
+        if self._closed:
+            self._lock.release()
             return None
         try:
             return self._run_locked(doing, query, params)

@@ -266,7 +266,12 @@ class Store(WorkerSide, OperatorSide):
             return False
 
     def close(self) -> None:
-        """Close the Store's own connections (heartbeat, claims, outcomes, listeners); never the pool. Safe to repeat."""
+        """Close the Store's own connections (heartbeat, claims, outcomes, listeners); never the pool. Safe to repeat.
+
+        None is left open behind it: a claim or outcome batch that comes later (the hand-back of
+        a claim answered after a stop stopped waiting for it) goes through the pool, until an
+        engine starts on this Store again.
+        """
         self._heartbeat.close()
         for own in (self._claimer, self._settler):
             if own is not None:

@@ -42,13 +42,15 @@ def test_close_does_not_wait_for_a_running_statement_and_closes_after_it(dsn: st
         admin.execute("SELECT pg_advisory_unlock(4242)")
     t.join(10)
     assert opened[0].closed  # closed as soon as its statement returned
+    own.reuse()  # an engine starts on the Store again
     assert own.try_run("testing", ONE, {}) == [(1,)] and len(opened) == 2  # reopened on next use
     own.close()
 
 
-def test_a_statement_after_close_opens_a_connection_and_closes_it_until_reuse(dsn: str) -> None:
-    """After close() (Engine.close: the Store's own connections closed) a late statement still runs,
-    on a connection closed as it ends; once an engine starts on the Store again (reuse) it stays open."""
+def test_after_close_nothing_stays_open_until_reuse(dsn: str) -> None:
+    """After close() (Engine.close: the Store's own connections closed) try_run leaves a late
+    statement to the pool and run closes the connection it opened as it ends; once an engine
+    starts on the Store again (reuse) the connection stays open between statements."""
     opened: list[psycopg.Connection[Any]] = []
 
     def connect() -> psycopg.Connection[Any]:
@@ -59,10 +61,11 @@ def test_a_statement_after_close_opens_a_connection_and_closes_it_until_reuse(ds
     assert own.run("testing", ONE, {}) == [(1,)] and not opened[0].closed
     own.close()
     assert opened[0].closed
-    assert own.try_run("testing", ONE, {}) == [(1,)] and own.run("testing", ONE, {}) == [(1,)]
-    assert len(opened) == 3 and all(c.closed for c in opened)
+    assert own.try_run("testing", ONE, {}) is None  # the caller takes the pool
+    assert own.run("testing", ONE, {}) == [(1,)]
+    assert len(opened) == 2 and all(c.closed for c in opened)
     own.reuse()
     assert own.run("testing", ONE, {}) == [(1,)] and own.try_run("testing", ONE, {}) == [(1,)]
-    assert len(opened) == 4 and not opened[3].closed
+    assert len(opened) == 3 and not opened[2].closed
     own.close()
-    assert opened[3].closed
+    assert opened[2].closed
