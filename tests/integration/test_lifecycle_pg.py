@@ -525,3 +525,40 @@ def test_l3_l6_a_psql_lock_outlasting_the_lease_of_a_returned_jobs_row_still_end
     r = row(store, jid)
     assert (r.state, r.attempts, runs) == (State.DONE, 1, [1])
     assert not e.registry.get_sample_value("brooq_reaped_total", {"topic": "t"})
+
+
+def test_c1_c10_claims_and_outcomes_go_on_when_the_stores_own_connections_cannot_be_opened(
+    dsn: str, schema: str
+) -> None:
+    """C1, C10, L6: the claim and outcome connections are the Store's own, over the pool's.
+    When the server refuses them (a role's connection limit met by the pool, max_connections
+    reached) the engine must still claim and settle through its healthy pool, not stop working."""
+    role = "brooq_lim_" + uuid.uuid4().hex[:8]
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN CONNECTION LIMIT 2").format(sql.Identifier(role)))
+        for grant in (
+            "GRANT USAGE ON SCHEMA {s} TO {r}",
+            "GRANT ALL ON ALL TABLES IN SCHEMA {s} TO {r}",
+            "GRANT ALL ON ALL SEQUENCES IN SCHEMA {s} TO {r}",
+        ):
+            admin.execute(sql.SQL(grant).format(s=sql.Identifier(schema), r=sql.Identifier(role)))
+    try:
+        limited = psycopg.conninfo.make_conninfo(dsn, user=role)
+        with ConnectionPool(limited, min_size=2, max_size=2, open=True) as pool:
+            pool.wait()  # the role's two connections are the pool's
+            store = Store(pool, schema=schema)
+            e = Engine(store, Config(workers=2, poll_interval=0.1, lease=30, **FAST))
+            e.register_kind("t", lambda ctx, claim: None)
+            ids = [r.id for r in store.enqueue_many([Job("t", i) for i in range(5)])]
+            e.start()
+            try:
+                wait_for(lambda: all(row(store, i).state is State.DONE for i in ids), what="every job done")
+            finally:
+                e.close()
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("REASSIGN OWNED BY {r} TO CURRENT_USER; DROP OWNED BY {r}; DROP ROLE {r}").format(
+                    r=sql.Identifier(role)
+                )
+            )

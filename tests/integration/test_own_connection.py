@@ -6,9 +6,11 @@ import threading
 from typing import Any
 
 import psycopg
+import pytest
 
 from brooq_py.postgres.own import OwnConnection
 from brooq_py.postgres.queries import Query
+from brooq_py.queue import StoreUnavailable
 from tests.polling import wait_for
 
 BLOCKED = Query("blocked", b"SELECT pg_advisory_lock(4242), pg_advisory_unlock(4242)", "")
@@ -69,3 +71,26 @@ def test_after_close_nothing_stays_open_until_reuse(dsn: str) -> None:
     assert len(opened) == 3 and not opened[2].closed
     own.close()
     assert opened[2].closed
+
+
+def test_try_run_leaves_statements_to_the_pool_while_the_connection_cannot_be_opened(dsn: str) -> None:
+    """The server refuses the connection (a role's connection limit, max_connections): try_run
+    returns None (the caller takes the pool) and asks again only after REOPEN_PAUSE; run raises."""
+    attempts: list[int] = []
+    refuse = True
+
+    def connect() -> psycopg.Connection[Any]:
+        attempts.append(1)
+        if refuse:
+            raise psycopg.OperationalError("FATAL:  too many connections for role")
+        return psycopg.connect(dsn, autocommit=True)
+
+    own = OwnConnection(connect)
+    assert own.try_run("testing", ONE, {}) is None and own.try_run("testing", ONE, {}) is None
+    assert len(attempts) == 1  # not asked again within the pause
+    with pytest.raises(StoreUnavailable):
+        own.run("testing", ONE, {})
+    refuse = False
+    own._reopen_at = 0.0  # the pause is over
+    assert own.try_run("testing", ONE, {}) == [(1,)]
+    own.close()
