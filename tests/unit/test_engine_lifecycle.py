@@ -698,3 +698,41 @@ def test_c10_l2_async_returns_meeting_a_full_outcome_buffer_are_settled_once_eac
     assert e.registry.get_sample_value("brooq_attempt_duration_seconds_count", {"topic": "t"}) == n
     e.stop(timeout=5)
     assert slots.free == 40
+
+
+@pytest.mark.parametrize("cause", ["cancel", "attempt_timeout", "last attempt"])
+def test_x2_c4_l2_an_async_return_after_its_ctx_was_cancelled_settles_once_and_frees_its_slot_once(
+    repo: FakeRepo, make_engine: Callable[..., Engine], cause: str
+) -> None:
+    """An async handler returns on the loop (the non-blocking settle) after its ctx was cancelled:
+    by a cancel seen as a lost lease (X2: nothing written, the row stays canceled), by its
+    attempt_timeout (C4: a return is done), or on its last attempt (done): one outcome at most,
+    its slot freed exactly once, the busy gauge back to zero."""
+    e = make_engine(workers=1, lease=0.6)
+    opts = KindOptions(attempt_timeout=0.2 if cause == "attempt_timeout" else 30, max_attempts=1, **FAST)
+    cancelled = threading.Event()
+
+    async def handler(ctx: Context, claim: Claim) -> None:
+        while not ctx.done():
+            await asyncio.sleep(0.01)
+        cancelled.set()
+
+    e.register_kind("t", handler, opts)
+    jid = e.enqueue(Job("t")).id
+    e.start()
+    wait_for(lambda: repo.row(jid).state is State.PROCESSING, what="running")
+    if cause == "cancel":
+        assert e.cancel(jid)
+    elif cause == "last attempt":
+        e.stop(timeout=0.05)  # the stop's cancel: a return is done all the same (C11)
+    assert cancelled.wait(10)
+    slots = e._slots
+    assert slots is not None
+    wait_for(lambda: not e.inflight.held() and slots.free == 1, what="settled, its slot free")
+    want = State.CANCELED if cause == "cancel" else State.DONE
+    assert repo.row(jid).history == [State.PROCESSING, want]
+    assert e.registry.get_sample_value("brooq_worker_busy", {"topic": "t"}) == 0
+    done = e.registry.get_sample_value("brooq_settle_total", {"topic": "t", "outcome": "done"}) or 0
+    assert done == (0 if cause == "cancel" else 1)
+    time.sleep(0.2)
+    assert slots.free == 1
