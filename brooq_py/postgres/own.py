@@ -108,7 +108,7 @@ class OwnConnection:
             conn.close()
 
     def close(self, wait: float = 1.0) -> None:
-        """Close the connection, and each one a later statement opens as that statement ends; safe to repeat.
+        """Close the connection, and the one a later ``run`` opens as its statement ends; safe to repeat.
 
         A statement still running after *wait* seconds is not waited for: the
         connection is closed as soon as that statement returns.

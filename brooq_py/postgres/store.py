@@ -122,8 +122,8 @@ class Store(WorkerSide, OperatorSide):
 
         Connections opened from now on set lock_timeout, statement_timeout, TCP
         keepalives and tcp_user_timeout from it; a statement on them that has
-        not answered within about lease/3 has its socket shut down. Own connections
-        a ``close()`` shut stay open between statements again.
+        not answered within about lease/3 has its socket shut down. After a
+        ``close()``, claims and outcome batches run on their own connections again.
         """
         self._own_lease = lease
         for own in (self._heartbeat, self._claimer, self._settler):
