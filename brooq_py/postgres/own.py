@@ -1,4 +1,4 @@
-"""One of the Store's own connections (heartbeat, claims): opened on first use, reopened after a break.
+"""One of the Store's own connections (heartbeat, claims, outcome batches): opened on first use, reopened after a break.
 
 The engine runs each of these statements from one thread, so a connection of
 its own per kind of statement costs one backend and saves the pool checkout, and
@@ -8,6 +8,7 @@ its session can be set up for that statement alone (a claim's plan is cached).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,11 @@ from brooq_py.postgres.bounds import deadline
 from brooq_py.postgres.errors import is_connection_error, unavailable
 from brooq_py.postgres.queries import Query
 from brooq_py.postgres.runner import Rows, on_connection
+from brooq_py.queue import StoreUnavailable
+
+# After the server refused to open the connection, ``try_run`` leaves statements to the pool
+# for this long before it tries again (a saturated server is not asked once per claim).
+REOPEN_PAUSE = 1.0
 
 
 class OwnConnection:
@@ -24,7 +30,12 @@ class OwnConnection:
 
     ``run`` raises StoreUnavailable on a connection error and closes the
     connection (the next call reopens it); ``try_run`` returns None instead of
-    waiting while another thread is using it.
+    waiting while another thread is using it, or when the connection cannot
+    be opened (the server refuses it: a role's connection limit, max_connections;
+    tried again after ``REOPEN_PAUSE``). Nothing stays open behind a
+    closed Store: after ``close()`` and until ``reuse()``, ``try_run`` returns
+    None (a claim's late hand-back goes to the pool) and ``run`` closes the
+    connection it opened as its statement ends.
     """
 
     def __init__(
@@ -34,7 +45,8 @@ class OwnConnection:
         self._budget = budget
         self._lock = threading.Lock()
         self._conn: psycopg.Connection[Any] | None = None
-        self._close_after = False
+        self._closed = False
+        self._reopen_at = 0.0  # try_run: no new connection before this (monotonic)
 
     def run(self, doing: str, query: Query, params: dict[str, Any]) -> Rows:
         with self._lock:
@@ -47,25 +59,43 @@ class OwnConnection:
         if not self._lock.acquire(blocking=False):
             return None
         try:
+            if self._closed:
+                return None
+            if self._conn is None or self._conn.closed:
+                if time.monotonic() < self._reopen_at:
+                    return None
+                try:
+                    self._open(doing)
+                except StoreUnavailable:
+                    self._reopen_at = time.monotonic() + REOPEN_PAUSE
+                    return None
             return self._run_locked(doing, query, params)
         finally:
             self._close_if_asked()
             self._lock.release()
 
     def _close_if_asked(self) -> None:
-        if self._close_after:
-            self._close_after = False
+        if self._closed:
             self._close_locked()
 
-    def _run_locked(self, doing: str, query: Query, params: dict[str, Any]) -> Rows:
+    def _open(self, doing: str) -> psycopg.Connection[Any]:
+        """Open the connection; StoreUnavailable when the server cannot be reached or refuses it."""
+        self._conn = None
         try:
-            if self._conn is None or self._conn.closed:
-                self._conn = None
-                self._conn = self._connect()
+            self._conn = self._connect()
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            if not is_connection_error(exc):
+                raise
+            raise unavailable(exc, doing) from exc
+        return self._conn
+
+    def _run_locked(self, doing: str, query: Query, params: dict[str, Any]) -> Rows:
+        conn = self._conn if self._conn is not None and not self._conn.closed else self._open(doing)
+        try:
             if self._budget is None:
-                return on_connection(self._conn)(query, params)
-            with deadline(self._conn, self._budget()):
-                return on_connection(self._conn)(query, params)
+                return on_connection(conn)(query, params)
+            with deadline(conn, self._budget()):
+                return on_connection(conn)(query, params)
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
             if not is_connection_error(exc):
                 raise
@@ -78,15 +108,18 @@ class OwnConnection:
             conn.close()
 
     def close(self, wait: float = 1.0) -> None:
-        """Close the connection; safe to repeat.
+        """Close the connection, and the one a later ``run`` opens as its statement ends; safe to repeat.
 
         A statement still running after *wait* seconds is not waited for: the
         connection is closed as soon as that statement returns.
         """
+        self._closed = True  # before the lock: a statement that holds it closes on its way out
         if self._lock.acquire(timeout=wait):
             try:
                 self._close_locked()
             finally:
                 self._lock.release()
-        else:
-            self._close_after = True
+
+    def reuse(self) -> None:
+        """Keep the connection open between statements again (an engine starts on the Store)."""
+        self._closed = False

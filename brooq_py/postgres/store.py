@@ -122,9 +122,13 @@ class Store(WorkerSide, OperatorSide):
 
         Connections opened from now on set lock_timeout, statement_timeout, TCP
         keepalives and tcp_user_timeout from it; a statement on them that has
-        not answered within about lease/3 has its socket shut down.
+        not answered within about lease/3 has its socket shut down. After a
+        ``close()``, claims and outcome batches run on their own connections again.
         """
         self._own_lease = lease
+        for own in (self._heartbeat, self._claimer, self._settler):
+            if own is not None:
+                own.reuse()
 
     @contextmanager
     def _autocommit(self, doing: str, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
@@ -262,7 +266,12 @@ class Store(WorkerSide, OperatorSide):
             return False
 
     def close(self) -> None:
-        """Close the Store's own connections (heartbeat, claims, outcomes, listeners); never the pool. Safe to repeat."""
+        """Close the Store's own connections (heartbeat, claims, outcomes, listeners); never the pool. Safe to repeat.
+
+        None is left open behind it: a claim or outcome batch that comes later (the hand-back of
+        a claim answered after a stop stopped waiting for it) goes through the pool, until an
+        engine starts on this Store again.
+        """
         self._heartbeat.close()
         for own in (self._claimer, self._settler):
             if own is not None:

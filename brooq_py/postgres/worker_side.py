@@ -90,12 +90,17 @@ class WorkerSide:
         if not outcomes:
             return set()
         params = self._settle_params(outcomes)
-        # The completer's batches on a connection of their own (as claims); busy: the pool.
-        rows = (
-            None
-            if self._settler is None
-            else self._settler.try_run("settling outcomes", self._q.settle_many, params)
-        )
+        # The completer's batches on a connection of their own (as claims); busy: the pool. A batch
+        # that outlasts that connection's lock_timeout or statement_timeout (a row locked by an
+        # operator's open transaction, a slow server) goes to the pool too, which waits as it always
+        # did: retried there later, the write would leave the row's lock queue each time, and the
+        # reaper, queued once the row's lease ran out under the lock, would get it first (SPEC L6).
+        rows = None
+        if self._settler is not None:
+            try:
+                rows = self._settler.try_run("settling outcomes", self._q.settle_many, params)
+            except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled):
+                rows = None
         if rows is None:
             rows = self._run("settling outcomes", self._q.settle_many, params)
         return {r[0] for r in rows}

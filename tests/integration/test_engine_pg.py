@@ -383,3 +383,64 @@ def test_connection_failure_in_engine_is_logged_not_fatal(
     wait_for(lambda: state_of(store, jid) is State.DONE)
     nxt = e.enqueue(Job("t")).id
     wait_for(lambda: state_of(store, nxt) is State.DONE)
+
+
+def test_p1_p3_two_engines_on_one_store_while_its_claim_and_outcome_connections_are_killed(
+    store: Store, pool: ConnectionPool[Any], schema: str, dsn: str, engines: Callable[..., Engine]
+) -> None:
+    """P1, P2, P3, L6 on the Store's own claim and outcome connections: two engines share one
+    Store (one claims on its connection while the other takes the pool), and both connections'
+    backends are terminated again and again mid-run. No job runs in two places at once, every
+    job ends done, and no row is left processing."""
+    lock = threading.Lock()
+    running: set[str] = set()
+    overlaps: list[str] = []
+    runs: dict[str, int] = {}
+
+    def handler(ctx: Context, claim: Claim) -> None:
+        with lock:
+            if claim.id in running:
+                overlaps.append(claim.id)
+            running.add(claim.id)
+            runs[claim.id] = runs.get(claim.id, 0) + 1
+        time.sleep(0.001)
+        with lock:
+            running.discard(claim.id)
+
+    a = engines(workers=4)
+    b = engines(workers=4)
+    for e in (a, b):
+        e.register_kind("race", handler)
+    n = 1500
+    store.enqueue_many([Job("race", {"i": i}) for i in range(n)])
+    stop = threading.Event()
+    kills = 0
+
+    def killer() -> None:
+        nonlocal kills
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            while not stop.wait(0.05):
+                for own in (store._claimer, store._settler):
+                    conn = own._conn if own is not None else None
+                    pid = conn.info.backend_pid if conn is not None and not conn.closed else None
+                    if pid:
+                        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                        kills += 1
+
+    k = threading.Thread(target=killer, daemon=True)
+    k.start()
+    a.start()
+    b.start()
+    try:
+        wait_for(
+            lambda: q(pool, schema, "SELECT count(*) FROM {job} WHERE state = 'done'")[0][0] == n,
+            timeout=120,
+            what="every job done",
+        )
+    finally:
+        stop.set()
+        k.join(10)
+    assert kills > 10
+    assert overlaps == []
+    assert len(runs) == n
+    assert q(pool, schema, "SELECT count(*) FROM {job} WHERE state <> 'done'") == [(0,)]

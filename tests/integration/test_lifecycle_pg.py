@@ -18,7 +18,7 @@ import pytest
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
-from brooq_py.engine import Engine
+from brooq_py.engine import Config, Engine
 from brooq_py.postgres import Store
 from brooq_py.queue import BrooqError, Claim, Context, Job, KindOptions, State, Tx
 from tests.integration.conftest import FAST, q
@@ -340,7 +340,11 @@ def test_x2_c9_a_cancel_committed_during_the_closing_transaction_rolls_back_chai
     e.register_kind("t", handler, KindOptions(**FAST))
     jid = e.enqueue(Job("t")).id
     e.start()
-    wait_for(lambda: state(store, jid) is not State.PENDING and not e.inflight.held(), what="settled")
+    # not processing: between the claim's commit and the attempt's start nothing is held yet
+    wait_for(
+        lambda: state(store, jid) not in (State.PENDING, State.PROCESSING) and not e.inflight.held(),
+        what="settled",
+    )
     assert state(store, jid) is State.CANCELED
     assert children(pool, schema) == []
     assert not e.registry.get_sample_value("brooq_settle_total", {"topic": "t", "outcome": "done"})
@@ -440,3 +444,125 @@ def test_l3_c10_a_psql_lock_on_one_finished_row_holds_up_no_other_outcome(
         finally:
             conn.rollback()
     wait_for(lambda: state(store, jid) is State.DONE, what="the locked job done once released")
+
+
+class _SlowClaimAnswers(Store):
+    """A Store whose claims answer late once ``hold`` is set: the rows are claimed, the answer waits."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.hold = False
+        self.claimed = threading.Event()
+        self.answer = threading.Event()
+        self.opened: list[psycopg.Connection[Any]] = []
+
+    def _connect_own(self, options: str = "") -> psycopg.Connection[Any]:
+        conn = super()._connect_own(options)
+        self.opened.append(conn)
+        return conn
+
+    def claim(self, topics: Any, limit: int, worker: str, lease: Any) -> Any:
+        rows = super().claim(topics, limit, worker, lease)
+        if rows and self.hold:
+            self.claimed.set()
+            self.answer.wait(30)
+        return rows
+
+
+def test_c11_rows_of_a_claim_answered_after_close_go_back_and_no_own_connection_stays_open(
+    pool: ConnectionPool[Any], schema: str
+) -> None:
+    """C11 with Engine.close() (API: the Store's own connections are closed by Engine.close()):
+    stop() gives up waiting for a claim whose answer comes late; once it comes, its rows go back
+    to pending unrun, and that hand-back must not leave a connection of the Store's open behind it."""
+    s = _SlowClaimAnswers(pool, schema=schema)
+    e = Engine(s, Config(workers=2, poll_interval=0.2, lease=3, **FAST))
+    e.register_kind("t", lambda ctx, claim: None)
+    e.start()
+    done = e.enqueue(Job("t")).id  # the claim and settle connections are open and in use
+    wait_for(lambda: row(s, done).state is State.DONE, what="a first job done")
+    s.hold = True
+    jid = e.enqueue(Job("t")).id
+    assert s.claimed.wait(30)
+    dispatcher = e._dispatcher
+    assert dispatcher is not None and dispatcher._thread is not None
+    late, stop = dispatcher._thread, dispatcher.stop
+    dispatcher.stop = lambda timeout=10.0: stop(timeout=0.1)  # type: ignore[method-assign]
+    e.close()  # gives up on the claim's answer
+    assert row(s, jid).state is State.PROCESSING
+    s.answer.set()
+    late.join(30)
+    r = row(s, jid)
+    assert r.state is State.PENDING and r.attempts == 0  # handed back unrun (C11)
+    assert [c for c in s.opened if not c.closed] == []
+
+
+def test_l3_l6_a_psql_lock_outlasting_the_lease_of_a_returned_jobs_row_still_ends_it_done_once(
+    store: Store, pool: ConnectionPool[Any], schema: str, dsn: str, engines: Callable[..., Engine]
+) -> None:
+    """A handler returns while an operator's open transaction holds its row's lock, for longer than
+    the lease: renewals skip the row and count it as still held (L3), and the outcome write waits
+    or is retried (L6). Once the lock goes, the row must end done from that one run: not be
+    taken by the reaper meanwhile (its locked_until passed under the lock) and run a second time."""
+    lease = 3.0
+    e = engines(lease=lease, watchdog_grace=30)
+    job = sql.Identifier(schema, "job")
+    locked = threading.Event()
+    runs: list[int] = []
+
+    def handler(ctx: Context, claim: Claim) -> None:
+        runs.append(claim.attempt)
+        if claim.attempt == 1:
+            assert locked.wait(30)  # returns once psql holds the row's lock
+
+    e.register_kind("t", handler, KindOptions(**FAST))
+    jid = e.enqueue(Job("t")).id
+    e.start()
+    wait_for(lambda: runs == [1], what="the handler running")
+    with psycopg.connect(dsn) as conn:  # as in psql: BEGIN; SELECT ... FOR UPDATE; (ROLLBACK later)
+        conn.execute(sql.SQL("SELECT 1 FROM {} WHERE id = %s FOR UPDATE").format(job), (jid,))
+        locked.set()
+        wait_for(lambda: not e.inflight.running(), what="the handler returned")
+        time.sleep(lease * 1.5)  # the row's locked_until passes while the lock is held
+        conn.rollback()
+    wait_for(lambda: not e.inflight.held(), what="the outcome settled")
+    r = row(store, jid)
+    assert (r.state, r.attempts, runs) == (State.DONE, 1, [1])
+    assert not e.registry.get_sample_value("brooq_reaped_total", {"topic": "t"})
+
+
+def test_c1_c10_claims_and_outcomes_go_on_when_the_stores_own_connections_cannot_be_opened(
+    dsn: str, schema: str
+) -> None:
+    """C1, C10, L6: the claim and outcome connections are the Store's own, over the pool's.
+    When the server refuses them (a role's connection limit met by the pool, max_connections
+    reached) the engine must still claim and settle through its healthy pool, not stop working."""
+    role = "brooq_lim_" + uuid.uuid4().hex[:8]
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN CONNECTION LIMIT 2").format(sql.Identifier(role)))
+        for grant in (
+            "GRANT USAGE ON SCHEMA {s} TO {r}",
+            "GRANT ALL ON ALL TABLES IN SCHEMA {s} TO {r}",
+            "GRANT ALL ON ALL SEQUENCES IN SCHEMA {s} TO {r}",
+        ):
+            admin.execute(sql.SQL(grant).format(s=sql.Identifier(schema), r=sql.Identifier(role)))
+    try:
+        limited = psycopg.conninfo.make_conninfo(dsn, user=role)
+        with ConnectionPool(limited, min_size=2, max_size=2, open=True) as pool:
+            pool.wait()  # the role's two connections are the pool's
+            store = Store(pool, schema=schema)
+            e = Engine(store, Config(workers=2, poll_interval=0.1, lease=30, **FAST))
+            e.register_kind("t", lambda ctx, claim: None)
+            ids = [r.id for r in store.enqueue_many([Job("t", i) for i in range(5)])]
+            e.start()
+            try:
+                wait_for(lambda: all(row(store, i).state is State.DONE for i in ids), what="every job done")
+            finally:
+                e.close()
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("REASSIGN OWNED BY {r} TO CURRENT_USER; DROP OWNED BY {r}; DROP ROLE {r}").format(
+                    r=sql.Identifier(role)
+                )
+            )

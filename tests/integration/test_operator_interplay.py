@@ -234,4 +234,4 @@ def test_q3_several_limited_topics_at_once_with_a_per_engine_cap_on_one(
         wait_for(lambda t=t, n=n: states(dsn, schema, t).get("done") == n, f"{t} done", timeout=90)  # type: ignore[misc]
     assert len(read("a")) == 20 and max(read("a")) <= 3
     assert len(read("b")) == 20 and max(read("b")) <= 2
-    assert all(p.max == 1 for p in peaks.values())
+    assert max(p.max for p in peaks.values()) == 1  # an engine may get no job of a at all (peak 0)

@@ -481,3 +481,35 @@ def test_e6_a_duplicate_enqueue_wakes_nobody(store: Store) -> None:
         assert notified(listener)  # one new row (topic b) in the batch: a notification
     finally:
         listener.close()
+
+
+def test_c1_q2_q3_the_cached_claim_plan_keeps_order_and_leaves_out_paused_and_limited_topics(
+    store: Store,
+) -> None:
+    """C1, Q2, Q3 on the claim connection's cached generic plan (prepared after a few claims):
+    each claim takes the best rows across topics in claim order, and a topic paused or limited
+    between two executions of the one plan is left out from the next claim on, then back."""
+    for i in range(8):  # past psycopg's prepare threshold: the later claims run the prepared plan
+        store.enqueue(Job("warm", i))
+        assert len(store.claim(["warm", "a"], 1, "w", LEASE)) == 1
+    order = [  # claim order: priority first, then the enqueue order (same available_at, ids by time)
+        store.enqueue(Job(topic, i, priority=prio, available_at=PAST)).id
+        for topic in ("a", "b", "c")
+        for prio in (0, 3, 7)
+        for i in range(3)
+    ]
+    rank = {jid: (-[0, 3, 7][(n // 3) % 3], n) for n, jid in enumerate(order)}
+    store.pause("b")
+    store.set_limit("c", 2)
+    got = store.claim(["a", "b", "c"], 4, "w", LEASE)
+    assert [(j.topic, j.priority) for j in got] == [("a", 7)] * 3 + [("a", 3)]
+    store.resume("b")
+    got += store.claim(["a", "b", "c"], 4, "w", LEASE)
+    assert [(j.topic, j.priority) for j in got[4:]] == [("b", 7)] * 3 + [("a", 3)]
+    store.set_limit("c", None)
+    rest = []
+    while batch := store.claim(["a", "b", "c"], 5, "w", LEASE):
+        rest += [j.id for j in batch]
+    taken = {j.id for j in got}
+    assert rest == sorted((jid for jid in order if jid not in taken), key=rank.__getitem__)
+    assert claimer(store)._conn is not None
