@@ -104,13 +104,45 @@ def validated(jobs: Sequence[Job]) -> list[str]:
     return texts
 
 
+def keyless(q: Queries, job: Job) -> tuple[Query, dict[str, Any], EnqueueResult] | None:
+    """Return the one statement of a job without an idempotency key, and its result.
+
+    Such a job is never deduplicated (E1): one plain INSERT creates it, and its
+    id is made here, so the result is known before the statement runs and
+    nothing needs to come back (a Store runs it without reading a row). The job
+    is validated first (E4). None for a keyed job, and for anything but a Job
+    (``enqueue_one`` refuses that).
+    """
+    if not isinstance(job, Job) or job.key is not None:
+        return None
+    payload = job.payload_json()
+    job_id = uuid7()
+    params = {
+        "id": job_id,
+        "topic": job.topic,
+        "payload": payload,
+        "available_at": job.available_at,
+        "priority": job.priority,
+    }
+    return q.enqueue_plain, params, EnqueueResult(str(job_id), True)
+
+
 def enqueue_one(q: Queries, job: Job) -> Plan[EnqueueResult]:
     """Insert *job* unless (topic, key) exists; return its id and whether this call created it.
 
     The job is validated when the plan is made, before any statement (E4).
     """
+    plain = keyless(q, job)
+    if plain is not None:
+        return _just(plain)
     (payload,) = validated([job])
     return _enqueue_one(q, job, payload)
+
+
+def _just(plain: tuple[Query, dict[str, Any], EnqueueResult]) -> Plan[EnqueueResult]:
+    query, params, result = plain
+    yield query, params
+    return result
 
 
 def _enqueue_one(q: Queries, job: Job, payload: str) -> Plan[EnqueueResult]:

@@ -83,6 +83,20 @@ def test_e1_defaults_and_fields(store: Store) -> None:
     now_row = store.get(store.enqueue(Job("t", None)).id)
     assert now_row is not None and now_row.payload is None
     assert now_row.available_at <= datetime.now(UTC) + timedelta(seconds=5)
+    # a job without a key takes the plain insert: the same fields, the same rules
+    keyless = store.enqueue(Job("t", {"b": "\u00e9"}, idempotency_key="", available_at=at, priority=3))
+    assert keyless.created is True
+    row = store.get(keyless.id)
+    assert row is not None
+    assert (row.topic, row.payload, row.state, row.attempts, row.priority, row.available_at) == (
+        "t",
+        {"b": "\u00e9"},
+        State.SCHEDULED,
+        0,
+        3,
+        at,
+    )
+    assert row.idempotency_key is None and row.locked_by is None and uuid.UUID(row.id).version == 7
 
 
 def test_e1_twenty_threads_one_key_make_one_row(store: Store, dsn: str, schema: str) -> None:
@@ -180,6 +194,24 @@ def test_e3_foreign_tx_with_execute(store: Store, dsn: str) -> None:
     assert a.created and b == (a.id, False) and tx.calls == 3
     row = store.get(a.id)
     assert row is not None and row.payload == {"x": 1}
+
+
+def test_e3_foreign_dbapi_tx_enqueues_a_job_without_a_key(store: Store, dsn: str) -> None:
+    """A DB-API cursor refuses fetchall() after an INSERT without RETURNING: nothing is read back."""
+
+    class Foreign:
+        def __init__(self, conn: psycopg.Connection[Any]) -> None:
+            self.cur = psycopg.ClientCursor(conn)
+
+        def execute(self, query: Any, params: Any = None) -> Any:
+            return self.cur.execute(query.encode(), params)
+
+    with psycopg.connect(dsn) as conn:
+        res = store.enqueue_tx(Foreign(conn), Job("t", {"x": 1}))
+        conn.commit()
+    assert res.created is True
+    row = store.get(res.id)
+    assert row is not None and row.payload == {"x": 1} and row.state == State.PENDING
 
 
 def test_e3_sqlalchemy_session_joins_its_transaction(store: Store, dsn: str) -> None:
