@@ -19,10 +19,11 @@ import uuid
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from typing import Any, TypeVar
 
+from brooq_py.postgres.arrays import int_array, own_uuid_array, text_array, timestamptz_array
 from brooq_py.postgres.queries import Queries, Query
 from brooq_py.postgres.runner import Rows
 from brooq_py.queue import BrooqError, EnqueueResult, InvalidJob, Job, JobRow, State
-from brooq_py.queue.ids import uuid7
+from brooq_py.queue.ids import uuid7, uuid7_texts
 
 Statement = tuple[Query, dict[str, Any]]
 T = TypeVar("T")
@@ -182,28 +183,34 @@ def _enqueue_many(q: Queries, jobs: Sequence[Job], payloads: Sequence[str]) -> P
                 repeats.append((i, first))
                 continue
         todo.append(i)
-    ids = {i: uuid7() for i in todo}
+    ids = dict(zip(todo, uuid7_texts(len(todo)), strict=True))
 
     for _ in range(_ATTEMPTS):
         if not todo:
             break
+        batch = [jobs[i] for i in todo]
+        # Rows come back only for jobs whose key was taken: (position in todo from 1, id or NULL).
         rows = yield (
             q.enqueue_many,
             {
-                "ids": [ids[i] for i in todo],
-                "topics": [jobs[i].topic for i in todo],
-                "payloads": [payloads[i] for i in todo],
-                "keys": [jobs[i].key for i in todo],
-                "available_at": [jobs[i].available_at for i in todo],
-                "priorities": [jobs[i].priority for i in todo],
+                "ids": own_uuid_array([ids[i] for i in todo]),
+                "topics": text_array([job.topic for job in batch]),
+                "payloads": text_array([payloads[i] for i in todo]),
+                "keys": text_array([job.key for job in batch]),
+                "available_at": timestamptz_array([job.available_at for job in batch]),
+                "priorities": int_array([job.priority for job in batch]),
             },
         )
+        for i in todo:
+            results[i] = EnqueueResult(ids[i], True)
         unresolved = []
-        for i, (job_id, created) in zip(todo, rows, strict=True):
+        for position, job_id in rows:
+            i = todo[position - 1]
             if job_id is None:
+                results[i] = None
                 unresolved.append(i)
             else:
-                results[i] = EnqueueResult(str(job_id), bool(created))
+                results[i] = EnqueueResult(str(job_id), False)
         todo = []
         if unresolved:
             found_rows = yield (

@@ -135,13 +135,13 @@ class Store(WorkerSide, OperatorSide):
                 if conn.autocommit:
                     execute(conn, query, params)
                 else:
-                    conn.autocommit = True
+                    conn.set_autocommit(True)
                     try:
                         execute(conn, query, params)
                     finally:
                         if not conn.closed:
                             with contextlib.suppress(psycopg.Error):  # a broken one: the pool discards it
-                                conn.autocommit = False
+                                conn.set_autocommit(False)
             finally:
                 pool.putconn(conn)
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:

@@ -72,10 +72,11 @@ def encode_payload(payload: Any) -> str:
             text = _ENCODER.encode(payload)
         except (TypeError, ValueError, RecursionError) as exc:
             raise InvalidJob(f"payload is not JSON-serialisable: {exc}") from None
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise InvalidJob("payload holds a lone surrogate, which is not valid Unicode text") from None
+        if not text.isascii():  # ASCII text (the usual payload) holds no lone surrogate
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidJob("payload holds a lone surrogate, which is not valid Unicode text") from None
     if "\x00" in text or ("\\u0000" in text and _NUL_ESCAPE.search(text)):
         raise InvalidJob("payload contains \\u0000, which PostgreSQL jsonb cannot store")
     return text
@@ -85,6 +86,8 @@ def check_text(value: str, what: str) -> None:
     """Raise ``InvalidJob`` if *value* holds NUL or lone surrogates (PostgreSQL text cannot)."""
     if "\x00" in value:
         raise InvalidJob(f"{what} contains a NUL character")
+    if value.isascii():
+        return
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -290,6 +291,39 @@ def test_e5_enqueue_many_in_order_with_repeated_and_existing_keys(
     assert row is not None and row.payload == 1
     assert count_jobs(dsn, schema) == 5
     assert store.enqueue_many([]) == []
+
+
+def test_e2_e5_a_batch_waiting_on_an_uncommitted_duplicate_gets_its_id(
+    store: Store, dsn: str, schema: str
+) -> None:
+    """A key committed by another transaction while the batch waited on it: the batch's snapshot
+    does not see that row, so the id comes from a second statement; the other jobs are created."""
+    with psycopg.connect(dsn) as c1:
+        held = store.enqueue_tx(c1, Job("t", 1, idempotency_key="k"))
+        out: list[Any] = []
+        t = threading.Thread(
+            target=lambda: out.append(
+                store.enqueue_many(
+                    [Job("t", 2), Job("t", 3, idempotency_key="k"), Job("t", 4, idempotency_key="j")]
+                )
+            )
+        )
+        t.start()
+        with psycopg.connect(dsn, autocommit=True) as watch:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:  # the batch waits on c1's row
+                row = watch.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> %s",
+                    (c1.info.backend_pid,),
+                ).fetchone()
+                if row and row[0]:
+                    break
+                time.sleep(0.02)
+        c1.commit()
+    t.join(30)
+    [res] = out
+    assert [r.created for r in res] == [True, False, True] and res[1].id == held.id
+    assert count_jobs(dsn, schema) == 3
 
 
 class CountingCursor(psycopg.Cursor[Any]):
