@@ -24,6 +24,7 @@ from brooq_py.postgres.queries import Queries, Query
 from brooq_py.postgres.runner import Rows
 from brooq_py.queue import BrooqError, EnqueueResult, InvalidJob, Job, JobRow, State
 from brooq_py.queue.ids import uuid7, uuid7_texts
+from brooq_py.queue.job import encode_payloads
 
 Statement = tuple[Query, dict[str, Any]]
 T = TypeVar("T")
@@ -165,17 +166,14 @@ def enqueue_many(q: Queries, jobs: Sequence[Job]) -> Plan[list[EnqueueResult]]:
     """Enqueue *jobs* in one statement (more only for keys a concurrent writer held); input order.
 
     Every job is validated when the plan is made: one bad job refuses the batch (E4, E5).
+    A key repeated inside the batch is sent once; the repeats get its result with created=False.
     """
-    payloads = validated(jobs)
-    return _enqueue_many(q, jobs, payloads)
-
-
-def _enqueue_many(q: Queries, jobs: Sequence[Job], payloads: Sequence[str]) -> Plan[list[EnqueueResult]]:
-    results: list[EnqueueResult | None] = [None] * len(jobs)
     first_of: dict[tuple[str, str], int] = {}
     repeats: list[tuple[int, int]] = []
     todo: list[int] = []
     for i, job in enumerate(jobs):
+        if not isinstance(job, Job):
+            validated(jobs)  # raises for the first bad job in input order
         key = job.key
         if key is not None:
             first = first_of.setdefault((job.topic, key), i)
@@ -183,19 +181,31 @@ def _enqueue_many(q: Queries, jobs: Sequence[Job], payloads: Sequence[str]) -> P
                 repeats.append((i, first))
                 continue
         todo.append(i)
+    if repeats:
+        validated(jobs)  # the repeats' payloads too, in input order
+    payloads = encode_payloads([jobs[i].payload for i in todo])
+    return _enqueue_many(q, jobs, todo, repeats, payloads)
+
+
+def _enqueue_many(
+    q: Queries, jobs: Sequence[Job], todo: list[int], repeats: list[tuple[int, int]], payloads: str | None
+) -> Plan[list[EnqueueResult]]:
+    results: list[EnqueueResult | None] = [None] * len(jobs)
     ids = dict(zip(todo, uuid7_texts(len(todo)), strict=True))
 
     for _ in range(_ATTEMPTS):
         if not todo:
             break
         batch = [jobs[i] for i in todo]
+        if payloads is None:  # a later attempt, for fewer jobs
+            payloads = encode_payloads([job.payload for job in batch])
         # Rows come back only for jobs whose key was taken: (position in todo from 1, id or NULL).
         rows = yield (
             q.enqueue_many,
             {
                 "ids": own_uuid_array([ids[i] for i in todo]),
                 "topics": text_array([job.topic for job in batch]),
-                "payloads": text_array([payloads[i] for i in todo]),
+                "payloads": payloads,
                 "keys": text_array([job.key for job in batch]),
                 "available_at": timestamptz_array([job.available_at for job in batch]),
                 "priorities": int_array([job.priority for job in batch]),
@@ -211,7 +221,7 @@ def _enqueue_many(q: Queries, jobs: Sequence[Job], payloads: Sequence[str]) -> P
                 unresolved.append(i)
             else:
                 results[i] = EnqueueResult(str(job_id), False)
-        todo = []
+        todo, payloads = [], None
         if unresolved:
             found_rows = yield (
                 q.get_by_keys,

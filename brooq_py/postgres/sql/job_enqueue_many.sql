@@ -5,15 +5,17 @@
 -- row holding the key as the statement's snapshot sees it (NULL when a concurrent
 -- duplicate committed meanwhile: the caller asks again in a new statement). Jobs
 -- due later than the statement's time are scheduled (SPEC S5). Every column comes
--- as one array literal (brooq_py.postgres.arrays): one string to bind, not 1,000 values.
+-- as one string to bind, not 1,000 values: an array literal (brooq_py.postgres.arrays),
+-- the payloads as one JSON array.
 WITH input AS (
     SELECT *
-    FROM unnest(%(ids)s::uuid[], %(topics)s::text[], %(payloads)s::text[], %(keys)s::text[],
-                %(available_at)s::timestamptz[], %(priorities)s::int[])
+    FROM ROWS FROM (unnest(%(ids)s::uuid[]), unnest(%(topics)s::text[]),
+                    jsonb_array_elements(%(payloads)s::jsonb), unnest(%(keys)s::text[]),
+                    unnest(%(available_at)s::timestamptz[]), unnest(%(priorities)s::int[]))
          WITH ORDINALITY AS u(id, topic, payload, key, available_at, priority, ord)
 ), inserted AS (
     INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, priority, state)
-    SELECT id, topic, payload::jsonb, key, at, priority,
+    SELECT id, topic, payload, key, at, priority,
            CASE WHEN at > statement_timestamp() THEN 'scheduled' ELSE 'pending' END
     FROM (SELECT *, coalesce(available_at, statement_timestamp()) AS at FROM input) AS i
     ORDER BY ord
