@@ -23,7 +23,7 @@ from brooq_py.postgres.arrays import int_array, own_uuid_array, text_array, time
 from brooq_py.postgres.queries import Queries, Query
 from brooq_py.postgres.runner import Rows
 from brooq_py.queue import BrooqError, EnqueueResult, InvalidJob, Job, JobRow, State
-from brooq_py.queue.ids import uuid7, uuid7_texts
+from brooq_py.queue.ids import uuid7, uuid7_text, uuid7_texts
 from brooq_py.queue.job import encode_payloads
 
 Statement = tuple[Query, dict[str, Any]]
@@ -118,7 +118,7 @@ def keyless(q: Queries, job: Job) -> tuple[Query, dict[str, Any], EnqueueResult]
     if not isinstance(job, Job) or job.key is not None:
         return None
     payload = job.payload_json()
-    job_id = uuid7()
+    job_id = uuid7_text()
     params = {
         "id": job_id,
         "topic": job.topic,
@@ -126,7 +126,7 @@ def keyless(q: Queries, job: Job) -> tuple[Query, dict[str, Any], EnqueueResult]
         "available_at": job.available_at,
         "priority": job.priority,
     }
-    return q.enqueue_plain, params, EnqueueResult(str(job_id), True)
+    return q.enqueue_plain, params, EnqueueResult(job_id, True)
 
 
 def enqueue_one(q: Queries, job: Job) -> Plan[EnqueueResult]:

@@ -1,11 +1,11 @@
-"""Job ids are UUIDv7, increasing within a process, one at a time or a batch at once (SPEC Z4)."""
+"""Job ids are UUIDv7, increasing within a process, one at a time or a batch at once, as UUID or text (SPEC Z4)."""
 
 from __future__ import annotations
 
 import threading
 import uuid
 
-from brooq_py.queue.ids import uuid7, uuid7_texts
+from brooq_py.queue.ids import uuid7, uuid7_text, uuid7_texts
 
 
 def test_z4_single_and_batch_ids_are_uuidv7_and_increase_together() -> None:
@@ -16,6 +16,9 @@ def test_z4_single_and_batch_ids_are_uuidv7_and_increase_together() -> None:
         ids += [uuid.UUID(t) for t in batch]
         assert [str(uuid.UUID(t)) for t in batch] == batch  # canonical text
         ids.append(uuid7())
+        text = uuid7_text()
+        assert str(uuid.UUID(text)) == text
+        ids.append(uuid.UUID(text))
     assert all(u.version == 7 and u.variant == uuid.RFC_4122 for u in ids)
     assert ids == sorted(ids) and len(set(ids)) == len(ids)
 
