@@ -407,12 +407,21 @@ def test_e5_enqueue_many_through_a_foreign_tx(store: Store, dsn: str) -> None:
         def execute(self, query: Any, params: Any = None) -> Any:
             return self.cur.execute(query.encode(), params)
 
+    tricky = {"q": 'it\'s "quoted", {braced} \\ back\\slashed', "é": ["NULL", None, "\n"]}
     with psycopg.connect(dsn) as conn:
         res = store.enqueue_many(
-            [Job("t", 1, idempotency_key="a"), Job("t", 2), Job("t", 3, idempotency_key="a")],
+            [
+                Job("t", 1, idempotency_key="a"),
+                Job("t", 2),
+                Job("t", 3, idempotency_key="a"),
+                Job("t,'\"{}", tricky, idempotency_key='it\'s "k"'),
+            ],
             tx=Foreign(conn),
         )
         conn.commit()
-    assert [r.created for r in res] == [True, True, False] and res[2].id == res[0].id
+    assert [r.created for r in res] == [True, True, False, True] and res[2].id == res[0].id
     row = store.get(res[1].id)
     assert row is not None and row.payload == 2
+    row = store.get(res[3].id)
+    assert row is not None and row.payload == tricky
+    assert (row.topic, row.idempotency_key) == ("t,'\"{}", 'it\'s "k"')
