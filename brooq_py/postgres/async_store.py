@@ -18,11 +18,16 @@ import psycopg
 import psycopg_pool
 
 from brooq_py.postgres import enqueueing as plans
-from brooq_py.postgres.async_wraptx import AsyncWrapTx, async_connection_of, on_async_connection
+from brooq_py.postgres.async_wraptx import (
+    AsyncWrapTx,
+    async_connection_of,
+    execute_async,
+    on_async_connection,
+)
 from brooq_py.postgres.enqueueing import drive_async, first_statement
-from brooq_py.postgres.errors import translated
+from brooq_py.postgres.errors import is_connection_error, translated, unavailable
 from brooq_py.postgres.producer import check_schema, no_pool
-from brooq_py.postgres.queries import Queries
+from brooq_py.postgres.queries import Queries, Query
 from brooq_py.queue import EnqueueResult, Job, JobRow
 
 AsyncTx = AsyncWrapTx | psycopg.AsyncConnection[Any]
@@ -68,6 +73,34 @@ class AsyncStore:
                         with contextlib.suppress(psycopg.Error):  # a broken one: the pool discards it
                             await conn.set_autocommit(False)
 
+    async def _execute(self, doing: str, query: Query, params: dict[str, Any]) -> None:
+        """Run *query*, one statement that returns no rows, in autocommit on a pool connection.
+
+        ``_autocommit`` unrolled for the hot path of ``enqueue``, as in the sync Store.
+        """
+        pool = self._pool
+        if pool is None:
+            raise no_pool("AsyncStore", doing)
+        try:
+            conn = await pool.getconn()
+            try:
+                if conn.autocommit:
+                    await execute_async(conn, query, params)
+                else:
+                    await conn.set_autocommit(True)
+                    try:
+                        await execute_async(conn, query, params)
+                    finally:
+                        if not conn.closed:
+                            with contextlib.suppress(psycopg.Error):  # a broken one: the pool discards it
+                                await conn.set_autocommit(False)
+            finally:
+                await pool.putconn(conn)
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            if not is_connection_error(exc):
+                raise
+            raise unavailable(exc, doing) from exc
+
     async def _drive(self, doing: str, plan: plans.Plan[Any]) -> Any:
         """Run *plan* in autocommit statements on a pool connection (none taken if it needs none)."""
         first, result = first_statement(plan)
@@ -82,8 +115,13 @@ class AsyncStore:
         Idempotent on (topic, key) for the life of the row (SPEC E1). Raise
         InvalidJob before anything is written for a bad job (E4).
         """
-        result: EnqueueResult = await self._drive("enqueueing", plans.enqueue_one(self._q, job))
-        return result
+        plain = plans.keyless(self._q, job)
+        if plain is None:
+            result: EnqueueResult = await self._drive("enqueueing", plans.enqueue_one(self._q, job))
+            return result
+        query, params, created = plain
+        await self._execute("enqueueing", query, params)
+        return created
 
     async def enqueue_tx(self, tx: AsyncTx, job: Job) -> EnqueueResult:
         """Enqueue *job* inside the caller's transaction *tx* (SPEC E3); the caller commits.

@@ -84,10 +84,19 @@ class AsyncWrapTx:
         return f"AsyncWrapTx({self._conn!r})"
 
 
+async def execute_async(conn: psycopg.AsyncConnection[Any], query: Query, params: dict[str, Any]) -> None:
+    """Run *query*, a statement that returns no rows, on *conn* (the one-statement fast path)."""
+    async with conn.cursor() as cur:
+        await cur.execute(query.composed, params)
+
+
 def on_async_connection(conn: psycopg.AsyncConnection[Any]) -> AsyncRunner:
     """Return an awaitable runner on *conn*, with tuple rows (and decoded jsonb) whatever its settings."""
 
     async def run(query: Query, params: dict[str, Any]) -> Rows:
+        if not query.rows:
+            await execute_async(conn, query, params)
+            return []
         async with conn.cursor(row_factory=tuple_row) as cur:
             own_json(cur)
             await cur.execute(query.composed, params)

@@ -19,10 +19,12 @@ import uuid
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from typing import Any, TypeVar
 
+from brooq_py.postgres.arrays import int_array, own_uuid_array, text_array, timestamptz_array
 from brooq_py.postgres.queries import Queries, Query
 from brooq_py.postgres.runner import Rows
 from brooq_py.queue import BrooqError, EnqueueResult, InvalidJob, Job, JobRow, State
-from brooq_py.queue.ids import uuid7
+from brooq_py.queue.ids import uuid7, uuid7_text, uuid7_texts
+from brooq_py.queue.job import encode_payloads
 
 Statement = tuple[Query, dict[str, Any]]
 T = TypeVar("T")
@@ -104,13 +106,45 @@ def validated(jobs: Sequence[Job]) -> list[str]:
     return texts
 
 
+def keyless(q: Queries, job: Job) -> tuple[Query, dict[str, Any], EnqueueResult] | None:
+    """Return the one statement of a job without an idempotency key, and its result.
+
+    Such a job is never deduplicated (E1): one plain INSERT creates it, and its
+    id is made here, so the result is known before the statement runs and
+    nothing needs to come back (a Store runs it without reading a row). The job
+    is validated first (E4). None for a keyed job, and for anything but a Job
+    (``enqueue_one`` refuses that).
+    """
+    if not isinstance(job, Job) or job.key is not None:
+        return None
+    payload = job.payload_json()
+    job_id = uuid7_text()
+    params = {
+        "id": job_id,
+        "topic": job.topic,
+        "payload": payload,
+        "available_at": job.available_at,
+        "priority": job.priority,
+    }
+    return q.enqueue_plain, params, EnqueueResult(job_id, True)
+
+
 def enqueue_one(q: Queries, job: Job) -> Plan[EnqueueResult]:
     """Insert *job* unless (topic, key) exists; return its id and whether this call created it.
 
     The job is validated when the plan is made, before any statement (E4).
     """
+    plain = keyless(q, job)
+    if plain is not None:
+        return _just(plain)
     (payload,) = validated([job])
     return _enqueue_one(q, job, payload)
+
+
+def _just(plain: tuple[Query, dict[str, Any], EnqueueResult]) -> Plan[EnqueueResult]:
+    query, params, result = plain
+    yield query, params
+    return result
 
 
 def _enqueue_one(q: Queries, job: Job, payload: str) -> Plan[EnqueueResult]:
@@ -132,17 +166,14 @@ def enqueue_many(q: Queries, jobs: Sequence[Job]) -> Plan[list[EnqueueResult]]:
     """Enqueue *jobs* in one statement (more only for keys a concurrent writer held); input order.
 
     Every job is validated when the plan is made: one bad job refuses the batch (E4, E5).
+    A key repeated inside the batch is sent once; the repeats get its result with created=False.
     """
-    payloads = validated(jobs)
-    return _enqueue_many(q, jobs, payloads)
-
-
-def _enqueue_many(q: Queries, jobs: Sequence[Job], payloads: Sequence[str]) -> Plan[list[EnqueueResult]]:
-    results: list[EnqueueResult | None] = [None] * len(jobs)
     first_of: dict[tuple[str, str], int] = {}
     repeats: list[tuple[int, int]] = []
     todo: list[int] = []
     for i, job in enumerate(jobs):
+        if not isinstance(job, Job):
+            validated(jobs)  # raises for the first bad job in input order
         key = job.key
         if key is not None:
             first = first_of.setdefault((job.topic, key), i)
@@ -150,29 +181,47 @@ def _enqueue_many(q: Queries, jobs: Sequence[Job], payloads: Sequence[str]) -> P
                 repeats.append((i, first))
                 continue
         todo.append(i)
-    ids = {i: uuid7() for i in todo}
+    if repeats:
+        validated(jobs)  # the repeats' payloads too, in input order
+    payloads = encode_payloads([jobs[i].payload for i in todo])
+    return _enqueue_many(q, jobs, todo, repeats, payloads)
+
+
+def _enqueue_many(
+    q: Queries, jobs: Sequence[Job], todo: list[int], repeats: list[tuple[int, int]], payloads: str | None
+) -> Plan[list[EnqueueResult]]:
+    results: list[EnqueueResult | None] = [None] * len(jobs)
+    ids = dict(zip(todo, uuid7_texts(len(todo)), strict=True))
 
     for _ in range(_ATTEMPTS):
         if not todo:
             break
+        batch = [jobs[i] for i in todo]
+        if payloads is None:  # a later attempt, for fewer jobs
+            payloads = encode_payloads([job.payload for job in batch])
+        # Rows come back only for jobs whose key was taken: (position in todo from 1, id or NULL).
         rows = yield (
             q.enqueue_many,
             {
-                "ids": [ids[i] for i in todo],
-                "topics": [jobs[i].topic for i in todo],
-                "payloads": [payloads[i] for i in todo],
-                "keys": [jobs[i].key for i in todo],
-                "available_at": [jobs[i].available_at for i in todo],
-                "priorities": [jobs[i].priority for i in todo],
+                "ids": own_uuid_array([ids[i] for i in todo]),
+                "topics": text_array([job.topic for job in batch]),
+                "payloads": payloads,
+                "keys": text_array([job.key for job in batch]),
+                "available_at": timestamptz_array([job.available_at for job in batch]),
+                "priorities": int_array([job.priority for job in batch]),
             },
         )
+        for i in todo:
+            results[i] = EnqueueResult(ids[i], True)
         unresolved = []
-        for i, (job_id, created) in zip(todo, rows, strict=True):
+        for position, job_id in rows:
+            i = todo[position - 1]
             if job_id is None:
+                results[i] = None
                 unresolved.append(i)
             else:
-                results[i] = EnqueueResult(str(job_id), bool(created))
-        todo = []
+                results[i] = EnqueueResult(str(job_id), False)
+        todo, payloads = [], None
         if unresolved:
             found_rows = yield (
                 q.get_by_keys,

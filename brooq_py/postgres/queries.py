@@ -32,15 +32,20 @@ def load(name: str) -> str:
 
 @dataclass(frozen=True)
 class Query:
-    """One statement rendered for a schema: bytes for psycopg, text for a foreign Tx."""
+    """One statement rendered for a schema: bytes for psycopg, text for a foreign Tx.
+
+    ``rows`` is False for a statement that returns no rows (no RETURNING): a
+    runner then reads nothing back.
+    """
 
     name: str
     composed: bytes
     text: str
+    rows: bool = True
 
 
-def render(name: str, schema: str) -> Query:
-    """Render ``sql/<name>.sql`` for *schema*."""
+def render(name: str, schema: str, *, rows: bool = True) -> Query:
+    """Render ``sql/<name>.sql`` for *schema* (*rows*: see ``Query``)."""
     template = sql.SQL(load(name))
     composed = template.format(
         job=sql.Identifier(schema, "job"),
@@ -52,7 +57,7 @@ def render(name: str, schema: str) -> Query:
     )
     # A foreign Tx gets the text with plain %(name)s placeholders: binary ones are psycopg's own.
     text = _BINARY_PLACEHOLDER.sub(r"%(\1)s", composed.as_string(None))
-    return Query(name, composed.as_bytes(None), text)
+    return Query(name, composed.as_bytes(None), text, rows)
 
 
 class Queries:
@@ -62,6 +67,7 @@ class Queries:
         self.schema = schema
         self._rendered: dict[str, Query] = {}
         self.enqueue = render("job_enqueue", schema)
+        self.enqueue_plain = render("job_enqueue_plain", schema, rows=False)
         self.enqueue_many = render("job_enqueue_many", schema)
         self.get_by_key = render("job_get_by_key", schema)
         self.get_by_keys = render("job_get_by_keys", schema)

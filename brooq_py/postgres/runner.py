@@ -37,12 +37,21 @@ def on_connection(conn: psycopg.Connection[Any]) -> Runner:
     """Return a runner on *conn*, with tuple rows (and decoded jsonb) whatever the connection's settings."""
 
     def run(query: Query, params: dict[str, Any]) -> Rows:
+        if not query.rows:
+            execute(conn, query, params)
+            return []
         with conn.cursor(row_factory=tuple_row) as cur:
             own_json(cur)
             cur.execute(query.composed, params)
             return cur.fetchall() if cur.description is not None else []
 
     return run
+
+
+def execute(conn: psycopg.Connection[Any], query: Query, params: dict[str, Any]) -> None:
+    """Run *query*, a statement that returns no rows, on *conn* (the one-statement fast path)."""
+    with conn.cursor() as cur:
+        cur.execute(query.composed, params)
 
 
 def _plain(value: Any) -> Any:
@@ -65,6 +74,8 @@ def on_foreign(tx: Any) -> Runner:
             if inspect.iscoroutine(result):
                 result.close()  # never awaited: close it rather than leave a warning behind
             raise TypeError(_ASYNC_TX.format(name=type(tx).__name__))
+        if not query.rows:
+            return []  # a DB-API cursor refuses fetchall() after a statement without rows
         for source in (result, tx):
             fetchall = getattr(source, "fetchall", None)
             if callable(fetchall):

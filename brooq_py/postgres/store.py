@@ -29,13 +29,13 @@ import psycopg_pool
 from brooq_py.postgres import enqueueing as plans
 from brooq_py.postgres.bounds import DEFAULT_LEASE, merged, statement_budget
 from brooq_py.postgres.enqueueing import drive, first_statement, parse_id
-from brooq_py.postgres.errors import translated
+from brooq_py.postgres.errors import is_connection_error, translated, unavailable
 from brooq_py.postgres.listener import PROBE_TIMEOUT, PgListener
 from brooq_py.postgres.operator_side import OperatorSide
 from brooq_py.postgres.own import OwnConnection
 from brooq_py.postgres.producer import check_schema, no_pool
 from brooq_py.postgres.queries import Queries, Query
-from brooq_py.postgres.runner import Rows, on_connection, on_tx
+from brooq_py.postgres.runner import Rows, execute, on_connection, on_tx
 from brooq_py.postgres.worker_side import WorkerSide
 from brooq_py.postgres.wraptx import WrapTx
 from brooq_py.queue import EnqueueResult, Job, JobRow, Tx
@@ -146,6 +146,36 @@ class Store(WorkerSide, OperatorSide):
                     with contextlib.suppress(psycopg.Error):  # a broken one: the pool discards it
                         conn.autocommit = False
 
+    def _execute(self, doing: str, query: Query, params: dict[str, Any]) -> None:
+        """Run *query*, one statement that returns no rows, in autocommit on a pool connection.
+
+        ``_autocommit`` unrolled for the hot path of ``enqueue``: the pool's
+        ``getconn``/``putconn`` (its ``connection()`` context adds nothing to an
+        autocommit statement), no context managers and no runner.
+        """
+        pool = self._pool
+        if pool is None:
+            raise no_pool("Store", doing)
+        try:
+            conn = pool.getconn()
+            try:
+                if conn.autocommit:
+                    execute(conn, query, params)
+                else:
+                    conn.set_autocommit(True)
+                    try:
+                        execute(conn, query, params)
+                    finally:
+                        if not conn.closed:
+                            with contextlib.suppress(psycopg.Error):  # a broken one: the pool discards it
+                                conn.set_autocommit(False)
+            finally:
+                pool.putconn(conn)
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            if not is_connection_error(exc):
+                raise
+            raise unavailable(exc, doing) from exc
+
     def _run(self, doing: str, query: Query, params: dict[str, Any]) -> Rows:
         with self._autocommit(doing) as conn:
             return on_connection(conn)(query, params)
@@ -166,8 +196,13 @@ class Store(WorkerSide, OperatorSide):
         Idempotent on (topic, key) for the life of the row (SPEC E1). Raise
         InvalidJob before anything is written for a bad job (E4).
         """
-        result: EnqueueResult = self._drive("enqueueing", plans.enqueue_one(self._q, job))
-        return result
+        plain = plans.keyless(self._q, job)
+        if plain is None:
+            result: EnqueueResult = self._drive("enqueueing", plans.enqueue_one(self._q, job))
+            return result
+        query, params, created = plain
+        self._execute("enqueueing", query, params)
+        return created
 
     def enqueue_tx(self, tx: Tx, job: Job) -> EnqueueResult:
         """Enqueue *job* inside the caller's transaction *tx* (SPEC E3); the caller commits.

@@ -9,6 +9,7 @@ land at the right edge of the primary key index instead of anywhere in it.
 from __future__ import annotations
 
 import os
+import struct
 import threading
 import time
 import uuid
@@ -17,16 +18,48 @@ _lock = threading.Lock()
 _last = 0  # the last (unix_ms << 12 | sub-ms fraction) handed out
 
 
-def uuid7() -> uuid.UUID:
-    """Return a new UUIDv7."""
+def _stamps(n: int) -> int:
+    """Reserve *n* consecutive stamps (unix_ms << 12 | sub-ms fraction) after the last one; return the first.
+
+    They start at the clock, or just after the last stamp handed out when that
+    is ahead (a clock that stands still or steps back), so ids keep increasing.
+    """
     global _last
     ns = time.time_ns()
     stamp = ((ns // 1_000_000) << 12) | ((ns % 1_000_000) * 4096 // 1_000_000)
     with _lock:
         if stamp <= _last:
             stamp = _last + 1
-        _last = stamp
-    rand = int.from_bytes(os.urandom(8), "big") & ((1 << 62) - 1)
-    ms, sub = stamp >> 12, stamp & 0xFFF
-    value = (ms << 80) | (0x7 << 76) | (sub << 64) | (0b10 << 62) | rand
-    return uuid.UUID(int=value)
+        _last = stamp + n - 1
+    return stamp
+
+
+def uuid7() -> uuid.UUID:
+    """Return a new UUIDv7."""
+    stamp = _stamps(1)
+    # High 64 bits: the milliseconds, version 7, the fraction; low 64: variant 0b10, 62 random bits.
+    high = ((stamp >> 12) << 16) | 0x7000 | (stamp & 0xFFF)
+    low = (int.from_bytes(os.urandom(8), "big") >> 2) | (1 << 63)
+    return uuid.UUID(int=(high << 64) | low)
+
+
+# The text of a UUIDv7 from a stamp s and 64 random bits r (62 used): milliseconds, version 7
+# and the fraction, variant 0b10, the rest random.
+_TEXT = "%08x-%04x-7%03x-%04x-%012x"
+
+
+def uuid7_text() -> str:
+    """Return a new UUIDv7 as text (``str(uuid7())`` without the UUID object)."""
+    s = _stamps(1)
+    r = int.from_bytes(os.urandom(8), "big")
+    return _TEXT % (s >> 28, (s >> 12) & 0xFFFF, s & 0xFFF, 0x8000 | (r >> 50), r & 0xFFFF_FFFF_FFFF)
+
+
+def uuid7_texts(n: int) -> list[str]:
+    """Return *n* new UUIDv7s as text, increasing, made in one go (a batch's ids)."""
+    stamp = _stamps(n)
+    randoms = struct.unpack(f">{n}Q", os.urandom(8 * n))
+    return [
+        _TEXT % (s >> 28, (s >> 12) & 0xFFFF, s & 0xFFF, 0x8000 | (r >> 50), r & 0xFFFF_FFFF_FFFF)
+        for s, r in zip(range(stamp, stamp + n), randoms, strict=True)
+    ]

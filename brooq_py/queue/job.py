@@ -6,6 +6,7 @@ import enum
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -72,19 +73,52 @@ def encode_payload(payload: Any) -> str:
             text = _ENCODER.encode(payload)
         except (TypeError, ValueError, RecursionError) as exc:
             raise InvalidJob(f"payload is not JSON-serialisable: {exc}") from None
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise InvalidJob("payload holds a lone surrogate, which is not valid Unicode text") from None
+        if not text.isascii():  # ASCII text (the usual payload) holds no lone surrogate
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidJob("payload holds a lone surrogate, which is not valid Unicode text") from None
     if "\x00" in text or ("\\u0000" in text and _NUL_ESCAPE.search(text)):
         raise InvalidJob("payload contains \\u0000, which PostgreSQL jsonb cannot store")
     return text
+
+
+def encode_payloads(payloads: Sequence[Any]) -> str:
+    """Return *payloads* as one JSON array text, refusing as ``encode_payload`` does.
+
+    One call of the encoder for the whole list, its checks made once on the
+    whole text; when anything is in doubt (bytes, an error, a lone surrogate, a
+    NUL) each payload is encoded alone, which raises InvalidJob for the first bad
+    one or joins the texts.
+    """
+    try:
+        text = _ENCODER.encode(payloads if isinstance(payloads, list) else list(payloads))
+    except (TypeError, ValueError, RecursionError):
+        pass
+    else:
+        if (
+            (text.isascii() or _is_utf8(text))
+            and "\x00" not in text
+            and not ("\\u0000" in text and _NUL_ESCAPE.search(text))
+        ):
+            return text
+    return "[" + ",".join([encode_payload(p) for p in payloads]) + "]"
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check_text(value: str, what: str) -> None:
     """Raise ``InvalidJob`` if *value* holds NUL or lone surrogates (PostgreSQL text cannot)."""
     if "\x00" in value:
         raise InvalidJob(f"{what} contains a NUL character")
+    if value.isascii():
+        return
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:

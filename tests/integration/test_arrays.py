@@ -4,6 +4,7 @@ last_error is stored as the engine wrote it, whatever it holds)."""
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
@@ -11,7 +12,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from brooq_py.postgres.arrays import bool_array, float_array, text_array, uuid_array
+from brooq_py.postgres.arrays import (
+    bool_array,
+    float_array,
+    int_array,
+    own_uuid_array,
+    text_array,
+    timestamptz_array,
+    uuid_array,
+)
 
 TRICKY = [
     "",
@@ -63,6 +72,29 @@ def test_uuid_float_bool_arrays(conn: psycopg.Connection[Any]) -> None:
         (uuid_array(ids), float_array([0.0, 1.5, 1e-6]), bool_array([True, False, True])),
     ).fetchall()
     assert got == [(ids[0], 0.0, True), (ids[1], 1.5, False), (ids[2], 1e-6, True)]
+
+
+def test_text_array_without_nulls_round_trips_tricky_values(conn: psycopg.Connection[Any]) -> None:
+    values = [v for v in TRICKY if v is not None]  # no None: the one-string way
+    rows = conn.execute("SELECT unnest(%s::text[])", (text_array(values),)).fetchall()
+    assert [r[0] for r in rows] == values
+    assert conn.execute("SELECT %s::text[]", (text_array([]),)).fetchone() == ([],)
+
+
+def test_int_timestamptz_and_own_uuid_arrays(conn: psycopg.Connection[Any]) -> None:
+    ids = [str(uuid.uuid4()) for _ in range(3)]
+    at = [
+        None,
+        datetime(2030, 1, 2, 3, 4, 5, 6, tzinfo=UTC),
+        datetime(1999, 12, 31, 23, 0, tzinfo=timezone(timedelta(hours=-5, minutes=-30))),
+    ]
+    got = conn.execute(
+        "SELECT u::text, i, t FROM unnest(%s::uuid[], %s::int[], %s::timestamptz[]) AS x(u, i, t)",
+        (own_uuid_array(ids), int_array([0, -(2**31), 2**31 - 1]), timestamptz_array(at)),
+    ).fetchall()
+    assert got == [(ids[0], 0, at[0]), (ids[1], -(2**31), at[1]), (ids[2], 2**31 - 1, at[2])]
+    row = conn.execute("SELECT %s::timestamptz[]", (timestamptz_array([None, None]),)).fetchone()
+    assert row == ([None, None],)
 
 
 def test_uuid_array_refuses_what_is_not_a_uuid() -> None:

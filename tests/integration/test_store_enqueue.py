@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -83,6 +84,20 @@ def test_e1_defaults_and_fields(store: Store) -> None:
     now_row = store.get(store.enqueue(Job("t", None)).id)
     assert now_row is not None and now_row.payload is None
     assert now_row.available_at <= datetime.now(UTC) + timedelta(seconds=5)
+    # a job without a key takes the plain insert: the same fields, the same rules
+    keyless = store.enqueue(Job("t", {"b": "\u00e9"}, idempotency_key="", available_at=at, priority=3))
+    assert keyless.created is True
+    row = store.get(keyless.id)
+    assert row is not None
+    assert (row.topic, row.payload, row.state, row.attempts, row.priority, row.available_at) == (
+        "t",
+        {"b": "\u00e9"},
+        State.SCHEDULED,
+        0,
+        3,
+        at,
+    )
+    assert row.idempotency_key is None and row.locked_by is None and uuid.UUID(row.id).version == 7
 
 
 def test_e1_twenty_threads_one_key_make_one_row(store: Store, dsn: str, schema: str) -> None:
@@ -182,6 +197,24 @@ def test_e3_foreign_tx_with_execute(store: Store, dsn: str) -> None:
     assert row is not None and row.payload == {"x": 1}
 
 
+def test_e3_foreign_dbapi_tx_enqueues_a_job_without_a_key(store: Store, dsn: str) -> None:
+    """A DB-API cursor refuses fetchall() after an INSERT without RETURNING: nothing is read back."""
+
+    class Foreign:
+        def __init__(self, conn: psycopg.Connection[Any]) -> None:
+            self.cur = psycopg.ClientCursor(conn)
+
+        def execute(self, query: Any, params: Any = None) -> Any:
+            return self.cur.execute(query.encode(), params)
+
+    with psycopg.connect(dsn) as conn:
+        res = store.enqueue_tx(Foreign(conn), Job("t", {"x": 1}))
+        conn.commit()
+    assert res.created is True
+    row = store.get(res.id)
+    assert row is not None and row.payload == {"x": 1} and row.state == State.PENDING
+
+
 def test_e3_sqlalchemy_session_joins_its_transaction(store: Store, dsn: str) -> None:
     from sqlalchemy import create_engine
     from sqlalchemy.orm import Session
@@ -258,6 +291,39 @@ def test_e5_enqueue_many_in_order_with_repeated_and_existing_keys(
     assert row is not None and row.payload == 1
     assert count_jobs(dsn, schema) == 5
     assert store.enqueue_many([]) == []
+
+
+def test_e2_e5_a_batch_waiting_on_an_uncommitted_duplicate_gets_its_id(
+    store: Store, dsn: str, schema: str
+) -> None:
+    """A key committed by another transaction while the batch waited on it: the batch's snapshot
+    does not see that row, so the id comes from a second statement; the other jobs are created."""
+    with psycopg.connect(dsn) as c1:
+        held = store.enqueue_tx(c1, Job("t", 1, idempotency_key="k"))
+        out: list[Any] = []
+        t = threading.Thread(
+            target=lambda: out.append(
+                store.enqueue_many(
+                    [Job("t", 2), Job("t", 3, idempotency_key="k"), Job("t", 4, idempotency_key="j")]
+                )
+            )
+        )
+        t.start()
+        with psycopg.connect(dsn, autocommit=True) as watch:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:  # the batch waits on c1's row
+                row = watch.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> %s",
+                    (c1.info.backend_pid,),
+                ).fetchone()
+                if row and row[0]:
+                    break
+                time.sleep(0.02)
+        c1.commit()
+    t.join(30)
+    [res] = out
+    assert [r.created for r in res] == [True, False, True] and res[1].id == held.id
+    assert count_jobs(dsn, schema) == 3
 
 
 class CountingCursor(psycopg.Cursor[Any]):
@@ -341,12 +407,21 @@ def test_e5_enqueue_many_through_a_foreign_tx(store: Store, dsn: str) -> None:
         def execute(self, query: Any, params: Any = None) -> Any:
             return self.cur.execute(query.encode(), params)
 
+    tricky = {"q": 'it\'s "quoted", {braced} \\ back\\slashed', "é": ["NULL", None, "\n"]}
     with psycopg.connect(dsn) as conn:
         res = store.enqueue_many(
-            [Job("t", 1, idempotency_key="a"), Job("t", 2), Job("t", 3, idempotency_key="a")],
+            [
+                Job("t", 1, idempotency_key="a"),
+                Job("t", 2),
+                Job("t", 3, idempotency_key="a"),
+                Job("t,'\"{}", tricky, idempotency_key='it\'s "k"'),
+            ],
             tx=Foreign(conn),
         )
         conn.commit()
-    assert [r.created for r in res] == [True, True, False] and res[2].id == res[0].id
+    assert [r.created for r in res] == [True, True, False, True] and res[2].id == res[0].id
     row = store.get(res[1].id)
     assert row is not None and row.payload == 2
+    row = store.get(res[3].id)
+    assert row is not None and row.payload == tricky
+    assert (row.topic, row.idempotency_key) == ("t,'\"{}", 'it\'s "k"')

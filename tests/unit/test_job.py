@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from brooq_py.queue import BrooqError, InvalidJob, Job
+from brooq_py.queue.job import encode_payload, encode_payloads
 
 
 def refused(**kw: Any) -> InvalidJob:
@@ -220,3 +221,41 @@ def test_job_is_frozen() -> None:
     job = Job("t")
     with pytest.raises(AttributeError):
         job.topic = "other"  # type: ignore[misc]
+
+
+# --- a batch's payloads at once (E4, E5) -----------------------------------------------------
+
+ODD_PAYLOADS: list[Any] = [
+    None,
+    "",
+    "\\u0000",
+    {"name": "Zoë", "emoji": "🎉"},
+    [1, 2.5, True, None],
+    b'{"pre": "encoded"}',
+    bytearray(b"[1]"),
+    {"deep": [{"x": [[]]}]},
+]
+
+
+def test_encode_payloads_is_the_json_array_of_each_payload_alone() -> None:
+    for payloads in ([], [{"n": 1}] * 3, ODD_PAYLOADS, ODD_PAYLOADS[:5]):
+        text = encode_payloads(payloads)
+        assert text == "[" + ",".join(encode_payload(p) for p in payloads) + "]"
+        assert json.loads(text) == [json.loads(encode_payload(p)) for p in payloads]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [float("nan"), {"a": "x\x00"}, {"b": "\udcff"}, {1, 2}, b"{", {"c": [float("inf")]}],
+)
+def test_encode_payloads_refuses_as_encode_payload_does(bad: Any) -> None:
+    with pytest.raises(InvalidJob) as alone:
+        encode_payload(bad)
+    with pytest.raises(InvalidJob) as batch:
+        encode_payloads([{"ok": 1}, bad, {"also": "fine"}])
+    assert str(batch.value) == str(alone.value)
+
+
+def test_encode_payloads_names_the_first_bad_one() -> None:
+    with pytest.raises(InvalidJob, match="u0000"):
+        encode_payloads([1, {"a": "\x00"}, float("nan")])
