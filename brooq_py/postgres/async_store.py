@@ -25,7 +25,7 @@ from brooq_py.postgres.async_wraptx import (
     on_async_connection,
 )
 from brooq_py.postgres.enqueueing import drive_async, first_statement
-from brooq_py.postgres.errors import is_connection_error, translated, unavailable
+from brooq_py.postgres.errors import translated
 from brooq_py.postgres.producer import check_schema, no_pool
 from brooq_py.postgres.queries import Queries, Query
 from brooq_py.queue import EnqueueResult, Job, JobRow
@@ -58,11 +58,16 @@ class AsyncStore:
 
     @asynccontextmanager
     async def _autocommit(self, doing: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        """Lend a pool connection in autocommit mode; put its flag back before it returns to the pool."""
-        if self._pool is None:
+        """Lend a pool connection in autocommit mode; put its flag back before it returns to the pool.
+
+        ``getconn``/``putconn`` rather than the pool's ``connection()`` context, as in the sync Store.
+        """
+        pool = self._pool
+        if pool is None:
             raise no_pool("AsyncStore", doing)
         with translated(doing):
-            async with self._pool.connection() as conn:
+            conn = await pool.getconn()
+            try:
                 saved = conn.autocommit
                 if not saved:
                     await conn.set_autocommit(True)
@@ -72,34 +77,13 @@ class AsyncStore:
                     if not saved and not conn.closed:
                         with contextlib.suppress(psycopg.Error):  # a broken one: the pool discards it
                             await conn.set_autocommit(False)
-
-    async def _execute(self, doing: str, query: Query, params: dict[str, Any]) -> None:
-        """Run *query*, one statement that returns no rows, in autocommit on a pool connection.
-
-        ``_autocommit`` unrolled for the hot path of ``enqueue``, as in the sync Store.
-        """
-        pool = self._pool
-        if pool is None:
-            raise no_pool("AsyncStore", doing)
-        try:
-            conn = await pool.getconn()
-            try:
-                if conn.autocommit:
-                    await execute_async(conn, query, params)
-                else:
-                    await conn.set_autocommit(True)
-                    try:
-                        await execute_async(conn, query, params)
-                    finally:
-                        if not conn.closed:
-                            with contextlib.suppress(psycopg.Error):  # a broken one: the pool discards it
-                                await conn.set_autocommit(False)
             finally:
                 await pool.putconn(conn)
-        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-            if not is_connection_error(exc):
-                raise
-            raise unavailable(exc, doing) from exc
+
+    async def _execute(self, doing: str, query: Query, params: dict[str, Any]) -> None:
+        """Run *query*, one statement that returns no rows, in autocommit on a pool connection."""
+        async with self._autocommit(doing) as conn:
+            await execute_async(conn, query, params)
 
     async def _drive(self, doing: str, plan: plans.Plan[Any]) -> Any:
         """Run *plan* in autocommit statements on a pool connection (none taken if it needs none)."""

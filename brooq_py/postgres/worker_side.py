@@ -13,7 +13,7 @@ from psycopg import sql
 from brooq_py.postgres.arrays import bool_array, float_array, text_array, uuid_array
 from brooq_py.postgres.errors import translated
 from brooq_py.postgres.own import OwnConnection
-from brooq_py.postgres.queries import Queries
+from brooq_py.postgres.queries import Queries, Query
 from brooq_py.postgres.runner import Rows, on_tx
 from brooq_py.queue import State, Tx
 from brooq_py.queue.port import ClaimedJob, DatabaseGauges, Gauges, HeldLease, Outcome, Staged, TopicCount
@@ -73,14 +73,7 @@ class WorkerSide:
         if not topics or limit < 1:
             return []
         params = {"topics": list(topics), "limit": limit, "worker": worker, "lease": lease}
-        # On the Store's own claim connection (its plan cached: no planning per claim); a second
-        # engine claiming through this Store at the same moment takes a pool connection instead.
-        rows = (
-            None if self._claimer is None else self._claimer.try_run("claiming jobs", self._q.claim, params)
-        )
-        if rows is None:
-            rows = self._run("claiming jobs", self._q.claim, params)
-        return claimed_jobs(rows)
+        return claimed_jobs(self._own_or_pool(self._claimer, "claiming jobs", self._q.claim, params))
 
     def settle_many(self, outcomes: Sequence[Outcome]) -> set[str]:
         """Write many outcomes in one guarded statement (SPEC P3, C10); return the ids written.
@@ -90,20 +83,28 @@ class WorkerSide:
         if not outcomes:
             return set()
         params = self._settle_params(outcomes)
-        # The completer's batches on a connection of their own (as claims); busy: the pool. A batch
-        # that outlasts that connection's lock_timeout or statement_timeout (a row locked by an
-        # operator's open transaction, a slow server) goes to the pool too, which waits as it always
-        # did: retried there later, the write would leave the row's lock queue each time, and the
-        # reaper, queued once the row's lease ran out under the lock, would get it first (SPEC L6).
-        rows = None
-        if self._settler is not None:
+        rows = self._own_or_pool(self._settler, "settling outcomes", self._q.settle_many, params)
+        return {r[0] for r in rows}
+
+    def _own_or_pool(
+        self, own: OwnConnection | None, doing: str, query: Query, params: dict[str, Any]
+    ) -> Rows:
+        """Run a claim or an outcome batch on its own connection (plan cached), else on the pool.
+
+        The pool takes it when there is no such connection (a separate ``conninfo``), while it is
+        busy (a second engine on this Store), closed or refused, and when the statement outlasted
+        its lock_timeout or statement_timeout: the pool waits as it always did. Retried on the
+        own connection, a write would leave a locked row's lock queue each time, and the reaper,
+        queued once the row's lease ran out under the lock, would get it first (SPEC L6).
+        """
+        if own is not None:
             try:
-                rows = self._settler.try_run("settling outcomes", self._q.settle_many, params)
+                rows = own.try_run(doing, query, params)
             except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled):
                 rows = None
-        if rows is None:
-            rows = self._run("settling outcomes", self._q.settle_many, params)
-        return {r[0] for r in rows}
+            if rows is not None:
+                return rows
+        return self._run(doing, query, params)
 
     @staticmethod
     def _settle_params(outcomes: Sequence[Outcome]) -> dict[str, Any]:
