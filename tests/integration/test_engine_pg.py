@@ -33,6 +33,27 @@ def state_of(store: Store, job_id: str) -> State:
     return row.state
 
 
+class Overlaps:
+    """A handler that records each job's runs and any run that began while another run of it was on (P1)."""
+
+    def __init__(self, hold: float) -> None:
+        self.hold = hold
+        self.lock = threading.Lock()
+        self.running: set[str] = set()
+        self.overlaps: list[str] = []
+        self.runs: dict[str, int] = {}
+
+    def handler(self, ctx: Context, claim: Claim) -> None:
+        with self.lock:
+            if claim.id in self.running:
+                self.overlaps.append(claim.id)
+            self.running.add(claim.id)
+            self.runs[claim.id] = self.runs.get(claim.id, 0) + 1
+        time.sleep(self.hold)
+        with self.lock:
+            self.running.discard(claim.id)
+
+
 def test_job_runs_to_done_and_fate_is_one_select_p3(store: Store, engines: Callable[..., Engine]) -> None:
     e = engines()
     e.register_kind("email.send", lambda ctx, claim: None)
@@ -197,20 +218,8 @@ def test_two_engines_race_over_2000_jobs_p1_p3(
     store: Store, pool: ConnectionPool[Any], schema: str, engines: Callable[..., Engine]
 ) -> None:
     """Two engines never run one job in two places at once and finish every job exactly once."""
-    lock = threading.Lock()
-    running: set[str] = set()
-    overlaps: list[str] = []
-    runs: dict[str, int] = {}
-
-    def handler(ctx: Context, claim: Claim) -> None:
-        with lock:
-            if claim.id in running:
-                overlaps.append(claim.id)
-            running.add(claim.id)
-            runs[claim.id] = runs.get(claim.id, 0) + 1
-        time.sleep(0.0002)
-        with lock:
-            running.discard(claim.id)
+    seen = Overlaps(hold=0.0002)
+    handler, overlaps, runs = seen.handler, seen.overlaps, seen.runs
 
     a = engines(workers=4)
     b = engines(Store(pool, schema=schema), workers=4)
@@ -392,20 +401,8 @@ def test_p1_p3_two_engines_on_one_store_while_its_claim_and_outcome_connections_
     Store (one claims on its connection while the other takes the pool), and both connections'
     backends are terminated again and again mid-run. No job runs in two places at once, every
     job ends done, and no row is left processing."""
-    lock = threading.Lock()
-    running: set[str] = set()
-    overlaps: list[str] = []
-    runs: dict[str, int] = {}
-
-    def handler(ctx: Context, claim: Claim) -> None:
-        with lock:
-            if claim.id in running:
-                overlaps.append(claim.id)
-            running.add(claim.id)
-            runs[claim.id] = runs.get(claim.id, 0) + 1
-        time.sleep(0.001)
-        with lock:
-            running.discard(claim.id)
+    seen = Overlaps(hold=0.001)
+    handler, overlaps, runs = seen.handler, seen.overlaps, seen.runs
 
     a = engines(workers=4)
     b = engines(workers=4)

@@ -513,3 +513,32 @@ def test_c1_q2_q3_the_cached_claim_plan_keeps_order_and_leaves_out_paused_and_li
     taken = {j.id for j in got}
     assert rest == sorted((jid for jid in order if jid not in taken), key=rank.__getitem__)
     assert claimer(store)._conn is not None
+
+
+def test_c1_a_large_claim_finds_its_rows_by_primary_key_not_by_scanning_the_table(
+    store: Store, db: psycopg.Connection[Any]
+) -> None:
+    """C1 at scale: a claim of 300 rows on a 30,000-row table updates them through the primary key;
+    joined to its candidates instead, the planner chose a sequential scan of the whole table."""
+    db.execute("INSERT INTO job (topic, payload) SELECT 'big', '{}'::jsonb FROM generate_series(1, 30000)")
+    db.execute("ANALYZE job")
+    params = {"topics": ["big"], "limit": 300, "worker": "w", "lease": LEASE}
+    with db.transaction(force_rollback=True):
+        plan = db.execute(b"EXPLAIN (FORMAT JSON) " + store._q.claim.composed, params).fetchone()
+    assert plan is not None
+    scans = _scans(plan[0])
+    assert ("Seq Scan", "job") not in scans, scans
+    assert ("Index Scan", "job") in scans or ("Bitmap Heap Scan", "job") in scans, scans
+
+
+def _scans(node: Any) -> list[tuple[str, str]]:
+    """(node type, relation) of every node of an EXPLAIN (FORMAT JSON) plan."""
+    if isinstance(node, list):
+        return [s for n in node for s in _scans(n)]
+    if not isinstance(node, dict):
+        return []
+    out = [(node["Node Type"], node.get("Relation Name", ""))] if "Node Type" in node else []
+    for key in ("Plan", "Plans"):
+        if key in node:
+            out += _scans(node[key])
+    return out
