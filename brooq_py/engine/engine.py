@@ -289,6 +289,7 @@ class Engine:
                 cfg.td("poll_interval").total_seconds(),
                 self.log,
                 hand_back=self._hand_back,
+                batch=cfg.claim_batch,
             )
             self._services = [
                 Heartbeat(
