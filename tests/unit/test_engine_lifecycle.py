@@ -408,6 +408,16 @@ def test_c1_an_engine_claims_at_most_claim_batch_rows_a_statement_and_runs_them_
     assert limits and max(limits) == 3
 
 
+def test_c1_run_once_claims_at_most_claim_batch_rows(
+    repo: FakeRepo, make_engine: Callable[..., Engine]
+) -> None:
+    e = make_engine(workers=5, claim_batch=2)
+    e.register_kind("t", lambda ctx, claim: None)
+    for _ in range(5):
+        e.enqueue(Job("t"))
+    assert [e.run_once(), e.run_once(), e.run_once(), e.run_once()] == [2, 2, 1, 0]
+
+
 def test_a_claimed_row_of_an_unregistered_topic_is_handed_back(
     repo: FakeRepo, make_engine: Callable[..., Engine]
 ) -> None:
