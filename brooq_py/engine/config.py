@@ -29,6 +29,7 @@ _MAY_BE_ZERO = ("retention_ttl", "retention_period")
 
 ENV_VARS: dict[str, tuple[str, str]] = {
     "QUEUE_WORKERS": ("workers", "int"),
+    "QUEUE_CLAIM_BATCH": ("claim_batch", "int"),
     "QUEUE_POLL_INTERVAL": ("poll_interval", "duration"),
     "QUEUE_LEASE": ("lease", "duration"),
     "QUEUE_ATTEMPT_TIMEOUT": ("attempt_timeout", "duration"),
@@ -81,12 +82,16 @@ class Config:
     notify: bool = True
     # How often the refresher reads the gauges /metrics serves (SPEC Z2).
     gauges_period: timedelta | float = 5
+    # The most rows one claim statement takes. More free slots than this are filled by
+    # successive claims, each launched as it returns, so the first handlers start sooner.
+    claim_batch: int = 32
 
     def __post_init__(self) -> None:
         problems: list[str] = []
         check_int(self, "workers", 1, problems)
         check_int(self, "max_attempts", 1, problems)
         check_int(self, "retention_batch", 1, problems)
+        check_int(self, "claim_batch", 1, problems)
         if not isinstance(self.notify, bool):
             problems.append(f"notify must be a bool, got {type(self.notify).__name__}")
         normalise_durations(self, _DURATIONS, problems, optional=("reaper_period", "watchdog_grace"))

@@ -15,7 +15,10 @@ from brooq_py.engine.ticker import worth_logging
 class Dispatcher:
     """One thread: wait for a free slot and (a wake-up or poll_interval), then claim and launch the rows together.
 
-    It claims again at once while a claim came back full (a backlog), and
+    A claim takes at most *batch* rows: more free slots than that (a big pool
+    meeting a backlog) are filled by successive claims, each launched as it
+    returns, so the first handlers start while the next rows are claimed. It
+    claims again at once while a claim came back full (a backlog), and
     otherwise waits for a NOTIFY wake-up or the poll interval. A failed claim is
     logged and retried with backoff. Rows a claim returns after ``stop()`` are
     handed to *hand_back* instead of launched.
@@ -29,6 +32,7 @@ class Dispatcher:
         poll_interval: float,
         log: logging.Logger,
         hand_back: Callable[[list[ClaimedJob]], None] | None = None,
+        batch: int | None = None,
     ) -> None:
         self._claim = claim
         self._slots = slots
@@ -36,6 +40,7 @@ class Dispatcher:
         self._poll = poll_interval
         self._log = log
         self._hand_back = hand_back
+        self._batch = batch
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -69,6 +74,8 @@ class Dispatcher:
                 return
             self._wake.clear()
             free = self._slots.free
+            if self._batch is not None:
+                free = min(free, self._batch)
             if free <= 0:
                 backlog = True
                 continue

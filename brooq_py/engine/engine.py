@@ -289,6 +289,7 @@ class Engine:
                 cfg.td("poll_interval").total_seconds(),
                 self.log,
                 hand_back=self._hand_back,
+                batch=cfg.claim_batch,
             )
             self._services = [
                 Heartbeat(
@@ -437,7 +438,8 @@ class Engine:
         self.close()
 
     def run_once(self) -> int:
-        """Without start(): claim one batch, run it in this thread, write every outcome; return how many.
+        """Without start(): claim one batch (up to workers and claim_batch), run it in this thread, write every
+        outcome; return how many.
 
         Timeouts and the heartbeat do not run here: it is meant for tests and scripts.
         """
@@ -446,7 +448,7 @@ class Engine:
                 raise BrooqError("run_once() is for an engine that was not started")
         stage_now(self.repo, self.config, self.topics)
         self._topic_watch.run_once()
-        rows = self._claim(self.config.workers)
+        rows = self._claim(min(self.config.workers, self.config.claim_batch))
         for row in rows:
             a = self._attempt(row)
             if a is not None:

@@ -42,6 +42,7 @@ def test_api_config_defaults() -> None:
     assert c.watchdog_grace is None
     assert c.retention_ttl == timedelta(days=30)
     assert c.retention_batch == 1000
+    assert c.claim_batch == 32
     assert c.retention_period == timedelta(0)
     assert c.max_attempts == 5
     assert c.attempt_timeout == timedelta(seconds=60)
@@ -86,6 +87,8 @@ def test_api_kind_defaults_follow_config() -> None:
         {"max_attempts": None},
         {"retention_batch": 0},
         {"retention_batch": 10.5},
+        {"claim_batch": 0},
+        {"claim_batch": 4.5},
         {"poll_interval": 0},
         {"poll_interval": -1},
         {"lease": 0},
@@ -228,6 +231,7 @@ FULL_ENV = {
     "QUEUE_RETENTION_PERIOD": "5m",
     "QUEUE_NOTIFY": "off",
     "QUEUE_GAUGES_PERIOD": "15s",
+    "QUEUE_CLAIM_BATCH": "64",
 }
 
 
@@ -250,6 +254,7 @@ def test_k2_from_env_reads_every_queue_variable() -> None:
         retention_period=300,
         notify=False,
         gauges_period=15,
+        claim_batch=64,
     )
 
 

@@ -359,6 +359,65 @@ def test_c11_rows_a_claim_returns_after_stop_are_handed_back_unrun() -> None:
     assert handed == [[row]] and launched == []
 
 
+def test_c1_a_backlog_is_claimed_in_statements_of_claim_batch_rows_never_past_the_free_slots() -> None:
+    """C1 with ``claim_batch``: ten free slots and a batch of three claim 3, 3, 3, 1 at once (a
+    backlog, no wake-up waited for), each claim launched as it returns."""
+    limits: list[int] = []
+    launched: list[ClaimedJob] = []
+    slots = SlotPool(10)
+    n = iter(range(100))
+
+    def claim(limit: int) -> list[ClaimedJob]:
+        limits.append(limit)
+        assert limit <= slots.free  # never beyond the free slots
+        return [
+            ClaimedJob(f"00000000-0000-0000-0000-{next(n):012d}", "t", {}, 1, 0, "tok", "w", None)  # type: ignore[arg-type]
+            for _ in range(limit)
+        ]
+
+    def launch(rows: list[ClaimedJob]) -> None:
+        for row in rows:
+            slots.take()  # the handlers never end: the slots stay taken
+            launched.append(row)
+
+    d = Dispatcher(claim, slots, launch, 3600, logging.getLogger("t"), batch=3)
+    d.start()
+    try:
+        wait_for(lambda: len(launched) == 10, what="every slot filled")
+    finally:
+        d.stop()
+    assert limits[:4] == [3, 3, 3, 1] and len(launched) == 10 and slots.free == 0
+
+
+def test_c1_an_engine_claims_at_most_claim_batch_rows_a_statement_and_runs_them_all(
+    repo: FakeRepo, make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    limits: list[int] = []
+    claim = repo.claim
+
+    def recording(topics: list[str], limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:
+        limits.append(limit)
+        return claim(topics, limit, worker, lease)
+
+    monkeypatch.setattr(repo, "claim", recording)
+    e = make_engine(workers=8, claim_batch=3)
+    e.register_kind("t", lambda ctx, claim: None)
+    ids = [e.enqueue(Job("t")).id for _ in range(20)]
+    e.start()
+    wait_for(lambda: all(repo.row(j).state is State.DONE for j in ids), what="all 20 done")
+    assert limits and max(limits) == 3
+
+
+def test_c1_run_once_claims_at_most_claim_batch_rows(
+    repo: FakeRepo, make_engine: Callable[..., Engine]
+) -> None:
+    e = make_engine(workers=5, claim_batch=2)
+    e.register_kind("t", lambda ctx, claim: None)
+    for _ in range(5):
+        e.enqueue(Job("t"))
+    assert [e.run_once(), e.run_once(), e.run_once(), e.run_once()] == [2, 2, 1, 0]
+
+
 def test_a_claimed_row_of_an_unregistered_topic_is_handed_back(
     repo: FakeRepo, make_engine: Callable[..., Engine]
 ) -> None:
