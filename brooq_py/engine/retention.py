@@ -4,11 +4,16 @@ Retention keeps pace: while a tick ends on its batch cap (the last batch came
 back full, so more expired rows remain) the next tick follows at once, so a
 backlog drains at the speed of the delete. Each batch is one short statement
 over terminal rows only (SKIP LOCKED): it never waits for, or blocks, a claim.
+It leaves the database to the hot path: a full batch is followed by a pause of
+``PACE`` times its own duration before the next one, so a backlog takes at most
+a tenth of one connection's time and still drains at the speed of the delete
+(about 600,000 rows a minute here, beside a drain that keeps >= 0.8 x its rate).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
@@ -18,10 +23,14 @@ from brooq_py.engine.ticker import Ticker
 # Batches a tick deletes before it reports (metrics, stop check); a tick that ends
 # on this cap is followed at once by the next.
 MAX_BATCHES_PER_TICK = 10
+# After a full batch, wait this many times the batch's own duration before the next. Back to
+# back, the deletes' WAL and CPU halved a 4-worker drain beside them (bench RET: 0.43-0.51 x);
+# at PACE 3 it kept 0.75 x, at 9 0.82-0.94 x while still deleting 590,000-710,000 rows a minute.
+PACE = 9.0
 
 
 class Retention(Ticker):
-    """Deletes batches while they come back full; back to back while a backlog lasts (Z1)."""
+    """Deletes batches while they come back full, paced, with no period's wait while a backlog lasts (Z1)."""
 
     name = "retention"
 
@@ -33,8 +42,12 @@ class Retention(Ticker):
         delete: Callable[[timedelta, int], list[tuple[str, str]]],
         on_deleted: Callable[[str, int], None],
         log: logging.Logger,
+        monotonic: Callable[[], float] = time.monotonic,
+        pause: Callable[[float], object] | None = None,
     ) -> None:
         super().__init__(period, log)
+        self._monotonic = monotonic
+        self._pause = pause if pause is not None else self._stop.wait  # returns at once on stop()
         if ttl <= timedelta(0):
             raise ValueError("retention: ttl must be > 0 (0 disables retention: do not start it)")
         self.ttl = ttl
@@ -54,12 +67,14 @@ class Retention(Ticker):
         for _ in range(MAX_BATCHES_PER_TICK):
             if self._stop.is_set():
                 break
+            started = self._monotonic()
             rows = self._delete(self.ttl, self.batch)
             for _, topic in rows:
                 total[topic] += 1
             full = len(rows) >= self.batch
             if not full:
                 break
+            self._pause(PACE * max(0.0, self._monotonic() - started))
         for topic, n in total.items():
             self._on_deleted(topic, n)
         if full and not self._drained:

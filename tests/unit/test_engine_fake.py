@@ -510,6 +510,59 @@ def test_z1_retention_drains_a_backlog_without_waiting_a_period() -> None:
         r.stop()
 
 
+def test_z1_retention_pauses_after_each_full_batch_for_pace_times_its_duration() -> None:
+    """Each full batch is followed by a pause of PACE x its duration; the short last batch is not."""
+    from datetime import timedelta
+
+    from brooq_py.engine.retention import PACE, Retention
+
+    now = [0.0]
+    backlog = [3 * 7 + 2]
+    pauses: list[float] = []
+
+    def delete(ttl: timedelta, batch: int) -> list[tuple[str, str]]:
+        now[0] += 0.25  # each batch takes a quarter of a second on the fake clock
+        n = min(batch, backlog[0])
+        backlog[0] -= n
+        return [("id", "t")] * n
+
+    r = Retention(
+        3600, timedelta(days=1), 7, delete, lambda t, n: None, logging.getLogger("r"),
+        monotonic=lambda: now[0], pause=pauses.append,
+    )  # fmt: skip
+    r.run_once()
+    assert backlog == [0] and pauses == [PACE * 0.25] * 3 and not r.behind
+
+
+def test_z1_stop_ends_a_retention_pause_at_once() -> None:
+    from datetime import timedelta
+
+    from brooq_py.engine.retention import Retention
+
+    now = [0.0]
+    deleted = threading.Event()
+
+    def delete(ttl: timedelta, batch: int) -> list[tuple[str, str]]:
+        now[0] += 1000.0  # the pause after this full batch would last hours
+        deleted.set()
+        return [("id", "t")] * batch
+
+    r = Retention(
+        3600,
+        timedelta(days=1),
+        7,
+        delete,
+        lambda t, n: None,
+        logging.getLogger("r"),
+        monotonic=lambda: now[0],
+    )
+    r.start()
+    thread = r._thread
+    assert thread is not None and deleted.wait(10)
+    r.stop(timeout=10)
+    assert not thread.is_alive()  # the pause ended with stop(), not hours later
+
+
 def test_retention_ttl_zero_starts_no_retention_loop_t3(repo: FakeRepo) -> None:
     from brooq_py.engine.retention import Retention
 
