@@ -521,7 +521,7 @@ def test_z1_retention_pauses_after_each_full_batch_for_pace_times_its_duration()
     pauses: list[float] = []
 
     def delete(ttl: timedelta, batch: int) -> list[tuple[str, str]]:
-        now[0] += 0.25  # each batch takes a quarter of a second on the fake clock
+        now[0] += 0.0625  # each batch takes 62.5 ms on the fake clock (exact in binary)
         n = min(batch, backlog[0])
         backlog[0] -= n
         return [("id", "t")] * n
@@ -531,13 +531,63 @@ def test_z1_retention_pauses_after_each_full_batch_for_pace_times_its_duration()
         monotonic=lambda: now[0], pause=pauses.append,
     )  # fmt: skip
     r.run_once()
-    assert backlog == [0] and pauses == [PACE * 0.25] * 3 and not r.behind
+    assert backlog == [0] and pauses == [PACE * 0.0625] * 3 and not r.behind
 
 
-def test_z1_stop_ends_a_retention_pause_at_once() -> None:
+def test_z1_a_retention_pause_is_capped_after_a_batch_that_waited_long() -> None:
+    """A batch slow for a reason that spares the database (a pool wait, a DDL lock) pauses MAX_PAUSE."""
+    from datetime import timedelta
+
+    from brooq_py.engine.retention import MAX_PAUSE, Retention
+
+    now = [0.0]
+    backlog = [7 + 1]
+    pauses: list[float] = []
+
+    def delete(ttl: timedelta, batch: int) -> list[tuple[str, str]]:
+        now[0] += 1200.0  # twenty minutes behind a lock
+        n = min(batch, backlog[0])
+        backlog[0] -= n
+        return [("id", "t")] * n
+
+    r = Retention(
+        3600, timedelta(days=1), 7, delete, lambda t, n: None, logging.getLogger("r"),
+        monotonic=lambda: now[0], pause=pauses.append,
+    )  # fmt: skip
+    r.run_once()
+    assert pauses == [MAX_PAUSE] and backlog == [0]
+
+
+def test_z1_batches_deleted_before_a_failing_one_are_counted() -> None:
     from datetime import timedelta
 
     from brooq_py.engine.retention import Retention
+
+    calls = [0]
+    counted: dict[str, int] = {}
+
+    def delete(ttl: timedelta, batch: int) -> list[tuple[str, str]]:
+        calls[0] += 1
+        if calls[0] == 3:
+            raise ConnectionError("down")
+        return [("id", "t")] * batch
+
+    r = Retention(
+        3600, timedelta(days=1), 5, delete, lambda t, n: counted.__setitem__(t, counted.get(t, 0) + n),
+        logging.getLogger("r"), pause=lambda s: None,
+    )  # fmt: skip
+    with pytest.raises(ConnectionError):
+        r.run_once()
+    assert counted == {"t": 10}
+
+
+def test_z1_stop_ends_a_retention_pause_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from datetime import timedelta
+
+    from brooq_py.engine import retention
+    from brooq_py.engine.retention import Retention
+
+    monkeypatch.setattr(retention, "MAX_PAUSE", 3600.0)
 
     now = [0.0]
     deleted = threading.Event()
