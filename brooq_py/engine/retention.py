@@ -68,6 +68,7 @@ class Retention(Ticker):
         self.behind = False  # a failing delete waits a period, never loops at once
         total: Counter[str] = Counter()
         full = False
+        first = not self._drained  # no backlog reported yet
         try:
             for _ in range(MAX_BATCHES_PER_TICK):
                 if self._stop.is_set():
@@ -80,13 +81,13 @@ class Retention(Ticker):
                 if not full:
                     break
                 self._pause(min(PACE * max(0.0, self._monotonic() - started), MAX_PAUSE))
-        finally:  # batches committed before a failing one are counted too
+        finally:  # batches committed before a failing one are counted and reported too
             for topic, n in total.items():
                 self._on_deleted(topic, n)
-        if full and not self._drained:
+            self._drained.update(total)
+        if full and first:
             self.log.info("retention: a backlog of expired terminal jobs; deleting batch after batch")
         self.behind = full
-        self._drained.update(total)
         if not full and self._drained:
             self.log.info(
                 "retention: deleted %d terminal jobs older than %gs topics=%s",
