@@ -510,18 +510,29 @@ def test_z1_retention_drains_a_backlog_without_waiting_a_period() -> None:
         r.stop()
 
 
-def test_z1_retention_pauses_after_each_full_batch_for_pace_times_its_duration() -> None:
-    """Each full batch is followed by a pause of PACE x its duration; the short last batch is not."""
+@pytest.mark.parametrize(
+    ("batch_seconds", "backlog_rows", "expected"),
+    [
+        # each full batch is followed by PACE x its duration; the short last batch is not
+        (0.0625, 3 * 7 + 2, lambda pace, cap: [pace * 0.0625] * 3),
+        # a batch slow for a reason that spares the database (a pool wait, a DDL lock): MAX_PAUSE
+        (1200.0, 7 + 1, lambda pace, cap: [cap]),
+    ],
+    ids=["pace", "capped"],
+)
+def test_z1_retention_pauses_after_each_full_batch(
+    batch_seconds: float, backlog_rows: int, expected: Callable[[float, float], list[float]]
+) -> None:
     from datetime import timedelta
 
-    from brooq_py.engine.retention import PACE, Retention
+    from brooq_py.engine.retention import MAX_PAUSE, PACE, Retention
 
     now = [0.0]
-    backlog = [3 * 7 + 2]
+    backlog = [backlog_rows]
     pauses: list[float] = []
 
     def delete(ttl: timedelta, batch: int) -> list[tuple[str, str]]:
-        now[0] += 0.0625  # each batch takes 62.5 ms on the fake clock (exact in binary)
+        now[0] += batch_seconds  # on the fake clock (both values exact in binary)
         n = min(batch, backlog[0])
         backlog[0] -= n
         return [("id", "t")] * n
@@ -531,34 +542,11 @@ def test_z1_retention_pauses_after_each_full_batch_for_pace_times_its_duration()
         monotonic=lambda: now[0], pause=pauses.append,
     )  # fmt: skip
     r.run_once()
-    assert backlog == [0] and pauses == [PACE * 0.0625] * 3 and not r.behind
+    assert backlog == [0] and pauses == expected(PACE, MAX_PAUSE) and not r.behind
 
 
-def test_z1_a_retention_pause_is_capped_after_a_batch_that_waited_long() -> None:
-    """A batch slow for a reason that spares the database (a pool wait, a DDL lock) pauses MAX_PAUSE."""
-    from datetime import timedelta
-
-    from brooq_py.engine.retention import MAX_PAUSE, Retention
-
-    now = [0.0]
-    backlog = [7 + 1]
-    pauses: list[float] = []
-
-    def delete(ttl: timedelta, batch: int) -> list[tuple[str, str]]:
-        now[0] += 1200.0  # twenty minutes behind a lock
-        n = min(batch, backlog[0])
-        backlog[0] -= n
-        return [("id", "t")] * n
-
-    r = Retention(
-        3600, timedelta(days=1), 7, delete, lambda t, n: None, logging.getLogger("r"),
-        monotonic=lambda: now[0], pause=pauses.append,
-    )  # fmt: skip
-    r.run_once()
-    assert pauses == [MAX_PAUSE] and backlog == [0]
-
-
-def test_z1_batches_deleted_before_a_failing_one_are_counted() -> None:
+def test_z1_batches_deleted_before_a_failing_one_are_counted(caplog: pytest.LogCaptureFixture) -> None:
+    """The metric and the INFO summary both count the batches committed before a failing one."""
     from datetime import timedelta
 
     from brooq_py.engine.retention import Retention
@@ -570,7 +558,7 @@ def test_z1_batches_deleted_before_a_failing_one_are_counted() -> None:
         calls[0] += 1
         if calls[0] == 3:
             raise ConnectionError("down")
-        return [("id", "t")] * batch
+        return [("id", "t")] * (batch if calls[0] < 4 else 2)  # the tick after: one short batch
 
     r = Retention(
         3600, timedelta(days=1), 5, delete, lambda t, n: counted.__setitem__(t, counted.get(t, 0) + n),
@@ -579,6 +567,10 @@ def test_z1_batches_deleted_before_a_failing_one_are_counted() -> None:
     with pytest.raises(ConnectionError):
         r.run_once()
     assert counted == {"t": 10}
+    with caplog.at_level(logging.INFO, logger="r"):
+        r.run_once()
+    assert counted == {"t": 12}
+    assert any("deleted 12 terminal jobs" in rec.getMessage() for rec in caplog.records)
 
 
 def test_z1_stop_ends_a_retention_pause_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
