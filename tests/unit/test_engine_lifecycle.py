@@ -389,6 +389,41 @@ def test_c1_a_backlog_is_claimed_in_statements_of_claim_batch_rows_never_past_th
     assert limits[:4] == [3, 3, 3, 1] and len(launched) == 10 and slots.free == 0
 
 
+def test_c11_a_stop_in_the_middle_of_successive_claims_claims_nothing_more() -> None:
+    """A backlog filled by successive claim_batch claims: stop() arrives while the second claim is
+    in flight. Its rows are handed back unrun and no third claim is made (C11 with C1's batches)."""
+    in_second = threading.Event()
+    release = threading.Event()
+    limits: list[int] = []
+    launched: list[ClaimedJob] = []
+    handed: list[list[ClaimedJob]] = []
+    slots = SlotPool(6)
+    n = iter(range(100))
+
+    def claim(limit: int) -> list[ClaimedJob]:
+        limits.append(limit)
+        if len(limits) == 2:
+            in_second.set()
+            release.wait(10)
+        return [
+            ClaimedJob(f"00000000-0000-0000-0000-{next(n):012d}", "t", {}, 1, 0, "tok", "w", None)  # type: ignore[arg-type]
+            for _ in range(limit)
+        ]
+
+    def launch(rows: list[ClaimedJob]) -> None:
+        for row in rows:
+            slots.take()
+            launched.append(row)
+
+    d = Dispatcher(claim, slots, launch, 3600, logging.getLogger("t"), hand_back=handed.append, batch=2)
+    d.start()
+    assert in_second.wait(10)
+    d.stop(timeout=0.05)  # gives up waiting for the claim in flight
+    release.set()
+    wait_for(lambda: handed, what="the second claim's rows handed back")
+    assert limits == [2, 2] and len(launched) == 2 and [len(h) for h in handed] == [2]
+
+
 def test_c1_an_engine_claims_at_most_claim_batch_rows_a_statement_and_runs_them_all(
     repo: FakeRepo, make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch
 ) -> None:
