@@ -33,6 +33,9 @@ _LAZY = {
     "AttemptError": ("brooq_py.queue", "AttemptError"),
     "Event": ("brooq_py.queue", "Event"),
     "GroupResult": ("brooq_py.queue", "GroupResult"),
+    "Tasks": ("brooq_py.tasks", "Tasks"),
+    "Task": ("brooq_py.tasks", "Task"),
+    "JobNotFound": ("brooq_py.queue", "JobNotFound"),
 }
 
 __all__ = sorted(_LAZY)
@@ -53,11 +56,13 @@ if TYPE_CHECKING:
         JobCanceled,
         JobCanceledByOperator,
         JobFailed,
+        JobNotFound,
         KindOptions,
         QueueFull,
         State,
         WaitTimeout,
     )
+    from brooq_py.tasks import Task, Tasks  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

@@ -121,6 +121,7 @@ class Attempt:
         "hard_deadline",
         "kind",
         "renewed_at",
+        "result",
         "row",
         "soft_deadline",
         "started",
@@ -141,6 +142,9 @@ class Attempt:
             claim_token=row.claim_token,
             priority=row.priority,
         )
+        ctx.attach(self.claim)
+        # The handler's return value as JSON text, encoded on its own thread (SPEC V1).
+        self.result: str | None = None
         self.started = started
         # When the database last confirmed the lease (monotonic): the claim's return, then each renewal (L4).
         self.renewed_at = started

@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
@@ -51,6 +51,9 @@ from brooq_py.queue import (
     Tx,
 )
 from brooq_py.queue.handler import Handler
+
+if TYPE_CHECKING:
+    from brooq_py.tasks import Tasks
 
 # How long the completer lets outcomes gather before it writes them (SPEC C10: "within milliseconds").
 COMPLETER_LINGER = 0.002
@@ -110,6 +113,7 @@ class Engine:
         self._async = AsyncRunner(self.log)
         self.runner = Runner(repo, self.inflight, self.metrics, self._async, self.log, rng)
         self.runner.stopping = lambda: self._state == "stopping"
+        self.runner.result_max_bytes = self.config.result_max_bytes
         self.supervisor = Supervisor(
             self.inflight,
             self.runner,
@@ -177,6 +181,19 @@ class Engine:
             self._kinds[topic] = kind
             self._caps[topic] = kind.options.concurrency
             self.metrics.prime([topic])
+
+    def register_tasks(self, tasks: Tasks) -> None:
+        """Register every task of *tasks* as a kind (before ``start()``): called with ``**payload``,
+        the ctx first when declared; its return value is the job's result (SPEC V1).
+
+        A task's options apply over this engine's defaults. Raise as ``register_kind`` does.
+        """
+        for task in tasks:
+            try:
+                options = task.kind_options(self.config.kind_defaults())
+            except ConfigError as exc:
+                raise ConfigError([f"task {task.topic!r}: {p}" for p in exc.problems]) from None
+            self.register_kind(task.topic, task.handler(), options)
 
     def schedule(
         self, topic: str, cron: str, payload: Any = None, *, timezone: str = "UTC", priority: int = 0

@@ -46,7 +46,22 @@ class Heartbeat(Ticker):
         if not attempts:
             return
         sent = self._clock.monotonic()
-        alive = self._renew([HeldLease(a.id, a.row.claim_token) for a in attempts])
+        leases: list[HeldLease] = []
+        taken: list[tuple[Attempt, tuple[float | None, str | None]]] = []
+        for a in attempts:
+            # Progress reported since the last renewal rides along with this one (SPEC V4).
+            progress = a.ctx.take_progress()
+            if progress is None:
+                leases.append(HeldLease(a.id, a.row.claim_token))
+            else:
+                leases.append(HeldLease(a.id, a.row.claim_token, progress[0], progress[1]))
+                taken.append((a, progress))
+        try:
+            alive = self._renew(leases)
+        except BaseException:
+            for a, progress in taken:  # kept for the next renewal, unless newer values came meanwhile
+                a.ctx.give_back_progress(progress)
+            raise
         for a in attempts:
             if a.id in alive:
                 a.renewed_at = max(a.renewed_at, sent)

@@ -16,6 +16,7 @@ from brooq_py.engine.inflight import InFlight
 from brooq_py.engine.metrics import Metrics
 from brooq_py.engine.outcome import Ending, decide, describe_error
 from brooq_py.engine.repo import Outcome, Repo
+from brooq_py.engine.results import encode_result
 from brooq_py.engine.slots import AsyncRunner, Threads
 from brooq_py.queue import MustCancelTask, MustDelay, MustPreserveAttempt, State, StoreUnavailable
 from brooq_py.queue.errors import find_signal
@@ -63,6 +64,8 @@ class Runner:
         # Called after a flush wrote a failed attempt's retry time: the stager's
         # cue to read the earliest due time again, since no NOTIFY announces such a row (SPEC S7).
         self.on_waiting: Callable[[], None] = lambda: None
+        # The largest result a handler may return, in UTF-8 bytes of JSON (SPEC V1).
+        self.result_max_bytes = 1024 * 1024
 
     # --- running ---------------------------------------------------------
 
@@ -76,10 +79,14 @@ class Runner:
         for a in attempts:
             self._busy(a, +1)
             if a.kind.is_async:
-                tasks.append((functools.partial(a.kind.handler, a.ctx, a.claim), self._on_task_done(a)))
+                tasks.append((functools.partial(self._run_async, a), self._on_task_done(a)))
             else:
                 self.threads.run(functools.partial(self._run_thread, a, time.monotonic()))
         self.loop.spawn_many(tasks)
+
+    async def _run_async(self, a: Attempt) -> None:
+        """Await an async handler and encode its return value on the loop, where it ran (V1)."""
+        a.result = encode_result(await a.kind.handler(a.ctx, a.claim), self.result_max_bytes)
 
     def _run_thread(self, a: Attempt, t0: float) -> None:
         error = self._call_sync(a)
@@ -136,7 +143,7 @@ class Runner:
         t0 = time.monotonic()
         if a.kind.is_async:
             try:
-                self.loop.wait(a.kind.handler(a.ctx, a.claim))
+                self.loop.wait(self._run_async(a))
                 error: BaseException | None = None
             except BaseException as exc:
                 error = exc
@@ -149,7 +156,9 @@ class Runner:
         try:
             result = a.kind.handler(a.ctx, a.claim)
             if inspect.isawaitable(result):
-                self.loop.wait(result)
+                result = self.loop.wait(result)
+            # Encoded here, on the handler's thread: a result that cannot be stored fails the attempt.
+            a.result = encode_result(result, self.result_max_bytes)
         except BaseException as exc:
             return exc
         return None
@@ -208,7 +217,7 @@ class Runner:
     def settling_outcome(self, a: Attempt, error: BaseException | None) -> Outcome | None:
         """Move *a* to settling and decide its outcome; None when nothing is to be written (then settled)."""
         phase = a.settling()
-        ending = Ending(phase, error=error, cause=a.ctx.cause, stopping=self.stopping())
+        ending = Ending(phase, error=error, cause=a.ctx.cause, stopping=self.stopping(), result=a.result)
         outcome = self._decide(a, ending)
         if outcome is None:
             self._nothing(a)

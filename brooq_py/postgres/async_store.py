@@ -10,6 +10,7 @@ its autocommit flag back before returning it, as the Store does.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -28,12 +29,19 @@ from brooq_py.postgres.enqueueing import drive_async, first_statement
 from brooq_py.postgres.errors import translated
 from brooq_py.postgres.producer import check_schema, no_pool
 from brooq_py.postgres.queries import Queries, Query
+from brooq_py.postgres.runner import Rows
+from brooq_py.postgres.wait_side import AsyncWaitSide
+from brooq_py.postgres.waiting import AsyncWatch
 from brooq_py.queue import EnqueueResult, Job, JobRow
 
 AsyncTx = AsyncWrapTx | psycopg.AsyncConnection[Any]
 
 
-class AsyncStore:
+# Connection settings of the pool that are not libpq parameters (left out of the LISTEN connection).
+_NOT_LIBPQ = frozenset({"autocommit", "row_factory", "cursor_factory", "context"})
+
+
+class AsyncStore(AsyncWaitSide):
     """The producer side on a caller's ``psycopg_pool.AsyncConnectionPool`` (or none).
 
     The pool stays the caller's: the AsyncStore never opens or closes it.
@@ -55,6 +63,7 @@ class AsyncStore:
         self._pool = pool
         self.schema = check_schema(schema)
         self._q = Queries(schema)
+        self._waits: AsyncWatch | None = None
 
     @asynccontextmanager
     async def _autocommit(self, doing: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
@@ -168,6 +177,42 @@ class AsyncStore:
         """
         done: bool = await self._drive("retrying a job", plans.by_id(self._q["job_retry"], job_id))
         return done
+
+    def _watch(self) -> AsyncWatch:
+        """The one LISTEN connection every ``wait`` of this AsyncStore shares, opened on first use (SPEC V2)."""
+        if self._pool is None:
+            raise no_pool("AsyncStore", "waiting for a job")
+        if self._waits is None:
+            self._waits = AsyncWatch(
+                self._connect_listen, self._check, self._q, lambda: self.wait_poll_interval
+            )
+        return self._waits
+
+    async def _connect_listen(self) -> psycopg.AsyncConnection[Any]:
+        pool = self._pool
+        if pool is None:
+            raise no_pool("AsyncStore", "waiting for a job")
+        # The pool's settings may be callables, possibly async ones (evaluated per connection).
+        conninfo: Any = pool.conninfo() if callable(pool.conninfo) else pool.conninfo
+        if inspect.isawaitable(conninfo):
+            conninfo = await conninfo
+        kwargs: Any = pool.kwargs() if callable(pool.kwargs) else (pool.kwargs or {})
+        if inspect.isawaitable(kwargs):
+            kwargs = await kwargs
+        extra = {k: v for k, v in kwargs.items() if k not in _NOT_LIBPQ}
+        return await psycopg.AsyncConnection.connect(conninfo, autocommit=True, **extra)
+
+    async def _check(self, params: dict[str, Any]) -> Rows:
+        async with self._autocommit("checking waited jobs") as conn:
+            rows: Rows = await on_async_connection(conn)(self._q["job_wait_check"], params)
+            return rows
+
+    async def close(self) -> None:
+        """Close the LISTEN connection of ``wait`` (never the pool). Safe to repeat; a wait in
+        progress raises BrooqError."""
+        waits, self._waits = self._waits, None
+        if waits is not None:
+            await waits.close()
 
     def __repr__(self) -> str:
         return f"AsyncStore(schema={self.schema!r})"

@@ -21,8 +21,9 @@ from typing import Any, TypeVar
 
 from brooq_py.postgres.arrays import int_array, own_uuid_array, text_array, timestamptz_array
 from brooq_py.postgres.queries import Queries, Query
+from brooq_py.postgres.rows import job_row
 from brooq_py.postgres.runner import Rows
-from brooq_py.queue import BrooqError, EnqueueResult, InvalidJob, Job, JobRow, State
+from brooq_py.queue import BrooqError, EnqueueResult, InvalidJob, Job, JobRow
 from brooq_py.queue.ids import uuid7, uuid7_text, uuid7_texts
 from brooq_py.queue.job import encode_payloads
 
@@ -266,19 +267,4 @@ def get(q: Queries, job_id: Any) -> Plan[JobRow | None]:
     rows = yield q.get, {"id": parsed}
     if not rows:
         return None
-    r = rows[0]
-    return JobRow(
-        id=str(r[0]),
-        topic=r[1],
-        payload=r[2],
-        state=State(r[3]),
-        attempts=r[4],
-        priority=r[5],
-        available_at=r[6],
-        locked_by=r[7],
-        locked_until=r[8],
-        last_error=r[9],
-        idempotency_key=r[10],
-        created_at=r[11],
-        updated_at=r[12],
-    )
+    return job_row(rows[0])

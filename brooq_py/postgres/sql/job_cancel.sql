@@ -1,6 +1,7 @@
 -- name: job_cancel
--- SPEC X1: active rows only; terminal rows are never touched.
+-- SPEC X1: active rows only; terminal rows are never touched. V2: a cancel wakes
+-- the waiters on the results channel (once; the column is not read).
 UPDATE {job}
 SET state = 'canceled', updated_at = now()
 WHERE id = %(id)s AND state IN ('pending', 'scheduled', 'failed', 'processing')
-RETURNING id
+RETURNING id, (SELECT pg_notify({settled_channel_literal}, ''))
