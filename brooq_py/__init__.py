@@ -41,28 +41,31 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 if TYPE_CHECKING:
-    from brooq_py import engine, postgres, queue  # noqa: F401
-    from brooq_py.engine import Config, Engine  # noqa: F401
-    from brooq_py.queue import (  # noqa: F401
-        AttemptError,
-        BrooqError,
-        Claim,
-        Context,
-        EnqueueResult,
-        Event,
-        GroupResult,
-        InvalidJob,
-        Job,
-        JobCanceled,
-        JobCanceledByOperator,
-        JobFailed,
-        JobNotFound,
-        KindOptions,
-        QueueFull,
-        State,
-        WaitTimeout,
-    )
-    from brooq_py.tasks import Task, Tasks  # noqa: F401
+    # "X as X": explicit re-exports, so `from brooq_py import Tasks` passes mypy --strict.
+    from brooq_py import engine as engine
+    from brooq_py import postgres as postgres
+    from brooq_py import queue as queue
+    from brooq_py.engine import Config as Config
+    from brooq_py.engine import Engine as Engine
+    from brooq_py.queue import AttemptError as AttemptError
+    from brooq_py.queue import BrooqError as BrooqError
+    from brooq_py.queue import Claim as Claim
+    from brooq_py.queue import Context as Context
+    from brooq_py.queue import EnqueueResult as EnqueueResult
+    from brooq_py.queue import Event as Event
+    from brooq_py.queue import GroupResult as GroupResult
+    from brooq_py.queue import InvalidJob as InvalidJob
+    from brooq_py.queue import Job as Job
+    from brooq_py.queue import JobCanceled as JobCanceled
+    from brooq_py.queue import JobCanceledByOperator as JobCanceledByOperator
+    from brooq_py.queue import JobFailed as JobFailed
+    from brooq_py.queue import JobNotFound as JobNotFound
+    from brooq_py.queue import KindOptions as KindOptions
+    from brooq_py.queue import QueueFull as QueueFull
+    from brooq_py.queue import State as State
+    from brooq_py.queue import WaitTimeout as WaitTimeout
+    from brooq_py.tasks import Task as Task
+    from brooq_py.tasks import Tasks as Tasks
 
 
 def __getattr__(name: str) -> Any:
