@@ -16,29 +16,29 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from brooq_py.engine.attempt import Attempt, Kind, Phase
-from brooq_py.engine.capacity import Capacity, CountingInFlight
+from brooq_py.engine.attempt.attempt import Attempt, Kind, Phase
+from brooq_py.engine.attempt.capacity import Capacity, CountingInFlight
+from brooq_py.engine.attempt.outcome import Ending, decide
+from brooq_py.engine.attempt.runner import Runner
+from brooq_py.engine.attempt.slots import AsyncRunner, SlotPool
+from brooq_py.engine.attempt.supervisor import Supervisor
 from brooq_py.engine.clock import Clock, SystemClock
-from brooq_py.engine.completer import Completer
 from brooq_py.engine.config import Config
-from brooq_py.engine.dispatcher import Dispatcher
 from brooq_py.engine.health import Health, StatementTracker, tracked
-from brooq_py.engine.heartbeat import Heartbeat
 from brooq_py.engine.metrics import EngineRegistry, Metrics, SnapshotCollector
-from brooq_py.engine.outcome import Ending, decide
-from brooq_py.engine.reaper import Reaper
-from brooq_py.engine.refresher import Refresher
 from brooq_py.engine.repo import ClaimedJob, Outcome, Repo
-from brooq_py.engine.retention import Retention
-from brooq_py.engine.runner import Runner
-from brooq_py.engine.scheduler import Schedule, Scheduler
 from brooq_py.engine.schema import check_schema
-from brooq_py.engine.slots import AsyncRunner, SlotPool
-from brooq_py.engine.supervisor import Supervisor
-from brooq_py.engine.ticker import Ticker
-from brooq_py.engine.topic_watch import TopicWatch
-from brooq_py.engine.wakeups import own_wakes, stage_now, wake_services
-from brooq_py.engine.watchdog import Watchdog
+from brooq_py.engine.services.completer import Completer
+from brooq_py.engine.services.dispatcher import Dispatcher
+from brooq_py.engine.services.heartbeat import Heartbeat
+from brooq_py.engine.services.reaper import Reaper
+from brooq_py.engine.services.refresher import Refresher
+from brooq_py.engine.services.retention import Retention
+from brooq_py.engine.services.scheduler import Schedule, Scheduler
+from brooq_py.engine.services.ticker import Ticker
+from brooq_py.engine.services.topic_watch import TopicWatch
+from brooq_py.engine.services.wakeups import own_wakes, stage_now, wake_services
+from brooq_py.engine.services.watchdog import Watchdog
 from brooq_py.queue import (
     BrooqError,
     ConfigError,

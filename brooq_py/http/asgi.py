@@ -1,7 +1,7 @@
 """The worker's surface when the ``web`` extra is installed: one Starlette application on uvicorn.
 
 /ui is the dashboard; every other path goes to the surface's own router
-(``service.api.Surface``: /healthz, /metrics, /jobs, /topics), run in a worker
+(``api.Surface``: /healthz, /metrics, /jobs, /topics), run in a worker
 thread so a slow database never blocks the event loop. Both share the token,
 the Operator (and so the topic overview's cache) and the concurrency gate.
 """
@@ -21,9 +21,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.routing import Mount
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from brooq_py.service.api import Gate, Request, Surface, safe
-from brooq_py.service.server import LISTEN_BACKLOG, family
-from brooq_py.web.app import Gated, build, is_loopback
+from brooq_py.http.api import Gate, Request, Surface, safe
+from brooq_py.http.dashboard import Gated, build, is_loopback
+from brooq_py.http.listen import LISTEN_BACKLOG, family
 
 if TYPE_CHECKING:
     from brooq_py.engine import Engine
@@ -34,7 +34,7 @@ STARTUP_TIMEOUT = 10.0
 
 
 class SurfaceRoutes:
-    """A raw ASGI app handing every request to the shared router (``service.api.Surface``)."""
+    """A raw ASGI app handing every request to the shared router (``api.Surface``)."""
 
     def __init__(self, surface: Surface) -> None:
         self.surface = surface

@@ -5,7 +5,7 @@ the login form sets (HttpOnly, SameSite=Strict, an HMAC keyed by the token).
 Actions are POST forms carrying a CSRF token bound to the session; a request
 that authenticated with the bearer header needs none. Without a token the
 dashboard answers only when served on a loopback address. The actions are the
-surface's own (``service.actions.Operator``), so both faces behave alike.
+surface's own (``actions.Operator``), so both faces behave alike.
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from brooq_py.http.actions import ActionError, Operator
+from brooq_py.http.api import BUSY, Gate, check_body
+from brooq_py.http.auth import SESSION_SECONDS, TokenGuard
+from brooq_py.http.render import jinja_env
 from brooq_py.postgres.overview import FINISHED, STATES, WAITING, BadCursor, Overview
 from brooq_py.queue import ACTIVE_STATES, State
-from brooq_py.service.actions import ActionError, Operator
-from brooq_py.service.api import BUSY, Gate, check_body
-from brooq_py.service.auth import SESSION_SECONDS, TokenGuard
-from brooq_py.web.render import jinja_env
 
 log = logging.getLogger("brooq_py.web")
 
@@ -76,7 +76,7 @@ class Dashboard:
         self.overview = overview
         self.settings = settings
         self.templates = Jinja2Templates(env=jinja_env())
-        static = resources.files("brooq_py.web") / "static"
+        static = resources.files("brooq_py.http") / "static"
         routes = [
             Route("/", self.topics_page, name="topics"),
             Route("/topics.rows", self.topics_rows, name="topics_rows"),

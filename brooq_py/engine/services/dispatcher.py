@@ -7,9 +7,9 @@ import threading
 import time
 from collections.abc import Callable
 
+from brooq_py.engine.attempt.slots import SlotPool
 from brooq_py.engine.repo import ClaimedJob
-from brooq_py.engine.slots import SlotPool
-from brooq_py.engine.ticker import worth_logging
+from brooq_py.engine.services.ticker import worth_logging
 
 
 class Dispatcher:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp
 
+from brooq_py.http.actions import Operator
+from brooq_py.http.api import Gate
+from brooq_py.http.dashboard import Gated, build
 from brooq_py.postgres.overview import Overview
 from brooq_py.postgres.store import Store
-from brooq_py.service.actions import Operator
-from brooq_py.service.api import Gate
-from brooq_py.web.app import Gated, build
 
 
 def dashboard(

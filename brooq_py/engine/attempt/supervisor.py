@@ -9,11 +9,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from brooq_py.engine.attempt import Attempt, HandlerState, Phase
-from brooq_py.engine.inflight import InFlight
+from brooq_py.engine.attempt.attempt import Attempt, HandlerState, Phase
+from brooq_py.engine.attempt.inflight import InFlight
+from brooq_py.engine.attempt.outcome import Ending, decide
+from brooq_py.engine.attempt.runner import Runner
 from brooq_py.engine.metrics import Metrics
-from brooq_py.engine.outcome import Ending, decide
-from brooq_py.engine.runner import Runner
 from brooq_py.queue import AttemptTimeout, EngineStopping, LeaseLost, MaxExecutionExceeded
 
 

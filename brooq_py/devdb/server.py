@@ -1,35 +1,8 @@
-"""Find a PostgreSQL to run the demo, the tests and the benchmarks against.
+"""The throwaway server: a PostgreSQL in a temporary directory, owned by this process.
 
-The chain, first match wins:
-
-1. ``DATABASE_URL`` when set and non-empty (``how="DATABASE_URL"``);
-2. PostgreSQL on 127.0.0.1:5432 when it answers ``select 1`` as the current
-   user in the database ``test``, the user's own database or ``postgres``
-   (``how="local 5432"``); refused logins and missing databases fall through;
-3. a throwaway server started for this process from the local PostgreSQL
-   binaries, stopped by ``close()`` or at interpreter exit (``how="throwaway"``).
-
-The throwaway server runs with fsync off on a free 127.0.0.1 port. Its data
-directory is copied from an ``initdb`` template cached under
-``$XDG_CACHE_HOME/brooq_py`` (``~/.cache/brooq_py``), so starts after the first
-take a fraction of a second. As root it runs as the ``postgres`` system user
-(else ``nobody``), since PostgreSQL refuses to run as root.
-
-The server is spawned with PR_SET_PDEATHSIG(SIGKILL), so a parent killed
-without cleanup leaves no orphan server. The kernel sends that signal when the
-*thread* that spawned the server exits: call :func:`acquire` and
-:func:`start_throwaway` from the main thread (or from a thread that lives as
-long as the server).
-
-``python -m brooq_py.devdb`` says which database the chain picks;
-``python -m brooq_py.devdb run -- CMD ...`` runs CMD with ``DATABASE_URL`` set
-to it; ``python -m brooq_py.devdb serve`` keeps a throwaway server up until
-interrupted.
-
-Modules: this one holds the chain, :class:`DevDatabase` and the server's
-lifecycle; ``devdb_files`` the binaries, the initdb template cache and the
-temp dirs; ``devdb_process`` the postgres process (spawn, stop);
-``devdb_cli`` the command line.
+Its data directory is copied from the initdb template ``files`` caches, and
+``process`` spawns and stops the postmaster; the chain in ``find`` starts one
+when nothing else answers.
 """
 
 from __future__ import annotations
@@ -44,8 +17,6 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 from urllib.parse import quote
@@ -53,10 +24,9 @@ from urllib.parse import quote
 import psycopg
 from psycopg import conninfo, sql
 
-from brooq_py.devdb_files import (
+from brooq_py.devdb.files import (
     TMP_PREFIX,
     DevDatabaseError,
-    PostgresNotFound,
     chown_tree,
     find_bindir,
     initdb_template,
@@ -64,136 +34,23 @@ from brooq_py.devdb_files import (
     sweep_stale_dirs,
     tmp_base,
 )
-from brooq_py.devdb_process import LOCAL_HOST as LOCAL_HOST
-from brooq_py.devdb_process import STOP_TIMEOUT as STOP_TIMEOUT
-from brooq_py.devdb_process import free_port as _free_port
-from brooq_py.devdb_process import spawn_postgres, stop_postgres
-from brooq_py.redact import mask_dsn
-
-__all__ = [
-    "DevDatabase",
-    "DevDatabaseError",
-    "PostgresNotFound",
-    "ThrowawayServer",
-    "acquire",
-    "find_bindir",
-    "main",
-    "mask_dsn",
-    "start_throwaway",
-]
+from brooq_py.devdb.process import LOCAL_HOST, spawn_postgres, stop_postgres
+from brooq_py.devdb.process import free_port as _free_port
 
 log = logging.getLogger("brooq_py.devdb")
 
-LOCAL_PORT = 5432
 THROWAWAY_DBNAME = "test"
-CONNECT_TIMEOUT = 2  # seconds, per probe of the local server
 START_TIMEOUT = 30.0  # seconds until a throwaway server must accept connections
-
-
-@dataclass
-class DevDatabase:
-    """A database to work against: its DSN and how the chain found it.
-
-    ``server`` is set only for a throwaway server; ``restart()`` and ``stop()``
-    need one. ``close()`` is safe to call on every kind and more than once.
-    """
-
-    dsn: str
-    how: str  # "DATABASE_URL", "local 5432" or "throwaway"
-    server: ThrowawayServer | None = field(default=None, repr=False)
-
-    @property
-    def pid(self) -> int | None:
-        """The postmaster pid of a running throwaway server, else None."""
-        return self.server.pid if self.server is not None else None
-
-    def restart(self) -> None:
-        """Stop the throwaway server with a fast shutdown and start it again on the same port."""
-        self._require_server().restart()
-
-    def stop(self) -> None:
-        """Stop the throwaway server and remove its data (same as ``close()``)."""
-        self._require_server().close()
-
-    def close(self) -> None:
-        """Stop the throwaway server if there is one; a no-op for the other kinds."""
-        if self.server is not None:
-            self.server.close()
-
-    def __enter__(self) -> DevDatabase:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _require_server(self) -> ThrowawayServer:
-        if self.server is None:
-            raise DevDatabaseError(f"not a throwaway server (how={self.how!r}): refusing to stop or restart")
-        return self.server
-
-
-# --- the chain -----------------------------------------------------------------------------------
-
-
-def acquire(*, local_port: int = LOCAL_PORT) -> DevDatabase:
-    """Return the first usable database of the chain (see the module docstring).
-
-    Raise :class:`PostgresNotFound` when the chain reaches the throwaway server
-    and no PostgreSQL binaries are installed, :class:`DevDatabaseError` when
-    that server does not start within ``START_TIMEOUT`` seconds.
-    """
-    # A throwaway's owner killed with SIGKILL could not remove its directory: any next start does.
-    sweep_stale_dirs()
-    url = os.environ.get("DATABASE_URL", "").strip()
-    if url:
-        log.info("using DATABASE_URL: %s", mask_dsn(url))
-        return DevDatabase(url, "DATABASE_URL")
-    dsn = _probe_local(local_port)
-    if dsn is not None:
-        log.info("using the local server: %s", dsn)
-        return DevDatabase(dsn, "local 5432")
-    return start_throwaway()
-
-
-def _probe_local(port: int) -> str | None:
-    user = _current_user()
-    for dbname in dict.fromkeys(["test", user, "postgres"]):
-        try:
-            with psycopg.connect(
-                host=LOCAL_HOST,
-                port=port,
-                user=user,
-                dbname=dbname,
-                connect_timeout=CONNECT_TIMEOUT,
-                autocommit=True,
-            ) as conn:
-                conn.execute("select 1").fetchone()
-        except psycopg.Error as exc:
-            log.debug("%s:%d/%s not usable: %s", LOCAL_HOST, port, dbname, str(exc).strip())
-            continue
-        return _url(user, port, dbname)
-    return None
-
-
-def start_throwaway() -> DevDatabase:
-    """Start a new throwaway server whatever the chain would pick, and return it.
-
-    The caller owns the server: ``restart()``, ``stop()``/``close()`` act on it,
-    and it is stopped at interpreter exit at the latest.
-    """
-    server = ThrowawayServer()
-    server.start()
-    return DevDatabase(server.dsn, "throwaway", server)
 
 
 # --- DSN helpers ---------------------------------------------------------------------------------
 
 
-def _url(user: str, port: int, dbname: str) -> str:
+def local_url(user: str, port: int, dbname: str) -> str:
     return f"postgresql://{quote(user, safe='')}@{LOCAL_HOST}:{port}/{quote(dbname, safe='')}"
 
 
-def _current_user() -> str:
+def current_user() -> str:
     try:
         return pwd.getpwuid(os.geteuid()).pw_name
     except KeyError:
@@ -215,7 +72,7 @@ class ThrowawayServer:
 
     def __init__(self, bindir: Path | None = None) -> None:
         self.bindir = bindir or find_bindir()
-        self.user = _current_user()  # the database superuser, named like the caller
+        self.user = current_user()  # the database superuser, named like the caller
         self.dbname = THROWAWAY_DBNAME
         self.port = 0
         self.account = server_account()
@@ -226,7 +83,7 @@ class ThrowawayServer:
 
     @property
     def dsn(self) -> str:
-        return _url(self.user, self.port, self.dbname)
+        return local_url(self.user, self.port, self.dbname)
 
     @property
     def pid(self) -> int | None:
@@ -366,16 +223,3 @@ class ThrowawayServer:
         except (OSError, DevDatabaseError):
             return "(no server log)"
         return "\n".join(text.splitlines()[-lines:])
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line (see the module docstring); return the exit status."""
-    from brooq_py.devdb_cli import main as cli_main
-
-    return cli_main(argv)
-
-
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(main())

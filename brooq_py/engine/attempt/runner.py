@@ -10,13 +10,13 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from brooq_py.engine.attempt import Attempt, HandlerState, Phase
-from brooq_py.engine.completer import Completer
-from brooq_py.engine.inflight import InFlight
+from brooq_py.engine.attempt.attempt import Attempt, HandlerState, Phase
+from brooq_py.engine.attempt.inflight import InFlight
+from brooq_py.engine.attempt.outcome import Ending, decide, describe_error
+from brooq_py.engine.attempt.sink import OutcomeSink
+from brooq_py.engine.attempt.slots import AsyncRunner, Threads
 from brooq_py.engine.metrics import Metrics
-from brooq_py.engine.outcome import Ending, decide, describe_error
 from brooq_py.engine.repo import Outcome, Repo
-from brooq_py.engine.slots import AsyncRunner, Threads
 from brooq_py.queue import MustCancelTask, MustDelay, MustPreserveAttempt, State, StoreUnavailable
 from brooq_py.queue.errors import find_signal
 
@@ -56,7 +56,7 @@ class Runner:
         self.rng = rng
         self.threads = Threads("worker", log)
         self.settlers = Threads("settler", log, max_threads=4)
-        self.completer: Completer | None = None  # None: write each outcome at once (run_once)
+        self.completer: OutcomeSink | None = None  # None: write each outcome at once (run_once)
         self.release_slot: Callable[[], None] = lambda: None
         self.stopping: Callable[[], bool] = lambda: False
         self.sleep: Callable[[float], None] = time.sleep

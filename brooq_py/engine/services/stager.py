@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from brooq_py.engine.repo import Staged
-from brooq_py.engine.ticker import Ticker
+from brooq_py.engine.services.ticker import Ticker
 
 STAGE_BATCH = 1000
 # A due time is met a little late rather than early (an early statement finds nothing due).

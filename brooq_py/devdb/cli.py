@@ -12,16 +12,10 @@ import threading
 from collections.abc import Sequence
 from types import FrameType
 
-from brooq_py.devdb import (
-    LOCAL_HOST,
-    LOCAL_PORT,
-    DevDatabase,
-    DevDatabaseError,
-    acquire,
-    mask_dsn,
-    start_throwaway,
-)
-from brooq_py.devdb_process import die_with_parent
+from brooq_py.devdb.files import DevDatabaseError
+from brooq_py.devdb.find import LOCAL_PORT, DevDatabase, acquire, start_throwaway
+from brooq_py.devdb.process import LOCAL_HOST, die_with_parent
+from brooq_py.redact import mask_dsn
 
 _USAGE = """\
 usage: python -m brooq_py.devdb            show which database the chain picks

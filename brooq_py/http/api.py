@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from brooq_py.service.actions import ActionError, Operator, for_repo
-from brooq_py.service.auth import TokenGuard
+from brooq_py.http.actions import ActionError, Operator, for_repo
+from brooq_py.http.auth import TokenGuard
 
 if TYPE_CHECKING:
     from brooq_py.engine import Engine

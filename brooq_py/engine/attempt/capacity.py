@@ -17,9 +17,9 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import timedelta
 
-from brooq_py.engine.attempt import Attempt
+from brooq_py.engine.attempt.attempt import Attempt
+from brooq_py.engine.attempt.inflight import InFlight
 from brooq_py.engine.clock import Clock
-from brooq_py.engine.inflight import InFlight
 from brooq_py.queue.port import ClaimedJob, Repo
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from brooq_py.engine.attempt import Attempt, HandlerState
+from brooq_py.engine.attempt.attempt import Attempt, HandlerState
 from brooq_py.engine.clock import Clock
 from brooq_py.engine.repo import Outcome
 

@@ -21,7 +21,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
-from brooq_py.engine.ticker import Ticker
+from brooq_py.engine.services.ticker import Ticker
 from brooq_py.queue import ConfigError, EnqueueResult, InvalidJob, Job
 
 # The longest the scheduler sleeps at once (a wall-clock jump is noticed within it).

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from brooq_py.engine.clock import Clock
-from brooq_py.engine.ticker import Ticker
+from brooq_py.engine.services.ticker import Ticker
 from brooq_py.queue.port import DatabaseGauges, Gauges
 
 

@@ -19,7 +19,7 @@ import subprocess
 from pathlib import Path
 from typing import IO
 
-from brooq_py.devdb_files import popen_ids
+from brooq_py.devdb.files import popen_ids
 
 log = logging.getLogger("brooq_py.devdb")
 

@@ -1,7 +1,7 @@
 """The surface as a WSGI application for the stdlib server of the core install.
 
 A thin adapter: the routes, the token check and the actions are the shared
-ones of ``service.api`` (the same ones the Starlette application serves when
+ones of ``api`` (the same ones the Starlette application serves when
 the ``web`` extra is installed).
 """
 
@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from brooq_py.service.api import BUSY, MAX_BODY, REASONS, Gate, Reply, Request, Surface, safe
+from brooq_py.http.api import BUSY, MAX_BODY, REASONS, Gate, Reply, Request, Surface, safe
 
 if TYPE_CHECKING:
     from brooq_py.engine import Engine

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
 
-from brooq_py.engine.ticker import Ticker
+from brooq_py.engine.services.ticker import Ticker
 
 # Batches a tick deletes before it reports (metrics, stop check); a tick that ends
 # on this cap is followed at once by the next.

@@ -57,7 +57,7 @@ def count(value: int | None, cap: int) -> str:
 
 def jinja_env() -> jinja2.Environment:
     env = jinja2.Environment(
-        loader=jinja2.PackageLoader("brooq_py.web", "templates"),
+        loader=jinja2.PackageLoader("brooq_py.http", "templates"),
         autoescape=True,  # every value is escaped: payloads and errors are shown as text
         trim_blocks=True,
         lstrip_blocks=True,

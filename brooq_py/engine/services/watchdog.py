@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from brooq_py.engine.attempt import Attempt, HandlerState, Phase
+from brooq_py.engine.attempt.attempt import Attempt, HandlerState, Phase
 from brooq_py.engine.clock import Clock
-from brooq_py.engine.ticker import Ticker
+from brooq_py.engine.services.ticker import Ticker
 
 TICK = 0.05
 

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable
 
 from brooq_py.engine.repo import Listener
-from brooq_py.engine.ticker import Ticker
+from brooq_py.engine.services.ticker import Ticker
 
 WAIT_SLICE = 0.5
 RECONNECT_MAX = 30.0

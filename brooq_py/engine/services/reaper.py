@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
 
-from brooq_py.engine.ticker import Ticker
+from brooq_py.engine.services.ticker import Ticker
 
 
 class Reaper(Ticker):

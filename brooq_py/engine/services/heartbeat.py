@@ -6,10 +6,10 @@ import logging
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 
-from brooq_py.engine.attempt import Attempt, Phase
+from brooq_py.engine.attempt.attempt import Attempt, Phase
 from brooq_py.engine.clock import Clock
 from brooq_py.engine.repo import HeldLease
-from brooq_py.engine.ticker import Ticker
+from brooq_py.engine.services.ticker import Ticker
 
 
 class Heartbeat(Ticker):

@@ -3,22 +3,22 @@
 ``serve()`` picks the server: with the extra (starlette, jinja2, uvicorn)
 importable it runs one Starlette application that serves the surface's routes
 and the dashboard at /ui; without it, the stdlib server serves the same routes
-(``service.api``). Either runs in a daemon thread and is a ``Server``.
+(``api``). Either runs in a daemon thread and is a ``Server``.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import logging
-import socket
 import socketserver
 import threading
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-from brooq_py.service.api import DEFAULT_CONCURRENCY, Gate
-from brooq_py.service.app import SurfaceApp
+from brooq_py.http.api import DEFAULT_CONCURRENCY, Gate
+from brooq_py.http.listen import LISTEN_BACKLOG, family
+from brooq_py.http.wsgi import SurfaceApp
 
 if TYPE_CHECKING:
     from brooq_py.engine import Engine
@@ -27,9 +27,6 @@ log = logging.getLogger("brooq_py.service")
 
 # A client that stalls mid-request holds a thread at most this long.
 REQUEST_TIMEOUT = 10.0
-# Connections the kernel queues before they are accepted. socketserver's default of 5 drops the
-# handshakes of a burst (200 scrapes at once): those clients waited a minute on SYN retransmits.
-LISTEN_BACKLOG = 1024
 WEB_MODULES = ("starlette", "jinja2", "uvicorn", "multipart")
 
 
@@ -59,15 +56,6 @@ class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         log.debug("http: connection from %s ended with an error", client_address[0], exc_info=True)
-
-
-def family(host: str) -> socket.AddressFamily:
-    """Return the address family to bind *host* with."""
-    try:
-        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror:
-        return socket.AF_INET6 if ":" in host else socket.AF_INET
-    return infos[0][0] if infos else socket.AF_INET
 
 
 class Backend(Protocol):
@@ -134,7 +122,7 @@ class Server:
         self._backend: Backend
         if dashboard:
             try:
-                from brooq_py.web.surface import uvicorn_backend
+                from brooq_py.http.asgi import uvicorn_backend
             except ImportError as exc:
                 raise ImportError(
                     "the dashboard needs the web extra: pip install 'brooq-py[web]' (or serve(..., dashboard=False))"
