@@ -3,8 +3,8 @@
 Layout, imports pointing down:
 
 - ``engine``: the Engine facade, which wires everything below together;
-- ``attempt/``: an attempt's life (state machine, slots, runner, decide,
-  supervisor, in-flight set, topic capacity);
+- ``attempt/``: an attempt's life (intake, state machine, slots, runner,
+  decide, supervisor, in-flight set, topic capacity);
 - ``services/``: the background loops on the one Ticker base (dispatcher,
   completer, heartbeat, watchdog, reaper, retention, stager, listener,
   refresher, scheduler, topic watch);

@@ -1,5 +1,7 @@
 """An attempt's life, from the claimed row to the outcome handed on to be written.
 
+- ``intake``: from a claim to attempts under way (a poisoned row ends dead
+  here, a row that must not run is handed back);
 - ``attempt``: the Attempt and its state machine (Phase, HandlerState), and Kind
   (a topic's handler and options);
 - ``slots``: the worker slots and the threads and event loop handlers run on;

@@ -8,6 +8,7 @@
   (LISTEN/NOTIFY wake-ups), ``refresher`` (the gauges' snapshot),
   ``scheduler`` (periodic jobs), ``topic_watch`` (operator settings);
 - ``wakeups``: wires the listener and the stager to the dispatcher;
+  ``wiring``: which periodic services an engine runs, built from its config;
 - ``dispatcher``: claims rows while slots are free and hands them to the
   attempt's side; ``completer``: batches outcome writes. Both have their own
   loop (a wake-driven claim loop, a linger-driven writer) rather than a period.
