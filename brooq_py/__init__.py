@@ -23,6 +23,16 @@ _LAZY = {
     "KindOptions": ("brooq_py.queue", "KindOptions"),
     "EnqueueResult": ("brooq_py.queue", "EnqueueResult"),
     "State": ("brooq_py.queue", "State"),
+    "BrooqError": ("brooq_py.queue", "BrooqError"),
+    "InvalidJob": ("brooq_py.queue", "InvalidJob"),
+    "QueueFull": ("brooq_py.queue", "QueueFull"),
+    "WaitTimeout": ("brooq_py.queue", "WaitTimeout"),
+    "JobFailed": ("brooq_py.queue", "JobFailed"),
+    "JobCanceled": ("brooq_py.queue", "JobCanceled"),
+    "JobCanceledByOperator": ("brooq_py.queue", "JobCanceledByOperator"),
+    "AttemptError": ("brooq_py.queue", "AttemptError"),
+    "Event": ("brooq_py.queue", "Event"),
+    "GroupResult": ("brooq_py.queue", "GroupResult"),
 }
 
 __all__ = sorted(_LAZY)
@@ -30,7 +40,24 @@ __all__ = sorted(_LAZY)
 if TYPE_CHECKING:
     from brooq_py import engine, postgres, queue  # noqa: F401
     from brooq_py.engine import Config, Engine  # noqa: F401
-    from brooq_py.queue import Claim, Context, EnqueueResult, Job, KindOptions, State  # noqa: F401
+    from brooq_py.queue import (  # noqa: F401
+        AttemptError,
+        BrooqError,
+        Claim,
+        Context,
+        EnqueueResult,
+        Event,
+        GroupResult,
+        InvalidJob,
+        Job,
+        JobCanceled,
+        JobCanceledByOperator,
+        JobFailed,
+        KindOptions,
+        QueueFull,
+        State,
+        WaitTimeout,
+    )
 
 
 def __getattr__(name: str) -> Any:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import timedelta
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from brooq_py.queue.durations import to_timedelta
+
+if TYPE_CHECKING:
+    from brooq_py.queue.job import JobRow
 
 
 class BrooqError(Exception):
@@ -37,6 +40,35 @@ class StoreUnavailable(BrooqError, ConnectionError):
     """The database could not be reached or the connection broke mid-statement."""
 
 
+class QueueFull(BrooqError):
+    """The topic holds ``depth`` or more waiting jobs (``set_max_depth``); nothing was written."""
+
+    def __init__(self, topic: str, depth: int) -> None:
+        self.topic = topic
+        self.depth = depth
+        super().__init__(f"topic {topic!r} is full: {depth} or more jobs are waiting (set_max_depth)")
+
+
+class WaitTimeout(BrooqError, TimeoutError):
+    """``wait``/``result`` gave up before the job reached a terminal state."""
+
+
+class JobFailed(BrooqError):
+    """``result()`` of a job that ended ``dead``; ``row`` is the job as stored."""
+
+    def __init__(self, row: JobRow) -> None:
+        self.row = row
+        super().__init__(f"job {row.id} ({row.topic}) is dead: {row.last_error}")
+
+
+class JobCanceled(BrooqError):
+    """``result()`` of a job that ended ``canceled``; ``row`` is the job as stored."""
+
+    def __init__(self, row: JobRow) -> None:
+        self.row = row
+        super().__init__(f"job {row.id} ({row.topic}) was canceled")
+
+
 # --- handler signals -------------------------------------------------------
 
 
@@ -63,6 +95,10 @@ class MustCancelTask(Exception):
 
 class LeaseLost(Exception):
     """The row is no longer this claim's (canceled, reaped or taken over)."""
+
+
+class JobCanceledByOperator(LeaseLost):
+    """An operator canceled the running job (Store/CLI/HTTP/dashboard/psql): a ``LeaseLost``."""
 
 
 class AttemptTimeout(TimeoutError):

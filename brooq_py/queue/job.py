@@ -6,10 +6,10 @@ import enum
 import json
 import math
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from brooq_py.queue.errors import InvalidJob
 
@@ -134,6 +134,14 @@ class Job:
     idempotency_key: str | None = None
     available_at: datetime | None = None
     priority: int = 0
+    meta: Mapping[str, str] | None = None
+    """A small string map carried to the handler (``claim.meta``); tracing puts ``traceparent`` here."""
+    unique_key: str | None = None
+    """At most one *active* job per (topic, unique_key); free again once the holder ends."""
+    on_duplicate: Literal["keep", "merge", "replace"] = "keep"
+    """What an enqueue does to the active holder of ``unique_key``: see API.md."""
+    after: Sequence[str] = ()
+    """Ids of jobs that must end ``done`` before this one may run (the job is ``blocked`` until then)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.topic, str):
@@ -159,6 +167,31 @@ class Job:
             raise InvalidJob(f"priority must fit a 32-bit signed int, got {p}")
         if isinstance(self.payload, float) and not math.isfinite(self.payload):
             raise InvalidJob("payload: NaN and Infinity are not valid JSON")
+        self._check_round_three_fields()
+
+    def _check_round_three_fields(self) -> None:
+        meta = self.meta
+        if meta is not None:
+            if not isinstance(meta, Mapping):
+                raise InvalidJob(f"meta must be a mapping of str to str, got {type(meta).__name__}")
+            for k, v in meta.items():
+                if not isinstance(k, str) or not isinstance(v, str):
+                    raise InvalidJob("meta must map str to str")
+                check_text(k, "meta key")
+                check_text(v, f"meta[{k!r}]")
+        uk = self.unique_key
+        if uk is not None:
+            if not isinstance(uk, str):
+                raise InvalidJob(f"unique_key must be a str or None, got {type(uk).__name__}")
+            check_text(uk, "unique_key")
+        if self.on_duplicate not in ("keep", "merge", "replace"):
+            raise InvalidJob(f"on_duplicate must be 'keep', 'merge' or 'replace', got {self.on_duplicate!r}")
+        after = self.after
+        if isinstance(after, str | bytes) or not isinstance(after, Sequence):
+            raise InvalidJob("after must be a sequence of job ids")
+        for parent in after:
+            if not isinstance(parent, str):
+                raise InvalidJob(f"after must hold job ids (str), got {type(parent).__name__}")
 
     @property
     def key(self) -> str | None:
@@ -168,6 +201,45 @@ class Job:
     def payload_json(self) -> str:
         """Return the payload as JSON text (see ``encode_payload``)."""
         return encode_payload(self.payload)
+
+
+class GroupResult(NamedTuple):
+    """What ``enqueue_group`` returns: the group's ids in input order and the fan-in job's id."""
+
+    ids: list[str]
+    then_id: str | None
+
+
+@dataclass(frozen=True)
+class AttemptError:
+    """One failed attempt as recorded in the job's row (the last 20 are kept)."""
+
+    attempt: int
+    at: datetime
+    error: str
+    """``"ExceptionType: message"``."""
+    traceback: str | None
+    """The formatted traceback, at most 16 KiB (cut from the middle)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "attempt": self.attempt,
+            "at": self.at.isoformat(),
+            "error": self.error,
+            "traceback": self.traceback,
+        }
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something that happened to a job, delivered after its commit (``Engine.on_event``)."""
+
+    kind: Literal["claimed", "done", "failed", "dead", "canceled", "requeued"]
+    job_id: str
+    topic: str
+    attempt: int
+    error: str | None
+    at: datetime
 
 
 class EnqueueResult(NamedTuple):
@@ -202,6 +274,15 @@ class JobRow:
     idempotency_key: str | None
     created_at: datetime
     updated_at: datetime
+    result: Any = None
+    """The handler's return value (decoded JSON); None until done."""
+    errors: tuple[AttemptError, ...] = ()
+    """One per failed attempt, oldest first, the last 20 kept."""
+    progress: float | None = None
+    progress_note: str | None = None
+    meta: Mapping[str, str] = field(default_factory=dict)
+    parents: tuple[str, ...] = ()
+    """``Job.after``: the jobs this one waits for."""
 
     def to_json(self) -> dict[str, Any]:
         """Return the row as a JSON-ready dict (datetimes in ISO 8601)."""
@@ -223,4 +304,10 @@ class JobRow:
             "idempotency_key": self.idempotency_key,
             "created_at": iso(self.created_at),
             "updated_at": iso(self.updated_at),
+            "result": self.result,
+            "errors": [e.to_json() for e in self.errors],
+            "progress": self.progress,
+            "progress_note": self.progress_note,
+            "meta": dict(self.meta),
+            "parents": list(self.parents),
         }
