@@ -18,6 +18,9 @@ PUBLIC: dict[str, list[str]] = {
         *("MustDelay", "MustPreserveAttempt", "MustCancelTask", "delay_of"),
         *("LeaseLost", "AttemptTimeout", "MaxExecutionExceeded", "EngineStopping"),
         *("BrooqError", "ConfigError", "InvalidJob", "JobNotFound", "UnknownTopic", "JobRow", "Tx"),
+        # the third round's vocabulary
+        *("AttemptError", "Event", "GroupResult", "JobFailed", "JobCanceled", "WaitTimeout"),
+        *("QueueFull", "JobCanceledByOperator"),
     ],
     "brooq_py.postgres": ["Store", "AsyncStore", "WrapTx", "AsyncWrapTx", "as_psycopg", "migrations"],
     "brooq_py.postgres.migrations": ["upgrade", "downgrade", "current"],
@@ -33,6 +36,13 @@ CASES = [(module, name) for module, names in PUBLIC.items() for name in names]
 @pytest.mark.parametrize(("module", "name"), CASES, ids=[f"{m}.{n}" for m, n in CASES])
 def test_public_name_imports(module: str, name: str) -> None:
     assert getattr(importlib.import_module(module), name) is not None
+
+
+def test_the_states_api_md_lists() -> None:
+    from brooq_py.queue import State
+
+    for name in ("PENDING", "PROCESSING", "FAILED", "DONE", "DEAD", "CANCELED", "SCHEDULED"):
+        assert getattr(State, name).value == name.lower()
 
 
 def test_the_engine_methods_api_md_lists() -> None:
