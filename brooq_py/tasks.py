@@ -19,7 +19,16 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Concatenate, Generic, Literal, ParamSpec, Protocol, TypeVar, overload
 
-from brooq_py.queue import BrooqError, Claim, Context, EnqueueResult, InvalidJob, Job, KindOptions
+from brooq_py.queue import (
+    BrooqError,
+    Claim,
+    ConfigError,
+    Context,
+    EnqueueResult,
+    InvalidJob,
+    Job,
+    KindOptions,
+)
 from brooq_py.queue.job import encode_payload
 
 P = ParamSpec("P")
@@ -259,6 +268,20 @@ class Tasks:
             )
         KindOptions(**options)  # ConfigError for bad values, at once
         return _Decorator(self, topic, options)
+
+    def register(self, register_kind: Callable[[str, Any, KindOptions], None], defaults: KindOptions) -> None:
+        """Register every task as a kind with ``register_kind`` (``Engine.register_tasks`` does).
+
+        Each is called with ``**payload`` (the ctx first when declared) and its return value
+        is the job's result (SPEC V1); its options apply over *defaults*. Raise ConfigError
+        naming the task for options that do not hold together, and as register_kind does.
+        """
+        for task in self:
+            try:
+                options = task.kind_options(defaults)
+            except ConfigError as exc:
+                raise ConfigError([f"task {task.topic!r}: {p}" for p in exc.problems]) from None
+            register_kind(task.topic, task.handler(), options)
 
     def _add(self, task: Task[Any, Any]) -> None:
         if task.topic in self._tasks:
