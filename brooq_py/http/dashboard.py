@@ -245,13 +245,11 @@ class Dashboard:
             row = self.op.get(request.path_params["job_id"])
         except ActionError as exc:
             return self._error(request, exc.status, exc.message)
-        payload = json.dumps(row.payload, indent=2, ensure_ascii=False, sort_keys=True)
-        if len(payload) > MAX_PAYLOAD_SHOWN:  # a page a browser can open, whatever was enqueued
-            hidden = len(payload) - MAX_PAYLOAD_SHOWN
-            payload = f"{payload[:MAX_PAYLOAD_SHOWN]}\n… {hidden:,} more characters not shown"
         context = {
             "job": row,
-            "payload": payload,
+            "payload": _shown(row.payload),
+            "result": _shown(row.result) if row.result is not None else None,
+            "errors": list(reversed(row.errors)),  # the latest first
             "retryable": row.state in RETRYABLE,
             "cancelable": row.state in CANCELABLE,
             "title": f"Job {row.id}",
@@ -429,3 +427,12 @@ def build(
     signer = TokenGuard(token or secrets.token_urlsafe(32))
     settings = Settings(signer=signer, login=bool(token), read_only=read_only, refresh_ms=refresh_ms)
     return Dashboard(operator, overview, settings)
+
+
+def _shown(value: Any) -> str:
+    """*value* pretty-printed, cut so that a page a browser can open results whatever was stored."""
+    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+    if len(text) > MAX_PAYLOAD_SHOWN:
+        hidden = len(text) - MAX_PAYLOAD_SHOWN
+        text = f"{text[:MAX_PAYLOAD_SHOWN]}\n… {hidden:,} more characters not shown"
+    return text
