@@ -33,6 +33,7 @@ import baselines  # noqa: E402
 import big_table  # noqa: E402
 import limits  # noqa: E402
 import psycopg  # noqa: E402
+import results_cost  # noqa: E402
 import scale  # noqa: E402
 import scrape  # noqa: E402
 import w7  # noqa: E402
@@ -62,6 +63,7 @@ WORKLOADS = (
     "DASH",
     "SCRAPE",
     "Q3",
+    "RES",
     "W10",
 )
 # Run only by --full or when named in --only: the 10,000,000-row table takes minutes to build.
@@ -380,6 +382,8 @@ def evaluate(r: dict[str, Any]) -> list[dict[str, Any]]:
         )
     if "Q3" in r:
         rows.extend(q3_rows(r["Q3"]))
+    if "RES" in r:
+        rows.extend(results_cost.rows(r["RES"]))
     return rows
 
 
@@ -501,6 +505,7 @@ def main(argv: list[str] | None = None) -> int:
                 "w3": limits.w3_with_limited(db.dsn, sz["w3"] // 2),
                 "rate": limits.limited_rate(db.dsn, sz["w3"] // 4),
             },
+            "RES": lambda: results_cost.res(db.dsn, sz),
             "W10": lambda: big_table.w10_big_table(db.dsn, sz["w10_terminal"], sz["w10_active"]),
         }
         for name in selected:

@@ -117,9 +117,12 @@ class Watch:
             if conn is None or conn.closed:
                 conn = self._conn = self._connect()
                 conn.execute(self._listen)
+                return  # check at once: an outcome committed before LISTEN sent no notification here
             for _ in conn.notifies(timeout=timeout, stop_after=1):
                 pass
         except Exception as exc:
+            if self._closed:
+                return  # close() closed the connection under us
             log.warning("wait: the LISTEN connection failed (%s); checking every %.1fs", exc, timeout)
             self._drop_conn()
             with self._cond:
@@ -220,6 +223,7 @@ class AsyncWatch:
             if conn is None or conn.closed:
                 conn = self._conn = await self._connect()
                 await conn.execute(self._listen)
+                return  # check at once: an outcome committed before LISTEN sent no notification here
             async for _ in conn.notifies(timeout=timeout, stop_after=1):
                 pass
         except asyncio.CancelledError:

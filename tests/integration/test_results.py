@@ -7,10 +7,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from brooq_py import Tasks
 from brooq_py.engine import Engine
 from brooq_py.postgres import Store
-from brooq_py.queue import Claim, Context, Job, JobRow, KindOptions, State
+from brooq_py.queue import Claim, Context, InvalidJob, Job, JobRow, KindOptions, State
 from tests.integration.conftest import q
 from tests.polling import wait_for
 
@@ -189,8 +191,13 @@ def test_tasks_end_to_end_payload_by_name_ctx_and_async(store: Store, engines: C
     second = add.using(priority=3).enqueue(a=1, b=1)
     with store.begin() as tx:
         third = who.enqueue_tx(tx, "ann")
+    with pytest.raises(InvalidJob):  # refused by the store before anything is written
+        add.enqueue(float("nan"))
+    with pytest.raises(InvalidJob):
+        add.job(1, c=2)  # type: ignore[call-arg]
     payload = q(store._pool, store.schema, "SELECT payload FROM {job} WHERE id = %s", first.id)[0][0]  # type: ignore[arg-type]
     assert payload == {"a": 5}
+    assert q(store._pool, store.schema, "SELECT count(*) FROM {job}") == [(3,)]  # type: ignore[arg-type]
     e = engines()
     e.register_tasks(tasks)
     assert set(e.topics) == {"math.add", who.topic}
