@@ -271,6 +271,7 @@ class Tasks:
     def __init__(self, store: _Store | None = None) -> None:
         self.store = store
         self._tasks: dict[str, Task[Any, Any]] = {}
+        self._kind_of: tuple[Any, bool] | None = None
 
     def task(self, topic: str | None = None, **options: Any) -> _Decorator:
         """Return a decorator making a function a Task of this registry.
@@ -329,7 +330,10 @@ class Tasks:
             raise BrooqError(
                 "this Tasks is bound to no store: use Tasks(store), or enqueue task.job(...) yourself"
             )
-        is_async = inspect.iscoroutinefunction(store.enqueue)
+        known = self._kind_of
+        if known is None or known[0] is not store:  # asked once per store, not per enqueue
+            known = self._kind_of = (store, inspect.iscoroutinefunction(store.enqueue))
+        is_async = known[1]
         if is_async != asynchronous:
             if asynchronous:
                 raise BrooqError("this Tasks is bound to a sync Store: use enqueue/enqueue_tx")

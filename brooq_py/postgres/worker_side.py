@@ -168,15 +168,19 @@ class WorkerSide:
         """
         if not leases:
             return set()
-        params = {
+        rows = self._heartbeat.run("renewing leases", self._q.renew, self._renew_params(leases, lease))
+        return {r[0] for r in rows}
+
+    @staticmethod
+    def _renew_params(leases: Sequence[HeldLease], lease: timedelta) -> dict[str, Any]:
+        """The leases as array literals, with the progress each carries (NULL: unchanged, SPEC V4)."""
+        return {
             "ids": uuid_array([h.id for h in leases]),
             "tokens": uuid_array([h.claim_token for h in leases]),
             "lease": lease,
             "progress": _real_array([h.progress for h in leases]),
             "notes": _maybe_text_array([h.progress_note for h in leases]),
         }
-        rows = self._heartbeat.run("renewing leases", self._q.renew, params)
-        return {r[0] for r in rows}
 
     def schema_version(self) -> str | None:
         """Return the migration revision this Store's schema is at; None when it was never migrated."""
