@@ -11,6 +11,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 
@@ -205,6 +206,14 @@ class Engine:
             self._enqueued(job)
         return result
 
+    def _enqueue_tick(self, schedule: str, tick: datetime, job: Job) -> EnqueueResult | None:
+        """Enqueue a periodic job's *tick* unless it was enqueued already (SPEC Q4'), as ``enqueue`` does."""
+        result = self.repo.enqueue_tick(schedule, tick, job)
+        if result is not None and result.created:
+            self.metrics.child(self.metrics.enqueued, job.topic).inc()
+            self._enqueued(job)
+        return result
+
     def enqueue_tx(self, tx: Tx, job: Job) -> EnqueueResult:
         """Enqueue *job* inside the caller's transaction *tx* (SPEC E3)."""
         result = self.repo.enqueue_tx(tx, job)
@@ -331,7 +340,7 @@ class Engine:
                 self._services.append(
                     Scheduler(
                         self._schedules,
-                        self.enqueue,
+                        self._enqueue_tick,
                         self.clock.now,
                         lambda t, at: self.metrics.child(self.metrics.schedule_next, t).set(at),
                         self.log,
