@@ -17,7 +17,7 @@ from psycopg import sql
 
 from brooq_py.engine import Engine
 from brooq_py.engine.clock import SystemClock
-from brooq_py.engine.scheduler import tick_key
+from brooq_py.engine.services.scheduler import tick_key
 from brooq_py.postgres import Store
 from brooq_py.queue import Claim, Context, Job
 from tests.polling import wait_for

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from brooq_py.engine import Engine
-from brooq_py.engine.scheduler import Schedule, Scheduler, tick_key
+from brooq_py.engine.services.scheduler import Schedule, Scheduler, tick_key
 from brooq_py.queue import BrooqError, ConfigError, EnqueueResult, Job
 from tests.unit.fake_repo import FakeRepo
 
@@ -258,8 +258,13 @@ def test_q4_a_tick_whose_job_retention_deleted_is_not_made_up_by_a_restart() -> 
 
 
 def test_q4_engine_enqueues_ticks_through_the_repo_remembering_the_last(repo: FakeRepo) -> None:
-    e = Engine(repo)
-    e.schedule("t", "* * * * * *")
-    e._enqueue_tick("t", T0, Job("t", None, idempotency_key=tick_key(T0)))
-    assert e._enqueue_tick("t", T0, Job("t", None, idempotency_key="other")) is None
-    assert repo.ticks == {"t": T0} and len(repo.rows) == 1
+    from prometheus_client import CollectorRegistry
+
+    from brooq_py.engine.metrics import Metrics
+    from brooq_py.engine.services.wiring import tick_enqueuer
+
+    woken: list[Job] = []
+    enqueue_tick = tick_enqueuer(repo, Metrics(CollectorRegistry()), woken.append)
+    assert enqueue_tick("t", T0, Job("t", None, idempotency_key=tick_key(T0))) is not None
+    assert enqueue_tick("t", T0, Job("t", None, idempotency_key="other")) is None
+    assert repo.ticks == {"t": T0} and len(repo.rows) == 1 and len(woken) == 1
