@@ -22,6 +22,7 @@ from brooq_py.engine.clock import Clock, SystemClock
 from brooq_py.engine.completer import Completer
 from brooq_py.engine.config import Config
 from brooq_py.engine.dispatcher import Dispatcher
+from brooq_py.engine.events import EventBus
 from brooq_py.engine.health import Health, StatementTracker, tracked
 from brooq_py.engine.heartbeat import Heartbeat
 from brooq_py.engine.metrics import EngineRegistry, Metrics, SnapshotCollector
@@ -45,6 +46,7 @@ from brooq_py.queue import (
     Context,
     EngineStopping,
     EnqueueResult,
+    Event,
     Job,
     JobRow,
     KindOptions,
@@ -137,6 +139,12 @@ class Engine:
             self.log,
         )
         self._schedules: list[Schedule] = []
+        self.events = EventBus(
+            self.log,
+            on_dropped=self.metrics.events_dropped.inc,
+            on_listener_error=self.metrics.event_listener_errors.inc,
+        )
+        self.runner.events = self.events
 
     # --- registration ------------------------------------------------------
 
@@ -177,6 +185,20 @@ class Engine:
             self._kinds[topic] = kind
             self._caps[topic] = kind.options.concurrency
             self.metrics.prime([topic])
+
+    def on_event(self, fn: Callable[[Event], None]) -> None:
+        """Call *fn* once per event (claimed, done, failed, dead, canceled, requeued) after its commit.
+
+        Register before ``start()``. *fn* runs on the engine's event thread, never on a
+        handler's thread or the event loop; events queue up to 10,000 behind a slow
+        listener and past that are dropped and counted (``brooq_events_dropped_total``).
+        An exception in *fn* is logged and counted, never stops the engine nor changes
+        an outcome. A reaped row's event carries attempt 0 (its attempt is not known).
+        """
+        with self._lock:
+            if self._state != "new":
+                raise BrooqError("on_event() must be called before start()")
+            self.events.add(fn)
 
     def schedule(
         self, topic: str, cron: str, payload: Any = None, *, timezone: str = "UTC", priority: int = 0
@@ -314,7 +336,7 @@ class Engine:
                 ),
                 Reaper(
                     cfg.effective_reaper_period,
-                    self.repo.reap_expired,
+                    self._reap,
                     lambda t: self.metrics.child(self.metrics.reaped, t).inc(),
                     self.log,
                 ),
@@ -348,6 +370,7 @@ class Engine:
                         self.log,
                     )
                 )
+            self.events.start()
             self._completer.start()
             for s in self._services:
                 s.start()
@@ -410,6 +433,7 @@ class Engine:
         self.runner.threads.stop()
         self.runner.settlers.stop()
         self._async.close()
+        self.events.stop()  # after the last flush: every committed outcome's event is delivered
         self._state = "stopped"
         self._stopped.set()
         if left:
@@ -472,6 +496,16 @@ class Engine:
         rows = self.capacity.claim(self.repo, list(self._kinds), limit, self.worker_id, self.config.lease_td)
         for topic, n in Counter(r.topic for r in rows).items():  # one counter update per topic a claim
             self.metrics.child(self.metrics.claimed, topic).inc(n)
+        if self.events.active:
+            for r in rows:
+                self.events.emit("claimed", r.id, r.topic, r.attempts)
+        return rows
+
+    def _reap(self) -> list[tuple[str, str]]:
+        rows = self.repo.reap_expired()
+        if self.events.active:
+            for job_id, topic in rows:
+                self.events.emit("requeued", job_id, topic, 0)
         return rows
 
     def _attempt(self, row: ClaimedJob) -> Attempt | None:
