@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Summary
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from brooq_py.engine.refresher import GaugeView
+from brooq_py.engine.services.refresher import GaugeView
 from brooq_py.queue import State
 
 ACTIVE = (State.PENDING, State.SCHEDULED, State.PROCESSING, State.FAILED)

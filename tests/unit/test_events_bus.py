@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from brooq_py.engine.events import EventBus
+from brooq_py.engine.services.events import EventBus
 from brooq_py.queue import Event
 from tests.polling import wait_for
 
