@@ -51,6 +51,12 @@ class Metrics:
             ["topic"],
             registry=r,
         )
+        self.events_dropped = Counter(
+            "brooq_events_dropped", "Events dropped: the listeners' queue was full (SPEC N1).", registry=r
+        )
+        self.event_listener_errors = Counter(
+            "brooq_event_listener_errors", "Exceptions raised by on_event listeners.", registry=r
+        )
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
     def child(self, metric: Any, *labels: str) -> Any:
