@@ -24,7 +24,7 @@ from brooq_py.engine.config import Config
 from brooq_py.engine.dispatcher import Dispatcher
 from brooq_py.engine.health import Health, StatementTracker, tracked
 from brooq_py.engine.heartbeat import Heartbeat
-from brooq_py.engine.metrics import EngineRegistry, Metrics, SnapshotCollector
+from brooq_py.engine.metrics import EngineRegistry, Metrics, RefusalCollector, SnapshotCollector
 from brooq_py.engine.outcome import Ending, decide
 from brooq_py.engine.reaper import Reaper
 from brooq_py.engine.refresher import Refresher
@@ -100,6 +100,8 @@ class Engine:
             self.log,
         )
         self.registry.register(SnapshotCollector(self.refresher.view))
+        refusals = getattr(repo, "queue_full_refusals", None)  # counted by the Store, not in the Repo port
+        self.registry.register(RefusalCollector(refusals if callable(refusals) else dict))
         self._kinds: dict[str, Kind] = {}
         self._lock = threading.RLock()
         self._state = "new"  # new -> running -> stopping -> stopped
@@ -128,6 +130,7 @@ class Engine:
         self.capacity = Capacity(
             self._caps, self.config.td("poll_interval").total_seconds(), self.clock.monotonic
         )
+        self.capacity.on_rate_held = lambda topic: self.metrics.child(self.metrics.rate_held, topic).inc()
         self._topic_watch = TopicWatch(
             self.config.td("poll_interval").total_seconds(),
             self.repo.topic_settings,
@@ -290,6 +293,7 @@ class Engine:
                 self.log,
                 hand_back=self._hand_back,
                 batch=cfg.claim_batch,
+                next_due=self.capacity.next_due_in,
             )
             self._services = [
                 Heartbeat(

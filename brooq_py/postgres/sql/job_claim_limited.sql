@@ -47,7 +47,7 @@ WITH clock AS (
         locked_until = now() + %(lease)s::interval,
         attempts = j.attempts + 1,
         claim_token = gen_random_uuid(),
-        updated_at = now()
+        updated_at = (SELECT t FROM clock)  -- the time the bucket counted this claim at
     FROM cand
     WHERE j.id = cand.id
     RETURNING j.id, j.topic, j.payload, j.attempts, j.priority, j.claim_token, j.locked_by,

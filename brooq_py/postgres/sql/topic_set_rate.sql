@@ -5,7 +5,7 @@
 -- Returns whether the topic had no limit of either kind before (a new row or
 -- neither limit), read from the statement's snapshot; and wakes its engines.
 INSERT INTO {topic_setting} AS s (topic, rate_limit, rate_per, rate_burst, rate_tokens, rate_at)
-VALUES (%(topic)s, %(limit)s, %(per)s, %(burst)s, %(burst)s,
+VALUES (%(topic)s, %(limit)s::int, %(per)s::float8, %(burst)s::int, %(burst)s::float8,
         CASE WHEN %(limit)s::int IS NOT NULL THEN clock_timestamp() END)
 ON CONFLICT (topic) DO UPDATE SET
     rate_limit = excluded.rate_limit,
