@@ -348,9 +348,11 @@ def get(q: Queries, job_id: Any) -> Plan[JobRow | None]:
     if parsed is None:
         return None
     rows = yield q.get, {"id": parsed}
-    if not rows:
-        return None
-    r = rows[0]
+    return row_of(rows[0]) if rows else None
+
+
+def row_of(r: tuple[Any, ...]) -> JobRow:
+    """A row of job_get's columns (job_list's too) as a JobRow."""
     return JobRow(
         id=str(r[0]),
         topic=r[1],

@@ -77,7 +77,7 @@ def refusal_text(job_id: str, rows: list[tuple[Any, ...]]) -> str | None:
         return f"no job {job_id}"
     state, holder, unique_key = rows[0]
     if state not in ("dead", "canceled"):
-        return f"job {job_id} is {state}: only dead or canceled jobs are retried"
+        return f"job {job_id} is {state}: only dead or canceled jobs can be retried"
     if holder is not None:
         return f"job {holder} is active with the same unique key {unique_key!r}: retry refused"
     return None

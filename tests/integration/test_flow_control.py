@@ -109,7 +109,9 @@ def test_f2_async(pool: ConnectionPool[Any], schema: str, dsn: str) -> None:
     assert _count(pool, schema, "d") == 1 and _count(pool, schema, "free") == 1
 
 
-def test_f2_another_store_obeys_a_new_cap_within_its_cache_time(pool: ConnectionPool[Any], schema: str) -> None:
+def test_f2_another_store_obeys_a_new_cap_within_its_cache_time(
+    pool: ConnectionPool[Any], schema: str
+) -> None:
     mine, other = Store(pool, schema=schema), Store(pool, schema=schema)
     other.enqueue(Job("d", {}))  # its caps are read now: none
     mine.set_max_depth("d", 1)
@@ -136,7 +138,12 @@ def test_f1_the_claim_spends_tokens_and_says_when_the_next_is_due(store: Store) 
     again = store.claim_limited("r", 10, "w", LEASE)
     assert again == [] and again.next_token_in is not None and 0 < again.next_token_in <= 5.0
     (setting,) = [s for s in store.topic_settings() if s.topic == "r"]
-    assert setting.rate_limit == 2 and setting.rate_per == 10 and setting.tokens is not None and setting.tokens < 1
+    assert (
+        setting.rate_limit == 2
+        and setting.rate_per == 10
+        and setting.tokens is not None
+        and setting.tokens < 1
+    )
     store.set_rate_limit("r", None)
     assert store.claim_limited("r", 10, "w", LEASE) == []
     assert len(store.claim(["r"], 10, "w", LEASE)) == 3

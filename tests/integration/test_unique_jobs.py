@@ -52,7 +52,9 @@ def test_u1_fifty_concurrent_enqueues_from_separate_connections_create_one_job(
     assert {r.id for r in results} == {rows[0][0]}
 
 
-def test_u1_fifty_concurrent_async_enqueues_create_one_job(pool: ConnectionPool[Any], schema: str, dsn: str) -> None:
+def test_u1_fifty_concurrent_async_enqueues_create_one_job(
+    pool: ConnectionPool[Any], schema: str, dsn: str
+) -> None:
     astore = AsyncStore(None, schema=schema)
 
     async def main() -> list[Any]:
@@ -87,7 +89,9 @@ def test_u2_merge_takes_the_higher_priority_and_the_earlier_time(store: Store) -
     later = datetime.now(UTC) + timedelta(hours=2)
     a = store.enqueue(Job("u", {"v": 1}, unique_key="k", priority=5, available_at=later))
     earlier = datetime.now(UTC) + timedelta(hours=1)
-    b = store.enqueue(Job("u", {"v": 2}, unique_key="k", priority=1, available_at=earlier, on_duplicate="merge"))
+    b = store.enqueue(
+        Job("u", {"v": 2}, unique_key="k", priority=1, available_at=earlier, on_duplicate="merge")
+    )
     assert b == (a.id, False)
     row = store.get(a.id)
     assert row is not None
@@ -103,7 +107,15 @@ def test_u2_replace_takes_the_new_payload_meta_priority_and_time(store: Store) -
     a = store.enqueue(Job("u", {"v": 1}, unique_key="k", priority=5, meta={"a": "1"}))
     later = datetime.now(UTC) + timedelta(hours=1)
     b = store.enqueue(
-        Job("u", {"v": 2}, unique_key="k", priority=1, meta={"b": "2"}, available_at=later, on_duplicate="replace")
+        Job(
+            "u",
+            {"v": 2},
+            unique_key="k",
+            priority=1,
+            meta={"b": "2"},
+            available_at=later,
+            on_duplicate="replace",
+        )
     )
     assert b == (a.id, False)
     row = store.get(a.id)
