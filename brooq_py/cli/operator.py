@@ -15,9 +15,9 @@ from typing import Any
 
 from brooq_py.cli.commands import _age
 from brooq_py.cli.common import Failure, check_id, open_store
+from brooq_py.postgres import flow
 from brooq_py.postgres.operator_side import INT32_MAX, TopicOverview, checked_topic
 from brooq_py.queue import InvalidJob, State
-from brooq_py.queue.durations import parse_go_duration
 from brooq_py.settings import Settings
 
 # The states in the order ``topics`` shows them.
@@ -67,32 +67,18 @@ def check_topic(topic: str) -> str:
         raise Failure(f"invalid topic {topic!r}: expected non-empty text", status=2) from None
 
 
-def parse_limit(text: str, what: str = "limit", least: int = 0) -> int | None:
-    if text.strip().lower() == "none":
-        return None
-    bad = f"invalid {what} {text!r}: expected a number from {least} to {INT32_MAX}, or none"
+def parse_limit(text: str) -> int | None:
     try:
-        n = int(text)
-    except ValueError:
-        raise Failure(bad, status=2) from None
-    if not least <= n <= INT32_MAX:
-        raise Failure(bad, status=2)
-    return n
+        return flow.parse_count(text, "limit")
+    except ValueError as exc:
+        raise Failure(str(exc), status=2) from None
 
 
 def parse_rate(text: str) -> tuple[int | None, float]:
-    """``N[/DURATION]|none`` as (limit, seconds): ``10/1s``, ``600/1m``, ``5`` (per second)."""
-    count, _, per = text.partition("/")
-    limit = parse_limit(count, "rate", least=1)
-    if limit is None or not per:
-        return limit, 1.0
     try:
-        seconds = parse_go_duration(per).total_seconds()
-    except ValueError:
-        seconds = 0.0
-    if seconds <= 0:
-        raise Failure(f"invalid rate {text!r}: expected N/DURATION such as 10/1s or 600/1m", status=2)
-    return limit, seconds
+        return flow.parse_rate(text)
+    except ValueError as exc:
+        raise Failure(str(exc), status=2) from None
 
 
 def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
@@ -146,7 +132,10 @@ def cmd_rate(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_depth(args: argparse.Namespace, settings: Settings) -> int:
     topic = check_topic(args.topic)
-    depth = parse_limit(args.depth, "depth")
+    try:
+        depth = flow.parse_count(args.depth, "depth")
+    except ValueError as exc:
+        raise Failure(str(exc), status=2) from None
     with open_store(settings) as store:
         store.set_max_depth(topic, depth)
     print(json.dumps({"topic": topic, "max_depth": depth}))

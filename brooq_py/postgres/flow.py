@@ -6,6 +6,7 @@ import math
 from datetime import timedelta
 from typing import Any
 
+from brooq_py.queue.durations import parse_go_duration
 from brooq_py.queue.port import TopicSetting
 
 INT32_MAX = 2**31 - 1
@@ -38,6 +39,35 @@ def checked_depth(depth: Any) -> int | None:
     if isinstance(depth, bool) or not isinstance(depth, int) or not 0 <= depth <= INT32_MAX:
         raise ValueError(f"depth must be None or an integer from 0 to {INT32_MAX}, got {depth!r}")
     return depth
+
+
+def parse_count(text: str, what: str, least: int = 0) -> int | None:
+    """``N|none`` as an int from *least* to 2**31-1 or None; raise ValueError naming *what*."""
+    if text.strip().lower() == "none":
+        return None
+    bad = f"invalid {what} {text!r}: expected a number from {least} to {INT32_MAX}, or none"
+    try:
+        n = int(text)
+    except ValueError:
+        raise ValueError(bad) from None
+    if not least <= n <= INT32_MAX:
+        raise ValueError(bad)
+    return n
+
+
+def parse_rate(text: str) -> tuple[int | None, float]:
+    """``N[/DURATION]|none`` as (limit, per seconds): ``10/1s``, ``600/1m``, ``5`` (per second)."""
+    count, _, per = text.partition("/")
+    limit = parse_count(count, "rate", least=1)
+    if limit is None or not per:
+        return limit, 1.0
+    try:
+        seconds = parse_go_duration(per).total_seconds()
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < math.inf:
+        raise ValueError(f"invalid rate {text!r}: expected N/DURATION such as 10/1s or 600/1m")
+    return limit, seconds
 
 
 def seconds_text(seconds: float) -> str:
