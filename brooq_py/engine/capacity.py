@@ -28,6 +28,10 @@ from brooq_py.engine.clock import Clock
 from brooq_py.engine.inflight import InFlight
 from brooq_py.queue.port import ClaimedJob, LimitedClaim, Repo
 
+# How soon a limited topic whose lock another engine held is claimed again: the other claim takes
+# a few milliseconds, and a rate-limited topic's tokens should not wait a whole poll interval.
+BUSY_RETRY = 0.02
+
 
 class Capacity:
     """Per-topic room for the next claim; thread-safe (the dispatcher plans, slots end)."""
@@ -94,8 +98,11 @@ class Capacity:
             got = repo.claim_limited(topic, room, worker, lease)
             self._taken(got)
             wait = got.next_token_in if isinstance(got, LimitedClaim) else None
+            busy = isinstance(got, LimitedClaim) and got.busy
             with self._lock:
-                if wait is not None:  # out of tokens: again when the next one is due, not before
+                if busy:  # another engine's claim of it holds the lock: look again shortly
+                    self._token_due[topic] = self._monotonic() + BUSY_RETRY
+                elif wait is not None:  # out of tokens: again when the next one is due, not before
                     self._token_due[topic] = self._monotonic() + wait
                 elif len(got) < room:  # at its limit, empty or locked: again after a while, or on a settle
                     self._due[topic] = self._monotonic() + self._retry_after

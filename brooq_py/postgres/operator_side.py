@@ -193,7 +193,9 @@ class OperatorSide:
             run = on_connection(conn)
             with conn.transaction():
                 if not run(self._q["topic_claim_lock"], {"topic": topic})[0][0]:
-                    return LimitedClaim()  # another claim of the topic holds the lock: nothing this time
+                    busy = LimitedClaim()  # another claim of the topic holds the lock: nothing this time
+                    busy.busy = True
+                    return busy
                 rows = run(self._q["job_claim_limited"], params)
         got = LimitedClaim(claimed_jobs([r for r in rows if r[0] is not None]))
         got.next_token_in = rows[0][8] if rows else None

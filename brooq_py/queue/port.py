@@ -102,6 +102,7 @@ class LimitedClaim(list[ClaimedJob]):
     token when its tokens ran out (the engine claims it again then, not before), else None."""
 
     next_token_in: float | None = None
+    busy: bool = False  # another claim of the topic held its lock: nothing was tried
 
 
 @dataclass(frozen=True)
