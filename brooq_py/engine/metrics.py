@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Summary
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from brooq_py.engine.refresher import GaugeView
+from brooq_py.engine.services.refresher import GaugeView
 from brooq_py.queue import State
 
 ACTIVE = (State.PENDING, State.SCHEDULED, State.PROCESSING, State.FAILED)
@@ -166,6 +166,12 @@ class RefusalCollector(Collector):
 
     def __init__(self, refusals: Callable[[], dict[str, int]]) -> None:
         self._refusals = refusals
+
+    @classmethod
+    def of(cls, repo: object) -> RefusalCollector:
+        """The collector of *repo*'s ``queue_full_refusals`` (a Store's; not in the Repo port)."""
+        refusals = getattr(repo, "queue_full_refusals", None)
+        return cls(refusals if callable(refusals) else dict)
 
     def describe(self) -> Iterable[Metric]:
         return [self._family()]
