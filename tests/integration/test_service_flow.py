@@ -4,9 +4,9 @@ endpoints and the dashboard's actions, token-guarded like pause."""
 from __future__ import annotations
 
 from brooq_py.engine import Engine
-from brooq_py.service import Server
 from brooq_py.postgres import Store
 from brooq_py.queue import Job
+from brooq_py.service import Server
 from tests.integration.test_service_operator import call, engine, server
 
 __all__ = ["engine", "server"]  # the fixtures, used by name
