@@ -23,7 +23,7 @@ from brooq_py.engine.attempt.supervisor import Supervisor
 from brooq_py.engine.clock import Clock, SystemClock
 from brooq_py.engine.config import Config
 from brooq_py.engine.health import Health, StatementTracker, tracked
-from brooq_py.engine.metrics import EngineRegistry, Metrics, SnapshotCollector
+from brooq_py.engine.metrics import EngineRegistry, Metrics, RefusalCollector, SnapshotCollector
 from brooq_py.engine.producing import Producing
 from brooq_py.engine.repo import ClaimedJob, Outcome, Repo
 from brooq_py.engine.schema import check_schema
@@ -94,6 +94,7 @@ class Engine(Producing):
             self.log,
         )
         self.registry.register(SnapshotCollector(self.refresher.view))
+        self.registry.register(RefusalCollector.of(repo))
         self._kinds: dict[str, Kind] = {}
         self._lock = threading.RLock()
         self._state = "new"  # new -> running -> stopping -> stopped
@@ -122,6 +123,7 @@ class Engine(Producing):
         self.capacity = Capacity(
             self._caps, self.config.td("poll_interval").total_seconds(), self.clock.monotonic
         )
+        self.capacity.on_rate_held = lambda topic: self.metrics.child(self.metrics.rate_held, topic).inc()
         self._topic_watch = TopicWatch(
             self.config.td("poll_interval").total_seconds(),
             self.repo.topic_settings,
@@ -270,6 +272,7 @@ class Engine(Producing):
                 self.log,
                 hand_back=self.intake.hand_back,
                 batch=cfg.claim_batch,
+                next_due=self.capacity.next_due_in,
             )
             wakers = wake_services(self.repo, cfg, self.topics, self._dispatcher.wake, self.log)
             self._services = background_services(
