@@ -119,7 +119,7 @@ def safe(path: str) -> str:
     return cleaned if len(cleaned) <= 200 else cleaned[:200] + "..."
 
 
-Action = Callable[[Operator, str], Reply]
+Action = Callable[..., Reply]  # (operator, *the route's groups)
 
 
 def _get(op: Operator, raw: str) -> Reply:
@@ -131,7 +131,18 @@ def _cancel(op: Operator, raw: str) -> Reply:
 
 
 def _retry(op: Operator, raw: str) -> Reply:
-    return Reply.json(200, {"retried": op.retry(raw)})
+    if op.retry(raw):
+        return Reply.json(200, {"retried": True})
+    return Reply.json(200, {"retried": False, "reason": op.retry_refusal(raw)})
+
+
+def _rate(op: Operator, raw: str, value: str) -> Reply:
+    limit, per = op.set_rate(raw, value)
+    return Reply.json(200, {"topic": raw, "rate": limit, "per_seconds": per if limit else None})
+
+
+def _depth(op: Operator, raw: str, value: str) -> Reply:
+    return Reply.json(200, {"topic": raw, "max_depth": op.set_depth(raw, value)})
 
 
 def _pause(op: Operator, raw: str) -> Reply:
@@ -164,6 +175,9 @@ ROUTES: tuple[tuple[re.Pattern[str], tuple[str, ...], Action], ...] = (
     (re.compile(r"/topics()"), READ_METHODS, _topics),
     (re.compile(r"/topics/(.+)/pause", re.DOTALL), ("POST",), _pause),
     (re.compile(r"/topics/(.+)/resume", re.DOTALL), ("POST",), _resume),
+    # SPEC F1, F2: POST /topics/<topic>/rate/<N[/DURATION]|none>, /topics/<topic>/depth/<N|none>
+    (re.compile(r"/topics/(.+)/rate/([^/]+(?:/[^/]+)?)", re.DOTALL), ("POST",), _rate),
+    (re.compile(r"/topics/(.+)/depth/([^/]+)", re.DOTALL), ("POST",), _depth),
 )
 
 
@@ -234,7 +248,7 @@ class Surface:
                 if role != "operator" and method not in READ_METHODS:
                     return Reply.error(403, "forbidden: this token may read, not act")
                 try:
-                    return action(self.operator, match.group(1))
+                    return action(self.operator, *match.groups())
                 except ActionError as exc:
                     return Reply.error(exc.status, exc.message)
         return Reply.error(404, "not found")

@@ -325,7 +325,7 @@ class Dashboard:
         act = _ACTIONS.get(name)
         if act is None:
             return self._error(request, 404, "No such action.")
-        values = {k: [str(v) for v in form.getlist(k)] for k in ("id", "topic")}
+        values = {k: [str(v) for v in form.getlist(k)] for k in ("id", "topic", "value")}
         try:
             message = await run_in_threadpool(act, self.op, values)
         except ActionError as exc:
@@ -362,9 +362,28 @@ def _resume(op: Operator, values: dict[str, list[str]]) -> str:
     return "Topic resumed"
 
 
+def _retry(op: Operator, values: dict[str, list[str]]) -> str:
+    job = _one(values, "id")
+    if op.retry(job):
+        return "Job retried"
+    return f"Job was not retried: {op.retry_refusal(job) or 'not retryable'}"
+
+
+def _rate(op: Operator, values: dict[str, list[str]]) -> str:
+    limit, _ = op.set_rate(_one(values, "topic"), _one(values, "value").strip() or "none")
+    return "Rate limit removed" if limit is None else "Rate limit set"
+
+
+def _depth(op: Operator, values: dict[str, list[str]]) -> str:
+    depth = op.set_depth(_one(values, "topic"), _one(values, "value").strip() or "none")
+    return "Depth cap removed" if depth is None else "Depth cap set"
+
+
 _ACTIONS: dict[str, Callable[[Operator, dict[str, list[str]]], str]] = {
     "cancel": lambda op, v: "Job canceled" if op.cancel(_one(v, "id")) else "Job was not cancelable",
-    "retry": lambda op, v: "Job retried" if op.retry(_one(v, "id")) else "Job was not retryable",
+    "retry": _retry,
+    "rate": _rate,
+    "depth": _depth,
     "retry-many": _retry_many,
     "pause": _pause,
     "resume": _resume,

@@ -21,6 +21,7 @@ from brooq_py.http.asgi import ThreadedUvicorn
 from brooq_py.http.server import Server, serve
 from brooq_py.postgres import Store
 from brooq_py.queue import Job, State
+from brooq_py.queue.port import TopicSetting
 from brooq_py.web import dashboard
 from tests.web.test_dashboard_http import kill
 
@@ -68,18 +69,27 @@ def surface_actions(store: Store, ids: dict[str, str]) -> list[tuple[str, Callab
         (f"/jobs/{ids['pending']}/cancel", lambda: state(ids["pending"]) == State.CANCELED),
         (f"/jobs/{ids['dead']}/retry", lambda: state(ids["dead"]) == State.PENDING),
         (f"/topics/{TOPIC}/pause", lambda: TOPIC in store.paused()),
-        (f"/topics/{TOPIC}/resume", lambda: TOPIC not in store.paused()),
+        (f"/topics/{TOPIC}/resume", lambda: TOPIC not in store.paused() and setting(store) is not None),
+        (f"/topics/{TOPIC}/rate/10/1s", lambda: getattr(setting(store), "rate_limit", None) == 10),
+        (f"/topics/{TOPIC}/depth/5", lambda: getattr(setting(store), "max_depth", None) == 5),
     ]
 
 
+def setting(store: Store) -> TopicSetting | None:
+    return next((s for s in store.topic_settings() if s.topic == TOPIC), None)
+
+
 def test_k5_every_action_route_of_the_surface_is_covered_here() -> None:
-    """A route added to the surface that is not a read must be in surface_actions (and so tested)."""
+    """A route added to the surface that is not a read must be in surface_actions and ui_actions
+    (and so tested): this list fails first, as a reminder."""
     actions = [p.pattern for p, methods, _ in ROUTES if set(methods) - set(READ_METHODS)]
     assert actions == [
         r"/jobs/([^/]+)/cancel",
         r"/jobs/([^/]+)/retry",
         "/topics/(.+)/pause",
         "/topics/(.+)/resume",
+        r"/topics/(.+)/rate/([^/]+(?:/[^/]+)?)",
+        r"/topics/(.+)/depth/([^/]+)",
     ]
 
 
@@ -131,6 +141,8 @@ def ui_actions(ids: dict[str, str]) -> list[tuple[str, dict[str, str]]]:
         ("retry-many", {"id": ids["dead"]}),
         ("pause", {"topic": TOPIC}),
         ("resume", {"topic": TOPIC}),
+        ("rate", {"topic": TOPIC, "value": "10/1s"}),
+        ("depth", {"topic": TOPIC, "value": "5"}),
     ]
 
 
@@ -148,10 +160,12 @@ def check_dashboard(client: httpx.Client, store: Store, ids: dict[str, str], pre
     for name, form in ui_actions(ids):
         reply = client.post(f"{prefix}/action/{name}", data={**form, "back": "/"}, headers=bearer(VIEWER))
         assert reply.status_code == 403, name
-        assert {k: store.get(v) for k, v in ids.items()} == before and not store.paused()
+        assert {k: store.get(v) for k, v in ids.items()} == before and store.topic_settings() == []
     for name, form in ui_actions(ids):
         reply = client.post(f"{prefix}/action/{name}", data={**form, "back": "/"}, headers=bearer(OPERATOR))
         assert reply.status_code == 303, name
+    acted = setting(store)
+    assert acted is not None and acted.rate_limit == 10 and acted.max_depth == 5
 
 
 def test_k5_ui_on_the_surface_reads_for_the_viewer_and_acts_for_the_operator(store: Store, pool: Any) -> None:
@@ -203,7 +217,7 @@ def test_k5_dashboard_login_with_the_viewer_token_reads_and_never_acts(
         for name, form in ui_actions(ids):
             reply = viewer.post(f"/action/{name}", data={**form, "csrf": csrf, "back": "/"})
             assert reply.status_code == 403, name
-        assert store.paused() == set()
+        assert store.topic_settings() == []
         row = store.get(ids["pending"])
         assert row is not None and row.state == State.PENDING
         assert viewer.post("/logout", data={"csrf": csrf}).status_code == 303  # a viewer may log out

@@ -7,6 +7,7 @@ the engine itself, since it wires their callbacks to each other.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -17,6 +18,7 @@ from brooq_py.engine.clock import Clock
 from brooq_py.engine.config import Config
 from brooq_py.engine.metrics import Metrics
 from brooq_py.engine.repo import Repo
+from brooq_py.engine.services.events import EventBus
 from brooq_py.engine.services.heartbeat import Heartbeat
 from brooq_py.engine.services.reaper import Reaper
 from brooq_py.engine.services.retention import Retention
@@ -37,6 +39,7 @@ def background_services(
     schedules: Sequence[Schedule],
     enqueued: Callable[[Job], None],
     log: logging.Logger,
+    events: EventBus,
 ) -> list[Ticker]:
     """The heartbeat, the watchdog and the reaper, then *built* (the services the engine made
     itself), then the scheduler when there are *schedules* and retention when it is enabled.
@@ -64,7 +67,7 @@ def background_services(
         ),
         Reaper(
             cfg.effective_reaper_period,
-            repo.reap_expired,
+            functools.partial(_reap, repo, events),
             lambda t: metrics.child(metrics.reaped, t).inc(),
             log,
         ),
@@ -108,3 +111,12 @@ def tick_enqueuer(
         return result
 
     return enqueue_tick
+
+
+def _reap(repo: Repo, events: EventBus) -> list[tuple[str, str]]:
+    """Reap expired leases; each row is a ``requeued`` event (attempt 0: not known here)."""
+    rows = repo.reap_expired()
+    if events.active:
+        for job_id, topic in rows:
+            events.emit("requeued", job_id, topic, 0)
+    return rows
