@@ -284,7 +284,7 @@ class Engine(Producing):
                 self.supervisor,
                 [self.refresher, self._topic_watch, *wakers],
                 self._schedules,
-                self.enqueue,
+                lambda job: self._enqueued(job),  # bound below, once the wake-ups exist
                 self.log,
                 self.events,
             )

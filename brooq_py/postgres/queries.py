@@ -1,6 +1,7 @@
 """Named SQL statements: loaded once from ``sql/*.sql``, rendered per schema.
 
-Each file holds one statement with ``{job}``, ``{topic_setting}``, ``{version_table}`` (the tables),
+Each file holds one statement with ``{job}``, ``{topic_setting}``, ``{schedule_tick}``,
+``{version_table}`` (the tables),
 ``{channel}`` (the wake-up channel as an identifier), ``{channel_literal}`` (as text) or
 ``{stage_channel}`` (the stager's channel, ``{stage_channel_literal}`` as text)
 placeholders and psycopg ``%(name)s`` parameters. A Store renders every
@@ -50,6 +51,7 @@ def render(name: str, schema: str, *, rows: bool = True) -> Query:
     composed = template.format(
         job=sql.Identifier(schema, "job"),
         topic_setting=sql.Identifier(schema, "topic_setting"),
+        schedule_tick=sql.Identifier(schema, "schedule_tick"),
         version_table=sql.Identifier(schema, "brooq_alembic_version"),
         channel=sql.Identifier(channel_for(schema)),
         channel_literal=sql.Literal(channel_for(schema)),

@@ -20,7 +20,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -222,6 +222,22 @@ class Store(WorkerSide, OperatorSide, FlowSide):
                 return drive(plan, run)
         result: list[EnqueueResult] = self._drive("enqueueing a batch", plan)
         return result
+
+    def enqueue_tick(self, schedule: str, tick: datetime, job: Job) -> EnqueueResult | None:
+        """Enqueue *job* as *tick* of *schedule* unless that tick, or a later one, was enqueued (SPEC Q4').
+
+        One transaction: the schedule's last tick advances to *tick* (only forward), then the
+        job is inserted; both commit or neither does. None when the tick was not ahead (another
+        engine or an earlier run enqueued it: its job may be gone since, deleted by retention).
+        The job is validated before any statement (E4).
+        """
+        plan = plans.enqueue_one(self._q, job, self._caps)
+        with self.begin() as tx:
+            run = on_tx(tx)
+            if not run(self._q["schedule_tick_advance"], {"name": schedule, "tick": tick}):
+                return None
+            result: EnqueueResult = drive(plan, run)
+            return result
 
     @contextmanager
     def begin(self) -> Iterator[WrapTx]:
