@@ -18,7 +18,7 @@ from psycopg import sql
 
 def _rows(dsn: str, query: str, schema: str) -> list[tuple[Any, ...]]:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        return conn.execute(sql.SQL(query).format(s=sql.Identifier(schema))).fetchall()  # type: ignore[arg-type]
+        return conn.execute(sql.SQL(query).format(s=sql.Identifier(schema))).fetchall()
 
 
 def overlapping_runs(dsn: str, schema: str, tolerance: timedelta = timedelta(0)) -> list[str]:

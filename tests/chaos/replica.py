@@ -31,6 +31,7 @@ from psycopg import conninfo
 from brooq_py.devdb import THROWAWAY_DBNAME, _current_user
 from brooq_py.devdb_files import (
     TMP_PREFIX,
+    PostgresNotFound,
     chown_tree,
     find_bindir,
     initdb_template,
@@ -147,6 +148,8 @@ class ReplicaPair:
 
     def __init__(self) -> None:
         self.bindir = find_bindir()
+        if not os.access(self.bindir / "pg_basebackup", os.X_OK):
+            raise PostgresNotFound(f"no pg_basebackup in {self.bindir}")
         self.account = server_account()
         self.user = _current_user()
         self.root = Path(tempfile.mkdtemp(prefix=TMP_PREFIX + "ha-", dir=tmp_base()))

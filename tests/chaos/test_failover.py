@@ -27,6 +27,7 @@ import pytest
 from psycopg import errors, sql
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
+from brooq_py.devdb import PostgresNotFound
 from brooq_py.engine import Config, Engine
 from brooq_py.postgres import AsyncStore, Store, migrations
 from brooq_py.queue import Job, KindOptions, State, StoreUnavailable
@@ -47,9 +48,16 @@ CREATE TABLE {s}.ha_effect (
 """
 
 
+def start_pair() -> ReplicaPair:
+    try:
+        return ReplicaPair().start()
+    except PostgresNotFound as exc:
+        pytest.skip(f"no PostgreSQL server binaries to start a primary and a standby: {exc}")
+
+
 @pytest.fixture
 def pair() -> Iterator[ReplicaPair]:
-    with ReplicaPair().start() as p:
+    with start_pair() as p:
         yield p
 
 
@@ -357,7 +365,7 @@ def refusals_logged(records: list[logging.LogRecord]) -> int:
 @pytest.fixture(scope="module")
 def standby() -> Iterator[tuple[ReplicaPair, str]]:
     """A pair whose standby stays read-only, and a schema migrated on the primary (replicated)."""
-    with ReplicaPair().start() as p:
+    with start_pair() as p:
         yield p, prepare(p.primary.dsn)
 
 
