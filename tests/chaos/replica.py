@@ -2,7 +2,7 @@
 
 Both servers run from the local PostgreSQL binaries in one temp directory, on
 free 127.0.0.1 ports, as the ``postgres`` account when we are root, and die
-with the spawning thread (PR_SET_PDEATHSIG, see brooq_py.devdb_process). The
+with the spawning thread (PR_SET_PDEATHSIG, see brooq_py.devdb.process). The
 primary starts from the cached initdb template; the standby is a
 ``pg_basebackup -R`` of it, and the primary waits for it at every commit
 (``synchronous_standby_names='*'``, ``synchronous_commit=on``): a commit that
@@ -28,8 +28,7 @@ from typing import IO, Any
 import psycopg
 from psycopg import conninfo
 
-from brooq_py.devdb import THROWAWAY_DBNAME, _current_user
-from brooq_py.devdb_files import (
+from brooq_py.devdb.files import (
     TMP_PREFIX,
     PostgresNotFound,
     chown_tree,
@@ -40,7 +39,8 @@ from brooq_py.devdb_files import (
     server_account,
     tmp_base,
 )
-from brooq_py.devdb_process import LOCAL_HOST, die_with_parent, free_port, stop_postgres
+from brooq_py.devdb.process import LOCAL_HOST, die_with_parent, free_port, stop_postgres
+from brooq_py.devdb.server import THROWAWAY_DBNAME, current_user
 
 START_TIMEOUT = 30.0
 
@@ -151,7 +151,7 @@ class ReplicaPair:
         if not os.access(self.bindir / "pg_basebackup", os.X_OK):
             raise PostgresNotFound(f"no pg_basebackup in {self.bindir}")
         self.account = server_account()
-        self.user = _current_user()
+        self.user = current_user()
         self.root = Path(tempfile.mkdtemp(prefix=TMP_PREFIX + "ha-", dir=tmp_base()))
         (self.root / "owner.pid").write_text(f"{os.getpid()}\n")
         self.primary = Server(self, "primary", self.root / "primary", _PRIMARY)
