@@ -11,7 +11,9 @@ transaction-pooling proxy (PgBouncer in transaction mode), open the pool with
 ``kwargs={"prepare_threshold": None}``.
 
 Connection errors are raised as ``queue.StoreUnavailable`` (chained, without
-any DSN password); other database errors pass through unchanged.
+any DSN password); so is a refusal by a read-only server (a standby, SQLSTATE
+25006), whose connection is closed so that the next one lands on the primary
+(errors.py). Other database errors pass through unchanged.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from brooq_py.postgres import enqueueing as plans
 from brooq_py.postgres.bounds import DEFAULT_LEASE, merged, statement_budget
 from brooq_py.postgres.caps import TopicCaps
 from brooq_py.postgres.enqueueing import drive, first_statement, parse_id
-from brooq_py.postgres.errors import translated
+from brooq_py.postgres.errors import dropped_if_read_only, translated
 from brooq_py.postgres.flow_side import FlowSide
 from brooq_py.postgres.listener import PROBE_TIMEOUT, PgListener
 from brooq_py.postgres.operator_side import OperatorSide
@@ -39,7 +41,7 @@ from brooq_py.postgres.producer import check_schema, no_pool
 from brooq_py.postgres.queries import Queries, Query
 from brooq_py.postgres.runner import Rows, execute, on_connection, on_tx
 from brooq_py.postgres.worker_side import WorkerSide
-from brooq_py.postgres.wraptx import WrapTx
+from brooq_py.postgres.wraptx import WrapTx, as_psycopg
 from brooq_py.queue import EnqueueResult, Job, JobRow, Tx
 
 __all__ = ["Store", "parse_id"]
@@ -150,7 +152,8 @@ class Store(WorkerSide, OperatorSide, FlowSide):
                 if not saved:
                     conn.autocommit = True
                 try:
-                    yield conn
+                    with dropped_if_read_only(conn, doing):
+                        yield conn
                 finally:
                     if not saved and not conn.closed:
                         with contextlib.suppress(psycopg.Error):  # a broken one: the pool discards it
@@ -203,7 +206,7 @@ class Store(WorkerSide, OperatorSide, FlowSide):
         An asyncio connection raises TypeError naming AsyncStore.
         """
         plan = plans.enqueue_one(self._q, job, self._caps)
-        with translated("enqueueing"):
+        with translated("enqueueing", as_psycopg(tx)):
             return drive(plan, on_tx(tx))
 
     def enqueue_many(self, jobs: Sequence[Job], tx: Tx | None = None) -> list[EnqueueResult]:
@@ -218,7 +221,7 @@ class Store(WorkerSide, OperatorSide, FlowSide):
         if not jobs:
             return []
         if run is not None:
-            with translated("enqueueing a batch"):
+            with translated("enqueueing a batch", as_psycopg(tx)):
                 return drive(plan, run)
         result: list[EnqueueResult] = self._drive("enqueueing a batch", plan)
         return result
@@ -245,7 +248,14 @@ class Store(WorkerSide, OperatorSide, FlowSide):
         rollback on an exception."""
         if self._pool is None:
             raise no_pool("Store", "opening a transaction")
-        with translated("running a transaction"), self._pool.connection() as conn, conn.transaction():
+        doing = "running a transaction"
+        # A read-only server's refusal closes the connection after the rollback (errors.py).
+        with (
+            translated(doing),
+            self._pool.connection() as conn,
+            dropped_if_read_only(conn, doing),
+            conn.transaction(),
+        ):
             yield WrapTx(conn)
 
     def cancel(self, job_id: str) -> bool:
@@ -263,7 +273,7 @@ class Store(WorkerSide, OperatorSide, FlowSide):
 
     def get_tx(self, tx: Tx, job_id: str) -> JobRow | None:
         """Return the job's row as the caller's transaction *tx* sees it; None for an unknown or malformed id."""
-        with translated("reading a job"):
+        with translated("reading a job", as_psycopg(tx)):
             return drive(plans.get(self._q, job_id), on_tx(tx))
 
     # -- engine plumbing -----------------------------------------------------------
