@@ -23,7 +23,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from util import fresh_schema, job_table, pct, store_on, wait_all_done
+from util import fresh_schema, job_table, pct, side_by_side, store_on, wait_all_done
 from workloads import PAYLOAD, TOPIC, seed
 
 from brooq_py import Tasks
@@ -66,68 +66,25 @@ def w1_on_off(dsn: str, n: int, rounds: int = 10) -> dict[str, Any]:
     }
 
 
-_start = threading.Barrier(1)
+def _drain(dsn: str, n: int, with_result: bool, asynchronous: bool, start: Any = None) -> float:
+    """One drain of *n* jobs whose handlers return RESULT (*with_result*) or None: W3's no-op
+    handlers on 4 workers, or W8's 100 ms async sleeps on 500 (*asynchronous*)."""
 
-
-def _drain(dsn: str, n: int, with_result: bool, workers: int = 4) -> float:
     def handler(ctx: Any, claim: Any) -> Any:
         return RESULT if with_result else None
 
-    with fresh_schema(dsn, "resw3") as schema, store_on(dsn, schema, max_size=8) as store:
-        seed(store, n)
-        engine = Engine(store, Config(workers=workers, lease=LEASE))
-        engine.register_kind(TOPIC, handler)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("VACUUM ANALYZE {}").format(job_table(schema)))
-            _start.wait()
-            t0 = time.perf_counter()
-            engine.start()
-            t_end = wait_all_done(conn, schema, deadline_s=max(120.0, n / 100), every=0.02)
-            engine.stop()
-            engine.close()
-    if t_end is None:
-        raise RuntimeError("not drained in time")
-    return n / (t_end - t0)
-
-
-def w3_on_off(dsn: str, n: int, rounds: int = 3) -> dict[str, Any]:
-    global _start
-    pairs: list[tuple[float, float]] = []
-    for _ in range(rounds):
-        _start = threading.Barrier(2)
-        out: dict[bool, float] = {}
-
-        def run(flag: bool, out: dict[bool, float] = out) -> None:
-            out[flag] = _drain(dsn, n, flag)
-
-        threads = [threading.Thread(target=run, args=(flag,)) for flag in (False, True)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        pairs.append((out[False], out[True]))
-    ratios = [on / off for off, on in pairs]
-    return {
-        "n": n,
-        "rounds": rounds,
-        "off_per_s": [round(a) for a, _ in pairs],
-        "on_per_s": [round(b) for _, b in pairs],
-        "ratio": statistics.median(ratios),
-        "ratios": [round(r, 3) for r in ratios],
-    }
-
-
-def _w8(dsn: str, n: int, with_result: bool, workers: int = 500, sleep: float = 0.1) -> float:
-    async def handler(ctx: Any, claim: Any) -> Any:
-        await asyncio.sleep(sleep)
+    async def sleeper(ctx: Any, claim: Any) -> Any:
+        await asyncio.sleep(0.1)
         return RESULT if with_result else None
 
-    with fresh_schema(dsn, "resw8") as schema, store_on(dsn, schema, max_size=8) as store:
+    with fresh_schema(dsn, "resdrain") as schema, store_on(dsn, schema, max_size=8) as store:
         seed(store, n)
-        engine = Engine(store, Config(workers=workers, lease=LEASE))
-        engine.register_kind(TOPIC, handler)
+        engine = Engine(store, Config(workers=500 if asynchronous else 4, lease=LEASE))
+        engine.register_kind(TOPIC, sleeper if asynchronous else handler)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("VACUUM ANALYZE {}").format(job_table(schema)))
+            if start is not None:
+                start.wait()
             t0 = time.perf_counter()
             engine.start()
             t_end = wait_all_done(conn, schema, deadline_s=max(120.0, n / 50), every=0.02)
@@ -138,12 +95,7 @@ def _w8(dsn: str, n: int, with_result: bool, workers: int = 500, sleep: float = 
     return n / (t_end - t0)
 
 
-def w8_on_off(dsn: str, n: int, rounds: int = 2) -> dict[str, Any]:
-    pairs = []
-    for i in range(rounds):  # alternate which goes first
-        order = (False, True) if i % 2 == 0 else (True, False)
-        got = {flag: _w8(dsn, n, flag) for flag in order}
-        pairs.append((got[False], got[True]))
+def _summary(n: int, pairs: list[tuple[float, float]]) -> dict[str, Any]:
     ratios = [on / off for off, on in pairs]
     return {
         "n": n,
@@ -152,6 +104,21 @@ def w8_on_off(dsn: str, n: int, rounds: int = 2) -> dict[str, Any]:
         "ratio": statistics.median(ratios),
         "ratios": [round(r, 3) for r in ratios],
     }
+
+
+def w3_on_off(dsn: str, n: int, rounds: int = 3) -> dict[str, Any]:
+    """Side by side: the machine's load weighs on both drains of a pair alike."""
+    return _summary(n, side_by_side(lambda flag, start: _drain(dsn, n, flag, False, start), rounds))
+
+
+def w8_on_off(dsn: str, n: int, rounds: int = 2) -> dict[str, Any]:
+    """Alternated (500 workers each: side by side they would crowd each other out)."""
+    pairs = []
+    for i in range(rounds):
+        order = (False, True) if i % 2 == 0 else (True, False)
+        got = {flag: _drain(dsn, n, flag, True) for flag in order}
+        pairs.append((got[False], got[True]))
+    return _summary(n, pairs)
 
 
 def wait_latency(dsn: str, n: int = 200) -> dict[str, Any]:

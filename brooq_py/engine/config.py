@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -59,11 +57,6 @@ _BOOLS = {
     "no": False,
 }
 _DIGITS = re.compile(r"[0-9]+")
-
-
-def default_worker_id() -> str:
-    """The engine's identity in ``locked_by`` when none is given: ``host:pid:random``."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import os
 import random
+import socket
 import threading
+import uuid
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any
 
@@ -19,13 +21,15 @@ from brooq_py.engine.attempt.runner import Runner
 from brooq_py.engine.attempt.slots import AsyncRunner, SlotPool
 from brooq_py.engine.attempt.supervisor import Supervisor
 from brooq_py.engine.clock import Clock, SystemClock
-from brooq_py.engine.config import Config, default_worker_id
+from brooq_py.engine.config import Config
 from brooq_py.engine.health import Health, StatementTracker, tracked
-from brooq_py.engine.metrics import EngineRegistry, Metrics, SnapshotCollector
+from brooq_py.engine.metrics import EngineRegistry, Metrics, RefusalCollector, SnapshotCollector
+from brooq_py.engine.producing import Producing
 from brooq_py.engine.repo import ClaimedJob, Outcome, Repo
 from brooq_py.engine.schema import check_schema
 from brooq_py.engine.services.completer import Completer
 from brooq_py.engine.services.dispatcher import Dispatcher
+from brooq_py.engine.services.events import EventBus
 from brooq_py.engine.services.refresher import Refresher
 from brooq_py.engine.services.scheduler import Schedule
 from brooq_py.engine.services.ticker import Ticker
@@ -36,11 +40,9 @@ from brooq_py.queue import (
     BrooqError,
     ConfigError,
     EngineStopping,
-    EnqueueResult,
+    Event,
     Job,
-    JobRow,
     KindOptions,
-    Tx,
 )
 from brooq_py.queue.handler import Handler
 from brooq_py.tasks import Tasks
@@ -49,7 +51,11 @@ from brooq_py.tasks import Tasks
 COMPLETER_LINGER = 0.002
 
 
-class Engine:
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class Engine(Producing):
     """Claims, runs and settles jobs of the registered topics through *repo*.
 
     ``start()`` starts the pool and the services; ``stop(timeout)`` stops
@@ -89,6 +95,7 @@ class Engine:
             self.log,
         )
         self.registry.register(SnapshotCollector(self.refresher.view))
+        self.registry.register(RefusalCollector.of(repo))
         self._kinds: dict[str, Kind] = {}
         self._lock = threading.RLock()
         self._state = "new"  # new -> running -> stopping -> stopped
@@ -118,6 +125,7 @@ class Engine:
         self.capacity = Capacity(
             self._caps, self.config.td("poll_interval").total_seconds(), self.clock.monotonic
         )
+        self.capacity.on_rate_held = lambda topic: self.metrics.child(self.metrics.rate_held, topic).inc()
         self._topic_watch = TopicWatch(
             self.config.td("poll_interval").total_seconds(),
             self.repo.topic_settings,
@@ -127,6 +135,12 @@ class Engine:
             self.log,
         )
         self._schedules: list[Schedule] = []
+        self.events = EventBus(
+            self.log,
+            on_dropped=self.metrics.events_dropped.inc,
+            on_listener_error=self.metrics.event_listener_errors.inc,
+        )
+        self.runner.events = self.events
         self.intake = Intake(
             repo,
             self.config,
@@ -184,6 +198,13 @@ class Engine:
         """Register each task of *tasks* as a kind, before ``start()`` (see ``Tasks.register``)."""
         tasks.register(self.register_kind, self.config.kind_defaults())
 
+    def on_event(self, fn: Callable[[Event], None]) -> None:
+        """Call *fn* once per event after its commit (before ``start()``; see docs/events.md)."""
+        with self._lock:
+            if self._state != "new":
+                raise BrooqError("on_event() must be called before start()")
+            self.events.add(fn)
+
     def schedule(
         self, topic: str, cron: str, payload: Any = None, *, timezone: str = "UTC", priority: int = 0
     ) -> None:
@@ -200,45 +221,6 @@ class Engine:
             if any(x.topic == topic for x in self._schedules):
                 raise ConfigError([f"topic {topic!r} is already scheduled (one schedule per topic)"])
             self._schedules.append(s)
-
-    # --- producer side -----------------------------------------------------
-
-    def enqueue(self, job: Job) -> EnqueueResult:
-        """Enqueue *job* through the pool (see ``Store.enqueue``)."""
-        result = self.repo.enqueue(job)
-        if result.created:
-            self.metrics.child(self.metrics.enqueued, job.topic).inc()
-            self._enqueued(job)
-        return result
-
-    def enqueue_tx(self, tx: Tx, job: Job) -> EnqueueResult:
-        """Enqueue *job* inside the caller's transaction *tx* (SPEC E3)."""
-        result = self.repo.enqueue_tx(tx, job)
-        if result.created:
-            self.metrics.child(self.metrics.enqueued, job.topic).inc()
-        return result
-
-    def enqueue_many(self, jobs: Sequence[Job], tx: Tx | None = None) -> list[EnqueueResult]:
-        """Enqueue a batch in one round trip (SPEC E5)."""
-        results = self.repo.enqueue_many(jobs, tx)
-        for job, r in zip(jobs, results, strict=True):
-            if r.created:
-                self.metrics.child(self.metrics.enqueued, job.topic).inc()
-                if tx is None:
-                    self._enqueued(job)
-        return results
-
-    def begin(self) -> AbstractContextManager[Tx]:
-        """A transaction from the pool: commit on a clean exit, rollback on an exception."""
-        return self.repo.begin()
-
-    def cancel(self, job_id: str) -> bool:
-        """Cancel a pending, scheduled, failed or processing job (SPEC X1); a running one stops via lease loss."""
-        return self.repo.cancel(job_id)
-
-    def get(self, job_id: str) -> JobRow | None:
-        """The job's row, or None for an unknown or malformed id."""
-        return self.repo.get(job_id)
 
     def health(self) -> Health:
         """The engine's state and its statements' record, from memory: no database round trip (SPEC Z2)."""
@@ -296,6 +278,7 @@ class Engine:
                 self.log,
                 hand_back=self.intake.hand_back,
                 batch=cfg.claim_batch,
+                next_due=self.capacity.next_due_in,
             )
             wakers = wake_services(self.repo, cfg, self.topics, self._dispatcher.wake, self.log)
             self._services = background_services(
@@ -307,13 +290,15 @@ class Engine:
                 self.supervisor,
                 [self.refresher, self._topic_watch, *wakers],
                 self._schedules,
-                self.enqueue,
+                lambda job: self._enqueued(job),  # bound below, once the wake-ups exist
                 self.log,
+                self.events,
             )
             self.runner.on_waiting, self._enqueued = own_wakes(
                 wakers, cfg, self.topics, self._dispatcher.wake
             )
             self.capacity.wake = self._dispatcher.wake
+            self.events.start()
             self._completer.start()
             for s in self._services:
                 s.start()
@@ -376,6 +361,7 @@ class Engine:
         self.runner.threads.stop()
         self.runner.settlers.stop()
         self._async.close()
+        self.events.stop()  # after the last flush: every committed outcome's event is delivered
         self._state = "stopped"
         self._stopped.set()
         if left:

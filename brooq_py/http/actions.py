@@ -12,6 +12,7 @@ import logging
 import re
 from typing import TYPE_CHECKING, Any, Protocol
 
+from brooq_py.postgres.flow import parse_count, parse_rate
 from brooq_py.queue import JobRow, StoreUnavailable
 
 if TYPE_CHECKING:
@@ -39,8 +40,13 @@ class Jobs(Protocol):
 
 class Controls(Protocol):
     def retry(self, job_id: str) -> bool: ...
+    def retry_refusal(self, job_id: str) -> str | None: ...
     def pause(self, topic: str) -> None: ...
     def resume(self, topic: str) -> None: ...
+    def set_rate_limit(
+        self, topic: str, limit: int | None, per: float = 1, *, burst: int | None = None
+    ) -> None: ...
+    def set_max_depth(self, topic: str, depth: int | None) -> None: ...
 
 
 def job_id(raw: str) -> str:
@@ -106,6 +112,36 @@ class Operator:
             log.info("job %s retried by an operator", row.id)
         self._changed(activity=True)
         return retried
+
+    def retry_refusal(self, raw_id: str) -> str | None:
+        """Why a retry of the job changes nothing now (its state, or an active holder of its unique key)."""
+        row = self.get(raw_id)
+        reason: str | None = self.guarded("reading a job", self._controls().retry_refusal, row.id)
+        return reason
+
+    def set_rate(self, raw_topic: str, raw_rate: str) -> tuple[int | None, float]:
+        """Set the topic's rate limit from ``N[/DURATION]|none`` (SPEC F1); return (limit, per seconds)."""
+        topic = topic_name(raw_topic)
+        try:
+            limit, per = parse_rate(raw_rate)
+        except ValueError as exc:
+            raise ActionError(400, str(exc)) from None
+        self.guarded("setting a rate limit", self._controls().set_rate_limit, topic, limit, per)
+        log.info("topic %r rate limit set to %s by an operator", topic, raw_rate)
+        self._changed()
+        return limit, per
+
+    def set_depth(self, raw_topic: str, raw_depth: str) -> int | None:
+        """Set the topic's depth cap from ``N|none`` (SPEC F2); return it."""
+        topic = topic_name(raw_topic)
+        try:
+            depth = parse_count(raw_depth, "depth")
+        except ValueError as exc:
+            raise ActionError(400, str(exc)) from None
+        self.guarded("setting a depth cap", self._controls().set_max_depth, topic, depth)
+        log.info("topic %r depth cap set to %s by an operator", topic, depth)
+        self._changed()
+        return depth
 
     def pause(self, raw_topic: str) -> None:
         topic = topic_name(raw_topic)

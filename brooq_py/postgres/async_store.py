@@ -9,10 +9,13 @@ its autocommit flag back before returning it, as the Store does.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -25,20 +28,37 @@ from brooq_py.postgres.async_wraptx import (
     execute_async,
     on_async_connection,
 )
+from brooq_py.postgres.caps import TopicCaps
 from brooq_py.postgres.enqueueing import drive_async, first_statement
-from brooq_py.postgres.errors import translated
+from brooq_py.postgres.errors import refused_by_read_only, translated, unavailable
+from brooq_py.postgres.flow import checked_depth, checked_rate
+from brooq_py.postgres.operator_side import LIMIT_WAIT, checked_topic
 from brooq_py.postgres.producer import check_schema, no_pool
 from brooq_py.postgres.queries import Queries, Query
 from brooq_py.postgres.runner import Rows
 from brooq_py.postgres.wait_side import AsyncWaitSide
 from brooq_py.postgres.waiting import AsyncWatch
-from brooq_py.queue import EnqueueResult, Job, JobRow
+from brooq_py.queue import EnqueueResult, Job, JobRow, StoreUnavailable
 
 AsyncTx = AsyncWrapTx | psycopg.AsyncConnection[Any]
 
 
 # Connection settings of the pool that are not libpq parameters (left out of the LISTEN connection).
 _NOT_LIBPQ = frozenset({"autocommit", "row_factory", "cursor_factory", "context"})
+
+
+@asynccontextmanager
+async def _dropped_if_read_only(conn: psycopg.AsyncConnection[Any], doing: str) -> AsyncIterator[None]:
+    """errors.dropped_if_read_only for an asyncio connection: close it on a read-only server's refusal."""
+    try:
+        yield
+    except Exception as exc:
+        if not refused_by_read_only(exc, conn):
+            raise
+        await conn.close()
+        if isinstance(exc, StoreUnavailable):
+            raise
+        raise unavailable(exc, doing) from exc
 
 
 class AsyncStore(AsyncWaitSide):
@@ -63,6 +83,7 @@ class AsyncStore(AsyncWaitSide):
         self._pool = pool
         self.schema = check_schema(schema)
         self._q = Queries(schema)
+        self._caps = TopicCaps()  # the depth-capped topics, cached for a second (SPEC F2)
         self._waits: AsyncWatch | None = None
 
     @asynccontextmanager
@@ -81,7 +102,8 @@ class AsyncStore(AsyncWaitSide):
                 if not saved:
                     await conn.set_autocommit(True)
                 try:
-                    yield conn
+                    async with _dropped_if_read_only(conn, doing):
+                        yield conn
                 finally:
                     if not saved and not conn.closed:
                         with contextlib.suppress(psycopg.Error):  # a broken one: the pool discards it
@@ -108,9 +130,11 @@ class AsyncStore(AsyncWaitSide):
         Idempotent on (topic, key) for the life of the row (SPEC E1). Raise
         InvalidJob before anything is written for a bad job (E4).
         """
-        plain = plans.keyless(self._q, job)
+        plain = plans.keyless(self._q, job, self._caps.fresh())
         if plain is None:
-            result: EnqueueResult = await self._drive("enqueueing", plans.enqueue_one(self._q, job))
+            result: EnqueueResult = await self._drive(
+                "enqueueing", plans.enqueue_one(self._q, job, self._caps)
+            )
             return result
         query, params, created = plain
         await self._execute("enqueueing", query, params)
@@ -125,8 +149,8 @@ class AsyncStore(AsyncWaitSide):
         aborts the transaction at READ COMMITTED (SPEC E2).
         """
         conn = async_connection_of(tx)
-        plan = plans.enqueue_one(self._q, job)
-        with translated("enqueueing"):
+        plan = plans.enqueue_one(self._q, job, self._caps)
+        with translated("enqueueing", conn):
             return await drive_async(plan, on_async_connection(conn))
 
     async def enqueue_many(self, jobs: Sequence[Job], tx: AsyncTx | None = None) -> list[EnqueueResult]:
@@ -137,11 +161,11 @@ class AsyncStore(AsyncWaitSide):
         repeats get its id with created=False.
         """
         conn = async_connection_of(tx) if tx is not None else None
-        plan = plans.enqueue_many(self._q, jobs)
+        plan = plans.enqueue_many(self._q, jobs, self._caps)
         if not jobs:
             return []
         if conn is not None:
-            with translated("enqueueing a batch"):
+            with translated("enqueueing a batch", conn):
                 return await drive_async(plan, on_async_connection(conn))
         result: list[EnqueueResult] = await self._drive("enqueueing a batch", plan)
         return result
@@ -152,8 +176,14 @@ class AsyncStore(AsyncWaitSide):
         rollback on an exception."""
         if self._pool is None:
             raise no_pool("AsyncStore", "opening a transaction")
-        with translated("running a transaction"):
-            async with self._pool.connection() as conn, conn.transaction():
+        doing = "running a transaction"
+        with translated(doing):
+            # A read-only server's refusal closes the connection after the rollback (errors.py).
+            async with (
+                self._pool.connection() as conn,
+                _dropped_if_read_only(conn, doing),
+                conn.transaction(),
+            ):
                 yield AsyncWrapTx(conn)
 
     async def cancel(self, job_id: str) -> bool:
@@ -175,8 +205,42 @@ class AsyncStore(AsyncWaitSide):
         Wake the engines of its topic. Return False for any other state and for
         unknown or malformed ids.
         """
-        done: bool = await self._drive("retrying a job", plans.by_id(self._q["job_retry"], job_id))
+        try:
+            done: bool = await self._drive("retrying a job", plans.by_id(self._q["job_retry"], job_id))
+        except psycopg.errors.UniqueViolation:
+            return False  # an active holder of its unique key committed meanwhile (SPEC U3)
         return done
+
+    async def set_rate_limit(
+        self, topic: str, limit: int | None, per: float | timedelta = 1, *, burst: int | None = None
+    ) -> None:
+        """``Store.set_rate_limit``, awaited (SPEC F1)."""
+        rate, seconds, size = checked_rate(limit, per, burst)
+        params = {"topic": checked_topic(topic), "limit": rate, "per": seconds, "burst": size}
+        async with self._autocommit("setting a topic's rate limit") as conn:
+            run = on_async_connection(conn)
+            async with conn.transaction():
+                await run(self._q["topic_rate_lock"], {"topic": params["topic"]})
+                newly = bool((await run(self._q["topic_set_rate"], params))[0][0])
+            if rate is not None and newly:
+                writers = await run(self._q["topic_limit_writers"], {"schema": self._q.schema})
+                left = {"pids": [w[0] for w in writers], "starts": [w[1] for w in writers]}
+                deadline = time.monotonic() + LIMIT_WAIT
+                while writers and time.monotonic() < deadline:
+                    if (await run(self._q["topic_limit_writers_left"], left))[0][0] == 0:
+                        break
+                    await asyncio.sleep(0.01)
+
+    async def set_max_depth(self, topic: str, depth: int | None) -> None:
+        """``Store.set_max_depth``, awaited (SPEC F2)."""
+        params = {"topic": checked_topic(topic), "depth": checked_depth(depth)}
+        async with self._autocommit("setting a topic's depth cap") as conn:
+            await on_async_connection(conn)(self._q["topic_set_depth"], params)
+        self._caps.forget()
+
+    def queue_full_refusals(self) -> dict[str, int]:
+        """How many enqueues this AsyncStore refused with QueueFull, by topic."""
+        return self._caps.refusals()
 
     def _watch(self) -> AsyncWatch:
         """The one LISTEN connection every ``wait`` of this AsyncStore shares, opened on first use (SPEC V2)."""

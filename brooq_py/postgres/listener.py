@@ -23,7 +23,7 @@ import psycopg
 
 from brooq_py.postgres.bounds import deadline, statement_budget
 from brooq_py.postgres.channel import channel_for, stage_channel_for
-from brooq_py.postgres.errors import is_connection_error, translated, unavailable
+from brooq_py.postgres.errors import is_outage, translated, unavailable
 from brooq_py.postgres.queries import Queries
 
 log = logging.getLogger("brooq_py.postgres")
@@ -76,6 +76,13 @@ class PgListener:
                     with connect() as other:
                         other.execute(queries["listen_probe"].composed, {"payload": self._probe})
                     self._probe_deadline = time.monotonic() + probe_timeout
+            except psycopg.Error as exc:
+                # A standby refuses LISTEN during recovery (25006): an outage, retried with backoff.
+                outage = is_outage(exc, self._conn)
+                self._conn.close()
+                if outage:
+                    raise unavailable(exc, "opening the LISTEN connection") from exc
+                raise
             except BaseException:
                 self._conn.close()
                 raise
@@ -127,8 +134,8 @@ class PgListener:
             # yielded together, and leaving the generator early would drop the rest.
             self._backlog.extend(self._conn.notifies(timeout=timeout, stop_after=1))
             return self._backlog.popleft() if self._backlog else None
-        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-            if not is_connection_error(exc):
+        except psycopg.Error as exc:
+            if not is_outage(exc, self._conn):
                 raise
             raise unavailable(exc, "waiting for notifications") from exc
 
@@ -139,8 +146,8 @@ class PgListener:
         try:
             with deadline(self._conn, statement_budget(lease)):
                 self._conn.execute(self._listen.composed)
-        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-            if not is_connection_error(exc):
+        except psycopg.Error as exc:
+            if not is_outage(exc, self._conn):
                 raise
             raise unavailable(exc, "pinging the LISTEN connection") from exc
         self._pinged = time.monotonic()

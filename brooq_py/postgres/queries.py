@@ -1,9 +1,10 @@
 """Named SQL statements: loaded once from ``sql/*.sql``, rendered per schema.
 
-Each file holds one statement with ``{job}``, ``{topic_setting}``, ``{version_table}`` (the tables),
+Each file holds one statement with ``{job}``, ``{topic_setting}``, ``{schedule_tick}``,
+``{version_table}`` (the tables),
 ``{channel}`` (the wake-up channel as an identifier), ``{channel_literal}`` (as text) or
-``{stage_channel}`` (the stager's channel), ``{settled_channel}`` / ``{settled_channel_literal}``
-(the results channel)
+``{stage_channel}`` (the stager's channel, ``{stage_channel_literal}`` as text),
+``{settled_channel}`` / ``{settled_channel_literal}`` (the results channel)
 placeholders and psycopg ``%(name)s`` parameters. A Store renders every
 statement once for its schema with ``psycopg.sql.Identifier`` and never sets
 ``search_path`` on a connection.
@@ -51,10 +52,12 @@ def render(name: str, schema: str, *, rows: bool = True) -> Query:
     composed = template.format(
         job=sql.Identifier(schema, "job"),
         topic_setting=sql.Identifier(schema, "topic_setting"),
+        schedule_tick=sql.Identifier(schema, "schedule_tick"),
         version_table=sql.Identifier(schema, "brooq_alembic_version"),
         channel=sql.Identifier(channel_for(schema)),
         channel_literal=sql.Literal(channel_for(schema)),
         stage_channel=sql.Identifier(stage_channel_for(schema)),
+        stage_channel_literal=sql.Literal(stage_channel_for(schema)),
         settled_channel=sql.Identifier(settled_channel_for(schema)),
         settled_channel_literal=sql.Literal(settled_channel_for(schema)),
     )

@@ -11,7 +11,12 @@ _EPOCH = datetime.fromtimestamp(0, UTC)
 
 
 def job_row(r: Any) -> JobRow:
-    """Return the JobRow of one row of ``job_get`` (result, history and progress included)."""
+    """Return the JobRow of one row of ``job_get`` (result, history and progress included).
+
+    A shorter row (``job_list``'s: the first 13 columns, then its own) leaves them at their defaults.
+    """
+    extra = r[13:19] if len(r) >= 19 else (None, None, None, None, None, None)
+    result, errors, progress, note, meta, parents = extra
     return JobRow(
         id=str(r[0]),
         topic=r[1],
@@ -26,12 +31,12 @@ def job_row(r: Any) -> JobRow:
         idempotency_key=r[10],
         created_at=r[11],
         updated_at=r[12],
-        result=r[13],
-        errors=attempt_errors(r[14]),
-        progress=r[15],
-        progress_note=r[16],
-        meta=r[17] or {},
-        parents=tuple(str(p) for p in r[18] or ()),
+        result=result,
+        errors=attempt_errors(errors),
+        progress=progress,
+        progress_note=note,
+        meta=meta or {},
+        parents=tuple(str(p) for p in parents or ()),
     )
 
 

@@ -11,7 +11,9 @@ transaction-pooling proxy (PgBouncer in transaction mode), open the pool with
 ``kwargs={"prepare_threshold": None}``.
 
 Connection errors are raised as ``queue.StoreUnavailable`` (chained, without
-any DSN password); other database errors pass through unchanged.
+any DSN password); so is a refusal by a read-only server (a standby, SQLSTATE
+25006), whose connection is closed so that the next one lands on the primary
+(errors.py). Other database errors pass through unchanged.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -28,8 +30,10 @@ import psycopg_pool
 
 from brooq_py.postgres import enqueueing as plans
 from brooq_py.postgres.bounds import DEFAULT_LEASE, merged, statement_budget
+from brooq_py.postgres.caps import TopicCaps
 from brooq_py.postgres.enqueueing import drive, first_statement, parse_id
-from brooq_py.postgres.errors import translated
+from brooq_py.postgres.errors import dropped_if_read_only, translated
+from brooq_py.postgres.flow_side import FlowSide
 from brooq_py.postgres.listener import PROBE_TIMEOUT, PgListener
 from brooq_py.postgres.operator_side import OperatorSide
 from brooq_py.postgres.own import OwnConnection
@@ -39,7 +43,7 @@ from brooq_py.postgres.runner import Rows, execute, on_connection, on_tx
 from brooq_py.postgres.wait_side import WaitSide
 from brooq_py.postgres.waiting import Watch
 from brooq_py.postgres.worker_side import WorkerSide
-from brooq_py.postgres.wraptx import WrapTx
+from brooq_py.postgres.wraptx import WrapTx, as_psycopg
 from brooq_py.queue import EnqueueResult, Job, JobRow, Tx
 
 __all__ = ["Store", "parse_id"]
@@ -58,7 +62,7 @@ def _with_options(kwargs: dict[str, Any], options: str) -> dict[str, Any]:
     return kwargs
 
 
-class Store(WorkerSide, OperatorSide, WaitSide):
+class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
     """The job store on a caller's ``psycopg_pool.ConnectionPool`` (the engine's Repo).
 
     The pool stays the caller's: the Store never opens or closes it. ``pool``
@@ -87,6 +91,7 @@ class Store(WorkerSide, OperatorSide, WaitSide):
         self._pool_conninfo = pool.conninfo if pool is not None else None
         self._pool_kwargs = pool.kwargs if pool is not None else None
         self._q = Queries(schema)
+        self._caps = TopicCaps()  # the depth-capped topics, cached for a second (SPEC F2)
         # The heartbeat's statement is bounded on the client too (L3). Claims and outcome batches run
         # on connections of their own, their plans cached, when those reach the pool's server; with a
         # separate ``conninfo`` (the pool behind a proxy) they stay on the pool.
@@ -150,7 +155,8 @@ class Store(WorkerSide, OperatorSide, WaitSide):
                 if not saved:
                     conn.autocommit = True
                 try:
-                    yield conn
+                    with dropped_if_read_only(conn, doing):
+                        yield conn
                 finally:
                     if not saved and not conn.closed:
                         with contextlib.suppress(psycopg.Error):  # a broken one: the pool discards it
@@ -183,9 +189,9 @@ class Store(WorkerSide, OperatorSide, WaitSide):
         Idempotent on (topic, key) for the life of the row (SPEC E1). Raise
         InvalidJob before anything is written for a bad job (E4).
         """
-        plain = plans.keyless(self._q, job)
+        plain = plans.keyless(self._q, job, self._caps.fresh())
         if plain is None:
-            result: EnqueueResult = self._drive("enqueueing", plans.enqueue_one(self._q, job))
+            result: EnqueueResult = self._drive("enqueueing", plans.enqueue_one(self._q, job, self._caps))
             return result
         query, params, created = plain
         self._execute("enqueueing", query, params)
@@ -202,8 +208,8 @@ class Store(WorkerSide, OperatorSide, WaitSide):
         concurrently raises a serialization failure, as any conflicting write does.
         An asyncio connection raises TypeError naming AsyncStore.
         """
-        plan = plans.enqueue_one(self._q, job)
-        with translated("enqueueing"):
+        plan = plans.enqueue_one(self._q, job, self._caps)
+        with translated("enqueueing", as_psycopg(tx)):
             return drive(plan, on_tx(tx))
 
     def enqueue_many(self, jobs: Sequence[Job], tx: Tx | None = None) -> list[EnqueueResult]:
@@ -214,14 +220,30 @@ class Store(WorkerSide, OperatorSide, WaitSide):
         repeats get its id with created=False.
         """
         run = on_tx(tx) if tx is not None else None  # a wrong tx is refused even for no jobs
-        plan = plans.enqueue_many(self._q, jobs)
+        plan = plans.enqueue_many(self._q, jobs, self._caps)
         if not jobs:
             return []
         if run is not None:
-            with translated("enqueueing a batch"):
+            with translated("enqueueing a batch", as_psycopg(tx)):
                 return drive(plan, run)
         result: list[EnqueueResult] = self._drive("enqueueing a batch", plan)
         return result
+
+    def enqueue_tick(self, schedule: str, tick: datetime, job: Job) -> EnqueueResult | None:
+        """Enqueue *job* as *tick* of *schedule* unless that tick, or a later one, was enqueued (SPEC Q4').
+
+        One transaction: the schedule's last tick advances to *tick* (only forward), then the
+        job is inserted; both commit or neither does. None when the tick was not ahead (another
+        engine or an earlier run enqueued it: its job may be gone since, deleted by retention).
+        The job is validated before any statement (E4).
+        """
+        plan = plans.enqueue_one(self._q, job, self._caps)
+        with self.begin() as tx:
+            run = on_tx(tx)
+            if not run(self._q["schedule_tick_advance"], {"name": schedule, "tick": tick}):
+                return None
+            result: EnqueueResult = drive(plan, run)
+            return result
 
     @contextmanager
     def begin(self) -> Iterator[WrapTx]:
@@ -229,7 +251,14 @@ class Store(WorkerSide, OperatorSide, WaitSide):
         rollback on an exception."""
         if self._pool is None:
             raise no_pool("Store", "opening a transaction")
-        with translated("running a transaction"), self._pool.connection() as conn, conn.transaction():
+        doing = "running a transaction"
+        # A read-only server's refusal closes the connection after the rollback (errors.py).
+        with (
+            translated(doing),
+            self._pool.connection() as conn,
+            dropped_if_read_only(conn, doing),
+            conn.transaction(),
+        ):
             yield WrapTx(conn)
 
     def cancel(self, job_id: str) -> bool:
@@ -247,7 +276,7 @@ class Store(WorkerSide, OperatorSide, WaitSide):
 
     def get_tx(self, tx: Tx, job_id: str) -> JobRow | None:
         """Return the job's row as the caller's transaction *tx* sees it; None for an unknown or malformed id."""
-        with translated("reading a job"):
+        with translated("reading a job", as_psycopg(tx)):
             return drive(plans.get(self._q, job_id), on_tx(tx))
 
     # -- engine plumbing -----------------------------------------------------------

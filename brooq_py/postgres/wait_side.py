@@ -25,8 +25,30 @@ def _closed(job_id: str) -> BrooqError:
     return BrooqError(f"the store was closed while waiting for job {job_id}")
 
 
-def _timed_out(job_id: str, timeout: float | None, row: JobRow) -> WaitTimeout:
-    return WaitTimeout(f"job {job_id} is still {row.state} after {timeout:g}s")
+class _Waiting:
+    """One wait's bookkeeping, shared by the sync and the async loop: the id, the deadline."""
+
+    def __init__(self, job_id: str, timeout: float | timedelta | None) -> None:
+        self.limit = seconds(timeout)
+        job = parse_id(job_id)
+        if job is None:
+            raise JobNotFound(f"no job {job_id!r}")
+        self.key = str(job)
+        self.until = deadline_of(self.limit)
+
+    def ended(self, row: JobRow | None) -> float | None:
+        """Seconds left to wait while *row* runs on; raise JobNotFound for no row, WaitTimeout
+        past the deadline. None: no limit. A terminal row is the caller's to return (see ``done``)."""
+        if row is None:
+            raise JobNotFound(f"no job {self.key}")
+        remaining = left(self.until)
+        if remaining == 0:
+            raise WaitTimeout(f"job {self.key} is still {row.state} after {self.limit:g}s")
+        return remaining
+
+
+def _done(row: JobRow | None) -> bool:
+    return row is not None and row.state.terminal
 
 
 class WaitSide:
@@ -50,31 +72,22 @@ class WaitSide:
         JobNotFound for an unknown or malformed id, and for a job deleted while
         waited on (retention): it has no row left to return.
         """
-        limit = seconds(timeout)
-        job = parse_id(job_id)
-        if job is None:
-            raise JobNotFound(f"no job {job_id!r}")
-        key = str(job)
-        until = deadline_of(limit)
+        w = _Waiting(job_id, timeout)
         watch = self._watch()
-        event = watch.register(key)
+        event = watch.register(w.key)
         generation = watch.generation
         try:
             while True:
                 event.clear()
-                row = self.get(key)
-                if row is None:
-                    raise JobNotFound(f"no job {key}")
-                if row.state.terminal:
+                row = self.get(w.key)
+                if _done(row):
+                    assert row is not None
                     return row
-                remaining = left(until)
-                if remaining == 0:
-                    raise _timed_out(key, limit, row)
-                event.wait(remaining)
+                event.wait(w.ended(row))
                 if watch.generation != generation:
-                    raise _closed(key)
+                    raise _closed(w.key)
         finally:
-            watch.unregister(key, event)
+            watch.unregister(w.key, event)
 
     def result(self, job_id: str, timeout: float | timedelta | None = None) -> Any:
         """``wait()``, then return the result of a done job; raise JobFailed for a dead one,
@@ -96,32 +109,24 @@ class AsyncWaitSide:
     async def wait(self, job_id: str, timeout: float | timedelta | None = None) -> JobRow:
         """Await until the job is terminal and return its row; as ``Store.wait`` (one LISTEN
         connection per AsyncStore, on the event loop of its first wait)."""
-        limit = seconds(timeout)
-        job = parse_id(job_id)
-        if job is None:
-            raise JobNotFound(f"no job {job_id!r}")
-        key = str(job)
-        until = deadline_of(limit)
+        w = _Waiting(job_id, timeout)
         watch = self._watch()
-        event = watch.register(key)
+        event = watch.register(w.key)
         generation = watch.generation
         try:
             while True:
                 event.clear()
-                row = await self.get(key)
-                if row is None:
-                    raise JobNotFound(f"no job {key}")
-                if row.state.terminal:
+                row = await self.get(w.key)
+                if _done(row):
+                    assert row is not None
                     return row
-                remaining = left(until)
-                if remaining == 0:
-                    raise _timed_out(key, limit, row)
+                remaining = w.ended(row)  # raises WaitTimeout: outside the suppress below
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), remaining)
                 if watch.generation != generation:
-                    raise _closed(key)
+                    raise _closed(w.key)
         finally:
-            watch.unregister(key, event)
+            watch.unregister(w.key, event)
 
     async def result(self, job_id: str, timeout: float | timedelta | None = None) -> Any:
         """``await wait()``, then the result, or JobFailed / JobCanceled as ``Store.result``."""

@@ -15,6 +15,7 @@ from brooq_py.postgres.errors import translated
 from brooq_py.postgres.own import OwnConnection
 from brooq_py.postgres.queries import Queries, Query
 from brooq_py.postgres.runner import Rows, on_tx
+from brooq_py.postgres.wraptx import as_psycopg
 from brooq_py.queue import State, Tx
 from brooq_py.queue.port import ClaimedJob, DatabaseGauges, Gauges, HeldLease, Outcome, Staged, TopicCount
 
@@ -153,7 +154,7 @@ class WorkerSide:
             "traceback": outcome.traceback,
             "notify": outcome.state in _ENDS,
         }
-        with translated("settling an outcome"):
+        with translated("settling an outcome", as_psycopg(tx)):
             return bool(on_tx(tx)(self._q.settle_one, params))
 
     def renew(self, leases: Sequence[HeldLease], lease: timedelta) -> set[str]:

@@ -116,6 +116,7 @@ class FakeRepo:
         self.renew_hang.set()
         self.bounded: timedelta | None = None
         self.settings: dict[str, tuple[bool, int | None]] = {}  # topic -> (paused, limit)
+        self.ticks: dict[str, datetime] = {}  # schedule -> the last tick enqueued (schedule_tick)
 
     @property
     def notify_count(self) -> int:
@@ -173,6 +174,18 @@ class FakeRepo:
     def enqueue_many(self, jobs: Sequence[Job], tx: Tx | None = None) -> list[EnqueueResult]:
         with self.lock:
             return [self._insert(j) for j in jobs]
+
+    def enqueue_tick(self, schedule: str, tick: datetime, job: Job) -> EnqueueResult | None:
+        with self.lock:
+            instant = tick.astimezone(
+                UTC
+            )  # as timestamptz: instants (one zone's datetimes compare wall times)
+            last = self.ticks.get(schedule)
+            if last is not None and last >= instant:
+                return None
+            result = self._insert(job)  # raises before the tick is recorded: neither is written
+            self.ticks[schedule] = instant
+            return result
 
     @contextmanager
     def begin(self) -> Iterator[Tx]:

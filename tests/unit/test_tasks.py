@@ -129,10 +129,12 @@ def test_using_sets_job_fields_and_delay() -> None:
     def f(n: int) -> None: ...
 
     before = datetime.now(UTC)
+    parent = "01a23450-46be-7c0c-8353-2f71c0f60754"
     job = f.using(
-        idempotency_key="k", delay=30, priority=5, unique_key="uk", after=["p"], meta={"a": "b"}
+        idempotency_key="k", delay=30, priority=5, unique_key="uk", after=[parent], meta={"a": "b"}
     ).job(1)
-    assert (job.idempotency_key, job.priority, job.unique_key, tuple(job.after)) == ("k", 5, "uk", ("p",))
+    assert (job.idempotency_key, job.priority, job.unique_key) == ("k", 5, "uk")
+    assert [str(p) for p in job.after] == [parent]
     assert job.meta == {"a": "b"}
     assert job.available_at is not None and job.available_at >= before + timedelta(seconds=30)
     assert f.using(delay=timedelta(minutes=1)).job(1).available_at is not None

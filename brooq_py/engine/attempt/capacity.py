@@ -8,6 +8,12 @@ database itself and claimed on its own, under its topic's lock
 (``Repo.claim_limited``). Which topics are limited is learnt from the settings
 the engine reads every poll interval; a stale view only delays a limited
 topic's claims, it can never break its limit, because the database decides.
+
+A rate limit (``Store.set_rate_limit``, SPEC F1) takes the same path: the
+limited claim spends the topic's tokens, and when they ran out it says when
+the next one is due. The topic is not claimed again before then, and the
+dispatcher sleeps until then (``next_due_in``) rather than polling: one claim
+per token at most, however many engines wait.
 """
 
 from __future__ import annotations
@@ -20,7 +26,11 @@ from datetime import timedelta
 from brooq_py.engine.attempt.attempt import Attempt
 from brooq_py.engine.attempt.inflight import InFlight
 from brooq_py.engine.clock import Clock
-from brooq_py.queue.port import ClaimedJob, Repo
+from brooq_py.queue.port import ClaimedJob, LimitedClaim, Repo
+
+# How soon a limited topic whose lock another engine held is claimed again: the other claim takes
+# a few milliseconds, and a rate-limited topic's tokens should not wait a whole poll interval.
+BUSY_RETRY = 0.02
 
 
 class Capacity:
@@ -40,13 +50,17 @@ class Capacity:
         self._limited: frozenset[str] = frozenset()
         self._due: dict[str, float] = {}  # limited topic -> when its next claim is due
         self._held: set[str] = set()  # topics a cap held back: their end wakes the dispatcher
+        self._token_due: dict[str, float] = {}  # rate-limited topic -> when its next token is due
         self.wake: Callable[[], None] = lambda: None
+        self.on_rate_held: Callable[[str], None] = lambda topic: None  # a claim found no token left
 
     def set_limited(self, topics: Collection[str]) -> None:
         """The topics with a global limit, as last read from the settings."""
         with self._lock:
             new = frozenset(topics) - self._limited
             self._limited = frozenset(topics)
+            for gone in set(self._token_due) - self._limited:
+                del self._token_due[gone]
         if new:
             self.wake()
 
@@ -83,10 +97,18 @@ class Capacity:
                 break
             got = repo.claim_limited(topic, room, worker, lease)
             self._taken(got)
+            wait = got.next_token_in if isinstance(got, LimitedClaim) else None
+            busy = isinstance(got, LimitedClaim) and got.busy
             with self._lock:
-                if len(got) < room:  # at its limit, empty or locked: again after a while, or on a settle
+                if busy:  # another engine's claim of it holds the lock: look again shortly
+                    self._token_due[topic] = self._monotonic() + BUSY_RETRY
+                elif wait is not None:  # out of tokens: again when the next one is due, not before
+                    self._token_due[topic] = self._monotonic() + wait
+                elif len(got) < room:  # at its limit, empty or locked: again after a while, or on a settle
                     self._due[topic] = self._monotonic() + self._retry_after
                     self._held.add(topic)
+            if wait is not None:
+                self.on_rate_held(topic)
             rows.extend(got)
         for topic, room in capped:
             room = min(room, free - len(rows))
@@ -119,13 +141,20 @@ class Capacity:
                 if room <= 0:
                     continue
                 if topic in self._limited:
-                    if self._due.get(topic, 0.0) <= now:
+                    if self._due.get(topic, 0.0) <= now and self._token_due.get(topic, 0.0) <= now:
                         limited.append((topic, room))
                 elif room < free:
                     capped.append((topic, room))
                 else:
                     common.append(topic)
         return common, capped, limited
+
+    def next_due_in(self) -> float | None:
+        """Seconds until the earliest next token of a rate-limited topic (None: none awaited)."""
+        with self._lock:
+            if not self._token_due:
+                return None
+            return max(0.0, min(self._token_due.values()) - self._monotonic())
 
     def _taken(self, rows: Sequence[ClaimedJob]) -> None:
         if rows:

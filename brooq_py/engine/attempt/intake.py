@@ -59,6 +59,10 @@ class Intake:
         rows = self.capacity.claim(self.repo, list(self.kinds), limit, self.worker_id, self.config.lease_td)
         for topic, n in Counter(r.topic for r in rows).items():  # one counter update per topic a claim
             self.metrics.child(self.metrics.claimed, topic).inc(n)
+        events = self.runner.events
+        if events is not None and events.active:
+            for r in rows:
+                events.emit("claimed", r.id, r.topic, r.attempts)
         return rows
 
     def open(self, row: ClaimedJob) -> Attempt | None:

@@ -9,6 +9,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from brooq_py.engine.attempt.attempt import Attempt, HandlerState, Phase
 from brooq_py.engine.attempt.inflight import InFlight
@@ -20,6 +21,19 @@ from brooq_py.engine.metrics import Metrics
 from brooq_py.engine.repo import Outcome, Repo
 from brooq_py.queue import MustCancelTask, MustDelay, MustPreserveAttempt, State, StoreUnavailable
 from brooq_py.queue.errors import find_signal
+
+if TYPE_CHECKING:
+    from brooq_py.engine.attempt.sink import EventSink
+    from brooq_py.queue.job import EventKind
+
+# The event a written outcome is (SPEC N1): a handed-back attempt is a requeue.
+EVENT_OF: dict[State, EventKind] = {
+    State.DONE: "done",
+    State.FAILED: "failed",
+    State.DEAD: "dead",
+    State.CANCELED: "canceled",
+    State.PENDING: "requeued",
+}
 
 CLOSE_RETRY_FIRST = 0.05
 CLOSE_RETRY_MAX = 2.0
@@ -66,6 +80,7 @@ class Runner:
         self.on_waiting: Callable[[], None] = lambda: None
         # The largest result a handler may return, in UTF-8 bytes of JSON (SPEC V1).
         self.result_max_bytes = 1024 * 1024
+        self.events: EventSink | None = None  # set by the engine: events after commit (SPEC N1)
 
     # --- running ---------------------------------------------------------
 
@@ -252,6 +267,7 @@ class Runner:
         settled: Counter[tuple[str, str]] = Counter()
         if any(o.id in written and o.state is State.FAILED for o in batch):
             self.on_waiting()
+        events = self.events if self.events is not None and self.events.active else None
         for o in batch:
             a = self.inflight.drop_outcome(o)
             if a is not None:
@@ -259,6 +275,14 @@ class Runner:
             if o.id in written:
                 if o.state is not State.PENDING:
                     settled[(o.topic, str(o.state))] += 1
+                if events is not None:
+                    events.emit(
+                        EVENT_OF[o.state],
+                        o.id,
+                        o.topic,
+                        0 if a is None else a.claim.attempt,
+                        o.last_error if o.state in (State.FAILED, State.DEAD) else None,
+                    )
             else:
                 self.log.info(
                     "job id=%s topic=%s: %s not written: the row was no longer this claim's",
@@ -339,6 +363,8 @@ class Runner:
             break
         self._nothing(a)
         self.metrics.child(self.metrics.settled, a.topic, "done").inc()
+        if self.events is not None:
+            self.events.emit("done", a.id, a.topic, claim.attempt)
         for job in claim.chained:
             self.metrics.child(self.metrics.enqueued, job.topic).inc()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from brooq_py.engine.repo import Outcome
+from brooq_py.queue.job import EventKind
 
 
 class OutcomeSink(Protocol):
@@ -25,4 +26,17 @@ class OutcomeSink(Protocol):
 
     def put(self, outcome: Outcome) -> bool:
         """Take *outcome*, waiting for room; False once stopping: the caller writes it."""
+        ...
+
+
+class EventSink(Protocol):
+    """Takes events to deliver after their commit (``services.events.EventBus``, SPEC N1)."""
+
+    @property
+    def active(self) -> bool:
+        """Whether any listener is registered (no event is built otherwise)."""
+        ...
+
+    def emit(self, kind: EventKind, job_id: str, topic: str, attempt: int, error: str | None = None) -> None:
+        """Queue one event; never blocks, never raises."""
         ...

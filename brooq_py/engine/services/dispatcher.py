@@ -21,7 +21,8 @@ class Dispatcher:
     claims again at once while a claim came back full (a backlog), and
     otherwise waits for a NOTIFY wake-up or the poll interval. A failed claim is
     logged and retried with backoff. Rows a claim returns after ``stop()`` are
-    handed to *hand_back* instead of launched.
+    handed to *hand_back* instead of launched. *next_due* may shorten the wait:
+    a rate-limited topic's next token is claimed when it is due (SPEC F1).
     """
 
     def __init__(
@@ -33,6 +34,7 @@ class Dispatcher:
         log: logging.Logger,
         hand_back: Callable[[list[ClaimedJob]], None] | None = None,
         batch: int | None = None,
+        next_due: Callable[[], float | None] | None = None,
     ) -> None:
         self._claim = claim
         self._slots = slots
@@ -41,6 +43,8 @@ class Dispatcher:
         self._log = log
         self._hand_back = hand_back
         self._batch = batch
+        # seconds until a claim that is held back becomes possible (a rate-limited topic's next token)
+        self._next_due = next_due or (lambda: None)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -69,7 +73,8 @@ class Dispatcher:
             if self._slots.wait_free(0.25) == 0:
                 continue
             if not backlog:
-                self._wake.wait(self._poll)
+                due = self._next_due()
+                self._wake.wait(self._poll if due is None else min(self._poll, due))
             if self._stop.is_set():
                 return
             self._wake.clear()

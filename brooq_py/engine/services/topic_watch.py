@@ -3,8 +3,8 @@
 One small statement (the settings table holds a row per touched topic) per
 poll interval, never per claim: pause and limits are enforced by the claim
 statements themselves, so what the engine learns here only decides which
-topics it claims on the limited path, and the brooq_topic_paused and
-brooq_topic_limit gauges.
+topics it claims on the limited path (a global or a rate limit), and the
+brooq_topic_paused, brooq_topic_limit and brooq_topic_rate_tokens gauges.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class TopicWatch(Ticker):
         read: Callable[[], list[TopicSetting]],
         topics: Callable[[], Sequence[str]],
         capacity: Capacity,
-        gauges: Callable[[str, bool, float], None],
+        gauges: Callable[[str, bool, float, float], None],
         log: logging.Logger,
     ) -> None:
         super().__init__(period, log)
@@ -39,8 +39,14 @@ class TopicWatch(Ticker):
     def tick(self) -> None:
         settings = {s.topic: s for s in self._read()}
         mine = self._topics()
-        self._capacity.set_limited([t for t in mine if t in settings and settings[t].limit is not None])
+        self._capacity.set_limited([t for t in mine if t in settings and settings[t].limited])
         for t in mine:
             s = settings.get(t)
             limit = s.limit if s is not None else None
-            self._gauges(t, bool(s and s.paused), math.inf if limit is None else float(limit))
+            tokens = s.tokens if s is not None else None
+            self._gauges(
+                t,
+                bool(s and s.paused),
+                math.inf if limit is None else float(limit),
+                math.inf if tokens is None else tokens,
+            )

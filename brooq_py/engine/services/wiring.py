@@ -7,8 +7,10 @@ the engine itself, since it wires their callbacks to each other.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
+from datetime import datetime
 
 from brooq_py.engine.attempt.capacity import CountingInFlight
 from brooq_py.engine.attempt.supervisor import Supervisor
@@ -16,6 +18,7 @@ from brooq_py.engine.clock import Clock
 from brooq_py.engine.config import Config
 from brooq_py.engine.metrics import Metrics
 from brooq_py.engine.repo import Repo
+from brooq_py.engine.services.events import EventBus
 from brooq_py.engine.services.heartbeat import Heartbeat
 from brooq_py.engine.services.reaper import Reaper
 from brooq_py.engine.services.retention import Retention
@@ -34,11 +37,13 @@ def background_services(
     supervisor: Supervisor,
     built: Sequence[Ticker],
     schedules: Sequence[Schedule],
-    enqueue: Callable[[Job], EnqueueResult],
+    enqueued: Callable[[Job], None],
     log: logging.Logger,
+    events: EventBus,
 ) -> list[Ticker]:
     """The heartbeat, the watchdog and the reaper, then *built* (the services the engine made
-    itself), then the scheduler when there are *schedules* and retention when it is enabled."""
+    itself), then the scheduler when there are *schedules* and retention when it is enabled.
+    *enqueued* wakes the engine's own services for a job it enqueued."""
     services: list[Ticker] = [
         Heartbeat(
             cfg.heartbeat_period,
@@ -62,7 +67,7 @@ def background_services(
         ),
         Reaper(
             cfg.effective_reaper_period,
-            repo.reap_expired,
+            functools.partial(_reap, repo, events),
             lambda t: metrics.child(metrics.reaped, t).inc(),
             log,
         ),
@@ -72,7 +77,7 @@ def background_services(
         services.append(
             Scheduler(
                 schedules,
-                enqueue,
+                tick_enqueuer(repo, metrics, enqueued),
                 clock.now,
                 lambda t, at: metrics.child(metrics.schedule_next, t).set(at),
                 log,
@@ -90,3 +95,28 @@ def background_services(
             )
         )
     return services
+
+
+def tick_enqueuer(
+    repo: Repo, metrics: Metrics, enqueued: Callable[[Job], None]
+) -> Callable[[str, datetime, Job], EnqueueResult | None]:
+    """The scheduler's enqueue: a tick goes in only with its schedule's last tick (SPEC Q4'),
+    counted and waking the engine as ``Engine.enqueue`` does."""
+
+    def enqueue_tick(schedule: str, tick: datetime, job: Job) -> EnqueueResult | None:
+        result = repo.enqueue_tick(schedule, tick, job)
+        if result is not None and result.created:
+            metrics.child(metrics.enqueued, job.topic).inc()
+            enqueued(job)
+        return result
+
+    return enqueue_tick
+
+
+def _reap(repo: Repo, events: EventBus) -> list[tuple[str, str]]:
+    """Reap expired leases; each row is a ``requeued`` event (attempt 0: not known here)."""
+    rows = repo.reap_expired()
+    if events.active:
+        for job_id, topic in rows:
+            events.emit("requeued", job_id, topic, 0)
+    return rows
