@@ -169,5 +169,12 @@ class AsyncStore:
         done: bool = await self._drive("retrying a job", plans.by_id(self._q["job_retry"], job_id))
         return done
 
+    async def list_jobs(
+        self, topic: str | None = None, state: str | None = None, limit: int = 1000
+    ) -> list[JobRow]:
+        """Return the jobs of *topic* and/or *state* (every one when None), oldest first, at most *limit*."""
+        rows: list[JobRow] = await self._drive("listing jobs", plans.list_jobs(self._q, topic, state, limit))
+        return rows
+
     def __repr__(self) -> str:
         return f"AsyncStore(schema={self.schema!r})"

@@ -266,7 +266,11 @@ def get(q: Queries, job_id: Any) -> Plan[JobRow | None]:
     rows = yield q.get, {"id": parsed}
     if not rows:
         return None
-    r = rows[0]
+    return job_row(rows[0])
+
+
+def job_row(r: Sequence[Any]) -> JobRow:
+    """Build a JobRow from the columns of job_get / job_list, in their order."""
     return JobRow(
         id=str(r[0]),
         topic=r[1],
@@ -282,3 +286,11 @@ def get(q: Queries, job_id: Any) -> Plan[JobRow | None]:
         created_at=r[11],
         updated_at=r[12],
     )
+
+
+def list_jobs(q: Queries, topic: str | None, state: str | None, limit: int) -> Plan[list[JobRow]]:
+    """Read the jobs of one topic and/or state (all when None), oldest first, at most *limit*."""
+    if state is not None:
+        state = str(State(state))  # an unknown state is a ValueError here, not an empty answer
+    rows = yield q["job_list"], {"topic": topic, "state": state, "limit": limit}
+    return [job_row(r) for r in rows]

@@ -247,6 +247,18 @@ class Store(WorkerSide, OperatorSide):
         with translated("reading a job"):
             return drive(plans.get(self._q, job_id), on_tx(tx))
 
+    def list_jobs(
+        self, topic: str | None = None, state: str | None = None, limit: int = 1000
+    ) -> list[JobRow]:
+        """Return the jobs of *topic* and/or *state* (every one when None), oldest first, at most *limit*."""
+        rows: list[JobRow] = self._drive("listing jobs", plans.list_jobs(self._q, topic, state, limit))
+        return rows
+
+    def due_now(self, topics: Sequence[str]) -> None:
+        """Make the scheduled and failed jobs of *topics* due at once (a test's drain skips their wait)."""
+        if topics:
+            self._execute("making jobs due", self._q["job_due_now"], {"topics": list(topics)})
+
     # -- engine plumbing -----------------------------------------------------------
 
     def listen(
