@@ -81,7 +81,8 @@ class Dashboard:
             Route("/", self.topics_page, name="topics"),
             Route("/topics.rows", self.topics_rows, name="topics_rows"),
             Route("/jobs", self.jobs_page, name="jobs"),
-            Route("/job/{job_id}", self.job_page, name="job"),
+            Route("/jobs/{job_id}", self.job_page, name="job"),
+            Route("/job/{job_id}", self.old_job_page, name="old_job"),
             Route("/dead", self.dead_page, name="dead"),
             Route("/login", self.login_page, methods=["GET", "POST"], name="login"),
             Route("/logout", self.logout, methods=["POST"], name="logout"),
@@ -251,12 +252,20 @@ class Dashboard:
             payload = f"{payload[:MAX_PAYLOAD_SHOWN]}\n… {hidden:,} more characters not shown"
         context = {
             "job": row,
+            "finished": row.state in FINISHED,
+            "canceled_by": _canceled_by(row),
             "payload": payload,
             "retryable": row.state in RETRYABLE,
             "cancelable": row.state in CANCELABLE,
             "title": f"Job {row.id}",
         }
         return self._page(request, "job.html", context)
+
+    def old_job_page(self, request: Request) -> Response:
+        """The job page's former address: a permanent redirect to /jobs/<id> (the API's address too)."""
+        query = request.url.query
+        target = self._url(request, f"/jobs/{request.path_params['job_id']}") + (f"?{query}" if query else "")
+        return RedirectResponse(target, status_code=308)
 
     async def login_page(self, request: Request) -> Response:
         if not self.settings.login:
@@ -359,6 +368,15 @@ _ACTIONS: dict[str, Callable[[Operator, dict[str, list[str]]], str]] = {
     "pause": _pause,
     "resume": _resume,
 }
+
+
+def _canceled_by(row: Any) -> str | None:
+    """Who canceled a canceled job, as far as its row tells: its handler leaves its signal in last_error."""
+    if row.state != State.CANCELED:
+        return None
+    if row.last_error and row.last_error.startswith("MustCancelTask"):
+        return "by its handler"
+    return "by a cancel (dashboard, CLI, HTTP or code; the row does not record who)"
 
 
 def _here(request: Request, base: str) -> str:
