@@ -26,7 +26,10 @@ MARKED = re.compile(r"<!-- (program|pytest-module): ([\w-]+) -->\n```python\n(.*
 
 
 def marked(kind: str) -> dict[str, str]:
-    """Every block marked *kind* in the README and docs/*.md, by ``page:name``."""
+    """Every block marked *kind* in the README and docs/*.md, by ``page:name``.
+
+    A test module may import the programs of its own page by name (``first-app`` as ``first_app``).
+    """
     found: dict[str, str] = {}
     for page in [README, *sorted((ROOT / "docs").glob("*.md"))]:
         for k, name, body in MARKED.findall(page.read_text(encoding="utf-8")):
@@ -113,6 +116,8 @@ def test_e3_readme_fastapi_snippet_serves_an_order(
 
 def test_the_docs_have_their_examples() -> None:
     assert "testing:testing-example" in marked("pytest-module")
+    assert "README:test-first-app" in marked("pytest-module")
+    assert "README:first-app" in marked("program")
 
 
 @pytest.mark.parametrize("name", sorted(marked("program")))
@@ -128,17 +133,23 @@ def test_a_documented_program_runs(name: str, dsn: str, schema: str, tmp_path: P
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+    if name == "README:first-app":
+        assert done.stdout.split()[-1] == "done", done.stdout
 
 
 @pytest.mark.parametrize("name", sorted(marked("pytest-module")))
 def test_a_documented_test_module_passes(name: str, dsn: str, tmp_path: Path) -> None:
     (tmp_path / "conftest.py").write_text('pytest_plugins = ["brooq_py.testing"]\n', encoding="utf-8")
-    module = tmp_path / f"test_{name.split(':')[1].replace('-', '_')}.py"
+    page, short = name.split(":")
+    for program, body in marked("program").items():
+        if program.startswith(page + ":"):
+            (tmp_path / f"{program.split(':')[1].replace('-', '_')}.py").write_text(body, encoding="utf-8")
+    module = tmp_path / f"test_{short.replace('-', '_').removeprefix('test_')}.py"
     module.write_text(marked("pytest-module")[name], encoding="utf-8")
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
         cwd=tmp_path,
-        env={**os.environ, "DATABASE_URL": dsn},
+        env={**os.environ, "DATABASE_URL": dsn, "PYTHONPATH": str(tmp_path)},
         capture_output=True,
         text=True,
         timeout=300,
