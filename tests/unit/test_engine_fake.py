@@ -411,6 +411,9 @@ def test_metrics_move_o1(repo: FakeRepo, make_engine: Callable[..., Engine]) -> 
     assert get("brooq_claimed_total", {"topic": "t"}) == 1.0
     assert get("brooq_settle_total", {"topic": "t", "outcome": "done"}) == 1.0
     assert get("brooq_attempt_duration_seconds_count", {"topic": "t"}) == 1.0
+    # a histogram Prometheus can aggregate across engines, the run time inside its buckets
+    assert get("brooq_attempt_duration_seconds_bucket", {"topic": "t", "le": "+Inf"}) == 1.0
+    assert get("brooq_attempt_duration_seconds_bucket", {"topic": "t", "le": "600.0"}) == 1.0
     assert get("brooq_up") == 0.0  # gauges come from the refresher (SPEC Z2): none read yet
     e.refresher.run_once()
     assert get("brooq_jobs", {"topic": "t", "state": "pending"}) == 0.0
