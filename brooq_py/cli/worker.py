@@ -10,12 +10,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import inspect
 import json
 import logging
 import os
 import signal
 import sys
 import threading
+from collections.abc import Callable, Generator
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -42,7 +44,13 @@ def demo_handler(ctx: Context, claim: Claim) -> None:
     )
 
 
-def _load_app(spec: str) -> Engine:
+def _load_app(spec: str) -> tuple[Engine, Callable[[], None] | None]:
+    """Return the app's Engine and what closes what its factory opened (None: nothing to close).
+
+    *attr* is an Engine, or a zero-argument factory that returns one, or a generator that
+    yields one (the code after its ``yield`` runs at shutdown), or a context manager whose
+    ``__enter__`` gives one (its ``__exit__`` runs at shutdown).
+    """
     from brooq_py.engine import Engine
 
     module_name, sep, attr = spec.partition(":")
@@ -68,11 +76,39 @@ def _load_app(spec: str) -> Engine:
             raise Failure(f"--app {spec!r}: {module_name} has no attribute {attr!r}", status=2) from None
     if not isinstance(obj, Engine) and callable(obj):
         obj = obj()
+    closer: Callable[[], None] | None = None
+    if inspect.isgenerator(obj):
+        obj, closer = _from_generator(spec, obj)
+    elif not isinstance(obj, Engine) and hasattr(obj, "__enter__") and hasattr(obj, "__exit__"):
+        manager = obj
+        obj = manager.__enter__()
+        closer = lambda: manager.__exit__(None, None, None)  # noqa: E731
     if not isinstance(obj, Engine):
+        if closer is not None:
+            closer()
         raise Failure(
-            f"--app {spec!r}: expected an Engine or a callable returning one, got {type(obj).__name__}"
+            f"--app {spec!r}: expected an Engine, or a factory (a callable, generator or context manager) "
+            f"giving one, got {type(obj).__name__}"
         )
-    return obj
+    return obj, closer
+
+
+def _from_generator(spec: str, gen: Generator[Any, Any, Any]) -> tuple[Any, Callable[[], None]]:
+    """The Engine a generator factory yields, and how to run the rest of it at shutdown."""
+    try:
+        engine = next(gen)
+    except StopIteration:
+        raise Failure(f"--app {spec!r}: the factory yielded nothing") from None
+
+    def close() -> None:
+        try:
+            next(gen)
+        except StopIteration:
+            return
+        gen.close()
+        log.warning("--app %s: the factory yielded more than once; closed it after the first", spec)
+
+    return engine, close
 
 
 def _apply_dotenv_to_environ(path: Path = Path(".env")) -> None:
@@ -125,6 +161,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     signals.install()
     pool: ConnectionPool | None = None
     store: Store | None = None
+    close_app: Callable[[], None] | None = None
     if args.demo:
         from brooq_py.engine import Engine
         from brooq_py.postgres import Store
@@ -136,9 +173,11 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         engine.register_kind("demo", demo_handler)
     else:
         _apply_dotenv_to_environ()
-        engine = _load_app(args.app)
+        engine, close_app = _load_app(args.app)
         app_schema = getattr(engine.repo, "schema", None)
         if args.schema and app_schema is not None and args.schema != app_schema:
+            if close_app is not None:
+                close_app()
             raise Failure(
                 f"--schema {args.schema} does not match the app's Store (schema {app_schema!r}): "
                 f"drop --schema or give the app's Store schema={args.schema!r}",
@@ -147,16 +186,18 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
     server = None
     try:
-        try:
-            engine.start()
-        except BrooqError as exc:  # e.g. the schema is not migrated: one line naming the fix
-            raise Failure(str(exc)) from None
+        # The port first: a busy one is refused before the engine claims anything (and logs nothing
+        # of an engine that started only to stop); /healthz says 503 until the engine runs.
         try:
             server = serve(engine, settings.http_host, settings.http_port, settings.http_token)
         except OSError as exc:
             raise Failure(
                 f"cannot listen on {settings.http_host}:{settings.http_port}: {exc.strerror}"
             ) from None
+        try:
+            engine.start()
+        except BrooqError as exc:  # e.g. the schema is not migrated: one line naming the fix
+            raise Failure(str(exc)) from None
         log.info(
             "worker running: topics %s, %d workers; service surface listening on %s (/jobs %s)",
             ", ".join(engine.topics) or "(none)",
@@ -180,3 +221,8 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
                 store.close()
         if pool is not None:
             pool.close()
+        if close_app is not None:
+            try:
+                close_app()
+            except Exception:
+                log.exception("closing the --app factory's resources failed")
