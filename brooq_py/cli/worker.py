@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Generator
 from pathlib import Path
 from types import FrameType
@@ -121,6 +122,44 @@ def _apply_dotenv_to_environ(path: Path = Path(".env")) -> None:
             os.environ[key] = value
 
 
+class _Strays:
+    """Log once per topic, at WARNING, the topics whose jobs sit pending with no handler in this worker.
+
+    Checked every gauges period (a loose scan of the claim index: one probe per pending topic).
+    Another worker may serve them: the line says what this one runs.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.every = engine.config.td("gauges_period").total_seconds()
+        self.seen: set[str] = set()
+        self.due = 0.0
+
+    def check(self) -> None:
+        now = time.monotonic()
+        if now < self.due:
+            return
+        self.due = now + self.every
+        repo = getattr(self.engine.repo, "inner", self.engine.repo)
+        find = getattr(repo, "pending_topics_besides", None)
+        if find is None:
+            return
+        try:
+            topics = find(self.engine.topics)
+        except Exception as exc:
+            log.debug("looking for pending topics without a handler failed: %s", exc)
+            return
+        for topic in topics:
+            if topic not in self.seen:
+                self.seen.add(topic)
+                log.warning(
+                    "jobs of topic %r are pending and this worker has no handler for it (it runs: %s); "
+                    "they wait for a worker that registers it",
+                    topic,
+                    ", ".join(self.engine.topics) or "nothing",
+                )
+
+
 class _Signals:
     """SIGTERM/SIGINT set ``stopping``; a second SIGINT during the stop exits at once."""
 
@@ -205,8 +244,11 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
             server.url,
             "enabled" if settings.http_token else "disabled: no token",
         )
-        while not signals.stopping.wait(1.0):
-            pass
+        strays = _Strays(engine)
+        while True:
+            strays.check()
+            if signals.stopping.wait(min(1.0, strays.every)):
+                break
         log.info("stopping: no new claims; waiting for running handlers")
         engine.stop(stop_timeout)
         log.info("stopped")

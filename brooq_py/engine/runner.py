@@ -214,7 +214,7 @@ class Runner:
             self._nothing(a)
             return None
         if phase is Phase.RAISED and error is not None:
-            self._log_failure(a, error)
+            self._log_failure(a, error, outcome)
         return outcome
 
     def _decide(self, a: Attempt, ending: Ending) -> Outcome | None:
@@ -343,22 +343,31 @@ class Runner:
             exc,
         )
 
-    def _log_failure(self, a: Attempt, error: BaseException) -> None:
+    def _log_failure(self, a: Attempt, error: BaseException, outcome: Outcome) -> None:
+        # What becomes of the job, said on the same line: the last attempt's failure is its death.
+        if outcome.state is State.DEAD:
+            then = "; that was the last attempt: the job is now dead"
+        elif outcome.state is State.FAILED:
+            then = f"; retried in {outcome.delay.total_seconds():.3g}s"
+        else:
+            then = ""
         if any(find_signal(error, s) is not None for s in (MustCancelTask, MustDelay, MustPreserveAttempt)):
             self.log.info(
-                "job id=%s topic=%s attempt=%d: handler signalled %s",
+                "job id=%s topic=%s attempt=%d: handler signalled %s%s",
                 a.id,
                 a.topic,
                 a.claim.attempt,
                 describe_error(error),
+                then,
             )
             return
         self.log.error(
-            "job id=%s topic=%s attempt=%d/%d failed: %s",
+            "job id=%s topic=%s attempt=%d/%d failed: %s%s",
             a.id,
             a.topic,
             a.claim.attempt,
             a.claim.max_attempts,
             describe_error(error),
+            then,
             exc_info=error,
         )

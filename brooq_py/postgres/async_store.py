@@ -25,7 +25,7 @@ from brooq_py.postgres.async_wraptx import (
     on_async_connection,
 )
 from brooq_py.postgres.enqueueing import drive_async, first_statement
-from brooq_py.postgres.errors import translated
+from brooq_py.postgres.errors import names_migration, translated
 from brooq_py.postgres.producer import check_schema, no_pool
 from brooq_py.postgres.queries import Queries, Query
 from brooq_py.queue import EnqueueResult, Job, JobRow
@@ -93,6 +93,7 @@ class AsyncStore:
         async with self._autocommit(doing) as conn:
             return await drive_async(plan, on_async_connection(conn), first)
 
+    @names_migration
     async def enqueue(self, job: Job) -> EnqueueResult:
         """Enqueue *job* in its own autocommit statement; return its id and whether this call created it.
 
@@ -107,6 +108,7 @@ class AsyncStore:
         await self._execute("enqueueing", query, params)
         return created
 
+    @names_migration
     async def enqueue_tx(self, tx: AsyncTx, job: Job) -> EnqueueResult:
         """Enqueue *job* inside the caller's transaction *tx* (SPEC E3); the caller commits.
 
@@ -120,6 +122,7 @@ class AsyncStore:
         with translated("enqueueing"):
             return await drive_async(plan, on_async_connection(conn))
 
+    @names_migration
     async def enqueue_many(self, jobs: Sequence[Job], tx: AsyncTx | None = None) -> list[EnqueueResult]:
         """Enqueue *jobs* in one statement (SPEC E5), in *tx* when given; results in input order.
 

@@ -29,7 +29,7 @@ import psycopg_pool
 from brooq_py.postgres import enqueueing as plans
 from brooq_py.postgres.bounds import DEFAULT_LEASE, merged, statement_budget
 from brooq_py.postgres.enqueueing import drive, first_statement, parse_id
-from brooq_py.postgres.errors import translated
+from brooq_py.postgres.errors import names_migration, translated
 from brooq_py.postgres.listener import PROBE_TIMEOUT, PgListener
 from brooq_py.postgres.operator_side import OperatorSide
 from brooq_py.postgres.own import OwnConnection
@@ -174,6 +174,7 @@ class Store(WorkerSide, OperatorSide):
         with self._autocommit(doing) as conn:
             return drive(plan, on_connection(conn), first)
 
+    @names_migration
     def enqueue(self, job: Job) -> EnqueueResult:
         """Enqueue *job* in its own autocommit statement; return its id and whether this call created it.
 
@@ -188,6 +189,7 @@ class Store(WorkerSide, OperatorSide):
         self._execute("enqueueing", query, params)
         return created
 
+    @names_migration
     def enqueue_tx(self, tx: Tx, job: Job) -> EnqueueResult:
         """Enqueue *job* inside the caller's transaction *tx* (SPEC E3); the caller commits.
 
@@ -203,6 +205,7 @@ class Store(WorkerSide, OperatorSide):
         with translated("enqueueing"):
             return drive(plan, on_tx(tx))
 
+    @names_migration
     def enqueue_many(self, jobs: Sequence[Job], tx: Tx | None = None) -> list[EnqueueResult]:
         """Enqueue *jobs* in one statement (SPEC E5), in *tx* when given; results in input order.
 
@@ -253,6 +256,13 @@ class Store(WorkerSide, OperatorSide):
         """Return the jobs of *topic* and/or *state* (every one when None), oldest first, at most *limit*."""
         rows: list[JobRow] = self._drive("listing jobs", plans.list_jobs(self._q, topic, state, limit))
         return rows
+
+    def next_retry(self, topics: Sequence[str]) -> float | None:
+        """Seconds until the earliest failed job of *topics* is retried (<= 0: due; None: none waits)."""
+        if not topics:
+            return None
+        rows = self._run("reading the next retry", self._q["job_next_retry"], {"topics": list(topics)})
+        return None if not rows or rows[0][0] is None else float(rows[0][0])
 
     def due_now(self, topics: Sequence[str]) -> None:
         """Make the scheduled and failed jobs of *topics* due at once (a test's drain skips their wait)."""

@@ -32,12 +32,15 @@ def empty_schema(dsn: str) -> Iterator[str]:
         drop_schema(dsn, name)
 
 
-def manage(dsn: str, schema: str, *args: str) -> subprocess.CompletedProcess[str]:
+def manage(
+    dsn: str, schema: str, *args: str, extra: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
         "DATABASE_URL": dsn,
         "BROOQ_SCHEMA": schema,
         "DJANGO_SETTINGS_MODULE": "project.settings",
+        **(extra or {}),
     }
     return subprocess.run(
         [sys.executable, str(HERE / "manage.py"), *args],
