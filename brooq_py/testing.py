@@ -138,14 +138,18 @@ def drain(
     return DrainReport(ran, *(after[o] - before[o] for o in OUTCOMES))
 
 
+# A test's schema holds the test's own jobs: this many is "all of them".
+MAX_LISTED = 100_000
+
+
 def jobs(store: Store, topic: str | None = None, state: str | None = None) -> list[JobRow]:
     """Return the jobs of *store*'s schema, of *topic* and/or *state* when given, oldest first."""
-    return store.list_jobs(topic, None if state is None else str(state))
+    return store.list_jobs(topic, None if state is None else str(state), MAX_LISTED)[::-1]
 
 
 async def ajobs(store: AsyncStore, topic: str | None = None, state: str | None = None) -> list[JobRow]:
     """``jobs`` for an AsyncStore."""
-    return await store.list_jobs(topic, None if state is None else str(state))
+    return (await store.list_jobs(topic, None if state is None else str(state), MAX_LISTED))[::-1]
 
 
 def _matches(payload: Any, expected: Any) -> bool:
@@ -173,14 +177,14 @@ def assert_enqueued(store: Store, topic: str, payload: Any = None, count: int | 
     *payload* matches as a subset: ``{"user_id": 42}`` matches a job whose
     payload is ``{"user_id": 42, "lang": "fr"}``; nested mappings likewise.
     """
-    return _check_enqueued(store.list_jobs(topic), topic, payload, count)
+    return _check_enqueued(jobs(store, topic), topic, payload, count)
 
 
 async def aassert_enqueued(
     store: AsyncStore, topic: str, payload: Any = None, count: int | None = 1
 ) -> list[JobRow]:
     """``assert_enqueued`` for an AsyncStore."""
-    return _check_enqueued(await store.list_jobs(topic), topic, payload, count)
+    return _check_enqueued(await ajobs(store, topic), topic, payload, count)
 
 
 class _PerUsePool(psycopg_pool.AsyncConnectionPool[Any]):

@@ -9,10 +9,10 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
+from brooq_py.http.asgi import ThreadedUvicorn
 from brooq_py.postgres import AsyncStore, Store
 from brooq_py.queue import Job, State
 from brooq_py.web import dashboard
-from brooq_py.web.surface import ThreadedUvicorn
 from tests.web.conftest import TOKEN, Board
 from tests.web.test_dashboard_http import csrf_of, kill
 
