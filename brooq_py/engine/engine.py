@@ -26,7 +26,7 @@ from brooq_py.engine.health import Health, StatementTracker, tracked
 from brooq_py.engine.heartbeat import Heartbeat
 from brooq_py.engine.metrics import EngineRegistry, Metrics, SnapshotCollector
 from brooq_py.engine.outcome import Ending, decide
-from brooq_py.engine.reaper import Reaper
+from brooq_py.engine.reaper import Reaper, reap_hold
 from brooq_py.engine.refresher import Refresher
 from brooq_py.engine.repo import ClaimedJob, Outcome, Repo
 from brooq_py.engine.retention import Retention
@@ -41,6 +41,7 @@ from brooq_py.engine.wakeups import own_wakes, stage_now, wake_services
 from brooq_py.engine.watchdog import Watchdog
 from brooq_py.queue import (
     BrooqError,
+    Claim,
     ConfigError,
     Context,
     EngineStopping,
@@ -54,6 +55,8 @@ from brooq_py.queue.handler import Handler
 
 # How long the completer lets outcomes gather before it writes them (SPEC C10: "within milliseconds").
 COMPLETER_LINGER = 0.002
+# A cancel NOTIFY that arrives before its claim's attempt is built is kept this long (X2').
+CANCEL_MEMORY = 60.0
 
 
 def default_worker_id() -> str:
@@ -137,6 +140,10 @@ class Engine:
             self.log,
         )
         self._schedules: list[Schedule] = []
+        # Claim tokens canceled while no attempt of ours held them yet: a claim's answer and its
+        # cancel's NOTIFY travel on different connections (X2').
+        self._canceled: dict[str, float] = {}
+        self._canceled_lock = threading.Lock()
 
     # --- registration ------------------------------------------------------
 
@@ -227,7 +234,8 @@ class Engine:
         return self.repo.begin()
 
     def cancel(self, job_id: str) -> bool:
-        """Cancel a pending, scheduled, failed or processing job (SPEC X1); a running one stops via lease loss."""
+        """Cancel a pending, scheduled, failed or processing job (SPEC X1); a running one's handler is told
+        at once through the cancel NOTIFY (X2'), its heartbeat the fallback."""
         return self.repo.cancel(job_id)
 
     def get(self, job_id: str) -> JobRow | None:
@@ -299,6 +307,7 @@ class Engine:
                     self.supervisor.lease_lost,
                     self.log,
                     self.clock,
+                    on_canceled=self.supervisor.canceled,
                 ),
                 Watchdog(
                     self.inflight.running,
@@ -314,14 +323,18 @@ class Engine:
                 ),
                 Reaper(
                     cfg.effective_reaper_period,
-                    self.repo.reap_expired,
+                    self.repo.expired_leases,
+                    self.repo.reap,
                     lambda t: self.metrics.child(self.metrics.reaped, t).inc(),
                     self.log,
+                    hold=reap_hold(cfg.heartbeat_period),
                 ),
                 self.refresher,
                 self._topic_watch,
             ]
-            wakers = wake_services(self.repo, cfg, self.topics, self._dispatcher.wake, self.log)
+            wakers = wake_services(
+                self.repo, cfg, self.topics, self._dispatcher.wake, self.log, on_cancel=self._on_cancel
+            )
             self._services += wakers
             self.runner.on_waiting, self._enqueued = own_wakes(
                 wakers, cfg, self.topics, self._dispatcher.wake
@@ -490,7 +503,16 @@ class Engine:
             return None
         ctx = Context(deadline=self.clock.now() + kind.options.td("attempt_timeout"))
         a = Attempt(row, kind, self.clock.monotonic(), ctx)
+        older = self.inflight.latest(row.id)
+        if older is not None and older.row.claim_token != row.claim_token:
+            # Claimed again under a new token (canceled and retried, or reaped): the older attempt
+            # is no longer the row's; tell it now, not at its next renewal (P1').
+            self.supervisor.lease_lost(older)
         self.inflight.add(a)
+        lost = self.runner.take_lost(row.id) if row.attempts > kind.options.max_attempts else None
+        if lost is not None:
+            self._returned_before(a, lost)
+            return None
         if row.attempts > kind.options.max_attempts:
             a.end(Phase.POISONED)
             self.inflight.end(a)
@@ -511,7 +533,49 @@ class Engine:
 
         ctx.add_callback(mark)
         a.start()
+        if self._was_canceled(row.claim_token):
+            self.supervisor.canceled(a)
         return a
+
+    def _returned_before(self, a: Attempt, lost: Claim) -> None:
+        """A job claimed past max_attempts whose earlier handler returned in this engine, its done
+        lost with the store (L6'): no poison; its done (and closing work) is written under this claim."""
+        for job in lost.chained:
+            a.claim.chain(job)
+        for fn in lost.callbacks:
+            a.claim.on_succeeded(fn)
+        a.start()
+        a.end(Phase.RETURNED)
+        self.inflight.end(a)
+        self.log.warning(
+            "job id=%s topic=%s attempt=%d: an earlier attempt's handler returned but its done could not be "
+            "written then; writing it now, not running it again",
+            a.id,
+            a.topic,
+            a.claim.attempt,
+        )
+        self.runner.settle(a)
+
+    def _on_cancel(self, job_id: str, claim_token: str) -> None:
+        """A processing job was canceled (the cancel channel's NOTIFY): tell the attempt holding that
+        claim at once with ``JobCanceledByOperator`` (X2'); remember a claim not held yet."""
+        a = self.inflight.by_token(claim_token) if claim_token else self.inflight.latest(job_id)
+        if a is not None:
+            self.supervisor.canceled(a)
+            return
+        if not claim_token:
+            return
+        now = self.clock.monotonic()
+        with self._canceled_lock:
+            self._canceled[claim_token] = now
+            if len(self._canceled) > 1000:
+                self._canceled = {t: at for t, at in self._canceled.items() if now - at < CANCEL_MEMORY}
+
+    def _was_canceled(self, claim_token: str) -> bool:
+        if not self._canceled:
+            return False
+        with self._canceled_lock:
+            return self._canceled.pop(claim_token, None) is not None
 
     def _written(self, batch: Sequence[Outcome], written: set[str]) -> None:
         self.runner.on_written(batch, written)

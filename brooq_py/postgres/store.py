@@ -164,6 +164,16 @@ class Store(WorkerSide, OperatorSide):
         with self._autocommit(doing) as conn:
             return on_connection(conn)(query, params)
 
+    def _run_bounded(self, doing: str, query: Query, params: dict[str, Any], seconds: float) -> Rows:
+        """Run *query* on a pool connection in a transaction whose lock_timeout and
+        statement_timeout are bounded by *seconds* (SPEC L3'), without touching the session's."""
+        ms = max(int(seconds * 1000), 100)
+        bounds = {"lock_timeout": f"{max(ms // 2, 100)}ms", "statement_timeout": f"{ms}ms"}
+        with self._autocommit(doing) as conn, conn.transaction():
+            run = on_connection(conn)
+            run(self._q["session_bounds"], bounds)
+            return run(query, params)
+
     # -- producer side ----------------------------------------------------------
 
     def _drive(self, doing: str, plan: plans.Plan[Any]) -> Any:
@@ -250,12 +260,16 @@ class Store(WorkerSide, OperatorSide):
     # -- engine plumbing -----------------------------------------------------------
 
     def listen(
-        self, topics: Sequence[str] | None = None, on_scheduled: Callable[[], None] | None = None
+        self,
+        topics: Sequence[str] | None = None,
+        on_scheduled: Callable[[], None] | None = None,
+        on_cancel: Callable[[str, str], None] | None = None,
     ) -> PgListener:
         """Open a LISTEN subscription on this schema's channel, on a connection of its own.
 
-        It reports wake-ups of *topics* only (all when None) and calls *on_scheduled*
-        for scheduled jobs of them (SPEC Z3). A connection that delivers no
+        It reports wake-ups of *topics* only (all when None), calls *on_scheduled*
+        for scheduled jobs of them (SPEC Z3) and *on_cancel* with the id and claim
+        token of every processing job canceled (X2'). A connection that delivers no
         notifications (a transaction-pooling proxy) is refused with one log line.
         """
         listener = PgListener(
@@ -264,6 +278,7 @@ class Store(WorkerSide, OperatorSide):
             on_close=self._forget_listener,
             topics=topics,
             on_scheduled=on_scheduled,
+            on_cancel=on_cancel,
             probe_timeout=self.listen_probe_timeout,
             ping_every=self._own_lease,
         )
