@@ -55,6 +55,7 @@ class Completer:
         self._buf: list[Outcome] = []
         self._later: list[Outcome] = []  # rows locked elsewhere: retried at _later_at
         self._later_at = 0.0
+        self._retrying: set[str] = set()  # claim tokens of outcomes set aside, back in the buffer
         self._inflight = 0
         self._cond = threading.Condition()
         self._stopping = False
@@ -108,13 +109,21 @@ class Completer:
         with self._cond:
             batch, self._buf = self._buf, []
             self._inflight += len(batch)
+        # Outcomes set aside for a row locked elsewhere are written in a part of their own, last,
+        # so that meeting the lock again costs the others nothing (L3').
+        again = [o for o in batch if o.claim_token in self._retrying]
+        rest = [o for o in batch if o.claim_token not in self._retrying] if again else batch
+        parts = [rest[i : i + self._max_batch] for i in range(0, len(rest), self._max_batch)]
+        if again:
+            parts.append(again)  # last: the others are written before it meets the lock again
+            batch = rest + again
         try:
             done = 0
-            for i in range(0, len(batch), self._max_batch):
-                part = batch[i : i + self._max_batch]
+            for part in parts:
                 written = self._write(part)
                 done += len(part)
                 locked = getattr(written, "locked", None)
+                self._retrying.difference_update(o.claim_token for o in part)
                 if locked:
                     self._set_aside([o for o in part if o.claim_token in locked])
                     part = [o for o in part if o.claim_token not in locked]
@@ -146,6 +155,7 @@ class Completer:
         if left > 0:
             return left
         self._buf.extend(self._later)
+        self._retrying.update(o.claim_token for o in self._later)
         self._later = []
         return None
 

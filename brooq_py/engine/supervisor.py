@@ -64,6 +64,7 @@ class Supervisor:
         under this claim): cancel the handler with ``JobCanceledByOperator``; nothing is written (X2')."""
         if not a.end(Phase.LOST):
             return
+        self.metrics.child(self.metrics.lease_lost, a.topic).inc()  # a LeaseLost still, as it was counted
         a.ctx.cancel(JobCanceledByOperator("the job was canceled by an operator"))
         self.log.info(
             "job id=%s topic=%s attempt=%d: canceled by an operator; cancelling the handler, "

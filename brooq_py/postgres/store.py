@@ -35,7 +35,7 @@ from brooq_py.postgres.operator_side import OperatorSide
 from brooq_py.postgres.own import OwnConnection
 from brooq_py.postgres.producer import check_schema, no_pool
 from brooq_py.postgres.queries import Queries, Query
-from brooq_py.postgres.runner import Rows, execute, on_connection, on_tx
+from brooq_py.postgres.runner import Rows, Runner, execute, on_connection, on_tx
 from brooq_py.postgres.worker_side import WorkerSide
 from brooq_py.postgres.wraptx import WrapTx
 from brooq_py.queue import EnqueueResult, Job, JobRow, Tx
@@ -48,6 +48,9 @@ _NOT_LIBPQ = frozenset({"autocommit", "row_factory", "cursor_factory", "context"
 # The claim and settle connections' sessions: each statement is planned once, not at every
 # execution (its custom plans were no better, and planning cost about a third of a one-row claim).
 _CACHED_PLAN = "-c plan_cache_mode=force_generic_plan"
+# How long a claim or an outcome batch waits for a row lock before it leaves that row aside
+# (outcomes: written without it, SPEC L3'; claims skip locked rows anyway).
+SETTLE_LOCK_WAIT = "250ms"
 
 
 def _with_options(kwargs: dict[str, Any], options: str) -> dict[str, Any]:
@@ -90,7 +93,11 @@ class Store(WorkerSide, OperatorSide):
         # separate ``conninfo`` (the pool behind a proxy) they stay on the pool.
         self._heartbeat = OwnConnection(self._connect_own, budget=lambda: statement_budget(self._own_lease))
         self._claimer = OwnConnection(lambda: self._connect_own(_CACHED_PLAN)) if conninfo is None else None
-        self._settler = OwnConnection(lambda: self._connect_own(_CACHED_PLAN)) if conninfo is None else None
+        self._settler = (
+            OwnConnection(lambda: self._connect_own(f"{_CACHED_PLAN} -c lock_timeout={SETTLE_LOCK_WAIT}"))
+            if conninfo is None
+            else None
+        )
         self._listeners: set[PgListener] = set()
         self._listeners_lock = threading.Lock()
         self.ping_timeout = 2.0
@@ -165,14 +172,17 @@ class Store(WorkerSide, OperatorSide):
             return on_connection(conn)(query, params)
 
     def _run_bounded(self, doing: str, query: Query, params: dict[str, Any], seconds: float) -> Rows:
-        """Run *query* on a pool connection in a transaction whose lock_timeout and
-        statement_timeout are bounded by *seconds* (SPEC L3'), without touching the session's."""
-        ms = max(int(seconds * 1000), 100)
-        bounds = {"lock_timeout": f"{max(ms // 2, 100)}ms", "statement_timeout": f"{ms}ms"}
+        """Run *query* on a pool connection in a transaction whose statement_timeout is bounded by
+        *seconds* and lock_timeout by SETTLE_LOCK_WAIT (SPEC L3'), without touching the session's."""
+        return self._in_bounded_tx(doing, lambda run: run(query, params), seconds)
+
+    def _in_bounded_tx(self, doing: str, work: Callable[[Runner], Rows], seconds: float) -> Rows:
+        """Run *work* (given a statement runner) in one transaction on a pool connection, its waits bounded."""
+        bounds = {"lock_timeout": SETTLE_LOCK_WAIT, "statement_timeout": f"{max(int(seconds * 1000), 100)}ms"}
         with self._autocommit(doing) as conn, conn.transaction():
             run = on_connection(conn)
             run(self._q["session_bounds"], bounds)
-            return run(query, params)
+            return work(run)
 
     # -- producer side ----------------------------------------------------------
 

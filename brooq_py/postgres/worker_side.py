@@ -79,6 +79,9 @@ class WorkerSide:
     ) -> Rows:  # pragma: no cover - Store's
         raise NotImplementedError
 
+    def _in_bounded_tx(self, doing: str, work: Any, seconds: float) -> Rows:  # pragma: no cover - Store's
+        raise NotImplementedError
+
     def _connect_own(self) -> psycopg.Connection[Any]:  # pragma: no cover - Store's
         raise NotImplementedError
 
@@ -98,15 +101,20 @@ class WorkerSide:
         """Write many outcomes in one guarded statement (SPEC P3, C10); return the ids written.
 
         A row no longer processing under the outcome's claim_token is left alone: 0 rows is normal.
-        A row another transaction holds locked is skipped, never waited for, and its outcome's
-        claim token reported in ``locked`` (L3'); a row already in the outcome's state under its
-        token (an earlier write whose answer was lost) counts as written (O1, L6). Both are told
-        apart by a second statement, run only when the batch wrote fewer rows than it carried.
+        A row another transaction holds locked is not waited for (the statement's lock_timeout is
+        short): the batch is then written in a transaction that locks its free rows first (SKIP
+        LOCKED), and the locked row's outcome claim token is reported in ``locked`` (L3'). A row
+        already in the outcome's state under its token (an earlier write whose answer was lost)
+        counts as written (O1, L6). Both are told apart by a second statement, run only when the
+        batch wrote fewer rows than it carried.
         """
         if not outcomes:
             return Settled()
         params = self._settle_params(outcomes)
-        rows = self._own_or_pool(self._settler, "settling outcomes", self._q.settle_many, params)
+        try:
+            rows = self._own_or_pool(self._settler, "settling outcomes", self._q.settle_many, params)
+        except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled):
+            rows = self._settle_unlocked(outcomes)
         written = {r[0] for r in rows}
         if len(written) >= len(outcomes):
             return Settled(written)
@@ -140,6 +148,20 @@ class WorkerSide:
             if rows is not None:
                 return rows
         return self._run_bounded(doing, query, params, statement_budget(self._own_lease))
+
+    def _settle_unlocked(self, outcomes: Sequence[Outcome]) -> Rows:
+        """Write the outcomes whose rows no one else holds locked, in one transaction on the pool:
+        lock those rows (SKIP LOCKED), then the batch's statement for them alone (SPEC L3')."""
+
+        def write(run: Any) -> Rows:
+            ids = {
+                str(r[0])
+                for r in run(self._q["job_lock_free"], {"ids": uuid_array([o.id for o in outcomes])})
+            }
+            free = [o for o in outcomes if o.id in ids]
+            return run(self._q.settle_many, self._settle_params(free)) if free else []
+
+        return self._in_bounded_tx("settling outcomes", write, statement_budget(self._own_lease))
 
     @staticmethod
     def _settle_params(outcomes: Sequence[Outcome]) -> dict[str, Any]:

@@ -6,11 +6,6 @@
 -- serve the update from the partial lease index instead: that index keeps an entry
 -- for every row that was processing until VACUUM, and a bitmap scan of it made each
 -- write cost O(jobs done since the last vacuum) - 34 ms a batch 15k jobs into a drain.
--- L3': a row another transaction holds locked (an operator in psql) is skipped, never
--- waited for, so it delays only its own outcome; job_settle_check tells it apart.
-WITH free AS MATERIALIZED (
-    SELECT id FROM {job} WHERE id = ANY (%(ids)s::uuid[]) FOR NO KEY UPDATE SKIP LOCKED
-)
 UPDATE {job} j
 SET state = u.state,
     attempts = CASE WHEN u.give_back THEN greatest(j.attempts - 1, 0) ELSE j.attempts END,
@@ -27,5 +22,4 @@ FROM (
     OFFSET 0
 ) AS u
 WHERE j.id = ANY (%(ids)s::uuid[]) AND j.id = u.id AND j.state = u.guard AND j.claim_token = u.token
-    AND j.id IN (SELECT id FROM free)
 RETURNING j.id::text
