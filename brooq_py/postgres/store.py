@@ -39,7 +39,7 @@ from brooq_py.postgres.operator_side import OperatorSide
 from brooq_py.postgres.own import OwnConnection
 from brooq_py.postgres.producer import check_schema, no_pool
 from brooq_py.postgres.queries import Queries, Query
-from brooq_py.postgres.runner import Rows, execute, on_connection, on_tx
+from brooq_py.postgres.runner import Rows, Runner, execute, on_connection, on_tx
 from brooq_py.postgres.worker_side import WorkerSide
 from brooq_py.postgres.wraptx import WrapTx, as_psycopg
 from brooq_py.queue import EnqueueResult, Job, JobRow, Tx
@@ -52,6 +52,9 @@ _NOT_LIBPQ = frozenset({"autocommit", "row_factory", "cursor_factory", "context"
 # The claim and settle connections' sessions: each statement is planned once, not at every
 # execution (its custom plans were no better, and planning cost about a third of a one-row claim).
 _CACHED_PLAN = "-c plan_cache_mode=force_generic_plan"
+# How long a claim or an outcome batch waits for a row lock before it leaves that row aside
+# (outcomes: written without it, SPEC L3'; claims skip locked rows anyway).
+SETTLE_LOCK_WAIT = "250ms"
 
 
 def _with_options(kwargs: dict[str, Any], options: str) -> dict[str, Any]:
@@ -95,7 +98,11 @@ class Store(WorkerSide, OperatorSide, FlowSide):
         # separate ``conninfo`` (the pool behind a proxy) they stay on the pool.
         self._heartbeat = OwnConnection(self._connect_own, budget=lambda: statement_budget(self._own_lease))
         self._claimer = OwnConnection(lambda: self._connect_own(_CACHED_PLAN)) if conninfo is None else None
-        self._settler = OwnConnection(lambda: self._connect_own(_CACHED_PLAN)) if conninfo is None else None
+        self._settler = (
+            OwnConnection(lambda: self._connect_own(f"{_CACHED_PLAN} -c lock_timeout={SETTLE_LOCK_WAIT}"))
+            if conninfo is None
+            else None
+        )
         self._listeners: set[PgListener] = set()
         self._listeners_lock = threading.Lock()
         self.ping_timeout = 2.0
@@ -169,6 +176,19 @@ class Store(WorkerSide, OperatorSide, FlowSide):
     def _run(self, doing: str, query: Query, params: dict[str, Any]) -> Rows:
         with self._autocommit(doing) as conn:
             return on_connection(conn)(query, params)
+
+    def _run_bounded(self, doing: str, query: Query, params: dict[str, Any], seconds: float) -> Rows:
+        """Run *query* on a pool connection in a transaction whose statement_timeout is bounded by
+        *seconds* and lock_timeout by SETTLE_LOCK_WAIT (SPEC L3'), without touching the session's."""
+        return self._in_bounded_tx(doing, lambda run: run(query, params), seconds)
+
+    def _in_bounded_tx(self, doing: str, work: Callable[[Runner], Rows], seconds: float) -> Rows:
+        """Run *work* (given a statement runner) in one transaction on a pool connection, its waits bounded."""
+        bounds = {"lock_timeout": SETTLE_LOCK_WAIT, "statement_timeout": f"{max(int(seconds * 1000), 100)}ms"}
+        with self._autocommit(doing) as conn, conn.transaction():
+            run = on_connection(conn)
+            run(self._q["session_bounds"], bounds)
+            return work(run)
 
     # -- producer side ----------------------------------------------------------
 
@@ -279,12 +299,16 @@ class Store(WorkerSide, OperatorSide, FlowSide):
     # -- engine plumbing -----------------------------------------------------------
 
     def listen(
-        self, topics: Sequence[str] | None = None, on_scheduled: Callable[[], None] | None = None
+        self,
+        topics: Sequence[str] | None = None,
+        on_scheduled: Callable[[], None] | None = None,
+        on_cancel: Callable[[str, str], None] | None = None,
     ) -> PgListener:
         """Open a LISTEN subscription on this schema's channel, on a connection of its own.
 
-        It reports wake-ups of *topics* only (all when None) and calls *on_scheduled*
-        for scheduled jobs of them (SPEC Z3). A connection that delivers no
+        It reports wake-ups of *topics* only (all when None), calls *on_scheduled*
+        for scheduled jobs of them (SPEC Z3) and *on_cancel* with the id and claim
+        token of every processing job canceled (X2'). A connection that delivers no
         notifications (a transaction-pooling proxy) is refused with one log line.
         """
         listener = PgListener(
@@ -293,6 +317,7 @@ class Store(WorkerSide, OperatorSide, FlowSide):
             on_close=self._forget_listener,
             topics=topics,
             on_scheduled=on_scheduled,
+            on_cancel=on_cancel,
             probe_timeout=self.listen_probe_timeout,
             ping_every=self._own_lease,
         )

@@ -307,7 +307,8 @@ def test_hung_handler_is_reported_and_slot_freed_c5(
 def test_max_execution_gives_up_failed_not_dead_c4(
     repo: FakeRepo, make_engine: Callable[..., Engine], ignores_ctx: Callable[[Context, Claim], None]
 ) -> None:
-    e = make_engine(workers=1, watchdog_grace=30)
+    # The failure is written once the given-up handler is declared hung (C4'): a short grace.
+    e = make_engine(workers=1, watchdog_grace=0.3)
     e.register_kind(
         "t",
         ignores_ctx,
@@ -641,13 +642,17 @@ def test_healthz_turns_unhealthy_once_hung_outnumber_workers_c5(
 
 
 def test_reaper_logs_count_and_topics_at_info_r1(caplog: pytest.LogCaptureFixture) -> None:
+    from brooq_py.engine.repo import ExpiredLease
     from brooq_py.engine.services.reaper import Reaper
 
     reaped: list[str] = []
     rows = [("1", "email"), ("2", "email"), ("3", "sms")]
-    r = Reaper(5, lambda: rows, reaped.append, logging.getLogger("reaper-test"))
+    leases = [ExpiredLease(i, "token", 0) for i, _ in rows]
+    r = Reaper(5, lambda: leases, lambda ls: rows, reaped.append, logging.getLogger("reaper-test"), hold=0)
     with caplog.at_level(logging.INFO, logger="reaper-test"):
-        r.run_once()
+        r.run_once()  # seen expired
+        assert reaped == []
+        r.run_once()  # still expired, unchanged: returned
     assert sorted(reaped) == ["email", "email", "sms"]
     [record] = [rec for rec in caplog.records if rec.name == "reaper-test"]
     assert record.levelno == logging.INFO
