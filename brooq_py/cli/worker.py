@@ -228,7 +228,13 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         # The port first: a busy one is refused before the engine claims anything (and logs nothing
         # of an engine that started only to stop); /healthz says 503 until the engine runs.
         try:
-            server = serve(engine, settings.http_host, settings.http_port, settings.http_token)
+            server = serve(
+                engine,
+                settings.http_host,
+                settings.http_port,
+                settings.http_token,
+                viewer_token=settings.http_viewer_token,
+            )
         except OSError as exc:
             raise Failure(
                 f"cannot listen on {settings.http_host}:{settings.http_port}: {exc.strerror}"
@@ -242,7 +248,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
             ", ".join(engine.topics) or "(none)",
             engine.config.workers,
             server.url,
-            "enabled" if settings.http_token else "disabled: no token",
+            _jobs_access(settings),
         )
         strays = _Strays(engine)
         while True:
@@ -268,3 +274,12 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
                 close_app()
             except Exception:
                 log.exception("closing the --app factory's resources failed")
+
+
+def _jobs_access(settings: Settings) -> str:
+    """How /jobs is open, for the start-up line: which tokens it takes (never the tokens)."""
+    if settings.http_token and settings.http_viewer_token:
+        return "enabled: operator and viewer tokens"
+    if settings.http_token:
+        return "enabled"
+    return "enabled: viewer token, read only" if settings.http_viewer_token else "disabled: no token"
