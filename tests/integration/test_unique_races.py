@@ -231,6 +231,27 @@ def test_u3_a_psql_insert_without_a_unique_key_beside_unique_jobs(
 # --- the engine's own moves -----------------------------------------------------------------
 
 
+def test_u2_a_handler_chaining_its_successor_with_its_own_unique_key_creates_it(
+    store: Store, engines: Callable[..., Engine]
+) -> None:
+    """A self-rescheduling job: the chained successor is enqueued with the done, when the key is
+    free again; answering it with the job that is ending would lose it."""
+    seen: list[int] = []
+
+    def handler(ctx: Any, claim: Any) -> None:
+        n = claim.payload["n"]
+        seen.append(n)
+        if n < 3:
+            claim.chain(Job("u", {"n": n + 1}, unique_key="sync"))
+
+    engine = engines()
+    engine.register_kind("u", handler)
+    engine.start()
+    store.enqueue(Job("u", {"n": 1}, unique_key="sync"))
+    wait_for(lambda: len(seen) >= 3, "three generations of the job", timeout=20)
+    assert seen == [1, 2, 3]
+
+
 def test_u3_the_reaper_returns_a_unique_holder_without_conflict(
     store: Store, pool: ConnectionPool[Any], schema: str
 ) -> None:

@@ -50,7 +50,8 @@ class Runner:
     the loop's thread). A plain outcome goes to the Completer (batched); a
     RETURNED attempt with ``chain``/``on_succeeded`` closes in its own
     transaction: chained enqueues and callbacks first, the guarded row write
-    last, all or nothing (SPEC C9).
+    last, all or nothing (SPEC C9); chained jobs with a unique key come after
+    the row write, so that a successor may take this job's key.
     """
 
     def __init__(
@@ -312,11 +313,17 @@ class Runner:
             try:
                 with self.repo.begin() as tx:
                     for job in claim.chained:
-                        self.repo.enqueue_tx(tx, job)
+                        if job.unique_key is None:
+                            self.repo.enqueue_tx(tx, job)
                     for fn in claim.callbacks:
                         fn(tx)
                     if not self.repo.settle_tx(tx, done):
                         raise _NotOurs
+                    # After the done: a successor with this job's own unique key would be
+                    # answered by this job, still active before it (SPEC U2), and be lost.
+                    for job in claim.chained:
+                        if job.unique_key is not None:
+                            self.repo.enqueue_tx(tx, job)
             except _NotOurs:
                 self._nothing(a)
                 self.log.info(
