@@ -1,0 +1,158 @@
+"""SPEC F1, F2 and U2 at their edges: full topics and duplicates, the caller's transaction, bad inputs."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from brooq_py.postgres import AsyncStore, AsyncWrapTx, Store, WrapTx
+from brooq_py.queue import Job, QueueFull
+from tests.integration.conftest import q
+from tests.polling import wait_for
+
+
+def _count(pool: ConnectionPool[Any], schema: str, topic: str) -> int:
+    return int(q(pool, schema, "SELECT count(*) FROM {job} WHERE topic = %s", topic)[0][0])
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda i: Job("d", {"i": i}, idempotency_key=f"k{i}"),
+        lambda i: Job("d", {"i": i}, unique_key=f"u{i}"),
+        lambda i: Job("d", {"i": i}, unique_key=f"u{i}", on_duplicate="merge", priority=5),
+        lambda i: Job("d", {"i": i}, idempotency_key=f"k{i}", unique_key=f"u{i}"),
+    ],
+    ids=["idempotency", "unique", "unique-merge", "both"],
+)
+def test_f2_a_batch_of_duplicates_of_a_full_topic_answers_its_holders(
+    store: Store, pool: ConnectionPool[Any], schema: str, make: Callable[[int], Job]
+) -> None:
+    """Sent again (a retry after a lost answer), a batch that writes nothing is not refused:
+    each job is answered by its holder, as a single enqueue of it is."""
+    store.set_max_depth("d", 2)
+    first = store.enqueue_many([make(0), make(1)])
+    assert [r.created for r in first] == [True, True]
+    assert store.enqueue(make(0)) == (first[0].id, False)  # single: the duplicate, not QueueFull
+    again = store.enqueue_many([make(0), make(1)])
+    assert again == [(first[0].id, False), (first[1].id, False)]
+    with pytest.raises(QueueFull):  # a new job among them is still refused, and nothing written
+        store.enqueue_many([make(0), make(2)])
+    assert _count(pool, schema, "d") == 2
+
+
+def test_f2_a_batch_counts_only_the_jobs_it_would_write(
+    store: Store, pool: ConnectionPool[Any], schema: str
+) -> None:
+    store.set_max_depth("d", 3)
+    a = store.enqueue(Job("d", {}, unique_key="a"))
+    b = store.enqueue(Job("d", {}, idempotency_key="b"))
+    r = store.enqueue_many([Job("d", {}, unique_key="a"), Job("d", {}, idempotency_key="b"), Job("d", {})])
+    assert r[0] == (a.id, False) and r[1] == (b.id, False) and r[2].created
+    assert _count(pool, schema, "d") == 3
+
+
+def test_f2_queue_full_and_duplicates_in_a_sqlalchemy_session_keep_it_usable(
+    store: Store, pool: ConnectionPool[Any], schema: str, dsn: str
+) -> None:
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.orm import Session
+    from sqlalchemy.pool import NullPool
+
+    store.set_max_depth("d", 1)
+    held = store.enqueue(Job("d", {"v": 1}, unique_key="k"))
+    engine = create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(dsn), poolclass=NullPool)
+    try:
+        with Session(engine) as session:
+            session.execute(text(f'CREATE TABLE "{schema}".mine (x int)'))
+            tx = WrapTx.from_sqlalchemy(session)
+            with pytest.raises(QueueFull):
+                store.enqueue_tx(tx, Job("d", {}))
+            with pytest.raises(QueueFull):
+                store.enqueue_many([Job("d", {}), Job("d", {}, unique_key="k")], tx=tx)
+            for mode in ("keep", "merge", "replace"):
+                r = store.enqueue_tx(tx, Job("d", {"v": mode}, unique_key="k", on_duplicate=mode))  # type: ignore[arg-type]
+                assert r == (held.id, False)
+            session.execute(text(f'INSERT INTO "{schema}".mine VALUES (1)'))
+            session.commit()
+    finally:
+        engine.dispose()
+    assert q(pool, schema, f'SELECT x FROM "{schema}".mine') == [(1,)]
+    row = store.get(held.id)
+    assert row is not None and row.payload == {"v": "replace"} and _count(pool, schema, "d") == 1
+
+
+def test_f2_queue_full_and_duplicates_in_an_async_transaction_keep_it_usable(
+    store: Store, pool: ConnectionPool[Any], schema: str, dsn: str
+) -> None:
+    from sqlalchemy import text
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+    from sqlalchemy.pool import NullPool
+
+    async def main() -> None:
+        apool: AsyncConnectionPool[Any] = AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False)
+        await apool.open()
+        engine = create_async_engine(
+            "postgresql+psycopg://",
+            async_creator=lambda: psycopg.AsyncConnection.connect(dsn),
+            poolclass=NullPool,
+        )
+        try:
+            astore = AsyncStore(apool, schema=schema)
+            await astore.set_max_depth("d", 1)
+            held = await astore.enqueue(Job("d", {"v": 1}, unique_key="k"))
+            async with await psycopg.AsyncConnection.connect(dsn) as conn:
+                with pytest.raises(QueueFull):
+                    await astore.enqueue_many([Job("d", {})], tx=conn)
+                r = await astore.enqueue_tx(conn, Job("d", {"v": 2}, unique_key="k", on_duplicate="replace"))
+                assert r == (held.id, False)
+                await conn.execute(f'CREATE TABLE "{schema}".mine (x int)')
+                await conn.commit()
+            async with AsyncSession(engine) as session:
+                tx = await AsyncWrapTx.from_sqlalchemy(session)
+                with pytest.raises(QueueFull):
+                    await astore.enqueue_tx(tx, Job("d", {}))
+                r = await astore.enqueue_tx(tx, Job("d", {"v": 3}, unique_key="k", on_duplicate="replace"))
+                assert r == (held.id, False)
+                await session.execute(text(f'INSERT INTO "{schema}".mine VALUES (2)'))
+                await session.commit()
+        finally:
+            await engine.dispose()
+            await apool.close()
+
+    asyncio.run(main())
+    assert q(pool, schema, f'SELECT x FROM "{schema}".mine') == [(2,)]
+    assert _count(pool, schema, "d") == 1
+
+
+def test_f1_a_rate_change_waits_for_a_claim_of_its_topic(
+    store: Store, pool: ConnectionPool[Any], schema: str, dsn: str
+) -> None:
+    """A claim holds its topic's lock while it spends tokens; a change made meanwhile waits for it,
+    so the claim never spends a bucket being changed."""
+    store.set_rate_limit("r", 5, 1)
+    lock = store._q["topic_claim_lock"]  # the very statement a limited claim takes first
+    changed = threading.Event()
+    with psycopg.connect(dsn) as claimer:
+        assert claimer.execute(lock.text, {"topic": "r"}).fetchone()[0]  # type: ignore[index, union-attr]
+        t = threading.Thread(target=lambda: (store.set_rate_limit("r", 1, 60), changed.set()))
+        t.start()
+        wait_for(
+            lambda: q(pool, schema, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")[
+                0
+            ][0],
+            "the change to wait",
+            timeout=20,
+        )
+        assert not changed.is_set()
+        claimer.commit()
+        t.join(timeout=20)
+    assert changed.is_set()
+    (s,) = [s for s in store.topic_settings() if s.topic == "r"]
+    assert s.rate_limit == 1 and s.rate_per == 60 and s.tokens is not None and s.tokens <= 1
