@@ -131,6 +131,17 @@ def test_f2_queue_full_and_duplicates_in_an_async_transaction_keep_it_usable(
     assert _count(pool, schema, "d") == 1
 
 
+@pytest.mark.parametrize("key", ["", None])
+def test_u1_an_empty_unique_key_is_no_key_as_an_empty_idempotency_key_is(
+    store: Store, key: str | None
+) -> None:
+    a = store.enqueue(Job("u", {}, unique_key=key))
+    b = store.enqueue(Job("u", {}, unique_key=key))
+    assert a.created and b.created and a.id != b.id
+    r = store.enqueue_many([Job("u", {}, unique_key=key), Job("u", {}, unique_key=key)])
+    assert [x.created for x in r] == [True, True]
+
+
 def test_f1_a_rate_change_waits_for_a_claim_of_its_topic(
     store: Store, pool: ConnectionPool[Any], schema: str, dsn: str
 ) -> None:
