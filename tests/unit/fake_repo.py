@@ -110,7 +110,7 @@ class FakeRepo:
         self.calls: dict[str, int] = {}
         self.settle_batches: list[int] = []
         self.closed = False
-        self.version: str | None = "0009"
+        self.version: str | None = "0010"
         self.fail_close = 0  # closing transactions whose COMMIT fails with StoreUnavailable
         self.renew_hang = threading.Event()  # cleared: renew() blocks, as on a silent socket
         self.renew_hang.set()
