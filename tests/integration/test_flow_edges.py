@@ -167,3 +167,19 @@ def test_f1_a_rate_change_waits_for_a_claim_of_its_topic(
     assert changed.is_set()
     (s,) = [s for s in store.topic_settings() if s.topic == "r"]
     assert s.rate_limit == 1 and s.rate_per == 60 and s.tokens is not None and s.tokens <= 1
+
+
+def test_f1_a_raised_rate_is_used_without_waiting_for_the_old_rates_next_token(
+    store: Store, engines: Callable[..., Any]
+) -> None:
+    """An engine that ran out of tokens at 1 per hour waits up to an hour for the next one; the
+    operator raising the rate to 50/s must not leave it waiting for that old time."""
+    store.set_rate_limit("r", 1, 3600)
+    store.enqueue_many([Job("r", {"i": i}) for i in range(5)])
+    ran: list[int] = []
+    engine = engines(poll_interval=0.2)
+    engine.register_kind("r", lambda ctx, claim: ran.append(claim.payload["i"]))
+    engine.start()
+    wait_for(lambda: len(ran) == 1, "the one token of the hour to be spent", timeout=20)
+    store.set_rate_limit("r", 50, 1)
+    wait_for(lambda: len(ran) == 5, "the other jobs at the new rate", timeout=20)
