@@ -6,12 +6,13 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import psycopg
 import pytest
 from psycopg_pool import ConnectionPool
 
 from brooq_py.engine import Engine
-from brooq_py.postgres import Store, migrations
-from brooq_py.queue import BrooqError
+from brooq_py.postgres import Store, WrapTx, migrations
+from brooq_py.queue import BrooqError, Job
 from tests.conftest import drop_schema
 
 PREVIOUS = "0009"
@@ -36,3 +37,26 @@ def test_an_engine_refuses_a_schema_of_the_previous_round_naming_the_fix(
     with pytest.raises(BrooqError, match=f"at migration {PREVIOUS}.*migrate up --schema {old_schema}"):
         e.start()
     assert not e.running
+
+
+def test_a_producer_on_a_schema_of_the_previous_round_still_enqueues_plain_and_keyed_jobs(
+    pool: ConnectionPool[Any], old_schema: str, dsn: str
+) -> None:
+    """Producers deployed before ``migrate up``: what the previous round's code could enqueue, this
+    code still can (the depth caps it reads first are none there), in the caller's transaction too."""
+    store = Store(pool, schema=old_schema)
+    try:
+        assert store.enqueue(Job("t", {"i": 1})).created
+        k = store.enqueue(Job("t", {"i": 2}, idempotency_key="k"))
+        assert store.enqueue(Job("t", {"i": 3}, idempotency_key="k")) == (k.id, False)
+        assert [r.created for r in store.enqueue_many([Job("t", {}), Job("t", {}, idempotency_key="k")])] == [
+            True,
+            False,
+        ]
+        with psycopg.connect(dsn) as conn:
+            r = store.enqueue_tx(WrapTx(conn), Job("t", {"i": 4}))
+            conn.execute("SELECT 1")  # the caller's transaction is still usable
+            conn.commit()
+        assert store.get(r.id) is not None
+    finally:
+        store.close()
