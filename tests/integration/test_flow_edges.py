@@ -183,3 +183,48 @@ def test_f1_a_raised_rate_is_used_without_waiting_for_the_old_rates_next_token(
     wait_for(lambda: len(ran) == 1, "the one token of the hour to be spent", timeout=20)
     store.set_rate_limit("r", 50, 1)
     wait_for(lambda: len(ran) == 5, "the other jobs at the new rate", timeout=20)
+
+
+def test_f1_three_engines_and_a_lowered_rate_never_exceed_the_bucket(
+    store: Store, pool: ConnectionPool[Any], schema: str, engines: Callable[..., Any]
+) -> None:
+    """Three engines of 8 slots on a 40/s topic with burst 2, lowered to 8/s while they run: the
+    claims' times (as the bucket counted them) never hold more than burst + rate * T in a window."""
+    from tests.integration.test_flow_control import _window_excess
+
+    burst, first, second = 2, 40, 8
+    store.set_rate_limit("r", first, 1, burst=burst)
+    store.enqueue_many([Job("r", {"i": i}) for i in range(300)])
+    times: list[float] = []
+    lock = threading.Lock()
+
+    def handler(ctx: Any, claim: Any) -> None:
+        row = store.get(claim.id)  # processing: updated_at is the claim's time, as the bucket counted it
+        assert row is not None
+        with lock:
+            times.append(row.updated_at.timestamp())
+
+    made = [engines(workers=8, poll_interval=0.1) for _ in range(3)]
+    for e in made:
+        e.register_kind("r", handler)
+        e.start()
+
+    def claimed() -> list[float]:
+        with lock:
+            return list(times)
+
+    wait_for(lambda: len(claimed()) >= 40, "claims at the first rate", timeout=30)
+    store.set_rate_limit("r", second, 1, burst=burst)
+    changed_at = q(pool, schema, "SELECT extract(epoch FROM clock_timestamp())::float8")[0][0]
+    wait_for(
+        lambda: len([t for t in claimed() if t > changed_at]) >= 16, "claims at the second rate", timeout=30
+    )
+    for e in made:
+        e.stop(timeout=5)
+    seen = claimed()
+
+    def bound(start: float, end: float, span: float) -> float:
+        # a window that starts after the change holds the second rate; any other, the first
+        return burst + (second if start > changed_at else first) * span
+
+    assert _window_excess(seen, bound) == []
