@@ -228,3 +228,25 @@ def test_f1_three_engines_and_a_lowered_rate_never_exceed_the_bucket(
         return burst + (second if start > changed_at else first) * span
 
     assert _window_excess(seen, bound) == []
+
+
+def test_f2_a_batch_with_repeated_keys_counts_each_new_job_once(
+    store: Store, pool: ConnectionPool[Any], schema: str
+) -> None:
+    jobs = [
+        Job("d", {"v": 1}, idempotency_key="k", unique_key="u1"),
+        Job("d", {"v": 2}, idempotency_key="k"),  # a repeat of the first (its idempotency key)
+        Job("d", {"v": 3}, unique_key="u2", on_duplicate="replace"),
+        Job("d", {"v": 4}, unique_key="u2"),  # a repeat of the third
+        Job("d", {"v": 5}, idempotency_key="k2", unique_key="u1"),  # a repeat of the first (its unique key)
+    ]
+    store.set_max_depth("d", 1)
+    with pytest.raises(QueueFull):  # two new jobs, room for one: nothing written
+        store.enqueue_many(jobs)
+    assert _count(pool, schema, "d") == 0
+    store.set_max_depth("d", 2)
+    r = store.enqueue_many(jobs)
+    assert [x.created for x in r] == [True, False, True, False, False]
+    assert r[1].id == r[0].id == r[4].id and r[3].id == r[2].id
+    assert _count(pool, schema, "d") == 2
+    assert [x.created for x in store.enqueue_many(jobs)] == [False] * 5  # full, and all duplicates
