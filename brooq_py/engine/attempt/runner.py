@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from brooq_py.engine.attempt.attempt import Attempt, HandlerState, Phase
 from brooq_py.engine.attempt.inflight import InFlight
-from brooq_py.engine.attempt.outcome import Ending, decide, describe_error
+from brooq_py.engine.attempt.outcome import Ending, decide, describe_error, what_then
 from brooq_py.engine.attempt.sink import OutcomeSink
 from brooq_py.engine.attempt.slots import AsyncRunner, Threads
 from brooq_py.engine.metrics import Metrics
@@ -429,22 +429,10 @@ class Runner:
         )
 
     def _log_failure(self, a: Attempt, error: BaseException, outcome: Outcome) -> None:
-        # What becomes of the job, said on the same line: the last attempt's failure is its death.
-        if outcome.state is State.DEAD:
-            then = "; that was the last attempt: the job is now dead"
-        elif outcome.state is State.FAILED:
-            then = f"; retried in {outcome.delay.total_seconds():.3g}s"
-        else:
-            then = ""
+        then = what_then(outcome)  # the last attempt's failure says the job is now dead
         if any(find_signal(error, s) is not None for s in (MustCancelTask, MustDelay, MustPreserveAttempt)):
-            self.log.info(
-                "job id=%s topic=%s attempt=%d: handler signalled %s%s",
-                a.id,
-                a.topic,
-                a.claim.attempt,
-                describe_error(error),
-                then,
-            )
+            msg = "job id=%s topic=%s attempt=%d: handler signalled %s%s"
+            self.log.info(msg, a.id, a.topic, a.claim.attempt, describe_error(error), then)
             return
         self.log.error(
             "job id=%s topic=%s attempt=%d/%d failed: %s%s",
