@@ -362,3 +362,11 @@ def row_of(r: tuple[Any, ...]) -> JobRow:
         created_at=r[11],
         updated_at=r[12],
     )
+
+
+def list_jobs(q: Queries, topic: str | None, state: str | None, limit: int) -> Plan[list[JobRow]]:
+    """Read the newest jobs first, of one topic and/or state (all when None), at most *limit*."""
+    if state is not None:
+        state = str(State(state))  # an unknown state is a ValueError here, not an empty answer
+    rows = yield q["job_list"], {"topic": topic, "state": state, "limit": max(0, int(limit))}
+    return [row_of(r) for r in rows]
