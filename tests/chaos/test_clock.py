@@ -32,7 +32,9 @@ _ALLOWED_PIECE = re.compile(
 # A merge or replace of a unique job (SPEC U2) moves its holder to the time the enqueuer asked for
 # (Job.available_at, or the statement's time), as the INSERT it stands for would: never a lease.
 _ENQUEUER_TIME = {"job_enqueue_unique_update.sql", "job_unique_update.sql"}
-_ENQUEUER_PIECE = re.compile(r"^(excluded\.available_at|n\.at|least\(j\.available_at, (excluded\.available_at|n\.at)\))$")
+_ENQUEUER_PIECE = re.compile(
+    r"^(excluded\.available_at|n\.at|least\(j\.available_at, (excluded\.available_at|n\.at)\))$"
+)
 
 
 def _strip_comments(text: str) -> str:
