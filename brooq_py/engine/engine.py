@@ -489,7 +489,7 @@ class Engine:
             self._hand_back([row])
             return None
         ctx = Context(deadline=self.clock.now() + kind.options.td("attempt_timeout"))
-        a = Attempt(row, kind, self.clock.monotonic(), ctx)
+        a = Attempt(row, kind, self.clock.monotonic(), ctx, parents=self.repo.parent_results)
         self.inflight.add(a)
         if row.attempts > kind.options.max_attempts:
             a.end(Phase.POISONED)

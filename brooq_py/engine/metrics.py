@@ -12,7 +12,7 @@ from prometheus_client.registry import Collector
 from brooq_py.engine.refresher import GaugeView
 from brooq_py.queue import State
 
-ACTIVE = (State.PENDING, State.SCHEDULED, State.PROCESSING, State.FAILED)
+ACTIVE = (State.PENDING, State.SCHEDULED, State.PROCESSING, State.FAILED, State.BLOCKED)
 
 
 class Metrics:

@@ -28,7 +28,7 @@ from brooq_py.postgres.enqueueing import drive_async, first_statement
 from brooq_py.postgres.errors import translated
 from brooq_py.postgres.producer import check_schema, no_pool
 from brooq_py.postgres.queries import Queries, Query
-from brooq_py.queue import EnqueueResult, Job, JobRow
+from brooq_py.queue import EnqueueResult, GroupResult, Job, JobRow
 
 AsyncTx = AsyncWrapTx | psycopg.AsyncConnection[Any]
 
@@ -137,6 +137,22 @@ class AsyncStore:
         result: list[EnqueueResult] = await self._drive("enqueueing a batch", plan)
         return result
 
+    async def enqueue_group(
+        self, jobs: Sequence[Job], then: Job | None = None, tx: AsyncTx | None = None
+    ) -> GroupResult:
+        """Enqueue *jobs*, then *then* waiting for every one of them, in one transaction (SPEC D6).
+
+        *tx*: the caller's transaction (the caller commits); without it the group
+        commits in a transaction of its own on the pool. Validated first (InvalidJob, nothing written).
+        """
+        conn = async_connection_of(tx) if tx is not None else None
+        plan = plans.enqueue_group(self._q, jobs, then)
+        with translated("enqueueing a group"):
+            if conn is not None:
+                return await drive_async(plan, on_async_connection(conn))
+            async with self.begin() as own:
+                return await drive_async(plan, on_async_connection(own.psycopg))
+
     @asynccontextmanager
     async def begin(self) -> AsyncIterator[AsyncWrapTx]:
         """Yield an AsyncWrapTx on a pool connection inside a transaction: commit on a clean exit,
@@ -148,7 +164,9 @@ class AsyncStore:
                 yield AsyncWrapTx(conn)
 
     async def cancel(self, job_id: str) -> bool:
-        """Cancel a pending, scheduled, failed or processing job (SPEC X1).
+        """Cancel a pending, scheduled, failed, blocked or processing job (SPEC X1, D3).
+
+        Its blocked descendants are canceled with it.
 
         Return False for terminal, unknown or malformed ids (never raise on a malformed id).
         """

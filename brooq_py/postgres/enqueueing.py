@@ -22,7 +22,8 @@ from typing import Any, TypeVar
 from brooq_py.postgres.arrays import int_array, own_uuid_array, text_array, timestamptz_array
 from brooq_py.postgres.queries import Queries, Query
 from brooq_py.postgres.runner import Rows
-from brooq_py.queue import BrooqError, EnqueueResult, InvalidJob, Job, JobRow, State
+from brooq_py.postgres.workflows import after_params, has_parents, parents_of, unknown_parent, with_parents
+from brooq_py.queue import BrooqError, EnqueueResult, GroupResult, InvalidJob, Job, JobRow, State
 from brooq_py.queue.ids import uuid7, uuid7_text, uuid7_texts
 from brooq_py.queue.job import encode_payloads
 
@@ -112,10 +113,10 @@ def keyless(q: Queries, job: Job) -> tuple[Query, dict[str, Any], EnqueueResult]
     Such a job is never deduplicated (E1): one plain INSERT creates it, and its
     id is made here, so the result is known before the statement runs and
     nothing needs to come back (a Store runs it without reading a row). The job
-    is validated first (E4). None for a keyed job, and for anything but a Job
-    (``enqueue_one`` refuses that).
+    is validated first (E4). None for a keyed job, a job with parents
+    (``after``), and for anything but a Job (``enqueue_one`` refuses that).
     """
-    if not isinstance(job, Job) or job.key is not None:
+    if not isinstance(job, Job) or job.key is not None or job.after:
         return None
     payload = job.payload_json()
     job_id = uuid7_text()
@@ -137,6 +138,8 @@ def enqueue_one(q: Queries, job: Job) -> Plan[EnqueueResult]:
     plain = keyless(q, job)
     if plain is not None:
         return _just(plain)
+    if isinstance(job, Job) and job.after:
+        return _first(enqueue_many(q, [job]))
     (payload,) = validated([job])
     return _enqueue_one(q, job, payload)
 
@@ -145,6 +148,42 @@ def _just(plain: tuple[Query, dict[str, Any], EnqueueResult]) -> Plan[EnqueueRes
     query, params, result = plain
     yield query, params
     return result
+
+
+def _first(plan: Plan[list[EnqueueResult]]) -> Plan[EnqueueResult]:
+    results = yield from plan
+    return results[0]
+
+
+def enqueue_group(q: Queries, jobs: Sequence[Job], then: Job | None) -> Plan[GroupResult]:
+    """``enqueue_many(jobs)``, then *then* with ``after`` = every id of the group (SPEC D6).
+
+    The caller runs the plan in one transaction. Everything is validated when
+    the plan is made, before any statement.
+    """
+    own_parents: list[str] = []
+    if then is not None:
+        if not isinstance(then, Job):
+            raise InvalidJob(f"then is not a Job: {type(then).__name__}")
+        then.payload_json()
+        (own_parents,) = parents_of([then])
+    many = enqueue_many(q, jobs) if jobs else None
+    return _group(q, many, then, own_parents)
+
+
+def _group(
+    q: Queries, many: Plan[list[EnqueueResult]] | None, then: Job | None, own_parents: list[str]
+) -> Plan[GroupResult]:
+    if own_parents:  # refused before the group is written, not after
+        missing = yield q["job_parents_missing"], {"parents": own_uuid_array(own_parents)}
+        if missing:
+            raise unknown_parent(missing[0][0])
+    results = (yield from many) if many is not None else []
+    ids = [r.id for r in results]
+    if then is None:
+        return GroupResult(ids, None)
+    fan_in = yield from enqueue_one(q, with_parents(then, ids))
+    return GroupResult(ids, fan_in.id)
 
 
 def _enqueue_one(q: Queries, job: Job, payload: str) -> Plan[EnqueueResult]:
@@ -184,14 +223,22 @@ def enqueue_many(q: Queries, jobs: Sequence[Job]) -> Plan[list[EnqueueResult]]:
     if repeats:
         validated(jobs)  # the repeats' payloads too, in input order
     payloads = encode_payloads([jobs[i].payload for i in todo])
-    return _enqueue_many(q, jobs, todo, repeats, payloads)
+    # A batch naming parents takes the statement that checks and links them (SPEC D1).
+    parents = parents_of(jobs) if has_parents(jobs) else None
+    return _enqueue_many(q, jobs, todo, repeats, payloads, parents)
 
 
 def _enqueue_many(
-    q: Queries, jobs: Sequence[Job], todo: list[int], repeats: list[tuple[int, int]], payloads: str | None
+    q: Queries,
+    jobs: Sequence[Job],
+    todo: list[int],
+    repeats: list[tuple[int, int]],
+    payloads: str | None,
+    parents: list[list[str]] | None = None,
 ) -> Plan[list[EnqueueResult]]:
     results: list[EnqueueResult | None] = [None] * len(jobs)
     ids = dict(zip(todo, uuid7_texts(len(todo)), strict=True))
+    query = q.enqueue_many if parents is None else q["job_enqueue_after"]
 
     for _ in range(_ATTEMPTS):
         if not todo:
@@ -200,17 +247,19 @@ def _enqueue_many(
         if payloads is None:  # a later attempt, for fewer jobs
             payloads = encode_payloads([job.payload for job in batch])
         # Rows come back only for jobs whose key was taken: (position in todo from 1, id or NULL).
-        rows = yield (
-            q.enqueue_many,
-            {
-                "ids": own_uuid_array([ids[i] for i in todo]),
-                "topics": text_array([job.topic for job in batch]),
-                "payloads": payloads,
-                "keys": text_array([job.key for job in batch]),
-                "available_at": timestamptz_array([job.available_at for job in batch]),
-                "priorities": int_array([job.priority for job in batch]),
-            },
-        )
+        params = {
+            "ids": own_uuid_array([ids[i] for i in todo]),
+            "topics": text_array([job.topic for job in batch]),
+            "payloads": payloads,
+            "keys": text_array([job.key for job in batch]),
+            "available_at": timestamptz_array([job.available_at for job in batch]),
+            "priorities": int_array([job.priority for job in batch]),
+        }
+        if parents is not None:
+            params.update(after_params([parents[i] for i in todo]))
+        rows = yield query, params
+        if rows and rows[0][0] == -1:  # a parent the statement could not see: nothing was written
+            raise unknown_parent(rows[0][1])
         for i in todo:
             results[i] = EnqueueResult(ids[i], True)
         unresolved = []
@@ -281,4 +330,5 @@ def get(q: Queries, job_id: Any) -> Plan[JobRow | None]:
         idempotency_key=r[10],
         created_at=r[11],
         updated_at=r[12],
+        parents=tuple(str(p) for p in r[13] or ()),
     )

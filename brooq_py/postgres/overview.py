@@ -35,10 +35,10 @@ ACTIVITY_CAP = 100_000
 READ_SHARE = 5
 MAX_TOPICS = 500
 MINUTES = 60
-WAITING = (State.PENDING, State.SCHEDULED, State.FAILED)
+WAITING = (State.PENDING, State.SCHEDULED, State.FAILED, State.BLOCKED)
 FINISHED = (State.DONE, State.DEAD, State.CANCELED)
 # The order of the topics page's columns.
-STATES = (State.PENDING, State.SCHEDULED, State.PROCESSING, State.FAILED, *FINISHED)
+STATES = (State.PENDING, State.SCHEDULED, State.PROCESSING, State.FAILED, State.BLOCKED, *FINISHED)
 
 
 class BadCursor(ValueError):
