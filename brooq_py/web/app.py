@@ -249,8 +249,16 @@ class Dashboard:
         if len(payload) > MAX_PAYLOAD_SHOWN:  # a page a browser can open, whatever was enqueued
             hidden = len(payload) - MAX_PAYLOAD_SHOWN
             payload = f"{payload[:MAX_PAYLOAD_SHOWN]}\n… {hidden:,} more characters not shown"
+        try:
+            relatives = self.op.guarded(
+                "reading a job's parents and children", self.overview.relatives, row.id
+            )
+        except ActionError as exc:
+            return self._error(request, exc.status, exc.message)
         context = {
             "job": row,
+            "parents": [r for r in relatives if r.side == "parent"],
+            "children": [r for r in relatives if r.side == "child"],
             "payload": payload,
             "retryable": row.state in RETRYABLE,
             "cancelable": row.state in CANCELABLE,
