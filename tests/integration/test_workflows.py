@@ -116,10 +116,14 @@ def test_d1_an_unknown_parent_is_invalid_and_the_transaction_stays_usable(
     assert edges(db) == {(real, after_refusal)}
 
 
-def test_d1_a_job_whose_parents_are_done_is_pending_at_once(store: Store) -> None:
+def test_d1_a_job_whose_parents_are_done_is_pending_at_once(
+    store: Store, db: psycopg.Connection[Any]
+) -> None:
     p = store.enqueue(Job("p")).id
     finish(store, "p")
+    version = db.execute("SELECT xmin::text FROM job WHERE id = %s", (p,)).fetchone()
     now = store.enqueue(Job("c", after=[p])).id
+    assert db.execute("SELECT xmin::text FROM job WHERE id = %s", (p,)).fetchone() == version  # never written
     later = store.enqueue(Job("c", after=[p], available_at=datetime.now(UTC) + timedelta(hours=1))).id
     assert state(store, now) is State.PENDING
     assert state(store, later) is State.SCHEDULED

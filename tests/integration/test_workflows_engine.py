@@ -101,9 +101,10 @@ def test_d3_a_dead_root_cancels_its_descendants_under_the_engine(
     e.register_kind("wf.root", boom, KindOptions(max_attempts=1))
     e.register_kind("wf.leaf", lambda ctx, claim: None)
     e.start()
-    root = store.enqueue(Job("wf.root")).id
-    child = store.enqueue(Job("wf.leaf", after=[root])).id
-    grandchild = store.enqueue(Job("wf.leaf", after=[child])).id
+    with store.begin() as tx:  # the whole graph before the root can run
+        root = store.enqueue_tx(tx, Job("wf.root")).id
+        child = store.enqueue_tx(tx, Job("wf.leaf", after=[root])).id
+        grandchild = store.enqueue_tx(tx, Job("wf.leaf", after=[child])).id
     wait_for(lambda: (r := store.get(grandchild)) is not None and r.state is State.CANCELED, "the cascade")
     for job_id in (child, grandchild):
         row = store.get(job_id)

@@ -6,12 +6,13 @@
 -- A parent must be visible to this statement (jobs enqueued earlier in the same
 -- transaction are). If one is not, nothing is written and the statement returns
 -- (-1, that id): the caller raises InvalidJob with its transaction still usable.
--- Each parent row is updated (has_children) rather than read: the row lock makes a
--- concurrent settle of the parent wait for this commit, after which the release
--- trigger (migration 0015) sees the edge; a settle that committed first is seen
--- here as the parent's new state. A job waits for its parents not yet done
--- (blocked, waiting_parents); with all of them done it is pending (or scheduled)
--- at once; a parent already dead or canceled makes it canceled at birth (D3).
+-- Each parent that has not ended is updated (has_children) rather than read: the row
+-- lock makes a concurrent settle of the parent wait for this commit, after which the
+-- release trigger (migration 0015) sees the edge; a settle that committed first is
+-- seen here as the parent's new state. A parent that has ended is only key-share
+-- locked, never written. A job waits for its parents not yet done (blocked,
+-- waiting_parents); with all of them done it is pending (or scheduled) at once; a
+-- parent already dead or canceled makes it canceled at birth (D3).
 WITH input AS (
     SELECT *
     FROM ROWS FROM (unnest(%(ids)s::uuid[]), unnest(%(topics)s::text[]),
@@ -23,14 +24,29 @@ WITH input AS (
     SELECT *
     FROM ROWS FROM (unnest(%(edge_ords)s::int[]), unnest(%(edge_parents)s::uuid[])) AS e(ord, parent)
 ), seen AS (
-    SELECT id FROM {job} WHERE id = ANY (%(parents)s::uuid[])
-), parent AS (
+    SELECT id, state FROM {job} WHERE id = ANY (%(parents)s::uuid[])
+), complete AS (
     -- Only when every parent is there: a refused batch leaves its parents untouched.
+    SELECT count(*) = cardinality(%(parents)s::uuid[]) AS ok FROM seen
+), live AS (
+    -- A parent that may still end is updated: its row lock orders this enqueue with its settle.
     UPDATE {job} p
     SET has_children = true
-    WHERE p.id = ANY (%(parents)s::uuid[])
-      AND (SELECT count(*) FROM seen) = cardinality(%(parents)s::uuid[])
+    WHERE p.id = ANY (ARRAY(SELECT s.id FROM seen s WHERE s.state NOT IN ('done', 'dead', 'canceled')))
+      AND (SELECT ok FROM complete)
     RETURNING p.id, p.state
+), ended AS (
+    -- A parent that has ended is never written (its state is final for this child); the key
+    -- share lock only keeps retention from deleting it before this commit.
+    SELECT j.id, j.state
+    FROM {job} j
+    WHERE j.id = ANY (ARRAY(SELECT s.id FROM seen s WHERE s.state IN ('done', 'dead', 'canceled')))
+      AND (SELECT ok FROM complete)
+    FOR KEY SHARE
+), parent AS (
+    SELECT id, state FROM live
+    UNION ALL
+    SELECT id, state FROM ended
 ), unknown AS (
     -- The first parent missing from the snapshot, else one deleted before its lock was granted.
     SELECT x.id
