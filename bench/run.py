@@ -38,6 +38,7 @@ import scrape  # noqa: E402
 import w7  # noqa: E402
 import w8  # noqa: E402
 import web  # noqa: E402
+import workflows  # noqa: E402
 import workloads  # noqa: E402
 from util import fresh_schema  # noqa: E402
 
@@ -63,6 +64,7 @@ WORKLOADS = (
     "SCRAPE",
     "Q3",
     "W10",
+    "WF",
 )
 # Run only by --full or when named in --only: the 10,000,000-row table takes minutes to build.
 FULL_ONLY = frozenset({"W10"})
@@ -88,6 +90,7 @@ _DEFAULT: dict[str, Any] = dict(
     dash=1_000_000,
     w10_terminal=9_900_000,
     w10_active=100_000,
+    wf_parents=10_000,
 )
 
 SIZES: dict[str, dict[str, Any]] = {
@@ -112,6 +115,7 @@ SIZES: dict[str, dict[str, Any]] = {
         dash=50_000,
         w10_terminal=200_000,
         w10_active=10_000,
+        wf_parents=1000,
     ),
     "default": _DEFAULT,
     # the long variants: a 200k-job memory drain, a bigger W7, longer ceilings
@@ -380,6 +384,8 @@ def evaluate(r: dict[str, Any]) -> list[dict[str, Any]]:
         )
     if "Q3" in r:
         rows.extend(q3_rows(r["Q3"]))
+    if "WF" in r and "error" not in r["WF"]:
+        rows.extend(workflows.wf_rows(r["WF"]))
     return rows
 
 
@@ -502,6 +508,7 @@ def main(argv: list[str] | None = None) -> int:
                 "rate": limits.limited_rate(db.dsn, sz["w3"] // 4),
             },
             "W10": lambda: big_table.w10_big_table(db.dsn, sz["w10_terminal"], sz["w10_active"]),
+            "WF": lambda: workflows.wf(db.dsn, sz["w3"], sz["wf_parents"]),
         }
         for name in selected:
             ceiling = None
