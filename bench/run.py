@@ -31,6 +31,7 @@ sys.path.insert(0, str(HERE))
 import async_producer  # noqa: E402
 import baselines  # noqa: E402
 import big_table  # noqa: E402
+import flow  # noqa: E402
 import limits  # noqa: E402
 import psycopg  # noqa: E402
 import scale  # noqa: E402
@@ -63,6 +64,9 @@ WORKLOADS = (
     "DASH",
     "SCRAPE",
     "Q3",
+    "UNQ",
+    "CAP",
+    "RATE",
     "W10",
     "WF",
 )
@@ -150,6 +154,70 @@ def machine(db: devdb.DevDatabase) -> dict[str, Any]:
 
 def verdict(ok: bool | None) -> str:
     return "n/a" if ok is None else ("PASS" if ok else "MISS")
+
+
+def flow_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
+    """UNQ, CAP, RATE (SPEC U1, F1, F2): one row per target."""
+    rows: list[dict[str, Any]] = []
+
+    def add(name: str, measured: str, target: str, ratio: float | None, ok: bool | None) -> None:
+        rows.append(
+            {
+                "workload": name,
+                "measured": measured,
+                "target": target,
+                "ratio": None if ratio is None else round(ratio, 3),
+                "verdict": verdict(ok),
+            }
+        )
+
+    u = r.get("UNQ", {})
+    if "w1" in u:
+        x = u["w1"]
+        add(
+            "UNQ W1 with unique keys",
+            f"{x['unique_per_s']:,.0f}/s (without {x['plain_per_s']:,.0f}/s)",
+            ">= 0.95 x without",
+            x["ratio"],
+            x["ratio"] >= 0.95,
+        )
+    if "w2" in u:
+        x = u["w2"]
+        add(
+            "UNQ W2 with unique keys",
+            f"{x['unique_per_s']:,.0f}/s (keys only {x['keyed_per_s']:,.0f}/s)",
+            "(vs W2's keys only)",
+            x["ratio"],
+            None,
+        )
+    for name, x in r.get("CAP", {}).items():
+        if "ratio" in x:
+            add(
+                f"CAP W1 capped, {name} (to {x['deepest']:,})",
+                f"{x['capped_per_s']:,.0f}/s (uncapped {x['plain_per_s']:,.0f}/s)",
+                ">= 0.9 x uncapped",
+                x["ratio"],
+                x["ratio"] >= 0.9,
+            )
+    rate = r.get("RATE", {})
+    for name, x in rate.get("achieved", {}).items():
+        add(
+            f"RATE achieved at {name}",
+            f"{x['achieved_per_s']:,.1f}/s",
+            "<= limit, near it",
+            x["ratio"],
+            0.8 <= x["ratio"] <= 1.0 + 1e-9,
+        )
+    if "w3" in rate:
+        x = rate["w3"]
+        add(
+            "RATE W3 beside a 10/s topic",
+            f"ratios {x['ratios']}",
+            ">= 0.95 x alone",
+            x["ratio"],
+            x["ratio"] >= 0.95,
+        )
+    return rows
 
 
 def evaluate(r: dict[str, Any]) -> list[dict[str, Any]]:
@@ -384,6 +452,7 @@ def evaluate(r: dict[str, Any]) -> list[dict[str, Any]]:
         )
     if "Q3" in r:
         rows.extend(q3_rows(r["Q3"]))
+    rows.extend(flow_rows(r))
     if "WF" in r and "error" not in r["WF"]:
         rows.extend(workflows.wf_rows(r["WF"]))
     return rows
@@ -506,6 +575,15 @@ def main(argv: list[str] | None = None) -> int:
             "Q3": lambda: {
                 "w3": limits.w3_with_limited(db.dsn, sz["w3"] // 2),
                 "rate": limits.limited_rate(db.dsn, sz["w3"] // 4),
+            },
+            "UNQ": lambda: {
+                "w1": flow.unique_w1(db.dsn, sz["w1"]),
+                "w2": flow.unique_w2(db.dsn, sz["w2"]),
+            },
+            "CAP": lambda: flow.capped_w1(db.dsn, sz["w1"]),
+            "RATE": lambda: {
+                "achieved": flow.rate_achieved(db.dsn),
+                "w3": flow.w3_beside_rated(db.dsn, sz["w3"] // 2),
             },
             "W10": lambda: big_table.w10_big_table(db.dsn, sz["w10_terminal"], sz["w10_active"]),
             "WF": lambda: workflows.wf(db.dsn, sz["w3"], sz["wf_parents"]),

@@ -18,9 +18,9 @@ from typing import Any
 from psycopg import sql
 from util import fresh_schema, job_table, pct, store_on
 
+from brooq_py.http.asgi import ThreadedUvicorn
 from brooq_py.postgres.overview import Overview
 from brooq_py.web import dashboard
-from brooq_py.web.surface import ThreadedUvicorn
 
 TOKEN = "bench-dashboard-token"
 TOPICS = [f"dash.topic{i}" for i in range(8)]

@@ -48,10 +48,10 @@ def cmd_dashboard(args: argparse.Namespace, settings: Settings) -> int:
     try:
         import uvicorn
 
+        from brooq_py.http.dashboard import is_loopback
+        from brooq_py.http.factory import dashboard
+        from brooq_py.http.listen import family
         from brooq_py.postgres import Store
-        from brooq_py.service.server import family
-        from brooq_py.web import dashboard
-        from brooq_py.web.app import is_loopback
     except ImportError:
         raise Failure("the dashboard needs the web extra: pip install 'brooq-py[web]'", status=2) from None
     try:

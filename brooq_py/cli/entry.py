@@ -16,7 +16,16 @@ from brooq_py.cli import dashboard
 from brooq_py.cli.commands import cmd_cancel, cmd_enqueue, cmd_get, cmd_migrate, cmd_stats
 from brooq_py.cli.common import PROG, Failure, first_line, scrub
 from brooq_py.cli.operator import add_parsers as add_operator_parsers
-from brooq_py.cli.operator import cmd_limit, cmd_pause, cmd_resume, cmd_retry, cmd_topics
+from brooq_py.cli.operator import (
+    cmd_depth,
+    cmd_jobs,
+    cmd_limit,
+    cmd_pause,
+    cmd_rate,
+    cmd_resume,
+    cmd_retry,
+    cmd_topics,
+)
 from brooq_py.cli.worker import cmd_worker
 from brooq_py.queue import ConfigError, StoreUnavailable
 from brooq_py.settings import Settings, load_settings
@@ -36,6 +45,9 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "resume": cmd_resume,
     "limit": cmd_limit,
     "topics": cmd_topics,
+    "rate": cmd_rate,
+    "depth": cmd_depth,
+    "jobs": cmd_jobs,
 }
 
 

@@ -1,4 +1,5 @@
-"""The operator's commands: ``retry``, ``pause``, ``resume``, ``limit`` and ``topics`` (SPEC Q1-Q3).
+"""The operator's commands: ``retry``, ``pause``, ``resume``, ``limit``, ``rate``, ``depth``,
+``topics`` and ``jobs`` (SPEC Q1-Q3, U3, F1, F2).
 
 Each prints one JSON object (``topics``: a table, or JSON with ``--json``)
 and returns 0; an unknown job or a job in the wrong state is status 1; bad
@@ -14,6 +15,7 @@ from typing import Any
 
 from brooq_py.cli.commands import _age
 from brooq_py.cli.common import Failure, check_id, open_store
+from brooq_py.postgres import flow
 from brooq_py.postgres.operator_side import INT32_MAX, TopicOverview, checked_topic
 from brooq_py.queue import InvalidJob, State
 from brooq_py.settings import Settings
@@ -34,10 +36,28 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     limit.add_argument("topic", metavar="TOPIC")
     limit.add_argument("limit", metavar="N|none", help="a number from 0, or none to remove the cap")
+    rate = sub.add_parser(
+        "rate", parents=[common], help="let claims of TOPIC start at most N per DURATION across every engine"
+    )
+    rate.add_argument("topic", metavar="TOPIC")
+    rate.add_argument("rate", metavar="N[/DURATION]|none", help="e.g. 10/1s, 600/1m, 5 (per second), or none")
+    rate.add_argument("--burst", type=int, default=None, help="the most claims at once (default: N)")
+    depth = sub.add_parser(
+        "depth", parents=[common], help="refuse enqueues of TOPIC while N or more of its jobs wait"
+    )
+    depth.add_argument("topic", metavar="TOPIC")
+    depth.add_argument("depth", metavar="N|none", help="a number from 0, or none to remove the cap")
     topics = sub.add_parser(
-        "topics", parents=[common], help="every topic: jobs per state, oldest ready age, paused, limit"
+        "topics",
+        parents=[common],
+        help="every topic: jobs per state, oldest ready age, paused, limit, rate and tokens, depth cap",
     )
     topics.add_argument("--json", action="store_true", help="print the topics as JSON")
+    jobs = sub.add_parser("jobs", parents=[common], help="the newest jobs first")
+    jobs.add_argument("--topic", default=None, help="only jobs of this topic")
+    jobs.add_argument("--state", default=None, choices=STATES, help="only jobs in this state")
+    jobs.add_argument("--limit", type=int, default=20, help="at most this many (default 20)")
+    jobs.add_argument("--json", action="store_true", help="print the jobs as JSON, one object a line")
 
 
 def check_topic(topic: str) -> str:
@@ -48,17 +68,17 @@ def check_topic(topic: str) -> str:
 
 
 def parse_limit(text: str) -> int | None:
-    if text.strip().lower() == "none":
-        return None
     try:
-        n = int(text)
-    except ValueError:
-        raise Failure(
-            f"invalid limit {text!r}: expected a number from 0 to {INT32_MAX}, or none", status=2
-        ) from None
-    if not 0 <= n <= INT32_MAX:
-        raise Failure(f"invalid limit {text!r}: expected a number from 0 to {INT32_MAX}, or none", status=2)
-    return n
+        return flow.parse_count(text, "limit")
+    except ValueError as exc:
+        raise Failure(str(exc), status=2) from None
+
+
+def parse_rate(text: str) -> tuple[int | None, float]:
+    try:
+        return flow.parse_rate(text)
+    except ValueError as exc:
+        raise Failure(str(exc), status=2) from None
 
 
 def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
@@ -67,10 +87,10 @@ def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
         if store.retry(job_id):
             print(json.dumps({"retried": True, "id": job_id}))
             return 0
-        row = store.get(job_id)
-    if row is None:
-        raise Failure(f"no job with id {job_id} in schema {settings.schema!r}")
-    raise Failure(f"job {job_id} is {row.state}: only dead or canceled jobs can be retried")
+        why = store.retry_refusal(job_id)
+    if why is None or why.startswith("no job"):
+        raise Failure(f"no job with id {job_id} in schema {settings.schema!r}" if why else "retry refused")
+    raise Failure(why)
 
 
 def cmd_pause(args: argparse.Namespace, settings: Settings) -> int:
@@ -98,6 +118,52 @@ def cmd_limit(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_rate(args: argparse.Namespace, settings: Settings) -> int:
+    topic = check_topic(args.topic)
+    limit, per = parse_rate(args.rate)
+    if args.burst is not None and not 1 <= args.burst <= INT32_MAX:
+        raise Failure(f"invalid burst {args.burst}: expected a number from 1 to {INT32_MAX}", status=2)
+    with open_store(settings) as store:
+        store.set_rate_limit(topic, limit, per, burst=args.burst)
+    burst = None if limit is None else (args.burst or limit)
+    print(json.dumps({"topic": topic, "rate": limit, "per_seconds": per if limit else None, "burst": burst}))
+    return 0
+
+
+def cmd_depth(args: argparse.Namespace, settings: Settings) -> int:
+    topic = check_topic(args.topic)
+    try:
+        depth = flow.parse_count(args.depth, "depth")
+    except ValueError as exc:
+        raise Failure(str(exc), status=2) from None
+    with open_store(settings) as store:
+        store.set_max_depth(topic, depth)
+    print(json.dumps({"topic": topic, "max_depth": depth}))
+    return 0
+
+
+def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
+    topic = None if args.topic is None else check_topic(args.topic)
+    if not 0 <= args.limit <= 10_000:
+        raise Failure(f"invalid --limit {args.limit}: expected a number from 0 to 10000", status=2)
+    with open_store(settings) as store:
+        rows = store.list_jobs(topic, args.state, args.limit)
+    if args.json:
+        for r in rows:
+            print(json.dumps(r.to_json(), ensure_ascii=False))
+        return 0
+    if not rows:
+        print("no jobs")
+        return 0
+    width = max(5, *(len(r.topic) for r in rows))
+    print(f"{'id':<36}  {'topic':<{width}}  {'state':<10}  {'attempts':>8}  {'created':<19}  last error")
+    for r in rows:
+        created = r.created_at.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+        error = (r.last_error or "").splitlines()[0][:60] if r.last_error else ""
+        print(f"{r.id:<36}  {r.topic:<{width}}  {r.state!s:<10}  {r.attempts:>8}  {created:<19}  {error}")
+    return 0
+
+
 def cmd_topics(args: argparse.Namespace, settings: Settings) -> int:
     with open_store(settings) as store:
         topics = store.topic_overview()
@@ -114,12 +180,19 @@ def format_topics(topics: list[TopicOverview]) -> str:
         return "no topics (no jobs and no settings)"
     width = max(5, *(len(t.topic) for t in topics))
     head = f"{'topic':<{width}}  " + "  ".join(f"{s:>10}" for s in STATES)
-    lines = [head + f"  {'oldest ready':>12}  {'paused':>6}  {'limit':>5}"]
+    lines = [
+        head
+        + f"  {'oldest ready':>12}  {'paused':>6}  {'limit':>5}  {'rate':>10}  {'tokens':>7}  {'depth':>5}"
+    ]
     for t in topics:
         counts = "  ".join(f"{t.counts.get(s, 0):>10}" for s in STATES)
         limit = "-" if t.limit is None else str(t.limit)
         paused = "yes" if t.paused else "no"
+        rate = t.rate or "-"
+        tokens = "-" if t.tokens is None else f"{t.tokens:.1f}"
+        depth = "-" if t.max_depth is None else str(t.max_depth)
         lines.append(
             f"{t.topic:<{width}}  {counts}  {_age(t.oldest_ready_seconds):>12}  {paused:>6}  {limit:>5}"
+            f"  {rate:>10}  {tokens:>7}  {depth:>5}"
         )
     return "\n".join(lines)

@@ -110,7 +110,7 @@ class _Signals:
 
 
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
-    from brooq_py.service import serve
+    from brooq_py.http.server import serve
 
     stop_timeout: float | None = None
     if args.stop_timeout is not None:

@@ -1,6 +1,16 @@
-"""The engine: worker pool, heartbeat, reaper, retention, watchdog and metrics.
+"""The engine: claims, runs and settles jobs through the ``Repo`` port; never imports psycopg or ``brooq_py.postgres``.
 
-It works through the ``Repo`` port and never imports psycopg or ``brooq_py.postgres``.
+Layout, imports pointing down:
+
+- ``engine``: the Engine facade, which wires everything below together;
+- ``attempt/``: an attempt's life (intake, state machine, slots, runner,
+  decide, supervisor, in-flight set, topic capacity);
+- ``services/``: the background loops on the one Ticker base (dispatcher,
+  completer, heartbeat, watchdog, reaper, retention, stager, listener,
+  refresher, scheduler, topic watch);
+- shared leaves both import: ``repo`` (the port, re-exported from
+  ``brooq_py.queue.port``), ``clock``, ``config``, ``metrics``, ``health``,
+  ``schema`` (the migration check at start).
 """
 
 from brooq_py.engine.clock import Clock, SystemClock

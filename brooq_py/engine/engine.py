@@ -8,47 +8,41 @@ import random
 import socket
 import threading
 import uuid
-from collections import Counter
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from brooq_py.engine.attempt import Attempt, Kind, Phase
-from brooq_py.engine.capacity import Capacity, CountingInFlight
+from brooq_py.engine.attempt.attempt import Attempt, Kind, Phase
+from brooq_py.engine.attempt.capacity import Capacity, CountingInFlight
+from brooq_py.engine.attempt.intake import Intake
+from brooq_py.engine.attempt.runner import Runner
+from brooq_py.engine.attempt.slots import AsyncRunner, SlotPool
+from brooq_py.engine.attempt.supervisor import Supervisor
 from brooq_py.engine.clock import Clock, SystemClock
-from brooq_py.engine.completer import Completer
 from brooq_py.engine.config import Config
-from brooq_py.engine.dispatcher import Dispatcher
 from brooq_py.engine.health import Health, StatementTracker, tracked
-from brooq_py.engine.heartbeat import Heartbeat
-from brooq_py.engine.metrics import EngineRegistry, Metrics, SnapshotCollector
-from brooq_py.engine.outcome import Ending, decide
-from brooq_py.engine.reaper import Reaper
-from brooq_py.engine.refresher import Refresher
+from brooq_py.engine.metrics import EngineRegistry, Metrics, RefusalCollector, SnapshotCollector
+from brooq_py.engine.producing import Producing
 from brooq_py.engine.repo import ClaimedJob, Outcome, Repo
-from brooq_py.engine.retention import Retention
-from brooq_py.engine.runner import Runner
-from brooq_py.engine.scheduler import Schedule, Scheduler
 from brooq_py.engine.schema import check_schema
-from brooq_py.engine.slots import AsyncRunner, SlotPool
-from brooq_py.engine.supervisor import Supervisor
-from brooq_py.engine.ticker import Ticker
-from brooq_py.engine.topic_watch import TopicWatch
-from brooq_py.engine.wakeups import own_wakes, stage_now, wake_services
-from brooq_py.engine.watchdog import Watchdog
+from brooq_py.engine.services.completer import Completer
+from brooq_py.engine.services.dispatcher import Dispatcher
+from brooq_py.engine.services.events import EventBus
+from brooq_py.engine.services.refresher import Refresher
+from brooq_py.engine.services.scheduler import Schedule
+from brooq_py.engine.services.ticker import Ticker
+from brooq_py.engine.services.topic_watch import TopicWatch
+from brooq_py.engine.services.wakeups import own_wakes, stage_now, wake_services
+from brooq_py.engine.services.wiring import background_services
 from brooq_py.queue import (
     BrooqError,
     ConfigError,
-    Context,
     EngineStopping,
-    EnqueueResult,
+    Event,
     Job,
-    JobRow,
     KindOptions,
-    Tx,
 )
 from brooq_py.queue.handler import Handler
 
@@ -60,7 +54,7 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-class Engine:
+class Engine(Producing):
     """Claims, runs and settles jobs of the registered topics through *repo*.
 
     ``start()`` starts the pool and the services; ``stop(timeout)`` stops
@@ -100,6 +94,7 @@ class Engine:
             self.log,
         )
         self.registry.register(SnapshotCollector(self.refresher.view))
+        self.registry.register(RefusalCollector.of(repo))
         self._kinds: dict[str, Kind] = {}
         self._lock = threading.RLock()
         self._state = "new"  # new -> running -> stopping -> stopped
@@ -128,6 +123,7 @@ class Engine:
         self.capacity = Capacity(
             self._caps, self.config.td("poll_interval").total_seconds(), self.clock.monotonic
         )
+        self.capacity.on_rate_held = lambda topic: self.metrics.child(self.metrics.rate_held, topic).inc()
         self._topic_watch = TopicWatch(
             self.config.td("poll_interval").total_seconds(),
             self.repo.topic_settings,
@@ -137,6 +133,24 @@ class Engine:
             self.log,
         )
         self._schedules: list[Schedule] = []
+        self.events = EventBus(
+            self.log,
+            on_dropped=self.metrics.events_dropped.inc,
+            on_listener_error=self.metrics.event_listener_errors.inc,
+        )
+        self.runner.events = self.events
+        self.intake = Intake(
+            repo,
+            self.config,
+            self._kinds,
+            self.capacity,
+            self.inflight,
+            self.runner,
+            self.metrics,
+            self.clock,
+            self.worker_id,
+            self.log,
+        )
 
     # --- registration ------------------------------------------------------
 
@@ -178,6 +192,13 @@ class Engine:
             self._caps[topic] = kind.options.concurrency
             self.metrics.prime([topic])
 
+    def on_event(self, fn: Callable[[Event], None]) -> None:
+        """Call *fn* once per event after its commit (before ``start()``; see docs/events.md)."""
+        with self._lock:
+            if self._state != "new":
+                raise BrooqError("on_event() must be called before start()")
+            self.events.add(fn)
+
     def schedule(
         self, topic: str, cron: str, payload: Any = None, *, timezone: str = "UTC", priority: int = 0
     ) -> None:
@@ -194,45 +215,6 @@ class Engine:
             if any(x.topic == topic for x in self._schedules):
                 raise ConfigError([f"topic {topic!r} is already scheduled (one schedule per topic)"])
             self._schedules.append(s)
-
-    # --- producer side -----------------------------------------------------
-
-    def enqueue(self, job: Job) -> EnqueueResult:
-        """Enqueue *job* through the pool (see ``Store.enqueue``)."""
-        result = self.repo.enqueue(job)
-        if result.created:
-            self.metrics.child(self.metrics.enqueued, job.topic).inc()
-            self._enqueued(job)
-        return result
-
-    def enqueue_tx(self, tx: Tx, job: Job) -> EnqueueResult:
-        """Enqueue *job* inside the caller's transaction *tx* (SPEC E3)."""
-        result = self.repo.enqueue_tx(tx, job)
-        if result.created:
-            self.metrics.child(self.metrics.enqueued, job.topic).inc()
-        return result
-
-    def enqueue_many(self, jobs: Sequence[Job], tx: Tx | None = None) -> list[EnqueueResult]:
-        """Enqueue a batch in one round trip (SPEC E5)."""
-        results = self.repo.enqueue_many(jobs, tx)
-        for job, r in zip(jobs, results, strict=True):
-            if r.created:
-                self.metrics.child(self.metrics.enqueued, job.topic).inc()
-                if tx is None:
-                    self._enqueued(job)
-        return results
-
-    def begin(self) -> AbstractContextManager[Tx]:
-        """A transaction from the pool: commit on a clean exit, rollback on an exception."""
-        return self.repo.begin()
-
-    def cancel(self, job_id: str) -> bool:
-        """Cancel a pending, scheduled, failed or processing job (SPEC X1); a running one stops via lease loss."""
-        return self.repo.cancel(job_id)
-
-    def get(self, job_id: str) -> JobRow | None:
-        """The job's row, or None for an unknown or malformed id."""
-        return self.repo.get(job_id)
 
     def health(self) -> Health:
         """The engine's state and its statements' record, from memory: no database round trip (SPEC Z2)."""
@@ -270,7 +252,7 @@ class Engine:
             bound = getattr(self.repo, "bound_waits", None)
             if callable(bound):
                 bound(cfg.lease_td)
-            slots = self._slots = SlotPool(cfg.workers)
+            slots = self._slots = self.intake.slots = SlotPool(cfg.workers)
             self.runner.release_slot = self.supervisor.release_slot = slots.release
             self._completer = Completer(
                 self.repo.settle_many,
@@ -285,69 +267,32 @@ class Engine:
             self._dispatcher = Dispatcher(
                 self._claim,
                 slots,
-                self._launch_all,
+                self.intake.launch_all,
                 cfg.td("poll_interval").total_seconds(),
                 self.log,
-                hand_back=self._hand_back,
+                hand_back=self.intake.hand_back,
                 batch=cfg.claim_batch,
+                next_due=self.capacity.next_due_in,
             )
-            self._services = [
-                Heartbeat(
-                    cfg.heartbeat_period,
-                    self.inflight.held,
-                    lambda leases: self.repo.renew(leases, cfg.lease_td),
-                    self.supervisor.lease_lost,
-                    self.log,
-                    self.clock,
-                ),
-                Watchdog(
-                    self.inflight.running,
-                    self.inflight.held,
-                    cfg.effective_watchdog_grace.total_seconds(),
-                    cfg.lease_td.total_seconds(),
-                    self.clock,
-                    self.supervisor.timeout,
-                    self.supervisor.give_up,
-                    self.supervisor.hung,
-                    self.supervisor.fence,
-                    self.log,
-                ),
-                Reaper(
-                    cfg.effective_reaper_period,
-                    self.repo.reap_expired,
-                    lambda t: self.metrics.child(self.metrics.reaped, t).inc(),
-                    self.log,
-                ),
-                self.refresher,
-                self._topic_watch,
-            ]
             wakers = wake_services(self.repo, cfg, self.topics, self._dispatcher.wake, self.log)
-            self._services += wakers
+            self._services = background_services(
+                cfg,
+                self.repo,
+                self.clock,
+                self.metrics,
+                self.inflight,
+                self.supervisor,
+                [self.refresher, self._topic_watch, *wakers],
+                self._schedules,
+                self.enqueue,
+                self.log,
+                self.events,
+            )
             self.runner.on_waiting, self._enqueued = own_wakes(
                 wakers, cfg, self.topics, self._dispatcher.wake
             )
             self.capacity.wake = self._dispatcher.wake
-            if self._schedules:
-                self._services.append(
-                    Scheduler(
-                        self._schedules,
-                        self.enqueue,
-                        self.clock.now,
-                        lambda t, at: self.metrics.child(self.metrics.schedule_next, t).set(at),
-                        self.log,
-                    )
-                )
-            if cfg.retention_enabled:
-                self._services.append(
-                    Retention(
-                        cfg.effective_retention_period,
-                        cfg.td("retention_ttl"),
-                        cfg.retention_batch,
-                        self.repo.delete_terminal,
-                        lambda t, n: self.metrics.child(self.metrics.retention_deleted, t).inc(n),
-                        self.log,
-                    )
-                )
+            self.events.start()
             self._completer.start()
             for s in self._services:
                 s.start()
@@ -410,6 +355,7 @@ class Engine:
         self.runner.threads.stop()
         self.runner.settlers.stop()
         self._async.close()
+        self.events.stop()  # after the last flush: every committed outcome's event is delivered
         self._state = "stopped"
         self._stopped.set()
         if left:
@@ -467,89 +413,14 @@ class Engine:
         return True
 
     def _claim(self, limit: int) -> list[ClaimedJob]:
-        if not self._kinds:
-            return []
-        rows = self.capacity.claim(self.repo, list(self._kinds), limit, self.worker_id, self.config.lease_td)
-        for topic, n in Counter(r.topic for r in rows).items():  # one counter update per topic a claim
-            self.metrics.child(self.metrics.claimed, topic).inc(n)
-        return rows
+        return self.intake.claim(limit)
 
     def _attempt(self, row: ClaimedJob) -> Attempt | None:
-        """Build, hold and start the attempt of a claimed row; None when it must not run.
-
-        A row of an unregistered topic (cannot happen: claims name only our
-        topics) is handed back unrun; a poisoned row (attempts past
-        max_attempts, SPEC L5) ends dead without running.
-        """
-        kind = self._kinds.get(row.topic)
-        if kind is None:
-            self.log.error(
-                "engine: claimed job id=%s of unregistered topic %r; handing it back", row.id, row.topic
-            )
-            self._hand_back([row])
-            return None
-        ctx = Context(deadline=self.clock.now() + kind.options.td("attempt_timeout"))
-        a = Attempt(row, kind, self.clock.monotonic(), ctx, parents=self.repo.parent_results)
-        self.inflight.add(a)
-        if row.attempts > kind.options.max_attempts:
-            a.end(Phase.POISONED)
-            self.inflight.end(a)
-            self.log.error(
-                "job id=%s topic=%s: claimed for attempt %d of %d: earlier attempts hung or died "
-                "without an outcome; not run again, dead (L5)",
-                row.id,
-                row.topic,
-                row.attempts,
-                kind.options.max_attempts,
-            )
-            self.runner.settle(a)
-            return None
-        clock = self.clock
-
-        def mark(_cause: BaseException) -> None:
-            a.cancelled_at = clock.monotonic()
-
-        ctx.add_callback(mark)
-        a.start()
-        return a
+        return self.intake.open(row)
 
     def _written(self, batch: Sequence[Outcome], written: set[str]) -> None:
         self.runner.on_written(batch, written)
         self.capacity.settled(o.topic for o in batch)  # a limited topic may have room again (SPEC Q3)
 
     def _launch(self, row: ClaimedJob) -> None:
-        self._launch_all([row])
-
-    def _launch_all(self, rows: Sequence[ClaimedJob]) -> None:
-        """Start the attempts of a claim's rows, each on a slot the dispatcher counted free."""
-        assert self._slots is not None
-        attempts = []
-        for row in rows:
-            a = self._attempt(row)
-            if a is not None:
-                self._slots.take()
-                attempts.append(a)
-        self.runner.launch_many(attempts)
-
-    def _hand_back(self, rows: list[ClaimedJob]) -> None:
-        """Give claimed rows back unrun (pending, attempt given back): the engine stops or cannot run them."""
-        outcomes = []
-        for row in rows:
-            kind = self._kinds.get(row.topic)
-            options = kind.options if kind is not None else self.config.kind_defaults()
-            outcome = decide(
-                id=row.id,
-                claim_token=row.claim_token,
-                topic=row.topic,
-                attempt=row.attempts,
-                options=options,
-                ending=Ending(Phase.UNRUN),
-            )
-            if outcome is not None:
-                outcomes.append(outcome)
-        try:
-            self.repo.settle_many(outcomes)
-        except Exception as exc:
-            self.log.warning(
-                "engine: handing back %d claimed rows failed (%s); the reaper returns them", len(rows), exc
-            )
+        self.intake.launch_all([row])

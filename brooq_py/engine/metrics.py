@@ -6,10 +6,10 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Summary
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from brooq_py.engine.refresher import GaugeView
+from brooq_py.engine.services.refresher import GaugeView
 from brooq_py.queue import State
 
 ACTIVE = (State.PENDING, State.SCHEDULED, State.PROCESSING, State.FAILED, State.BLOCKED)
@@ -45,11 +45,29 @@ class Metrics:
         self.topic_limit = Gauge(
             "brooq_topic_limit", "The topic's global concurrency limit (+Inf: none).", ["topic"], registry=r
         )
+        self.rate_tokens = Gauge(
+            "brooq_topic_rate_tokens",
+            "The topic's rate-limit tokens left, as last read (+Inf: no rate limit).",
+            ["topic"],
+            registry=r,
+        )
+        self.rate_held = Counter(
+            "brooq_rate_limited_claims",
+            "Claims of a rate-limited topic that found its tokens spent (the engine waits for the next).",
+            ["topic"],
+            registry=r,
+        )
         self.schedule_next = Gauge(
             "brooq_schedule_next_tick_timestamp_seconds",
             "Unix time of a periodic job's next tick.",
             ["topic"],
             registry=r,
+        )
+        self.events_dropped = Counter(
+            "brooq_events_dropped", "Events dropped: the listeners' queue was full (SPEC N1).", registry=r
+        )
+        self.event_listener_errors = Counter(
+            "brooq_event_listener_errors", "Exceptions raised by on_event listeners.", registry=r
         )
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
@@ -62,14 +80,23 @@ class Metrics:
             self._children[key] = found
         return found
 
-    def topic_setting(self, topic: str, paused: bool, limit: float) -> None:
+    def topic_setting(self, topic: str, paused: bool, limit: float, tokens: float = float("inf")) -> None:
         self.child(self.topic_paused, topic).set(1.0 if paused else 0.0)
         self.child(self.topic_limit, topic).set(limit)
+        self.child(self.rate_tokens, topic).set(tokens)
 
     def prime(self, topics: Iterable[str]) -> None:
         """Create every per-topic series at zero so dashboards see them before the first job."""
         for t in topics:
-            for m in (self.enqueued, self.claimed, self.lease_lost, self.reaped, self.hung, self.busy):
+            for m in (
+                self.enqueued,
+                self.claimed,
+                self.lease_lost,
+                self.reaped,
+                self.hung,
+                self.busy,
+                self.rate_held,
+            ):
                 self.child(m, t)
             self.child(self.duration, t)
             for outcome in ("done", "failed", "dead", "canceled"):
@@ -134,6 +161,38 @@ class SnapshotCollector(Collector):
         f["live"].add_metric([], float(db.job_live_tuples))
         f["age"].add_metric([], view.age or 0.0)
         return list(f.values())
+
+
+class RefusalCollector(Collector):
+    """brooq_queue_full_total: enqueues the engine's store refused with QueueFull (SPEC F2), by topic.
+
+    Counted by the store itself (its producers may be any code sharing it); a store that counts
+    none (a foreign Repo) reports no samples.
+    """
+
+    def __init__(self, refusals: Callable[[], dict[str, int]]) -> None:
+        self._refusals = refusals
+
+    @classmethod
+    def of(cls, repo: object) -> RefusalCollector:
+        """The collector of *repo*'s ``queue_full_refusals`` (a Store's; not in the Repo port)."""
+        refusals = getattr(repo, "queue_full_refusals", None)
+        return cls(refusals if callable(refusals) else dict)
+
+    def describe(self) -> Iterable[Metric]:
+        return [self._family()]
+
+    @staticmethod
+    def _family() -> CounterMetricFamily:
+        return CounterMetricFamily(
+            "brooq_queue_full", "Enqueues refused because the topic was at its depth cap.", labels=["topic"]
+        )
+
+    def collect(self) -> Iterable[Metric]:
+        family = self._family()
+        for topic, n in sorted(self._refusals().items()):
+            family.add_metric([topic], float(n))
+        return [family]
 
 
 # Sample suffixes prometheus_client adds to these types when created series are on.

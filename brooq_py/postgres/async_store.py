@@ -9,9 +9,12 @@ its autocommit flag back before returning it, as the Store does.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -24,8 +27,11 @@ from brooq_py.postgres.async_wraptx import (
     execute_async,
     on_async_connection,
 )
+from brooq_py.postgres.caps import TopicCaps
 from brooq_py.postgres.enqueueing import drive_async, first_statement
 from brooq_py.postgres.errors import translated
+from brooq_py.postgres.flow import checked_depth, checked_rate
+from brooq_py.postgres.operator_side import LIMIT_WAIT, checked_topic
 from brooq_py.postgres.producer import check_schema, no_pool
 from brooq_py.postgres.queries import Queries, Query
 from brooq_py.queue import EnqueueResult, GroupResult, Job, JobRow
@@ -55,6 +61,7 @@ class AsyncStore:
         self._pool = pool
         self.schema = check_schema(schema)
         self._q = Queries(schema)
+        self._caps = TopicCaps()  # the depth-capped topics, cached for a second (SPEC F2)
 
     @asynccontextmanager
     async def _autocommit(self, doing: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
@@ -99,9 +106,11 @@ class AsyncStore:
         Idempotent on (topic, key) for the life of the row (SPEC E1). Raise
         InvalidJob before anything is written for a bad job (E4).
         """
-        plain = plans.keyless(self._q, job)
+        plain = plans.keyless(self._q, job, self._caps.fresh())
         if plain is None:
-            result: EnqueueResult = await self._drive("enqueueing", plans.enqueue_one(self._q, job))
+            result: EnqueueResult = await self._drive(
+                "enqueueing", plans.enqueue_one(self._q, job, self._caps)
+            )
             return result
         query, params, created = plain
         await self._execute("enqueueing", query, params)
@@ -116,7 +125,7 @@ class AsyncStore:
         aborts the transaction at READ COMMITTED (SPEC E2).
         """
         conn = async_connection_of(tx)
-        plan = plans.enqueue_one(self._q, job)
+        plan = plans.enqueue_one(self._q, job, self._caps)
         with translated("enqueueing"):
             return await drive_async(plan, on_async_connection(conn))
 
@@ -128,7 +137,7 @@ class AsyncStore:
         repeats get its id with created=False.
         """
         conn = async_connection_of(tx) if tx is not None else None
-        plan = plans.enqueue_many(self._q, jobs)
+        plan = plans.enqueue_many(self._q, jobs, self._caps)
         if not jobs:
             return []
         if conn is not None:
@@ -146,7 +155,7 @@ class AsyncStore:
         commits in a transaction of its own on the pool. Validated first (InvalidJob, nothing written).
         """
         conn = async_connection_of(tx) if tx is not None else None
-        plan = plans.enqueue_group(self._q, jobs, then)
+        plan = plans.enqueue_group(self._q, jobs, then, self._caps)
         with translated("enqueueing a group"):
             if conn is not None:
                 return await drive_async(plan, on_async_connection(conn))
@@ -184,8 +193,42 @@ class AsyncStore:
         Wake the engines of its topic. Return False for any other state and for
         unknown or malformed ids.
         """
-        done: bool = await self._drive("retrying a job", plans.by_id(self._q["job_retry"], job_id))
+        try:
+            done: bool = await self._drive("retrying a job", plans.by_id(self._q["job_retry"], job_id))
+        except psycopg.errors.UniqueViolation:
+            return False  # an active holder of its unique key committed meanwhile (SPEC U3)
         return done
+
+    async def set_rate_limit(
+        self, topic: str, limit: int | None, per: float | timedelta = 1, *, burst: int | None = None
+    ) -> None:
+        """``Store.set_rate_limit``, awaited (SPEC F1)."""
+        rate, seconds, size = checked_rate(limit, per, burst)
+        params = {"topic": checked_topic(topic), "limit": rate, "per": seconds, "burst": size}
+        async with self._autocommit("setting a topic's rate limit") as conn:
+            run = on_async_connection(conn)
+            async with conn.transaction():
+                await run(self._q["topic_rate_lock"], {"topic": params["topic"]})
+                newly = bool((await run(self._q["topic_set_rate"], params))[0][0])
+            if rate is not None and newly:
+                writers = await run(self._q["topic_limit_writers"], {"schema": self._q.schema})
+                left = {"pids": [w[0] for w in writers], "starts": [w[1] for w in writers]}
+                deadline = time.monotonic() + LIMIT_WAIT
+                while writers and time.monotonic() < deadline:
+                    if (await run(self._q["topic_limit_writers_left"], left))[0][0] == 0:
+                        break
+                    await asyncio.sleep(0.01)
+
+    async def set_max_depth(self, topic: str, depth: int | None) -> None:
+        """``Store.set_max_depth``, awaited (SPEC F2)."""
+        params = {"topic": checked_topic(topic), "depth": checked_depth(depth)}
+        async with self._autocommit("setting a topic's depth cap") as conn:
+            await on_async_connection(conn)(self._q["topic_set_depth"], params)
+        self._caps.forget()
+
+    def queue_full_refusals(self) -> dict[str, int]:
+        """How many enqueues this AsyncStore refused with QueueFull, by topic."""
+        return self._caps.refusals()
 
     def __repr__(self) -> str:
         return f"AsyncStore(schema={self.schema!r})"

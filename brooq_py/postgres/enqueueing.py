@@ -16,12 +16,14 @@ serialization failure, as any conflicting write does there.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from brooq_py.postgres.arrays import int_array, own_uuid_array, text_array, timestamptz_array
+from brooq_py.postgres.caps import TopicCaps
 from brooq_py.postgres.queries import Queries, Query
 from brooq_py.postgres.runner import Rows
+from brooq_py.postgres.unique import answers, enqueue_unique, unique_params
 from brooq_py.postgres.workflows import after_params, has_parents, parents_of, unknown_parent, with_parents
 from brooq_py.queue import BrooqError, EnqueueResult, GroupResult, InvalidJob, Job, JobRow, State
 from brooq_py.queue.ids import uuid7, uuid7_text, uuid7_texts
@@ -107,16 +109,27 @@ def validated(jobs: Sequence[Job]) -> list[str]:
     return texts
 
 
-def keyless(q: Queries, job: Job) -> tuple[Query, dict[str, Any], EnqueueResult] | None:
-    """Return the one statement of a job without an idempotency key, and its result.
+def keyless(
+    q: Queries, job: Job, caps: Mapping[str, int] | None
+) -> tuple[Query, dict[str, Any], EnqueueResult] | None:
+    """Return the one statement of a job without keys on an uncapped topic, and its result.
 
     Such a job is never deduplicated (E1): one plain INSERT creates it, and its
     id is made here, so the result is known before the statement runs and
     nothing needs to come back (a Store runs it without reading a row). The job
-    is validated first (E4). None for a keyed job, a job with parents
-    (``after``), and for anything but a Job (``enqueue_one`` refuses that).
+    is validated first (E4). None for a job with a key, a unique key or
+    parents (``after``), for a topic that *caps* (the Store's cached depth caps)
+    name or when *caps* is None (not known lately: the plan reads them), and for
+    anything but a Job (``enqueue_one`` refuses that).
     """
-    if not isinstance(job, Job) or job.key is not None or job.after:
+    if (
+        caps is None
+        or not isinstance(job, Job)
+        or job.key is not None
+        or job.unique_key is not None
+        or job.after
+        or job.topic in caps
+    ):
         return None
     payload = job.payload_json()
     job_id = uuid7_text()
@@ -130,18 +143,26 @@ def keyless(q: Queries, job: Job) -> tuple[Query, dict[str, Any], EnqueueResult]
     return q.enqueue_plain, params, EnqueueResult(job_id, True)
 
 
-def enqueue_one(q: Queries, job: Job) -> Plan[EnqueueResult]:
+def known_caps(q: Queries, caps: TopicCaps) -> Plan[Mapping[str, int]]:
+    """The depth caps, read again (one small statement) when the cached ones are older than a second."""
+    known = caps.fresh()
+    if known is None:
+        known = caps.load((yield q["topic_caps"], {}))
+    return known
+
+
+def enqueue_one(q: Queries, job: Job, caps: TopicCaps) -> Plan[EnqueueResult]:
     """Insert *job* unless (topic, key) exists; return its id and whether this call created it.
 
     The job is validated when the plan is made, before any statement (E4).
     """
-    plain = keyless(q, job)
+    plain = keyless(q, job, caps.fresh())
     if plain is not None:
         return _just(plain)
     if isinstance(job, Job) and job.after:
-        return _first(enqueue_many(q, [job]))
+        return _first(enqueue_many(q, [job], caps))
     (payload,) = validated([job])
-    return _enqueue_one(q, job, payload)
+    return _enqueue_one(q, job, payload, caps)
 
 
 def _just(plain: tuple[Query, dict[str, Any], EnqueueResult]) -> Plan[EnqueueResult]:
@@ -155,7 +176,7 @@ def _first(plan: Plan[list[EnqueueResult]]) -> Plan[EnqueueResult]:
     return results[0]
 
 
-def enqueue_group(q: Queries, jobs: Sequence[Job], then: Job | None) -> Plan[GroupResult]:
+def enqueue_group(q: Queries, jobs: Sequence[Job], then: Job | None, caps: TopicCaps) -> Plan[GroupResult]:
     """``enqueue_many(jobs)``, then *then* with ``after`` = every id of the group (SPEC D6).
 
     The caller runs the plan in one transaction. Everything is validated when
@@ -166,13 +187,17 @@ def enqueue_group(q: Queries, jobs: Sequence[Job], then: Job | None) -> Plan[Gro
         if not isinstance(then, Job):
             raise InvalidJob(f"then is not a Job: {type(then).__name__}")
         then.payload_json()
-        (own_parents,) = parents_of([then])
-    many = enqueue_many(q, jobs) if jobs else None
-    return _group(q, many, then, own_parents)
+        (own_parents,) = parents_of([with_parents(then, [])])
+    many = enqueue_many(q, jobs, caps) if jobs else None
+    return _group(q, many, then, own_parents, caps)
 
 
 def _group(
-    q: Queries, many: Plan[list[EnqueueResult]] | None, then: Job | None, own_parents: list[str]
+    q: Queries,
+    many: Plan[list[EnqueueResult]] | None,
+    then: Job | None,
+    own_parents: list[str],
+    caps: TopicCaps,
 ) -> Plan[GroupResult]:
     if own_parents:  # refused before the group is written, not after
         missing = yield q["job_parents_missing"], {"parents": own_uuid_array(own_parents)}
@@ -182,50 +207,81 @@ def _group(
     ids = [r.id for r in results]
     if then is None:
         return GroupResult(ids, None)
-    fan_in = yield from enqueue_one(q, with_parents(then, ids))
+    fan_in = yield from enqueue_one(q, with_parents(then, ids), caps)
     return GroupResult(ids, fan_in.id)
 
 
-def _enqueue_one(q: Queries, job: Job, payload: str) -> Plan[EnqueueResult]:
+def _enqueue_one(q: Queries, job: Job, payload: str, caps: TopicCaps) -> Plan[EnqueueResult]:
+    known = yield from known_caps(q, caps)
+    cap = known.get(job.topic)
+    if job.unique_key is not None:
+        result: EnqueueResult = yield from enqueue_unique(q, job, payload, cap, caps)
+        return result
+    if job.key is None and cap is None:  # the caps were stale, and the topic is not capped
+        plain = keyless(q, job, known)
+        assert plain is not None
+        return (yield from _just(plain))
     params = job_params(job, payload, uuid7())
+    params["cap"] = cap
     for _ in range(_ATTEMPTS):
         rows = yield q.enqueue, params
-        if rows:
+        if rows and rows[0][1]:
             return EnqueueResult(str(rows[0][0]), True)
-        if job.key is None:
-            break
-        # A new statement: its snapshot sees a duplicate committed while we waited on it.
-        rows = yield q.get_by_key, {"topic": job.topic, "key": job.key}
+        # No row: the key is taken. (NULL, false): the cap refused it - unless the key is taken too.
+        if job.key is not None:
+            # A new statement: its snapshot sees a duplicate committed while we waited on it.
+            found = yield q.get_by_key, {"topic": job.topic, "key": job.key}
+            if found:
+                return EnqueueResult(str(found[0][0]), False)
         if rows:
-            return EnqueueResult(str(rows[0][0]), False)
+            assert cap is not None
+            raise caps.refused(job.topic, cap)
     raise BrooqError(f"enqueue of topic {job.topic!r} did not settle after {_ATTEMPTS} attempts")
 
 
-def enqueue_many(q: Queries, jobs: Sequence[Job]) -> Plan[list[EnqueueResult]]:
+def enqueue_many(q: Queries, jobs: Sequence[Job], caps: TopicCaps) -> Plan[list[EnqueueResult]]:
     """Enqueue *jobs* in one statement (more only for keys a concurrent writer held); input order.
 
     Every job is validated when the plan is made: one bad job refuses the batch (E4, E5).
-    A key repeated inside the batch is sent once; the repeats get its result with created=False.
+    A key (idempotency or unique) repeated inside the batch is sent once, with its first
+    job; the repeats get that job's result with created=False, in input order.
     """
-    first_of: dict[tuple[str, str], int] = {}
+    first_of: dict[tuple[str, str, str], int] = {}
     repeats: list[tuple[int, int]] = []
     todo: list[int] = []
     for i, job in enumerate(jobs):
         if not isinstance(job, Job):
             validated(jobs)  # raises for the first bad job in input order
-        key = job.key
-        if key is not None:
-            first = first_of.setdefault((job.topic, key), i)
-            if first != i:
-                repeats.append((i, first))
-                continue
+        names = []
+        if job.key is not None:
+            names.append(("key", job.topic, job.key))
+        if job.unique_key is not None:
+            names.append(("unique", job.topic, job.unique_key))
+        first = next((first_of[n] for n in names if n in first_of), None)
+        if first is not None:
+            repeats.append((i, first))
+            continue
+        for n in names:
+            first_of[n] = i
         todo.append(i)
     if repeats:
         validated(jobs)  # the repeats' payloads too, in input order
     payloads = encode_payloads([jobs[i].payload for i in todo])
     # A batch naming parents takes the statement that checks and links them (SPEC D1).
     parents = parents_of(jobs) if has_parents(jobs) else None
-    return _enqueue_many(q, jobs, todo, repeats, payloads, parents)
+    return _enqueue_many(q, jobs, todo, repeats, payloads, caps, parents)
+
+
+def _cap_params(jobs: Sequence[Job], todo: list[int], known: Mapping[str, int]) -> dict[str, str]:
+    counts: dict[str, int] = {}
+    for i in todo:
+        if jobs[i].topic in known:
+            counts[jobs[i].topic] = counts.get(jobs[i].topic, 0) + 1
+    return {
+        "cap_topics": text_array(list(counts)),
+        "caps": int_array(known[t] for t in counts),
+        "cap_counts": int_array(counts.values()),
+    }
 
 
 def _enqueue_many(
@@ -234,11 +290,13 @@ def _enqueue_many(
     todo: list[int],
     repeats: list[tuple[int, int]],
     payloads: str | None,
+    caps: TopicCaps,
     parents: list[list[str]] | None = None,
 ) -> Plan[list[EnqueueResult]]:
     results: list[EnqueueResult | None] = [None] * len(jobs)
     ids = dict(zip(todo, uuid7_texts(len(todo)), strict=True))
-    query = q.enqueue_many if parents is None else q["job_enqueue_after"]
+    known = yield from known_caps(q, caps)
+    unique = any(jobs[i].unique_key is not None for i in todo)
 
     for _ in range(_ATTEMPTS):
         if not todo:
@@ -246,7 +304,6 @@ def _enqueue_many(
         batch = [jobs[i] for i in todo]
         if payloads is None:  # a later attempt, for fewer jobs
             payloads = encode_payloads([job.payload for job in batch])
-        # Rows come back only for jobs whose key was taken: (position in todo from 1, id or NULL).
         params = {
             "ids": own_uuid_array([ids[i] for i in todo]),
             "topics": text_array([job.topic for job in batch]),
@@ -254,38 +311,71 @@ def _enqueue_many(
             "keys": text_array([job.key for job in batch]),
             "available_at": timestamptz_array([job.available_at for job in batch]),
             "priorities": int_array([job.priority for job in batch]),
+            **_cap_params(jobs, todo, known),
         }
-        if parents is not None:
+        if unique:
+            params["unique_keys"] = text_array([job.unique_key for job in batch])
+            query = q["job_enqueue_many_unique"]
+        elif parents is not None:
             params.update(after_params([parents[i] for i in todo]))
+            query = q["job_enqueue_after"]
+        else:
+            query = q.enqueue_many
+        # Rows come back only for jobs whose key was taken (position in todo from 1), and for
+        # capped topics that would go past their cap (then nothing was written).
         rows = yield query, params
+        too_deep = [r[-1] for r in rows if r[-1] is not None]
+        if too_deep:
+            raise caps.refused(too_deep[0], known[too_deep[0]])
         if rows and rows[0][0] == -1:  # a parent the statement could not see: nothing was written
             raise unknown_parent(rows[0][1])
         for i in todo:
             results[i] = EnqueueResult(ids[i], True)
-        unresolved = []
-        for position, job_id in rows:
-            i = todo[position - 1]
-            if job_id is None:
-                results[i] = None
-                unresolved.append(i)
+        again: list[int] = []
+        lookups: list[int] = []
+        changes: list[int] = []
+        for r in rows:
+            i = todo[r[0] - 1]
+            results[i] = None
+            if not unique:
+                if r[1] is None:
+                    lookups.append(i)
+                else:
+                    results[i] = EnqueueResult(str(r[1]), False)
+                continue
+            key_holder, holder, state = r[1], r[2], r[3]
+            if key_holder is not None:
+                results[i] = EnqueueResult(str(key_holder), False)
+            elif holder is None:
+                again.append(i)  # a holder committed meanwhile, or ended: again
+            elif jobs[i].on_duplicate != "keep" and state != "processing":
+                changes.append(i)
             else:
-                results[i] = EnqueueResult(str(job_id), False)
-        todo, payloads = [], None
-        if unresolved:
+                results[i] = EnqueueResult(str(holder), False)
+        for i in changes:
+            params_i = unique_params(jobs[i], jobs[i].payload_json(), None)
+            changed = answers((yield q["job_unique_update"], params_i))
+            hit = changed.get("updated") or changed.get("unique")
+            if hit is None:
+                again.append(i)
+            else:
+                results[i] = EnqueueResult(str(hit[0]), False)
+        if lookups:
             found_rows = yield (
                 q.get_by_keys,
                 {
-                    "topics": [jobs[i].topic for i in unresolved],
-                    "keys": [jobs[i].key for i in unresolved],
+                    "topics": [jobs[i].topic for i in lookups],
+                    "keys": [jobs[i].key for i in lookups],
                 },
             )
             found = {(topic, key): str(job_id) for topic, key, job_id in found_rows}
-            for i in unresolved:
+            for i in lookups:
                 existing = found.get((jobs[i].topic, str(jobs[i].key)))
                 if existing is None:
-                    todo.append(i)
+                    again.append(i)
                 else:
                     results[i] = EnqueueResult(existing, False)
+        todo, payloads = sorted(again), None
     if todo:
         raise BrooqError(f"enqueue_many did not settle after {_ATTEMPTS} attempts")
     for i, first in repeats:
@@ -313,9 +403,11 @@ def get(q: Queries, job_id: Any) -> Plan[JobRow | None]:
     if parsed is None:
         return None
     rows = yield q.get, {"id": parsed}
-    if not rows:
-        return None
-    r = rows[0]
+    return row_of(rows[0]) if rows else None
+
+
+def row_of(r: tuple[Any, ...]) -> JobRow:
+    """A row of job_get's columns (job_list's too) as a JobRow."""
     return JobRow(
         id=str(r[0]),
         topic=r[1],
@@ -330,5 +422,5 @@ def get(q: Queries, job_id: Any) -> Plan[JobRow | None]:
         idempotency_key=r[10],
         created_at=r[11],
         updated_at=r[12],
-        parents=tuple(str(p) for p in r[13] or ()),
+        parents=tuple(str(p) for p in r[14] or ()),
     )

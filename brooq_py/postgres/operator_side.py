@@ -11,13 +11,14 @@ from typing import Any
 
 import psycopg
 
-from brooq_py.postgres.enqueueing import Plan, by_id
+from brooq_py.postgres.enqueueing import Plan, by_id, parse_id, row_of
+from brooq_py.postgres.flow import rate_text, refusal_text, setting_of
 from brooq_py.postgres.queries import Queries
 from brooq_py.postgres.runner import Rows, on_connection
 from brooq_py.postgres.worker_side import claimed_jobs
-from brooq_py.queue import InvalidJob
+from brooq_py.queue import InvalidJob, JobRow, State
 from brooq_py.queue.job import check_text
-from brooq_py.queue.port import ClaimedJob, TopicSetting
+from brooq_py.queue.port import LimitedClaim, TopicSetting
 
 __all__ = ["INT32_MAX", "OperatorSide", "TopicOverview", "TopicSetting", "checked_limit", "checked_topic"]
 
@@ -35,6 +36,9 @@ class TopicOverview:
     oldest_ready_seconds: float
     paused: bool
     limit: int | None
+    rate: str | None = None  # "10/1s (burst 10)"; None: no rate limit
+    tokens: float | None = None  # rate tokens left now
+    max_depth: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -43,6 +47,9 @@ class TopicOverview:
             "oldest_ready_seconds": self.oldest_ready_seconds,
             "paused": self.paused,
             "limit": self.limit,
+            "rate": self.rate,
+            "tokens": self.tokens,
+            "max_depth": self.max_depth,
         }
 
 
@@ -85,8 +92,29 @@ class OperatorSide:
         Wake the engines of its topic. Return False for any other state and for
         unknown or malformed ids.
         """
-        done: bool = self._drive("retrying a job", by_id(self._q["job_retry"], job_id))
+        try:
+            done: bool = self._drive("retrying a job", by_id(self._q["job_retry"], job_id))
+        except psycopg.errors.UniqueViolation:
+            return False  # an active holder of its unique key committed meanwhile (SPEC U3)
         return done
+
+    def retry_refusal(self, job_id: str) -> str | None:
+        """Say why ``retry(job_id)`` changes nothing now, or None when it would retry the job."""
+        parsed = parse_id(job_id)
+        if parsed is None:
+            return f"{job_id!r} is not a job id"
+        rows = self._run("reading a job", self._q["job_retry_refusal"], {"id": parsed})
+        return refusal_text(job_id, rows)
+
+    def list_jobs(self, topic: str | None = None, state: str | None = None, limit: int = 50) -> list[JobRow]:
+        """The newest jobs first (by id: UUIDv7), of *topic* and in *state* when given; at most *limit*."""
+        params = {
+            "topic": None if topic is None else checked_topic(topic),
+            "state": None if state is None else str(State(state)),
+            "limit": max(0, int(limit)),
+        }
+        rows = self._run("listing jobs", self._q["job_list"], params)
+        return [row_of(r) for r in rows]
 
     def pause(self, topic: str) -> None:
         """Pause *topic*: no engine claims it from its next claim on; running jobs finish (SPEC Q2)."""
@@ -119,13 +147,13 @@ class OperatorSide:
                 writers = run(self._q["topic_limit_writers"], {"schema": self._q.schema})
                 if writers:
                     left = {"pids": [w[0] for w in writers], "starts": [w[1] for w in writers]}
-                    _until(lambda: run(self._q["topic_limit_writers_left"], left)[0][0] == 0, LIMIT_WAIT)
+                    until(lambda: run(self._q["topic_limit_writers_left"], left)[0][0] == 0, LIMIT_WAIT)
             run(self._q["topic_set_limit"], params)
 
     def topic_settings(self) -> list[TopicSetting]:
         """Return every topic an operator has paused or limited, by name."""
         rows = self._run("reading topic settings", self._q["topic_settings"], {})
-        return [TopicSetting(topic=r[0], paused=r[1], limit=r[2], updated_at=r[3]) for r in rows]
+        return [setting_of(r) for r in rows]
 
     def topic_overview(self) -> list[TopicOverview]:
         """Every topic with jobs or settings: jobs per state, oldest ready age, paused, limit.
@@ -140,12 +168,17 @@ class OperatorSide:
                 oldest_ready_seconds=max(0.0, float(r[2] or 0.0)),
                 paused=bool(r[3]),
                 limit=r[4],
+                rate=rate_text(r[5], r[6], r[7]),
+                tokens=None if r[8] is None else float(r[8]),
+                max_depth=r[9],
             )
             for r in rows
         ]
 
-    def claim_limited(self, topic: str, limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:
-        """Claim up to *limit* jobs of a globally limited *topic*, never beyond its limit (SPEC Q3).
+    def claim_limited(self, topic: str, limit: int, worker: str, lease: timedelta) -> LimitedClaim:
+        """Claim up to *limit* jobs of a globally limited or rate-limited *topic*, never beyond its
+        limit nor its tokens (SPEC Q3, F1); ``next_token_in`` says when its next token is due once
+        they ran out.
 
         One READ COMMITTED transaction: the topic's transaction-scoped advisory
         lock first, then the claim, whose snapshot (taken once the lock is held)
@@ -154,17 +187,22 @@ class OperatorSide:
         this time. A topic that is paused or no longer limited yields nothing.
         """
         if limit < 1:
-            return []
+            return LimitedClaim()
         params = {"topic": topic, "limit": limit, "worker": worker, "lease": lease}
         with self._autocommit("claiming a limited topic") as conn, _read_committed(conn):
             run = on_connection(conn)
             with conn.transaction():
                 if not run(self._q["topic_claim_lock"], {"topic": topic})[0][0]:
-                    return []  # another claim of the topic holds the lock: nothing this time
-                return claimed_jobs(run(self._q["job_claim_limited"], params))
+                    busy = LimitedClaim()  # another claim of the topic holds the lock: nothing this time
+                    busy.busy = True
+                    return busy
+                rows = run(self._q["job_claim_limited"], params)
+        got = LimitedClaim(claimed_jobs([r for r in rows if r[0] is not None]))
+        got.next_token_in = rows[0][8] if rows else None
+        return got
 
 
-def _until(done: Callable[[], bool], timeout: float) -> bool:
+def until(done: Callable[[], bool], timeout: float) -> bool:
     """Poll *done* until it is true (True) or *timeout* seconds pass (False)."""
     deadline = time.monotonic() + timeout
     while not done():

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from psycopg.rows import tuple_row
 
+from brooq_py.postgres.flow import rate_text, setting_of
 from brooq_py.queue import State
 
 if TYPE_CHECKING:
@@ -60,6 +61,9 @@ class TopicView:
     paused: bool
     limit: int | None
     throughput: list[int] = field(default_factory=list)
+    rate: str | None = None  # "10/1s", None: no rate limit (SPEC F1)
+    tokens: float | None = None  # rate tokens left when read
+    max_depth: int | None = None  # SPEC F2
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -69,6 +73,9 @@ class TopicView:
             "paused": self.paused,
             "limit": self.limit,
             "done_per_minute": list(self.throughput),
+            "rate": self.rate,
+            "tokens": None if self.tokens is None else round(self.tokens, 3),
+            "max_depth": self.max_depth,
         }
 
 
@@ -206,7 +213,7 @@ class Overview:
             cur.execute(q["stats_topics"].composed, {"max_topics": MAX_TOPICS})
             names = {str(r[0]) for r in cur.fetchall()}
             cur.execute(q["topic_settings"].composed, {})
-            settings = {str(r[0]): (bool(r[1]), r[2]) for r in cur.fetchall()}
+            settings = {str(r[0]): setting_of(r) for r in cur.fetchall()}
             if self._activity is None or self._clock() - self._activity_at >= ACTIVITY_TTL:
                 cur.execute(q["web_activity"].composed, {"cap": ACTIVITY_CAP})
                 self._activity, self._activity_at = cur.fetchall(), self._clock()
@@ -236,15 +243,18 @@ class Overview:
                 else:
                     value = g.get(str(state))
                     counts[state] = None if value is None else int(value)
-            paused, limit = settings.get(topic, (False, None))
+            s = settings.get(topic)
             views.append(
                 TopicView(
                     topic=topic,
                     counts=counts,
                     oldest_ready_seconds=float(g.get("oldest_ready_seconds") or 0.0),
-                    paused=paused,
-                    limit=limit,
+                    paused=bool(s and s.paused),
+                    limit=s.limit if s else None,
                     throughput=per_minute.get(topic, [0] * MINUTES),
+                    rate=rate_text(s.rate_limit, s.rate_per, s.rate_burst) if s else None,
+                    tokens=s.tokens if s else None,
+                    max_depth=s.max_depth if s else None,
                 )
             )
         return Topics(views, self.cap, datetime.now(UTC))

@@ -2,7 +2,7 @@
 
 Each file holds one statement with ``{job}``, ``{job_edge}``, ``{topic_setting}``, ``{version_table}`` (the tables),
 ``{channel}`` (the wake-up channel as an identifier), ``{channel_literal}`` (as text) or
-``{stage_channel}`` (the stager's channel)
+``{stage_channel}`` (the stager's channel, ``{stage_channel_literal}`` as text)
 placeholders and psycopg ``%(name)s`` parameters. A Store renders every
 statement once for its schema with ``psycopg.sql.Identifier`` and never sets
 ``search_path`` on a connection.
@@ -55,6 +55,7 @@ def render(name: str, schema: str, *, rows: bool = True) -> Query:
         channel=sql.Identifier(channel_for(schema)),
         channel_literal=sql.Literal(channel_for(schema)),
         stage_channel=sql.Identifier(stage_channel_for(schema)),
+        stage_channel_literal=sql.Literal(stage_channel_for(schema)),
     )
     # A foreign Tx gets the text with plain %(name)s placeholders: binary ones are psycopg's own.
     text = _BINARY_PLACEHOLDER.sub(r"%(\1)s", composed.as_string(None))

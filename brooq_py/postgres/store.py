@@ -28,8 +28,10 @@ import psycopg_pool
 
 from brooq_py.postgres import enqueueing as plans
 from brooq_py.postgres.bounds import DEFAULT_LEASE, merged, statement_budget
+from brooq_py.postgres.caps import TopicCaps
 from brooq_py.postgres.enqueueing import drive, first_statement, parse_id
 from brooq_py.postgres.errors import translated
+from brooq_py.postgres.flow_side import FlowSide
 from brooq_py.postgres.listener import PROBE_TIMEOUT, PgListener
 from brooq_py.postgres.operator_side import OperatorSide
 from brooq_py.postgres.own import OwnConnection
@@ -57,7 +59,7 @@ def _with_options(kwargs: dict[str, Any], options: str) -> dict[str, Any]:
     return kwargs
 
 
-class Store(WorkerSide, OperatorSide):
+class Store(WorkerSide, OperatorSide, FlowSide):
     """The job store on a caller's ``psycopg_pool.ConnectionPool`` (the engine's Repo).
 
     The pool stays the caller's: the Store never opens or closes it. ``pool``
@@ -86,6 +88,7 @@ class Store(WorkerSide, OperatorSide):
         self._pool_conninfo = pool.conninfo if pool is not None else None
         self._pool_kwargs = pool.kwargs if pool is not None else None
         self._q = Queries(schema)
+        self._caps = TopicCaps()  # the depth-capped topics, cached for a second (SPEC F2)
         # The heartbeat's statement is bounded on the client too (L3). Claims and outcome batches run
         # on connections of their own, their plans cached, when those reach the pool's server; with a
         # separate ``conninfo`` (the pool behind a proxy) they stay on the pool.
@@ -181,9 +184,9 @@ class Store(WorkerSide, OperatorSide):
         Idempotent on (topic, key) for the life of the row (SPEC E1). Raise
         InvalidJob before anything is written for a bad job (E4).
         """
-        plain = plans.keyless(self._q, job)
+        plain = plans.keyless(self._q, job, self._caps.fresh())
         if plain is None:
-            result: EnqueueResult = self._drive("enqueueing", plans.enqueue_one(self._q, job))
+            result: EnqueueResult = self._drive("enqueueing", plans.enqueue_one(self._q, job, self._caps))
             return result
         query, params, created = plain
         self._execute("enqueueing", query, params)
@@ -200,7 +203,7 @@ class Store(WorkerSide, OperatorSide):
         concurrently raises a serialization failure, as any conflicting write does.
         An asyncio connection raises TypeError naming AsyncStore.
         """
-        plan = plans.enqueue_one(self._q, job)
+        plan = plans.enqueue_one(self._q, job, self._caps)
         with translated("enqueueing"):
             return drive(plan, on_tx(tx))
 
@@ -212,7 +215,7 @@ class Store(WorkerSide, OperatorSide):
         repeats get its id with created=False.
         """
         run = on_tx(tx) if tx is not None else None  # a wrong tx is refused even for no jobs
-        plan = plans.enqueue_many(self._q, jobs)
+        plan = plans.enqueue_many(self._q, jobs, self._caps)
         if not jobs:
             return []
         if run is not None:
@@ -231,7 +234,7 @@ class Store(WorkerSide, OperatorSide):
         it names itself. Everything is validated first (InvalidJob, nothing written).
         """
         run = on_tx(tx) if tx is not None else None
-        plan = plans.enqueue_group(self._q, jobs, then)
+        plan = plans.enqueue_group(self._q, jobs, then, self._caps)
         with translated("enqueueing a group"):
             if run is not None:
                 return drive(plan, run)

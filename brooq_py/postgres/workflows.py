@@ -35,6 +35,9 @@ def parents_of(jobs: Sequence[Job]) -> list[list[str]]:
     """
     out = []
     for i, job in enumerate(jobs):
+        if job.after and job.unique_key is not None:
+            # The unique-key statement (keep/merge/replace of an active holder) links no parents.
+            raise InvalidJob(f"item {i}: a job with after cannot carry a unique_key (use an idempotency_key)")
         if len(job.after) > MAX_PARENTS:
             raise InvalidJob(f"item {i}: after names {len(job.after)} jobs; at most {MAX_PARENTS}")
         parents: dict[str, None] = {}

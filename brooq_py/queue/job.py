@@ -233,11 +233,14 @@ class AttemptError:
         }
 
 
+EventKind = Literal["claimed", "done", "failed", "dead", "canceled", "requeued"]
+
+
 @dataclass(frozen=True)
 class Event:
     """Something that happened to a job, delivered after its commit (``Engine.on_event``)."""
 
-    kind: Literal["claimed", "done", "failed", "dead", "canceled", "requeued"]
+    kind: EventKind
     job_id: str
     topic: str
     attempt: int

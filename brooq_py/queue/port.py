@@ -77,12 +77,32 @@ class Gauges:
 
 @dataclass(frozen=True)
 class TopicSetting:
-    """A topic an operator has touched: paused or not, and its global limit (None: unlimited)."""
+    """A topic an operator has touched: paused or not, its global limit (None: unlimited), its rate
+    limit (``rate_limit`` claims per ``rate_per`` seconds in bursts of ``rate_burst``, ``tokens``
+    left now; None: none) and its depth cap (``max_depth``; None: none)."""
 
     topic: str
     paused: bool
     limit: int | None
     updated_at: datetime
+    rate_limit: int | None = None
+    rate_per: float | None = None
+    rate_burst: int | None = None
+    tokens: float | None = None
+    max_depth: int | None = None
+
+    @property
+    def limited(self) -> bool:
+        """Claimed on the limited path, under its topic's lock (a global or a rate limit)."""
+        return self.limit is not None or self.rate_limit is not None
+
+
+class LimitedClaim(list[ClaimedJob]):
+    """The rows of a limited claim; ``next_token_in``: the seconds until the topic's next rate
+    token when its tokens ran out (the engine claims it again then, not before), else None."""
+
+    next_token_in: float | None = None
+    busy: bool = False  # another claim of the topic held its lock: nothing was tried
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,10 @@
 
 Mount it in your own Starlette or FastAPI application
 (``app.mount("/brooq", dashboard(store, token=...))``), run it alone with
-``brooq-py dashboard``, or find it at ``/ui`` on the worker's surface.
+``brooq-py dashboard``, or find it at ``/ui`` on the worker's surface. The
+code lives in ``brooq_py.http`` (``http.factory``, ``http.dashboard``).
 """
 
-from brooq_py.web.factory import dashboard
+from brooq_py.http.factory import dashboard
 
 __all__ = ["dashboard"]

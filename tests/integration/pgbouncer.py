@@ -21,7 +21,7 @@ from pathlib import Path
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from brooq_py.devdb_process import die_with_parent, free_port
+from brooq_py.devdb.process import die_with_parent, free_port
 
 
 def pgbouncer_binary() -> str | None:

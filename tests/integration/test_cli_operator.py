@@ -114,6 +114,9 @@ def test_cli_topics_lists_counts_per_state_oldest_ready_paused_and_limit(
         "oldest_ready_seconds": 0.0,
         "paused": False,
         "limit": 2,
+        "rate": None,
+        "tokens": None,
+        "max_depth": None,
     }
     code, out, _ = cli(dsn, schema, tmp_path, "topics")
     assert code == 0
@@ -128,11 +131,14 @@ def test_cli_topics_lists_counts_per_state_oldest_ready_paused_and_limit(
         "dead",
         "canceled",
     ]
-    assert line_a.split()[:8] == ["a", "2", "0", "0", "0", "0", "1", "0"] and line_a.split()[-2:] == [
+    assert line_a.split()[:8] == ["a", "2", "0", "0", "0", "0", "1", "0"] and line_a.split()[-5:] == [
         "yes",
         "-",
+        "-",
+        "-",
+        "-",
     ]
-    assert line_b.split()[-2:] == ["no", "2"]
+    assert line_b.split()[-5:] == ["no", "2", "-", "-", "-"]
 
 
 def test_cli_operator_commands_on_an_unmigrated_schema_or_an_unreachable_database_fail_clearly(

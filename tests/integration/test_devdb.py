@@ -20,6 +20,7 @@ import pytest
 
 from brooq_py import devdb
 from brooq_py.devdb import DevDatabase, mask_dsn, start_throwaway
+from brooq_py.devdb.process import free_port
 
 DEADLINE = 20.0  # seconds; generous, only reached when something is wrong
 
@@ -52,7 +53,7 @@ def _select_one(dsn: str) -> object:
 
 
 def _closed_port() -> int:
-    return devdb._free_port()
+    return free_port()
 
 
 @pytest.fixture

@@ -263,7 +263,7 @@ def test_q4_two_engines_scheduling_the_same_cron_make_one_job_per_tick(
 ) -> None:
     """SPEC Q4: two engines (and a restart of one) on an every-second cron for 10 s: one job per
     tick, no tick skipped between the first and the last."""
-    from brooq_py.engine.scheduler import tick_key
+    from brooq_py.engine.services.scheduler import tick_key
 
     def make() -> Engine:
         e = engines()

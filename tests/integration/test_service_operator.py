@@ -58,7 +58,10 @@ def test_q1_retry_endpoint(server: Server, store: Store, pool: Any) -> None:
     row = store.get(dead)
     assert row is not None and row.state == State.PENDING and row.attempts == 0
     assert row.last_error == "RuntimeError: boom"  # kept (Q1)
-    assert call(server, "POST", f"/jobs/{pending}/retry") == (200, {"retried": False})
+    assert call(server, "POST", f"/jobs/{pending}/retry") == (
+        200,
+        {"retried": False, "reason": f"job {pending} is pending: only dead or canceled jobs can be retried"},
+    )
     assert call(server, "POST", f"/jobs/{uuid.uuid4()}/retry")[0] == 404
     assert call(server, "POST", "/jobs/not-a-uuid/retry")[0] == 400
     assert call(server, "GET", f"/jobs/{dead}/retry")[0] == 405

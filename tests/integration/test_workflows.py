@@ -14,7 +14,7 @@ from psycopg import sql
 from psycopg_pool import ConnectionPool
 
 from brooq_py.postgres import Store
-from brooq_py.queue import InvalidJob, Job, State
+from brooq_py.queue import InvalidJob, Job, QueueFull, State
 from brooq_py.queue.port import Outcome
 
 LEASE = timedelta(seconds=30)
@@ -375,3 +375,24 @@ def test_d5_a_then_after_ten_thousand_parents_is_released_by_the_last_done(
     finish(store, "many")
     assert state(store, group.then_id) is State.PENDING
     assert len(store.parent_results(group.then_id)) == 10_000
+
+
+def test_d1_f2_a_full_topic_refuses_a_blocked_job_and_counts_blocked_ones(
+    store: Store, db: psycopg.Connection[Any]
+) -> None:
+    p = store.enqueue(Job("p")).id
+    store.set_max_depth("c", 2)
+    first = store.enqueue_many([Job("c", after=[p]), Job("c", after=[p])])
+    with pytest.raises(QueueFull), store.begin() as tx:
+        try:
+            store.enqueue_tx(tx, Job("c", after=[p]))
+        finally:
+            assert store.enqueue_tx(tx, Job("other")).created  # the transaction is still usable
+    assert {state(store, r.id) for r in first} == {State.BLOCKED}
+    assert edges(db) == {(p, r.id) for r in first}
+
+
+def test_d1_after_with_a_unique_key_is_refused(store: Store) -> None:
+    p = store.enqueue(Job("p")).id
+    with pytest.raises(InvalidJob, match="unique_key"):
+        store.enqueue(Job("c", unique_key="u", after=[p]))

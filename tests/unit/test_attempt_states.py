@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from brooq_py.engine.attempt import (
+from brooq_py.engine.attempt.attempt import (
     ENDINGS,
     HANDLER,
     PHASES,
@@ -17,7 +17,7 @@ from brooq_py.engine.attempt import (
     Kind,
     Phase,
 )
-from brooq_py.engine.outcome import Ending, decide
+from brooq_py.engine.attempt.outcome import Ending, decide
 from brooq_py.engine.repo import ClaimedJob
 from brooq_py.queue import (
     AttemptTimeout,

@@ -428,7 +428,7 @@ def test_stop_and_close_are_safe_to_repeat(repo: FakeRepo, make_engine: Callable
 
 def test_ticker_logs_a_failing_tick_once_then_goes_on(caplog: pytest.LogCaptureFixture) -> None:
     """Ticker base: errors are logged (the stack once, not every period) and the loop goes on."""
-    from brooq_py.engine.ticker import Ticker
+    from brooq_py.engine.services.ticker import Ticker
 
     calls: list[int] = []
 
@@ -459,7 +459,7 @@ def test_ticker_logs_a_failing_tick_once_then_goes_on(caplog: pytest.LogCaptureF
 def test_z1_retention_tick_ending_on_its_cap_is_followed_at_once(caplog: pytest.LogCaptureFixture) -> None:
     from datetime import timedelta
 
-    from brooq_py.engine.retention import MAX_BATCHES_PER_TICK, Retention
+    from brooq_py.engine.services.retention import MAX_BATCHES_PER_TICK, Retention
 
     calls: list[int] = []
     deleted: dict[str, int] = {}
@@ -491,7 +491,7 @@ def test_z1_retention_tick_ending_on_its_cap_is_followed_at_once(caplog: pytest.
 def test_z1_retention_drains_a_backlog_without_waiting_a_period() -> None:
     from datetime import timedelta
 
-    from brooq_py.engine.retention import Retention
+    from brooq_py.engine.services.retention import Retention
 
     backlog = [5000]
 
@@ -525,7 +525,7 @@ def test_z1_retention_pauses_after_each_full_batch(
 ) -> None:
     from datetime import timedelta
 
-    from brooq_py.engine.retention import MAX_PAUSE, PACE, Retention
+    from brooq_py.engine.services.retention import MAX_PAUSE, PACE, Retention
 
     now = [0.0]
     backlog = [backlog_rows]
@@ -549,7 +549,7 @@ def test_z1_batches_deleted_before_a_failing_one_are_counted(caplog: pytest.LogC
     """The metric and the INFO summary both count the batches committed before a failing one."""
     from datetime import timedelta
 
-    from brooq_py.engine.retention import Retention
+    from brooq_py.engine.services.retention import Retention
 
     calls = [0]
     counted: dict[str, int] = {}
@@ -576,8 +576,8 @@ def test_z1_batches_deleted_before_a_failing_one_are_counted(caplog: pytest.LogC
 def test_z1_stop_ends_a_retention_pause_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     from datetime import timedelta
 
-    from brooq_py.engine import retention
-    from brooq_py.engine.retention import Retention
+    from brooq_py.engine.services import retention
+    from brooq_py.engine.services.retention import Retention
 
     monkeypatch.setattr(retention, "MAX_PAUSE", 3600.0)
 
@@ -606,7 +606,7 @@ def test_z1_stop_ends_a_retention_pause_at_once(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_retention_ttl_zero_starts_no_retention_loop_t3(repo: FakeRepo) -> None:
-    from brooq_py.engine.retention import Retention
+    from brooq_py.engine.services.retention import Retention
 
     e = Engine(repo, Config(retention_ttl=0, lease=3))
     e.start()
@@ -643,7 +643,7 @@ def test_healthz_turns_unhealthy_once_hung_outnumber_workers_c5(
 
 
 def test_reaper_logs_count_and_topics_at_info_r1(caplog: pytest.LogCaptureFixture) -> None:
-    from brooq_py.engine.reaper import Reaper
+    from brooq_py.engine.services.reaper import Reaper
 
     reaped: list[str] = []
     rows = [("1", "email"), ("2", "email"), ("3", "sms")]
@@ -675,8 +675,8 @@ def test_run_once_after_stop_writes_outcomes_at_once(
 
 def test_completer_does_not_rewrite_after_a_bookkeeping_error_c10() -> None:
     """A failure after the write (bookkeeping) is logged; the written batch is not sent again."""
-    from brooq_py.engine.completer import Completer
     from brooq_py.engine.repo import Outcome
+    from brooq_py.engine.services.completer import Completer
 
     writes: list[int] = []
 
@@ -697,7 +697,7 @@ def test_completer_does_not_rewrite_after_a_bookkeeping_error_c10() -> None:
 def test_z1_a_failing_delete_waits_a_period() -> None:
     from datetime import timedelta
 
-    from brooq_py.engine.retention import MAX_BATCHES_PER_TICK, Retention
+    from brooq_py.engine.services.retention import MAX_BATCHES_PER_TICK, Retention
 
     calls = [0]
 

@@ -12,13 +12,13 @@ from datetime import timedelta
 import pytest
 
 from brooq_py.engine import Engine
-from brooq_py.engine.attempt import Phase
-from brooq_py.engine.dispatcher import Dispatcher
-from brooq_py.engine.heartbeat import Heartbeat
-from brooq_py.engine.listener import RECONNECT_MAX, WakeListener
-from brooq_py.engine.outcome import Ending, decide
+from brooq_py.engine.attempt.attempt import Phase
+from brooq_py.engine.attempt.outcome import Ending, decide
+from brooq_py.engine.attempt.slots import SlotPool
 from brooq_py.engine.repo import ClaimedJob, Outcome
-from brooq_py.engine.slots import SlotPool
+from brooq_py.engine.services.dispatcher import Dispatcher
+from brooq_py.engine.services.heartbeat import Heartbeat
+from brooq_py.engine.services.listener import RECONNECT_MAX, WakeListener
 from brooq_py.queue import (
     BrooqError,
     Claim,

@@ -1,4 +1,4 @@
-"""Imports point one way: postgres -> queue <- engine (proved from the real imports, fresh interpreters)."""
+"""Imports point one way: postgres -> queue <- engine, attempt <- services, and no circle (proved from the real imports: fresh interpreters, and every import statement of the source)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import subprocess
 import sys
 
 import pytest
+
+from tests.unit.import_graph import cycles, graph, modules, within
 
 PROBE = """
 import json, sys
@@ -69,3 +71,112 @@ def test_a1_a_producer_only_import_stays_light(forbidden: str) -> None:
 def test_the_django_contrib_is_never_imported_by_the_core() -> None:
     for module in ("brooq_py", "brooq_py.postgres", "brooq_py.engine", "brooq_py.cli"):
         assert not [m for m in loaded_by(module) if m.startswith(("brooq_py.contrib", "django"))]
+
+
+# --- the directions inside the package, from every import statement in the source (ast) -------------
+
+IMPORTS = graph()
+MODULES = modules()
+
+
+def imported_by(prefix: str) -> set[str]:
+    return {i.target for i in IMPORTS if within(i.importer, prefix)}
+
+
+def test_the_graph_reads_the_real_imports() -> None:
+    """The graph holds edges known to exist: a module-level one, a lazy one and a type-only one."""
+    edges = {(i.importer, i.target, i.type_only) for i in IMPORTS}
+    assert ("brooq_py.engine.services.heartbeat", "brooq_py.engine.attempt.attempt", False) in edges
+    assert ("brooq_py.http.server", "brooq_py.http.asgi", False) in edges  # inside a function
+    assert ("brooq_py.http.api", "brooq_py.engine", True) in edges
+    assert "brooq_py.engine.attempt.runner" in MODULES and "brooq_py.devdb" in MODULES
+
+
+def test_queue_imports_the_standard_library_and_itself_only() -> None:
+    outside = {t for t in imported_by("brooq_py.queue") if not within(t, "brooq_py.queue")}
+    assert sorted(t for t in outside if top(t) not in sys.stdlib_module_names) == []
+
+
+@pytest.mark.parametrize(
+    "forbidden",
+    [
+        "psycopg",
+        "psycopg_pool",
+        "sqlalchemy",
+        "alembic",
+        "brooq_py.postgres",
+        "brooq_py.http",
+        "brooq_py.cli",
+    ],
+)
+def test_engine_source_never_imports(forbidden: str) -> None:
+    assert sorted(t for t in imported_by("brooq_py.engine") if within(t, forbidden)) == []
+
+
+@pytest.mark.parametrize(
+    ("importer", "forbidden"),
+    [
+        # the services call into attempts (hand rows over, watch them), never the reverse
+        ("brooq_py.engine.attempt", "brooq_py.engine.services"),
+        # the facade wires both; neither reaches back up to it
+        ("brooq_py.engine.attempt", "brooq_py.engine.engine"),
+        ("brooq_py.engine.services", "brooq_py.engine.engine"),
+        ("brooq_py.engine.services", "brooq_py.http"),
+        ("brooq_py.engine.services", "brooq_py.service"),
+        ("brooq_py.engine.services", "brooq_py.web"),
+        ("brooq_py.queue", "brooq_py.engine"),
+        ("brooq_py.postgres", "brooq_py.engine"),
+        ("brooq_py.postgres", "brooq_py.http"),
+        # the worker's surface and the dashboard live in brooq_py.http; the old names re-export them
+        ("brooq_py.http", "brooq_py.service"),
+        ("brooq_py.http", "brooq_py.web"),
+    ],
+)
+def test_import_directions(importer: str, forbidden: str) -> None:
+    wrong = sorted(
+        f"{i.importer} -> {i.target}"
+        for i in IMPORTS
+        if within(i.importer, importer) and within(i.target, forbidden)
+    )
+    assert wrong == []
+
+
+def test_only_the_demo_and_the_cli_import_devdb() -> None:
+    """devdb is tooling for the demo, the tests and the benchmarks: the queue never depends on it."""
+    allowed = ("brooq_py.devdb", "brooq_py.demo", "brooq_py.cli")
+    wrong = sorted(
+        f"{i.importer} -> {i.target}"
+        for i in IMPORTS
+        if within(i.target, "brooq_py.devdb") and not any(within(i.importer, a) for a in allowed)
+    )
+    assert wrong == []
+    assert "brooq_py.devdb" in {i.target for i in IMPORTS if i.importer == "brooq_py.demo"}
+
+
+def test_no_import_cycle_inside_the_package() -> None:
+    """Run-time imports (module level and lazy ones inside functions) form no circle; a type-only
+    import runs never, so it cannot close one."""
+    edges: dict[str, set[str]] = {name: set() for name in MODULES}
+    for i in IMPORTS:
+        if within(i.target, "brooq_py") and not i.type_only and i.target in MODULES:
+            edges[i.importer].add(i.target)
+    assert cycles(edges) == []
+
+
+def test_the_cycle_finder_finds_cycles() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"a"}}) == [["a"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+LONGEST = 450
+
+
+def test_every_module_stays_short() -> None:
+    """A module past ~450 lines holds more than one role: split it by role."""
+    long = sorted(
+        f"{name}: {n} lines"
+        for name, path in MODULES.items()
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > LONGEST
+    )
+    assert long == []

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from brooq_py.engine import Engine
-from brooq_py.engine.scheduler import Schedule, Scheduler, tick_key
+from brooq_py.engine.services.scheduler import Schedule, Scheduler, tick_key
 from brooq_py.queue import BrooqError, ConfigError, EnqueueResult, Job
 from tests.unit.fake_repo import FakeRepo
 

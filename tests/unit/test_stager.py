@@ -11,7 +11,7 @@ import pytest
 
 from brooq_py.engine import Config, Engine
 from brooq_py.engine.repo import Staged
-from brooq_py.engine.stager import Stager
+from brooq_py.engine.services.stager import Stager
 from brooq_py.queue import Claim, Context, Job, State
 from tests.polling import wait_for
 from tests.unit.fake_repo import FakeRepo

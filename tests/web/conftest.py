@@ -12,9 +12,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from brooq_py.http.asgi import ThreadedUvicorn
 from brooq_py.postgres import Store
 from brooq_py.web import dashboard
-from brooq_py.web.surface import ThreadedUvicorn
 
 TOKEN = "dash-t0ken-2f8a61"
 CHROMIUM = os.environ.get("BROOQ_CHROMIUM", "/usr/bin/chromium")

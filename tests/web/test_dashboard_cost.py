@@ -15,10 +15,10 @@ import pytest
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
+from brooq_py.http.asgi import ThreadedUvicorn
 from brooq_py.postgres import Store
 from brooq_py.postgres.overview import Overview
 from brooq_py.web import dashboard
-from brooq_py.web.surface import ThreadedUvicorn
 from tests.polling import wait_for
 from tests.web.conftest import TOKEN, Board
 

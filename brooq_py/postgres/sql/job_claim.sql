@@ -3,7 +3,7 @@
 -- stopped at the limit), so a topic with nothing ready costs one probe however
 -- many jobs of other topics wait; then the best `limit` candidates overall.
 -- The lease comes from the database clock. Paused and globally limited topics
--- are left out in this statement's own snapshot (SPEC Q2, Q3), before their
+-- and rate-limited topics are left out in this statement's own snapshot (SPEC Q2, Q3, F1), before their
 -- index is read: the limited ones are claimed by job_claim_limited under their
 -- topic's lock. The settings are read once per statement (an InitPlan).
 WITH cand AS (
@@ -18,7 +18,7 @@ WITH cand AS (
         FOR NO KEY UPDATE SKIP LOCKED
     ) AS c
     WHERE t.topic <> ALL (coalesce(
-        (SELECT array_agg(s.topic) FROM {topic_setting} s WHERE s.paused OR s.concurrency_limit IS NOT NULL),
+        (SELECT array_agg(s.topic) FROM {topic_setting} s WHERE s.paused OR s.concurrency_limit IS NOT NULL OR s.rate_limit IS NOT NULL),
         '{{}}'
     ))
     ORDER BY c.priority DESC, c.available_at, c.id

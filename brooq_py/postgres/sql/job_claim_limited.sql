@@ -1,18 +1,38 @@
 -- name: job_claim_limited
--- SPEC Q3: claim a globally limited topic, after topic_claim_lock in the same
--- transaction: this statement's snapshot is taken once the lock is ours, so it
--- sees every claim committed before and counts the topic's processing rows
--- (the lease index holds processing rows only) against its limit. A paused
--- or no longer limited topic takes nothing here.
-WITH room AS (
+-- SPEC Q3, F1: claim a globally limited or rate-limited topic, after
+-- topic_claim_lock in the same transaction: this statement's snapshot is taken
+-- once the lock is ours, so it sees every claim committed before. A
+-- concurrency limit counts the topic's processing rows (the lease index holds
+-- processing rows only). A rate limit is a token bucket in the topic's setting
+-- row: refilled from the database clock (rate_limit tokens per rate_per
+-- seconds since rate_at, at most rate_burst), the claim takes at most
+-- floor(tokens) rows and spends one per row it took, in this statement. Its
+-- last column (on every row, and on a row of NULLs when nothing was taken)
+-- is the seconds until the next token when fewer than one is left, else NULL.
+-- A paused or no longer limited topic takes nothing here (and returns no row).
+WITH clock AS (
+    SELECT clock_timestamp() AS t
+), setting AS (
+    SELECT s.topic, s.concurrency_limit, s.rate_limit, s.rate_per,
+           CASE WHEN s.rate_limit IS NOT NULL THEN
+               least(s.rate_burst::float8,
+                     coalesce(s.rate_tokens, s.rate_burst)
+                     + greatest(0, extract(epoch FROM c.t - coalesce(s.rate_at, c.t)))::float8
+                       * s.rate_limit / s.rate_per)
+           END AS tokens
+    FROM {topic_setting} s, clock c
+    WHERE s.topic = %(topic)s AND NOT s.paused
+      AND (s.concurrency_limit IS NOT NULL OR s.rate_limit IS NOT NULL)
+), room AS (
     SELECT greatest(0, least(
         %(limit)s,
-        s.concurrency_limit - (
-            SELECT count(*) FROM {job} p WHERE p.state = 'processing' AND p.topic = s.topic
-        )
+        CASE WHEN s.concurrency_limit IS NULL THEN %(limit)s
+             ELSE s.concurrency_limit - (
+                 SELECT count(*) FROM {job} p WHERE p.state = 'processing' AND p.topic = s.topic)
+        END,
+        CASE WHEN s.rate_limit IS NULL THEN %(limit)s ELSE floor(s.tokens)::bigint END
     )) AS n
-    FROM {topic_setting} s
-    WHERE s.topic = %(topic)s AND NOT s.paused AND s.concurrency_limit IS NOT NULL
+    FROM setting s
 ), cand AS (
     SELECT id
     FROM {job}
@@ -27,12 +47,27 @@ WITH room AS (
         locked_until = now() + %(lease)s::interval,
         attempts = j.attempts + 1,
         claim_token = gen_random_uuid(),
-        updated_at = now()
+        updated_at = (SELECT t FROM clock)  -- the time the bucket counted this claim at
     FROM cand
     WHERE j.id = cand.id
     RETURNING j.id, j.topic, j.payload, j.attempts, j.priority, j.claim_token, j.locked_by,
               j.locked_until, j.available_at
+), spent AS (
+    -- Nothing taken changes nothing: the bucket refills from rate_at as it would have.
+    UPDATE {topic_setting} t
+    SET rate_tokens = s.tokens - (SELECT count(*) FROM claimed),
+        rate_at = greatest(t.rate_at, c.t)
+    FROM setting s, clock c
+    WHERE t.topic = s.topic AND s.rate_limit IS NOT NULL AND EXISTS (SELECT FROM claimed)
+    RETURNING t.topic
+), left_after AS (
+    SELECT s.rate_limit, s.rate_per, s.tokens - (SELECT count(*) FROM claimed) AS tokens
+    FROM setting s
 )
-SELECT id::text, topic, payload, attempts, priority, claim_token::text, locked_by, locked_until
-FROM claimed
-ORDER BY priority DESC, available_at, id
+SELECT c.id::text, c.topic, c.payload, c.attempts, c.priority, c.claim_token::text, c.locked_by,
+       c.locked_until,
+       CASE WHEN l.rate_limit IS NOT NULL AND l.tokens < 1
+            THEN (1 - l.tokens) * l.rate_per / l.rate_limit END AS next_token_in
+FROM left_after l
+LEFT JOIN claimed c ON true
+ORDER BY c.priority DESC, c.available_at, c.id

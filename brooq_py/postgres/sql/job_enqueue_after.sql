@@ -13,6 +13,8 @@
 -- locked, never written. A job waits for its parents not yet done (blocked,
 -- waiting_parents); with all of them done it is pending (or scheduled) at once; a
 -- parent already dead or canceled makes it canceled at birth (D3).
+-- SPEC F2 as job_enqueue_many: when a capped topic would go past its cap, nothing is
+-- written and a row (NULL, NULL, topic) names each such topic.
 WITH input AS (
     SELECT *
     FROM ROWS FROM (unnest(%(ids)s::uuid[]), unnest(%(topics)s::text[]),
@@ -20,6 +22,13 @@ WITH input AS (
                     unnest(%(available_at)s::timestamptz[]), unnest(%(priorities)s::int[]),
                     jsonb_array_elements(%(after)s::jsonb))
          WITH ORDINALITY AS u(id, topic, payload, key, available_at, priority, after, ord)
+), too_deep AS (
+    SELECT c.topic
+    FROM unnest(%(cap_topics)s::text[], %(caps)s::int[], %(cap_counts)s::int[]) AS c(topic, cap, n)
+    WHERE (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = c.topic AND state = 'pending' LIMIT c.cap) AS p)
+        + (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = c.topic
+                                     AND state IN ('scheduled', 'failed', 'blocked') LIMIT c.cap) AS w)
+        + c.n > c.cap
 ), edge AS (
     SELECT *
     FROM ROWS FROM (unnest(%(edge_ords)s::int[]), unnest(%(edge_parents)s::uuid[])) AS e(ord, parent)
@@ -27,7 +36,7 @@ WITH input AS (
     SELECT id, state FROM {job} WHERE id = ANY (%(parents)s::uuid[])
 ), complete AS (
     -- Only when every parent is there: a refused batch leaves its parents untouched.
-    SELECT count(*) = cardinality(%(parents)s::uuid[]) AS ok FROM seen
+    SELECT count(*) = cardinality(%(parents)s::uuid[]) AND NOT EXISTS (SELECT FROM too_deep) AS ok FROM seen
 ), live AS (
     -- A parent that may still end is updated: its row lock orders this enqueue with its settle.
     UPDATE {job} p
@@ -76,7 +85,7 @@ WITH input AS (
            CASE WHEN v.doomed_by IS NOT NULL THEN 'canceled: parent ' || v.doomed_by END
     FROM (SELECT *, coalesce(available_at, statement_timestamp()) AS at FROM input) AS i
     LEFT JOIN verdict v ON v.ord = i.ord
-    WHERE NOT EXISTS (SELECT FROM unknown)
+    WHERE NOT EXISTS (SELECT FROM unknown) AND NOT EXISTS (SELECT FROM too_deep)
     ORDER BY i.ord
     ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id
@@ -87,9 +96,11 @@ WITH input AS (
     JOIN input i ON i.ord = e.ord
     WHERE i.id IN (SELECT id FROM inserted)
 )
-SELECT -1::bigint, u.id FROM unknown u
+SELECT -1::bigint, u.id, NULL::text AS too_deep FROM unknown u WHERE NOT EXISTS (SELECT FROM too_deep)
 UNION ALL
-SELECT i.ord, (SELECT e.id FROM {job} e WHERE e.topic = i.topic AND e.idempotency_key = i.key)
+SELECT i.ord, (SELECT e.id FROM {job} e WHERE e.topic = i.topic AND e.idempotency_key = i.key), NULL
 FROM input i
 WHERE i.key IS NOT NULL AND NOT EXISTS (SELECT FROM inserted ins WHERE ins.id = i.id)
-  AND NOT EXISTS (SELECT FROM unknown)
+  AND NOT EXISTS (SELECT FROM unknown) AND NOT EXISTS (SELECT FROM too_deep)
+UNION ALL
+SELECT NULL, NULL, d.topic FROM too_deep d

@@ -7,21 +7,37 @@
 -- due later than the statement's time are scheduled (SPEC S5). Every column comes
 -- as one string to bind, not 1,000 values: an array literal (brooq_py.postgres.arrays),
 -- the payloads as one JSON array.
+-- SPEC F2: %(cap_topics)s/%(caps)s/%(cap_counts)s name the batch's depth-capped
+-- topics (empty for none: nothing is read), their caps and how many jobs of each
+-- the batch holds. When one of them would go past its cap, nothing is inserted
+-- and a row (NULL, NULL, topic) names each such topic.
 WITH input AS (
     SELECT *
     FROM ROWS FROM (unnest(%(ids)s::uuid[]), unnest(%(topics)s::text[]),
                     jsonb_array_elements(%(payloads)s::jsonb), unnest(%(keys)s::text[]),
                     unnest(%(available_at)s::timestamptz[]), unnest(%(priorities)s::int[]))
          WITH ORDINALITY AS u(id, topic, payload, key, available_at, priority, ord)
+), too_deep AS (
+    SELECT c.topic
+    FROM unnest(%(cap_topics)s::text[], %(caps)s::int[], %(cap_counts)s::int[]) AS c(topic, cap, n)
+    WHERE (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = c.topic AND state = 'pending' LIMIT c.cap) AS p)
+        + (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = c.topic
+                                     AND state IN ('scheduled', 'failed', 'blocked') LIMIT c.cap) AS w)
+        + c.n > c.cap
 ), inserted AS (
     INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, priority, state)
     SELECT id, topic, payload, key, at, priority,
            CASE WHEN at > statement_timestamp() THEN 'scheduled' ELSE 'pending' END
     FROM (SELECT *, coalesce(available_at, statement_timestamp()) AS at FROM input) AS i
+    WHERE NOT EXISTS (SELECT FROM too_deep)
     ORDER BY ord
     ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id
 )
-SELECT i.ord, (SELECT e.id FROM {job} e WHERE e.topic = i.topic AND e.idempotency_key = i.key) AS id
+SELECT i.ord, (SELECT e.id FROM {job} e WHERE e.topic = i.topic AND e.idempotency_key = i.key) AS id,
+       NULL::text AS too_deep
 FROM input i
 WHERE i.key IS NOT NULL AND NOT EXISTS (SELECT FROM inserted ins WHERE ins.id = i.id)
+  AND NOT EXISTS (SELECT FROM too_deep)
+UNION ALL
+SELECT NULL, NULL, d.topic FROM too_deep d

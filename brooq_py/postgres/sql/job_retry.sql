@@ -1,11 +1,17 @@
 -- name: job_retry
 -- SPEC Q1: a dead or canceled job back to pending, attempts 0, due now, last_error kept;
--- any other state is left alone. The notification wakes the engines of its topic.
+-- any other state is left alone. SPEC U3: so is a job whose unique key an active job
+-- holds now (a holder not yet committed makes the update fail: the Store answers False).
+-- The notification wakes the engines of its topic.
 WITH retried AS (
-    UPDATE {job}
+    UPDATE {job} j
     SET state = 'pending', attempts = 0, available_at = now(), locked_by = NULL, locked_until = NULL,
         updated_at = now()
-    WHERE id = %(id)s AND state IN ('dead', 'canceled')
-    RETURNING id, topic
+    WHERE j.id = %(id)s AND j.state IN ('dead', 'canceled')
+      AND (j.unique_key IS NULL OR NOT EXISTS (
+          SELECT FROM {job} h
+          WHERE h.topic = j.topic AND h.unique_key = j.unique_key
+            AND h.state IN ('scheduled', 'pending', 'processing', 'failed', 'blocked')))
+    RETURNING j.id, j.topic
 )
 SELECT id, pg_notify({channel_literal}, topic) FROM retried

@@ -1,6 +1,7 @@
 -- name: topic_overview
 -- Every topic with jobs or settings: jobs per state, the oldest ready job's age,
--- paused and the global limit (the `topics` command). One grouped scan of the table.
+-- paused, the global limit, the rate limit with its tokens left now, the depth cap
+-- (the `topics` command). One grouped scan of the table.
 WITH counts AS (
     SELECT topic, jsonb_object_agg(state, n) AS counts
     FROM (SELECT topic, state, count(*) AS n FROM {job} GROUP BY topic, state) AS c
@@ -15,7 +16,15 @@ SELECT coalesce(c.topic, s.topic) AS topic,
        coalesce(c.counts, '{{}}'::jsonb),
        coalesce(r.age, 0),
        coalesce(s.paused, false),
-       s.concurrency_limit
+       s.concurrency_limit,
+       s.rate_limit, s.rate_per, s.rate_burst,
+       CASE WHEN s.rate_limit IS NOT NULL THEN
+           least(s.rate_burst::float8,
+                 coalesce(s.rate_tokens, s.rate_burst)
+                 + greatest(0, extract(epoch FROM clock_timestamp() - coalesce(s.rate_at, clock_timestamp())))::float8
+                   * s.rate_limit / s.rate_per)
+       END AS tokens,
+       s.max_depth
 FROM counts c
 FULL JOIN {topic_setting} s ON s.topic = c.topic
 LEFT JOIN ready r ON r.topic = coalesce(c.topic, s.topic)

@@ -1,0 +1,129 @@
+"""OpenTelemetry: one trace from the span that enqueued a job to every attempt of it (SPEC N2).
+
+Install the extra ``brooq_py[otel]`` (opentelemetry-api) and configure a
+tracer provider as usual; nothing else is needed. An enqueue inside an active
+span adds a PRODUCER span ``brooq.enqueue <topic>`` and stores its W3C
+``traceparent`` in ``Job.meta``; each attempt runs in a CONSUMER span
+``brooq.run <topic>`` whose parent is that context, with
+``messaging.system="brooq"``, ``messaging.destination.name``,
+``messaging.message.id`` and ``brooq.attempt``; an exception is recorded and
+sets the status to ERROR.
+
+This module never imports OpenTelemetry itself: it looks for it in
+``sys.modules``. A process that did not import it (no tracing configured, or
+the extra not installed) pays one dictionary lookup per enqueue and per
+attempt, and nothing changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from brooq_py.queue import Job
+
+TRACEPARENT = "traceparent"
+SYSTEM = "brooq"
+_TRACER = "brooq_py"
+
+
+def _api() -> Any | None:
+    """The ``opentelemetry.trace`` module when the process imported it, else None."""
+    return sys.modules.get("opentelemetry.trace")
+
+
+@contextlib.contextmanager
+def enqueue_span(jobs: Sequence[Job]) -> Iterator[list[Job]]:
+    """Wrap one enqueue call: yield the jobs to write, with ``traceparent`` in their meta.
+
+    Without OpenTelemetry, or outside a recording span, the jobs come back as
+    they are and no span is made.
+    """
+    trace = _api()
+    if trace is None or not jobs or not trace.get_current_span().get_span_context().is_valid:
+        yield list(jobs)
+        return
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    topics = {j.topic for j in jobs}
+    topic = next(iter(topics)) if len(topics) == 1 else None
+    attributes: dict[str, Any] = {"messaging.system": SYSTEM, "messaging.operation.type": "send"}
+    if topic is not None:
+        attributes["messaging.destination.name"] = topic
+    if len(jobs) > 1:
+        attributes["messaging.batch.message_count"] = len(jobs)
+    tracer = trace.get_tracer(_TRACER)
+    name = f"brooq.enqueue {topic}" if topic is not None else "brooq.enqueue"
+    with tracer.start_as_current_span(name, kind=trace.SpanKind.PRODUCER, attributes=attributes):
+        carrier: dict[str, str] = {}
+        TraceContextTextMapPropagator().inject(carrier)
+        parent = carrier.get(TRACEPARENT)
+        if parent is None:
+            yield list(jobs)
+            return
+        yield [_with_parent(j, parent) for j in jobs]
+
+
+def _with_parent(job: Job, parent: str) -> Job:
+    meta = dict(job.meta or {})
+    if TRACEPARENT in meta:  # the caller chose the parent
+        return job
+    meta[TRACEPARENT] = parent
+    return dataclasses.replace(job, meta=meta)
+
+
+class _Run:
+    """The CONSUMER span of one attempt, or nothing when OpenTelemetry is not loaded."""
+
+    def __init__(self, span: Any, trace: Any) -> None:
+        self._span = span
+        self._trace = trace
+
+    def failed(self, error: BaseException) -> None:
+        """Record *error* (the handler's exception) on the span and set its status to ERROR."""
+        if self._span is None:
+            return
+        self._span.record_exception(error)
+        self._span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, f"{type(error).__name__}"))
+
+
+_NO_RUN = _Run(None, None)
+
+
+@contextlib.contextmanager
+def run_span(topic: str, job_id: str, attempt: int, meta: Mapping[str, str] | None) -> Iterator[_Run]:
+    """Run one attempt inside a CONSUMER span continuing the enqueue's trace (current while it runs)."""
+    trace = _api()
+    if trace is None:
+        yield _NO_RUN
+        return
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    parent = None
+    if meta and TRACEPARENT in meta:
+        parent = TraceContextTextMapPropagator().extract({TRACEPARENT: meta[TRACEPARENT]})
+    attributes = {
+        "messaging.system": SYSTEM,
+        "messaging.operation.type": "process",
+        "messaging.destination.name": topic,
+        "messaging.message.id": job_id,
+        "brooq.attempt": attempt,
+    }
+    tracer = trace.get_tracer(_TRACER)
+    with tracer.start_as_current_span(
+        f"brooq.run {topic}",
+        context=parent,
+        kind=trace.SpanKind.CONSUMER,
+        attributes=attributes,
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        run = _Run(span, trace)
+        try:
+            yield run
+        except BaseException as exc:
+            run.failed(exc)
+            raise

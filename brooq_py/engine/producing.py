@@ -1,0 +1,55 @@
+"""The producer's calls on an Engine: enqueue through its repo, counted and waking its own services."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+
+from brooq_py.engine.metrics import Metrics
+from brooq_py.engine.repo import Repo
+from brooq_py.queue import EnqueueResult, Job, JobRow, Tx
+
+
+class Producing:
+    """Mixed into ``Engine``: what a producer may call on it (the ``Store``'s calls, counted)."""
+
+    repo: Repo
+    metrics: Metrics
+    _enqueued: Callable[[Job], None]
+
+    def enqueue(self, job: Job) -> EnqueueResult:
+        """Enqueue *job* through the pool (see ``Store.enqueue``)."""
+        result = self.repo.enqueue(job)
+        if result.created:
+            self.metrics.child(self.metrics.enqueued, job.topic).inc()
+            self._enqueued(job)
+        return result
+
+    def enqueue_tx(self, tx: Tx, job: Job) -> EnqueueResult:
+        """Enqueue *job* inside the caller's transaction *tx* (SPEC E3)."""
+        result = self.repo.enqueue_tx(tx, job)
+        if result.created:
+            self.metrics.child(self.metrics.enqueued, job.topic).inc()
+        return result
+
+    def enqueue_many(self, jobs: Sequence[Job], tx: Tx | None = None) -> list[EnqueueResult]:
+        """Enqueue a batch in one round trip (SPEC E5)."""
+        results = self.repo.enqueue_many(jobs, tx)
+        for job, r in zip(jobs, results, strict=True):
+            if r.created:
+                self.metrics.child(self.metrics.enqueued, job.topic).inc()
+                if tx is None:
+                    self._enqueued(job)
+        return results
+
+    def begin(self) -> AbstractContextManager[Tx]:
+        """A transaction from the pool: commit on a clean exit, rollback on an exception."""
+        return self.repo.begin()
+
+    def cancel(self, job_id: str) -> bool:
+        """Cancel a pending, scheduled, failed or processing job (SPEC X1); a running one stops via lease loss."""
+        return self.repo.cancel(job_id)
+
+    def get(self, job_id: str) -> JobRow | None:
+        """The job's row, or None for an unknown or malformed id."""
+        return self.repo.get(job_id)

@@ -1,0 +1,107 @@
+"""Dispatcher: claims up to the free slots in one statement and hands the claims out (SPEC C1)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from brooq_py.engine.attempt.slots import SlotPool
+from brooq_py.engine.repo import ClaimedJob
+from brooq_py.engine.services.ticker import worth_logging
+
+
+class Dispatcher:
+    """One thread: wait for a free slot and (a wake-up or poll_interval), then claim and launch the rows together.
+
+    A claim takes at most *batch* rows: more free slots than that (a big pool
+    meeting a backlog) are filled by successive claims, each launched as it
+    returns, so the first handlers start while the next rows are claimed. It
+    claims again at once while a claim came back full (a backlog), and
+    otherwise waits for a NOTIFY wake-up or the poll interval. A failed claim is
+    logged and retried with backoff. Rows a claim returns after ``stop()`` are
+    handed to *hand_back* instead of launched. *next_due* may shorten the wait:
+    a rate-limited topic's next token is claimed when it is due (SPEC F1).
+    """
+
+    def __init__(
+        self,
+        claim: Callable[[int], list[ClaimedJob]],
+        slots: SlotPool,
+        launch: Callable[[list[ClaimedJob]], None],
+        poll_interval: float,
+        log: logging.Logger,
+        hand_back: Callable[[list[ClaimedJob]], None] | None = None,
+        batch: int | None = None,
+        next_due: Callable[[], float | None] | None = None,
+    ) -> None:
+        self._claim = claim
+        self._slots = slots
+        self._launch = launch
+        self._poll = poll_interval
+        self._log = log
+        self._hand_back = hand_back
+        self._batch = batch
+        # seconds until a claim that is held back becomes possible (a rate-limited topic's next token)
+        self._next_due = next_due or (lambda: None)
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="brooq-dispatcher", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        thread, self._thread = self._thread, None
+        self._stop.set()
+        self._wake.set()
+        if thread is not None:
+            thread.join(timeout)
+
+    def _loop(self) -> None:
+        backlog = True  # look once at start-up without waiting
+        failures = 0
+        while not self._stop.is_set():
+            if self._slots.wait_free(0.25) == 0:
+                continue
+            if not backlog:
+                due = self._next_due()
+                self._wake.wait(self._poll if due is None else min(self._poll, due))
+            if self._stop.is_set():
+                return
+            self._wake.clear()
+            free = self._slots.free
+            if self._batch is not None:
+                free = min(free, self._batch)
+            if free <= 0:
+                backlog = True
+                continue
+            try:
+                rows = self._claim(free)
+            except Exception as exc:
+                failures += 1
+                delay = min(self._poll, 0.1 * 2 ** min(failures, 8))
+                if worth_logging(failures):
+                    self._log.warning("dispatcher: claim failed (%s); retrying in %.2fs", exc, delay)
+                backlog = False
+                time.sleep(delay)
+                continue
+            if failures:
+                self._log.info("dispatcher: claiming works again after %d failures", failures)
+            failures = 0
+            backlog = len(rows) >= free
+            if self._stop.is_set() and rows and self._hand_back is not None:
+                # stop() gave up waiting for this claim (a pool wait can outlast its join): the
+                # slots may be stopping, so the rows go back unrun rather than start now.
+                self._hand_back(rows)
+                return
+            if rows:
+                self._launch(rows)

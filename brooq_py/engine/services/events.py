@@ -1,0 +1,115 @@
+"""Events: what happened to a job, delivered to listeners after its commit (SPEC N1).
+
+The engine's pieces call ``emit`` right after the statement or transaction
+that recorded the event committed. ``emit`` never blocks and never raises: it
+builds the Event and puts it on a bounded queue (a full queue drops it and
+counts it), and one daemon thread calls the listeners in order. A listener
+that raises is logged and counted; the next event is delivered all the same.
+With no listener registered, ``emit`` returns at its first line.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from brooq_py.queue import Event
+from brooq_py.queue.job import EventKind as Kind
+
+Listener = Callable[[Event], None]
+
+DEFAULT_MAX_QUEUE = 10_000
+_STOP = object()
+
+
+class EventBus:
+    """Listeners, a bounded queue and the thread that delivers events to them."""
+
+    name = "events"
+
+    def __init__(
+        self,
+        log: logging.Logger,
+        *,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+        on_dropped: Callable[[], None] = lambda: None,
+        on_listener_error: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._log = log
+        self._listeners: list[Listener] = []
+        self._queue: queue.Queue[Event | object] = queue.Queue(maxsize=max_queue)
+        self._on_dropped = on_dropped
+        self._on_listener_error = on_listener_error
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def active(self) -> bool:
+        return bool(self._listeners)
+
+    def add(self, fn: Listener) -> None:
+        if not callable(fn):
+            raise TypeError(f"on_event takes a callable, got {type(fn).__name__}")
+        self._listeners.append(fn)
+
+    def emit(self, kind: Kind, job_id: str, topic: str, attempt: int, error: str | None = None) -> None:
+        """Queue one event for the listeners; never blocks, never raises."""
+        if not self._listeners:
+            return
+        event = Event(kind, job_id, topic, attempt, error, datetime.now(UTC))
+        try:
+            self._queue.put_nowait(event)
+        except queue.Full:
+            self._on_dropped()
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is not None or not self._listeners:
+                return
+            self._thread = threading.Thread(target=self._loop, name="brooq-events", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Deliver what is queued (for up to *timeout* seconds), then end the thread."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        while True:
+            try:
+                self._queue.put(_STOP, timeout=timeout)
+                break
+            except queue.Full:  # a listener slower than the engine: drop the oldest to make room
+                try:
+                    self._queue.get_nowait()
+                    self._on_dropped()
+                except queue.Empty:
+                    pass
+        thread.join(timeout)
+        if thread.is_alive():
+            self._log.warning("events: a listener still runs %.1fs after stop; left behind", timeout)
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            assert isinstance(item, Event)
+            self._deliver(item)
+
+    def _deliver(self, event: Event) -> None:
+        for fn in self._listeners:
+            try:
+                fn(event)
+            except BaseException as exc:  # a listener never stops delivery, nor the engine
+                self._on_listener_error()
+                self._log.error(
+                    "events: listener %r raised on %s of job id=%s",
+                    fn,
+                    event.kind,
+                    event.job_id,
+                    exc_info=exc,
+                )

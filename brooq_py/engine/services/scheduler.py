@@ -1,0 +1,145 @@
+"""Scheduler: periodic jobs from cron expressions (SPEC Q4).
+
+Every engine that declares a schedule enqueues its ticks; no leader is
+elected. Each tick's job carries an idempotency key derived from the topic's
+tick time (``cron:<tick in UTC, ISO 8601>``), so however many engines (or
+restarts) enqueue a tick, exactly one row exists for it while that row lives
+(SPEC E1). Ticks missed while no engine ran are not made up, except the
+latest, and only when it is at most one period old (the gap between it and
+the tick before it). Cron expressions are read by cronsim: five fields, or
+six with a leading seconds field.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cronsim import CronSim, CronSimError
+
+from brooq_py.engine.services.ticker import Ticker
+from brooq_py.queue import ConfigError, EnqueueResult, InvalidJob, Job
+
+# The longest the scheduler sleeps at once (a wall-clock jump is noticed within it).
+MAX_SLEEP = 60.0
+# After a failed enqueue the schedule is tried again this soon.
+RETRY_DELAY = 1.0
+_TINY = timedelta(microseconds=1)
+
+
+def tick_key(tick: datetime) -> str:
+    """The idempotency key of the job for *tick*: its instant in UTC, so every engine derives the same."""
+    return "cron:" + tick.astimezone(ZoneInfo("UTC")).isoformat()
+
+
+@dataclass
+class Schedule:
+    """One periodic job: a topic, a cron expression read in *tz*, and the job's payload and priority."""
+
+    topic: str
+    cron: str
+    payload: Any
+    tz: ZoneInfo
+    priority: int
+    next_tick: datetime | None = field(default=None, compare=False)
+
+    @classmethod
+    def build(cls, topic: Any, cron: Any, payload: Any, timezone: Any, priority: Any) -> Schedule:
+        """Validate everything now; raise ConfigError listing every problem."""
+        problems: list[str] = []
+        tz: ZoneInfo | None = None
+        try:
+            tz = ZoneInfo(timezone) if isinstance(timezone, str) and timezone else None
+        except (ZoneInfoNotFoundError, ValueError):
+            tz = None
+        if tz is None:
+            problems.append(f"timezone: unknown time zone {timezone!r}")
+        if not isinstance(cron, str):
+            problems.append(f"cron must be a str, got {type(cron).__name__}")
+        elif len(cron.split()) not in (5, 6):
+            problems.append(f"cron {cron!r}: expected 5 fields, or 6 with a leading seconds field")
+        else:
+            try:
+                CronSim(cron, datetime.now(tz or ZoneInfo("UTC")))
+            except CronSimError as exc:
+                problems.append(f"cron {cron!r}: {exc}")
+        try:
+            job = Job(
+                topic, payload, idempotency_key=tick_key(datetime.now(ZoneInfo("UTC"))), priority=priority
+            )
+            job.payload_json()
+        except (InvalidJob, TypeError, ValueError) as exc:
+            problems.append(str(exc))
+        if problems or tz is None:
+            raise ConfigError(problems)
+        return cls(topic, cron, payload, tz, priority)
+
+    def after(self, t: datetime) -> datetime:
+        """The first tick strictly after *t*."""
+        return next(CronSim(self.cron, t.astimezone(self.tz)))
+
+    def latest(self, t: datetime) -> tuple[datetime, datetime]:
+        """The last tick at or before *t*, and the one before it."""
+        back = CronSim(self.cron, (t + _TINY).astimezone(self.tz), reverse=True)
+        last = next(back)
+        return last, next(back)
+
+    def job(self, tick: datetime) -> Job:
+        return Job(self.topic, self.payload, idempotency_key=tick_key(tick), priority=self.priority)
+
+
+class Scheduler(Ticker):
+    """Enqueues each schedule's due tick, then sleeps until the earliest next tick (at most MAX_SLEEP)."""
+
+    name = "scheduler"
+
+    def __init__(
+        self,
+        schedules: Sequence[Schedule],
+        enqueue: Callable[[Job], EnqueueResult],
+        now: Callable[[], datetime],
+        next_tick: Callable[[str, float], None],
+        log: logging.Logger,
+    ) -> None:
+        super().__init__(MAX_SLEEP, log)
+        self.schedules = list(schedules)
+        self._enqueue = enqueue
+        self._now = now
+        self._next_tick = next_tick
+        self._failed = False
+
+    def tick(self) -> None:
+        now = self._now()
+        self._failed = False
+        for s in self.schedules:
+            if s.next_tick is not None and s.next_tick > now:
+                continue
+            due, before = s.latest(now)
+            # On the first tick (start-up) the latest tick is made up only if at most one period old;
+            # later, a due tick is the latest at or before now (older ones missed meanwhile are skipped).
+            if s.next_tick is not None or now - due <= due - before:
+                try:
+                    result = self._enqueue(s.job(due))
+                except Exception as exc:
+                    self._failed = True
+                    self.log.warning("scheduler: enqueueing %s tick %s failed: %s", s.topic, due, exc)
+                    continue
+                if result.created:
+                    self.log.debug("scheduler: enqueued %s tick %s as %s", s.topic, due, result.id)
+            s.next_tick = s.after(now)
+            self._next_tick(s.topic, s.next_tick.timestamp())
+
+    def next_delay(self) -> float:
+        if self._failed:
+            return RETRY_DELAY
+        ticks = [s.next_tick for s in self.schedules if s.next_tick is not None]
+        if len(ticks) < len(self.schedules):
+            return 0.0
+        if not ticks:
+            return MAX_SLEEP
+        wait = (min(ticks) - self._now()).total_seconds()
+        return min(MAX_SLEEP, max(0.0, wait) + 0.001)

@@ -1,0 +1,104 @@
+"""Which periodic services an engine runs, built from its config and in the order they start.
+
+The engine stops them in the reverse order. The dispatcher and the completer,
+which are not periodic, and the stager and listener (``wakeups``) are built by
+the engine itself, since it wires their callbacks to each other.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Sequence
+
+from brooq_py.engine.attempt.capacity import CountingInFlight
+from brooq_py.engine.attempt.supervisor import Supervisor
+from brooq_py.engine.clock import Clock
+from brooq_py.engine.config import Config
+from brooq_py.engine.metrics import Metrics
+from brooq_py.engine.repo import Repo
+from brooq_py.engine.services.events import EventBus
+from brooq_py.engine.services.heartbeat import Heartbeat
+from brooq_py.engine.services.reaper import Reaper
+from brooq_py.engine.services.retention import Retention
+from brooq_py.engine.services.scheduler import Schedule, Scheduler
+from brooq_py.engine.services.ticker import Ticker
+from brooq_py.engine.services.watchdog import Watchdog
+from brooq_py.queue import EnqueueResult, Job
+
+
+def background_services(
+    cfg: Config,
+    repo: Repo,
+    clock: Clock,
+    metrics: Metrics,
+    inflight: CountingInFlight,
+    supervisor: Supervisor,
+    built: Sequence[Ticker],
+    schedules: Sequence[Schedule],
+    enqueue: Callable[[Job], EnqueueResult],
+    log: logging.Logger,
+    events: EventBus,
+) -> list[Ticker]:
+    """The heartbeat, the watchdog and the reaper, then *built* (the services the engine made
+    itself), then the scheduler when there are *schedules* and retention when it is enabled."""
+    services: list[Ticker] = [
+        Heartbeat(
+            cfg.heartbeat_period,
+            inflight.held,
+            lambda leases: repo.renew(leases, cfg.lease_td),
+            supervisor.lease_lost,
+            log,
+            clock,
+        ),
+        Watchdog(
+            inflight.running,
+            inflight.held,
+            cfg.effective_watchdog_grace.total_seconds(),
+            cfg.lease_td.total_seconds(),
+            clock,
+            supervisor.timeout,
+            supervisor.give_up,
+            supervisor.hung,
+            supervisor.fence,
+            log,
+        ),
+        Reaper(
+            cfg.effective_reaper_period,
+            functools.partial(_reap, repo, events),
+            lambda t: metrics.child(metrics.reaped, t).inc(),
+            log,
+        ),
+        *built,
+    ]
+    if schedules:
+        services.append(
+            Scheduler(
+                schedules,
+                enqueue,
+                clock.now,
+                lambda t, at: metrics.child(metrics.schedule_next, t).set(at),
+                log,
+            )
+        )
+    if cfg.retention_enabled:
+        services.append(
+            Retention(
+                cfg.effective_retention_period,
+                cfg.td("retention_ttl"),
+                cfg.retention_batch,
+                repo.delete_terminal,
+                lambda t, n: metrics.child(metrics.retention_deleted, t).inc(n),
+                log,
+            )
+        )
+    return services
+
+
+def _reap(repo: Repo, events: EventBus) -> list[tuple[str, str]]:
+    """Reap expired leases; each row is a ``requeued`` event (attempt 0: not known here)."""
+    rows = repo.reap_expired()
+    if events.active:
+        for job_id, topic in rows:
+            events.emit("requeued", job_id, topic, 0)
+    return rows

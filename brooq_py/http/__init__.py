@@ -1,0 +1,22 @@
+"""HTTP: the worker's surface (/healthz, /metrics, /jobs, /topics) and the dashboard (/ui), one package.
+
+Core install (standard library only, no Starlette):
+
+- ``api``: the surface's routes (``Surface``), the request and reply types and
+  the concurrency gate (``Gate``); ``auth``: the token guard; ``actions``: the
+  operator's actions (cancel, retry, pause, ...) both faces share;
+- ``listen``: the address family and accept backlog both servers bind with;
+- ``wsgi``: the routes as a WSGI app; ``server``: ``serve()`` and ``Server``,
+  which run either the stdlib WSGI server or, with the ``web`` extra, uvicorn.
+
+The ``web`` extra (Starlette, Jinja2, uvicorn):
+
+- ``dashboard``: the dashboard's Starlette app (``templates/``, ``static/``),
+  ``render``: its Jinja2 environment; ``factory``: ``dashboard(store, ...)``;
+- ``asgi``: the surface with the dashboard at /ui, on uvicorn in a thread.
+
+Imports point down that list: ``server`` imports ``asgi`` lazily (only when
+the extra is present) and ``asgi`` imports ``dashboard`` and ``api``, never
+``server``. Nothing here imports the engine at run time (only for types); the
+public names live on in ``brooq_py.service`` and ``brooq_py.web``.
+"""

@@ -1,0 +1,178 @@
+"""The operator's actions on jobs and topics, shared by the surface's endpoints and the dashboard.
+
+Each action validates its input and says what went wrong with an
+``ActionError`` carrying the HTTP status both faces answer with: 400 for a
+malformed id or topic, 404 for an unknown job, 503 when the database cannot
+be reached (the details go to the log, never to the client).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import TYPE_CHECKING, Any, Protocol
+
+from brooq_py.postgres.flow import parse_count, parse_rate
+from brooq_py.queue import JobRow, StoreUnavailable
+
+if TYPE_CHECKING:
+    from brooq_py.postgres.overview import Overview, Topics
+
+log = logging.getLogger("brooq_py.service")
+
+UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+MAX_TOPIC = 200
+
+
+class ActionError(Exception):
+    """An action refused: ``status`` is the HTTP answer, ``message`` safe to show."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class Jobs(Protocol):
+    def get(self, job_id: str) -> JobRow | None: ...
+    def cancel(self, job_id: str) -> bool: ...
+
+
+class Controls(Protocol):
+    def retry(self, job_id: str) -> bool: ...
+    def retry_refusal(self, job_id: str) -> str | None: ...
+    def pause(self, topic: str) -> None: ...
+    def resume(self, topic: str) -> None: ...
+    def set_rate_limit(
+        self, topic: str, limit: int | None, per: float = 1, *, burst: int | None = None
+    ) -> None: ...
+    def set_max_depth(self, topic: str, depth: int | None) -> None: ...
+
+
+def job_id(raw: str) -> str:
+    """Return *raw* as a lower-case job id, or raise ActionError(400)."""
+    if not UUID.fullmatch(raw):
+        raise ActionError(400, "malformed job id: expected a UUID")
+    return raw.lower()
+
+
+def topic_name(raw: str) -> str:
+    """Return *raw* as a topic name, or raise ActionError(400)."""
+    if not raw or "\x00" in raw or len(raw) > MAX_TOPIC or not raw.isprintable():
+        raise ActionError(400, f"malformed topic: expected printable text of 1 to {MAX_TOPIC} characters")
+    return raw
+
+
+class Operator:
+    """Get, cancel and retry jobs, pause and resume topics, read the overview.
+
+    *jobs* answers get and cancel (the engine on the surface, the store on the
+    dashboard); *controls* and *overview* may be None when the repo is not a
+    Store, and those actions then answer 404.
+    """
+
+    def __init__(self, jobs: Jobs, controls: Controls | None, overview: Overview | None) -> None:
+        self.jobs = jobs
+        self.controls = controls
+        self.overview = overview
+
+    @staticmethod
+    def guarded(doing: str, action: Any, *args: Any) -> Any:
+        try:
+            return action(*args)
+        except StoreUnavailable:
+            log.error("database unavailable while %s", doing)
+            raise ActionError(503, "database unavailable") from None
+
+    def _controls(self) -> Controls:
+        if self.controls is None:
+            raise ActionError(404, "not found")
+        return self.controls
+
+    def get(self, raw_id: str) -> JobRow:
+        row: JobRow | None = self.guarded("reading a job", self.jobs.get, job_id(raw_id))
+        if row is None:
+            raise ActionError(404, "no such job")
+        return row
+
+    def cancel(self, raw_id: str) -> bool:
+        # cancel() alone cannot tell "unknown" from "already terminal": look first.
+        row = self.get(raw_id)
+        canceled = bool(self.guarded("canceling a job", self.jobs.cancel, row.id))
+        if canceled:
+            log.info("job %s canceled by an operator", row.id)
+        self._changed(activity=True)
+        return canceled
+
+    def retry(self, raw_id: str) -> bool:
+        controls = self._controls()
+        row = self.get(raw_id)
+        retried = bool(self.guarded("retrying a job", controls.retry, row.id))
+        if retried:
+            log.info("job %s retried by an operator", row.id)
+        self._changed(activity=True)
+        return retried
+
+    def retry_refusal(self, raw_id: str) -> str | None:
+        """Why a retry of the job changes nothing now (its state, or an active holder of its unique key)."""
+        row = self.get(raw_id)
+        reason: str | None = self.guarded("reading a job", self._controls().retry_refusal, row.id)
+        return reason
+
+    def set_rate(self, raw_topic: str, raw_rate: str) -> tuple[int | None, float]:
+        """Set the topic's rate limit from ``N[/DURATION]|none`` (SPEC F1); return (limit, per seconds)."""
+        topic = topic_name(raw_topic)
+        try:
+            limit, per = parse_rate(raw_rate)
+        except ValueError as exc:
+            raise ActionError(400, str(exc)) from None
+        self.guarded("setting a rate limit", self._controls().set_rate_limit, topic, limit, per)
+        log.info("topic %r rate limit set to %s by an operator", topic, raw_rate)
+        self._changed()
+        return limit, per
+
+    def set_depth(self, raw_topic: str, raw_depth: str) -> int | None:
+        """Set the topic's depth cap from ``N|none`` (SPEC F2); return it."""
+        topic = topic_name(raw_topic)
+        try:
+            depth = parse_count(raw_depth, "depth")
+        except ValueError as exc:
+            raise ActionError(400, str(exc)) from None
+        self.guarded("setting a depth cap", self._controls().set_max_depth, topic, depth)
+        log.info("topic %r depth cap set to %s by an operator", topic, depth)
+        self._changed()
+        return depth
+
+    def pause(self, raw_topic: str) -> None:
+        topic = topic_name(raw_topic)
+        self.guarded("pausing a topic", self._controls().pause, topic)
+        log.info("topic %r paused by an operator", topic)
+        self._changed()
+
+    def resume(self, raw_topic: str) -> None:
+        topic = topic_name(raw_topic)
+        self.guarded("resuming a topic", self._controls().resume, topic)
+        log.info("topic %r resumed by an operator", topic)
+        self._changed()
+
+    def topics(self) -> Topics:
+        if self.overview is None:
+            raise ActionError(404, "not found")
+        topics: Topics = self.guarded("reading the topics", self.overview.topics)
+        return topics
+
+    def _changed(self, activity: bool = False) -> None:
+        if self.overview is not None:
+            self.overview.forget(activity)
+
+
+def for_repo(jobs: Jobs, repo: Any) -> Operator:
+    """Return the Operator of *jobs* over *repo*: full controls when *repo* is a postgres Store."""
+    from brooq_py.postgres.overview import Overview
+    from brooq_py.postgres.store import Store
+
+    # The engine's repo is wrapped to track its own statements (health): the operator's are not its.
+    repo = getattr(repo, "inner", repo)
+    if isinstance(repo, Store):
+        return Operator(jobs, repo, Overview(repo))
+    return Operator(jobs, None, None)

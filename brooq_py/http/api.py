@@ -1,0 +1,261 @@
+"""The surface's routes, independent of the server that carries them.
+
+One router answers /healthz, /metrics, /jobs and /topics, whichever server
+carries the request: the stdlib WSGI server of the core install, or the one
+Starlette application (with the dashboard at /ui) when the ``web`` extra is
+installed. Every answer is short and deliberate: bad input gets a 4xx, an
+unexpected error a 500 with a generic body, never a traceback (SPEC O2, K3).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from brooq_py.http.actions import ActionError, Operator, for_repo
+from brooq_py.http.auth import TokenGuard
+
+if TYPE_CHECKING:
+    from brooq_py.engine import Engine
+
+log = logging.getLogger("brooq_py.service")
+
+MAX_BODY = 64 * 1024
+# Requests served at once by the surface; one more is answered 503 at once (SPEC Z2).
+DEFAULT_CONCURRENCY = 32
+READ_METHODS = ("GET", "HEAD")
+GUARDED = re.compile(r"/(jobs|topics)(/.*)?", re.DOTALL)
+
+REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    411: "Length Required",
+    413: "Content Too Large",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
+
+
+@dataclass
+class Reply:
+    """One response: status, body, content type and extra headers."""
+
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+    @classmethod
+    def json(cls, status: int, data: Any, headers: list[tuple[str, str]] | None = None) -> Reply:
+        body = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+        return cls(status, body, "application/json", headers or [])
+
+    @classmethod
+    def error(cls, status: int, message: str, headers: list[tuple[str, str]] | None = None) -> Reply:
+        return cls.json(status, {"error": message}, headers)
+
+    def all_headers(self) -> list[tuple[str, str]]:
+        """Return every header to send, the safety ones included."""
+        return [
+            ("Content-Type", self.content_type),
+            ("Content-Length", str(len(self.body))),
+            ("Cache-Control", "no-store"),
+            ("X-Content-Type-Options", "nosniff"),
+            *self.headers,
+        ]
+
+
+BUSY = Reply.error(503, "busy: too many requests at once", [("Retry-After", "1")])
+
+
+class Gate:
+    """At most *limit* requests inside at once; ``enter()`` never waits (SPEC Z2)."""
+
+    def __init__(self, limit: int = DEFAULT_CONCURRENCY) -> None:
+        if limit < 1:
+            raise ValueError(f"concurrency must be at least 1, got {limit}")
+        self.limit = limit
+        self._slots = threading.BoundedSemaphore(limit)
+
+    def enter(self) -> bool:
+        return self._slots.acquire(blocking=False)
+
+    def leave(self) -> None:
+        self._slots.release()
+
+
+def check_body(content_length: str | None, transfer_encoding: str | None) -> Reply | None:
+    """Refuse bodies the surface never needs: chunked ones, and any longer than ``MAX_BODY``."""
+    if transfer_encoding:
+        return Reply.error(411, "length required")
+    raw = (content_length or "0").strip()
+    if not raw.isascii() or not raw.isdigit():
+        return Reply.error(400, "bad Content-Length")
+    if int(raw) > MAX_BODY:
+        return Reply.error(413, f"request body larger than {MAX_BODY} bytes")
+    return None
+
+
+def only(method: str, allowed: tuple[str, ...]) -> Reply | None:
+    if method in allowed:
+        return None
+    return Reply.error(405, "method not allowed", [("Allow", ", ".join(allowed))])
+
+
+def safe(path: str) -> str:
+    """Return *path* fit for one log line (no control characters, bounded length)."""
+    cleaned = "".join(ch if ch.isprintable() else "?" for ch in path)
+    return cleaned if len(cleaned) <= 200 else cleaned[:200] + "..."
+
+
+Action = Callable[..., Reply]  # (operator, *the route's groups)
+
+
+def _get(op: Operator, raw: str) -> Reply:
+    return Reply.json(200, op.get(raw).to_json())
+
+
+def _cancel(op: Operator, raw: str) -> Reply:
+    return Reply.json(200, {"canceled": op.cancel(raw)})
+
+
+def _retry(op: Operator, raw: str) -> Reply:
+    if op.retry(raw):
+        return Reply.json(200, {"retried": True})
+    return Reply.json(200, {"retried": False, "reason": op.retry_refusal(raw)})
+
+
+def _rate(op: Operator, raw: str, value: str) -> Reply:
+    limit, per = op.set_rate(raw, value)
+    return Reply.json(200, {"topic": raw, "rate": limit, "per_seconds": per if limit else None})
+
+
+def _depth(op: Operator, raw: str, value: str) -> Reply:
+    return Reply.json(200, {"topic": raw, "max_depth": op.set_depth(raw, value)})
+
+
+def _pause(op: Operator, raw: str) -> Reply:
+    op.pause(raw)
+    return Reply.json(200, {"topic": raw, "paused": True})
+
+
+def _resume(op: Operator, raw: str) -> Reply:
+    op.resume(raw)
+    return Reply.json(200, {"topic": raw, "paused": False})
+
+
+def _topics(op: Operator, _raw: str) -> Reply:
+    topics = op.topics()
+    return Reply.json(
+        200,
+        {
+            "cap": topics.cap,
+            "read_at": topics.read_at.isoformat(),
+            "topics": [t.to_json() for t in topics.topics],
+        },
+    )
+
+
+# The token-guarded routes: (pattern, allowed methods, action). The first match wins.
+ROUTES: tuple[tuple[re.Pattern[str], tuple[str, ...], Action], ...] = (
+    (re.compile(r"/jobs/([^/]+)/cancel"), ("POST",), _cancel),
+    (re.compile(r"/jobs/([^/]+)/retry"), ("POST",), _retry),
+    (re.compile(r"/jobs/([^/]+)"), READ_METHODS, _get),
+    (re.compile(r"/topics()"), READ_METHODS, _topics),
+    (re.compile(r"/topics/(.+)/pause", re.DOTALL), ("POST",), _pause),
+    (re.compile(r"/topics/(.+)/resume", re.DOTALL), ("POST",), _resume),
+    # SPEC F1, F2: POST /topics/<topic>/rate/<N[/DURATION]|none>, /topics/<topic>/depth/<N|none>
+    (re.compile(r"/topics/(.+)/rate/([^/]+(?:/[^/]+)?)", re.DOTALL), ("POST",), _rate),
+    (re.compile(r"/topics/(.+)/depth/([^/]+)", re.DOTALL), ("POST",), _depth),
+)
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the router needs of a request; ``headers`` has lower-case names."""
+
+    method: str
+    path: str
+    headers: Mapping[str, str]
+
+
+class Surface:
+    """The router of /healthz, /metrics, /jobs and /topics for *engine*.
+
+    *token* None (or empty) turns every /jobs and /topics path off (404).
+    """
+
+    def __init__(self, engine: Engine, token: str | None = None, operator: Operator | None = None) -> None:
+        self.engine = engine
+        self.guard = TokenGuard(token)
+        self.operator = operator or for_repo(engine, engine.repo)
+
+    def __repr__(self) -> str:
+        return f"Surface(engine={self.engine!r}, token={'set' if self.guard.configured else 'unset'})"
+
+    def dispatch(self, request: Request) -> Reply:
+        """Answer *request*; never raise (an unexpected error is a short 500)."""
+        try:
+            return self._route(request)
+        except Exception:
+            # The type only: an exception's text may carry what a request must not see.
+            log.exception("unexpected error answering %s %s", request.method, safe(request.path))
+            return Reply.error(500, "internal error")
+
+    def _route(self, request: Request) -> Reply:
+        method, path = request.method, request.path
+        body_problem = check_body(
+            request.headers.get("content-length"), request.headers.get("transfer-encoding")
+        )
+        if path == "/healthz":
+            return body_problem or only(method, READ_METHODS) or self._healthz()
+        if path == "/metrics":
+            return body_problem or only(method, READ_METHODS) or self._metrics()
+        if GUARDED.fullmatch(path) is None:
+            return Reply.error(404, "not found")
+        if not self.guard.configured:
+            return Reply.error(404, "not found")
+        if not self.guard.bearer(request.headers.get("authorization")):
+            return Reply.error(401, "unauthorized", [("WWW-Authenticate", 'Bearer realm="brooq"')])
+        if body_problem:
+            return body_problem
+        for pattern, methods, action in ROUTES:
+            match = pattern.fullmatch(path)
+            if match is not None:
+                refused = only(method, methods)
+                if refused:
+                    return refused
+                try:
+                    return action(self.operator, *match.groups())
+                except ActionError as exc:
+                    return Reply.error(exc.status, exc.message)
+        return Reply.error(404, "not found")
+
+    def _healthz(self) -> Reply:
+        try:
+            health = self.engine.health()
+            body = health.to_json()
+            ok = bool(health.ok)
+        except Exception as exc:
+            log.error("health check failed: %s", type(exc).__name__)
+            return Reply.json(503, {"ok": False, "error": "health check failed"})
+        return Reply.json(200 if ok else 503, body)
+
+    def _metrics(self) -> Reply:
+        try:
+            text = generate_latest(self.engine.registry)
+        except Exception as exc:
+            log.error("metrics generation failed: %s", type(exc).__name__)
+            return Reply(503, b"metrics unavailable\n", "text/plain; charset=utf-8")
+        return Reply(200, text, CONTENT_TYPE_LATEST)

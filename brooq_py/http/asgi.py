@@ -1,0 +1,139 @@
+"""The worker's surface when the ``web`` extra is installed: one Starlette application on uvicorn.
+
+/ui is the dashboard; every other path goes to the surface's own router
+(``api.Surface``: /healthz, /metrics, /jobs, /topics), run in a worker
+thread so a slow database never blocks the event loop. Both share the token,
+the Operator (and so the topic overview's cache) and the concurrency gate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.routing import Mount
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from brooq_py.http.api import Gate, Request, Surface, safe
+from brooq_py.http.dashboard import Gated, build, is_loopback
+from brooq_py.http.listen import LISTEN_BACKLOG, family
+
+if TYPE_CHECKING:
+    from brooq_py.engine import Engine
+
+log = logging.getLogger("brooq_py.service")
+
+STARTUP_TIMEOUT = 10.0
+
+
+class SurfaceRoutes:
+    """A raw ASGI app handing every request to the shared router (``api.Surface``)."""
+
+    def __init__(self, surface: Surface) -> None:
+        self.surface = surface
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        started = time.monotonic()
+        headers: dict[str, str] = {}
+        for name, value in scope["headers"]:
+            key = name.decode("latin-1").lower()
+            text = value.decode("latin-1")
+            headers[key] = f"{headers[key]}, {text}" if key in headers else text
+        method = str(scope["method"]).upper()
+        path = str(scope["path"]) or "/"
+        reply = await run_in_threadpool(self.surface.dispatch, Request(method, path, headers))
+        raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in reply.all_headers()]
+        await send({"type": "http.response.start", "status": reply.status, "headers": raw})
+        await send({"type": "http.response.body", "body": b"" if method == "HEAD" else reply.body})
+        log.debug(
+            "%s %s -> %d (%.1f ms)", method, safe(path), reply.status, (time.monotonic() - started) * 1000
+        )
+
+
+def surface_app(
+    engine: Engine, token: str | None, *, host: str, gate: Gate, read_only: bool = False
+) -> ASGIApp:
+    """Return the one application of the surface: the shared routes, and the dashboard at /ui.
+
+    The dashboard is mounted when a token is set, or when *host* is a loopback
+    address (then it is open, as the surface's own /jobs stay off: SPEC O2).
+    """
+    surface = Surface(engine, token)
+    routes = []
+    overview = surface.operator.overview
+    if overview is not None and (token or is_loopback(host)):
+        board = build(surface.operator, overview, token=token, read_only=read_only)
+        routes.append(Mount("/ui", app=board.app))
+        log.info(
+            "dashboard at /ui (%s%s)",
+            "token required" if token else "no token: loopback only",
+            ", read-only" if read_only else "",
+        )
+    elif overview is not None:
+        log.warning("the dashboard at /ui is off: the surface listens on %s without a token", host)
+    routes.append(Mount("", app=SurfaceRoutes(surface)))
+    return Gated(Starlette(routes=routes), gate)
+
+
+class ThreadedUvicorn:
+    """uvicorn serving *app* in a daemon thread, on a socket bound here (so bind errors raise here)."""
+
+    def __init__(self, app: ASGIApp, host: str, port: int) -> None:
+        self._sock = socket.socket(family(host), socket.SOCK_STREAM)
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._sock.bind((host, port))
+            self._sock.listen(LISTEN_BACKLOG)
+            self._sock.setblocking(False)
+        except OSError:
+            self._sock.close()
+            raise
+        bound = self._sock.getsockname()
+        self.address = (str(bound[0]), int(bound[1]))
+        config = uvicorn.Config(
+            app,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            timeout_keep_alive=5,
+            timeout_graceful_shutdown=2,
+            server_header=False,
+            date_header=False,
+            h11_max_incomplete_event_size=16 * 1024,
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._run, name=f"brooq-http-{self.address[1]}", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while not self._server.started and self._thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if not self._server.started:
+            self.close()
+            raise OSError(f"the HTTP server did not start on {host}:{port}")
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._server.serve(sockets=[self._sock]))
+        except Exception:
+            log.exception("the HTTP server stopped with an error")
+
+    def close(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=5)
+        self._sock.close()
+
+
+def uvicorn_backend(
+    engine: Engine, host: str, port: int, token: str | None, *, gate: Gate, read_only: bool
+) -> ThreadedUvicorn:
+    """Return the surface's server when the web extra is installed: ``surface_app`` on uvicorn."""
+    return ThreadedUvicorn(surface_app(engine, token, host=host, gate=gate, read_only=read_only), host, port)

@@ -1,0 +1,458 @@
+"""The dashboard: one Starlette application, Jinja2 templates, and its own static files (no CDN).
+
+Every page and action needs the token: a bearer header, or the session cookie
+the login form sets (HttpOnly, SameSite=Strict, an HMAC keyed by the token).
+Actions are POST forms carrying a CSRF token bound to the session; a request
+that authenticated with the bearer header needs none. Without a token the
+dashboard answers only when served on a loopback address. The actions are the
+surface's own (``actions.Operator``), so both faces behave alike.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+from urllib.parse import urlencode
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import FormData
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from brooq_py.http.actions import ActionError, Operator
+from brooq_py.http.api import BUSY, Gate, check_body
+from brooq_py.http.auth import SESSION_SECONDS, TokenGuard
+from brooq_py.http.render import jinja_env
+from brooq_py.postgres.overview import FINISHED, STATES, WAITING, BadCursor, Overview
+from brooq_py.queue import ACTIVE_STATES, State
+
+log = logging.getLogger("brooq_py.web")
+
+COOKIE = "brooq_session"
+PAGE_SIZE = 50
+MAX_PAYLOAD_SHOWN = 256 * 1024  # characters of a job's pretty-printed payload on its page
+RETRYABLE = (State.DEAD, State.CANCELED)
+CANCELABLE = (*ACTIVE_STATES, State.SCHEDULED)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How one dashboard behaves: ``login`` False means no token was configured (loopback only)."""
+
+    signer: TokenGuard
+    login: bool
+    read_only: bool
+    refresh_ms: int
+
+
+def is_loopback(host: str | None) -> bool:
+    """Return whether *host* (an address or ``localhost``) is a loopback address."""
+    if not host:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class Dashboard:
+    """The dashboard's endpoints over one Operator; ``app`` is the ASGI application."""
+
+    def __init__(self, operator: Operator, overview: Overview, settings: Settings) -> None:
+        self.op = operator
+        self.overview = overview
+        self.settings = settings
+        self.templates = Jinja2Templates(env=jinja_env())
+        static = resources.files("brooq_py.http") / "static"
+        routes = [
+            Route("/", self.topics_page, name="topics"),
+            Route("/topics.rows", self.topics_rows, name="topics_rows"),
+            Route("/jobs", self.jobs_page, name="jobs"),
+            Route("/job/{job_id}", self.job_page, name="job"),
+            Route("/dead", self.dead_page, name="dead"),
+            Route("/login", self.login_page, methods=["GET", "POST"], name="login"),
+            Route("/logout", self.logout, methods=["POST"], name="logout"),
+            Route("/action/{action}", self.action, methods=["POST"], name="action"),
+            Mount("/static", app=StaticFiles(directory=str(static)), name="static"),
+        ]
+        self.app = Starlette(routes=routes)
+
+    # --- access -------------------------------------------------------------------------
+
+    def _session(self, request: Request) -> str | None:
+        value = request.cookies.get(COOKIE)
+        return value if self.settings.signer.session(value) else None
+
+    def _bearer(self, request: Request) -> bool:
+        return self.settings.login and self.settings.signer.bearer(request.headers.get("authorization"))
+
+    def _set_session(self, response: Response, request: Request, value: str) -> None:
+        response.set_cookie(
+            COOKIE,
+            value,
+            max_age=SESSION_SECONDS,
+            path=request.scope.get("root_path") or "/",
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
+
+    def guard(self, request: Request) -> Response | None:
+        """Return the refusal for *request*, or None when it may see the dashboard."""
+        if not self.settings.login:
+            server = request.scope.get("server")
+            if not is_loopback(server[0] if server else None) or not _loopback_name(
+                request.headers.get("host")
+            ):
+                return self._error(
+                    request,
+                    403,
+                    "This dashboard has no token: serve it on a loopback address or give it a token.",
+                )
+            return None
+        if self._bearer(request) or self._session(request) is not None:
+            return None
+        if request.method in ("GET", "HEAD"):
+            target = self._url(
+                request, "/login", next=request.url.path[len(request.scope.get("root_path", "")) :] or "/"
+            )
+            return RedirectResponse(target, status_code=303)
+        return self._error(request, 401, "Log in first.")
+
+    def _csrf_refusal(self, request: Request, form: Any) -> Response | None:
+        if self._bearer(request):
+            return None  # a header a foreign page cannot set
+        session = request.cookies.get(COOKIE)
+        if session is None or not self.settings.signer.session(session):
+            return self._error(request, 403, "Your session has expired: reload the page.")
+        if not self.settings.signer.csrf_ok(session, form.get("csrf")):
+            return self._error(request, 403, "The form's CSRF token is missing or wrong: reload the page.")
+        return None
+
+    # --- rendering ---------------------------------------------------------------------------
+
+    def _url(self, request: Request, path: str, **query: Any) -> str:
+        base = str(request.scope.get("root_path", ""))
+        params = {k: v for k, v in query.items() if v is not None}
+        return base + path + ("?" + urlencode(params) if params else "")
+
+    def _page(self, request: Request, name: str, context: dict[str, Any], status: int = 200) -> Response:
+        session = request.cookies.get(COOKIE)
+        valid = session if session and self.settings.signer.session(session) else None
+        fresh = None
+        if valid is None and not self.settings.login and status < 400:  # never to a refused request
+            fresh = valid = self.settings.signer.new_session()
+        base = str(request.scope.get("root_path", ""))
+        context = {
+            "title": "brooq",
+            "base": base,
+            "url": lambda path, **q: self._url(request, path, **q),
+            "csrf": self.settings.signer.csrf(valid) if valid else "",
+            "read_only": self.settings.read_only,
+            "login": self.settings.login,
+            "states": [str(s) for s in STATES],
+            "refresh_ms": self.settings.refresh_ms,
+            "here": _here(request, base),
+            **context,
+        }
+        response = self.templates.TemplateResponse(request, name, context, status_code=status)
+        response.headers["Cache-Control"] = "no-store"
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["X-Frame-Options"] = "DENY"
+        response.headers["Referrer-Policy"] = "same-origin"
+        response.headers["Content-Security-Policy"] = (
+            "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+            "frame-ancestors 'none'; form-action 'self'; base-uri 'none'"
+        )
+        if fresh is not None:
+            self._set_session(response, request, fresh)
+        return response
+
+    def _error(self, request: Request, status: int, message: str) -> Response:
+        return self._page(
+            request, "error.html", {"status": status, "message": message, "title": str(status)}, status
+        )
+
+    # --- pages ---------------------------------------------------------------------------------
+
+    def topics_page(self, request: Request) -> Response:
+        return self.guard(request) or self._topics(request, "topics.html")
+
+    def topics_rows(self, request: Request) -> Response:
+        """The topics table's rows alone: what the live refresh swaps in."""
+        return self.guard(request) or self._topics(request, "_topics_rows.html")
+
+    def _topics(self, request: Request, template: str) -> Response:
+        try:
+            topics = self.op.topics()
+        except ActionError as exc:
+            return self._error(request, exc.status, exc.message)
+        return self._page(request, template, {"overview": topics, "title": "Topics"})
+
+    def jobs_page(self, request: Request) -> Response:
+        refused = self.guard(request)
+        if refused:
+            return refused
+        topic = request.query_params.get("topic") or None
+        state = request.query_params.get("state", "")
+        if state not in {str(s) for s in STATES} or (topic is None and state not in FINISHED):
+            return self._error(request, 400, "Unknown state, or a state that needs a topic.")
+        return self._listing(request, "jobs.html", topic, state)
+
+    def dead_page(self, request: Request) -> Response:
+        return self.guard(request) or self._listing(request, "jobs.html", None, State.DEAD)
+
+    def _listing(self, request: Request, template: str, topic: str | None, state: str) -> Response:
+        after = request.query_params.get("after")
+        try:
+            page = self.op.guarded(
+                "reading a page of jobs", self.overview.jobs, topic, state, after, PAGE_SIZE
+            )
+        except BadCursor:
+            return self._error(request, 400, "That page link is not valid.")
+        except ActionError as exc:
+            return self._error(request, exc.status, exc.message)
+        context = {
+            "topic": topic,
+            "state": state,
+            "page": page,
+            "after": after,
+            "retryable": state in RETRYABLE,
+            "cancelable": state in CANCELABLE,
+            "waiting": state in WAITING,
+            "title": f"{topic or 'All topics'} · {state}",
+        }
+        return self._page(request, template, context)
+
+    def job_page(self, request: Request) -> Response:
+        refused = self.guard(request)
+        if refused:
+            return refused
+        try:
+            row = self.op.get(request.path_params["job_id"])
+        except ActionError as exc:
+            return self._error(request, exc.status, exc.message)
+        payload = json.dumps(row.payload, indent=2, ensure_ascii=False, sort_keys=True)
+        if len(payload) > MAX_PAYLOAD_SHOWN:  # a page a browser can open, whatever was enqueued
+            hidden = len(payload) - MAX_PAYLOAD_SHOWN
+            payload = f"{payload[:MAX_PAYLOAD_SHOWN]}\n… {hidden:,} more characters not shown"
+        try:
+            relatives = self.op.guarded(
+                "reading a job's parents and children", self.overview.relatives, row.id
+            )
+        except ActionError as exc:
+            return self._error(request, exc.status, exc.message)
+        context = {
+            "job": row,
+            "parents": [r for r in relatives if r.side == "parent"],
+            "children": [r for r in relatives if r.side == "child"],
+            "payload": payload,
+            "retryable": row.state in RETRYABLE,
+            "cancelable": row.state in CANCELABLE,
+            "title": f"Job {row.id}",
+        }
+        return self._page(request, "job.html", context)
+
+    async def login_page(self, request: Request) -> Response:
+        if not self.settings.login:
+            return RedirectResponse(self._url(request, "/"), status_code=303)
+        target = _local(request.query_params.get("next"))
+        if request.method == "POST":
+            form = await self._form(request)
+            if isinstance(form, Response):
+                return form
+            target = _local(str(form.get("next") or ""))
+            if self.settings.signer.matches(str(form.get("token") or "")):
+                response = RedirectResponse(self._url(request, target), status_code=303)
+                self._set_session(response, request, self.settings.signer.new_session())
+                return response
+            log.info("dashboard login refused")
+            return self._page(request, "login.html", {"next": target, "failed": True, "title": "Log in"}, 401)
+        return self._page(request, "login.html", {"next": target, "failed": False, "title": "Log in"})
+
+    async def logout(self, request: Request) -> Response:
+        form = await self._posted(request)
+        if isinstance(form, Response):
+            return form
+        response = RedirectResponse(
+            self._url(request, "/login" if self.settings.login else "/"), status_code=303
+        )
+        response.delete_cookie(COOKIE, path=request.scope.get("root_path") or "/")
+        return response
+
+    # --- actions ---------------------------------------------------------------------------------
+
+    async def _form(self, request: Request) -> FormData | Response:
+        """Read a small urlencoded form: never more than ``MAX_BODY`` bytes, never a chunked body."""
+        problem = check_body(request.headers.get("content-length"), request.headers.get("transfer-encoding"))
+        if problem is not None:
+            return self._error(request, problem.status, "That form is too large or malformed.")
+        return await request.form(max_files=0, max_fields=2 * PAGE_SIZE + 10)
+
+    async def _posted(self, request: Request) -> FormData | Response:
+        """The form of a state-changing POST: token first, then a bounded body, then its CSRF token."""
+        refused = self.guard(request)
+        if refused:
+            return refused
+        form = await self._form(request)
+        if isinstance(form, Response):
+            return form
+        refused = self._csrf_refusal(request, form)
+        return refused if refused else form
+
+    async def action(self, request: Request) -> Response:
+        form = await self._posted(request)
+        if isinstance(form, Response):
+            return form
+        if self.settings.read_only:
+            return self._error(request, 403, "This dashboard is read-only.")
+        name = request.path_params["action"]
+        act = _ACTIONS.get(name)
+        if act is None:
+            return self._error(request, 404, "No such action.")
+        values = {k: [str(v) for v in form.getlist(k)] for k in ("id", "topic", "value")}
+        try:
+            message = await run_in_threadpool(act, self.op, values)
+        except ActionError as exc:
+            return self._error(request, exc.status, exc.message)
+        back = _local(str(form.get("back") or "/"))
+        sep = "&" if "?" in back else "?"
+        return RedirectResponse(
+            self._url(request, back) + sep + urlencode({"done": message}), status_code=303
+        )
+
+
+def _one(values: dict[str, list[str]], key: str) -> str:
+    got = values.get(key) or []
+    if len(got) != 1:
+        raise ActionError(400, f"expected one {key}")
+    return got[0]
+
+
+def _retry_many(op: Operator, values: dict[str, list[str]]) -> str:
+    ids = values.get("id") or []
+    if not ids or len(ids) > PAGE_SIZE:
+        raise ActionError(400, f"expected 1 to {PAGE_SIZE} job ids")
+    retried = sum(op.retry(i) for i in ids)
+    return f"{retried} of {len(ids)} jobs retried"
+
+
+def _pause(op: Operator, values: dict[str, list[str]]) -> str:
+    op.pause(_one(values, "topic"))
+    return "Topic paused"
+
+
+def _resume(op: Operator, values: dict[str, list[str]]) -> str:
+    op.resume(_one(values, "topic"))
+    return "Topic resumed"
+
+
+def _retry(op: Operator, values: dict[str, list[str]]) -> str:
+    job = _one(values, "id")
+    if op.retry(job):
+        return "Job retried"
+    return f"Job was not retried: {op.retry_refusal(job) or 'not retryable'}"
+
+
+def _rate(op: Operator, values: dict[str, list[str]]) -> str:
+    limit, _ = op.set_rate(_one(values, "topic"), _one(values, "value").strip() or "none")
+    return "Rate limit removed" if limit is None else "Rate limit set"
+
+
+def _depth(op: Operator, values: dict[str, list[str]]) -> str:
+    depth = op.set_depth(_one(values, "topic"), _one(values, "value").strip() or "none")
+    return "Depth cap removed" if depth is None else "Depth cap set"
+
+
+_ACTIONS: dict[str, Callable[[Operator, dict[str, list[str]]], str]] = {
+    "cancel": lambda op, v: "Job canceled" if op.cancel(_one(v, "id")) else "Job was not cancelable",
+    "retry": _retry,
+    "rate": _rate,
+    "depth": _depth,
+    "retry-many": _retry_many,
+    "pause": _pause,
+    "resume": _resume,
+}
+
+
+def _here(request: Request, base: str) -> str:
+    """Return the current page inside the dashboard, without the last action's message."""
+    query = urlencode([(k, v) for k, v in request.query_params.multi_items() if k != "done"])
+    return request.url.path[len(base) :] + ("?" + query if query else "")
+
+
+def _loopback_name(host: str | None) -> bool:
+    """Return whether a Host header names a loopback address (None: HTTP/1.0, no name given).
+
+    A page whose name was rebound to 127.0.0.1 (DNS rebinding) reaches a loopback
+    dashboard under its own name, and as its own origin could read the page and its
+    CSRF token: without a token, only a loopback name is served.
+    """
+    if host is None:
+        return True
+    name = host.strip().lower()
+    if name.startswith("["):
+        name = name[1:].partition("]")[0]
+    elif name.count(":") == 1:
+        name = name.partition(":")[0]
+    return is_loopback(name.rstrip("."))
+
+
+def _local(target: str | None) -> str:
+    """Return *target* when it is a path inside the dashboard, else ``/`` (no open redirect)."""
+    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return "/"
+    return target
+
+
+class Gated:
+    """At most ``gate.limit`` requests inside *app* at once; the next is answered 503 at once (SPEC Z2)."""
+
+    def __init__(self, app: ASGIApp, gate: Gate) -> None:
+        self.app = app
+        self.gate = gate
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if not self.gate.enter():
+            await _send_busy(send)
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.gate.leave()
+
+
+async def _send_busy(send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+    headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in BUSY.all_headers()]
+    await send({"type": "http.response.start", "status": BUSY.status, "headers": headers})
+    await send({"type": "http.response.body", "body": BUSY.body})
+
+
+def build(
+    operator: Operator,
+    overview: Overview,
+    *,
+    token: str | None,
+    read_only: bool,
+    refresh_ms: int = 2000,
+) -> Dashboard:
+    """Return the Dashboard over *operator* (the surface passes its own; ``dashboard()`` makes one)."""
+    signer = TokenGuard(token or secrets.token_urlsafe(32))
+    settings = Settings(signer=signer, login=bool(token), read_only=read_only, refresh_ms=refresh_ms)
+    return Dashboard(operator, overview, settings)

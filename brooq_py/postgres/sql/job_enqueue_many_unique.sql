@@ -1,0 +1,48 @@
+-- name: job_enqueue_many_unique
+-- SPEC E5, U1, U2, F2: a batch of which some jobs carry a unique key, in one
+-- statement (as job_enqueue_many otherwise). ON CONFLICT without a target takes
+-- both unique indexes as arbiters: a job whose idempotency key is taken, or
+-- whose unique key an active job holds, inserts nothing and raises nothing.
+-- A row comes back for each such input: (ord, the row holding its idempotency
+-- key, the active holder of its unique key and that holder's state, NULL), as
+-- the statement's snapshot sees them (both NULL: a holder committed meanwhile,
+-- ask again). The caller repeats nothing within the batch (each key once).
+-- Depth caps as in job_enqueue_many: (NULL, NULL, NULL, NULL, topic) rows.
+WITH input AS (
+    SELECT *
+    FROM ROWS FROM (unnest(%(ids)s::uuid[]), unnest(%(topics)s::text[]),
+                    jsonb_array_elements(%(payloads)s::jsonb), unnest(%(keys)s::text[]),
+                    unnest(%(unique_keys)s::text[]),
+                    unnest(%(available_at)s::timestamptz[]), unnest(%(priorities)s::int[]))
+         WITH ORDINALITY AS u(id, topic, payload, key, unique_key, available_at, priority, ord)
+), too_deep AS (
+    SELECT c.topic
+    FROM unnest(%(cap_topics)s::text[], %(caps)s::int[], %(cap_counts)s::int[]) AS c(topic, cap, n)
+    WHERE (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = c.topic AND state = 'pending' LIMIT c.cap) AS p)
+        + (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = c.topic
+                                     AND state IN ('scheduled', 'failed', 'blocked') LIMIT c.cap) AS w)
+        + c.n > c.cap
+), inserted AS (
+    INSERT INTO {job} (id, topic, payload, idempotency_key, unique_key, available_at, priority, state)
+    SELECT id, topic, payload, key, unique_key, at, priority,
+           CASE WHEN at > statement_timestamp() THEN 'scheduled' ELSE 'pending' END
+    FROM (SELECT *, coalesce(available_at, statement_timestamp()) AS at FROM input) AS i
+    WHERE NOT EXISTS (SELECT FROM too_deep)
+    ORDER BY ord
+    ON CONFLICT DO NOTHING
+    RETURNING id
+)
+SELECT i.ord,
+       (SELECT e.id FROM {job} e WHERE e.topic = i.topic AND e.idempotency_key = i.key) AS key_holder,
+       h.id AS holder, h.state AS holder_state, NULL::text AS too_deep
+FROM input i
+LEFT JOIN LATERAL (
+    SELECT e.id, e.state FROM {job} e
+    WHERE e.topic = i.topic AND e.unique_key = i.unique_key
+      AND e.state IN ('scheduled', 'pending', 'processing', 'failed', 'blocked')
+) AS h ON true
+WHERE (i.key IS NOT NULL OR i.unique_key IS NOT NULL)
+  AND NOT EXISTS (SELECT FROM inserted ins WHERE ins.id = i.id)
+  AND NOT EXISTS (SELECT FROM too_deep)
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, d.topic FROM too_deep d

@@ -1,0 +1,42 @@
+-- name: job_enqueue_unique
+-- SPEC U1, U2: one job with a unique key, kept (on_duplicate 'keep', or any job
+-- that also carries an idempotency key). ON CONFLICT without a target takes
+-- both unique indexes as arbiters: a duplicate of either inserts nothing and
+-- never raises into the caller's transaction. Rows, in one answer:
+-- ('created', id, NULL) when inserted; else ('key', id, state) for the row
+-- holding the idempotency key, ('unique', id, state) for the active holder of
+-- the unique key, as this statement's snapshot sees them; ('full', NULL, NULL)
+-- when the depth cap refused it (%(cap)s: as in job_enqueue). No row at all:
+-- a holder committed while we waited on it, or ended meanwhile (ask again).
+WITH a AS (
+    SELECT coalesce(%(available_at)s::timestamptz, statement_timestamp()) AS at,
+           CASE WHEN %(cap)s::int IS NULL THEN true
+                ELSE (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = %(topic)s AND state = 'pending'
+                                            LIMIT %(cap)s) AS p)
+                   + (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = %(topic)s
+                                                AND state IN ('scheduled', 'failed', 'blocked')
+                                            LIMIT %(cap)s) AS w) < %(cap)s
+           END AS room
+), ins AS (
+    INSERT INTO {job} (id, topic, payload, idempotency_key, unique_key, meta, available_at, priority, state)
+    SELECT %(id)s, %(topic)s, %(payload)s::jsonb, %(key)s, %(unique_key)s, %(meta)s::jsonb, a.at, %(priority)s,
+           CASE WHEN a.at > statement_timestamp() THEN 'scheduled' ELSE 'pending' END
+    FROM a
+    WHERE a.room
+    ON CONFLICT DO NOTHING
+    RETURNING id
+)
+SELECT 'created', id, NULL::text FROM ins
+UNION ALL
+SELECT h.kind, h.id, h.state
+FROM (
+    SELECT 'key' AS kind, id, state FROM {job}
+    WHERE topic = %(topic)s AND idempotency_key = %(key)s
+    UNION ALL
+    SELECT 'unique', id, state FROM {job}
+    WHERE topic = %(topic)s AND unique_key = %(unique_key)s
+      AND state IN ('scheduled', 'pending', 'processing', 'failed', 'blocked')
+) AS h
+WHERE NOT EXISTS (SELECT FROM ins)
+UNION ALL
+SELECT 'full', NULL, NULL FROM a WHERE NOT a.room

@@ -1,0 +1,71 @@
+-- name: job_enqueue_unique_update
+-- SPEC U1, U2: one job with a unique key and on_duplicate 'merge' or 'replace'
+-- (and no idempotency key), in one statement: inserted, or the active holder of
+-- (topic, unique_key) changed in place while it is not processing:
+--   merge   - priority the higher of the two, available_at the earlier;
+--   replace - payload, meta, priority and available_at the new job's.
+-- A waiting holder whose new available_at is due becomes pending (the engines
+-- are woken); a pending one pushed into the future becomes scheduled, and a
+-- scheduled or failed one moved in time wakes the stagers (their channel). The
+-- old values come from the statement's snapshot (a sub-select in RETURNING).
+-- Rows: ('created', id, state) or ('updated', id, state); else ('unique', id,
+-- state) for a holder left as it was (processing, or the cap refused the
+-- insert so nothing conflicted); ('full', NULL, NULL) when the depth cap
+-- (%(cap)s: as in job_enqueue) refused it. No row: ask again.
+WITH a AS (
+    SELECT coalesce(%(available_at)s::timestamptz, statement_timestamp()) AS at,
+           CASE WHEN %(cap)s::int IS NULL THEN true
+                ELSE (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = %(topic)s AND state = 'pending'
+                                            LIMIT %(cap)s) AS p)
+                   + (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = %(topic)s
+                                                AND state IN ('scheduled', 'failed', 'blocked')
+                                            LIMIT %(cap)s) AS w) < %(cap)s
+           END AS room
+), ins AS (
+    INSERT INTO {job} AS j (id, topic, payload, unique_key, meta, available_at, priority, state)
+    SELECT %(id)s, %(topic)s, %(payload)s::jsonb, %(unique_key)s, %(meta)s::jsonb, a.at, %(priority)s,
+           CASE WHEN a.at > statement_timestamp() THEN 'scheduled' ELSE 'pending' END
+    FROM a
+    WHERE a.room
+    ON CONFLICT (topic, unique_key)
+        WHERE unique_key IS NOT NULL AND state IN ('scheduled', 'pending', 'processing', 'failed', 'blocked')
+    DO UPDATE SET
+        payload = CASE WHEN %(mode)s = 'replace' THEN excluded.payload ELSE j.payload END,
+        meta = CASE WHEN %(mode)s = 'replace' THEN excluded.meta ELSE j.meta END,
+        priority = CASE WHEN %(mode)s = 'replace' THEN excluded.priority
+                        ELSE greatest(j.priority, excluded.priority) END,
+        available_at = CASE WHEN %(mode)s = 'replace' THEN excluded.available_at
+                            ELSE least(j.available_at, excluded.available_at) END,
+        state = CASE
+            WHEN j.state IN ('scheduled', 'failed')
+                 AND (CASE WHEN %(mode)s = 'replace' THEN excluded.available_at
+                           ELSE least(j.available_at, excluded.available_at) END) <= statement_timestamp()
+                THEN 'pending'
+            WHEN j.state = 'pending'
+                 AND (CASE WHEN %(mode)s = 'replace' THEN excluded.available_at
+                           ELSE least(j.available_at, excluded.available_at) END) > statement_timestamp()
+                THEN 'scheduled'
+            ELSE j.state END,
+        updated_at = now()
+    WHERE j.state <> 'processing'
+    RETURNING j.id, j.topic, j.state, j.available_at,
+              (SELECT o.state FROM {job} o WHERE o.id = j.id) AS old_state,
+              (SELECT o.available_at FROM {job} o WHERE o.id = j.id) AS old_at
+)
+SELECT CASE WHEN i.id = %(id)s THEN 'created' ELSE 'updated' END, i.id, i.state,
+       CASE WHEN i.id <> %(id)s AND (
+                (i.state = 'pending' AND i.old_state IS DISTINCT FROM 'pending')
+                OR (i.state IN ('scheduled', 'failed')
+                    AND (i.old_state IS DISTINCT FROM i.state OR i.old_at IS NULL OR i.available_at < i.old_at)))
+            THEN pg_notify(CASE WHEN i.state = 'pending' THEN {channel_literal} ELSE {stage_channel_literal} END,
+                           CASE WHEN octet_length(i.topic) < 8000 THEN i.topic ELSE '' END)::text
+       END
+FROM ins AS i
+UNION ALL
+SELECT 'unique', h.id, h.state, NULL
+FROM {job} h
+WHERE h.topic = %(topic)s AND h.unique_key = %(unique_key)s
+  AND h.state IN ('scheduled', 'pending', 'processing', 'failed', 'blocked')
+  AND NOT EXISTS (SELECT FROM ins)
+UNION ALL
+SELECT 'full', NULL, NULL, NULL FROM a WHERE NOT a.room

@@ -1,0 +1,48 @@
+-- name: job_unique_update
+-- SPEC U2: merge or replace (%(mode)s, as in job_enqueue_unique_update) the
+-- active holder of (topic, unique_key) while it is not processing, for a job
+-- that carried an idempotency key too (job_enqueue_unique took no change) or
+-- that a depth cap refused. A holder that became processing meanwhile is
+-- skipped (READ COMMITTED re-checks the row). Rows: ('updated', id, state), or
+-- ('unique', id, state) for a processing holder left as it was; none when no
+-- active job holds the key any more (the caller inserts again).
+WITH n AS (
+    SELECT %(payload)s::jsonb AS payload, %(meta)s::jsonb AS meta, %(priority)s::int AS priority,
+           coalesce(%(available_at)s::timestamptz, statement_timestamp()) AS at
+), upd AS (
+    UPDATE {job} j
+    SET payload = CASE WHEN %(mode)s = 'replace' THEN n.payload ELSE j.payload END,
+        meta = CASE WHEN %(mode)s = 'replace' THEN n.meta ELSE j.meta END,
+        priority = CASE WHEN %(mode)s = 'replace' THEN n.priority ELSE greatest(j.priority, n.priority) END,
+        available_at = CASE WHEN %(mode)s = 'replace' THEN n.at ELSE least(j.available_at, n.at) END,
+        state = CASE
+            WHEN j.state IN ('scheduled', 'failed')
+                 AND (CASE WHEN %(mode)s = 'replace' THEN n.at ELSE least(j.available_at, n.at) END)
+                     <= statement_timestamp()
+                THEN 'pending'
+            WHEN j.state = 'pending'
+                 AND (CASE WHEN %(mode)s = 'replace' THEN n.at ELSE least(j.available_at, n.at) END)
+                     > statement_timestamp()
+                THEN 'scheduled'
+            ELSE j.state END,
+        updated_at = now()
+    FROM n
+    WHERE j.topic = %(topic)s AND j.unique_key = %(unique_key)s
+      AND j.state IN ('scheduled', 'pending', 'failed', 'blocked')
+    RETURNING j.id, j.topic, j.state, j.available_at,
+              (SELECT o.state FROM {job} o WHERE o.id = j.id) AS old_state,
+              (SELECT o.available_at FROM {job} o WHERE o.id = j.id) AS old_at
+)
+SELECT 'updated', u.id, u.state,
+       CASE WHEN (u.state = 'pending' AND u.old_state IS DISTINCT FROM 'pending')
+                 OR (u.state IN ('scheduled', 'failed')
+                     AND (u.old_state IS DISTINCT FROM u.state OR u.old_at IS NULL OR u.available_at < u.old_at))
+            THEN pg_notify(CASE WHEN u.state = 'pending' THEN {channel_literal} ELSE {stage_channel_literal} END,
+                           CASE WHEN octet_length(u.topic) < 8000 THEN u.topic ELSE '' END)::text
+       END
+FROM upd AS u
+UNION ALL
+SELECT 'unique', h.id, h.state, NULL
+FROM {job} h
+WHERE h.topic = %(topic)s AND h.unique_key = %(unique_key)s AND h.state = 'processing'
+  AND NOT EXISTS (SELECT FROM upd)

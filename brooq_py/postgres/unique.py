@@ -1,0 +1,94 @@
+"""Enqueue plans of jobs with a unique key (SPEC U1, U2), I/O-free as the others in ``enqueueing``.
+
+The partial unique index ``job_unique_idx`` (topic, unique_key) over the
+active states does the work: no read-then-insert race. Which statement:
+
+- ``keep``, or any job that also carries an idempotency key:
+  ``job_enqueue_unique``, an INSERT with ``ON CONFLICT DO NOTHING`` and no
+  target, so that both unique indexes are arbiters and neither key's duplicate
+  raises into the caller's transaction. The same statement answers with the
+  holder of either key. A job that also has an idempotency key and asks for
+  ``merge``/``replace`` then changes the unique key's holder with
+  ``job_unique_update`` (a second statement, only for such a duplicate): the
+  ``ON CONFLICT DO UPDATE`` form takes one arbiter only, and a conflict on
+  the other index would abort the caller's transaction.
+- ``merge``/``replace`` without an idempotency key:
+  ``job_enqueue_unique_update``, ``ON CONFLICT (topic, unique_key) ...
+  DO UPDATE ... WHERE state <> 'processing'``: inserted or merged in one
+  statement.
+
+The idempotency key wins when both are taken: that row is the answer, unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from brooq_py.postgres.caps import TopicCaps
+from brooq_py.postgres.queries import Queries
+from brooq_py.postgres.runner import Rows
+from brooq_py.queue import BrooqError, EnqueueResult, Job
+from brooq_py.queue.ids import uuid7
+
+# A holder found can end (or commit) between our statements: insert again, a few times.
+_ATTEMPTS = 5
+
+
+def meta_json(job: Job) -> str | None:
+    return None if job.meta is None else json.dumps(dict(job.meta), ensure_ascii=False)
+
+
+def unique_params(job: Job, payload: str, cap: int | None) -> dict[str, Any]:
+    return {
+        "id": uuid7(),
+        "topic": job.topic,
+        "payload": payload,
+        "key": job.key,
+        "unique_key": job.unique_key,
+        "meta": meta_json(job),
+        "available_at": job.available_at,
+        "priority": job.priority,
+        "cap": cap,
+        "mode": job.on_duplicate,
+    }
+
+
+def answers(rows: Rows) -> dict[str, tuple[Any, Any]]:
+    """The rows of a unique statement by kind: kind -> (id, state); the first of a kind wins."""
+    found: dict[str, tuple[Any, Any]] = {}
+    for r in rows:
+        found.setdefault(r[0], (r[1], r[2]))
+    return found
+
+
+def enqueue_unique(q: Queries, job: Job, payload: str, cap: int | None, caps: TopicCaps) -> Any:
+    """Plan: insert *job* unless an active job holds its unique key; merge/replace that holder (U2).
+
+    Returns the holder's id with created=False for a duplicate; raises QueueFull
+    (nothing written) when the topic is at its cap and no holder answers.
+    """
+    params = unique_params(job, payload, cap)
+    changes = job.on_duplicate != "keep"
+    query = q["job_enqueue_unique_update"] if changes and job.key is None else q["job_enqueue_unique"]
+    for _ in range(_ATTEMPTS):
+        found = answers((yield query, params))
+        if "created" in found:
+            return EnqueueResult(str(params["id"]), True)
+        for kind in ("updated", "key"):
+            if kind in found:
+                return EnqueueResult(str(found[kind][0]), False)
+        if "unique" in found:
+            holder, state = found["unique"]
+            if not changes or state == "processing":
+                return EnqueueResult(str(holder), False)
+            changed = answers((yield q["job_unique_update"], params))
+            for kind in ("updated", "unique"):
+                if kind in changed:
+                    return EnqueueResult(str(changed[kind][0]), False)
+            continue  # the holder ended meanwhile: the key is free, insert again
+        if "full" in found:
+            assert cap is not None
+            raise caps.refused(job.topic, cap)
+        # No row: a holder committed while we waited on it (not in our snapshot), or ended: again.
+    raise BrooqError(f"enqueue of topic {job.topic!r} did not settle after {_ATTEMPTS} attempts")

@@ -1,0 +1,206 @@
+"""SPEC F1 (rate limits spent by the claim) and F2 (depth caps) on real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from brooq_py.engine import Engine
+from brooq_py.postgres import AsyncStore, Store, WrapTx
+from brooq_py.queue import Job, QueueFull
+from tests.integration.conftest import q
+from tests.polling import wait_for
+
+LEASE = timedelta(seconds=30)
+
+
+def _count(pool: ConnectionPool[Any], schema: str, topic: str) -> int:
+    return int(q(pool, schema, "SELECT count(*) FROM {job} WHERE topic = %s", topic)[0][0])
+
+
+# --- F2: depth caps --------------------------------------------------------------------------------
+
+
+def test_f2_a_full_topic_refuses_before_writing(store: Store, pool: ConnectionPool[Any], schema: str) -> None:
+    store.set_max_depth("d", 2)
+    a = store.enqueue(Job("d", {"i": 1}, idempotency_key="k1"))
+    store.enqueue(Job("d", {"i": 2}))
+    for job in (Job("d", {}), Job("d", {}, idempotency_key="k2"), Job("d", {}, unique_key="u")):
+        with pytest.raises(QueueFull) as err:
+            store.enqueue(job)
+        assert err.value.topic == "d" and err.value.depth == 2
+    assert _count(pool, schema, "d") == 2
+    # a duplicate adds nothing: it is answered, full or not
+    assert store.enqueue(Job("d", {}, idempotency_key="k1")) == (a.id, False)
+    # other topics are not capped; a claimed job no longer waits
+    assert store.enqueue(Job("other", {})).created
+    store.claim(["d"], 1, "w", LEASE)
+    assert store.enqueue(Job("d", {"i": 3})).created
+    assert store.queue_full_refusals() == {"d": 3}
+    store.set_max_depth("d", None)
+    assert store.enqueue(Job("d", {})).created
+
+
+def test_f2_a_unique_holder_of_a_full_topic_is_still_merged(store: Store) -> None:
+    store.set_max_depth("d", 1)
+    a = store.enqueue(Job("d", {"v": 1}, unique_key="u", priority=1))
+    b = store.enqueue(Job("d", {"v": 2}, unique_key="u", priority=5, on_duplicate="merge"))
+    row = store.get(a.id)
+    assert b == (a.id, False) and row is not None and row.priority == 5
+
+
+def test_f2_enqueue_many_is_refused_whole(store: Store, pool: ConnectionPool[Any], schema: str) -> None:
+    store.set_max_depth("d", 3)
+    store.enqueue(Job("d", {}))
+    with pytest.raises(QueueFull):
+        store.enqueue_many([Job("d", {"i": i}, idempotency_key=f"k{i}") for i in range(3)] + [Job("x", {})])
+    with pytest.raises(QueueFull):  # the unique-key batch statement too
+        store.enqueue_many([Job("d", {"i": i}, unique_key=f"u{i}") for i in range(3)])
+    assert _count(pool, schema, "d") == 1 and _count(pool, schema, "x") == 0
+    assert len(store.enqueue_many([Job("d", {"i": i}, unique_key=f"u{i}") for i in range(2)])) == 2
+    assert _count(pool, schema, "d") == 3
+
+
+def test_f2_in_the_callers_transaction_which_stays_usable(
+    store: Store, pool: ConnectionPool[Any], schema: str, dsn: str
+) -> None:
+    store.set_max_depth("d", 0)
+    with psycopg.connect(dsn) as conn:
+        tx = WrapTx(conn)
+        with pytest.raises(QueueFull):
+            store.enqueue_tx(tx, Job("d", {}))
+        with pytest.raises(QueueFull):
+            store.enqueue_tx(tx, Job("d", {}, unique_key="u", on_duplicate="replace"))
+        with pytest.raises(QueueFull):
+            store.enqueue_many([Job("d", {})], tx=tx)
+        r = store.enqueue_tx(tx, Job("free", {}))
+        conn.commit()
+    assert store.get(r.id) is not None and _count(pool, schema, "d") == 0
+
+
+def test_f2_async(pool: ConnectionPool[Any], schema: str, dsn: str) -> None:
+    async def main() -> None:
+        apool: AsyncConnectionPool[Any] = AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False)
+        await apool.open()
+        try:
+            astore = AsyncStore(apool, schema=schema)
+            await astore.set_max_depth("d", 1)
+            assert (await astore.enqueue(Job("d", {}))).created
+            with pytest.raises(QueueFull):
+                await astore.enqueue(Job("d", {}))
+            with pytest.raises(QueueFull):
+                await astore.enqueue_many([Job("d", {}), Job("d", {})])
+            async with apool.connection() as conn:
+                with pytest.raises(QueueFull):
+                    await astore.enqueue_tx(conn, Job("d", {}, unique_key="u"))
+                await astore.enqueue_tx(conn, Job("free", {}))
+            assert astore.queue_full_refusals() == {"d": 3}
+        finally:
+            await apool.close()
+
+    asyncio.run(main())
+    assert _count(pool, schema, "d") == 1 and _count(pool, schema, "free") == 1
+
+
+def test_f2_another_store_obeys_a_new_cap_within_its_cache_time(
+    pool: ConnectionPool[Any], schema: str
+) -> None:
+    mine, other = Store(pool, schema=schema), Store(pool, schema=schema)
+    other.enqueue(Job("d", {}))  # its caps are read now: none
+    mine.set_max_depth("d", 1)
+
+    def refused() -> bool:
+        try:
+            other.enqueue(Job("d", {}))
+        except QueueFull:
+            return True
+        return False
+
+    wait_for(refused, "the other Store to read the cap", timeout=10)
+
+
+# --- F1: rate limits --------------------------------------------------------------------------------
+
+
+def test_f1_the_claim_spends_tokens_and_says_when_the_next_is_due(store: Store) -> None:
+    store.enqueue_many([Job("r", {"i": i}) for i in range(5)])
+    store.set_rate_limit("r", 2, 10, burst=2)
+    assert store.claim(["r"], 10, "w", LEASE) == []  # the common claim leaves it out
+    got = store.claim_limited("r", 10, "w", LEASE)
+    assert len(got) == 2 and got.next_token_in is not None and 4.0 < got.next_token_in <= 5.0
+    again = store.claim_limited("r", 10, "w", LEASE)
+    assert again == [] and again.next_token_in is not None and 0 < again.next_token_in <= 5.0
+    (setting,) = [s for s in store.topic_settings() if s.topic == "r"]
+    assert (
+        setting.rate_limit == 2
+        and setting.rate_per == 10
+        and setting.tokens is not None
+        and setting.tokens < 1
+    )
+    store.set_rate_limit("r", None)
+    assert store.claim_limited("r", 10, "w", LEASE) == []
+    assert len(store.claim(["r"], 10, "w", LEASE)) == 3
+
+
+def test_f1_bad_values_are_refused(store: Store) -> None:
+    for args in ((0,), (1, 0), (1, -1.0), (1, 1, 0), (True,)):
+        with pytest.raises(ValueError):
+            store.set_rate_limit("r", *args[:2], **({"burst": args[2]} if len(args) > 2 else {}))  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        store.set_max_depth("d", -1)
+
+
+def _window_excess(times: list[float], bound: Callable[[float, float, float], float]) -> list[str]:
+    """Every window [t_i, t_i + T] whose claim count exceeds bound(start, end, T)."""
+    bad = []
+    times = sorted(times)
+    for span in (0.1, 0.25, 0.5, 1.0, 2.0):
+        for i, start in enumerate(times):
+            n = sum(1 for t in times[i:] if t <= start + span)
+            if n > bound(start, start + span, span) + 1e-9:
+                bad.append(f"{n} claims in [{start:.3f}, +{span}]")
+    return bad
+
+
+def test_f1_two_engines_and_a_limit_change_never_exceed_the_bucket(
+    store: Store, engines: Callable[..., Engine]
+) -> None:
+    burst, first, second = 3, 10, 25
+    store.set_rate_limit("r", first, 1, burst=burst)
+    store.enqueue_many([Job("r", {"i": i}) for i in range(200)])
+    times: list[float] = []
+    lock = threading.Lock()
+
+    def handler(ctx: Any, claim: Any) -> None:
+        row = store.get(claim.id)
+        assert row is not None
+        with lock:
+            times.append(row.updated_at.timestamp())  # the claim's time, as the bucket counted it
+
+    made = [engines(workers=4), engines(workers=4)]
+    for e in made:
+        e.register_kind("r", handler)
+        e.start()
+    wait_for(lambda: len(times) >= 20, "claims at the first rate", timeout=30)
+    changed_at = datetime.now().astimezone().timestamp()
+    store.set_rate_limit("r", second, 1, burst=burst)
+    wait_for(lambda: len([t for t in times if t > changed_at]) >= 40, "claims at the second rate", timeout=30)
+    for e in made:
+        e.stop(timeout=5)
+    with lock:
+        seen = list(times)
+
+    def bound(start: float, end: float, span: float) -> float:
+        # before the change the first rate holds; a window reaching past it, the higher one
+        return burst + (first if end < changed_at - 0.05 else second) * span
+
+    assert _window_excess(seen, bound) == []
+    metric = made[0].metrics.child(made[0].metrics.rate_held, "r")._value.get()
+    assert metric + made[1].metrics.child(made[1].metrics.rate_held, "r")._value.get() > 0
