@@ -11,7 +11,6 @@ surface's own (``actions.Operator``), so both faces behave alike.
 from __future__ import annotations
 
 import ipaddress
-import json
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
@@ -33,6 +32,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from brooq_py.http.actions import ActionError, Operator
 from brooq_py.http.api import BUSY, Gate, check_body
 from brooq_py.http.auth import SESSION_SECONDS, TokenGuard
+from brooq_py.http.job_view import job_view
 from brooq_py.http.render import jinja_env
 from brooq_py.postgres.overview import FINISHED, STATES, WAITING, BadCursor, Overview
 from brooq_py.queue import ACTIVE_STATES, State
@@ -41,7 +41,6 @@ log = logging.getLogger("brooq_py.web")
 
 COOKIE = "brooq_session"
 PAGE_SIZE = 50
-MAX_PAYLOAD_SHOWN = 256 * 1024  # characters of a job's pretty-printed payload on its page
 RETRYABLE = (State.DEAD, State.CANCELED)
 CANCELABLE = (*ACTIVE_STATES, State.SCHEDULED)
 
@@ -242,28 +241,11 @@ class Dashboard:
         if refused:
             return refused
         try:
-            row = self.op.get(request.path_params["job_id"])
+            view = job_view(self.op, self.overview, request.path_params["job_id"])
         except ActionError as exc:
             return self._error(request, exc.status, exc.message)
-        payload = json.dumps(row.payload, indent=2, ensure_ascii=False, sort_keys=True)
-        if len(payload) > MAX_PAYLOAD_SHOWN:  # a page a browser can open, whatever was enqueued
-            hidden = len(payload) - MAX_PAYLOAD_SHOWN
-            payload = f"{payload[:MAX_PAYLOAD_SHOWN]}\n… {hidden:,} more characters not shown"
-        try:
-            relatives = self.op.guarded(
-                "reading a job's parents and children", self.overview.relatives, row.id
-            )
-        except ActionError as exc:
-            return self._error(request, exc.status, exc.message)
-        context = {
-            "job": row,
-            "parents": [r for r in relatives if r.side == "parent"],
-            "children": [r for r in relatives if r.side == "child"],
-            "payload": payload,
-            "retryable": row.state in RETRYABLE,
-            "cancelable": row.state in CANCELABLE,
-            "title": f"Job {row.id}",
-        }
+        state = view["job"].state
+        context = {**view, "retryable": state in RETRYABLE, "cancelable": state in CANCELABLE}
         return self._page(request, "job.html", context)
 
     async def login_page(self, request: Request) -> Response:

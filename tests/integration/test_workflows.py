@@ -296,6 +296,11 @@ def test_d3_a_grandchild_is_canceled_when_the_root_ends_dead_or_canceled(
     finish(store, "other")
     assert state(store, unrelated) is State.PENDING
     assert state(store, grandchild) is State.CANCELED  # a canceled child is never released
+    # A canceled child is not retried alone while a parent is not done.
+    assert not store.retry(child)
+    assert store.retry_refusal(child) == (
+        f"its parent {root} is {ended}: a job runs only after its parents are done (retry the parent first)"
+    )
     # Retrying the root does not resurrect what it canceled.
     assert store.retry(root)
     finish(store, "root")

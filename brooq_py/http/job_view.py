@@ -1,0 +1,28 @@
+"""The dashboard's job page: the row, its payload as shown, its parents and children (Job.after)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from brooq_py.http.actions import Operator
+from brooq_py.postgres.overview import Overview
+
+MAX_PAYLOAD_SHOWN = 256 * 1024  # characters of a job's pretty-printed payload on its page
+
+
+def job_view(op: Operator, overview: Overview, raw_id: str) -> dict[str, Any]:
+    """The page's facts about job *raw_id*; ActionError (404, 503) as ``Operator.get`` raises."""
+    row = op.get(raw_id)
+    payload = json.dumps(row.payload, indent=2, ensure_ascii=False, sort_keys=True)
+    if len(payload) > MAX_PAYLOAD_SHOWN:  # a page a browser can open, whatever was enqueued
+        hidden = len(payload) - MAX_PAYLOAD_SHOWN
+        payload = f"{payload[:MAX_PAYLOAD_SHOWN]}\n… {hidden:,} more characters not shown"
+    relatives = op.guarded("reading a job's parents and children", overview.relatives, row.id)
+    return {
+        "job": row,
+        "payload": payload,
+        "parents": [r for r in relatives if r.side == "parent"],
+        "children": [r for r in relatives if r.side == "child"],
+        "title": f"Job {row.id}",
+    }
