@@ -401,3 +401,33 @@ def test_d1_after_with_a_unique_key_is_refused(store: Store) -> None:
     p = store.enqueue(Job("p")).id
     with pytest.raises(InvalidJob, match="unique_key"):
         store.enqueue(Job("c", unique_key="u", after=[p]))
+
+
+def test_d2_d3_a_child_canceled_while_its_parents_done_waits_stays_canceled(
+    store: Store, db: psycopg.Connection[Any]
+) -> None:
+    """The cancel holds the child's row; the parent's done waits for it, then leaves it canceled."""
+    p = store.enqueue(Job("p")).id
+    child = store.enqueue(Job("c", after=[p])).id
+    (r,) = store.claim(["p"], 1, "w", LEASE)
+    written: list[set[str]] = []
+    with store.begin() as tx:
+        tx.execute(
+            sql.SQL("UPDATE {} SET state = 'canceled' WHERE id = %s").format(
+                sql.Identifier(store.schema, "job")
+            ),
+            (child,),
+        )
+        settler = threading.Thread(
+            target=lambda: written.append(store.settle_many([Outcome(r.id, r.claim_token, State.DONE)]))
+        )
+        settler.start()
+        assert wait_lock(db), "the parent's done did not wait for the cancel"
+    settler.join(30)
+    assert written == [{p}]
+    assert state(store, p) is State.DONE and state(store, child) is State.CANCELED
+    # and the other way round: a done that released the child first, then the cancel
+    q = store.enqueue(Job("q")).id
+    other = store.enqueue(Job("c", after=[q])).id
+    finish(store, "q")
+    assert state(store, other) is State.PENDING and store.cancel(other)
