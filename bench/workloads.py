@@ -359,7 +359,7 @@ def w6_heartbeat(dsn: str, in_flight: int = 1000, ticks: int = 30) -> dict[str, 
                 t0 = time.perf_counter()
                 alive = store.renew(leases, LEASE)
                 times.append(1000 * (time.perf_counter() - t0))
-                renewed.append(len(alive))
+                renewed.append(len(alive.held))
         finally:
             psycopg.Cursor.execute = real_execute  # type: ignore[method-assign]
     return {

@@ -132,14 +132,17 @@ class Settings:
     http_token: str | None = field(default=None, repr=False)
     log_level: str = "INFO"
     config: Config = field(default_factory=Config)
+    http_viewer_token: str | None = field(default=None, repr=False)
+    """BROOQ_HTTP_VIEWER_TOKEN: reads every page and GET endpoint, refused every action (SPEC K5)."""
 
     def __repr__(self) -> str:
         dsn = None if self.database_url is None else mask_dsn(self.database_url)
         token = None if self.http_token is None else MASK
+        viewer = None if self.http_viewer_token is None else MASK
         return (
             f"Settings(database_url={dsn!r}, schema={self.schema!r}, http_host={self.http_host!r}, "
-            f"http_port={self.http_port}, http_token={token!r}, log_level={self.log_level!r}, "
-            f"config={self.config!r})"
+            f"http_port={self.http_port}, http_token={token!r}, http_viewer_token={viewer!r}, "
+            f"log_level={self.log_level!r}, config={self.config!r})"
         )
 
     @property
@@ -173,7 +176,9 @@ def parse_http_addr(text: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
-def _read_token_file(path_text: str, env: Mapping[str, str], problems: list[str]) -> str | None:
+def _read_token_file(
+    path_text: str, env: Mapping[str, str], problems: list[str], var: str = "BROOQ_HTTP_TOKEN_FILE"
+) -> str | None:
     path = Path(path_text)
     credentials = env.get("CREDENTIALS_DIRECTORY")
     if not path.is_absolute() and credentials:
@@ -182,12 +187,12 @@ def _read_token_file(path_text: str, env: Mapping[str, str], problems: list[str]
     try:
         data = path.read_bytes()
     except OSError as exc:
-        problems.append(f"BROOQ_HTTP_TOKEN_FILE: cannot read {str(path)!r}: {exc.strerror or exc}")
+        problems.append(f"{var}: cannot read {str(path)!r}: {exc.strerror or exc}")
         return None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        problems.append(f"BROOQ_HTTP_TOKEN_FILE: {str(path)!r} is not UTF-8 text")
+        problems.append(f"{var}: {str(path)!r} is not UTF-8 text")
         return None
     if text.endswith("\r\n"):
         text = text[:-2]
@@ -204,6 +209,20 @@ def _check_token(token: str, var: str, problems: list[str]) -> str | None:
         problems.append(f"{var}: the token must be printable ASCII without spaces")
         return None
     return token
+
+
+def _token(env: Mapping[str, str], var: str, problems: list[str]) -> str | None:
+    """The token in *var*, or in the file *var*_FILE names (one of them, not both)."""
+    inline, token_file = env.get(var), env.get(f"{var}_FILE")
+    if inline is not None and token_file is not None:
+        problems.append(f"{var} and {var}_FILE are both set; set only one")
+    elif inline is not None:
+        return _check_token(inline, var, problems)
+    elif token_file is not None:
+        read = _read_token_file(token_file, env, problems, f"{var}_FILE")
+        if read is not None:
+            return _check_token(read, f"{var}_FILE", problems)
+    return None
 
 
 def load_settings(
@@ -254,16 +273,12 @@ def load_settings(
     except ValueError as exc:
         problems.append(str(exc))
 
-    token: str | None = None
-    inline, token_file = env.get("BROOQ_HTTP_TOKEN"), env.get("BROOQ_HTTP_TOKEN_FILE")
-    if inline is not None and token_file is not None:
-        problems.append("BROOQ_HTTP_TOKEN and BROOQ_HTTP_TOKEN_FILE are both set; set only one")
-    elif inline is not None:
-        token = _check_token(inline, "BROOQ_HTTP_TOKEN", problems)
-    elif token_file is not None:
-        read = _read_token_file(token_file, env, problems)
-        if read is not None:
-            token = _check_token(read, "BROOQ_HTTP_TOKEN_FILE", problems)
+    token = _token(env, "BROOQ_HTTP_TOKEN", problems)
+    viewer_token = _token(env, "BROOQ_HTTP_VIEWER_TOKEN", problems)
+    if token is not None and token == viewer_token:
+        problems.append(
+            "BROOQ_HTTP_VIEWER_TOKEN: must differ from BROOQ_HTTP_TOKEN (the viewer may only read)"
+        )
 
     log_level = env.get("BROOQ_LOG_LEVEL", "INFO").upper()
     if log_level not in LOG_LEVELS:
@@ -283,6 +298,7 @@ def load_settings(
         http_host=host,
         http_port=port,
         http_token=token,
+        http_viewer_token=viewer_token,
         log_level=log_level,
         config=config,
     )

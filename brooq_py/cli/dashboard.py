@@ -48,7 +48,7 @@ def cmd_dashboard(args: argparse.Namespace, settings: Settings) -> int:
     try:
         import uvicorn
 
-        from brooq_py.http.dashboard import is_loopback
+        from brooq_py.http.auth import is_loopback
         from brooq_py.http.factory import dashboard
         from brooq_py.http.listen import family
         from brooq_py.postgres import Store
@@ -58,8 +58,8 @@ def cmd_dashboard(args: argparse.Namespace, settings: Settings) -> int:
         host, port = parse_http_addr(args.addr)
     except ValueError as exc:
         raise Failure(str(exc).replace("BROOQ_HTTP_ADDR=", "--addr "), status=2) from None
-    token = settings.http_token
-    if not token and not is_loopback(host):
+    token, viewer_token = settings.http_token, settings.http_viewer_token
+    if not token and not viewer_token and not is_loopback(host):
         raise Failure(
             f"refusing to serve the dashboard on {host} without a token: set BROOQ_HTTP_TOKEN "
             "(or BROOQ_HTTP_TOKEN_FILE), or listen on a loopback address",
@@ -77,7 +77,7 @@ def cmd_dashboard(args: argparse.Namespace, settings: Settings) -> int:
     pool = open_pool(settings, max_size=4)
     store = Store(pool, schema=settings.schema, conninfo=database_url(settings))
     try:
-        app = dashboard(store, token=token, read_only=args.read_only)
+        app = dashboard(store, token=token, read_only=args.read_only, viewer_token=viewer_token)
         bound = sock.getsockname()
         shown = f"[{bound[0]}]" if ":" in str(bound[0]) else str(bound[0])
         log.info(
@@ -85,7 +85,7 @@ def cmd_dashboard(args: argparse.Namespace, settings: Settings) -> int:
             shown,
             bound[1],
             settings.schema,
-            "token required" if token else "no token: loopback only",
+            "token required" if token or viewer_token else "no token: loopback only",
             ", read-only" if args.read_only else "",
         )
         config = uvicorn.Config(

@@ -152,7 +152,13 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         except BrooqError as exc:  # e.g. the schema is not migrated: one line naming the fix
             raise Failure(str(exc)) from None
         try:
-            server = serve(engine, settings.http_host, settings.http_port, settings.http_token)
+            server = serve(
+                engine,
+                settings.http_host,
+                settings.http_port,
+                settings.http_token,
+                viewer_token=settings.http_viewer_token,
+            )
         except OSError as exc:
             raise Failure(
                 f"cannot listen on {settings.http_host}:{settings.http_port}: {exc.strerror}"
@@ -162,7 +168,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
             ", ".join(engine.topics) or "(none)",
             engine.config.workers,
             server.url,
-            "enabled" if settings.http_token else "disabled: no token",
+            _jobs_access(settings),
         )
         while not signals.stopping.wait(1.0):
             pass
@@ -180,3 +186,12 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
                 store.close()
         if pool is not None:
             pool.close()
+
+
+def _jobs_access(settings: Settings) -> str:
+    """How /jobs is open, for the start-up line: which tokens it takes (never the tokens)."""
+    if settings.http_token and settings.http_viewer_token:
+        return "enabled: operator and viewer tokens"
+    if settings.http_token:
+        return "enabled"
+    return "enabled: viewer token, read only" if settings.http_viewer_token else "disabled: no token"

@@ -150,6 +150,7 @@ class Engine(Producing):
             self.clock,
             self.worker_id,
             self.log,
+            self.supervisor,
         )
 
     # --- registration ------------------------------------------------------
@@ -274,7 +275,9 @@ class Engine(Producing):
                 batch=cfg.claim_batch,
                 next_due=self.capacity.next_due_in,
             )
-            wakers = wake_services(self.repo, cfg, self.topics, self._dispatcher.wake, self.log)
+            wakers = wake_services(
+                self.repo, cfg, self.topics, self._dispatcher.wake, self.log, on_cancel=self.intake.on_cancel
+            )
             self._services = background_services(
                 cfg,
                 self.repo,
@@ -284,7 +287,7 @@ class Engine(Producing):
                 self.supervisor,
                 [self.refresher, self._topic_watch, *wakers],
                 self._schedules,
-                self.enqueue,
+                lambda job: self._enqueued(job),  # bound below, once the wake-ups exist
                 self.log,
                 self.events,
             )

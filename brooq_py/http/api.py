@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from brooq_py.http.actions import ActionError, Operator, for_repo
-from brooq_py.http.auth import TokenGuard
+from brooq_py.http.auth import Roles
 
 if TYPE_CHECKING:
     from brooq_py.engine import Engine
@@ -193,16 +193,24 @@ class Request:
 class Surface:
     """The router of /healthz, /metrics, /jobs and /topics for *engine*.
 
-    *token* None (or empty) turns every /jobs and /topics path off (404).
+    *token* is the operator's (reads and acts), *viewer_token* the viewer's (reads;
+    every action, any route that is not GET or HEAD, is 403 for it: SPEC K5).
+    Neither set turns every /jobs and /topics path off (404).
     """
 
-    def __init__(self, engine: Engine, token: str | None = None, operator: Operator | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        token: str | None = None,
+        operator: Operator | None = None,
+        viewer_token: str | None = None,
+    ) -> None:
         self.engine = engine
-        self.guard = TokenGuard(token)
+        self.roles = Roles(token, viewer_token)
         self.operator = operator or for_repo(engine, engine.repo)
 
     def __repr__(self) -> str:
-        return f"Surface(engine={self.engine!r}, token={'set' if self.guard.configured else 'unset'})"
+        return f"Surface(engine={self.engine!r}, roles={self.roles!r})"
 
     def dispatch(self, request: Request) -> Reply:
         """Answer *request*; never raise (an unexpected error is a short 500)."""
@@ -224,9 +232,10 @@ class Surface:
             return body_problem or only(method, READ_METHODS) or self._metrics()
         if GUARDED.fullmatch(path) is None:
             return Reply.error(404, "not found")
-        if not self.guard.configured:
+        if not self.roles.configured:
             return Reply.error(404, "not found")
-        if not self.guard.bearer(request.headers.get("authorization")):
+        role = self.roles.bearer(request.headers.get("authorization"))
+        if role is None:
             return Reply.error(401, "unauthorized", [("WWW-Authenticate", 'Bearer realm="brooq"')])
         if body_problem:
             return body_problem
@@ -236,6 +245,8 @@ class Surface:
                 refused = only(method, methods)
                 if refused:
                     return refused
+                if role != "operator" and method not in READ_METHODS:
+                    return Reply.error(403, "forbidden: this token may read, not act")
                 try:
                     return action(self.operator, *match.groups())
                 except ActionError as exc:

@@ -22,7 +22,8 @@ from starlette.routing import Mount
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from brooq_py.http.api import Gate, Request, Surface, safe
-from brooq_py.http.dashboard import Gated, build, is_loopback
+from brooq_py.http.auth import is_loopback
+from brooq_py.http.dashboard import Gated, build
 from brooq_py.http.listen import LISTEN_BACKLOG, family
 
 if TYPE_CHECKING:
@@ -60,22 +61,29 @@ class SurfaceRoutes:
 
 
 def surface_app(
-    engine: Engine, token: str | None, *, host: str, gate: Gate, read_only: bool = False
+    engine: Engine,
+    token: str | None,
+    *,
+    host: str,
+    gate: Gate,
+    read_only: bool = False,
+    viewer_token: str | None = None,
 ) -> ASGIApp:
     """Return the one application of the surface: the shared routes, and the dashboard at /ui.
 
-    The dashboard is mounted when a token is set, or when *host* is a loopback
-    address (then it is open, as the surface's own /jobs stay off: SPEC O2).
+    The dashboard is mounted when a token is set (the operator's or the
+    viewer's), or when *host* is a loopback address (then it is open, as the
+    surface's own /jobs stay off: SPEC O2).
     """
-    surface = Surface(engine, token)
+    surface = Surface(engine, token, viewer_token=viewer_token)
     routes = []
     overview = surface.operator.overview
-    if overview is not None and (token or is_loopback(host)):
-        board = build(surface.operator, overview, token=token, read_only=read_only)
+    if overview is not None and (surface.roles.configured or is_loopback(host)):
+        board = build(surface.operator, overview, token=token, read_only=read_only, viewer_token=viewer_token)
         routes.append(Mount("/ui", app=board.app))
         log.info(
             "dashboard at /ui (%s%s)",
-            "token required" if token else "no token: loopback only",
+            "token required" if surface.roles.configured else "no token: loopback only",
             ", read-only" if read_only else "",
         )
     elif overview is not None:
@@ -133,7 +141,15 @@ class ThreadedUvicorn:
 
 
 def uvicorn_backend(
-    engine: Engine, host: str, port: int, token: str | None, *, gate: Gate, read_only: bool
+    engine: Engine,
+    host: str,
+    port: int,
+    token: str | None,
+    *,
+    gate: Gate,
+    read_only: bool,
+    viewer_token: str | None = None,
 ) -> ThreadedUvicorn:
     """Return the surface's server when the web extra is installed: ``surface_app`` on uvicorn."""
-    return ThreadedUvicorn(surface_app(engine, token, host=host, gate=gate, read_only=read_only), host, port)
+    app = surface_app(engine, token, host=host, gate=gate, read_only=read_only, viewer_token=viewer_token)
+    return ThreadedUvicorn(app, host, port)

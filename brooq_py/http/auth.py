@@ -1,16 +1,21 @@
-"""The token both HTTP faces check: the surface's bearer header, the dashboard's header or cookie.
+"""The tokens both HTTP faces check: the surface's bearer header, the dashboard's header or cookie.
 
-The token is compared in constant time (``hmac.compare_digest``) and never
-echoed, logged or shown in a repr (SPEC O2, K3). The dashboard's session
-cookie and its CSRF tokens are HMACs keyed by the token, so no server-side
-session state exists and changing the token ends every session.
+Two roles (SPEC K5): the operator's token reads and acts; the viewer's token
+reads every page and GET endpoint and is refused every action (403). A token
+is compared in constant time (``hmac.compare_digest``), always against both
+roles' tokens, and never echoed, logged or shown in a repr (SPEC O2, K3). The
+dashboard's session cookie and its CSRF tokens are HMACs keyed by the token
+that logged in, so no server-side session state exists, a session says its
+role by the key that signed it, and changing a token ends its sessions.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import time
+from typing import Literal
 
 SESSION_SECONDS = 12 * 3600
 
@@ -71,3 +76,75 @@ class TokenGuard:
         return bool(presented) and hmac.compare_digest(
             (presented or "").encode("ascii", "replace"), self.csrf(session).encode()
         )
+
+
+Role = Literal["operator", "viewer"]
+
+
+class Roles:
+    """The operator's token and the viewer's (either may be None: that role has no token).
+
+    Raise ``ValueError`` when both are the same token: whoever holds it could not be told apart.
+    """
+
+    def __init__(self, token: str | None, viewer_token: str | None = None) -> None:
+        if token and viewer_token and hmac.compare_digest(token.encode(), viewer_token.encode()):
+            raise ValueError("the viewer token must differ from the operator token")
+        self.operator = TokenGuard(token)
+        self.viewer = TokenGuard(viewer_token)
+
+    @property
+    def configured(self) -> bool:
+        """Whether any token is set (without one, callers turn the feature off)."""
+        return self.operator.configured or self.viewer.configured
+
+    def __repr__(self) -> str:
+        return f"Roles(operator={self.operator!r}, viewer={self.viewer!r})"
+
+    def bearer(self, authorization: str | None) -> Role | None:
+        """Return the role whose token an ``Authorization`` header carries, or None."""
+        # Both compared every time, so the answer's timing tells nothing of which one matched.
+        operator, viewer = self.operator.bearer(authorization), self.viewer.bearer(authorization)
+        return "operator" if operator else "viewer" if viewer else None
+
+    def matches(self, presented: str) -> Role | None:
+        """Return the role whose token *presented* is (the dashboard's login form), or None."""
+        operator, viewer = self.operator.matches(presented), self.viewer.matches(presented)
+        return "operator" if operator else "viewer" if viewer else None
+
+    def guard(self, role: Role) -> TokenGuard:
+        return self.operator if role == "operator" else self.viewer
+
+    def session(self, value: str | None) -> Role | None:
+        """Return the role of a valid session cookie *value* (by the key that signed it), or None."""
+        operator, viewer = self.operator.session(value), self.viewer.session(value)
+        return "operator" if operator else "viewer" if viewer else None
+
+
+def is_loopback(host: str | None) -> bool:
+    """Return whether *host* (an address or ``localhost``) is a loopback address."""
+    if not host:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def loopback_name(host: str | None) -> bool:
+    """Return whether a Host header names a loopback address (None: HTTP/1.0, no name given).
+
+    A page whose name was rebound to 127.0.0.1 (DNS rebinding) reaches a loopback
+    dashboard under its own name, and as its own origin could read the page and its
+    CSRF token: without a token, only a loopback name is served.
+    """
+    if host is None:
+        return True
+    name = host.strip().lower()
+    if name.startswith("["):
+        name = name[1:].partition("]")[0]
+    elif name.count(":") == 1:
+        name = name.partition(":")[0]
+    return is_loopback(name.rstrip("."))

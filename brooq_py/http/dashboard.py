@@ -1,16 +1,17 @@
 """The dashboard: one Starlette application, Jinja2 templates, and its own static files (no CDN).
 
-Every page and action needs the token: a bearer header, or the session cookie
+Every page and action needs a token: a bearer header, or the session cookie
 the login form sets (HttpOnly, SameSite=Strict, an HMAC keyed by the token).
-Actions are POST forms carrying a CSRF token bound to the session; a request
-that authenticated with the bearer header needs none. Without a token the
-dashboard answers only when served on a loopback address. The actions are the
-surface's own (``actions.Operator``), so both faces behave alike.
+The operator's token reads and acts; the viewer's reads every page, sees no
+action and is refused every one (403, SPEC K5). Actions are POST forms
+carrying a CSRF token bound to the session; a request that authenticated with
+the bearer header needs none. Without a token the dashboard answers only when
+served on a loopback address. The actions are the surface's own
+(``actions.Operator``), so both faces behave alike.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
@@ -31,7 +32,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from brooq_py.http.actions import ActionError, Operator
 from brooq_py.http.api import BUSY, Gate, check_body
-from brooq_py.http.auth import SESSION_SECONDS, TokenGuard
+from brooq_py.http.auth import SESSION_SECONDS, Role, Roles, is_loopback, loopback_name
 from brooq_py.http.job_view import job_view
 from brooq_py.http.render import jinja_env
 from brooq_py.postgres.overview import FINISHED, STATES, WAITING, BadCursor, Overview
@@ -47,24 +48,13 @@ CANCELABLE = (*ACTIVE_STATES, State.SCHEDULED)
 
 @dataclass(frozen=True)
 class Settings:
-    """How one dashboard behaves: ``login`` False means no token was configured (loopback only)."""
+    """How one dashboard behaves: ``login`` False means no token was configured (loopback only;
+    ``roles`` then holds a random operator key that signs the sessions its forms need)."""
 
-    signer: TokenGuard
+    roles: Roles
     login: bool
     read_only: bool
     refresh_ms: int
-
-
-def is_loopback(host: str | None) -> bool:
-    """Return whether *host* (an address or ``localhost``) is a loopback address."""
-    if not host:
-        return False
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 class Dashboard:
@@ -91,12 +81,22 @@ class Dashboard:
 
     # --- access -------------------------------------------------------------------------
 
-    def _session(self, request: Request) -> str | None:
-        value = request.cookies.get(COOKIE)
-        return value if self.settings.signer.session(value) else None
+    def _session(self, request: Request) -> Role | None:
+        return self.settings.roles.session(request.cookies.get(COOKIE))
 
-    def _bearer(self, request: Request) -> bool:
-        return self.settings.login and self.settings.signer.bearer(request.headers.get("authorization"))
+    def _bearer(self, request: Request) -> Role | None:
+        if not self.settings.login:
+            return None
+        return self.settings.roles.bearer(request.headers.get("authorization"))
+
+    def _role(self, request: Request) -> Role | None:
+        """The role *request* authenticated as (after ``guard``: loopback without a token is the operator)."""
+        if not self.settings.login:
+            return "operator"
+        return self._bearer(request) or self._session(request)
+
+    def _may_act(self, request: Request) -> bool:
+        return not self.settings.read_only and self._role(request) == "operator"
 
     def _set_session(self, response: Response, request: Request, value: str) -> None:
         response.set_cookie(
@@ -113,7 +113,7 @@ class Dashboard:
         """Return the refusal for *request*, or None when it may see the dashboard."""
         if not self.settings.login:
             server = request.scope.get("server")
-            if not is_loopback(server[0] if server else None) or not _loopback_name(
+            if not is_loopback(server[0] if server else None) or not loopback_name(
                 request.headers.get("host")
             ):
                 return self._error(
@@ -122,7 +122,7 @@ class Dashboard:
                     "This dashboard has no token: serve it on a loopback address or give it a token.",
                 )
             return None
-        if self._bearer(request) or self._session(request) is not None:
+        if self._role(request) is not None:
             return None
         if request.method in ("GET", "HEAD"):
             target = self._url(
@@ -135,9 +135,10 @@ class Dashboard:
         if self._bearer(request):
             return None  # a header a foreign page cannot set
         session = request.cookies.get(COOKIE)
-        if session is None or not self.settings.signer.session(session):
+        role = self.settings.roles.session(session)
+        if session is None or role is None:
             return self._error(request, 403, "Your session has expired: reload the page.")
-        if not self.settings.signer.csrf_ok(session, form.get("csrf")):
+        if not self.settings.roles.guard(role).csrf_ok(session, form.get("csrf")):
             return self._error(request, 403, "The form's CSRF token is missing or wrong: reload the page.")
         return None
 
@@ -149,18 +150,22 @@ class Dashboard:
         return base + path + ("?" + urlencode(params) if params else "")
 
     def _page(self, request: Request, name: str, context: dict[str, Any], status: int = 200) -> Response:
+        roles = self.settings.roles
         session = request.cookies.get(COOKIE)
-        valid = session if session and self.settings.signer.session(session) else None
+        role = roles.session(session)
+        valid = session if role is not None else None
         fresh = None
         if valid is None and not self.settings.login and status < 400:  # never to a refused request
-            fresh = valid = self.settings.signer.new_session()
+            role, fresh = "operator", roles.operator.new_session()
+            valid = fresh
         base = str(request.scope.get("root_path", ""))
         context = {
             "title": "brooq",
             "base": base,
             "url": lambda path, **q: self._url(request, path, **q),
-            "csrf": self.settings.signer.csrf(valid) if valid else "",
-            "read_only": self.settings.read_only,
+            "csrf": roles.guard(role).csrf(valid) if valid and role else "",
+            # A viewer (or a read-only dashboard) is shown no action, and refused any (action()).
+            "read_only": not self._may_act(request),
             "login": self.settings.login,
             "states": [str(s) for s in STATES],
             "refresh_ms": self.settings.refresh_ms,
@@ -257,9 +262,10 @@ class Dashboard:
             if isinstance(form, Response):
                 return form
             target = _local(str(form.get("next") or ""))
-            if self.settings.signer.matches(str(form.get("token") or "")):
+            role = self.settings.roles.matches(str(form.get("token") or ""))
+            if role is not None:
                 response = RedirectResponse(self._url(request, target), status_code=303)
-                self._set_session(response, request, self.settings.signer.new_session())
+                self._set_session(response, request, self.settings.roles.guard(role).new_session())
                 return response
             log.info("dashboard login refused")
             return self._page(request, "login.html", {"next": target, "failed": True, "title": "Log in"}, 401)
@@ -301,6 +307,10 @@ class Dashboard:
             return form
         if self.settings.read_only:
             return self._error(request, 403, "This dashboard is read-only.")
+        if self._role(request) != "operator":
+            return self._error(
+                request, 403, "Your token may read, not act: log in with the operator's token."
+            )
         name = request.path_params["action"]
         act = _ACTIONS.get(name)
         if act is None:
@@ -376,23 +386,6 @@ def _here(request: Request, base: str) -> str:
     return request.url.path[len(base) :] + ("?" + query if query else "")
 
 
-def _loopback_name(host: str | None) -> bool:
-    """Return whether a Host header names a loopback address (None: HTTP/1.0, no name given).
-
-    A page whose name was rebound to 127.0.0.1 (DNS rebinding) reaches a loopback
-    dashboard under its own name, and as its own origin could read the page and its
-    CSRF token: without a token, only a loopback name is served.
-    """
-    if host is None:
-        return True
-    name = host.strip().lower()
-    if name.startswith("["):
-        name = name[1:].partition("]")[0]
-    elif name.count(":") == 1:
-        name = name.partition(":")[0]
-    return is_loopback(name.rstrip("."))
-
-
 def _local(target: str | None) -> str:
     """Return *target* when it is a path inside the dashboard, else ``/`` (no open redirect)."""
     if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
@@ -433,8 +426,15 @@ def build(
     token: str | None,
     read_only: bool,
     refresh_ms: int = 2000,
+    viewer_token: str | None = None,
 ) -> Dashboard:
-    """Return the Dashboard over *operator* (the surface passes its own; ``dashboard()`` makes one)."""
-    signer = TokenGuard(token or secrets.token_urlsafe(32))
-    settings = Settings(signer=signer, login=bool(token), read_only=read_only, refresh_ms=refresh_ms)
+    """Return the Dashboard over *operator* (the surface passes its own; ``dashboard()`` makes one).
+
+    Raise ``ValueError`` when *token* and *viewer_token* are the same.
+    """
+    roles = Roles(token, viewer_token)
+    login = roles.configured
+    if not login:  # loopback only: a random key signs the sessions the forms' CSRF tokens need
+        roles = Roles(secrets.token_urlsafe(32))
+    settings = Settings(roles=roles, login=login, read_only=read_only, refresh_ms=refresh_ms)
     return Dashboard(operator, overview, settings)

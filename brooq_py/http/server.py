@@ -114,6 +114,7 @@ class Server:
         dashboard: bool | None = None,
         read_only: bool = False,
         concurrency: int = DEFAULT_CONCURRENCY,
+        viewer_token: str | None = None,
     ):
         gate = Gate(concurrency)
         if dashboard is None:
@@ -127,9 +128,11 @@ class Server:
                 raise ImportError(
                     "the dashboard needs the web extra: pip install 'brooq-py[web]' (or serve(..., dashboard=False))"
                 ) from exc
-            self._backend = uvicorn_backend(engine, host, port, token, gate=gate, read_only=read_only)
+            self._backend = uvicorn_backend(
+                engine, host, port, token, gate=gate, read_only=read_only, viewer_token=viewer_token
+            )
         else:
-            self._backend = WsgiBackend(SurfaceApp(engine, token, gate), host, port)
+            self._backend = WsgiBackend(SurfaceApp(engine, token, gate, viewer_token), host, port)
         self.host = host
         self.address = self._backend.address
         self.port: int = self.address[1]
@@ -170,17 +173,28 @@ def serve(
     dashboard: bool | None = None,
     read_only: bool = False,
     concurrency: int = DEFAULT_CONCURRENCY,
+    viewer_token: str | None = None,
 ) -> Server:
     """Start the service surface for *engine* in a background thread and return at once.
 
     Serve ``/healthz`` and ``/metrics`` without auth, and ``/jobs/{id}``,
     ``/jobs/{id}/cancel``, ``/jobs/{id}/retry``, ``/topics`` and
     ``/topics/{topic}/pause|resume`` with ``Authorization: Bearer <token>``
-    (off when *token* is None). *dashboard* None serves the dashboard at /ui
-    when the ``web`` extra is installed (True requires it, False never);
-    *read_only* makes that dashboard read-only. Beyond *concurrency* requests
-    at once the answer is 503. Raise ``OSError`` if the address cannot be bound.
+    (off when neither token is set). *viewer_token* reads every page and GET
+    endpoint, here and on the dashboard, and gets 403 for every action
+    (SPEC K5). *dashboard* None serves the dashboard at /ui when the ``web``
+    extra is installed (True requires it, False never); *read_only* makes that
+    dashboard read-only for every token. Beyond *concurrency* requests at once
+    the answer is 503. Raise ``OSError`` if the address cannot be bound, and
+    ``ValueError`` when both tokens are the same.
     """
     return Server(
-        engine, host, port, token, dashboard=dashboard, read_only=read_only, concurrency=concurrency
+        engine,
+        host,
+        port,
+        token,
+        dashboard=dashboard,
+        read_only=read_only,
+        concurrency=concurrency,
+        viewer_token=viewer_token,
     )

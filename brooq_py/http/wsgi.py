@@ -34,10 +34,16 @@ def _headers(environ: Environ) -> dict[str, str]:
 
 
 class SurfaceApp:
-    """The WSGI callable. *token* None (or empty) turns every /jobs and /topics path off (404)."""
+    """The WSGI callable. With neither *token* nor *viewer_token* every /jobs and /topics path is off (404)."""
 
-    def __init__(self, engine: Engine, token: str | None = None, gate: Gate | None = None) -> None:
-        self.surface = Surface(engine, token)
+    def __init__(
+        self,
+        engine: Engine,
+        token: str | None = None,
+        gate: Gate | None = None,
+        viewer_token: str | None = None,
+    ) -> None:
+        self.surface = Surface(engine, token, viewer_token=viewer_token)
         self.engine = engine
         self.gate = gate or Gate()
 

@@ -29,14 +29,28 @@ from brooq_py.postgres.async_wraptx import (
 )
 from brooq_py.postgres.caps import TopicCaps
 from brooq_py.postgres.enqueueing import drive_async, first_statement
-from brooq_py.postgres.errors import translated
+from brooq_py.postgres.errors import refused_by_read_only, translated, unavailable
 from brooq_py.postgres.flow import checked_depth, checked_rate
 from brooq_py.postgres.operator_side import LIMIT_WAIT, checked_topic
 from brooq_py.postgres.producer import check_schema, no_pool
 from brooq_py.postgres.queries import Queries, Query
-from brooq_py.queue import EnqueueResult, GroupResult, Job, JobRow
+from brooq_py.queue import EnqueueResult, GroupResult, Job, JobRow, StoreUnavailable
 
 AsyncTx = AsyncWrapTx | psycopg.AsyncConnection[Any]
+
+
+@asynccontextmanager
+async def _dropped_if_read_only(conn: psycopg.AsyncConnection[Any], doing: str) -> AsyncIterator[None]:
+    """errors.dropped_if_read_only for an asyncio connection: close it on a read-only server's refusal."""
+    try:
+        yield
+    except Exception as exc:
+        if not refused_by_read_only(exc, conn):
+            raise
+        await conn.close()
+        if isinstance(exc, StoreUnavailable):
+            raise
+        raise unavailable(exc, doing) from exc
 
 
 class AsyncStore:
@@ -79,7 +93,8 @@ class AsyncStore:
                 if not saved:
                     await conn.set_autocommit(True)
                 try:
-                    yield conn
+                    async with _dropped_if_read_only(conn, doing):
+                        yield conn
                 finally:
                     if not saved and not conn.closed:
                         with contextlib.suppress(psycopg.Error):  # a broken one: the pool discards it
@@ -126,7 +141,7 @@ class AsyncStore:
         """
         conn = async_connection_of(tx)
         plan = plans.enqueue_one(self._q, job, self._caps)
-        with translated("enqueueing"):
+        with translated("enqueueing", conn):
             return await drive_async(plan, on_async_connection(conn))
 
     async def enqueue_many(self, jobs: Sequence[Job], tx: AsyncTx | None = None) -> list[EnqueueResult]:
@@ -141,7 +156,7 @@ class AsyncStore:
         if not jobs:
             return []
         if conn is not None:
-            with translated("enqueueing a batch"):
+            with translated("enqueueing a batch", conn):
                 return await drive_async(plan, on_async_connection(conn))
         result: list[EnqueueResult] = await self._drive("enqueueing a batch", plan)
         return result
@@ -168,8 +183,14 @@ class AsyncStore:
         rollback on an exception."""
         if self._pool is None:
             raise no_pool("AsyncStore", "opening a transaction")
-        with translated("running a transaction"):
-            async with self._pool.connection() as conn, conn.transaction():
+        doing = "running a transaction"
+        with translated(doing):
+            # A read-only server's refusal closes the connection after the rollback (errors.py).
+            async with (
+                self._pool.connection() as conn,
+                _dropped_if_read_only(conn, doing),
+                conn.transaction(),
+            ):
                 yield AsyncWrapTx(conn)
 
     async def cancel(self, job_id: str) -> bool:

@@ -1,9 +1,20 @@
-"""Translate psycopg's connection errors at the Store's edge; never leak a DSN password."""
+"""Translate psycopg's connection errors at the Store's edge; never leak a DSN password.
+
+Two kinds of error mean "this connection cannot do the Store's work, another one
+may": the connection broke or could not be had, and the server it reached is a
+standby in recovery or otherwise read-only (SQLSTATE 25006, SPEC H1). A
+connection of the second kind is closed rather than reused, so the next one is
+opened afresh and a multi-host conninfo with ``target_session_attrs=read-write``
+lands on whichever server accepts writes now (the promoted standby after a
+failover). Both become ``StoreUnavailable``: the engine retries with backoff,
+and a producer sees the outage it can retry.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import psycopg
 
@@ -12,7 +23,12 @@ from brooq_py.redact import mask_secrets
 
 # Server-side states that mean "the connection is gone or cannot be had", as opposed to
 # a statement's own failure (a statement timeout is an OperationalError too, 57014).
+# 57P03 cannot_connect_now covers "the database system is in recovery mode" / "is starting up".
 _CONNECTION_STATES = frozenset({"57P01", "57P02", "57P03", "53300"})
+
+# read_only_sql_transaction: "cannot execute INSERT in a read-only transaction" on a hot
+# standby, "cannot execute LISTEN during recovery", a server with default_transaction_read_only.
+READ_ONLY_STATE = "25006"
 
 
 def is_connection_error(exc: BaseException) -> bool:
@@ -25,6 +41,43 @@ def is_connection_error(exc: BaseException) -> bool:
     return False
 
 
+def is_read_only_refusal(exc: BaseException | None) -> bool:
+    """Return True if *exc* is a statement refused because its transaction was read-only (25006)."""
+    return isinstance(exc, psycopg.Error) and exc.sqlstate == READ_ONLY_STATE
+
+
+def server_is_read_only(conn: Any) -> bool:
+    """Whether *conn*'s server says it is a hot standby or read-only by default.
+
+    Servers since PostgreSQL 14 report ``in_hot_standby`` and
+    ``default_transaction_read_only`` to the client (no round trip). A server
+    that reports neither is taken for read-only: a refusal there cannot be told
+    from a transaction the caller made read-only.
+    """
+    info = getattr(conn, "info", None)
+    if info is None:
+        return True
+    reported = [info.parameter_status(name) for name in ("in_hot_standby", "default_transaction_read_only")]
+    if all(value is None for value in reported):
+        return True
+    return "on" in reported
+
+
+def on_read_only_server(exc: BaseException | None, conn: Any) -> bool:
+    """Return True if *exc* is a 25006 refusal and *conn* is on a standby or a read-only server.
+
+    A 25006 in a transaction the caller made read-only (``SET TRANSACTION READ
+    ONLY`` on the primary) is the caller's own error and stays one. Without a
+    connection to ask (a foreign transaction object) nothing can be told: False.
+    """
+    return conn is not None and is_read_only_refusal(exc) and server_is_read_only(conn)
+
+
+def is_outage(exc: BaseException, conn: Any = None) -> bool:
+    """Return True if *exc* on *conn* is no fault of the statement: retry on another connection."""
+    return is_connection_error(exc) or on_read_only_server(exc, conn)
+
+
 def unavailable(exc: BaseException, doing: str) -> StoreUnavailable:
     """Return a StoreUnavailable for *exc* (the caller raises it ``from exc``)."""
     detail = mask_secrets(str(exc).strip()) or type(exc).__name__
@@ -32,11 +85,39 @@ def unavailable(exc: BaseException, doing: str) -> StoreUnavailable:
 
 
 @contextmanager
-def translated(doing: str) -> Iterator[None]:
-    """Raise StoreUnavailable (chained) for a psycopg connection error inside the block."""
+def translated(doing: str, conn: Any = None) -> Iterator[None]:
+    """Raise StoreUnavailable (chained) for a psycopg connection error inside the block.
+
+    *conn*: the connection the block runs on, when known; a refusal by a
+    read-only server on it is an outage too (never closed here: the caller's).
+    """
     try:
         yield
-    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-        if not is_connection_error(exc):
+    except psycopg.Error as exc:
+        if not is_outage(exc, conn):
+            raise
+        raise unavailable(exc, doing) from exc
+
+
+def refused_by_read_only(exc: BaseException, conn: Any) -> bool:
+    """Whether *exc* (a psycopg error, or a StoreUnavailable raised from one) is a read-only server's refusal."""
+    cause = exc.__cause__ if isinstance(exc, StoreUnavailable) else exc
+    return on_read_only_server(cause, conn)
+
+
+@contextmanager
+def dropped_if_read_only(conn: psycopg.Connection[Any], doing: str) -> Iterator[None]:
+    """Close *conn* when the block was refused by a read-only server, and raise StoreUnavailable.
+
+    A pool discards a closed connection and opens a new one, which the
+    conninfo's ``target_session_attrs`` sends to the server that accepts writes.
+    """
+    try:
+        yield
+    except Exception as exc:
+        if not refused_by_read_only(exc, conn):
+            raise
+        conn.close()
+        if isinstance(exc, StoreUnavailable):
             raise
         raise unavailable(exc, doing) from exc

@@ -22,8 +22,8 @@ from typing import Any
 import psycopg
 
 from brooq_py.postgres.bounds import deadline, statement_budget
-from brooq_py.postgres.channel import channel_for, stage_channel_for
-from brooq_py.postgres.errors import is_connection_error, translated, unavailable
+from brooq_py.postgres.channel import cancel_channel_for, channel_for, stage_channel_for
+from brooq_py.postgres.errors import is_outage, translated, unavailable
 from brooq_py.postgres.queries import Queries
 
 log = logging.getLogger("brooq_py.postgres")
@@ -38,7 +38,9 @@ class PgListener:
     The connection is opened and LISTENs at construction (raise
     StoreUnavailable if the database cannot be reached). *topics* None: every
     wake-up counts. *on_scheduled*: also LISTEN on the stager's channel and call
-    it (from ``wait()``) for a scheduled job of one of the topics.
+    it (from ``wait()``) for a scheduled job of one of the topics. *on_cancel*:
+    also LISTEN on the cancel channel and call it (from ``wait()``) with the id
+    and claim token of each processing job canceled (SPEC X2').
     """
 
     def __init__(
@@ -49,6 +51,7 @@ class PgListener:
         *,
         topics: Sequence[str] | None = None,
         on_scheduled: Callable[[], None] | None = None,
+        on_cancel: Callable[[str, str], None] | None = None,
         probe_timeout: float | None = PROBE_TIMEOUT,
         ping_every: timedelta | None = None,
     ) -> None:
@@ -62,6 +65,8 @@ class PgListener:
         self._topics = None if topics is None else frozenset(topics)
         self._on_scheduled = on_scheduled
         self._stage_channel = stage_channel_for(queries.schema)
+        self._on_cancel = on_cancel
+        self._cancel_channel = cancel_channel_for(queries.schema)
         self._refused = False
         self._probe = f"brooq-probe:{uuid.uuid4()}"
         self._probe_deadline: float | None = None
@@ -72,10 +77,19 @@ class PgListener:
                 self._conn.execute(queries.listen.composed)
                 if on_scheduled is not None:
                     self._conn.execute(queries["listen_stage"].composed)
+                if on_cancel is not None:
+                    self._conn.execute(queries["listen_cancel"].composed)
                 if probe_timeout is not None:
                     with connect() as other:
                         other.execute(queries["listen_probe"].composed, {"payload": self._probe})
                     self._probe_deadline = time.monotonic() + probe_timeout
+            except psycopg.Error as exc:
+                # A standby refuses LISTEN during recovery (25006): an outage, retried with backoff.
+                outage = is_outage(exc, self._conn)
+                self._conn.close()
+                if outage:
+                    raise unavailable(exc, "opening the LISTEN connection") from exc
+                raise
             except BaseException:
                 self._conn.close()
                 raise
@@ -112,6 +126,11 @@ class PgListener:
             self._probe_deadline = None  # something arrived: LISTEN works here
             if note.payload == self._probe:
                 continue
+            if note.channel == self._cancel_channel:
+                if self._on_cancel is not None:
+                    job_id, _, token = note.payload.partition(" ")
+                    self._on_cancel(job_id, token)
+                continue
             if note.channel == self._stage_channel:
                 if self._on_scheduled is not None and self._wanted(note.payload):
                     self._on_scheduled()
@@ -127,8 +146,8 @@ class PgListener:
             # yielded together, and leaving the generator early would drop the rest.
             self._backlog.extend(self._conn.notifies(timeout=timeout, stop_after=1))
             return self._backlog.popleft() if self._backlog else None
-        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-            if not is_connection_error(exc):
+        except psycopg.Error as exc:
+            if not is_outage(exc, self._conn):
                 raise
             raise unavailable(exc, "waiting for notifications") from exc
 
@@ -139,8 +158,8 @@ class PgListener:
         try:
             with deadline(self._conn, statement_budget(lease)):
                 self._conn.execute(self._listen.composed)
-        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-            if not is_connection_error(exc):
+        except psycopg.Error as exc:
+            if not is_outage(exc, self._conn):
                 raise
             raise unavailable(exc, "pinging the LISTEN connection") from exc
         self._pinged = time.monotonic()

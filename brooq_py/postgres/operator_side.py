@@ -17,7 +17,7 @@ from brooq_py.postgres.queries import Queries
 from brooq_py.postgres.runner import Rows, on_connection
 from brooq_py.postgres.worker_side import claimed_jobs
 from brooq_py.queue import InvalidJob, JobRow, State
-from brooq_py.queue.job import check_text
+from brooq_py.queue.job import MAX_TOPIC_BYTES, check_length, check_text
 from brooq_py.queue.port import LimitedClaim, TopicSetting
 
 __all__ = ["INT32_MAX", "OperatorSide", "TopicOverview", "TopicSetting", "checked_limit", "checked_topic"]
@@ -58,6 +58,7 @@ def checked_topic(topic: Any) -> str:
     if not isinstance(topic, str) or not topic:
         raise InvalidJob(f"topic must be non-empty text without NUL, got {topic!r}")
     check_text(topic, "topic")  # a lone surrogate (undecodable bytes on a command line) is no text
+    check_length(topic, MAX_TOPIC_BYTES, "topic")  # a longer one could not be a job's topic (E4')
     return topic
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 
 from brooq_py.postgres.bounds import deadline
-from brooq_py.postgres.errors import is_connection_error, unavailable
+from brooq_py.postgres.errors import is_connection_error, is_outage, unavailable
 from brooq_py.postgres.queries import Query
 from brooq_py.postgres.runner import Rows, on_connection
 from brooq_py.queue import StoreUnavailable
@@ -96,8 +96,10 @@ class OwnConnection:
                 return on_connection(conn)(query, params)
             with deadline(conn, self._budget()):
                 return on_connection(conn)(query, params)
-        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-            if not is_connection_error(exc):
+        except psycopg.Error as exc:
+            # A broken connection, or one on a read-only server (a standby): closed, so the
+            # next statement reopens it where the conninfo's target_session_attrs says (H1).
+            if not is_outage(exc, conn):
                 raise
             self._close_locked()
             raise unavailable(exc, doing) from exc

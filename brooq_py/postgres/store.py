@@ -11,7 +11,9 @@ transaction-pooling proxy (PgBouncer in transaction mode), open the pool with
 ``kwargs={"prepare_threshold": None}``.
 
 Connection errors are raised as ``queue.StoreUnavailable`` (chained, without
-any DSN password); other database errors pass through unchanged.
+any DSN password); so is a refusal by a read-only server (a standby, SQLSTATE
+25006), whose connection is closed so that the next one lands on the primary
+(errors.py). Other database errors pass through unchanged.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -30,17 +32,17 @@ from brooq_py.postgres import enqueueing as plans
 from brooq_py.postgres.bounds import DEFAULT_LEASE, merged, statement_budget
 from brooq_py.postgres.caps import TopicCaps
 from brooq_py.postgres.enqueueing import drive, first_statement, parse_id
-from brooq_py.postgres.errors import translated
+from brooq_py.postgres.errors import dropped_if_read_only, translated
 from brooq_py.postgres.flow_side import FlowSide
 from brooq_py.postgres.listener import PROBE_TIMEOUT, PgListener
 from brooq_py.postgres.operator_side import OperatorSide
 from brooq_py.postgres.own import OwnConnection
 from brooq_py.postgres.producer import check_schema, no_pool
 from brooq_py.postgres.queries import Queries, Query
-from brooq_py.postgres.runner import Rows, execute, on_connection, on_tx
+from brooq_py.postgres.runner import Rows, Runner, execute, on_connection, on_tx
 from brooq_py.postgres.worker_side import WorkerSide
 from brooq_py.postgres.workflows import parent_results_params
-from brooq_py.postgres.wraptx import WrapTx
+from brooq_py.postgres.wraptx import WrapTx, as_psycopg
 from brooq_py.queue import EnqueueResult, GroupResult, Job, JobRow, Tx
 
 __all__ = ["Store", "parse_id"]
@@ -51,6 +53,9 @@ _NOT_LIBPQ = frozenset({"autocommit", "row_factory", "cursor_factory", "context"
 # The claim and settle connections' sessions: each statement is planned once, not at every
 # execution (its custom plans were no better, and planning cost about a third of a one-row claim).
 _CACHED_PLAN = "-c plan_cache_mode=force_generic_plan"
+# How long a claim or an outcome batch waits for a row lock before it leaves that row aside
+# (outcomes: written without it, SPEC L3'; claims skip locked rows anyway).
+SETTLE_LOCK_WAIT = "250ms"
 
 
 def _with_options(kwargs: dict[str, Any], options: str) -> dict[str, Any]:
@@ -94,7 +99,11 @@ class Store(WorkerSide, OperatorSide, FlowSide):
         # separate ``conninfo`` (the pool behind a proxy) they stay on the pool.
         self._heartbeat = OwnConnection(self._connect_own, budget=lambda: statement_budget(self._own_lease))
         self._claimer = OwnConnection(lambda: self._connect_own(_CACHED_PLAN)) if conninfo is None else None
-        self._settler = OwnConnection(lambda: self._connect_own(_CACHED_PLAN)) if conninfo is None else None
+        self._settler = (
+            OwnConnection(lambda: self._connect_own(f"{_CACHED_PLAN} -c lock_timeout={SETTLE_LOCK_WAIT}"))
+            if conninfo is None
+            else None
+        )
         self._listeners: set[PgListener] = set()
         self._listeners_lock = threading.Lock()
         self.ping_timeout = 2.0
@@ -151,7 +160,8 @@ class Store(WorkerSide, OperatorSide, FlowSide):
                 if not saved:
                     conn.autocommit = True
                 try:
-                    yield conn
+                    with dropped_if_read_only(conn, doing):
+                        yield conn
                 finally:
                     if not saved and not conn.closed:
                         with contextlib.suppress(psycopg.Error):  # a broken one: the pool discards it
@@ -167,6 +177,19 @@ class Store(WorkerSide, OperatorSide, FlowSide):
     def _run(self, doing: str, query: Query, params: dict[str, Any]) -> Rows:
         with self._autocommit(doing) as conn:
             return on_connection(conn)(query, params)
+
+    def _run_bounded(self, doing: str, query: Query, params: dict[str, Any], seconds: float) -> Rows:
+        """Run *query* on a pool connection in a transaction whose statement_timeout is bounded by
+        *seconds* and lock_timeout by SETTLE_LOCK_WAIT (SPEC L3'), without touching the session's."""
+        return self._in_bounded_tx(doing, lambda run: run(query, params), seconds)
+
+    def _in_bounded_tx(self, doing: str, work: Callable[[Runner], Rows], seconds: float) -> Rows:
+        """Run *work* (given a statement runner) in one transaction on a pool connection, its waits bounded."""
+        bounds = {"lock_timeout": SETTLE_LOCK_WAIT, "statement_timeout": f"{max(int(seconds * 1000), 100)}ms"}
+        with self._autocommit(doing) as conn, conn.transaction():
+            run = on_connection(conn)
+            run(self._q["session_bounds"], bounds)
+            return work(run)
 
     # -- producer side ----------------------------------------------------------
 
@@ -204,7 +227,7 @@ class Store(WorkerSide, OperatorSide, FlowSide):
         An asyncio connection raises TypeError naming AsyncStore.
         """
         plan = plans.enqueue_one(self._q, job, self._caps)
-        with translated("enqueueing"):
+        with translated("enqueueing", as_psycopg(tx)):
             return drive(plan, on_tx(tx))
 
     def enqueue_many(self, jobs: Sequence[Job], tx: Tx | None = None) -> list[EnqueueResult]:
@@ -219,7 +242,7 @@ class Store(WorkerSide, OperatorSide, FlowSide):
         if not jobs:
             return []
         if run is not None:
-            with translated("enqueueing a batch"):
+            with translated("enqueueing a batch", as_psycopg(tx)):
                 return drive(plan, run)
         result: list[EnqueueResult] = self._drive("enqueueing a batch", plan)
         return result
@@ -247,13 +270,36 @@ class Store(WorkerSide, OperatorSide, FlowSide):
         rows = self._run("reading parent results", query, params)
         return {str(r[0]): r[1] for r in rows}
 
+    def enqueue_tick(self, schedule: str, tick: datetime, job: Job) -> EnqueueResult | None:
+        """Enqueue *job* as *tick* of *schedule* unless that tick, or a later one, was enqueued (SPEC Q4').
+
+        One transaction: the schedule's last tick advances to *tick* (only forward), then the
+        job is inserted; both commit or neither does. None when the tick was not ahead (another
+        engine or an earlier run enqueued it: its job may be gone since, deleted by retention).
+        The job is validated before any statement (E4).
+        """
+        plan = plans.enqueue_one(self._q, job, self._caps)
+        with self.begin() as tx:
+            run = on_tx(tx)
+            if not run(self._q["schedule_tick_advance"], {"name": schedule, "tick": tick}):
+                return None
+            result: EnqueueResult = drive(plan, run)
+            return result
+
     @contextmanager
     def begin(self) -> Iterator[WrapTx]:
         """Yield a WrapTx on a pool connection inside a transaction: commit on a clean exit,
         rollback on an exception."""
         if self._pool is None:
             raise no_pool("Store", "opening a transaction")
-        with translated("running a transaction"), self._pool.connection() as conn, conn.transaction():
+        doing = "running a transaction"
+        # A read-only server's refusal closes the connection after the rollback (errors.py).
+        with (
+            translated(doing),
+            self._pool.connection() as conn,
+            dropped_if_read_only(conn, doing),
+            conn.transaction(),
+        ):
             yield WrapTx(conn)
 
     def cancel(self, job_id: str) -> bool:
@@ -273,18 +319,22 @@ class Store(WorkerSide, OperatorSide, FlowSide):
 
     def get_tx(self, tx: Tx, job_id: str) -> JobRow | None:
         """Return the job's row as the caller's transaction *tx* sees it; None for an unknown or malformed id."""
-        with translated("reading a job"):
+        with translated("reading a job", as_psycopg(tx)):
             return drive(plans.get(self._q, job_id), on_tx(tx))
 
     # -- engine plumbing -----------------------------------------------------------
 
     def listen(
-        self, topics: Sequence[str] | None = None, on_scheduled: Callable[[], None] | None = None
+        self,
+        topics: Sequence[str] | None = None,
+        on_scheduled: Callable[[], None] | None = None,
+        on_cancel: Callable[[str, str], None] | None = None,
     ) -> PgListener:
         """Open a LISTEN subscription on this schema's channel, on a connection of its own.
 
-        It reports wake-ups of *topics* only (all when None) and calls *on_scheduled*
-        for scheduled jobs of them (SPEC Z3). A connection that delivers no
+        It reports wake-ups of *topics* only (all when None), calls *on_scheduled*
+        for scheduled jobs of them (SPEC Z3) and *on_cancel* with the id and claim
+        token of every processing job canceled (X2'). A connection that delivers no
         notifications (a transaction-pooling proxy) is refused with one log line.
         """
         listener = PgListener(
@@ -293,6 +343,7 @@ class Store(WorkerSide, OperatorSide, FlowSide):
             on_close=self._forget_listener,
             topics=topics,
             on_scheduled=on_scheduled,
+            on_cancel=on_cancel,
             probe_timeout=self.listen_probe_timeout,
             ping_every=self._own_lease,
         )

@@ -6,6 +6,7 @@ import enum
 import json
 import math
 import re
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -16,9 +17,24 @@ from brooq_py.queue.errors import InvalidJob
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
 
+# Length limits (docs/guarantees.md, E4'), in UTF-8 bytes. The job table's btree indexes hold
+# (topic, idempotency_key) and (topic, unique_key); an index row must stay under about 2,700 bytes
+# (a third of a page) or PostgreSQL refuses the insert, so these keep every such row well below it.
+MAX_TOPIC_BYTES = 255
+MAX_KEY_BYTES = 1024
+MAX_META_BYTES = 4096
+# What PostgreSQL's numeric (which jsonb numbers are) holds: 131,072 digits before the decimal
+# point and 16,383 after it; an exponent beyond INT32_MAX / 2 is refused before either is counted.
+_NUMERIC_MAX_INT_DIGITS = 131_072
+_NUMERIC_MAX_SCALE = 16_383
+_NUMERIC_MAX_EXPONENT = (2**31 - 1) // 2
+_NUMBER = re.compile(r"-?(\d+)(?:\.(\d+))?(?:[eE]([+-]?\d+))?")
+
 # A JSON "\u0000" escape is a backslash preceded by an even number of backslashes;
 # the text "\\u0000" (an escaped backslash, then "u0000") is ordinary and storable.
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+# A JSON escape of a UTF-16 surrogate (\ud800-\udfff): fine in a pair, refused by jsonb alone.
+_SURROGATE_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u[dD][89a-fA-F]")
 # One encoder for every payload: json.dumps with options builds a new one per call.
 _ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"))
 
@@ -55,6 +71,31 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _check_number(literal: str) -> float:
+    """Refuse a JSON number PostgreSQL's numeric cannot hold (json.loads' ``parse_float`` hook).
+
+    Python reads ``1e999999`` as infinity without a word; jsonb refuses it
+    (``NumericValueOutOfRange``), and so do more than 16,383 digits after the
+    decimal point. The value itself is not needed: a placeholder comes back.
+    """
+    match = _NUMBER.fullmatch(literal)
+    if match is None:  # pragma: no cover - json only calls this for its own number grammar
+        raise ValueError(f"{literal[:40]!r} is not a JSON number")
+    whole, fraction, exp_text = match.group(1), match.group(2) or "", match.group(3) or "0"
+    too_far = len(exp_text.lstrip("+-").lstrip("0")) > 10  # int() of a huge exponent is costly
+    exponent = 0 if too_far else int(exp_text)
+    if too_far or abs(exponent) > _NUMERIC_MAX_EXPONENT:
+        raise ValueError(f"number {literal[:40]!r} is outside what PostgreSQL jsonb holds")
+    scale = max(0, len(fraction) - exponent)
+    mantissa = whole + fraction
+    first = len(mantissa) - len(mantissa.lstrip("0"))
+    # The power of ten of the first significant digit (a zero has none: only its scale counts).
+    magnitude = len(whole) - 1 - first + exponent if first < len(mantissa) else 0
+    if scale > _NUMERIC_MAX_SCALE or magnitude >= _NUMERIC_MAX_INT_DIGITS:
+        raise ValueError(f"number {literal[:40]!r} is outside what PostgreSQL jsonb holds")
+    return 0.0
+
+
 def encode_payload(payload: Any) -> str:
     """Return *payload* as JSON text, refusing what PostgreSQL's jsonb cannot hold.
 
@@ -68,9 +109,12 @@ def encode_payload(payload: Any) -> str:
         except UnicodeDecodeError as exc:
             raise InvalidJob(f"payload bytes are not UTF-8: {exc}") from None
         try:
-            json.loads(text, parse_constant=_reject_constant)
+            decoded = json.loads(text, parse_constant=_reject_constant, parse_float=_check_number)
         except (ValueError, RecursionError) as exc:
             raise InvalidJob(f"payload bytes are not valid JSON: {exc}") from None
+        # Python pairs surrogate escapes and keeps a lone one as a lone surrogate; jsonb refuses it.
+        if "\\u" in text and _SURROGATE_ESCAPE.search(text) and not _is_utf8(_ENCODER.encode(decoded)):
+            raise InvalidJob("payload bytes hold a lone surrogate escape, which PostgreSQL jsonb refuses")
     else:
         try:
             text = _ENCODER.encode(payload)
@@ -128,6 +172,17 @@ def check_text(value: str, what: str) -> None:
         raise InvalidJob(f"{what} is not valid Unicode text") from None
 
 
+def utf8_length(value: str) -> int:
+    """The length of *value* in UTF-8 bytes (its characters when ASCII)."""
+    return len(value) if value.isascii() else len(value.encode("utf-8", "surrogatepass"))
+
+
+def check_length(value: str, limit: int, what: str) -> None:
+    """Raise ``InvalidJob`` if *value* is longer than *limit* UTF-8 bytes (E4': documented limits)."""
+    if len(value) > limit or utf8_length(value) > limit:
+        raise InvalidJob(f"{what} is {utf8_length(value)} bytes in UTF-8; at most {limit} are allowed")
+
+
 @dataclass(frozen=True)
 class Job:
     """A job to enqueue. Validated when built: bad input raises ``InvalidJob``."""
@@ -152,11 +207,13 @@ class Job:
         if not self.topic:
             raise InvalidJob("topic must not be empty")
         check_text(self.topic, "topic")
+        check_length(self.topic, MAX_TOPIC_BYTES, "topic")
         key = self.idempotency_key
         if key is not None:
             if not isinstance(key, str):
                 raise InvalidJob(f"idempotency_key must be a str or None, got {type(key).__name__}")
             check_text(key, "idempotency_key")
+            check_length(key, MAX_KEY_BYTES, "idempotency_key")
         at = self.available_at
         if at is not None:
             if not isinstance(at, datetime):
@@ -182,11 +239,13 @@ class Job:
                     raise InvalidJob("meta must map str to str")
                 check_text(k, "meta key")
                 check_text(v, f"meta[{k!r}]")
+            check_length(_ENCODER.encode(dict(meta)), MAX_META_BYTES, "meta as JSON")
         uk = self.unique_key
         if uk is not None:
             if not isinstance(uk, str):
                 raise InvalidJob(f"unique_key must be a str or None, got {type(uk).__name__}")
             check_text(uk, "unique_key")
+            check_length(uk, MAX_KEY_BYTES, "unique_key")
         if self.on_duplicate not in ("keep", "merge", "replace"):
             raise InvalidJob(f"on_duplicate must be 'keep', 'merge' or 'replace', got {self.on_duplicate!r}")
         after = self.after
@@ -195,6 +254,10 @@ class Job:
         for parent in after:
             if not isinstance(parent, str):
                 raise InvalidJob(f"after must hold job ids (str), got {type(parent).__name__}")
+            try:  # the column is uuid[]: a malformed id would abort the caller's transaction
+                uuid.UUID(parent)
+            except ValueError:
+                raise InvalidJob(f"after holds {parent[:60]!r}, which is not a job id (a UUID)") from None
 
     @property
     def key(self) -> str | None:

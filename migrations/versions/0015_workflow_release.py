@@ -28,7 +28,7 @@ end. An enqueue that waits instead for a settle reads the parent's new state.
 from alembic import op
 
 revision = "0015"
-down_revision = "0010"
+down_revision = "0011"
 branch_labels = None
 depends_on = None
 

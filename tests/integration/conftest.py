@@ -10,6 +10,7 @@ from psycopg import sql
 from psycopg_pool import ConnectionPool
 
 from brooq_py.engine import Config, Engine
+from brooq_py.engine.clock import Clock
 from brooq_py.postgres import Store
 
 # Backoff short enough that a retried job comes back within a test's patience.
@@ -28,7 +29,7 @@ def q(pool: ConnectionPool[Any], schema: str, query: str, *params: Any) -> list[
 def engines(store: Store) -> Iterator[Callable[..., Engine]]:
     made: list[Engine] = []
 
-    def make(repo: Store | None = None, **cfg: Any) -> Engine:
+    def make(repo: Store | None = None, clock: Clock | None = None, **cfg: Any) -> Engine:
         params: dict[str, Any] = {
             "workers": 4,
             "poll_interval": 0.2,
@@ -37,7 +38,7 @@ def engines(store: Store) -> Iterator[Callable[..., Engine]]:
             **FAST,
         }
         params.update(cfg)
-        e = Engine(repo or store, Config(**params))
+        e = Engine(repo or store, Config(**params), clock=clock)
         made.append(e)
         return e
 

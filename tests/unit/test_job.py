@@ -259,3 +259,52 @@ def test_encode_payloads_refuses_as_encode_payload_does(bad: Any) -> None:
 def test_encode_payloads_names_the_first_bad_one() -> None:
     with pytest.raises(InvalidJob, match="u0000"):
         encode_payloads([1, {"a": "\x00"}, float("nan")])
+
+
+# --- what jsonb and the indexes refuse, refused first (E4') ------------------------------------
+
+
+@pytest.mark.parametrize("raw", [b'"\\ud800"', b'["a", "\\udc00"]', b'{"\\ud83dx": 1}', b'"\\\\\\ud800"'])
+def test_e4_bytes_with_a_lone_surrogate_escape_refused(raw: bytes) -> None:
+    assert "surrogate" in str(refused(payload=raw))
+
+
+@pytest.mark.parametrize("raw", [b'"\\ud83d\\ude00"', b'"\\\\ud800"', b'"\\u00e9"'])
+def test_e4_bytes_with_a_surrogate_pair_or_an_escaped_backslash_accepted(raw: bytes) -> None:
+    assert Job("t", raw).payload_json() == raw.decode()
+
+
+@pytest.mark.parametrize(
+    "raw", [b"1e999999", b"[1e131072]", b'{"a": -9.9e131072}', b"1e-16384", b"0.5e-16383", b"1e99999999999"]
+)
+def test_e4_bytes_with_a_number_jsonb_cannot_hold_refused(raw: bytes) -> None:
+    assert "outside what PostgreSQL jsonb holds" in str(refused(payload=raw))
+
+
+@pytest.mark.parametrize("raw", [b"1e131071", b"-9e131071", b"1e-16383", b"0e1000000000", b"1.5", b"1e308"])
+def test_e4_bytes_with_a_number_jsonb_holds_accepted(raw: bytes) -> None:
+    assert Job("t", raw).payload_json() == raw.decode()
+
+
+@pytest.mark.parametrize(
+    ("field", "limit"), [("topic", 255), ("idempotency_key", 1024), ("unique_key", 1024)]
+)
+def test_e4_topic_and_keys_longer_than_documented_refused(field: str, limit: int) -> None:
+    kw = {"topic": "t", field: "k" * limit}
+    assert getattr(Job(**kw), field) == "k" * limit
+    assert f"at most {limit}" in str(refused(**{**kw, field: "k" * (limit + 1)}))
+    # The limit is in UTF-8 bytes: a three-byte character counts three.
+    fits = "€" * (limit // 3)
+    assert getattr(Job(**{**kw, field: fits}), field) == fits
+    refused(**{**kw, field: fits + "€"})
+
+
+def test_e4_meta_longer_than_4_kib_as_json_refused() -> None:
+    assert Job("t", meta={"k": "v" * 4000}).meta is not None
+    assert "meta" in str(refused(meta={"k": "v" * 4096}))
+    refused(meta={f"k{i}": "v" * 40 for i in range(100)})
+
+
+@pytest.mark.parametrize("parent", ["not-a-uuid", "", "0190c3a0-0000-7000-8000-00000000000g"])
+def test_e4_after_with_a_malformed_id_refused(parent: str) -> None:
+    assert "not a job id" in str(refused(after=[parent]))

@@ -23,13 +23,25 @@ class Harness:
         self.keys: set[tuple[str, str | None]] = set()
         self.next: dict[str, float] = {}
         self.fail = False
+        self.last: dict[str, datetime] = {}  # the schedule_tick table: the last tick per schedule
         self.scheduler = Scheduler(
-            list(schedules), self.enqueue, lambda: self.now, self.next.__setitem__, logging.getLogger("t")
+            list(schedules),
+            self.enqueue_tick,
+            lambda: self.now,
+            self.next.__setitem__,
+            logging.getLogger("t"),
         )
 
-    def enqueue(self, job: Job) -> EnqueueResult:
+    def enqueue_tick(self, schedule: str, tick: datetime, job: Job) -> EnqueueResult | None:
+        """As the database does it: only a tick ahead of the schedule's last goes in, with its job."""
         if self.fail:
             raise ConnectionError("down")
+        instant = tick.astimezone(
+            UTC
+        )  # timestamptz compares instants; one zone's datetimes compare wall times
+        if schedule in self.last and self.last[schedule] >= instant:
+            return None
+        self.last[schedule] = instant
         created = (job.topic, job.key) not in self.keys
         self.keys.add((job.topic, job.key))
         if created:
@@ -145,7 +157,7 @@ def test_q4_two_schedulers_and_a_restart_make_one_job_per_tick() -> None:
     def another() -> Scheduler:
         return Scheduler(
             [sched("*/2 * * * * *")],
-            shared.enqueue,
+            shared.enqueue_tick,
             lambda: shared.now,
             lambda t, v: None,
             logging.getLogger("t"),
@@ -199,14 +211,15 @@ def test_q4_dst_spring_forward_makes_one_job_for_the_skipped_tick() -> None:
 def test_q4_engines_with_skewed_clocks_and_a_restart_exactly_at_a_tick_make_one_job_per_tick() -> None:
     """Scenario: two engines whose clocks differ by 1.3 s (one ahead, one behind the tick) share a
     schedule of every 2 s; a third starts exactly at a tick instant. Each enqueues each tick as it
-    sees it: the keys derive from the tick, not the clock, so one job per tick and none skipped."""
+    sees it: the keys derive from the tick, not the clock, so one job per tick and none skipped.
+    The one ahead decides: a tick older than the last one enqueued is never made up (Q4')."""
     shared = Harness(sched("*/2 * * * * *"), now=T0)
     skew = timedelta(milliseconds=1300)
 
     def scheduler(offset: timedelta) -> Scheduler:
         return Scheduler(
             [sched("*/2 * * * * *")],
-            shared.enqueue,
+            shared.enqueue_tick,
             lambda: shared.now + offset,
             lambda t, v: None,
             logging.getLogger("t"),
@@ -223,5 +236,35 @@ def test_q4_engines_with_skewed_clocks_and_a_restart_exactly_at_a_tick_make_one_
             assert fresh.schedules[0].next_tick == T0 + timedelta(seconds=12)
     keys = [j.key for j in shared.jobs]
     assert len(keys) == len(set(keys))
-    # the one ahead saw up to T0+21.2 s, the one behind from T0-1.3 s (its start-up made up T0-2 s)
-    assert sorted(keys) == [tick_key(T0 + timedelta(seconds=s)) for s in range(-2, 22, 2)]
+    # the one ahead saw up to T0+21.2 s and enqueued T0 first; the one behind, starting at T0-1.3 s,
+    # would make up T0-2 s, older than the last tick enqueued: not made up
+    assert keys == [tick_key(T0 + timedelta(seconds=s)) for s in range(0, 22, 2)]
+
+
+def test_q4_a_tick_whose_job_retention_deleted_is_not_made_up_by_a_restart() -> None:
+    """Q4': the last tick is remembered apart from the job, so a restart within the period makes
+    the tick up only if it was never enqueued, whatever retention deleted since."""
+    h = Harness(sched("*/30 * * * * *"), now=T0 + timedelta(seconds=5))
+    h.scheduler.run_once()
+    assert [j.key for j in h.jobs] == [tick_key(T0)]
+    h.keys.clear()  # retention deleted the done job, freeing its idempotency key
+    restarted = Scheduler(
+        [sched("*/30 * * * * *")], h.enqueue_tick, lambda: h.now, lambda t, v: None, logging.getLogger("t")
+    )
+    h.now = T0 + timedelta(seconds=29)
+    restarted.run_once()
+    assert [j.key for j in h.jobs] == [tick_key(T0)]
+    assert restarted.schedules[0].next_tick == T0 + timedelta(seconds=30)
+
+
+def test_q4_engine_enqueues_ticks_through_the_repo_remembering_the_last(repo: FakeRepo) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from brooq_py.engine.metrics import Metrics
+    from brooq_py.engine.services.wiring import tick_enqueuer
+
+    woken: list[Job] = []
+    enqueue_tick = tick_enqueuer(repo, Metrics(CollectorRegistry()), woken.append)
+    assert enqueue_tick("t", T0, Job("t", None, idempotency_key=tick_key(T0))) is not None
+    assert enqueue_tick("t", T0, Job("t", None, idempotency_key="other")) is None
+    assert repo.ticks == {"t": T0} and len(repo.rows) == 1 and len(woken) == 1

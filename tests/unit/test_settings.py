@@ -260,3 +260,26 @@ def test_mask_dsn_keeps_the_rest() -> None:
     assert mask_dsn("postgresql://app:pw@db:5432/jobs") == "postgresql://app:***@db:5432/jobs"
     assert mask_dsn("postgresql://app@db/jobs") == "postgresql://app@db/jobs"
     assert mask_dsn("host=db dbname=jobs") == "host=db dbname=jobs"
+
+
+def test_k5_viewer_token_from_the_environment_or_a_file_hidden_in_repr(tmp_path: Path) -> None:
+    env = {"DATABASE_URL": DSN, "BROOQ_HTTP_TOKEN": "op-secret", "BROOQ_HTTP_VIEWER_TOKEN": "view-secret"}
+    settings = load(env, tmp_path)
+    assert settings.http_viewer_token == "view-secret"  # type: ignore[attr-defined]
+    assert "view-secret" not in repr(settings) and "op-secret" not in repr(settings)
+    (tmp_path / "viewer").write_text("from-file\n")
+    env = {"DATABASE_URL": DSN, "BROOQ_HTTP_VIEWER_TOKEN_FILE": str(tmp_path / "viewer")}
+    assert load(env, tmp_path).http_viewer_token == "from-file"  # type: ignore[attr-defined]
+
+
+def test_k5_viewer_token_problems_are_named(tmp_path: Path) -> None:
+    same = {"DATABASE_URL": DSN, "BROOQ_HTTP_TOKEN": "same-one", "BROOQ_HTTP_VIEWER_TOKEN": "same-one"}
+    assert any("must differ" in p and "same-one" not in p for p in problems_of(same, tmp_path))
+    spaced = {"DATABASE_URL": DSN, "BROOQ_HTTP_VIEWER_TOKEN": "has space"}
+    assert problems_of(spaced, tmp_path) == [
+        "BROOQ_HTTP_VIEWER_TOKEN: the token must be printable ASCII without spaces"
+    ]
+    both = {"DATABASE_URL": DSN, "BROOQ_HTTP_VIEWER_TOKEN": "a", "BROOQ_HTTP_VIEWER_TOKEN_FILE": "b"}
+    assert problems_of(both, tmp_path) == [
+        "BROOQ_HTTP_VIEWER_TOKEN and BROOQ_HTTP_VIEWER_TOKEN_FILE are both set; set only one"
+    ]

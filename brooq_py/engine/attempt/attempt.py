@@ -223,6 +223,18 @@ class Attempt:
             self._move(Phase.SETTLING)
             return ending
 
+    def settling_if(self, ending: Phase) -> bool:
+        """*ending* -> SETTLING if the attempt is still there; False when someone else took it.
+
+        A given-up attempt (GAVE_UP) is settled by whichever comes first, its handler's end
+        or the hung verdict (C4'): both may ask, one wins.
+        """
+        with self._lock:
+            if self._phase is not ending:
+                return False
+            self._phase = Phase.SETTLING
+            return True
+
     def settled(self) -> None:
         """SETTLING -> SETTLED: the outcome was written, found not ours, or there is none to write."""
         with self._lock:

@@ -6,8 +6,9 @@ import functools
 import inspect
 import logging
 import random
+import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -18,7 +19,15 @@ from brooq_py.engine.attempt.sink import OutcomeSink
 from brooq_py.engine.attempt.slots import AsyncRunner, Threads
 from brooq_py.engine.metrics import Metrics
 from brooq_py.engine.repo import Outcome, Repo
-from brooq_py.queue import MustCancelTask, MustDelay, MustPreserveAttempt, State, StoreUnavailable
+from brooq_py.queue import (
+    Claim,
+    MaxExecutionExceeded,
+    MustCancelTask,
+    MustDelay,
+    MustPreserveAttempt,
+    State,
+    StoreUnavailable,
+)
 from brooq_py.queue.errors import find_signal
 
 if TYPE_CHECKING:
@@ -36,6 +45,10 @@ EVENT_OF: dict[State, EventKind] = {
 
 CLOSE_RETRY_FIRST = 0.05
 CLOSE_RETRY_MAX = 2.0
+# Without a completer (run_once): how often an outcome whose row is locked elsewhere is tried again (L3').
+LOCKED_RETRY = 0.25
+# Returned attempts whose outcome write was given up, remembered by job id (L6'): at most this many.
+LOST_MAX = 10_000
 
 
 class _NotOurs(Exception):
@@ -78,6 +91,22 @@ class Runner:
         # cue to read the earliest due time again, since no NOTIFY announces such a row (SPEC S7).
         self.on_waiting: Callable[[], None] = lambda: None
         self.events: EventSink | None = None  # set by the engine: events after commit (SPEC N1)
+        # Job id -> the claim of an attempt whose handler returned but whose done could not be
+        # written before its lease ran out (L6'): a later claim of the job is its done, not poison.
+        self._lost: OrderedDict[str, Claim] = OrderedDict()
+        self._lost_lock = threading.Lock()
+
+    def remember_lost(self, job_id: str, claim: Claim) -> None:
+        """Remember that *job_id*'s handler returned (its done unwritten, its lease gone, L6')."""
+        with self._lost_lock:
+            self._lost[job_id] = claim
+            while len(self._lost) > LOST_MAX:
+                self._lost.popitem(last=False)
+
+    def take_lost(self, job_id: str) -> Claim | None:
+        """The claim of *job_id* whose done was lost, if this engine remembers one (then forgotten)."""
+        with self._lost_lock:
+            return self._lost.pop(job_id, None)
 
     # --- running ---------------------------------------------------------
 
@@ -191,6 +220,8 @@ class Runner:
         try:
             if a.end(Phase.RETURNED if error is None else Phase.RAISED):
                 self.settle(a, error)
+            elif a.ending is Phase.GAVE_UP:
+                self.settle_given_up(a)  # its lease was kept for this moment (C4')
             else:
                 self._late(a, error)
         finally:
@@ -220,9 +251,22 @@ class Runner:
             return
         self.put(outcome)
 
+    def settle_given_up(self, a: Attempt) -> None:
+        """Write the failure of an attempt given up at max_execution_timeout, once its handler ended
+        or was declared hung, whichever comes first (C4'); until then its lease was kept."""
+        if not a.settling_if(Phase.GAVE_UP):
+            return
+        hard = a.kind.options.td("max_execution_timeout").total_seconds()
+        error = MaxExecutionExceeded(f"max_execution_timeout of {hard:g}s elapsed")
+        outcome = self._outcome_of(a, Phase.GAVE_UP, error)
+        if outcome is not None:
+            self.put(outcome)
+
     def settling_outcome(self, a: Attempt, error: BaseException | None) -> Outcome | None:
         """Move *a* to settling and decide its outcome; None when nothing is to be written (then settled)."""
-        phase = a.settling()
+        return self._outcome_of(a, a.settling(), error)
+
+    def _outcome_of(self, a: Attempt, phase: Phase, error: BaseException | None) -> Outcome | None:
         ending = Ending(phase, error=error, cause=a.ctx.cause, stopping=self.stopping())
         outcome = self._decide(a, ending)
         if outcome is None:
@@ -250,9 +294,16 @@ class Runner:
     def put(self, outcome: Outcome) -> None:
         """Hand *outcome* to the completer; write it at once without one, or once it stopped (C11)."""
         completer = self.completer
-        if completer is None or not completer.put(outcome):
-            batch = [outcome]
-            self.on_written(batch, self.repo.settle_many(batch))
+        if completer is not None and completer.put(outcome):
+            return
+        batch = [outcome]
+        while True:
+            written = self.repo.settle_many(batch)
+            locked: frozenset[str] = getattr(written, "locked", frozenset())
+            if outcome.claim_token not in locked or not self.inflight.still_held(outcome):
+                break
+            self.sleep(LOCKED_RETRY)  # its row is locked elsewhere: never waited on, tried again (L3')
+        self.on_written(batch, written)
 
     def on_written(self, batch: Sequence[Outcome], written: set[str]) -> None:
         settled: Counter[tuple[str, str]] = Counter()
@@ -290,6 +341,8 @@ class Runner:
             a = self.inflight.drop_outcome(o)
             if a is not None:
                 a.settled()
+                if a.ending is Phase.RETURNED:
+                    self.remember_lost(a.id, a.claim)
             self.log.warning(
                 "job id=%s topic=%s: %s not written: the store was unreachable for a whole lease; "
                 "the reaper returns the job",
@@ -337,7 +390,7 @@ class Runner:
                 self.sleep(delay)
                 delay = min(delay * 2, CLOSE_RETRY_MAX)
                 continue
-            except Exception as exc:
+            except BaseException as exc:  # SystemExit, KeyboardInterrupt too: the attempt settles (C11')
                 self.log.error(
                     "job id=%s topic=%s attempt=%d: closing transaction failed; recording a failed attempt",
                     a.id,
@@ -350,6 +403,8 @@ class Runner:
                     self._nothing(a)
                 else:
                     self.put(outcome)
+                if not isinstance(exc, Exception) and threading.current_thread() is threading.main_thread():
+                    raise  # run_once in the caller's thread: its Ctrl-C or exit goes on, the row settled
                 return
             break
         self._nothing(a)
@@ -361,6 +416,7 @@ class Runner:
 
     def _give_up_close(self, a: Attempt, exc: BaseException) -> None:
         self._nothing(a)
+        self.remember_lost(a.id, a.claim)
         self.log.warning(
             "job id=%s topic=%s: closing transaction not written (%s) and the lease is lost; "
             "the reaper returns the job",

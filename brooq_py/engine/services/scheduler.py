@@ -1,10 +1,15 @@
 """Scheduler: periodic jobs from cron expressions (SPEC Q4).
 
 Every engine that declares a schedule enqueues its ticks; no leader is
-elected. Each tick's job carries an idempotency key derived from the topic's
-tick time (``cron:<tick in UTC, ISO 8601>``), so however many engines (or
-restarts) enqueue a tick, exactly one row exists for it while that row lives
-(SPEC E1). Ticks missed while no engine ran are not made up, except the
+elected. The database remembers the last tick enqueued per schedule (the
+``schedule_tick`` table, keyed by the topic): a tick is enqueued only by the
+transaction that moves that mark forward to it, together with its job, so
+however many engines (or restarts) see a tick, and whatever retention deleted
+since, it yields exactly one job (SPEC Q4'); a tick older than the mark is
+never enqueued (between engines with skewed clocks, the one ahead decides).
+Each tick's job still carries an idempotency key derived from the tick time
+(``cron:<tick in UTC, ISO 8601>``), which engines of the previous release
+rely on. Ticks missed while no engine ran are not made up, except the
 latest, and only when it is at most one period old (the gap between it and
 the tick before it). Cron expressions are read by cronsim: five fields, or
 six with a leading seconds field.
@@ -100,14 +105,14 @@ class Scheduler(Ticker):
     def __init__(
         self,
         schedules: Sequence[Schedule],
-        enqueue: Callable[[Job], EnqueueResult],
+        enqueue_tick: Callable[[str, datetime, Job], EnqueueResult | None],
         now: Callable[[], datetime],
         next_tick: Callable[[str, float], None],
         log: logging.Logger,
     ) -> None:
         super().__init__(MAX_SLEEP, log)
         self.schedules = list(schedules)
-        self._enqueue = enqueue
+        self._enqueue_tick = enqueue_tick
         self._now = now
         self._next_tick = next_tick
         self._failed = False
@@ -123,12 +128,14 @@ class Scheduler(Ticker):
             # later, a due tick is the latest at or before now (older ones missed meanwhile are skipped).
             if s.next_tick is not None or now - due <= due - before:
                 try:
-                    result = self._enqueue(s.job(due))
+                    result = self._enqueue_tick(s.topic, due, s.job(due))
                 except Exception as exc:
                     self._failed = True
                     self.log.warning("scheduler: enqueueing %s tick %s failed: %s", s.topic, due, exc)
                     continue
-                if result.created:
+                if result is None:
+                    self.log.debug("scheduler: %s tick %s was enqueued already", s.topic, due)
+                elif result.created:
                     self.log.debug("scheduler: enqueued %s tick %s as %s", s.topic, due, result.id)
             s.next_tick = s.after(now)
             self._next_tick(s.topic, s.next_tick.timestamp())

@@ -10,16 +10,17 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Sequence
+from datetime import datetime
 
 from brooq_py.engine.attempt.capacity import CountingInFlight
 from brooq_py.engine.attempt.supervisor import Supervisor
 from brooq_py.engine.clock import Clock
 from brooq_py.engine.config import Config
 from brooq_py.engine.metrics import Metrics
-from brooq_py.engine.repo import Repo
+from brooq_py.engine.repo import ExpiredLease, Repo
 from brooq_py.engine.services.events import EventBus
 from brooq_py.engine.services.heartbeat import Heartbeat
-from brooq_py.engine.services.reaper import Reaper
+from brooq_py.engine.services.reaper import Reaper, reap_hold
 from brooq_py.engine.services.retention import Retention
 from brooq_py.engine.services.scheduler import Schedule, Scheduler
 from brooq_py.engine.services.ticker import Ticker
@@ -36,12 +37,13 @@ def background_services(
     supervisor: Supervisor,
     built: Sequence[Ticker],
     schedules: Sequence[Schedule],
-    enqueue: Callable[[Job], EnqueueResult],
+    enqueued: Callable[[Job], None],
     log: logging.Logger,
     events: EventBus,
 ) -> list[Ticker]:
     """The heartbeat, the watchdog and the reaper, then *built* (the services the engine made
-    itself), then the scheduler when there are *schedules* and retention when it is enabled."""
+    itself), then the scheduler when there are *schedules* and retention when it is enabled.
+    *enqueued* wakes the engine's own services for a job it enqueued."""
     services: list[Ticker] = [
         Heartbeat(
             cfg.heartbeat_period,
@@ -50,6 +52,7 @@ def background_services(
             supervisor.lease_lost,
             log,
             clock,
+            on_canceled=supervisor.canceled,
         ),
         Watchdog(
             inflight.running,
@@ -65,9 +68,11 @@ def background_services(
         ),
         Reaper(
             cfg.effective_reaper_period,
+            repo.expired_leases,
             functools.partial(_reap, repo, events),
             lambda t: metrics.child(metrics.reaped, t).inc(),
             log,
+            hold=reap_hold(cfg.heartbeat_period),
         ),
         *built,
     ]
@@ -75,7 +80,7 @@ def background_services(
         services.append(
             Scheduler(
                 schedules,
-                enqueue,
+                tick_enqueuer(repo, metrics, enqueued),
                 clock.now,
                 lambda t, at: metrics.child(metrics.schedule_next, t).set(at),
                 log,
@@ -95,9 +100,26 @@ def background_services(
     return services
 
 
-def _reap(repo: Repo, events: EventBus) -> list[tuple[str, str]]:
-    """Reap expired leases; each row is a ``requeued`` event (attempt 0: not known here)."""
-    rows = repo.reap_expired()
+def tick_enqueuer(
+    repo: Repo, metrics: Metrics, enqueued: Callable[[Job], None]
+) -> Callable[[str, datetime, Job], EnqueueResult | None]:
+    """The scheduler's enqueue: a tick goes in only with its schedule's last tick (SPEC Q4'),
+    counted and waking the engine as ``Engine.enqueue`` does."""
+
+    def enqueue_tick(schedule: str, tick: datetime, job: Job) -> EnqueueResult | None:
+        result = repo.enqueue_tick(schedule, tick, job)
+        if result is not None and result.created:
+            metrics.child(metrics.enqueued, job.topic).inc()
+            enqueued(job)
+        return result
+
+    return enqueue_tick
+
+
+def _reap(repo: Repo, events: EventBus, leases: Sequence[ExpiredLease]) -> list[tuple[str, str]]:
+    """Reap the expired leases the reaper saw long enough; each row is a ``requeued`` event
+    (attempt 0: not known here)."""
+    rows = repo.reap(leases)
     if events.active:
         for job_id, topic in rows:
             events.emit("requeued", job_id, topic, 0)

@@ -1,0 +1,121 @@
+"""Operators holding row locks past the lease on running jobs while three workers drain (SPEC P1').
+
+Lease 3 s. Operator sessions (``SELECT ... FOR UPDATE`` in a transaction of
+their own, as from psql) pick random running jobs and keep the row locked for
+longer than the lease, again and again, while three worker processes drain
+3,000 jobs; thirty of them run for eight seconds, so locks meet handlers that
+are still running. A row lock held elsewhere never lets the lease of a running
+handler expire: no worker dies here, so no claim is reaped at all (nor while its
+handler runs), no job runs twice at once, and (max_attempts=1) no job whose
+handler succeeded ends dead.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from tests.chaos import invariants, overlaps
+from tests.chaos.conftest import Worker, enqueue_parents, settled
+from tests.polling import wait_for
+
+LEASE = 3.0
+HOLD = LEASE + 1.5  # each operator lock outlives the lease
+JOBS = 3000
+LONG = 8.0
+
+
+def payloads(rng: random.Random) -> list[dict[str, float]]:
+    # The long ones come in the first half of the queue: they end while the short ones drain.
+    return [
+        {"n": i, "sleep": LONG if i % 50 == 0 and i < JOBS // 2 else round(rng.uniform(0, 0.01), 4)}
+        for i in range(JOBS)
+    ]
+
+
+class Operator(threading.Thread):
+    """Locks one random running job's row at a time for HOLD seconds, in its own transaction."""
+
+    def __init__(self, dsn: str, schema: str, seed: int) -> None:
+        super().__init__(name=f"operator-{seed}", daemon=True)
+        self.dsn = dsn
+        self.schema = sql.Identifier(schema)
+        self.rng = random.Random(seed)
+        self.stopping = threading.Event()
+        self.locks = 0
+
+    def run(self) -> None:
+        with psycopg.connect(self.dsn, application_name="operator") as conn:
+            while not self.stopping.is_set():
+                with conn.transaction():
+                    # Running jobs, those whose handler started within the last second first: a lock
+                    # early in a long handler's life outlasts the lease while the handler still runs.
+                    running = conn.execute(
+                        sql.SQL(
+                            "SELECT j.id FROM {s}.job j JOIN {s}.chaos_exec e ON e.claim_token = j.claim_token"
+                            " WHERE j.state = 'processing' AND e.ended_at IS NULL"
+                            " ORDER BY e.started_at > clock_timestamp() - interval '1 second' DESC, random()"
+                            " LIMIT 3"
+                        ).format(s=self.schema)
+                    ).fetchall()
+                    if running:
+                        conn.execute(
+                            sql.SQL("SELECT id, state FROM {}.job WHERE id = %s FOR UPDATE").format(
+                                self.schema
+                            ),
+                            [self.rng.choice(running)[0]],
+                        )
+                        self.locks += 1
+                        self.stopping.wait(HOLD)  # the operator's transaction stays open
+                if not running:
+                    self.stopping.wait(0.05)
+
+
+@pytest.mark.parametrize("max_attempts", [1, 3])
+def test_operator_row_locks_past_the_lease_never_put_a_job_on_two_workers_P1(
+    dsn: str,
+    chaos_schema: str,
+    spawn: Callable[..., Worker],
+    max_attempts: int,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    began = time.monotonic()
+    ids = enqueue_parents(dsn, chaos_schema, payloads(random.Random(19)))
+    workers = [
+        spawn(dsn, chaos_schema, workers=4, lease=LEASE, watchdog_grace=LEASE, max_attempts=max_attempts)
+        for _ in range(3)
+    ]
+    operators = [Operator(dsn, chaos_schema, seed) for seed in range(3)]
+    for op in operators:
+        op.start()
+    try:
+        wait_for(lambda: settled(dsn, chaos_schema, ids), "the drain under operator locks", 90, 0.2)
+    finally:
+        for op in operators:
+            op.stopping.set()
+        for op in operators:
+            op.join(HOLD + 10)
+    for w in workers:
+        assert w.stop() == 0, w.log_tail()
+    problems = (
+        overlaps.reaped(dsn, chaos_schema)
+        + overlaps.reaped_while_running(dsn, chaos_schema)
+        + overlaps.overlapping_runs(dsn, chaos_schema)
+        + overlaps.succeeded_but_dead(dsn, chaos_schema)
+    )
+    report = invariants.check(dsn, chaos_schema, ids)
+    with capsys.disabled():
+        print(
+            f"\n[chaos] row locks (max_attempts={max_attempts}): jobs={report.jobs} states={report.states} "
+            f"operator locks={sum(op.locks for op in operators)} claims={report.claims} reaps={report.reaps} "
+            f"problems={len(problems)} {time.monotonic() - began:.1f}s"
+        )
+    assert not problems, "P1' broken by operator row locks:\n" + "\n".join(problems[:20])
+    report.assert_ok()
+    assert report.states == {"done": JOBS}
