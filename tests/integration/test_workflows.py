@@ -151,6 +151,26 @@ def test_d1_keyed_child_already_there_adds_no_edges(store: Store, db: psycopg.Co
     again = store.enqueue(Job("c", idempotency_key="k", after=[p2]))
     assert again == (first.id, False)
     assert edges(db) == {(p1, first.id)}
+    # A cycle cannot be made through a key: the existing job gains no parent, its child stays its child.
+    grandchild = store.enqueue(Job("g", after=[first.id])).id
+    assert store.enqueue(Job("c", idempotency_key="k", after=[grandchild])) == (first.id, False)
+    assert edges(db) == {(p1, first.id), (first.id, grandchild)}
+    row = store.get(first.id)
+    assert row is not None and row.parents == (p1,)
+
+
+def test_d2_any_update_to_done_releases_children(store: Store, db: psycopg.Connection[Any]) -> None:
+    """The release is the database's: a settle of the previous release's code, or psql, releases too."""
+    p = store.enqueue(Job("p")).id
+    child = store.enqueue(Job("c", after=[p])).id
+    db.execute(
+        "UPDATE job SET state = 'processing', locked_by = 'old', locked_until = now() WHERE id = %s", (p,)
+    )
+    assert state(store, child) is State.BLOCKED
+    db.execute(
+        "UPDATE job SET state = 'done', updated_at = now() WHERE id = %s AND state = 'processing'", (p,)
+    )
+    assert state(store, child) is State.PENDING
 
 
 # -- D2: release ---------------------------------------------------------------------------
