@@ -273,15 +273,9 @@ def enqueue_many(q: Queries, jobs: Sequence[Job], caps: TopicCaps) -> Plan[list[
 
 
 def _cap_params(jobs: Sequence[Job], todo: list[int], known: Mapping[str, int]) -> dict[str, str]:
-    counts: dict[str, int] = {}
-    for i in todo:
-        if jobs[i].topic in known:
-            counts[jobs[i].topic] = counts.get(jobs[i].topic, 0) + 1
-    return {
-        "cap_topics": text_array(list(counts)),
-        "caps": int_array(known[t] for t in counts),
-        "cap_counts": int_array(counts.values()),
-    }
+    """The batch's capped topics and their caps; the statement counts the jobs it would write."""
+    topics = list(dict.fromkeys(jobs[i].topic for i in todo if jobs[i].topic in known))
+    return {"cap_topics": text_array(topics), "caps": int_array(known[t] for t in topics)}
 
 
 def _enqueue_many(

@@ -63,7 +63,7 @@ class Runner:
     the loop's thread). A plain outcome goes to the Completer (batched); a
     RETURNED attempt with ``chain``/``on_succeeded`` closes in its own
     transaction: chained enqueues and callbacks first, the guarded row write
-    last, all or nothing (SPEC C9).
+    last, all or nothing (SPEC C9); chained jobs with a unique key after it.
     """
 
     def __init__(
@@ -365,11 +365,14 @@ class Runner:
             try:
                 with self.repo.begin() as tx:
                     for job in claim.chained:
-                        self.repo.enqueue_tx(tx, job)
+                        if job.unique_key is None:
+                            self.repo.enqueue_tx(tx, job)
                     for fn in claim.callbacks:
                         fn(tx)
                     if not self.repo.settle_tx(tx, done):
                         raise _NotOurs
+                    for job in [j for j in claim.chained if j.unique_key is not None]:
+                        self.repo.enqueue_tx(tx, job)  # after the done, which frees this job's key (U2)
             except _NotOurs:
                 self._nothing(a)
                 self.log.info(
