@@ -13,8 +13,9 @@
 -- locked, never written. A job waits for its parents not yet done (blocked,
 -- waiting_parents); with all of them done it is pending (or scheduled) at once; a
 -- parent already dead or canceled makes it canceled at birth (D3).
--- SPEC F2 as job_enqueue_many: when a capped topic would go past its cap, nothing is
--- written and a row (NULL, NULL, topic) names each such topic.
+-- SPEC F2 as job_enqueue_many: when the new jobs of a capped topic (those whose key no
+-- row holds yet) would take it past its cap, nothing is written and a row
+-- (NULL, NULL, topic) names each such topic.
 WITH input AS (
     SELECT *
     FROM ROWS FROM (unnest(%(ids)s::uuid[]), unnest(%(topics)s::text[]),
@@ -22,10 +23,17 @@ WITH input AS (
                     unnest(%(available_at)s::timestamptz[]), unnest(%(priorities)s::int[]),
                     jsonb_array_elements(%(after)s::jsonb))
          WITH ORDINALITY AS u(id, topic, payload, key, available_at, priority, after, ord)
+), fresh AS (
+    SELECT c.topic, c.cap,
+           (SELECT count(*) FROM input i
+            WHERE i.topic = c.topic
+              AND NOT EXISTS (SELECT FROM {job} e WHERE e.topic = i.topic AND e.idempotency_key = i.key)) AS n
+    FROM unnest(%(cap_topics)s::text[], %(caps)s::int[]) AS c(topic, cap)
 ), too_deep AS (
     SELECT c.topic
-    FROM unnest(%(cap_topics)s::text[], %(caps)s::int[], %(cap_counts)s::int[]) AS c(topic, cap, n)
-    WHERE (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = c.topic AND state = 'pending' LIMIT c.cap) AS p)
+    FROM fresh c
+    WHERE c.n > 0
+      AND (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = c.topic AND state = 'pending' LIMIT c.cap) AS p)
         + (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = c.topic
                                      AND state IN ('scheduled', 'failed', 'blocked') LIMIT c.cap) AS w)
         + c.n > c.cap
