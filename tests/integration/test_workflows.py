@@ -415,6 +415,11 @@ def test_d1_f2_a_full_topic_refuses_a_blocked_job_and_counts_blocked_ones(
             assert store.enqueue_tx(tx, Job("other")).created  # the transaction is still usable
     assert {state(store, r.id) for r in first} == {State.BLOCKED}
     assert edges(db) == {(p, r.id) for r in first}
+    # a duplicate writes nothing, so a full topic answers it with its holder
+    store.set_max_depth("c", None)
+    keyed = store.enqueue(Job("c", idempotency_key="k", after=[p]))
+    store.set_max_depth("c", 3)
+    assert store.enqueue_many([Job("c", idempotency_key="k", after=[p])]) == [(keyed.id, False)]
 
 
 def test_d1_after_with_a_unique_key_is_refused(store: Store) -> None:
