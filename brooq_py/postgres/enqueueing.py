@@ -418,3 +418,11 @@ def row_of(r: tuple[Any, ...]) -> JobRow:
         updated_at=r[12],
         parents=tuple(str(p) for p in r[14] or ()),
     )
+
+
+def list_jobs(q: Queries, topic: str | None, state: str | None, limit: int) -> Plan[list[JobRow]]:
+    """Read the newest jobs first, of one topic and/or state (all when None), at most *limit*."""
+    if state is not None:
+        state = str(State(state))  # an unknown state is a ValueError here, not an empty answer
+    rows = yield q["job_list"], {"topic": topic, "state": state, "limit": max(0, int(limit))}
+    return [row_of(r) for r in rows]

@@ -1,18 +1,13 @@
-"""docs/workflows.md: its complete program runs, and its SQL retries a dead parent's branch (SPEC D3)."""
+"""docs/workflows.md: its SQL puts a dead parent's branch back (SPEC D3); its program runs in test_readme_snippets."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import psycopg
-import pytest
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 from brooq_py.postgres import Store
 from brooq_py.queue import Job, State
@@ -20,30 +15,11 @@ from brooq_py.queue.port import Outcome
 from tests.integration.test_workflows import LEASE, finish, state
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "workflows.md"
-PROGRAM = re.compile(r"<!-- docs-snippet: workflows -->\n```python\n(.*?)```", re.S)
 RETRY = re.compile(r"<!-- docs-sql: retry-branch -->\n```sql\n(.*?)```", re.S)
-SETTLE = Path(__file__).resolve().parents[2] / "brooq_py" / "postgres" / "sql" / "job_settle_many.sql"
 
 
 def page() -> str:
     return PAGE.read_text(encoding="utf-8")
-
-
-@pytest.mark.xfail(
-    "result" not in SETTLE.read_text(encoding="utf-8"),
-    reason="the fan-in reads its parents' results: needs handler return values stored with the done (V1)",
-    run=False,
-)
-def test_the_workflow_program_runs(dsn: str, schema: str, tmp_path: Path) -> None:
-    (program,) = PROGRAM.findall(page())
-    script = tmp_path / "snippet_workflows.py"
-    script.write_text(program, encoding="utf-8")
-    env = {**os.environ, "DATABASE_URL": make_conninfo(dsn), "BROOQ_SCHEMA": schema}
-    done = subprocess.run(
-        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "{'shards': 10, 'rows': 1045}"
 
 
 def test_d3_the_documented_sql_puts_a_dead_parents_branch_back(store: Store, dsn: str, schema: str) -> None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from brooq_py.engine.attempt.attempt import Attempt, HandlerState, Phase
 from brooq_py.engine.attempt.inflight import InFlight
-from brooq_py.engine.attempt.outcome import Ending, decide, describe_error
+from brooq_py.engine.attempt.outcome import Ending, decide, describe_error, what_then
 from brooq_py.engine.attempt.sink import OutcomeSink
 from brooq_py.engine.attempt.slots import AsyncRunner, Threads
 from brooq_py.engine.metrics import Metrics
@@ -273,7 +273,7 @@ class Runner:
             self._nothing(a)
             return None
         if phase is Phase.RAISED and error is not None:
-            self._log_failure(a, error)
+            self._log_failure(a, error, outcome)
         return outcome
 
     def _decide(self, a: Attempt, ending: Ending) -> Outcome | None:
@@ -428,22 +428,19 @@ class Runner:
             exc,
         )
 
-    def _log_failure(self, a: Attempt, error: BaseException) -> None:
+    def _log_failure(self, a: Attempt, error: BaseException, outcome: Outcome) -> None:
+        then = what_then(outcome)  # the last attempt's failure says the job is now dead
         if any(find_signal(error, s) is not None for s in (MustCancelTask, MustDelay, MustPreserveAttempt)):
-            self.log.info(
-                "job id=%s topic=%s attempt=%d: handler signalled %s",
-                a.id,
-                a.topic,
-                a.claim.attempt,
-                describe_error(error),
-            )
+            msg = "job id=%s topic=%s attempt=%d: handler signalled %s%s"
+            self.log.info(msg, a.id, a.topic, a.claim.attempt, describe_error(error), then)
             return
         self.log.error(
-            "job id=%s topic=%s attempt=%d/%d failed: %s",
+            "job id=%s topic=%s attempt=%d/%d failed: %s%s",
             a.id,
             a.topic,
             a.claim.attempt,
             a.claim.max_attempts,
             describe_error(error),
+            then,
             exc_info=error,
         )
