@@ -178,3 +178,19 @@ def test_d1_d6_asyncstore_enqueues_parents_and_groups(dsn: str, schema: str, sto
             await pool.close()
 
     asyncio.run(main())
+
+
+def test_k4_drain_runs_a_workflow_to_its_end(store: Store, engines: Callable[..., Engine]) -> None:
+    """The testing kit's drain releases blocked jobs as an engine does: a diamond ends done, in order."""
+    from brooq_py.testing import drain
+
+    starts = Starts(store)
+    e = engines()
+    for topic in ("wf.a", "wf.b", "wf.c", "wf.d"):
+        e.register_kind(topic, starts.handler)
+    a = store.enqueue(Job("wf.a")).id
+    b, c = (r.id for r in store.enqueue_many([Job("wf.b", after=[a]), Job("wf.c", after=[a])]))
+    d = store.enqueue(Job("wf.d", after=[b, c])).id
+    report = drain(e)
+    assert report.done == 4 and done(store, a, b, c, d)
+    assert starts.seen[d] == {b: State.DONE, c: State.DONE} and starts.started_after_parents()
