@@ -204,6 +204,9 @@ class Repo(Protocol):
 
     def cancel(self, job_id: str) -> bool: ...
     def get(self, job_id: str) -> JobRow | None: ...
+    def parent_results(self, job_id: str) -> dict[str, Any]:
+        """Each parent's result of *job_id* by parent id (``Job.after``; SPEC D4), in one statement."""
+        ...
 
     # worker side
     def claim(self, topics: Sequence[str], limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:

@@ -215,6 +215,9 @@ class FakeRepo:
                 self.rows = snapshot
                 raise
 
+    def parent_results(self, job_id: str) -> dict[str, Any]:
+        return {}
+
     def cancel(self, job_id: str) -> bool:
         with self.lock:
             r = self.rows.get(job_id)

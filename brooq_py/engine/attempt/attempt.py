@@ -126,7 +126,14 @@ class Attempt:
         "started",
     )
 
-    def __init__(self, row: ClaimedJob, kind: Kind, started: float, ctx: Context) -> None:
+    def __init__(
+        self,
+        row: ClaimedJob,
+        kind: Kind,
+        started: float,
+        ctx: Context,
+        parents: Callable[[str], dict[str, Any]] | None = None,
+    ) -> None:
         opts = kind.options
         self.row = row
         self.kind = kind
@@ -140,6 +147,7 @@ class Attempt:
             lease=Lease(row.locked_by, row.locked_until),
             claim_token=row.claim_token,
             priority=row.priority,
+            parents=parents,
         )
         self.started = started
         # When the database last confirmed the lease (monotonic): the claim's return, then each renewal (L4).
