@@ -8,7 +8,7 @@
 -- (-1, that id): the caller raises InvalidJob with its transaction still usable.
 -- Each parent that has not ended is updated (has_children) rather than read: the row
 -- lock makes a concurrent settle of the parent wait for this commit, after which the
--- release trigger (migration 0015) sees the edge; a settle that committed first is
+-- release trigger (migration 0012) sees the edge; a settle that committed first is
 -- seen here as the parent's new state. A parent that has ended is only key-share
 -- locked, never written. A job waits for its parents not yet done (blocked,
 -- waiting_parents); with all of them done it is pending (or scheduled) at once; a

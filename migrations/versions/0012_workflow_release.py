@@ -1,4 +1,4 @@
-"""0015 workflows: a parent's end releases or cancels its children in the same transaction (SPEC D2, D3).
+"""0012 workflows: a parent's end releases or cancels its children in the same transaction (SPEC D2, D3).
 
 - ``job.has_children`` (boolean, default false: no row is rewritten) is set on
   a parent by the statement that enqueues a child naming it. That statement
@@ -27,7 +27,7 @@ end. An enqueue that waits instead for a settle reads the parent's new state.
 
 from alembic import op
 
-revision = "0015"
+revision = "0012"
 down_revision = "0011"
 branch_labels = None
 depends_on = None
