@@ -4,7 +4,8 @@
 
 Runs the PostgreSQL ceilings (raw psycopg INSERT+COMMIT, executemany, the pgbench
 one-commit-per-job claim script) and the workloads W1-W7 (W1a, W2a: W1 and W2 through
-AsyncStore) plus the memory drain,
+AsyncStore) plus the memory drain and CXL (the cancel trigger's cost on W1 and W3,
+cancel-to-ctx latency),
 each in a fresh schema of the database brooq_py.devdb.acquire() finds, prints a
 table with PASS/MISS against each target and writes the figures to
 bench/results/latest.json. Ratios are taken within this run on this server only.
@@ -20,6 +21,7 @@ import logging
 import math
 import os
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -31,6 +33,7 @@ sys.path.insert(0, str(HERE))
 import async_producer  # noqa: E402
 import baselines  # noqa: E402
 import big_table  # noqa: E402
+import cancel  # noqa: E402
 import flow  # noqa: E402
 import limits  # noqa: E402
 import psycopg  # noqa: E402
@@ -40,6 +43,7 @@ import scrape  # noqa: E402
 import w7  # noqa: E402
 import w8  # noqa: E402
 import web  # noqa: E402
+import workflows  # noqa: E402
 import workloads  # noqa: E402
 from util import fresh_schema  # noqa: E402
 
@@ -69,6 +73,8 @@ WORKLOADS = (
     "RATE",
     "RES",
     "W10",
+    "CXL",
+    "WF",
 )
 # Run only by --full or when named in --only: the 10,000,000-row table takes minutes to build.
 FULL_ONLY = frozenset({"W10"})
@@ -94,6 +100,10 @@ _DEFAULT: dict[str, Any] = dict(
     dash=1_000_000,
     w10_terminal=9_900_000,
     w10_active=100_000,
+    cxl_w1=5_000,
+    cxl_w3=10_000,
+    cxl_latency=200,
+    wf_parents=10_000,
 )
 
 SIZES: dict[str, dict[str, Any]] = {
@@ -118,6 +128,10 @@ SIZES: dict[str, dict[str, Any]] = {
         dash=50_000,
         w10_terminal=200_000,
         w10_active=10_000,
+        cxl_w1=500,
+        cxl_w3=1000,
+        cxl_latency=20,
+        wf_parents=1000,
     ),
     "default": _DEFAULT,
     # the long variants: a 200k-job memory drain, a bigger W7, longer ceilings
@@ -450,9 +464,42 @@ def evaluate(r: dict[str, Any]) -> list[dict[str, Any]]:
         )
     if "Q3" in r:
         rows.extend(q3_rows(r["Q3"]))
+    if "CXL" in r:
+        rows.extend(cxl_rows(r["CXL"]))
     rows.extend(flow_rows(r))
+    if "WF" in r and "error" not in r["WF"]:
+        rows.extend(workflows.wf_rows(r["WF"]))
     if "RES" in r:
         rows.extend(results_cost.rows(r["RES"]))
+    return rows
+
+
+def cxl_rows(c: dict[str, Any]) -> list[dict[str, Any]]:
+    """The cancel trigger's cost on W1 and W3 (with / without, same run) and cancel-to-ctx latency."""
+    rows = []
+    for key, label in (("w1", "W1 enqueue one/tx"), ("w3", "W3 drain workers=4")):
+        w = c["cost"][key]
+        rows.append(
+            {
+                "workload": f"CXL {label} with the cancel trigger",
+                "measured": f"{statistics.median(w['with_per_s']):,.0f} vs "
+                f"{statistics.median(w['without_per_s']):,.0f}/s without",
+                "target": ">= 0.97 x without",
+                "ratio": round(w["ratio"], 3),
+                "verdict": "PASS" if w["ratio"] >= 0.97 else "MISS",
+            }
+        )
+    lat = c["latency"]
+    ok = lat["p99_ms"] <= 1000 and lat["all_by_operator"]
+    rows.append(
+        {
+            "workload": f"CXL cancel -> ctx, lease {lat['lease_s']:g} s, {lat['n']} cancels",
+            "measured": f"p50 {lat['p50_ms']:.1f} / p99 {lat['p99_ms']:.1f} ms (max {lat['max_ms']:.1f})",
+            "target": "p99 <= 1 s, JobCanceledByOperator",
+            "ratio": None,
+            "verdict": "PASS" if ok else "MISS",
+        }
+    )
     return rows
 
 
@@ -585,6 +632,11 @@ def main(argv: list[str] | None = None) -> int:
             },
             "RES": lambda: results_cost.res(db.dsn, sz),
             "W10": lambda: big_table.w10_big_table(db.dsn, sz["w10_terminal"], sz["w10_active"]),
+            "CXL": lambda: {
+                "cost": cancel.trigger_cost(db.dsn, sz["cxl_w1"], sz["cxl_w3"]),
+                "latency": cancel.cancel_latency(db.dsn, sz["cxl_latency"]),
+            },
+            "WF": lambda: workflows.wf(db.dsn, sz["w3"], sz["wf_parents"]),
         }
         for name in selected:
             ceiling = None

@@ -160,11 +160,20 @@ class Probe:
 
 
 def drain(
-    dsn: str, n: int, workers: int, label: str, sample_rss: bool = False, store_factory: Any = None
+    dsn: str,
+    n: int,
+    workers: int,
+    label: str,
+    sample_rss: bool = False,
+    store_factory: Any = None,
+    revision: str = "head",
 ) -> dict[str, Any]:
-    """Enqueue *n* no-op jobs, then time one Engine draining them (start -> every row done in the DB)."""
+    """Enqueue *n* no-op jobs, then time one Engine draining them (start -> every row done in the DB).
+
+    *revision*: the migration the schema is at (an older schema under today's code).
+    """
     with (
-        fresh_schema(dsn, label) as schema,
+        fresh_schema(dsn, label, revision) as schema,
         store_on(dsn, schema, max_size=8, factory=store_factory) as store,
     ):
         seed(store, n)
@@ -350,7 +359,7 @@ def w6_heartbeat(dsn: str, in_flight: int = 1000, ticks: int = 30) -> dict[str, 
                 t0 = time.perf_counter()
                 alive = store.renew(leases, LEASE)
                 times.append(1000 * (time.perf_counter() - t0))
-                renewed.append(len(alive))
+                renewed.append(len(alive.held))
         finally:
             psycopg.Cursor.execute = real_execute  # type: ignore[method-assign]
     return {

@@ -152,6 +152,7 @@ class Engine(Producing):
             self.clock,
             self.worker_id,
             self.log,
+            self.supervisor,
         )
 
     # --- registration ------------------------------------------------------
@@ -280,7 +281,9 @@ class Engine(Producing):
                 batch=cfg.claim_batch,
                 next_due=self.capacity.next_due_in,
             )
-            wakers = wake_services(self.repo, cfg, self.topics, self._dispatcher.wake, self.log)
+            wakers = wake_services(
+                self.repo, cfg, self.topics, self._dispatcher.wake, self.log, on_cancel=self.intake.on_cancel
+            )
             self._services = background_services(
                 cfg,
                 self.repo,

@@ -3,11 +3,14 @@
 from brooq_py.queue.port import (
     ClaimedJob,
     DatabaseGauges,
+    ExpiredLease,
     Gauges,
     HeldLease,
     Listener,
     Outcome,
+    Renewal,
     Repo,
+    Settled,
     Staged,
     TopicCount,
 )
@@ -15,11 +18,14 @@ from brooq_py.queue.port import (
 __all__ = [
     "ClaimedJob",
     "DatabaseGauges",
+    "ExpiredLease",
     "Gauges",
     "HeldLease",
     "Listener",
     "Outcome",
+    "Renewal",
     "Repo",
+    "Settled",
     "Staged",
     "TopicCount",
 ]

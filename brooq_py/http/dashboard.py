@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -28,12 +28,12 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from brooq_py.http.actions import ActionError, Operator
-from brooq_py.http.api import BUSY, Gate, check_body
+from brooq_py.http.api import check_body
 from brooq_py.http.auth import SESSION_SECONDS, Role, Roles, is_loopback, loopback_name
-from brooq_py.http.render import jinja_env, shown
+from brooq_py.http.job_view import job_view
+from brooq_py.http.render import jinja_env
 from brooq_py.postgres.overview import FINISHED, STATES, WAITING, BadCursor, Overview
 from brooq_py.queue import ACTIVE_STATES, State
 
@@ -69,7 +69,8 @@ class Dashboard:
             Route("/", self.topics_page, name="topics"),
             Route("/topics.rows", self.topics_rows, name="topics_rows"),
             Route("/jobs", self.jobs_page, name="jobs"),
-            Route("/job/{job_id}", self.job_page, name="job"),
+            Route("/jobs/{job_id}", self.job_page, name="job"),
+            Route("/job/{job_id}", self.old_job_page, name="old_job"),
             Route("/dead", self.dead_page, name="dead"),
             Route("/login", self.login_page, methods=["GET", "POST"], name="login"),
             Route("/logout", self.logout, methods=["POST"], name="logout"),
@@ -245,19 +246,18 @@ class Dashboard:
         if refused:
             return refused
         try:
-            row = self.op.get(request.path_params["job_id"])
+            view = job_view(self.op, self.overview, request.path_params["job_id"])
         except ActionError as exc:
             return self._error(request, exc.status, exc.message)
-        context = {
-            "job": row,
-            "payload": shown(row.payload),
-            "result": shown(row.result) if row.result is not None else None,
-            "errors": list(reversed(row.errors)),  # the latest first
-            "retryable": row.state in RETRYABLE,
-            "cancelable": row.state in CANCELABLE,
-            "title": f"Job {row.id}",
-        }
+        state = view["job"].state
+        context = {**view, "retryable": state in RETRYABLE, "cancelable": state in CANCELABLE}
         return self._page(request, "job.html", context)
+
+    def old_job_page(self, request: Request) -> Response:
+        """The job page's former address: a permanent redirect to /jobs/<id> (the API's address too)."""
+        query = request.url.query
+        target = self._url(request, f"/jobs/{request.path_params['job_id']}") + (f"?{query}" if query else "")
+        return RedirectResponse(target, status_code=308)
 
     async def login_page(self, request: Request) -> Response:
         if not self.settings.login:
@@ -397,32 +397,6 @@ def _local(target: str | None) -> str:
     if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
         return "/"
     return target
-
-
-class Gated:
-    """At most ``gate.limit`` requests inside *app* at once; the next is answered 503 at once (SPEC Z2)."""
-
-    def __init__(self, app: ASGIApp, gate: Gate) -> None:
-        self.app = app
-        self.gate = gate
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        if not self.gate.enter():
-            await _send_busy(send)
-            return
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self.gate.leave()
-
-
-async def _send_busy(send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
-    headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in BUSY.all_headers()]
-    await send({"type": "http.response.start", "status": BUSY.status, "headers": headers})
-    await send({"type": "http.response.body", "body": BUSY.body})
 
 
 def build(

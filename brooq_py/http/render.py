@@ -2,24 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
-from typing import Any
 
 import jinja2
 
-BAR_WIDTH = 3
+BAR_WIDTH = 2
 CHART_HEIGHT = 28
-MAX_PAYLOAD_SHOWN = 256 * 1024  # characters of a job's pretty-printed payload (or result) on its page
-
-
-def shown(value: Any) -> str:
-    """*value* pretty-printed, cut so that a browser can open the page whatever was stored."""
-    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
-    if len(text) > MAX_PAYLOAD_SHOWN:
-        hidden = len(text) - MAX_PAYLOAD_SHOWN
-        text = f"{text[:MAX_PAYLOAD_SHOWN]}\n… {hidden:,} more characters not shown"
-    return text
 
 
 def age(seconds: float | None) -> str:

@@ -30,7 +30,7 @@ from brooq_py.postgres.async_wraptx import (
 )
 from brooq_py.postgres.caps import TopicCaps
 from brooq_py.postgres.enqueueing import drive_async, first_statement
-from brooq_py.postgres.errors import refused_by_read_only, translated, unavailable
+from brooq_py.postgres.errors import names_migration, refused_by_read_only, translated, unavailable
 from brooq_py.postgres.flow import checked_depth, checked_rate
 from brooq_py.postgres.operator_side import LIMIT_WAIT, checked_topic
 from brooq_py.postgres.producer import check_schema, no_pool
@@ -38,7 +38,7 @@ from brooq_py.postgres.queries import Queries, Query
 from brooq_py.postgres.runner import Rows
 from brooq_py.postgres.wait_side import AsyncWaitSide
 from brooq_py.postgres.waiting import AsyncWatch
-from brooq_py.queue import EnqueueResult, Job, JobRow, StoreUnavailable
+from brooq_py.queue import EnqueueResult, GroupResult, Job, JobRow, StoreUnavailable
 
 AsyncTx = AsyncWrapTx | psycopg.AsyncConnection[Any]
 
@@ -124,6 +124,7 @@ class AsyncStore(AsyncWaitSide):
         async with self._autocommit(doing) as conn:
             return await drive_async(plan, on_async_connection(conn), first)
 
+    @names_migration
     async def enqueue(self, job: Job) -> EnqueueResult:
         """Enqueue *job* in its own autocommit statement; return its id and whether this call created it.
 
@@ -140,6 +141,7 @@ class AsyncStore(AsyncWaitSide):
         await self._execute("enqueueing", query, params)
         return created
 
+    @names_migration
     async def enqueue_tx(self, tx: AsyncTx, job: Job) -> EnqueueResult:
         """Enqueue *job* inside the caller's transaction *tx* (SPEC E3); the caller commits.
 
@@ -153,6 +155,7 @@ class AsyncStore(AsyncWaitSide):
         with translated("enqueueing", conn):
             return await drive_async(plan, on_async_connection(conn))
 
+    @names_migration
     async def enqueue_many(self, jobs: Sequence[Job], tx: AsyncTx | None = None) -> list[EnqueueResult]:
         """Enqueue *jobs* in one statement (SPEC E5), in *tx* when given; results in input order.
 
@@ -169,6 +172,22 @@ class AsyncStore(AsyncWaitSide):
                 return await drive_async(plan, on_async_connection(conn))
         result: list[EnqueueResult] = await self._drive("enqueueing a batch", plan)
         return result
+
+    async def enqueue_group(
+        self, jobs: Sequence[Job], then: Job | None = None, tx: AsyncTx | None = None
+    ) -> GroupResult:
+        """Enqueue *jobs*, then *then* waiting for every one of them, in one transaction (SPEC D6).
+
+        *tx*: the caller's transaction (the caller commits); without it the group
+        commits in a transaction of its own on the pool. Validated first (InvalidJob, nothing written).
+        """
+        conn = async_connection_of(tx) if tx is not None else None
+        plan = plans.enqueue_group(self._q, jobs, then, self._caps)
+        with translated("enqueueing a group"):
+            if conn is not None:
+                return await drive_async(plan, on_async_connection(conn))
+            async with self.begin() as own:
+                return await drive_async(plan, on_async_connection(own.psycopg))
 
     @asynccontextmanager
     async def begin(self) -> AsyncIterator[AsyncWrapTx]:
@@ -187,7 +206,9 @@ class AsyncStore(AsyncWaitSide):
                 yield AsyncWrapTx(conn)
 
     async def cancel(self, job_id: str) -> bool:
-        """Cancel a pending, scheduled, failed or processing job (SPEC X1).
+        """Cancel a pending, scheduled, failed, blocked or processing job (SPEC X1, D3).
+
+        Its blocked descendants are canceled with it.
 
         Return False for terminal, unknown or malformed ids (never raise on a malformed id).
         """
@@ -210,6 +231,13 @@ class AsyncStore(AsyncWaitSide):
         except psycopg.errors.UniqueViolation:
             return False  # an active holder of its unique key committed meanwhile (SPEC U3)
         return done
+
+    async def list_jobs(
+        self, topic: str | None = None, state: str | None = None, limit: int = 50
+    ) -> list[JobRow]:
+        """Return the jobs of *topic* and/or *state* (every one when None), newest first, at most *limit*."""
+        rows: list[JobRow] = await self._drive("listing jobs", plans.list_jobs(self._q, topic, state, limit))
+        return rows
 
     async def set_rate_limit(
         self, topic: str, limit: int | None, per: float | timedelta = 1, *, burst: int | None = None

@@ -6,6 +6,7 @@ import hashlib
 
 _PREFIX = "brooq."
 _STAGE_PREFIX = "brooq_stage."
+_CANCEL_PREFIX = "brooq_cancel."
 _SETTLED_PREFIX = "brooq_settled."
 _MAX_IDENTIFIER_BYTES = 63
 
@@ -32,6 +33,14 @@ def stage_channel_for(schema: str) -> str:
     Its notifications say a job of the topic in the payload was scheduled.
     """
     return _named(_STAGE_PREFIX, schema)
+
+
+def cancel_channel_for(schema: str) -> str:
+    """Return the cancel channel of *schema*: ``brooq_cancel.<schema>`` (md5 past 63 bytes; migration 0011).
+
+    Its notifications say a processing job was canceled; the payload is ``"<id> <claim_token>"``.
+    """
+    return _named(_CANCEL_PREFIX, schema)
 
 
 def settled_channel_for(schema: str) -> str:

@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 
 from brooq_py.postgres.bounds import deadline, statement_budget
-from brooq_py.postgres.channel import channel_for, stage_channel_for
+from brooq_py.postgres.channel import cancel_channel_for, channel_for, stage_channel_for
 from brooq_py.postgres.errors import is_outage, translated, unavailable
 from brooq_py.postgres.queries import Queries
 
@@ -38,7 +38,9 @@ class PgListener:
     The connection is opened and LISTENs at construction (raise
     StoreUnavailable if the database cannot be reached). *topics* None: every
     wake-up counts. *on_scheduled*: also LISTEN on the stager's channel and call
-    it (from ``wait()``) for a scheduled job of one of the topics.
+    it (from ``wait()``) for a scheduled job of one of the topics. *on_cancel*:
+    also LISTEN on the cancel channel and call it (from ``wait()``) with the id
+    and claim token of each processing job canceled (SPEC X2').
     """
 
     def __init__(
@@ -49,6 +51,7 @@ class PgListener:
         *,
         topics: Sequence[str] | None = None,
         on_scheduled: Callable[[], None] | None = None,
+        on_cancel: Callable[[str, str], None] | None = None,
         probe_timeout: float | None = PROBE_TIMEOUT,
         ping_every: timedelta | None = None,
     ) -> None:
@@ -62,6 +65,8 @@ class PgListener:
         self._topics = None if topics is None else frozenset(topics)
         self._on_scheduled = on_scheduled
         self._stage_channel = stage_channel_for(queries.schema)
+        self._on_cancel = on_cancel
+        self._cancel_channel = cancel_channel_for(queries.schema)
         self._refused = False
         self._probe = f"brooq-probe:{uuid.uuid4()}"
         self._probe_deadline: float | None = None
@@ -72,6 +77,8 @@ class PgListener:
                 self._conn.execute(queries.listen.composed)
                 if on_scheduled is not None:
                     self._conn.execute(queries["listen_stage"].composed)
+                if on_cancel is not None:
+                    self._conn.execute(queries["listen_cancel"].composed)
                 if probe_timeout is not None:
                     with connect() as other:
                         other.execute(queries["listen_probe"].composed, {"payload": self._probe})
@@ -118,6 +125,11 @@ class PgListener:
                 return False
             self._probe_deadline = None  # something arrived: LISTEN works here
             if note.payload == self._probe:
+                continue
+            if note.channel == self._cancel_channel:
+                if self._on_cancel is not None:
+                    job_id, _, token = note.payload.partition(" ")
+                    self._on_cancel(job_id, token)
                 continue
             if note.channel == self._stage_channel:
                 if self._on_scheduled is not None and self._wanted(note.payload):

@@ -1,10 +1,10 @@
 """Named SQL statements: loaded once from ``sql/*.sql``, rendered per schema.
 
-Each file holds one statement with ``{job}``, ``{topic_setting}``, ``{schedule_tick}``,
+Each file holds one statement with ``{job}``, ``{job_edge}``, ``{topic_setting}``, ``{schedule_tick}``,
 ``{version_table}`` (the tables),
 ``{channel}`` (the wake-up channel as an identifier), ``{channel_literal}`` (as text) or
-``{stage_channel}`` (the stager's channel, ``{stage_channel_literal}`` as text),
-``{settled_channel}`` / ``{settled_channel_literal}`` (the results channel)
+``{stage_channel}`` (the stager's channel, ``{stage_channel_literal}`` as text), ``{cancel_channel}``
+(the cancel channel), ``{settled_channel}`` / ``{settled_channel_literal}`` (the results channel)
 placeholders and psycopg ``%(name)s`` parameters. A Store renders every
 statement once for its schema with ``psycopg.sql.Identifier`` and never sets
 ``search_path`` on a connection.
@@ -19,7 +19,7 @@ from importlib import resources
 
 from psycopg import sql
 
-from brooq_py.postgres.channel import channel_for, settled_channel_for, stage_channel_for
+from brooq_py.postgres.channel import cancel_channel_for, channel_for, settled_channel_for, stage_channel_for
 
 _BINARY_PLACEHOLDER = re.compile(r"%\((\w+)\)b")
 
@@ -51,6 +51,7 @@ def render(name: str, schema: str, *, rows: bool = True) -> Query:
     template = sql.SQL(load(name))
     composed = template.format(
         job=sql.Identifier(schema, "job"),
+        job_edge=sql.Identifier(schema, "job_edge"),
         topic_setting=sql.Identifier(schema, "topic_setting"),
         schedule_tick=sql.Identifier(schema, "schedule_tick"),
         version_table=sql.Identifier(schema, "brooq_alembic_version"),
@@ -58,6 +59,7 @@ def render(name: str, schema: str, *, rows: bool = True) -> Query:
         channel_literal=sql.Literal(channel_for(schema)),
         stage_channel=sql.Identifier(stage_channel_for(schema)),
         stage_channel_literal=sql.Literal(stage_channel_for(schema)),
+        cancel_channel=sql.Identifier(cancel_channel_for(schema)),
         settled_channel=sql.Identifier(settled_channel_for(schema)),
         settled_channel_literal=sql.Literal(settled_channel_for(schema)),
     )

@@ -11,12 +11,10 @@ _EPOCH = datetime.fromtimestamp(0, UTC)
 
 
 def job_row(r: Any) -> JobRow:
-    """Return the JobRow of one row of ``job_get`` (result, history and progress included).
-
-    A shorter row (``job_list``'s: the first 13 columns, then its own) leaves them at their defaults.
-    """
-    extra = r[13:19] if len(r) >= 19 else (None, None, None, None, None, None)
-    result, errors, progress, note, meta, parents = extra
+    """Return the JobRow of a row of ``job_get`` (result, history and progress included) or of
+    ``job_list`` (the 13 columns, unique_key, parents: the others left at their defaults)."""
+    parents = r[14] if len(r) > 14 else None
+    result, errors, progress, note, meta = r[15:20] if len(r) >= 20 else (None,) * 5
     return JobRow(
         id=str(r[0]),
         topic=r[1],
@@ -33,7 +31,7 @@ def job_row(r: Any) -> JobRow:
         updated_at=r[12],
         result=result,
         errors=attempt_errors(errors),
-        progress=progress,
+        progress=None if progress is None else float(progress),
         progress_note=note,
         meta=meta or {},
         parents=tuple(str(p) for p in parents or ()),

@@ -32,19 +32,20 @@ from brooq_py.postgres import enqueueing as plans
 from brooq_py.postgres.bounds import DEFAULT_LEASE, merged, statement_budget
 from brooq_py.postgres.caps import TopicCaps
 from brooq_py.postgres.enqueueing import drive, first_statement, parse_id
-from brooq_py.postgres.errors import dropped_if_read_only, translated
+from brooq_py.postgres.errors import dropped_if_read_only, names_migration, translated
 from brooq_py.postgres.flow_side import FlowSide
 from brooq_py.postgres.listener import PROBE_TIMEOUT, PgListener
 from brooq_py.postgres.operator_side import OperatorSide
 from brooq_py.postgres.own import OwnConnection
 from brooq_py.postgres.producer import check_schema, no_pool
 from brooq_py.postgres.queries import Queries, Query
-from brooq_py.postgres.runner import Rows, execute, on_connection, on_tx
+from brooq_py.postgres.runner import Rows, Runner, execute, on_connection, on_tx
 from brooq_py.postgres.wait_side import WaitSide
 from brooq_py.postgres.waiting import Watch
 from brooq_py.postgres.worker_side import WorkerSide
+from brooq_py.postgres.workflows import parent_results_params
 from brooq_py.postgres.wraptx import WrapTx, as_psycopg
-from brooq_py.queue import EnqueueResult, Job, JobRow, Tx
+from brooq_py.queue import EnqueueResult, GroupResult, Job, JobRow, Tx
 
 __all__ = ["Store", "parse_id"]
 
@@ -54,6 +55,9 @@ _NOT_LIBPQ = frozenset({"autocommit", "row_factory", "cursor_factory", "context"
 # The claim and settle connections' sessions: each statement is planned once, not at every
 # execution (its custom plans were no better, and planning cost about a third of a one-row claim).
 _CACHED_PLAN = "-c plan_cache_mode=force_generic_plan"
+# How long a claim or an outcome batch waits for a row lock before it leaves that row aside
+# (outcomes: written without it, SPEC L3'; claims skip locked rows anyway).
+SETTLE_LOCK_WAIT = "250ms"
 
 
 def _with_options(kwargs: dict[str, Any], options: str) -> dict[str, Any]:
@@ -97,7 +101,11 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
         # separate ``conninfo`` (the pool behind a proxy) they stay on the pool.
         self._heartbeat = OwnConnection(self._connect_own, budget=lambda: statement_budget(self._own_lease))
         self._claimer = OwnConnection(lambda: self._connect_own(_CACHED_PLAN)) if conninfo is None else None
-        self._settler = OwnConnection(lambda: self._connect_own(_CACHED_PLAN)) if conninfo is None else None
+        self._settler = (
+            OwnConnection(lambda: self._connect_own(f"{_CACHED_PLAN} -c lock_timeout={SETTLE_LOCK_WAIT}"))
+            if conninfo is None
+            else None
+        )
         self._listeners: set[PgListener] = set()
         self._listeners_lock = threading.Lock()
         self.ping_timeout = 2.0
@@ -173,6 +181,19 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
         with self._autocommit(doing) as conn:
             return on_connection(conn)(query, params)
 
+    def _run_bounded(self, doing: str, query: Query, params: dict[str, Any], seconds: float) -> Rows:
+        """Run *query* on a pool connection in a transaction whose statement_timeout is bounded by
+        *seconds* and lock_timeout by SETTLE_LOCK_WAIT (SPEC L3'), without touching the session's."""
+        return self._in_bounded_tx(doing, lambda run: run(query, params), seconds)
+
+    def _in_bounded_tx(self, doing: str, work: Callable[[Runner], Rows], seconds: float) -> Rows:
+        """Run *work* (given a statement runner) in one transaction on a pool connection, its waits bounded."""
+        bounds = {"lock_timeout": SETTLE_LOCK_WAIT, "statement_timeout": f"{max(int(seconds * 1000), 100)}ms"}
+        with self._autocommit(doing) as conn, conn.transaction():
+            run = on_connection(conn)
+            run(self._q["session_bounds"], bounds)
+            return work(run)
+
     # -- producer side ----------------------------------------------------------
 
     def _drive(self, doing: str, plan: plans.Plan[Any]) -> Any:
@@ -183,6 +204,7 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
         with self._autocommit(doing) as conn:
             return drive(plan, on_connection(conn), first)
 
+    @names_migration
     def enqueue(self, job: Job) -> EnqueueResult:
         """Enqueue *job* in its own autocommit statement; return its id and whether this call created it.
 
@@ -197,6 +219,7 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
         self._execute("enqueueing", query, params)
         return created
 
+    @names_migration
     def enqueue_tx(self, tx: Tx, job: Job) -> EnqueueResult:
         """Enqueue *job* inside the caller's transaction *tx* (SPEC E3); the caller commits.
 
@@ -212,6 +235,7 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
         with translated("enqueueing", as_psycopg(tx)):
             return drive(plan, on_tx(tx))
 
+    @names_migration
     def enqueue_many(self, jobs: Sequence[Job], tx: Tx | None = None) -> list[EnqueueResult]:
         """Enqueue *jobs* in one statement (SPEC E5), in *tx* when given; results in input order.
 
@@ -228,6 +252,29 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
                 return drive(plan, run)
         result: list[EnqueueResult] = self._drive("enqueueing a batch", plan)
         return result
+
+    def enqueue_group(
+        self, jobs: Sequence[Job], then: Job | None = None, tx: Tx | None = None
+    ) -> GroupResult:
+        """Enqueue *jobs*, then *then* waiting for every one of them, in one transaction (SPEC D6).
+
+        *tx*: the caller's transaction (the caller commits); without it the group
+        commits in a transaction of its own on the pool. *then* keeps any parents
+        it names itself. Everything is validated first (InvalidJob, nothing written).
+        """
+        run = on_tx(tx) if tx is not None else None
+        plan = plans.enqueue_group(self._q, jobs, then, self._caps)
+        with translated("enqueueing a group"):
+            if run is not None:
+                return drive(plan, run)
+            with self.begin() as own:
+                return drive(plan, on_tx(own))
+
+    def parent_results(self, job_id: str) -> dict[str, Any]:
+        """Each parent's result of *job_id* by parent id, in one statement (``Claim.parent_results``)."""
+        query, params = parent_results_params(self._q, job_id)
+        rows = self._run("reading parent results", query, params)
+        return {str(r[0]): r[1] for r in rows}
 
     def enqueue_tick(self, schedule: str, tick: datetime, job: Job) -> EnqueueResult | None:
         """Enqueue *job* as *tick* of *schedule* unless that tick, or a later one, was enqueued (SPEC Q4').
@@ -262,7 +309,9 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
             yield WrapTx(conn)
 
     def cancel(self, job_id: str) -> bool:
-        """Cancel a pending, scheduled, failed or processing job (SPEC X1).
+        """Cancel a pending, scheduled, failed, blocked or processing job (SPEC X1, D3).
+
+        Its blocked descendants are canceled with it.
 
         Return False for terminal, unknown or malformed ids (never raise on a malformed id).
         """
@@ -279,15 +328,31 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
         with translated("reading a job", as_psycopg(tx)):
             return drive(plans.get(self._q, job_id), on_tx(tx))
 
+    def next_retry(self, topics: Sequence[str]) -> float | None:
+        """Seconds until the earliest failed job of *topics* is retried (<= 0: due; None: none waits)."""
+        if not topics:
+            return None
+        rows = self._run("reading the next retry", self._q["job_next_retry"], {"topics": list(topics)})
+        return None if not rows or rows[0][0] is None else float(rows[0][0])
+
+    def due_now(self, topics: Sequence[str]) -> None:
+        """Make the scheduled and failed jobs of *topics* due at once (a test's drain skips their wait)."""
+        if topics:
+            self._execute("making jobs due", self._q["job_due_now"], {"topics": list(topics)})
+
     # -- engine plumbing -----------------------------------------------------------
 
     def listen(
-        self, topics: Sequence[str] | None = None, on_scheduled: Callable[[], None] | None = None
+        self,
+        topics: Sequence[str] | None = None,
+        on_scheduled: Callable[[], None] | None = None,
+        on_cancel: Callable[[str, str], None] | None = None,
     ) -> PgListener:
         """Open a LISTEN subscription on this schema's channel, on a connection of its own.
 
-        It reports wake-ups of *topics* only (all when None) and calls *on_scheduled*
-        for scheduled jobs of them (SPEC Z3). A connection that delivers no
+        It reports wake-ups of *topics* only (all when None), calls *on_scheduled*
+        for scheduled jobs of them (SPEC Z3) and *on_cancel* with the id and claim
+        token of every processing job canceled (X2'). A connection that delivers no
         notifications (a transaction-pooling proxy) is refused with one log line.
         """
         listener = PgListener(
@@ -296,6 +361,7 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
             on_close=self._forget_listener,
             topics=topics,
             on_scheduled=on_scheduled,
+            on_cancel=on_cancel,
             probe_timeout=self.listen_probe_timeout,
             ping_every=self._own_lease,
         )

@@ -11,16 +11,30 @@ import psycopg
 from psycopg import sql
 
 from brooq_py.postgres.arrays import bool_array, float_array, text_array, uuid_array
+from brooq_py.postgres.bounds import statement_budget
 from brooq_py.postgres.errors import translated
 from brooq_py.postgres.own import OwnConnection
 from brooq_py.postgres.queries import Queries, Query
 from brooq_py.postgres.runner import Rows, on_tx
 from brooq_py.postgres.wraptx import as_psycopg
 from brooq_py.queue import State, Tx
-from brooq_py.queue.port import ClaimedJob, DatabaseGauges, Gauges, HeldLease, Outcome, Staged, TopicCount
+from brooq_py.queue.port import (
+    ClaimedJob,
+    DatabaseGauges,
+    ExpiredLease,
+    Gauges,
+    HeldLease,
+    Outcome,
+    Renewal,
+    Settled,
+    Staged,
+    TopicCount,
+)
 
 # Each gauge count reads at most this many index entries.
 GAUGE_CAP = 100_000
+# The reaper looks at no more expired rows than this a tick (the rest wait for the next).
+REAP_BATCH = 1000
 
 _SETTLE_STATES = frozenset({State.DONE, State.FAILED, State.DEAD, State.CANCELED, State.PENDING})
 _ENDS = (State.DONE, State.DEAD, State.CANCELED)
@@ -79,6 +93,14 @@ class WorkerSide:
     def _run(self, doing: str, query: Any, params: dict[str, Any]) -> Rows:  # pragma: no cover - Store's
         raise NotImplementedError
 
+    def _run_bounded(
+        self, doing: str, query: Any, params: dict[str, Any], seconds: float
+    ) -> Rows:  # pragma: no cover - Store's
+        raise NotImplementedError
+
+    def _in_bounded_tx(self, doing: str, work: Any, seconds: float) -> Rows:  # pragma: no cover - Store's
+        raise NotImplementedError
+
     def _connect_own(self) -> psycopg.Connection[Any]:  # pragma: no cover - Store's
         raise NotImplementedError
 
@@ -94,16 +116,37 @@ class WorkerSide:
         params = {"topics": list(topics), "limit": limit, "worker": worker, "lease": lease}
         return claimed_jobs(self._own_or_pool(self._claimer, "claiming jobs", self._q.claim, params))
 
-    def settle_many(self, outcomes: Sequence[Outcome]) -> set[str]:
+    def settle_many(self, outcomes: Sequence[Outcome]) -> Settled:
         """Write many outcomes in one guarded statement (SPEC P3, C10); return the ids written.
 
         A row no longer processing under the outcome's claim_token is left alone: 0 rows is normal.
+        A row another transaction holds locked is not waited for (the statement's lock_timeout is
+        short): the batch is then written in a transaction that locks its free rows first (SKIP
+        LOCKED), and the locked row's outcome claim token is reported in ``locked`` (L3'). A row
+        already in the outcome's state under its token (an earlier write whose answer was lost)
+        counts as written (O1, L6). Both are told apart by a second statement, run only when the
+        batch wrote fewer rows than it carried.
         """
         if not outcomes:
-            return set()
+            return Settled()
         params = self._settle_params(outcomes)
-        rows = self._own_or_pool(self._settler, "settling outcomes", self._q.settle_many, params)
-        return {r[0] for r in rows}
+        try:
+            rows = self._own_or_pool(self._settler, "settling outcomes", self._q.settle_many, params)
+        except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled):
+            rows = self._settle_unlocked(outcomes)
+        written = {r[0] for r in rows}
+        if len(written) >= len(outcomes):
+            return Settled(written)
+        rest = [o for o in outcomes if o.id not in written]
+        check = {
+            "ids": uuid_array([o.id for o in rest]),
+            "tokens": uuid_array([o.claim_token for o in rest]),
+            "states": text_array([_settle_state(o) for o in rest]),
+        }
+        rows = self._own_or_pool(self._settler, "checking outcomes", self._q["job_settle_check"], check)
+        found: dict[str, str] = {str(r[0]): str(r[1]) for r in rows}
+        written.update(o.id for o in rest if found.get(o.claim_token) == "written")
+        return Settled(written, (t for t, how in found.items() if how == "locked"))
 
     def _own_or_pool(
         self, own: OwnConnection | None, doing: str, query: Query, params: dict[str, Any]
@@ -112,9 +155,9 @@ class WorkerSide:
 
         The pool takes it when there is no such connection (a separate ``conninfo``), while it is
         busy (a second engine on this Store), closed or refused, and when the statement outlasted
-        its lock_timeout or statement_timeout: the pool waits as it always did. Retried on the
-        own connection, a write would leave a locked row's lock queue each time, and the reaper,
-        queued once the row's lease ran out under the lock, would get it first (SPEC L6).
+        its lock_timeout or statement_timeout (a table lock: rows locked elsewhere are skipped).
+        On the pool the statement runs in a transaction of its own whose lock_timeout and
+        statement_timeout are bounded by the lease as well (SPEC L3'): no wait is unbounded.
         """
         if own is not None:
             try:
@@ -123,7 +166,21 @@ class WorkerSide:
                 rows = None
             if rows is not None:
                 return rows
-        return self._run(doing, query, params)
+        return self._run_bounded(doing, query, params, statement_budget(self._own_lease))
+
+    def _settle_unlocked(self, outcomes: Sequence[Outcome]) -> Rows:
+        """Write the outcomes whose rows no one else holds locked, in one transaction on the pool:
+        lock those rows (SKIP LOCKED), then the batch's statement for them alone (SPEC L3')."""
+
+        def write(run: Any) -> Rows:
+            ids = {
+                str(r[0])
+                for r in run(self._q["job_lock_free"], {"ids": uuid_array([o.id for o in outcomes])})
+            }
+            free = [o for o in outcomes if o.id in ids]
+            return run(self._q.settle_many, self._settle_params(free)) if free else []
+
+        return self._in_bounded_tx("settling outcomes", write, statement_budget(self._own_lease))
 
     @staticmethod
     def _settle_params(outcomes: Sequence[Outcome]) -> dict[str, Any]:
@@ -157,20 +214,25 @@ class WorkerSide:
         with translated("settling an outcome", as_psycopg(tx)):
             return bool(on_tx(tx)(self._q.settle_one, params))
 
-    def renew(self, leases: Sequence[HeldLease], lease: timedelta) -> set[str]:
-        """Extend every lease still ours to now()+*lease* in one statement (SPEC C3); return their ids.
+    def renew(self, leases: Sequence[HeldLease], lease: timedelta) -> Renewal:
+        """Extend every lease still ours to now()+*lease* in one statement (SPEC C3); report by claim token.
 
-        A row locked by another transaction is skipped, not waited for, and its
-        id returned all the same: still ours, renewed next time (SPEC L3).
+        A row locked by another transaction is skipped, not waited for, and reported held
+        and locked: still ours, renewed by the first renewal after the lock (SPEC L3, P1').
+        A row canceled under its claim is reported canceled (X2').
 
         Runs on the Store's own heartbeat connection, never the pool, so handlers
         holding pool connections cannot starve it. On a connection error the
         connection is closed, StoreUnavailable is raised, and the next call reopens it.
         """
         if not leases:
-            return set()
+            return Renewal(frozenset())
         rows = self._heartbeat.run("renewing leases", self._q.renew, self._renew_params(leases, lease))
-        return {r[0] for r in rows}
+        return Renewal(
+            held=frozenset(r[0] for r in rows if r[1] != "canceled"),
+            locked=frozenset(r[0] for r in rows if r[1] == "locked"),
+            canceled=frozenset(r[0] for r in rows if r[1] == "canceled"),
+        )
 
     @staticmethod
     def _renew_params(leases: Sequence[HeldLease], lease: timedelta) -> dict[str, Any]:
@@ -191,10 +253,28 @@ class WorkerSide:
             return None
         return str(rows[0][0]) if rows else None
 
-    def reap_expired(self) -> list[tuple[str, str]]:
-        """Return expired processing rows to pending, attempts unchanged (SPEC R1); (id, topic) each."""
-        rows = self._run("reaping expired leases", self._q.reap, {})
+    def expired_leases(self) -> list[ExpiredLease]:
+        """Processing rows whose lease expired and that no transaction holds locked (SPEC R1, P1')."""
+        rows = self._run("looking for expired leases", self._q["lease_expired"], {"limit": REAP_BATCH})
+        return [ExpiredLease(r[0], r[1], r[2]) for r in rows]
+
+    def reap(self, leases: Sequence[ExpiredLease]) -> list[tuple[str, str]]:
+        """Return the rows of *leases* still expired, unlocked and unchanged to pending, attempts
+        unchanged (SPEC R1); (id, topic) of each."""
+        if not leases:
+            return []
+        params = {
+            "ids": [uuid.UUID(x.id) for x in leases],
+            "tokens": [x.claim_token for x in leases],
+            "untils": [x.locked_until for x in leases],
+        }
+        rows = self._run("reaping expired leases", self._q.reap, params)
         return [(str(r[0]), r[1]) for r in rows]
+
+    def reap_expired(self) -> list[tuple[str, str]]:
+        """Return every expired processing row nobody holds locked to pending now (no wait for a
+        renewal: for tools and tests; the engine's reaper waits, SPEC P1')."""
+        return self.reap(self.expired_leases())
 
     def delete_terminal(self, ttl: timedelta, batch: int) -> list[tuple[str, str]]:
         """Delete one batch (at most *batch* rows) of terminal rows older than *ttl*, oldest first (T1)."""
@@ -223,7 +303,7 @@ class WorkerSide:
         return None if not rows or rows[0][0] is None else float(rows[0][0])
 
     def gauges(self, topics: Sequence[str]) -> Gauges:
-        """Read per-topic depth of pending/scheduled/processing/failed and the oldest ready age (O1, Z2).
+        """Read per-topic depth of pending/scheduled/processing/failed/blocked and the oldest ready age (O1, Z2).
 
         Each count is capped at GAUGE_CAP (100,000) and served by an index
         (sql/gauges_topics.sql), so a refresh never counts the whole table. The
@@ -236,11 +316,12 @@ class WorkerSide:
         )
         counts: list[TopicCount] = []
         oldest: dict[str, float] = {}
-        for topic, pending, scheduled, processing, failed, age in rows:
+        for topic, pending, scheduled, processing, failed, age, blocked in rows:
             counts.append(TopicCount(topic, State.PENDING, int(pending)))
             counts.append(TopicCount(topic, State.SCHEDULED, int(scheduled)))
             counts.append(TopicCount(topic, State.PROCESSING, int(processing)))
             counts.append(TopicCount(topic, State.FAILED, int(failed)))
+            counts.append(TopicCount(topic, State.BLOCKED, int(blocked)))
             oldest[topic] = max(0.0, float(age))
         return Gauges(counts=counts, oldest_ready_seconds=oldest)
 

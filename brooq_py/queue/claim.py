@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from brooq_py.queue.errors import BrooqError
 from brooq_py.queue.job import Job, Lease
 from brooq_py.queue.tx import Tx
 
@@ -19,6 +20,7 @@ class Claim:
     __slots__ = (
         "_callbacks",
         "_chained",
+        "_parents",
         "attempt",
         "claim_token",
         "id",
@@ -40,6 +42,7 @@ class Claim:
         lease: Lease,
         claim_token: str = "",
         priority: int = 0,
+        parents: Callable[[str], dict[str, Any]] | None = None,
     ) -> None:
         self.id = id
         self.topic = topic
@@ -51,6 +54,17 @@ class Claim:
         self.priority = priority
         self._chained: list[Job] = []
         self._callbacks: list[Callable[[Tx], None]] = []
+        self._parents = parents
+
+    def parent_results(self) -> dict[str, Any]:
+        """Each parent's result (``Job.after``) by parent id, read in one statement (SPEC D4).
+
+        Empty for a job without parents. Raise BrooqError for a Claim made
+        without a store to read from.
+        """
+        if self._parents is None:
+            raise BrooqError("this Claim has no store to read its parents' results from")
+        return self._parents(self.id)
 
     def chain(self, job: Job) -> None:
         """Enqueue *job* in the transaction that records this job as done.

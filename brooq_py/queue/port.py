@@ -8,7 +8,7 @@ the database clock: the engine sends durations, never timestamps.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -69,6 +69,44 @@ class HeldLease:
     claim_token: str
     progress: float | None = None
     progress_note: str | None = None
+
+
+@dataclass(frozen=True)
+class Renewal:
+    """What one renewal statement found, by claim token (SPEC C3, P1', X2').
+
+    held: the claims still ours (renewed, or skipped because locked elsewhere);
+    locked: of those, the ones whose row another transaction holds locked: their
+    lease was not extended this time (the next renewal after the lock does it);
+    canceled: claims whose row was canceled (by an operator) while ours.
+    A held claim in neither set was renewed.
+    """
+
+    held: frozenset[str]
+    locked: frozenset[str] = frozenset()
+    canceled: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class ExpiredLease:
+    """A processing row whose lease had expired, unlocked, when the reaper looked (SPEC R1, P1').
+
+    ``locked_until`` is the value as the store read it: reaped only while unchanged.
+    """
+
+    id: str
+    claim_token: str
+    locked_until: object
+
+
+class Settled(set[str]):
+    """The ids an outcome batch wrote (a set, SPEC P3), and ``locked``: the claim tokens of
+    outcomes not written because another transaction held their row locked; they are still
+    ours, written later on their own (L3')."""
+
+    def __init__(self, written: Iterable[str] = (), locked: Iterable[str] = ()) -> None:
+        super().__init__(written)
+        self.locked = frozenset(locked)
 
 
 @dataclass(frozen=True)
@@ -177,6 +215,9 @@ class Repo(Protocol):
 
     def cancel(self, job_id: str) -> bool: ...
     def get(self, job_id: str) -> JobRow | None: ...
+    def parent_results(self, job_id: str) -> dict[str, Any]:
+        """Each parent's result of *job_id* by parent id (``Job.after``; SPEC D4), in one statement."""
+        ...
 
     # worker side
     def claim(self, topics: Sequence[str], limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:
@@ -195,19 +236,29 @@ class Repo(Protocol):
         ...
 
     def settle_many(self, outcomes: Sequence[Outcome]) -> set[str]:
-        """Write many outcomes in one guarded statement; return the ids written."""
+        """Write many outcomes in one guarded statement; return the ids written.
+
+        Rows locked by another transaction are skipped, never waited for: a ``Settled`` answer
+        names their claim tokens in ``locked`` (L3'). A row already in the outcome's state
+        under the outcome's claim token counts as written (an earlier write whose answer was lost).
+        """
         ...
 
     def settle_tx(self, tx: Tx, outcome: Outcome) -> bool:
         """Write one guarded outcome inside *tx*; return whether the row was ours."""
         ...
 
-    def renew(self, leases: Sequence[HeldLease], lease: timedelta) -> set[str]:
-        """Extend every lease still ours by *lease* in one statement; return their ids (SPEC C3)."""
+    def renew(self, leases: Sequence[HeldLease], lease: timedelta) -> Renewal:
+        """Extend every lease still ours by *lease* in one statement, skipping rows locked elsewhere (SPEC C3, P1')."""
         ...
 
-    def reap_expired(self) -> list[tuple[str, str]]:
-        """Return expired processing rows to pending (SPEC R1); return (id, topic) of each."""
+    def expired_leases(self) -> list[ExpiredLease]:
+        """Processing rows whose lease expired and that no transaction holds locked now (SPEC R1, P1')."""
+        ...
+
+    def reap(self, leases: Sequence[ExpiredLease]) -> list[tuple[str, str]]:
+        """Return to pending the rows of *leases* still expired, unlocked and unchanged (SPEC R1);
+        (id, topic) of each."""
         ...
 
     def delete_terminal(self, ttl: timedelta, batch: int) -> list[tuple[str, str]]:
@@ -234,12 +285,16 @@ class Repo(Protocol):
         ...
 
     def listen(
-        self, topics: Sequence[str] | None = None, on_scheduled: Callable[[], None] | None = None
+        self,
+        topics: Sequence[str] | None = None,
+        on_scheduled: Callable[[], None] | None = None,
+        on_cancel: Callable[[str, str], None] | None = None,
     ) -> Listener:
         """Open a LISTEN subscription on this store's wake-up channel.
 
         With *topics*, ``wait()`` reports only wake-ups for those topics (SPEC Z3);
-        *on_scheduled* is called (from ``wait()``) when a job of one of them was scheduled.
+        *on_scheduled* is called (from ``wait()``) when a job of one of them was scheduled;
+        *on_cancel* with the id and claim token of every processing job canceled (X2').
         """
         ...
 

@@ -79,7 +79,9 @@ def upgrade() -> None:
     op.execute(
         "CREATE INDEX job_claim_idx ON job (topic, priority DESC, available_at, id) WHERE state = 'pending'"
     )
-    op.execute("CREATE INDEX job_stage_idx ON job (topic, available_at) WHERE state IN ('scheduled', 'failed')")
+    op.execute(
+        "CREATE INDEX job_stage_idx ON job (topic, available_at) WHERE state IN ('scheduled', 'failed')"
+    )
     _notify(_NOTIFY_BY_TOPIC)
 
 

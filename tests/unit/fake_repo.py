@@ -17,9 +17,12 @@ from brooq_py.queue.ids import uuid7
 from brooq_py.queue.port import (
     ClaimedJob,
     DatabaseGauges,
+    ExpiredLease,
     Gauges,
     HeldLease,
     Outcome,
+    Renewal,
+    Settled,
     Staged,
     TopicCount,
     TopicSetting,
@@ -64,11 +67,13 @@ class FakeListener:
         repo: FakeRepo,
         topics: Sequence[str] | None = None,
         on_scheduled: Callable[[], None] | None = None,
+        on_cancel: Callable[[str, str], None] | None = None,
     ) -> None:
         self.repo = repo
         self.seen = repo.notify_count
         self.topics = None if topics is None else set(topics)
         self.on_scheduled = on_scheduled
+        self.on_cancel = on_cancel
 
     def wait(self, timeout: float) -> bool:
         with self.repo.cond:
@@ -79,6 +84,11 @@ class FakeListener:
             self.seen = self.repo.notify_count
         woken = False
         for kind, topic in notes:
+            if kind == "cancel":  # topic carries "<id> <claim_token>" as the trigger's payload does
+                if self.on_cancel is not None:
+                    job_id, _, token = topic.partition(" ")
+                    self.on_cancel(job_id, token)
+                continue
             if self.topics is not None and topic not in self.topics:
                 continue
             if kind == "scheduled":
@@ -110,7 +120,8 @@ class FakeRepo:
         self.calls: dict[str, int] = {}
         self.settle_batches: list[int] = []
         self.closed = False
-        self.version: str | None = "0009"
+        self.version: str | None = "0011"
+        self.locked: set[str] = set()  # job ids an "operator" holds row-locked: skipped, never waited on
         self.fail_close = 0  # closing transactions whose COMMIT fails with StoreUnavailable
         self.renew_hang = threading.Event()  # cleared: renew() blocks, as on a silent socket
         self.renew_hang.set()
@@ -204,12 +215,31 @@ class FakeRepo:
                 self.rows = snapshot
                 raise
 
+    def parent_results(self, job_id: str) -> dict[str, Any]:
+        return {}
+
     def cancel(self, job_id: str) -> bool:
         with self.lock:
             r = self.rows.get(job_id)
             if r is None or r.state.terminal:
                 return False
+            was = r.state
             self._set(r, State.CANCELED)
+            if was is State.PROCESSING:  # the cancel trigger of migration 0011 (X2')
+                self._notify("cancel", f"{r.id} {r.claim_token or ''}")
+            return True
+
+    def retry(self, job_id: str) -> bool:
+        """A dead or canceled job back to pending, attempts 0 (the Store's operator retry)."""
+        with self.lock:
+            r = self.rows.get(job_id)
+            if r is None or r.state not in (State.DEAD, State.CANCELED):
+                return False
+            self._set(r, State.PENDING)
+            r.attempts = 0
+            r.available_at = self.now()
+            r.locked_by = r.locked_until = None
+            self._notify("ready", r.topic)
             return True
 
     def get(self, job_id: str) -> JobRow | None:
@@ -298,6 +328,8 @@ class FakeRepo:
 
     def _apply(self, o: Outcome) -> bool:
         r = self.rows.get(o.id)
+        if r is not None and r.state is o.state and r.claim_token == o.claim_token:
+            return True  # an earlier write of this outcome (its answer lost): written (O1, L6)
         if r is None or r.state is not State.PROCESSING or r.claim_token != o.claim_token:
             return False
         self._set(r, o.state)
@@ -318,38 +350,82 @@ class FakeRepo:
                 self.fail_settle -= 1
                 raise ConnectionError("settle failed")
             self.settle_batches.append(len(outcomes))
-            return {o.id for o in outcomes if self._apply(o)}
+            locked = [o for o in outcomes if o.id in self.locked]
+            written = {o.id for o in outcomes if o.id not in self.locked and self._apply(o)}
+            return Settled(
+                written,
+                (
+                    o.claim_token
+                    for o in locked
+                    if (r := self.rows.get(o.id)) is not None
+                    and r.state is State.PROCESSING
+                    and r.claim_token == o.claim_token
+                ),
+            )
 
     def settle_tx(self, tx: Tx, outcome: Outcome) -> bool:
         with self.lock:
             return self._apply(outcome)
 
-    def renew(self, leases: Sequence[HeldLease], lease: timedelta) -> set[str]:
+    def renew(self, leases: Sequence[HeldLease], lease: timedelta) -> Renewal:
         self._count("renew")
         self.renew_hang.wait()
         with self.lock:
             if self.fail_renew:
                 self.fail_renew -= 1
                 raise ConnectionError("renew failed")
-            alive = set()
+            held, locked, canceled = set(), set(), set()
             for h in leases:
                 r = self.rows.get(h.id)
-                if r is not None and r.state is State.PROCESSING and r.claim_token == h.claim_token:
-                    r.locked_until = self.now() + lease.total_seconds()
-                    alive.add(h.id)
-            return alive
+                if r is None or r.claim_token != h.claim_token:
+                    continue
+                if r.state is State.CANCELED:
+                    canceled.add(h.claim_token)
+                elif r.state is State.PROCESSING:
+                    held.add(h.claim_token)
+                    if r.id in self.locked:
+                        locked.add(h.claim_token)
+                    else:
+                        r.locked_until = self.now() + lease.total_seconds()
+            return Renewal(frozenset(held), frozenset(locked), frozenset(canceled))
 
-    def reap_expired(self) -> list[tuple[str, str]]:
+    def expired_leases(self) -> list[ExpiredLease]:
+        with self.lock:
+            now = self.now()
+            return [
+                ExpiredLease(r.id, r.claim_token or "", r.locked_until)
+                for r in self.rows.values()
+                if r.state is State.PROCESSING
+                and r.locked_until is not None
+                and r.locked_until < now
+                and r.id not in self.locked
+            ]
+
+    def reap(self, leases: Sequence[ExpiredLease]) -> list[tuple[str, str]]:
         with self.lock:
             now = self.now()
             out = []
-            for r in self.rows.values():
-                if r.state is State.PROCESSING and r.locked_until is not None and r.locked_until < now:
-                    self._set(r, State.PENDING)
-                    r.locked_by = r.locked_until = None
-                    r.available_at = now
-                    out.append((r.id, r.topic))
+            for x in leases:
+                r = self.rows.get(x.id)
+                if (
+                    r is None
+                    or r.state is not State.PROCESSING
+                    or r.id in self.locked
+                    or (r.claim_token or "") != x.claim_token
+                    or r.locked_until != x.locked_until
+                    or r.locked_until is None
+                    or r.locked_until >= now
+                ):
+                    continue
+                self._set(r, State.PENDING)
+                r.locked_by = r.locked_until = None
+                r.available_at = now
+                out.append((r.id, r.topic))
             return out
+
+    def reap_expired(self) -> list[tuple[str, str]]:
+        """Reap every expired, unlocked row at once (another engine's reaper, in tests)."""
+        return self.reap(self.expired_leases())
 
     def delete_terminal(self, ttl: timedelta, batch: int) -> list[tuple[str, str]]:
         with self.lock:
@@ -397,12 +473,15 @@ class FakeRepo:
             return min(at) - self.now() if at else None
 
     def listen(
-        self, topics: Sequence[str] | None = None, on_scheduled: Callable[[], None] | None = None
+        self,
+        topics: Sequence[str] | None = None,
+        on_scheduled: Callable[[], None] | None = None,
+        on_cancel: Callable[[str, str], None] | None = None,
     ) -> FakeListener:
         self._count("listen")
         if self.listen_broken:
             raise ConnectionError("cannot listen")
-        return FakeListener(self, topics, on_scheduled)
+        return FakeListener(self, topics, on_scheduled, on_cancel)
 
     def ping(self) -> bool:
         return True

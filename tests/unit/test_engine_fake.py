@@ -307,7 +307,8 @@ def test_hung_handler_is_reported_and_slot_freed_c5(
 def test_max_execution_gives_up_failed_not_dead_c4(
     repo: FakeRepo, make_engine: Callable[..., Engine], ignores_ctx: Callable[[Context, Claim], None]
 ) -> None:
-    e = make_engine(workers=1, watchdog_grace=30)
+    # The failure is written once the given-up handler is declared hung (C4'): a short grace.
+    e = make_engine(workers=1, watchdog_grace=0.3)
     e.register_kind(
         "t",
         ignores_ctx,
@@ -411,6 +412,9 @@ def test_metrics_move_o1(repo: FakeRepo, make_engine: Callable[..., Engine]) -> 
     assert get("brooq_claimed_total", {"topic": "t"}) == 1.0
     assert get("brooq_settle_total", {"topic": "t", "outcome": "done"}) == 1.0
     assert get("brooq_attempt_duration_seconds_count", {"topic": "t"}) == 1.0
+    # a histogram Prometheus can aggregate across engines, the run time inside its buckets
+    assert get("brooq_attempt_duration_seconds_bucket", {"topic": "t", "le": "+Inf"}) == 1.0
+    assert get("brooq_attempt_duration_seconds_bucket", {"topic": "t", "le": "600.0"}) == 1.0
     assert get("brooq_up") == 0.0  # gauges come from the refresher (SPEC Z2): none read yet
     e.refresher.run_once()
     assert get("brooq_jobs", {"topic": "t", "state": "pending"}) == 0.0
@@ -641,13 +645,17 @@ def test_healthz_turns_unhealthy_once_hung_outnumber_workers_c5(
 
 
 def test_reaper_logs_count_and_topics_at_info_r1(caplog: pytest.LogCaptureFixture) -> None:
+    from brooq_py.engine.repo import ExpiredLease
     from brooq_py.engine.services.reaper import Reaper
 
     reaped: list[str] = []
     rows = [("1", "email"), ("2", "email"), ("3", "sms")]
-    r = Reaper(5, lambda: rows, reaped.append, logging.getLogger("reaper-test"))
+    leases = [ExpiredLease(i, "token", 0) for i, _ in rows]
+    r = Reaper(5, lambda: leases, lambda ls: rows, reaped.append, logging.getLogger("reaper-test"), hold=0)
     with caplog.at_level(logging.INFO, logger="reaper-test"):
-        r.run_once()
+        r.run_once()  # seen expired
+        assert reaped == []
+        r.run_once()  # still expired, unchanged: returned
     assert sorted(reaped) == ["email", "email", "sms"]
     [record] = [rec for rec in caplog.records if rec.name == "reaper-test"]
     assert record.levelno == logging.INFO
@@ -711,3 +719,24 @@ def test_z1_a_failing_delete_waits_a_period() -> None:
     with pytest.raises(ConnectionError):
         r.run_once()
     assert not r.behind and r.next_delay() == 600
+
+
+def test_the_last_attempts_failure_says_the_job_is_now_dead(
+    repo: FakeRepo, make_engine: Callable[..., Engine], caplog: pytest.LogCaptureFixture
+) -> None:
+    e = make_engine()
+
+    def broken(ctx: Context, claim: Claim) -> None:
+        raise ValueError("nope")
+
+    e.register_kind("t", broken, KindOptions(max_attempts=2, backoff_base=0.001, backoff_max=0.001))
+    job_id = e.enqueue(Job("t")).id
+    with caplog.at_level(logging.ERROR, logger="brooq_py.engine"):
+        e.run_once()
+        time.sleep(0.05)  # the 1 ms backoff has passed: run_once stages the row again
+        e.run_once()
+    lines = [r.getMessage() for r in caplog.records if f"job id={job_id}" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert "attempt=1/2 failed: ValueError: nope; retried in" in lines[0]
+    assert "now dead" not in lines[0]
+    assert lines[1].endswith("ValueError: nope; that was the last attempt: the job is now dead")

@@ -498,9 +498,10 @@ def test_c4_l5_max_execution_on_the_last_attempt_never_makes_the_job_dead(
     repo: FakeRepo, make_engine: Callable[..., Engine], release: threading.Event
 ) -> None:
     """A sync handler blocked (in a database call, say) past max_execution_timeout on its last
-    attempt is given up on: failed, never dead (C4). Its next claim must run it, not call it
-    poisoned (L5): the given-up attempt had an outcome, it did not hang without one."""
-    e = make_engine(watchdog_grace=30)
+    attempt is given up on: failed, never dead (C4), written once the handler is declared hung
+    (C4': a short grace here). Its next claim must run it, not call it poisoned (L5): the
+    given-up attempt had an outcome, it did not hang without one."""
+    e = make_engine(watchdog_grace=0.3)
     calls: list[int] = []
 
     def handler(ctx: Context, claim: Claim) -> None:
@@ -704,12 +705,6 @@ def test_c4_l1_give_up_from_a_stale_look_after_the_handler_returned_leaves_it_do
 # --- L6 meets L5 ----------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="L6 vs L5: a given-up outcome write on the last attempt leaves attempts at max_attempts; "
-    "the reaper returns the row as it does a crash, and the next claim calls it poisoned. Telling "
-    "the two apart needs a mark in the row (the reaper's or the engine's), i.e. a migration.",
-)
 def test_l6_l5_an_outcome_write_given_up_on_the_last_attempt_never_makes_the_job_dead(
     repo: FakeRepo, make_engine: Callable[..., Engine]
 ) -> None:
@@ -833,14 +828,6 @@ def test_x2_c4_l2_an_async_return_after_its_ctx_was_cancelled_settles_once_and_f
     assert slots.free == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="O1 vs L6: an outcome batch that committed but whose answer was lost is retried, finds its "
-    "rows no longer processing and writes nothing (P3 holds), but the engine then takes them for rows "
-    "that were no longer this claim's: brooq_settle_total misses them and a failed attempt's retry time "
-    "is not signalled to the stager. Telling our own earlier write apart needs the statement to report "
-    "rows already in the outcome's state under the outcome's claim_token.",
-)
 def test_o1_l6_an_outcome_batch_written_but_answered_with_a_lost_connection_is_counted_once(
     repo: FakeRepo, make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -27,7 +27,7 @@ def csrf_of(html: str) -> str:
 def test_o2_every_page_needs_the_token(board: Board, store: Store) -> None:
     """O2: without the token every page redirects to the login form and every action is 401."""
     job_id = store.enqueue(Job(TOPIC, {"a": 1})).id
-    pages = ["/", "/topics.rows", f"/jobs?topic={TOPIC}&state=pending", f"/job/{job_id}", "/dead"]
+    pages = ["/", "/topics.rows", f"/jobs?topic={TOPIC}&state=pending", f"/jobs/{job_id}", "/dead"]
     for page in pages:
         for token in (None, TOKEN + "x", ""):
             reply = board.request("GET", page, token=token)
@@ -63,7 +63,7 @@ def test_actions_need_the_csrf_token_of_the_session(board: Board, store: Store) 
     """A cookie alone never acts: the form must carry the session's CSRF token (a bearer header needs none)."""
     job_id = store.enqueue(Job(TOPIC, {"a": 1})).id
     session = board.login()
-    page = board.request("GET", f"/job/{job_id}", cookie=session)
+    page = board.request("GET", f"/jobs/{job_id}", cookie=session)
     token = csrf_of(page.body)
     for bad in (None, "", "0" * 64, token[:-1] + ("0" if token[-1] != "0" else "1")):
         form = {"id": job_id} if bad is None else {"id": job_id, "csrf": bad}
@@ -92,7 +92,7 @@ def test_actions_need_the_csrf_token_of_the_session(board: Board, store: Store) 
 def test_read_only_hides_and_refuses_every_action(serve_board: Callable[..., Board], store: Store) -> None:
     board = serve_board(token=TOKEN, read_only=True)
     job_id = store.enqueue(Job(TOPIC, {"a": 1})).id
-    for page in ("/", f"/job/{job_id}", f"/jobs?topic={TOPIC}&state=pending", "/dead"):
+    for page in ("/", f"/jobs/{job_id}", f"/jobs?topic={TOPIC}&state=pending", "/dead"):
         body = board.request("GET", page, token=TOKEN).body
         assert "/action/" not in body and "data-action" not in body, page
         assert "read-only" in body
@@ -109,7 +109,7 @@ def test_read_only_hides_and_refuses_every_action(serve_board: Callable[..., Boa
 def test_payload_and_errors_are_escaped(board: Board, store: Store) -> None:
     evil = "<script>alert(1)</script><img src=x onerror=alert(2)>"
     job_id = store.enqueue(Job("<b>topic</b>", {"html": evil})).id
-    body = board.request("GET", f"/job/{job_id}", token=TOKEN).body
+    body = board.request("GET", f"/jobs/{job_id}", token=TOKEN).body
     assert "<script>alert" not in body and "<img src=x" not in body and "<b>topic" not in body
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in body
     assert "&lt;b&gt;topic&lt;/b&gt;" in body
@@ -251,7 +251,7 @@ def test_database_down_is_a_short_503_page(schema: str) -> None:
             ("GET", "/", None),
             ("GET", "/topics.rows", None),
             ("GET", "/dead", None),
-            ("GET", f"/job/{job_id}", None),
+            ("GET", f"/jobs/{job_id}", None),
             ("GET", f"/jobs?topic={TOPIC}&state=pending", None),
             ("POST", "/action/pause", {"topic": TOPIC}),
             ("POST", "/action/cancel", {"id": job_id}),
@@ -299,7 +299,7 @@ def test_v1_v3_v4_the_job_page_shows_result_failed_attempts_and_progress(board: 
     job_id = store.enqueue(Job(TOPIC, {"a": 1})).id
     (c,) = store.claim([TOPIC], 1, "w", lease)
     store.renew([HeldLease(c.id, c.claim_token, 0.42, "resizing <img>")], lease)
-    running = board.request("GET", f"/job/{job_id}", token=TOKEN).body
+    running = board.request("GET", f"/jobs/{job_id}", token=TOKEN).body
     assert "42%" in running and "resizing &lt;img&gt;" in running and "Not done yet." in running
     tb = 'Traceback (most recent call last):\n  File "app.py", line 3, in handler\nValueError: <bad>\n'
     store.settle_many(
@@ -308,9 +308,28 @@ def test_v1_v3_v4_the_job_page_shows_result_failed_attempts_and_progress(board: 
     assert store.stage([TOPIC], 10, notify=False).total == 1
     (c2,) = store.claim([TOPIC], 1, "w", lease)
     store.settle_many([Outcome(c2.id, c2.claim_token, State.DONE, result='{"answer": "<42>"}')])
-    body = board.request("GET", f"/job/{job_id}", token=TOKEN).body
+    body = board.request("GET", f"/jobs/{job_id}", token=TOKEN).body
     assert 'id="result"' in body and "&#34;answer&#34;: &#34;&lt;42&gt;&#34;" in body.replace(
         "&quot;", "&#34;"
     )
     assert "Failed attempts" in body and "Attempt 1" in body
     assert "in handler" in body and "ValueError: &lt;bad&gt;" in body  # the traceback, escaped
+
+
+def test_d3_the_job_page_lists_parents_and_children_with_states_and_links(board: Board, store: Store) -> None:
+    """A blocked job shows its parents, a parent its children, each linked with its state; cancel is offered."""
+    parent = store.enqueue(Job(TOPIC, {"a": 1})).id
+    child = store.enqueue(Job("web.child", after=[parent])).id
+    page = board.request("GET", f"/jobs/{child}", token=TOKEN)
+    assert page.status == 200
+    assert 'id="state">blocked<' in page.body
+    assert f'href="/jobs/{parent}"' in page.body and "state-pending" in page.body
+    assert 'action="/action/cancel"' in page.body  # a blocked job can be canceled
+    page = board.request("GET", f"/jobs/{parent}", token=TOKEN)
+    assert f'href="/jobs/{child}"' in page.body and "state-blocked" in page.body
+    plain = board.request("GET", f"/jobs/{store.enqueue(Job(TOPIC)).id}", token=TOKEN)
+    assert 'id="relatives"' not in plain.body
+    assert store.cancel(parent)  # the child is canceled with it, and its page says why
+    page = board.request("GET", f"/jobs/{child}", token=TOKEN)
+    assert "because a job it waited for ended without success" in page.body
+    assert f"canceled: parent {parent} ended canceled" in page.body

@@ -127,7 +127,14 @@ class Attempt:
         "started",
     )
 
-    def __init__(self, row: ClaimedJob, kind: Kind, started: float, ctx: Context) -> None:
+    def __init__(
+        self,
+        row: ClaimedJob,
+        kind: Kind,
+        started: float,
+        ctx: Context,
+        parents: Callable[[str], dict[str, Any]] | None = None,
+    ) -> None:
         opts = kind.options
         self.row = row
         self.kind = kind
@@ -141,6 +148,7 @@ class Attempt:
             lease=Lease(row.locked_by, row.locked_until),
             claim_token=row.claim_token,
             priority=row.priority,
+            parents=parents,
         )
         ctx.attach(self.claim)
         # The handler's return value as JSON text, encoded on its own thread (SPEC V1).
@@ -218,6 +226,18 @@ class Attempt:
                 raise IllegalTransition(f"attempt {self.id}: settling from {ending}")
             self._move(Phase.SETTLING)
             return ending
+
+    def settling_if(self, ending: Phase) -> bool:
+        """*ending* -> SETTLING if the attempt is still there; False when someone else took it.
+
+        A given-up attempt (GAVE_UP) is settled by whichever comes first, its handler's end
+        or the hung verdict (C4'): both may ask, one wins.
+        """
+        with self._lock:
+            if self._phase is not ending:
+                return False
+            self._phase = Phase.SETTLING
+            return True
 
     def settled(self) -> None:
         """SETTLING -> SETTLED: the outcome was written, found not ours, or there is none to write."""

@@ -10,6 +10,7 @@ topic, one claimed while the engine stops) ends here: dead, or handed back.
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter
 from collections.abc import Sequence
 
@@ -18,11 +19,15 @@ from brooq_py.engine.attempt.capacity import Capacity, CountingInFlight
 from brooq_py.engine.attempt.outcome import Ending, decide
 from brooq_py.engine.attempt.runner import Runner
 from brooq_py.engine.attempt.slots import SlotPool
+from brooq_py.engine.attempt.supervisor import Supervisor
 from brooq_py.engine.clock import Clock
 from brooq_py.engine.config import Config
 from brooq_py.engine.metrics import Metrics
 from brooq_py.engine.repo import ClaimedJob, Repo
-from brooq_py.queue import Context
+from brooq_py.queue import Claim, Context
+
+# A cancel NOTIFY that arrives before its claim's attempt is built is kept this long (X2').
+CANCEL_MEMORY = 60.0
 
 
 class Intake:
@@ -40,6 +45,7 @@ class Intake:
         clock: Clock,
         worker_id: str,
         log: logging.Logger,
+        supervisor: Supervisor | None = None,
     ) -> None:
         self.repo = repo
         self.config = config
@@ -52,6 +58,11 @@ class Intake:
         self.worker_id = worker_id
         self.log = log
         self.slots: SlotPool | None = None  # the engine's, from start()
+        self.supervisor = supervisor
+        # Claim tokens canceled while no attempt of ours held them yet: a claim's answer and its
+        # cancel's NOTIFY travel on different connections (X2').
+        self._canceled: dict[str, float] = {}
+        self._canceled_lock = threading.Lock()
 
     def claim(self, limit: int) -> list[ClaimedJob]:
         if not self.kinds:
@@ -80,8 +91,17 @@ class Intake:
             self.hand_back([row])
             return None
         ctx = Context(deadline=self.clock.now() + kind.options.td("attempt_timeout"))
-        a = Attempt(row, kind, self.clock.monotonic(), ctx)
+        a = Attempt(row, kind, self.clock.monotonic(), ctx, parents=self.repo.parent_results)
+        older = self.inflight.latest(row.id)
+        if older is not None and older.row.claim_token != row.claim_token and self.supervisor is not None:
+            # Claimed again under a new token (canceled and retried, or reaped): the older attempt
+            # is no longer the row's; tell it now, not at its next renewal (P1').
+            self.supervisor.lease_lost(older)
         self.inflight.add(a)
+        lost = self.runner.take_lost(row.id) if row.attempts > kind.options.max_attempts else None
+        if lost is not None:
+            self._returned_before(a, lost)
+            return None
         if row.attempts > kind.options.max_attempts:
             a.end(Phase.POISONED)
             self.inflight.end(a)
@@ -102,7 +122,50 @@ class Intake:
 
         ctx.add_callback(mark)
         a.start()
+        if self._was_canceled(row.claim_token) and self.supervisor is not None:
+            self.supervisor.canceled(a)
         return a
+
+    def _returned_before(self, a: Attempt, lost: Claim) -> None:
+        """A job claimed past max_attempts whose earlier handler returned in this engine, its done
+        lost with the store (L6'): no poison; its done (and closing work) is written under this claim."""
+        for job in lost.chained:
+            a.claim.chain(job)
+        for fn in lost.callbacks:
+            a.claim.on_succeeded(fn)
+        a.start()
+        a.end(Phase.RETURNED)
+        self.inflight.end(a)
+        self.log.warning(
+            "job id=%s topic=%s attempt=%d: an earlier attempt's handler returned but its done could not "
+            "be written then; writing it now, not running it again",
+            a.id,
+            a.topic,
+            a.claim.attempt,
+        )
+        self.runner.settle(a)
+
+    def on_cancel(self, job_id: str, claim_token: str) -> None:
+        """A processing job was canceled (the cancel channel's NOTIFY): tell the attempt holding that
+        claim at once with ``JobCanceledByOperator`` (X2'); remember a claim not held yet."""
+        a = self.inflight.by_token(claim_token) if claim_token else self.inflight.latest(job_id)
+        if a is not None:
+            if self.supervisor is not None:
+                self.supervisor.canceled(a)
+            return
+        if not claim_token:
+            return
+        now = self.clock.monotonic()
+        with self._canceled_lock:
+            self._canceled[claim_token] = now
+            if len(self._canceled) > 1000:
+                self._canceled = {t: at for t, at in self._canceled.items() if now - at < CANCEL_MEMORY}
+
+    def _was_canceled(self, claim_token: str) -> bool:
+        if not self._canceled:
+            return False
+        with self._canceled_lock:
+            return self._canceled.pop(claim_token, None) is not None
 
     def launch_all(self, rows: Sequence[ClaimedJob]) -> None:
         """Start the attempts of a claim's rows, each on a slot the dispatcher counted free."""

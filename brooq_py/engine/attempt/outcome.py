@@ -146,3 +146,12 @@ def decide(
     return outcome(
         State.FAILED, delay=backoff_delay(attempt, base, cap, rng), last_error=last_error, traceback=tb()
     )
+
+
+def what_then(outcome: Outcome) -> str:
+    """What becomes of the job after a failed attempt, for the end of its log line."""
+    if outcome.state is State.DEAD:
+        return "; that was the last attempt: the job is now dead"
+    if outcome.state is State.FAILED:
+        return f"; retried in {outcome.delay.total_seconds():.3g}s"
+    return ""

@@ -6,20 +6,29 @@ import functools
 import inspect
 import logging
 import random
+import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from brooq_py.engine.attempt.attempt import Attempt, HandlerState, Phase
 from brooq_py.engine.attempt.inflight import InFlight
-from brooq_py.engine.attempt.outcome import Ending, decide, describe_error
-from brooq_py.engine.attempt.results import encode_result
+from brooq_py.engine.attempt.outcome import Ending, decide, describe_error, what_then
+from brooq_py.engine.attempt.results import encode_result, run_async
 from brooq_py.engine.attempt.sink import OutcomeSink
 from brooq_py.engine.attempt.slots import AsyncRunner, Threads
 from brooq_py.engine.metrics import Metrics
 from brooq_py.engine.repo import Outcome, Repo
-from brooq_py.queue import MustCancelTask, MustDelay, MustPreserveAttempt, State, StoreUnavailable
+from brooq_py.queue import (
+    Claim,
+    MaxExecutionExceeded,
+    MustCancelTask,
+    MustDelay,
+    MustPreserveAttempt,
+    State,
+    StoreUnavailable,
+)
 from brooq_py.queue.errors import find_signal
 
 if TYPE_CHECKING:
@@ -37,6 +46,10 @@ EVENT_OF: dict[State, EventKind] = {
 
 CLOSE_RETRY_FIRST = 0.05
 CLOSE_RETRY_MAX = 2.0
+# Without a completer (run_once): how often an outcome whose row is locked elsewhere is tried again (L3').
+LOCKED_RETRY = 0.25
+# Returned attempts whose outcome write was given up, remembered by job id (L6'): at most this many.
+LOST_MAX = 10_000
 
 
 class _NotOurs(Exception):
@@ -51,7 +64,7 @@ class Runner:
     the loop's thread). A plain outcome goes to the Completer (batched); a
     RETURNED attempt with ``chain``/``on_succeeded`` closes in its own
     transaction: chained enqueues and callbacks first, the guarded row write
-    last, all or nothing (SPEC C9).
+    last, all or nothing (SPEC C9); chained jobs with a unique key after it.
     """
 
     def __init__(
@@ -78,9 +91,24 @@ class Runner:
         # Called after a flush wrote a failed attempt's retry time: the stager's
         # cue to read the earliest due time again, since no NOTIFY announces such a row (SPEC S7).
         self.on_waiting: Callable[[], None] = lambda: None
-        # The largest result a handler may return, in UTF-8 bytes of JSON (SPEC V1).
-        self.result_max_bytes = 1024 * 1024
+        self.result_max_bytes = 1024 * 1024  # the largest result a handler may return (SPEC V1)
         self.events: EventSink | None = None  # set by the engine: events after commit (SPEC N1)
+        # Job id -> the claim of an attempt whose handler returned but whose done could not be
+        # written before its lease ran out (L6'): a later claim of the job is its done, not poison.
+        self._lost: OrderedDict[str, Claim] = OrderedDict()
+        self._lost_lock = threading.Lock()
+
+    def remember_lost(self, job_id: str, claim: Claim) -> None:
+        """Remember that *job_id*'s handler returned (its done unwritten, its lease gone, L6')."""
+        with self._lost_lock:
+            self._lost[job_id] = claim
+            while len(self._lost) > LOST_MAX:
+                self._lost.popitem(last=False)
+
+    def take_lost(self, job_id: str) -> Claim | None:
+        """The claim of *job_id* whose done was lost, if this engine remembers one (then forgotten)."""
+        with self._lost_lock:
+            return self._lost.pop(job_id, None)
 
     # --- running ---------------------------------------------------------
 
@@ -94,14 +122,10 @@ class Runner:
         for a in attempts:
             self._busy(a, +1)
             if a.kind.is_async:
-                tasks.append((functools.partial(self._run_async, a), self._on_task_done(a)))
+                tasks.append((functools.partial(run_async, a, self.result_max_bytes), self._on_task_done(a)))
             else:
                 self.threads.run(functools.partial(self._run_thread, a, time.monotonic()))
         self.loop.spawn_many(tasks)
-
-    async def _run_async(self, a: Attempt) -> None:
-        """Await an async handler and encode its return value on the loop, where it ran (V1)."""
-        a.result = encode_result(await a.kind.handler(a.ctx, a.claim), self.result_max_bytes)
 
     def _run_thread(self, a: Attempt, t0: float) -> None:
         error = self._call_sync(a)
@@ -158,7 +182,7 @@ class Runner:
         t0 = time.monotonic()
         if a.kind.is_async:
             try:
-                self.loop.wait(self._run_async(a))
+                self.loop.wait(run_async(a, self.result_max_bytes))
                 error: BaseException | None = None
             except BaseException as exc:
                 error = exc
@@ -172,8 +196,7 @@ class Runner:
             result = a.kind.handler(a.ctx, a.claim)
             if inspect.isawaitable(result):
                 result = self.loop.wait(result)
-            # Encoded here, on the handler's thread: a result that cannot be stored fails the attempt.
-            a.result = encode_result(result, self.result_max_bytes)
+            a.result = encode_result(result, self.result_max_bytes)  # on the handler's thread (V1)
         except BaseException as exc:
             return exc
         return None
@@ -200,6 +223,8 @@ class Runner:
         try:
             if a.end(Phase.RETURNED if error is None else Phase.RAISED):
                 self.settle(a, error)
+            elif a.ending is Phase.GAVE_UP:
+                self.settle_given_up(a)  # its lease was kept for this moment (C4')
             else:
                 self._late(a, error)
         finally:
@@ -229,16 +254,29 @@ class Runner:
             return
         self.put(outcome)
 
+    def settle_given_up(self, a: Attempt) -> None:
+        """Write the failure of an attempt given up at max_execution_timeout, once its handler ended
+        or was declared hung, whichever comes first (C4'); until then its lease was kept."""
+        if not a.settling_if(Phase.GAVE_UP):
+            return
+        hard = a.kind.options.td("max_execution_timeout").total_seconds()
+        error = MaxExecutionExceeded(f"max_execution_timeout of {hard:g}s elapsed")
+        outcome = self._outcome_of(a, Phase.GAVE_UP, error)
+        if outcome is not None:
+            self.put(outcome)
+
     def settling_outcome(self, a: Attempt, error: BaseException | None) -> Outcome | None:
         """Move *a* to settling and decide its outcome; None when nothing is to be written (then settled)."""
-        phase = a.settling()
+        return self._outcome_of(a, a.settling(), error)
+
+    def _outcome_of(self, a: Attempt, phase: Phase, error: BaseException | None) -> Outcome | None:
         ending = Ending(phase, error=error, cause=a.ctx.cause, stopping=self.stopping(), result=a.result)
         outcome = self._decide(a, ending)
         if outcome is None:
             self._nothing(a)
             return None
         if phase is Phase.RAISED and error is not None:
-            self._log_failure(a, error)
+            self._log_failure(a, error, outcome)
         return outcome
 
     def _decide(self, a: Attempt, ending: Ending) -> Outcome | None:
@@ -259,9 +297,16 @@ class Runner:
     def put(self, outcome: Outcome) -> None:
         """Hand *outcome* to the completer; write it at once without one, or once it stopped (C11)."""
         completer = self.completer
-        if completer is None or not completer.put(outcome):
-            batch = [outcome]
-            self.on_written(batch, self.repo.settle_many(batch))
+        if completer is not None and completer.put(outcome):
+            return
+        batch = [outcome]
+        while True:
+            written = self.repo.settle_many(batch)
+            locked: frozenset[str] = getattr(written, "locked", frozenset())
+            if outcome.claim_token not in locked or not self.inflight.still_held(outcome):
+                break
+            self.sleep(LOCKED_RETRY)  # its row is locked elsewhere: never waited on, tried again (L3')
+        self.on_written(batch, written)
 
     def on_written(self, batch: Sequence[Outcome], written: set[str]) -> None:
         settled: Counter[tuple[str, str]] = Counter()
@@ -299,6 +344,8 @@ class Runner:
             a = self.inflight.drop_outcome(o)
             if a is not None:
                 a.settled()
+                if a.ending is Phase.RETURNED:
+                    self.remember_lost(a.id, a.claim)
             self.log.warning(
                 "job id=%s topic=%s: %s not written: the store was unreachable for a whole lease; "
                 "the reaper returns the job",
@@ -321,11 +368,14 @@ class Runner:
             try:
                 with self.repo.begin() as tx:
                     for job in claim.chained:
-                        self.repo.enqueue_tx(tx, job)
+                        if job.unique_key is None:
+                            self.repo.enqueue_tx(tx, job)
                     for fn in claim.callbacks:
                         fn(tx)
                     if not self.repo.settle_tx(tx, done):
                         raise _NotOurs
+                    for job in [j for j in claim.chained if j.unique_key is not None]:
+                        self.repo.enqueue_tx(tx, job)  # after the done, which frees this job's key (U2)
             except _NotOurs:
                 self._nothing(a)
                 self.log.info(
@@ -346,7 +396,7 @@ class Runner:
                 self.sleep(delay)
                 delay = min(delay * 2, CLOSE_RETRY_MAX)
                 continue
-            except Exception as exc:
+            except BaseException as exc:  # SystemExit, KeyboardInterrupt too: the attempt settles (C11')
                 self.log.error(
                     "job id=%s topic=%s attempt=%d: closing transaction failed; recording a failed attempt",
                     a.id,
@@ -359,6 +409,8 @@ class Runner:
                     self._nothing(a)
                 else:
                     self.put(outcome)
+                if not isinstance(exc, Exception) and threading.current_thread() is threading.main_thread():
+                    raise  # run_once in the caller's thread: its Ctrl-C or exit goes on, the row settled
                 return
             break
         self._nothing(a)
@@ -370,6 +422,7 @@ class Runner:
 
     def _give_up_close(self, a: Attempt, exc: BaseException) -> None:
         self._nothing(a)
+        self.remember_lost(a.id, a.claim)
         self.log.warning(
             "job id=%s topic=%s: closing transaction not written (%s) and the lease is lost; "
             "the reaper returns the job",
@@ -378,22 +431,19 @@ class Runner:
             exc,
         )
 
-    def _log_failure(self, a: Attempt, error: BaseException) -> None:
+    def _log_failure(self, a: Attempt, error: BaseException, outcome: Outcome) -> None:
+        then = what_then(outcome)  # the last attempt's failure says the job is now dead
         if any(find_signal(error, s) is not None for s in (MustCancelTask, MustDelay, MustPreserveAttempt)):
-            self.log.info(
-                "job id=%s topic=%s attempt=%d: handler signalled %s",
-                a.id,
-                a.topic,
-                a.claim.attempt,
-                describe_error(error),
-            )
+            msg = "job id=%s topic=%s attempt=%d: handler signalled %s%s"
+            self.log.info(msg, a.id, a.topic, a.claim.attempt, describe_error(error), then)
             return
         self.log.error(
-            "job id=%s topic=%s attempt=%d/%d failed: %s",
+            "job id=%s topic=%s attempt=%d/%d failed: %s%s",
             a.id,
             a.topic,
             a.claim.attempt,
             a.claim.max_attempts,
             describe_error(error),
+            then,
             exc_info=error,
         )

@@ -14,7 +14,13 @@ from brooq_py.engine.attempt.inflight import InFlight
 from brooq_py.engine.attempt.outcome import Ending, decide
 from brooq_py.engine.attempt.runner import Runner
 from brooq_py.engine.metrics import Metrics
-from brooq_py.queue import AttemptTimeout, EngineStopping, LeaseLost, MaxExecutionExceeded
+from brooq_py.queue import (
+    AttemptTimeout,
+    EngineStopping,
+    JobCanceledByOperator,
+    LeaseLost,
+    MaxExecutionExceeded,
+)
 
 
 class Supervisor:
@@ -53,6 +59,22 @@ class Supervisor:
         )
         self.runner.settle(a)
 
+    def canceled(self, a: Attempt) -> None:
+        """An operator canceled the running job (its NOTIFY, or the heartbeat found the row canceled
+        under this claim): cancel the handler with ``JobCanceledByOperator``; nothing is written (X2')."""
+        if not a.end(Phase.LOST):
+            return
+        self.metrics.child(self.metrics.lease_lost, a.topic).inc()  # a LeaseLost still, as it was counted
+        a.ctx.cancel(JobCanceledByOperator("the job was canceled by an operator"))
+        self.log.info(
+            "job id=%s topic=%s attempt=%d: canceled by an operator; cancelling the handler, "
+            "nothing will be written",
+            a.id,
+            a.topic,
+            a.claim.attempt,
+        )
+        self.runner.settle(a)
+
     def fence(self, a: Attempt) -> None:
         """Renewals failed for a whole lease: others may run the job now; cancel and write nothing (L4)."""
         if not a.end(Phase.FENCED):
@@ -75,10 +97,12 @@ class Supervisor:
         a.ctx.cancel(AttemptTimeout(f"attempt_timeout of {seconds:g}s elapsed"))
 
     def give_up(self, a: Attempt) -> None:
-        """max_execution_timeout: record a failed attempt (never dead for this alone), free the slot.
+        """max_execution_timeout: stop waiting for the handler and free its slot; a failed attempt
+        (never dead for this alone) is written once the handler ends or is declared hung (C4').
 
-        Only while the handler still runs: the watchdog's list may be a moment old, and a handler
-        that returned since then is settled by its own ending.
+        Until then the lease is kept (renewed): the job cannot run again beside a handler that
+        still runs in this engine. Only while the handler still runs: the watchdog's list may be
+        a moment old, and a handler that returned since then is settled by its own ending.
         """
         if not a.give_up(Phase.GAVE_UP):
             return
@@ -86,14 +110,13 @@ class Supervisor:
         cause = MaxExecutionExceeded(f"max_execution_timeout of {hard:g}s elapsed")
         a.ctx.cancel(cause)
         self.log.error(
-            "job id=%s topic=%s attempt=%d: still running after max_execution_timeout; "
-            "recording a failed attempt and freeing the slot",
+            "job id=%s topic=%s attempt=%d: still running after max_execution_timeout; freeing the "
+            "slot; the failed attempt is recorded when the handler ends or is declared hung",
             a.id,
             a.topic,
             a.claim.attempt,
         )
         self.release_slot()  # the handler was RUNNING: its slot is ours to free
-        self.runner.settle(a, cause)
 
     def hung(self, a: Attempt) -> None:
         """Still running watchdog_grace after its cancel: count it, free the slot, end the attempt (C5, L1).
@@ -119,6 +142,8 @@ class Supervisor:
             self.release_slot()
         if a.end(Phase.HUNG):
             self.runner.settle(a)
+        elif a.ending is Phase.GAVE_UP:
+            self.runner.settle_given_up(a)  # hung after it was given up: the job may run again now (C4')
 
     def release_at_stop(self, a: Attempt) -> None:
         """At stop, hand back the row of a handler hung before the stop (the reaper's work, done early).

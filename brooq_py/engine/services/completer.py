@@ -10,6 +10,8 @@ from collections.abc import Callable, Sequence
 from brooq_py.engine.repo import Outcome
 
 MAX_BATCH = 1000
+# An outcome whose row was locked elsewhere is written again after this long, on its own (L3').
+LOCKED_RETRY = 0.25
 
 
 class Completer:
@@ -22,7 +24,10 @@ class Completer:
     buffered (their leases are still renewed until a flush ends them) while
     ``keep(outcome)`` says their lease is still held; the others go to
     ``on_dropped`` (SPEC L6: a failed write is never the job's failure).
-    ``on_written(batch, written_ids)`` runs after every successful flush.
+    ``on_written(batch, written_ids)`` runs after every successful flush. An outcome
+    whose row another transaction held locked (the write's ``locked`` claim tokens)
+    is kept aside and written again LOCKED_RETRY later: it waits alone, never
+    holding up the others (SPEC L3').
     """
 
     name = "completer"
@@ -48,6 +53,9 @@ class Completer:
         self._keep = keep
         self._on_dropped = on_dropped
         self._buf: list[Outcome] = []
+        self._later: list[Outcome] = []  # rows locked elsewhere: retried at _later_at
+        self._later_at = 0.0
+        self._retrying: set[str] = set()  # claim tokens of outcomes set aside, back in the buffer
         self._inflight = 0
         self._cond = threading.Condition()
         self._stopping = False
@@ -94,19 +102,31 @@ class Completer:
     @property
     def pending(self) -> int:
         with self._cond:
-            return len(self._buf) + self._inflight
+            return len(self._buf) + len(self._later) + self._inflight
 
     def flush_once(self) -> int:
         """Write what is buffered now, in this thread (for tests and stop); return how many."""
         with self._cond:
             batch, self._buf = self._buf, []
             self._inflight += len(batch)
+        # Outcomes set aside for a row locked elsewhere are written in a part of their own, last,
+        # so that meeting the lock again costs the others nothing (L3').
+        again = [o for o in batch if o.claim_token in self._retrying]
+        rest = [o for o in batch if o.claim_token not in self._retrying] if again else batch
+        parts = [rest[i : i + self._max_batch] for i in range(0, len(rest), self._max_batch)]
+        if again:
+            parts.append(again)  # last: the others are written before it meets the lock again
+            batch = rest + again
         try:
             done = 0
-            for i in range(0, len(batch), self._max_batch):
-                part = batch[i : i + self._max_batch]
+            for part in parts:
                 written = self._write(part)
                 done += len(part)
+                locked = getattr(written, "locked", None)
+                self._retrying.difference_update(o.claim_token for o in part)
+                if locked:
+                    self._set_aside([o for o in part if o.claim_token in locked])
+                    part = [o for o in part if o.claim_token not in locked]
                 try:
                     self._on_written(part, written)
                 except Exception:  # the rows are written: bookkeeping errors must not rewrite them
@@ -121,13 +141,34 @@ class Completer:
                 self._inflight -= len(batch)
                 self._cond.notify_all()
 
+    def _set_aside(self, outcomes: list[Outcome]) -> None:
+        with self._cond:
+            if not self._later:
+                self._later_at = time.monotonic() + LOCKED_RETRY
+            self._later.extend(outcomes)
+
+    def _due_later(self) -> float | None:
+        """Move the outcomes set aside into the buffer once due (lock held); else seconds until they are."""
+        if not self._later:
+            return None
+        left = self._later_at - time.monotonic()
+        if left > 0:
+            return left
+        self._buf.extend(self._later)
+        self._retrying.update(o.claim_token for o in self._later)
+        self._later = []
+        return None
+
     def _loop(self) -> None:
         failures = 0
         while True:
             with self._cond:
                 self._idle = True
-                while not self._buf and not self._stopping:
-                    self._cond.wait()
+                while not self._stopping:
+                    left = self._due_later()
+                    if self._buf:
+                        break
+                    self._cond.wait(left)
                 self._idle = False
                 if not self._buf and self._stopping:
                     return
@@ -180,6 +221,8 @@ class Completer:
         if thread is not None:
             thread.join(timeout)
         with self._cond:
+            self._buf.extend(self._later)  # rows still locked elsewhere get one more try
+            self._later = []
             left = len(self._buf)
         if left:
             try:

@@ -8,8 +8,12 @@ from datetime import timedelta
 
 from brooq_py.engine.attempt.attempt import Attempt, Phase
 from brooq_py.engine.clock import Clock
-from brooq_py.engine.repo import HeldLease
+from brooq_py.engine.repo import HeldLease, Renewal
 from brooq_py.engine.services.ticker import Ticker
+
+# While a held row is locked elsewhere, renew this often: the first renewal after the lock
+# is gone extends its lease well before the reaper's hold runs out (SPEC P1').
+LOCKED_RETRY = 0.25
 
 
 class Heartbeat(Ticker):
@@ -20,7 +24,9 @@ class Heartbeat(Ticker):
     blip) raises: the base logs it and retries with backoff capped at the
     period; it never cancels a handler. A settling attempt whose row does not
     come back is no lost lease: its outcome write is on its way and its guard
-    decides (SPEC C3).
+    decides (SPEC C3). A row locked elsewhere is still held, its lease not extended:
+    renewals then come every LOCKED_RETRY seconds until it is (P1'). A row canceled
+    under the claim is an operator's cancel, told as such (``on_canceled``, X2').
     """
 
     name = "heartbeat"
@@ -29,41 +35,60 @@ class Heartbeat(Ticker):
         self,
         period: timedelta,
         held: Callable[[], Sequence[Attempt]],
-        renew: Callable[[Sequence[HeldLease]], set[str]],
+        renew: Callable[[Sequence[HeldLease]], Renewal],
         on_lost: Callable[[Attempt], None],
         log: logging.Logger,
         clock: Clock,
+        on_canceled: Callable[[Attempt], None] | None = None,
     ) -> None:
         super().__init__(period, log)
         self.backoff_base = self.period / 4  # a blip is retried soon, never slower than the period
         self._held = held
         self._renew = renew
         self._on_lost = on_lost
+        self._on_canceled = on_canceled or on_lost
         self._clock = clock
+        self._locked = False
 
-    def tick(self) -> None:
-        attempts = list(self._held())
-        if not attempts:
-            return
-        sent = self._clock.monotonic()
+    def next_delay(self) -> float:
+        return min(self.period, LOCKED_RETRY) if self._locked else self.period
+
+    @staticmethod
+    def _leases(
+        attempts: Sequence[Attempt],
+    ) -> tuple[list[HeldLease], list[tuple[Attempt, tuple[float | None, str | None]]]]:
+        """The leases to renew, with the progress each handler reported since the last renewal (V4)."""
         leases: list[HeldLease] = []
         taken: list[tuple[Attempt, tuple[float | None, str | None]]] = []
         for a in attempts:
-            # Progress reported since the last renewal rides along with this one (SPEC V4).
             progress = a.ctx.take_progress()
             if progress is None:
                 leases.append(HeldLease(a.id, a.row.claim_token))
             else:
                 leases.append(HeldLease(a.id, a.row.claim_token, progress[0], progress[1]))
                 taken.append((a, progress))
+        return leases, taken
+
+    def tick(self) -> None:
+        attempts = list(self._held())
+        self._locked = False
+        if not attempts:
+            return
+        sent = self._clock.monotonic()
+        leases, taken = self._leases(attempts)
         try:
-            alive = self._renew(leases)
+            renewal = self._renew(leases)
         except BaseException:
             for a, progress in taken:  # kept for the next renewal, unless newer values came meanwhile
                 a.ctx.give_back_progress(progress)
             raise
+        for a, progress in taken:
+            if a.row.claim_token in renewal.locked:  # its row was not written this time
+                a.ctx.give_back_progress(progress)
+        self._locked = bool(renewal.locked)
         for a in attempts:
-            if a.id in alive:
+            token = a.row.claim_token
+            if token in renewal.held:
                 a.renewed_at = max(a.renewed_at, sent)
             elif a.phase is Phase.RUNNING:
-                self._on_lost(a)
+                (self._on_canceled if token in renewal.canceled else self._on_lost)(a)

@@ -14,9 +14,15 @@ from brooq_py.queue import Job
 
 
 def wake_services(
-    repo: Repo, cfg: Config, topics: Sequence[str], wake: Callable[[], None], log: logging.Logger
+    repo: Repo,
+    cfg: Config,
+    topics: Sequence[str],
+    wake: Callable[[], None],
+    log: logging.Logger,
+    on_cancel: Callable[[str, str], None] | None = None,
 ) -> list[Ticker]:
-    """The stager, and with ``cfg.notify`` a listener for wake-ups of *topics* only."""
+    """The stager, and with ``cfg.notify`` a listener for wake-ups of *topics* only and for the
+    cancels of running jobs (*on_cancel*, X2')."""
     stager = Stager(
         cfg.td("poll_interval").total_seconds(),
         topics,
@@ -29,7 +35,7 @@ def wake_services(
         return [stager]
 
     def listen() -> Listener:
-        sub = repo.listen(topics, stager.wake)
+        sub = repo.listen(topics, stager.wake, on_cancel)
         # A scheduled job's NOTIFY sent while no LISTEN was up is lost: look at the due times again.
         stager.wake()
         return sub

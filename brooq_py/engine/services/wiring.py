@@ -17,10 +17,10 @@ from brooq_py.engine.attempt.supervisor import Supervisor
 from brooq_py.engine.clock import Clock
 from brooq_py.engine.config import Config
 from brooq_py.engine.metrics import Metrics
-from brooq_py.engine.repo import Repo
+from brooq_py.engine.repo import ExpiredLease, Repo
 from brooq_py.engine.services.events import EventBus
 from brooq_py.engine.services.heartbeat import Heartbeat
-from brooq_py.engine.services.reaper import Reaper
+from brooq_py.engine.services.reaper import Reaper, reap_hold
 from brooq_py.engine.services.retention import Retention
 from brooq_py.engine.services.scheduler import Schedule, Scheduler
 from brooq_py.engine.services.ticker import Ticker
@@ -52,6 +52,7 @@ def background_services(
             supervisor.lease_lost,
             log,
             clock,
+            on_canceled=supervisor.canceled,
         ),
         Watchdog(
             inflight.running,
@@ -67,9 +68,11 @@ def background_services(
         ),
         Reaper(
             cfg.effective_reaper_period,
+            repo.expired_leases,
             functools.partial(_reap, repo, events),
             lambda t: metrics.child(metrics.reaped, t).inc(),
             log,
+            hold=reap_hold(cfg.heartbeat_period),
         ),
         *built,
     ]
@@ -113,9 +116,10 @@ def tick_enqueuer(
     return enqueue_tick
 
 
-def _reap(repo: Repo, events: EventBus) -> list[tuple[str, str]]:
-    """Reap expired leases; each row is a ``requeued`` event (attempt 0: not known here)."""
-    rows = repo.reap_expired()
+def _reap(repo: Repo, events: EventBus, leases: Sequence[ExpiredLease]) -> list[tuple[str, str]]:
+    """Reap the expired leases the reaper saw long enough; each row is a ``requeued`` event
+    (attempt 0: not known here)."""
+    rows = repo.reap(leases)
     if events.active:
         for job_id, topic in rows:
             events.emit("requeued", job_id, topic, 0)

@@ -1,14 +1,16 @@
 -- name: lease_renew
--- SPEC C3, L3: every lease still ours in one statement; ids only, never payloads.
+-- SPEC C3, L3, P1', X2': every lease still ours in one statement; claim tokens only, never payloads.
 -- Rows locked by someone else (an operator's open transaction in psql, a closing
--- transaction) are skipped, never waited for, and still returned: the lease is
--- still ours, only not renewed this time. Found by primary key, the state guard
--- hidden from the planner in a materialized CTE (the partial lease index holds dead
--- entries until VACUUM).
+-- transaction) are skipped, never waited for, and still reported held ('locked'): the
+-- lease is still ours, only not extended this time; an expired one is extended by the
+-- first renewal after the lock is gone (the reaper skips locked rows too). A row
+-- canceled under this claim is reported 'canceled' (an operator's cancel, not a lost
+-- lease). Found by primary key, the state guard hidden from the planner in a
+-- materialized CTE (the partial lease index holds dead entries until VACUUM).
 -- V4: progress and progress_note reported since the last renewal ride along (NULL:
--- unchanged); a row skipped as locked keeps its old ones.
+-- unchanged); a row skipped as locked keeps its old ones (the engine sends them again).
 WITH held AS MATERIALIZED (
-    SELECT h.id, h.token, h.progress, h.note, 'processing'::text AS guard
+    SELECT h.id, h.token, h.progress, h.note, 'processing'::text AS guard, 'canceled'::text AS gone
     FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(progress)s::real[], %(notes)s::text[])
         AS h(id, token, progress, note)
 ), free AS MATERIALIZED (
@@ -24,12 +26,12 @@ WITH held AS MATERIALIZED (
         progress_note = coalesce(free.note, j.progress_note)
     FROM free
     WHERE j.id = free.id
-    RETURNING j.id
+    RETURNING j.claim_token
 )
-SELECT id::text FROM renewed
+SELECT claim_token::text, 'renewed' FROM renewed
 UNION ALL
-SELECT j.id::text
+SELECT h.token::text, CASE WHEN j.state = h.guard THEN 'locked' ELSE 'canceled' END
 FROM {job} j
 JOIN held h ON j.id = h.id
-WHERE j.id = ANY (%(ids)s::uuid[]) AND j.state = h.guard AND j.claim_token = h.token
-    AND j.id NOT IN (SELECT id FROM free)
+WHERE j.id = ANY (%(ids)s::uuid[]) AND j.claim_token = h.token
+    AND (j.state = h.gone OR (j.state = h.guard AND j.id NOT IN (SELECT id FROM free)))
