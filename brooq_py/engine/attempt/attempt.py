@@ -148,6 +148,7 @@ class Attempt:
             claim_token=row.claim_token,
             priority=row.priority,
             parents=parents,
+            meta=row.meta,
         )
         self.started = started
         # When the database last confirmed the lease (monotonic): the claim's return, then each renewal (L4).
