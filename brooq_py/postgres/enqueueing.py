@@ -97,6 +97,7 @@ def job_params(job: Job, payload: str, job_id: uuid.UUID) -> dict[str, Any]:
         "key": job.key,
         "available_at": job.available_at,
         "priority": job.priority,
+        "meta": job.meta_json(),
     }
 
 
@@ -141,6 +142,9 @@ def keyless(
         "available_at": job.available_at,
         "priority": job.priority,
     }
+    if job.meta:  # a separate statement: one without meta still runs on the previous round's schema
+        params["meta"] = job.meta_json()
+        return q["job_enqueue_plain_meta"], params, EnqueueResult(job_id, True)
     return q.enqueue_plain, params, EnqueueResult(job_id, True)
 
 
@@ -225,7 +229,7 @@ def _enqueue_one(q: Queries, job: Job, payload: str, caps: TopicCaps) -> Plan[En
     params = job_params(job, payload, uuid7())
     params["cap"] = cap
     for _ in range(_ATTEMPTS):
-        rows = yield q.enqueue, params
+        rows = yield (q["job_enqueue_meta"] if job.meta else q.enqueue), params
         if rows and rows[0][1]:
             return EnqueueResult(str(rows[0][0]), True)
         # No row: the key is taken. (NULL, false): the cap refused it - unless the key is taken too.
@@ -308,6 +312,9 @@ def _enqueue_many(
             "priorities": int_array([job.priority for job in batch]),
             **_cap_params(jobs, todo, known),
         }
+        with_meta = any(job.meta for job in batch)
+        if with_meta or unique or parents is not None:
+            params["metas"] = "[" + ",".join([job.meta_json() or "null" for job in batch]) + "]"
         if unique:
             params["unique_keys"] = text_array([job.unique_key for job in batch])
             query = q["job_enqueue_many_unique"]
@@ -315,7 +322,7 @@ def _enqueue_many(
             params.update(after_params([parents[i] for i in todo]))
             query = q["job_enqueue_after"]
         else:
-            query = q.enqueue_many
+            query = q["job_enqueue_many_meta"] if with_meta else q.enqueue_many
         # Rows come back only for jobs whose key was taken (position in todo from 1), and for
         # capped topics that would go past their cap (then nothing was written).
         rows = yield query, params

@@ -68,6 +68,7 @@ def claimed_jobs(rows: Rows) -> list[ClaimedJob]:
             claim_token=r[5],
             locked_by=r[6],
             locked_until=r[7],
+            meta=r[8],
         )
         for r in rows
     ]

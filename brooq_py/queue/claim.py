@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from brooq_py.queue.errors import BrooqError
@@ -26,6 +26,7 @@ class Claim:
         "id",
         "lease",
         "max_attempts",
+        "meta",
         "payload",
         "priority",
         "topic",
@@ -43,6 +44,7 @@ class Claim:
         claim_token: str = "",
         priority: int = 0,
         parents: Callable[[str], dict[str, Any]] | None = None,
+        meta: Mapping[str, str] | None = None,
     ) -> None:
         self.id = id
         self.topic = topic
@@ -55,6 +57,8 @@ class Claim:
         self._chained: list[Job] = []
         self._callbacks: list[Callable[[Tx], None]] = []
         self._parents = parents
+        self.meta: Mapping[str, str] = meta or {}
+        """``Job.meta`` as enqueued (tracing's ``traceparent`` among it); empty when none."""
 
     def parent_results(self) -> dict[str, Any]:
         """Each parent's result (``Job.after``) by parent id, read in one statement (SPEC D4).

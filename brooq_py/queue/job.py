@@ -266,6 +266,10 @@ class Job:
         """The idempotency key as stored: ``""`` and ``None`` both mean no key."""
         return self.idempotency_key or None
 
+    def meta_json(self) -> str | None:
+        """Return ``meta`` as JSON text, or None when the job carries none."""
+        return None if not self.meta else _ENCODER.encode(dict(self.meta))
+
     def payload_json(self) -> str:
         """Return the payload as JSON text (see ``encode_payload``)."""
         return encode_payload(self.payload)

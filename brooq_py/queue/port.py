@@ -8,7 +8,7 @@ the database clock: the engine sends durations, never timestamps.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -30,6 +30,7 @@ class ClaimedJob:
     claim_token: str
     locked_by: str
     locked_until: datetime
+    meta: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)

@@ -120,7 +120,7 @@ class FakeRepo:
         self.calls: dict[str, int] = {}
         self.settle_batches: list[int] = []
         self.closed = False
-        self.version: str | None = "0011"
+        self.version: str | None = "0012"
         self.locked: set[str] = set()  # job ids an "operator" holds row-locked: skipped, never waited on
         self.fail_close = 0  # closing transactions whose COMMIT fails with StoreUnavailable
         self.renew_hang = threading.Event()  # cleared: renew() blocks, as on a silent socket

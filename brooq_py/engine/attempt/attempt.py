@@ -149,6 +149,7 @@ class Attempt:
             claim_token=row.claim_token,
             priority=row.priority,
             parents=parents,
+            meta=row.meta,
         )
         ctx.attach(self.claim)
         # The handler's return value as JSON text, encoded on its own thread (SPEC V1).

@@ -21,8 +21,8 @@ WITH input AS (
     FROM ROWS FROM (unnest(%(ids)s::uuid[]), unnest(%(topics)s::text[]),
                     jsonb_array_elements(%(payloads)s::jsonb), unnest(%(keys)s::text[]),
                     unnest(%(available_at)s::timestamptz[]), unnest(%(priorities)s::int[]),
-                    jsonb_array_elements(%(after)s::jsonb))
-         WITH ORDINALITY AS u(id, topic, payload, key, available_at, priority, after, ord)
+                    jsonb_array_elements(%(after)s::jsonb), jsonb_array_elements(%(metas)s::jsonb))
+         WITH ORDINALITY AS u(id, topic, payload, key, available_at, priority, after, meta, ord)
 ), fresh AS (
     SELECT c.topic, c.cap,
            (SELECT count(*) FROM input i
@@ -80,9 +80,9 @@ WITH input AS (
     JOIN parent p ON p.id = e.parent
     GROUP BY e.ord
 ), inserted AS (
-    INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, priority, state,
+    INSERT INTO {job} (id, topic, payload, idempotency_key, meta, available_at, priority, state,
                        parents, waiting_parents, last_error)
-    SELECT i.id, i.topic, i.payload, i.key, i.at, i.priority,
+    SELECT i.id, i.topic, i.payload, i.key, nullif(i.meta, 'null'::jsonb), i.at, i.priority,
            CASE WHEN v.doomed_by IS NOT NULL THEN 'canceled'
                 WHEN coalesce(v.waiting, 0) > 0 THEN 'blocked'
                 WHEN i.at > statement_timestamp() THEN 'scheduled'
