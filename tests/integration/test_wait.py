@@ -55,6 +55,22 @@ def fixed_pool(dsn: str) -> Iterator[ConnectionPool[Any]]:
         p.close()
 
 
+def waiting(store: Store, wait: Callable[[], Any]) -> tuple[threading.Thread, dict[str, BaseException]]:
+    """Run *wait* in a thread until the store's watch has registered it; its exception lands in the box."""
+    box: dict[str, BaseException] = {}
+
+    def run() -> None:
+        try:
+            wait()
+        except BaseException as exc:
+            box["exc"] = exc
+
+    t = threading.Thread(target=run)
+    t.start()
+    wait_for(lambda: store._waits is not None and store._waits._waiting, "the waiter to register")
+    return t, box
+
+
 def claim_one(store: Store, topic: str) -> tuple[str, str]:
     (row,) = store.claim([topic], 1, "test", LEASE)
     return row.id, row.claim_token
@@ -95,17 +111,7 @@ def test_v2_result_raises_job_failed_and_job_canceled_and_times_out(store: Store
     assert failed.value.row.errors[0].traceback == "tb"
 
     canceled = store.enqueue(Job("r2")).id
-    box: dict[str, BaseException] = {}
-
-    def waiter() -> None:
-        try:
-            store.result(canceled, timeout=30)
-        except BaseException as exc:
-            box["exc"] = exc
-
-    t = threading.Thread(target=waiter)
-    t.start()
-    wait_for(lambda: store._waits is not None and store._waits._waiting, "the waiter to register")
+    t, box = waiting(store, lambda: store.result(canceled, timeout=30))
     assert store.cancel(canceled)
     t.join(30)
     assert isinstance(box["exc"], JobCanceled)
@@ -124,17 +130,7 @@ def test_v2_result_raises_job_failed_and_job_canceled_and_times_out(store: Store
 def test_v2_a_job_deleted_while_waited_on_raises_job_not_found(store: Store) -> None:
     store.wait_poll_interval = 0.2  # a DELETE notifies nobody: the fallback finds it gone
     jid = store.enqueue(Job("gone")).id
-    box: dict[str, BaseException] = {}
-
-    def waiter() -> None:
-        try:
-            store.wait(jid, timeout=30)
-        except BaseException as exc:
-            box["exc"] = exc
-
-    t = threading.Thread(target=waiter)
-    t.start()
-    wait_for(lambda: store._waits is not None and store._waits._waiting, "the waiter to register")
+    t, box = waiting(store, lambda: store.wait(jid, timeout=30))
     q(store._pool, store.schema, "DELETE FROM {job} WHERE id = %s", jid)  # type: ignore[arg-type]
     t.join(30)
     assert isinstance(box["exc"], JobNotFound)
