@@ -45,6 +45,7 @@ from brooq_py.queue import (
     KindOptions,
 )
 from brooq_py.queue.handler import Handler
+from brooq_py.tasks import Tasks
 
 # How long the completer lets outcomes gather before it writes them (SPEC C10: "within milliseconds").
 COMPLETER_LINGER = 0.002
@@ -105,6 +106,7 @@ class Engine(Producing):
         self._async = AsyncRunner(self.log)
         self.runner = Runner(repo, self.inflight, self.metrics, self._async, self.log, rng)
         self.runner.stopping = lambda: self._state == "stopping"
+        self.runner.result_max_bytes = self.config.result_max_bytes
         self.supervisor = Supervisor(
             self.inflight,
             self.runner,
@@ -192,6 +194,10 @@ class Engine(Producing):
             self._kinds[topic] = kind
             self._caps[topic] = kind.options.concurrency
             self.metrics.prime([topic])
+
+    def register_tasks(self, tasks: Tasks) -> None:
+        """Register each task of *tasks* as a kind, before ``start()`` (see ``Tasks.register``)."""
+        tasks.register(self.register_kind, self.config.kind_defaults())
 
     def on_event(self, fn: Callable[[Event], None]) -> None:
         """Call *fn* once per event after its commit (before ``start()``; see docs/events.md)."""

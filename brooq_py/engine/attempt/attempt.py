@@ -121,6 +121,7 @@ class Attempt:
         "hard_deadline",
         "kind",
         "renewed_at",
+        "result",
         "row",
         "soft_deadline",
         "started",
@@ -150,6 +151,9 @@ class Attempt:
             parents=parents,
             meta=row.meta,
         )
+        ctx.attach(self.claim)
+        # The handler's return value as JSON text, encoded on its own thread (SPEC V1).
+        self.result: str | None = None
         self.started = started
         # When the database last confirmed the lease (monotonic): the claim's return, then each renewal (L4).
         self.renewed_at = started

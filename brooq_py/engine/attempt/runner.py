@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from brooq_py.engine.attempt.attempt import Attempt, HandlerState, Phase
 from brooq_py.engine.attempt.inflight import InFlight
 from brooq_py.engine.attempt.outcome import Ending, decide, describe_error, what_then
+from brooq_py.engine.attempt.results import encode_result, run_async
 from brooq_py.engine.attempt.sink import OutcomeSink
 from brooq_py.engine.attempt.slots import AsyncRunner, Threads
 from brooq_py.engine.metrics import Metrics
@@ -90,6 +91,7 @@ class Runner:
         # Called after a flush wrote a failed attempt's retry time: the stager's
         # cue to read the earliest due time again, since no NOTIFY announces such a row (SPEC S7).
         self.on_waiting: Callable[[], None] = lambda: None
+        self.result_max_bytes = 1024 * 1024  # the largest result a handler may return (SPEC V1)
         self.events: EventSink | None = None  # set by the engine: events after commit (SPEC N1)
         # Job id -> the claim of an attempt whose handler returned but whose done could not be
         # written before its lease ran out (L6'): a later claim of the job is its done, not poison.
@@ -120,7 +122,7 @@ class Runner:
         for a in attempts:
             self._busy(a, +1)
             if a.kind.is_async:
-                tasks.append((functools.partial(a.kind.handler, a.ctx, a.claim), self._on_task_done(a)))
+                tasks.append((functools.partial(run_async, a, self.result_max_bytes), self._on_task_done(a)))
             else:
                 self.threads.run(functools.partial(self._run_thread, a, time.monotonic()))
         self.loop.spawn_many(tasks)
@@ -180,7 +182,7 @@ class Runner:
         t0 = time.monotonic()
         if a.kind.is_async:
             try:
-                self.loop.wait(a.kind.handler(a.ctx, a.claim))
+                self.loop.wait(run_async(a, self.result_max_bytes))
                 error: BaseException | None = None
             except BaseException as exc:
                 error = exc
@@ -193,7 +195,8 @@ class Runner:
         try:
             result = a.kind.handler(a.ctx, a.claim)
             if inspect.isawaitable(result):
-                self.loop.wait(result)
+                result = self.loop.wait(result)
+            a.result = encode_result(result, self.result_max_bytes)  # on the handler's thread (V1)
         except BaseException as exc:
             return exc
         return None
@@ -267,7 +270,7 @@ class Runner:
         return self._outcome_of(a, a.settling(), error)
 
     def _outcome_of(self, a: Attempt, phase: Phase, error: BaseException | None) -> Outcome | None:
-        ending = Ending(phase, error=error, cause=a.ctx.cause, stopping=self.stopping())
+        ending = Ending(phase, error=error, cause=a.ctx.cause, stopping=self.stopping(), result=a.result)
         outcome = self._decide(a, ending)
         if outcome is None:
             self._nothing(a)
