@@ -12,6 +12,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from brooq_py.contrib.otel import run_span
 from brooq_py.engine.attempt.attempt import Attempt, HandlerState, Phase
 from brooq_py.engine.attempt.inflight import InFlight
 from brooq_py.engine.attempt.outcome import Ending, decide, describe_error, what_then
@@ -110,8 +111,6 @@ class Runner:
         with self._lost_lock:
             return self._lost.pop(job_id, None)
 
-    # --- running ---------------------------------------------------------
-
     def launch(self, a: Attempt) -> None:
         """Start *a*'s handler: a task on the loop for an async kind, else a thread."""
         self.launch_many([a])
@@ -193,10 +192,11 @@ class Runner:
 
     def _call_sync(self, a: Attempt) -> BaseException | None:
         try:
-            result = a.kind.handler(a.ctx, a.claim)
-            if inspect.isawaitable(result):
-                result = self.loop.wait(result)
-            a.result = encode_result(result, self.result_max_bytes)  # on the handler's thread (V1)
+            with run_span(a.topic, a.id, a.claim.attempt, a.claim.meta):  # a no-op without OpenTelemetry
+                result = a.kind.handler(a.ctx, a.claim)
+                if inspect.isawaitable(result):
+                    result = self.loop.wait(result)
+                a.result = encode_result(result, self.result_max_bytes)  # on the handler's thread (V1)
         except BaseException as exc:
             return exc
         return None
@@ -241,8 +241,6 @@ class Runner:
             how,
             a.phase,
         )
-
-    # --- settling --------------------------------------------------------
 
     def settle(self, a: Attempt, error: BaseException | None = None) -> None:
         """Settle the ending *a* just reached: exactly once, through ``decide()``."""
