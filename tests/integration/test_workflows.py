@@ -376,11 +376,9 @@ def test_d6_enqueue_group_fans_in_and_parent_results_reads_each_result(
     assert group.then_id is not None and len(group.ids) == 3
     assert state(store, group.then_id) is State.BLOCKED and waiting(db, group.then_id) == 3
     rows = store.claim(["shard"], 10, "w", LEASE)
-    db.execute(
-        "UPDATE job SET result = jsonb_build_object('n', payload) WHERE id = ANY(%s::uuid[])",
-        ([r.id for r in rows],),
+    store.settle_many(
+        [Outcome(r.id, r.claim_token, State.DONE, result=f'{{"n": {r.payload}}}') for r in rows]
     )
-    store.settle_many([Outcome(r.id, r.claim_token, State.DONE) for r in rows])
     assert store.parent_results(group.then_id) == {gid: {"n": i} for i, gid in enumerate(group.ids)}
     assert store.parent_results(group.ids[0]) == {}
     # an empty group's `then` has no parent: pending at once
