@@ -51,7 +51,8 @@ class Runner:
                 tasks.append((functools.partial(a.kind.handler, a.ctx, a.claim), self._on_task_done(a)))
             else:
                 self.threads.run(functools.partial(self._run_thread, a, time.monotonic()))
-        self.loop.spawn_many(tasks)
+        if tasks:
+            self.loop.spawn_many(tasks)
 
     def _run_thread(self, a: Attempt, t0: float) -> None:
         error = self._call_sync(a)
