@@ -18,6 +18,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from brooq_py import devdb
+from brooq_py.cli.common import first_line
 from brooq_py.engine import Config, Engine
 from brooq_py.postgres import Store, WrapTx, migrations, ops
 from brooq_py.queue import Claim, Context, Job, KindOptions
@@ -76,7 +77,20 @@ def main() -> int:
     handler = logging.StreamHandler()
     handler.setFormatter(_NoTraceback("   log %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.WARNING, handlers=[handler])
-    db = devdb.acquire()
+    try:
+        db = devdb.acquire()
+    except devdb.DevDatabaseError as exc:
+        print(f"demo: no database: {first_line(exc)}", file=sys.stderr)
+        return 1
+    try:
+        with psycopg.connect(db.dsn, connect_timeout=5):  # one clear line, as the CLI gives, not a traceback
+            pass
+    except psycopg.Error as exc:
+        db.close()
+        print(
+            f"demo: cannot connect to {devdb.mask_dsn(db.dsn)} ({db.how}): {first_line(exc)}", file=sys.stderr
+        )
+        return 1
     try:
         return run(db)
     finally:

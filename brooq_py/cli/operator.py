@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+import sys
+from typing import TYPE_CHECKING, Any
 
 from brooq_py.cli.commands import _age
 from brooq_py.cli.common import Failure, check_id, open_store
@@ -19,6 +20,9 @@ from brooq_py.postgres import flow
 from brooq_py.postgres.operator_side import INT32_MAX, TopicOverview, checked_topic
 from brooq_py.queue import InvalidJob, State
 from brooq_py.settings import Settings
+
+if TYPE_CHECKING:
+    from brooq_py.postgres import Store
 
 # The states in the order ``topics`` shows them.
 STATES = tuple(str(s) for s in State)
@@ -53,6 +57,11 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         help="every topic: jobs per state, oldest ready age, paused, limit, rate and tokens, depth cap",
     )
     topics.add_argument("--json", action="store_true", help="print the topics as JSON")
+    topics.add_argument(
+        "--forget",
+        metavar="TOPIC",
+        help="remove TOPIC's settings (pause, limit, rate, depth), e.g. of a mistyped name, instead of listing",
+    )
     jobs = sub.add_parser("jobs", parents=[common], help="the newest jobs first")
     jobs.add_argument("--topic", default=None, help="only jobs of this topic")
     jobs.add_argument("--state", default=None, choices=STATES, help="only jobs in this state")
@@ -105,6 +114,8 @@ def _pause(args: argparse.Namespace, settings: Settings, paused: bool) -> int:
     topic = check_topic(args.topic)
     with open_store(settings) as store:
         (store.pause if paused else store.resume)(topic)
+        if paused:
+            _warn_unknown(store, topic)
     print(json.dumps({"topic": topic, "paused": paused}))
     return 0
 
@@ -114,8 +125,20 @@ def cmd_limit(args: argparse.Namespace, settings: Settings) -> int:
     limit = parse_limit(args.limit)
     with open_store(settings) as store:
         store.set_limit(topic, limit)
+        if limit is not None:
+            _warn_unknown(store, topic)
     print(json.dumps({"topic": topic, "limit": limit}))
     return 0
+
+
+def _warn_unknown(store: Store, topic: str) -> None:
+    """A setting of a topic with no job waiting or running may be a typo: say so, and how to undo it."""
+    if not store.topic_active(topic):
+        print(
+            f"brooq-py: warning: no job of topic {topic!r} is waiting or running (a typo?); the setting "
+            f"is kept for when one is: `brooq-py topics --forget {topic}` removes it",
+            file=sys.stderr,
+        )
 
 
 def cmd_rate(args: argparse.Namespace, settings: Settings) -> int:
@@ -165,6 +188,12 @@ def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_topics(args: argparse.Namespace, settings: Settings) -> int:
+    if args.forget is not None:
+        topic = check_topic(args.forget)
+        with open_store(settings) as store:
+            forgot = store.forget_topic(topic)
+        print(json.dumps({"topic": topic, "forgotten": forgot}))
+        return 0 if forgot else 1
     with open_store(settings) as store:
         topics = store.topic_overview()
     if args.json:

@@ -10,12 +10,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import inspect
 import json
 import logging
 import os
 import signal
 import sys
 import threading
+import time
+from collections.abc import Callable, Generator
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -42,7 +45,13 @@ def demo_handler(ctx: Context, claim: Claim) -> None:
     )
 
 
-def _load_app(spec: str) -> Engine:
+def _load_app(spec: str) -> tuple[Engine, Callable[[], None] | None]:
+    """Return the app's Engine and what closes what its factory opened (None: nothing to close).
+
+    *attr* is an Engine, or a zero-argument factory that returns one, or a generator that
+    yields one (the code after its ``yield`` runs at shutdown), or a context manager whose
+    ``__enter__`` gives one (its ``__exit__`` runs at shutdown).
+    """
     from brooq_py.engine import Engine
 
     module_name, sep, attr = spec.partition(":")
@@ -68,11 +77,39 @@ def _load_app(spec: str) -> Engine:
             raise Failure(f"--app {spec!r}: {module_name} has no attribute {attr!r}", status=2) from None
     if not isinstance(obj, Engine) and callable(obj):
         obj = obj()
+    closer: Callable[[], None] | None = None
+    if inspect.isgenerator(obj):
+        obj, closer = _from_generator(spec, obj)
+    elif not isinstance(obj, Engine) and hasattr(obj, "__enter__") and hasattr(obj, "__exit__"):
+        manager = obj
+        obj = manager.__enter__()
+        closer = lambda: manager.__exit__(None, None, None)  # noqa: E731
     if not isinstance(obj, Engine):
+        if closer is not None:
+            closer()
         raise Failure(
-            f"--app {spec!r}: expected an Engine or a callable returning one, got {type(obj).__name__}"
+            f"--app {spec!r}: expected an Engine, or a factory (a callable, generator or context manager) "
+            f"giving one, got {type(obj).__name__}"
         )
-    return obj
+    return obj, closer
+
+
+def _from_generator(spec: str, gen: Generator[Any, Any, Any]) -> tuple[Any, Callable[[], None]]:
+    """The Engine a generator factory yields, and how to run the rest of it at shutdown."""
+    try:
+        engine = next(gen)
+    except StopIteration:
+        raise Failure(f"--app {spec!r}: the factory yielded nothing") from None
+
+    def close() -> None:
+        try:
+            next(gen)
+        except StopIteration:
+            return
+        gen.close()
+        log.warning("--app %s: the factory yielded more than once; closed it after the first", spec)
+
+    return engine, close
 
 
 def _apply_dotenv_to_environ(path: Path = Path(".env")) -> None:
@@ -83,6 +120,44 @@ def _apply_dotenv_to_environ(path: Path = Path(".env")) -> None:
     for key, value in merge_env(os.environ, values).items():
         if not os.environ.get(key):
             os.environ[key] = value
+
+
+class _Strays:
+    """Log once per topic, at WARNING, the topics whose jobs sit pending with no handler in this worker.
+
+    Checked every gauges period (a loose scan of the claim index: one probe per pending topic).
+    Another worker may serve them: the line says what this one runs.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.every = engine.config.td("gauges_period").total_seconds()
+        self.seen: set[str] = set()
+        self.due = 0.0
+
+    def check(self) -> None:
+        now = time.monotonic()
+        if now < self.due:
+            return
+        self.due = now + self.every
+        repo = getattr(self.engine.repo, "inner", self.engine.repo)
+        find = getattr(repo, "pending_topics_besides", None)
+        if find is None:
+            return
+        try:
+            topics = find(self.engine.topics)
+        except Exception as exc:
+            log.debug("looking for pending topics without a handler failed: %s", exc)
+            return
+        for topic in topics:
+            if topic not in self.seen:
+                self.seen.add(topic)
+                log.warning(
+                    "jobs of topic %r are pending and this worker has no handler for it (it runs: %s); "
+                    "they wait for a worker that registers it",
+                    topic,
+                    ", ".join(self.engine.topics) or "nothing",
+                )
 
 
 class _Signals:
@@ -125,6 +200,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     signals.install()
     pool: ConnectionPool | None = None
     store: Store | None = None
+    close_app: Callable[[], None] | None = None
     if args.demo:
         from brooq_py.engine import Engine
         from brooq_py.postgres import Store
@@ -136,9 +212,11 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         engine.register_kind("demo", demo_handler)
     else:
         _apply_dotenv_to_environ()
-        engine = _load_app(args.app)
+        engine, close_app = _load_app(args.app)
         app_schema = getattr(engine.repo, "schema", None)
         if args.schema and app_schema is not None and args.schema != app_schema:
+            if close_app is not None:
+                close_app()
             raise Failure(
                 f"--schema {args.schema} does not match the app's Store (schema {app_schema!r}): "
                 f"drop --schema or give the app's Store schema={args.schema!r}",
@@ -147,10 +225,8 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
     server = None
     try:
-        try:
-            engine.start()
-        except BrooqError as exc:  # e.g. the schema is not migrated: one line naming the fix
-            raise Failure(str(exc)) from None
+        # The port first: a busy one is refused before the engine claims anything (and logs nothing
+        # of an engine that started only to stop); /healthz says 503 until the engine runs.
         try:
             server = serve(
                 engine,
@@ -163,6 +239,10 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
             raise Failure(
                 f"cannot listen on {settings.http_host}:{settings.http_port}: {exc.strerror}"
             ) from None
+        try:
+            engine.start()
+        except BrooqError as exc:  # e.g. the schema is not migrated: one line naming the fix
+            raise Failure(str(exc)) from None
         log.info(
             "worker running: topics %s, %d workers; service surface listening on %s (/jobs %s)",
             ", ".join(engine.topics) or "(none)",
@@ -170,8 +250,11 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
             server.url,
             _jobs_access(settings),
         )
-        while not signals.stopping.wait(1.0):
-            pass
+        strays = _Strays(engine)
+        while True:
+            strays.check()
+            if signals.stopping.wait(min(1.0, strays.every)):
+                break
         log.info("stopping: no new claims; waiting for running handlers")
         engine.stop(stop_timeout)
         log.info("stopped")
@@ -186,6 +269,11 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
                 store.close()
         if pool is not None:
             pool.close()
+        if close_app is not None:
+            try:
+                close_app()
+            except Exception:
+                log.exception("closing the --app factory's resources failed")
 
 
 def _jobs_access(settings: Settings) -> str:

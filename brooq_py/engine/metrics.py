@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Summary
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -14,6 +14,9 @@ from brooq_py.queue import State
 
 ACTIVE = (State.PENDING, State.SCHEDULED, State.PROCESSING, State.FAILED)
 
+# Handler run times from a millisecond to the default max_execution_timeout (5 min) and past it.
+DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
 
 class Metrics:
     """Counters and gauges updated by the engine's pieces; label children cached per topic."""
@@ -21,13 +24,23 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
         r = registry
-        self.enqueued = Counter("brooq_enqueued", "Jobs enqueued through the Engine.", ["topic"], registry=r)
+        self.enqueued = Counter(
+            "brooq_enqueued",
+            "Jobs created through this Engine (enqueue, enqueue_tx, enqueue_many, chained jobs).",
+            ["topic"],
+            registry=r,
+        )
         self.claimed = Counter("brooq_claimed", "Jobs claimed by this engine.", ["topic"], registry=r)
         self.settled = Counter(
             "brooq_settle", "Outcomes written, by outcome.", ["topic", "outcome"], registry=r
         )
-        self.duration = Summary(
-            "brooq_attempt_duration_seconds", "Handler run time per attempt.", ["topic"], registry=r
+        # A histogram, not a summary: buckets aggregate across engines (histogram_quantile over sum by le).
+        self.duration = Histogram(
+            "brooq_attempt_duration_seconds",
+            "Handler run time per attempt.",
+            ["topic"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
         )
         self.busy = Gauge("brooq_worker_busy", "Worker slots running a handler.", ["topic"], registry=r)
         self.lease_lost = Counter(

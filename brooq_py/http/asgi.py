@@ -23,7 +23,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from brooq_py.http.api import Gate, Request, Surface, safe
 from brooq_py.http.auth import is_loopback
-from brooq_py.http.dashboard import Gated, build
+from brooq_py.http.dashboard import build
+from brooq_py.http.gated import Gated
 from brooq_py.http.listen import LISTEN_BACKLOG, family
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -29,10 +29,9 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from brooq_py.http.actions import ActionError, Operator
-from brooq_py.http.api import BUSY, Gate, check_body
+from brooq_py.http.api import check_body
 from brooq_py.http.auth import SESSION_SECONDS, Role, Roles, is_loopback, loopback_name
 from brooq_py.http.render import jinja_env
 from brooq_py.postgres.overview import FINISHED, STATES, WAITING, BadCursor, Overview
@@ -71,7 +70,8 @@ class Dashboard:
             Route("/", self.topics_page, name="topics"),
             Route("/topics.rows", self.topics_rows, name="topics_rows"),
             Route("/jobs", self.jobs_page, name="jobs"),
-            Route("/job/{job_id}", self.job_page, name="job"),
+            Route("/jobs/{job_id}", self.job_page, name="job"),
+            Route("/job/{job_id}", self.old_job_page, name="old_job"),
             Route("/dead", self.dead_page, name="dead"),
             Route("/login", self.login_page, methods=["GET", "POST"], name="login"),
             Route("/logout", self.logout, methods=["POST"], name="logout"),
@@ -256,12 +256,20 @@ class Dashboard:
             payload = f"{payload[:MAX_PAYLOAD_SHOWN]}\n… {hidden:,} more characters not shown"
         context = {
             "job": row,
+            "finished": row.state in FINISHED,
+            "canceled_by": _canceled_by(row),
             "payload": payload,
             "retryable": row.state in RETRYABLE,
             "cancelable": row.state in CANCELABLE,
             "title": f"Job {row.id}",
         }
         return self._page(request, "job.html", context)
+
+    def old_job_page(self, request: Request) -> Response:
+        """The job page's former address: a permanent redirect to /jobs/<id> (the API's address too)."""
+        query = request.url.query
+        target = self._url(request, f"/jobs/{request.path_params['job_id']}") + (f"?{query}" if query else "")
+        return RedirectResponse(target, status_code=308)
 
     async def login_page(self, request: Request) -> Response:
         if not self.settings.login:
@@ -390,6 +398,15 @@ _ACTIONS: dict[str, Callable[[Operator, dict[str, list[str]]], str]] = {
 }
 
 
+def _canceled_by(row: Any) -> str | None:
+    """Who canceled a canceled job, as far as its row tells: its handler leaves its signal in last_error."""
+    if row.state != State.CANCELED:
+        return None
+    if row.last_error and row.last_error.startswith("MustCancelTask"):
+        return "by its handler"
+    return "by a cancel (dashboard, CLI, HTTP or code; the row does not record who)"
+
+
 def _here(request: Request, base: str) -> str:
     """Return the current page inside the dashboard, without the last action's message."""
     query = urlencode([(k, v) for k, v in request.query_params.multi_items() if k != "done"])
@@ -401,32 +418,6 @@ def _local(target: str | None) -> str:
     if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
         return "/"
     return target
-
-
-class Gated:
-    """At most ``gate.limit`` requests inside *app* at once; the next is answered 503 at once (SPEC Z2)."""
-
-    def __init__(self, app: ASGIApp, gate: Gate) -> None:
-        self.app = app
-        self.gate = gate
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        if not self.gate.enter():
-            await _send_busy(send)
-            return
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self.gate.leave()
-
-
-async def _send_busy(send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
-    headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in BUSY.all_headers()]
-    await send({"type": "http.response.start", "status": BUSY.status, "headers": headers})
-    await send({"type": "http.response.body", "body": BUSY.body})
 
 
 def build(

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import jinja2
 
-BAR_WIDTH = 3
+BAR_WIDTH = 2
 CHART_HEIGHT = 28
 
 

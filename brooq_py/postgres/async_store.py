@@ -29,7 +29,7 @@ from brooq_py.postgres.async_wraptx import (
 )
 from brooq_py.postgres.caps import TopicCaps
 from brooq_py.postgres.enqueueing import drive_async, first_statement
-from brooq_py.postgres.errors import refused_by_read_only, translated, unavailable
+from brooq_py.postgres.errors import names_migration, refused_by_read_only, translated, unavailable
 from brooq_py.postgres.flow import checked_depth, checked_rate
 from brooq_py.postgres.operator_side import LIMIT_WAIT, checked_topic
 from brooq_py.postgres.producer import check_schema, no_pool
@@ -115,6 +115,7 @@ class AsyncStore:
         async with self._autocommit(doing) as conn:
             return await drive_async(plan, on_async_connection(conn), first)
 
+    @names_migration
     async def enqueue(self, job: Job) -> EnqueueResult:
         """Enqueue *job* in its own autocommit statement; return its id and whether this call created it.
 
@@ -131,6 +132,7 @@ class AsyncStore:
         await self._execute("enqueueing", query, params)
         return created
 
+    @names_migration
     async def enqueue_tx(self, tx: AsyncTx, job: Job) -> EnqueueResult:
         """Enqueue *job* inside the caller's transaction *tx* (SPEC E3); the caller commits.
 
@@ -144,6 +146,7 @@ class AsyncStore:
         with translated("enqueueing", conn):
             return await drive_async(plan, on_async_connection(conn))
 
+    @names_migration
     async def enqueue_many(self, jobs: Sequence[Job], tx: AsyncTx | None = None) -> list[EnqueueResult]:
         """Enqueue *jobs* in one statement (SPEC E5), in *tx* when given; results in input order.
 
@@ -201,6 +204,13 @@ class AsyncStore:
         except psycopg.errors.UniqueViolation:
             return False  # an active holder of its unique key committed meanwhile (SPEC U3)
         return done
+
+    async def list_jobs(
+        self, topic: str | None = None, state: str | None = None, limit: int = 50
+    ) -> list[JobRow]:
+        """Return the jobs of *topic* and/or *state* (every one when None), newest first, at most *limit*."""
+        rows: list[JobRow] = await self._drive("listing jobs", plans.list_jobs(self._q, topic, state, limit))
+        return rows
 
     async def set_rate_limit(
         self, topic: str, limit: int | None, per: float | timedelta = 1, *, burst: int | None = None

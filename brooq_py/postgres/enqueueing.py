@@ -227,15 +227,9 @@ def enqueue_many(q: Queries, jobs: Sequence[Job], caps: TopicCaps) -> Plan[list[
 
 
 def _cap_params(jobs: Sequence[Job], todo: list[int], known: Mapping[str, int]) -> dict[str, str]:
-    counts: dict[str, int] = {}
-    for i in todo:
-        if jobs[i].topic in known:
-            counts[jobs[i].topic] = counts.get(jobs[i].topic, 0) + 1
-    return {
-        "cap_topics": text_array(list(counts)),
-        "caps": int_array(known[t] for t in counts),
-        "cap_counts": int_array(counts.values()),
-    }
+    """The batch's capped topics and their caps; the statement counts the jobs it would write."""
+    topics = list(dict.fromkeys(jobs[i].topic for i in todo if jobs[i].topic in known))
+    return {"cap_topics": text_array(topics), "caps": int_array(known[t] for t in topics)}
 
 
 def _enqueue_many(
@@ -368,3 +362,11 @@ def row_of(r: tuple[Any, ...]) -> JobRow:
         created_at=r[11],
         updated_at=r[12],
     )
+
+
+def list_jobs(q: Queries, topic: str | None, state: str | None, limit: int) -> Plan[list[JobRow]]:
+    """Read the newest jobs first, of one topic and/or state (all when None), at most *limit*."""
+    if state is not None:
+        state = str(State(state))  # an unknown state is a ValueError here, not an empty answer
+    rows = yield q["job_list"], {"topic": topic, "state": state, "limit": max(0, int(limit))}
+    return [row_of(r) for r in rows]

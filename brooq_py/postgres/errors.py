@@ -12,13 +12,15 @@ and a producer sees the outage it can retry.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+import inspect
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import psycopg
 
-from brooq_py.queue import StoreUnavailable
+from brooq_py.queue import BrooqError, StoreUnavailable
 from brooq_py.redact import mask_secrets
 
 # Server-side states that mean "the connection is gone or cannot be had", as opposed to
@@ -121,3 +123,59 @@ def dropped_if_read_only(conn: psycopg.Connection[Any], doing: str) -> Iterator[
         if isinstance(exc, StoreUnavailable):
             raise
         raise unavailable(exc, doing) from exc
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+_MISSING = (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName)
+
+
+def _missing_tables(exc: BaseException) -> bool:
+    """True when *exc*, or what it wraps (SQLAlchemy's ``orig``, Django's cause), says a table or
+    schema does not exist."""
+    seen: BaseException | None = exc
+    for _ in range(6):
+        if seen is None:
+            return False
+        if isinstance(seen, _MISSING):
+            return True
+        orig = getattr(seen, "orig", None)
+        seen = orig if isinstance(orig, BaseException) else (seen.__cause__ or seen.__context__)
+    return False
+
+
+def not_migrated(schema: str) -> BrooqError:
+    return BrooqError(
+        f"schema {schema!r} has no brooq_py tables (it is not migrated): "
+        f"run `brooq-py migrate up --schema {schema}`"
+    )
+
+
+def names_migration(fn: _F) -> _F:
+    """Decorate a Store/AsyncStore method: a statement on a schema without brooq's tables raises
+    BrooqError naming ``migrate up --schema S`` (chained), not a bare UndefinedTable.
+
+    Nothing more is run: the caller's transaction is left as that one failed statement left it.
+    """
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def run_async(self: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return await fn(self, *args, **kwargs)
+            except Exception as exc:
+                if _missing_tables(exc):
+                    raise not_migrated(self.schema) from exc
+                raise
+
+        return cast(_F, run_async)
+
+    @functools.wraps(fn)
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(self, *args, **kwargs)
+        except Exception as exc:
+            if _missing_tables(exc):
+                raise not_migrated(self.schema) from exc
+            raise
+
+    return cast(_F, run)

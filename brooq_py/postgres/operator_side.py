@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 from datetime import timedelta
@@ -124,6 +124,27 @@ class OperatorSide:
     def resume(self, topic: str) -> None:
         """Resume *topic* and wake the engines that run it (SPEC Q2)."""
         self._run("resuming a topic", self._q["topic_resume"], {"topic": checked_topic(topic)})
+
+    def forget_topic(self, topic: str) -> bool:
+        """Remove *topic*'s settings (pause, limit): it runs as if never touched. True if it had some."""
+        rows = self._run(
+            "forgetting a topic's settings", self._q["topic_forget"], {"topic": checked_topic(topic)}
+        )
+        return bool(rows)
+
+    def topic_active(self, topic: str) -> bool:
+        """Whether *topic* has a job waiting (pending, scheduled, failed) or processing."""
+        rows = self._run(
+            "looking for a topic's jobs", self._q["topic_active"], {"topic": checked_topic(topic)}
+        )
+        return bool(rows[0][0])
+
+    def pending_topics_besides(self, topics: Sequence[str]) -> list[str]:
+        """The topics with pending jobs other than *topics* (at most 100), by name."""
+        rows = self._run(
+            "reading the pending topics", self._q["topic_pending_others"], {"topics": list(topics)}
+        )
+        return [str(r[0]) for r in rows]
 
     def paused(self) -> set[str]:
         """Return the paused topics."""

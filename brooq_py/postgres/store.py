@@ -32,7 +32,7 @@ from brooq_py.postgres import enqueueing as plans
 from brooq_py.postgres.bounds import DEFAULT_LEASE, merged, statement_budget
 from brooq_py.postgres.caps import TopicCaps
 from brooq_py.postgres.enqueueing import drive, first_statement, parse_id
-from brooq_py.postgres.errors import dropped_if_read_only, translated
+from brooq_py.postgres.errors import dropped_if_read_only, names_migration, translated
 from brooq_py.postgres.flow_side import FlowSide
 from brooq_py.postgres.listener import PROBE_TIMEOUT, PgListener
 from brooq_py.postgres.operator_side import OperatorSide
@@ -200,6 +200,7 @@ class Store(WorkerSide, OperatorSide, FlowSide):
         with self._autocommit(doing) as conn:
             return drive(plan, on_connection(conn), first)
 
+    @names_migration
     def enqueue(self, job: Job) -> EnqueueResult:
         """Enqueue *job* in its own autocommit statement; return its id and whether this call created it.
 
@@ -214,6 +215,7 @@ class Store(WorkerSide, OperatorSide, FlowSide):
         self._execute("enqueueing", query, params)
         return created
 
+    @names_migration
     def enqueue_tx(self, tx: Tx, job: Job) -> EnqueueResult:
         """Enqueue *job* inside the caller's transaction *tx* (SPEC E3); the caller commits.
 
@@ -229,6 +231,7 @@ class Store(WorkerSide, OperatorSide, FlowSide):
         with translated("enqueueing", as_psycopg(tx)):
             return drive(plan, on_tx(tx))
 
+    @names_migration
     def enqueue_many(self, jobs: Sequence[Job], tx: Tx | None = None) -> list[EnqueueResult]:
         """Enqueue *jobs* in one statement (SPEC E5), in *tx* when given; results in input order.
 
@@ -295,6 +298,18 @@ class Store(WorkerSide, OperatorSide, FlowSide):
         """Return the job's row as the caller's transaction *tx* sees it; None for an unknown or malformed id."""
         with translated("reading a job", as_psycopg(tx)):
             return drive(plans.get(self._q, job_id), on_tx(tx))
+
+    def next_retry(self, topics: Sequence[str]) -> float | None:
+        """Seconds until the earliest failed job of *topics* is retried (<= 0: due; None: none waits)."""
+        if not topics:
+            return None
+        rows = self._run("reading the next retry", self._q["job_next_retry"], {"topics": list(topics)})
+        return None if not rows or rows[0][0] is None else float(rows[0][0])
+
+    def due_now(self, topics: Sequence[str]) -> None:
+        """Make the scheduled and failed jobs of *topics* due at once (a test's drain skips their wait)."""
+        if topics:
+            self._execute("making jobs due", self._q["job_due_now"], {"topics": list(topics)})
 
     # -- engine plumbing -----------------------------------------------------------
 

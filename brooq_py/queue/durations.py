@@ -66,9 +66,14 @@ def parse_go_duration(text: str) -> timedelta:
     try:
         if not math.isfinite(total):
             raise OverflowError
-        return timedelta(seconds=sign * total)
+        d = timedelta(seconds=sign * total)
     except OverflowError:
         raise ValueError(f"invalid duration {text!r}: out of range") from None
+    if total and not d:  # 1ns would silently become 0s, and be refused as "0s" or taken as "off"
+        raise ValueError(
+            f"invalid duration {text!r}: shorter than 1µs, the smallest step durations have here"
+        )
+    return d
 
 
 def format_duration(d: timedelta) -> str:

@@ -192,7 +192,7 @@ class Job:
     meta: Mapping[str, str] | None = None
     """A small string map carried to the handler (``claim.meta``); tracing puts ``traceparent`` here."""
     unique_key: str | None = None
-    """At most one *active* job per (topic, unique_key); free again once the holder ends."""
+    """At most one *active* job per (topic, unique_key); free again once the holder ends. ``""`` is None."""
     on_duplicate: Literal["keep", "merge", "replace"] = "keep"
     """What an enqueue does to the active holder of ``unique_key``: see API.md."""
     after: Sequence[str] = ()
@@ -243,6 +243,8 @@ class Job:
                 raise InvalidJob(f"unique_key must be a str or None, got {type(uk).__name__}")
             check_text(uk, "unique_key")
             check_length(uk, MAX_KEY_BYTES, "unique_key")
+            if not uk:  # "" means no key, as it does for idempotency_key
+                object.__setattr__(self, "unique_key", None)
         if self.on_duplicate not in ("keep", "merge", "replace"):
             raise InvalidJob(f"on_duplicate must be 'keep', 'merge' or 'replace', got {self.on_duplicate!r}")
         after = self.after

@@ -70,7 +70,7 @@ bodies = st.one_of(st.none(), st.binary(max_size=200), st.just(b"x" * (MAX_BODY 
             "/topics/{}/pause",
             "/topics/{}/resume",
             "/topics",
-            "/ui/job/{}",
+            "/ui/jobs/{}",
             "/ui/jobs?topic={}&state=pending",
         ]
     ),

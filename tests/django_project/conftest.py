@@ -24,20 +24,24 @@ if importlib.util.find_spec("django") is None:
 
 @pytest.fixture(scope="session")
 def django_env(dsn: str) -> Iterator[dict[str, str]]:
-    """Migrate a fresh schema, set Django up on it (with the Order table) and yield the environment
-    a ``manage.py`` subprocess needs."""
+    """Set Django up on a fresh schema, migrated by ``manage.py migrate`` (brooq's tables come from
+    the app's migration), with the Order table; yield the environment a ``manage.py`` subprocess needs."""
     import django
+    import psycopg
+    from django.core.management import call_command
     from django.db import connection
+    from psycopg import sql
 
-    from brooq_py.postgres import migrations
     from tests.conftest import drop_schema
 
     schema = "dj_" + uuid.uuid4().hex
-    migrations.upgrade(dsn, schema=schema)
+    with psycopg.connect(dsn, autocommit=True) as conn:  # Django's own tables go in it too (search_path)
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
     env = {"DATABASE_URL": dsn, "BROOQ_SCHEMA": schema, "DJANGO_SETTINGS_MODULE": "project.settings"}
     os.environ.update(env)
     sys.path.insert(0, str(HERE))
     django.setup()
+    call_command("migrate", verbosity=0)
     from shop.models import Order
 
     with connection.schema_editor() as editor:

@@ -193,3 +193,25 @@ def test_e3_e2_a_savepoint_rolled_back_drops_only_its_own_enqueue(
     assert job_row(dsn, schema, gone.id) is None
     assert (again.id, again.created) == (first.id, False)
     assert Order.objects.filter(item="after the duplicate").exists()
+
+
+def test_burst_waits_for_a_retry_in_its_backoff(django_env: dict[str, str], tmp_path: Path) -> None:
+    from django.tasks import TaskResultStatus
+    from shop.tasks import flaky
+
+    from tests.django_project.test_django_migrate import manage
+
+    result = flaky.enqueue(str(tmp_path / "flaky"))
+    retries = {"QUEUE_MAX_ATTEMPTS": "3", "QUEUE_BACKOFF_BASE": "300ms", "QUEUE_BACKOFF_MAX": "600ms"}
+    done = manage(
+        django_env["DATABASE_URL"],
+        django_env["BROOQ_SCHEMA"],
+        "brooq_worker",
+        "--burst",
+        "--queue",
+        "default",
+        extra=retries,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "flaky").read_text() == "second attempt", done.stderr
+    assert flaky.get_result(result.id).status == TaskResultStatus.SUCCESSFUL

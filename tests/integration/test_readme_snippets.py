@@ -1,5 +1,7 @@
 """The README's "Enqueue inside your own transaction" snippets are complete programs: each runs
-against real PostgreSQL and its order commits with its job (SPEC E3, A1)."""
+against real PostgreSQL and its order commits with its job (SPEC E3, A1). So do the complete
+programs (``<!-- program: name -->``) and test modules (``<!-- pytest-module: name -->``) of the
+README and of every page in docs/."""
 
 from __future__ import annotations
 
@@ -17,8 +19,25 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+from brooq_py.postgres import Store
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
 MARK = re.compile(r"<!-- readme-snippet: ([\w-]+) -->\n```python\n(.*?)```", re.S)
+MARKED = re.compile(r"<!-- (program|pytest-module): ([\w-]+) -->\n```python\n(.*?)```", re.S)
+
+
+def marked(kind: str) -> dict[str, str]:
+    """Every block marked *kind* in the README and docs/*.md, by ``page:name``.
+
+    A test module may import the programs of its own page by name (``first-app`` as ``first_app``).
+    """
+    found: dict[str, str] = {}
+    for page in [README, *sorted((ROOT / "docs").glob("*.md"))]:
+        for k, name, body in MARKED.findall(page.read_text(encoding="utf-8")):
+            if k == kind:
+                found[f"{page.stem}:{name}"] = body
+    return found
 
 
 def snippets() -> dict[str, str]:
@@ -95,3 +114,51 @@ def test_e3_readme_fastapi_snippet_serves_an_order(
     response = asyncio.run(main())
     assert response.status_code == 200, response.text
     assert counts(dsn, schema) == (1, 1)
+
+
+def test_the_docs_have_their_examples() -> None:
+    assert "testing:testing-example" in marked("pytest-module")
+    assert "README:test-first-app" in marked("pytest-module")
+    assert "README:first-app" in marked("program")
+
+
+@pytest.mark.parametrize("name", sorted(marked("program")))
+def test_a_documented_program_runs(name: str, dsn: str, schema: str, tmp_path: Path) -> None:
+    body = marked("program")[name]
+    if "store.wait(" in body and not hasattr(Store, "wait"):
+        pytest.xfail("the program needs Store.wait, which the results work adds")
+    script = tmp_path / f"program_{name.split(':')[1].replace('-', '_')}.py"
+    script.write_text(body, encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        env={**os.environ, "DATABASE_URL": dsn, "BROOQ_SCHEMA": schema},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    if name == "README:first-app":
+        assert done.stdout.split()[-1] == "done", done.stdout
+
+
+@pytest.mark.parametrize("name", sorted(marked("pytest-module")))
+def test_a_documented_test_module_passes(name: str, dsn: str, tmp_path: Path) -> None:
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["brooq_py.testing"]\n', encoding="utf-8")
+    page, short = name.split(":")
+    for program, body in marked("program").items():
+        if program.startswith(page + ":"):
+            (tmp_path / f"{program.split(':')[1].replace('-', '_')}.py").write_text(body, encoding="utf-8")
+    module = tmp_path / f"test_{short.replace('-', '_').removeprefix('test_')}.py"
+    module.write_text(marked("pytest-module")[name], encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path,
+        env={**os.environ, "DATABASE_URL": dsn, "PYTHONPATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert " passed" in done.stdout and "failed" not in done.stdout, done.stdout

@@ -144,7 +144,7 @@ def test_ui_is_the_dashboard_behind_the_same_token(engine: Engine, store: Store)
     job_id = store.enqueue(Job(TOPIC, {"n": 1})).id
     with serve(engine, port=0, token=TOKEN) as srv:
         assert srv.dashboard
-        status, body = call(srv, "GET", f"/ui/job/{job_id}")
+        status, body = call(srv, "GET", f"/ui/jobs/{job_id}")
         assert status == 200 and job_id.encode() in body
         conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
         conn.request("GET", "/ui/")
@@ -154,6 +154,6 @@ def test_ui_is_the_dashboard_behind_the_same_token(engine: Engine, store: Store)
         assert call(srv, "POST", "/ui/action/pause?x", token=TOKEN)[0] == 400  # no topic field
         assert call(srv, "GET", "/ui/static/app.js", token=None)[0] == 200
     with serve(engine, port=0, token=TOKEN, read_only=True) as srv:
-        assert b"/action/" not in call(srv, "GET", f"/ui/job/{job_id}")[1]
+        assert b"/action/" not in call(srv, "GET", f"/ui/jobs/{job_id}")[1]
     with serve(engine, port=0, token=TOKEN, dashboard=False) as srv:
         assert call(srv, "GET", "/ui/")[0] == 404

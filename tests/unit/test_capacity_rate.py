@@ -71,3 +71,22 @@ def test_f1_a_lock_held_by_another_engine_is_tried_again_shortly() -> None:
     clock.t += BUSY_RETRY
     cap.claim(repo, ["r"], 8, "w", LEASE)  # type: ignore[arg-type]
     assert repo.limited_calls == 2
+
+
+def test_f1_a_token_seen_in_the_settings_ends_the_wait_for_the_old_rates_next_token() -> None:
+    """Out of tokens at 1 per hour, then the rate raised: the settings read shows a token now."""
+    clock, woken = Clock(), []
+    cap = Capacity({}, 1.0, clock)
+    cap.wake = lambda: woken.append(True)
+    cap.set_limited(["r"])
+    repo = Repo([spent(3600.0), spent(None)])
+    cap.claim(repo, ["r"], 8, "w", LEASE)  # type: ignore[arg-type]
+    assert cap.next_due_in() == 3600.0
+    woken.clear()
+    cap.set_limited(["r"])  # the next settings read, no token yet: still waiting
+    cap.claim(repo, ["r"], 8, "w", LEASE)  # type: ignore[arg-type]
+    assert repo.limited_calls == 1 and woken == []
+    cap.set_limited(["r"], ready=["r"])
+    assert woken == [True] and cap.next_due_in() is None
+    cap.claim(repo, ["r"], 8, "w", LEASE)  # type: ignore[arg-type]
+    assert repo.limited_calls == 2

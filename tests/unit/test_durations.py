@@ -77,3 +77,10 @@ def test_api_to_timedelta_refuses_bool_and_non_numbers(value: object) -> None:
 def test_api_to_timedelta_refuses_nan_infinity_and_overflow(value: float) -> None:
     with pytest.raises(ValueError, match="lease"):
         to_timedelta(value, "lease")
+
+
+@pytest.mark.parametrize("text", ["1ns", "400ns", "0.4us", "-1ns"])
+def test_a_duration_below_a_microsecond_is_refused_not_zero(text: str) -> None:
+    with pytest.raises(ValueError, match="shorter than 1µs"):
+        parse_go_duration(text)
+    assert parse_go_duration("1500ns") == timedelta(microseconds=2)  # rounded, not refused

@@ -412,6 +412,9 @@ def test_metrics_move_o1(repo: FakeRepo, make_engine: Callable[..., Engine]) -> 
     assert get("brooq_claimed_total", {"topic": "t"}) == 1.0
     assert get("brooq_settle_total", {"topic": "t", "outcome": "done"}) == 1.0
     assert get("brooq_attempt_duration_seconds_count", {"topic": "t"}) == 1.0
+    # a histogram Prometheus can aggregate across engines, the run time inside its buckets
+    assert get("brooq_attempt_duration_seconds_bucket", {"topic": "t", "le": "+Inf"}) == 1.0
+    assert get("brooq_attempt_duration_seconds_bucket", {"topic": "t", "le": "600.0"}) == 1.0
     assert get("brooq_up") == 0.0  # gauges come from the refresher (SPEC Z2): none read yet
     e.refresher.run_once()
     assert get("brooq_jobs", {"topic": "t", "state": "pending"}) == 0.0
@@ -716,3 +719,24 @@ def test_z1_a_failing_delete_waits_a_period() -> None:
     with pytest.raises(ConnectionError):
         r.run_once()
     assert not r.behind and r.next_delay() == 600
+
+
+def test_the_last_attempts_failure_says_the_job_is_now_dead(
+    repo: FakeRepo, make_engine: Callable[..., Engine], caplog: pytest.LogCaptureFixture
+) -> None:
+    e = make_engine()
+
+    def broken(ctx: Context, claim: Claim) -> None:
+        raise ValueError("nope")
+
+    e.register_kind("t", broken, KindOptions(max_attempts=2, backoff_base=0.001, backoff_max=0.001))
+    job_id = e.enqueue(Job("t")).id
+    with caplog.at_level(logging.ERROR, logger="brooq_py.engine"):
+        e.run_once()
+        time.sleep(0.05)  # the 1 ms backoff has passed: run_once stages the row again
+        e.run_once()
+    lines = [r.getMessage() for r in caplog.records if f"job id={job_id}" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert "attempt=1/2 failed: ValueError: nope; retried in" in lines[0]
+    assert "now dead" not in lines[0]
+    assert lines[1].endswith("ValueError: nope; that was the last attempt: the job is now dead")

@@ -141,9 +141,10 @@ def test_import_directions(importer: str, forbidden: str) -> None:
     assert wrong == []
 
 
-def test_only_the_demo_and_the_cli_import_devdb() -> None:
-    """devdb is tooling for the demo, the tests and the benchmarks: the queue never depends on it."""
-    allowed = ("brooq_py.devdb", "brooq_py.demo", "brooq_py.cli")
+def test_only_the_demo_the_cli_and_the_testing_kit_import_devdb() -> None:
+    """devdb is tooling for the demo, the tests (users' too: brooq_py.testing finds a database with
+    it) and the benchmarks: the queue never depends on it."""
+    allowed = ("brooq_py.devdb", "brooq_py.demo", "brooq_py.cli", "brooq_py.testing")
     wrong = sorted(
         f"{i.importer} -> {i.target}"
         for i in IMPORTS

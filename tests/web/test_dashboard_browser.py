@@ -2,7 +2,7 @@
 
 Each action is done by clicking and checked in the database. With
 ``BROOQ_SCREENSHOTS=1`` the suite also writes docs/dashboard-topics.png and
-docs/dashboard-job.png (``make screenshots``).
+docs/dashboard-job.png, and their 420 px twins ``-narrow`` (``make screenshots``).
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def test_q1_retry_a_dead_job_by_clicking(browser: WebDriver, board: Board, store
 def test_x1_cancel_a_pending_job_by_clicking(browser: WebDriver, board: Board, store: Store) -> None:
     job_id = store.enqueue(Job("web.cancel", {"n": 1})).id
     login(browser, board)
-    browser.get(f"{board.url}/job/{job_id}")
+    browser.get(f"{board.url}/jobs/{job_id}")
     click_action(browser, ".actions", "cancel")
     assert store.get(job_id).state == State.CANCELED  # type: ignore[union-attr]
     assert browser.find_element(By.ID, "state").text == "canceled"
@@ -156,7 +156,7 @@ def test_read_only_shows_no_action(
     kill(pool, store.schema, [dead])
     login(browser, board)
     wait_for(lambda: cell(browser, "web.ro", "pending") == "1", "the topics page")
-    for path in ("/", f"/job/{pending}", f"/job/{dead}", "/dead", "/jobs?topic=web.ro&state=pending"):
+    for path in ("/", f"/jobs/{pending}", f"/jobs/{dead}", "/dead", "/jobs?topic=web.ro&state=pending"):
         browser.get(board.url + path)
         assert browser.find_elements(By.ID, "read-only"), path
         assert browser.find_elements(By.CSS_SELECTOR, "button[data-action]") == [], path
@@ -167,20 +167,16 @@ def test_a_script_in_a_payload_is_shown_as_text(browser: WebDriver, board: Board
     evil = "<script>window.__xss = 1</script><img src=x onerror=window.__xss=2>"
     job_id = store.enqueue(Job("web.xss", {"html": evil})).id
     login(browser, board)
-    browser.get(f"{board.url}/job/{job_id}")
+    browser.get(f"{board.url}/jobs/{job_id}")
     payload = browser.find_element(By.ID, "payload").text
     assert evil in payload
     assert browser.execute_script("return window.__xss === undefined")
     assert browser.find_elements(By.CSS_SELECTOR, "#payload script, #payload img") == []
 
 
-@pytest.mark.skipif(
-    not os.environ.get("BROOQ_SCREENSHOTS"), reason="screenshots are written by make screenshots"
-)
-def test_screenshots_of_the_topics_and_job_pages(
-    browser: WebDriver, board: Board, store: Store, pool: Any
-) -> None:
-    """Fill a realistic queue, then save docs/dashboard-topics.png and docs/dashboard-job.png."""
+def fill_a_realistic_queue(store: Store, pool: Any) -> str:
+    """Five topics of done, pending and dead jobs over the last hour, one paused, one limited;
+    return the id of a dead webhook job with a payload and an error."""
     job = sql.Identifier(store.schema, "job")
     shape = {
         "email.send": (1840, 7, 3),
@@ -226,11 +222,63 @@ def test_screenshots_of_the_topics_and_job_pages(
         [job_id],
         "TimeoutError: POST https://hooks.example.com/orders did not answer in 30s",
     )
+    return job_id
+
+
+OVERFLOW = """
+const doc = document.documentElement;
+const clipped = [...document.querySelectorAll('table, pre, dl, form, .card')]
+  .filter(e => e.getBoundingClientRect().right > window.innerWidth + 1)
+  .map(e => e.tagName + (e.id ? '#' + e.id : ''));
+return {scroll: doc.scrollWidth, inner: window.innerWidth, clipped: clipped};
+"""
+
+
+@pytest.mark.parametrize("width", [1280, 420])
+def test_no_page_is_wider_than_the_window(
+    width: int, browser: WebDriver, board: Board, store: Store, pool: Any
+) -> None:
+    job_id = fill_a_realistic_queue(store, pool)
+    canceled = store.enqueue(Job("email.send", {"to": "a@example.com"})).id
+    store.cancel(canceled)
+    login(browser, board)
+    browser.set_window_size(width, 900)
+    try:
+        for path in (
+            "/",
+            f"/jobs/{job_id}",
+            f"/jobs/{canceled}",
+            "/dead",
+            "/jobs?topic=email.send&state=pending",
+        ):
+            browser.get(board.url + path)
+            wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "main"), path)
+            seen = browser.execute_script(OVERFLOW)
+            assert seen["scroll"] <= seen["inner"], (width, path, seen)
+            assert seen["clipped"] == [], (width, path, seen)
+    finally:
+        browser.set_window_size(1440, 900)
+
+
+@pytest.mark.skipif(
+    not os.environ.get("BROOQ_SCREENSHOTS"), reason="screenshots are written by make screenshots"
+)
+def test_screenshots_of_the_topics_and_job_pages(
+    browser: WebDriver, board: Board, store: Store, pool: Any
+) -> None:
+    """Fill a realistic queue, then save the topics and job pages at 1280 and 420 px into docs/."""
+    job_id = fill_a_realistic_queue(store, pool)
     login(browser, board)
     wait_for(lambda: cell(browser, "email.send", "pending") == "7", "the topics page")
     DOCS.mkdir(exist_ok=True)
-    browser.set_window_size(1440, 740)
-    browser.save_screenshot(str(DOCS / "dashboard-topics.png"))
-    browser.get(f"{board.url}/job/{job_id}")
-    browser.set_window_size(1440, 820)
-    browser.save_screenshot(str(DOCS / "dashboard-job.png"))
+    try:
+        for width, suffix in ((1280, ""), (420, "-narrow")):
+            browser.set_window_size(width, 760 if width > 500 else 1400)
+            browser.get(board.url + "/")
+            wait_for(lambda: cell(browser, "email.send", "pending") == "7", "the topics page")
+            browser.save_screenshot(str(DOCS / f"dashboard-topics{suffix}.png"))
+            browser.set_window_size(width, 820 if width > 500 else 1400)
+            browser.get(f"{board.url}/jobs/{job_id}")
+            browser.save_screenshot(str(DOCS / f"dashboard-job{suffix}.png"))
+    finally:
+        browser.set_window_size(1440, 900)

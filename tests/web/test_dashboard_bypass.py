@@ -22,7 +22,7 @@ def test_o2_no_method_or_path_spelling_reaches_a_page_or_action_without_the_toke
     job = store.enqueue(Job(TOPIC, {"n": 1})).id
     for method, path in (
         ("HEAD", "/"),
-        ("HEAD", f"/job/{job}"),
+        ("HEAD", f"/jobs/{job}"),
         ("OPTIONS", "/"),
         ("OPTIONS", "/action/cancel"),
         ("GET", "/action/cancel"),
@@ -104,7 +104,7 @@ def test_o2_markup_in_a_topic_name_or_a_flash_message_is_text(board: Board, stor
 def test_z2_a_huge_payload_makes_a_bounded_job_page(board: Board, store: Store) -> None:
     """A 30 MB payload is shown in part, with how much was left out, not as a 30 MB page."""
     job = store.enqueue(Job(TOPIC, {"blob": ["x" * 1000] * 30_000})).id
-    reply = board.request("GET", f"/job/{job}", token=TOKEN)
+    reply = board.request("GET", f"/jobs/{job}", token=TOKEN)
     assert reply.status == 200
     assert len(reply.body) < 1_000_000
     assert "more characters not shown" in reply.body

@@ -94,7 +94,7 @@ def test_z2_a_page_view_costs_a_bounded_number_of_index_scans(
             ("pending page", f"/jobs?topic={TOPICS[0]}&state=pending"),
             ("done page", f"/jobs?topic={TOPICS[1]}&state=done"),
             ("dead page", "/dead"),
-            ("job page", f"/job/{job_id}"),
+            ("job page", f"/jobs/{job_id}"),
         ):
             before = settled(dsn, schema, pool)
             reply = board.request("GET", path, token=TOKEN)

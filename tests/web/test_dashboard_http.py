@@ -27,7 +27,7 @@ def csrf_of(html: str) -> str:
 def test_o2_every_page_needs_the_token(board: Board, store: Store) -> None:
     """O2: without the token every page redirects to the login form and every action is 401."""
     job_id = store.enqueue(Job(TOPIC, {"a": 1})).id
-    pages = ["/", "/topics.rows", f"/jobs?topic={TOPIC}&state=pending", f"/job/{job_id}", "/dead"]
+    pages = ["/", "/topics.rows", f"/jobs?topic={TOPIC}&state=pending", f"/jobs/{job_id}", "/dead"]
     for page in pages:
         for token in (None, TOKEN + "x", ""):
             reply = board.request("GET", page, token=token)
@@ -63,7 +63,7 @@ def test_actions_need_the_csrf_token_of_the_session(board: Board, store: Store) 
     """A cookie alone never acts: the form must carry the session's CSRF token (a bearer header needs none)."""
     job_id = store.enqueue(Job(TOPIC, {"a": 1})).id
     session = board.login()
-    page = board.request("GET", f"/job/{job_id}", cookie=session)
+    page = board.request("GET", f"/jobs/{job_id}", cookie=session)
     token = csrf_of(page.body)
     for bad in (None, "", "0" * 64, token[:-1] + ("0" if token[-1] != "0" else "1")):
         form = {"id": job_id} if bad is None else {"id": job_id, "csrf": bad}
@@ -92,7 +92,7 @@ def test_actions_need_the_csrf_token_of_the_session(board: Board, store: Store) 
 def test_read_only_hides_and_refuses_every_action(serve_board: Callable[..., Board], store: Store) -> None:
     board = serve_board(token=TOKEN, read_only=True)
     job_id = store.enqueue(Job(TOPIC, {"a": 1})).id
-    for page in ("/", f"/job/{job_id}", f"/jobs?topic={TOPIC}&state=pending", "/dead"):
+    for page in ("/", f"/jobs/{job_id}", f"/jobs?topic={TOPIC}&state=pending", "/dead"):
         body = board.request("GET", page, token=TOKEN).body
         assert "/action/" not in body and "data-action" not in body, page
         assert "read-only" in body
@@ -109,7 +109,7 @@ def test_read_only_hides_and_refuses_every_action(serve_board: Callable[..., Boa
 def test_payload_and_errors_are_escaped(board: Board, store: Store) -> None:
     evil = "<script>alert(1)</script><img src=x onerror=alert(2)>"
     job_id = store.enqueue(Job("<b>topic</b>", {"html": evil})).id
-    body = board.request("GET", f"/job/{job_id}", token=TOKEN).body
+    body = board.request("GET", f"/jobs/{job_id}", token=TOKEN).body
     assert "<script>alert" not in body and "<img src=x" not in body and "<b>topic" not in body
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in body
     assert "&lt;b&gt;topic&lt;/b&gt;" in body
@@ -251,7 +251,7 @@ def test_database_down_is_a_short_503_page(schema: str) -> None:
             ("GET", "/", None),
             ("GET", "/topics.rows", None),
             ("GET", "/dead", None),
-            ("GET", f"/job/{job_id}", None),
+            ("GET", f"/jobs/{job_id}", None),
             ("GET", f"/jobs?topic={TOPIC}&state=pending", None),
             ("POST", "/action/pause", {"topic": TOPIC}),
             ("POST", "/action/cancel", {"id": job_id}),

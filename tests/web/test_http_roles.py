@@ -151,11 +151,11 @@ PAGES = ["/", "/topics.rows", f"/jobs?topic={TOPIC}&state=pending", "/dead"]
 
 def check_dashboard(client: httpx.Client, store: Store, ids: dict[str, str], prefix: str) -> None:
     """With bearer tokens: the viewer sees every page, no action on it, and is refused each action."""
-    for page in [*PAGES, f"/job/{ids['pending']}"]:
+    for page in [*PAGES, f"/jobs/{ids['pending']}"]:
         for token in (VIEWER, OPERATOR):
             assert client.get(prefix + page, headers=bearer(token)).status_code == 200, page
         assert "/action/" not in client.get(prefix + page, headers=bearer(VIEWER)).text, page
-    assert "/action/cancel" in client.get(f"{prefix}/job/{ids['pending']}", headers=bearer(OPERATOR)).text
+    assert "/action/cancel" in client.get(f"{prefix}/jobs/{ids['pending']}", headers=bearer(OPERATOR)).text
     before = {k: store.get(v) for k, v in ids.items()}
     for name, form in ui_actions(ids):
         reply = client.post(f"{prefix}/action/{name}", data={**form, "back": "/"}, headers=bearer(VIEWER))
@@ -211,7 +211,7 @@ def test_k5_dashboard_login_with_the_viewer_token_reads_and_never_acts(
     with httpx.Client(base_url=board, timeout=30) as viewer:
         csrf = login(viewer, VIEWER)
         assert 'id="read-only"' in viewer.get("/").text
-        for page in [*PAGES, f"/job/{ids['pending']}"]:
+        for page in [*PAGES, f"/jobs/{ids['pending']}"]:
             reply = viewer.get(page)
             assert reply.status_code == 200 and "/action/" not in reply.text, page
         for name, form in ui_actions(ids):

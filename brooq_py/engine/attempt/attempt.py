@@ -351,7 +351,7 @@ class Attempt:
             self.let_go()
             return None
         if phase is Phase.RAISED and error is not None:
-            self._hooks.failed(self, error)
+            self._hooks.failed(self, error, outcome)
         return outcome
 
     def _decide(self, ending: Ending) -> Outcome | None:

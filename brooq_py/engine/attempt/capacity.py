@@ -54,14 +54,20 @@ class Capacity:
         self.wake: Callable[[], None] = lambda: None
         self.on_rate_held: Callable[[str], None] = lambda topic: None  # a claim found no token left
 
-    def set_limited(self, topics: Collection[str]) -> None:
-        """The topics with a global limit, as last read from the settings."""
+    def set_limited(self, topics: Collection[str], ready: Collection[str] = ()) -> None:
+        """The topics with a global or a rate limit, as last read from the settings; *ready*: those
+        of them with a rate token left now. A topic ready stops waiting for the token its last
+        claim said was due: the rate may have been raised since (SPEC F1)."""
         with self._lock:
             new = frozenset(topics) - self._limited
             self._limited = frozenset(topics)
             for gone in set(self._token_due) - self._limited:
                 del self._token_due[gone]
-        if new:
+            now = self._monotonic()
+            early = [t for t in ready if self._token_due.get(t, 0.0) > now]
+            for t in early:
+                del self._token_due[t]
+        if new or early:
             self.wake()
 
     def claim(

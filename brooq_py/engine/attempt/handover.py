@@ -3,11 +3,11 @@
 A plain outcome goes to the completer (an ``OutcomeSink``), which writes it in a
 batch; without one (``run_once``, or once the completer stopped) it is written at
 once. A done with closing work (``chain``/``on_succeeded``) goes to its own
-transaction: chained enqueues and callbacks first, the guarded row write last,
-all or nothing. After the write each attempt is settled, counted and told as an
-event; an outcome given up with the store (its lease lost meanwhile) is
-remembered, so that a later claim of a job whose handler returned here writes
-its done rather than taking it for poison (L6').
+transaction: chained enqueues and callbacks first, the guarded row write last
+(chained jobs with a unique key after it), all or nothing. After the write each
+attempt is settled, counted and told as an event; an outcome given up with the
+store (its lease lost meanwhile) is remembered, so that a later claim of a job
+whose handler returned here writes its done rather than taking it for poison (L6').
 """
 
 from __future__ import annotations
@@ -184,11 +184,14 @@ class Handover:
             try:
                 with self.repo.begin() as tx:
                     for job in claim.chained:
-                        self.repo.enqueue_tx(tx, job)
+                        if job.unique_key is None:
+                            self.repo.enqueue_tx(tx, job)
                     for fn in claim.callbacks:
                         fn(tx)
                     if not self.repo.settle_tx(tx, done):
                         raise _NotOurs
+                    for job in [j for j in claim.chained if j.unique_key is not None]:
+                        self.repo.enqueue_tx(tx, job)  # after the done, which frees this job's key (U2)
             except _NotOurs:
                 a.let_go()
                 self.log.info(

@@ -13,13 +13,14 @@ import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from brooq_py.engine.attempt.outcome import describe_error
+from brooq_py.engine.attempt.outcome import describe_error, what_then
 from brooq_py.queue import JobCanceledByOperator, MustCancelTask, MustDelay, MustPreserveAttempt
 from brooq_py.queue.errors import find_signal
 
 if TYPE_CHECKING:
     from brooq_py.engine.attempt.attempt import Attempt
     from brooq_py.engine.metrics import Metrics
+    from brooq_py.engine.repo import Outcome
 
 
 def _nothing(*_args: object) -> None:
@@ -90,16 +91,18 @@ class Hooks:
             logging.WARNING, a, "handler %s after the attempt ended (%s); nothing written", how, a.phase
         )
 
-    def failed(self, a: Attempt, error: BaseException) -> None:
+    def failed(self, a: Attempt, error: BaseException, outcome: Outcome) -> None:
+        then = what_then(outcome)  # the last attempt's failure says the job is now dead
         if any(find_signal(error, s) is not None for s in (MustCancelTask, MustDelay, MustPreserveAttempt)):
-            self._tell(logging.INFO, a, "handler signalled %s", describe_error(error))
+            self._tell(logging.INFO, a, "handler signalled %s%s", describe_error(error), then)
             return
         self.log.error(
-            "job id=%s topic=%s attempt=%d/%d failed: %s",
+            "job id=%s topic=%s attempt=%d/%d failed: %s%s",
             a.id,
             a.topic,
             a.claim.attempt,
             a.claim.max_attempts,
             describe_error(error),
+            then,
             exc_info=error,
         )

@@ -132,3 +132,12 @@ def decide(
         delay = min(delay_signal.delay, cap)
         return outcome(State.FAILED, delay=max(delay, timedelta(0)), last_error=last_error)
     return outcome(State.FAILED, delay=backoff_delay(attempt, base, cap, rng), last_error=last_error)
+
+
+def what_then(outcome: Outcome) -> str:
+    """What becomes of the job after a failed attempt, for the end of its log line."""
+    if outcome.state is State.DEAD:
+        return "; that was the last attempt: the job is now dead"
+    if outcome.state is State.FAILED:
+        return f"; retried in {outcome.delay.total_seconds():.3g}s"
+    return ""

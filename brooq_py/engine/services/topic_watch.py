@@ -39,7 +39,9 @@ class TopicWatch(Ticker):
     def tick(self) -> None:
         settings = {s.topic: s for s in self._read()}
         mine = self._topics()
-        self._capacity.set_limited([t for t in mine if t in settings and settings[t].limited])
+        limited = [t for t in mine if t in settings and settings[t].limited]
+        ready = [t for t in limited if (settings[t].tokens or 0.0) >= 1]
+        self._capacity.set_limited(limited, ready)
         for t in mine:
             s = settings.get(t)
             limit = s.limit if s is not None else None

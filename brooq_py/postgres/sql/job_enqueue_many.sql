@@ -7,20 +7,28 @@
 -- due later than the statement's time are scheduled (SPEC S5). Every column comes
 -- as one string to bind, not 1,000 values: an array literal (brooq_py.postgres.arrays),
 -- the payloads as one JSON array.
--- SPEC F2: %(cap_topics)s/%(caps)s/%(cap_counts)s name the batch's depth-capped
--- topics (empty for none: nothing is read), their caps and how many jobs of each
--- the batch holds. When one of them would go past its cap, nothing is inserted
--- and a row (NULL, NULL, topic) names each such topic.
+-- SPEC F2: %(cap_topics)s/%(caps)s name the batch's depth-capped topics (empty
+-- for none: nothing is read) and their caps. A topic's new jobs are those whose
+-- key no row holds yet, as the snapshot sees it (a duplicate writes nothing, so
+-- it is answered, never refused). When the new jobs of one of them would take it
+-- past its cap, nothing is inserted and a row (NULL, NULL, topic) names each such topic.
 WITH input AS (
     SELECT *
     FROM ROWS FROM (unnest(%(ids)s::uuid[]), unnest(%(topics)s::text[]),
                     jsonb_array_elements(%(payloads)s::jsonb), unnest(%(keys)s::text[]),
                     unnest(%(available_at)s::timestamptz[]), unnest(%(priorities)s::int[]))
          WITH ORDINALITY AS u(id, topic, payload, key, available_at, priority, ord)
+), fresh AS (
+    SELECT c.topic, c.cap,
+           (SELECT count(*) FROM input i
+            WHERE i.topic = c.topic
+              AND NOT EXISTS (SELECT FROM {job} e WHERE e.topic = i.topic AND e.idempotency_key = i.key)) AS n
+    FROM unnest(%(cap_topics)s::text[], %(caps)s::int[]) AS c(topic, cap)
 ), too_deep AS (
     SELECT c.topic
-    FROM unnest(%(cap_topics)s::text[], %(caps)s::int[], %(cap_counts)s::int[]) AS c(topic, cap, n)
-    WHERE (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = c.topic AND state = 'pending' LIMIT c.cap) AS p)
+    FROM fresh c
+    WHERE c.n > 0
+      AND (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = c.topic AND state = 'pending' LIMIT c.cap) AS p)
         + (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = c.topic
                                      AND state IN ('scheduled', 'failed', 'blocked') LIMIT c.cap) AS w)
         + c.n > c.cap

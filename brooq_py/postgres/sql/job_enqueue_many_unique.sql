@@ -7,7 +7,8 @@
 -- key, the active holder of its unique key and that holder's state, NULL), as
 -- the statement's snapshot sees them (both NULL: a holder committed meanwhile,
 -- ask again). The caller repeats nothing within the batch (each key once).
--- Depth caps as in job_enqueue_many: (NULL, NULL, NULL, NULL, topic) rows.
+-- Depth caps as in job_enqueue_many (a new job: neither key held, as the
+-- snapshot sees it): (NULL, NULL, NULL, NULL, topic) rows.
 WITH input AS (
     SELECT *
     FROM ROWS FROM (unnest(%(ids)s::uuid[]), unnest(%(topics)s::text[]),
@@ -15,10 +16,20 @@ WITH input AS (
                     unnest(%(unique_keys)s::text[]),
                     unnest(%(available_at)s::timestamptz[]), unnest(%(priorities)s::int[]))
          WITH ORDINALITY AS u(id, topic, payload, key, unique_key, available_at, priority, ord)
+), fresh AS (
+    SELECT c.topic, c.cap,
+           (SELECT count(*) FROM input i
+            WHERE i.topic = c.topic
+              AND NOT EXISTS (SELECT FROM {job} e WHERE e.topic = i.topic AND e.idempotency_key = i.key)
+              AND NOT EXISTS (SELECT FROM {job} e
+                              WHERE e.topic = i.topic AND e.unique_key = i.unique_key
+                                AND e.state IN ('scheduled', 'pending', 'processing', 'failed', 'blocked'))) AS n
+    FROM unnest(%(cap_topics)s::text[], %(caps)s::int[]) AS c(topic, cap)
 ), too_deep AS (
     SELECT c.topic
-    FROM unnest(%(cap_topics)s::text[], %(caps)s::int[], %(cap_counts)s::int[]) AS c(topic, cap, n)
-    WHERE (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = c.topic AND state = 'pending' LIMIT c.cap) AS p)
+    FROM fresh c
+    WHERE c.n > 0
+      AND (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = c.topic AND state = 'pending' LIMIT c.cap) AS p)
         + (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = c.topic
                                      AND state IN ('scheduled', 'failed', 'blocked') LIMIT c.cap) AS w)
         + c.n > c.cap

@@ -1,3 +1,9 @@
 -- name: topic_caps
 -- SPEC F2: the depth-capped topics and their caps (a Store caches them for a second).
-SELECT topic, max_depth FROM {topic_setting} WHERE max_depth IS NOT NULL
+-- max_depth is read through the row's jsonb, so that on a schema not yet migrated
+-- to 0010 (no such column) there are no caps, and producers deployed before the
+-- migration keep enqueueing what they could before; the table holds one row per
+-- touched topic.
+SELECT s.topic, (to_jsonb(s) ->> 'max_depth')::int
+FROM {topic_setting} s
+WHERE to_jsonb(s) ->> 'max_depth' IS NOT NULL

@@ -24,3 +24,13 @@ def explode(message: str) -> None:
 @task(takes_context=True)
 def attempt_of(context, path: str) -> None:
     Path(path).write_text(f"{context.task_result.id} attempt {context.attempt}")
+
+
+@task
+def flaky(path: str) -> None:
+    """Fails its first attempt (leaving a mark), succeeds on the retry."""
+    mark = Path(path + ".tried")
+    if not mark.exists():
+        mark.write_text("1")
+        raise RuntimeError("first attempt fails")
+    Path(path).write_text("second attempt")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import signal
 import threading
+import time
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
@@ -30,7 +31,11 @@ class Command(BaseCommand):
         parser.add_argument(
             "--workers", type=int, default=None, help="worker threads (default: QUEUE_WORKERS or 2)"
         )
-        parser.add_argument("--burst", action="store_true", help="run what is ready, then exit")
+        parser.add_argument(
+            "--burst",
+            action="store_true",
+            help="run what is ready, and retries as their backoff ends, then exit (scheduled tasks are not waited for)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
@@ -52,10 +57,10 @@ class Command(BaseCommand):
                     engine.register_kind(topic, handler_for(task, backend, engine.worker_id))
                 self.stderr.write(f"brooq_worker: {len(kinds)} topics in schema {backend.schema}")
                 if options["burst"]:
-                    ran = 0
-                    while n := engine.run_once():
-                        ran += n
-                    self.stderr.write(f"brooq_worker: ran {ran} tasks, none left ready")
+                    ran = _burst(engine, store)
+                    self.stderr.write(
+                        f"brooq_worker: ran {ran} tasks, none left ready or waiting for a retry"
+                    )
                     return
                 stop = threading.Event()
                 for sig in (signal.SIGTERM, signal.SIGINT):
@@ -67,3 +72,17 @@ class Command(BaseCommand):
             finally:
                 engine.close()
                 store.close()
+
+
+def _burst(engine: Engine, store: Store) -> int:
+    """Run every ready task in this thread, then every retry as its backoff ends; return how many ran."""
+    ran = 0
+    while True:
+        n = engine.run_once()
+        ran += n
+        if n:
+            continue
+        wait = store.next_retry(engine.topics)
+        if wait is None:
+            return ran
+        time.sleep(min(max(wait, 0.01), 1.0))

@@ -1,0 +1,30 @@
+"""The job queue's tables: brooq_py's own migrations, applied to the queue's schema(s).
+
+``manage.py migrate`` runs them to the latest revision this brooq_py ships
+(re-running it after an upgrade of brooq_py applies the new ones: the forward
+step always goes to head); ``manage.py migrate brooq_django zero`` removes
+them. Not atomic: brooq's migrations run in a transaction of their own, on
+their own connection, under their own lock.
+"""
+
+from typing import Any
+
+from django.db import migrations
+
+
+def forwards(apps: Any, schema_editor: Any) -> None:
+    from brooq_py.contrib.django.queue_schema import upgrade
+
+    upgrade(schema_editor.connection)
+
+
+def backwards(apps: Any, schema_editor: Any) -> None:
+    from brooq_py.contrib.django.queue_schema import downgrade
+
+    downgrade(schema_editor.connection)
+
+
+class Migration(migrations.Migration):
+    atomic = False
+    dependencies: list[Any] = []
+    operations = [migrations.RunPython(forwards, backwards, elidable=False)]

@@ -1,0 +1,248 @@
+"""Test your own code against brooq_py: a pytest plugin and helpers.
+
+In your ``conftest.py``::
+
+    pytest_plugins = ["brooq_py.testing"]
+
+Fixtures: ``brooq_dsn`` (a PostgreSQL found or started the way the demo finds
+one: ``DATABASE_URL``, else 127.0.0.1:5432, else a throwaway server),
+``brooq_store`` and ``brooq_async_store`` (a Store / AsyncStore on a schema of
+their own, freshly migrated and dropped after the test). Helpers: ``drain``
+runs every ready job of an engine in the calling thread, through the engine's
+own claim and settle (chain, on_succeeded and outcomes behave as under a
+running engine); ``jobs`` and ``assert_enqueued`` read what was enqueued.
+
+pytest is imported here, so only a test process imports this module; the rest
+of brooq_py never does.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import psycopg
+import psycopg_pool
+import pytest
+
+from brooq_py import devdb
+from brooq_py.engine import Engine
+from brooq_py.postgres import AsyncStore, Store, migrations, ops
+from brooq_py.queue import BrooqError, JobRow
+
+__all__ = [
+    "DrainReport",
+    "aassert_enqueued",
+    "ajobs",
+    "assert_enqueued",
+    "brooq_async_store",
+    "brooq_dsn",
+    "brooq_schema",
+    "brooq_store",
+    "drain",
+    "jobs",
+]
+
+Retries = Literal["now", "wait", "never"]
+OUTCOMES = ("done", "failed", "dead", "canceled")
+
+
+@dataclass(frozen=True)
+class DrainReport:
+    """What a ``drain`` ran: attempts claimed and outcomes written, by outcome.
+
+    ``failed`` counts attempts that failed and will be retried; ``dead`` jobs
+    that used their last attempt. Jobs handed back unrun (a stop) are in
+    ``ran`` only.
+    """
+
+    ran: int = 0
+    done: int = 0
+    failed: int = 0
+    dead: int = 0
+    canceled: int = 0
+
+    def __str__(self) -> str:
+        return (
+            f"ran {self.ran}: {self.done} done, {self.failed} failed, "
+            f"{self.dead} dead, {self.canceled} canceled"
+        )
+
+
+def _settled(engine: Engine) -> Counter[str]:
+    """The engine's own count of outcomes written, by outcome (its brooq_settle_total)."""
+    counts: Counter[str] = Counter()
+    for family in engine.metrics.settled.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                counts[sample.labels["outcome"]] += int(sample.value)
+    return counts
+
+
+def _store_of(engine: Engine) -> Store:
+    repo: Any = engine.repo
+    repo = getattr(repo, "inner", repo)  # the engine wraps its repo to watch its statements
+    if not isinstance(repo, Store):
+        raise BrooqError(f"drain() needs an engine on a brooq_py Store, not {type(repo).__name__}")
+    return repo
+
+
+def drain(
+    engine: Engine, *, retries: Retries = "now", timeout: float = 60.0, max_runs: int = 10_000
+) -> DrainReport:
+    """Run every ready job of *engine*'s topics in this thread until none is left; report the outcomes.
+
+    Each round is ``engine.run_once()``: the claim, the handler, the outcome,
+    chain and on_succeeded of a running engine, without its threads. The engine
+    must not be started. *retries* says what happens to a job that failed and
+    waits out its backoff (and to a job scheduled for later):
+
+    - ``"now"`` (default): it is made due at once and run again, until it is
+      done or dead;
+    - ``"wait"``: drain sleeps until it is due (a scheduled job too), up to *timeout* seconds;
+    - ``"never"``: it is left waiting; only jobs ready now run.
+
+    Raise TimeoutError when ``"wait"`` would pass *timeout*, and BrooqError
+    after *max_runs* attempts (a handler that chains itself forever).
+    """
+    if retries not in ("now", "wait", "never"):
+        raise ValueError(f"retries must be 'now', 'wait' or 'never', got {retries!r}")
+    store = _store_of(engine)
+    before = _settled(engine)
+    deadline = time.monotonic() + timeout
+    ran = 0
+    while True:
+        if retries == "now":
+            store.due_now(engine.topics)
+        n = engine.run_once()
+        ran += n
+        if ran > max_runs:
+            raise BrooqError(f"drain() ran {ran} attempts and jobs are still ready (max_runs={max_runs})")
+        if n:
+            continue
+        if retries != "wait":
+            break
+        due_in = store.next_due(engine.topics)
+        if due_in is None:
+            break
+        if time.monotonic() + max(due_in, 0.0) > deadline:
+            raise TimeoutError(
+                f"drain(retries='wait'): a job is due in {due_in:.1f}s, past the {timeout}s timeout"
+            )
+        time.sleep(min(max(due_in, 0.01), 1.0))
+    after = _settled(engine)
+    return DrainReport(ran, *(after[o] - before[o] for o in OUTCOMES))
+
+
+# A test's schema holds the test's own jobs: this many is "all of them".
+MAX_LISTED = 100_000
+
+
+def jobs(store: Store, topic: str | None = None, state: str | None = None) -> list[JobRow]:
+    """Return the jobs of *store*'s schema, of *topic* and/or *state* when given, oldest first."""
+    return store.list_jobs(topic, None if state is None else str(state), MAX_LISTED)[::-1]
+
+
+async def ajobs(store: AsyncStore, topic: str | None = None, state: str | None = None) -> list[JobRow]:
+    """``jobs`` for an AsyncStore."""
+    return (await store.list_jobs(topic, None if state is None else str(state), MAX_LISTED))[::-1]
+
+
+def _matches(payload: Any, expected: Any) -> bool:
+    """True when *expected* is a subset of *payload*: every key of a mapping, recursively; else equal."""
+    if isinstance(expected, Mapping):
+        return isinstance(payload, Mapping) and all(
+            k in payload and _matches(payload[k], v) for k, v in expected.items()
+        )
+    return bool(payload == expected)
+
+
+def _check_enqueued(rows: list[JobRow], topic: str, payload: Any, count: int | None) -> list[JobRow]:
+    found = [r for r in rows if payload is None or _matches(r.payload, payload)]
+    if (found and count is None) or len(found) == count:
+        return found
+    want = "at least one job" if count is None else f"{count} job(s)"
+    of = f"topic {topic!r}" + ("" if payload is None else f" with payload matching {payload!r}")
+    seen = "\n".join(f"  {r.id} {r.state} {r.payload!r}" for r in rows[:20]) or "  (none)"
+    raise AssertionError(f"expected {want} of {of}, found {len(found)}; jobs of the topic:\n{seen}")
+
+
+def assert_enqueued(store: Store, topic: str, payload: Any = None, count: int | None = 1) -> list[JobRow]:
+    """Assert that exactly *count* jobs of *topic* (any number >= 1 when None) match *payload*; return them.
+
+    *payload* matches as a subset: ``{"user_id": 42}`` matches a job whose
+    payload is ``{"user_id": 42, "lang": "fr"}``; nested mappings likewise.
+    """
+    return _check_enqueued(jobs(store, topic), topic, payload, count)
+
+
+async def aassert_enqueued(
+    store: AsyncStore, topic: str, payload: Any = None, count: int | None = 1
+) -> list[JobRow]:
+    """``assert_enqueued`` for an AsyncStore."""
+    return _check_enqueued(await ajobs(store, topic), topic, payload, count)
+
+
+class _PerUsePool(psycopg_pool.AsyncConnectionPool[Any]):
+    """An async pool that opens a connection per use, in whichever event loop the test runs.
+
+    A fixture cannot know the test's loop (pytest-asyncio, anyio or
+    ``asyncio.run`` inside a sync test); this pool has no background task tied
+    to one, so there is nothing to open or close across loops.
+    """
+
+    def __init__(self, dsn: str) -> None:
+        super().__init__(dsn, open=False)
+        self._dsn = dsn
+
+    async def getconn(self, timeout: float | None = None) -> Any:
+        return await psycopg.AsyncConnection.connect(self._dsn, autocommit=True)
+
+    async def putconn(self, conn: Any) -> None:
+        await conn.close()
+
+
+@pytest.fixture(scope="session")
+def brooq_dsn() -> Iterator[str]:
+    """A PostgreSQL DSN for the session (DATABASE_URL, else 127.0.0.1:5432, else a throwaway server)."""
+    db = devdb.acquire()
+    try:
+        yield db.dsn
+    finally:
+        db.close()
+
+
+@pytest.fixture
+def brooq_schema(brooq_dsn: str) -> Iterator[str]:
+    """A schema of the test's own, migrated to head, dropped (with everything in it) afterwards."""
+    name = "brooq_test_" + uuid.uuid4().hex[:16]
+    migrations.upgrade(brooq_dsn, schema=name)
+    try:
+        yield name
+    finally:
+        with psycopg.connect(brooq_dsn, autocommit=True) as conn:
+            ops.run(conn, "schema_drop", name)
+
+
+@pytest.fixture
+def brooq_store(brooq_dsn: str, brooq_schema: str) -> Iterator[Store]:
+    """A Store on ``brooq_schema`` with a pool of its own (closed afterwards)."""
+    pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
+        brooq_dsn, min_size=1, max_size=4, open=True
+    )
+    store = Store(pool, schema=brooq_schema)
+    try:
+        yield store
+    finally:
+        store.close()
+        pool.close()
+
+
+@pytest.fixture
+def brooq_async_store(brooq_dsn: str, brooq_schema: str) -> AsyncStore:
+    """An AsyncStore on ``brooq_schema``; usable from any event loop (a connection per call)."""
+    return AsyncStore(_PerUsePool(brooq_dsn), schema=brooq_schema)
