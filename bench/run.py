@@ -42,6 +42,7 @@ import scrape  # noqa: E402
 import w7  # noqa: E402
 import w8  # noqa: E402
 import web  # noqa: E402
+import workflows  # noqa: E402
 import workloads  # noqa: E402
 from util import fresh_schema  # noqa: E402
 
@@ -71,6 +72,7 @@ WORKLOADS = (
     "RATE",
     "W10",
     "CXL",
+    "WF",
 )
 # Run only by --full or when named in --only: the 10,000,000-row table takes minutes to build.
 FULL_ONLY = frozenset({"W10"})
@@ -99,6 +101,7 @@ _DEFAULT: dict[str, Any] = dict(
     cxl_w1=5_000,
     cxl_w3=10_000,
     cxl_latency=200,
+    wf_parents=10_000,
 )
 
 SIZES: dict[str, dict[str, Any]] = {
@@ -126,6 +129,7 @@ SIZES: dict[str, dict[str, Any]] = {
         cxl_w1=500,
         cxl_w3=1000,
         cxl_latency=20,
+        wf_parents=1000,
     ),
     "default": _DEFAULT,
     # the long variants: a 200k-job memory drain, a bigger W7, longer ceilings
@@ -461,6 +465,8 @@ def evaluate(r: dict[str, Any]) -> list[dict[str, Any]]:
     if "CXL" in r:
         rows.extend(cxl_rows(r["CXL"]))
     rows.extend(flow_rows(r))
+    if "WF" in r and "error" not in r["WF"]:
+        rows.extend(workflows.wf_rows(r["WF"]))
     return rows
 
 
@@ -625,6 +631,7 @@ def main(argv: list[str] | None = None) -> int:
                 "cost": cancel.trigger_cost(db.dsn, sz["cxl_w1"], sz["cxl_w3"]),
                 "latency": cancel.cancel_latency(db.dsn, sz["cxl_latency"]),
             },
+            "WF": lambda: workflows.wf(db.dsn, sz["w3"], sz["wf_parents"]),
         }
         for name in selected:
             ceiling = None

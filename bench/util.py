@@ -17,10 +17,10 @@ from brooq_py.postgres import Store, migrations
 
 
 @contextlib.contextmanager
-def fresh_schema(dsn: str, prefix: str) -> Iterator[str]:
-    """A schema migrated to head by the real migrations, dropped afterwards."""
+def fresh_schema(dsn: str, prefix: str, revision: str = "head") -> Iterator[str]:
+    """A schema migrated to *revision* (default head) by the real migrations, dropped afterwards."""
     name = f"bench_{prefix}_{uuid.uuid4().hex[:10]}"
-    migrations.upgrade(dsn, schema=name)
+    migrations.upgrade(dsn, schema=name, revision=revision)
     try:
         yield name
     finally:

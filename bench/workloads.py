@@ -160,11 +160,20 @@ class Probe:
 
 
 def drain(
-    dsn: str, n: int, workers: int, label: str, sample_rss: bool = False, store_factory: Any = None
+    dsn: str,
+    n: int,
+    workers: int,
+    label: str,
+    sample_rss: bool = False,
+    store_factory: Any = None,
+    revision: str = "head",
 ) -> dict[str, Any]:
-    """Enqueue *n* no-op jobs, then time one Engine draining them (start -> every row done in the DB)."""
+    """Enqueue *n* no-op jobs, then time one Engine draining them (start -> every row done in the DB).
+
+    *revision*: the migration the schema is at (an older schema under today's code).
+    """
     with (
-        fresh_schema(dsn, label) as schema,
+        fresh_schema(dsn, label, revision) as schema,
         store_on(dsn, schema, max_size=8, factory=store_factory) as store,
     ):
         seed(store, n)

@@ -99,7 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     enqueue.add_argument("--priority", metavar="N", type=int, default=0, help="higher runs first (default 0)")
 
     cancel = sub.add_parser(
-        "cancel", parents=[common], help="cancel a pending, scheduled, failed or processing job"
+        "cancel",
+        parents=[common],
+        help="cancel a pending, scheduled, failed, blocked or processing job (and its blocked descendants)",
     )
     cancel.add_argument("job_id", metavar="ID")
     get = sub.add_parser("get", parents=[common], help="print a job as JSON")

@@ -47,7 +47,8 @@ class Producing:
         return self.repo.begin()
 
     def cancel(self, job_id: str) -> bool:
-        """Cancel a pending, scheduled, failed or processing job (SPEC X1); a running one stops via lease loss."""
+        """Cancel a pending, scheduled, failed, blocked or processing job (SPEC X1, D3); a running one stops
+        via lease loss; its blocked descendants are canceled with it."""
         return self.repo.cancel(job_id)
 
     def get(self, job_id: str) -> JobRow | None:

@@ -12,7 +12,6 @@ served on a loopback address. The actions are the surface's own
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from starlette.templating import Jinja2Templates
 from brooq_py.http.actions import ActionError, Operator
 from brooq_py.http.api import check_body
 from brooq_py.http.auth import SESSION_SECONDS, Role, Roles, is_loopback, loopback_name
+from brooq_py.http.job_view import job_view
 from brooq_py.http.render import jinja_env
 from brooq_py.postgres.overview import FINISHED, STATES, WAITING, BadCursor, Overview
 from brooq_py.queue import ACTIVE_STATES, State
@@ -41,7 +41,6 @@ log = logging.getLogger("brooq_py.web")
 
 COOKIE = "brooq_session"
 PAGE_SIZE = 50
-MAX_PAYLOAD_SHOWN = 256 * 1024  # characters of a job's pretty-printed payload on its page
 RETRYABLE = (State.DEAD, State.CANCELED)
 CANCELABLE = (*ACTIVE_STATES, State.SCHEDULED)
 
@@ -247,22 +246,11 @@ class Dashboard:
         if refused:
             return refused
         try:
-            row = self.op.get(request.path_params["job_id"])
+            view = job_view(self.op, self.overview, request.path_params["job_id"])
         except ActionError as exc:
             return self._error(request, exc.status, exc.message)
-        payload = json.dumps(row.payload, indent=2, ensure_ascii=False, sort_keys=True)
-        if len(payload) > MAX_PAYLOAD_SHOWN:  # a page a browser can open, whatever was enqueued
-            hidden = len(payload) - MAX_PAYLOAD_SHOWN
-            payload = f"{payload[:MAX_PAYLOAD_SHOWN]}\n… {hidden:,} more characters not shown"
-        context = {
-            "job": row,
-            "finished": row.state in FINISHED,
-            "canceled_by": _canceled_by(row),
-            "payload": payload,
-            "retryable": row.state in RETRYABLE,
-            "cancelable": row.state in CANCELABLE,
-            "title": f"Job {row.id}",
-        }
+        state = view["job"].state
+        context = {**view, "retryable": state in RETRYABLE, "cancelable": state in CANCELABLE}
         return self._page(request, "job.html", context)
 
     def old_job_page(self, request: Request) -> Response:
@@ -396,15 +384,6 @@ _ACTIONS: dict[str, Callable[[Operator, dict[str, list[str]]], str]] = {
     "pause": _pause,
     "resume": _resume,
 }
-
-
-def _canceled_by(row: Any) -> str | None:
-    """Who canceled a canceled job, as far as its row tells: its handler leaves its signal in last_error."""
-    if row.state != State.CANCELED:
-        return None
-    if row.last_error and row.last_error.startswith("MustCancelTask"):
-        return "by its handler"
-    return "by a cancel (dashboard, CLI, HTTP or code; the row does not record who)"
 
 
 def _here(request: Request, base: str) -> str:

@@ -34,7 +34,7 @@ from brooq_py.postgres.flow import checked_depth, checked_rate
 from brooq_py.postgres.operator_side import LIMIT_WAIT, checked_topic
 from brooq_py.postgres.producer import check_schema, no_pool
 from brooq_py.postgres.queries import Queries, Query
-from brooq_py.queue import EnqueueResult, Job, JobRow, StoreUnavailable
+from brooq_py.queue import EnqueueResult, GroupResult, Job, JobRow, StoreUnavailable
 
 AsyncTx = AsyncWrapTx | psycopg.AsyncConnection[Any]
 
@@ -164,6 +164,22 @@ class AsyncStore:
         result: list[EnqueueResult] = await self._drive("enqueueing a batch", plan)
         return result
 
+    async def enqueue_group(
+        self, jobs: Sequence[Job], then: Job | None = None, tx: AsyncTx | None = None
+    ) -> GroupResult:
+        """Enqueue *jobs*, then *then* waiting for every one of them, in one transaction (SPEC D6).
+
+        *tx*: the caller's transaction (the caller commits); without it the group
+        commits in a transaction of its own on the pool. Validated first (InvalidJob, nothing written).
+        """
+        conn = async_connection_of(tx) if tx is not None else None
+        plan = plans.enqueue_group(self._q, jobs, then, self._caps)
+        with translated("enqueueing a group"):
+            if conn is not None:
+                return await drive_async(plan, on_async_connection(conn))
+            async with self.begin() as own:
+                return await drive_async(plan, on_async_connection(own.psycopg))
+
     @asynccontextmanager
     async def begin(self) -> AsyncIterator[AsyncWrapTx]:
         """Yield an AsyncWrapTx on a pool connection inside a transaction: commit on a clean exit,
@@ -181,7 +197,9 @@ class AsyncStore:
                 yield AsyncWrapTx(conn)
 
     async def cancel(self, job_id: str) -> bool:
-        """Cancel a pending, scheduled, failed or processing job (SPEC X1).
+        """Cancel a pending, scheduled, failed, blocked or processing job (SPEC X1, D3).
+
+        Its blocked descendants are canceled with it.
 
         Return False for terminal, unknown or malformed ids (never raise on a malformed id).
         """

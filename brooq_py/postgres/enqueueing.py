@@ -24,7 +24,8 @@ from brooq_py.postgres.caps import TopicCaps
 from brooq_py.postgres.queries import Queries, Query
 from brooq_py.postgres.runner import Rows
 from brooq_py.postgres.unique import answers, enqueue_unique, unique_params
-from brooq_py.queue import BrooqError, EnqueueResult, InvalidJob, Job, JobRow, State
+from brooq_py.postgres.workflows import after_params, has_parents, parents_of, unknown_parent, with_parents
+from brooq_py.queue import BrooqError, EnqueueResult, GroupResult, InvalidJob, Job, JobRow, State
 from brooq_py.queue.ids import uuid7, uuid7_text, uuid7_texts
 from brooq_py.queue.job import encode_payloads
 
@@ -95,6 +96,7 @@ def job_params(job: Job, payload: str, job_id: uuid.UUID) -> dict[str, Any]:
         "key": job.key,
         "available_at": job.available_at,
         "priority": job.priority,
+        "meta": job.meta_json(),
     }
 
 
@@ -116,16 +118,17 @@ def keyless(
     Such a job is never deduplicated (E1): one plain INSERT creates it, and its
     id is made here, so the result is known before the statement runs and
     nothing needs to come back (a Store runs it without reading a row). The job
-    is validated first (E4). None for a job with a key or a unique key, for a
-    topic that *caps* (the Store's cached depth caps) name or when *caps* is
-    None (not known lately: the plan reads them), and for anything but a Job
-    (``enqueue_one`` refuses that).
+    is validated first (E4). None for a job with a key, a unique key or
+    parents (``after``), for a topic that *caps* (the Store's cached depth caps)
+    name or when *caps* is None (not known lately: the plan reads them), and for
+    anything but a Job (``enqueue_one`` refuses that).
     """
     if (
         caps is None
         or not isinstance(job, Job)
         or job.key is not None
         or job.unique_key is not None
+        or job.after
         or job.topic in caps
     ):
         return None
@@ -138,6 +141,9 @@ def keyless(
         "available_at": job.available_at,
         "priority": job.priority,
     }
+    if job.meta:  # a separate statement: one without meta still runs on the previous round's schema
+        params["meta"] = job.meta_json()
+        return q["job_enqueue_plain_meta"], params, EnqueueResult(job_id, True)
     return q.enqueue_plain, params, EnqueueResult(job_id, True)
 
 
@@ -157,6 +163,8 @@ def enqueue_one(q: Queries, job: Job, caps: TopicCaps) -> Plan[EnqueueResult]:
     plain = keyless(q, job, caps.fresh())
     if plain is not None:
         return _just(plain)
+    if isinstance(job, Job) and job.after:
+        return _first(enqueue_many(q, [job], caps))
     (payload,) = validated([job])
     return _enqueue_one(q, job, payload, caps)
 
@@ -165,6 +173,46 @@ def _just(plain: tuple[Query, dict[str, Any], EnqueueResult]) -> Plan[EnqueueRes
     query, params, result = plain
     yield query, params
     return result
+
+
+def _first(plan: Plan[list[EnqueueResult]]) -> Plan[EnqueueResult]:
+    results = yield from plan
+    return results[0]
+
+
+def enqueue_group(q: Queries, jobs: Sequence[Job], then: Job | None, caps: TopicCaps) -> Plan[GroupResult]:
+    """``enqueue_many(jobs)``, then *then* with ``after`` = every id of the group (SPEC D6).
+
+    The caller runs the plan in one transaction. Everything is validated when
+    the plan is made, before any statement.
+    """
+    own_parents: list[str] = []
+    if then is not None:
+        if not isinstance(then, Job):
+            raise InvalidJob(f"then is not a Job: {type(then).__name__}")
+        then.payload_json()
+        (own_parents,) = parents_of([with_parents(then, [])])
+    many = enqueue_many(q, jobs, caps) if jobs else None
+    return _group(q, many, then, own_parents, caps)
+
+
+def _group(
+    q: Queries,
+    many: Plan[list[EnqueueResult]] | None,
+    then: Job | None,
+    own_parents: list[str],
+    caps: TopicCaps,
+) -> Plan[GroupResult]:
+    if own_parents:  # refused before the group is written, not after
+        missing = yield q["job_parents_missing"], {"parents": own_uuid_array(own_parents)}
+        if missing:
+            raise unknown_parent(missing[0][0])
+    results = (yield from many) if many is not None else []
+    ids = [r.id for r in results]
+    if then is None:
+        return GroupResult(ids, None)
+    fan_in = yield from enqueue_one(q, with_parents(then, ids), caps)
+    return GroupResult(ids, fan_in.id)
 
 
 def _enqueue_one(q: Queries, job: Job, payload: str, caps: TopicCaps) -> Plan[EnqueueResult]:
@@ -180,7 +228,7 @@ def _enqueue_one(q: Queries, job: Job, payload: str, caps: TopicCaps) -> Plan[En
     params = job_params(job, payload, uuid7())
     params["cap"] = cap
     for _ in range(_ATTEMPTS):
-        rows = yield q.enqueue, params
+        rows = yield (q["job_enqueue_meta"] if job.meta else q.enqueue), params
         if rows and rows[0][1]:
             return EnqueueResult(str(rows[0][0]), True)
         # No row: the key is taken. (NULL, false): the cap refused it - unless the key is taken too.
@@ -223,7 +271,9 @@ def enqueue_many(q: Queries, jobs: Sequence[Job], caps: TopicCaps) -> Plan[list[
     if repeats:
         validated(jobs)  # the repeats' payloads too, in input order
     payloads = encode_payloads([jobs[i].payload for i in todo])
-    return _enqueue_many(q, jobs, todo, repeats, payloads, caps)
+    # A batch naming parents takes the statement that checks and links them (SPEC D1).
+    parents = parents_of(jobs) if has_parents(jobs) else None
+    return _enqueue_many(q, jobs, todo, repeats, payloads, caps, parents)
 
 
 def _cap_params(jobs: Sequence[Job], todo: list[int], known: Mapping[str, int]) -> dict[str, str]:
@@ -239,6 +289,7 @@ def _enqueue_many(
     repeats: list[tuple[int, int]],
     payloads: str | None,
     caps: TopicCaps,
+    parents: list[list[str]] | None = None,
 ) -> Plan[list[EnqueueResult]]:
     results: list[EnqueueResult | None] = [None] * len(jobs)
     ids = dict(zip(todo, uuid7_texts(len(todo)), strict=True))
@@ -260,14 +311,25 @@ def _enqueue_many(
             "priorities": int_array([job.priority for job in batch]),
             **_cap_params(jobs, todo, known),
         }
+        with_meta = any(job.meta for job in batch)
+        if with_meta or unique or parents is not None:
+            params["metas"] = "[" + ",".join([job.meta_json() or "null" for job in batch]) + "]"
         if unique:
             params["unique_keys"] = text_array([job.unique_key for job in batch])
+            query = q["job_enqueue_many_unique"]
+        elif parents is not None:
+            params.update(after_params([parents[i] for i in todo]))
+            query = q["job_enqueue_after"]
+        else:
+            query = q["job_enqueue_many_meta"] if with_meta else q.enqueue_many
         # Rows come back only for jobs whose key was taken (position in todo from 1), and for
         # capped topics that would go past their cap (then nothing was written).
-        rows = yield (q["job_enqueue_many_unique"] if unique else q.enqueue_many), params
+        rows = yield query, params
         too_deep = [r[-1] for r in rows if r[-1] is not None]
         if too_deep:
             raise caps.refused(too_deep[0], known[too_deep[0]])
+        if rows and rows[0][0] == -1:  # a parent the statement could not see: nothing was written
+            raise unknown_parent(rows[0][1])
         for i in todo:
             results[i] = EnqueueResult(ids[i], True)
         again: list[int] = []
@@ -361,6 +423,7 @@ def row_of(r: tuple[Any, ...]) -> JobRow:
         idempotency_key=r[10],
         created_at=r[11],
         updated_at=r[12],
+        parents=tuple(str(p) for p in r[14] or ()),
     )
 
 

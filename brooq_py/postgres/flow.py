@@ -105,9 +105,11 @@ def refusal_text(job_id: str, rows: list[tuple[Any, ...]]) -> str | None:
     """Why a retry changes nothing, from the row of ``job_retry_refusal``; None when it would retry."""
     if not rows:
         return f"no job {job_id}"
-    state, holder, unique_key = rows[0]
+    state, holder, unique_key, parent = rows[0]
     if state not in ("dead", "canceled"):
         return f"job {job_id} is {state}: only dead or canceled jobs can be retried"
     if holder is not None:
         return f"job {holder} is active with the same unique key {unique_key!r}: retry refused"
+    if parent is not None:
+        return f"its parent {parent}: a job runs only after its parents are done (retry the parent first)"
     return None

@@ -36,10 +36,10 @@ ACTIVITY_CAP = 100_000
 READ_SHARE = 5
 MAX_TOPICS = 500
 MINUTES = 60
-WAITING = (State.PENDING, State.SCHEDULED, State.FAILED)
+WAITING = (State.PENDING, State.SCHEDULED, State.FAILED, State.BLOCKED)
 FINISHED = (State.DONE, State.DEAD, State.CANCELED)
 # The order of the topics page's columns.
-STATES = (State.PENDING, State.SCHEDULED, State.PROCESSING, State.FAILED, *FINISHED)
+STATES = (State.PENDING, State.SCHEDULED, State.PROCESSING, State.FAILED, State.BLOCKED, *FINISHED)
 
 
 class BadCursor(ValueError):
@@ -102,6 +102,17 @@ class JobLine:
     last_error: str | None
     created_at: datetime
     updated_at: datetime
+
+
+@dataclass(frozen=True)
+class Relative:
+    """A parent or a child of a job (``Job.after``), for the job page."""
+
+    side: str
+    """``parent`` or ``child``."""
+    id: str
+    topic: str
+    state: str
 
 
 @dataclass(frozen=True)
@@ -247,6 +258,19 @@ class Overview:
                 )
             )
         return Topics(views, self.cap, datetime.now(UTC))
+
+    def relatives(self, job_id: str, limit: int = 100) -> list[Relative]:
+        """Return the job's parents and (at most *limit* of) its children, in one statement."""
+        try:
+            parsed = uuid.UUID(job_id)
+        except ValueError:
+            return []
+        rows = self.store._run(
+            "reading a job's parents and children",
+            self.store._q["web_job_relatives"],
+            {"id": parsed, "limit": limit},
+        )
+        return [Relative(str(r[0]), str(r[1]), str(r[2]), str(r[3])) for r in rows]
 
     def jobs(self, topic: str | None, state: str, cursor: str | None = None, limit: int = 50) -> JobsPage:
         """Return one page of *topic*'s jobs in *state*, newest first (*topic* None: finished states only).

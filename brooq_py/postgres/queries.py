@@ -1,6 +1,6 @@
 """Named SQL statements: loaded once from ``sql/*.sql``, rendered per schema.
 
-Each file holds one statement with ``{job}``, ``{topic_setting}``, ``{schedule_tick}``,
+Each file holds one statement with ``{job}``, ``{job_edge}``, ``{topic_setting}``, ``{schedule_tick}``,
 ``{version_table}`` (the tables),
 ``{channel}`` (the wake-up channel as an identifier), ``{channel_literal}`` (as text) or
 ``{stage_channel}`` (the stager's channel, ``{stage_channel_literal}`` as text), ``{cancel_channel}``
@@ -51,6 +51,7 @@ def render(name: str, schema: str, *, rows: bool = True) -> Query:
     template = sql.SQL(load(name))
     composed = template.format(
         job=sql.Identifier(schema, "job"),
+        job_edge=sql.Identifier(schema, "job_edge"),
         topic_setting=sql.Identifier(schema, "topic_setting"),
         schedule_tick=sql.Identifier(schema, "schedule_tick"),
         version_table=sql.Identifier(schema, "brooq_alembic_version"),

@@ -25,6 +25,7 @@ class TopicDepth:
     failed: int
     oldest_ready_seconds: float
     scheduled: int = 0
+    blocked: int = 0
 
 
 @dataclass(frozen=True)
@@ -103,8 +104,8 @@ def collect(
             cur.execute(render("gauges_topics", schema).composed, {"topics": topic_names, "cap": cap})
             topics = sorted(
                 (
-                    TopicDepth(str(t), int(p), int(pr), int(f), float(age), int(s))
-                    for t, p, s, pr, f, age in cur.fetchall()
+                    TopicDepth(str(t), int(p), int(pr), int(f), float(age), int(s), int(b))
+                    for t, p, s, pr, f, age, b in cur.fetchall()
                 ),
                 key=lambda d: d.topic,
             )

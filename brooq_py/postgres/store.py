@@ -41,8 +41,9 @@ from brooq_py.postgres.producer import check_schema, no_pool
 from brooq_py.postgres.queries import Queries, Query
 from brooq_py.postgres.runner import Rows, Runner, execute, on_connection, on_tx
 from brooq_py.postgres.worker_side import WorkerSide
+from brooq_py.postgres.workflows import parent_results_params
 from brooq_py.postgres.wraptx import WrapTx, as_psycopg
-from brooq_py.queue import EnqueueResult, Job, JobRow, Tx
+from brooq_py.queue import EnqueueResult, GroupResult, Job, JobRow, Tx
 
 __all__ = ["Store", "parse_id"]
 
@@ -249,6 +250,29 @@ class Store(WorkerSide, OperatorSide, FlowSide):
         result: list[EnqueueResult] = self._drive("enqueueing a batch", plan)
         return result
 
+    def enqueue_group(
+        self, jobs: Sequence[Job], then: Job | None = None, tx: Tx | None = None
+    ) -> GroupResult:
+        """Enqueue *jobs*, then *then* waiting for every one of them, in one transaction (SPEC D6).
+
+        *tx*: the caller's transaction (the caller commits); without it the group
+        commits in a transaction of its own on the pool. *then* keeps any parents
+        it names itself. Everything is validated first (InvalidJob, nothing written).
+        """
+        run = on_tx(tx) if tx is not None else None
+        plan = plans.enqueue_group(self._q, jobs, then, self._caps)
+        with translated("enqueueing a group"):
+            if run is not None:
+                return drive(plan, run)
+            with self.begin() as own:
+                return drive(plan, on_tx(own))
+
+    def parent_results(self, job_id: str) -> dict[str, Any]:
+        """Each parent's result of *job_id* by parent id, in one statement (``Claim.parent_results``)."""
+        query, params = parent_results_params(self._q, job_id)
+        rows = self._run("reading parent results", query, params)
+        return {str(r[0]): r[1] for r in rows}
+
     def enqueue_tick(self, schedule: str, tick: datetime, job: Job) -> EnqueueResult | None:
         """Enqueue *job* as *tick* of *schedule* unless that tick, or a later one, was enqueued (SPEC Q4').
 
@@ -282,7 +306,9 @@ class Store(WorkerSide, OperatorSide, FlowSide):
             yield WrapTx(conn)
 
     def cancel(self, job_id: str) -> bool:
-        """Cancel a pending, scheduled, failed or processing job (SPEC X1).
+        """Cancel a pending, scheduled, failed, blocked or processing job (SPEC X1, D3).
+
+        Its blocked descendants are canceled with it.
 
         Return False for terminal, unknown or malformed ids (never raise on a malformed id).
         """

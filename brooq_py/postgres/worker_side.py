@@ -58,6 +58,7 @@ def claimed_jobs(rows: Rows) -> list[ClaimedJob]:
             claim_token=r[5],
             locked_by=r[6],
             locked_until=r[7],
+            meta=r[8],
         )
         for r in rows
     ]
@@ -272,7 +273,7 @@ class WorkerSide:
         return None if not rows or rows[0][0] is None else float(rows[0][0])
 
     def gauges(self, topics: Sequence[str]) -> Gauges:
-        """Read per-topic depth of pending/scheduled/processing/failed and the oldest ready age (O1, Z2).
+        """Read per-topic depth of pending/scheduled/processing/failed/blocked and the oldest ready age (O1, Z2).
 
         Each count is capped at GAUGE_CAP (100,000) and served by an index
         (sql/gauges_topics.sql), so a refresh never counts the whole table. The
@@ -285,11 +286,12 @@ class WorkerSide:
         )
         counts: list[TopicCount] = []
         oldest: dict[str, float] = {}
-        for topic, pending, scheduled, processing, failed, age in rows:
+        for topic, pending, scheduled, processing, failed, age, blocked in rows:
             counts.append(TopicCount(topic, State.PENDING, int(pending)))
             counts.append(TopicCount(topic, State.SCHEDULED, int(scheduled)))
             counts.append(TopicCount(topic, State.PROCESSING, int(processing)))
             counts.append(TopicCount(topic, State.FAILED, int(failed)))
+            counts.append(TopicCount(topic, State.BLOCKED, int(blocked)))
             oldest[topic] = max(0.0, float(age))
         return Gauges(counts=counts, oldest_ready_seconds=oldest)
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from brooq_py.queue.errors import BrooqError
 from brooq_py.queue.job import Job, Lease
 from brooq_py.queue.tx import Tx
 
@@ -19,11 +20,13 @@ class Claim:
     __slots__ = (
         "_callbacks",
         "_chained",
+        "_parents",
         "attempt",
         "claim_token",
         "id",
         "lease",
         "max_attempts",
+        "meta",
         "payload",
         "priority",
         "topic",
@@ -40,6 +43,8 @@ class Claim:
         lease: Lease,
         claim_token: str = "",
         priority: int = 0,
+        parents: Callable[[str], dict[str, Any]] | None = None,
+        meta: Mapping[str, str] | None = None,
     ) -> None:
         self.id = id
         self.topic = topic
@@ -51,6 +56,19 @@ class Claim:
         self.priority = priority
         self._chained: list[Job] = []
         self._callbacks: list[Callable[[Tx], None]] = []
+        self._parents = parents
+        self.meta: Mapping[str, str] = meta or {}
+        """``Job.meta`` as enqueued (tracing's ``traceparent`` among it); empty when none."""
+
+    def parent_results(self) -> dict[str, Any]:
+        """Each parent's result (``Job.after``) by parent id, read in one statement (SPEC D4).
+
+        Empty for a job without parents. Raise BrooqError for a Claim made
+        without a store to read from.
+        """
+        if self._parents is None:
+            raise BrooqError("this Claim has no store to read its parents' results from")
+        return self._parents(self.id)
 
     def chain(self, job: Job) -> None:
         """Enqueue *job* in the transaction that records this job as done.

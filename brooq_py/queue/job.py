@@ -45,6 +45,8 @@ class State(enum.StrEnum):
     ``pending`` is ready to claim; ``scheduled`` waits for a future
     ``available_at``; ``failed`` waits out its backoff before the next attempt
     (not a verdict). The stager moves due scheduled and failed rows to pending.
+    ``blocked`` waits for its parents (``Job.after``): the last parent's done
+    makes it pending (or scheduled), a parent's death or cancel cancels it.
     """
 
     PENDING = "pending"
@@ -54,6 +56,7 @@ class State(enum.StrEnum):
     DONE = "done"
     DEAD = "dead"
     CANCELED = "canceled"
+    BLOCKED = "blocked"
 
     @property
     def terminal(self) -> bool:
@@ -61,7 +64,7 @@ class State(enum.StrEnum):
 
 
 TERMINAL_STATES = frozenset({State.DONE, State.DEAD, State.CANCELED})
-ACTIVE_STATES = frozenset({State.PENDING, State.SCHEDULED, State.PROCESSING, State.FAILED})
+ACTIVE_STATES = frozenset({State.PENDING, State.SCHEDULED, State.PROCESSING, State.FAILED, State.BLOCKED})
 
 
 def _reject_constant(name: str) -> Any:
@@ -262,6 +265,10 @@ class Job:
     def key(self) -> str | None:
         """The idempotency key as stored: ``""`` and ``None`` both mean no key."""
         return self.idempotency_key or None
+
+    def meta_json(self) -> str | None:
+        """Return ``meta`` as JSON text, or None when the job carries none."""
+        return None if not self.meta else _ENCODER.encode(dict(self.meta))
 
     def payload_json(self) -> str:
         """Return the payload as JSON text (see ``encode_payload``)."""

@@ -8,7 +8,7 @@ the database clock: the engine sends durations, never timestamps.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -30,6 +30,7 @@ class ClaimedJob:
     claim_token: str
     locked_by: str
     locked_until: datetime
+    meta: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -204,6 +205,9 @@ class Repo(Protocol):
 
     def cancel(self, job_id: str) -> bool: ...
     def get(self, job_id: str) -> JobRow | None: ...
+    def parent_results(self, job_id: str) -> dict[str, Any]:
+        """Each parent's result of *job_id* by parent id (``Job.after``; SPEC D4), in one statement."""
+        ...
 
     # worker side
     def claim(self, topics: Sequence[str], limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:

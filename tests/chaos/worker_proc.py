@@ -14,8 +14,12 @@ database clock. Its payload steers it: ``sleep`` (seconds, waited on ctx), ``fai
 sleeps inside the closing transaction, after the chained insert). Settings
 ``async`` (run ``chaos`` as an ``async def``) and ``attempt_timeout`` (seconds, default 60).
 
+With the setting ``workflow``, the topic ``wf`` runs jobs of a workflow (``Job.after``): each
+execution is recorded as above, waits ``sleep`` seconds, reads ``claim.parent_results()`` and
+ends with ``how`` = ``ok:<number of parents whose result it read>``.
+
 Settings: dsn, schema, label, workers, lease, reaper_period, poll_interval, max_attempts, async,
-attempt_timeout,
+attempt_timeout, workflow,
 check (bool: pool check=ConnectionPool.check_connection), skew (seconds added to this
 process's time.time() and datetime.now(): the Python clock of another host).
 """
@@ -193,6 +197,22 @@ def main() -> None:
     def handle_child(ctx: Any, claim: Any) -> None:
         return None
 
+    def handle_workflow(ctx: Any, claim: Any) -> int:
+        p = claim.payload if isinstance(claim.payload, dict) else {}
+        recorder.start(claim.id, claim.claim_token, worker_id, claim.attempt)
+        if ctx.wait(float(p.get("sleep", 0.0))):
+            recorder.end(claim.claim_token, "cancelled:" + type(ctx.cause).__name__)
+            ctx.raise_if_done()
+        try:
+            results = claim.parent_results()
+        except Exception as exc:  # a dropped connection: this attempt fails and is retried
+            recorder.end(claim.claim_token, "raised:" + type(exc).__name__)
+            raise
+        recorder.end(claim.claim_token, f"ok:{len(results)}")
+        return len(results)
+
+    if settings.get("workflow"):
+        engine.register_kind("wf", handle_workflow, opts)
     engine.register_kind("chaos", handle_async if settings.get("async") else handle, opts)
     engine.register_kind("chaos.child", handle_child, opts)
 

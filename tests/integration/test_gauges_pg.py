@@ -87,7 +87,7 @@ def test_o1_z2_gauges_count_each_active_state_and_the_oldest_ready_age(
     dsn: str, schema: str, store: Store
 ) -> None:
     """SPEC O1, S5: depth per topic and state (pending, scheduled, processing, failed; terminal rows
-    never), and the oldest *ready* age: a pending job due in the future is not ready."""
+    never), and the oldest *ready* age: a pending job due in the future is not ready, nor a blocked one."""
     # The state check of the schema under test may predate `scheduled`; this test's rows need it.
     execute(dsn, schema, "ALTER TABLE {job} DROP CONSTRAINT IF EXISTS job_state_check")
     rows = [
@@ -95,6 +95,7 @@ def test_o1_z2_gauges_count_each_active_state_and_the_oldest_ready_age(
         (TOPIC, "scheduled", "1 hour", 4),
         (TOPIC, "processing", "-1 second", 2),
         (TOPIC, "failed", "30 seconds", 1),
+        (TOPIC, "blocked", "-500 seconds", 6),
         (TOPIC, "done", "-1 second", 5),
         (TOPIC, "dead", "-1 second", 1),
         (OTHER, "pending", "1 hour", 2),
@@ -117,14 +118,17 @@ def test_o1_z2_gauges_count_each_active_state_and_the_oldest_ready_age(
         (TOPIC, "scheduled"): 4,
         (TOPIC, "processing"): 2,
         (TOPIC, "failed"): 1,
+        (TOPIC, "blocked"): 6,
         (OTHER, "pending"): 2,
         (OTHER, "scheduled"): 0,
         (OTHER, "processing"): 0,
         (OTHER, "failed"): 0,
+        (OTHER, "blocked"): 0,
         ("gauge.none", "pending"): 0,
         ("gauge.none", "scheduled"): 0,
         ("gauge.none", "processing"): 0,
         ("gauge.none", "failed"): 0,
+        ("gauge.none", "blocked"): 0,
     }
     assert 100 <= g.oldest_ready_seconds[TOPIC] < 200
     assert g.oldest_ready_seconds[OTHER] == 0.0
@@ -141,12 +145,12 @@ def test_o1_gauge_counts_stop_at_the_cap(
         "INSERT INTO {job} (topic, payload, state, locked_by, locked_until) "
         "SELECT %(t)s, '{{}}', s, CASE WHEN s = 'processing' THEN 'w' END, "
         "CASE WHEN s = 'processing' THEN now() + interval '1 minute' END "
-        "FROM unnest(ARRAY['pending', 'processing', 'failed']) AS s, generate_series(1, 5)",
+        "FROM unnest(ARRAY['pending', 'processing', 'failed', 'blocked']) AS s, generate_series(1, 5)",
         {"t": TOPIC},
     )
     monkeypatch.setattr(worker_side, "GAUGE_CAP", 3)
     counts = {str(c.state): c.count for c in store.gauges([TOPIC]).counts}
-    assert counts == {"pending": 3, "scheduled": 0, "processing": 3, "failed": 3}
+    assert counts == {"pending": 3, "scheduled": 0, "processing": 3, "failed": 3, "blocked": 3}
 
 
 @contextlib.contextmanager

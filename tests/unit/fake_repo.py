@@ -120,7 +120,7 @@ class FakeRepo:
         self.calls: dict[str, int] = {}
         self.settle_batches: list[int] = []
         self.closed = False
-        self.version: str | None = "0011"
+        self.version: str | None = "0012"
         self.locked: set[str] = set()  # job ids an "operator" holds row-locked: skipped, never waited on
         self.fail_close = 0  # closing transactions whose COMMIT fails with StoreUnavailable
         self.renew_hang = threading.Event()  # cleared: renew() blocks, as on a silent socket
@@ -214,6 +214,9 @@ class FakeRepo:
             except BaseException:
                 self.rows = snapshot
                 raise
+
+    def parent_results(self, job_id: str) -> dict[str, Any]:
+        return {}
 
     def cancel(self, job_id: str) -> bool:
         with self.lock:

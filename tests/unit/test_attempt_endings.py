@@ -37,7 +37,7 @@ class Recorded:
 
     def attempt(self) -> Attempt:
         bare = attempt()  # the row and kind of the state machine's own tests
-        a = Attempt(bare.row, bare.kind, 0.0, Context(), self.hooks)
+        a = Attempt(bare.row, bare.kind, 0.0, Context(), hooks=self.hooks)
         a.start()
         return a
 

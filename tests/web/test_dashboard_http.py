@@ -288,3 +288,22 @@ def test_forms_are_bounded_and_read_after_the_token(board: Board, store: Store) 
     assert post("/action/pause", 10 * 1024 * 1024, TOKEN) == 413
     assert post("/login", 10 * 1024 * 1024, None) == 413
     assert store.paused() == set()
+
+
+def test_d3_the_job_page_lists_parents_and_children_with_states_and_links(board: Board, store: Store) -> None:
+    """A blocked job shows its parents, a parent its children, each linked with its state; cancel is offered."""
+    parent = store.enqueue(Job(TOPIC, {"a": 1})).id
+    child = store.enqueue(Job("web.child", after=[parent])).id
+    page = board.request("GET", f"/jobs/{child}", token=TOKEN)
+    assert page.status == 200
+    assert 'id="state">blocked<' in page.body
+    assert f'href="/jobs/{parent}"' in page.body and "state-pending" in page.body
+    assert 'action="/action/cancel"' in page.body  # a blocked job can be canceled
+    page = board.request("GET", f"/jobs/{parent}", token=TOKEN)
+    assert f'href="/jobs/{child}"' in page.body and "state-blocked" in page.body
+    plain = board.request("GET", f"/jobs/{store.enqueue(Job(TOPIC)).id}", token=TOKEN)
+    assert 'id="relatives"' not in plain.body
+    assert store.cancel(parent)  # the child is canceled with it, and its page says why
+    page = board.request("GET", f"/jobs/{child}", token=TOKEN)
+    assert "because a job it waited for ended without success" in page.body
+    assert f"canceled: parent {parent} ended canceled" in page.body

@@ -32,6 +32,7 @@ from brooq_py.queue import Job, JobRow, State
 STATUS = {
     State.PENDING: TaskResultStatus.READY,
     State.FAILED: TaskResultStatus.READY,
+    State.BLOCKED: TaskResultStatus.READY,  # waiting for its parents (Job.after)
     State.PROCESSING: TaskResultStatus.RUNNING,
     State.DONE: TaskResultStatus.SUCCESSFUL,
     State.DEAD: TaskResultStatus.FAILED,

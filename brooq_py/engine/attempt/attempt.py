@@ -26,6 +26,8 @@ lease, its slot, the log and counters) comes through its ``Hooks``.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import Any
 
 from brooq_py.engine.attempt.hooks import Hooks
 from brooq_py.engine.attempt.kind import Kind
@@ -70,7 +72,13 @@ class Attempt:
     )
 
     def __init__(
-        self, row: ClaimedJob, kind: Kind, started: float, ctx: Context, hooks: Hooks | None = None
+        self,
+        row: ClaimedJob,
+        kind: Kind,
+        started: float,
+        ctx: Context,
+        parents: Callable[[str], dict[str, Any]] | None = None,
+        hooks: Hooks | None = None,
     ) -> None:
         opts = kind.options
         self.row = row
@@ -85,6 +93,8 @@ class Attempt:
             lease=Lease(row.locked_by, row.locked_until),
             claim_token=row.claim_token,
             priority=row.priority,
+            parents=parents,
+            meta=row.meta,
         )
         self.started = started
         # When the database last confirmed the lease (monotonic): the claim's return, then each renewal (L4).

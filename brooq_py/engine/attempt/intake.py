@@ -96,7 +96,9 @@ class Intake:
             self.hand_back([row])
             return None
         ctx = Context(deadline=self.clock.now() + kind.options.td("attempt_timeout"))
-        a = Attempt(row, kind, self.clock.monotonic(), ctx, self.hooks)
+        a = Attempt(
+            row, kind, self.clock.monotonic(), ctx, parents=self.repo.parent_results, hooks=self.hooks
+        )
         older = self.inflight.latest(row.id)
         if older is not None and older.row.claim_token != row.claim_token and self.supervisor is not None:
             # Claimed again under a new token (canceled and retried, or reaped): the older attempt

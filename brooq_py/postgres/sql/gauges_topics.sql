@@ -4,7 +4,8 @@
 -- ready job (0 when nothing is ready). Every count stops at %(cap)s rows, so a
 -- refresh never walks the table:
 --   pending              the claim index (topic, priority DESC, available_at, id);
---   scheduled, failed    job_waiting_idx (topic, state), partial on those two states;
+--   scheduled, failed,   job_waiting_idx (topic, state), partial on those three states;
+--   blocked
 --   processing           one pass over the processing rows (job_lease_expiry_idx),
 --                        at most %(cap)s in all: they are bounded by the workers.
 -- Ready means pending with available_at <= now() (SPEC S5-S6). The oldest one
@@ -44,5 +45,7 @@ SELECT t.topic,
                  AND j.available_at <= now()
                ORDER BY j.available_at LIMIT 1
            ) AS first
-       ))::float8, 0) AS oldest_ready_seconds
+       ))::float8, 0) AS oldest_ready_seconds,
+       (SELECT count(*) FROM (SELECT 1 FROM {job} j WHERE j.topic = t.topic AND j.state = 'blocked'
+                              LIMIT %(cap)s) AS s) AS blocked
 FROM unnest(%(topics)s::text[]) AS t(topic)

@@ -1,6 +1,7 @@
 -- name: job_cancel
--- SPEC X1: active rows only; terminal rows are never touched.
+-- SPEC X1: active rows only; terminal rows are never touched. The job's blocked
+-- descendants are canceled with it by the trigger job_parent_ended (SPEC D3).
 UPDATE {job}
 SET state = 'canceled', updated_at = now()
-WHERE id = %(id)s AND state IN ('pending', 'scheduled', 'failed', 'processing')
+WHERE id = %(id)s AND state IN ('pending', 'scheduled', 'failed', 'processing', 'blocked')
 RETURNING id

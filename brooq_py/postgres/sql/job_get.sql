@@ -1,5 +1,9 @@
 -- name: job_get
-SELECT id, topic, payload, state, attempts, priority, available_at, locked_by, locked_until,
-       last_error, idempotency_key, created_at, updated_at
-FROM {job}
-WHERE id = %(id)s
+-- The row as JobRow has it. Columns of migration 0010 and later are read through
+-- to_jsonb, so a producer on a schema not yet migrated still reads its jobs (NULL there);
+-- the 14th column stands where job_list has unique_key.
+SELECT j.id, j.topic, j.payload, j.state, j.attempts, j.priority, j.available_at, j.locked_by,
+       j.locked_until, j.last_error, j.idempotency_key, j.created_at, j.updated_at,
+       NULL::text AS unique_key, to_jsonb(j) -> 'parents' AS parents
+FROM {job} j
+WHERE j.id = %(id)s

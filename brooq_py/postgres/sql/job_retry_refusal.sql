@@ -1,11 +1,14 @@
 -- name: job_retry_refusal
 -- Why a retry changed nothing: the job's state, and the active job holding its
--- unique key (SPEC U3), if any. No row: no such job.
+-- unique key (SPEC U3), if any, and a parent not done with its state (SPEC D2), if any.
+-- No row: no such job.
 SELECT j.state,
        (SELECT h.id::text FROM {job} h
         WHERE j.unique_key IS NOT NULL AND h.topic = j.topic AND h.unique_key = j.unique_key
           AND h.id <> j.id AND h.state IN ('scheduled', 'pending', 'processing', 'failed', 'blocked')
         LIMIT 1),
-       j.unique_key
+       j.unique_key,
+       (SELECT p.id::text || ' is ' || p.state FROM {job} p
+        WHERE p.id = ANY (j.parents) AND p.state <> 'done' LIMIT 1)
 FROM {job} j
 WHERE j.id = %(id)s

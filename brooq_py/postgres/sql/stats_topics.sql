@@ -1,7 +1,7 @@
 -- name: stats_topics
 -- The topics that have active jobs, for `stats`. Ready and waiting topics come
 -- from skip scans of the claim index (pending rows) and of the stage index
--- (scheduled and failed rows): one probe per distinct topic, however many jobs
+-- (scheduled, failed and blocked rows: job_waiting_idx): one probe per distinct topic, however many jobs
 -- each holds; processing rows are few (bounded by the workers running).
 WITH RECURSIVE ready(topic) AS (
     (SELECT topic FROM {job} WHERE state = 'pending' ORDER BY topic LIMIT 1)
@@ -12,10 +12,10 @@ WITH RECURSIVE ready(topic) AS (
     FROM ready r
     WHERE r.topic IS NOT NULL
 ), waiting(topic) AS (
-    (SELECT topic FROM {job} WHERE state IN ('scheduled', 'failed') ORDER BY topic LIMIT 1)
+    (SELECT topic FROM {job} WHERE state IN ('scheduled', 'failed', 'blocked') ORDER BY topic LIMIT 1)
     UNION ALL
     SELECT (SELECT j.topic FROM {job} j
-            WHERE j.state IN ('scheduled', 'failed') AND j.topic > w.topic
+            WHERE j.state IN ('scheduled', 'failed', 'blocked') AND j.topic > w.topic
             ORDER BY j.topic LIMIT 1)
     FROM waiting w
     WHERE w.topic IS NOT NULL

@@ -1,0 +1,114 @@
+-- name: job_enqueue_after
+-- A batch of jobs of which some name parents (Job.after), in one statement
+-- (SPEC D1, E5). As job_enqueue_many, plus the parents: %(parents)s is every
+-- distinct parent id of the batch, %(edge_ords)s/%(edge_parents)s one pair per
+-- (job's position from 1, parent), %(after)s each job's parents as one jsonb array.
+-- A parent must be visible to this statement (jobs enqueued earlier in the same
+-- transaction are). If one is not, nothing is written and the statement returns
+-- (-1, that id): the caller raises InvalidJob with its transaction still usable.
+-- Each parent that has not ended is updated (has_children) rather than read: the row
+-- lock makes a concurrent settle of the parent wait for this commit, after which the
+-- release trigger (migration 0012) sees the edge; a settle that committed first is
+-- seen here as the parent's new state. A parent that has ended is only key-share
+-- locked, never written. A job waits for its parents not yet done (blocked,
+-- waiting_parents); with all of them done it is pending (or scheduled) at once; a
+-- parent already dead or canceled makes it canceled at birth (D3).
+-- SPEC F2 as job_enqueue_many: when the new jobs of a capped topic (those whose key no
+-- row holds yet) would take it past its cap, nothing is written and a row
+-- (NULL, NULL, topic) names each such topic.
+WITH input AS (
+    SELECT *
+    FROM ROWS FROM (unnest(%(ids)s::uuid[]), unnest(%(topics)s::text[]),
+                    jsonb_array_elements(%(payloads)s::jsonb), unnest(%(keys)s::text[]),
+                    unnest(%(available_at)s::timestamptz[]), unnest(%(priorities)s::int[]),
+                    jsonb_array_elements(%(after)s::jsonb), jsonb_array_elements(%(metas)s::jsonb))
+         WITH ORDINALITY AS u(id, topic, payload, key, available_at, priority, after, meta, ord)
+), fresh AS (
+    SELECT c.topic, c.cap,
+           (SELECT count(*) FROM input i
+            WHERE i.topic = c.topic
+              AND NOT EXISTS (SELECT FROM {job} e WHERE e.topic = i.topic AND e.idempotency_key = i.key)) AS n
+    FROM unnest(%(cap_topics)s::text[], %(caps)s::int[]) AS c(topic, cap)
+), too_deep AS (
+    SELECT c.topic
+    FROM fresh c
+    WHERE c.n > 0
+      AND (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = c.topic AND state = 'pending' LIMIT c.cap) AS p)
+        + (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = c.topic
+                                     AND state IN ('scheduled', 'failed', 'blocked') LIMIT c.cap) AS w)
+        + c.n > c.cap
+), edge AS (
+    SELECT *
+    FROM ROWS FROM (unnest(%(edge_ords)s::int[]), unnest(%(edge_parents)s::uuid[])) AS e(ord, parent)
+), seen AS (
+    SELECT id, state FROM {job} WHERE id = ANY (%(parents)s::uuid[])
+), complete AS (
+    -- Only when every parent is there: a refused batch leaves its parents untouched.
+    SELECT count(*) = cardinality(%(parents)s::uuid[]) AND NOT EXISTS (SELECT FROM too_deep) AS ok FROM seen
+), live AS (
+    -- A parent that may still end is updated: its row lock orders this enqueue with its settle.
+    UPDATE {job} p
+    SET has_children = true
+    WHERE p.id = ANY (ARRAY(SELECT s.id FROM seen s WHERE s.state NOT IN ('done', 'dead', 'canceled')))
+      AND (SELECT ok FROM complete)
+    RETURNING p.id, p.state
+), ended AS (
+    -- A parent that has ended is never written (its state is final for this child); the key
+    -- share lock only keeps retention from deleting it before this commit.
+    SELECT j.id, j.state
+    FROM {job} j
+    WHERE j.id = ANY (ARRAY(SELECT s.id FROM seen s WHERE s.state IN ('done', 'dead', 'canceled')))
+      AND (SELECT ok FROM complete)
+    FOR KEY SHARE
+), parent AS (
+    SELECT id, state FROM live
+    UNION ALL
+    SELECT id, state FROM ended
+), unknown AS (
+    -- The first parent missing from the snapshot, else one deleted before its lock was granted.
+    SELECT x.id
+    FROM unnest(%(parents)s::uuid[]) WITH ORDINALITY AS x(id, n)
+    WHERE NOT EXISTS (SELECT FROM parent p WHERE p.id = x.id)
+    ORDER BY EXISTS (SELECT FROM seen s WHERE s.id = x.id), x.n
+    LIMIT 1
+), verdict AS (
+    SELECT e.ord,
+           count(*) FILTER (WHERE p.state <> 'done') AS waiting,
+           (array_agg(p.id::text || ' ended ' || p.state ORDER BY p.id)
+                FILTER (WHERE p.state IN ('dead', 'canceled')))[1] AS doomed_by
+    FROM edge e
+    JOIN parent p ON p.id = e.parent
+    GROUP BY e.ord
+), inserted AS (
+    INSERT INTO {job} (id, topic, payload, idempotency_key, meta, available_at, priority, state,
+                       parents, waiting_parents, last_error)
+    SELECT i.id, i.topic, i.payload, i.key, nullif(i.meta, 'null'::jsonb), i.at, i.priority,
+           CASE WHEN v.doomed_by IS NOT NULL THEN 'canceled'
+                WHEN coalesce(v.waiting, 0) > 0 THEN 'blocked'
+                WHEN i.at > statement_timestamp() THEN 'scheduled'
+                ELSE 'pending' END,
+           CASE WHEN jsonb_array_length(i.after) > 0
+                THEN ARRAY(SELECT jsonb_array_elements_text(i.after)::uuid) END,
+           CASE WHEN v.doomed_by IS NOT NULL THEN 0 ELSE coalesce(v.waiting, 0) END,
+           CASE WHEN v.doomed_by IS NOT NULL THEN 'canceled: parent ' || v.doomed_by END
+    FROM (SELECT *, coalesce(available_at, statement_timestamp()) AS at FROM input) AS i
+    LEFT JOIN verdict v ON v.ord = i.ord
+    WHERE NOT EXISTS (SELECT FROM unknown) AND NOT EXISTS (SELECT FROM too_deep)
+    ORDER BY i.ord
+    ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id
+), edges AS (
+    INSERT INTO {job_edge} (parent, child)
+    SELECT e.parent, i.id
+    FROM edge e
+    JOIN input i ON i.ord = e.ord
+    WHERE i.id IN (SELECT id FROM inserted)
+)
+SELECT -1::bigint, u.id, NULL::text AS too_deep FROM unknown u WHERE NOT EXISTS (SELECT FROM too_deep)
+UNION ALL
+SELECT i.ord, (SELECT e.id FROM {job} e WHERE e.topic = i.topic AND e.idempotency_key = i.key), NULL
+FROM input i
+WHERE i.key IS NOT NULL AND NOT EXISTS (SELECT FROM inserted ins WHERE ins.id = i.id)
+  AND NOT EXISTS (SELECT FROM unknown) AND NOT EXISTS (SELECT FROM too_deep)
+UNION ALL
+SELECT NULL, NULL, d.topic FROM too_deep d

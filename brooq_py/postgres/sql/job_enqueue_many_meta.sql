@@ -1,0 +1,54 @@
+-- name: job_enqueue_many_meta
+-- The same statement with Job.meta stored: used only for jobs that carry meta, so that the
+-- statement without it keeps working on a schema not yet migrated to 0010.
+-- A batch in one statement (SPEC E5). The caller made every id (SPEC Z4), so a row
+-- that inserted needs nothing back: a row comes back only for an input whose
+-- (topic, key) was already there, with its position (ord, from 1) and the id of the
+-- row holding the key as the statement's snapshot sees it (NULL when a concurrent
+-- duplicate committed meanwhile: the caller asks again in a new statement). Jobs
+-- due later than the statement's time are scheduled (SPEC S5). Every column comes
+-- as one string to bind, not 1,000 values: an array literal (brooq_py.postgres.arrays),
+-- the payloads as one JSON array.
+-- SPEC F2: %(cap_topics)s/%(caps)s name the batch's depth-capped topics (empty
+-- for none: nothing is read) and their caps. A topic's new jobs are those whose
+-- key no row holds yet, as the snapshot sees it (a duplicate writes nothing, so
+-- it is answered, never refused). When the new jobs of one of them would take it
+-- past its cap, nothing is inserted and a row (NULL, NULL, topic) names each such topic.
+WITH input AS (
+    SELECT *
+    FROM ROWS FROM (unnest(%(ids)s::uuid[]), unnest(%(topics)s::text[]),
+                    jsonb_array_elements(%(payloads)s::jsonb), unnest(%(keys)s::text[]),
+                    unnest(%(available_at)s::timestamptz[]), unnest(%(priorities)s::int[]),
+                    jsonb_array_elements(%(metas)s::jsonb))
+         WITH ORDINALITY AS u(id, topic, payload, key, available_at, priority, meta, ord)
+), fresh AS (
+    SELECT c.topic, c.cap,
+           (SELECT count(*) FROM input i
+            WHERE i.topic = c.topic
+              AND NOT EXISTS (SELECT FROM {job} e WHERE e.topic = i.topic AND e.idempotency_key = i.key)) AS n
+    FROM unnest(%(cap_topics)s::text[], %(caps)s::int[]) AS c(topic, cap)
+), too_deep AS (
+    SELECT c.topic
+    FROM fresh c
+    WHERE c.n > 0
+      AND (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = c.topic AND state = 'pending' LIMIT c.cap) AS p)
+        + (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = c.topic
+                                     AND state IN ('scheduled', 'failed', 'blocked') LIMIT c.cap) AS w)
+        + c.n > c.cap
+), inserted AS (
+    INSERT INTO {job} (id, topic, payload, idempotency_key, meta, available_at, priority, state)
+    SELECT id, topic, payload, key, nullif(meta, 'null'::jsonb), at, priority,
+           CASE WHEN at > statement_timestamp() THEN 'scheduled' ELSE 'pending' END
+    FROM (SELECT *, coalesce(available_at, statement_timestamp()) AS at FROM input) AS i
+    WHERE NOT EXISTS (SELECT FROM too_deep)
+    ORDER BY ord
+    ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id
+)
+SELECT i.ord, (SELECT e.id FROM {job} e WHERE e.topic = i.topic AND e.idempotency_key = i.key) AS id,
+       NULL::text AS too_deep
+FROM input i
+WHERE i.key IS NOT NULL AND NOT EXISTS (SELECT FROM inserted ins WHERE ins.id = i.id)
+  AND NOT EXISTS (SELECT FROM too_deep)
+UNION ALL
+SELECT NULL, NULL, d.topic FROM too_deep d

@@ -1,0 +1,81 @@
+"""Workflows on the producer side: jobs that name parents, groups with a fan-in job (SPEC D1, D6).
+
+Plans as in ``enqueueing`` (no I/O, one for the Store and the AsyncStore). A
+batch holding a job with ``after`` is written by ``job_enqueue_after``, one
+statement that checks the parents, locks them, inserts the jobs (blocked while
+a parent is not done) and one ``job_edge`` row per parent. Jobs without
+parents keep their own statements (the keyless one a plain INSERT).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from brooq_py.postgres.arrays import int_array, own_uuid_array
+from brooq_py.postgres.queries import Queries
+from brooq_py.queue import InvalidJob, Job
+
+# How many parents one job may name: the enqueue's statement carries them as arrays.
+MAX_PARENTS = 100_000
+
+
+def has_parents(jobs: Sequence[Any]) -> bool:
+    """Whether any Job of *jobs* names parents (anything else is refused elsewhere)."""
+    return any(isinstance(job, Job) and job.after for job in jobs)
+
+
+def parents_of(jobs: Sequence[Job]) -> list[list[str]]:
+    """Each job's parents as canonical UUID text, repeats dropped, in the order given.
+
+    Raise InvalidJob for a malformed id before any statement runs (E4').
+    """
+    out = []
+    for i, job in enumerate(jobs):
+        if job.after and job.unique_key is not None:
+            # The unique-key statement (keep/merge/replace of an active holder) links no parents.
+            raise InvalidJob(f"item {i}: a job with after cannot carry a unique_key (use an idempotency_key)")
+        if len(job.after) > MAX_PARENTS:
+            raise InvalidJob(f"item {i}: after names {len(job.after)} jobs; at most {MAX_PARENTS}")
+        parents: dict[str, None] = {}
+        for parent in job.after:
+            try:
+                parents[str(uuid.UUID(parent))] = None
+            except (ValueError, TypeError, AttributeError):
+                raise InvalidJob(f"after: {parent!r} is not a job id") from None
+        out.append(list(parents))
+    return out
+
+
+def after_params(batch_parents: Sequence[list[str]]) -> dict[str, Any]:
+    """The parent columns of ``job_enqueue_after`` for a batch (each job's parents in input order)."""
+    ords: list[int] = []
+    edges: list[str] = []
+    for position, parents in enumerate(batch_parents, start=1):
+        ords.extend([position] * len(parents))
+        edges.extend(parents)
+    return {
+        "parents": own_uuid_array(list(dict.fromkeys(edges))),
+        "edge_ords": int_array(ords),
+        "edge_parents": own_uuid_array(edges),
+        "after": json.dumps(batch_parents, separators=(",", ":")),
+    }
+
+
+def unknown_parent(parent_id: Any) -> InvalidJob:
+    return InvalidJob(
+        f"after: job {parent_id} does not exist (or is not visible to this transaction); nothing was enqueued"
+    )
+
+
+def with_parents(then: Job, ids: Sequence[str]) -> Job:
+    """*then* waiting for *ids* as well as the parents it names itself."""
+    return dataclasses.replace(then, after=[*then.after, *ids])
+
+
+def parent_results_params(q: Queries, job_id: str) -> tuple[Any, dict[str, Any]]:
+    """The statement reading each parent's result of *job_id* (``Claim.parent_results``)."""
+    return q["job_parent_results"], {"id": uuid.UUID(job_id)}
