@@ -37,6 +37,7 @@ import cancel  # noqa: E402
 import flow  # noqa: E402
 import limits  # noqa: E402
 import psycopg  # noqa: E402
+import results_cost  # noqa: E402
 import scale  # noqa: E402
 import scrape  # noqa: E402
 import w7  # noqa: E402
@@ -70,6 +71,7 @@ WORKLOADS = (
     "UNQ",
     "CAP",
     "RATE",
+    "RES",
     "W10",
     "CXL",
     "WF",
@@ -467,6 +469,8 @@ def evaluate(r: dict[str, Any]) -> list[dict[str, Any]]:
     rows.extend(flow_rows(r))
     if "WF" in r and "error" not in r["WF"]:
         rows.extend(workflows.wf_rows(r["WF"]))
+    if "RES" in r:
+        rows.extend(results_cost.rows(r["RES"]))
     return rows
 
 
@@ -626,6 +630,7 @@ def main(argv: list[str] | None = None) -> int:
                 "achieved": flow.rate_achieved(db.dsn),
                 "w3": flow.w3_beside_rated(db.dsn, sz["w3"] // 2),
             },
+            "RES": lambda: results_cost.res(db.dsn, sz),
             "W10": lambda: big_table.w10_big_table(db.dsn, sz["w10_terminal"], sz["w10_active"]),
             "CXL": lambda: {
                 "cost": cancel.trigger_cost(db.dsn, sz["cxl_w1"], sz["cxl_w3"]),

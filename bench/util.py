@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -86,3 +87,26 @@ def timed(fn: Callable[[], Any]) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
+
+
+def side_by_side(run: Any, rounds: int) -> list[tuple[float, float]]:
+    """Run ``run(False, barrier)`` and ``run(True, barrier)`` at the same time, *rounds* times.
+
+    Each returns a rate; both wait on the barrier before they start timing, so the machine's
+    load (other processes) weighs on both alike. Return the (False, True) rates of each round.
+    """
+    pairs: list[tuple[float, float]] = []
+    for _ in range(rounds):
+        barrier = threading.Barrier(2)
+        out: dict[bool, float] = {}
+
+        def one(flag: bool, out: dict[bool, float] = out, barrier: threading.Barrier = barrier) -> None:
+            out[flag] = run(flag, barrier)
+
+        threads = [threading.Thread(target=one, args=(flag,)) for flag in (False, True)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        pairs.append((out[False], out[True]))
+    return pairs

@@ -33,31 +33,39 @@ _LAZY = {
     "AttemptError": ("brooq_py.queue", "AttemptError"),
     "Event": ("brooq_py.queue", "Event"),
     "GroupResult": ("brooq_py.queue", "GroupResult"),
+    "Tasks": ("brooq_py.tasks", "Tasks"),
+    "Task": ("brooq_py.tasks", "Task"),
+    "JobNotFound": ("brooq_py.queue", "JobNotFound"),
 }
 
 __all__ = sorted(_LAZY)
 
 if TYPE_CHECKING:
-    from brooq_py import engine, postgres, queue  # noqa: F401
-    from brooq_py.engine import Config, Engine  # noqa: F401
-    from brooq_py.queue import (  # noqa: F401
-        AttemptError,
-        BrooqError,
-        Claim,
-        Context,
-        EnqueueResult,
-        Event,
-        GroupResult,
-        InvalidJob,
-        Job,
-        JobCanceled,
-        JobCanceledByOperator,
-        JobFailed,
-        KindOptions,
-        QueueFull,
-        State,
-        WaitTimeout,
-    )
+    # "X as X": explicit re-exports, so `from brooq_py import Tasks` passes mypy --strict.
+    from brooq_py import engine as engine
+    from brooq_py import postgres as postgres
+    from brooq_py import queue as queue
+    from brooq_py.engine import Config as Config
+    from brooq_py.engine import Engine as Engine
+    from brooq_py.queue import AttemptError as AttemptError
+    from brooq_py.queue import BrooqError as BrooqError
+    from brooq_py.queue import Claim as Claim
+    from brooq_py.queue import Context as Context
+    from brooq_py.queue import EnqueueResult as EnqueueResult
+    from brooq_py.queue import Event as Event
+    from brooq_py.queue import GroupResult as GroupResult
+    from brooq_py.queue import InvalidJob as InvalidJob
+    from brooq_py.queue import Job as Job
+    from brooq_py.queue import JobCanceled as JobCanceled
+    from brooq_py.queue import JobCanceledByOperator as JobCanceledByOperator
+    from brooq_py.queue import JobFailed as JobFailed
+    from brooq_py.queue import JobNotFound as JobNotFound
+    from brooq_py.queue import KindOptions as KindOptions
+    from brooq_py.queue import QueueFull as QueueFull
+    from brooq_py.queue import State as State
+    from brooq_py.queue import WaitTimeout as WaitTimeout
+    from brooq_py.tasks import Task as Task
+    from brooq_py.tasks import Tasks as Tasks
 
 
 def __getattr__(name: str) -> Any:

@@ -120,8 +120,23 @@ def cmd_get(args: argparse.Namespace, settings: Settings) -> int:
         row = store.get(job_id)
     if row is None:
         raise Failure(f"no job with id {job_id} in schema {settings.schema!r}")
-    print(json.dumps(row.to_json(), indent=2, ensure_ascii=False))
+    data = row.to_json()
+    if not args.full:
+        for error in data["errors"]:
+            error["traceback"] = short_traceback(error["traceback"])
+    print(json.dumps(data, indent=2, ensure_ascii=False))
     return 0
+
+
+# Without --full, each attempt's traceback keeps its last lines: where it failed.
+TRACEBACK_TAIL = 2000
+
+
+def short_traceback(text: str | None, keep: int = TRACEBACK_TAIL) -> str | None:
+    """Return the last *keep* characters of a traceback, saying how much was left out."""
+    if text is None or len(text) <= keep:
+        return text
+    return f"...[{len(text) - keep} characters left out; --full shows all]\n" + text[-keep:]
 
 
 # --- stats ----------------------------------------------------------------------

@@ -104,8 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="cancel a pending, scheduled, failed, blocked or processing job (and its blocked descendants)",
     )
     cancel.add_argument("job_id", metavar="ID")
-    get = sub.add_parser("get", parents=[common], help="print a job as JSON")
+    get = sub.add_parser(
+        "get", parents=[common], help="print a job as JSON (result, errors with tracebacks, progress)"
+    )
     get.add_argument("job_id", metavar="ID")
+    get.add_argument(
+        "--full", action="store_true", help=f"whole tracebacks (default: the last {2000} characters of each)"
+    )
 
     stats = sub.add_parser("stats", parents=[common], help="depth, oldest ready age, in-flight and dead jobs")
     stats.add_argument(

@@ -44,6 +44,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "QUEUE_RETENTION_PERIOD": ("retention_period", "duration"),
     "QUEUE_NOTIFY": ("notify", "bool"),
     "QUEUE_GAUGES_PERIOD": ("gauges_period", "duration"),
+    "QUEUE_RESULT_MAX_BYTES": ("result_max_bytes", "int"),
 }
 _BOOLS = {
     "true": True,
@@ -85,6 +86,9 @@ class Config:
     # The most rows one claim statement takes. More free slots than this are filled by
     # successive claims, each launched as it returns, so the first handlers start sooner.
     claim_batch: int = 32
+    # The largest result a handler may return, in UTF-8 bytes of JSON; a larger one
+    # fails the attempt (SPEC V1).
+    result_max_bytes: int = 1024 * 1024
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -92,6 +96,7 @@ class Config:
         check_int(self, "max_attempts", 1, problems)
         check_int(self, "retention_batch", 1, problems)
         check_int(self, "claim_batch", 1, problems)
+        check_int(self, "result_max_bytes", 1, problems)
         if not isinstance(self.notify, bool):
             problems.append(f"notify must be a bool, got {type(self.notify).__name__}")
         normalise_durations(self, _DURATIONS, problems, optional=("reaper_period", "watchdog_grace"))

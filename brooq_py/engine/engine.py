@@ -46,6 +46,7 @@ from brooq_py.queue import (
     KindOptions,
 )
 from brooq_py.queue.handler import Handler
+from brooq_py.tasks import Tasks
 
 # How long the completer lets outcomes gather before it writes them (SPEC C10: "within milliseconds").
 COMPLETER_LINGER = 0.002
@@ -111,6 +112,7 @@ class Engine(Producing):
         self.hooks.let_go = self.inflight.drop
         self.handover = Handover(repo, self.inflight, self.metrics, self.log)
         self.runner = Runner(self.handover, self.metrics, self._async, self.log)
+        self.runner.result_max_bytes = self.config.result_max_bytes
         self.supervisor = Supervisor(
             self.inflight, self.handover, self.config.effective_watchdog_grace.total_seconds()
         )
@@ -196,6 +198,10 @@ class Engine(Producing):
             self._kinds[topic] = kind
             self._caps[topic] = kind.options.concurrency
             self.metrics.prime([topic])
+
+    def register_tasks(self, tasks: Tasks) -> None:
+        """Register each task of *tasks* as a kind, before ``start()`` (see ``Tasks.register``)."""
+        tasks.register(self.register_kind, self.config.kind_defaults())
 
     def on_event(self, fn: Callable[[Event], None]) -> None:
         """Call *fn* once per event after its commit (before ``start()``; see docs/events.md)."""

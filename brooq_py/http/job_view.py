@@ -1,4 +1,5 @@
-"""The dashboard's job page: the row, its payload as shown, its parents and children (Job.after)."""
+"""The dashboard's job page: the row, its payload and result as shown, its failed attempts,
+its parents and children (Job.after)."""
 
 from __future__ import annotations
 
@@ -9,26 +10,33 @@ from brooq_py.http.actions import Operator
 from brooq_py.postgres.overview import FINISHED, Overview
 from brooq_py.queue import JobRow, State
 
-MAX_PAYLOAD_SHOWN = 256 * 1024  # characters of a job's pretty-printed payload on its page
+MAX_PAYLOAD_SHOWN = 256 * 1024  # characters of a job's pretty-printed payload (or result) on its page
 
 
 def job_view(op: Operator, overview: Overview, raw_id: str) -> dict[str, Any]:
     """The page's facts about job *raw_id*; ActionError (404, 503) as ``Operator.get`` raises."""
     row = op.get(raw_id)
-    payload = json.dumps(row.payload, indent=2, ensure_ascii=False, sort_keys=True)
-    if len(payload) > MAX_PAYLOAD_SHOWN:  # a page a browser can open, whatever was enqueued
-        hidden = len(payload) - MAX_PAYLOAD_SHOWN
-        payload = f"{payload[:MAX_PAYLOAD_SHOWN]}\n… {hidden:,} more characters not shown"
     relatives = op.guarded("reading a job's parents and children", overview.relatives, row.id)
     return {
         "job": row,
         "finished": row.state in FINISHED,
         "canceled_by": canceled_by(row),
-        "payload": payload,
+        "payload": shown(row.payload),
+        "result": shown(row.result) if row.result is not None else None,
+        "errors": list(reversed(row.errors)),  # each failed attempt, the latest first (V3)
         "parents": [r for r in relatives if r.side == "parent"],
         "children": [r for r in relatives if r.side == "child"],
         "title": f"Job {row.id}",
     }
+
+
+def shown(value: Any) -> str:
+    """*value* pretty-printed, cut so that a browser can open the page whatever was stored."""
+    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+    if len(text) > MAX_PAYLOAD_SHOWN:
+        hidden = len(text) - MAX_PAYLOAD_SHOWN
+        text = f"{text[:MAX_PAYLOAD_SHOWN]}\n… {hidden:,} more characters not shown"
+    return text
 
 
 def canceled_by(row: JobRow) -> str | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -34,9 +35,16 @@ from brooq_py.postgres.flow import checked_depth, checked_rate
 from brooq_py.postgres.operator_side import LIMIT_WAIT, checked_topic
 from brooq_py.postgres.producer import check_schema, no_pool
 from brooq_py.postgres.queries import Queries, Query
+from brooq_py.postgres.runner import Rows
+from brooq_py.postgres.wait_side import AsyncWaitSide
+from brooq_py.postgres.waiting import AsyncWatch
 from brooq_py.queue import EnqueueResult, GroupResult, Job, JobRow, StoreUnavailable
 
 AsyncTx = AsyncWrapTx | psycopg.AsyncConnection[Any]
+
+
+# Connection settings of the pool that are not libpq parameters (left out of the LISTEN connection).
+_NOT_LIBPQ = frozenset({"autocommit", "row_factory", "cursor_factory", "context"})
 
 
 @asynccontextmanager
@@ -53,7 +61,7 @@ async def _dropped_if_read_only(conn: psycopg.AsyncConnection[Any], doing: str) 
         raise unavailable(exc, doing) from exc
 
 
-class AsyncStore:
+class AsyncStore(AsyncWaitSide):
     """The producer side on a caller's ``psycopg_pool.AsyncConnectionPool`` (or none).
 
     The pool stays the caller's: the AsyncStore never opens or closes it.
@@ -76,6 +84,7 @@ class AsyncStore:
         self.schema = check_schema(schema)
         self._q = Queries(schema)
         self._caps = TopicCaps()  # the depth-capped topics, cached for a second (SPEC F2)
+        self._waits: AsyncWatch | None = None
 
     @asynccontextmanager
     async def _autocommit(self, doing: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
@@ -260,6 +269,42 @@ class AsyncStore:
     def queue_full_refusals(self) -> dict[str, int]:
         """How many enqueues this AsyncStore refused with QueueFull, by topic."""
         return self._caps.refusals()
+
+    def _watch(self) -> AsyncWatch:
+        """The one LISTEN connection every ``wait`` of this AsyncStore shares, opened on first use (SPEC V2)."""
+        if self._pool is None:
+            raise no_pool("AsyncStore", "waiting for a job")
+        if self._waits is None:
+            self._waits = AsyncWatch(
+                self._connect_listen, self._check, self._q, lambda: self.wait_poll_interval
+            )
+        return self._waits
+
+    async def _connect_listen(self) -> psycopg.AsyncConnection[Any]:
+        pool = self._pool
+        if pool is None:
+            raise no_pool("AsyncStore", "waiting for a job")
+        # The pool's settings may be callables, possibly async ones (evaluated per connection).
+        conninfo: Any = pool.conninfo() if callable(pool.conninfo) else pool.conninfo
+        if inspect.isawaitable(conninfo):
+            conninfo = await conninfo
+        kwargs: Any = pool.kwargs() if callable(pool.kwargs) else (pool.kwargs or {})
+        if inspect.isawaitable(kwargs):
+            kwargs = await kwargs
+        extra = {k: v for k, v in kwargs.items() if k not in _NOT_LIBPQ}
+        return await psycopg.AsyncConnection.connect(conninfo, autocommit=True, **extra)
+
+    async def _check(self, params: dict[str, Any]) -> Rows:
+        async with self._autocommit("checking waited jobs") as conn:
+            rows: Rows = await on_async_connection(conn)(self._q["job_wait_check"], params)
+            return rows
+
+    async def close(self) -> None:
+        """Close the LISTEN connection of ``wait`` (never the pool). Safe to repeat; a wait in
+        progress raises BrooqError."""
+        waits, self._waits = self._waits, None
+        if waits is not None:
+            await waits.close()
 
     def __repr__(self) -> str:
         return f"AsyncStore(schema={self.schema!r})"

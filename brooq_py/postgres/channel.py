@@ -7,6 +7,7 @@ import hashlib
 _PREFIX = "brooq."
 _STAGE_PREFIX = "brooq_stage."
 _CANCEL_PREFIX = "brooq_cancel."
+_SETTLED_PREFIX = "brooq_settled."
 _MAX_IDENTIFIER_BYTES = 63
 
 
@@ -40,3 +41,12 @@ def cancel_channel_for(schema: str) -> str:
     Its notifications say a processing job was canceled; the payload is ``"<id> <claim_token>"``.
     """
     return _named(_CANCEL_PREFIX, schema)
+
+
+def settled_channel_for(schema: str) -> str:
+    """Return the results channel of *schema*: ``brooq_settled.<schema>`` (md5 past 63 bytes).
+
+    One notification per outcome batch (or closing transaction, or cancel) that
+    ended a job, with an empty payload: waiters re-check their ids (SPEC V2).
+    """
+    return _named(_SETTLED_PREFIX, schema)

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from brooq_py.postgres.arrays import int_array, own_uuid_array, text_array, timestamptz_array
 from brooq_py.postgres.caps import TopicCaps
 from brooq_py.postgres.queries import Queries, Query
+from brooq_py.postgres.rows import job_row
 from brooq_py.postgres.runner import Rows
 from brooq_py.postgres.unique import answers, enqueue_unique, unique_params
 from brooq_py.postgres.workflows import after_params, has_parents, parents_of, unknown_parent, with_parents
@@ -404,27 +405,12 @@ def get(q: Queries, job_id: Any) -> Plan[JobRow | None]:
     if parsed is None:
         return None
     rows = yield q.get, {"id": parsed}
-    return row_of(rows[0]) if rows else None
+    return job_row(rows[0]) if rows else None
 
 
 def row_of(r: tuple[Any, ...]) -> JobRow:
-    """A row of job_get's columns (job_list's too) as a JobRow."""
-    return JobRow(
-        id=str(r[0]),
-        topic=r[1],
-        payload=r[2],
-        state=State(r[3]),
-        attempts=r[4],
-        priority=r[5],
-        available_at=r[6],
-        locked_by=r[7],
-        locked_until=r[8],
-        last_error=r[9],
-        idempotency_key=r[10],
-        created_at=r[11],
-        updated_at=r[12],
-        parents=tuple(str(p) for p in r[14] or ()),
-    )
+    """A row of job_get's columns (job_list's too) as a JobRow (see rows.job_row)."""
+    return job_row(r)
 
 
 def list_jobs(q: Queries, topic: str | None, state: str | None, limit: int) -> Plan[list[JobRow]]:

@@ -4,7 +4,7 @@ Each file holds one statement with ``{job}``, ``{job_edge}``, ``{topic_setting}`
 ``{version_table}`` (the tables),
 ``{channel}`` (the wake-up channel as an identifier), ``{channel_literal}`` (as text) or
 ``{stage_channel}`` (the stager's channel, ``{stage_channel_literal}`` as text), ``{cancel_channel}``
-(the cancel channel)
+(the cancel channel), ``{settled_channel}`` / ``{settled_channel_literal}`` (the results channel)
 placeholders and psycopg ``%(name)s`` parameters. A Store renders every
 statement once for its schema with ``psycopg.sql.Identifier`` and never sets
 ``search_path`` on a connection.
@@ -19,7 +19,7 @@ from importlib import resources
 
 from psycopg import sql
 
-from brooq_py.postgres.channel import cancel_channel_for, channel_for, stage_channel_for
+from brooq_py.postgres.channel import cancel_channel_for, channel_for, settled_channel_for, stage_channel_for
 
 _BINARY_PLACEHOLDER = re.compile(r"%\((\w+)\)b")
 
@@ -60,6 +60,8 @@ def render(name: str, schema: str, *, rows: bool = True) -> Query:
         stage_channel=sql.Identifier(stage_channel_for(schema)),
         stage_channel_literal=sql.Literal(stage_channel_for(schema)),
         cancel_channel=sql.Identifier(cancel_channel_for(schema)),
+        settled_channel=sql.Identifier(settled_channel_for(schema)),
+        settled_channel_literal=sql.Literal(settled_channel_for(schema)),
     )
     # A foreign Tx gets the text with plain %(name)s placeholders: binary ones are psycopg's own.
     text = _BINARY_PLACEHOLDER.sub(r"%(\1)s", composed.as_string(None))

@@ -40,6 +40,8 @@ from brooq_py.postgres.own import OwnConnection
 from brooq_py.postgres.producer import check_schema, no_pool
 from brooq_py.postgres.queries import Queries, Query
 from brooq_py.postgres.runner import Rows, Runner, execute, on_connection, on_tx
+from brooq_py.postgres.wait_side import WaitSide
+from brooq_py.postgres.waiting import Watch
 from brooq_py.postgres.worker_side import WorkerSide
 from brooq_py.postgres.workflows import parent_results_params
 from brooq_py.postgres.wraptx import WrapTx, as_psycopg
@@ -64,7 +66,7 @@ def _with_options(kwargs: dict[str, Any], options: str) -> dict[str, Any]:
     return kwargs
 
 
-class Store(WorkerSide, OperatorSide, FlowSide):
+class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
     """The job store on a caller's ``psycopg_pool.ConnectionPool`` (the engine's Repo).
 
     The pool stays the caller's: the Store never opens or closes it. ``pool``
@@ -109,6 +111,7 @@ class Store(WorkerSide, OperatorSide, FlowSide):
         self.ping_timeout = 2.0
         self.listen_probe_timeout: float | None = PROBE_TIMEOUT
         self._own_lease = DEFAULT_LEASE
+        self._waits: Watch | None = None
 
     # -- connections ----------------------------------------------------------
 
@@ -366,6 +369,20 @@ class Store(WorkerSide, OperatorSide, FlowSide):
             self._listeners.add(listener)
         return listener
 
+    def _watch(self) -> Watch:
+        """The one LISTEN connection every ``wait`` of this Store shares, opened on first use (SPEC V2)."""
+        if self._pool is None:
+            raise no_pool("Store", "waiting for a job")
+        with self._listeners_lock:
+            if self._waits is None:
+                self._waits = Watch(
+                    self._connect_own,
+                    lambda params: self._run("checking waited jobs", self._q["job_wait_check"], params),
+                    self._q,
+                    lambda: self.wait_poll_interval,
+                )
+            return self._waits
+
     def _forget_listener(self, listener: PgListener) -> None:
         with self._listeners_lock:
             self._listeners.discard(listener)
@@ -380,7 +397,9 @@ class Store(WorkerSide, OperatorSide, FlowSide):
             return False
 
     def close(self) -> None:
-        """Close the Store's own connections (heartbeat, claims, outcomes, listeners); never the pool. Safe to repeat.
+        """Close the Store's own connections (heartbeat, claims, outcomes, listeners, waits); never the pool.
+
+        Safe to repeat. A ``wait`` still in progress raises BrooqError.
 
         None is left open behind it: a claim or outcome batch that comes later (the hand-back of
         a claim answered after a stop stopped waiting for it) goes through the pool, until an
@@ -394,6 +413,8 @@ class Store(WorkerSide, OperatorSide, FlowSide):
             listeners = list(self._listeners)
         for listener in listeners:
             listener.close()
+        if self._waits is not None:
+            self._waits.close()
 
     def __repr__(self) -> str:
         return f"Store(schema={self.schema!r})"

@@ -37,6 +37,16 @@ GAUGE_CAP = 100_000
 REAP_BATCH = 1000
 
 _SETTLE_STATES = frozenset({State.DONE, State.FAILED, State.DEAD, State.CANCELED, State.PENDING})
+_ENDS = (State.DONE, State.DEAD, State.CANCELED)
+
+
+def _real_array(values: Sequence[float | None]) -> str:
+    """Return an array literal of finite floats, NULL for None."""
+    return "{" + ",".join("NULL" if v is None else repr(float(v)) for v in values) + "}"
+
+
+def _nulls(n: int) -> str:
+    return "{" + ",".join(["NULL"] * n) + "}"
 
 
 def _settle_state(outcome: Outcome) -> str:
@@ -62,6 +72,14 @@ def claimed_jobs(rows: Rows) -> list[ClaimedJob]:
         )
         for r in rows
     ]
+
+
+def _maybe_text_array(values: Sequence[str | None]) -> str:
+    """``text_array``, or a literal of NULLs when every value is None (the usual case)."""
+    for v in values:
+        if v is not None:
+            return text_array(values)
+    return _nulls(len(values))
 
 
 class WorkerSide:
@@ -175,6 +193,10 @@ class WorkerSide:
             "delays": float_array([o.delay.total_seconds() for o in outcomes]),
             "give_back": bool_array([o.give_back for o in outcomes]),
             "errors": text_array([o.last_error for o in outcomes]),
+            # Most batches carry no result and no traceback: an array of NULLs costs no escaping.
+            "results": _maybe_text_array([o.result for o in outcomes]),
+            "tracebacks": _maybe_text_array([o.traceback for o in outcomes]),
+            "notify": any(o.state in _ENDS for o in outcomes),
         }
 
     def settle_tx(self, tx: Tx, outcome: Outcome) -> bool:
@@ -186,6 +208,9 @@ class WorkerSide:
             "delay": outcome.delay,
             "give_back": outcome.give_back,
             "error": outcome.last_error,
+            "result": outcome.result,
+            "traceback": outcome.traceback,
+            "notify": outcome.state in _ENDS,
         }
         with translated("settling an outcome", as_psycopg(tx)):
             return bool(on_tx(tx)(self._q.settle_one, params))
@@ -203,17 +228,23 @@ class WorkerSide:
         """
         if not leases:
             return Renewal(frozenset())
-        params = {
-            "ids": uuid_array([h.id for h in leases]),
-            "tokens": uuid_array([h.claim_token for h in leases]),
-            "lease": lease,
-        }
-        rows = self._heartbeat.run("renewing leases", self._q.renew, params)
+        rows = self._heartbeat.run("renewing leases", self._q.renew, self._renew_params(leases, lease))
         return Renewal(
             held=frozenset(r[0] for r in rows if r[1] != "canceled"),
             locked=frozenset(r[0] for r in rows if r[1] == "locked"),
             canceled=frozenset(r[0] for r in rows if r[1] == "canceled"),
         )
+
+    @staticmethod
+    def _renew_params(leases: Sequence[HeldLease], lease: timedelta) -> dict[str, Any]:
+        """The leases as array literals, with the progress each carries (NULL: unchanged, SPEC V4)."""
+        return {
+            "ids": uuid_array([h.id for h in leases]),
+            "tokens": uuid_array([h.claim_token for h in leases]),
+            "lease": lease,
+            "progress": _real_array([h.progress for h in leases]),
+            "notes": _maybe_text_array([h.progress_note for h in leases]),
+        }
 
     def schema_version(self) -> str | None:
         """Return the migration revision this Store's schema is at; None when it was never migrated."""

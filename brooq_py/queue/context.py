@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import threading
 from collections.abc import Callable
 from datetime import datetime
+from typing import TYPE_CHECKING
+
+from brooq_py.queue.errors import BrooqError
+
+if TYPE_CHECKING:
+    from brooq_py.queue.claim import Claim
+
+# A progress note is a short status line: longer ones are cut, so a renewal stays small.
+MAX_PROGRESS_NOTE = 1000
 
 
 class Context:
@@ -14,10 +24,11 @@ class Context:
 
     The engine cancels it with a cause (``LeaseLost``, ``AttemptTimeout``,
     ``MaxExecutionExceeded`` or ``EngineStopping``); the first cause wins.
-    Thread-safe; ``wait_async`` serves ``async def`` handlers.
+    Thread-safe; ``wait_async`` serves ``async def`` handlers. ``claim`` is the
+    attempt's Claim; ``progress`` records how far the handler got (SPEC V4).
     """
 
-    __slots__ = ("_callbacks", "_cause", "_deadline", "_event", "_lock")
+    __slots__ = ("_callbacks", "_cause", "_claim", "_deadline", "_event", "_lock", "_progress")
 
     def __init__(self, deadline: datetime | None = None) -> None:
         # The Event is made on the first wait(): most attempts end without anyone waiting,
@@ -27,6 +38,66 @@ class Context:
         self._cause: BaseException | None = None
         self._deadline = deadline
         self._callbacks: list[Callable[[BaseException], None]] = []
+        self._claim: Claim | None = None
+        # What progress() recorded since the engine last took it: (value, note), None for "unchanged".
+        self._progress: tuple[float | None, str | None] | None = None
+
+    @property
+    def claim(self) -> Claim:
+        """The attempt's Claim; raise BrooqError for a Context that belongs to no attempt."""
+        claim = self._claim
+        if claim is None:
+            raise BrooqError("this Context belongs to no attempt (it was made outside an engine)")
+        return claim
+
+    def attach(self, claim: Claim) -> None:
+        """Give the Context its attempt's Claim (the engine does, before the handler runs)."""
+        self._claim = claim
+
+    def progress(self, value: float | None = None, note: str | None = None) -> None:
+        """Record how far the handler is (*value*, 0.0-1.0) and/or a short *note*.
+
+        Kept in memory (the latest call wins, field by field) and written with the
+        next lease renewal: no database round trip here, never blocking, never
+        raising for a database problem. Raise ValueError for a value that is not a
+        number between 0 and 1, TypeError for a note that is not text.
+        """
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise ValueError(f"progress must be a number between 0 and 1, got {value!r}")
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"progress must be between 0 and 1, got {value!r}")
+            value = float(value)
+        if note is not None:
+            if not isinstance(note, str):
+                raise TypeError(f"note must be a str, got {type(note).__name__}")
+            note = _storable(note[:MAX_PROGRESS_NOTE])
+        if value is None and note is None:
+            return
+        with self._lock:
+            old = self._progress
+            if old is not None:
+                value = old[0] if value is None else value
+                note = old[1] if note is None else note
+            self._progress = (value, note)
+
+    def take_progress(self) -> tuple[float | None, str | None] | None:
+        """Return what ``progress`` recorded since the last call and forget it (the engine's renewal)."""
+        with self._lock:
+            taken, self._progress = self._progress, None
+        return taken
+
+    def give_back_progress(self, taken: tuple[float | None, str | None]) -> None:
+        """Keep *taken* for the next renewal (this one failed), unless newer values came meanwhile."""
+        with self._lock:
+            newer = self._progress
+            if newer is None:
+                self._progress = taken
+            else:
+                self._progress = (
+                    taken[0] if newer[0] is None else newer[0],
+                    taken[1] if newer[1] is None else newer[1],
+                )
 
     def done(self) -> bool:
         """Return True once the context was cancelled."""
@@ -105,6 +176,14 @@ class Context:
 
     def __repr__(self) -> str:
         return f"Context(done={self.done()}, cause={self._cause!r})"
+
+
+def _storable(text: str) -> str:
+    """Return *text* as PostgreSQL text holds it: NUL and lone surrogates escaped."""
+    text = text.replace("\x00", "\\x00")
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:

@@ -96,37 +96,37 @@ def _check_number(literal: str) -> float:
     return 0.0
 
 
-def encode_payload(payload: Any) -> str:
+def encode_payload(payload: Any, what: str = "payload") -> str:
     """Return *payload* as JSON text, refusing what PostgreSQL's jsonb cannot hold.
 
     ``bytes`` are taken as pre-encoded JSON text and validated. Raise
     ``InvalidJob`` for a value that is not JSON-serialisable, for NaN or
-    Infinity and for ``\\u0000`` anywhere in the document.
+    Infinity and for ``\\u0000`` anywhere in the document; *what* names the value in the message.
     """
     if isinstance(payload, bytes | bytearray | memoryview):
         try:
             text = bytes(payload).decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise InvalidJob(f"payload bytes are not UTF-8: {exc}") from None
+            raise InvalidJob(f"{what} bytes are not UTF-8: {exc}") from None
         try:
             decoded = json.loads(text, parse_constant=_reject_constant, parse_float=_check_number)
         except (ValueError, RecursionError) as exc:
-            raise InvalidJob(f"payload bytes are not valid JSON: {exc}") from None
+            raise InvalidJob(f"{what} bytes are not valid JSON: {exc}") from None
         # Python pairs surrogate escapes and keeps a lone one as a lone surrogate; jsonb refuses it.
         if "\\u" in text and _SURROGATE_ESCAPE.search(text) and not _is_utf8(_ENCODER.encode(decoded)):
-            raise InvalidJob("payload bytes hold a lone surrogate escape, which PostgreSQL jsonb refuses")
+            raise InvalidJob(f"{what} bytes hold a lone surrogate escape, which PostgreSQL jsonb refuses")
     else:
         try:
             text = _ENCODER.encode(payload)
         except (TypeError, ValueError, RecursionError) as exc:
-            raise InvalidJob(f"payload is not JSON-serialisable: {exc}") from None
+            raise InvalidJob(f"{what} is not JSON-serialisable: {exc}") from None
         if not text.isascii():  # ASCII text (the usual payload) holds no lone surrogate
             try:
                 text.encode("utf-8")
             except UnicodeEncodeError:
-                raise InvalidJob("payload holds a lone surrogate, which is not valid Unicode text") from None
+                raise InvalidJob(f"{what} holds a lone surrogate, which is not valid Unicode text") from None
     if "\x00" in text or ("\\u0000" in text and _NUL_ESCAPE.search(text)):
-        raise InvalidJob("payload contains \\u0000, which PostgreSQL jsonb cannot store")
+        raise InvalidJob(f"{what} contains \\u0000, which PostgreSQL jsonb cannot store")
     return text
 
 

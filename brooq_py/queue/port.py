@@ -42,6 +42,9 @@ class Outcome:
     delay: for FAILED and PENDING, available_at = now() + delay (database clock).
     give_back: attempts = greatest(attempts - 1, 0).
     last_error: None keeps the row's last_error.
+    result: DONE only: the handler's return value as JSON text (None: SQL NULL) (SPEC V1).
+    traceback: FAILED and DEAD: the failure's bounded traceback; a FAILED or DEAD outcome
+    with a last_error appends ``{attempt, at, error, traceback}`` to the row's errors (V3).
     """
 
     id: str
@@ -51,14 +54,22 @@ class Outcome:
     give_back: bool = False
     last_error: str | None = None
     topic: str = field(default="", compare=False)
+    result: str | None = field(default=None, compare=False)
+    traceback: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
 class HeldLease:
-    """A lease the engine holds: the row id and the claim's token."""
+    """A lease the engine holds: the row id and the claim's token.
+
+    progress / progress_note: what the handler reported since the last renewal, written
+    with this one (SPEC V4); None leaves the row's value as it is.
+    """
 
     id: str
     claim_token: str
+    progress: float | None = None
+    progress_note: str | None = None
 
 
 @dataclass(frozen=True)

@@ -116,11 +116,15 @@ def test_brooq_worker_runs_tasks_and_get_result_reports_the_outcome(
 
     result = record.get_result(ok.id)
     assert result.status == TaskResultStatus.SUCCESSFUL and result.is_finished and result.errors == []
+    assert result.return_value == "done it"  # the task's return value is the job's result (V1)
     assert send_email.get_result(mail.id).status == TaskResultStatus.SUCCESSFUL
     failed = explode.get_result(bad.id)
     assert failed.status == TaskResultStatus.FAILED
     assert failed.errors[0].exception_class_path == "builtins.ValueError"
     assert failed.errors[0].exception_class is ValueError and "kaboom" in failed.errors[0].traceback
+    # A real traceback (V3): the task's own frame, not one line of text.
+    assert failed.errors[0].traceback.startswith("Traceback (most recent call last)")
+    assert "in explode" in failed.errors[0].traceback
     ok.refresh()
     assert ok.status == TaskResultStatus.SUCCESSFUL
 

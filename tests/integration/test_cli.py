@@ -196,6 +196,35 @@ def test_enqueue_then_get(dsn: str, schema: str, tmp_path: Path, store: Store) -
     assert malformed.returncode == 2 and "UUID" in malformed.stderr
 
 
+def test_get_shows_result_errors_with_tracebacks_and_progress(
+    dsn: str, schema: str, tmp_path: Path, store: Store
+) -> None:
+    from brooq_py.queue.port import HeldLease, Outcome
+
+    job_id = store.enqueue(Job("cli.res")).id
+    lease = timedelta(seconds=30)
+    (c,) = store.claim(["cli.res"], 1, "w", lease)
+    store.renew([HeldLease(c.id, c.claim_token, 0.5, "half")], lease)
+    long_tb = "Traceback (most recent call last):\n" + "  frame\n" * 1000 + "ValueError: bad\n"
+    store.settle_many(
+        [Outcome(c.id, c.claim_token, State.FAILED, last_error="ValueError: bad", traceback=long_tb)]
+    )
+    assert store.stage(["cli.res"], 10, notify=False).total == 1  # the retry is due at once (delay 0)
+    (c2,) = store.claim(["cli.res"], 1, "w", lease)
+    store.settle_many([Outcome(c2.id, c2.claim_token, State.DONE, result='{"answer": 42}')])
+
+    got = run_cli("get", job_id, "--schema", schema, dsn=dsn, cwd=tmp_path)
+    assert got.returncode == 0, got.stderr
+    row = json.loads(got.stdout)
+    assert row["state"] == "done" and row["result"] == {"answer": 42}
+    assert (row["progress"], row["progress_note"]) == (0.5, "half")
+    (error,) = row["errors"]
+    assert error["attempt"] == 1 and error["error"] == "ValueError: bad"
+    assert error["traceback"].startswith("...[") and error["traceback"].endswith("ValueError: bad\n")
+    full = json.loads(run_cli("get", job_id, "--full", "--schema", schema, dsn=dsn, cwd=tmp_path).stdout)
+    assert full["errors"][0]["traceback"] == long_tb
+
+
 def test_cancel(dsn: str, schema: str, tmp_path: Path, store: Store) -> None:
     job_id = store.enqueue(Job("cli.idle", {"n": 1})).id
     first = run_cli("cancel", job_id, "--schema", schema, dsn=dsn, cwd=tmp_path)

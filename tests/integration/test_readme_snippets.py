@@ -19,8 +19,6 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from brooq_py.postgres import Store
-
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 MARK = re.compile(r"<!-- readme-snippet: ([\w-]+) -->\n```python\n(.*?)```", re.S)
@@ -125,8 +123,6 @@ def test_the_docs_have_their_examples() -> None:
 @pytest.mark.parametrize("name", sorted(marked("program")))
 def test_a_documented_program_runs(name: str, dsn: str, schema: str, tmp_path: Path) -> None:
     body = marked("program")[name]
-    if "store.wait(" in body and not hasattr(Store, "wait"):
-        pytest.xfail("the program needs Store.wait, which the results work adds")
     script = tmp_path / f"program_{name.split(':')[1].replace('-', '_')}.py"
     script.write_text(body, encoding="utf-8")
     done = subprocess.run(

@@ -458,11 +458,7 @@ def test_c10_c3_batch_writes_do_not_walk_the_lease_index(store: Store, db: psyco
     rows = store.claim(["t"], 250, "w", LEASE)
     outcomes = [Outcome(r.id, r.claim_token, State.DONE) for r in rows]
     settle_params = store._settle_params(outcomes)
-    renew_params = {
-        "ids": settle_params["ids"],
-        "tokens": settle_params["tokens"],
-        "lease": LEASE,
-    }
+    renew_params = store._renew_params([HeldLease(r.id, r.claim_token) for r in rows], LEASE)
     for query, params in ((store._q.settle_many, settle_params), (store._q.renew, renew_params)):
         db.execute("BEGIN")
         plan = "\n".join(r[0] for r in db.execute(b"EXPLAIN " + query.composed, params).fetchall())

@@ -232,6 +232,7 @@ FULL_ENV = {
     "QUEUE_NOTIFY": "off",
     "QUEUE_GAUGES_PERIOD": "15s",
     "QUEUE_CLAIM_BATCH": "64",
+    "QUEUE_RESULT_MAX_BYTES": "2048",
 }
 
 
@@ -255,6 +256,7 @@ def test_k2_from_env_reads_every_queue_variable() -> None:
         notify=False,
         gauges_period=15,
         claim_batch=64,
+        result_max_bytes=2048,
     )
 
 

@@ -290,6 +290,32 @@ def test_forms_are_bounded_and_read_after_the_token(board: Board, store: Store) 
     assert store.paused() == set()
 
 
+def test_v1_v3_v4_the_job_page_shows_result_failed_attempts_and_progress(board: Board, store: Store) -> None:
+    from datetime import timedelta
+
+    from brooq_py.queue.port import HeldLease, Outcome
+
+    lease = timedelta(seconds=30)
+    job_id = store.enqueue(Job(TOPIC, {"a": 1})).id
+    (c,) = store.claim([TOPIC], 1, "w", lease)
+    store.renew([HeldLease(c.id, c.claim_token, 0.42, "resizing <img>")], lease)
+    running = board.request("GET", f"/jobs/{job_id}", token=TOKEN).body
+    assert "42%" in running and "resizing &lt;img&gt;" in running and "Not done yet." in running
+    tb = 'Traceback (most recent call last):\n  File "app.py", line 3, in handler\nValueError: <bad>\n'
+    store.settle_many(
+        [Outcome(c.id, c.claim_token, State.FAILED, last_error="ValueError: <bad>", traceback=tb)]
+    )
+    assert store.stage([TOPIC], 10, notify=False).total == 1
+    (c2,) = store.claim([TOPIC], 1, "w", lease)
+    store.settle_many([Outcome(c2.id, c2.claim_token, State.DONE, result='{"answer": "<42>"}')])
+    body = board.request("GET", f"/jobs/{job_id}", token=TOKEN).body
+    assert 'id="result"' in body and "&#34;answer&#34;: &#34;&lt;42&gt;&#34;" in body.replace(
+        "&quot;", "&#34;"
+    )
+    assert "Failed attempts" in body and "Attempt 1" in body
+    assert "in handler" in body and "ValueError: &lt;bad&gt;" in body  # the traceback, escaped
+
+
 def test_d3_the_job_page_lists_parents_and_children_with_states_and_links(board: Board, store: Store) -> None:
     """A blocked job shows its parents, a parent its children, each linked with its state; cancel is offered."""
     parent = store.enqueue(Job(TOPIC, {"a": 1})).id

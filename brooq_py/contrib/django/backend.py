@@ -5,8 +5,9 @@
 block is open: rolled back with it, visible to workers at its commit (SPEC E3).
 Each job's topic is ``<queue_name>.<task path>`` (the queue name is the topic's
 prefix), its priority the task's, its ``available_at`` the task's ``run_after``.
-``get_result`` reads the row; a task's return value is not stored (the row has
-no place for it), so a successful result's ``return_value`` is None.
+``get_result`` reads the row: a successful result's ``return_value`` is the
+task's return value (the job's result) and ``errors`` holds one TaskError per
+failed attempt, with its traceback.
 
 OPTIONS: ``schema`` (default ``public``), ``database`` (the Django connection
 alias, default ``default``), ``modules`` (extra modules that define tasks, for
@@ -48,13 +49,23 @@ def topic_for(queue_name: str, task_path: str) -> str:
     return f"{queue_name}.{task_path}"
 
 
+def _class_path(error: str) -> str:
+    if error.startswith(FAILED_PREFIX):
+        return error[len(FAILED_PREFIX) :].split(":", 1)[0] or "builtins.Exception"
+    return "builtins.Exception"
+
+
 def _error_of(row: JobRow) -> list[Any]:
-    if not row.last_error:
+    """One TaskError per failed attempt, its traceback in full; a row without history
+    (written before results existed) gives its last_error alone."""
+    if row.errors:
+        return [
+            TaskError(exception_class_path=_class_path(e.error), traceback=e.traceback or e.error)
+            for e in row.errors
+        ]
+    if not row.last_error or row.state is State.DONE:
         return []
-    path = "builtins.Exception"
-    if row.last_error.startswith(FAILED_PREFIX):
-        path = row.last_error[len(FAILED_PREFIX) :].split(":", 1)[0] or path
-    return [TaskError(exception_class_path=path, traceback=row.last_error)]
+    return [TaskError(exception_class_path=_class_path(row.last_error), traceback=row.last_error)]
 
 
 class BrooqBackend(BaseTaskBackend):
@@ -112,7 +123,7 @@ class BrooqBackend(BaseTaskBackend):
         payload = row.payload
         terminal = row.state in (State.DONE, State.DEAD, State.CANCELED)
         attempted = row.updated_at if row.attempts else None
-        return TaskResult(
+        result = TaskResult(
             task=task,
             id=row.id,
             status=STATUS.get(row.state, TaskResultStatus.READY),  # scheduled: ready at its time
@@ -123,9 +134,12 @@ class BrooqBackend(BaseTaskBackend):
             args=payload.get("args", []),
             kwargs=payload.get("kwargs", {}),
             backend=self.alias,
-            errors=_error_of(row) if row.state != State.DONE else [],
+            errors=_error_of(row),
             worker_ids=[row.locked_by or "brooq"] * row.attempts,
         )
+        if row.state is State.DONE:
+            object.__setattr__(result, "_return_value", row.result)  # as Django's own backends set it
+        return result
 
     def _task_of(self, row: JobRow) -> Any:
         """Return the Task a job row was made from (its queue and priority), or None if it is not one."""

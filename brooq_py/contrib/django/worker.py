@@ -6,7 +6,9 @@ OPTIONS ``modules`` and in the modules named on the command line. A task
 function runs in a worker thread with Django's connections closed around it,
 as Django does around a request. An exception it raises is a failed attempt
 (retried with backoff up to ``max_attempts``), recorded as
-``TaskFailed: <module.Class>: <message>`` so ``get_result`` can name its class.
+``TaskFailed: <module.Class>: <message>`` so ``get_result`` can name its class;
+each failed attempt's traceback (the task's own frames included) is kept in the
+row's history. A task's return value is the job's result.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from django.db import close_old_connections, connections
 from django.tasks import TaskContext, TaskResult, TaskResultStatus, task_backends
 from django.tasks.base import Task
 from django.utils import timezone
+from django.utils.json import normalize_json
 
 from brooq_py.contrib.django.backend import BrooqBackend, topic_for
 from brooq_py.queue import Claim, Context
@@ -68,7 +71,7 @@ def conninfo_for(using: str) -> str:
 def handler_for(task: Any, backend: BrooqBackend, worker_id: str) -> Any:
     """Return the brooq handler that runs *task* with a claim's args and kwargs."""
 
-    def handle(ctx: Context, claim: Claim) -> None:
+    def handle(ctx: Context, claim: Claim) -> Any:
         payload = claim.payload if isinstance(claim.payload, dict) else {}
         args = payload.get("args", [])
         kwargs = payload.get("kwargs", {})
@@ -90,9 +93,11 @@ def handler_for(task: Any, backend: BrooqBackend, worker_id: str) -> Any:
                     errors=[],
                     worker_ids=[worker_id] * claim.attempt,
                 )
-                task.call(TaskContext(task_result=result), *args, **kwargs)
+                value = task.call(TaskContext(task_result=result), *args, **kwargs)
             else:
-                task.call(*args, **kwargs)
+                value = task.call(*args, **kwargs)
+            # The job's result (SPEC V1), as Django's own backends keep it: get_result().return_value.
+            return normalize_json(value)
         except Exception as exc:
             kind = type(exc)
             raise TaskFailed(f"{kind.__module__}.{kind.__qualname__}: {exc}") from exc

@@ -66,6 +66,7 @@ class Attempt:
         "hard_deadline",
         "kind",
         "renewed_at",
+        "result",
         "row",
         "soft_deadline",
         "started",
@@ -96,6 +97,9 @@ class Attempt:
             parents=parents,
             meta=row.meta,
         )
+        ctx.attach(self.claim)
+        # The handler's return value as JSON text, encoded on its own thread (SPEC V1).
+        self.result: str | None = None
         self.started = started
         # When the database last confirmed the lease (monotonic): the claim's return, then each renewal (L4).
         self.renewed_at = started
@@ -236,8 +240,9 @@ class Attempt:
         if owns:
             self._hooks.release_slot()
 
-    def returned(self, value: object = None) -> Outcome | None:
-        """The handler returned *value*: done (L1), unless another ending came first."""
+    def returned(self) -> Outcome | None:
+        """The handler returned (its value in ``result``, encoded on its thread): done (L1), unless
+        another ending came first."""
         self.code_ended()
         if self.end(Phase.RETURNED):
             return self._answer(None)
@@ -355,7 +360,9 @@ class Attempt:
         return self._decided(Phase.GAVE_UP, self._max_execution_exceeded())
 
     def _decided(self, phase: Phase, error: BaseException | None) -> Outcome | None:
-        ending = Ending(phase, error=error, cause=self.ctx.cause, stopping=self._hooks.stopping())
+        ending = Ending(
+            phase, error=error, cause=self.ctx.cause, stopping=self._hooks.stopping(), result=self.result
+        )
         outcome = self._decide(ending)
         if outcome is None:
             self.let_go()

@@ -11,6 +11,7 @@ from datetime import timedelta
 
 from brooq_py.engine.attempt.backoff import backoff_delay
 from brooq_py.engine.attempt.phases import Phase
+from brooq_py.engine.attempt.results import format_traceback
 from brooq_py.engine.repo import Outcome
 from brooq_py.queue import (
     EngineStopping,
@@ -46,13 +47,14 @@ def describe_error(exc: BaseException) -> str:
 @dataclass(frozen=True)
 class Ending:
     """How an attempt ended: its *phase* (an ending of ``attempt.Phase``), the handler's
-    *error* (None when it returned or never ran), ctx's *cause* then, and whether the
-    engine was *stopping*."""
+    *error* (None when it returned or never ran), ctx's *cause* then, whether the
+    engine was *stopping*, and the handler's *result* as JSON text (RETURNED only)."""
 
     phase: Phase
     error: BaseException | None = None
     cause: BaseException | None = None
     stopping: bool = False
+    result: str | None = None
 
 
 POISON_ERROR = (
@@ -107,31 +109,43 @@ def decide(
             delay=backoff_delay(attempt, base, cap, rng),
             give_back=attempt >= options.max_attempts,
             last_error=describe_error(error if error is not None else cause or TimeoutError()),
+            traceback=format_traceback(error) if error is not None else None,
         )
     if phase is Phase.RETURNED:
-        return outcome(State.DONE)
+        return outcome(State.DONE, result=ending.result)
     if phase is not Phase.RAISED or error is None:
         raise ValueError(f"no outcome for ending {phase} (error={error!r})")
     if find_signal(error, MustCancelTask) is not None:
         return outcome(State.CANCELED, last_error=describe_error(error))
     last_error = describe_error(error)
+    raised = error
+
+    def tb() -> str | None:  # formatted only for the outcomes that keep it (V3)
+        return format_traceback(raised)
+
     delay_signal = find_signal(error, MustDelay)
     if isinstance(cause, EngineStopping):
         # Stopping is not the job's failure (C11); a MustDelay's "not before" still holds (C8).
         if delay_signal is not None:
             delay = max(min(delay_signal.delay, cap), timedelta(0))
-            return outcome(State.FAILED, delay=delay, give_back=True, last_error=last_error)
+            return outcome(State.FAILED, delay=delay, give_back=True, last_error=last_error, traceback=tb())
         return outcome(State.PENDING, give_back=True, last_error=last_error)
     if find_signal(error, MustPreserveAttempt) is not None:
         return outcome(
-            State.FAILED, delay=backoff_delay(attempt, base, cap, rng), give_back=True, last_error=last_error
+            State.FAILED,
+            delay=backoff_delay(attempt, base, cap, rng),
+            give_back=True,
+            last_error=last_error,
+            traceback=tb(),
         )
     if attempt >= options.max_attempts:
-        return outcome(State.DEAD, last_error=last_error)
+        return outcome(State.DEAD, last_error=last_error, traceback=tb())
     if delay_signal is not None:
         delay = min(delay_signal.delay, cap)
-        return outcome(State.FAILED, delay=max(delay, timedelta(0)), last_error=last_error)
-    return outcome(State.FAILED, delay=backoff_delay(attempt, base, cap, rng), last_error=last_error)
+        return outcome(State.FAILED, delay=max(delay, timedelta(0)), last_error=last_error, traceback=tb())
+    return outcome(
+        State.FAILED, delay=backoff_delay(attempt, base, cap, rng), last_error=last_error, traceback=tb()
+    )
 
 
 def what_then(outcome: Outcome) -> str:

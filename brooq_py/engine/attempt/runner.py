@@ -1,6 +1,8 @@
 """Runner: runs one attempt's handler (a thread or a task) and reports how it ended (SPEC C4-C11, L1, L6).
 
-The runner executes and hands over, nothing more: the Attempt answers each
+The runner executes and hands over, nothing more: it runs the handler and
+encodes its return value on the handler's thread (``Attempt.result``, SPEC V1;
+one that cannot be stored is the handler's raise), the Attempt answers each
 ending with the outcome to write (``Attempt.returned``/``raised``), the handover
 takes that answer where it is written, and the slot is freed once it is on its way.
 """
@@ -15,6 +17,7 @@ from collections.abc import Callable, Sequence
 
 from brooq_py.engine.attempt.attempt import Attempt, HandlerState
 from brooq_py.engine.attempt.handover import Handover
+from brooq_py.engine.attempt.results import encode_result, run_async
 from brooq_py.engine.attempt.slots import AsyncRunner, Threads
 from brooq_py.engine.metrics import Metrics
 from brooq_py.engine.repo import Outcome
@@ -35,6 +38,7 @@ class Runner:
         self.log = log
         self.threads = Threads("worker", log)
         self.settlers = Threads("settler", log, max_threads=4)
+        self.result_max_bytes = 1024 * 1024  # the largest result a handler may return (SPEC V1)
 
     # --- running ---------------------------------------------------------
 
@@ -48,7 +52,7 @@ class Runner:
         for a in attempts:
             self._busy(a, +1)
             if a.kind.is_async:
-                tasks.append((functools.partial(a.kind.handler, a.ctx, a.claim), self._on_task_done(a)))
+                tasks.append((functools.partial(run_async, a, self.result_max_bytes), self._on_task_done(a)))
             else:
                 self.threads.run(functools.partial(self._run_thread, a, time.monotonic()))
         if tasks:
@@ -100,7 +104,7 @@ class Runner:
         t0 = time.monotonic()
         if a.kind.is_async:
             try:
-                self.loop.wait(a.kind.handler(a.ctx, a.claim))
+                self.loop.wait(run_async(a, self.result_max_bytes))
                 error: BaseException | None = None
             except BaseException as exc:
                 error = exc
@@ -113,7 +117,8 @@ class Runner:
         try:
             result = a.kind.handler(a.ctx, a.claim)
             if inspect.isawaitable(result):
-                self.loop.wait(result)
+                result = self.loop.wait(result)
+            a.result = encode_result(result, self.result_max_bytes)  # on the handler's thread (V1)
         except BaseException as exc:
             return exc
         return None

@@ -53,13 +53,38 @@ class Heartbeat(Ticker):
     def next_delay(self) -> float:
         return min(self.period, LOCKED_RETRY) if self._locked else self.period
 
+    @staticmethod
+    def _leases(
+        attempts: Sequence[Attempt],
+    ) -> tuple[list[HeldLease], list[tuple[Attempt, tuple[float | None, str | None]]]]:
+        """The leases to renew, with the progress each handler reported since the last renewal (V4)."""
+        leases: list[HeldLease] = []
+        taken: list[tuple[Attempt, tuple[float | None, str | None]]] = []
+        for a in attempts:
+            progress = a.ctx.take_progress()
+            if progress is None:
+                leases.append(HeldLease(a.id, a.row.claim_token))
+            else:
+                leases.append(HeldLease(a.id, a.row.claim_token, progress[0], progress[1]))
+                taken.append((a, progress))
+        return leases, taken
+
     def tick(self) -> None:
         attempts = list(self._held())
         self._locked = False
         if not attempts:
             return
         sent = self._clock.monotonic()
-        renewal = self._renew([HeldLease(a.id, a.row.claim_token) for a in attempts])
+        leases, taken = self._leases(attempts)
+        try:
+            renewal = self._renew(leases)
+        except BaseException:
+            for a, progress in taken:  # kept for the next renewal, unless newer values came meanwhile
+                a.ctx.give_back_progress(progress)
+            raise
+        for a, progress in taken:
+            if a.row.claim_token in renewal.locked:  # its row was not written this time
+                a.ctx.give_back_progress(progress)
         self._locked = bool(renewal.locked)
         for a in attempts:
             token = a.row.claim_token

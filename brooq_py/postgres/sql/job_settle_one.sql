@@ -1,5 +1,8 @@
 -- name: job_settle_one
 -- One guarded outcome inside the caller's transaction (done + chained enqueues).
+-- V1: a done writes its result; V3: a failed or dead appends to errors (the last 20
+-- kept). V2: one NOTIFY on the results channel when it ends the job, sent at the
+-- caller's commit (the RETURNING subquery runs once; its column is not read).
 UPDATE {job}
 SET state = %(state)s,
     attempts = CASE WHEN %(give_back)s THEN greatest(attempts - 1, 0) ELSE attempts END,
@@ -8,6 +11,14 @@ SET state = %(state)s,
     last_error = coalesce(%(error)s, last_error),
     locked_by = CASE WHEN %(state)s = 'pending' THEN NULL ELSE locked_by END,
     locked_until = CASE WHEN %(state)s = 'pending' THEN NULL ELSE locked_until END,
+    result = CASE WHEN %(state)s = 'done' THEN %(result)s::jsonb ELSE result END,
+    errors = CASE WHEN %(state)s IN ('failed', 'dead') AND %(error)s::text IS NOT NULL
+                  THEN jsonb_path_query_array(
+                      coalesce(errors, '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
+                          'attempt', attempts, 'at', now(), 'error', %(error)s::text,
+                          'traceback', %(traceback)s::text)),
+                      '$[last - 19 to last]')
+                  ELSE errors END,
     updated_at = now()
 WHERE id = %(id)s AND state = 'processing' AND claim_token = %(token)s
-RETURNING id
+RETURNING id, (SELECT pg_notify({settled_channel_literal}, '') WHERE %(notify)s::bool)

@@ -1,0 +1,67 @@
+"""Rows of the job table as the vocabulary's records (``sql/job_get.sql``'s columns, in order)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from brooq_py.queue import AttemptError, JobRow, State
+
+_EPOCH = datetime.fromtimestamp(0, UTC)
+
+
+def job_row(r: Any) -> JobRow:
+    """Return the JobRow of a row of ``job_get`` (result, history and progress included) or of
+    ``job_list`` (the 13 columns, unique_key, parents: the others left at their defaults)."""
+    parents = r[14] if len(r) > 14 else None
+    result, errors, progress, note, meta = r[15:20] if len(r) >= 20 else (None,) * 5
+    return JobRow(
+        id=str(r[0]),
+        topic=r[1],
+        payload=r[2],
+        state=State(r[3]),
+        attempts=r[4],
+        priority=r[5],
+        available_at=r[6],
+        locked_by=r[7],
+        locked_until=r[8],
+        last_error=r[9],
+        idempotency_key=r[10],
+        created_at=r[11],
+        updated_at=r[12],
+        result=result,
+        errors=attempt_errors(errors),
+        progress=None if progress is None else float(progress),
+        progress_note=note,
+        meta=meta or {},
+        parents=tuple(str(p) for p in parents or ()),
+    )
+
+
+def attempt_errors(value: Any) -> tuple[AttemptError, ...]:
+    """The row's ``errors`` (a jsonb array, NULL for none) as AttemptError records, oldest first.
+
+    An entry written by hand (psql) that lacks a field is read with what it has.
+    """
+    if not isinstance(value, list):
+        return ()
+    out = []
+    for e in value:
+        if not isinstance(e, dict):
+            continue
+        at = e.get("at")
+        try:
+            when = datetime.fromisoformat(at) if isinstance(at, str) else _EPOCH
+        except ValueError:
+            when = _EPOCH
+        attempt = e.get("attempt")
+        tb = e.get("traceback")
+        out.append(
+            AttemptError(
+                attempt=attempt if isinstance(attempt, int) else 0,
+                at=when,
+                error=str(e.get("error") or ""),
+                traceback=tb if isinstance(tb, str) else None,
+            )
+        )
+    return tuple(out)

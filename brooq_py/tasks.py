@@ -1,0 +1,365 @@
+"""Tasks: typed task functions instead of topic strings and hand-built payloads.
+
+A ``Tasks`` registry turns functions into ``Task`` objects (``@tasks.task()``).
+A task's arguments are bound to its signature when the job is built and stored
+by name as a JSON object; ``Engine.register_tasks`` makes every task a kind
+that calls the function with ``**payload`` (the ctx first when its first
+parameter is annotated ``Context``) and keeps its return value as the job's
+result. Only the vocabulary is imported: a bound store is used through the
+methods it has (``Store`` and ``AsyncStore`` alike).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import typing
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, Concatenate, Generic, Literal, ParamSpec, Protocol, TypeVar, overload
+
+from brooq_py.queue import (
+    BrooqError,
+    Claim,
+    ConfigError,
+    Context,
+    EnqueueResult,
+    InvalidJob,
+    Job,
+    KindOptions,
+)
+from brooq_py.queue.job import encode_payload
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_UNSET: Any = object()
+_KIND_FIELDS = frozenset(f.name for f in dataclasses.fields(KindOptions))
+
+
+class _Store(Protocol):
+    """What the bound shortcuts call: Store's methods, or AsyncStore's (awaited)."""
+
+    def enqueue(self, job: Job) -> Any: ...
+    def enqueue_tx(self, tx: Any, job: Job) -> Any: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class _JobFields:
+    """The per-job fields ``Task.using`` sets (every Job field but topic and payload, and delay)."""
+
+    idempotency_key: str | None = None
+    available_at: datetime | None = None
+    delay: timedelta | None = None
+    priority: int = 0
+    meta: Mapping[str, str] | None = None
+    unique_key: str | None = None
+    on_duplicate: Literal["keep", "merge", "replace"] = "keep"
+    after: Sequence[str] = ()
+
+
+def _takes_context(fn: Callable[..., Any]) -> bool:
+    """Whether *fn*'s first parameter is annotated ``Context`` (string annotations included)."""
+    params = list(inspect.signature(fn).parameters.values())
+    if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
+        return False
+    annotation = params[0].annotation
+    if annotation is Context:
+        return True
+    if isinstance(annotation, str):
+        try:
+            hints = typing.get_type_hints(fn)
+        except Exception:  # an annotation that names something not importable here
+            return annotation.rsplit(".", 1)[-1] == "Context"
+        return hints.get(params[0].name) is Context
+    return False
+
+
+class Task(Generic[P, R]):
+    """A task function: call it to run it here, ``.job(...)`` to make its Job.
+
+    Generic in the function's parameters (without a leading ``Context``) and its
+    return type, so ``mypy --strict`` checks ``.job(...)`` and the shortcuts.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., R],
+        topic: str,
+        options: Mapping[str, Any],
+        tasks: Tasks,
+        fields: _JobFields | None = None,
+    ) -> None:
+        self.fn = fn
+        self.topic = topic
+        self.options: dict[str, Any] = dict(options)
+        self.takes_context = _takes_context(fn)
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self._tasks = tasks
+        self._fields = fields or _JobFields()
+        sig = inspect.signature(fn)
+        params = list(sig.parameters.values())[1 if self.takes_context else 0 :]
+        for p in params:
+            if p.kind in (p.POSITIONAL_ONLY, p.VAR_POSITIONAL):
+                raise TypeError(
+                    f"task {topic!r}: parameter {p.name!r} cannot be passed by name; a task's "
+                    "arguments are stored by name"
+                )
+        self._signature = sig.replace(parameters=params)
+        # For the common call (no **kwargs parameter): names in order and the required ones,
+        # so most calls bind without Signature.bind (several times slower, on the enqueue path).
+        self._names = tuple(p.name for p in params)
+        self._name_set = frozenset(self._names)
+        self._required = frozenset(p.name for p in params if p.default is p.empty)
+        self._plain = not any(p.kind is p.VAR_KEYWORD for p in params)
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run the function here (tests, scripts); a ``Context`` parameter gets a fresh one."""
+        if self.takes_context:
+            return self.fn(Context(), *args, **kwargs)
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"Task({self.topic!r})"
+
+    # --- building jobs -----------------------------------------------------
+
+    def payload(self, *args: P.args, **kwargs: P.kwargs) -> dict[str, Any]:
+        """Bind the arguments to the signature; return them by name (defaults left to the function).
+
+        Raise InvalidJob for a missing or extra argument or a value JSON cannot hold.
+        """
+        payload = self._bind(args, kwargs)
+        encode_payload(payload, f"the arguments of task {self.topic!r}")  # InvalidJob now, not at enqueue
+        return payload
+
+    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The arguments by name; InvalidJob for a missing or extra one (JSON not checked here)."""
+        names = self._names
+        if self._plain and len(args) <= len(names):
+            fast = dict(zip(names, args, strict=False))
+            if not kwargs.keys() & fast.keys() and kwargs.keys() <= self._name_set:
+                fast.update(kwargs)
+                if self._required <= fast.keys():
+                    return fast
+        try:  # the slow path, whose error says what is wrong
+            bound = self._signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise InvalidJob(f"task {self.topic!r}: {exc}") from None
+        payload: dict[str, Any] = {}
+        for name, value in bound.arguments.items():
+            if self._signature.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
+                payload.update(value)
+            else:
+                payload[name] = value
+        return payload
+
+    def job(self, *args: P.args, **kwargs: P.kwargs) -> Job:
+        """Return the Job that runs this task with these arguments (and the fields of ``using``)."""
+        return self._job(self.payload(*args, **kwargs))
+
+    def _job(self, payload: dict[str, Any]) -> Job:
+        f = self._fields
+        available_at = f.available_at
+        if f.delay is not None:
+            available_at = datetime.now(UTC) + f.delay
+        return Job(
+            self.topic,
+            payload,
+            idempotency_key=f.idempotency_key,
+            available_at=available_at,
+            priority=f.priority,
+            meta=f.meta,
+            unique_key=f.unique_key,
+            on_duplicate=f.on_duplicate,
+            after=f.after,
+        )
+
+    def using(
+        self,
+        *,
+        idempotency_key: str | None = _UNSET,
+        available_at: datetime | None = _UNSET,
+        delay: float | timedelta | None = _UNSET,
+        priority: int = _UNSET,
+        meta: Mapping[str, str] | None = _UNSET,
+        unique_key: str | None = _UNSET,
+        on_duplicate: Literal["keep", "merge", "replace"] = _UNSET,
+        after: Sequence[str] = _UNSET,
+    ) -> Task[P, R]:
+        """Return this task with per-job fields set (``delay``: seconds or a timedelta from now)."""
+        given = {k: v for k, v in locals().items() if k != "self" and v is not _UNSET}
+        if "delay" in given and given["delay"] is not None and not isinstance(given["delay"], timedelta):
+            d = given["delay"]
+            if isinstance(d, bool) or not isinstance(d, int | float):
+                raise InvalidJob(f"delay must be seconds or a timedelta, got {type(d).__name__}")
+            given["delay"] = timedelta(seconds=d)
+        fields = dataclasses.replace(self._fields, **given)
+        return Task(self.fn, self.topic, self.options, self._tasks, fields)
+
+    # --- shortcuts on a bound Tasks -----------------------------------------
+
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> EnqueueResult:
+        """Enqueue the job on the bound Store in its own statement."""
+        job = self._job(self._bind(args, kwargs))  # the store refuses what JSON cannot hold, unwritten
+        result: EnqueueResult = self._tasks._bound(asynchronous=False).enqueue(job)
+        return result
+
+    def enqueue_tx(self, tx: Any, *args: P.args, **kwargs: P.kwargs) -> EnqueueResult:
+        """Enqueue the job on the bound Store inside the caller's transaction *tx*."""
+        store = self._tasks._bound(asynchronous=False)
+        result: EnqueueResult = store.enqueue_tx(tx, self._job(self._bind(args, kwargs)))
+        return result
+
+    async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> EnqueueResult:
+        """Enqueue the job on the bound AsyncStore in its own statement."""
+        job = self._job(self._bind(args, kwargs))
+        result: EnqueueResult = await self._tasks._bound(asynchronous=True).enqueue(job)
+        return result
+
+    async def aenqueue_tx(self, tx: Any, *args: P.args, **kwargs: P.kwargs) -> EnqueueResult:
+        """Enqueue the job on the bound AsyncStore inside the caller's transaction *tx*."""
+        job = self._job(self._bind(args, kwargs))
+        result: EnqueueResult = await self._tasks._bound(asynchronous=True).enqueue_tx(tx, job)
+        return result
+
+    # --- running under an engine --------------------------------------------
+
+    def handler(self) -> Callable[[Context, Claim], Any]:
+        """Return the kind's handler: the function called with ``**payload``, its return value kept."""
+        fn: Callable[..., Any] = self.fn
+        takes_context, topic = self.takes_context, self.topic
+
+        def arguments(claim: Claim) -> dict[str, Any]:
+            payload = claim.payload
+            if payload is None:
+                return {}
+            if not isinstance(payload, dict):
+                raise InvalidJob(
+                    f"task {topic!r}: payload must be a JSON object, got {type(payload).__name__}"
+                )
+            return payload
+
+        if self.is_async:
+
+            async def run_async(ctx: Context, claim: Claim) -> Any:
+                kwargs = arguments(claim)
+                return await (fn(ctx, **kwargs) if takes_context else fn(**kwargs))
+
+            return run_async
+
+        def run(ctx: Context, claim: Claim) -> Any:
+            kwargs = arguments(claim)
+            return fn(ctx, **kwargs) if takes_context else fn(**kwargs)
+
+        return run
+
+    def kind_options(self, defaults: KindOptions) -> KindOptions:
+        """Return *defaults* with this task's own options over them."""
+        return dataclasses.replace(defaults, **self.options)
+
+
+class Tasks:
+    """A registry of task functions; bound to a Store or AsyncStore for the shortcuts.
+
+    ``Tasks()`` holds no connection; ``Tasks(store)`` lets ``task.enqueue(...)``
+    (Store) and ``await task.aenqueue(...)`` (AsyncStore) write the job.
+    """
+
+    def __init__(self, store: _Store | None = None) -> None:
+        self.store = store
+        self._tasks: dict[str, Task[Any, Any]] = {}
+        self._kind_of: tuple[Any, bool] | None = None
+
+    def task(self, topic: str | None = None, **options: Any) -> _Decorator:
+        """Return a decorator making a function a Task of this registry.
+
+        *topic* defaults to ``f"{fn.__module__}.{fn.__qualname__}"``; *options* are
+        KindOptions fields (``max_attempts=5``, ``attempt_timeout=60``, ...), checked
+        now (ConfigError, TypeError for an unknown name). A topic used twice raises ValueError.
+        """
+        if callable(topic):
+            raise TypeError("use @tasks.task() with parentheses")
+        if topic is not None and (not isinstance(topic, str) or not topic):
+            raise InvalidJob(f"topic must be non-empty text, got {topic!r}")
+        unknown = sorted(set(options) - _KIND_FIELDS)
+        if unknown:
+            raise TypeError(
+                f"unknown task option(s) {', '.join(unknown)}; KindOptions has {sorted(_KIND_FIELDS)}"
+            )
+        KindOptions(**options)  # ConfigError for bad values, at once
+        return _Decorator(self, topic, options)
+
+    def register(self, register_kind: Callable[[str, Any, KindOptions], None], defaults: KindOptions) -> None:
+        """Register every task as a kind with ``register_kind`` (``Engine.register_tasks`` does).
+
+        Each is called with ``**payload`` (the ctx first when declared) and its return value
+        is the job's result (SPEC V1); its options apply over *defaults*. Raise ConfigError
+        naming the task for options that do not hold together, and as register_kind does.
+        """
+        for task in self:
+            try:
+                options = task.kind_options(defaults)
+            except ConfigError as exc:
+                raise ConfigError([f"task {task.topic!r}: {p}" for p in exc.problems]) from None
+            register_kind(task.topic, task.handler(), options)
+
+    def _add(self, task: Task[Any, Any]) -> None:
+        if task.topic in self._tasks:
+            raise ValueError(f"a task with topic {task.topic!r} is already registered")
+        self._tasks[task.topic] = task
+
+    def __iter__(self) -> Iterator[Task[Any, Any]]:
+        return iter(list(self._tasks.values()))
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def __contains__(self, topic: object) -> bool:
+        return topic in self._tasks
+
+    def get(self, topic: str) -> Task[Any, Any] | None:
+        """Return the task of *topic*, or None."""
+        return self._tasks.get(topic)
+
+    def _bound(self, *, asynchronous: bool) -> Any:
+        store = self.store
+        if store is None:
+            raise BrooqError(
+                "this Tasks is bound to no store: use Tasks(store), or enqueue task.job(...) yourself"
+            )
+        known = self._kind_of
+        if known is None or known[0] is not store:  # asked once per store, not per enqueue
+            known = self._kind_of = (store, inspect.iscoroutinefunction(store.enqueue))
+        is_async = known[1]
+        if is_async != asynchronous:
+            if asynchronous:
+                raise BrooqError("this Tasks is bound to a sync Store: use enqueue/enqueue_tx")
+            raise BrooqError("this Tasks is bound to an AsyncStore: use aenqueue/aenqueue_tx")
+        return store
+
+
+class _Decorator:
+    """What ``Tasks.task(...)`` returns: turns a function into a Task (a leading Context left out)."""
+
+    def __init__(self, tasks: Tasks, topic: str | None, options: Mapping[str, Any]) -> None:
+        self._tasks = tasks
+        self._topic = topic
+        self._options = options
+
+    @overload
+    def __call__(self, fn: Callable[Concatenate[Context, P], R]) -> Task[P, R]: ...
+
+    @overload
+    def __call__(self, fn: Callable[P, R]) -> Task[P, R]: ...
+
+    def __call__(self, fn: Callable[..., Any]) -> Task[Any, Any]:
+        topic = self._topic or f"{fn.__module__}.{fn.__qualname__}"
+        task: Task[Any, Any] = Task(fn, topic, self._options, self._tasks)
+        self._tasks._add(task)
+        return task
+
+
+__all__ = ["Task", "Tasks"]
