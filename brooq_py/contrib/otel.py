@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import inspect
 import sys
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
+from typing import Any, ParamSpec, TypeVar
 
 from brooq_py.queue import Job
 
@@ -127,3 +129,76 @@ def run_span(topic: str, job_id: str, attempt: int, meta: Mapping[str, str] | No
         except BaseException as exc:
             run.failed(exc)
             raise
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _traced_arguments(
+    fn: Callable[..., Any], names: tuple[str, ...], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[inspect.BoundArguments, list[Job], list[tuple[str, int | None]]]:
+    bound = inspect.signature(fn).bind(*args, **kwargs)
+    jobs: list[Job] = []
+    where: list[tuple[str, int | None]] = []
+    for name in names:
+        value = bound.arguments.get(name)
+        if isinstance(value, Job):
+            jobs.append(value)
+            where.append((name, None))
+        elif isinstance(value, list | tuple):
+            for i, job in enumerate(value):
+                if isinstance(job, Job):
+                    jobs.append(job)
+                    where.append((name, i))
+    return bound, jobs, where
+
+
+def _put_back(bound: inspect.BoundArguments, where: list[tuple[str, int | None]], jobs: list[Job]) -> None:
+    for (name, i), job in zip(where, jobs, strict=True):
+        if i is None:
+            bound.arguments[name] = job
+        else:
+            value = list(bound.arguments[name])
+            value[i] = job
+            bound.arguments[name] = value
+
+
+def traced_enqueue(*names: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Decorate a Store method whose parameters *names* hold a Job or Jobs: inside an active
+    span the call runs in a PRODUCER span and the jobs carry its ``traceparent`` (SPEC N2).
+    Without OpenTelemetry loaded the method is called as it is."""
+
+    def decorate(fn: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(fn)
+        def call(*args: P.args, **kwargs: P.kwargs) -> R:
+            if _api() is None:
+                return fn(*args, **kwargs)
+            bound, jobs, where = _traced_arguments(fn, names, args, kwargs)
+            with enqueue_span(jobs) as traced:
+                _put_back(bound, where, traced)
+                return fn(*bound.args, **bound.kwargs)
+
+        return call
+
+    return decorate
+
+
+def traced_aenqueue(
+    *names: str,
+) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Coroutine[Any, Any, R]]]:
+    """``traced_enqueue`` for an AsyncStore's coroutine methods."""
+
+    def decorate(fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
+        @functools.wraps(fn)
+        async def call(*args: P.args, **kwargs: P.kwargs) -> R:
+            if _api() is None:
+                return await fn(*args, **kwargs)
+            bound, jobs, where = _traced_arguments(fn, names, args, kwargs)
+            with enqueue_span(jobs) as traced:
+                _put_back(bound, where, traced)
+                return await fn(*bound.args, **bound.kwargs)
+
+        return call
+
+    return decorate

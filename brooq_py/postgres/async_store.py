@@ -21,6 +21,7 @@ from typing import Any
 import psycopg
 import psycopg_pool
 
+from brooq_py.contrib.otel import traced_aenqueue
 from brooq_py.postgres import enqueueing as plans
 from brooq_py.postgres.async_wraptx import (
     AsyncWrapTx,
@@ -124,6 +125,7 @@ class AsyncStore(AsyncWaitSide):
         async with self._autocommit(doing) as conn:
             return await drive_async(plan, on_async_connection(conn), first)
 
+    @traced_aenqueue("job")
     @names_migration
     async def enqueue(self, job: Job) -> EnqueueResult:
         """Enqueue *job* in its own autocommit statement; return its id and whether this call created it.
@@ -141,6 +143,7 @@ class AsyncStore(AsyncWaitSide):
         await self._execute("enqueueing", query, params)
         return created
 
+    @traced_aenqueue("job")
     @names_migration
     async def enqueue_tx(self, tx: AsyncTx, job: Job) -> EnqueueResult:
         """Enqueue *job* inside the caller's transaction *tx* (SPEC E3); the caller commits.
@@ -155,6 +158,7 @@ class AsyncStore(AsyncWaitSide):
         with translated("enqueueing", conn):
             return await drive_async(plan, on_async_connection(conn))
 
+    @traced_aenqueue("jobs")
     @names_migration
     async def enqueue_many(self, jobs: Sequence[Job], tx: AsyncTx | None = None) -> list[EnqueueResult]:
         """Enqueue *jobs* in one statement (SPEC E5), in *tx* when given; results in input order.
@@ -173,6 +177,7 @@ class AsyncStore(AsyncWaitSide):
         result: list[EnqueueResult] = await self._drive("enqueueing a batch", plan)
         return result
 
+    @traced_aenqueue("jobs", "then")
     async def enqueue_group(
         self, jobs: Sequence[Job], then: Job | None = None, tx: AsyncTx | None = None
     ) -> GroupResult:

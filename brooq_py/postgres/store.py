@@ -28,6 +28,7 @@ from typing import Any
 import psycopg
 import psycopg_pool
 
+from brooq_py.contrib.otel import traced_enqueue
 from brooq_py.postgres import enqueueing as plans
 from brooq_py.postgres.bounds import DEFAULT_LEASE, merged, statement_budget
 from brooq_py.postgres.caps import TopicCaps
@@ -204,6 +205,7 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
         with self._autocommit(doing) as conn:
             return drive(plan, on_connection(conn), first)
 
+    @traced_enqueue("job")
     @names_migration
     def enqueue(self, job: Job) -> EnqueueResult:
         """Enqueue *job* in its own autocommit statement; return its id and whether this call created it.
@@ -219,6 +221,7 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
         self._execute("enqueueing", query, params)
         return created
 
+    @traced_enqueue("job")
     @names_migration
     def enqueue_tx(self, tx: Tx, job: Job) -> EnqueueResult:
         """Enqueue *job* inside the caller's transaction *tx* (SPEC E3); the caller commits.
@@ -235,6 +238,7 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
         with translated("enqueueing", as_psycopg(tx)):
             return drive(plan, on_tx(tx))
 
+    @traced_enqueue("jobs")
     @names_migration
     def enqueue_many(self, jobs: Sequence[Job], tx: Tx | None = None) -> list[EnqueueResult]:
         """Enqueue *jobs* in one statement (SPEC E5), in *tx* when given; results in input order.
@@ -253,6 +257,7 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
         result: list[EnqueueResult] = self._drive("enqueueing a batch", plan)
         return result
 
+    @traced_enqueue("jobs", "then")
     def enqueue_group(
         self, jobs: Sequence[Job], then: Job | None = None, tx: Tx | None = None
     ) -> GroupResult:

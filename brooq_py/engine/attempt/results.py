@@ -9,6 +9,7 @@ from __future__ import annotations
 import traceback
 from typing import TYPE_CHECKING, Any
 
+from brooq_py.contrib.otel import run_span
 from brooq_py.queue import BrooqError, InvalidJob
 from brooq_py.queue.job import encode_payload
 
@@ -51,7 +52,8 @@ def encode_result(value: Any, max_bytes: int) -> str | None:
 async def run_async(a: Attempt, max_bytes: int) -> None:
     """Await an async handler; encode its return value on the loop, where it ran (a result that
     cannot be stored raises ResultRejected: the attempt's failure)."""
-    a.result = encode_result(await a.kind.handler(a.ctx, a.claim), max_bytes)
+    with run_span(a.topic, a.id, a.claim.attempt, a.claim.meta):  # a no-op without OpenTelemetry
+        a.result = encode_result(await a.kind.handler(a.ctx, a.claim), max_bytes)
 
 
 def format_traceback(exc: BaseException, limit: int = MAX_TRACEBACK_BYTES) -> str | None:

@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
+from brooq_py.contrib.otel import run_span
 from brooq_py.engine.attempt.attempt import Attempt, HandlerState
 from brooq_py.engine.attempt.handover import Handover
 from brooq_py.engine.attempt.results import encode_result, run_async
@@ -115,10 +116,11 @@ class Runner:
 
     def _call_sync(self, a: Attempt) -> BaseException | None:
         try:
-            result = a.kind.handler(a.ctx, a.claim)
-            if inspect.isawaitable(result):
-                result = self.loop.wait(result)
-            a.result = encode_result(result, self.result_max_bytes)  # on the handler's thread (V1)
+            with run_span(a.topic, a.id, a.claim.attempt, a.claim.meta):  # a no-op without OpenTelemetry
+                result = a.kind.handler(a.ctx, a.claim)
+                if inspect.isawaitable(result):
+                    result = self.loop.wait(result)
+                a.result = encode_result(result, self.result_max_bytes)  # on the handler's thread (V1)
         except BaseException as exc:
             return exc
         return None
