@@ -14,8 +14,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from brooq_py.engine.attempt.attempt import Attempt, Kind, Phase
+from brooq_py.engine.attempt.attempt import Attempt, Hooks, Kind, Phase
 from brooq_py.engine.attempt.capacity import Capacity, CountingInFlight
+from brooq_py.engine.attempt.handover import Handover
 from brooq_py.engine.attempt.intake import Intake
 from brooq_py.engine.attempt.runner import Runner
 from brooq_py.engine.attempt.slots import AsyncRunner, SlotPool
@@ -104,15 +105,16 @@ class Engine(Producing):
             self.config.lease_td.total_seconds(), self.clock, lambda topic: self.capacity.ended(topic)
         )
         self._async = AsyncRunner(self.log)
-        self.runner = Runner(repo, self.inflight, self.metrics, self._async, self.log, rng)
-        self.runner.stopping = lambda: self._state == "stopping"
+        # What every attempt's moves touch outside it: its topic's room, its lease, its slot (from start()).
+        self.hooks = Hooks(self.log, self.metrics, rng)
+        self.hooks.stopping = lambda: self._state == "stopping"
+        self.hooks.left_running = self.inflight.end
+        self.hooks.let_go = self.inflight.drop
+        self.handover = Handover(repo, self.inflight, self.metrics, self.log)
+        self.runner = Runner(self.handover, self.metrics, self._async, self.log)
         self.runner.result_max_bytes = self.config.result_max_bytes
         self.supervisor = Supervisor(
-            self.inflight,
-            self.runner,
-            self.metrics,
-            self.config.effective_watchdog_grace.total_seconds(),
-            self.log,
+            self.inflight, self.handover, self.config.effective_watchdog_grace.total_seconds()
         )
         self._slots: SlotPool | None = None
         self._dispatcher: Dispatcher | None = None
@@ -140,7 +142,7 @@ class Engine(Producing):
             on_dropped=self.metrics.events_dropped.inc,
             on_listener_error=self.metrics.event_listener_errors.inc,
         )
-        self.runner.events = self.events
+        self.handover.events = self.events
         self.intake = Intake(
             repo,
             self.config,
@@ -148,6 +150,8 @@ class Engine(Producing):
             self.capacity,
             self.inflight,
             self.runner,
+            self.handover,
+            self.hooks,
             self.metrics,
             self.clock,
             self.worker_id,
@@ -260,7 +264,7 @@ class Engine(Producing):
             if callable(bound):
                 bound(cfg.lease_td)
             slots = self._slots = self.intake.slots = SlotPool(cfg.workers)
-            self.runner.release_slot = self.supervisor.release_slot = slots.release
+            self.hooks.release_slot = slots.release
             self._completer = Completer(
                 self.repo.settle_many,
                 self._written,
@@ -268,9 +272,9 @@ class Engine(Producing):
                 max_buffer=max(1000, 8 * cfg.workers),
                 linger=COMPLETER_LINGER,
                 keep=self.inflight.still_held,
-                on_dropped=self.runner.on_dropped,
+                on_dropped=self.handover.on_dropped,
             )
-            self.runner.completer = self._completer
+            self.handover.completer = self._completer
             self._dispatcher = Dispatcher(
                 self._claim,
                 slots,
@@ -297,7 +301,7 @@ class Engine(Producing):
                 self.log,
                 self.events,
             )
-            self.runner.on_waiting, self._enqueued = own_wakes(
+            self.handover.on_waiting, self._enqueued = own_wakes(
                 wakers, cfg, self.topics, self._dispatcher.wake
             )
             self.capacity.wake = self._dispatcher.wake
@@ -358,7 +362,7 @@ class Engine(Producing):
         # transaction retried, a settler's turn): wait for those, bounded by the lease (L6).
         slots.wait_idle(cfg.lease_td.total_seconds())
         left = completer.stop()
-        self.runner.completer = None  # from now on (run_once) outcomes are written at once
+        self.handover.completer = None  # from now on (run_once) outcomes are written at once
         for s in reversed(self._services):
             s.stop()
         self.runner.threads.stop()
@@ -428,7 +432,7 @@ class Engine(Producing):
         return self.intake.open(row)
 
     def _written(self, batch: Sequence[Outcome], written: set[str]) -> None:
-        self.runner.on_written(batch, written)
+        self.handover.on_written(batch, written)
         self.capacity.settled(o.topic for o in batch)  # a limited topic may have room again (SPEC Q3)
 
     def _launch(self, row: ClaimedJob) -> None:

@@ -1,18 +1,26 @@
 """An attempt's life, from the claimed row to the outcome handed on to be written.
 
+An attempt walks forward: the dispatcher's claim -> ``intake`` -> a slot ->
+``runner`` (executes the handler) -> ``attempt`` (its ending, answered through
+``decide()``) -> ``handover`` (the completer, or the closing transaction) ->
+settled.
+
 - ``intake``: from a claim to attempts under way (a poisoned row ends dead
   here, a row that must not run is handed back);
-- ``attempt``: the Attempt and its state machine (Phase, HandlerState), and Kind
-  (a topic's handler and options);
+- ``attempt``: the Attempt, which owns its moves: told how it ended, it answers
+  the outcome to write or None; ``phases``: its two state machines' tables;
+  ``hooks``: what its moves touch outside it; ``kind``: a topic's handler and
+  options;
 - ``slots``: the worker slots and the threads and event loop handlers run on;
-- ``runner``: runs a handler on a slot and settles how it ended;
+- ``runner``: runs a handler on a slot and reports how it ended, nothing more;
 - ``outcome``: ``decide()``, the outcome an ending earns (retry with ``backoff``,
   dead, done, discarded, handed back);
-- ``supervisor``: the endings decided from outside the handler (timeout, lease
-  lost, hung, the engine's stop);
-- ``inflight``: the attempts under way, by id; ``capacity``: each topic's room
-  (SPEC Q3) and the claim that respects it;
-- ``sink``: the port the runner hands outcomes to (the completer implements it).
+- ``handover``: where an answer goes (the completer through the ``sink`` port,
+  or a done's closing transaction) and the attempts settled once written;
+- ``supervisor``: the verdicts from outside the handler (timeout, lease lost,
+  hung, the engine's stop), reported to the attempt like the handler's end;
+- ``inflight``: the attempts under way, by claim token; ``capacity``: each
+  topic's room (SPEC Q3) and the claim that respects it.
 
 Imports point down: to ``brooq_py.queue`` and the engine's shared leaves
 (``engine.repo``, ``engine.clock``, ``engine.metrics``), never to

@@ -13,107 +13,52 @@ RUNNING ──▶ ENDED, or ──▶ ABANDONED (the engine stopped waiting: slo
 HUNG (counted, slot freed) and later ──▶ ENDED. Whoever moves the handler out of
 RUNNING owns the slot's release. A move not in the tables raises
 ``IllegalTransition``: a bug, never a race.
+
+The Attempt owns its moves. Whoever sees how it ended reports it -- the runner
+(``returned``, ``raised``), the supervisor's verdicts (``lost``, ``fenced``,
+``given_up``, ``declared_hung``), the intake (``poisoned``, ``returned_before``)
+-- and the Attempt answers, through ``decide()``, the outcome to write, or None
+when there is nothing (more) to write. The reporter hands the answer over
+(``handover``); what the moves touch outside the attempt (its topic's room, its
+lease, its slot, the log and counters) comes through its ``Hooks``.
 """
 
 from __future__ import annotations
 
-import inspect
 import threading
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from enum import StrEnum
+from collections.abc import Callable
 from typing import Any
 
-from brooq_py.engine.repo import ClaimedJob
-from brooq_py.queue import Claim, Context, KindOptions, Lease
+from brooq_py.engine.attempt.hooks import Hooks
+from brooq_py.engine.attempt.kind import Kind
+from brooq_py.engine.attempt.outcome import Ending, decide
+from brooq_py.engine.attempt.phases import ENDINGS, HANDLER, PHASES, HandlerState, IllegalTransition, Phase
+from brooq_py.engine.repo import ClaimedJob, Outcome
+from brooq_py.queue import Claim, Context, Lease, LeaseLost, MaxExecutionExceeded
 
-HandlerCallable = Callable[[Context, Claim], Any]
-
-
-class Phase(StrEnum):
-    CLAIMED = "claimed"
-    RUNNING = "running"
-    RETURNED = "returned"  # the handler returned: the only ending that can close done (L1)
-    RAISED = "raised"
-    HUNG = "hung"  # still running watchdog_grace after its ctx was cancelled (C5)
-    LOST = "lost"  # the heartbeat found the row no longer this claim's (C3)
-    GAVE_UP = "gave_up"  # max_execution_timeout (C4)
-    FENCED = "fenced"  # renewals failed for a whole lease (L4)
-    POISONED = "poisoned"  # claimed with attempts past max_attempts: never run (L5)
-    UNRUN = "unrun"  # claimed while the engine stopped: handed back unrun
-    SETTLING = "settling"
-    SETTLED = "settled"
-
-
-class HandlerState(StrEnum):
-    RUNNING = "running"
-    ENDED = "ended"
-    ABANDONED = "abandoned"  # the engine stopped waiting (gave up); not hung yet
-    HUNG = "hung"
-
-
-ENDINGS = frozenset(
-    {
-        Phase.RETURNED,
-        Phase.RAISED,
-        Phase.HUNG,
-        Phase.LOST,
-        Phase.GAVE_UP,
-        Phase.FENCED,
-        Phase.POISONED,
-        Phase.UNRUN,
-    }
-)
-
-PHASES: dict[Phase, frozenset[Phase]] = {
-    Phase.CLAIMED: frozenset({Phase.RUNNING, Phase.POISONED, Phase.UNRUN}),
-    Phase.RUNNING: frozenset(ENDINGS - {Phase.POISONED, Phase.UNRUN}),
-    **{e: frozenset({Phase.SETTLING}) for e in ENDINGS},
-    Phase.SETTLING: frozenset({Phase.SETTLED}),
-    Phase.SETTLED: frozenset(),
-}
-
-HANDLER: dict[HandlerState, frozenset[HandlerState]] = {
-    HandlerState.RUNNING: frozenset({HandlerState.ENDED, HandlerState.ABANDONED, HandlerState.HUNG}),
-    HandlerState.ABANDONED: frozenset({HandlerState.ENDED, HandlerState.HUNG}),
-    HandlerState.HUNG: frozenset({HandlerState.ENDED}),
-    HandlerState.ENDED: frozenset(),
-}
-
-
-class IllegalTransition(RuntimeError):
-    """A move the attempt's tables do not allow: a bug in the engine."""
-
-
-@dataclass(frozen=True)
-class Kind:
-    """A registered topic: its handler (resolved to a callable) and options."""
-
-    topic: str
-    handler: HandlerCallable
-    options: KindOptions
-    is_async: bool
-
-    @classmethod
-    def build(cls, topic: str, handler: object, options: KindOptions) -> Kind:
-        fn: Any = handler
-        if not inspect.isroutine(handler) and callable(getattr(handler, "handle", None)):
-            fn = handler.handle  # type: ignore[attr-defined]
-        if not callable(fn):
-            raise TypeError("handler must be a function, an async function or an object with .handle")
-        is_async = inspect.iscoroutinefunction(fn) or (
-            not inspect.isroutine(fn) and inspect.iscoroutinefunction(type(fn).__call__)
-        )
-        return cls(topic=topic, handler=fn, options=options, is_async=is_async)
+__all__ = [
+    "ENDINGS",
+    "HANDLER",
+    "PHASES",
+    "Attempt",
+    "HandlerState",
+    "Hooks",
+    "IllegalTransition",
+    "Kind",
+    "Phase",
+]
 
 
 class Attempt:
     """The engine's record of one claim while it is ours (see the module's tables)."""
 
     __slots__ = (
+        "_code_ended",
         "_ending",
         "_handler",
+        "_hooks",
         "_lock",
+        "_owns_slot",
         "_phase",
         "cancelled_at",
         "claim",
@@ -134,6 +79,7 @@ class Attempt:
         started: float,
         ctx: Context,
         parents: Callable[[str], dict[str, Any]] | None = None,
+        hooks: Hooks | None = None,
     ) -> None:
         opts = kind.options
         self.row = row
@@ -164,6 +110,9 @@ class Attempt:
         self._phase = Phase.CLAIMED
         self._ending: Phase | None = None
         self._handler = HandlerState.RUNNING
+        self._hooks = hooks if hooks is not None else Hooks()
+        self._code_ended = False  # the handler's code ended and was told to the hooks
+        self._owns_slot = False  # its own end took the handler out of RUNNING: the slot is its to free
 
     @property
     def id(self) -> str:
@@ -270,6 +219,169 @@ class Attempt:
             self._handler = to
             return was
 
+    # --- how it ended, reported: each answers the outcome to write, or None --------
 
-def is_awaitable(value: object) -> bool:
-    return isinstance(value, Awaitable)
+    def code_ended(self) -> HandlerState | None:
+        """The handler's code ended (returned or raised): record it once, at once (the watchdog must
+        not call it hung meanwhile); return the handler's state before (None: recorded already)."""
+        if self._code_ended:
+            return None
+        self._code_ended = True
+        was = self.handler_to(HandlerState.ENDED)
+        self._owns_slot = was is HandlerState.RUNNING  # otherwise the engine freed it when it stopped waiting
+        self._hooks.left_running(self)
+        return was
+
+    def free_slot(self) -> None:
+        """Free the handler's slot if its own end took it out of RUNNING; once. Called once its
+        outcome is on its way: a slot is taken until then."""
+        with self._lock:
+            owns, self._owns_slot = self._owns_slot, False
+        if owns:
+            self._hooks.release_slot()
+
+    def returned(self) -> Outcome | None:
+        """The handler returned (its value in ``result``, encoded on its thread): done (L1), unless
+        another ending came first."""
+        self.code_ended()
+        if self.end(Phase.RETURNED):
+            return self._answer(None)
+        return self._after_another(None)
+
+    def raised(self, error: BaseException) -> Outcome | None:
+        """The handler raised *error* (any BaseException): a failed attempt, a signal's outcome (C6-C8)."""
+        self.code_ended()
+        if self.end(Phase.RAISED):
+            return self._answer(error)
+        return self._after_another(error)
+
+    def lost(self, cause: LeaseLost) -> Outcome | None:
+        """The row is no longer this claim's (the heartbeat found it taken, reaped or canceled; a new
+        claim of the job; an operator's cancel): cancel the handler with *cause*; nothing is written (C3, X2').
+
+        An attempt already settling is left alone: its outcome write is on its way and its guard
+        decides (a renewal racing the write is no lost lease).
+        """
+        if not self.end(Phase.LOST):
+            return None
+        self._hooks.lease_lost(self, cause)  # counted before the handler can see its cancel
+        self.ctx.cancel(cause)
+        return self._answer(None)
+
+    def fenced(self, lease: float) -> Outcome | None:
+        """Renewals failed for a whole *lease*: others may run the job now; cancel, write nothing (L4)."""
+        if not self.end(Phase.FENCED):
+            return None
+        self._hooks.fenced(self, lease)
+        self.ctx.cancel(LeaseLost("the lease could not be renewed for a whole lease (fenced)"))
+        return self._answer(None)
+
+    def given_up(self) -> Outcome | None:
+        """max_execution_timeout: stop waiting for the handler and free its slot; the failed attempt
+        (never dead for this alone) is the answer to its end or its hung verdict, whichever comes first (C4').
+
+        Until then its lease is kept (renewed): the job cannot run again beside a handler that still
+        runs here. Only while the handler still runs: one that returned meanwhile ends by its return.
+        """
+        if not self.give_up(Phase.GAVE_UP):
+            return None
+        self.ctx.cancel(self._max_execution_exceeded())
+        self._hooks.gave_up(self)
+        self._hooks.release_slot()  # the handler was RUNNING: its slot is ours to free
+        return None
+
+    def declared_hung(self, grace: float) -> Outcome | None:
+        """Still running *grace* seconds after its cancel: count it, free the slot, end the attempt (C5, L1).
+
+        Hung ends the attempt without done, chain or on_succeeded, whatever the handler registered:
+        at stop the row goes back to pending with its attempt given back (C11); otherwise the lease
+        is left to expire. A given-up attempt's failure is written now: the job may run again (C4').
+        """
+        was = self.handler_to(HandlerState.HUNG)
+        if was is None:
+            return None
+        self._hooks.hung(self, grace)
+        if was is HandlerState.RUNNING:
+            self._hooks.release_slot()
+        if self.end(Phase.HUNG):
+            return self._answer(None)
+        return self._given_up_failure() if self._ending is Phase.GAVE_UP else None
+
+    def poisoned(self) -> Outcome | None:
+        """Claimed with attempts past max_attempts: never run, dead (L5)."""
+        self.end(Phase.POISONED)
+        self._hooks.left_running(self)
+        return self._answer(None)
+
+    def returned_before(self, lost: Claim) -> Outcome | None:
+        """An earlier attempt's handler returned here but its done was lost with the store (L6'): this
+        claim writes that done, with the closing work the handler registered, instead of running again."""
+        for job in lost.chained:
+            self.claim.chain(job)
+        for fn in lost.callbacks:
+            self.claim.on_succeeded(fn)
+        self.start()
+        self.end(Phase.RETURNED)
+        self._hooks.left_running(self)
+        return self._answer(None)
+
+    def closing_failed(self, error: BaseException) -> Outcome | None:
+        """The closing transaction of a done raised (a chained job or a callback failed): recorded as
+        a raise of the handler (C9); the attempt is settling already."""
+        outcome = self._decide(Ending(Phase.RAISED, error=error, cause=self.ctx.cause))
+        if outcome is None:
+            self.let_go()
+        return outcome
+
+    def let_go(self) -> None:
+        """Nothing (more) is written for this attempt: stop holding its lease; settled."""
+        self._hooks.let_go(self)
+        self.settled()
+
+    # --- answering ----------------------------------------------------------
+
+    def _answer(self, error: BaseException | None) -> Outcome | None:
+        """Settle the ending just reached, exactly once, through ``decide()``."""
+        return self._decided(self.settling(), error)
+
+    def _after_another(self, error: BaseException | None) -> Outcome | None:
+        """The handler ended after another ending: a given-up attempt's failure is written now (its
+        lease was kept for this moment, C4'); any other ending said all there is."""
+        if self._ending is Phase.GAVE_UP:
+            return self._given_up_failure()
+        self._hooks.late(self, error)
+        return None
+
+    def _given_up_failure(self) -> Outcome | None:
+        """The failure of an attempt given up at max_execution_timeout, once (its end and its hung
+        verdict may both ask, one wins)."""
+        if not self.settling_if(Phase.GAVE_UP):
+            return None
+        return self._decided(Phase.GAVE_UP, self._max_execution_exceeded())
+
+    def _decided(self, phase: Phase, error: BaseException | None) -> Outcome | None:
+        ending = Ending(
+            phase, error=error, cause=self.ctx.cause, stopping=self._hooks.stopping(), result=self.result
+        )
+        outcome = self._decide(ending)
+        if outcome is None:
+            self.let_go()
+            return None
+        if phase is Phase.RAISED and error is not None:
+            self._hooks.failed(self, error, outcome)
+        return outcome
+
+    def _decide(self, ending: Ending) -> Outcome | None:
+        return decide(
+            id=self.id,
+            claim_token=self.row.claim_token,
+            topic=self.topic,
+            attempt=self.claim.attempt,
+            options=self.kind.options,
+            ending=ending,
+            rng=self._hooks.rng,
+        )
+
+    def _max_execution_exceeded(self) -> MaxExecutionExceeded:
+        hard = self.kind.options.td("max_execution_timeout").total_seconds()
+        return MaxExecutionExceeded(f"max_execution_timeout of {hard:g}s elapsed")

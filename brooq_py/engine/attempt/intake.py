@@ -14,8 +14,9 @@ import threading
 from collections import Counter
 from collections.abc import Sequence
 
-from brooq_py.engine.attempt.attempt import Attempt, Kind, Phase
+from brooq_py.engine.attempt.attempt import Attempt, Hooks, Kind, Phase
 from brooq_py.engine.attempt.capacity import Capacity, CountingInFlight
+from brooq_py.engine.attempt.handover import Handover
 from brooq_py.engine.attempt.outcome import Ending, decide
 from brooq_py.engine.attempt.runner import Runner
 from brooq_py.engine.attempt.slots import SlotPool
@@ -41,6 +42,8 @@ class Intake:
         capacity: Capacity,
         inflight: CountingInFlight,
         runner: Runner,
+        handover: Handover,
+        hooks: Hooks,
         metrics: Metrics,
         clock: Clock,
         worker_id: str,
@@ -53,6 +56,8 @@ class Intake:
         self.capacity = capacity
         self.inflight = inflight
         self.runner = runner
+        self.handover = handover
+        self.hooks = hooks
         self.metrics = metrics
         self.clock = clock
         self.worker_id = worker_id
@@ -70,7 +75,7 @@ class Intake:
         rows = self.capacity.claim(self.repo, list(self.kinds), limit, self.worker_id, self.config.lease_td)
         for topic, n in Counter(r.topic for r in rows).items():  # one counter update per topic a claim
             self.metrics.child(self.metrics.claimed, topic).inc(n)
-        events = self.runner.events
+        events = self.handover.events
         if events is not None and events.active:
             for r in rows:
                 events.emit("claimed", r.id, r.topic, r.attempts)
@@ -91,20 +96,21 @@ class Intake:
             self.hand_back([row])
             return None
         ctx = Context(deadline=self.clock.now() + kind.options.td("attempt_timeout"))
-        a = Attempt(row, kind, self.clock.monotonic(), ctx, parents=self.repo.parent_results)
+        a = Attempt(
+            row, kind, self.clock.monotonic(), ctx, parents=self.repo.parent_results, hooks=self.hooks
+        )
         older = self.inflight.latest(row.id)
         if older is not None and older.row.claim_token != row.claim_token and self.supervisor is not None:
             # Claimed again under a new token (canceled and retried, or reaped): the older attempt
             # is no longer the row's; tell it now, not at its next renewal (P1').
             self.supervisor.lease_lost(older)
         self.inflight.add(a)
-        lost = self.runner.take_lost(row.id) if row.attempts > kind.options.max_attempts else None
+        lost = self.handover.take_lost(row.id) if row.attempts > kind.options.max_attempts else None
         if lost is not None:
             self._returned_before(a, lost)
             return None
         if row.attempts > kind.options.max_attempts:
-            a.end(Phase.POISONED)
-            self.inflight.end(a)
+            outcome = a.poisoned()
             self.log.error(
                 "job id=%s topic=%s: claimed for attempt %d of %d: earlier attempts hung or died "
                 "without an outcome; not run again, dead (L5)",
@@ -113,7 +119,7 @@ class Intake:
                 row.attempts,
                 kind.options.max_attempts,
             )
-            self.runner.settle(a)
+            self.handover.settle(a, outcome)
             return None
         clock = self.clock
 
@@ -129,13 +135,7 @@ class Intake:
     def _returned_before(self, a: Attempt, lost: Claim) -> None:
         """A job claimed past max_attempts whose earlier handler returned in this engine, its done
         lost with the store (L6'): no poison; its done (and closing work) is written under this claim."""
-        for job in lost.chained:
-            a.claim.chain(job)
-        for fn in lost.callbacks:
-            a.claim.on_succeeded(fn)
-        a.start()
-        a.end(Phase.RETURNED)
-        self.inflight.end(a)
+        outcome = a.returned_before(lost)
         self.log.warning(
             "job id=%s topic=%s attempt=%d: an earlier attempt's handler returned but its done could not "
             "be written then; writing it now, not running it again",
@@ -143,7 +143,7 @@ class Intake:
             a.topic,
             a.claim.attempt,
         )
-        self.runner.settle(a)
+        self.handover.settle(a, outcome)
 
     def on_cancel(self, job_id: str, claim_token: str) -> None:
         """A processing job was canceled (the cancel channel's NOTIFY): tell the attempt holding that

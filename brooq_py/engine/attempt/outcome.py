@@ -9,8 +9,8 @@ import random
 from dataclasses import dataclass
 from datetime import timedelta
 
-from brooq_py.engine.attempt.attempt import Phase
 from brooq_py.engine.attempt.backoff import backoff_delay
+from brooq_py.engine.attempt.phases import Phase
 from brooq_py.engine.attempt.results import format_traceback
 from brooq_py.engine.repo import Outcome
 from brooq_py.queue import (
