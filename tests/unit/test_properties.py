@@ -57,7 +57,12 @@ def test_e4_text_with_nul_refused_in_payload(value: str, as_key: bool) -> None:
         Job("t", payload).payload_json()
 
 
-@given(text_no_nul.filter(bool), text_no_nul)
+def within(limit: int) -> st.SearchStrategy[str]:
+    """Text without NUL of at most *limit* UTF-8 bytes (the documented length limits, E4')."""
+    return text_no_nul.filter(lambda t: len(t.encode("utf-8", "surrogatepass")) <= limit)
+
+
+@given(within(255).filter(bool), within(1024))
 def test_e1_any_text_without_nul_is_a_topic_and_key(topic: str, key: str) -> None:
     job = Job(topic, idempotency_key=key)
     assert job.topic == topic
