@@ -49,8 +49,9 @@ def test_p1_claim_and_renewal_commit_synchronously(store: Store, tx: psycopg.Con
     tx.commit()
     _id, token = claimed[0][0], claimed[0][5]
     renewed = tx.execute(
-        store._q.renew.composed, {"ids": [_id], "tokens": [token], "lease": LEASE}
+        store._q.renew.composed,
+        {"ids": [_id], "tokens": [token], "progress": [None], "notes": [None], "lease": LEASE},
     ).fetchall()
-    assert [r[0] for r in renewed] == [_id]
+    assert [(r[0], r[1]) for r in renewed] == [(str(token), "renewed")]
     assert sync_commit(tx) == "on"
     tx.commit()
