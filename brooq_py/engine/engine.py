@@ -31,6 +31,7 @@ from brooq_py.engine.schema import check_schema
 from brooq_py.engine.services.completer import Completer
 from brooq_py.engine.services.dispatcher import Dispatcher
 from brooq_py.engine.services.events import EventBus
+from brooq_py.engine.services.heartbeat import Heartbeat
 from brooq_py.engine.services.refresher import Refresher
 from brooq_py.engine.services.scheduler import Schedule
 from brooq_py.engine.services.ticker import Ticker
@@ -119,6 +120,7 @@ class Engine(Producing):
         self._slots: SlotPool | None = None
         self._dispatcher: Dispatcher | None = None
         self._enqueued: Callable[[Job], None] = lambda job: None  # poll-only: wake our own services
+        self._recheck: Callable[[], None] = lambda: None  # LISTEN is back: look at the held claims now
         self._completer: Completer | None = None
         self._services: list[Ticker] = []
         self._stopped = threading.Event()  # set once a stop() is over: a concurrent one waits for it
@@ -286,7 +288,13 @@ class Engine(Producing):
                 next_due=self.capacity.next_due_in,
             )
             wakers = wake_services(
-                self.repo, cfg, self.topics, self._dispatcher.wake, self.log, on_cancel=self.intake.on_cancel
+                self.repo,
+                cfg,
+                self.topics,
+                self._dispatcher.wake,
+                self.log,
+                on_cancel=self.intake.on_cancel,
+                on_listening=lambda: self._recheck(),  # bound below, once the heartbeat exists
             )
             self._services = background_services(
                 cfg,
@@ -304,6 +312,8 @@ class Engine(Producing):
             self.handover.on_waiting, self._enqueued = own_wakes(
                 wakers, cfg, self.topics, self._dispatcher.wake
             )
+            # A cancel notified while LISTEN was down is lost: a renewal tells it (X2').
+            self._recheck = next(s for s in self._services if isinstance(s, Heartbeat)).wake
             self.capacity.wake = self._dispatcher.wake
             self.events.start()
             self._completer.start()

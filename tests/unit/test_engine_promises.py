@@ -183,6 +183,34 @@ def test_x2_a_cancel_tells_the_handler_an_operator_canceled_it(
     assert repo.row(jid).history == [State.PROCESSING, State.CANCELED]
 
 
+def test_x2_a_cancel_notified_while_the_listener_is_down_is_told_when_it_is_back(
+    repo: FakeRepo, make_engine: Callable[..., Engine]
+) -> None:
+    """Lease 120 s (no heartbeat within the test). The listener's connection breaks and the job is
+    canceled before it reconnects: that notification is lost. Once LISTEN is back the engine must
+    look at its held claims at once (a renewal), and tell the handler an operator canceled it."""
+    e = make_engine(lease=120)
+    seen: list[BaseException | None] = []
+
+    def handler(ctx: Context, claim: Claim) -> None:
+        ctx.wait(30)
+        seen.append(ctx.cause)
+
+    e.register_kind("t", handler)
+    jid = e.enqueue(Job("t")).id
+    e.start()
+    wait_for(lambda: repo.row(jid).state is State.PROCESSING)
+    listens = repo.calls["listen"]
+    repo.listen_broken = True
+    wait_for(lambda: repo.calls["listen"] > listens, what="the listener trying to reconnect")
+    assert repo.cancel(jid)  # no listener hears it
+    repo.listen_broken = False
+    wait_for(lambda: seen, what="the handler told after the reconnect", timeout=10)
+    assert isinstance(seen[0], JobCanceledByOperator)
+    wait_for(lambda: not e.inflight.held(), what="settled")
+    assert repo.row(jid).history == [State.PROCESSING, State.CANCELED]
+
+
 def test_p1_the_reaper_returns_an_expired_row_only_once_it_stayed_expired_and_unrenewed(
     repo: FakeRepo,
 ) -> None:

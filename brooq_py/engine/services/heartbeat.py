@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 
@@ -27,6 +28,8 @@ class Heartbeat(Ticker):
     decides (SPEC C3). A row locked elsewhere is still held, its lease not extended:
     renewals then come every LOCKED_RETRY seconds until it is (P1'). A row canceled
     under the claim is an operator's cancel, told as such (``on_canceled``, X2').
+    ``wake()`` renews at once: a cancel's notification may have been missed (the
+    listener reconnected), so the held claims are looked at now, not at the period.
     """
 
     name = "heartbeat"
@@ -49,6 +52,21 @@ class Heartbeat(Ticker):
         self._on_canceled = on_canceled or on_lost
         self._clock = clock
         self._locked = False
+        self._poke = threading.Event()  # set by wake() and by stop()
+
+    def wake(self) -> None:
+        """Renew now (once, however many calls come before the renewal starts)."""
+        self._poke.set()
+
+    def stop(self, timeout: float | None = 10.0) -> None:
+        self._stop.set()
+        self._poke.set()  # after the stop flag: the loop's wait ends and sees it
+        super().stop(timeout)
+
+    def _wait(self, seconds: float) -> bool:
+        self._poke.wait(seconds)
+        self._poke.clear()  # a wake() after this is seen by the renewal that follows
+        return self._stop.is_set()
 
     def next_delay(self) -> float:
         return min(self.period, LOCKED_RETRY) if self._locked else self.period

@@ -20,9 +20,11 @@ def wake_services(
     wake: Callable[[], None],
     log: logging.Logger,
     on_cancel: Callable[[str, str], None] | None = None,
+    on_listening: Callable[[], None] | None = None,
 ) -> list[Ticker]:
     """The stager, and with ``cfg.notify`` a listener for wake-ups of *topics* only and for the
-    cancels of running jobs (*on_cancel*, X2')."""
+    cancels of running jobs (*on_cancel*, X2'). *on_listening* is called each time LISTEN is up
+    again: a cancel notified while it was down is lost, so the held claims are looked at then."""
     stager = Stager(
         cfg.td("poll_interval").total_seconds(),
         topics,
@@ -36,8 +38,11 @@ def wake_services(
 
     def listen() -> Listener:
         sub = repo.listen(topics, stager.wake, on_cancel)
-        # A scheduled job's NOTIFY sent while no LISTEN was up is lost: look at the due times again.
+        # A NOTIFY sent while no LISTEN was up is lost: look at the due times again, and at the
+        # held claims (a cancel's); once per connection, so the listener's backoff bounds both.
         stager.wake()
+        if on_listening is not None:
+            on_listening()
         return sub
 
     return [stager, WakeListener(listen, wake, log)]
