@@ -37,7 +37,7 @@ from brooq_py.engine.services.scheduler import Schedule
 from brooq_py.engine.services.ticker import Ticker
 from brooq_py.engine.services.topic_watch import TopicWatch
 from brooq_py.engine.services.wakeups import own_wakes, stage_now, wake_services
-from brooq_py.engine.services.wiring import background_services
+from brooq_py.engine.services.wiring import background_services, stop_services
 from brooq_py.queue import (
     BrooqError,
     ConfigError,
@@ -373,8 +373,7 @@ class Engine(Producing):
         slots.wait_idle(cfg.lease_td.total_seconds())
         left = completer.stop()
         self.handover.completer = None  # from now on (run_once) outcomes are written at once
-        for s in reversed(self._services):
-            s.stop()
+        stop_services(self._services)
         self.runner.threads.stop()
         self.runner.settlers.stop()
         self._async.close()

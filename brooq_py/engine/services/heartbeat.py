@@ -58,10 +58,9 @@ class Heartbeat(Ticker):
         """Renew now (once, however many calls come before the renewal starts)."""
         self._poke.set()
 
-    def stop(self, timeout: float | None = 10.0) -> None:
+    def halt(self) -> None:
         self._stop.set()
         self._poke.set()  # after the stop flag: the loop's wait ends and sees it
-        super().stop(timeout)
 
     def _wait(self, seconds: float) -> bool:
         self._poke.wait(seconds)

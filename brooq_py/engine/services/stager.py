@@ -103,6 +103,10 @@ class Stager(Ticker):
             return self.period
         return max(0.0, min(self.period, self._due_at - time.monotonic()))
 
+    def halt(self) -> None:
+        self._stop.set()
+        self._poke.set()  # after the stop flag: the wait below ends and sees it
+
     def _wait(self, seconds: float) -> bool:
         end = time.monotonic() + seconds
         while not self._stop.is_set():

@@ -74,11 +74,17 @@ class Ticker:
             self._thread = threading.Thread(target=self._loop, name=f"brooq-{self.name}", daemon=True)
             self._thread.start()
 
+    def halt(self) -> None:
+        """Ask the loop to stop without waiting for it (a service whose wait has another
+        event to wake adds it here): ``stop()`` then only waits, so services halted
+        together stop in the time of the slowest, not the sum."""
+        self._stop.set()
+
     def stop(self, timeout: float | None = 10.0) -> None:
         """Stop the loop and wait up to *timeout* seconds for the current tick to end."""
         with self._lock:
             thread, self._thread = self._thread, None
-            self._stop.set()
+            self.halt()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
 
