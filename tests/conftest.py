@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool
 
 from brooq_py import devdb as devdb_module
@@ -54,8 +55,16 @@ def dsn(devdb: devdb_module.DevDatabase) -> str:
     return devdb.dsn
 
 
+def ddl_dsn(dsn: str) -> str:
+    """*dsn* for a test's schema DDL (migrate, drop): its commits need no WAL flush, since a
+    crashed test server loses the whole test anyway. The tests' own connections keep the
+    server's setting: what they commit is what users commit."""
+    options = conninfo_to_dict(dsn).get("options") or ""
+    return make_conninfo(dsn, options=f"{options} -c synchronous_commit=off".strip())
+
+
 def drop_schema(dsn: str, schema: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with psycopg.connect(ddl_dsn(dsn), autocommit=True) as conn:
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
@@ -63,7 +72,7 @@ def drop_schema(dsn: str, schema: str) -> None:
 def schema(dsn: str) -> Iterator[str]:
     """A fresh schema migrated to head by the real migrations, dropped after the test."""
     name = "t_" + uuid.uuid4().hex
-    migrations.upgrade(dsn, schema=name)
+    migrations.upgrade(ddl_dsn(dsn), schema=name)
     try:
         yield name
     finally:

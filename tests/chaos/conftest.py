@@ -24,6 +24,7 @@ from psycopg import sql
 
 from brooq_py.postgres import migrations
 from tests.chaos import invariants
+from tests.conftest import ddl_dsn, drop_schema
 
 WORKER = Path(__file__).with_name("worker_proc.py")
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -40,14 +41,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def make_chaos_schema(dsn: str) -> str:
     name = "chaos_" + uuid.uuid4().hex[:16]
-    migrations.upgrade(dsn, schema=name)
+    migrations.upgrade(ddl_dsn(dsn), schema=name)
     invariants.install(dsn, name)
     return name
 
 
 def drop(dsn: str, schema: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+    drop_schema(dsn, schema)
 
 
 @pytest.fixture
