@@ -238,3 +238,41 @@ def test_tasks_bound_to_an_async_store(
             await pool.close()
 
     assert asyncio.run(main()) == [8, 10]
+
+
+def test_v4_a_progress_too_small_for_the_column_never_stops_renewals(
+    store: Store, engines: Callable[..., Engine]
+) -> None:
+    # 1e-300 is a valid progress (between 0 and 1) that PostgreSQL's real cannot hold: it must
+    # not make every renewal of the engine fail (and so lose every lease it holds).
+    release = threading.Event()
+
+    def tiny(ctx: Context, claim: Claim) -> None:
+        ctx.progress(1e-300)
+        release.wait(30)
+        assert not ctx.done(), ctx.cause
+
+    def other(ctx: Context, claim: Claim) -> None:
+        ctx.progress(0.5, "other")
+        release.wait(30)
+        assert not ctx.done(), ctx.cause
+
+    e = engines(lease=0.6)  # renewals every 0.2 s
+    e.register_kind("tiny", tiny)
+    e.register_kind("other", other)
+    t = e.enqueue(Job("tiny")).id
+    o = e.enqueue(Job("other")).id
+    e.start()
+    try:
+        row = wait_for(
+            lambda: (r := store.get(o)) is not None and r.progress is not None and r,
+            "the other job's progress written by a renewal",
+            timeout=5,
+        )
+        assert (row.progress, row.progress_note) == (0.5, "other")
+        assert wait_for(lambda: (r := store.get(t)) is not None and r.progress is not None and r).progress == 0.0
+    finally:
+        release.set()
+    for jid in (t, o):
+        done = ended(store, jid)
+        assert (done.state, done.attempts) == (State.DONE, 1)
