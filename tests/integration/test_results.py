@@ -270,7 +270,9 @@ def test_v4_a_progress_too_small_for_the_column_never_stops_renewals(
             timeout=5,
         )
         assert (row.progress, row.progress_note) == (0.5, "other")
-        assert wait_for(lambda: (r := store.get(t)) is not None and r.progress is not None and r).progress == 0.0
+        assert (
+            wait_for(lambda: (r := store.get(t)) is not None and r.progress is not None and r).progress == 0.0
+        )
     finally:
         release.set()
     for jid in (t, o):
