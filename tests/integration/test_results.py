@@ -12,7 +12,7 @@ import pytest
 from brooq_py import Tasks
 from brooq_py.engine import Engine
 from brooq_py.postgres import Store
-from brooq_py.queue import Claim, Context, InvalidJob, Job, JobRow, KindOptions, State
+from brooq_py.queue import Claim, Context, InvalidJob, Job, JobRow, KindOptions, State, StoreUnavailable
 from tests.integration.conftest import q
 from tests.polling import wait_for
 
@@ -278,3 +278,51 @@ def test_v4_a_progress_too_small_for_the_column_never_stops_renewals(
     for jid in (t, o):
         done = ended(store, jid)
         assert (done.state, done.attempts) == (State.DONE, 1)
+
+
+def test_v1_l6_the_result_survives_a_done_whose_write_was_lost(
+    pool: Any, schema: str, store: Store, engines: Callable[..., Engine]
+) -> None:
+    # The handler returned on its last attempt, but the store was unreachable for a whole lease:
+    # the done is written by the next claim of the job (L6'), and its result with it (V1).
+    class Flaky(Store):
+        down = False
+
+        def settle_many(self, outcomes: Any) -> Any:
+            if self.down:
+                raise StoreUnavailable("the store is down (test)")
+            return super().settle_many(outcomes)
+
+        def renew(self, leases: Any, lease: Any) -> Any:
+            if self.down:
+                raise StoreUnavailable("the store is down (test)")
+            return super().renew(leases, lease)
+
+    flaky = Flaky(pool, schema=schema)
+    release = threading.Event()
+    calls: list[int] = []
+
+    def answer(ctx: Context, claim: Claim) -> dict[str, int]:
+        calls.append(claim.attempt)
+        release.wait(30)
+        return {"answer": 42}
+
+    e = engines(repo=flaky, lease=0.6, reaper_period=60)
+    e.register_kind("answer", answer, KindOptions(max_attempts=1))
+    jid = e.enqueue(Job("answer")).id
+    e.start()
+    try:
+        wait_for(lambda: calls, "the handler to run")
+        flaky.down = True
+        release.set()
+        wait_for(lambda: not e.inflight.held(), "the outcome given up", timeout=20)
+        flaky.down = False
+        q(pool, schema, "UPDATE {job} SET locked_until = now() - interval '1 second' WHERE id = %s", jid)
+        expired = store.expired_leases()
+        assert [x.id for x in expired] == [jid]
+        assert store.reap(expired) == [(jid, "answer")]  # another engine's reaper, say
+        row = ended(store, jid)
+    finally:
+        flaky.close()
+    assert calls == [1]  # not run again
+    assert (row.state, row.result) == (State.DONE, {"answer": 42})
