@@ -109,8 +109,8 @@ class Task(Generic[P, R]):
         self._signature = sig.replace(parameters=params)
         # For the common call (no **kwargs parameter): names in order and the required ones,
         # so most calls bind without Signature.bind (several times slower, on the enqueue path).
-        self._names = tuple(p.name for p in params)
-        self._name_set = frozenset(self._names)
+        self._names = tuple(p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD)  # by position
+        self._name_set = frozenset(p.name for p in params if p.kind is not p.VAR_KEYWORD)
         self._required = frozenset(p.name for p in params if p.default is p.empty)
         self._plain = not any(p.kind is p.VAR_KEYWORD for p in params)
         functools.update_wrapper(self, fn)

@@ -390,6 +390,7 @@ class Engine(Producing):
             return
         self.stop()
         self._async.close()  # run_once() may have started the loop without start()
+        self.events.stop()  # and the events' thread: what is queued is delivered first
         with self._lock:
             if self._state == "closed":
                 return
@@ -414,6 +415,7 @@ class Engine(Producing):
         with self._lock:
             if self._state == "running":
                 raise BrooqError("run_once() is for an engine that was not started")
+        self.events.start()  # its events are delivered as a started engine's are (N1, K4); close() ends it
         stage_now(self.repo, self.config, self.topics)
         self._topic_watch.run_once()
         rows = self._claim(min(self.config.workers, self.config.claim_batch))

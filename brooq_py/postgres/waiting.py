@@ -1,7 +1,8 @@
 """Waiting for jobs to end: one LISTEN connection per store, shared by every waiter (SPEC V2).
 
 A ``Watch`` (threads) or ``AsyncWatch`` (asyncio) is started by the first wait
-and closed by the store's ``close()``. It LISTENs on the results channel, which
+and closed by the store's ``close()``; its connection is still read while no one
+waits, and closed after ``IDLE_CLOSE`` seconds without a waiter. It LISTENs on the results channel, which
 the outcome statements notify once per batch that ended jobs (and a cancel
 once), with an empty payload. On each wake-up, and every ``poll`` seconds in
 case a notification was lost (or LISTEN is unavailable), it runs ONE statement
@@ -33,6 +34,11 @@ log = logging.getLogger("brooq_py.postgres")
 
 # Seconds between checks when no notification comes (SPEC V2's polling fallback).
 DEFAULT_POLL = 1.0
+# Seconds without a waiter after which the LISTEN connection is closed (the next wait opens it
+# again). Until then it is still read: a listener whose notifications go unread blocks its
+# server process once the socket is full, and with it the cluster's NOTIFY queue, which then
+# grows until every NOTIFY (every outcome write and enqueue) fails.
+IDLE_CLOSE = 30.0
 _ENDED = frozenset(str(s) for s in TERMINAL_STATES)
 
 
@@ -100,13 +106,23 @@ class Watch:
                     del self._waiting[job_id]
 
     def _loop(self) -> None:
+        idle_since: float | None = None
         while True:
             with self._cond:
-                while not self._waiting and not self._closed:
+                while not self._waiting and not self._closed and self._conn is None:
                     self._cond.wait()
                 if self._closed:
                     return
-            self._listen_for(self._poll())
+                idle = not self._waiting
+            if not idle:
+                idle_since = None
+            elif idle_since is None:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since >= IDLE_CLOSE:
+                self._drop_conn()
+                idle_since = None
+                continue
+            self._listen_for(self._poll())  # read even with no waiter: see IDLE_CLOSE
             with contextlib.suppress(Exception):  # logged inside; the next round tries again
                 self.check_once()
 
@@ -209,11 +225,20 @@ class AsyncWatch:
                 del self._waiting[job_id]
 
     async def _loop(self) -> None:
+        idle_since: float | None = None
         while True:
-            if not self._waiting:
+            if not self._waiting and self._conn is None:
                 self._wake.clear()
                 await self._wake.wait()
-            await self._listen_for(self._poll())
+            if self._waiting:
+                idle_since = None
+            elif idle_since is None:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since >= IDLE_CLOSE:
+                await self._drop_conn()
+                idle_since = None
+                continue
+            await self._listen_for(self._poll())  # read even with no waiter: see IDLE_CLOSE
             with contextlib.suppress(Exception):
                 await self.check_once()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 import uuid
 from collections.abc import Sequence
 from datetime import timedelta
@@ -38,11 +39,16 @@ REAP_BATCH = 1000
 
 _SETTLE_STATES = frozenset({State.DONE, State.FAILED, State.DEAD, State.CANCELED, State.PENDING})
 _ENDS = (State.DONE, State.DEAD, State.CANCELED)
+_F4 = struct.Struct("f")
 
 
 def _real_array(values: Sequence[float | None]) -> str:
-    """Return an array literal of finite floats, NULL for None."""
-    return "{" + ",".join("NULL" if v is None else repr(float(v)) for v in values) + "}"
+    """Return an array literal of finite floats as ``real`` holds them, NULL for None.
+
+    Each is rounded to single precision first: a value too small for ``real`` (a progress
+    of 1e-300) becomes 0 instead of failing the statement, and with it every lease it renews.
+    """
+    return "{" + ",".join("NULL" if v is None else repr(_F4.unpack(_F4.pack(v))[0]) for v in values) + "}"
 
 
 def _nulls(n: int) -> str:

@@ -154,3 +154,24 @@ def test_on_event_after_start_is_refused(engines: Callable[..., Engine]) -> None
     e.start()
     with pytest.raises(BrooqError):
         e.on_event(lambda ev: None)
+
+
+def test_events_of_run_once_and_drain_are_delivered(
+    store: Store, engines: Callable[..., Engine], recorder: Recorder
+) -> None:
+    # drain runs jobs through the engine's own path (K4): a listener hears them as it would
+    # under a started engine, off the calling thread, all delivered by close() at the latest.
+    from brooq_py.testing import drain
+
+    e = engines()
+    e.on_event(recorder)
+    e.register_kind("ok", lambda ctx, claim: 1)
+    e.register_kind("bad", lambda ctx, claim: 1 / 0, KindOptions(max_attempts=1))
+    ok = e.enqueue(Job("ok")).id
+    bad = e.enqueue(Job("bad")).id
+    drain(e)
+    e.close()
+    assert recorder.kinds(ok) == ["claimed", "done"]
+    assert recorder.kinds(bad) == ["claimed", "dead"]
+    assert all(state in ("processing", "done", "dead") for _, state, _ in recorder.seen)
+    assert {name for _, _, name in recorder.seen} == {"brooq-events"}

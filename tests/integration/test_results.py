@@ -12,7 +12,7 @@ import pytest
 from brooq_py import Tasks
 from brooq_py.engine import Engine
 from brooq_py.postgres import Store
-from brooq_py.queue import Claim, Context, InvalidJob, Job, JobRow, KindOptions, State
+from brooq_py.queue import Claim, Context, InvalidJob, Job, JobRow, KindOptions, State, StoreUnavailable
 from tests.integration.conftest import q
 from tests.polling import wait_for
 
@@ -238,3 +238,91 @@ def test_tasks_bound_to_an_async_store(
             await pool.close()
 
     assert asyncio.run(main()) == [8, 10]
+
+
+def test_v4_a_progress_too_small_for_the_column_never_stops_renewals(
+    store: Store, engines: Callable[..., Engine]
+) -> None:
+    # 1e-300 is a valid progress (between 0 and 1) that PostgreSQL's real cannot hold: it must
+    # not make every renewal of the engine fail (and so lose every lease it holds).
+    release = threading.Event()
+
+    def tiny(ctx: Context, claim: Claim) -> None:
+        ctx.progress(1e-300)
+        release.wait(30)
+        assert not ctx.done(), ctx.cause
+
+    def other(ctx: Context, claim: Claim) -> None:
+        ctx.progress(0.5, "other")
+        release.wait(30)
+        assert not ctx.done(), ctx.cause
+
+    e = engines(lease=0.6)  # renewals every 0.2 s
+    e.register_kind("tiny", tiny)
+    e.register_kind("other", other)
+    t = e.enqueue(Job("tiny")).id
+    o = e.enqueue(Job("other")).id
+    e.start()
+    try:
+        row = wait_for(
+            lambda: (r := store.get(o)) is not None and r.progress is not None and r,
+            "the other job's progress written by a renewal",
+            timeout=5,
+        )
+        assert (row.progress, row.progress_note) == (0.5, "other")
+        assert (
+            wait_for(lambda: (r := store.get(t)) is not None and r.progress is not None and r).progress == 0.0
+        )
+    finally:
+        release.set()
+    for jid in (t, o):
+        done = ended(store, jid)
+        assert (done.state, done.attempts) == (State.DONE, 1)
+
+
+def test_v1_l6_the_result_survives_a_done_whose_write_was_lost(
+    pool: Any, schema: str, store: Store, engines: Callable[..., Engine]
+) -> None:
+    # The handler returned on its last attempt, but the store was unreachable for a whole lease:
+    # the done is written by the next claim of the job (L6'), and its result with it (V1).
+    class Flaky(Store):
+        down = False
+
+        def settle_many(self, outcomes: Any) -> Any:
+            if self.down:
+                raise StoreUnavailable("the store is down (test)")
+            return super().settle_many(outcomes)
+
+        def renew(self, leases: Any, lease: Any) -> Any:
+            if self.down:
+                raise StoreUnavailable("the store is down (test)")
+            return super().renew(leases, lease)
+
+    flaky = Flaky(pool, schema=schema)
+    release = threading.Event()
+    calls: list[int] = []
+
+    def answer(ctx: Context, claim: Claim) -> dict[str, int]:
+        calls.append(claim.attempt)
+        release.wait(30)
+        return {"answer": 42}
+
+    e = engines(repo=flaky, lease=0.6, reaper_period=60)
+    e.register_kind("answer", answer, KindOptions(max_attempts=1))
+    jid = e.enqueue(Job("answer")).id
+    e.start()
+    try:
+        wait_for(lambda: calls, "the handler to run")
+        flaky.down = True
+        release.set()
+        wait_for(lambda: not e.inflight.held(), "the outcome given up", timeout=20)
+        flaky.down = False
+        q(pool, schema, "UPDATE {job} SET locked_until = now() - interval '1 second' WHERE id = %s", jid)
+        expired = store.expired_leases()
+        assert [x.id for x in expired] == [jid]
+        assert store.reap(expired) == [(jid, "answer")]  # another engine's reaper, say
+        row = ended(store, jid)
+    finally:
+        flaky.close()
+    assert calls == [1]  # not run again
+    assert (row.state, row.result) == (State.DONE, {"answer": 42})

@@ -16,6 +16,8 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from brooq_py.engine import Engine
 from brooq_py.postgres import AsyncStore, Store
+from brooq_py.postgres import waiting as waiting_module
+from brooq_py.postgres.channel import settled_channel_for
 from brooq_py.postgres.waiting import Watch
 from brooq_py.queue import (
     Claim,
@@ -263,3 +265,72 @@ def test_v2_engine_outcomes_wake_waiters(store: Store, engines: Callable[..., En
     with pytest.raises(JobFailed) as failed:
         store.result(bad, timeout=8)
     assert failed.value.row.errors[0].error == "RuntimeError: no"
+
+
+def _flood(dsn: str, channel: str, n: int = 200_000) -> None:
+    """Send *n* notifications on *channel*, distinct (so none are folded), as many outcome batches would."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for start in range(0, n, 50_000):
+            conn.execute(
+                "SELECT count(pg_notify(%s, i::text)) FROM generate_series(%s::int, %s::int) i",
+                (channel, start, start + 49_999),
+            )
+
+
+def _backend(dsn: str, pid: int) -> tuple[str, str | None] | None:
+    """(query, wait_event) of the backend *pid*, None once it is gone."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT query, wait_event FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+        return None if row is None else (str(row[0]), row[1])
+
+
+def _listening(dsn: str, conn: Any) -> int:
+    """The backend pid of a wait connection, once its LISTEN ran (notifications reach it from then on)."""
+    pid = int(conn.info.backend_pid)
+    wait_for(lambda: (b := _backend(dsn, pid)) is not None and "LISTEN" in b[0], "the LISTEN")
+    return pid
+
+
+def test_v2_an_idle_wait_connection_is_still_read_then_closed(
+    dsn: str, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No waiter left, outcome batches go on: a LISTEN connection left unread blocks its server
+    # process once the socket is full (ClientWrite), and that pins the cluster's NOTIFY queue,
+    # which then grows until every NOTIFY - every outcome write and enqueue - fails.
+    jid = store.enqueue(Job("w")).id
+    assert store.cancel(jid)
+    assert store.wait(jid, timeout=5).state is State.CANCELED
+    watch = store._waits
+    assert watch is not None
+    wait_for(lambda: watch._conn is not None, "the LISTEN connection")
+    pid = _listening(dsn, watch._conn)
+    _flood(dsn, settled_channel_for(store.schema))
+    wait_for(lambda: (b := _backend(dsn, pid)) is not None and b[1] == "ClientRead", "the backlog read", 10)
+    monkeypatch.setattr(waiting_module, "IDLE_CLOSE", 0.3)
+    wait_for(lambda: _backend(dsn, pid) is None, "the idle LISTEN connection closed", 10)
+    assert store.wait(jid, timeout=5).state is State.CANCELED  # the next wait opens it again
+
+
+def test_v2_an_idle_async_wait_connection_is_still_read(dsn: str, schema: str, store: Store) -> None:
+    async def main() -> None:
+        pool = await _async_pool(dsn, 2)
+        astore = AsyncStore(pool, schema=schema)
+        try:
+            jid = store.enqueue(Job("w")).id
+            assert store.cancel(jid)
+            assert (await astore.wait(jid, timeout=5)).state is State.CANCELED
+            watch = astore._waits
+            assert watch is not None
+            while watch._conn is None:
+                await asyncio.sleep(0.01)
+            pid = await asyncio.to_thread(_listening, dsn, watch._conn)
+            await asyncio.to_thread(_flood, dsn, settled_channel_for(schema))
+            deadline = time.monotonic() + 10
+            while (b := await asyncio.to_thread(_backend, dsn, pid)) is not None and b[1] != "ClientRead":
+                assert time.monotonic() < deadline, f"the backlog is still unread: {b}"
+                await asyncio.sleep(0.05)
+        finally:
+            await astore.close()
+            await pool.close()
+
+    asyncio.run(main())

@@ -85,3 +85,27 @@ def test_v4_progress_is_coalesced_field_by_field_and_validated() -> None:
     assert taken is not None and taken[1] is not None and len(taken[1]) == 1000
     ctx.progress()  # nothing to record
     assert ctx.take_progress() is None
+
+
+def test_v1_l6_remembered_results_are_bounded_in_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    import logging
+    from datetime import UTC, datetime
+    from typing import Any, cast
+
+    from brooq_py.engine.attempt import handover as handover_module
+    from brooq_py.engine.attempt.handover import Handover
+    from brooq_py.queue import Claim, Lease
+
+    monkeypatch.setattr(handover_module, "LOST_MAX_RESULTS", 10)
+    h = Handover(cast(Any, None), cast(Any, None), cast(Any, None), logging.getLogger("t"))
+    claim = Claim(
+        id="j", topic="t", payload=None, attempt=1, max_attempts=1, lease=Lease("w", datetime.now(UTC))
+    )
+    h.remember_lost("a", claim, '"123456"')
+    h.remember_lost("b", claim, '"7890"')  # 14 characters in all: the oldest goes
+    assert h.take_lost("a") is None
+    h.remember_lost("c", claim, '"' + "x" * 100 + '"')  # alone over the budget: kept, the others go
+    assert h.take_lost("b") is None
+    assert h.take_lost("c") == (claim, '"' + "x" * 100 + '"')
+    h.remember_lost("d", claim, None)
+    assert h.take_lost("d") == (claim, None) and h._lost_chars == 0

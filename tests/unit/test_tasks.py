@@ -65,6 +65,17 @@ def test_bad_arguments_raise_invalid_job(args: Any, kwargs: Any, message: str) -
         f.job(*args, **kwargs)
 
 
+def test_a_keyword_only_parameter_is_never_filled_by_position() -> None:
+    tasks = Tasks()
+
+    @tasks.task("t")
+    def f(user_id: int, *, lang: str = "en") -> None: ...
+
+    with pytest.raises(InvalidJob, match="too many positional arguments"):
+        f.job(1, "fr")  # type: ignore[call-arg]  # f(1, "fr") is a TypeError too
+    assert f.job(1, lang="fr").payload == {"user_id": 1, "lang": "fr"}
+
+
 def test_default_topic_context_parameter_and_kwargs() -> None:
     tasks = Tasks()
 

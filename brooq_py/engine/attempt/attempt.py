@@ -313,9 +313,11 @@ class Attempt:
         self._hooks.left_running(self)
         return self._answer(None)
 
-    def returned_before(self, lost: Claim) -> Outcome | None:
+    def returned_before(self, lost: Claim, result: str | None = None) -> Outcome | None:
         """An earlier attempt's handler returned here but its done was lost with the store (L6'): this
-        claim writes that done, with the closing work the handler registered, instead of running again."""
+        claim writes that done, with the closing work the handler registered and the *result* it
+        returned (V1), instead of running again."""
+        self.result = result
         for job in lost.chained:
             self.claim.chain(job)
         for fn in lost.callbacks:

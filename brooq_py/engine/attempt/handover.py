@@ -45,14 +45,8 @@ CLOSE_RETRY_MAX = 2.0
 LOCKED_RETRY = 0.25
 # Returned attempts whose outcome write was given up, remembered by job id (L6'): at most this many.
 LOST_MAX = 10_000
-
-
-CLOSE_RETRY_FIRST = 0.05
-CLOSE_RETRY_MAX = 2.0
-# Without a completer (run_once): how often an outcome whose row is locked elsewhere is tried again (L3').
-LOCKED_RETRY = 0.25
-# Returned attempts whose outcome write was given up, remembered by job id (L6'): at most this many.
-LOST_MAX = 10_000
+# ... and their results (V1) at most this many characters in all: the oldest are forgotten first.
+LOST_MAX_RESULTS = 64 * 1024 * 1024
 
 
 class _NotOurs(Exception):
@@ -73,22 +67,33 @@ class Handover:
         # cue to read the earliest due time again, since no NOTIFY announces such a row (SPEC S7).
         self.on_waiting: Callable[[], None] = lambda: None
         self.events: EventSink | None = None  # set by the engine: events after commit (SPEC N1)
-        # Job id -> the claim of an attempt whose handler returned but whose done could not be
-        # written before its lease ran out (L6'): a later claim of the job is its done, not poison.
-        self._lost: OrderedDict[str, Claim] = OrderedDict()
+        # Job id -> the claim (and encoded result, V1) of an attempt whose handler returned but whose
+        # done could not be written before its lease ran out (L6'): a later claim of the job is its
+        # done, not poison.
+        self._lost: OrderedDict[str, tuple[Claim, str | None]] = OrderedDict()
+        self._lost_chars = 0  # the length of the results in _lost
         self._lost_lock = threading.Lock()
 
-    def remember_lost(self, job_id: str, claim: Claim) -> None:
-        """Remember that *job_id*'s handler returned (its done unwritten, its lease gone, L6')."""
+    def remember_lost(self, job_id: str, claim: Claim, result: str | None = None) -> None:
+        """Remember that *job_id*'s handler returned *result* (its done unwritten, its lease gone, L6')."""
         with self._lost_lock:
-            self._lost[job_id] = claim
-            while len(self._lost) > LOST_MAX:
-                self._lost.popitem(last=False)
+            self._forget_locked(job_id)
+            self._lost[job_id] = (claim, result)
+            self._lost_chars += len(result or "")
+            while len(self._lost) > LOST_MAX or (self._lost_chars > LOST_MAX_RESULTS and len(self._lost) > 1):
+                self._forget_locked(next(iter(self._lost)))
 
-    def take_lost(self, job_id: str) -> Claim | None:
-        """The claim of *job_id* whose done was lost, if this engine remembers one (then forgotten)."""
+    def take_lost(self, job_id: str) -> tuple[Claim, str | None] | None:
+        """The claim of *job_id* whose done was lost and its result, if this engine remembers one
+        (then forgotten)."""
         with self._lost_lock:
-            return self._lost.pop(job_id, None)
+            return self._forget_locked(job_id)
+
+    def _forget_locked(self, job_id: str) -> tuple[Claim, str | None] | None:
+        lost = self._lost.pop(job_id, None)
+        if lost is not None:
+            self._lost_chars -= len(lost[1] or "")
+        return lost
 
     def settle(self, a: Attempt, outcome: Outcome | None) -> None:
         """Hand over *a*'s answer: a done with closing work to its transaction, any other outcome to
@@ -161,7 +166,7 @@ class Handover:
             if a is not None:
                 a.settled()
                 if a.ending is Phase.RETURNED:
-                    self.remember_lost(a.id, a.claim)
+                    self.remember_lost(a.id, a.claim, a.result)
             self.log.warning(
                 "job id=%s topic=%s: %s not written: the store was unreachable for a whole lease; "
                 "the reaper returns the job",
@@ -236,7 +241,7 @@ class Handover:
 
     def _give_up_close(self, a: Attempt, exc: BaseException) -> None:
         a.let_go()
-        self.remember_lost(a.id, a.claim)
+        self.remember_lost(a.id, a.claim, a.result)
         self.log.warning(
             "job id=%s topic=%s: closing transaction not written (%s) and the lease is lost; "
             "the reaper returns the job",

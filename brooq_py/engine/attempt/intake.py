@@ -132,10 +132,10 @@ class Intake:
             self.supervisor.canceled(a)
         return a
 
-    def _returned_before(self, a: Attempt, lost: Claim) -> None:
+    def _returned_before(self, a: Attempt, lost: tuple[Claim, str | None]) -> None:
         """A job claimed past max_attempts whose earlier handler returned in this engine, its done
-        lost with the store (L6'): no poison; its done (and closing work) is written under this claim."""
-        outcome = a.returned_before(lost)
+        lost with the store (L6'): no poison; its done (closing work and result) is written under this claim."""
+        outcome = a.returned_before(*lost)
         self.log.warning(
             "job id=%s topic=%s attempt=%d: an earlier attempt's handler returned but its done could not "
             "be written then; writing it now, not running it again",
