@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from brooq_py.engine import Engine
@@ -37,19 +38,22 @@ from tests.polling import wait_for
 LEASE = timedelta(seconds=30)
 
 
-def backends(dsn: str) -> int:
+def backends(dsn: str, app: str) -> int:
+    """The backends opened from *app*'s pool and the connections made from its conninfo."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND backend_type = 'client backend'"
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (app,)
         ).fetchone()
         assert row is not None
-        return int(row[0]) - 1  # not this one
+        return int(row[0])
 
 
 @pytest.fixture
 def fixed_pool(dsn: str) -> Iterator[ConnectionPool[Any]]:
     # min = max: the pool never grows, so any new backend is the store's own.
-    p: ConnectionPool[Any] = ConnectionPool(dsn, min_size=4, max_size=4, open=True)
+    # Its own application_name: the count is of this test's backends, whatever else runs.
+    conninfo = make_conninfo(dsn, application_name=f"wait-{uuid.uuid4().hex[:12]}")
+    p: ConnectionPool[Any] = ConnectionPool(conninfo, min_size=4, max_size=4, open=True)
     p.wait()
     try:
         yield p
@@ -157,7 +161,8 @@ def test_v2_a_thousand_waiters_cost_one_backend(
     store = Store(fixed_pool, schema=schema)
     try:
         ids = [r.id for r in store.enqueue_many([Job("many", {"i": i}) for i in range(1000)])]
-        before = backends(dsn)
+        app = conninfo_to_dict(fixed_pool.conninfo)["application_name"]
+        before = backends(dsn, app)
         results: dict[str, Any] = {}
         errors: list[BaseException] = []
 
@@ -174,7 +179,7 @@ def test_v2_a_thousand_waiters_cost_one_backend(
         waits = store._waits
         wait_for(lambda: len(waits._waiting) == 1000, "1000 waiters registered", timeout=60)
         # Measured while every waiter waits (claims and outcome batches then open the engine's own).
-        assert backends(dsn) - before <= 1
+        assert backends(dsn, app) - before <= 1
         rows = store.claim(["many"], 1000, "test", LEASE)
         outcomes = [Outcome(r.id, r.claim_token, State.DONE, result=str(r.payload["i"])) for r in rows]
         for i in range(0, len(outcomes), 100):  # ten batches, ten notifications
@@ -200,26 +205,28 @@ def test_v2_closing_the_store_ends_its_listen_connection(store: Store) -> None:
     assert conn is not None and conn.closed
 
 
-async def _async_pool(dsn: str, size: int) -> AsyncConnectionPool[Any]:
-    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(dsn, min_size=size, max_size=size, open=False)
+async def _async_pool(dsn: str, size: int, app: str | None = None) -> AsyncConnectionPool[Any]:
+    conninfo = dsn if app is None else make_conninfo(dsn, application_name=app)
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(conninfo, min_size=size, max_size=size, open=False)
     await pool.open(wait=True)
     return pool
 
 
 def test_v2_async_wait_result_and_a_thousand_waiters(dsn: str, schema: str, store: Store) -> None:
     async def main() -> None:
-        pool = await _async_pool(dsn, 4)
+        app = f"await-{uuid.uuid4().hex[:12]}"
+        pool = await _async_pool(dsn, 4, app)
         astore = AsyncStore(pool, schema=schema)
         astore.wait_poll_interval = 10.0
         try:
             ids = [r.id for r in store.enqueue_many([Job("amany", {"i": i}) for i in range(1000)])]
-            before = backends(dsn)
+            before = backends(dsn, app)
             tasks = [asyncio.create_task(astore.result(jid, timeout=120)) for jid in ids]
             watch = astore._waits
             while watch is None or len(watch._waiting) < 1000:
                 await asyncio.sleep(0.05)
                 watch = astore._waits
-            assert backends(dsn) - before <= 1
+            assert backends(dsn, app) - before <= 1
             rows = store.claim(["amany"], 1000, "test", LEASE)
             outcomes = [Outcome(r.id, r.claim_token, State.DONE, result=str(r.payload["i"])) for r in rows]
             await asyncio.to_thread(store.settle_many, outcomes)  # one batch: one notification
