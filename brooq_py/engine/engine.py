@@ -31,6 +31,7 @@ from brooq_py.engine.schema import check_schema
 from brooq_py.engine.services.completer import Completer
 from brooq_py.engine.services.dispatcher import Dispatcher
 from brooq_py.engine.services.events import EventBus
+from brooq_py.engine.services.late import LateOutcomes
 from brooq_py.engine.services.refresher import Refresher
 from brooq_py.engine.services.scheduler import Schedule
 from brooq_py.engine.services.ticker import Ticker
@@ -295,7 +296,12 @@ class Engine(Producing):
                 self.metrics,
                 self.inflight,
                 self.supervisor,
-                [self.refresher, self._topic_watch, *wakers],
+                [
+                    self.refresher,
+                    self._topic_watch,
+                    *wakers,
+                    LateOutcomes(self.handover, self.repo, self.log),
+                ],
                 self._schedules,
                 lambda job: self._enqueued(job),  # bound below, once the wake-ups exist
                 self.log,
@@ -361,6 +367,7 @@ class Engine(Producing):
         # Handlers that ended free their slot once their outcome is on its way (a closing
         # transaction retried, a settler's turn): wait for those, bounded by the lease (L6).
         slots.wait_idle(cfg.lease_td.total_seconds())
+        self.handover.release_held(everything=True)  # poison verdicts held back: written now (L5)
         left = completer.stop()
         self.handover.completer = None  # from now on (run_once) outcomes are written at once
         for s in reversed(self._services):
