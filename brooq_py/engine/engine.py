@@ -32,20 +32,14 @@ from brooq_py.engine.services.completer import Completer
 from brooq_py.engine.services.dispatcher import Dispatcher
 from brooq_py.engine.services.events import EventBus
 from brooq_py.engine.services.heartbeat import Heartbeat
+from brooq_py.engine.services.late import LateOutcomes
 from brooq_py.engine.services.refresher import Refresher
 from brooq_py.engine.services.scheduler import Schedule
 from brooq_py.engine.services.ticker import Ticker
 from brooq_py.engine.services.topic_watch import TopicWatch
 from brooq_py.engine.services.wakeups import own_wakes, stage_now, wake_services
 from brooq_py.engine.services.wiring import background_services, stop_services
-from brooq_py.queue import (
-    BrooqError,
-    ConfigError,
-    EngineStopping,
-    Event,
-    Job,
-    KindOptions,
-)
+from brooq_py.queue import BrooqError, ConfigError, EngineStopping, Event, Job, KindOptions
 from brooq_py.queue.handler import Handler
 from brooq_py.tasks import Tasks
 
@@ -296,6 +290,7 @@ class Engine(Producing):
                 on_cancel=self.intake.on_cancel,
                 on_listening=lambda: self._recheck(),  # bound below, once the heartbeat exists
             )
+            late = LateOutcomes(self.handover, self.repo, self.log)  # lost dones written later (L6')
             self._services = background_services(
                 cfg,
                 self.repo,
@@ -303,7 +298,7 @@ class Engine(Producing):
                 self.metrics,
                 self.inflight,
                 self.supervisor,
-                [self.refresher, self._topic_watch, *wakers],
+                [self.refresher, self._topic_watch, *wakers, late],
                 self._schedules,
                 lambda job: self._enqueued(job),  # bound below, once the wake-ups exist
                 self.log,
@@ -312,8 +307,7 @@ class Engine(Producing):
             self.handover.on_waiting, self._enqueued = own_wakes(
                 wakers, cfg, self.topics, self._dispatcher.wake
             )
-            # A cancel notified while LISTEN was down is lost: a renewal tells it (X2').
-            self._recheck = next(s for s in self._services if isinstance(s, Heartbeat)).wake
+            self._recheck = next(s for s in self._services if isinstance(s, Heartbeat)).wake  # X2': renew now
             self.capacity.wake = self._dispatcher.wake
             self.events.start()
             self._completer.start()
@@ -371,6 +365,7 @@ class Engine(Producing):
         # Handlers that ended free their slot once their outcome is on its way (a closing
         # transaction retried, a settler's turn): wait for those, bounded by the lease (L6).
         slots.wait_idle(cfg.lease_td.total_seconds())
+        self.handover.release_held(everything=True)  # poison verdicts held back: written now (L5)
         left = completer.stop()
         self.handover.completer = None  # from now on (run_once) outcomes are written at once
         stop_services(self._services)

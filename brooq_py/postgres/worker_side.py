@@ -221,6 +221,35 @@ class WorkerSide:
         with translated("settling an outcome", as_psycopg(tx)):
             return bool(on_tx(tx)(self._q.settle_one, params))
 
+    def settle_lost(
+        self, outcome: Outcome, attempt: int, worker: str, last: bool, tx: Tx | None = None
+    ) -> bool:
+        """Write the outcome of attempt *attempt* (run by *worker*) whose write was given up with
+        the store, under its own claim token, while the row is nobody else's since (SPEC L6',
+        job_settle_lost.sql); True when written, or found written by an earlier try. Inside *tx*
+        (closing work), else on the Store's own outcome connection, opened at once if it is
+        closed (after an outage this is the statement that should come first), else on the pool."""
+        params = {
+            "id": uuid.UUID(outcome.id),
+            "token": uuid.UUID(outcome.claim_token),
+            "attempt": attempt,
+            "worker": worker,
+            "last": last,
+            "state": _settle_state(outcome),
+            "delay": outcome.delay,
+            "error": outcome.last_error,
+            "result": outcome.result,
+            "traceback": outcome.traceback,
+            "notify": outcome.state in _ENDS,
+        }
+        doing, query = "settling a lost outcome", self._q["job_settle_lost"]
+        if tx is not None:
+            with translated(doing, as_psycopg(tx)):
+                return bool(on_tx(tx)(query, params))
+        if self._settler is not None:
+            return bool(self._settler.run(doing, query, params))
+        return bool(self._run_bounded(doing, query, params, statement_budget(self._own_lease)))
+
     def renew(self, leases: Sequence[HeldLease], lease: timedelta) -> Renewal:
         """Extend every lease still ours to now()+*lease* in one statement (SPEC C3); report by claim token.
 

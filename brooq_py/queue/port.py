@@ -249,6 +249,20 @@ class Repo(Protocol):
         """Write one guarded outcome inside *tx*; return whether the row was ours."""
         ...
 
+    def settle_lost(
+        self, outcome: Outcome, attempt: int, worker: str, last: bool, tx: Tx | None = None
+    ) -> bool:
+        """Write the outcome of attempt *attempt* (run by *worker*) whose write was given up with
+        the store, under its own claim token (SPEC L6'), inside *tx* when given.
+
+        Only while the row is nobody else's since: processing under that claim (its lease may
+        have expired), returned to pending by the reaper and not claimed since (same claim token,
+        same attempts), or, for a *last* attempt, held by the poison claim of the next attempt
+        (never run). The row then reads as if the write had come in time. True when written, or
+        when the row already holds the outcome under that claim (an earlier try whose answer was lost).
+        """
+        ...
+
     def renew(self, leases: Sequence[HeldLease], lease: timedelta) -> Renewal:
         """Extend every lease still ours by *lease* in one statement, skipping rows locked elsewhere (SPEC C3, P1')."""
         ...

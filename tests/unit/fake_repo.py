@@ -367,6 +367,34 @@ class FakeRepo:
         with self.lock:
             return self._apply(outcome)
 
+    def settle_lost(
+        self, outcome: Outcome, attempt: int, worker: str, last: bool, tx: Tx | None = None
+    ) -> bool:
+        """job_settle_lost.sql: the row still this claim's, reaped and not claimed since, or (last)
+        held by the poison claim of the next attempt (L6')."""
+        self._count("settle_lost")
+        with self.lock:
+            if self.fail_settle:
+                self.fail_settle -= 1
+                raise StoreUnavailable("settle failed")
+            r = self.rows.get(outcome.id)
+            if r is None:
+                return False
+            if r.state is outcome.state and r.claim_token == outcome.claim_token:
+                return True  # an earlier try of this write, its answer lost
+            ours = r.claim_token == outcome.claim_token and (
+                r.state is State.PROCESSING or (r.state is State.PENDING and r.attempts == attempt)
+            )
+            if not (ours or (last and r.state is State.PROCESSING and r.attempts == attempt + 1)):
+                return False
+            self._set(r, outcome.state)
+            r.attempts, r.claim_token, r.locked_by = attempt, outcome.claim_token, worker
+            if outcome.state is State.FAILED:
+                r.available_at = self.now() + outcome.delay.total_seconds()
+            if outcome.last_error is not None:
+                r.last_error = outcome.last_error
+            return True
+
     def renew(self, leases: Sequence[HeldLease], lease: timedelta) -> Renewal:
         self._count("renew")
         self.renew_hang.wait()

@@ -313,15 +313,15 @@ class Attempt:
         self._hooks.left_running(self)
         return self._answer(None)
 
-    def returned_before(self, lost: Claim, result: str | None = None) -> Outcome | None:
+    def returned_before(self, lost: Attempt) -> Outcome | None:
         """An earlier attempt's handler returned here but its done was lost with the store (L6'): this
-        claim writes that done, with the closing work the handler registered and the *result* it
-        returned (V1), instead of running again."""
-        self.result = result
-        for job in lost.chained:
+        claim writes that done, with its result and the closing work the handler registered, instead
+        of running again."""
+        for job in lost.claim.chained:
             self.claim.chain(job)
-        for fn in lost.callbacks:
+        for fn in lost.claim.callbacks:
             self.claim.on_succeeded(fn)
+        self.result = lost.result
         self.start()
         self.end(Phase.RETURNED)
         self._hooks.left_running(self)

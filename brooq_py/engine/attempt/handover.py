@@ -5,9 +5,10 @@ batch; without one (``run_once``, or once the completer stopped) it is written a
 once. A done with closing work (``chain``/``on_succeeded``) goes to its own
 transaction: chained enqueues and callbacks first, the guarded row write last
 (chained jobs with a unique key after it), all or nothing. After the write each
-attempt is settled, counted and told as an event; an outcome given up with the
-store (its lease lost meanwhile) is remembered, so that a later claim of a job
-whose handler returned here writes its done rather than taking it for poison (L6').
+attempt is settled, counted and told as an event. A done given up with the store
+(its lease lost meanwhile) is remembered: written later under its own claim
+(``services/late.py``), or by a later claim of the job here, rather than taken for
+poison (L6'); a poison verdict is held back a while for that write (L5).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from brooq_py.engine.attempt.inflight import InFlight
 from brooq_py.engine.attempt.sink import OutcomeSink
 from brooq_py.engine.metrics import Metrics
 from brooq_py.engine.repo import Outcome, Repo
-from brooq_py.queue import Claim, State, StoreUnavailable
+from brooq_py.queue import State, StoreUnavailable
 
 if TYPE_CHECKING:
     from brooq_py.engine.attempt.sink import EventSink
@@ -67,33 +68,67 @@ class Handover:
         # cue to read the earliest due time again, since no NOTIFY announces such a row (SPEC S7).
         self.on_waiting: Callable[[], None] = lambda: None
         self.events: EventSink | None = None  # set by the engine: events after commit (SPEC N1)
-        # Job id -> the claim (and encoded result, V1) of an attempt whose handler returned but whose
-        # done could not be written before its lease ran out (L6'): a later claim of the job is its
-        # done, not poison.
-        self._lost: OrderedDict[str, tuple[Claim, str | None]] = OrderedDict()
+        # Answers handed over later, (when, attempt, outcome): poison verdicts held back (L5, L6').
+        self._held: list[tuple[float, Attempt, Outcome]] = []
+        # Job id -> an attempt whose handler returned but whose done could not be written before
+        # its lease ran out (L6'): written later under its claim, or by a later claim of the job here.
+        # At most LOST_MAX of them and LOST_MAX_RESULTS characters of their results (V1), the
+        # oldest forgotten first.
+        self._lost: OrderedDict[str, Attempt] = OrderedDict()
         self._lost_chars = 0  # the length of the results in _lost
         self._lost_lock = threading.Lock()
 
-    def remember_lost(self, job_id: str, claim: Claim, result: str | None = None) -> None:
-        """Remember that *job_id*'s handler returned *result* (its done unwritten, its lease gone, L6')."""
+    def remember_lost(self, a: Attempt) -> None:
+        """Remember that *a*'s handler returned (its done unwritten, its lease gone, L6')."""
         with self._lost_lock:
-            self._forget_locked(job_id)
-            self._lost[job_id] = (claim, result)
-            self._lost_chars += len(result or "")
+            self._forget_locked(a.id)
+            self._lost[a.id] = a
+            self._lost_chars += len(a.result or "")
             while len(self._lost) > LOST_MAX or (self._lost_chars > LOST_MAX_RESULTS and len(self._lost) > 1):
                 self._forget_locked(next(iter(self._lost)))
 
-    def take_lost(self, job_id: str) -> tuple[Claim, str | None] | None:
-        """The claim of *job_id* whose done was lost and its result, if this engine remembers one
-        (then forgotten)."""
+    def take_lost(self, job_id: str) -> Attempt | None:
+        """The attempt of *job_id* whose done was lost, if this engine remembers one (then forgotten)."""
         with self._lost_lock:
             return self._forget_locked(job_id)
 
-    def _forget_locked(self, job_id: str) -> tuple[Claim, str | None] | None:
+    def _forget_locked(self, job_id: str) -> Attempt | None:
         lost = self._lost.pop(job_id, None)
         if lost is not None:
-            self._lost_chars -= len(lost[1] or "")
+            self._lost_chars -= len(lost.result or "")
         return lost
+
+    def lost(self) -> list[Attempt]:
+        """The returned attempts whose done is still to be written, oldest first (L6')."""
+        with self._lost_lock:
+            return list(self._lost.values())
+
+    def forget_lost(self, a: Attempt) -> None:
+        """*a*'s done was written, or its row is no longer its claim's: nothing more to remember."""
+        with self._lost_lock:
+            if self._lost.get(a.id) is a:
+                self._forget_locked(a.id)
+
+    def settle_after(self, a: Attempt, outcome: Outcome | None, seconds: float) -> None:
+        """Hand *a*'s answer over *seconds* from now, its lease renewed meanwhile (a poison verdict,
+        held back for a lost done of the attempt before, L5, L6'); at once without a completer."""
+        if outcome is None or seconds <= 0 or self.completer is None:
+            self.settle(a, outcome)
+            return
+        with self._lost_lock:
+            self._held.append((time.monotonic() + seconds, a, outcome))
+
+    def release_held(self, everything: bool = False) -> int:
+        """Hand over the answers held back whose time came (*everything*: all of them, at stop)."""
+        now = time.monotonic()
+        with self._lost_lock:
+            due = [h for h in self._held if everything or h[0] <= now]
+            if not due:
+                return 0
+            self._held = [h for h in self._held if not (everything or h[0] <= now)]
+        for _, a, outcome in due:
+            self.settle(a, outcome)
+        return len(due)
 
     def settle(self, a: Attempt, outcome: Outcome | None) -> None:
         """Hand over *a*'s answer: a done with closing work to its transaction, any other outcome to
@@ -166,7 +201,7 @@ class Handover:
             if a is not None:
                 a.settled()
                 if a.ending is Phase.RETURNED:
-                    self.remember_lost(a.id, a.claim, a.result)
+                    self.remember_lost(a)
             self.log.warning(
                 "job id=%s topic=%s: %s not written: the store was unreachable for a whole lease; "
                 "the reaper returns the job",
@@ -241,7 +276,7 @@ class Handover:
 
     def _give_up_close(self, a: Attempt, exc: BaseException) -> None:
         a.let_go()
-        self.remember_lost(a.id, a.claim, a.result)
+        self.remember_lost(a)
         self.log.warning(
             "job id=%s topic=%s: closing transaction not written (%s) and the lease is lost; "
             "the reaper returns the job",

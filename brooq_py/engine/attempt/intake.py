@@ -25,7 +25,7 @@ from brooq_py.engine.clock import Clock
 from brooq_py.engine.config import Config
 from brooq_py.engine.metrics import Metrics
 from brooq_py.engine.repo import ClaimedJob, Repo
-from brooq_py.queue import Claim, Context
+from brooq_py.queue import Context
 
 # A cancel NOTIFY that arrives before its claim's attempt is built is kept this long (X2').
 CANCEL_MEMORY = 60.0
@@ -111,15 +111,20 @@ class Intake:
             return None
         if row.attempts > kind.options.max_attempts:
             outcome = a.poisoned()
+            hold = self.config.lease_td.total_seconds()
             self.log.error(
                 "job id=%s topic=%s: claimed for attempt %d of %d: earlier attempts hung or died "
-                "without an outcome; not run again, dead (L5)",
+                "without an outcome; not run again, dead in %gs (L5) unless the engine that ran the "
+                "last one writes its done meanwhile (L6')",
                 row.id,
                 row.topic,
                 row.attempts,
                 kind.options.max_attempts,
+                hold,
             )
-            self.handover.settle(a, outcome)
+            # Held back a lease, its lease renewed: the last attempt may have returned in an engine
+            # that could not write its done then; that engine writes it over this claim (L6').
+            self.handover.settle_after(a, outcome, hold)
             return None
         clock = self.clock
 
@@ -132,10 +137,10 @@ class Intake:
             self.supervisor.canceled(a)
         return a
 
-    def _returned_before(self, a: Attempt, lost: tuple[Claim, str | None]) -> None:
+    def _returned_before(self, a: Attempt, lost: Attempt) -> None:
         """A job claimed past max_attempts whose earlier handler returned in this engine, its done
-        lost with the store (L6'): no poison; its done (closing work and result) is written under this claim."""
-        outcome = a.returned_before(*lost)
+        lost with the store (L6'): no poison; its done (and closing work) is written under this claim."""
+        outcome = a.returned_before(lost)
         self.log.warning(
             "job id=%s topic=%s attempt=%d: an earlier attempt's handler returned but its done could not "
             "be written then; writing it now, not running it again",

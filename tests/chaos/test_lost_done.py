@@ -1,0 +1,263 @@
+"""A last attempt's done lost with the store is never made dead by the poison rule (SPEC L6', L5, P3).
+
+Two engines on one schema. Engine a reaches PostgreSQL through a proxy the test cuts (its
+connections closed, new ones refused) while its handler runs; the handler returns during the
+cut, so a cannot write the done, and once its lease is gone it gives the write up (L6). Engine b
+runs meanwhile: its reaper returns the row and its claim takes it past max_attempts (poison,
+L5). When the proxy is restored, the job must end done from a's one run, written once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg_pool import ConnectionPool
+
+from brooq_py.engine import Config, Engine
+from brooq_py.postgres import Store
+from brooq_py.queue import Claim, Context, Job, KindOptions
+from tests.polling import wait_for
+
+LEASE = 2.0
+TERMINAL = ("done", "dead", "canceled")
+
+
+class CutProxy:
+    """A TCP proxy in front of PostgreSQL that can be cut: its connections are closed and new ones
+    are closed at once (a server gone), until ``restore()``."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.up = True
+        self._lock = threading.Lock()
+        self._socks: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            if not self.up:
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(self.target)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._socks += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+
+    def _pump(self, a: socket.socket, b: socket.socket) -> None:
+        peers = {a: b, b: a}
+        try:
+            while True:
+                ready, _, _ = select.select([a, b], [], [], 0.2)
+                for s in ready:
+                    data = s.recv(65536)
+                    if not data:
+                        return
+                    peers[s].sendall(data)
+        except (OSError, ValueError):
+            return
+        finally:
+            self._drop(a, b)
+
+    def _drop(self, *socks: socket.socket) -> None:
+        for s in socks:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                s.close()
+
+    def cut(self) -> None:
+        self.up = False
+        with self._lock:
+            socks, self._socks = self._socks, []
+        self._drop(*socks)
+
+    def restore(self) -> None:
+        self.up = True
+
+    def close(self) -> None:
+        self.cut()
+        self.server.close()
+
+
+@pytest.fixture
+def proxy(dsn: str) -> Iterator[CutProxy]:
+    info = psycopg.conninfo.conninfo_to_dict(dsn)
+    p = CutProxy(str(info.get("host") or "127.0.0.1"), int(info.get("port") or 5432))
+    yield p
+    p.close()
+
+
+def row(dsn: str, schema: str, job_id: str) -> tuple[Any, ...]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        r = conn.execute(
+            sql.SQL("SELECT state, attempts, locked_by, result FROM {} WHERE id = %s").format(
+                sql.Identifier(schema, "job")
+            ),
+            [job_id],
+        ).fetchone()
+    assert r is not None
+    return tuple(r)
+
+
+def audit(dsn: str, schema: str, job_id: str) -> tuple[list[tuple[Any, ...]], int]:
+    """The job's row changes (old state, new state, old attempts, new attempts), and how many
+    changes were made to it once it was terminal (P3)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        changes = conn.execute(
+            sql.SQL(
+                "SELECT old_state, new_state, old_attempts, new_attempts FROM {}.chaos_audit"
+                " WHERE job_id = %s ORDER BY seq"
+            ).format(sql.Identifier(schema)),
+            [job_id],
+        ).fetchall()
+        (violations,) = conn.execute(
+            sql.SQL("SELECT count(*) FROM {}.chaos_violation").format(sql.Identifier(schema))
+        ).fetchone() or (0,)
+    return [tuple(c) for c in changes], int(violations)
+
+
+def test_l6_l5_a_done_lost_on_the_last_attempt_is_written_over_another_engines_poison_claim(
+    dsn: str, chaos_schema: str, proxy: CutProxy
+) -> None:
+    """Only engine a is cut off: b reaps the row and claims it past max_attempts meanwhile. Its
+    poison verdict is held back a lease; a's done, written under a's claim once the proxy is
+    restored, wins: done, from the one run, written once."""
+    runs: list[tuple[str, int]] = []
+    started = threading.Event()
+    go = threading.Event()
+
+    def handler(label: str) -> Any:
+        def run(ctx: Context, claim: Claim) -> dict[str, str]:
+            runs.append((label, claim.attempt))
+            started.set()
+            assert go.wait(30)
+            return {"by": label}
+
+        return run
+
+    pools: list[ConnectionPool[Any]] = []
+
+    def engine(label: str, conninfo: str) -> Engine:
+        pool: ConnectionPool[Any] = ConnectionPool(conninfo, min_size=1, max_size=4, open=True, timeout=2)
+        pools.append(pool)
+        e = Engine(
+            Store(pool, schema=chaos_schema),
+            Config(workers=2, lease=LEASE, reaper_period=0.2, poll_interval=0.1, watchdog_grace=30),
+            worker_id=f"engine-{label}",
+        )
+        e.register_kind("lost", handler(label), KindOptions(max_attempts=1))
+        return e
+
+    info = psycopg.conninfo.conninfo_to_dict(dsn)
+    a = engine("a", psycopg.conninfo.make_conninfo(dsn, host="127.0.0.1", port=proxy.port))
+    b = engine("b", psycopg.conninfo.make_conninfo(dsn, host=str(info.get("host") or "127.0.0.1")))
+    try:
+        jid = b.enqueue(Job("lost")).id
+        a.start()
+        assert started.wait(30)
+        proxy.cut()
+        go.set()  # the handler returns while engine a cannot reach the store
+        b.start()
+        # b's reaper returns the row once a's lease expired, and b's claim takes it past max_attempts
+        wait_for(lambda: row(dsn, chaos_schema, jid)[1] >= 2, what="engine b's claim of the job", timeout=30)
+        state, attempts, locked_by, _ = row(dsn, chaos_schema, jid)
+        assert (state, attempts, locked_by) == ("processing", 2, "engine-b")  # the poison verdict held back
+        proxy.restore()
+        wait_for(lambda: row(dsn, chaos_schema, jid)[0] in TERMINAL, what="the job to end", timeout=30)
+        assert row(dsn, chaos_schema, jid) == ("done", 1, "engine-a", {"by": "a"})
+        assert runs == [("a", 1)]  # the handler ran once, in engine a
+        # b's verdict comes due and finds the row no longer its claim's: nothing written over the done
+        wait_for(lambda: not b.inflight.held(), what="engine b to let its poison claim go", timeout=3 * LEASE)
+        assert row(dsn, chaos_schema, jid)[0] == "done"
+        done = a.registry.get_sample_value("brooq_settle_total", {"topic": "lost", "outcome": "done"})
+        assert done == 1
+        assert not b.registry.get_sample_value("brooq_settle_total", {"topic": "lost", "outcome": "dead"})
+    finally:
+        go.set()
+        proxy.restore()
+        b.stop(timeout=5)
+        a.stop(timeout=5)
+        a.close()
+        b.close()
+        for p in pools:
+            p.close()
+    changes, violations = audit(dsn, chaos_schema, jid)
+    assert violations == 0
+    assert [c for c in changes if c[1] in ("done", "dead")] == [("processing", "done", 2, 1)]
+
+
+def test_l6_after_a_whole_store_outage_the_engine_that_lost_the_done_writes_it_first(
+    dsn: str, chaos_schema: str, proxy: CutProxy
+) -> None:
+    """Both engines are cut off (the store is gone for everyone) for longer than the lease. When it
+    is back, engine b's reaper and claims race engine a, whose claim loop may still be backing off:
+    a writes its lost done, with the handler's result, before b can take the row for poison."""
+    runs: list[tuple[str, int]] = []
+    started = threading.Event()
+    go = threading.Event()
+    pools: list[ConnectionPool[Any]] = []
+    engines: list[Engine] = []
+    through = psycopg.conninfo.make_conninfo(dsn, host="127.0.0.1", port=proxy.port)
+    for label in ("a", "b"):
+        pool: ConnectionPool[Any] = ConnectionPool(through, min_size=1, max_size=4, open=True, timeout=2)
+        pools.append(pool)
+        e = Engine(
+            Store(pool, schema=chaos_schema),
+            Config(workers=2, lease=LEASE, reaper_period=0.2, poll_interval=0.1, watchdog_grace=30),
+            worker_id=f"engine-{label}",
+        )
+
+        def run(ctx: Context, claim: Claim, label: str = label) -> dict[str, str]:
+            runs.append((label, claim.attempt))
+            started.set()
+            assert go.wait(30)
+            return {"by": label}
+
+        e.register_kind("lost", run, KindOptions(max_attempts=1))
+        engines.append(e)
+    a, b = engines
+    try:
+        jid = b.enqueue(Job("lost")).id
+        a.start()
+        assert started.wait(30)
+        b.start()
+        proxy.cut()
+        go.set()  # the handler returns while nobody can reach the store
+        wait_for(lambda: not a.inflight.held(), what="engine a to give the write up", timeout=30)
+        proxy.restore()
+        wait_for(lambda: row(dsn, chaos_schema, jid)[0] in TERMINAL, what="the job to end", timeout=30)
+        state, _, locked_by, result = row(dsn, chaos_schema, jid)
+        assert (state, locked_by, result) == ("done", "engine-a", {"by": "a"})  # its own result
+        assert runs == [("a", 1)]
+        done = a.registry.get_sample_value("brooq_settle_total", {"topic": "lost", "outcome": "done"})
+        assert done == 1
+    finally:
+        go.set()
+        proxy.restore()
+        b.stop(timeout=5)
+        a.stop(timeout=5)
+        a.close()
+        b.close()
+        for p in pools:
+            p.close()
+    changes, violations = audit(dsn, chaos_schema, jid)
+    assert violations == 0
+    assert [c[:2] for c in changes if c[1] in ("done", "dead")] == [("processing", "done")]
