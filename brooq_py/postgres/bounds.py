@@ -2,9 +2,11 @@
 
 Server side: ``lock_timeout`` and ``statement_timeout`` end a statement that
 waits or runs too long. Network: TCP keepalives and ``tcp_user_timeout`` notice
-a half-open socket. Client side: ``deadline()`` shuts the socket down when a
-statement has not answered in time, which ends a wait that nothing on the
-wire ever will (a path that goes silent behind a proxy that still ACKs).
+a half-open socket, on both ends: the server's keepalives end the session of a
+client whose host vanished, and with it the session's lease guards (P1').
+Client side: ``deadline()`` shuts the socket down when a statement has not
+answered in time, which ends a wait that nothing on the wire ever will (a path
+that goes silent behind a proxy that still ACKs).
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ def own_connection_kwargs(lease: timedelta) -> dict[str, Any]:
         "keepalives_count": 3,
         "tcp_user_timeout": ms,
         "options": f"-c statement_timeout={ms} -c lock_timeout={max(ms // 2, 100)} "
-        f"-c idle_in_transaction_session_timeout={ms * 3}",
+        f"-c idle_in_transaction_session_timeout={ms * 3} -c tcp_keepalives_idle={max(1, int(third / 2))} "
+        f"-c tcp_keepalives_interval={max(1, int(third / 6))} -c tcp_keepalives_count=3",
     }
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 
@@ -24,11 +24,14 @@ from brooq_py.queue import StoreUnavailable
 # for this long before it tries again (a saturated server is not asked once per claim).
 REOPEN_PAUSE = 1.0
 
+T = TypeVar("T")
+
 
 class OwnConnection:
     """A lazily opened autocommit connection that runs one statement at a time.
 
-    ``run`` raises StoreUnavailable on a connection error and closes the
+    ``run`` (and ``use``, which hands the connection itself to a caller that needs its
+    session) raises StoreUnavailable on a connection error and closes the
     connection (the next call reopens it); ``try_run`` returns None instead of
     waiting while another thread is using it, or when the connection cannot
     be opened (the server refuses it: a role's connection limit, max_connections;
@@ -49,9 +52,25 @@ class OwnConnection:
         self._reopen_at = 0.0  # try_run: no new connection before this (monotonic)
 
     def run(self, doing: str, query: Query, params: dict[str, Any]) -> Rows:
+        return self.use(doing, lambda conn: on_connection(conn)(query, params))
+
+    def use(self, doing: str, work: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """Call *work* with the connection (opened if need be), as ``run`` runs a statement: one
+        caller at a time, the whole of *work* within the budget, the same errors. For a caller
+        that needs the session itself (its advisory locks) or more than one statement on it."""
         with self._lock:
             try:
-                return self._run_locked(doing, query, params)
+                conn = self._conn if self._conn is not None and not self._conn.closed else self._open(doing)
+                try:
+                    if self._budget is None:
+                        return work(conn)
+                    with deadline(conn, self._budget()):
+                        return work(conn)
+                except psycopg.Error as exc:
+                    if not is_outage(exc, conn):
+                        raise
+                    self._close_locked()
+                    raise unavailable(exc, doing) from exc
             finally:
                 self._close_if_asked()
 

@@ -4,7 +4,8 @@ Each file holds one statement with ``{job}``, ``{job_edge}``, ``{topic_setting}`
 ``{version_table}`` (the tables),
 ``{channel}`` (the wake-up channel as an identifier), ``{channel_literal}`` (as text) or
 ``{stage_channel}`` (the stager's channel, ``{stage_channel_literal}`` as text), ``{cancel_channel}``
-(the cancel channel), ``{settled_channel}`` / ``{settled_channel_literal}`` (the results channel)
+(the cancel channel), ``{settled_channel}`` / ``{settled_channel_literal}`` (the results channel),
+``{guard_class}`` (the first key of the lease guards' advisory locks, ``GUARD_CLASS``)
 placeholders and psycopg ``%(name)s`` parameters. A Store renders every
 statement once for its schema with ``psycopg.sql.Identifier`` and never sets
 ``search_path`` on a connection.
@@ -20,6 +21,12 @@ from importlib import resources
 from psycopg import sql
 
 from brooq_py.postgres.channel import cancel_channel_for, channel_for, settled_channel_for, stage_channel_for
+
+# The lease guards (SPEC P1', sql/lease_renew.sql) are advisory locks of the two-int form
+# (GUARD_CLASS, hashtext(claim token)): "broq" in ASCII. The project's other advisory keys (a
+# topic's claim and rate locks, a schema's migrations) are of the one-bigint form, which never
+# meets a two-int key.
+GUARD_CLASS = 0x62726F71
 
 _BINARY_PLACEHOLDER = re.compile(r"%\((\w+)\)b")
 
@@ -62,6 +69,7 @@ def render(name: str, schema: str, *, rows: bool = True) -> Query:
         cancel_channel=sql.Identifier(cancel_channel_for(schema)),
         settled_channel=sql.Identifier(settled_channel_for(schema)),
         settled_channel_literal=sql.Literal(settled_channel_for(schema)),
+        guard_class=sql.Literal(GUARD_CLASS),
     )
     # A foreign Tx gets the text with plain %(name)s placeholders: binary ones are psycopg's own.
     text = _BINARY_PLACEHOLDER.sub(r"%(\1)s", composed.as_string(None))

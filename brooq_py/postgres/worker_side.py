@@ -14,6 +14,7 @@ from psycopg import sql
 from brooq_py.postgres.arrays import bool_array, float_array, text_array, uuid_array
 from brooq_py.postgres.bounds import statement_budget
 from brooq_py.postgres.errors import translated
+from brooq_py.postgres.guards import LeaseGuards
 from brooq_py.postgres.own import OwnConnection
 from brooq_py.postgres.queries import Queries, Query
 from brooq_py.postgres.runner import Rows, on_tx
@@ -93,6 +94,7 @@ class WorkerSide:
 
     _q: Queries
     _heartbeat: OwnConnection
+    _guards: LeaseGuards
     _claimer: OwnConnection | None
     _settler: OwnConnection | None
     _own_lease: timedelta
@@ -255,7 +257,8 @@ class WorkerSide:
 
         A row locked by another transaction is skipped, not waited for, and reported held
         and locked: still ours, renewed by the first renewal after the lock (SPEC L3, P1').
-        A row canceled under its claim is reported canceled (X2').
+        Its claim is guarded meanwhile: the reaper never takes it while this connection's
+        session lives (guards.py). A row canceled under its claim is reported canceled (X2').
 
         Runs on the Store's own heartbeat connection, never the pool, so handlers
         holding pool connections cannot starve it. On a connection error the
@@ -263,7 +266,11 @@ class WorkerSide:
         """
         if not leases:
             return Renewal(frozenset())
-        rows = self._heartbeat.run("renewing leases", self._q.renew, self._renew_params(leases, lease))
+        params = self._renew_params(leases, lease)
+        tokens = {h.claim_token for h in leases}
+        rows = self._heartbeat.use(
+            "renewing leases", lambda conn: self._guards.renew(conn, self._q, params, tokens, lease)
+        )
         return Renewal(
             held=frozenset(r[0] for r in rows if r[1] != "canceled"),
             locked=frozenset(r[0] for r in rows if r[1] == "locked"),
@@ -279,6 +286,9 @@ class WorkerSide:
             "lease": lease,
             "progress": _real_array([h.progress for h in leases]),
             "notes": _maybe_text_array([h.progress_note for h in leases]),
+            # The session's guards and backend pid, filled in on the heartbeat connection (guards.py).
+            "guarded": "{}",
+            "pid": 0,
         }
 
     def schema_version(self) -> str | None:
@@ -296,7 +306,8 @@ class WorkerSide:
 
     def reap(self, leases: Sequence[ExpiredLease]) -> list[tuple[str, str]]:
         """Return the rows of *leases* still expired, unlocked and unchanged to pending, attempts
-        unchanged (SPEC R1); (id, topic) of each."""
+        unchanged (SPEC R1); (id, topic) of each. A claim its engine guards (its row was locked
+        elsewhere at a renewal, guards.py) is left alone while that engine's session lives (P1')."""
         if not leases:
             return []
         params = {
@@ -308,8 +319,8 @@ class WorkerSide:
         return [(str(r[0]), r[1]) for r in rows]
 
     def reap_expired(self) -> list[tuple[str, str]]:
-        """Return every expired processing row nobody holds locked to pending now (no wait for a
-        renewal: for tools and tests; the engine's reaper waits, SPEC P1')."""
+        """Return every expired processing row nobody holds locked or guards to pending now (no wait
+        for a renewal: for tools and tests; the engine's reaper waits, SPEC P1')."""
         return self.reap(self.expired_leases())
 
     def delete_terminal(self, ttl: timedelta, batch: int) -> list[tuple[str, str]]:

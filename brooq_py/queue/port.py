@@ -78,7 +78,8 @@ class Renewal:
 
     held: the claims still ours (renewed, or skipped because locked elsewhere);
     locked: of those, the ones whose row another transaction holds locked: their
-    lease was not extended this time (the next renewal after the lock does it);
+    lease was not extended this time (the next renewal after the lock does it), and
+    the store keeps the reaper off them meanwhile while this holder lives (P1');
     canceled: claims whose row was canceled (by an operator) while ours.
     A held claim in neither set was renewed.
     """
@@ -273,7 +274,8 @@ class Repo(Protocol):
 
     def reap(self, leases: Sequence[ExpiredLease]) -> list[tuple[str, str]]:
         """Return to pending the rows of *leases* still expired, unlocked and unchanged (SPEC R1);
-        (id, topic) of each."""
+        (id, topic) of each. A claim whose renewal found its row locked is left alone while its
+        holder lives (P1')."""
         ...
 
     def delete_terminal(self, ttl: timedelta, batch: int) -> list[tuple[str, str]]:

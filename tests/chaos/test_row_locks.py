@@ -8,6 +8,12 @@ are still running. A row lock held elsewhere never lets the lease of a running
 handler expire: no worker dies here, so no claim is reaped at all (nor while its
 handler runs), no job runs twice at once, and (max_attempts=1) no job whose
 handler succeeded ends dead.
+
+The worst such operator holds the lock exactly at each renewal and lets it go in
+between, when the reaper looks: the lease expires, unrenewed, on a row that is
+free whenever the reaper looks. The engine guards such a claim (a session
+advisory lock) and the reaper leaves it alone while that engine lives; an engine
+killed while it guards a claim has it reaped all the same.
 """
 
 from __future__ import annotations
@@ -15,12 +21,20 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
+from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg_pool import ConnectionPool
 
+from brooq_py.engine import Config, Engine
+from brooq_py.postgres import Store
+from brooq_py.postgres.queries import GUARD_CLASS
+from brooq_py.queue import Claim, Context, Job, KindOptions
+from brooq_py.queue.port import HeldLease, Renewal
 from tests.chaos import invariants, overlaps
 from tests.chaos.conftest import Worker, enqueue_parents, settled
 from tests.polling import wait_for
@@ -119,3 +133,146 @@ def test_operator_row_locks_past_the_lease_never_put_a_job_on_two_workers_P1(
     assert not problems, "P1' broken by operator row locks:\n" + "\n".join(problems[:20])
     report.assert_ok()
     assert report.states == {"done": JOBS}
+
+
+GUARD_LEASE = 1.5  # a renewal every 0.5 s, every 0.25 s while the row is locked; the reaper's hold 1 s
+
+
+def guard_holders(dsn: str, claim_token: str) -> list[int]:
+    """The backends holding the lease guard of *claim_token* (an advisory lock, sql/lease_renew.sql)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2"
+            " AND classid = %s::bigint::oid AND objid = hashtext(%s)::oid",
+            [GUARD_CLASS, claim_token],
+        ).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def lease_state(dsn: str, schema: str, job_id: str) -> tuple[str, str, int, bool]:
+    """(state, claim token, attempts, lease expired) of the job's row, database clock."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            sql.SQL(
+                "SELECT state, coalesce(claim_token::text, ''), attempts, coalesce(locked_until < now(), false)"
+                " FROM {} WHERE id = %s"
+            ).format(sql.Identifier(schema, "job")),
+            [job_id],
+        ).fetchone()
+    assert row is not None
+    return str(row[0]), str(row[1]), int(row[2]), bool(row[3])
+
+
+class LockedAtRenewals(Store):
+    """The Store, each renewal of its engine met by an operator's row lock on ``job_id``: a
+    second connection takes it (``SELECT ... FOR UPDATE`` in its own transaction) just before
+    the renewal and lets it go as the renewal returns, so the row is free in between."""
+
+    def __init__(self, pool: ConnectionPool[Any], schema: str, dsn: str) -> None:
+        super().__init__(pool, schema=schema)
+        self.operator = psycopg.connect(dsn, application_name="operator")
+        self.job = sql.Identifier(schema, "job")
+        self.job_id: str | None = None
+        self.met = 0
+
+    def renew(self, leases: Sequence[HeldLease], lease: timedelta) -> Renewal:
+        job_id = self.job_id
+        if job_id is None:
+            return super().renew(leases, lease)
+        self.operator.execute(sql.SQL("SELECT 1 FROM {} WHERE id = %s FOR UPDATE").format(self.job), [job_id])
+        try:
+            return super().renew(leases, lease)
+        finally:
+            self.operator.commit()
+            self.met += 1
+
+
+@pytest.fixture
+def chaos_pool(dsn: str) -> Iterator[ConnectionPool[Any]]:
+    with ConnectionPool(dsn, min_size=1, max_size=6, open=True) as pool:
+        yield pool
+
+
+def test_a_row_locked_at_every_renewal_and_free_between_is_never_reaped_from_a_live_engine_P1(
+    dsn: str, chaos_schema: str, chaos_pool: ConnectionPool[Any]
+) -> None:
+    """Lease 1.5 s. While the handler runs, an operator holds the job's row lock at each of the
+    engine's renewals and releases it in between, for three leases: no renewal extends the lease,
+    and the reaper (this engine's own, which would hand the job to its free slot) finds the row
+    expired, unchanged and unlocked each time it looks. The job is never reaped nor claimed again
+    while its handler runs (claim token and attempts unchanged, one handler run); once the
+    operator stops, the next renewal extends the lease and the job ends done once."""
+    store = LockedAtRenewals(chaos_pool, chaos_schema, dsn)
+    engine = Engine(
+        store, Config(workers=2, lease=GUARD_LEASE, poll_interval=0.2, reaper_period=0.2, watchdog_grace=60)
+    )
+    runs: list[str] = []
+    release = threading.Event()
+
+    def handler(ctx: Context, claim: Claim) -> None:
+        runs.append(claim.claim_token)
+        assert release.wait(60)  # runs on, whatever the lease looks like
+
+    engine.register_kind("guarded", handler, KindOptions(max_attempts=1, attempt_timeout=120))
+    jid = store.enqueue(Job("guarded")).id
+    engine.start()
+    try:
+        wait_for(lambda: runs, "the handler running", 30)
+        _, token, _, _ = lease_state(dsn, chaos_schema, jid)
+        store.job_id = jid
+        expired = False
+        seen: set[tuple[str, str, int]] = set()
+        until = time.monotonic() + 3 * GUARD_LEASE
+        while time.monotonic() < until:
+            state, now_token, attempts, lapsed = lease_state(dsn, chaos_schema, jid)
+            seen.add((state, now_token, attempts))
+            expired = expired or lapsed
+            time.sleep(0.05)
+        store.job_id = None
+        met = store.met
+        assert expired, "the lease never expired under the operator's locks: the test shows nothing"
+        assert met >= 8, f"only {met} renewals met the operator's lock"
+        assert seen == {("processing", token, 1)}, f"the claim changed hands while its handler ran: {seen}"
+        assert runs == [token]
+        # The operator gone, the next renewal extends the lease (and lets the guard go).
+        wait_for(lambda: not lease_state(dsn, chaos_schema, jid)[3], "the lease extended again", 10)
+        wait_for(lambda: not guard_holders(dsn, token), "the guard released", 10)
+        release.set()
+        wait_for(lambda: lease_state(dsn, chaos_schema, jid)[0] == "done", "the job done", 30)
+    finally:
+        release.set()
+        engine.stop(5)
+        engine.close()
+        store.operator.close()
+    assert lease_state(dsn, chaos_schema, jid)[:3] == ("done", token, 1)
+    assert runs == [token]
+    assert not engine.registry.get_sample_value("brooq_reaped_total", {"topic": "guarded"})
+    assert overlaps.reaped(dsn, chaos_schema) == []
+
+
+def test_an_engine_killed_while_it_guards_a_claim_still_has_it_reaped_P1_R1(
+    dsn: str, chaos_schema: str, spawn: Callable[..., Worker], chaos_pool: ConnectionPool[Any]
+) -> None:
+    """A worker process whose renewal found the running job's row locked guards the claim; the
+    worker is SIGKILLed while it does. Its session ends and the guard with it: once the
+    operator's lock is gone, the row is reaped as any dead engine's (attempts unchanged)."""
+    [jid] = enqueue_parents(dsn, chaos_schema, [{"n": 0, "sleep": 60}])
+    worker = spawn(dsn, chaos_schema, workers=1, lease=GUARD_LEASE, watchdog_grace=60)
+    wait_for(lambda: lease_state(dsn, chaos_schema, jid)[0] == "processing", "the handler running", 30)
+    _, token, _, _ = lease_state(dsn, chaos_schema, jid)
+    with psycopg.connect(dsn, application_name="operator") as operator:
+        operator.execute(
+            sql.SQL("SELECT 1 FROM {} WHERE id = %s FOR UPDATE").format(sql.Identifier(chaos_schema, "job")),
+            [jid],
+        )
+        wait_for(lambda: guard_holders(dsn, token), "the worker guarding the claim", 10)
+        worker.kill()
+        wait_for(lambda: not guard_holders(dsn, token), "the guard gone with the worker's session", 10)
+        operator.commit()
+    store = Store(chaos_pool, schema=chaos_schema)  # the reaper of any other engine
+    try:
+        reaped = wait_for(lambda: store.reap_expired(), "the dead worker's claim reaped", 10, 0.1)
+    finally:
+        store.close()
+    assert reaped == [(jid, "chaos")]
+    assert lease_state(dsn, chaos_schema, jid)[::2] == ("pending", 1)

@@ -13,12 +13,16 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg
 import pytest
+from psycopg import sql
 from psycopg_pool import ConnectionPool
 
 from brooq_py.engine import Config, Engine
 from brooq_py.postgres import Store
+from brooq_py.postgres.queries import GUARD_CLASS
 from brooq_py.queue import Claim, Context, Job, State
+from brooq_py.queue.port import HeldLease
 from tests.integration.pgbouncer import pgbouncer, pgbouncer_binary
 from tests.polling import wait_for
 
@@ -98,5 +102,39 @@ def test_z5_z3_listen_through_pgbouncer_is_refused_once_and_polling_carries_on(
             )
         refusals = [r for r in caplog.records if "delivers no notifications" in r.getMessage()]
         assert len(refusals) == 1 and refusals[0].levelno == logging.ERROR
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("heartbeat", ["direct conninfo", "through the bouncer"])
+def test_p1_z5_a_lease_guard_is_taken_only_on_a_direct_heartbeat_connection(
+    bounced_pool: ConnectionPool[Any], schema: str, dsn: str, caplog: pytest.LogCaptureFixture, heartbeat: str
+) -> None:
+    """A renewal that finds a running job's row locked elsewhere guards the claim with a session
+    advisory lock (SPEC P1'). Through a transaction-pooling proxy the heartbeat's statements run
+    on shared server connections, where such a lock would stay behind: none is taken there, and
+    one ERROR line says why; with a direct conninfo the guard is taken."""
+    direct = heartbeat == "direct conninfo"
+    store = Store(bounced_pool, schema=schema, conninfo=dsn if direct else None)
+    try:
+        store.enqueue(Job("a"))
+        [c] = store.claim(["a"], 1, "w", timedelta(seconds=30))
+        with psycopg.connect(dsn) as operator, caplog.at_level(logging.ERROR, logger="brooq_py.postgres"):
+            operator.execute(
+                sql.SQL("SELECT 1 FROM {} WHERE id = %s FOR UPDATE").format(sql.Identifier(schema, "job")),
+                (c.id,),
+            )
+            for _ in range(3):
+                renewal = store.renew([HeldLease(c.id, c.claim_token)], timedelta(seconds=30))
+                assert renewal.locked == {c.claim_token}
+            with psycopg.connect(dsn, autocommit=True) as db:
+                guards = db.execute(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2"
+                    " AND classid = %s::bigint::oid AND objid = hashtext(%s)::oid",
+                    (GUARD_CLASS, c.claim_token),
+                ).fetchone()
+        refusals = [r for r in caplog.records if "connection pooler" in r.getMessage()]
+        assert guards == (1 if direct else 0,)
+        assert len(refusals) == (0 if direct else 1)
     finally:
         store.close()

@@ -15,8 +15,10 @@ from psycopg_pool import ConnectionPool
 
 from brooq_py.postgres import Store
 from brooq_py.postgres.own import OwnConnection
+from brooq_py.postgres.queries import GUARD_CLASS
 from brooq_py.queue import Job, State, StoreUnavailable
 from brooq_py.queue.port import HeldLease, Outcome
+from tests.polling import wait_for
 
 LEASE = timedelta(seconds=60)
 PAST = datetime(2020, 1, 1, tzinfo=UTC)
@@ -305,6 +307,65 @@ def test_r1_reap_expired(store: Store, db: psycopg.Connection[Any]) -> None:
     assert ry is not None and ry.state == State.DONE
     assert rz is not None and rz.state == State.PROCESSING
     assert store.reap_expired() == []
+
+
+def guard_pids(db: psycopg.Connection[Any], claim_token: str) -> list[int]:
+    """The backends holding the lease guard of *claim_token* (sql/lease_renew.sql)."""
+    rows = db.execute(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2"
+        " AND classid = %s::bigint::oid AND objid = hashtext(%s)::oid",
+        (GUARD_CLASS, claim_token),
+    ).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def test_p1_a_claim_found_locked_at_a_renewal_is_guarded_from_the_reaper_while_the_session_lives(
+    store: Store, db: psycopg.Connection[Any], dsn: str, schema: str
+) -> None:
+    """P1': a renewal that finds the row locked by an operator's transaction guards the claim on
+    the heartbeat's session. Its lease expired under the lock and the lock gone, the row is not
+    reaped while that session lives; the next renewal extends the lease and releases the guard.
+    A session lost takes its guards with it, and the next renewal that finds the row locked
+    guards it again on the new one; a closed Store's guarded row is reaped."""
+    store.enqueue(Job("a", 1))
+    [c] = store.claim(["a"], 1, "w", LEASE)
+    held = [HeldLease(c.id, c.claim_token)]
+    lock = sql.SQL("SELECT 1 FROM {} WHERE id = %s FOR UPDATE").format(sql.Identifier(schema, "job"))
+    expire = sql.SQL("UPDATE {} SET locked_until = now() - interval '1 second' WHERE id = %s").format(
+        sql.Identifier(schema, "job")
+    )
+
+    def lock_expire_and_release(then: Any = None) -> Any:
+        """As an operator in psql: lock the row, let *then* run, expire the lease, commit."""
+        with psycopg.connect(dsn) as operator:
+            operator.execute(lock, (c.id,))
+            result = then() if then is not None else None
+            operator.execute(expire, (c.id,))
+        return result
+
+    def renew_twice() -> list[int]:
+        assert store.renew(held, LEASE).locked == {c.claim_token}
+        assert store.renew(held, LEASE).locked == {c.claim_token}  # kept, not taken twice
+        return guard_pids(db, c.claim_token)
+
+    [holder] = lock_expire_and_release(renew_twice)
+    assert store.reap_expired() == []  # expired, unchanged, unlocked, but guarded
+    row = store.get(c.id)
+    assert row is not None and row.state is State.PROCESSING and row.attempts == 1
+    assert store.renew(held, LEASE).locked == frozenset()  # extended: the guard goes
+    assert guard_pids(db, c.claim_token) == []
+    # The heartbeat's session ends (a connection lost): its guard goes with it. The next renewal
+    # reopens, finds the row locked again and guards it on the new session.
+    [holder] = lock_expire_and_release(renew_twice)
+    db.execute("SELECT pg_terminate_backend(%s)", (holder,))
+    wait_for(lambda: not guard_pids(db, c.claim_token), "the guard gone with its session", 10)
+    with pytest.raises(StoreUnavailable):
+        store.renew(held, LEASE)
+    [again] = lock_expire_and_release(renew_twice)
+    assert again != holder
+    assert store.reap_expired() == []
+    store.close()  # the engine's end: its session and its guards go
+    assert store.reap_expired() == [(c.id, "a")]
 
 
 def test_t1_t2_delete_terminal(store: Store, db: psycopg.Connection[Any]) -> None:

@@ -122,6 +122,9 @@ class FakeRepo:
         self.closed = False
         self.version: str | None = "0012"
         self.locked: set[str] = set()  # job ids an "operator" holds row-locked: skipped, never waited on
+        # Claim tokens a renewal found locked, guarded from the reaper until renewed (as the Store's
+        # heartbeat session does, SPEC P1'); this fake's holder lives as long as the fake.
+        self.guarded: set[str] = set()
         self.fail_close = 0  # closing transactions whose COMMIT fails with StoreUnavailable
         self.renew_hang = threading.Event()  # cleared: renew() blocks, as on a silent socket
         self.renew_hang.set()
@@ -413,8 +416,10 @@ class FakeRepo:
                     held.add(h.claim_token)
                     if r.id in self.locked:
                         locked.add(h.claim_token)
+                        self.guarded.add(h.claim_token)
                     else:
                         r.locked_until = self.now() + lease.total_seconds()
+                        self.guarded.discard(h.claim_token)
             return Renewal(frozenset(held), frozenset(locked), frozenset(canceled))
 
     def expired_leases(self) -> list[ExpiredLease]:
@@ -440,6 +445,7 @@ class FakeRepo:
                     or r.state is not State.PROCESSING
                     or r.id in self.locked
                     or (r.claim_token or "") != x.claim_token
+                    or x.claim_token in self.guarded
                     or r.locked_until != x.locked_until
                     or r.locked_until is None
                     or r.locked_until >= now

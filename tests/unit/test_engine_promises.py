@@ -19,7 +19,7 @@ import pytest
 from brooq_py.engine import Engine
 from brooq_py.engine.services.reaper import Reaper
 from brooq_py.queue import Claim, Context, Job, JobCanceledByOperator, KindOptions, LeaseLost, State
-from brooq_py.queue.port import HeldLease
+from brooq_py.queue.port import ExpiredLease, HeldLease
 from tests.polling import wait_for
 from tests.unit.conftest import FAST
 from tests.unit.fake_repo import FakeRepo
@@ -233,3 +233,31 @@ def test_p1_the_reaper_returns_an_expired_row_only_once_it_stayed_expired_and_un
     time.sleep(0.35)
     reaper.run_once()
     assert reaped == ["t"] and repo.row(jid).state is State.PENDING
+
+
+def test_p1_a_due_row_the_store_leaves_alone_is_tried_again_a_hold_later_not_at_every_tick() -> None:
+    """A row due for reaping that the store does not return (its holder guards it: the row was
+    locked elsewhere at a renewal and the holder lives) is tried again a hold later: its clock
+    restarts, so the reaper does not spin on it at its shortest delay."""
+    lease = ExpiredLease("j", "token", 0)
+    now = [0.0]
+    tried: list[int] = []
+
+    def reap(leases: Any) -> list[tuple[str, str]]:
+        tried.append(len(leases))
+        return []
+
+    reaper = Reaper(
+        5, lambda: [lease], reap, lambda t: None, logging.getLogger("t"), hold=1.0, monotonic=lambda: now[0]
+    )
+    reaper.run_once()  # seen expired
+    now[0] = 1.0
+    reaper.run_once()  # due: the store leaves it
+    assert tried == [1]
+    assert reaper.next_delay() == pytest.approx(1.0)
+    now[0] = 1.5
+    reaper.run_once()
+    assert tried == [1]
+    now[0] = 2.0
+    reaper.run_once()
+    assert tried == [1, 1]

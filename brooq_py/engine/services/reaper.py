@@ -31,7 +31,9 @@ class Reaper(Ticker):
     whose renewal skipped a locked row renews again within LOCKED_RETRY. Rows
     locked elsewhere are never waited for nor returned (SKIP LOCKED). A dead
     holder's row comes back *hold* seconds later than its expiry, no more: the
-    reaper ticks again when the first row it saw is due.
+    reaper ticks again when the first row it saw is due. A row the store did not
+    return when it was due (its holder guards it: the row was locked elsewhere at
+    a renewal, and the holder lives) is tried again a hold later.
     """
 
     name = "reaper"
@@ -65,10 +67,14 @@ class Reaper(Ticker):
         now = self._monotonic()
         ripe = [lease for lease, at in self._seen.values() if now - at >= self.hold]
         rows = self._reap(ripe) if ripe else []
+        # Ripe but not returned, and still expired unchanged: its holder guards it (P1'). Its clock
+        # restarts: tried again a hold later, not at every tick.
+        reaped = {job_id for job_id, _ in rows}
+        kept = {(x.id, x.claim_token, x.locked_until) for x in ripe if x.id not in reaped}
         seen: dict[tuple[str, str, object], tuple[ExpiredLease, float]] = {}
         for lease in self._expired():
             key = (lease.id, lease.claim_token, lease.locked_until)
-            seen[key] = (lease, self._seen.get(key, (lease, now))[1])
+            seen[key] = (lease, now if key in kept else self._seen.get(key, (lease, now))[1])
         self._seen = seen  # renewed, settled, reaped or locked since: forgotten, its clock restarts
         if not rows:
             return

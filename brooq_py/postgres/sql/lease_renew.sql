@@ -9,6 +9,14 @@
 -- materialized CTE (the partial lease index holds dead entries until VACUUM).
 -- V4: progress and progress_note reported since the last renewal ride along (NULL:
 -- unchanged); a row skipped as locked keeps its old ones (the engine sends them again).
+-- P1': a claim reported 'locked' is guarded by a session-level advisory lock of this
+-- session (the heartbeat's own, which lives as long as the engine), keyed by its claim
+-- token: the reaper never takes a row whose guard is held (lease_reap.sql), and the guard
+-- ends with the session when the engine dies. Third column, for 'locked' rows only: 'kept'
+-- (already held: %(guarded)s), 'taken' (taken now), 'pooled' (not taken: this statement
+-- does not run on the backend the client connected to, %(pid)s: a connection pooler, where
+-- a session lock would stay behind on a shared server connection) or 'busy'
+-- (another session holds the key this instant: tried again at the next renewal).
 WITH held AS MATERIALIZED (
     SELECT h.id, h.token, h.progress, h.note, 'processing'::text AS guard, 'canceled'::text AS gone
     FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(progress)s::real[], %(notes)s::text[])
@@ -28,9 +36,17 @@ WITH held AS MATERIALIZED (
     WHERE j.id = free.id
     RETURNING j.claim_token
 )
-SELECT claim_token::text, 'renewed' FROM renewed
+SELECT claim_token::text, 'renewed', NULL::text FROM renewed
 UNION ALL
-SELECT h.token::text, CASE WHEN j.state = h.guard THEN 'locked' ELSE 'canceled' END
+SELECT h.token::text,
+    CASE WHEN j.state = h.guard THEN 'locked' ELSE 'canceled' END,
+    CASE
+        WHEN j.state <> h.guard THEN NULL
+        WHEN h.token = ANY (%(guarded)s::uuid[]) THEN 'kept'
+        WHEN pg_backend_pid() <> %(pid)s::int THEN 'pooled'
+        WHEN pg_try_advisory_lock({guard_class}, hashtext(h.token::text)) THEN 'taken'
+        ELSE 'busy'
+    END
 FROM {job} j
 JOIN held h ON j.id = h.id
 WHERE j.id = ANY (%(ids)s::uuid[]) AND j.claim_token = h.token
