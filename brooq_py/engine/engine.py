@@ -7,6 +7,7 @@ import os
 import random
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from types import TracebackType
@@ -363,8 +364,11 @@ class Engine(Producing):
             else:
                 self.supervisor.hung(a)  # still running after the stop's grace: hung at stop (C11, L1)
         # Handlers that ended free their slot once their outcome is on its way (a closing
-        # transaction retried, a settler's turn): wait for those, bounded by the lease (L6).
+        # transaction retried, a settler's turn): wait for those, bounded by the lease (L6), and
+        # for closing transactions set aside while their row was locked elsewhere (L3').
+        until = time.monotonic() + cfg.lease_td.total_seconds()
         slots.wait_idle(cfg.lease_td.total_seconds())
+        self.handover.stop_closing(max(0.0, until - time.monotonic()))
         self.handover.release_held(everything=True)  # poison verdicts held back: written now (L5)
         left = completer.stop()
         self.handover.completer = None  # from now on (run_once) outcomes are written at once

@@ -207,6 +207,36 @@ class WorkerSide:
             "notify": any(o.state in _ENDS for o in outcomes),
         }
 
+    def row_lock(self, outcome: Outcome) -> str:
+        """Whether *outcome*'s row is free now: the probe before a closing transaction (SPEC L3', C9).
+
+        One statement (``job_lock_own``) on the outcome connection, else the pool's bounded
+        transaction: the lock it takes ends with it. Return ``"ours"`` (still processing under the
+        outcome's claim token, no other transaction holds it), ``"locked"`` (still the claim's,
+        held elsewhere: never waited for; a table lock outlasting the bounds counts the same) or
+        ``"gone"`` (no longer the claim's).
+        """
+        params = {"id": uuid.UUID(outcome.id), "token": uuid.UUID(outcome.claim_token)}
+        try:
+            rows = self._own_or_pool(
+                self._settler, "checking a job's row lock", self._q["job_lock_own"], params
+            )
+        except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled):
+            return "locked"
+        return str(rows[0][0])
+
+    def lock_tx(self, tx: Tx, outcome: Outcome) -> str:
+        """Lock *outcome*'s row inside *tx* for the closing transaction's write (SPEC L3', C9).
+
+        SKIP LOCKED: a row another transaction holds is never waited for. Return ``"ours"`` (locked
+        by *tx*, still processing under the outcome's claim token), ``"locked"`` (still the claim's,
+        held elsewhere) or ``"gone"`` (no longer the claim's).
+        """
+        params = {"id": uuid.UUID(outcome.id), "token": uuid.UUID(outcome.claim_token)}
+        with translated("locking a job's row", as_psycopg(tx)):
+            rows = on_tx(tx)(self._q["job_lock_own"], params)
+        return str(rows[0][0])
+
     def settle_tx(self, tx: Tx, outcome: Outcome) -> bool:
         """Write one guarded outcome inside *tx* (the caller commits); return whether the row was ours."""
         params = {

@@ -246,6 +246,20 @@ class Repo(Protocol):
         """
         ...
 
+    def row_lock(self, outcome: Outcome) -> str:
+        """Whether *outcome*'s row is free now, in a statement of its own (no lock kept, L3').
+
+        ``"ours"``: still processing under the outcome's claim token, no other transaction holds
+        it; ``"locked"``: still the claim's, held by another transaction (never waited for);
+        ``"gone"``: no longer the claim's.
+        """
+        ...
+
+    def lock_tx(self, tx: Tx, outcome: Outcome) -> str:
+        """Lock *outcome*'s row inside *tx* unless another transaction holds it (never waited for,
+        L3'); the same answers as ``row_lock``, ``"ours"`` meaning locked by *tx*."""
+        ...
+
     def settle_tx(self, tx: Tx, outcome: Outcome) -> bool:
         """Write one guarded outcome inside *tx*; return whether the row was ours."""
         ...

@@ -366,6 +366,16 @@ class FakeRepo:
                 ),
             )
 
+    def row_lock(self, outcome: Outcome) -> str:
+        with self.lock:
+            r = self.rows.get(outcome.id)
+            if r is None or r.state is not State.PROCESSING or r.claim_token != outcome.claim_token:
+                return "gone"
+            return "locked" if r.id in self.locked else "ours"
+
+    def lock_tx(self, tx: Tx, outcome: Outcome) -> str:
+        return self.row_lock(outcome)
+
     def settle_tx(self, tx: Tx, outcome: Outcome) -> bool:
         with self.lock:
             return self._apply(outcome)

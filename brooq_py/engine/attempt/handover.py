@@ -13,6 +13,7 @@ poison (L6'); a poison verdict is held back a while for that write (L5).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -25,7 +26,7 @@ from brooq_py.engine.attempt.inflight import InFlight
 from brooq_py.engine.attempt.sink import OutcomeSink
 from brooq_py.engine.metrics import Metrics
 from brooq_py.engine.repo import Outcome, Repo
-from brooq_py.queue import State, StoreUnavailable
+from brooq_py.queue import State, StoreUnavailable, Tx
 
 if TYPE_CHECKING:
     from brooq_py.engine.attempt.sink import EventSink
@@ -48,10 +49,26 @@ LOCKED_RETRY = 0.25
 LOST_MAX = 10_000
 # ... and their results (V1) at most this many characters in all: the oldest are forgotten first.
 LOST_MAX_RESULTS = 64 * 1024 * 1024
+# A closing transaction whose row was locked after it began tries to lock it this many times,
+# this far apart, before it rolls back to be tried again later (L3').
+LOCK_TRIES = 5
+LOCK_TRY_WAIT = 0.05
 
 
 class _NotOurs(Exception):
     """The closing transaction found the row no longer this claim's."""
+
+
+class _Locked(Exception):
+    """The closing transaction found the row held by another transaction (L3')."""
+
+
+def _check_row(row: str) -> None:
+    """Go on only with a row that is ours and free (``Repo.row_lock``, ``Repo.lock_tx``)."""
+    if row == "locked":
+        raise _Locked("its row is locked by another transaction")
+    if row != "ours":
+        raise _NotOurs
 
 
 class Handover:
@@ -77,6 +94,14 @@ class Handover:
         self._lost: OrderedDict[str, Attempt] = OrderedDict()
         self._lost_chars = 0  # the length of the results in _lost
         self._lost_lock = threading.Lock()
+        # Closing transactions whose row was locked elsewhere, tried again later (L3'): ``spawn``
+        # runs each try (the engine: on a worker thread), ``_closer`` wakes them when due.
+        self.spawn: Callable[[Callable[[], None]], None] = lambda fn: fn()
+        self._waiting: list[tuple[float, Attempt, Outcome, float]] = []  # (due, attempt, done, next wait)
+        self._trying = 0  # of those, tries under way
+        self._deferring = True  # False once the stop let the waiting ones go
+        self._closer: threading.Thread | None = None
+        self._closing = threading.Condition()
 
     def remember_lost(self, a: Attempt) -> None:
         """Remember that *a*'s handler returned (its done unwritten, its lease gone, L6')."""
@@ -210,8 +235,17 @@ class Handover:
                 o.state,
             )
 
-    def _close(self, a: Attempt, done: Outcome) -> None:
+    def _close(self, a: Attempt, done: Outcome, wait: float = CLOSE_RETRY_FIRST) -> None:
         """Done + chained enqueues + on_succeeded in one transaction, the row written last (SPEC C9, L3).
+
+        A row another transaction holds locked is never waited for (L3'): the transaction begins
+        only once a probe found the row free (nothing of it runs before), and locks the row for
+        its write with SKIP LOCKED, a lock taken meanwhile waited out for LOCK_TRIES short tries at
+        most (a renewal's) before it rolls back (its callbacks then run again on the next try).
+        Either way it is tried again *wait* seconds later, set aside while the engine runs (its
+        slot, thread and connection freed meanwhile), in place otherwise (``run_once``), while
+        the lease is held. The row is not locked while the callbacks run: a cancel committed
+        meanwhile rolls the whole transaction back (C9).
 
         A store that is unreachable (StoreUnavailable, the COMMIT's included) is
         not the job's failure: the transaction is retried while the lease is
@@ -222,12 +256,14 @@ class Handover:
         delay = CLOSE_RETRY_FIRST
         while True:
             try:
+                _check_row(self.repo.row_lock(done))  # before anything of the transaction runs
                 with self.repo.begin() as tx:
                     for job in claim.chained:
                         if job.unique_key is None:
                             self.repo.enqueue_tx(tx, job)
                     for fn in claim.callbacks:
                         fn(tx)
+                    _check_row(self._lock_row(tx, done))
                     if not self.repo.settle_tx(tx, done):
                         raise _NotOurs
                     for job in [j for j in claim.chained if j.unique_key is not None]:
@@ -238,6 +274,15 @@ class Handover:
                     "job id=%s topic=%s: done not written: the row was no longer ours", a.id, a.topic
                 )
                 return
+            except _Locked as exc:
+                if self._set_aside(a, done, wait):
+                    return
+                if not (self.inflight.holds(a) and self.inflight.fresh(a)):
+                    self._give_up_close(a, exc)
+                    return
+                self.sleep(wait)
+                wait = min(wait * 2, LOCKED_RETRY)
+                continue
             except StoreUnavailable as exc:
                 if not (self.inflight.holds(a) and self.inflight.fresh(a)):
                     self._give_up_close(a, exc)
@@ -284,3 +329,88 @@ class Handover:
             a.topic,
             exc,
         )
+
+    # --- closing transactions whose row was locked elsewhere (L3') ----------------
+
+    def _lock_row(self, tx: Tx, done: Outcome) -> str:
+        """Lock *done*'s row in *tx* for its write: a lock held elsewhere is tried again LOCK_TRIES
+        times (a renewal holds it for milliseconds), never waited on longer (L3')."""
+        row = self.repo.lock_tx(tx, done)
+        for _ in range(LOCK_TRIES - 1):
+            if row != "locked":
+                break
+            self.sleep(LOCK_TRY_WAIT)
+            row = self.repo.lock_tx(tx, done)
+        return row
+
+    def _set_aside(self, a: Attempt, done: Outcome, wait: float) -> bool:
+        """Set *a*'s closing transaction aside, to be tried again in *wait* seconds; False when it
+        must wait in place (no completer: ``run_once``; or the stop let the waiting ones go)."""
+        with self._closing:
+            if self.completer is None or not self._deferring:
+                return False
+            if wait <= CLOSE_RETRY_FIRST:
+                self.log.info(
+                    "job id=%s topic=%s: its row is locked by another transaction; the closing "
+                    "transaction (chain, on_succeeded) is tried again once the lock is gone",
+                    a.id,
+                    a.topic,
+                )
+            self._waiting.append((time.monotonic() + wait, a, done, min(wait * 2, LOCKED_RETRY)))
+            if self._closer is None:
+                self._closer = threading.Thread(target=self._wake_closings, name="brooq-closer", daemon=True)
+                self._closer.start()
+            else:
+                self._closing.notify_all()
+        return True
+
+    def _wake_closings(self) -> None:
+        """Hand each waiting closing transaction to ``spawn`` when due; end when none waits."""
+        while True:
+            with self._closing:
+                while True:
+                    if not self._waiting:
+                        self._closer = None
+                        return
+                    now = time.monotonic()
+                    due = [w for w in self._waiting if w[0] <= now]
+                    if due:
+                        break
+                    self._closing.wait(min(w[0] for w in self._waiting) - now)
+                self._waiting = [w for w in self._waiting if w[0] > now]
+                self._trying += len(due)
+            for _, a, done, wait in due:
+                try:
+                    self.spawn(functools.partial(self._close_again, a, done, wait))
+                except BaseException:
+                    self._tried()
+                    raise
+
+    def _close_again(self, a: Attempt, done: Outcome, wait: float) -> None:
+        try:
+            self._close(a, done, wait)
+        finally:
+            self._tried()
+
+    def _tried(self) -> None:
+        with self._closing:
+            self._trying -= 1
+            self._closing.notify_all()
+
+    def stop_closing(self, timeout: float) -> None:
+        """At stop: wait up to *timeout* seconds for the closing transactions waiting on a row locked
+        elsewhere; let the rest go (nothing written: the reaper returns those jobs, C11, L3')."""
+        with self._closing:
+            self._closing.wait_for(lambda: not self._waiting and not self._trying, timeout)
+            self._deferring = False
+            left, self._waiting = self._waiting, []
+            self._closing.notify_all()
+        for _, a, _done, _wait in left:
+            a.let_go()
+            self.remember_lost(a)
+            self.log.warning(
+                "job id=%s topic=%s: done not written at stop: its row is still locked by another "
+                "transaction; the reaper returns the job",
+                a.id,
+                a.topic,
+            )

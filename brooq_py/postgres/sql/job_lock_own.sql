@@ -1,0 +1,18 @@
+-- name: job_lock_own
+-- L3', C9: a closing transaction's row (chain, on_succeeded), locked FOR NO KEY UPDATE SKIP
+-- LOCKED, never waited for. Run alone before the closing transaction begins (the probe: the lock
+-- ends with the statement), so that nothing of it runs while another transaction holds the row,
+-- and inside it before the done is written (the lock kept until its commit). 'ours': locked, still
+-- processing under the claim; 'locked': still the claim's, but another transaction (an operator's
+-- open one in psql) holds the row; 'gone': no longer the claim's (canceled, reaped, claimed
+-- again). The second probe reads without a lock.
+WITH mine AS MATERIALIZED (
+    SELECT id FROM {job}
+    WHERE id = %(id)s AND state = 'processing' AND claim_token = %(token)s
+    FOR NO KEY UPDATE SKIP LOCKED
+)
+SELECT CASE WHEN EXISTS (SELECT 1 FROM mine) THEN 'ours'
+            WHEN EXISTS (SELECT 1 FROM {job}
+                         WHERE id = %(id)s AND state = 'processing' AND claim_token = %(token)s)
+            THEN 'locked'
+            ELSE 'gone' END

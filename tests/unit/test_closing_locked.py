@@ -1,0 +1,158 @@
+"""A closing transaction whose row is locked elsewhere waits alone, off its slot (SPEC L3', C9, C11): fake repo.
+
+The fake's ``locked`` rows stand for an operator's open ``SELECT ... FOR UPDATE``: the closing
+transaction finds its row held before anything of it runs, is set aside and tried again while
+the lease is held. Meanwhile its slot serves other jobs; the callbacks and chained jobs run once,
+after the lock; a stop lets a still-locked one go to the reaper, nothing of it run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+
+from brooq_py.engine import Engine
+from brooq_py.queue import Claim, Context, Job, KindOptions, State, Tx
+from tests.polling import wait_for
+from tests.unit.conftest import FAST
+from tests.unit.fake_repo import FakeRepo
+
+
+def children(repo: FakeRepo, parent: str) -> int:
+    with repo.lock:
+        return sum(1 for r in repo.rows.values() if r.topic == "child" and r.payload == {"parent": parent})
+
+
+class Closing:
+    def __init__(self, repo: FakeRepo) -> None:
+        self.repo = repo
+        self.calls: Counter[str] = Counter()
+        self.returned = threading.Event()
+
+    def close(self, claim: Claim) -> None:
+        def callback(tx: Tx) -> None:
+            self.calls[claim.id] += 1
+
+        claim.on_succeeded(callback)
+        claim.chain(Job("child", {"parent": claim.id}))
+        if claim.topic == "locked":
+            with self.repo.lock:  # as an operator's psql transaction: the row held until released
+                self.repo.locked.add(claim.id)
+            self.returned.set()
+
+    def sync_handler(self, ctx: Context, claim: Claim) -> None:
+        self.close(claim)
+
+    async def async_handler(self, ctx: Context, claim: Claim) -> None:
+        await asyncio.sleep(0)
+        self.close(claim)
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_l3_a_locked_closing_transaction_frees_its_slot_and_runs_its_closing_work_once(
+    repo: FakeRepo, make_engine: Callable[..., Engine], kind: str
+) -> None:
+    """One slot: while the locked job's closing transaction waits, the slot runs the other jobs
+    (closing work included) to done; nothing of the locked job's closing work runs until the lock
+    is gone, then all of it once."""
+    e = make_engine(workers=1)
+    closing = Closing(repo)
+    handler = closing.sync_handler if kind == "sync" else closing.async_handler
+    e.register_kind("locked", handler, KindOptions(max_attempts=1, **FAST))
+    e.register_kind("free", handler, KindOptions(max_attempts=1, **FAST))
+    jid = e.enqueue(Job("locked")).id
+    e.start()
+    assert closing.returned.wait(10)
+    others = [e.enqueue(Job("free")).id for _ in range(5)]
+    wait_for(
+        lambda: all(repo.row(o).state is State.DONE for o in others),
+        what="the other jobs done on the one slot while the row is locked",
+    )
+    assert repo.row(jid).state is State.PROCESSING
+    assert closing.calls[jid] == 0 and children(repo, jid) == 0
+    assert jid in {a.id for a in e.inflight.held()}  # the lease is still held (renewed)
+    with repo.lock:
+        repo.locked.discard(jid)
+    wait_for(lambda: repo.row(jid).state is State.DONE, what="done once the lock is gone")
+    assert closing.calls[jid] == 1 and children(repo, jid) == 1
+    assert all(closing.calls[o] == 1 and children(repo, o) == 1 for o in others)
+    assert repo.row(jid).history == [State.PROCESSING, State.DONE]
+    wait_for(lambda: not e.inflight.held(), what="every lease let go")
+
+
+def test_l3_c11_a_stop_lets_a_still_locked_closing_transaction_go_to_the_reaper(
+    repo: FakeRepo, make_engine: Callable[..., Engine], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The lock outlasts the stop's wait (a lease): stop() returns, the attempt is let go, the row
+    stays processing for the reaper, and nothing of its closing work ran, then or later."""
+    e = make_engine(lease=0.6)
+    closing = Closing(repo)
+    e.register_kind("locked", closing.sync_handler, KindOptions(max_attempts=1, **FAST))
+    jid = e.enqueue(Job("locked")).id
+    e.start()
+    assert closing.returned.wait(10)
+    with caplog.at_level(logging.WARNING):
+        e.stop(timeout=0.1)
+    assert not e.inflight.held()
+    assert repo.row(jid).state is State.PROCESSING
+    assert any("still locked" in r.getMessage() for r in caplog.records)
+    with repo.lock:
+        repo.locked.discard(jid)
+    assert repo.row(jid).state is State.PROCESSING
+    assert closing.calls[jid] == 0 and children(repo, jid) == 0
+
+
+def test_l3_run_once_waits_in_place_for_a_locked_closing_transaction(
+    repo: FakeRepo, make_engine: Callable[..., Engine]
+) -> None:
+    """Without start() (run_once, drain) the closing transaction is tried again in the caller's
+    thread while the lease is fresh: run_once returns with the job done, its closing work once."""
+    e = make_engine(lease=10)
+    closing = Closing(repo)
+    e.register_kind("locked", closing.sync_handler, KindOptions(max_attempts=1, **FAST))
+    jid = e.enqueue(Job("locked")).id
+
+    def unlock() -> None:
+        assert closing.returned.wait(10)
+        with repo.lock:
+            repo.locked.discard(jid)
+
+    t = threading.Timer(0.3, unlock)
+    t.start()
+    assert e.run_once() == 1
+    t.join()
+    assert repo.row(jid).state is State.DONE
+    assert closing.calls[jid] == 1 and children(repo, jid) == 1
+
+
+def test_l3_c9_a_row_locked_while_the_callbacks_run_puts_the_transaction_off_its_work_once(
+    repo: FakeRepo, make_engine: Callable[..., Engine]
+) -> None:
+    """The row is free when the closing transaction begins and locked elsewhere while its callback
+    runs: the transaction rolls back (nothing chained) and is tried again once the lock is gone;
+    the callback is called a second time then (documented), the chained job enqueued once."""
+    e = make_engine(workers=1)
+    calls: list[int] = []
+
+    def callback(tx: Tx, job_id: str) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            with repo.lock:
+                repo.locked.add(job_id)
+            threading.Timer(0.5, lambda: repo.locked.discard(job_id)).start()
+
+    def handler(ctx: Context, claim: Claim) -> None:
+        claim.chain(Job("child", {"parent": claim.id}))
+        claim.on_succeeded(lambda tx: callback(tx, claim.id))
+
+    e.register_kind("t", handler, KindOptions(max_attempts=1, **FAST))
+    jid = e.enqueue(Job("t")).id
+    e.start()
+    wait_for(lambda: repo.row(jid).state is State.DONE, what="done once the lock is gone")
+    assert len(calls) == 2 and children(repo, jid) == 1
+    assert repo.row(jid).history == [State.PROCESSING, State.DONE]
