@@ -255,10 +255,11 @@ class WorkerSide:
 
     def settle_lost(
         self, outcome: Outcome, attempt: int, worker: str, last: bool, tx: Tx | None = None
-    ) -> bool:
+    ) -> bool | None:
         """Write the outcome of attempt *attempt* (run by *worker*) whose write was given up with
         the store, under its own claim token, while the row is nobody else's since (SPEC L6',
-        job_settle_lost.sql); True when written, or found written by an earlier try. Inside *tx*
+        job_settle_lost.sql); True when written, or found written by an earlier try; None when
+        another transaction holds the row locked (never waited for, L3': try again later). Inside *tx*
         (closing work), else on the Store's own outcome connection, opened at once if it is
         closed (after an outage this is the statement that should come first), else on the pool."""
         params = {
@@ -277,10 +278,14 @@ class WorkerSide:
         doing, query = "settling a lost outcome", self._q["job_settle_lost"]
         if tx is not None:
             with translated(doing, as_psycopg(tx)):
-                return bool(on_tx(tx)(query, params))
-        if self._settler is not None:
-            return bool(self._settler.run(doing, query, params))
-        return bool(self._run_bounded(doing, query, params, statement_budget(self._own_lease)))
+                rows = on_tx(tx)(query, params)
+        elif self._settler is not None:
+            rows = self._settler.run(doing, query, params)
+        else:
+            rows = self._run_bounded(doing, query, params, statement_budget(self._own_lease))
+        if any(r[1] != "locked" for r in rows):
+            return True
+        return None if rows else False  # only 'locked': held by another transaction, never waited for
 
     def renew(self, leases: Sequence[HeldLease], lease: timedelta) -> Renewal:
         """Extend every lease still ours to now()+*lease* in one statement (SPEC C3); report by claim token.

@@ -266,7 +266,7 @@ class Repo(Protocol):
 
     def settle_lost(
         self, outcome: Outcome, attempt: int, worker: str, last: bool, tx: Tx | None = None
-    ) -> bool:
+    ) -> bool | None:
         """Write the outcome of attempt *attempt* (run by *worker*) whose write was given up with
         the store, under its own claim token (SPEC L6'), inside *tx* when given.
 
@@ -275,6 +275,7 @@ class Repo(Protocol):
         same attempts), or, for a *last* attempt, held by the poison claim of the next attempt
         (never run). The row then reads as if the write had come in time. True when written, or
         when the row already holds the outcome under that claim (an earlier try whose answer was lost).
+        None when another transaction holds the row locked: nothing written, never waited for (L3').
         """
         ...
 

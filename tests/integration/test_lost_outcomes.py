@@ -12,6 +12,8 @@ import json
 from datetime import timedelta
 from typing import Any
 
+import psycopg
+from psycopg import sql
 from psycopg_pool import ConnectionPool
 
 from brooq_py.engine.repo import ClaimedJob, Outcome
@@ -123,3 +125,25 @@ def test_l6_p3_never_written_over_another_attempts_row(
     c = claim(store, "engine-c")  # and its next run's claim, attempt 1 again
     assert not store.settle_lost(done(a), 1, "engine-a", last=True)
     assert look(pool, schema, retried)[:3] == ("processing", 1, c.claim_token)
+
+
+def test_l3_a_lost_done_whose_row_is_locked_elsewhere_is_not_waited_for_and_written_after(
+    store: Store, pool: ConnectionPool[Any], schema: str, dsn: str
+) -> None:
+    """An operator's open transaction holding the row: the late write answers 'locked' (None) at
+    once, writes nothing and waits on nobody, on the outcome connection and inside a caller's
+    transaction alike; once the lock is gone the same write goes through."""
+    jid = store.enqueue(Job("t")).id
+    a = claim(store, "engine-a")
+    expire(pool, schema, jid)
+    with psycopg.connect(dsn) as operator:
+        operator.execute(
+            sql.SQL("SELECT 1 FROM {} WHERE id = %s FOR UPDATE").format(sql.Identifier(schema, "job")), (jid,)
+        )
+        assert store.settle_lost(done(a), 1, "engine-a", last=True) is None
+        with store.begin() as tx:
+            assert store.settle_lost(done(a), 1, "engine-a", last=True, tx=tx) is None
+        assert look(pool, schema, jid)[0] == "processing"
+        operator.rollback()
+    assert store.settle_lost(done(a), 1, "engine-a", last=True) is True
+    assert look(pool, schema, jid) == ("done", 1, a.claim_token, "engine-a", {"by": "engine-a"})

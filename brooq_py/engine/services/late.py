@@ -22,6 +22,7 @@ since is left alone and the done forgotten: outcomes are written once (P3).
 from __future__ import annotations
 
 import logging
+import time
 
 from brooq_py.engine.attempt.attempt import Attempt, Phase
 from brooq_py.engine.attempt.handover import EVENT_OF, Handover
@@ -31,10 +32,16 @@ from brooq_py.engine.services.ticker import Ticker
 from brooq_py.queue import State, StoreUnavailable
 
 PERIOD = 0.25
+# A lost done whose row another transaction holds locked is tried again after PERIOD, doubling up to this.
+LOCKED_MAX = 5.0
 
 
 class _NotOurs(Exception):
     """The row is no longer the lost attempt's (claimed again and run, ended, canceled)."""
+
+
+class _Locked(Exception):
+    """Another transaction holds the row locked: nothing written, tried again next tick (L3')."""
 
 
 class _ClosingFailed(Exception):
@@ -51,11 +58,17 @@ class LateOutcomes(Ticker):
         super().__init__(period, log)
         self._handover = handover
         self._repo = repo
+        self._locked: dict[str, tuple[float, float]] = {}  # job id -> (next try, wait): rows locked elsewhere
 
     def tick(self) -> None:
         self._handover.release_held()
-        for a in self._handover.lost():
-            self._write(a)
+        now = time.monotonic()
+        lost = self._handover.lost()
+        for a in lost:
+            if self._locked.get(a.id, (0.0, 0.0))[0] <= now:
+                self._write(a)
+        remembered = {a.id for a in self._handover.lost()}
+        self._locked = {k: v for k, v in self._locked.items() if k in remembered}
 
     def _write(self, a: Attempt) -> None:
         """Write *a*'s lost done (or the failure of its closing work); StoreUnavailable: next tick."""
@@ -64,6 +77,12 @@ class LateOutcomes(Ticker):
         )
         try:
             written = self._close(a, outcome, closing=True)
+        except _Locked:
+            # Still remembered, nobody waiting on the lock (L3'): tried again later, backing off so
+            # that closing work rolled back with a locked row is not run again every tick.
+            wait = min(LOCKED_MAX, 2 * self._locked.get(a.id, (0.0, self.period / 2))[1])
+            self._locked[a.id] = (time.monotonic() + wait, wait)
+            return
         except _ClosingFailed as failed:
             error = failed.__cause__ or failed
             self.log.error(
@@ -86,7 +105,10 @@ class LateOutcomes(Ticker):
                 self._handover.forget_lost(a)
                 return
             outcome = answer
-            written = self._close(a, outcome, closing=False)
+            try:
+                written = self._close(a, outcome, closing=False)
+            except _Locked:
+                return  # pragma: no cover - the closing transaction just found the row free
         self._handover.forget_lost(a)
         if not written:
             self.log.info(
@@ -109,7 +131,10 @@ class LateOutcomes(Ticker):
         last = claim.attempt >= a.kind.options.max_attempts
         worker = a.row.locked_by
         if not (closing and claim.has_closing_work):
-            return repo.settle_lost(outcome, claim.attempt, worker, last)
+            answer = repo.settle_lost(outcome, claim.attempt, worker, last)
+            if answer is None:
+                raise _Locked
+            return answer
         in_closing_work = True
         try:
             with repo.begin() as tx:
@@ -119,7 +144,10 @@ class LateOutcomes(Ticker):
                 for fn in claim.callbacks:
                     fn(tx)
                 in_closing_work = False
-                if not repo.settle_lost(outcome, claim.attempt, worker, last, tx):
+                answer = repo.settle_lost(outcome, claim.attempt, worker, last, tx)
+                if answer is None:
+                    raise _Locked  # the closing work rolls back with it, done again next tick
+                if not answer:
                     raise _NotOurs
                 in_closing_work = True
                 for job in [j for j in claim.chained if j.unique_key is not None]:
@@ -127,7 +155,7 @@ class LateOutcomes(Ticker):
                 in_closing_work = False
         except _NotOurs:
             return False
-        except StoreUnavailable:
+        except (StoreUnavailable, _Locked):
             raise
         except BaseException as exc:  # SystemExit, KeyboardInterrupt too: the attempt settles (C11')
             if in_closing_work:

@@ -11,7 +11,11 @@
 -- The row then reads as if the write had come in time: that attempt's count, claim token and
 -- worker. A row already in the outcome's state under that claim is an earlier write of this same
 -- outcome whose answer was lost: written. V2: a done notifies the results channel at commit.
-WITH written AS (
+-- L3': a row another transaction holds locked is never waited for: nothing is written and the
+-- answer is 'locked' (tried again later; the heartbeat keeps such a lease, P1').
+WITH free AS MATERIALIZED (
+    SELECT id FROM {job} WHERE id = %(id)s FOR NO KEY UPDATE SKIP LOCKED
+), written AS (
     UPDATE {job}
     SET state = %(state)s,
         attempts = %(attempt)s,
@@ -28,7 +32,7 @@ WITH written AS (
                           '$[last - 19 to last]')
                       ELSE errors END,
         updated_at = now()
-    WHERE id = %(id)s AND (
+    WHERE id = %(id)s AND id IN (SELECT id FROM free) AND (
         (state = 'processing' AND claim_token = %(token)s)
         OR (state = 'pending' AND claim_token = %(token)s AND attempts = %(attempt)s)
         OR (%(last)s AND state = 'processing' AND attempts = %(attempt)s + 1)
@@ -39,3 +43,6 @@ SELECT id, notified FROM written
 UNION ALL
 SELECT id, NULL FROM {job}
 WHERE id = %(id)s AND state = %(state)s AND claim_token = %(token)s AND NOT EXISTS (SELECT FROM written)
+UNION ALL
+SELECT id, 'locked' FROM {job}
+WHERE id = %(id)s AND NOT EXISTS (SELECT FROM free)
