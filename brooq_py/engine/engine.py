@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -15,7 +16,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from brooq_py.engine.attempt.attempt import Attempt, Hooks, Kind, Phase
+from brooq_py.engine.attempt.attempt import Hooks, Kind, Phase
 from brooq_py.engine.attempt.capacity import Capacity, CountingInFlight
 from brooq_py.engine.attempt.handover import Handover
 from brooq_py.engine.attempt.intake import Intake
@@ -27,7 +28,7 @@ from brooq_py.engine.config import Config
 from brooq_py.engine.health import Health, StatementTracker, tracked
 from brooq_py.engine.metrics import EngineRegistry, Metrics, RefusalCollector, SnapshotCollector
 from brooq_py.engine.producing import Producing
-from brooq_py.engine.repo import ClaimedJob, Outcome, Repo
+from brooq_py.engine.repo import Outcome, Repo
 from brooq_py.engine.schema import check_schema
 from brooq_py.engine.services.completer import Completer
 from brooq_py.engine.services.dispatcher import Dispatcher
@@ -40,7 +41,7 @@ from brooq_py.engine.services.ticker import Ticker
 from brooq_py.engine.services.topic_watch import TopicWatch
 from brooq_py.engine.services.wakeups import own_wakes, stage_now, wake_services
 from brooq_py.engine.services.wiring import background_services, stop_services
-from brooq_py.queue import BrooqError, ConfigError, EngineStopping, Event, Job, KindOptions
+from brooq_py.queue import BrooqError, ConfigError, EngineStopping, Event, Job, KindOptions, StoreUnavailable
 from brooq_py.queue.handler import Handler
 from brooq_py.tasks import Tasks
 
@@ -273,7 +274,7 @@ class Engine(Producing):
             )
             self.handover.completer = self._completer
             self._dispatcher = Dispatcher(
-                self._claim,
+                self.intake.claim,
                 slots,
                 self.intake.launch_all,
                 cfg.td("poll_interval").total_seconds(),
@@ -352,6 +353,7 @@ class Engine(Producing):
         slots, dispatcher, completer = self._slots, self._dispatcher, self._completer
         assert slots is not None and dispatcher is not None and completer is not None
         dispatcher.stop()
+        held = [a.row.claim_token for a in self.inflight.held()]  # their guards go at the end (P1')
         if not slots.wait_idle(wait):
             for a in self.inflight.running():
                 self.supervisor.stopping_cancel(a)
@@ -373,6 +375,8 @@ class Engine(Producing):
         left = completer.stop()
         self.handover.completer = None  # from now on (run_once) outcomes are written at once
         stop_services(self._services)
+        with contextlib.suppress(StoreUnavailable):  # P1': the claims let go are the reaper's again
+            self.repo.unguard(held)
         self.runner.threads.stop()
         self.runner.settlers.stop()
         self._async.close()
@@ -417,9 +421,9 @@ class Engine(Producing):
         self.events.start()  # its events are delivered as a started engine's are (N1, K4); close() ends it
         stage_now(self.repo, self.config, self.topics)
         self._topic_watch.run_once()
-        rows = self._claim(min(self.config.workers, self.config.claim_batch))
+        rows = self.intake.claim(min(self.config.workers, self.config.claim_batch))
         for row in rows:
-            a = self._attempt(row)
+            a = self.intake.open(row)
             if a is not None:
                 self.runner.run_here(a)
         return len(rows)
@@ -435,15 +439,6 @@ class Engine(Producing):
         threading.Thread(target=fn, name="brooq-stop", daemon=True).start()
         return True
 
-    def _claim(self, limit: int) -> list[ClaimedJob]:
-        return self.intake.claim(limit)
-
-    def _attempt(self, row: ClaimedJob) -> Attempt | None:
-        return self.intake.open(row)
-
     def _written(self, batch: Sequence[Outcome], written: set[str]) -> None:
         self.handover.on_written(batch, written)
         self.capacity.settled(o.topic for o in batch)  # a limited topic may have room again (SPEC Q3)
-
-    def _launch(self, row: ClaimedJob) -> None:
-        self.intake.launch_all([row])

@@ -88,6 +88,12 @@ class LeaseGuards:
             self._release(run, queries, release)
         return rows
 
+    def release(self, conn: psycopg.Connection[Any], queries: Queries, tokens: Collection[str]) -> None:
+        """Release the guards of *tokens* this session holds (their engine let those claims go)."""
+        mine = [t for t in tokens if t in self._held]
+        if conn is self._session and mine:
+            self._release(on_connection(conn), queries, mine)
+
     def _release(self, run: Runner, queries: Queries, tokens: list[str]) -> None:
         """Unlock *tokens*' guards (the renewal that extended their leases has committed)."""
         try:

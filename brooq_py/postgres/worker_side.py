@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import struct
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -286,6 +286,14 @@ class WorkerSide:
         if any(r[1] != "locked" for r in rows):
             return True
         return None if rows else False  # only 'locked': held by another transaction, never waited for
+
+    def unguard(self, claim_tokens: Collection[str]) -> None:
+        """Release the lease guards (P1', guards.py) of these claims, which their engine let go
+        (it stopped): their rows are the reaper's again. None held: no statement."""
+        if claim_tokens and self._guards.held & set(claim_tokens):
+            self._heartbeat.use(
+                "releasing lease guards", lambda conn: self._guards.release(conn, self._q, claim_tokens)
+            )
 
     def renew(self, leases: Sequence[HeldLease], lease: timedelta) -> Renewal:
         """Extend every lease still ours to now()+*lease* in one statement (SPEC C3); report by claim token.

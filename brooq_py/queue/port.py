@@ -8,7 +8,7 @@ the database clock: the engine sends durations, never timestamps.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -277,6 +277,11 @@ class Repo(Protocol):
         when the row already holds the outcome under that claim (an earlier try whose answer was lost).
         None when another transaction holds the row locked: nothing written, never waited for (L3').
         """
+        ...
+
+    def unguard(self, claim_tokens: Collection[str]) -> None:
+        """Release the guards a renewal took for these claims (their rows were locked elsewhere,
+        SPEC P1'): the engine let them go (it stopped), so the reaper may return their rows."""
         ...
 
     def renew(self, leases: Sequence[HeldLease], lease: timedelta) -> Renewal:

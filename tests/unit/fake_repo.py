@@ -6,7 +6,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -407,6 +407,11 @@ class FakeRepo:
             if outcome.last_error is not None:
                 r.last_error = outcome.last_error
             return True
+
+    def unguard(self, claim_tokens: Collection[str]) -> None:
+        self._count("unguard")
+        with self.lock:
+            self.guarded.difference_update(claim_tokens)
 
     def renew(self, leases: Sequence[HeldLease], lease: timedelta) -> Renewal:
         self._count("renew")

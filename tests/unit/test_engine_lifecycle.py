@@ -460,7 +460,7 @@ def test_a_claimed_row_of_an_unregistered_topic_is_handed_back(
     e.register_kind("t", lambda ctx, claim: None)
     jid = e.enqueue(Job("other")).id
     [row] = repo.claim(["other"], 1, "w", timedelta(seconds=30))
-    e._launch(row) if e._slots is not None else e._attempt(row)
+    e.intake.launch_all([row]) if e._slots is not None else e.intake.open(row)
     r = repo.row(jid)
     assert r.state is State.PENDING and r.attempts == 0
 
@@ -693,7 +693,7 @@ def test_c4_l1_give_up_from_a_stale_look_after_the_handler_returned_leaves_it_do
     jid = e.enqueue(Job("t")).id
     e.stop()  # nothing claims it: the test drives the attempt's moves itself
     [row] = repo.claim(["t"], 1, e.worker_id, timedelta(seconds=30))
-    a = e._attempt(row)
+    a = e.intake.open(row)
     assert a is not None
     was = e.runner.ended(a)  # the handler returned
     e.supervisor.give_up(a)  # the watchdog, from the list it took before
