@@ -237,6 +237,47 @@ def test_d2_a_parent_done_batched_with_hundreds_of_others_releases_its_children(
     assert state(store, fan_in) is State.PENDING and waiting(db, fan_in) == 0
 
 
+def job_rows_read(conn: psycopg.Connection[Any]) -> int:
+    """Index entries and heap rows of the job table this transaction has read so far (its own counters)."""
+    row = conn.execute(
+        """SELECT sum(pg_stat_get_xact_tuples_returned(c.oid) + pg_stat_get_xact_tuples_fetched(c.oid))
+           FROM pg_class c
+           WHERE c.oid = 'job'::regclass
+              OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = 'job'::regclass)"""
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize("end", ["done", "dead"])
+def test_d2_d3_a_parents_end_reads_its_own_children_not_every_blocked_job(
+    store: Store, dsn: str, schema: str, end: str
+) -> None:
+    """Releasing (D2) or canceling (D3) reads the parent's children by primary key, never the other
+    blocked jobs: each parent's end costs O(its children) however many jobs wait elsewhere (on a
+    fresh table too, whose statistics say it is small)."""
+    other = store.enqueue(Job("other")).id
+    store.enqueue_many([Job("elsewhere", after=[other]) for _ in range(3000)])
+    parents = [r.id for r in store.enqueue_many([Job("p") for _ in range(20)])]
+    children = store.enqueue_many([Job("c", after=[p]) for p in parents])
+    store.enqueue_many([Job("g", after=[c.id]) for c in children])
+    with psycopg.connect(dsn) as conn:
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        conn.execute(
+            "UPDATE job SET state = 'processing', locked_by = 'w', locked_until = now() WHERE id = ANY (%s::uuid[])",
+            (parents,),
+        )
+        before = job_rows_read(conn)
+        for p in parents:  # by primary key: the test's own statements read one row each
+            conn.execute("UPDATE job SET state = %s, updated_at = now() WHERE id = %s", (end, p))
+        read = job_rows_read(conn) - before
+        conn.commit()
+    expected = State.PENDING if end == "done" else State.CANCELED
+    assert {state(store, c.id) for c in children} == {expected}
+    # 20 parents, 20 children, 20 grandchildren: a few reads each, not 3,000 per parent
+    assert read < 1000, read
+
+
 def test_d2_a_settle_that_waited_for_the_enqueue_sees_its_edge(
     store: Store, pool: ConnectionPool[Any], db: psycopg.Connection[Any]
 ) -> None:
