@@ -461,10 +461,17 @@ def test_d1_f2_a_full_topic_refuses_a_blocked_job_and_counts_blocked_ones(
     assert store.enqueue_many([Job("c", idempotency_key="k", after=[p])]) == [(keyed.id, False)]
 
 
-def test_d1_after_with_a_unique_key_is_refused(store: Store) -> None:
+def test_d1_after_with_a_unique_key_is_refused(store: Store, db: psycopg.Connection[Any]) -> None:
     p = store.enqueue(Job("p")).id
     with pytest.raises(InvalidJob, match="unique_key"):
         store.enqueue(Job("c", unique_key="u", after=[p]))
+    # in one batch with a job naming parents too: the unique-key statement would drop the parents
+    # (the job pending at once, never waiting for p), so the batch is refused before any statement
+    with pytest.raises(InvalidJob, match="unique_key"):
+        store.enqueue_many([Job("u", unique_key="u"), Job("c", after=[p])])
+    with store.begin() as tx, pytest.raises(InvalidJob, match="unique_key"):
+        store.enqueue_group([Job("u", unique_key="u"), Job("c", after=[p])], tx=tx)
+    assert db.execute("SELECT id::text FROM job").fetchall() == [(p,)]
 
 
 def test_d2_d3_a_child_canceled_while_its_parents_done_waits_stays_canceled(
