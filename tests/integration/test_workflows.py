@@ -461,6 +461,28 @@ def test_d1_f2_a_full_topic_refuses_a_blocked_job_and_counts_blocked_ones(
     assert store.enqueue_many([Job("c", idempotency_key="k", after=[p])]) == [(keyed.id, False)]
 
 
+def test_d6_f2_a_group_whose_then_finds_its_topic_full_writes_nothing(
+    store: Store, db: psycopg.Connection[Any]
+) -> None:
+    """QueueFull for the `then` comes before the group is written: the caller's transaction, still
+    usable, holds nothing of the call."""
+    store.set_max_depth("t", 1)
+    store.enqueue(Job("t"))
+    with store.begin() as tx:
+        with pytest.raises(QueueFull):
+            store.enqueue_group([Job("g"), Job("g")], then=Job("t"), tx=tx)
+        kept = store.enqueue_tx(tx, Job("x")).id
+    assert {r[0] for r in db.execute("SELECT topic FROM job").fetchall()} == {"t", "x"}
+    assert edges(db) == set() and store.get(kept) is not None
+    # the group's jobs of the `then`'s topic count too
+    store.set_max_depth("t", 3)
+    with pytest.raises(QueueFull):
+        store.enqueue_group([Job("t"), Job("t")], then=Job("t"))
+    group = store.enqueue_group([Job("t")], then=Job("t"))
+    assert group.then_id is not None and state(store, group.then_id) is State.BLOCKED
+    assert store.queue_full_refusals() == {"t": 2}
+
+
 def test_d1_after_with_a_unique_key_is_refused(store: Store, db: psycopg.Connection[Any]) -> None:
     p = store.enqueue(Job("p")).id
     with pytest.raises(InvalidJob, match="unique_key"):
@@ -471,7 +493,13 @@ def test_d1_after_with_a_unique_key_is_refused(store: Store, db: psycopg.Connect
         store.enqueue_many([Job("u", unique_key="u"), Job("c", after=[p])])
     with store.begin() as tx, pytest.raises(InvalidJob, match="unique_key"):
         store.enqueue_group([Job("u", unique_key="u"), Job("c", after=[p])], tx=tx)
+    # a `then` with a unique key waits for the group: refused before the group is written in the
+    # caller's transaction (which stays usable and may commit)
+    with store.begin() as tx, pytest.raises(InvalidJob, match="unique_key"):
+        store.enqueue_group([Job("g")], then=Job("t", unique_key="u"), tx=tx)
     assert db.execute("SELECT id::text FROM job").fetchall() == [(p,)]
+    alone = store.enqueue_group([], then=Job("t", unique_key="u")).then_id  # no parents: it may
+    assert alone is not None and state(store, alone) is State.PENDING
 
 
 def test_d2_d3_a_child_canceled_while_its_parents_done_waits_stays_canceled(
