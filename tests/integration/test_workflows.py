@@ -378,6 +378,31 @@ def test_d3_a_blocked_job_can_be_canceled_and_its_descendants_with_it(store: Sto
     assert state(store, child) is State.CANCELED
 
 
+def test_d2_d4_a_job_whose_parent_retention_deleted_is_not_retried(
+    store: Store, db: psycopg.Connection[Any]
+) -> None:
+    """A parent gone (retention may delete it once its children have ended) cannot be shown done:
+    the child is not retried, whether that parent died (the child would run after a dead parent)
+    or was done (parent_results would miss it); the refusal names it."""
+    dead = store.enqueue(Job("p")).id
+    finish(store, "p", State.DEAD)
+    born_canceled = store.enqueue(Job("c", after=[dead])).id
+    done = store.enqueue(Job("q")).id
+    finish(store, "q")
+    ran = store.enqueue(Job("r", after=[done])).id
+    finish(store, "r", State.DEAD)
+    db.execute(
+        "UPDATE job SET updated_at = now() - interval '2 days' WHERE id = ANY (%s::uuid[])", ([dead, done],)
+    )
+    assert sorted(d[0] for d in store.delete_terminal(timedelta(days=1), 100)) == sorted([dead, done])
+    for child, parent in ((born_canceled, dead), (ran, done)):
+        assert not store.retry(child)
+        assert store.retry_refusal(child) == (
+            f"its parent {parent} no longer exists: a job runs only after its parents are done"
+        )
+    assert state(store, born_canceled) is State.CANCELED and state(store, ran) is State.DEAD
+
+
 def test_d3_a_diamond_cancels_its_join_once(store: Store) -> None:
     a = store.enqueue(Job("a")).id
     b = store.enqueue(Job("b", after=[a])).id
