@@ -432,6 +432,72 @@ def test_d4_retention_keeps_a_done_parent_until_its_children_end(
     assert edges(db) == set()
 
 
+def test_d4_a_child_committed_while_retention_runs_keeps_its_parent(
+    store: Store, dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    """Retention's snapshot is taken before the child's commit, its lock on the parent after it: the
+    parent must not be deleted under the child (or the child must be refused). A test-only trigger
+    holds retention inside its batch, on the row before the parent, until the child is committed
+    or waits."""
+    old = store.enqueue(Job("old")).id
+    p = store.enqueue(Job("p")).id
+    finish(store, "old")
+    finish(store, "p")
+    db.execute("UPDATE job SET updated_at = now() - interval '3 days' WHERE id = %s", (old,))
+    db.execute("UPDATE job SET updated_at = now() - interval '2 days' WHERE id = %s", (p,))
+    key = uuid.uuid4().int % 2**31
+    db.execute(
+        sql.SQL(
+            "CREATE FUNCTION hold() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "IF OLD.topic = 'old' THEN PERFORM pg_advisory_xact_lock({}); END IF; RETURN OLD; END $$"
+        ).format(sql.Literal(key))
+    )
+    db.execute("CREATE TRIGGER hold BEFORE DELETE ON job FOR EACH ROW EXECUTE FUNCTION hold()")
+    deleted: list[list[tuple[str, str]]] = []
+    made: list[str | Exception] = []
+
+    def enqueue() -> None:
+        try:
+            made.append(store.enqueue(Job("c", after=[p])).id)
+        except InvalidJob as exc:
+            made.append(exc)
+
+    def held() -> int | None:  # the retention's backend, once it waits for the test's lock
+        row = db.execute(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objid = %s AND NOT granted", (key,)
+        ).fetchone()
+        return None if row is None else int(row[0])
+
+    def blocked_by(pid: int) -> bool:
+        row = db.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY (pg_blocking_pids(pid))", (pid,)
+        )
+        return row.fetchone() == (1,)
+
+    from tests.polling import wait_for
+
+    with psycopg.connect(dsn) as gate:
+        gate.execute("SELECT pg_advisory_xact_lock(%s)", (key,))
+        retention = threading.Thread(
+            target=lambda: deleted.append(store.delete_terminal(timedelta(days=1), 10))
+        )
+        retention.start()
+        pid = wait_for(held, "retention held on the oldest row")
+        enqueuer = threading.Thread(target=enqueue)
+        enqueuer.start()
+        wait_for(lambda: made or blocked_by(pid), "the child committed, or waiting for retention")
+        gate.rollback()
+        retention.join(30)
+        enqueuer.join(30)
+    (outcome,) = made
+    if isinstance(outcome, Exception):  # the parent was deleted first: the child was refused
+        assert store.get(p) is None and "does not exist" in str(outcome)
+    else:  # the child was committed first: its parent stays while it is active
+        assert store.get(p) is not None, "retention deleted the parent of an active child"
+        assert store.parent_results(outcome) == {p: None}
+    assert old in [d[0] for d in deleted[0]]
+
+
 # -- D6 and the group ---------------------------------------------------------------------
 
 
