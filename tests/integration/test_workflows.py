@@ -13,7 +13,7 @@ import pytest
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
-from brooq_py.postgres import Store
+from brooq_py.postgres import Store, WrapTx
 from brooq_py.queue import InvalidJob, Job, QueueFull, State
 from brooq_py.queue.port import Outcome
 
@@ -291,7 +291,7 @@ def test_d2_a_settle_that_waited_for_the_enqueue_sees_its_edge(
             target=lambda: written.append(store.settle_many([Outcome(r.id, r.claim_token, State.DONE)]))
         )
         settler.start()
-        waiter = wait_lock(db)
+        waiter = wait_lock(db, tx)
         assert waiter, "the settle did not wait for the enqueue's lock"
     settler.join(30)
     assert written == [{p}]
@@ -309,19 +309,21 @@ def test_d2_an_enqueue_that_waited_for_the_settle_sees_the_parent_done(
         assert store.settle_tx(tx, Outcome(r.id, r.claim_token, State.DONE))
         enqueuer = threading.Thread(target=lambda: made.append(store.enqueue(Job("c", after=[p])).id))
         enqueuer.start()
-        assert wait_lock(db), "the enqueue did not wait for the settle's lock"
+        assert wait_lock(db, tx), "the enqueue did not wait for the settle's lock"
     enqueuer.join(30)
     assert state(store, made[0]) is State.PENDING
 
 
-def wait_lock(db: psycopg.Connection[Any]) -> bool:
+def wait_lock(db: psycopg.Connection[Any], tx: WrapTx) -> bool:
+    """Wait until a backend waits for a lock *tx* holds (other tests may wait for their own locks)."""
     from tests.polling import wait_for
 
+    holder = tx.psycopg.info.backend_pid
     return bool(
         wait_for(
             lambda: (
                 db.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                    "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY (pg_blocking_pids(pid))", (holder,)
                 ).fetchone()
                 == (1,)
             ),
@@ -612,7 +614,7 @@ def test_d2_d3_a_child_canceled_while_its_parents_done_waits_stays_canceled(
             target=lambda: written.append(store.settle_many([Outcome(r.id, r.claim_token, State.DONE)]))
         )
         settler.start()
-        assert wait_lock(db), "the parent's done did not wait for the cancel"
+        assert wait_lock(db, tx), "the parent's done did not wait for the cancel"
     settler.join(30)
     assert written == [{p}]
     assert state(store, p) is State.DONE and state(store, child) is State.CANCELED
