@@ -56,16 +56,19 @@ CREATE FUNCTION job_parent_ended() RETURNS trigger LANGUAGE plpgsql
 SET search_path FROM CURRENT SET jit = off AS $$
 DECLARE
     woken integer;
+    -- The moment of the release, not the transaction's start (now()): a child enqueued after
+    -- the releasing transaction began (in it, before its parent's done) is due, not ahead.
+    released_at timestamptz := clock_timestamp();
 BEGIN
     IF NEW.state = 'done' THEN
         WITH released AS (
             UPDATE job c
             SET waiting_parents = c.waiting_parents - 1,
                 state = CASE WHEN c.waiting_parents > 1 THEN 'blocked'
-                             WHEN c.available_at > now() THEN 'scheduled'
+                             WHEN c.available_at > released_at THEN 'scheduled'
                              ELSE 'pending' END,
                 available_at = CASE WHEN c.waiting_parents > 1 THEN c.available_at
-                                    ELSE greatest(c.available_at, now()) END,
+                                    ELSE greatest(c.available_at, released_at) END,
                 updated_at = CASE WHEN c.waiting_parents > 1 THEN c.updated_at ELSE now() END
             FROM (SELECT 'blocked'::text AS blocked OFFSET 0) AS g
             WHERE c.id = ANY (ARRAY(SELECT e.child FROM job_edge e WHERE e.parent = NEW.id))

@@ -199,6 +199,19 @@ def test_d2_the_last_parents_done_releases_the_child_in_the_same_commit(
     assert [c.id for c in store.claim(["c"], 10, "w", LEASE)] == [child]
 
 
+def test_d2_a_child_enqueued_in_the_releasing_transaction_is_pending(store: Store) -> None:
+    """The closing transaction enqueues first and writes the done last: a child naming the job
+    that ends there is due at its release, not scheduled for later (its available_at, the enqueue
+    statement's time, is after the transaction's start but before the release)."""
+    p = store.enqueue(Job("p")).id
+    (r,) = store.claim(["p"], 1, "w", LEASE)
+    with store.begin() as tx:
+        child = store.enqueue_tx(tx, Job("c", after=[p])).id
+        assert store.settle_tx(tx, Outcome(r.id, r.claim_token, State.DONE))
+    assert state(store, child) is State.PENDING
+    assert [c.id for c in store.claim(["c"], 10, "w", LEASE)] == [child]
+
+
 def test_d2_a_release_wakes_the_engines_of_the_childs_topic(store: Store) -> None:
     p = store.enqueue(Job("p")).id
     store.enqueue(Job("woken", after=[p]))
