@@ -193,8 +193,13 @@ def enqueue_group(q: Queries, jobs: Sequence[Job], then: Job | None, caps: Topic
             raise InvalidJob(f"then is not a Job: {type(then).__name__}")
         then.payload_json()
         (own_parents,) = parents_of([with_parents(then, [])])
+        if jobs and then.unique_key is not None:  # refused now, not once the group is written
+            raise InvalidJob(
+                "then: a job that waits for the group cannot carry a unique_key (use an idempotency_key)"
+            )
     many = enqueue_many(q, jobs, caps) if jobs else None
-    return _group(q, many, then, own_parents, caps)
+    beside = sum(1 for job in jobs if then is not None and job.topic == then.topic)
+    return _group(q, many, then, own_parents, caps, beside)
 
 
 def _group(
@@ -203,16 +208,30 @@ def _group(
     then: Job | None,
     own_parents: list[str],
     caps: TopicCaps,
+    beside: int,
 ) -> Plan[GroupResult]:
-    if own_parents:  # refused before the group is written, not after
+    # Whatever would refuse the `then` is checked before the group is written, not after it: in
+    # the caller's transaction a refusal must leave nothing of the call (SPEC D1, F2).
+    if own_parents:
         missing = yield q["job_parents_missing"], {"parents": own_uuid_array(own_parents)}
         if missing:
             raise unknown_parent(missing[0][0])
+    then_caps = caps
+    if then is not None and many is not None:
+        cap = (yield from known_caps(q, caps)).get(then.topic)
+        if cap is not None:
+            # Room for the `then` and the group's jobs of its topic; the `then` is then written
+            # unchecked (a concurrent enqueue may overshoot the cap by one, as F2 allows).
+            (room,) = yield q["topic_room"], {"topic": then.topic, "cap": cap, "n": beside + 1}
+            if not room[0]:
+                raise caps.refused(then.topic, cap)
+            then_caps = TopicCaps()
+            then_caps.load([])
     results = (yield from many) if many is not None else []
     ids = [r.id for r in results]
     if then is None:
         return GroupResult(ids, None)
-    fan_in = yield from enqueue_one(q, with_parents(then, ids), caps)
+    fan_in = yield from enqueue_one(q, with_parents(then, ids), then_caps)
     return GroupResult(ids, fan_in.id)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import struct
 import uuid
 from collections.abc import Collection, Sequence
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any
 
@@ -17,7 +18,7 @@ from brooq_py.postgres.errors import translated
 from brooq_py.postgres.guards import LeaseGuards
 from brooq_py.postgres.own import OwnConnection
 from brooq_py.postgres.queries import Queries, Query
-from brooq_py.postgres.runner import Rows, on_tx
+from brooq_py.postgres.runner import Rows, on_connection, on_tx
 from brooq_py.postgres.wraptx import as_psycopg
 from brooq_py.queue import State, Tx
 from brooq_py.queue.port import (
@@ -108,6 +109,11 @@ class WorkerSide:
         raise NotImplementedError
 
     def _in_bounded_tx(self, doing: str, work: Any, seconds: float) -> Rows:  # pragma: no cover - Store's
+        raise NotImplementedError
+
+    def _autocommit(
+        self, doing: str, timeout: float | None = None
+    ) -> AbstractContextManager[psycopg.Connection[Any]]:  # pragma: no cover - Store's
         raise NotImplementedError
 
     def _connect_own(self) -> psycopg.Connection[Any]:  # pragma: no cover - Store's
@@ -370,7 +376,14 @@ class WorkerSide:
         """Delete one batch (at most *batch* rows) of terminal rows older than *ttl*, oldest first (T1)."""
         if ttl <= timedelta(0) or batch < 1:
             return []
-        rows = self._run("deleting terminal jobs", self._q.delete_terminal, {"ttl": ttl, "batch": batch})
+        # Two statements in one transaction: lock the batch, then delete it in a snapshot taken
+        # after the locks, so a child that named a row meanwhile keeps it (SPEC D4).
+        with self._autocommit("deleting terminal jobs") as conn, conn.transaction():
+            run = on_connection(conn)
+            locked = run(self._q["job_terminal_lock"], {"ttl": ttl, "batch": batch})
+            if not locked:
+                return []
+            rows = run(self._q.delete_terminal, {"ids": uuid_array([str(r[0]) for r in locked])})
         return [(str(r[0]), r[1]) for r in rows]
 
     def stage(self, topics: Sequence[str], batch: int, notify: bool = True) -> Staged:

@@ -47,6 +47,13 @@ def parents_of(jobs: Sequence[Job]) -> list[list[str]]:
             except (ValueError, TypeError, AttributeError):
                 raise InvalidJob(f"after: {parent!r} is not a job id") from None
         out.append(list(parents))
+    keyed = next((i for i, job in enumerate(jobs) if job.unique_key is not None), None)
+    if keyed is not None and any(out):
+        # One statement writes the batch, and the unique-key statement links no parents.
+        raise InvalidJob(
+            f"item {keyed}: a job with a unique_key cannot be enqueued in one call with jobs naming "
+            "parents (after); enqueue it in a call of its own"
+        )
     return out
 
 

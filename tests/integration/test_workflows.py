@@ -13,7 +13,7 @@ import pytest
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
-from brooq_py.postgres import Store
+from brooq_py.postgres import Store, WrapTx
 from brooq_py.queue import InvalidJob, Job, QueueFull, State
 from brooq_py.queue.port import Outcome
 
@@ -199,6 +199,19 @@ def test_d2_the_last_parents_done_releases_the_child_in_the_same_commit(
     assert [c.id for c in store.claim(["c"], 10, "w", LEASE)] == [child]
 
 
+def test_d2_a_child_enqueued_in_the_releasing_transaction_is_pending(store: Store) -> None:
+    """The closing transaction enqueues first and writes the done last: a child naming the job
+    that ends there is due at its release, not scheduled for later (its available_at, the enqueue
+    statement's time, is after the transaction's start but before the release)."""
+    p = store.enqueue(Job("p")).id
+    (r,) = store.claim(["p"], 1, "w", LEASE)
+    with store.begin() as tx:
+        child = store.enqueue_tx(tx, Job("c", after=[p])).id
+        assert store.settle_tx(tx, Outcome(r.id, r.claim_token, State.DONE))
+    assert state(store, child) is State.PENDING
+    assert [c.id for c in store.claim(["c"], 10, "w", LEASE)] == [child]
+
+
 def test_d2_a_release_wakes_the_engines_of_the_childs_topic(store: Store) -> None:
     p = store.enqueue(Job("p")).id
     store.enqueue(Job("woken", after=[p]))
@@ -237,6 +250,47 @@ def test_d2_a_parent_done_batched_with_hundreds_of_others_releases_its_children(
     assert state(store, fan_in) is State.PENDING and waiting(db, fan_in) == 0
 
 
+def job_rows_read(conn: psycopg.Connection[Any]) -> int:
+    """Index entries and heap rows of the job table this transaction has read so far (its own counters)."""
+    row = conn.execute(
+        """SELECT sum(pg_stat_get_xact_tuples_returned(c.oid) + pg_stat_get_xact_tuples_fetched(c.oid))
+           FROM pg_class c
+           WHERE c.oid = 'job'::regclass
+              OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = 'job'::regclass)"""
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize("end", ["done", "dead"])
+def test_d2_d3_a_parents_end_reads_its_own_children_not_every_blocked_job(
+    store: Store, dsn: str, schema: str, end: str
+) -> None:
+    """Releasing (D2) or canceling (D3) reads the parent's children by primary key, never the other
+    blocked jobs: each parent's end costs O(its children) however many jobs wait elsewhere (on a
+    fresh table too, whose statistics say it is small)."""
+    other = store.enqueue(Job("other")).id
+    store.enqueue_many([Job("elsewhere", after=[other]) for _ in range(3000)])
+    parents = [r.id for r in store.enqueue_many([Job("p") for _ in range(20)])]
+    children = store.enqueue_many([Job("c", after=[p]) for p in parents])
+    store.enqueue_many([Job("g", after=[c.id]) for c in children])
+    with psycopg.connect(dsn) as conn:
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        conn.execute(
+            "UPDATE job SET state = 'processing', locked_by = 'w', locked_until = now() WHERE id = ANY (%s::uuid[])",
+            (parents,),
+        )
+        before = job_rows_read(conn)
+        for p in parents:  # by primary key: the test's own statements read one row each
+            conn.execute("UPDATE job SET state = %s, updated_at = now() WHERE id = %s", (end, p))
+        read = job_rows_read(conn) - before
+        conn.commit()
+    expected = State.PENDING if end == "done" else State.CANCELED
+    assert {state(store, c.id) for c in children} == {expected}
+    # 20 parents, 20 children, 20 grandchildren: a few reads each, not 3,000 per parent
+    assert read < 1000, read
+
+
 def test_d2_a_settle_that_waited_for_the_enqueue_sees_its_edge(
     store: Store, pool: ConnectionPool[Any], db: psycopg.Connection[Any]
 ) -> None:
@@ -250,7 +304,7 @@ def test_d2_a_settle_that_waited_for_the_enqueue_sees_its_edge(
             target=lambda: written.append(store.settle_many([Outcome(r.id, r.claim_token, State.DONE)]))
         )
         settler.start()
-        waiter = wait_lock(db)
+        waiter = wait_lock(db, tx)
         assert waiter, "the settle did not wait for the enqueue's lock"
     settler.join(30)
     assert written == [{p}]
@@ -268,19 +322,21 @@ def test_d2_an_enqueue_that_waited_for_the_settle_sees_the_parent_done(
         assert store.settle_tx(tx, Outcome(r.id, r.claim_token, State.DONE))
         enqueuer = threading.Thread(target=lambda: made.append(store.enqueue(Job("c", after=[p])).id))
         enqueuer.start()
-        assert wait_lock(db), "the enqueue did not wait for the settle's lock"
+        assert wait_lock(db, tx), "the enqueue did not wait for the settle's lock"
     enqueuer.join(30)
     assert state(store, made[0]) is State.PENDING
 
 
-def wait_lock(db: psycopg.Connection[Any]) -> bool:
+def wait_lock(db: psycopg.Connection[Any], tx: WrapTx) -> bool:
+    """Wait until a backend waits for a lock *tx* holds (other tests may wait for their own locks)."""
     from tests.polling import wait_for
 
+    holder = tx.psycopg.info.backend_pid
     return bool(
         wait_for(
             lambda: (
                 db.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                    "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY (pg_blocking_pids(pid))", (holder,)
                 ).fetchone()
                 == (1,)
             ),
@@ -337,6 +393,31 @@ def test_d3_a_blocked_job_can_be_canceled_and_its_descendants_with_it(store: Sto
     assert state(store, child) is State.CANCELED
 
 
+def test_d2_d4_a_job_whose_parent_retention_deleted_is_not_retried(
+    store: Store, db: psycopg.Connection[Any]
+) -> None:
+    """A parent gone (retention may delete it once its children have ended) cannot be shown done:
+    the child is not retried, whether that parent died (the child would run after a dead parent)
+    or was done (parent_results would miss it); the refusal names it."""
+    dead = store.enqueue(Job("p")).id
+    finish(store, "p", State.DEAD)
+    born_canceled = store.enqueue(Job("c", after=[dead])).id
+    done = store.enqueue(Job("q")).id
+    finish(store, "q")
+    ran = store.enqueue(Job("r", after=[done])).id
+    finish(store, "r", State.DEAD)
+    db.execute(
+        "UPDATE job SET updated_at = now() - interval '2 days' WHERE id = ANY (%s::uuid[])", ([dead, done],)
+    )
+    assert sorted(d[0] for d in store.delete_terminal(timedelta(days=1), 100)) == sorted([dead, done])
+    for child, parent in ((born_canceled, dead), (ran, done)):
+        assert not store.retry(child)
+        assert store.retry_refusal(child) == (
+            f"its parent {parent} no longer exists: a job runs only after its parents are done"
+        )
+    assert state(store, born_canceled) is State.CANCELED and state(store, ran) is State.DEAD
+
+
 def test_d3_a_diamond_cancels_its_join_once(store: Store) -> None:
     a = store.enqueue(Job("a")).id
     b = store.enqueue(Job("b", after=[a])).id
@@ -364,6 +445,72 @@ def test_d4_retention_keeps_a_done_parent_until_its_children_end(
     db.execute("UPDATE job SET updated_at = now() - interval '2 days'")
     assert sorted(d[0] for d in store.delete_terminal(timedelta(days=1), 100)) == sorted([p, child])
     assert edges(db) == set()
+
+
+def test_d4_a_child_committed_while_retention_runs_keeps_its_parent(
+    store: Store, dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    """Retention's snapshot is taken before the child's commit, its lock on the parent after it: the
+    parent must not be deleted under the child (or the child must be refused). A test-only trigger
+    holds retention inside its batch, on the row before the parent, until the child is committed
+    or waits."""
+    old = store.enqueue(Job("old")).id
+    p = store.enqueue(Job("p")).id
+    finish(store, "old")
+    finish(store, "p")
+    db.execute("UPDATE job SET updated_at = now() - interval '3 days' WHERE id = %s", (old,))
+    db.execute("UPDATE job SET updated_at = now() - interval '2 days' WHERE id = %s", (p,))
+    key = uuid.uuid4().int % 2**31
+    db.execute(
+        sql.SQL(
+            "CREATE FUNCTION hold() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "IF OLD.topic = 'old' THEN PERFORM pg_advisory_xact_lock({}); END IF; RETURN OLD; END $$"
+        ).format(sql.Literal(key))
+    )
+    db.execute("CREATE TRIGGER hold BEFORE DELETE ON job FOR EACH ROW EXECUTE FUNCTION hold()")
+    deleted: list[list[tuple[str, str]]] = []
+    made: list[str | Exception] = []
+
+    def enqueue() -> None:
+        try:
+            made.append(store.enqueue(Job("c", after=[p])).id)
+        except InvalidJob as exc:
+            made.append(exc)
+
+    def held() -> int | None:  # the retention's backend, once it waits for the test's lock
+        row = db.execute(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objid = %s AND NOT granted", (key,)
+        ).fetchone()
+        return None if row is None else int(row[0])
+
+    def blocked_by(pid: int) -> bool:
+        row = db.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY (pg_blocking_pids(pid))", (pid,)
+        )
+        return row.fetchone() == (1,)
+
+    from tests.polling import wait_for
+
+    with psycopg.connect(dsn) as gate:
+        gate.execute("SELECT pg_advisory_xact_lock(%s)", (key,))
+        retention = threading.Thread(
+            target=lambda: deleted.append(store.delete_terminal(timedelta(days=1), 10))
+        )
+        retention.start()
+        pid = wait_for(held, "retention held on the oldest row")
+        enqueuer = threading.Thread(target=enqueue)
+        enqueuer.start()
+        wait_for(lambda: made or blocked_by(pid), "the child committed, or waiting for retention")
+        gate.rollback()
+        retention.join(30)
+        enqueuer.join(30)
+    (outcome,) = made
+    if isinstance(outcome, Exception):  # the parent was deleted first: the child was refused
+        assert store.get(p) is None and "does not exist" in str(outcome)
+    else:  # the child was committed first: its parent stays while it is active
+        assert store.get(p) is not None, "retention deleted the parent of an active child"
+        assert store.parent_results(outcome) == {p: None}
+    assert old in [d[0] for d in deleted[0]]
 
 
 # -- D6 and the group ---------------------------------------------------------------------
@@ -420,10 +567,45 @@ def test_d1_f2_a_full_topic_refuses_a_blocked_job_and_counts_blocked_ones(
     assert store.enqueue_many([Job("c", idempotency_key="k", after=[p])]) == [(keyed.id, False)]
 
 
-def test_d1_after_with_a_unique_key_is_refused(store: Store) -> None:
+def test_d6_f2_a_group_whose_then_finds_its_topic_full_writes_nothing(
+    store: Store, db: psycopg.Connection[Any]
+) -> None:
+    """QueueFull for the `then` comes before the group is written: the caller's transaction, still
+    usable, holds nothing of the call."""
+    store.set_max_depth("t", 1)
+    store.enqueue(Job("t"))
+    with store.begin() as tx:
+        with pytest.raises(QueueFull):
+            store.enqueue_group([Job("g"), Job("g")], then=Job("t"), tx=tx)
+        kept = store.enqueue_tx(tx, Job("x")).id
+    assert {r[0] for r in db.execute("SELECT topic FROM job").fetchall()} == {"t", "x"}
+    assert edges(db) == set() and store.get(kept) is not None
+    # the group's jobs of the `then`'s topic count too
+    store.set_max_depth("t", 3)
+    with pytest.raises(QueueFull):
+        store.enqueue_group([Job("t"), Job("t")], then=Job("t"))
+    group = store.enqueue_group([Job("t")], then=Job("t"))
+    assert group.then_id is not None and state(store, group.then_id) is State.BLOCKED
+    assert store.queue_full_refusals() == {"t": 2}
+
+
+def test_d1_after_with_a_unique_key_is_refused(store: Store, db: psycopg.Connection[Any]) -> None:
     p = store.enqueue(Job("p")).id
     with pytest.raises(InvalidJob, match="unique_key"):
         store.enqueue(Job("c", unique_key="u", after=[p]))
+    # in one batch with a job naming parents too: the unique-key statement would drop the parents
+    # (the job pending at once, never waiting for p), so the batch is refused before any statement
+    with pytest.raises(InvalidJob, match="unique_key"):
+        store.enqueue_many([Job("u", unique_key="u"), Job("c", after=[p])])
+    with store.begin() as tx, pytest.raises(InvalidJob, match="unique_key"):
+        store.enqueue_group([Job("u", unique_key="u"), Job("c", after=[p])], tx=tx)
+    # a `then` with a unique key waits for the group: refused before the group is written in the
+    # caller's transaction (which stays usable and may commit)
+    with store.begin() as tx, pytest.raises(InvalidJob, match="unique_key"):
+        store.enqueue_group([Job("g")], then=Job("t", unique_key="u"), tx=tx)
+    assert db.execute("SELECT id::text FROM job").fetchall() == [(p,)]
+    alone = store.enqueue_group([], then=Job("t", unique_key="u")).then_id  # no parents: it may
+    assert alone is not None and state(store, alone) is State.PENDING
 
 
 def test_d2_d3_a_child_canceled_while_its_parents_done_waits_stays_canceled(
@@ -445,7 +627,7 @@ def test_d2_d3_a_child_canceled_while_its_parents_done_waits_stays_canceled(
             target=lambda: written.append(store.settle_many([Outcome(r.id, r.claim_token, State.DONE)]))
         )
         settler.start()
-        assert wait_lock(db), "the parent's done did not wait for the cancel"
+        assert wait_lock(db, tx), "the parent's done did not wait for the cancel"
     settler.join(30)
     assert written == [{p}]
     assert state(store, p) is State.DONE and state(store, child) is State.CANCELED

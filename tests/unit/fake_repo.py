@@ -120,7 +120,7 @@ class FakeRepo:
         self.calls: dict[str, int] = {}
         self.settle_batches: list[int] = []
         self.closed = False
-        self.version: str | None = "0012"
+        self.version: str | None = "0013"
         self.locked: set[str] = set()  # job ids an "operator" holds row-locked: skipped, never waited on
         # Claim tokens a renewal found locked, guarded from the reaper until renewed (as the Store's
         # heartbeat session does, SPEC P1'); this fake's holder lives as long as the fake.

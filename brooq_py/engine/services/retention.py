@@ -2,7 +2,7 @@
 
 Retention keeps pace: while a tick ends on its batch cap (the last batch came
 back full, so more expired rows remain) the next tick follows at once, so a
-backlog drains with no period's wait. Each batch is one short statement over
+backlog drains with no period's wait. Each batch is one short transaction over
 terminal rows only (SKIP LOCKED): it never waits for, or blocks, a claim.
 
 It leaves the database to the hot path, whatever ``retention_batch`` is (Z1'):

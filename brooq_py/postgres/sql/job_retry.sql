@@ -2,8 +2,11 @@
 -- SPEC Q1: a dead or canceled job back to pending, attempts 0, due now, last_error kept;
 -- any other state is left alone. SPEC U3: so is a job whose unique key an active job
 -- holds now (a holder not yet committed makes the update fail: the Store answers False).
--- SPEC D2: and a job with a parent not done (a job canceled with its parent's death runs
--- again only with its branch: docs/workflows.md).
+-- SPEC D2, D4: and a job with a parent not done, or no longer there (a job canceled with its
+-- parent's death runs again only with its branch: docs/workflows.md; a parent retention
+-- deleted may have died, and parent_results could not find it). The done parents are
+-- key-share locked, as an enqueue naming them locks them, so retention cannot delete one
+-- before this commit.
 -- The notification wakes the engines of its topic.
 WITH retried AS (
     UPDATE {job} j
@@ -14,8 +17,10 @@ WITH retried AS (
           SELECT FROM {job} h
           WHERE h.topic = j.topic AND h.unique_key = j.unique_key
             AND h.state IN ('scheduled', 'pending', 'processing', 'failed', 'blocked')))
-      AND (j.parents IS NULL OR NOT EXISTS (
-          SELECT FROM {job} p WHERE p.id = ANY (j.parents) AND p.state <> 'done'))
+      AND (j.parents IS NULL
+           OR (SELECT count(*) FROM (SELECT FROM {job} p WHERE p.id = ANY (j.parents) AND p.state = 'done'
+                                     FOR KEY SHARE) AS done)
+              = (SELECT count(DISTINCT x.id) FROM unnest(j.parents) AS x(id)))
     RETURNING j.id, j.topic
 )
 SELECT id, pg_notify({channel_literal}, topic) FROM retried

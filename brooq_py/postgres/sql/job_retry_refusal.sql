@@ -1,6 +1,7 @@
 -- name: job_retry_refusal
 -- Why a retry changed nothing: the job's state, and the active job holding its
--- unique key (SPEC U3), if any, and a parent not done with its state (SPEC D2), if any.
+-- unique key (SPEC U3), if any, and a parent not done with its state, or one no longer
+-- there (SPEC D2, D4), if any.
 -- No row: no such job.
 SELECT j.state,
        (SELECT h.id::text FROM {job} h
@@ -8,7 +9,9 @@ SELECT j.state,
           AND h.id <> j.id AND h.state IN ('scheduled', 'pending', 'processing', 'failed', 'blocked')
         LIMIT 1),
        j.unique_key,
-       (SELECT p.id::text || ' is ' || p.state FROM {job} p
-        WHERE p.id = ANY (j.parents) AND p.state <> 'done' LIMIT 1)
+       (SELECT x.id::text || coalesce(' is ' || p.state, ' no longer exists')
+        FROM unnest(j.parents) AS x(id)
+        LEFT JOIN {job} p ON p.id = x.id
+        WHERE p.state IS DISTINCT FROM 'done' LIMIT 1)
 FROM {job} j
 WHERE j.id = %(id)s
