@@ -231,20 +231,10 @@ class WorkerSide:
             return "locked"
         return str(rows[0][0])
 
-    def lock_tx(self, tx: Tx, outcome: Outcome) -> str:
-        """Lock *outcome*'s row inside *tx* for the closing transaction's write (SPEC L3', C9).
-
-        SKIP LOCKED: a row another transaction holds is never waited for. Return ``"ours"`` (locked
-        by *tx*, still processing under the outcome's claim token), ``"locked"`` (still the claim's,
-        held elsewhere) or ``"gone"`` (no longer the claim's).
-        """
-        params = {"id": uuid.UUID(outcome.id), "token": uuid.UUID(outcome.claim_token)}
-        with translated("locking a job's row", as_psycopg(tx)):
-            rows = on_tx(tx)(self._q["job_lock_own"], params)
-        return str(rows[0][0])
-
-    def settle_tx(self, tx: Tx, outcome: Outcome) -> bool:
-        """Write one guarded outcome inside *tx* (the caller commits); return whether the row was ours."""
+    def settle_own_tx(self, tx: Tx, outcome: Outcome) -> str:
+        """Write one guarded outcome inside *tx* (the caller commits) unless another transaction
+        holds its row (never waited for, SPEC L3', C9): ``"ours"`` written, ``"locked"`` (still the
+        claim's, nothing written), ``"gone"`` (no longer the claim's)."""
         params = {
             "id": uuid.UUID(outcome.id),
             "token": uuid.UUID(outcome.claim_token),
@@ -257,7 +247,13 @@ class WorkerSide:
             "notify": outcome.state in _ENDS,
         }
         with translated("settling an outcome", as_psycopg(tx)):
-            return bool(on_tx(tx)(self._q.settle_one, params))
+            rows = on_tx(tx)(self._q.settle_one, params)
+        return str(rows[0][0]) if rows else "gone"
+
+    def settle_tx(self, tx: Tx, outcome: Outcome) -> bool:
+        """Write one guarded outcome inside *tx* (the caller commits); return whether it was written
+        (False: the row is no longer ours, or another transaction holds it, never waited for)."""
+        return self.settle_own_tx(tx, outcome) == "ours"
 
     def settle_lost(
         self, outcome: Outcome, attempt: int, worker: str, last: bool, tx: Tx | None = None

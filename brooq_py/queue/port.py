@@ -255,13 +255,14 @@ class Repo(Protocol):
         """
         ...
 
-    def lock_tx(self, tx: Tx, outcome: Outcome) -> str:
-        """Lock *outcome*'s row inside *tx* unless another transaction holds it (never waited for,
-        L3'); the same answers as ``row_lock``, ``"ours"`` meaning locked by *tx*."""
+    def settle_own_tx(self, tx: Tx, outcome: Outcome) -> str:
+        """Write one guarded outcome inside *tx* unless another transaction holds its row (never
+        waited for, L3'): ``"ours"`` written, ``"locked"`` (still the claim's, nothing written),
+        ``"gone"`` (no longer the claim's)."""
         ...
 
     def settle_tx(self, tx: Tx, outcome: Outcome) -> bool:
-        """Write one guarded outcome inside *tx*; return whether the row was ours."""
+        """Write one guarded outcome inside *tx*; return whether it was written (``settle_own_tx``)."""
         ...
 
     def settle_lost(

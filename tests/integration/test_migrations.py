@@ -14,7 +14,21 @@ from psycopg import sql
 from brooq_py.postgres import channel_for, migrations
 from tests.conftest import drop_schema
 
-REVISIONS = ["0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011", "0012", "0013"]
+REVISIONS = [
+    "0001",
+    "0002",
+    "0003",
+    "0004",
+    "0005",
+    "0006",
+    "0007",
+    "0008",
+    "0009",
+    "0010",
+    "0011",
+    "0012",
+    "0013",
+]
 
 
 @pytest.fixture

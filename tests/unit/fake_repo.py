@@ -373,12 +373,15 @@ class FakeRepo:
                 return "gone"
             return "locked" if r.id in self.locked else "ours"
 
-    def lock_tx(self, tx: Tx, outcome: Outcome) -> str:
-        return self.row_lock(outcome)
+    def settle_own_tx(self, tx: Tx, outcome: Outcome) -> str:
+        with self.lock:
+            row = self.row_lock(outcome)
+            if row == "ours" and not self._apply(outcome):
+                return "gone"
+            return row
 
     def settle_tx(self, tx: Tx, outcome: Outcome) -> bool:
-        with self.lock:
-            return self._apply(outcome)
+        return self.settle_own_tx(tx, outcome) == "ours"
 
     def settle_lost(
         self, outcome: Outcome, attempt: int, worker: str, last: bool, tx: Tx | None = None

@@ -1,9 +1,12 @@
 """A closing transaction whose row is locked elsewhere waits alone, off its slot (SPEC L3', C9, C11): fake repo.
 
 The fake's ``locked`` rows stand for an operator's open ``SELECT ... FOR UPDATE``: the closing
-transaction finds its row held before anything of it runs, is set aside and tried again while
-the lease is held. Meanwhile its slot serves other jobs; the callbacks and chained jobs run once,
-after the lock; a stop lets a still-locked one go to the reaper, nothing of it run.
+transaction finds its row held when it writes the done (the statement that writes it skips a
+locked row: no round trip more), rolls back, is set aside and tried again while the lease is
+held, each later try beginning only once a probe found the row free. Meanwhile its slot serves
+other jobs; the callbacks ran at most once before the lock was found (rolled back), and the
+closing work commits once after it; a stop lets a still-locked one go to the reaper, nothing of
+it committed.
 """
 
 from __future__ import annotations
@@ -58,8 +61,8 @@ def test_l3_a_locked_closing_transaction_frees_its_slot_and_runs_its_closing_wor
     repo: FakeRepo, make_engine: Callable[..., Engine], kind: str
 ) -> None:
     """One slot: while the locked job's closing transaction waits, the slot runs the other jobs
-    (closing work included) to done; nothing of the locked job's closing work runs until the lock
-    is gone, then all of it once."""
+    (closing work included) to done; nothing of the locked job's closing work commits until the
+    lock is gone (its callback ran once, rolled back), then all of it once."""
     e = make_engine(workers=1)
     closing = Closing(repo)
     handler = closing.sync_handler if kind == "sync" else closing.async_handler
@@ -74,12 +77,12 @@ def test_l3_a_locked_closing_transaction_frees_its_slot_and_runs_its_closing_wor
         what="the other jobs done on the one slot while the row is locked",
     )
     assert repo.row(jid).state is State.PROCESSING
-    assert closing.calls[jid] == 0 and children(repo, jid) == 0
+    assert closing.calls[jid] == 1 and children(repo, jid) == 0  # the first try, rolled back
     assert jid in {a.id for a in e.inflight.held()}  # the lease is still held (renewed)
     with repo.lock:
         repo.locked.discard(jid)
     wait_for(lambda: repo.row(jid).state is State.DONE, what="done once the lock is gone")
-    assert closing.calls[jid] == 1 and children(repo, jid) == 1
+    assert closing.calls[jid] == 2 and children(repo, jid) == 1
     assert all(closing.calls[o] == 1 and children(repo, o) == 1 for o in others)
     assert repo.row(jid).history == [State.PROCESSING, State.DONE]
     wait_for(lambda: not e.inflight.held(), what="every lease let go")
@@ -89,7 +92,7 @@ def test_l3_c11_a_stop_lets_a_still_locked_closing_transaction_go_to_the_reaper(
     repo: FakeRepo, make_engine: Callable[..., Engine], caplog: pytest.LogCaptureFixture
 ) -> None:
     """The lock outlasts the stop's wait (a lease): stop() returns, the attempt is let go, the row
-    stays processing for the reaper, and nothing of its closing work ran, then or later."""
+    stays processing for the reaper, and nothing of its closing work committed, then or later."""
     e = make_engine(lease=0.6)
     closing = Closing(repo)
     e.register_kind("locked", closing.sync_handler, KindOptions(max_attempts=1, **FAST))
@@ -104,7 +107,7 @@ def test_l3_c11_a_stop_lets_a_still_locked_closing_transaction_go_to_the_reaper(
     with repo.lock:
         repo.locked.discard(jid)
     assert repo.row(jid).state is State.PROCESSING
-    assert closing.calls[jid] == 0 and children(repo, jid) == 0
+    assert closing.calls[jid] == 1 and children(repo, jid) == 0  # the first try only, rolled back
 
 
 def test_l3_run_once_waits_in_place_for_a_locked_closing_transaction(
@@ -127,7 +130,7 @@ def test_l3_run_once_waits_in_place_for_a_locked_closing_transaction(
     assert e.run_once() == 1
     t.join()
     assert repo.row(jid).state is State.DONE
-    assert closing.calls[jid] == 1 and children(repo, jid) == 1
+    assert closing.calls[jid] == 2 and children(repo, jid) == 1  # one try rolled back, one committed
 
 
 def test_l3_c9_a_row_locked_while_the_callbacks_run_puts_the_transaction_off_its_work_once(

@@ -64,7 +64,7 @@ class _Locked(Exception):
 
 
 def _check_row(row: str) -> None:
-    """Go on only with a row that is ours and free (``Repo.row_lock``, ``Repo.lock_tx``)."""
+    """Go on only with a row that is ours and free (``Repo.row_lock``, ``Repo.settle_own_tx``)."""
     if row == "locked":
         raise _Locked("its row is locked by another transaction")
     if row != "ours":
@@ -235,17 +235,18 @@ class Handover:
                 o.state,
             )
 
-    def _close(self, a: Attempt, done: Outcome, wait: float = CLOSE_RETRY_FIRST) -> None:
+    def _close(self, a: Attempt, done: Outcome, wait: float = CLOSE_RETRY_FIRST, probe: bool = False) -> None:
         """Done + chained enqueues + on_succeeded in one transaction, the row written last (SPEC C9, L3).
 
-        A row another transaction holds locked is never waited for (L3'): the transaction begins
-        only once a probe found the row free (nothing of it runs before), and locks the row for
-        its write with SKIP LOCKED, a lock taken meanwhile waited out for LOCK_TRIES short tries at
-        most (a renewal's) before it rolls back (its callbacks then run again on the next try).
-        Either way it is tried again *wait* seconds later, set aside while the engine runs (its
-        slot, thread and connection freed meanwhile), in place otherwise (``run_once``), while
-        the lease is held. The row is not locked while the callbacks run: a cancel committed
-        meanwhile rolls the whole transaction back (C9).
+        A row another transaction holds locked is never waited for (L3'): the done is written
+        with SKIP LOCKED, in the statement that writes it (no round trip more), a lock met there
+        tried again LOCK_TRIES times at most (a renewal's lasts milliseconds) before the
+        transaction rolls back. It is then tried again *wait* seconds later, set aside while the
+        engine runs (its slot, thread and connection freed meanwhile), in place otherwise
+        (``run_once``), while the lease is held; from then on (*probe*) it begins only once a
+        probe found the row free, so its callbacks run again only for a lock taken while they
+        ran. The row is not locked while the callbacks run: a cancel committed meanwhile rolls
+        the whole transaction back (C9).
 
         A store that is unreachable (StoreUnavailable, the COMMIT's included) is
         not the job's failure: the transaction is retried while the lease is
@@ -256,16 +257,15 @@ class Handover:
         delay = CLOSE_RETRY_FIRST
         while True:
             try:
-                _check_row(self.repo.row_lock(done))  # before anything of the transaction runs
+                if probe:  # a lock was met: nothing of the transaction runs before the row is free
+                    _check_row(self.repo.row_lock(done))
                 with self.repo.begin() as tx:
                     for job in claim.chained:
                         if job.unique_key is None:
                             self.repo.enqueue_tx(tx, job)
                     for fn in claim.callbacks:
                         fn(tx)
-                    _check_row(self._lock_row(tx, done))
-                    if not self.repo.settle_tx(tx, done):
-                        raise _NotOurs
+                    _check_row(self._settle_row(tx, done))
                     for job in [j for j in claim.chained if j.unique_key is not None]:
                         self.repo.enqueue_tx(tx, job)  # after the done, which frees this job's key (U2)
             except _NotOurs:
@@ -275,6 +275,7 @@ class Handover:
                 )
                 return
             except _Locked as exc:
+                probe = True
                 if self._set_aside(a, done, wait):
                     return
                 if not (self.inflight.holds(a) and self.inflight.fresh(a)):
@@ -332,15 +333,15 @@ class Handover:
 
     # --- closing transactions whose row was locked elsewhere (L3') ----------------
 
-    def _lock_row(self, tx: Tx, done: Outcome) -> str:
-        """Lock *done*'s row in *tx* for its write: a lock held elsewhere is tried again LOCK_TRIES
-        times (a renewal holds it for milliseconds), never waited on longer (L3')."""
-        row = self.repo.lock_tx(tx, done)
+    def _settle_row(self, tx: Tx, done: Outcome) -> str:
+        """Write *done* in *tx* unless its row is held elsewhere: a lock met is tried again
+        LOCK_TRIES times (a renewal holds it for milliseconds), never waited on longer (L3')."""
+        row = self.repo.settle_own_tx(tx, done)
         for _ in range(LOCK_TRIES - 1):
             if row != "locked":
                 break
             self.sleep(LOCK_TRY_WAIT)
-            row = self.repo.lock_tx(tx, done)
+            row = self.repo.settle_own_tx(tx, done)
         return row
 
     def _set_aside(self, a: Attempt, done: Outcome, wait: float) -> bool:
@@ -388,7 +389,7 @@ class Handover:
 
     def _close_again(self, a: Attempt, done: Outcome, wait: float) -> None:
         try:
-            self._close(a, done, wait)
+            self._close(a, done, wait, probe=True)
         finally:
             self._tried()
 
