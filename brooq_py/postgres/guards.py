@@ -44,7 +44,9 @@ class LeaseGuards:
     Used only inside that connection's ``use`` (one caller at a time). A guard is released
     when a renewal that carried its claim reports it renewed, canceled or gone, or when no
     renewal carried it for a whole lease (its attempt ended; another engine on the same Store
-    sends its own claims at least every lease/3).
+    sends its own claims at least every lease/3), renewals of no lease at all included: an
+    engine left with nothing to renew still lets go of the claims it stopped renewing (a
+    handler called hung, its row for the reaper, C5).
     """
 
     def __init__(self) -> None:
@@ -87,6 +89,17 @@ class LeaseGuards:
         if release:
             self._release(run, queries, release)
         return rows
+
+    def release_stale(self, conn: psycopg.Connection[Any], queries: Queries, lease: timedelta) -> None:
+        """With no lease to renew: release the guards no renewal carried for a whole lease (their
+        attempts ended, or were called hung with their row still processing: the reaper's now)."""
+        if conn is not self._session:
+            self._session, self._held = conn, {}
+            return
+        stale = time.monotonic() - lease.total_seconds()
+        release = [t for t, at in self._held.items() if at < stale]
+        if release:
+            self._release(on_connection(conn), queries, release)
 
     def _release(self, run: Runner, queries: Queries, tokens: list[str]) -> None:
         """Unlock *tokens*' guards (the renewal that extended their leases has committed)."""

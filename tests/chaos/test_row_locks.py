@@ -351,3 +351,51 @@ def test_a_guarded_claim_whose_session_is_cut_is_told_before_another_engine_can_
         b.close()
         for p in pools:
             p.close()
+
+
+def test_a_claim_hung_while_its_row_was_locked_is_still_reaped_by_its_live_engine_C5_P1(
+    dsn: str, chaos_schema: str, chaos_pool: ConnectionPool[Any]
+) -> None:
+    """The engine's only running handler ignores its ctx. An operator holds the row lock while its
+    attempt_timeout passes and the watchdog calls it hung, so the last renewal that carried the
+    claim guarded it. Hung, its lease is no longer renewed and must be left to expire so the
+    reaper returns the job (C5): the guard must not outlive the engine's interest in the claim,
+    even with no other lease left to renew on that engine."""
+    store = Store(chaos_pool, schema=chaos_schema)
+    engine = Engine(
+        store, Config(workers=2, lease=GUARD_LEASE, poll_interval=0.2, reaper_period=0.2, watchdog_grace=0.5)
+    )
+    runs: list[str] = []
+    release = threading.Event()
+
+    def handler(ctx: Context, claim: Claim) -> None:
+        runs.append(claim.claim_token)
+        if len(runs) == 1:
+            release.wait(60)  # ignores its ctx: hung
+
+    engine.register_kind(
+        "hangs", handler, KindOptions(max_attempts=3, attempt_timeout=1.0, max_execution_timeout=60)
+    )
+    jid = store.enqueue(Job("hangs")).id
+    engine.start()
+    operator = psycopg.connect(dsn, application_name="operator")
+    try:
+        wait_for(lambda: runs, "the handler running", 30)
+        token = runs[0]
+        operator.execute(
+            sql.SQL("SELECT 1 FROM {} WHERE id = %s FOR UPDATE").format(sql.Identifier(chaos_schema, "job")),
+            [jid],
+        )
+        wait_for(lambda: guard_holders(dsn, token), "the claim guarded", 10)
+        wait_for(lambda: engine.inflight.hung_count() == 1, "the handler called hung", 10)
+        assert not engine.inflight.held()
+        operator.commit()
+        wait_for(lambda: len(runs) == 2, "the hung claim's job reaped and run again", 6 * GUARD_LEASE, 0.05)
+        assert not guard_holders(dsn, token)
+        wait_for(lambda: lease_state(dsn, chaos_schema, jid)[0] == "done", "the job done", 10)
+        assert lease_state(dsn, chaos_schema, jid)[2] == 2  # reaped with its attempt counted, then run
+    finally:
+        release.set()
+        operator.close()
+        engine.stop(5)
+        engine.close()

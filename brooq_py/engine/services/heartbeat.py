@@ -114,6 +114,7 @@ class Heartbeat(Ticker):
         attempts = list(self._held())
         self._locked = False
         if not attempts:
+            self._renew([])  # nothing to renew; the store may let go what it kept for ended claims
             return
         sent = self._clock.monotonic()
         leases, taken = self._leases(attempts)
