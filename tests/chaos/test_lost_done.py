@@ -182,3 +182,65 @@ def test_l6_after_a_whole_store_outage_the_engine_that_lost_the_done_writes_it_f
     changes, violations = audit(dsn, chaos_schema, jid)
     assert violations == 0
     assert [c[:2] for c in changes if c[1] in ("done", "dead")] == [("processing", "done")]
+
+
+def test_l6_a_lost_done_is_not_written_over_a_job_replaced_since_U2_P3(
+    dsn: str, chaos_schema: str, proxy: CutProxy
+) -> None:
+    """Engine a runs a job with a unique key and loses its done with the store (cut off for a
+    lease). Its row is returned to pending by a reaper, and a producer's enqueue with
+    ``on_duplicate="replace"`` then gives that pending holder a new payload (U2: the holder is not
+    processing). The late done of a's run, with the old payload's result, must not end the
+    replaced job: the new payload runs, and its result is the job's."""
+    seen: list[int] = []
+    running = threading.Event()
+    go = threading.Event()
+
+    def handler(ctx: Context, claim: Claim) -> dict[str, int]:
+        seen.append(claim.payload["v"])
+        running.set()
+        assert go.wait(30)
+        return {"saw": claim.payload["v"]}
+
+    pool: ConnectionPool[Any] = ConnectionPool(
+        psycopg.conninfo.make_conninfo(dsn, host="127.0.0.1", port=proxy.port),
+        min_size=1,
+        max_size=4,
+        open=True,
+        timeout=2,
+    )
+    direct: ConnectionPool[Any] = ConnectionPool(dsn, min_size=1, max_size=2, open=True)
+    store = Store(direct, schema=chaos_schema)
+    a = Engine(
+        Store(pool, schema=chaos_schema),
+        Config(workers=1, lease=LEASE, reaper_period=0.2, poll_interval=0.1, watchdog_grace=30),
+        worker_id="engine-a",
+    )
+    a.register_kind("debounced", handler, KindOptions(max_attempts=3))
+    try:
+        job = store.enqueue(Job("debounced", {"v": 1}, unique_key="k", on_duplicate="replace"))
+        a.start()
+        assert running.wait(30)
+        proxy.cut()
+        go.set()  # the handler returns while engine a cannot reach the store
+        wait_for(lambda: a.handover.lost(), what="engine a to give its done up", timeout=30)
+        store.pause("debounced")  # nothing claims the job while the test looks
+        wait_for(lambda: store.reap_expired(), what="the row returned by a reaper", timeout=30, interval=0.1)
+        again = store.enqueue(Job("debounced", {"v": 2}, unique_key="k", on_duplicate="replace"))
+        assert (again.id, again.created) == (job.id, False)
+        assert row(dsn, chaos_schema, job.id)[:2] == ("pending", 1)
+        proxy.restore()
+        wait_for(lambda: not a.handover.lost(), what="engine a's late write tried", timeout=30)
+        assert row(dsn, chaos_schema, job.id)[0] == "pending", "the replaced job ended by the old run's done"
+        store.resume("debounced")
+        wait_for(lambda: row(dsn, chaos_schema, job.id)[0] in TERMINAL, what="the job to end", timeout=30)
+        assert row(dsn, chaos_schema, job.id)[0::3] == ("done", {"saw": 2})
+        assert seen == [1, 2]
+    finally:
+        go.set()
+        proxy.restore()
+        a.stop(timeout=5)
+        a.close()
+        store.close()
+        pool.close()
+        direct.close()
