@@ -13,6 +13,7 @@ import threading
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
@@ -238,6 +239,81 @@ def test_l6_a_lost_done_is_not_written_over_a_job_replaced_since_U2_P3(
         assert seen == [1, 2]
     finally:
         go.set()
+        proxy.restore()
+        a.stop(timeout=5)
+        a.close()
+        store.close()
+        pool.close()
+        direct.close()
+
+
+@pytest.mark.parametrize("closing", [False, True], ids=["plain", "closing-work"])
+def test_l6_l3_a_lost_done_whose_row_is_locked_delays_only_its_own_write(
+    dsn: str, chaos_schema: str, proxy: CutProxy, closing: bool
+) -> None:
+    """Engine a loses two dones with the store (cut off for a lease while both handlers return).
+    When it is back, an operator's open transaction holds the row lock of the first one it would
+    write. The other done is written all the same, while that lock is held (L3'): a second
+    engine's poison claim of that job would otherwise end it dead a lease later (L6'). The locked
+    one is written once the operator commits. With closing work (``on_succeeded``) each late
+    done is a transaction of its own, the row written in it: the same."""
+    running: list[str] = []
+    closed: list[str] = []
+    go = threading.Event()
+
+    def handler(ctx: Context, claim: Claim) -> None:
+        running.append(claim.id)
+        if closing:
+            claim.on_succeeded(lambda tx: closed.append(claim.id))
+        assert go.wait(30)
+
+    pool: ConnectionPool[Any] = ConnectionPool(
+        psycopg.conninfo.make_conninfo(dsn, host="127.0.0.1", port=proxy.port),
+        min_size=1,
+        max_size=4,
+        open=True,
+        timeout=2,
+    )
+    direct: ConnectionPool[Any] = ConnectionPool(dsn, min_size=1, max_size=2, open=True)
+    store = Store(direct, schema=chaos_schema)
+    a = Engine(
+        Store(pool, schema=chaos_schema),
+        Config(workers=2, lease=LEASE, reaper_period=0.2, poll_interval=0.1, watchdog_grace=30),
+        worker_id="engine-a",
+    )
+    a.register_kind("twice", handler, KindOptions(max_attempts=1))
+    operator = psycopg.connect(dsn, application_name="operator")
+    try:
+        ids = [store.enqueue(Job("twice", {"n": n})).id for n in range(2)]
+        a.start()
+        wait_for(lambda: len(running) == 2, what="both handlers running", timeout=30)
+        proxy.cut()
+        go.set()  # both return while engine a cannot reach the store
+        wait_for(lambda: len(a.handover.lost()) == 2, what="engine a to give both dones up", timeout=30)
+        first = a.handover.lost()[0].id
+        [other] = [i for i in ids if i != first]
+        operator.execute(
+            sql.SQL("SELECT 1 FROM {} WHERE id = %s FOR UPDATE").format(sql.Identifier(chaos_schema, "job")),
+            [first],
+        )
+        store.pause("twice")  # engine a claims nothing meanwhile: only its late writes can end the jobs
+        proxy.restore()
+        wait_for(
+            lambda: row(dsn, chaos_schema, other)[0] == "done",
+            what="the other lost done written while the first row is locked",
+            timeout=4 * LEASE,
+        )
+        assert row(dsn, chaos_schema, first)[0] == "processing"
+        operator.commit()
+        wait_for(
+            lambda: row(dsn, chaos_schema, first)[0] == "done", what="the locked one written", timeout=10
+        )
+        assert not a.handover.lost()
+        if closing:
+            assert set(closed) == set(ids)
+    finally:
+        go.set()
+        operator.close()
         proxy.restore()
         a.stop(timeout=5)
         a.close()

@@ -54,8 +54,16 @@ class LateOutcomes(Ticker):
 
     def tick(self) -> None:
         self._handover.release_held()
+        failed: Exception | None = None
         for a in self._handover.lost():
-            self._write(a)
+            try:
+                self._write(a)
+            except StoreUnavailable:
+                raise  # the others would fail as well: next tick
+            except Exception as exc:  # its row locked elsewhere: only its own write waits (L3')
+                failed = failed or exc
+        if failed is not None:
+            raise failed  # logged by the ticker's rule; the next tick tries again
 
     def _write(self, a: Attempt) -> None:
         """Write *a*'s lost done (or the failure of its closing work); StoreUnavailable: next tick."""

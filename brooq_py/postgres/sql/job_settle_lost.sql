@@ -12,7 +12,11 @@
 -- The row then reads as if the write had come in time: that attempt's count, claim token and
 -- worker. A row already in the outcome's state under that claim is an earlier write of this same
 -- outcome whose answer was lost: written. V2: a done notifies the results channel at commit.
-WITH written AS (
+-- L3': a row locked elsewhere is not waited for (NOWAIT: the statement fails, the caller tries
+-- again later), so it delays no other late write, in or out of a closing transaction.
+WITH target AS MATERIALIZED (
+    SELECT id FROM {job} WHERE id = %(id)s FOR NO KEY UPDATE NOWAIT
+), written AS (
     UPDATE {job}
     SET state = %(state)s,
         attempts = %(attempt)s,
@@ -29,7 +33,7 @@ WITH written AS (
                           '$[last - 19 to last]')
                       ELSE errors END,
         updated_at = now()
-    WHERE id = %(id)s AND (
+    WHERE id = (SELECT id FROM target) AND (
         (state = 'processing' AND claim_token = %(token)s)
         OR (state = 'pending' AND claim_token = %(token)s AND attempts = %(attempt)s)
         OR (%(last)s AND state = 'processing' AND attempts = %(attempt)s + 1)
