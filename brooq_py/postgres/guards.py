@@ -53,6 +53,7 @@ class LeaseGuards:
         self._session: psycopg.Connection[Any] | None = None
         self._held: dict[str, float] = {}  # claim token -> when a renewal last carried it (monotonic)
         self._told_pooled = False
+        self._told_full = False
 
     @property
     def held(self) -> frozenset[str]:
@@ -74,6 +75,13 @@ class LeaseGuards:
         rows = run(queries.renew, {**params, "guarded": uuid_array(self._held), "pid": conn.info.backend_pid})
         now = time.monotonic()
         guarded = {str(r[0]) for r in rows if r[2] in _GUARDED}
+        if not self._told_full and any(r[2] == "full" for r in rows):
+            self._told_full = True
+            log.warning(
+                "more running jobs were found locked elsewhere at a renewal than the heartbeat's session "
+                "may guard (max_locks_per_transaction, its share of the server's lock table): the others "
+                "are kept from the reaper by its hold alone (SPEC P1')"
+            )
         if not self._told_pooled and any(r[2] == "pooled" for r in rows):
             self._told_pooled = True
             log.error(

@@ -399,3 +399,47 @@ def test_a_claim_hung_while_its_row_was_locked_is_still_reaped_by_its_live_engin
         operator.close()
         engine.stop(5)
         engine.close()
+
+
+def test_guards_never_fill_the_servers_lock_table_P1(tmp_path: Any) -> None:
+    """Lease guards are advisory locks, and every one takes a slot of the server's shared lock
+    table (max_locks_per_transaction x connections), which every session needs (a new connection
+    too). An operator's long transaction over many running jobs (an UPDATE of a topic's rows, say)
+    meets thousands of claims at a renewal. On a throwaway server with max_locks_per_transaction=10
+    (about 5,000 slots), one Store renews 6,000 claims whose rows are locked: the renewal succeeds,
+    its session holds at most its share of the table (max_locks_per_transaction guards), and the
+    server still accepts connections."""
+    from brooq_py.devdb.server import ThrowawayServer
+    from brooq_py.postgres import migrations
+
+    server = ThrowawayServer()
+    server.start()
+    try:
+        with psycopg.connect(server.dsn, autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET max_locks_per_transaction = 10")
+        server.restart()
+        migrations.upgrade(server.dsn, schema="bulk")
+        n = 6000
+        with ConnectionPool(server.dsn, min_size=1, max_size=2, open=True) as pool:
+            store = Store(pool, schema="bulk")
+            operator = psycopg.connect(server.dsn)
+            try:
+                store.enqueue_many([Job("bulk", {"n": i}) for i in range(n)])
+                claimed = store.claim(["bulk"], n, "bulk-worker", timedelta(seconds=30))
+                assert len(claimed) == n
+                operator.execute("SELECT id FROM bulk.job WHERE state = 'processing' FOR UPDATE")
+                leases = [HeldLease(c.id, c.claim_token) for c in claimed]
+                renewal = store.renew(leases, timedelta(seconds=30))
+                assert len(renewal.held) == n and len(renewal.locked) == n
+                with psycopg.connect(server.dsn, autocommit=True, connect_timeout=5) as other:
+                    (guards,) = other.execute(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s::bigint::oid",
+                        [GUARD_CLASS],
+                    ).fetchone() or (0,)
+                assert 0 < guards <= 10
+                assert len(store.renew(leases, timedelta(seconds=30)).locked) == n  # and again
+            finally:
+                operator.close()
+                store.close()
+    finally:
+        server.close()
