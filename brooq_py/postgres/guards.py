@@ -44,13 +44,16 @@ class LeaseGuards:
     Used only inside that connection's ``use`` (one caller at a time). A guard is released
     when a renewal that carried its claim reports it renewed, canceled or gone, or when no
     renewal carried it for a whole lease (its attempt ended; another engine on the same Store
-    sends its own claims at least every lease/3).
+    sends its own claims at least every lease/3), renewals of no lease at all included: an
+    engine left with nothing to renew still lets go of the claims it stopped renewing (a
+    handler called hung, its row for the reaper, C5).
     """
 
     def __init__(self) -> None:
         self._session: psycopg.Connection[Any] | None = None
         self._held: dict[str, float] = {}  # claim token -> when a renewal last carried it (monotonic)
         self._told_pooled = False
+        self._told_full = False
 
     @property
     def held(self) -> frozenset[str]:
@@ -72,6 +75,13 @@ class LeaseGuards:
         rows = run(queries.renew, {**params, "guarded": uuid_array(self._held), "pid": conn.info.backend_pid})
         now = time.monotonic()
         guarded = {str(r[0]) for r in rows if r[2] in _GUARDED}
+        if not self._told_full and any(r[2] == "full" for r in rows):
+            self._told_full = True
+            log.warning(
+                "more running jobs were found locked elsewhere at a renewal than the heartbeat's session "
+                "may guard (max_locks_per_transaction, its share of the server's lock table): the others "
+                "are kept from the reaper by its hold alone (SPEC P1')"
+            )
         if not self._told_pooled and any(r[2] == "pooled" for r in rows):
             self._told_pooled = True
             log.error(
@@ -93,6 +103,17 @@ class LeaseGuards:
         mine = [t for t in tokens if t in self._held]
         if conn is self._session and mine:
             self._release(on_connection(conn), queries, mine)
+
+    def release_stale(self, conn: psycopg.Connection[Any], queries: Queries, lease: timedelta) -> None:
+        """With no lease to renew: release the guards no renewal carried for a whole lease (their
+        attempts ended, or were called hung with their row still processing: the reaper's now)."""
+        if conn is not self._session:
+            self._session, self._held = conn, {}
+            return
+        stale = time.monotonic() - lease.total_seconds()
+        release = [t for t, at in self._held.items() if at < stale]
+        if release:
+            self._release(on_connection(conn), queries, release)
 
     def _release(self, run: Runner, queries: Queries, tokens: list[str]) -> None:
         """Unlock *tokens*' guards (the renewal that extended their leases has committed)."""

@@ -310,6 +310,10 @@ class WorkerSide:
         connection is closed, StoreUnavailable is raised, and the next call reopens it.
         """
         if not leases:
+            if self._guards.held:  # guards of claims no longer renewed are let go all the same
+                self._heartbeat.use(
+                    "releasing lease guards", lambda conn: self._guards.release_stale(conn, self._q, lease)
+                )
             return Renewal(frozenset())
         params = self._renew_params(leases, lease)
         tokens = {h.claim_token for h in leases}

@@ -286,7 +286,10 @@ class Repo(Protocol):
         ...
 
     def renew(self, leases: Sequence[HeldLease], lease: timedelta) -> Renewal:
-        """Extend every lease still ours by *lease* in one statement, skipping rows locked elsewhere (SPEC C3, P1')."""
+        """Extend every lease still ours by *lease* in one statement, skipping rows locked elsewhere (SPEC C3, P1').
+
+        Called with no lease too, every period while the engine holds none: the store may let go
+        then what it keeps for claims no longer renewed (the guards of P1')."""
         ...
 
     def expired_leases(self) -> list[ExpiredLease]:

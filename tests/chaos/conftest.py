@@ -9,9 +9,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -171,3 +174,78 @@ def settled(dsn: str, schema: str, ids: set[str]) -> bool:
         ).fetchone()
     assert row is not None
     return bool(row[0] == len(ids) and row[1] == 0)
+
+
+class CutProxy:
+    """A TCP proxy in front of PostgreSQL that can be cut: its connections are closed and new ones
+    are closed at once (a server gone), until ``restore()``."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.up = True
+        self._lock = threading.Lock()
+        self._socks: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            if not self.up:
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(self.target)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._socks += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+
+    def _pump(self, a: socket.socket, b: socket.socket) -> None:
+        peers = {a: b, b: a}
+        try:
+            while True:
+                ready, _, _ = select.select([a, b], [], [], 0.2)
+                for s in ready:
+                    data = s.recv(65536)
+                    if not data:
+                        return
+                    peers[s].sendall(data)
+        except (OSError, ValueError):
+            return
+        finally:
+            self._drop(a, b)
+
+    def _drop(self, *socks: socket.socket) -> None:
+        for s in socks:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                s.close()
+
+    def cut(self) -> None:
+        self.up = False
+        with self._lock:
+            socks, self._socks = self._socks, []
+        self._drop(*socks)
+
+    def restore(self) -> None:
+        self.up = True
+
+    def close(self) -> None:
+        self.cut()
+        self.server.close()
+
+
+@pytest.fixture
+def proxy(dsn: str) -> Iterator[CutProxy]:
+    info = psycopg.conninfo.conninfo_to_dict(dsn)
+    p = CutProxy(str(info.get("host") or "127.0.0.1"), int(info.get("port") or 5432))
+    yield p
+    p.close()

@@ -9,11 +9,7 @@ L5). When the proxy is restored, the job must end done from a's one run, written
 
 from __future__ import annotations
 
-import contextlib
-import select
-import socket
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -24,85 +20,11 @@ from psycopg_pool import ConnectionPool
 from brooq_py.engine import Config, Engine
 from brooq_py.postgres import Store
 from brooq_py.queue import Claim, Context, Job, KindOptions
+from tests.chaos.conftest import CutProxy
 from tests.polling import wait_for
 
 LEASE = 2.0
 TERMINAL = ("done", "dead", "canceled")
-
-
-class CutProxy:
-    """A TCP proxy in front of PostgreSQL that can be cut: its connections are closed and new ones
-    are closed at once (a server gone), until ``restore()``."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.target = (host, port)
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.port = self.server.getsockname()[1]
-        self.up = True
-        self._lock = threading.Lock()
-        self._socks: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                return
-            if not self.up:
-                client.close()
-                continue
-            try:
-                upstream = socket.create_connection(self.target)
-            except OSError:
-                client.close()
-                continue
-            with self._lock:
-                self._socks += [client, upstream]
-            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
-
-    def _pump(self, a: socket.socket, b: socket.socket) -> None:
-        peers = {a: b, b: a}
-        try:
-            while True:
-                ready, _, _ = select.select([a, b], [], [], 0.2)
-                for s in ready:
-                    data = s.recv(65536)
-                    if not data:
-                        return
-                    peers[s].sendall(data)
-        except (OSError, ValueError):
-            return
-        finally:
-            self._drop(a, b)
-
-    def _drop(self, *socks: socket.socket) -> None:
-        for s in socks:
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            with contextlib.suppress(OSError):
-                s.close()
-
-    def cut(self) -> None:
-        self.up = False
-        with self._lock:
-            socks, self._socks = self._socks, []
-        self._drop(*socks)
-
-    def restore(self) -> None:
-        self.up = True
-
-    def close(self) -> None:
-        self.cut()
-        self.server.close()
-
-
-@pytest.fixture
-def proxy(dsn: str) -> Iterator[CutProxy]:
-    info = psycopg.conninfo.conninfo_to_dict(dsn)
-    p = CutProxy(str(info.get("host") or "127.0.0.1"), int(info.get("port") or 5432))
-    yield p
-    p.close()
 
 
 def row(dsn: str, schema: str, job_id: str) -> tuple[Any, ...]:
@@ -261,3 +183,140 @@ def test_l6_after_a_whole_store_outage_the_engine_that_lost_the_done_writes_it_f
     changes, violations = audit(dsn, chaos_schema, jid)
     assert violations == 0
     assert [c[:2] for c in changes if c[1] in ("done", "dead")] == [("processing", "done")]
+
+
+def test_l6_a_lost_done_is_not_written_over_a_job_replaced_since_U2_P3(
+    dsn: str, chaos_schema: str, proxy: CutProxy
+) -> None:
+    """Engine a runs a job with a unique key and loses its done with the store (cut off for a
+    lease). Its row is returned to pending by a reaper, and a producer's enqueue with
+    ``on_duplicate="replace"`` then gives that pending holder a new payload (U2: the holder is not
+    processing). The late done of a's run, with the old payload's result, must not end the
+    replaced job: the new payload runs, and its result is the job's."""
+    seen: list[int] = []
+    running = threading.Event()
+    go = threading.Event()
+
+    def handler(ctx: Context, claim: Claim) -> dict[str, int]:
+        seen.append(claim.payload["v"])
+        running.set()
+        assert go.wait(30)
+        return {"saw": claim.payload["v"]}
+
+    pool: ConnectionPool[Any] = ConnectionPool(
+        psycopg.conninfo.make_conninfo(dsn, host="127.0.0.1", port=proxy.port),
+        min_size=1,
+        max_size=4,
+        open=True,
+        timeout=2,
+    )
+    direct: ConnectionPool[Any] = ConnectionPool(dsn, min_size=1, max_size=2, open=True)
+    store = Store(direct, schema=chaos_schema)
+    a = Engine(
+        Store(pool, schema=chaos_schema),
+        Config(workers=1, lease=LEASE, reaper_period=0.2, poll_interval=0.1, watchdog_grace=30),
+        worker_id="engine-a",
+    )
+    a.register_kind("debounced", handler, KindOptions(max_attempts=3))
+    try:
+        job = store.enqueue(Job("debounced", {"v": 1}, unique_key="k", on_duplicate="replace"))
+        a.start()
+        assert running.wait(30)
+        proxy.cut()
+        go.set()  # the handler returns while engine a cannot reach the store
+        wait_for(lambda: a.handover.lost(), what="engine a to give its done up", timeout=30)
+        store.pause("debounced")  # nothing claims the job while the test looks
+        wait_for(lambda: store.reap_expired(), what="the row returned by a reaper", timeout=30, interval=0.1)
+        again = store.enqueue(Job("debounced", {"v": 2}, unique_key="k", on_duplicate="replace"))
+        assert (again.id, again.created) == (job.id, False)
+        assert row(dsn, chaos_schema, job.id)[:2] == ("pending", 1)
+        proxy.restore()
+        wait_for(lambda: not a.handover.lost(), what="engine a's late write tried", timeout=30)
+        assert row(dsn, chaos_schema, job.id)[0] == "pending", "the replaced job ended by the old run's done"
+        store.resume("debounced")
+        wait_for(lambda: row(dsn, chaos_schema, job.id)[0] in TERMINAL, what="the job to end", timeout=30)
+        assert row(dsn, chaos_schema, job.id)[0::3] == ("done", {"saw": 2})
+        assert seen == [1, 2]
+    finally:
+        go.set()
+        proxy.restore()
+        a.stop(timeout=5)
+        a.close()
+        store.close()
+        pool.close()
+        direct.close()
+
+
+@pytest.mark.parametrize("closing", [False, True], ids=["plain", "closing-work"])
+def test_l6_l3_a_lost_done_whose_row_is_locked_delays_only_its_own_write(
+    dsn: str, chaos_schema: str, proxy: CutProxy, closing: bool
+) -> None:
+    """Engine a loses two dones with the store (cut off for a lease while both handlers return).
+    When it is back, an operator's open transaction holds the row lock of the first one it would
+    write. The other done is written all the same, while that lock is held (L3'): a second
+    engine's poison claim of that job would otherwise end it dead a lease later (L6'). The locked
+    one is written once the operator commits. With closing work (``on_succeeded``) each late
+    done is a transaction of its own, the row written in it: the same."""
+    running: list[str] = []
+    closed: list[str] = []
+    go = threading.Event()
+
+    def handler(ctx: Context, claim: Claim) -> None:
+        running.append(claim.id)
+        if closing:
+            claim.on_succeeded(lambda tx: closed.append(claim.id))
+        assert go.wait(30)
+
+    pool: ConnectionPool[Any] = ConnectionPool(
+        psycopg.conninfo.make_conninfo(dsn, host="127.0.0.1", port=proxy.port),
+        min_size=1,
+        max_size=4,
+        open=True,
+        timeout=2,
+    )
+    direct: ConnectionPool[Any] = ConnectionPool(dsn, min_size=1, max_size=2, open=True)
+    store = Store(direct, schema=chaos_schema)
+    a = Engine(
+        Store(pool, schema=chaos_schema),
+        Config(workers=2, lease=LEASE, reaper_period=0.2, poll_interval=0.1, watchdog_grace=30),
+        worker_id="engine-a",
+    )
+    a.register_kind("twice", handler, KindOptions(max_attempts=1))
+    operator = psycopg.connect(dsn, application_name="operator")
+    try:
+        ids = [store.enqueue(Job("twice", {"n": n})).id for n in range(2)]
+        a.start()
+        wait_for(lambda: len(running) == 2, what="both handlers running", timeout=30)
+        proxy.cut()
+        go.set()  # both return while engine a cannot reach the store
+        wait_for(lambda: len(a.handover.lost()) == 2, what="engine a to give both dones up", timeout=30)
+        first = a.handover.lost()[0].id
+        [other] = [i for i in ids if i != first]
+        operator.execute(
+            sql.SQL("SELECT 1 FROM {} WHERE id = %s FOR UPDATE").format(sql.Identifier(chaos_schema, "job")),
+            [first],
+        )
+        store.pause("twice")  # engine a claims nothing meanwhile: only its late writes can end the jobs
+        proxy.restore()
+        wait_for(
+            lambda: row(dsn, chaos_schema, other)[0] == "done",
+            what="the other lost done written while the first row is locked",
+            timeout=4 * LEASE,
+        )
+        assert row(dsn, chaos_schema, first)[0] == "processing"
+        operator.commit()
+        wait_for(
+            lambda: row(dsn, chaos_schema, first)[0] == "done", what="the locked one written", timeout=10
+        )
+        assert not a.handover.lost()
+        if closing:
+            assert set(closed) == set(ids)
+    finally:
+        go.set()
+        operator.close()
+        proxy.restore()
+        a.stop(timeout=5)
+        a.close()
+        store.close()
+        pool.close()
+        direct.close()

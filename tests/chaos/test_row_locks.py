@@ -33,10 +33,10 @@ from psycopg_pool import ConnectionPool
 from brooq_py.engine import Config, Engine
 from brooq_py.postgres import Store
 from brooq_py.postgres.queries import GUARD_CLASS
-from brooq_py.queue import Claim, Context, Job, KindOptions
+from brooq_py.queue import Claim, Context, Job, KindOptions, LeaseLost
 from brooq_py.queue.port import HeldLease, Renewal
 from tests.chaos import invariants, overlaps
-from tests.chaos.conftest import Worker, enqueue_parents, settled
+from tests.chaos.conftest import CutProxy, Worker, enqueue_parents, settled
 from tests.polling import wait_for
 
 LEASE = 3.0
@@ -276,3 +276,170 @@ def test_an_engine_killed_while_it_guards_a_claim_still_has_it_reaped_P1_R1(
         store.close()
     assert reaped == [(jid, "chaos")]
     assert lease_state(dsn, chaos_schema, jid)[::2] == ("pending", 1)
+
+
+CUT_LEASE = 3.0  # the reaper's hold 1 s; a locked claim is renewed every 0.25 s
+
+
+def test_a_guarded_claim_whose_session_is_cut_is_told_before_another_engine_can_run_it_P1(
+    dsn: str, chaos_schema: str, proxy: CutProxy
+) -> None:
+    """Engine a reaches PostgreSQL through a proxy. An operator holds its running job's row lock
+    until the lease has expired in the row: a's claim lives on its guard alone. The proxy is cut
+    (a's connections closed, new ones refused: a network cut): the server ends a's sessions and
+    the guard with them, while a's handler still runs. The operator commits; engine b's reaper
+    returns the row and b runs the job. a's handler must have been told (its ctx cancelled)
+    before b's run starts: a claim that rests on its guard cannot be trusted once its session may
+    be gone, whatever a's last renewal said of it."""
+    told: list[tuple[float, BaseException | None]] = []
+    started_b: list[float] = []
+    running = threading.Event()
+
+    def run_a(ctx: Context, claim: Claim) -> None:
+        running.set()
+        ctx.wait(60)
+        told.append((time.monotonic(), ctx.cause))
+
+    def run_b(ctx: Context, claim: Claim) -> None:
+        started_b.append(time.monotonic())
+
+    pools: list[ConnectionPool[Any]] = []
+
+    def engine(label: str, conninfo: str, handler: Callable[[Context, Claim], None]) -> Engine:
+        pool: ConnectionPool[Any] = ConnectionPool(conninfo, min_size=1, max_size=4, open=True, timeout=2)
+        pools.append(pool)
+        e = Engine(
+            Store(pool, schema=chaos_schema),
+            Config(workers=1, lease=CUT_LEASE, reaper_period=0.2, poll_interval=0.1, watchdog_grace=30),
+            worker_id=f"engine-{label}",
+        )
+        e.register_kind("cut", handler, KindOptions(max_attempts=3, attempt_timeout=120))
+        return e
+
+    a = engine("a", psycopg.conninfo.make_conninfo(dsn, host="127.0.0.1", port=proxy.port), run_a)
+    b = engine("b", dsn, run_b)
+    operator = psycopg.connect(dsn, application_name="operator")
+    try:
+        jid = b.enqueue(Job("cut")).id
+        a.start()
+        assert running.wait(30)
+        _, token, _, _ = lease_state(dsn, chaos_schema, jid)
+        b.start()
+        operator.execute(
+            sql.SQL("SELECT 1 FROM {} WHERE id = %s FOR UPDATE").format(sql.Identifier(chaos_schema, "job")),
+            [jid],
+        )
+        wait_for(lambda: lease_state(dsn, chaos_schema, jid)[3], "the lease expired under the lock", 15, 0.05)
+        wait_for(lambda: guard_holders(dsn, token), "engine a guarding its claim", 10)
+        assert not told, "engine a let its guarded claim go before the cut"
+        proxy.cut()
+        wait_for(lambda: not guard_holders(dsn, token), "the guard gone with a's session", 10)
+        operator.commit()
+        wait_for(lambda: started_b, "engine b running the job", 20)
+        wait_for(lambda: told, "engine a's handler told", 20)
+        assert told[0][0] < started_b[0], (
+            f"engine b started the job {told[0][0] - started_b[0]:.2f}s before engine a's handler, still "
+            "running on a claim whose guard was gone, was told"
+        )
+        assert isinstance(told[0][1], LeaseLost)
+    finally:
+        operator.close()
+        proxy.restore()
+        b.stop(timeout=5)
+        a.stop(timeout=5)
+        a.close()
+        b.close()
+        for p in pools:
+            p.close()
+
+
+def test_a_claim_hung_while_its_row_was_locked_is_still_reaped_by_its_live_engine_C5_P1(
+    dsn: str, chaos_schema: str, chaos_pool: ConnectionPool[Any]
+) -> None:
+    """The engine's only running handler ignores its ctx. An operator holds the row lock while its
+    attempt_timeout passes and the watchdog calls it hung, so the last renewal that carried the
+    claim guarded it. Hung, its lease is no longer renewed and must be left to expire so the
+    reaper returns the job (C5): the guard must not outlive the engine's interest in the claim,
+    even with no other lease left to renew on that engine."""
+    store = Store(chaos_pool, schema=chaos_schema)
+    engine = Engine(
+        store, Config(workers=2, lease=GUARD_LEASE, poll_interval=0.2, reaper_period=0.2, watchdog_grace=0.5)
+    )
+    runs: list[str] = []
+    release = threading.Event()
+
+    def handler(ctx: Context, claim: Claim) -> None:
+        runs.append(claim.claim_token)
+        if len(runs) == 1:
+            release.wait(60)  # ignores its ctx: hung
+
+    engine.register_kind(
+        "hangs", handler, KindOptions(max_attempts=3, attempt_timeout=1.0, max_execution_timeout=60)
+    )
+    jid = store.enqueue(Job("hangs")).id
+    engine.start()
+    operator = psycopg.connect(dsn, application_name="operator")
+    try:
+        wait_for(lambda: runs, "the handler running", 30)
+        token = runs[0]
+        operator.execute(
+            sql.SQL("SELECT 1 FROM {} WHERE id = %s FOR UPDATE").format(sql.Identifier(chaos_schema, "job")),
+            [jid],
+        )
+        wait_for(lambda: guard_holders(dsn, token), "the claim guarded", 10)
+        wait_for(lambda: engine.inflight.hung_count() == 1, "the handler called hung", 10)
+        assert not engine.inflight.held()
+        operator.commit()
+        wait_for(lambda: len(runs) == 2, "the hung claim's job reaped and run again", 6 * GUARD_LEASE, 0.05)
+        assert not guard_holders(dsn, token)
+        wait_for(lambda: lease_state(dsn, chaos_schema, jid)[0] == "done", "the job done", 10)
+        assert lease_state(dsn, chaos_schema, jid)[2] == 2  # reaped with its attempt counted, then run
+    finally:
+        release.set()
+        operator.close()
+        engine.stop(5)
+        engine.close()
+
+
+def test_guards_never_fill_the_servers_lock_table_P1(tmp_path: Any) -> None:
+    """Lease guards are advisory locks, and every one takes a slot of the server's shared lock
+    table (max_locks_per_transaction x connections), which every session needs (a new connection
+    too). An operator's long transaction over many running jobs (an UPDATE of a topic's rows, say)
+    meets thousands of claims at a renewal. On a throwaway server with max_locks_per_transaction=10
+    (about 5,000 slots), one Store renews 6,000 claims whose rows are locked: the renewal succeeds,
+    its session holds at most its share of the table (max_locks_per_transaction guards), and the
+    server still accepts connections."""
+    from brooq_py.devdb.server import ThrowawayServer
+    from brooq_py.postgres import migrations
+
+    server = ThrowawayServer()
+    server.start()
+    try:
+        with psycopg.connect(server.dsn, autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET max_locks_per_transaction = 10")
+        server.restart()
+        migrations.upgrade(server.dsn, schema="bulk")
+        n = 6000
+        with ConnectionPool(server.dsn, min_size=1, max_size=2, open=True) as pool:
+            store = Store(pool, schema="bulk")
+            operator = psycopg.connect(server.dsn)
+            try:
+                store.enqueue_many([Job("bulk", {"n": i}) for i in range(n)])
+                claimed = store.claim(["bulk"], n, "bulk-worker", timedelta(seconds=30))
+                assert len(claimed) == n
+                operator.execute("SELECT id FROM bulk.job WHERE state = 'processing' FOR UPDATE")
+                leases = [HeldLease(c.id, c.claim_token) for c in claimed]
+                renewal = store.renew(leases, timedelta(seconds=30))
+                assert len(renewal.held) == n and len(renewal.locked) == n
+                with psycopg.connect(server.dsn, autocommit=True, connect_timeout=5) as other:
+                    (guards,) = other.execute(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s::bigint::oid",
+                        [GUARD_CLASS],
+                    ).fetchone() or (0,)
+                assert 0 < guards <= 10
+                assert len(store.renew(leases, timedelta(seconds=30)).locked) == n  # and again
+            finally:
+                operator.close()
+                store.close()
+    finally:
+        server.close()

@@ -63,6 +63,7 @@ class Attempt:
         "cancelled_at",
         "claim",
         "ctx",
+        "extended_at",
         "hard_deadline",
         "kind",
         "renewed_at",
@@ -103,6 +104,9 @@ class Attempt:
         self.started = started
         # When the database last confirmed the lease (monotonic): the claim's return, then each renewal (L4).
         self.renewed_at = started
+        # When the lease in the row was last extended (monotonic): the claim, then each renewal that
+        # found the row free. Past it by a lease, only the claim's guard keeps the reaper off (P1').
+        self.extended_at = started
         self.soft_deadline = started + opts.td("attempt_timeout").total_seconds()
         self.hard_deadline = started + opts.td("max_execution_timeout").total_seconds()
         self.cancelled_at: float | None = None

@@ -11,10 +11,23 @@ from brooq_py.engine.attempt.attempt import Attempt, Phase
 from brooq_py.engine.clock import Clock
 from brooq_py.engine.repo import HeldLease, Renewal
 from brooq_py.engine.services.ticker import Ticker
+from brooq_py.queue import StoreUnavailable
 
 # While a held row is locked elsewhere, renew this often: the first renewal after the lock
 # is gone extends its lease well before the reaper's hold runs out (SPEC P1').
 LOCKED_RETRY = 0.25
+
+
+def guard_window(lease: float) -> float:
+    """How long a claim whose lease ran out in the row, kept from the reaper by its guard alone
+    (a lock of the heartbeat's session, P1'), is trusted after the last renewal that saw it held.
+
+    The guard ends with that session, which the engine cannot watch between renewals: a session
+    cut off silently is ended by the server's TCP keepalives (set from the lease on the Store's
+    own connections: at least 4 s and about lease/3 of silence), so this stays below that; a
+    renewal that finds the connection gone fences such a claim at once.
+    """
+    return min(lease, max(1.0, lease / 6))
 
 
 class Heartbeat(Ticker):
@@ -30,6 +43,12 @@ class Heartbeat(Ticker):
     under the claim is an operator's cancel, told as such (``on_canceled``, X2').
     ``wake()`` renews at once: a cancel's notification may have been missed (the
     listener reconnected), so the held claims are looked at now, not at the period.
+
+    A locked row's lease is not extended: once it has run out in the row, only the
+    claim's guard (a lock of the heartbeat's own session) keeps the reaper off it,
+    and that goes with the session. Such a claim is confirmed for ``guard_window``
+    only (the watchdog fences it then, L4), and a renewal that finds the connection
+    gone fences it at once (*on_fence*): another engine may run the job from then on.
     """
 
     name = "heartbeat"
@@ -43,6 +62,9 @@ class Heartbeat(Ticker):
         log: logging.Logger,
         clock: Clock,
         on_canceled: Callable[[Attempt], None] | None = None,
+        *,
+        lease: float | None = None,
+        on_fence: Callable[[Attempt], None] | None = None,
     ) -> None:
         super().__init__(period, log)
         self.backoff_base = self.period / 4  # a blip is retried soon, never slower than the period
@@ -52,6 +74,8 @@ class Heartbeat(Ticker):
         self._on_canceled = on_canceled or on_lost
         self._clock = clock
         self._locked = False
+        self._lease = lease
+        self._on_fence = on_fence
         self._poke = threading.Event()  # set by wake() and by stop()
 
     def wake(self) -> None:
@@ -90,22 +114,43 @@ class Heartbeat(Ticker):
         attempts = list(self._held())
         self._locked = False
         if not attempts:
+            self._renew([])  # nothing to renew; the store may let go what it kept for ended claims
             return
         sent = self._clock.monotonic()
         leases, taken = self._leases(attempts)
         try:
             renewal = self._renew(leases)
-        except BaseException:
+        except BaseException as exc:
             for a, progress in taken:  # kept for the next renewal, unless newer values came meanwhile
                 a.ctx.give_back_progress(progress)
+            if isinstance(exc, StoreUnavailable):
+                self._fence_unguarded(attempts)
             raise
         for a, progress in taken:
             if a.row.claim_token in renewal.locked:  # its row was not written this time
                 a.ctx.give_back_progress(progress)
         self._locked = bool(renewal.locked)
+        lease = self._lease
         for a in attempts:
             token = a.row.claim_token
             if token in renewal.held:
-                a.renewed_at = max(a.renewed_at, sent)
+                if token not in renewal.locked:
+                    a.extended_at = max(a.extended_at, sent)
+                    a.renewed_at = max(a.renewed_at, sent)
+                elif lease is None:
+                    a.renewed_at = max(a.renewed_at, sent)
+                else:  # fenced at its lease's end in the row, or guard_window from now if later
+                    a.renewed_at = max(a.renewed_at, sent + guard_window(lease) - lease)
             elif a.phase is Phase.RUNNING:
                 (self._on_canceled if token in renewal.canceled else self._on_lost)(a)
+
+    def _fence_unguarded(self, attempts: Sequence[Attempt]) -> None:
+        """The heartbeat's connection is gone, and with its session the guards: a running claim
+        whose lease has run out in the row is kept from the reaper no more (P1')."""
+        lease, fence = self._lease, self._on_fence
+        if lease is None or fence is None:
+            return
+        now = self._clock.monotonic()
+        for a in attempts:
+            if a.phase is Phase.RUNNING and now - a.extended_at >= lease:
+                fence(a)

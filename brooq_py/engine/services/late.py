@@ -63,12 +63,20 @@ class LateOutcomes(Ticker):
     def tick(self) -> None:
         self._handover.release_held()
         now = time.monotonic()
-        lost = self._handover.lost()
-        for a in lost:
-            if self._locked.get(a.id, (0.0, 0.0))[0] <= now:
+        failed: Exception | None = None
+        for a in self._handover.lost():
+            if self._locked.get(a.id, (0.0, 0.0))[0] > now:
+                continue  # its row was locked elsewhere: tried again after its backoff (L3')
+            try:
                 self._write(a)
+            except StoreUnavailable:
+                raise  # the others would fail as well: next tick
+            except Exception as exc:  # only its own write fails: the others go on (L3')
+                failed = failed or exc
         remembered = {a.id for a in self._handover.lost()}
         self._locked = {k: v for k, v in self._locked.items() if k in remembered}
+        if failed is not None:
+            raise failed  # logged by the ticker's rule; the next tick tries again
 
     def _write(self, a: Attempt) -> None:
         """Write *a*'s lost done (or the failure of its closing work); StoreUnavailable: next tick."""

@@ -53,6 +53,8 @@ def background_services(
             log,
             clock,
             on_canceled=supervisor.canceled,
+            lease=cfg.lease_td.total_seconds(),
+            on_fence=supervisor.fence,
         ),
         Watchdog(
             inflight.running,

@@ -32,6 +32,8 @@ WITH a AS (
     DO UPDATE SET
         payload = CASE WHEN %(mode)s = 'replace' THEN excluded.payload ELSE j.payload END,
         meta = CASE WHEN %(mode)s = 'replace' THEN excluded.meta ELSE j.meta END,
+        -- a replaced holder is another job's now: a done lost by its last run is not its (L6')
+        claim_token = CASE WHEN %(mode)s = 'replace' THEN NULL ELSE j.claim_token END,
         priority = CASE WHEN %(mode)s = 'replace' THEN excluded.priority
                         ELSE greatest(j.priority, excluded.priority) END,
         available_at = CASE WHEN %(mode)s = 'replace' THEN excluded.available_at

@@ -5,7 +5,8 @@
 -- written only while the row is nobody else's since:
 --   - still processing under that claim (its lease may have expired: no one took it);
 --   - returned to pending by the reaper and not claimed since (the reaper keeps the claim token
---     and the attempts; a claim changes the token, an operator's retry resets attempts);
+--     and the attempts; a claim changes the token, an operator's retry resets attempts, an
+--     enqueue that replaces the holder of its unique key clears the token: another job's now);
 --   - for a last attempt (%(last)s), held by the claim that came next: processing, one attempt
 --     more, so claimed past max_attempts, never run, its poison verdict held back for this (L5).
 -- The row then reads as if the write had come in time: that attempt's count, claim token and

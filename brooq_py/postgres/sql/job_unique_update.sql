@@ -13,6 +13,8 @@ WITH n AS (
     UPDATE {job} j
     SET payload = CASE WHEN %(mode)s = 'replace' THEN n.payload ELSE j.payload END,
         meta = CASE WHEN %(mode)s = 'replace' THEN n.meta ELSE j.meta END,
+        -- a replaced holder is another job's now: a done lost by its last run is not its (L6')
+        claim_token = CASE WHEN %(mode)s = 'replace' THEN NULL ELSE j.claim_token END,
         priority = CASE WHEN %(mode)s = 'replace' THEN n.priority ELSE greatest(j.priority, n.priority) END,
         available_at = CASE WHEN %(mode)s = 'replace' THEN n.at ELSE least(j.available_at, n.at) END,
         state = CASE

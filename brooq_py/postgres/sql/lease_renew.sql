@@ -15,8 +15,11 @@
 -- ends with the session when the engine dies. Third column, for 'locked' rows only: 'kept'
 -- (already held: %(guarded)s), 'taken' (taken now), 'pooled' (not taken: this statement
 -- does not run on the backend the client connected to, %(pid)s: a connection pooler, where
--- a session lock would stay behind on a shared server connection) or 'busy'
--- (another session holds the key this instant: tried again at the next renewal).
+-- a session lock would stay behind on a shared server connection), 'full' (not taken: the
+-- session holds max_locks_per_transaction guards already, its share of the server's lock
+-- table, which every session and every new connection needs: the reaper's hold alone keeps
+-- that claim) or 'busy' (another session holds the key this instant: tried again at the
+-- next renewal).
 WITH held AS MATERIALIZED (
     SELECT h.id, h.token, h.progress, h.note, 'processing'::text AS guard, 'canceled'::text AS gone
     FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(progress)s::real[], %(notes)s::text[])
@@ -35,19 +38,28 @@ WITH held AS MATERIALIZED (
     FROM free
     WHERE j.id = free.id
     RETURNING j.claim_token
+), blocked AS MATERIALIZED (
+    SELECT h.token, j.state = h.guard AS locked, h.token = ANY (%(guarded)s::uuid[]) AS kept
+    FROM {job} j
+    JOIN held h ON j.id = h.id
+    WHERE j.id = ANY (%(ids)s::uuid[]) AND j.claim_token = h.token
+        AND (j.state = h.gone OR (j.state = h.guard AND j.id NOT IN (SELECT id FROM free)))
+), ranked AS (
+    SELECT b.token, b.locked, b.kept,
+        row_number() OVER (PARTITION BY b.locked AND NOT b.kept ORDER BY b.token) AS n
+    FROM blocked b
 )
 SELECT claim_token::text, 'renewed', NULL::text FROM renewed
 UNION ALL
-SELECT h.token::text,
-    CASE WHEN j.state = h.guard THEN 'locked' ELSE 'canceled' END,
+SELECT r.token::text,
+    CASE WHEN r.locked THEN 'locked' ELSE 'canceled' END,
     CASE
-        WHEN j.state <> h.guard THEN NULL
-        WHEN h.token = ANY (%(guarded)s::uuid[]) THEN 'kept'
+        WHEN NOT r.locked THEN NULL
+        WHEN r.kept THEN 'kept'
         WHEN pg_backend_pid() <> %(pid)s::int THEN 'pooled'
-        WHEN pg_try_advisory_lock({guard_class}, hashtext(h.token::text)) THEN 'taken'
+        WHEN r.n > current_setting('max_locks_per_transaction')::int - cardinality(%(guarded)s::uuid[])
+            THEN 'full'
+        WHEN pg_try_advisory_lock({guard_class}, hashtext(r.token::text)) THEN 'taken'
         ELSE 'busy'
     END
-FROM {job} j
-JOIN held h ON j.id = h.id
-WHERE j.id = ANY (%(ids)s::uuid[]) AND j.claim_token = h.token
-    AND (j.state = h.gone OR (j.state = h.guard AND j.id NOT IN (SELECT id FROM free)))
+FROM ranked r
