@@ -19,6 +19,7 @@ from psycopg import sql
 
 from brooq_py.postgres import Store
 from brooq_py.queue import Job
+from brooq_py.queue.port import HeldLease
 
 LEASE = timedelta(seconds=60)
 
@@ -48,10 +49,8 @@ def test_p1_claim_and_renewal_commit_synchronously(store: Store, tx: psycopg.Con
     assert sync_commit(tx) == "on"
     tx.commit()
     _id, token = claimed[0][0], claimed[0][5]
-    renewed = tx.execute(
-        store._q.renew.composed,
-        {"ids": [_id], "tokens": [token], "progress": [None], "notes": [None], "lease": LEASE},
-    ).fetchall()
+    params = Store._renew_params([HeldLease(str(_id), str(token))], LEASE)  # as the heartbeat sends them
+    renewed = tx.execute(store._q.renew.composed, {**params, "pid": tx.info.backend_pid}).fetchall()
     assert [(r[0], r[1]) for r in renewed] == [(str(token), "renewed")]
     assert sync_commit(tx) == "on"
     tx.commit()
