@@ -195,7 +195,7 @@ def engine_side(pool: ConnectionPool[Any], store: Store, first_id: str) -> None:
         wait_for(lambda: slow_stopped.is_set())
         show(pool, "the slow job", "fate", id=slow_id)
 
-        step(9, "the useful queries of the README")
+        step(9, "the useful queries of docs/operating.md")
         show(pool, "depth by topic", "depth")
         show(pool, "oldest ready age (lag)", "oldest_ready")
         settled = engine.registry.get_sample_value(
