@@ -24,7 +24,8 @@ from brooq_py.postgres.caps import TopicCaps
 from brooq_py.postgres.queries import Queries, Query
 from brooq_py.postgres.rows import job_row
 from brooq_py.postgres.runner import Rows
-from brooq_py.postgres.unique import answers, enqueue_unique, unique_params
+from brooq_py.postgres.unique import FirstTries, answers, enqueue_unique, unique_params
+from brooq_py.postgres.unique import meta_json as unique_meta_json
 from brooq_py.postgres.workflows import after_params, has_parents, parents_of, unknown_parent, with_parents
 from brooq_py.queue import BrooqError, EnqueueResult, GroupResult, InvalidJob, Job, JobRow, State
 from brooq_py.queue.ids import uuid7, uuid7_text, uuid7_texts
@@ -146,6 +147,47 @@ def keyless(
         params["meta"] = job.meta_json()
         return q["job_enqueue_plain_meta"], params, EnqueueResult(job_id, True)
     return q.enqueue_plain, params, EnqueueResult(job_id, True)
+
+
+def unique_first(job: Job, caps: Mapping[str, int] | None) -> bool:
+    """Whether a Store's own enqueue of *job* may try ``unique_new`` (see there)."""
+    return (
+        caps is not None
+        and isinstance(job, Job)
+        and job.unique_key is not None
+        and job.key is None
+        and not job.after
+        and job.on_duplicate == "keep"
+        and job.topic not in caps
+    )
+
+
+def unique_new(
+    q: Queries, job: Job, caps: Mapping[str, int] | None, tries: FirstTries
+) -> tuple[Query, dict[str, Any], EnqueueResult] | None:
+    """Return the first statement of a Store's own enqueue of a new unique job, and its result if it inserts.
+
+    For a Job with a unique key and ``on_duplicate`` 'keep', without an
+    idempotency key or parents, on a topic that *caps* (as in ``keyless``) do
+    not name and that *tries* has not taken out: one INSERT whose only arbiter
+    is the unique key's partial index (SPEC U1), nothing read back. The Store
+    runs it alone: a row count of 1 is the result; 0 (an active job holds the
+    key) is answered by the whole plan (``enqueue_one``), which finds the
+    holder. The job is validated first (E4). None for any other job.
+    """
+    if not unique_first(job, caps) or not tries.tries(job.topic):
+        return None
+    job_id = uuid7_text()
+    params = {
+        "id": job_id,
+        "topic": job.topic,
+        "payload": job.payload_json(),
+        "unique_key": job.unique_key,
+        "meta": unique_meta_json(job),
+        "available_at": job.available_at,
+        "priority": job.priority,
+    }
+    return q["job_enqueue_unique_new"], params, EnqueueResult(job_id, True)
 
 
 def known_caps(q: Queries, caps: TopicCaps) -> Plan[Mapping[str, int]]:

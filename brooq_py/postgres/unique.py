@@ -23,6 +23,7 @@ The idempotency key wins when both are taken: that row is the answer, unchanged.
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 from brooq_py.postgres.caps import TopicCaps
@@ -92,3 +93,30 @@ def enqueue_unique(q: Queries, job: Job, payload: str, cap: int | None, caps: To
             raise caps.refused(job.topic, cap)
         # No row: a holder committed while we waited on it (not in our snapshot), or ended: again.
     raise BrooqError(f"enqueue of topic {job.topic!r} did not settle after {_ATTEMPTS} attempts")
+
+
+class FirstTries:
+    """Per Store: the topics whose new unique jobs are tried first with ``job_enqueue_unique_new``.
+
+    That plain INSERT costs a new job nothing more than its index entry, but a
+    duplicate then takes a second statement (``job_enqueue_unique``, which
+    answers with the holder). So an enqueue that found its key held takes its
+    topic out: the topic's next unique jobs run ``job_enqueue_unique`` at once
+    (one statement for a duplicate too), until one of them creates a job and
+    puts the topic back. Only the topics now out are kept.
+    """
+
+    def __init__(self) -> None:
+        self._out: set[str] = set()
+        self._lock = threading.Lock()
+
+    def tries(self, topic: str) -> bool:
+        return topic not in self._out
+
+    def saw(self, job: Job, result: EnqueueResult) -> None:
+        """Note the outcome of an enqueue of *job* that ``enqueueing.unique_new`` took."""
+        with self._lock:
+            if result.created:
+                self._out.discard(job.topic)
+            else:
+                self._out.add(job.topic)
