@@ -144,7 +144,9 @@ class AsyncStore(AsyncWaitSide):
             query, params, created = plain
             await self._execute("enqueueing", query, params)
             return created
-        first = plans.unique_new(self._q, job, caps, self._first_tries)
+        first = plans.unique_new(self._q, job, caps, self._first_tries) or plans.capped_new(
+            self._q, job, caps, self._caps
+        )
         if first is not None:
             query, params, created = first
             if await self._execute("enqueueing", query, params) == 1:

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from brooq_py.postgres.arrays import int_array, own_uuid_array, text_array, timestamptz_array
-from brooq_py.postgres.caps import TopicCaps
+from brooq_py.postgres.caps import NO_ANCHOR, TopicCaps
 from brooq_py.postgres.queries import Queries, Query
 from brooq_py.postgres.rows import job_row
 from brooq_py.postgres.runner import Rows
@@ -190,6 +190,47 @@ def unique_new(
     return q["job_enqueue_unique_new"], params, EnqueueResult(job_id, True)
 
 
+def capped_new(
+    q: Queries, job: Job, known: Mapping[str, int] | None, caps: TopicCaps
+) -> tuple[Query, dict[str, Any], EnqueueResult] | None:
+    """Return the first statement of a Store's own enqueue of a job on a capped topic, and its result if
+    it inserts.
+
+    For a Job without keys or parents on a topic that *known* (the Store's fresh
+    caps) caps and for which *caps* holds an anchor: ``job_enqueue_capped``, the
+    plain insert written only while the anchor bounds the topic's depth below
+    its cap (SPEC F2), nothing counted, nothing read back. The Store runs it
+    alone: a row count of 1 is the result; 0 (the bound reached the cap) is
+    answered by the whole plan (``enqueue_one``), which counts. The job is
+    validated first (E4). None for any other job.
+    """
+    if (
+        known is None
+        or not isinstance(job, Job)
+        or job.key is not None
+        or job.unique_key is not None
+        or job.after
+        or job.topic not in known
+    ):
+        return None
+    anchor = caps.anchor(job.topic)
+    if anchor is None:
+        return None
+    job_id = uuid7_text()
+    params = {
+        "id": job_id,
+        "topic": job.topic,
+        "payload": job.payload_json(),
+        "meta": job.meta_json(),
+        "available_at": job.available_at,
+        "priority": job.priority,
+        "cap": known[job.topic],
+        "base": anchor[0],
+        "seq0": anchor[1],
+    }
+    return q["job_enqueue_capped"], params, EnqueueResult(job_id, True)
+
+
 def known_caps(q: Queries, caps: TopicCaps) -> Plan[Mapping[str, int]]:
     """The depth caps, read again (one small statement) when the cached ones are older than a second."""
     known = caps.fresh()
@@ -270,8 +311,12 @@ def _enqueue_one(q: Queries, job: Job, payload: str, caps: TopicCaps) -> Plan[En
         return (yield from _just(plain))
     params = job_params(job, payload, uuid7())
     params["cap"] = cap
+    sent = caps.depth_params(job.topic) if cap is not None else ({**NO_ANCHOR}, None)
+    params.update(sent[0])
     for _ in range(_ATTEMPTS):
         rows = yield (q["job_enqueue_meta"] if job.meta else q.enqueue), params
+        if rows and cap is not None:
+            caps.answered(job.topic, cap, sent, rows[0], bool(rows[0][1]))
         if rows and rows[0][1]:
             return EnqueueResult(str(rows[0][0]), True)
         # No row: the key is taken. (NULL, false): the cap refused it - unless the key is taken too.

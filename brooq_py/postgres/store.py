@@ -224,7 +224,9 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
             query, params, created = plain
             self._execute("enqueueing", query, params)
             return created
-        first = plans.unique_new(self._q, job, caps, self._first_tries)
+        first = plans.unique_new(self._q, job, caps, self._first_tries) or plans.capped_new(
+            self._q, job, caps, self._caps
+        )
         if first is not None:
             query, params, created = first
             if self._execute("enqueueing", query, params) == 1:

@@ -26,7 +26,7 @@ import json
 import threading
 from typing import Any
 
-from brooq_py.postgres.caps import TopicCaps
+from brooq_py.postgres.caps import NO_ANCHOR, TopicCaps
 from brooq_py.postgres.queries import Queries
 from brooq_py.postgres.runner import Rows
 from brooq_py.queue import BrooqError, EnqueueResult, Job
@@ -51,6 +51,7 @@ def unique_params(job: Job, payload: str, cap: int | None) -> dict[str, Any]:
         "available_at": job.available_at,
         "priority": job.priority,
         "cap": cap,
+        **NO_ANCHOR,
         "mode": job.on_duplicate,
     }
 
@@ -70,10 +71,15 @@ def enqueue_unique(q: Queries, job: Job, payload: str, cap: int | None, caps: To
     (nothing written) when the topic is at its cap and no holder answers.
     """
     params = unique_params(job, payload, cap)
+    sent = caps.depth_params(job.topic) if cap is not None else ({**NO_ANCHOR}, None)
+    params.update(sent[0])
     changes = job.on_duplicate != "keep"
     query = q["job_enqueue_unique_update"] if changes and job.key is None else q["job_enqueue_unique"]
     for _ in range(_ATTEMPTS):
-        found = answers((yield query, params))
+        rows = yield query, params
+        if rows and cap is not None:
+            caps.answered(job.topic, cap, sent, rows[0], any(r[0] == "created" for r in rows))
+        found = answers(rows)
         if "created" in found:
             return EnqueueResult(str(params["id"]), True)
         for kind in ("updated", "key"):

@@ -14,7 +14,21 @@ from psycopg import sql
 from brooq_py.postgres import channel_for, migrations
 from tests.conftest import drop_schema
 
-REVISIONS = ["0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011", "0012"]
+REVISIONS = [
+    "0001",
+    "0002",
+    "0003",
+    "0004",
+    "0005",
+    "0006",
+    "0007",
+    "0008",
+    "0009",
+    "0010",
+    "0011",
+    "0012",
+    "0013",
+]
 
 
 @pytest.fixture
@@ -54,6 +68,10 @@ def snapshot(dsn: str, schema: str) -> dict[str, Any]:
             "triggers": rows(
                 "SELECT t.tgname, pg_get_triggerdef(t.oid) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
                 "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %(s)s AND NOT t.tgisinternal "
+                "ORDER BY 1"
+            ),
+            "sequences": rows(
+                "SELECT sequence_name, data_type FROM information_schema.sequences WHERE sequence_schema = %(s)s "
                 "ORDER BY 1"
             ),
             "functions": rows(
