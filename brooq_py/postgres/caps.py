@@ -12,13 +12,14 @@ on this Store is obeyed at once.
 The check itself counts nothing while it can prove there is room (migration
 0013). Every capped enqueue takes its transaction's id and then a value of the
 sequence ``job_depth_seq``, and so does every job that moves back to a waiting
-state (a row trigger). A capped topic's *anchor* here is ``(base, seq0)``: at
-most ``base`` waiting jobs, besides those of values above ``seq0``. So the
-topic's depth is at most ``base`` plus the values taken since ``seq0`` (claims
-and ends only lower it), and an enqueue inserts without counting while that
-sum, its own value included, stays within the cap (``job_enqueue_capped``, or
-the ``room`` of ``job_enqueue``). When it would not, the INSERT counts, as
-before, and refuses a full topic.
+state (a row trigger); a refused enqueue takes neither. A capped topic's
+*anchor* here is ``(base, seq0)``: at most ``base`` waiting jobs, besides
+those of values above ``seq0``. So the topic's depth is at most ``base`` plus
+the values taken since ``seq0`` (claims and ends only lower it), and an
+enqueue inserts without counting while that sum, with the sequence's last
+value and one for itself, stays within the cap (``job_enqueue_capped``, or the
+``room`` of ``job_enqueue``). When it would not, the INSERT counts, as before,
+and refuses a full topic.
 
 A count can anchor only a value every transaction of which it sees:
 transactions still running when it began are invisible to it, and so are
@@ -81,10 +82,6 @@ class TopicCaps:
                     del kept[topic]
         return caps
 
-    def anchor(self, topic: str) -> tuple[int, int] | None:
-        """*topic*'s anchor ``(base, seq0)``, or None while this Store has none."""
-        return self._anchors.get(topic)
-
     def depth_params(self, topic: str) -> tuple[dict[str, int | None], int | None]:
         """The parameters of a counting statement of *topic* (anchor and checkpoint), and the value of
         this Store's last counting statement, for ``answered``."""
@@ -110,13 +107,20 @@ class TopicCaps:
                 self._anchors[topic] = (anchor + created, params["cp_s"])
             elif seen is not None and seen >= cap:
                 self._anchors.pop(topic, None)  # a count that reached the cap bounds nothing
-            if seq is None:
-                return
             checkpoint = self._checkpoints.get(topic)
             if horizon is not None and last is not None and (checkpoint is None or checkpoint[0] < last):
                 self._checkpoints[topic] = (last, horizon)  # this statement began after *last* was taken
-            if self._last.get(topic, -1) < seq:
+            if seq is not None and self._last.get(topic, -1) < seq:
                 self._last[topic] = seq
+
+    def worth_trying(self, topic: str, cap: int) -> tuple[int, int] | None:
+        """*topic*'s anchor when the bound it gives, as far as this Store has seen the sequence
+        advance, still leaves room for a job: else None (counting is due anyway)."""
+        anchor = self._anchors.get(topic)
+        if anchor is None:
+            return None
+        last = self._last.get(topic, anchor[1])
+        return anchor if anchor[0] + max(0, last - anchor[1]) + 1 <= cap else None
 
     def forget(self) -> None:
         """Read the caps again at the next enqueue (this Store changed one)."""

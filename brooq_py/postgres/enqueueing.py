@@ -197,7 +197,8 @@ def capped_new(
     it inserts.
 
     For a Job without keys or parents on a topic that *known* (the Store's fresh
-    caps) caps and for which *caps* holds an anchor: ``job_enqueue_capped``, the
+    caps) caps and for which *caps* holds an anchor that may still leave room
+    (``TopicCaps.worth_trying``): ``job_enqueue_capped``, the
     plain insert written only while the anchor bounds the topic's depth below
     its cap (SPEC F2), nothing counted, nothing read back. The Store runs it
     alone: a row count of 1 is the result; 0 (the bound reached the cap) is
@@ -213,7 +214,7 @@ def capped_new(
         or job.topic not in known
     ):
         return None
-    anchor = caps.anchor(job.topic)
+    anchor = caps.worth_trying(job.topic, known[job.topic])
     if anchor is None:
         return None
     job_id = uuid7_text()

@@ -88,6 +88,17 @@ def test_f2_in_the_callers_transaction_which_stays_usable(
     assert store.get(r.id) is not None and _count(pool, schema, "d") == 0
 
 
+def test_f2_a_refusal_takes_no_transaction_id(store: Store, dsn: str) -> None:
+    """A refused enqueue writes nothing, not even a transaction id (its commit has nothing to flush)."""
+    store.set_max_depth("d", 1)
+    store.enqueue(Job("d", {}))
+    for job in (Job("d", {}), Job("d", {}, unique_key="u"), Job("d", {}, idempotency_key="k")):
+        with psycopg.connect(dsn) as conn:
+            with pytest.raises(QueueFull):
+                store.enqueue_tx(WrapTx(conn), job)
+            assert conn.execute("SELECT txid_current_if_assigned()").fetchone() == (None,)
+
+
 def test_f2_async(pool: ConnectionPool[Any], schema: str, dsn: str) -> None:
     async def main() -> None:
         apool: AsyncConnectionPool[Any] = AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False)
