@@ -10,7 +10,7 @@ removed elsewhere is obeyed by this Store within a second; ``set_max_depth``
 on this Store is obeyed at once.
 
 The check itself counts nothing while it can prove there is room (migration
-0013). Every capped enqueue takes its transaction's id and then a value of the
+0014). Every capped enqueue takes its transaction's id and then a value of the
 sequence ``job_depth_seq``, and so does every job that moves back to a waiting
 state (a row trigger); a refused enqueue takes neither. A capped topic's
 *anchor* here is ``(base, seq0)``: at most ``base`` waiting jobs, besides
@@ -33,7 +33,7 @@ whose snapshot shows every other transaction below the horizon ended therefore
 saw all of them, and ``(count + its own job, checkpoint value)`` is an anchor.
 Any transaction that writes counts here, whatever it writes: while one that
 began before the checkpoint is still open, this Store cannot anchor and its
-capped enqueues count, as they did before 0013.
+capped enqueues count, as they did before 0014.
 Jobs written without a value (psql, a Store that has not seen the cap yet)
 are not in any bound until the next count, as they were never checked.
 """

@@ -1,7 +1,7 @@
 """Named SQL statements: loaded once from ``sql/*.sql``, rendered per schema.
 
 Each file holds one statement with ``{job}``, ``{job_edge}``, ``{topic_setting}``, ``{schedule_tick}``,
-``{version_table}`` (the tables), ``{depth_seq}`` (the depth caps' sequence, migration 0013, as a
+``{version_table}`` (the tables), ``{depth_seq}`` (the depth caps' sequence, migration 0014, as a
 text literal for ``to_regclass``),
 ``{channel}`` (the wake-up channel as an identifier), ``{channel_literal}`` (as text) or
 ``{stage_channel}`` (the stager's channel, ``{stage_channel_literal}`` as text), ``{cancel_channel}``

@@ -290,7 +290,7 @@ def test_f2_a_cap_removed_and_set_again_is_counted_afresh(
 def test_f2_on_a_schema_without_the_depth_sequence_every_capped_enqueue_counts(
     pool: ConnectionPool[Any], dsn: str
 ) -> None:
-    """Before migration 0013 there is no sequence: caps hold as before (each enqueue counts)."""
+    """Before migration 0014 there is no sequence: caps hold as before (each enqueue counts)."""
     name = "t_" + uuid.uuid4().hex
     migrations.upgrade(ddl_dsn(dsn), schema=name, revision="0012")
     store = Store(pool, schema=name)

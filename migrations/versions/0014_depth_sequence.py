@@ -1,4 +1,4 @@
-"""0013 a depth cap checked without counting the queue on every enqueue (SPEC F2).
+"""0014 a depth cap checked without counting the queue on every enqueue (SPEC F2).
 
 Counting a capped topic's waiting jobs on every enqueue costs O(depth) (up to
 the cap). Instead every enqueue of a capped topic takes its transaction's id
@@ -31,14 +31,14 @@ count, as it was never checked.
   calling the function: claims, renewals, successes and the stager pay nothing more.
 
 The statements find the sequence with ``to_regclass``: on a schema not yet
-migrated to 0013 it is missing, ``nextval`` of NULL is NULL, and every capped
+migrated to 0014 it is missing, ``nextval`` of NULL is NULL, and every capped
 enqueue counts as before.
 """
 
 from alembic import op
 
-revision = "0013"
-down_revision = "0012"
+revision = "0014"
+down_revision = "0013"
 branch_labels = None
 depends_on = None
 
