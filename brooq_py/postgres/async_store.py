@@ -37,6 +37,7 @@ from brooq_py.postgres.operator_side import LIMIT_WAIT, checked_topic
 from brooq_py.postgres.producer import check_schema, no_pool
 from brooq_py.postgres.queries import Queries, Query
 from brooq_py.postgres.runner import Rows
+from brooq_py.postgres.unique import FirstTries
 from brooq_py.postgres.wait_side import AsyncWaitSide
 from brooq_py.postgres.waiting import AsyncWatch
 from brooq_py.queue import EnqueueResult, GroupResult, Job, JobRow, StoreUnavailable
@@ -85,6 +86,7 @@ class AsyncStore(AsyncWaitSide):
         self.schema = check_schema(schema)
         self._q = Queries(schema)
         self._caps = TopicCaps()  # the depth-capped topics, cached for a second (SPEC F2)
+        self._first_tries = FirstTries()  # which topics' new unique jobs try the plain insert first
         self._waits: AsyncWatch | None = None
 
     @asynccontextmanager
@@ -112,10 +114,13 @@ class AsyncStore(AsyncWaitSide):
             finally:
                 await pool.putconn(conn)
 
-    async def _execute(self, doing: str, query: Query, params: dict[str, Any]) -> None:
-        """Run *query*, one statement that returns no rows, in autocommit on a pool connection."""
+    async def _execute(self, doing: str, query: Query, params: dict[str, Any]) -> int:
+        """Run *query*, one statement that returns no rows, in autocommit on a pool connection.
+
+        Return the number of rows it wrote.
+        """
         async with self._autocommit(doing) as conn:
-            await execute_async(conn, query, params)
+            return await execute_async(conn, query, params)
 
     async def _drive(self, doing: str, plan: plans.Plan[Any]) -> Any:
         """Run *plan* in autocommit statements on a pool connection (none taken if it needs none)."""
@@ -133,15 +138,23 @@ class AsyncStore(AsyncWaitSide):
         Idempotent on (topic, key) for the life of the row (SPEC E1). Raise
         InvalidJob before anything is written for a bad job (E4).
         """
-        plain = plans.keyless(self._q, job, self._caps.fresh())
-        if plain is None:
-            result: EnqueueResult = await self._drive(
-                "enqueueing", plans.enqueue_one(self._q, job, self._caps)
-            )
-            return result
-        query, params, created = plain
-        await self._execute("enqueueing", query, params)
-        return created
+        caps = self._caps.fresh()
+        plain = plans.keyless(self._q, job, caps)
+        if plain is not None:
+            query, params, created = plain
+            await self._execute("enqueueing", query, params)
+            return created
+        first = plans.unique_new(self._q, job, caps, self._first_tries) or plans.capped_new(
+            self._q, job, caps, self._caps
+        )
+        if first is not None:
+            query, params, created = first
+            if await self._execute("enqueueing", query, params) == 1:
+                return created
+        result: EnqueueResult = await self._drive("enqueueing", plans.enqueue_one(self._q, job, self._caps))
+        if plans.unique_first(job, caps):
+            self._first_tries.saw(job, result)
+        return result
 
     @traced_aenqueue("job")
     @names_migration

@@ -84,10 +84,14 @@ class AsyncWrapTx:
         return f"AsyncWrapTx({self._conn!r})"
 
 
-async def execute_async(conn: psycopg.AsyncConnection[Any], query: Query, params: dict[str, Any]) -> None:
-    """Run *query*, a statement that returns no rows, on *conn* (the one-statement fast path)."""
+async def execute_async(conn: psycopg.AsyncConnection[Any], query: Query, params: dict[str, Any]) -> int:
+    """Run *query*, a statement that returns no rows, on *conn* (the one-statement fast path).
+
+    Return the number of rows it wrote (the command's row count).
+    """
     async with conn.cursor() as cur:
         await cur.execute(query.composed, params)
+        return cur.rowcount
 
 
 def on_async_connection(conn: psycopg.AsyncConnection[Any]) -> AsyncRunner:

@@ -20,11 +20,12 @@ from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from brooq_py.postgres.arrays import int_array, own_uuid_array, text_array, timestamptz_array
-from brooq_py.postgres.caps import TopicCaps
+from brooq_py.postgres.caps import NO_ANCHOR, TopicCaps
 from brooq_py.postgres.queries import Queries, Query
 from brooq_py.postgres.rows import job_row
 from brooq_py.postgres.runner import Rows
-from brooq_py.postgres.unique import answers, enqueue_unique, unique_params
+from brooq_py.postgres.unique import FirstTries, answers, enqueue_unique, unique_params
+from brooq_py.postgres.unique import meta_json as unique_meta_json
 from brooq_py.postgres.workflows import after_params, has_parents, parents_of, unknown_parent, with_parents
 from brooq_py.queue import BrooqError, EnqueueResult, GroupResult, InvalidJob, Job, JobRow, State
 from brooq_py.queue.ids import uuid7, uuid7_text, uuid7_texts
@@ -148,6 +149,89 @@ def keyless(
     return q.enqueue_plain, params, EnqueueResult(job_id, True)
 
 
+def unique_first(job: Job, caps: Mapping[str, int] | None) -> bool:
+    """Whether a Store's own enqueue of *job* may try ``unique_new`` (see there)."""
+    return (
+        caps is not None
+        and isinstance(job, Job)
+        and job.unique_key is not None
+        and job.key is None
+        and not job.after
+        and job.on_duplicate == "keep"
+        and job.topic not in caps
+    )
+
+
+def unique_new(
+    q: Queries, job: Job, caps: Mapping[str, int] | None, tries: FirstTries
+) -> tuple[Query, dict[str, Any], EnqueueResult] | None:
+    """Return the first statement of a Store's own enqueue of a new unique job, and its result if it inserts.
+
+    For a Job with a unique key and ``on_duplicate`` 'keep', without an
+    idempotency key or parents, on a topic that *caps* (as in ``keyless``) do
+    not name and that *tries* has not taken out: one INSERT whose only arbiter
+    is the unique key's partial index (SPEC U1), nothing read back. The Store
+    runs it alone: a row count of 1 is the result; 0 (an active job holds the
+    key) is answered by the whole plan (``enqueue_one``), which finds the
+    holder. The job is validated first (E4). None for any other job.
+    """
+    if not unique_first(job, caps) or not tries.tries(job.topic):
+        return None
+    job_id = uuid7_text()
+    params = {
+        "id": job_id,
+        "topic": job.topic,
+        "payload": job.payload_json(),
+        "unique_key": job.unique_key,
+        "meta": unique_meta_json(job),
+        "available_at": job.available_at,
+        "priority": job.priority,
+    }
+    return q["job_enqueue_unique_new"], params, EnqueueResult(job_id, True)
+
+
+def capped_new(
+    q: Queries, job: Job, known: Mapping[str, int] | None, caps: TopicCaps
+) -> tuple[Query, dict[str, Any], EnqueueResult] | None:
+    """Return the first statement of a Store's own enqueue of a job on a capped topic, and its result if
+    it inserts.
+
+    For a Job without keys or parents on a topic that *known* (the Store's fresh
+    caps) caps and for which *caps* holds an anchor that may still leave room
+    (``TopicCaps.worth_trying``): ``job_enqueue_capped``, the
+    plain insert written only while the anchor bounds the topic's depth below
+    its cap (SPEC F2), nothing counted, nothing read back. The Store runs it
+    alone: a row count of 1 is the result; 0 (the bound reached the cap) is
+    answered by the whole plan (``enqueue_one``), which counts. The job is
+    validated first (E4). None for any other job.
+    """
+    if (
+        known is None
+        or not isinstance(job, Job)
+        or job.key is not None
+        or job.unique_key is not None
+        or job.after
+        or job.topic not in known
+    ):
+        return None
+    anchor = caps.worth_trying(job.topic, known[job.topic])
+    if anchor is None:
+        return None
+    job_id = uuid7_text()
+    params = {
+        "id": job_id,
+        "topic": job.topic,
+        "payload": job.payload_json(),
+        "meta": job.meta_json(),
+        "available_at": job.available_at,
+        "priority": job.priority,
+        "cap": known[job.topic],
+        "base": anchor[0],
+        "seq0": anchor[1],
+    }
+    return q["job_enqueue_capped"], params, EnqueueResult(job_id, True)
+
+
 def known_caps(q: Queries, caps: TopicCaps) -> Plan[Mapping[str, int]]:
     """The depth caps, read again (one small statement) when the cached ones are older than a second."""
     known = caps.fresh()
@@ -247,8 +331,12 @@ def _enqueue_one(q: Queries, job: Job, payload: str, caps: TopicCaps) -> Plan[En
         return (yield from _just(plain))
     params = job_params(job, payload, uuid7())
     params["cap"] = cap
+    sent = caps.depth_params(job.topic) if cap is not None else ({**NO_ANCHOR}, None)
+    params.update(sent[0])
     for _ in range(_ATTEMPTS):
         rows = yield (q["job_enqueue_meta"] if job.meta else q.enqueue), params
+        if rows and cap is not None:
+            caps.answered(job.topic, cap, sent, rows[0], bool(rows[0][1]))
         if rows and rows[0][1]:
             return EnqueueResult(str(rows[0][0]), True)
         # No row: the key is taken. (NULL, false): the cap refused it - unless the key is taken too.

@@ -1,7 +1,8 @@
 """Named SQL statements: loaded once from ``sql/*.sql``, rendered per schema.
 
 Each file holds one statement with ``{job}``, ``{job_edge}``, ``{topic_setting}``, ``{schedule_tick}``,
-``{version_table}`` (the tables),
+``{version_table}`` (the tables), ``{depth_seq}`` (the depth caps' sequence, migration 0014, as a
+text literal for ``to_regclass``),
 ``{channel}`` (the wake-up channel as an identifier), ``{channel_literal}`` (as text) or
 ``{stage_channel}`` (the stager's channel, ``{stage_channel_literal}`` as text), ``{cancel_channel}``
 (the cancel channel), ``{settled_channel}`` / ``{settled_channel_literal}`` (the results channel),
@@ -61,6 +62,7 @@ def render(name: str, schema: str, *, rows: bool = True) -> Query:
         job_edge=sql.Identifier(schema, "job_edge"),
         topic_setting=sql.Identifier(schema, "topic_setting"),
         schedule_tick=sql.Identifier(schema, "schedule_tick"),
+        depth_seq=sql.Literal(sql.Identifier(schema, "job_depth_seq").as_string(None)),
         version_table=sql.Identifier(schema, "brooq_alembic_version"),
         channel=sql.Identifier(channel_for(schema)),
         channel_literal=sql.Literal(channel_for(schema)),

@@ -48,10 +48,14 @@ def on_connection(conn: psycopg.Connection[Any]) -> Runner:
     return run
 
 
-def execute(conn: psycopg.Connection[Any], query: Query, params: dict[str, Any]) -> None:
-    """Run *query*, a statement that returns no rows, on *conn* (the one-statement fast path)."""
+def execute(conn: psycopg.Connection[Any], query: Query, params: dict[str, Any]) -> int:
+    """Run *query*, a statement that returns no rows, on *conn* (the one-statement fast path).
+
+    Return the number of rows it wrote (the command's row count).
+    """
     with conn.cursor() as cur:
         cur.execute(query.composed, params)
+        return cur.rowcount
 
 
 def _plain(value: Any) -> Any:

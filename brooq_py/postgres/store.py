@@ -42,6 +42,7 @@ from brooq_py.postgres.own import OwnConnection
 from brooq_py.postgres.producer import check_schema, no_pool
 from brooq_py.postgres.queries import Queries, Query
 from brooq_py.postgres.runner import Rows, Runner, execute, on_connection, on_tx
+from brooq_py.postgres.unique import FirstTries
 from brooq_py.postgres.wait_side import WaitSide
 from brooq_py.postgres.waiting import Watch
 from brooq_py.postgres.worker_side import WorkerSide
@@ -98,6 +99,7 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
         self._pool_kwargs = pool.kwargs if pool is not None else None
         self._q = Queries(schema)
         self._caps = TopicCaps()  # the depth-capped topics, cached for a second (SPEC F2)
+        self._first_tries = FirstTries()  # which topics' new unique jobs try the plain insert first
         # The heartbeat's statement is bounded on the client too (L3). Claims and outcome batches run
         # on connections of their own, their plans cached, when those reach the pool's server; with a
         # separate ``conninfo`` (the pool behind a proxy) they stay on the pool.
@@ -175,10 +177,13 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
             finally:
                 pool.putconn(conn)
 
-    def _execute(self, doing: str, query: Query, params: dict[str, Any]) -> None:
-        """Run *query*, one statement that returns no rows, in autocommit on a pool connection."""
+    def _execute(self, doing: str, query: Query, params: dict[str, Any]) -> int:
+        """Run *query*, one statement that returns no rows, in autocommit on a pool connection.
+
+        Return the number of rows it wrote.
+        """
         with self._autocommit(doing) as conn:
-            execute(conn, query, params)
+            return execute(conn, query, params)
 
     def _run(self, doing: str, query: Query, params: dict[str, Any]) -> Rows:
         with self._autocommit(doing) as conn:
@@ -215,13 +220,23 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
         Idempotent on (topic, key) for the life of the row (SPEC E1). Raise
         InvalidJob before anything is written for a bad job (E4).
         """
-        plain = plans.keyless(self._q, job, self._caps.fresh())
-        if plain is None:
-            result: EnqueueResult = self._drive("enqueueing", plans.enqueue_one(self._q, job, self._caps))
-            return result
-        query, params, created = plain
-        self._execute("enqueueing", query, params)
-        return created
+        caps = self._caps.fresh()
+        plain = plans.keyless(self._q, job, caps)
+        if plain is not None:
+            query, params, created = plain
+            self._execute("enqueueing", query, params)
+            return created
+        first = plans.unique_new(self._q, job, caps, self._first_tries) or plans.capped_new(
+            self._q, job, caps, self._caps
+        )
+        if first is not None:
+            query, params, created = first
+            if self._execute("enqueueing", query, params) == 1:
+                return created
+        result: EnqueueResult = self._drive("enqueueing", plans.enqueue_one(self._q, job, self._caps))
+        if plans.unique_first(job, caps):
+            self._first_tries.saw(job, result)
+        return result
 
     @traced_enqueue("job")
     @names_migration

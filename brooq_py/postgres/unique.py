@@ -23,9 +23,10 @@ The idempotency key wins when both are taken: that row is the answer, unchanged.
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
-from brooq_py.postgres.caps import TopicCaps
+from brooq_py.postgres.caps import NO_ANCHOR, TopicCaps
 from brooq_py.postgres.queries import Queries
 from brooq_py.postgres.runner import Rows
 from brooq_py.queue import BrooqError, EnqueueResult, Job
@@ -50,6 +51,7 @@ def unique_params(job: Job, payload: str, cap: int | None) -> dict[str, Any]:
         "available_at": job.available_at,
         "priority": job.priority,
         "cap": cap,
+        **NO_ANCHOR,
         "mode": job.on_duplicate,
     }
 
@@ -69,10 +71,15 @@ def enqueue_unique(q: Queries, job: Job, payload: str, cap: int | None, caps: To
     (nothing written) when the topic is at its cap and no holder answers.
     """
     params = unique_params(job, payload, cap)
+    sent = caps.depth_params(job.topic) if cap is not None else ({**NO_ANCHOR}, None)
+    params.update(sent[0])
     changes = job.on_duplicate != "keep"
     query = q["job_enqueue_unique_update"] if changes and job.key is None else q["job_enqueue_unique"]
     for _ in range(_ATTEMPTS):
-        found = answers((yield query, params))
+        rows = yield query, params
+        if rows and cap is not None:
+            caps.answered(job.topic, cap, sent, rows[0], any(r[0] == "created" for r in rows))
+        found = answers(rows)
         if "created" in found:
             return EnqueueResult(str(params["id"]), True)
         for kind in ("updated", "key"):
@@ -92,3 +99,30 @@ def enqueue_unique(q: Queries, job: Job, payload: str, cap: int | None, caps: To
             raise caps.refused(job.topic, cap)
         # No row: a holder committed while we waited on it (not in our snapshot), or ended: again.
     raise BrooqError(f"enqueue of topic {job.topic!r} did not settle after {_ATTEMPTS} attempts")
+
+
+class FirstTries:
+    """Per Store: the topics whose new unique jobs are tried first with ``job_enqueue_unique_new``.
+
+    That plain INSERT costs a new job nothing more than its index entry, but a
+    duplicate then takes a second statement (``job_enqueue_unique``, which
+    answers with the holder). So an enqueue that found its key held takes its
+    topic out: the topic's next unique jobs run ``job_enqueue_unique`` at once
+    (one statement for a duplicate too), until one of them creates a job and
+    puts the topic back. Only the topics now out are kept.
+    """
+
+    def __init__(self) -> None:
+        self._out: set[str] = set()
+        self._lock = threading.Lock()
+
+    def tries(self, topic: str) -> bool:
+        return topic not in self._out
+
+    def saw(self, job: Job, result: EnqueueResult) -> None:
+        """Note the outcome of an enqueue of *job* that ``enqueueing.unique_new`` took."""
+        with self._lock:
+            if result.created:
+                self._out.discard(job.topic)
+            else:
+                self._out.add(job.topic)

@@ -70,6 +70,10 @@ def snapshot(dsn: str, schema: str) -> dict[str, Any]:
                 "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %(s)s AND NOT t.tgisinternal "
                 "ORDER BY 1"
             ),
+            "sequences": rows(
+                "SELECT sequence_name, data_type FROM information_schema.sequences WHERE sequence_schema = %(s)s "
+                "ORDER BY 1"
+            ),
             "functions": rows(
                 "SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
                 "WHERE n.nspname = %(s)s ORDER BY 1"

@@ -85,6 +85,28 @@ def test_u2_keep_returns_the_holder_and_changes_nothing(store: Store) -> None:
     assert row is not None and row.payload == {"v": 1} and row.priority == 1
 
 
+def test_u2_keep_answers_duplicates_and_new_keys_in_any_order(
+    store: Store, pool: ConnectionPool[Any], schema: str
+) -> None:
+    """Store.enqueue tries a new unique job's plain insert first, and after a duplicate the statement
+    that answers one: either way each call answers as U2 says, whatever the order."""
+    a = store.enqueue(Job("u", {"v": 1}, unique_key="a"))
+    assert store.enqueue(Job("u", {"v": 2}, unique_key="a")) == (a.id, False)
+    assert store.enqueue(Job("u", {"v": 3}, unique_key="a")) == (a.id, False)
+    b = store.enqueue(Job("u", {"v": 4}, unique_key="b"))
+    c = store.enqueue(Job("u", {"v": 5}, unique_key="c"))
+    assert b.created and c.created and len({a.id, b.id, c.id}) == 3
+    assert store.enqueue(Job("u", {"v": 6}, unique_key="b")) == (b.id, False)
+    assert store.cancel(a.id)
+    a2 = store.enqueue(Job("u", {"v": 7}, unique_key="a"))
+    assert a2.created and a2.id != a.id
+    assert store.enqueue(Job("u", {"v": 8}, unique_key="a")) == (a2.id, False)
+    rows = q(
+        pool, schema, "SELECT unique_key, payload FROM {job} WHERE state = 'pending' ORDER BY unique_key"
+    )
+    assert rows == [("a", {"v": 7}), ("b", {"v": 4}), ("c", {"v": 5})]
+
+
 def test_u2_merge_takes_the_higher_priority_and_the_earlier_time(store: Store) -> None:
     later = datetime.now(UTC) + timedelta(hours=2)
     a = store.enqueue(Job("u", {"v": 1}, unique_key="k", priority=5, available_at=later))

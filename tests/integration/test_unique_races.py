@@ -129,6 +129,75 @@ def test_u1_a_holder_ending_while_an_enqueue_waits_frees_the_key(
     ]
 
 
+def _blocked_by(pool: ConnectionPool[Any], pid: int) -> bool:
+    rows = q(pool, "x", "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY (pg_blocking_pids(pid))", pid)
+    return bool(rows[0][0])
+
+
+@pytest.mark.parametrize("end", ["commit", "rollback"])
+def test_u1_store_enqueue_of_a_key_an_uncommitted_insert_holds_waits_for_it(
+    store: Store, pool: ConnectionPool[Any], schema: str, dsn: str, end: str
+) -> None:
+    """Store.enqueue's first statement for a new unique job (its only arbiter the unique index) waits
+    for a holder not yet committed: committed, it answers that holder; rolled back, it inserts."""
+    with psycopg.connect(dsn) as other:
+        held = store.enqueue_tx(WrapTx(other), Job("u", {"v": 1}, unique_key="k"))
+        out: dict[str, Any] = {}
+        t = threading.Thread(
+            target=lambda: out.setdefault("r", store.enqueue(Job("u", {"v": 2}, unique_key="k")))
+        )
+        t.start()
+        wait_for(
+            lambda: _blocked_by(pool, other.info.backend_pid) or not t.is_alive(), "the enqueue to wait", 20
+        )
+        getattr(other, end)()
+        t.join(timeout=20)
+    r = out["r"]
+    rows = q(pool, schema, "SELECT id::text, payload FROM {job} WHERE unique_key = 'k'")
+    if end == "commit":
+        assert r == (held.id, False) and rows == [(held.id, {"v": 1})]
+    else:
+        assert r.created and r.id != held.id and rows == [(r.id, {"v": 2})]
+
+
+@pytest.mark.parametrize("end", ["commit", "rollback"])
+def test_u1_async_store_enqueue_of_a_key_an_uncommitted_insert_holds_waits_for_it(
+    store: Store, pool: ConnectionPool[Any], schema: str, dsn: str, end: str
+) -> None:
+    async def main() -> Any:
+        apool: AsyncConnectionPool[Any] = AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False)
+        await apool.open()
+        try:
+            astore = AsyncStore(apool, schema=schema)
+            async with await psycopg.AsyncConnection.connect(dsn) as other:
+                held = await astore.enqueue_tx(other, Job("u", {"v": 1}, unique_key="k"))
+                enqueue = asyncio.create_task(astore.enqueue(Job("u", {"v": 2}, unique_key="k")))
+                pid = other.info.backend_pid
+                await asyncio.to_thread(wait_for, lambda: _blocked_by(pool, pid), "the enqueue to wait", 20)
+                await getattr(other, end)()
+                return held, await enqueue
+        finally:
+            await apool.close()
+
+    held, r = asyncio.run(main())
+    rows = q(pool, schema, "SELECT id::text FROM {job} WHERE unique_key = 'k'")
+    if end == "commit":
+        assert r == (held.id, False) and rows == [(held.id,)]
+    else:
+        assert r.created and r.id != held.id and rows == [(r.id,)]
+
+
+def test_u2_store_enqueue_of_a_new_unique_job_keeps_its_meta_time_and_priority(store: Store) -> None:
+    later = datetime.now(UTC) + timedelta(hours=1)
+    a = store.enqueue(Job("u", {"v": 1}, unique_key="k", meta={"m": "1"}, priority=3, available_at=later))
+    b = store.enqueue(Job("u", {"v": 2}, unique_key="k2"))
+    row, row2 = _row(store, a.id), _row(store, b.id)
+    assert a.created and row.state == State.SCHEDULED and row.meta == {"m": "1"} and row.priority == 3
+    assert row.available_at == later
+    assert b.created and row2.state == State.PENDING and row2.meta == {}
+    assert store.enqueue(Job("u", {"v": 3}, unique_key="k")) == (a.id, False)
+
+
 # --- a replace racing the stager ------------------------------------------------------------
 
 

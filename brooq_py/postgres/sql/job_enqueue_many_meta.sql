@@ -22,15 +22,22 @@ WITH input AS (
                     jsonb_array_elements(%(metas)s::jsonb))
          WITH ORDINALITY AS u(id, topic, payload, key, available_at, priority, meta, ord)
 ), fresh AS (
-    SELECT c.topic, c.cap,
-           (SELECT count(*) FROM input i
-            WHERE i.topic = c.topic
-              AND NOT EXISTS (SELECT FROM {job} e WHERE e.topic = i.topic AND e.idempotency_key = i.key)) AS n
-    FROM unnest(%(cap_topics)s::text[], %(caps)s::int[]) AS c(topic, cap)
+    -- Each new job of a capped topic takes a value of the depth sequence, after the
+    -- transaction's id (migration 0013).
+    SELECT c.topic, c.cap, c.n,
+           (SELECT count(CASE WHEN txid_current() IS NULL THEN NULL ELSE nextval(to_regclass({depth_seq})) END)
+            FROM generate_series(1, c.n)) AS taken
+    FROM (
+        SELECT c.topic, c.cap,
+               (SELECT count(*) FROM input i
+                WHERE i.topic = c.topic
+                  AND NOT EXISTS (SELECT FROM {job} e WHERE e.topic = i.topic AND e.idempotency_key = i.key)) AS n
+        FROM unnest(%(cap_topics)s::text[], %(caps)s::int[]) AS c(topic, cap)
+    ) AS c
 ), too_deep AS (
     SELECT c.topic
     FROM fresh c
-    WHERE c.n > 0
+    WHERE c.taken >= 0 AND c.n > 0
       AND (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = c.topic AND state = 'pending' LIMIT c.cap) AS p)
         + (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = c.topic
                                      AND state IN ('scheduled', 'failed', 'blocked') LIMIT c.cap) AS w)

@@ -1,0 +1,18 @@
+-- name: job_enqueue_capped
+-- SPEC F2: a Store's own enqueue (autocommit) of a job without keys or parents
+-- on a depth-capped topic for which the Store holds an anchor (see caps.py):
+-- the plain insert, written only while the anchor's count %(base)s plus the
+-- values of the depth sequence taken since %(seq0)s, and this job, stays
+-- within the cap %(cap)s (migration 0013). Nothing is counted and nothing
+-- comes back: the command's row count says whether it inserted (the id is the
+-- caller's). A job written takes its transaction's id, then its value; one not
+-- written takes neither. Not inserted: the caller runs job_enqueue, which counts.
+INSERT INTO {job} (id, topic, payload, meta, priority, available_at, state)
+SELECT %(id)s, %(topic)s, %(payload)s::jsonb, %(meta)s::jsonb, %(priority)s,
+       coalesce(%(available_at)s::timestamptz, statement_timestamp()),
+       CASE WHEN %(available_at)s::timestamptz > statement_timestamp() THEN 'scheduled' ELSE 'pending' END
+FROM (SELECT pg_sequence_last_value(to_regclass({depth_seq})) AS last) AS n
+WHERE CASE WHEN NOT (n.last >= %(seq0)s::bigint
+                     AND %(base)s::bigint + (n.last - %(seq0)s::bigint) + 1 <= %(cap)s) THEN false
+           WHEN txid_current() IS NULL THEN false
+           ELSE nextval(to_regclass({depth_seq})) IS NOT NULL END
