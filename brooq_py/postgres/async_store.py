@@ -23,6 +23,7 @@ import psycopg_pool
 
 from brooq_py.contrib.otel import traced_aenqueue
 from brooq_py.postgres import enqueueing as plans
+from brooq_py.postgres import plans as reads
 from brooq_py.postgres.async_wraptx import (
     AsyncWrapTx,
     async_connection_of,
@@ -30,10 +31,10 @@ from brooq_py.postgres.async_wraptx import (
     on_async_connection,
 )
 from brooq_py.postgres.caps import TopicCaps
-from brooq_py.postgres.enqueueing import drive_async, first_statement
 from brooq_py.postgres.errors import names_migration, refused_by_read_only, translated, unavailable
 from brooq_py.postgres.flow import checked_depth, checked_rate
 from brooq_py.postgres.operator_side import LIMIT_WAIT, checked_topic
+from brooq_py.postgres.plans import drive_async, first_statement
 from brooq_py.postgres.producer import check_schema, no_pool
 from brooq_py.postgres.queries import Queries, Query
 from brooq_py.postgres.runner import Rows
@@ -122,7 +123,7 @@ class AsyncStore(AsyncWaitSide):
         async with self._autocommit(doing) as conn:
             return await execute_async(conn, query, params)
 
-    async def _drive(self, doing: str, plan: plans.Plan[Any]) -> Any:
+    async def _drive(self, doing: str, plan: reads.Plan[Any]) -> Any:
         """Run *plan* in autocommit statements on a pool connection (none taken if it needs none)."""
         first, result = first_statement(plan)
         if first is None:
@@ -230,12 +231,12 @@ class AsyncStore(AsyncWaitSide):
 
         Return False for terminal, unknown or malformed ids (never raise on a malformed id).
         """
-        done: bool = await self._drive("canceling a job", plans.by_id(self._q.cancel, job_id))
+        done: bool = await self._drive("canceling a job", reads.by_id(self._q.cancel, job_id))
         return done
 
     async def get(self, job_id: str) -> JobRow | None:
         """Return the job's row; None for an unknown or malformed id."""
-        row: JobRow | None = await self._drive("reading a job", plans.get(self._q, job_id))
+        row: JobRow | None = await self._drive("reading a job", reads.get(self._q, job_id))
         return row
 
     async def retry(self, job_id: str) -> bool:
@@ -245,7 +246,7 @@ class AsyncStore(AsyncWaitSide):
         unknown or malformed ids.
         """
         try:
-            done: bool = await self._drive("retrying a job", plans.by_id(self._q["job_retry"], job_id))
+            done: bool = await self._drive("retrying a job", reads.by_id(self._q["job_retry"], job_id))
         except psycopg.errors.UniqueViolation:
             return False  # an active holder of its unique key committed meanwhile (SPEC U3)
         return done
@@ -254,7 +255,7 @@ class AsyncStore(AsyncWaitSide):
         self, topic: str | None = None, state: str | None = None, limit: int = 50
     ) -> list[JobRow]:
         """Return the jobs of *topic* and/or *state* (every one when None), newest first, at most *limit*."""
-        rows: list[JobRow] = await self._drive("listing jobs", plans.list_jobs(self._q, topic, state, limit))
+        rows: list[JobRow] = await self._drive("listing jobs", reads.list_jobs(self._q, topic, state, limit))
         return rows
 
     async def set_rate_limit(

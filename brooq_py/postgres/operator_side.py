@@ -11,8 +11,8 @@ from typing import Any
 
 import psycopg
 
-from brooq_py.postgres.enqueueing import Plan, by_id, parse_id, row_of
 from brooq_py.postgres.flow import rate_text, refusal_text, setting_of
+from brooq_py.postgres.plans import Plan, by_id, parse_id, row_of
 from brooq_py.postgres.queries import Queries
 from brooq_py.postgres.runner import Rows, on_connection
 from brooq_py.postgres.worker_side import claimed_jobs

@@ -30,15 +30,16 @@ import psycopg_pool
 
 from brooq_py.contrib.otel import traced_enqueue
 from brooq_py.postgres import enqueueing as plans
+from brooq_py.postgres import plans as reads
 from brooq_py.postgres.bounds import DEFAULT_LEASE, merged, statement_budget
 from brooq_py.postgres.caps import TopicCaps
-from brooq_py.postgres.enqueueing import drive, first_statement, parse_id
 from brooq_py.postgres.errors import dropped_if_read_only, names_migration, translated
 from brooq_py.postgres.flow_side import FlowSide
 from brooq_py.postgres.guards import LeaseGuards
 from brooq_py.postgres.listener import PROBE_TIMEOUT, PgListener
 from brooq_py.postgres.operator_side import OperatorSide
 from brooq_py.postgres.own import OwnConnection
+from brooq_py.postgres.plans import drive, first_statement, parse_id
 from brooq_py.postgres.producer import check_schema, no_pool
 from brooq_py.postgres.queries import Queries, Query
 from brooq_py.postgres.runner import Rows, Runner, execute, on_connection, on_tx
@@ -204,7 +205,7 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
 
     # -- producer side ----------------------------------------------------------
 
-    def _drive(self, doing: str, plan: plans.Plan[Any]) -> Any:
+    def _drive(self, doing: str, plan: reads.Plan[Any]) -> Any:
         """Run *plan* in autocommit statements on a pool connection (none taken if it needs none)."""
         first, result = first_statement(plan)
         if first is None:
@@ -337,18 +338,18 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
 
         Return False for terminal, unknown or malformed ids (never raise on a malformed id).
         """
-        done: bool = self._drive("canceling a job", plans.by_id(self._q.cancel, job_id))
+        done: bool = self._drive("canceling a job", reads.by_id(self._q.cancel, job_id))
         return done
 
     def get(self, job_id: str) -> JobRow | None:
         """Return the job's row; None for an unknown or malformed id."""
-        row: JobRow | None = self._drive("reading a job", plans.get(self._q, job_id))
+        row: JobRow | None = self._drive("reading a job", reads.get(self._q, job_id))
         return row
 
     def get_tx(self, tx: Tx, job_id: str) -> JobRow | None:
         """Return the job's row as the caller's transaction *tx* sees it; None for an unknown or malformed id."""
         with translated("reading a job", as_psycopg(tx)):
-            return drive(plans.get(self._q, job_id), on_tx(tx))
+            return drive(reads.get(self._q, job_id), on_tx(tx))
 
     def next_retry(self, topics: Sequence[str]) -> float | None:
         """Seconds until the earliest failed job of *topics* is retried (<= 0: due; None: none waits)."""

@@ -7,7 +7,7 @@ import contextlib
 from datetime import timedelta
 from typing import Any
 
-from brooq_py.postgres.enqueueing import parse_id
+from brooq_py.postgres.plans import parse_id
 from brooq_py.postgres.waiting import DEFAULT_POLL, AsyncWatch, Watch, deadline_of, left, seconds
 from brooq_py.queue import BrooqError, JobCanceled, JobFailed, JobNotFound, JobRow, State, WaitTimeout
 
