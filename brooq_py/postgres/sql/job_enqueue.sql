@@ -4,7 +4,7 @@
 -- transaction: SPEC E1, E2).
 -- SPEC F2: %(cap)s is the topic's max_depth as the Store last read it (NULL:
 -- uncapped: nothing is counted). While the Store's anchor for the topic
--- (%(base)s waiting jobs, the depth sequence at %(seq0)s: migration 0013) plus
+-- (%(base)s waiting jobs, the depth sequence at %(seq0)s: migration 0014) plus
 -- the values taken since, and this job, stays within the cap, there is room
 -- and nothing is counted. Otherwise the waiting jobs are counted, stopping at
 -- the cap (the claim index for pending rows, the waiting index for the
@@ -43,7 +43,7 @@ WITH n AS (
                 THEN r.seen END AS anchor,
            CASE WHEN r.last IS NOT NULL AND current_setting('transaction_isolation') = 'read committed'
                 THEN txid_snapshot_xmax(txid_current_snapshot()) END AS horizon,
-           -- A job to write takes the transaction's id first, then its value (migration 0013).
+           -- A job to write takes the transaction's id first, then its value (migration 0014).
            CASE WHEN %(cap)s::int IS NULL OR r.seen >= %(cap)s THEN NULL
                 WHEN txid_current() IS NULL THEN NULL
                 ELSE nextval(to_regclass({depth_seq})) END AS seq

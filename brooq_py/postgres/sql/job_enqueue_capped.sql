@@ -3,7 +3,7 @@
 -- on a depth-capped topic for which the Store holds an anchor (see caps.py):
 -- the plain insert, written only while the anchor's count %(base)s plus the
 -- values of the depth sequence taken since %(seq0)s, and this job, stays
--- within the cap %(cap)s (migration 0013). Nothing is counted and nothing
+-- within the cap %(cap)s (migration 0014). Nothing is counted and nothing
 -- comes back: the command's row count says whether it inserted (the id is the
 -- caller's). A job written takes its transaction's id, then its value; one not
 -- written takes neither. Not inserted: the caller runs job_enqueue, which counts.

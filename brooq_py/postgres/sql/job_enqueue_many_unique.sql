@@ -19,7 +19,7 @@ WITH input AS (
          WITH ORDINALITY AS u(id, topic, payload, key, unique_key, available_at, priority, meta, ord)
 ), fresh AS (
     -- Each new job of a capped topic takes a value of the depth sequence, after the
-    -- transaction's id (migration 0013).
+    -- transaction's id (migration 0014).
     SELECT c.topic, c.cap, c.n,
            (SELECT count(CASE WHEN txid_current() IS NULL THEN NULL ELSE nextval(to_regclass({depth_seq})) END)
             FROM generate_series(1, c.n)) AS taken

@@ -35,7 +35,7 @@ WITH n AS (
                 THEN r.seen END AS anchor,
            CASE WHEN r.last IS NOT NULL AND current_setting('transaction_isolation') = 'read committed'
                 THEN txid_snapshot_xmax(txid_current_snapshot()) END AS horizon,
-           -- A job to write takes the transaction's id first, then its value (migration 0013).
+           -- A job to write takes the transaction's id first, then its value (migration 0014).
            CASE WHEN %(cap)s::int IS NULL OR r.seen >= %(cap)s THEN NULL
                 WHEN txid_current() IS NULL THEN NULL
                 ELSE nextval(to_regclass({depth_seq})) END AS seq

@@ -1,6 +1,6 @@
 -- name: topic_set_depth
 -- SPEC F2: the topic's depth cap (NULL: none); enqueues read it through topic_caps.
--- Setting or removing a cap moves the depth sequence (migration 0013) 2^31 ahead,
+-- Setting or removing a cap moves the depth sequence (migration 0014) 2^31 ahead,
 -- past any cap: every Store's anchor is then too far behind to admit a job, so
 -- the next capped enqueue of each counts again. Jobs written while the topic was
 -- uncapped took no value, and an anchor taken before is never trusted after.
