@@ -285,9 +285,14 @@ class WorkerSide:
             rows = self._settler.run(doing, query, params)
         else:
             rows = self._run_bounded(doing, query, params, statement_budget(self._own_lease))
-        if any(r[1] != "locked" for r in rows):
-            return True
-        return None if rows else False  # only 'locked': held by another transaction, never waited for
+        answers = {r[1] for r in rows}
+        if answers - {"locked", "again"}:
+            return True  # written now
+        if "again" in answers:
+            # Written by an earlier try whose answer was lost: with closing work (*tx*), that work
+            # was committed with it, so this transaction's must not be (C9): not ours.
+            return tx is None
+        return None if answers else False  # only 'locked': held by another transaction, never waited for
 
     def unguard(self, claim_tokens: Collection[str]) -> None:
         """Release the lease guards (P1', guards.py) of these claims, which their engine let go

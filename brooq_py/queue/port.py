@@ -275,7 +275,8 @@ class Repo(Protocol):
         have expired), returned to pending by the reaper and not claimed since (same claim token,
         same attempts), or, for a *last* attempt, held by the poison claim of the next attempt
         (never run). The row then reads as if the write had come in time. True when written, or
-        when the row already holds the outcome under that claim (an earlier try whose answer was lost).
+        when the row already holds the outcome under that claim (an earlier try whose answer was
+        lost) - False for that inside *tx*, whose closing work was committed with the earlier try.
         None when another transaction holds the row locked: nothing written, never waited for (L3').
         """
         ...

@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
@@ -147,3 +148,24 @@ def test_l3_a_lost_done_whose_row_is_locked_elsewhere_is_not_waited_for_and_writ
         operator.rollback()
     assert store.settle_lost(done(a), 1, "engine-a", last=True) is True
     assert look(pool, schema, jid) == ("done", 1, a.claim_token, "engine-a", {"by": "engine-a"})
+
+
+def test_l6_c9_a_late_done_found_written_by_a_try_whose_answer_was_lost_commits_no_closing_work_again(
+    store: Store, pool: ConnectionPool[Any], schema: str
+) -> None:
+    """The first try's COMMIT went through, its answer was lost: the next try, with the same
+    closing work in its transaction, finds the row already done under that claim. Alone that
+    counts as written; inside the closing transaction it is not ours, so that transaction's
+    chained jobs and callbacks roll back instead of being committed a second time."""
+    jid = store.enqueue(Job("t")).id
+    a = claim(store, "engine-a")
+    expire(pool, schema, jid)
+    with store.begin() as tx:
+        store.enqueue_tx(tx, Job("chained"))
+        assert store.settle_lost(done(a), 1, "engine-a", last=True, tx=tx) is True
+    with pytest.raises(LookupError), store.begin() as tx:  # the try after the lost answer
+        store.enqueue_tx(tx, Job("chained"))
+        if not store.settle_lost(done(a), 1, "engine-a", last=True, tx=tx):
+            raise LookupError("not ours")  # as the late-outcomes service rolls back a row not its own
+    assert store.settle_lost(done(a), 1, "engine-a", last=True) is True
+    assert q(pool, schema, "SELECT count(*) FROM {job} WHERE topic = 'chained'") == [(1,)]

@@ -397,7 +397,7 @@ class FakeRepo:
             if r is None:
                 return False
             if r.state is outcome.state and r.claim_token == outcome.claim_token:
-                return True  # an earlier try of this write, its answer lost
+                return tx is None  # an earlier try of this write, its answer lost (C9 inside tx)
             ours = r.claim_token == outcome.claim_token and (
                 r.state is State.PROCESSING or (r.state is State.PENDING and r.attempts == attempt)
             )

@@ -11,7 +11,7 @@
 --     more, so claimed past max_attempts, never run, its poison verdict held back for this (L5).
 -- The row then reads as if the write had come in time: that attempt's count, claim token and
 -- worker. A row already in the outcome's state under that claim is an earlier write of this same
--- outcome whose answer was lost: written. V2: a done notifies the results channel at commit.
+-- outcome whose answer was lost: 'again' (written; its closing work, if any, committed with it). V2: a done notifies the results channel at commit.
 -- L3': a row another transaction holds locked is never waited for: nothing is written and the
 -- answer is 'locked' (tried again later; the heartbeat keeps such a lease, P1').
 WITH free AS MATERIALIZED (
@@ -42,7 +42,7 @@ WITH free AS MATERIALIZED (
 )
 SELECT id, notified FROM written
 UNION ALL
-SELECT id, NULL FROM {job}
+SELECT id, 'again' FROM {job}
 WHERE id = %(id)s AND state = %(state)s AND claim_token = %(token)s AND NOT EXISTS (SELECT FROM written)
 UNION ALL
 SELECT id, 'locked' FROM {job}
