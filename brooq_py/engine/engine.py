@@ -375,8 +375,9 @@ class Engine(Producing):
         left = completer.stop()
         self.handover.completer = None  # from now on (run_once) outcomes are written at once
         stop_services(self._services)
+        beats = [s.guarded for s in self._services if isinstance(s, Heartbeat)]  # hung ones' too
         with contextlib.suppress(StoreUnavailable):  # P1': the claims let go are the reaper's again
-            self.repo.unguard(held)
+            self.repo.unguard([*held, *(t for g in beats for t in g)])
         self.runner.threads.stop()
         self.runner.settlers.stop()
         self._async.close()

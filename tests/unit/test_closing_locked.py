@@ -159,3 +159,29 @@ def test_l3_c9_a_row_locked_while_the_callbacks_run_puts_the_transaction_off_its
     wait_for(lambda: repo.row(jid).state is State.DONE, what="done once the lock is gone")
     assert len(calls) == 2 and children(repo, jid) == 1
     assert repo.row(jid).history == [State.PROCESSING, State.DONE]
+
+
+def test_p1_c11_a_stop_releases_the_guard_of_a_claim_called_hung_before_it(
+    repo: FakeRepo, make_engine: Callable[..., Engine]
+) -> None:
+    """A renewal found the row locked (an operator in psql) and guarded the claim; the handler
+    was then called hung, its lease let go. The engine's stop releases that guard too: the row is
+    the reaper's once the lock is gone, not kept from it until the Store is closed."""
+    e = make_engine(lease=0.6, watchdog_grace=0.2)
+    release = threading.Event()
+
+    def stuck(ctx: Context, claim: Claim) -> None:
+        release.wait(30)  # ignores its context: hung at its attempt_timeout
+
+    e.register_kind("t", stuck, KindOptions(max_attempts=3, attempt_timeout=0.8, **FAST))
+    jid = e.enqueue(Job("t")).id
+    e.start()
+    wait_for(lambda: repo.row(jid).state is State.PROCESSING, what="the job running")
+    token = repo.row(jid).claim_token
+    with repo.lock:
+        repo.locked.add(jid)
+    wait_for(lambda: token in repo.guarded, what="the renewal guarding the locked claim")
+    wait_for(lambda: e.inflight.hung_count() == 1, what="the handler called hung")
+    e.stop(timeout=0.1)
+    release.set()
+    assert token not in repo.guarded

@@ -74,6 +74,9 @@ class Heartbeat(Ticker):
         self._on_canceled = on_canceled or on_lost
         self._clock = clock
         self._locked = False
+        # Claim tokens a renewal found locked (guarded by the store, P1') and not renewed since:
+        # the engine's stop releases their guards, whatever became of their attempts.
+        self.guarded: set[str] = set()
         self._lease = lease
         self._on_fence = on_fence
         self._poke = threading.Event()  # set by wake() and by stop()
@@ -130,6 +133,7 @@ class Heartbeat(Ticker):
             if a.row.claim_token in renewal.locked:  # its row was not written this time
                 a.ctx.give_back_progress(progress)
         self._locked = bool(renewal.locked)
+        self.guarded = (self.guarded | renewal.locked) - (renewal.held - renewal.locked)
         lease = self._lease
         for a in attempts:
             token = a.row.claim_token
