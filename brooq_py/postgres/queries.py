@@ -54,15 +54,28 @@ class Query:
     rows: bool = True
 
 
+def _fragment(name: str, schema: str) -> sql.Composed:
+    """``sql/<name>.sql`` rendered for *schema*, without its comment lines, to stand inside a statement."""
+    text = "\n".join(line for line in load(name).splitlines() if not line.lstrip().startswith("--"))
+    return sql.SQL(text).format(job=sql.Identifier(schema, "job"), depth_seq=_depth_seq(schema))
+
+
+def _depth_seq(schema: str) -> sql.Composable:
+    return sql.Literal(sql.Identifier(schema, "job_depth_seq").as_string(None))
+
+
 def render(name: str, schema: str, *, rows: bool = True) -> Query:
     """Render ``sql/<name>.sql`` for *schema* (*rows*: see ``Query``)."""
     template = sql.SQL(load(name))
     composed = template.format(
+        depth_room=_fragment("depth_room", schema)
+        if "{depth_room}" in template.as_string(None)
+        else sql.SQL(""),
         job=sql.Identifier(schema, "job"),
         job_edge=sql.Identifier(schema, "job_edge"),
         topic_setting=sql.Identifier(schema, "topic_setting"),
         schedule_tick=sql.Identifier(schema, "schedule_tick"),
-        depth_seq=sql.Literal(sql.Identifier(schema, "job_depth_seq").as_string(None)),
+        depth_seq=_depth_seq(schema),
         version_table=sql.Identifier(schema, "brooq_alembic_version"),
         channel=sql.Identifier(channel_for(schema)),
         channel_literal=sql.Literal(channel_for(schema)),

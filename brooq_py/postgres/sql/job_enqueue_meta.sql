@@ -23,33 +23,7 @@
 -- it; none for a key already present. available_at defaults to the statement's
 -- time, not the transaction's; a job due later than that is scheduled, and the
 -- stager makes it pending (SPEC S5).
-WITH n AS (
-    SELECT CASE WHEN %(cap)s::int IS NOT NULL THEN pg_sequence_last_value(to_regclass({depth_seq})) END AS last
-), r AS MATERIALIZED (
-    SELECT coalesce(%(available_at)s::timestamptz, statement_timestamp()) AS at, n.last,
-           CASE WHEN %(cap)s::int IS NULL
-                  OR (n.last >= %(seq0)s::bigint AND %(base)s::bigint + (n.last - %(seq0)s::bigint) + 1 <= %(cap)s)
-                THEN NULL
-                ELSE (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = %(topic)s AND state = 'pending'
-                                            LIMIT %(cap)s) AS p)
-                   + (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = %(topic)s
-                                                AND state IN ('scheduled', 'failed', 'blocked')
-                                            LIMIT %(cap)s) AS w)
-           END AS seen
-    FROM n
-), a AS (
-    SELECT r.at, r.seen, r.seen IS NULL OR r.seen < %(cap)s AS room,
-           CASE WHEN r.seen < %(cap)s AND %(cp_m)s::bigint <= txid_snapshot_xmax(txid_current_snapshot())
-                     AND NOT EXISTS (SELECT FROM txid_snapshot_xip(txid_current_snapshot()) AS x(xid)
-                                     WHERE x.xid < %(cp_m)s::bigint)
-                THEN r.seen END AS anchor,
-           CASE WHEN r.last IS NOT NULL AND current_setting('transaction_isolation') = 'read committed'
-                THEN txid_snapshot_xmax(txid_current_snapshot()) END AS horizon,
-           -- A job to write takes the transaction's id first, then its value (migration 0014).
-           CASE WHEN %(cap)s::int IS NULL OR r.seen >= %(cap)s THEN NULL
-                WHEN txid_current() IS NULL THEN NULL
-                ELSE nextval(to_regclass({depth_seq})) END AS seq
-    FROM r
+WITH {depth_room}
 ), ins AS (
     INSERT INTO {job} (id, topic, payload, idempotency_key, meta, available_at, priority, state)
     SELECT %(id)s, %(topic)s, %(payload)s::jsonb, %(key)s, %(meta)s::jsonb, a.at, %(priority)s,

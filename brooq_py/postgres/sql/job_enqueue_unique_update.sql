@@ -13,33 +13,7 @@
 -- insert so nothing conflicted); ('full', NULL, NULL) when the depth cap
 -- (%(cap)s, %(base)s, %(seq0)s, %(cp_m)s: as in job_enqueue) refused it; every
 -- row ends with job_enqueue's four columns. No row: ask again.
-WITH n AS (
-    SELECT CASE WHEN %(cap)s::int IS NOT NULL THEN pg_sequence_last_value(to_regclass({depth_seq})) END AS last
-), r AS MATERIALIZED (
-    SELECT coalesce(%(available_at)s::timestamptz, statement_timestamp()) AS at, n.last,
-           CASE WHEN %(cap)s::int IS NULL
-                  OR (n.last >= %(seq0)s::bigint AND %(base)s::bigint + (n.last - %(seq0)s::bigint) + 1 <= %(cap)s)
-                THEN NULL
-                ELSE (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = %(topic)s AND state = 'pending'
-                                            LIMIT %(cap)s) AS p)
-                   + (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = %(topic)s
-                                                AND state IN ('scheduled', 'failed', 'blocked')
-                                            LIMIT %(cap)s) AS w)
-           END AS seen
-    FROM n
-), a AS (
-    SELECT r.at, r.seen, r.seen IS NULL OR r.seen < %(cap)s AS room,
-           CASE WHEN r.seen < %(cap)s AND %(cp_m)s::bigint <= txid_snapshot_xmax(txid_current_snapshot())
-                     AND NOT EXISTS (SELECT FROM txid_snapshot_xip(txid_current_snapshot()) AS x(xid)
-                                     WHERE x.xid < %(cp_m)s::bigint)
-                THEN r.seen END AS anchor,
-           CASE WHEN r.last IS NOT NULL AND current_setting('transaction_isolation') = 'read committed'
-                THEN txid_snapshot_xmax(txid_current_snapshot()) END AS horizon,
-           -- A job to write takes the transaction's id first, then its value (migration 0014).
-           CASE WHEN %(cap)s::int IS NULL OR r.seen >= %(cap)s THEN NULL
-                WHEN txid_current() IS NULL THEN NULL
-                ELSE nextval(to_regclass({depth_seq})) END AS seq
-    FROM r
+WITH {depth_room}
 ), ins AS (
     INSERT INTO {job} AS j (id, topic, payload, unique_key, meta, available_at, priority, state)
     SELECT %(id)s, %(topic)s, %(payload)s::jsonb, %(unique_key)s, %(meta)s::jsonb, a.at, %(priority)s,
