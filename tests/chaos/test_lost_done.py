@@ -9,7 +9,9 @@ L5). When the proxy is restored, the job must end done from a's one run, written
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -185,6 +187,34 @@ def test_l6_after_a_whole_store_outage_the_engine_that_lost_the_done_writes_it_f
     assert [c[:2] for c in changes if c[1] in ("done", "dead")] == [("processing", "done")]
 
 
+@contextlib.contextmanager
+def behind_the_proxy(
+    dsn: str, schema: str, proxy: CutProxy, workers: int, release: threading.Event
+) -> Iterator[tuple[Engine, Store]]:
+    """Engine a, whose Store's connections go through *proxy* (cut and restored by the test), and a
+    Store of direct connections for the test's own looks; after: the handlers *release*d, the
+    proxy restored, everything stopped and closed."""
+    through = psycopg.conninfo.make_conninfo(dsn, host="127.0.0.1", port=proxy.port)
+    pool: ConnectionPool[Any] = ConnectionPool(through, min_size=1, max_size=4, open=True, timeout=2)
+    direct: ConnectionPool[Any] = ConnectionPool(dsn, min_size=1, max_size=2, open=True)
+    store = Store(direct, schema=schema)
+    a = Engine(
+        Store(pool, schema=schema),
+        Config(workers=workers, lease=LEASE, reaper_period=0.2, poll_interval=0.1, watchdog_grace=30),
+        worker_id="engine-a",
+    )
+    try:
+        yield a, store
+    finally:
+        release.set()
+        proxy.restore()
+        a.stop(timeout=5)
+        a.close()
+        store.close()
+        pool.close()
+        direct.close()
+
+
 def test_l6_a_lost_done_is_not_written_over_a_job_replaced_since_U2_P3(
     dsn: str, chaos_schema: str, proxy: CutProxy
 ) -> None:
@@ -203,22 +233,8 @@ def test_l6_a_lost_done_is_not_written_over_a_job_replaced_since_U2_P3(
         assert go.wait(30)
         return {"saw": claim.payload["v"]}
 
-    pool: ConnectionPool[Any] = ConnectionPool(
-        psycopg.conninfo.make_conninfo(dsn, host="127.0.0.1", port=proxy.port),
-        min_size=1,
-        max_size=4,
-        open=True,
-        timeout=2,
-    )
-    direct: ConnectionPool[Any] = ConnectionPool(dsn, min_size=1, max_size=2, open=True)
-    store = Store(direct, schema=chaos_schema)
-    a = Engine(
-        Store(pool, schema=chaos_schema),
-        Config(workers=1, lease=LEASE, reaper_period=0.2, poll_interval=0.1, watchdog_grace=30),
-        worker_id="engine-a",
-    )
-    a.register_kind("debounced", handler, KindOptions(max_attempts=3))
-    try:
+    with behind_the_proxy(dsn, chaos_schema, proxy, workers=1, release=go) as (a, store):
+        a.register_kind("debounced", handler, KindOptions(max_attempts=3))
         job = store.enqueue(Job("debounced", {"v": 1}, unique_key="k", on_duplicate="replace"))
         a.start()
         assert running.wait(30)
@@ -237,14 +253,6 @@ def test_l6_a_lost_done_is_not_written_over_a_job_replaced_since_U2_P3(
         wait_for(lambda: row(dsn, chaos_schema, job.id)[0] in TERMINAL, what="the job to end", timeout=30)
         assert row(dsn, chaos_schema, job.id)[0::3] == ("done", {"saw": 2})
         assert seen == [1, 2]
-    finally:
-        go.set()
-        proxy.restore()
-        a.stop(timeout=5)
-        a.close()
-        store.close()
-        pool.close()
-        direct.close()
 
 
 @pytest.mark.parametrize("closing", [False, True], ids=["plain", "closing-work"])
@@ -267,23 +275,11 @@ def test_l6_l3_a_lost_done_whose_row_is_locked_delays_only_its_own_write(
             claim.on_succeeded(lambda tx: closed.append(claim.id))
         assert go.wait(30)
 
-    pool: ConnectionPool[Any] = ConnectionPool(
-        psycopg.conninfo.make_conninfo(dsn, host="127.0.0.1", port=proxy.port),
-        min_size=1,
-        max_size=4,
-        open=True,
-        timeout=2,
-    )
-    direct: ConnectionPool[Any] = ConnectionPool(dsn, min_size=1, max_size=2, open=True)
-    store = Store(direct, schema=chaos_schema)
-    a = Engine(
-        Store(pool, schema=chaos_schema),
-        Config(workers=2, lease=LEASE, reaper_period=0.2, poll_interval=0.1, watchdog_grace=30),
-        worker_id="engine-a",
-    )
-    a.register_kind("twice", handler, KindOptions(max_attempts=1))
-    operator = psycopg.connect(dsn, application_name="operator")
-    try:
+    with (
+        behind_the_proxy(dsn, chaos_schema, proxy, workers=2, release=go) as (a, store),
+        psycopg.connect(dsn, application_name="operator") as operator,
+    ):
+        a.register_kind("twice", handler, KindOptions(max_attempts=1))
         ids = [store.enqueue(Job("twice", {"n": n})).id for n in range(2)]
         a.start()
         wait_for(lambda: len(running) == 2, what="both handlers running", timeout=30)
@@ -311,12 +307,3 @@ def test_l6_l3_a_lost_done_whose_row_is_locked_delays_only_its_own_write(
         assert not a.handover.lost()
         if closing:
             assert set(closed) == set(ids)
-    finally:
-        go.set()
-        operator.close()
-        proxy.restore()
-        a.stop(timeout=5)
-        a.close()
-        store.close()
-        pool.close()
-        direct.close()
