@@ -184,6 +184,12 @@ def check(
                 reaped_tokens.add(str(old_t))
                 if old_lu is None or at < old_lu:
                     r.fail(f"P1: {j} returned to pending at {at} before its lease end {old_lu}")
+        if old_s == "pending" and new_s in ("done", "failed") and old_t == new_t and new_a == old_a:
+            # L6': the late write of a reaped claim's outcome (its done lost with the store, written
+            # under its own token before anyone claimed it again): that claim ended here, not at its reap.
+            counts[j]["reaped"] -= 1
+            if new_s == "failed":
+                counts[j]["failed"] += 1
         if old_s == "processing" and new_s == "processing" and old_t != new_t:
             r.fail(f"P1: {j} claimed again while processing under another token")
 
