@@ -5,6 +5,10 @@ from __future__ import annotations
 import random
 from datetime import timedelta
 
+# The engine's own generator: drawing a jitter never moves the caller's global random state
+# (a seeded simulation, or a property-based test drawing while an engine runs beside it).
+_RNG = random.Random()
+
 
 def backoff_ceiling(attempt: int, base: timedelta, cap: timedelta) -> timedelta:
     """Return d = min(base * 2^(attempt-1), cap), guarding overflow before the power."""
@@ -26,5 +30,5 @@ def backoff_delay(
 ) -> timedelta:
     """Return a delay drawn uniformly from [d/2, d] (equal jitter)."""
     d = backoff_ceiling(attempt, base, cap).total_seconds()
-    r = (rng or random).uniform(d / 2, d)
+    r = (rng or _RNG).uniform(d / 2, d)
     return timedelta(seconds=r)
