@@ -58,32 +58,37 @@ def audit(dsn: str, schema: str, job_id: str) -> tuple[list[tuple[Any, ...]], in
     return [tuple(c) for c in changes], int(violations)
 
 
-def test_l6_l5_a_done_lost_on_the_last_attempt_is_written_over_another_engines_poison_claim(
-    dsn: str, chaos_schema: str, proxy: CutProxy
-) -> None:
-    """Only engine a is cut off: b reaps the row and claims it past max_attempts meanwhile. Its
-    poison verdict is held back a lease; a's done, written under a's claim once the proxy is
-    restored, wins: done, from the one run, written once."""
-    runs: list[tuple[str, int]] = []
-    started = threading.Event()
-    go = threading.Event()
+class OneRun:
+    """A handler that records each run (engine, attempt) and returns once *go* is set."""
 
-    def handler(label: str) -> Any:
+    def __init__(self) -> None:
+        self.runs: list[tuple[str, int]] = []
+        self.started = threading.Event()
+        self.go = threading.Event()
+
+    def __call__(self, label: str) -> Any:
         def run(ctx: Context, claim: Claim) -> dict[str, str]:
-            runs.append((label, claim.attempt))
-            started.set()
-            assert go.wait(30)
+            self.runs.append((label, claim.attempt))
+            self.started.set()
+            assert self.go.wait(30)
             return {"by": label}
 
         return run
 
+
+@contextlib.contextmanager
+def cut_a_direct_b(
+    dsn: str, schema: str, proxy: CutProxy, handler: OneRun
+) -> Iterator[tuple[Engine, Engine]]:
+    """Engines a (through *proxy*) and b (direct), kind "lost" with max_attempts=1 on both; after:
+    the handlers let go, the proxy restored, both stopped and closed."""
     pools: list[ConnectionPool[Any]] = []
 
     def engine(label: str, conninfo: str) -> Engine:
         pool: ConnectionPool[Any] = ConnectionPool(conninfo, min_size=1, max_size=4, open=True, timeout=2)
         pools.append(pool)
         e = Engine(
-            Store(pool, schema=chaos_schema),
+            Store(pool, schema=schema),
             Config(workers=2, lease=LEASE, reaper_period=0.2, poll_interval=0.1, watchdog_grace=30),
             worker_id=f"engine-{label}",
         )
@@ -94,28 +99,9 @@ def test_l6_l5_a_done_lost_on_the_last_attempt_is_written_over_another_engines_p
     a = engine("a", psycopg.conninfo.make_conninfo(dsn, host="127.0.0.1", port=proxy.port))
     b = engine("b", psycopg.conninfo.make_conninfo(dsn, host=str(info.get("host") or "127.0.0.1")))
     try:
-        jid = b.enqueue(Job("lost")).id
-        a.start()
-        assert started.wait(30)
-        proxy.cut()
-        go.set()  # the handler returns while engine a cannot reach the store
-        b.start()
-        # b's reaper returns the row once a's lease expired, and b's claim takes it past max_attempts
-        wait_for(lambda: row(dsn, chaos_schema, jid)[1] >= 2, what="engine b's claim of the job", timeout=30)
-        state, attempts, locked_by, _ = row(dsn, chaos_schema, jid)
-        assert (state, attempts, locked_by) == ("processing", 2, "engine-b")  # the poison verdict held back
-        proxy.restore()
-        wait_for(lambda: row(dsn, chaos_schema, jid)[0] in TERMINAL, what="the job to end", timeout=30)
-        assert row(dsn, chaos_schema, jid) == ("done", 1, "engine-a", {"by": "a"})
-        assert runs == [("a", 1)]  # the handler ran once, in engine a
-        # b's verdict comes due and finds the row no longer its claim's: nothing written over the done
-        wait_for(lambda: not b.inflight.held(), what="engine b to let its poison claim go", timeout=3 * LEASE)
-        assert row(dsn, chaos_schema, jid)[0] == "done"
-        done = a.registry.get_sample_value("brooq_settle_total", {"topic": "lost", "outcome": "done"})
-        assert done == 1
-        assert not b.registry.get_sample_value("brooq_settle_total", {"topic": "lost", "outcome": "dead"})
+        yield a, b
     finally:
-        go.set()
+        handler.go.set()
         proxy.restore()
         b.stop(timeout=5)
         a.stop(timeout=5)
@@ -123,9 +109,76 @@ def test_l6_l5_a_done_lost_on_the_last_attempt_is_written_over_another_engines_p
         b.close()
         for p in pools:
             p.close()
+
+
+def lost_then_poisoned(dsn: str, schema: str, proxy: CutProxy, handler: OneRun, a: Engine, b: Engine) -> str:
+    """a runs the job and returns while cut off; b reaps it and claims it past max_attempts (its
+    poison verdict held back a lease). The job's id."""
+    jid = b.enqueue(Job("lost")).id
+    a.start()
+    assert handler.started.wait(30)
+    proxy.cut()
+    handler.go.set()  # the handler returns while engine a cannot reach the store
+    b.start()
+    # b's reaper returns the row once a's lease expired, and b's claim takes it past max_attempts
+    wait_for(lambda: row(dsn, schema, jid)[1] >= 2, what="engine b's claim of the job", timeout=30)
+    state, attempts, locked_by, _ = row(dsn, schema, jid)
+    assert (state, attempts, locked_by) == ("processing", 2, "engine-b")  # the poison verdict held back
+    return jid
+
+
+def test_l6_l5_a_done_lost_on_the_last_attempt_is_written_over_another_engines_poison_claim(
+    dsn: str, chaos_schema: str, proxy: CutProxy
+) -> None:
+    """Only engine a is cut off: b reaps the row and claims it past max_attempts meanwhile. Its
+    poison verdict is held back a lease; a's done, written under a's claim once the proxy is
+    restored, wins: done, from the one run, written once."""
+    handler = OneRun()
+    with cut_a_direct_b(dsn, chaos_schema, proxy, handler) as (a, b):
+        jid = lost_then_poisoned(dsn, chaos_schema, proxy, handler, a, b)
+        proxy.restore()
+        wait_for(lambda: row(dsn, chaos_schema, jid)[0] in TERMINAL, what="the job to end", timeout=30)
+        assert row(dsn, chaos_schema, jid) == ("done", 1, "engine-a", {"by": "a"})
+        assert handler.runs == [("a", 1)]  # the handler ran once, in engine a
+        # b's verdict comes due and finds the row no longer its claim's: nothing written over the done
+        wait_for(lambda: not b.inflight.held(), what="engine b to let its poison claim go", timeout=3 * LEASE)
+        assert row(dsn, chaos_schema, jid)[0] == "done"
+        done = a.registry.get_sample_value("brooq_settle_total", {"topic": "lost", "outcome": "done"})
+        assert done == 1
+        assert not b.registry.get_sample_value("brooq_settle_total", {"topic": "lost", "outcome": "dead"})
     changes, violations = audit(dsn, chaos_schema, jid)
     assert violations == 0
     assert [c for c in changes if c[1] in ("done", "dead")] == [("processing", "done", 2, 1)]
+
+
+def test_l6_l5_an_operator_lock_outlasting_the_poison_hold_back_does_not_let_the_verdict_win(
+    dsn: str, chaos_schema: str, proxy: CutProxy
+) -> None:
+    """As above, but an operator's open transaction holds the row locked from before a is back
+    until well past b's hold-back: a's late done backs off on the lock meanwhile (up to seconds
+    between tries). b's verdict, due while the row is locked, is held back again rather than
+    tried every moment: once the operator commits, a's done comes first."""
+    handler = OneRun()
+    with (
+        cut_a_direct_b(dsn, chaos_schema, proxy, handler) as (a, b),
+        psycopg.connect(dsn, application_name="operator") as operator,
+    ):
+        jid = lost_then_poisoned(dsn, chaos_schema, proxy, handler, a, b)
+        operator.execute(
+            sql.SQL("SELECT 1 FROM {} WHERE id = %s FOR UPDATE").format(sql.Identifier(chaos_schema, "job")),
+            [jid],
+        )
+        proxy.restore()
+        # The lock outlasts b's hold-back (a lease from its claim) and lets a's late write back off
+        # to seconds between tries (0.25, 0.5, 1, 2, then 4): the race the verdict used to win.
+        threading.Event().wait(LEASE + 2.5)
+        assert row(dsn, chaos_schema, jid)[0] == "processing"
+        operator.commit()
+        wait_for(lambda: row(dsn, chaos_schema, jid)[0] in TERMINAL, what="the job to end", timeout=30)
+        assert row(dsn, chaos_schema, jid) == ("done", 1, "engine-a", {"by": "a"})
+        wait_for(lambda: not b.inflight.held(), what="engine b to let its poison claim go", timeout=30)
+        assert row(dsn, chaos_schema, jid)[0] == "done"
+        assert handler.runs == [("a", 1)]
 
 
 def test_l6_after_a_whole_store_outage_the_engine_that_lost_the_done_writes_it_first(
