@@ -533,3 +533,55 @@ def test_u2_a_failed_holder_is_kept_merged_and_replaced_as_a_waiting_job(
     (c,) = store.claim(["u"], 1, "w", LEASE)
     assert c.id == holder.id and c.payload == {"v": 4}
     assert _active(pool, schema, "k") == [(holder.id, "processing", {"v": 4})]
+
+
+# --- concurrent batches -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("keys", ["unique", "both"])
+@pytest.mark.parametrize("in_tx", [False, True])
+def test_u2_two_batches_of_the_same_keys_in_other_orders_never_deadlock(
+    store: Store, pool: ConnectionPool[Any], schema: str, dsn: str, keys: str, in_tx: bool
+) -> None:
+    """A deadlock would abort the batch (and the caller's transaction): each batch must take the
+    keys' index entries in one order, whatever its input order."""
+    n, rounds = 100, 3
+    errors: list[BaseException] = []
+    results: list[list[EnqueueResult]] = []
+
+    def job(k: str) -> Job:
+        return Job(
+            "u",
+            {"k": k},
+            unique_key=None if keys == "idempotency" else k,
+            idempotency_key=None if keys == "unique" else k,
+        )
+
+    for r in range(rounds):
+        names = [f"r{r}-{i:03d}" for i in range(n)]
+        barrier = threading.Barrier(2)
+
+        def run(order: list[str], barrier: threading.Barrier) -> None:
+            try:
+                with psycopg.connect(dsn) as conn:
+                    barrier.wait()
+                    batch = [job(k) for k in order]
+                    if in_tx:
+                        results.append(store.enqueue_many(batch, tx=WrapTx(conn)))
+                        conn.execute("SELECT 1")  # still usable
+                        conn.commit()
+                    else:
+                        results.append(store.enqueue_many(batch))
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run, args=(o, barrier)) for o in (names, names[::-1])]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    assert not errors, errors
+    assert q(pool, schema, "SELECT count(*), count(DISTINCT payload) FROM {job}") == [
+        (n * rounds, n * rounds)
+    ]
+    assert sum(x.created for rs in results for x in rs) == n * rounds
