@@ -538,7 +538,7 @@ def test_u2_a_failed_holder_is_kept_merged_and_replaced_as_a_waiting_job(
 # --- concurrent batches -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("keys", ["unique", "both"])
+@pytest.mark.parametrize("keys", ["unique", "both", "idempotency"])
 @pytest.mark.parametrize("in_tx", [False, True])
 def test_u2_two_batches_of_the_same_keys_in_other_orders_never_deadlock(
     store: Store, pool: ConnectionPool[Any], schema: str, dsn: str, keys: str, in_tx: bool
