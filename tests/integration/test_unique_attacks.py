@@ -410,6 +410,62 @@ def test_u3_retrying_the_holder_itself_while_it_is_being_canceled(
     assert _active(pool, schema, "k") == [(a.id, "pending", {})]
 
 
+# --- enqueue_many with repeated keys ----------------------------------------------------------
+
+
+def test_u1_a_batch_repeating_a_unique_key_whose_first_was_answered_by_its_idempotency_key_creates_it(
+    store: Store, pool: ConnectionPool[Any], schema: str
+) -> None:
+    """The first job's idempotency key is taken by a row that does not hold the unique key: the
+    repeat of that unique key is a new job (as two enqueues would make it), not that row."""
+    x = store.enqueue(Job("u", {"v": 0}, idempotency_key="i", unique_key="other"))
+    r = store.enqueue_many(
+        [Job("u", {"v": 1}, idempotency_key="i", unique_key="k"), Job("u", {"v": 2}, unique_key="k")]
+    )
+    assert r[0] == (x.id, False)
+    assert r[1].created and _active(pool, schema, "k") == [(r[1].id, "pending", {"v": 2})]
+
+
+def test_u1_a_batch_repeating_an_idempotency_key_whose_first_was_answered_by_its_unique_key_creates_it(
+    store: Store, pool: ConnectionPool[Any], schema: str
+) -> None:
+    y = store.enqueue(Job("u", {"v": 0}, unique_key="k"))
+    r = store.enqueue_many(
+        [Job("u", {"v": 1}, idempotency_key="i", unique_key="k"), Job("u", {"v": 2}, idempotency_key="i")]
+    )
+    assert r[0] == (y.id, False)
+    assert q(pool, schema, "SELECT id::text, payload FROM {job} WHERE idempotency_key = 'i'") == [
+        (r[1].id, {"v": 2})
+    ]
+    assert r[1].created
+
+
+def test_u1_a_batch_job_repeating_the_other_key_of_a_repeat_answers_it(
+    store: Store, pool: ConnectionPool[Any], schema: str
+) -> None:
+    """The second job repeats the first by its unique key only, and it is a new job (the first was
+    answered by its idempotency key); the third repeats the second's idempotency key: the second."""
+    x = store.enqueue(Job("u", {"v": 0}, idempotency_key="i"))
+    jobs = [
+        Job("u", {"v": 1}, idempotency_key="i", unique_key="k"),
+        Job("u", {"v": 2}, idempotency_key="j", unique_key="k"),
+        Job("u", {"v": 3}, idempotency_key="j"),
+    ]
+    r = store.enqueue_many(jobs)
+    assert r[0] == (x.id, False) and r[1].created and r[2] == (r[1].id, False)
+    assert _active(pool, schema, "k") == [(r[1].id, "pending", {"v": 2})]
+    assert q(pool, schema, "SELECT count(*) FROM {job}") == [(2,)]
+
+
+def test_u1_in_a_batch_the_idempotency_key_of_a_repeat_wins_over_its_unique_key(store: Store) -> None:
+    z = store.enqueue(Job("u", {"v": 0}, idempotency_key="z"))
+    r = store.enqueue_many(
+        [Job("u", {"v": 1}, unique_key="k"), Job("u", {"v": 2}, idempotency_key="z", unique_key="k")]
+    )
+    assert r[0].created and r[1] == (z.id, False)
+    assert _row(store, z.id).payload == {"v": 0}
+
+
 # --- internal moves never conflict (U3) -------------------------------------------------------
 
 
