@@ -303,9 +303,9 @@ def enqueue_many(q: Queries, jobs: Sequence[Job], caps: TopicCaps) -> Plan[list[
 
     Every job is validated when the plan is made: one bad job refuses the batch (E4, E5).
     A key (idempotency or unique) repeated inside the batch is sent once, with its first
-    job; each repeat is then answered, in input order (``_repeat``): with the earlier job's
-    id and created=False when that job's row holds the repeat's key, else as an enqueue of
-    its own would answer it.
+    job; each repeat is then answered, in input order, as the same enqueues one after
+    another would answer it (``_repeat``): most with the earlier job's id and created=False
+    at no cost, a merge or replace of a unique key with its own statement (U2).
     """
     first_of: dict[Name, int] = {}
     repeats: list[int] = []
@@ -354,15 +354,15 @@ def _repeat(
     the active holder answered it; its idempotency key was written nowhere), "plan" (not
     known). An enqueue of the repeat after the earlier one would find: its idempotency key,
     when given, held by that row (the row is the answer, unchanged: E1, U2); else its unique
-    key held by that row (the answer; a repeat's merge or replace is not applied). A key the
-    earlier job did not write takes the one-job plan, as a second enqueue would.
+    key held by that row (kept: the answer). Anything else (a merge or replace, a key the
+    earlier job did not write) takes the one-job plan, as a second enqueue would.
     """
     if job.key is not None:
         first = first_of[("key", job.topic, job.key)]
         if first != i and how[first] in ("created", "key"):
             how[i] = "key"
             return _again(results[first])
-    elif job.unique_key is not None:
+    elif job.unique_key is not None and job.on_duplicate == "keep":
         first = first_of[("unique", job.topic, job.unique_key)]
         if first != i and how[first] in ("created", "unique"):
             how[i] = "unique"

@@ -466,6 +466,84 @@ def test_u1_in_a_batch_the_idempotency_key_of_a_repeat_wins_over_its_unique_key(
     assert _row(store, z.id).payload == {"v": 0}
 
 
+@pytest.mark.parametrize("held", [False, True])
+def test_u2_a_batch_repeating_a_key_applies_each_merge_and_replace_in_input_order(
+    store: Store, held: bool
+) -> None:
+    """A burst in one batch collapses as the same burst of enqueues does: the last payload, the
+    highest priority, the earliest time."""
+    first = store.enqueue(Job("u", {"v": 0}, unique_key="k", priority=0)) if held else None
+    later = datetime.now(UTC) + timedelta(hours=2)
+    earlier = datetime.now(UTC) + timedelta(hours=1)
+    jobs = [
+        Job("u", {"v": 1}, unique_key="k", priority=1, available_at=later, on_duplicate="replace"),
+        Job("u", {"v": 2}, unique_key="k", priority=5, available_at=later, on_duplicate="replace"),
+        Job("u", {"v": 3}, unique_key="k", priority=9, on_duplicate="keep"),
+        Job("u", {"v": 4}, unique_key="k", priority=7, available_at=earlier, on_duplicate="merge"),
+        Job("u", {"v": 5}, unique_key="k", priority=3, available_at=later, on_duplicate="merge"),
+    ]
+    r = store.enqueue_many(jobs)
+    holder = first.id if first is not None else r[0].id
+    assert [x.id for x in r] == [holder] * 5
+    assert [x.created for x in r] == [not held] + [False] * 4
+    row = _row(store, holder)
+    assert row.payload == {"v": 2} and row.priority == 7 and row.state == State.SCHEDULED
+    assert abs((row.available_at - earlier).total_seconds()) < 0.01
+
+
+def _batch() -> list[Job]:
+    return [
+        Job("u", {"v": 1}, unique_key="a"),
+        Job("u", {"v": 2}, idempotency_key="i", unique_key="b"),
+        Job("u", {"v": 3}, unique_key="a", on_duplicate="replace"),
+        Job("u", {"v": 4}, idempotency_key="i"),
+        Job("u", {"v": 5}, unique_key="b", on_duplicate="merge", priority=4),
+        Job("u", {"v": 6}),
+        Job("u", {"v": 7}, unique_key="a"),
+    ]
+
+
+def _check_batch(pool: ConnectionPool[Any], schema: str, r: list[EnqueueResult]) -> None:
+    assert [x.created for x in r] == [True, True, False, False, False, True, False]
+    assert r[2].id == r[0].id == r[6].id and r[3].id == r[1].id == r[4].id
+    rows = q(pool, schema, "SELECT id::text, payload, priority FROM {job} ORDER BY id")
+    assert rows == [(r[0].id, {"v": 3}, 0), (r[1].id, {"v": 2}, 4), (r[5].id, {"v": 6}, 0)]
+
+
+def test_u2_a_batch_with_repeated_keys_in_the_callers_transaction_leaves_it_usable(
+    store: Store, pool: ConnectionPool[Any], schema: str, dsn: str
+) -> None:
+    with psycopg.connect(dsn) as conn:
+        r = store.enqueue_many(_batch(), tx=WrapTx(conn))
+        again = store.enqueue_many(_batch(), tx=WrapTx(conn))  # all duplicates now, in the same transaction
+        conn.execute(f'CREATE TABLE "{schema}".mine (x int)')
+        conn.execute(f'INSERT INTO "{schema}".mine VALUES (1)')
+        conn.commit()
+    assert [x.id for x in again[:5]] == [x.id for x in r[:5]] and again[6] == (r[0].id, False)
+    assert not any(x.created for x in again[:5]) and again[5].created
+    assert q(pool, schema, f'SELECT x FROM "{schema}".mine') == [(1,)]
+    q(pool, schema, "DELETE FROM {job} WHERE id = %s", again[5].id)
+    _check_batch(pool, schema, r)
+
+
+def test_u2_an_async_batch_with_repeated_keys_in_the_callers_transaction_leaves_it_usable(
+    pool: ConnectionPool[Any], schema: str, dsn: str
+) -> None:
+    astore = AsyncStore(None, schema=schema)
+
+    async def main() -> list[EnqueueResult]:
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            r = await astore.enqueue_many(_batch(), tx=conn)
+            await conn.execute(f'CREATE TABLE "{schema}".mine (x int)')
+            await conn.execute(f'INSERT INTO "{schema}".mine VALUES (1)')
+            await conn.commit()
+            return r
+
+    r = asyncio.run(main())
+    _check_batch(pool, schema, r)
+    assert q(pool, schema, f'SELECT x FROM "{schema}".mine') == [(1,)]
+
+
 # --- internal moves never conflict (U3) -------------------------------------------------------
 
 
