@@ -33,6 +33,9 @@ from brooq_py.queue.job import encode_payloads
 # A row found by key can vanish (retention) before we read it: insert again, a few times.
 _ATTEMPTS = 5
 
+# A key of a job in a batch: ("key" or "unique", topic, key).
+Name = tuple[str, str, str]
+
 
 def job_params(job: Job, payload: str, job_id: uuid.UUID) -> dict[str, Any]:
     return {
@@ -300,32 +303,79 @@ def enqueue_many(q: Queries, jobs: Sequence[Job], caps: TopicCaps) -> Plan[list[
 
     Every job is validated when the plan is made: one bad job refuses the batch (E4, E5).
     A key (idempotency or unique) repeated inside the batch is sent once, with its first
-    job; the repeats get that job's result with created=False, in input order.
+    job; each repeat is then answered, in input order, as the same enqueues one after
+    another would answer it (``_repeat``): most with the earlier job's id and created=False
+    at no cost, a merge or replace of a unique key with its own statement (U2).
     """
-    first_of: dict[tuple[str, str, str], int] = {}
-    repeats: list[tuple[int, int]] = []
+    first_of: dict[Name, int] = {}
+    repeats: list[int] = []
     todo: list[int] = []
     for i, job in enumerate(jobs):
         if not isinstance(job, Job):
             validated(jobs)  # raises for the first bad job in input order
-        names = []
-        if job.key is not None:
-            names.append(("key", job.topic, job.key))
-        if job.unique_key is not None:
-            names.append(("unique", job.topic, job.unique_key))
+        names = _names(job)
         first = next((first_of[n] for n in names if n in first_of), None)
-        if first is not None:
-            repeats.append((i, first))
-            continue
         for n in names:
-            first_of[n] = i
+            first_of.setdefault(n, i)  # a repeat's other key is its own: a later job repeats it
+        if first is not None:
+            repeats.append(i)
+            continue
         todo.append(i)
     if repeats:
         validated(jobs)  # the repeats' payloads too, in input order
     payloads = encode_payloads([jobs[i].payload for i in todo])
     # A batch naming parents takes the statement that checks and links them (SPEC D1).
     parents = parents_of(jobs) if has_parents(jobs) else None
-    return _enqueue_many(q, jobs, todo, repeats, payloads, caps, parents)
+    return _enqueue_many(q, jobs, todo, (repeats, first_of), payloads, caps, parents)
+
+
+def _names(job: Job) -> list[Name]:
+    names = []
+    if job.key is not None:
+        names.append(("key", job.topic, job.key))
+    if job.unique_key is not None:
+        names.append(("unique", job.topic, job.unique_key))
+    return names
+
+
+def _repeat(
+    q: Queries,
+    job: Job,
+    i: int,
+    first_of: Mapping[Name, int],
+    how: dict[int, str],
+    results: list[EnqueueResult | None],
+    caps: TopicCaps,
+) -> Plan[EnqueueResult]:
+    """Answer *job*, the batch's *i*-th, whose key an earlier job of the batch carried.
+
+    *how* says, for each job answered so far, what its row holds: "created" (both its keys),
+    "key" (its idempotency key: the row of that key answered it), "unique" (its unique key:
+    the active holder answered it; its idempotency key was written nowhere), "plan" (not
+    known). An enqueue of the repeat after the earlier one would find: its idempotency key,
+    when given, held by that row (the row is the answer, unchanged: E1, U2); else its unique
+    key held by that row (kept: the answer). Anything else (a merge or replace, a key the
+    earlier job did not write) takes the one-job plan, as a second enqueue would.
+    """
+    if job.key is not None:
+        first = first_of[("key", job.topic, job.key)]
+        if first != i and how[first] in ("created", "key"):
+            how[i] = "key"
+            return _again(results[first])
+    elif job.unique_key is not None and job.on_duplicate == "keep":
+        first = first_of[("unique", job.topic, job.unique_key)]
+        if first != i and how[first] in ("created", "unique"):
+            how[i] = "unique"
+            return _again(results[first])
+    (payload,) = validated([job])
+    result: EnqueueResult = yield from _enqueue_one(q, job, payload, caps)
+    how[i] = "created" if result.created else "plan"
+    return result
+
+
+def _again(first: EnqueueResult | None) -> EnqueueResult:
+    assert first is not None
+    return EnqueueResult(first.id, False)
 
 
 def _cap_params(jobs: Sequence[Job], todo: list[int], known: Mapping[str, int]) -> dict[str, str]:
@@ -338,12 +388,13 @@ def _enqueue_many(
     q: Queries,
     jobs: Sequence[Job],
     todo: list[int],
-    repeats: list[tuple[int, int]],
+    repeated: tuple[list[int], Mapping[Name, int]],
     payloads: str | None,
     caps: TopicCaps,
     parents: list[list[str]] | None = None,
 ) -> Plan[list[EnqueueResult]]:
     results: list[EnqueueResult | None] = [None] * len(jobs)
+    how: dict[int, str] = {}  # what each answered job's row holds (see _repeat)
     ids = dict(zip(todo, uuid7_texts(len(todo)), strict=True))
     known = yield from known_caps(q, caps)
     unique = any(jobs[i].unique_key is not None for i in todo)
@@ -384,12 +435,14 @@ def _enqueue_many(
             raise unknown_parent(rows[0][1])
         for i in todo:
             results[i] = EnqueueResult(ids[i], True)
+            how[i] = "created"
         again: list[int] = []
         lookups: list[int] = []
         changes: list[int] = []
         for r in rows:
             i = todo[r[0] - 1]
             results[i] = None
+            how[i] = "key"
             if not unique:
                 if r[1] is None:
                     lookups.append(i)
@@ -399,7 +452,9 @@ def _enqueue_many(
             key_holder, holder, state = r[1], r[2], r[3]
             if key_holder is not None:
                 results[i] = EnqueueResult(str(key_holder), False)
-            elif holder is None:
+                continue
+            how[i] = "unique"
+            if holder is None:
                 again.append(i)  # a holder committed meanwhile, or ended: again
             elif jobs[i].on_duplicate != "keep" and state != "processing":
                 changes.append(i)
@@ -431,8 +486,7 @@ def _enqueue_many(
         todo, payloads = sorted(again), None
     if todo:
         raise BrooqError(f"enqueue_many did not settle after {_ATTEMPTS} attempts")
-    for i, first in repeats:
-        first_result = results[first]
-        assert first_result is not None
-        results[i] = EnqueueResult(first_result.id, False)
+    repeats, first_of = repeated
+    for i in repeats:
+        results[i] = yield from _repeat(q, jobs[i], i, first_of, how, results, caps)
     return [r for r in results if r is not None]

@@ -231,8 +231,8 @@ def test_u1_enqueue_many_answers_repeated_keys_in_input_order(store: Store) -> N
     assert r[1].id == r[0].id and r[3].id == r[2].id and r[4].id == r[2].id and r[5].id == held.id
     row = store.get(held.id)
     assert row is not None and row.priority == 8
-    first = store.get(r[0].id)
-    assert first is not None and first.payload == {"v": 1}
+    first = store.get(r[0].id)  # the repeat's replace applies, as it would in a second enqueue (U2)
+    assert first is not None and first.payload == {"v": 2}
     # again: every one a duplicate now
     again = store.enqueue_many(jobs)
     assert [x.created for x in again] == [False, False, False, False, False, False, True]

@@ -101,7 +101,9 @@ WITH input AS (
     FROM (SELECT *, coalesce(available_at, statement_timestamp()) AS at FROM input) AS i
     LEFT JOIN verdict v ON v.ord = i.ord
     WHERE NOT EXISTS (SELECT FROM unknown) AND NOT EXISTS (SELECT FROM too_deep)
-    ORDER BY i.ord
+    -- In key order, not input order: two batches of the same keys never deadlock
+    -- (job_enqueue_many_unique.sql).
+    ORDER BY i.topic COLLATE "C", i.key COLLATE "C", i.ord
     ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id
 ), edges AS (

@@ -45,7 +45,9 @@ WITH input AS (
            CASE WHEN at > statement_timestamp() THEN 'scheduled' ELSE 'pending' END
     FROM (SELECT *, coalesce(available_at, statement_timestamp()) AS at FROM input) AS i
     WHERE NOT EXISTS (SELECT FROM too_deep)
-    ORDER BY ord
+    -- In key order, not input order: two batches of the same keys never deadlock
+    -- (job_enqueue_many_unique.sql).
+    ORDER BY topic COLLATE "C", key COLLATE "C", ord
     ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id
 )

@@ -47,7 +47,10 @@ WITH input AS (
            CASE WHEN at > statement_timestamp() THEN 'scheduled' ELSE 'pending' END
     FROM (SELECT *, coalesce(available_at, statement_timestamp()) AS at FROM input) AS i
     WHERE NOT EXISTS (SELECT FROM too_deep)
-    ORDER BY ord
+    -- In key order, not input order: a batch that meets a key another one holds uncommitted
+    -- waits for it holding only keys that sort before it, so two batches of the same keys in
+    -- other orders never deadlock (which would abort the caller's transaction).
+    ORDER BY topic COLLATE "C", unique_key COLLATE "C", key COLLATE "C", ord
     ON CONFLICT DO NOTHING
     RETURNING id
 )

@@ -8,6 +8,12 @@
 -- are woken); a pending one pushed into the future becomes scheduled, and a
 -- scheduled or failed one moved in time wakes the stagers (their channel). The
 -- old values come from the statement's snapshot (a sub-select in RETURNING).
+-- A holder this statement's snapshot sees processing is not even tried: ON
+-- CONFLICT DO UPDATE locks the row it meets, its WHERE false or not, and that
+-- lock would last to the end of the caller's transaction, keeping the running
+-- job's renewals and done from its row (SPEC L3'). (A claim committed while this
+-- statement waits on it still leaves that lock: the holder is then answered
+-- as processing all the same.)
 -- Rows: ('created', id, state) or ('updated', id, state); else ('unique', id,
 -- state) for a holder left as it was (processing, or the cap refused the
 -- insert so nothing conflicted); ('full', NULL, NULL) when the depth cap
@@ -20,6 +26,8 @@ WITH {depth_room}
            CASE WHEN a.at > statement_timestamp() THEN 'scheduled' ELSE 'pending' END
     FROM a
     WHERE a.room
+      AND NOT EXISTS (SELECT FROM {job} p
+                      WHERE p.topic = %(topic)s AND p.unique_key = %(unique_key)s AND p.state = 'processing')
     ON CONFLICT (topic, unique_key)
         WHERE unique_key IS NOT NULL AND state IN ('scheduled', 'pending', 'processing', 'failed', 'blocked')
     DO UPDATE SET
