@@ -344,8 +344,14 @@ def _retry_many(op: Operator, values: dict[str, list[str]]) -> str:
     ids = values.get("id") or []
     if not ids or len(ids) > PAGE_SIZE:
         raise ActionError(400, f"expected 1 to {PAGE_SIZE} job ids")
-    retried = sum(op.retry(i) for i in ids)
-    return f"{retried} of {len(ids)} jobs retried"
+    refused = [i for i in ids if not op.retry(i)]
+    message = f"{len(ids) - len(refused)} of {len(ids)} jobs retried"
+    if not refused:
+        return message
+    # Why, for the first few refused (U3: an active job holding the unique key, or the state).
+    why = "; ".join(f"{i[:8]}: {op.retry_refusal(i) or 'not retryable'}" for i in refused[:3])
+    more = f"; and {len(refused) - 3} more" if len(refused) > 3 else ""
+    return f"{message}; not retried: {why}{more}"
 
 
 def _pause(op: Operator, values: dict[str, list[str]]) -> str:

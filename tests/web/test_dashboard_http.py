@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import urllib.parse
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -195,6 +196,23 @@ def test_q1_retry_all_shown_dead_jobs(board: Board, store: Store, pool: Any) -> 
     assert board.request("POST", "/action/retry-many", form=[("id", "x")] * 51, token=TOKEN).status == 400
     assert board.request("POST", "/action/retry", form={"id": str(uuid.uuid4())}, token=TOKEN).status == 404
     assert board.request("POST", "/action/retry", form={"id": "nope"}, token=TOKEN).status == 400
+
+
+def test_u3_retry_all_says_why_a_job_was_not_retried(board: Board, store: Store, pool: Any) -> None:
+    """A dead job whose unique key an active job now holds is not retried by the bulk action (U3),
+    and the message says which and why; the others are retried."""
+    keyed = store.enqueue(Job(TOPIC, {"n": 0}, unique_key="k")).id
+    plain = store.enqueue(Job(TOPIC, {"n": 1})).id
+    kill(pool, store.schema, [keyed, plain])
+    holder = store.enqueue(Job(TOPIC, {"n": 2}, unique_key="k"))
+    assert holder.created
+    reply = board.request("POST", "/action/retry-many", form=[("id", keyed), ("id", plain)], token=TOKEN)
+    assert reply.status == 303
+    message = urllib.parse.parse_qs(urllib.parse.urlsplit(reply.location).query)["done"][0]
+    assert message.startswith("1 of 2 jobs retried; not retried: " + keyed[:8]), message
+    assert holder.id in message and "unique key 'k'" in message, message
+    assert store.get(plain).state == State.PENDING  # type: ignore[union-attr]
+    assert store.get(keyed).state == State.DEAD  # type: ignore[union-attr]
 
 
 def kill(pool: Any, schema: str, ids: list[str], error: str = "RuntimeError: boom") -> None:
