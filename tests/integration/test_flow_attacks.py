@@ -1,0 +1,193 @@
+"""SPEC F1 and F2 under attack: paths that could write a waiting job outside a Store's depth bound,
+rate limits changed under running engines, and values at the edges of the API and the CLI."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg_pool import ConnectionPool
+
+from brooq_py.postgres import Store, WrapTx
+from brooq_py.postgres.caps import TopicCaps
+from brooq_py.queue import Job, QueueFull
+from tests.integration.conftest import q
+from tests.integration.test_flow_control import _anchor, _fill
+from tests.polling import wait_for
+
+LEASE = timedelta(seconds=30)
+
+
+def _waiting(pool: ConnectionPool[Any], schema: str, topic: str) -> int:
+    rows = q(
+        pool,
+        schema,
+        "SELECT count(*) FROM {job} WHERE topic = %s"
+        " AND state IN ('scheduled', 'pending', 'failed', 'blocked')",
+        topic,
+    )
+    return int(rows[0][0])
+
+
+class _Clock:
+    """A monotonic clock a test moves by hand (a Store's caps and anchors age by it)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _store_on(pool: ConnectionPool[Any], schema: str, clock: _Clock) -> Store:
+    store = Store(pool, schema=schema)
+    store._caps = TopicCaps(monotonic=clock)
+    return store
+
+
+# --- F2: what a Store's depth bound must not miss ------------------------------------------------
+
+
+def test_f2_every_move_back_to_waiting_counts_against_an_older_anchor(
+    pool: ConnectionPool[Any], schema: str, dsn: str
+) -> None:
+    """Store A anchors; then, through Store B and psql, jobs of the topic fail, are reaped, retried,
+    set back to pending by an operator's UPDATE, released from blocked, canceled, done, deleted by
+    retention, merged and replaced (no new row), and an enqueue rolls back. A stops exactly at the
+    cap: every move back into a waiting state is in its bound."""
+    from brooq_py.queue import State
+    from brooq_py.queue.port import Outcome
+
+    a, b = Store(pool, schema=schema), Store(pool, schema=schema)
+    try:
+        a.set_max_depth("d", 40)
+        b.enqueue(Job("d", {}, unique_key="u"))
+        a.enqueue_many([Job("d", {"i": i}) for i in range(11)])
+        parent = b.enqueue(Job("p", {})).id
+        b.enqueue_many([Job("d", {"child": 1}, after=[parent])])  # blocked, in the count
+        _anchor(a, dsn, schema, "d")
+        claimed = b.claim(["d"], 8, "w", LEASE)
+        assert len(claimed) == 8
+        c = iter(claimed)
+        b.settle_many(
+            [
+                Outcome(next(c).id, claimed[0].claim_token, State.FAILED, delay=timedelta(hours=1)),
+                Outcome(next(c).id, claimed[1].claim_token, State.DEAD),
+                Outcome(next(c).id, claimed[2].claim_token, State.DONE),
+                Outcome(next(c).id, claimed[3].claim_token, State.CANCELED),
+                Outcome(next(c).id, claimed[4].claim_token, State.PENDING),  # handed back
+            ]
+        )
+        assert b.retry(claimed[1].id) and b.retry(claimed[3].id)
+        q(pool, schema, "UPDATE {job} SET state = 'pending' WHERE id = %s", claimed[2].id)
+        q(pool, schema, "UPDATE {job} SET locked_until = now() - interval '1 s' WHERE id = %s", claimed[5].id)
+        assert [r[0] for r in b.reap_expired()] == [claimed[5].id]
+        q(pool, schema, "UPDATE {job} SET state = 'done', locked_by = NULL WHERE id = %s", claimed[6].id)
+        q(
+            pool,
+            schema,
+            "UPDATE {job} SET state = 'scheduled', available_at = now() WHERE id = %s",
+            claimed[6].id,
+        )
+        (p,) = b.claim(["p"], 1, "w", LEASE)
+        b.settle_many([Outcome(p.id, p.claim_token, State.DONE)])  # the child: blocked -> pending
+        b.enqueue(Job("d", {"v": 2}, unique_key="u", on_duplicate="merge", priority=3))
+        b.enqueue(Job("d", {"v": 3}, unique_key="u", on_duplicate="replace"))
+        with psycopg.connect(dsn) as conn:
+            b.enqueue_tx(WrapTx(conn), Job("d", {"rolled": "back"}))
+            conn.rollback()
+        _fill(a, "d")
+    finally:
+        a.close()
+        b.close()
+    assert _waiting(pool, schema, "d") == 40
+
+
+# --- F1: rate limits, and the API's and the CLI's edges ---------------------------------------
+
+
+def test_f1_a_claim_that_rolls_back_spends_no_token(store: Store, dsn: str) -> None:
+    """The tokens are spent by the claim statement itself: a claim whose transaction rolls back
+    started nothing and gives its tokens back with its rows."""
+    store.enqueue_many([Job("r", {"i": i}) for i in range(5)])
+    store.set_rate_limit("r", 3, 3600)
+    params = {"topic": "r", "limit": 10, "worker": "w", "lease": LEASE}
+    with psycopg.connect(dsn) as conn:
+        conn.execute(f'SET search_path TO "{store._q.schema}"')
+        assert conn.execute(store._q["topic_claim_lock"].text, {"topic": "r"}).fetchone() == (True,)
+        rows = conn.execute(store._q["job_claim_limited"].text, params).fetchall()
+        assert len([r for r in rows if r[0] is not None]) == 3
+        conn.rollback()
+    (s,) = [s for s in store.topic_settings() if s.topic == "r"]
+    assert s.tokens is not None and s.tokens >= 3.0 - 1e-6
+    assert len(store.claim_limited("r", 10, "w", LEASE)) == 3
+
+
+class _CountingStore(Store):
+    """A Store that counts the limited claims its engine runs."""
+
+    limited_claims = 0
+
+    def claim_limited(self, topic: str, limit: int, worker: str, lease: timedelta) -> Any:
+        type(self).limited_claims += 1
+        return super().claim_limited(topic, limit, worker, lease)
+
+
+def test_f1_engines_out_of_tokens_wait_without_polling_and_run_at_once_when_the_limit_goes(
+    pool: ConnectionPool[Any], schema: str, engines: Callable[..., Any]
+) -> None:
+    """Two engines spend a 1-per-hour bucket: they then wait for the next token and do not claim
+    the topic meanwhile, whatever wakes them (other topics' jobs, a raised burst that adds no
+    token); once the limit is removed they run the rest at once."""
+    import time
+
+    class Counting(_CountingStore):
+        limited_claims = 0
+
+    store = Counting(pool, schema=schema)
+    made: list[Any] = []
+    try:
+        store.set_rate_limit("r", 1, 3600)
+        store.enqueue_many([Job("r", {"i": i}) for i in range(12)])
+        ran: list[str] = []
+        made += [engines(repo=store, poll_interval=0.05), engines(repo=store, poll_interval=0.05)]
+        for e in made:
+            e.register_kind("r", lambda ctx, claim: ran.append("r"))
+            e.register_kind("o", lambda ctx, claim: ran.append("o"))
+            e.start()
+        wait_for(lambda: ran.count("r") == 1, "the hour's one token to be spent", timeout=20)
+        held = [e.metrics.child(e.metrics.rate_held, "r") for e in made]
+        wait_for(lambda: sum(h._value.get() for h in held) >= 1, "a claim to say the next token is far", 20)
+        before = Counting.limited_claims
+        store.set_rate_limit("r", 1, 3600, burst=50)  # keeps the tokens it had: none
+        for i in range(20):  # wake-ups: NOTIFYs of another topic
+            store.enqueue(Job("o", {"i": i}))
+            time.sleep(0.05)
+        wait_for(lambda: ran.count("o") == 20, "the other topic's jobs", timeout=20)
+        # about 1 s at a 0.05 s poll interval: polling would be ~40 claims; waiting, a few at most
+        assert Counting.limited_claims - before <= 6
+        assert ran.count("r") == 1
+        store.set_rate_limit("r", None)
+        wait_for(lambda: ran.count("r") == 12, "the rest once the limit is removed", timeout=10)
+    finally:
+        for e in made:
+            e.stop(timeout=5)
+        store.close()
+
+
+@pytest.mark.parametrize("topic", ["%s", "%(topic)s", "{job}", "a'b\"c", "ü:č", "t" * 255, " ", "a\\b;--"])
+def test_f1_f2_odd_topic_names(store: Store, pool: ConnectionPool[Any], schema: str, topic: str) -> None:
+    store.set_rate_limit(topic, 2, 3600)
+    store.set_max_depth(topic, 3)
+    store.enqueue_many([Job(topic, {"i": i}) for i in range(3)])
+    with pytest.raises(QueueFull):
+        store.enqueue(Job(topic, {}))
+    assert store.claim([topic], 5, "w", LEASE) == []
+    assert len(store.claim_limited(topic, 5, "w", LEASE)) == 2
+    assert store.enqueue(Job(topic, {"after": "claims"})).created
+    assert _waiting(pool, schema, topic) == 2
+    (s,) = [s for s in store.topic_settings() if s.topic == topic]
+    assert (s.rate_limit, s.max_depth) == (2, 3)
