@@ -3,8 +3,10 @@ rate limits changed under running engines, and values at the edges of the API an
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -13,8 +15,10 @@ from psycopg_pool import ConnectionPool
 
 from brooq_py.postgres import Store, WrapTx
 from brooq_py.postgres.caps import TopicCaps
+from brooq_py.postgres.flow import parse_count, parse_rate
 from brooq_py.queue import Job, QueueFull
 from tests.integration.conftest import q
+from tests.integration.test_cli import cli_env, run_cli
 from tests.integration.test_flow_control import _anchor, _fill
 from tests.polling import wait_for
 
@@ -178,6 +182,20 @@ def test_f1_engines_out_of_tokens_wait_without_polling_and_run_at_once_when_the_
         store.close()
 
 
+def test_f1_a_rate_too_fine_for_the_database_clock_is_refused(store: Store) -> None:
+    """A per below the database clock's resolution (1 microsecond) overflows the bucket's arithmetic:
+    the claims of the topic, the settings every engine reads, and a later change would all fail."""
+    store.enqueue(Job("r", {}))
+    for per in (5e-324, 1e-300, 1e-7, timedelta(0)):
+        with pytest.raises(ValueError):
+            store.set_rate_limit("r", 1, per)
+    store.set_rate_limit("r", 2**31 - 1, timedelta(microseconds=1))
+    assert len(store.claim_limited("r", 5, "w", LEASE)) == 1
+    store.set_rate_limit("r", 1, 1e300)  # very coarse is fine
+    assert store.claim_limited("r", 5, "w", LEASE) == []
+    assert [s.rate_per for s in store.topic_settings()] == [1e300]
+
+
 @pytest.mark.parametrize("topic", ["%s", "%(topic)s", "{job}", "a'b\"c", "ü:č", "t" * 255, " ", "a\\b;--"])
 def test_f1_f2_odd_topic_names(store: Store, pool: ConnectionPool[Any], schema: str, topic: str) -> None:
     store.set_rate_limit(topic, 2, 3600)
@@ -191,3 +209,31 @@ def test_f1_f2_odd_topic_names(store: Store, pool: ConnectionPool[Any], schema: 
     assert _waiting(pool, schema, topic) == 2
     (s,) = [s for s in store.topic_settings() if s.topic == topic]
     assert (s.rate_limit, s.max_depth) == (2, 3)
+
+
+def test_f1_f2_cli_refuses_malformed_rates_and_depths(
+    store: Store, dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """`rate T N/` (no duration after the slash) is a typo, not N per second; a period finer than a
+    microsecond is refused as the API refuses it; each refusal is exit status 2 and says why."""
+    env = cli_env(dsn, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+
+    def cli(*args: str) -> tuple[int, str, str]:
+        p = run_cli(*args, "--schema", schema, dsn=dsn, cwd=tmp_path, env=env)
+        return p.returncode, p.stdout, p.stderr
+
+    for text in ("10/", "10/0.5us", "10/-1s", "/1s", "10/1s/2", "2147483648", "0", "1e3"):
+        with pytest.raises(ValueError, match="invalid rate"):
+            parse_rate(text)
+    for text in ("2147483648", "1.5", "-1", ""):
+        with pytest.raises(ValueError, match="invalid depth"):
+            parse_count(text, "depth")
+    code, _, err = cli("rate", "t", "10/")
+    assert code == 2 and "invalid rate '10/'" in err and "Traceback" not in err
+    assert store.topic_settings() == []
+    code, out, _ = cli("rate", "t", "3/1us")
+    assert code == 0 and json.loads(out)["per_seconds"] == 1e-06
+    code, out, _ = cli("depth", "t", "0")
+    assert code == 0 and json.loads(out)["max_depth"] == 0
+    with pytest.raises(QueueFull):
+        store.enqueue(Job("t", {}))
