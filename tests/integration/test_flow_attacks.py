@@ -110,6 +110,54 @@ def test_f2_every_move_back_to_waiting_counts_against_an_older_anchor(
     assert _waiting(pool, schema, "d") == 40
 
 
+def test_f2_a_groups_then_job_is_in_every_stores_bound(
+    store: Store, pool: ConnectionPool[Any], schema: str, dsn: str
+) -> None:
+    """enqueue_group checks room for its `then` and writes it unrefused; that job waits (blocked) on
+    the capped topic, so a Store's bound must count it: the topic still stops at the cap."""
+    store.set_max_depth("d", 200)
+    store.enqueue_many([Job("d", {"i": i}) for i in range(100)])
+    _anchor(store, dsn, schema, "d")
+    for i in range(30):
+        store.enqueue_group([Job("parts", {"i": i})], then=Job("d", {"then": i}))
+    _fill(store, "d")
+    assert _waiting(pool, schema, "d") == 200
+
+
+def test_f2_a_groups_then_is_not_refused_after_its_group_is_written(
+    store: Store, pool: ConnectionPool[Any], schema: str, dsn: str
+) -> None:
+    """The room for a group's `then` is checked before the group is written. A group that takes
+    longer than the Store's caps cache time (a second) must not check the `then` again once the
+    group is written: in the caller's transaction a refusal then would leave half the call."""
+    import time
+
+    store.set_max_depth("d", 3)
+    store.enqueue_many([Job("d", {}), Job("d", {})])
+    other = Store(pool, schema=schema)
+
+    class Slow:
+        """A caller's transaction (any object with execute) whose group statement is slow."""
+
+        def __init__(self, conn: psycopg.Connection[Any]) -> None:
+            self.conn = conn
+
+        def execute(self, text: str, params: dict[str, Any]) -> Any:
+            if "parts" in str(params.get("topics")):  # the group's statement
+                other.enqueue(Job("d", {"concurrent": 1}))  # the topic is full now
+                time.sleep(1.1)  # and the Store's cached caps are old
+            return self.conn.execute(text, params)
+
+    try:
+        with psycopg.connect(dsn) as conn:
+            got = store.enqueue_group([Job("parts", {})], then=Job("d", {"then": 1}), tx=Slow(conn))
+            conn.commit()
+    finally:
+        other.close()
+    assert got.then_id is not None and store.get(got.then_id) is not None
+    assert _waiting(pool, schema, "d") == 4  # one over: the concurrent enqueue's, as F2 allows
+
+
 # --- F1: rate limits, and the API's and the CLI's edges ---------------------------------------
 
 
