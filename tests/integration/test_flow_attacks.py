@@ -110,6 +110,26 @@ def test_f2_every_move_back_to_waiting_counts_against_an_older_anchor(
     assert _waiting(pool, schema, "d") == 40
 
 
+def test_f2_a_rolled_back_transaction_that_emptied_the_topic_leaves_no_low_anchor(
+    store: Store, pool: ConnectionPool[Any], schema: str, dsn: str
+) -> None:
+    """A caller's transaction cancels the waiting jobs, enqueues one (which counts: its snapshot sees
+    its own cancels) and rolls back: the jobs wait again, with no value of the depth sequence taken,
+    so the Store must not keep that low count as its bound."""
+    store.set_max_depth("d", 200)
+    store.enqueue_many([Job("d", {"i": i}) for i in range(150)])
+    _anchor(store, dsn, schema, "d")
+    _fill(store, "d")
+    assert _waiting(pool, schema, "d") == 200
+    for _ in range(3):
+        with psycopg.connect(dsn) as conn:
+            conn.execute(f"UPDATE \"{schema}\".job SET state = 'canceled' WHERE topic = 'd'")
+            store.enqueue_tx(WrapTx(conn), Job("d", {"in": "tx"}))  # counts 0: room
+            conn.rollback()
+        assert _fill(store, "d") == 0
+    assert _waiting(pool, schema, "d") == 200
+
+
 def test_f2_a_groups_then_job_is_in_every_stores_bound(
     store: Store, pool: ConnectionPool[Any], schema: str, dsn: str
 ) -> None:
