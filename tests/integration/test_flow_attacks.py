@@ -178,6 +178,62 @@ def test_f2_a_groups_then_is_not_refused_after_its_group_is_written(
     assert _waiting(pool, schema, "d") == 4  # one over: the concurrent enqueue's, as F2 allows
 
 
+@pytest.mark.parametrize(
+    "psql",
+    [
+        "INSERT INTO {job} (id, topic, payload) SELECT gen_random_uuid(), 'd', '{{}}' "
+        "FROM generate_series(1, 300)",
+        "UPDATE {job} SET topic = 'd' WHERE topic = 'old'",  # a topic renamed by hand
+    ],
+    ids=["insert", "rename"],
+)
+def test_f2_jobs_psql_adds_to_a_full_topic_are_obeyed_within_a_second(
+    pool: ConnectionPool[Any], schema: str, dsn: str, psql: str
+) -> None:
+    """Jobs psql adds to a capped topic take no value of the depth sequence, so a Store's bound
+    misses them until its next count. That count must come within the caps' cache time (a
+    second), not only once the Store's own enqueues bring its bound to the cap."""
+    clock = _Clock()
+    store = _store_on(pool, schema, clock)
+    try:
+        store.enqueue_many([Job("old", {"i": i}) for i in range(300)])
+        store.set_max_depth("d", 300)
+        store.enqueue_many([Job("d", {"i": i}) for i in range(5)])
+        _anchor(store, dsn, schema, "d")
+        q(pool, schema, psql)
+        assert _waiting(pool, schema, "d") > 300
+        clock.now += 1.0
+        with pytest.raises(QueueFull):
+            store.enqueue(Job("d", {}))
+    finally:
+        store.close()
+
+
+def test_f2_jobs_a_store_wrote_before_it_saw_the_cap_are_obeyed_within_a_second(
+    pool: ConnectionPool[Any], schema: str, dsn: str
+) -> None:
+    """Store B has not read the new cap yet (its caps are cached) and writes jobs without values;
+    Store A, which set the cap and anchored before them, must count them within a second, not admit
+    up to a cap's worth more on its old anchor."""
+    clock_a, clock_b = _Clock(), _Clock()
+    a, b = _store_on(pool, schema, clock_a), _store_on(pool, schema, clock_b)
+    try:
+        b.enqueue(Job("d", {}))  # B reads the caps now: none (and its clock never moves)
+        a.set_max_depth("d", 300)
+        a.enqueue_many([Job("d", {"i": i}) for i in range(4)])
+        _anchor(a, dsn, schema, "d")
+        b.enqueue_many([Job("d", {"b": i}) for i in range(300)])
+        for i in range(10):
+            b.enqueue(Job("d", {"b1": i}))
+        assert _waiting(pool, schema, "d") > 300
+        clock_a.now += 1.0
+        with pytest.raises(QueueFull):
+            a.enqueue(Job("d", {}))
+    finally:
+        a.close()
+        b.close()
+
+
 # --- F1: rate limits, and the API's and the CLI's edges ---------------------------------------
 
 
