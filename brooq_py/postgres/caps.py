@@ -106,7 +106,16 @@ class TopicCaps:
         params, last = sent
         seq, seen, anchor, horizon = (v if isinstance(v, int) else None for v in row[-4:])
         with self._lock:
-            if anchor is not None and params["cp_s"] is not None:
+            known = self._last.get(topic)
+            if seq is not None and known is not None and seq < known:
+                # The sequence went back: a statement of this Store answered after a later one, or
+                # the sequence is a new one (migration 0014 run again after a downgrade), whose
+                # values say nothing of the old one's. Either way the topic is counted afresh.
+                self._anchors.pop(topic, None)
+                self._checkpoints.pop(topic, None)
+                self._last[topic] = seq
+                return
+            if anchor is not None and params["cp_s"] is not None and (seq is None or params["cp_s"] < seq):
                 self._anchors[topic] = (anchor + created, params["cp_s"], self._monotonic())
             elif seen is not None and seen >= cap:
                 self._anchors.pop(topic, None)  # a count that reached the cap bounds nothing

@@ -234,6 +234,46 @@ def test_f2_jobs_a_store_wrote_before_it_saw_the_cap_are_obeyed_within_a_second(
         b.close()
 
 
+def test_f2_a_schema_downgraded_past_0014_and_upgraded_again_keeps_the_cap(
+    pool: ConnectionPool[Any], schema: str, dsn: str
+) -> None:
+    """Migration 0014 down and up again while Stores run: jobs written meanwhile take no values, and
+    the sequence starts over (no value yet); a Store's anchor of the old sequence must admit no job
+    past the cap, at once or after a cap change moves the new sequence into the old one's values."""
+    from brooq_py.postgres import migrations
+    from tests.conftest import ddl_dsn
+
+    clock = _Clock()  # A's caps and anchors never age: only the sequence can tell it
+    a, b = _store_on(pool, schema, clock), Store(pool, schema=schema)
+    seq = f'"{schema}".job_depth_seq'
+    try:
+        a.set_max_depth("d", 200)
+        a.enqueue_many([Job("d", {"i": i}) for i in range(100)])
+        _anchor(a, dsn, schema, "d")
+        old_last = int(q(pool, schema, f"SELECT last_value FROM {seq}")[0][0])
+        migrations.downgrade(ddl_dsn(dsn), schema=schema, revision="0013")
+        _fill(b, "d")  # counted, every one: the topic is full
+        assert _waiting(pool, schema, "d") == 200
+        migrations.upgrade(ddl_dsn(dsn), schema=schema)
+        with pytest.raises(QueueFull):
+            a.enqueue(Job("d", {"a": 1}))
+        # Room again; A counts (an anchor), B writes jobs with the new sequence's small values and
+        # takes more (refused batches), then a cap change jumps it to just past A's old values.
+        b.claim(["d"], 100, "w", LEASE)
+        a.enqueue(Job("d", {"a": 2}))
+        b.enqueue_many([Job("d", {"b": i}) for i in range(90)])
+        # values other enqueues take (refused batches take theirs too), up to where the jump lands
+        # just past A's old values: setval(nextval + 2^31)
+        now = int(q(pool, schema, f"SELECT last_value FROM {seq}")[0][0])
+        q(pool, schema, f"SELECT nextval('{seq}') FROM generate_series(1, %s)", old_last + 1 - 2**31 - now)
+        b.set_max_depth("d", 200)
+        _fill(a, "d")
+    finally:
+        a.close()
+        b.close()
+    assert _waiting(pool, schema, "d") == 200
+
+
 # --- F1: rate limits, and the API's and the CLI's edges ---------------------------------------
 
 
