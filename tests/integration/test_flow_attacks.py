@@ -3,6 +3,7 @@ rate limits changed under running engines, and values at the edges of the API an
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from datetime import timedelta
@@ -11,9 +12,9 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg_pool import ConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from brooq_py.postgres import Store, WrapTx
+from brooq_py.postgres import AsyncStore, Store, WrapTx
 from brooq_py.postgres.caps import TopicCaps
 from brooq_py.postgres.flow import parse_count, parse_rate
 from brooq_py.queue import Job, QueueFull
@@ -127,6 +128,42 @@ def test_f2_a_rolled_back_transaction_that_emptied_the_topic_leaves_no_low_ancho
             store.enqueue_tx(WrapTx(conn), Job("d", {"in": "tx"}))  # counts 0: room
             conn.rollback()
         assert _fill(store, "d") == 0
+    assert _waiting(pool, schema, "d") == 200
+
+
+def test_f2_async_a_rolled_back_transaction_that_emptied_the_topic_leaves_no_low_anchor(
+    pool: ConnectionPool[Any], schema: str, dsn: str
+) -> None:
+    """The same through AsyncStore, in the caller's asyncio transaction."""
+
+    async def main() -> list[bool]:
+        apool: AsyncConnectionPool[Any] = AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False)
+        await apool.open()
+        try:
+            astore = AsyncStore(apool, schema=schema)
+            await astore.set_max_depth("d", 200)
+            await astore.enqueue_many([Job("d", {"i": i}) for i in range(190)])
+            admitted = []
+            for _ in range(3):
+                while True:  # full, counted by this AsyncStore
+                    try:
+                        await astore.enqueue(Job("d", {}))
+                    except QueueFull:
+                        break
+                async with await psycopg.AsyncConnection.connect(dsn) as conn:
+                    await conn.execute(f"UPDATE \"{schema}\".job SET state = 'canceled' WHERE topic = 'd'")
+                    await astore.enqueue_tx(conn, Job("d", {"in": "tx"}))  # counts 0: room
+                    await conn.rollback()
+                try:
+                    await astore.enqueue(Job("d", {"after": "rollback"}))
+                    admitted.append(True)
+                except QueueFull:
+                    admitted.append(False)
+            return admitted
+        finally:
+            await apool.close()
+
+    assert asyncio.run(main()) == [False] * 3
     assert _waiting(pool, schema, "d") == 200
 
 
