@@ -331,6 +331,27 @@ def test_f1_a_claim_that_rolls_back_spends_no_token(store: Store, dsn: str) -> N
     assert len(store.claim_limited("r", 10, "w", LEASE)) == 3
 
 
+def test_f1_a_changed_bucket_keeps_its_tokens_within_the_new_burst(store: Store) -> None:
+    """Changes at a rate too slow to refill during the test: a lowered burst cuts the saved tokens,
+    a raised burst or limit adds none, a changed per keeps them; only a new limit (after none)
+    starts full."""
+    store.enqueue_many([Job("r", {"i": i}) for i in range(100)])
+
+    def take(n: int = 100) -> int:
+        return len(store.claim_limited("r", n, "w", LEASE))
+
+    store.set_rate_limit("r", 10, 3600)  # new: full, 10 tokens
+    store.set_rate_limit("r", 10, 3600, burst=3)  # cut to 3
+    assert take() == 3
+    store.set_rate_limit("r", 1000, 36000, burst=1000)  # the same rate, more room: no token added
+    assert take() == 0
+    store.set_rate_limit("r", 1, 1e9)  # slower: still none
+    assert take() == 0
+    store.set_rate_limit("r", None)
+    store.set_rate_limit("r", 2, 3600)  # a new limit after none: full again
+    assert take(1) == 1 and take() == 1 and take() == 0
+
+
 class _CountingStore(Store):
     """A Store that counts the limited claims its engine runs."""
 
