@@ -106,23 +106,31 @@ class TopicCaps:
         params, last = sent
         seq, seen, anchor, horizon = (v if isinstance(v, int) else None for v in row[-4:])
         with self._lock:
-            known = self._last.get(topic)
-            if seq is not None and known is not None and seq < known:
-                # The sequence went back: a statement of this Store answered after a later one, or
-                # the sequence is a new one (migration 0014 run again after a downgrade), whose
-                # values say nothing of the old one's. Either way the topic is counted afresh.
+            checkpoint, kept = self._checkpoints.get(topic), self._anchors.get(topic)
+            if seq is not None and (
+                (checkpoint is not None and seq <= checkpoint[0]) or (kept is not None and seq <= kept[1])
+            ):
+                # A value not above the ones this Store's bound rests on: the sequence is a new one
+                # (migration 0014 run again after a downgrade), whose values say nothing of the old
+                # one's, or this statement was overtaken by two others. Count the topic afresh.
                 self._anchors.pop(topic, None)
                 self._checkpoints.pop(topic, None)
-                self._last[topic] = seq
-                return
-            if anchor is not None and params["cp_s"] is not None and (seq is None or params["cp_s"] < seq):
+                checkpoint = None
+            elif anchor is not None and params["cp_s"] is not None and (seq is None or params["cp_s"] < seq):
                 self._anchors[topic] = (anchor + created, params["cp_s"], self._monotonic())
             elif seen is not None and seen >= cap:
                 self._anchors.pop(topic, None)  # a count that reached the cap bounds nothing
-            checkpoint = self._checkpoints.get(topic)
-            if horizon is not None and last is not None and (checkpoint is None or checkpoint[0] < last):
+            if (
+                horizon is not None
+                and last is not None
+                and (seq is None or last < seq)
+                and (checkpoint is None or checkpoint[0] < last)
+            ):
                 self._checkpoints[topic] = (last, horizon)  # this statement began after *last* was taken
-            if seq is not None and self._last.get(topic, -1) < seq:
+            if seq is not None:
+                # The latest answer, not the highest value: any value answered before a statement
+                # began was taken before its snapshot, and a value lower than the last one (an
+                # answer overtaken, or a new sequence) keeps what the Store sends next consistent.
                 self._last[topic] = seq
 
     def worth_trying(self, topic: str, cap: int) -> tuple[int, int] | None:
