@@ -38,6 +38,9 @@ Jobs written without a value (psql, a Store that has not seen the cap yet)
 are not in any bound until the next count, as they were never checked. So an
 anchor is trusted for ``ttl`` seconds only, as the caps are: such jobs are
 obeyed within about a second of their commit, as a cap set elsewhere is.
+A counting statement whose value is not above the anchor's or the
+checkpoint's (the sequence was created again: migration 0014 downgraded and
+upgraded) makes the Store forget both and count the topic afresh.
 """
 
 from __future__ import annotations
