@@ -35,7 +35,12 @@ Any transaction that writes counts here, whatever it writes: while one that
 began before the checkpoint is still open, this Store cannot anchor and its
 capped enqueues count, as they did before 0014.
 Jobs written without a value (psql, a Store that has not seen the cap yet)
-are not in any bound until the next count, as they were never checked.
+are not in any bound until the next count, as they were never checked. So an
+anchor is trusted for ``ttl`` seconds only, as the caps are: such jobs are
+obeyed within about a second of their commit, as a cap set elsewhere is.
+A counting statement whose value is not above the anchor's or the
+checkpoint's (the sequence was created again: migration 0014 downgraded and
+upgraded) makes the Store forget both and count the topic afresh.
 """
 
 from __future__ import annotations
@@ -62,7 +67,7 @@ class TopicCaps:
         self._read_at = -float("inf")
         self._lock = threading.Lock()
         self._refused: Counter[str] = Counter()
-        self._anchors: dict[str, tuple[int, int]] = {}  # topic -> (base, seq0)
+        self._anchors: dict[str, tuple[int, int, float]] = {}  # topic -> (base, seq0, when counted)
         self._last: dict[str, int] = {}  # topic -> the value of the last counting statement
         self._checkpoints: dict[str, tuple[int, int]] = {}  # topic -> (value, horizon)
 
@@ -85,7 +90,8 @@ class TopicCaps:
     def depth_params(self, topic: str) -> tuple[dict[str, int | None], int | None]:
         """The parameters of a counting statement of *topic* (anchor and checkpoint), and the value of
         this Store's last counting statement, for ``answered``."""
-        base, seq0 = self._anchors.get(topic, (None, None))
+        anchor = self._anchor(topic)
+        base, seq0 = anchor if anchor is not None else (None, None)
         cp_s, cp_m = self._checkpoints.get(topic, (None, None))
         return {"base": base, "seq0": seq0, "cp_s": cp_s, "cp_m": cp_m}, self._last.get(topic)
 
@@ -103,24 +109,50 @@ class TopicCaps:
         params, last = sent
         seq, seen, anchor, horizon = (v if isinstance(v, int) else None for v in row[-4:])
         with self._lock:
-            if anchor is not None and params["cp_s"] is not None:
-                self._anchors[topic] = (anchor + created, params["cp_s"])
+            checkpoint, kept = self._checkpoints.get(topic), self._anchors.get(topic)
+            if seq is not None and (
+                (checkpoint is not None and seq <= checkpoint[0]) or (kept is not None and seq <= kept[1])
+            ):
+                # A value not above the ones this Store's bound rests on: the sequence is a new one
+                # (migration 0014 run again after a downgrade), whose values say nothing of the old
+                # one's, or this statement was overtaken by two others. Count the topic afresh.
+                self._anchors.pop(topic, None)
+                self._checkpoints.pop(topic, None)
+                checkpoint = None
+            elif anchor is not None and params["cp_s"] is not None and (seq is None or params["cp_s"] < seq):
+                self._anchors[topic] = (anchor + created, params["cp_s"], self._monotonic())
             elif seen is not None and seen >= cap:
                 self._anchors.pop(topic, None)  # a count that reached the cap bounds nothing
-            checkpoint = self._checkpoints.get(topic)
-            if horizon is not None and last is not None and (checkpoint is None or checkpoint[0] < last):
+            if (
+                horizon is not None
+                and last is not None
+                and (seq is None or last < seq)
+                and (checkpoint is None or checkpoint[0] < last)
+            ):
                 self._checkpoints[topic] = (last, horizon)  # this statement began after *last* was taken
-            if seq is not None and self._last.get(topic, -1) < seq:
+            if seq is not None:
+                # The latest answer, not the highest value: any value answered before a statement
+                # began was taken before its snapshot, and a value lower than the last one (an
+                # answer overtaken, or a new sequence) keeps what the Store sends next consistent.
                 self._last[topic] = seq
 
     def worth_trying(self, topic: str, cap: int) -> tuple[int, int] | None:
         """*topic*'s anchor when the bound it gives, as far as this Store has seen the sequence
         advance, still leaves room for a job: else None (counting is due anyway)."""
-        anchor = self._anchors.get(topic)
+        anchor = self._anchor(topic)
         if anchor is None:
             return None
         last = self._last.get(topic, anchor[1])
         return anchor if anchor[0] + max(0, last - anchor[1]) + 1 <= cap else None
+
+    def _anchor(self, topic: str) -> tuple[int, int] | None:
+        """*topic*'s anchor (base, seq0) while it is younger than ``ttl``: a job written since its
+        count without a value of the sequence (psql, a Store that had not seen the cap) is in no
+        bound, so the topic is counted again at least once per ``ttl``."""
+        anchor = self._anchors.get(topic)
+        if anchor is None or self._monotonic() - anchor[2] >= self.ttl:
+            return None
+        return anchor[0], anchor[1]
 
     def forget(self) -> None:
         """Read the caps again at the next enqueue (this Store changed one)."""

@@ -15,6 +15,7 @@ serialization failure, as any conflicting write does there.
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -30,6 +31,7 @@ from brooq_py.queue import BrooqError, EnqueueResult, GroupResult, InvalidJob, J
 from brooq_py.queue.ids import uuid7, uuid7_text, uuid7_texts
 from brooq_py.queue.job import encode_payloads
 
+INT32_MAX = 2**31 - 1
 # A row found by key can vanish (retention) before we read it: insert again, a few times.
 _ATTEMPTS = 5
 
@@ -252,12 +254,14 @@ def _group(
         cap = (yield from known_caps(q, caps)).get(then.topic)
         if cap is not None:
             # Room for the `then` and the group's jobs of its topic; the `then` is then written
-            # unchecked (a concurrent enqueue may overshoot the cap by one, as F2 allows).
+            # unrefused (a concurrent enqueue may overshoot the cap by one, as F2 allows), under a
+            # cap it cannot reach: it still takes its value of the depth sequence, so that every
+            # Store's bound of the topic counts it (migration 0014).
             (room,) = yield q["topic_room"], {"topic": then.topic, "cap": cap, "n": beside + 1}
             if not room[0]:
                 raise caps.refused(then.topic, cap)
-            then_caps = TopicCaps()
-            then_caps.load([])
+            then_caps = TopicCaps(ttl=math.inf)  # never read again, however long the group takes
+            then_caps.load([(then.topic, INT32_MAX)])
     results = (yield from many) if many is not None else []
     ids = [r.id for r in results]
     if then is None:

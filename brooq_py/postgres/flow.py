@@ -10,21 +10,24 @@ from brooq_py.queue.durations import parse_go_duration
 from brooq_py.queue.port import TopicSetting
 
 INT32_MAX = 2**31 - 1
+# The finest rate period: the database clock's step (and timedelta's). A finer one overflows the
+# bucket's float8 arithmetic (elapsed * limit / per) in every statement that reads the bucket.
+MIN_PER = 1e-6
 
 
 def checked_rate(limit: Any, per: Any, burst: Any) -> tuple[int | None, float | None, int | None]:
     """Return (limit, per seconds, burst) for ``set_rate_limit``, or raise ValueError.
 
-    *limit*: None (no rate limit) or an int from 1 to 2**31-1; *per*: seconds (> 0, finite)
-    or a timedelta; *burst*: None (= limit) or an int from 1 to 2**31-1.
+    *limit*: None (no rate limit) or an int from 1 to 2**31-1; *per*: seconds (finite, at least
+    one microsecond) or a timedelta; *burst*: None (= limit) or an int from 1 to 2**31-1.
     """
     if limit is None:
         return None, None, None
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= INT32_MAX:
         raise ValueError(f"limit must be None or an integer from 1 to {INT32_MAX}, got {limit!r}")
     seconds = per.total_seconds() if isinstance(per, timedelta) else per
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 < seconds < math.inf:
-        raise ValueError(f"per must be a positive number of seconds or a timedelta, got {per!r}")
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not MIN_PER <= seconds < math.inf:
+        raise ValueError(f"per must be seconds (one microsecond or more) or a timedelta, got {per!r}")
     if burst is None:
         burst = limit
     if isinstance(burst, bool) or not isinstance(burst, int) or not 1 <= burst <= INT32_MAX:
@@ -57,15 +60,15 @@ def parse_count(text: str, what: str, least: int = 0) -> int | None:
 
 def parse_rate(text: str) -> tuple[int | None, float]:
     """``N[/DURATION]|none`` as (limit, per seconds): ``10/1s``, ``600/1m``, ``5`` (per second)."""
-    count, _, per = text.partition("/")
+    count, slash, per = text.partition("/")
     limit = parse_count(count, "rate", least=1)
-    if limit is None or not per:
+    if limit is None or not slash:
         return limit, 1.0
     try:
         seconds = parse_go_duration(per).total_seconds()
     except ValueError:
         seconds = 0.0
-    if not 0 < seconds < math.inf:
+    if not MIN_PER <= seconds < math.inf:
         raise ValueError(f"invalid rate {text!r}: expected N/DURATION such as 10/1s or 600/1m")
     return limit, seconds
 

@@ -39,7 +39,7 @@ class FlowSide:
         the topic take; this change waits for a claim holding it. A topic that had no limit yet
         is claimed on the limited path from this call's commit on; the call returns once the
         claims begun before it have ended (at most 10 s), as ``set_limit`` does.
-        Raise ValueError for values out of range (limit and burst from 1, per > 0).
+        Raise ValueError for values out of range (limit and burst from 1, per from one microsecond).
         """
         rate, seconds, size = checked_rate(limit, per, burst)
         params = {"topic": checked_topic(topic), "limit": rate, "per": seconds, "burst": size}

@@ -249,7 +249,7 @@ def test_f2_a_count_that_cannot_see_open_capped_enqueues_is_no_anchor(
 ) -> None:
     """Jobs another Store has enqueued in a transaction not yet committed are invisible to this Store's
     counts; such a count never anchors it, so after that commit it still stops exactly at the cap.
-    (A count in the writing transaction itself sees its jobs, and may anchor.)"""
+    (A count in the writing transaction itself sees its jobs; only its first write may anchor.)"""
     store.set_max_depth("d", 200)
     store.enqueue_many([Job("d", {"v": i}) for i in range(50)])
     writer = Store(pool, schema=schema)
