@@ -1,7 +1,7 @@
 """The AsyncStore: brooq_py's producer side for asyncio code, on psycopg's async connections.
 
 It keeps every producer rule of the sync Store (SPEC A1: E1-E6, X1, Q1) by
-running the very same plans (``enqueueing``) and SQL files, awaited on an
+running the very same plans (``enqueueing``, ``single``) and SQL files, awaited on an
 ``AsyncConnection``: no call blocks the event loop. Statements outside a
 caller's transaction take a pool connection for autocommit statements and put
 its autocommit flag back before returning it, as the Store does.
@@ -24,6 +24,7 @@ import psycopg_pool
 from brooq_py.contrib.otel import traced_aenqueue
 from brooq_py.postgres import enqueueing as plans
 from brooq_py.postgres import plans as reads
+from brooq_py.postgres import single
 from brooq_py.postgres.async_wraptx import (
     AsyncWrapTx,
     async_connection_of,
@@ -140,12 +141,12 @@ class AsyncStore(AsyncWaitSide):
         InvalidJob before anything is written for a bad job (E4).
         """
         caps = self._caps.fresh()
-        plain = plans.keyless(self._q, job, caps)
+        plain = single.keyless(self._q, job, caps)
         if plain is not None:
             query, params, created = plain
             await self._execute("enqueueing", query, params)
             return created
-        first = plans.unique_new(self._q, job, caps, self._first_tries) or plans.capped_new(
+        first = single.unique_new(self._q, job, caps, self._first_tries) or single.capped_new(
             self._q, job, caps, self._caps
         )
         if first is not None:
@@ -153,7 +154,7 @@ class AsyncStore(AsyncWaitSide):
             if await self._execute("enqueueing", query, params) == 1:
                 return created
         result: EnqueueResult = await self._drive("enqueueing", plans.enqueue_one(self._q, job, self._caps))
-        if plans.unique_first(job, caps):
+        if single.unique_first(job, caps):
             self._first_tries.saw(job, result)
         return result
 

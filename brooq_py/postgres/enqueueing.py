@@ -4,189 +4,36 @@ Each operation is a *plan*: a generator that yields ``(query, params)`` for
 every statement it needs and receives that statement's rows back. It does no
 I/O itself, so one plan serves both sides: ``drive`` (plans.py) runs it on a blocking
 runner (``Store``), ``drive_async`` on an awaitable one (``AsyncStore``), and
-the rules (E1-E5, X1, Q1) cannot drift apart between the two.
-
-Ids are generated here (UUIDv7, time-ordered: SPEC Z4), so a job's id is known before commit.
-Idempotency relies on ``INSERT ... ON CONFLICT DO NOTHING``: a duplicate never
-raises into the caller's transaction at READ COMMITTED (SPEC E2). Under
-REPEATABLE READ or SERIALIZABLE a duplicate committed concurrently raises a
-serialization failure, as any conflicting write does there.
+the rules (E1-E5, X1, Q1, U1-U2, D1, D6, F2) cannot drift apart between the two.
+Here the plans the Stores call: ``enqueue_one``, ``enqueue_many`` (one statement for
+the batch, more only for keys a concurrent writer held or a merge or replace of a
+repeated unique key) and ``enqueue_group``; one job's statements are in single.py.
 """
 
 from __future__ import annotations
 
 import math
-import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from brooq_py.postgres.arrays import int_array, own_uuid_array, text_array, timestamptz_array
-from brooq_py.postgres.caps import NO_ANCHOR, TopicCaps
+from brooq_py.postgres.caps import TopicCaps
 from brooq_py.postgres.plans import Plan
-from brooq_py.postgres.queries import Queries, Query
-from brooq_py.postgres.unique import FirstTries, answers, enqueue_unique, unique_params
-from brooq_py.postgres.unique import meta_json as unique_meta_json
+from brooq_py.postgres.queries import Queries
+from brooq_py.postgres.single import (
+    ATTEMPTS,
+    INT32_MAX,
+    Name,
+    enqueue_single,
+    just,
+    keyless,
+    known_caps,
+    validated,
+)
+from brooq_py.postgres.unique import answers, unique_params
 from brooq_py.postgres.workflows import after_params, has_parents, parents_of, unknown_parent, with_parents
 from brooq_py.queue import BrooqError, EnqueueResult, GroupResult, InvalidJob, Job
-from brooq_py.queue.ids import uuid7, uuid7_text, uuid7_texts
+from brooq_py.queue.ids import uuid7_texts
 from brooq_py.queue.job import encode_payloads
-
-INT32_MAX = 2**31 - 1
-# A row found by key can vanish (retention) before we read it: insert again, a few times.
-_ATTEMPTS = 5
-
-# A key of a job in a batch: ("key" or "unique", topic, key).
-Name = tuple[str, str, str]
-
-
-def job_params(job: Job, payload: str, job_id: uuid.UUID) -> dict[str, Any]:
-    return {
-        "id": job_id,
-        "topic": job.topic,
-        "payload": payload,
-        "key": job.key,
-        "available_at": job.available_at,
-        "priority": job.priority,
-        "meta": job.meta_json(),
-    }
-
-
-def validated(jobs: Sequence[Job]) -> list[str]:
-    """Return every job's payload text; raise InvalidJob for the first bad one (nothing written)."""
-    texts = []
-    for i, job in enumerate(jobs):
-        if not isinstance(job, Job):
-            raise InvalidJob(f"item {i} is not a Job: {type(job).__name__}")
-        texts.append(job.payload_json())
-    return texts
-
-
-def keyless(
-    q: Queries, job: Job, caps: Mapping[str, int] | None
-) -> tuple[Query, dict[str, Any], EnqueueResult] | None:
-    """Return the one statement of a job without keys on an uncapped topic, and its result.
-
-    Such a job is never deduplicated (E1): one plain INSERT creates it, and its
-    id is made here, so the result is known before the statement runs and
-    nothing needs to come back (a Store runs it without reading a row). The job
-    is validated first (E4). None for a job with a key, a unique key or
-    parents (``after``), for a topic that *caps* (the Store's cached depth caps)
-    name or when *caps* is None (not known lately: the plan reads them), and for
-    anything but a Job (``enqueue_one`` refuses that).
-    """
-    if (
-        caps is None
-        or not isinstance(job, Job)
-        or job.key is not None
-        or job.unique_key is not None
-        or job.after
-        or job.topic in caps
-    ):
-        return None
-    payload = job.payload_json()
-    job_id = uuid7_text()
-    params = {
-        "id": job_id,
-        "topic": job.topic,
-        "payload": payload,
-        "available_at": job.available_at,
-        "priority": job.priority,
-    }
-    if job.meta:  # a separate statement: one without meta still runs on the previous round's schema
-        params["meta"] = job.meta_json()
-        return q["job_enqueue_plain_meta"], params, EnqueueResult(job_id, True)
-    return q.enqueue_plain, params, EnqueueResult(job_id, True)
-
-
-def unique_first(job: Job, caps: Mapping[str, int] | None) -> bool:
-    """Whether a Store's own enqueue of *job* may try ``unique_new`` (see there)."""
-    return (
-        caps is not None
-        and isinstance(job, Job)
-        and job.unique_key is not None
-        and job.key is None
-        and not job.after
-        and job.on_duplicate == "keep"
-        and job.topic not in caps
-    )
-
-
-def unique_new(
-    q: Queries, job: Job, caps: Mapping[str, int] | None, tries: FirstTries
-) -> tuple[Query, dict[str, Any], EnqueueResult] | None:
-    """Return the first statement of a Store's own enqueue of a new unique job, and its result if it inserts.
-
-    For a Job with a unique key and ``on_duplicate`` 'keep', without an
-    idempotency key or parents, on a topic that *caps* (as in ``keyless``) do
-    not name and that *tries* has not taken out: one INSERT whose only arbiter
-    is the unique key's partial index (SPEC U1), nothing read back. The Store
-    runs it alone: a row count of 1 is the result; 0 (an active job holds the
-    key) is answered by the whole plan (``enqueue_one``), which finds the
-    holder. The job is validated first (E4). None for any other job.
-    """
-    if not unique_first(job, caps) or not tries.tries(job.topic):
-        return None
-    job_id = uuid7_text()
-    params = {
-        "id": job_id,
-        "topic": job.topic,
-        "payload": job.payload_json(),
-        "unique_key": job.unique_key,
-        "meta": unique_meta_json(job),
-        "available_at": job.available_at,
-        "priority": job.priority,
-    }
-    return q["job_enqueue_unique_new"], params, EnqueueResult(job_id, True)
-
-
-def capped_new(
-    q: Queries, job: Job, known: Mapping[str, int] | None, caps: TopicCaps
-) -> tuple[Query, dict[str, Any], EnqueueResult] | None:
-    """Return the first statement of a Store's own enqueue of a job on a capped topic, and its result if
-    it inserts.
-
-    For a Job without keys or parents on a topic that *known* (the Store's fresh
-    caps) caps and for which *caps* holds an anchor that may still leave room
-    (``TopicCaps.worth_trying``): ``job_enqueue_capped``, the
-    plain insert written only while the anchor bounds the topic's depth below
-    its cap (SPEC F2), nothing counted, nothing read back. The Store runs it
-    alone: a row count of 1 is the result; 0 (the bound reached the cap) is
-    answered by the whole plan (``enqueue_one``), which counts. The job is
-    validated first (E4). None for any other job.
-    """
-    if (
-        known is None
-        or not isinstance(job, Job)
-        or job.key is not None
-        or job.unique_key is not None
-        or job.after
-        or job.topic not in known
-    ):
-        return None
-    anchor = caps.worth_trying(job.topic, known[job.topic])
-    if anchor is None:
-        return None
-    job_id = uuid7_text()
-    params = {
-        "id": job_id,
-        "topic": job.topic,
-        "payload": job.payload_json(),
-        "meta": job.meta_json(),
-        "available_at": job.available_at,
-        "priority": job.priority,
-        "cap": known[job.topic],
-        "base": anchor[0],
-        "seq0": anchor[1],
-    }
-    return q["job_enqueue_capped"], params, EnqueueResult(job_id, True)
-
-
-def known_caps(q: Queries, caps: TopicCaps) -> Plan[Mapping[str, int]]:
-    """The depth caps, read again (one small statement) when the cached ones are older than a second."""
-    known = caps.fresh()
-    if known is None:
-        known = caps.load((yield q["topic_caps"], {}))
-    return known
 
 
 def enqueue_one(q: Queries, job: Job, caps: TopicCaps) -> Plan[EnqueueResult]:
@@ -196,17 +43,11 @@ def enqueue_one(q: Queries, job: Job, caps: TopicCaps) -> Plan[EnqueueResult]:
     """
     plain = keyless(q, job, caps.fresh())
     if plain is not None:
-        return _just(plain)
+        return just(plain)
     if isinstance(job, Job) and job.after:
-        return _first(enqueue_many(q, [job], caps))
+        return _first(enqueue_many(q, [job], caps))  # the statement that checks and links parents
     (payload,) = validated([job])
-    return _enqueue_one(q, job, payload, caps)
-
-
-def _just(plain: tuple[Query, dict[str, Any], EnqueueResult]) -> Plan[EnqueueResult]:
-    query, params, result = plain
-    yield query, params
-    return result
+    return enqueue_single(q, job, payload, caps)
 
 
 def _first(plan: Plan[list[EnqueueResult]]) -> Plan[EnqueueResult]:
@@ -268,38 +109,6 @@ def _group(
         return GroupResult(ids, None)
     fan_in = yield from enqueue_one(q, with_parents(then, ids), then_caps)
     return GroupResult(ids, fan_in.id)
-
-
-def _enqueue_one(q: Queries, job: Job, payload: str, caps: TopicCaps) -> Plan[EnqueueResult]:
-    known = yield from known_caps(q, caps)
-    cap = known.get(job.topic)
-    if job.unique_key is not None:
-        result: EnqueueResult = yield from enqueue_unique(q, job, payload, cap, caps)
-        return result
-    if job.key is None and cap is None:  # the caps were stale, and the topic is not capped
-        plain = keyless(q, job, known)
-        assert plain is not None
-        return (yield from _just(plain))
-    params = job_params(job, payload, uuid7())
-    params["cap"] = cap
-    sent = caps.depth_params(job.topic) if cap is not None else ({**NO_ANCHOR}, None)
-    params.update(sent[0])
-    for _ in range(_ATTEMPTS):
-        rows = yield (q["job_enqueue_meta"] if job.meta else q.enqueue), params
-        if rows and cap is not None:
-            caps.answered(job.topic, cap, sent, rows[0], bool(rows[0][1]))
-        if rows and rows[0][1]:
-            return EnqueueResult(str(rows[0][0]), True)
-        # No row: the key is taken. (NULL, false): the cap refused it - unless the key is taken too.
-        if job.key is not None:
-            # A new statement: its snapshot sees a duplicate committed while we waited on it.
-            found = yield q.get_by_key, {"topic": job.topic, "key": job.key}
-            if found:
-                return EnqueueResult(str(found[0][0]), False)
-        if rows:
-            assert cap is not None
-            raise caps.refused(job.topic, cap)
-    raise BrooqError(f"enqueue of topic {job.topic!r} did not settle after {_ATTEMPTS} attempts")
 
 
 def enqueue_many(q: Queries, jobs: Sequence[Job], caps: TopicCaps) -> Plan[list[EnqueueResult]]:
@@ -372,7 +181,7 @@ def _repeat(
             how[i] = "unique"
             return _again(results[first])
     (payload,) = validated([job])
-    result: EnqueueResult = yield from _enqueue_one(q, job, payload, caps)
+    result: EnqueueResult = yield from enqueue_single(q, job, payload, caps)
     how[i] = "created" if result.created else "plan"
     return result
 
@@ -403,7 +212,7 @@ def _enqueue_many(
     known = yield from known_caps(q, caps)
     unique = any(jobs[i].unique_key is not None for i in todo)
 
-    for _ in range(_ATTEMPTS):
+    for _ in range(ATTEMPTS):
         if not todo:
             break
         batch = [jobs[i] for i in todo]
@@ -489,7 +298,7 @@ def _enqueue_many(
                     results[i] = EnqueueResult(existing, False)
         todo, payloads = sorted(again), None
     if todo:
-        raise BrooqError(f"enqueue_many did not settle after {_ATTEMPTS} attempts")
+        raise BrooqError(f"enqueue_many did not settle after {ATTEMPTS} attempts")
     repeats, first_of = repeated
     for i in repeats:
         results[i] = yield from _repeat(q, jobs[i], i, first_of, how, results, caps)

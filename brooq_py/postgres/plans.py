@@ -3,7 +3,7 @@
 A plan is a generator that yields ``(query, params)`` for every statement it needs and
 receives that statement's rows back. It does no I/O itself: ``drive`` runs it on a
 blocking runner (``Store``), ``drive_async`` on an awaitable one (``AsyncStore``). The
-enqueue plans are in enqueueing.py; here the drivers and the plans that read one job
+enqueue plans are in enqueueing.py and single.py; here the drivers and the plans that read one job
 or a list of them.
 """
 

@@ -31,6 +31,7 @@ import psycopg_pool
 from brooq_py.contrib.otel import traced_enqueue
 from brooq_py.postgres import enqueueing as plans
 from brooq_py.postgres import plans as reads
+from brooq_py.postgres import single
 from brooq_py.postgres.bounds import DEFAULT_LEASE, merged, statement_budget
 from brooq_py.postgres.caps import TopicCaps
 from brooq_py.postgres.errors import dropped_if_read_only, names_migration, translated
@@ -222,12 +223,12 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
         InvalidJob before anything is written for a bad job (E4).
         """
         caps = self._caps.fresh()
-        plain = plans.keyless(self._q, job, caps)
+        plain = single.keyless(self._q, job, caps)
         if plain is not None:
             query, params, created = plain
             self._execute("enqueueing", query, params)
             return created
-        first = plans.unique_new(self._q, job, caps, self._first_tries) or plans.capped_new(
+        first = single.unique_new(self._q, job, caps, self._first_tries) or single.capped_new(
             self._q, job, caps, self._caps
         )
         if first is not None:
@@ -235,7 +236,7 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
             if self._execute("enqueueing", query, params) == 1:
                 return created
         result: EnqueueResult = self._drive("enqueueing", plans.enqueue_one(self._q, job, self._caps))
-        if plans.unique_first(job, caps):
+        if single.unique_first(job, caps):
             self._first_tries.saw(job, result)
         return result
 

@@ -120,7 +120,7 @@ class FirstTries:
         return topic not in self._out
 
     def saw(self, job: Job, result: EnqueueResult) -> None:
-        """Note the outcome of an enqueue of *job* that ``enqueueing.unique_new`` took."""
+        """Note the outcome of an enqueue of *job* that ``single.unique_new`` took."""
         with self._lock:
             if result.created:
                 self._out.discard(job.topic)
