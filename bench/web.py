@@ -120,7 +120,7 @@ def dashboard_latency(dsn: str, n: int, samples: int = 30) -> dict[str, Any]:
                 "done, first page": (cp, done),
                 "done, page 20": (cp, deep(cp, done, 19)),
                 "dead, all topics": (cp, "/dead"),
-                "one job": (cp, f"/job/{dead_id}"),
+                "one job": (cp, f"/jobs/{dead_id}"),
             }
             out["pages"] = {name: measure(port, path, samples) for name, (port, path) in pages.items()}
         finally:

@@ -281,3 +281,25 @@ def test_z2_an_applications_own_failing_calls_do_not_turn_health(clock: ManualCl
     assert t.status(10, 100).ok
     t.ended(t.started("claim"), "claim", RuntimeError("down"))
     assert not t.status(10, 100).ok  # the engine's own statement never succeeded
+
+
+def test_z2_o1_a_scrapes_queue_full_count_is_no_statement_of_the_engine(clock: ManualClock) -> None:
+    """/metrics reads the Store's QueueFull refusals from its memory: that read is no statement, so a
+    scrape neither counts as one nor tells health that the database answered."""
+
+    class Refusing(FakeRepo):
+        def queue_full_refusals(self) -> dict[str, int]:
+            return {"a": 2}
+
+    e = Engine(Refusing(), Config(workers=1), clock=clock)
+    try:
+        t = e.statements
+        t.ended(t.started("claim"), "claim", RuntimeError("down"))
+        before = t.calls
+        for _ in range(5):
+            text = generate_latest(e.registry)
+        assert b'brooq_queue_full_total{topic="a"} 2.0' in text
+        assert t.calls == before
+        assert not t.status(10, 100).ok  # still the failed claim, not a scrape's read
+    finally:
+        e.close()
