@@ -35,20 +35,30 @@ def _drop_trigger(dsn: str, schema: str) -> None:
 
 
 def _w1(dsn: str, n: int, trigger: bool) -> float:
-    with fresh_schema(dsn, "cxl1") as schema, store_on(dsn, schema, max_size=2) as store:
-        if not trigger:
+    with fresh_schema(dsn, "cxl1") as schema:
+        if not trigger:  # before the Store's connections open: both sides start alike
             _drop_trigger(dsn, schema)
-        store.enqueue(Job(TOPIC, 0))  # warm the pool's connection
-        t0 = time.perf_counter()
-        for i in range(n):
-            store.enqueue(Job(TOPIC, i))
-        return n / (time.perf_counter() - t0)
+        with store_on(dsn, schema, max_size=2) as store:
+            return _timed_enqueues(store, n)
+
+
+def _timed_enqueues(store: Any, n: int) -> float:
+    store.enqueue(Job(TOPIC, 0))  # warm the pool's connection
+    t0 = time.perf_counter()
+    for i in range(n):
+        store.enqueue(Job(TOPIC, i))
+    return n / (time.perf_counter() - t0)
 
 
 def _w3(dsn: str, n: int, trigger: bool) -> float:
-    with fresh_schema(dsn, "cxl3") as schema, store_on(dsn, schema, max_size=8) as store:
-        if not trigger:
+    with fresh_schema(dsn, "cxl3") as schema:
+        if not trigger:  # before the Store's connections open: both sides start alike
             _drop_trigger(dsn, schema)
+        return _timed_drain(dsn, schema, n)
+
+
+def _timed_drain(dsn: str, schema: str, n: int) -> float:
+    with store_on(dsn, schema, max_size=8) as store:
         seed(store, n)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("VACUUM ANALYZE {}").format(job_table(schema)))

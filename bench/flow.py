@@ -142,9 +142,10 @@ def _achieved(dsn: str, limit: int, seconds: float) -> dict[str, Any]:
         for e in engines:
             e.close()
     assert row is not None
-    # The first `limit` claims are the burst; the rest came at the rate.
+    # The first `limit` claims are the burst; the rest came at the rate, over the span from the first
+    # done to the last (the engines ran a little longer than *seconds*: their starts and stops).
     span, done = float(row[0] or 0.0), int(row[1])
-    achieved = (done - limit) / seconds
+    achieved = (done - limit) / (span if span > 0 else seconds)
     return {
         "limit_per_s": limit,
         "seconds": seconds,
