@@ -119,3 +119,21 @@ def test_c11_a_stop_meeting_a_verdict_being_written_still_writes_it(
     assert entered.wait(10)
     e.stop(timeout=1)
     assert repo.row(jid).state is State.DEAD
+
+
+def test_q3_a_verdict_written_late_makes_room_in_its_limited_topic_at_once(
+    repo: FakeRepo, make_engine: Callable[..., Engine]
+) -> None:
+    """A topic limited to one processing job: the poison claim takes its room while its verdict is
+    held back. Once the verdict is written, the next job of the topic is claimed then, not a poll
+    interval later (the written outcome wakes the claim, as every outcome written does)."""
+    repo.settings["t"] = (False, 1)
+    e = make_engine(lease=1, poll_interval=30)
+    ran = threading.Event()
+    jid = poisoned(repo, e, lambda ctx, claim: ran.set())
+    other = e.enqueue(Job("t")).id
+    e.start()
+    wait_for(lambda: repo.row(jid).attempts == 2, what="the poison claim")
+    wait_for(lambda: repo.row(jid).state is State.DEAD, what="the verdict", timeout=10)
+    assert ran.wait(10), "the next job of the limited topic was not claimed"
+    wait_for(lambda: repo.row(other).state is State.DONE, what="the next job done")

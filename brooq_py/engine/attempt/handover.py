@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from brooq_py.engine.attempt.attempt import Attempt, Phase
@@ -87,6 +87,8 @@ class Handover:
         self.on_waiting: Callable[[], None] = lambda: None
         self.events: EventSink | None = None  # set by the engine: events after commit (SPEC N1)
         self.held = HeldVerdicts(self)  # answers handed over later: poison verdicts (L5, L6')
+        # Outcomes written, by topic: a limited topic may have room again (set by the engine, SPEC Q3).
+        self.on_settled: Callable[[Iterable[str]], None] = lambda topics: None
         # Job id -> an attempt whose handler returned but whose done could not be written before
         # its lease ran out (L6'): written later under its claim, or by a later claim of the job here.
         # At most LOST_MAX of them and LOST_MAX_RESULTS characters of their results (V1), the
@@ -209,6 +211,7 @@ class Handover:
                 )
         for (topic, state), n in settled.items():  # one counter update per (topic, outcome) a batch
             self.metrics.child(self.metrics.settled, topic, state).inc(n)
+        self.on_settled(o.topic for o in batch)
 
     def on_dropped(self, batch: Sequence[Outcome]) -> None:
         """Outcomes the completer gave up on: their lease was lost while the write failed (L6)."""
