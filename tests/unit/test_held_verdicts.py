@@ -137,3 +137,36 @@ def test_q3_a_verdict_written_late_makes_room_in_its_limited_topic_at_once(
     wait_for(lambda: repo.row(jid).state is State.DEAD, what="the verdict", timeout=10)
     assert ran.wait(10), "the next job of the limited topic was not claimed"
     wait_for(lambda: repo.row(other).state is State.DONE, what="the next job done")
+
+
+def test_l5_n1_a_verdict_the_ticker_writes_is_counted_told_and_its_attempt_settled_once(
+    repo: FakeRepo, make_engine: Callable[..., Engine]
+) -> None:
+    """Written by the late-outcomes ticker, not the completer: the same bookkeeping (O1, N1)."""
+    e = make_engine(lease=0.5)
+    jid = poisoned(repo, e)
+    events: list[tuple[str, str]] = []
+    e.on_event(lambda ev: events.append((ev.kind, ev.job_id)))
+    e.start()
+    wait_for(lambda: repo.row(jid).state is State.DEAD, what="the verdict")
+    wait_for(lambda: ("dead", jid) in events, what="its event")
+    assert not e.inflight.held()
+    e.stop(timeout=1)
+    assert events.count(("dead", jid)) == 1
+    assert e.registry.get_sample_value("brooq_settle_total", {"topic": "t", "outcome": "dead"}) == 1
+
+
+def test_l3_c11_a_stop_while_the_verdicts_row_stays_locked_returns_and_writes_nothing(
+    repo: FakeRepo, make_engine: Callable[..., Engine]
+) -> None:
+    """The operator's lock outlasts the engine: the stop tries the verdict once more and returns,
+    the row left processing under the poison claim (the reaper's once the lock goes)."""
+    e = make_engine(lease=0.5)
+    jid = poisoned(repo, e)
+    e.start()
+    wait_for(lambda: repo.row(jid).attempts == 2, what="the poison claim")
+    repo.locked.add(jid)
+    wait_for(lambda: repo.calls.get("settle_many", 0) >= 1, what="the verdict to meet the lock")
+    e.stop(timeout=1)
+    assert repo.row(jid).state is State.PROCESSING
+    assert e.handover.release_held(everything=True) == 0  # nothing held back behind the stop
