@@ -10,7 +10,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -28,7 +28,7 @@ from brooq_py.engine.config import Config
 from brooq_py.engine.health import Health, StatementTracker, tracked
 from brooq_py.engine.metrics import EngineRegistry, Metrics, RefusalCollector, SnapshotCollector
 from brooq_py.engine.producing import Producing
-from brooq_py.engine.repo import Outcome, Repo
+from brooq_py.engine.repo import Repo
 from brooq_py.engine.schema import check_schema
 from brooq_py.engine.services.completer import Completer
 from brooq_py.engine.services.dispatcher import Dispatcher
@@ -125,6 +125,7 @@ class Engine(Producing):
         self.capacity = Capacity(
             self._caps, self.config.td("poll_interval").total_seconds(), self.clock.monotonic
         )
+        self.handover.on_settled = self.capacity.settled  # a limited topic may have room again (SPEC Q3)
         self.capacity.on_rate_held = lambda topic: self.metrics.child(self.metrics.rate_held, topic).inc()
         self._topic_watch = TopicWatch(
             self.config.td("poll_interval").total_seconds(),
@@ -265,7 +266,7 @@ class Engine(Producing):
             self.hooks.release_slot = slots.release
             self._completer = Completer(
                 self.repo.settle_many,
-                self._written,
+                self.handover.on_written,
                 self.log,
                 max_buffer=max(1000, 8 * cfg.workers),
                 linger=COMPLETER_LINGER,
@@ -439,7 +440,3 @@ class Engine(Producing):
             return False
         threading.Thread(target=fn, name="brooq-stop", daemon=True).start()
         return True
-
-    def _written(self, batch: Sequence[Outcome], written: set[str]) -> None:
-        self.handover.on_written(batch, written)
-        self.capacity.settled(o.topic for o in batch)  # a limited topic may have room again (SPEC Q3)

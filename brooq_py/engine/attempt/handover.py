@@ -18,10 +18,11 @@ import logging
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from brooq_py.engine.attempt.attempt import Attempt, Phase
+from brooq_py.engine.attempt.held import HeldVerdicts
 from brooq_py.engine.attempt.inflight import InFlight
 from brooq_py.engine.attempt.sink import OutcomeSink
 from brooq_py.engine.metrics import Metrics
@@ -53,9 +54,6 @@ LOST_MAX_RESULTS = 64 * 1024 * 1024
 # this far apart, before it rolls back to be tried again later (L3').
 LOCK_TRIES = 5
 LOCK_TRY_WAIT = 0.05
-# A lost done whose row another transaction holds locked is tried again at most this far apart
-# (services/late.py): a held poison verdict that meets such a lock waits twice this long again.
-LATE_LOCKED_MAX = 5.0
 
 
 class _NotOurs(Exception):
@@ -88,8 +86,9 @@ class Handover:
         # cue to read the earliest due time again, since no NOTIFY announces such a row (SPEC S7).
         self.on_waiting: Callable[[], None] = lambda: None
         self.events: EventSink | None = None  # set by the engine: events after commit (SPEC N1)
-        # Answers handed over later, (when, attempt, outcome, hold): poison verdicts held back (L5, L6').
-        self._held: list[tuple[float, Attempt, Outcome, float]] = []
+        self.held = HeldVerdicts(self)  # answers handed over later: poison verdicts (L5, L6')
+        # Outcomes written, by topic: a limited topic may have room again (set by the engine, SPEC Q3).
+        self.on_settled: Callable[[Iterable[str]], None] = lambda topics: None
         # Job id -> an attempt whose handler returned but whose done could not be written before
         # its lease ran out (L6'): written later under its claim, or by a later claim of the job here.
         # At most LOST_MAX of them and LOST_MAX_RESULTS characters of their results (V1), the
@@ -143,45 +142,11 @@ class Handover:
         if outcome is None or seconds <= 0 or self.completer is None:
             self.settle(a, outcome)
             return
-        with self._lost_lock:
-            self._held.append((time.monotonic() + seconds, a, outcome, seconds))
+        self.held.hold(a, outcome, seconds)
 
     def release_held(self, everything: bool = False) -> int:
-        """Hand over the answers held back whose time came (*everything*: all of them, at stop).
-
-        A verdict due is written at once; one whose row another transaction holds locked is held
-        back again: the late done of the attempt before may be waiting on that same lock, backing
-        off (``services/late.py``), and must come first once the lock goes (L6'). At stop each
-        goes to the completer, which writes it while its lease is held."""
-        now = time.monotonic()
-        with self._lost_lock:
-            due = [h for h in self._held if everything or h[0] <= now]
-            if not due:
-                return 0
-            self._held = [h for h in self._held if not (everything or h[0] <= now)]
-        for _, a, outcome, hold in due:
-            if everything:
-                self.settle(a, outcome)
-                continue
-            if self._verdict_written(a, outcome):
-                continue
-            again = max(hold, 2 * LATE_LOCKED_MAX)
-            with self._lost_lock:
-                self._held.append((time.monotonic() + again, a, outcome, hold))
-        return len(due)
-
-    def _verdict_written(self, a: Attempt, outcome: Outcome) -> bool:
-        """Write a held verdict now; False when its row was locked elsewhere (nothing written)."""
-        try:
-            written = self.repo.settle_many([outcome])
-        except Exception:  # the store: the completer writes it, trying again as it does
-            self.settle(a, outcome)
-            return True
-        locked: frozenset[str] = getattr(written, "locked", frozenset())
-        if outcome.claim_token in locked and self.inflight.still_held(outcome):
-            return False
-        self.on_written([outcome], written)
-        return True
+        """Hand over the poison verdicts held back whose time came (*everything*: all, at stop)."""
+        return self.held.release(everything)
 
     def settle(self, a: Attempt, outcome: Outcome | None) -> None:
         """Hand over *a*'s answer: a done with closing work to its transaction, any other outcome to
@@ -246,6 +211,7 @@ class Handover:
                 )
         for (topic, state), n in settled.items():  # one counter update per (topic, outcome) a batch
             self.metrics.child(self.metrics.settled, topic, state).inc(n)
+        self.on_settled(o.topic for o in batch)
 
     def on_dropped(self, batch: Sequence[Outcome]) -> None:
         """Outcomes the completer gave up on: their lease was lost while the write failed (L6)."""

@@ -25,7 +25,8 @@ import logging
 import time
 
 from brooq_py.engine.attempt.attempt import Attempt, Phase
-from brooq_py.engine.attempt.handover import EVENT_OF, LATE_LOCKED_MAX, Handover
+from brooq_py.engine.attempt.handover import EVENT_OF, Handover
+from brooq_py.engine.attempt.held import LATE_LOCKED_MAX
 from brooq_py.engine.attempt.outcome import Ending, decide
 from brooq_py.engine.repo import Outcome, Repo
 from brooq_py.engine.services.ticker import Ticker
@@ -33,7 +34,7 @@ from brooq_py.queue import State, StoreUnavailable
 
 PERIOD = 0.25
 # A lost done whose row another transaction holds locked is tried again after PERIOD, doubling up to this
-# (a poison verdict held back for it and meeting the same lock waits longer: Handover.release_held).
+# (a poison verdict held back for it and meeting the same lock waits for it: attempt/held.py).
 LOCKED_MAX = LATE_LOCKED_MAX
 
 
