@@ -740,3 +740,28 @@ def test_the_last_attempts_failure_says_the_job_is_now_dead(
     assert "attempt=1/2 failed: ValueError: nope; retried in" in lines[0]
     assert "now dead" not in lines[0]
     assert lines[1].endswith("ValueError: nope; that was the last attempt: the job is now dead")
+
+
+def test_q3_a_done_with_closing_work_makes_room_in_its_limited_topic_at_once(
+    repo: FakeRepo, make_engine: Callable[..., Engine]
+) -> None:
+    """A topic limited to one processing job whose handler has an on_succeeded callback: its done
+    is written by a closing transaction, not the completer, and wakes the claim of the topic's next
+    job all the same, not a poll interval later."""
+    repo.settings["t"] = (False, 1)
+    e = make_engine(poll_interval=30)
+    ran: list[str] = []
+
+    def handler(ctx: Context, claim: Claim) -> None:
+        ran.append(claim.id)
+        claim.on_succeeded(lambda tx: None)
+
+    e.register_kind("t", handler)
+    first = e.enqueue(Job("t")).id
+    second = e.enqueue(Job("t")).id
+    e.start()
+    wait_for(lambda: repo.row(first).state is State.DONE, what="the first job done")
+    wait_for(
+        lambda: repo.row(second).state is State.DONE, what="the next job of the limited topic", timeout=10
+    )
+    assert sorted(ran) == sorted([first, second])

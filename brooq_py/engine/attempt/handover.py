@@ -309,6 +309,7 @@ class Handover:
             break
         a.let_go()
         self.metrics.child(self.metrics.settled, a.topic, "done").inc()
+        self.on_settled((a.topic,))  # a limited topic may have room again (SPEC Q3)
         if self.events is not None:
             self.events.emit("done", a.id, a.topic, claim.attempt)
         for job in claim.chained:

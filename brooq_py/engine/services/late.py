@@ -178,6 +178,7 @@ class LateOutcomes(Ticker):
         handover = self._handover
         metrics = handover.metrics
         metrics.child(metrics.settled, a.topic, str(outcome.state)).inc()
+        handover.on_settled((a.topic,))  # a limited topic may have room again (SPEC Q3)
         if outcome.state is State.DONE:
             for job in a.claim.chained:
                 metrics.child(metrics.enqueued, job.topic).inc()
