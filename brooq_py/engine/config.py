@@ -122,7 +122,15 @@ class Config:
 
     @property
     def heartbeat_period(self) -> timedelta:
-        """How often leases are renewed: lease/3 (SPEC C3)."""
+        """How often the engine renews its proof of life: lease/4 (SPEC C3, P1'')."""
+        return self.lease_td / 4
+
+    @property
+    def margin_td(self) -> timedelta:
+        """The fencing margin: lease/3 (SPEC F0). The engine fences itself lease - margin after
+        the send time of its last good heartbeat; others take its claims lease + margin after
+        the database wrote it. The 2 x margin between them covers a clock rate skew far beyond
+        any real one and a fence delayed by a loaded host."""
         return self.lease_td / 3
 
     @property

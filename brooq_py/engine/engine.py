@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import random
@@ -34,19 +33,20 @@ from brooq_py.engine.services.completer import Completer
 from brooq_py.engine.services.dispatcher import Dispatcher
 from brooq_py.engine.services.events import EventBus
 from brooq_py.engine.services.heartbeat import Heartbeat
-from brooq_py.engine.services.late import LateOutcomes
 from brooq_py.engine.services.refresher import Refresher
 from brooq_py.engine.services.scheduler import Schedule
 from brooq_py.engine.services.ticker import Ticker
 from brooq_py.engine.services.topic_watch import TopicWatch
 from brooq_py.engine.services.wakeups import own_wakes, stage_now, wake_services
 from brooq_py.engine.services.wiring import background_services, stop_services
-from brooq_py.queue import BrooqError, ConfigError, EngineStopping, Event, Job, KindOptions, StoreUnavailable
+from brooq_py.queue import BrooqError, ConfigError, EngineStopping, Event, Job, KindOptions
 from brooq_py.queue.handler import Handler
 from brooq_py.tasks import Tasks
 
 # How long the completer lets outcomes gather before it writes them (SPEC C10: "within milliseconds").
 COMPLETER_LINGER = 0.002
+# How long a stop waits for the outcomes of ended handlers to be written (C11'').
+STOP_FLUSH = 5.0
 
 
 def default_worker_id() -> str:
@@ -98,25 +98,28 @@ class Engine(Producing):
         self._lock = threading.RLock()
         self._state = "new"  # new -> running -> stopping -> stopped
         # a handler that ended frees its topic's room in this engine (SPEC Q3)
-        self.inflight = CountingInFlight(
-            self.config.lease_td.total_seconds(), self.clock, lambda topic: self.capacity.ended(topic)
-        )
+        self.inflight = CountingInFlight(lambda topic: self.capacity.ended(topic))
         self._async = AsyncRunner(self.log)
         # What every attempt's moves touch outside it: its topic's room, its lease, its slot (from start()).
         self.hooks = Hooks(self.log, self.metrics, rng)
         self.hooks.stopping = lambda: self._state == "stopping"
         self.hooks.left_running = self.inflight.end
         self.hooks.let_go = self.inflight.drop
+        self.hooks.drop_claim = self.inflight.dropping
         self.handover = Handover(repo, self.inflight, self.metrics, self.log)
         self.runner = Runner(self.handover, self.metrics, self._async, self.log)
         self.runner.result_max_bytes = self.config.result_max_bytes
         self.supervisor = Supervisor(
-            self.inflight, self.handover, self.config.effective_watchdog_grace.total_seconds()
+            self.inflight,
+            self.handover,
+            self.config.effective_watchdog_grace.total_seconds(),
+            (self.config.lease_td - self.config.margin_td).total_seconds(),
         )
         self._slots: SlotPool | None = None
         self._dispatcher: Dispatcher | None = None
         self._enqueued: Callable[[Job], None] = lambda job: None  # poll-only: wake our own services
         self._recheck: Callable[[], None] = lambda: None  # LISTEN is back: look at the held claims now
+        self._may_claim: Callable[[], bool] = lambda: True  # the fence's verdict, from start()
         self._completer: Completer | None = None
         self._services: list[Ticker] = []
         self._stopped = threading.Event()  # set once a stop() is over: a concurrent one waits for it
@@ -270,12 +273,10 @@ class Engine(Producing):
                 self.log,
                 max_buffer=max(1000, 8 * cfg.workers),
                 linger=COMPLETER_LINGER,
-                keep=self.inflight.still_held,
-                on_dropped=self.handover.on_dropped,
             )
             self.handover.completer = self._completer
             self._dispatcher = Dispatcher(
-                self.intake.claim,
+                lambda n: self.intake.claim(n) if self._may_claim() else [],
                 slots,
                 self.intake.launch_all,
                 cfg.td("poll_interval").total_seconds(),
@@ -293,7 +294,6 @@ class Engine(Producing):
                 on_cancel=self.intake.on_cancel,
                 on_listening=lambda: self._recheck(),  # bound below, once the heartbeat exists
             )
-            late = LateOutcomes(self.handover, self.repo, self.log)  # lost dones written later (L6')
             self._services = background_services(
                 cfg,
                 self.repo,
@@ -301,16 +301,20 @@ class Engine(Producing):
                 self.metrics,
                 self.inflight,
                 self.supervisor,
-                [self.refresher, self._topic_watch, *wakers, late],
+                [self.refresher, self._topic_watch, *wakers],
                 self._schedules,
                 lambda job: self._enqueued(job),  # bound below, once the wake-ups exist
                 self.log,
                 self.events,
+                self.worker_id,
             )
             self.handover.on_waiting, self._enqueued = own_wakes(
                 wakers, cfg, self.topics, self._dispatcher.wake
             )
-            self._recheck = next(s for s in self._services if isinstance(s, Heartbeat)).wake  # X2': renew now
+            heartbeat = next(s for s in self._services if isinstance(s, Heartbeat))
+            self._recheck = heartbeat.wake  # X2': look at the held claims now
+            self._may_claim = heartbeat.fence.may_claim  # F0: not before a heartbeat proved the engine
+            heartbeat.fence.on_proven = self._dispatcher.wake
             self.capacity.wake = self._dispatcher.wake
             self.events.start()
             self._completer.start()
@@ -354,7 +358,6 @@ class Engine(Producing):
         slots, dispatcher, completer = self._slots, self._dispatcher, self._completer
         assert slots is not None and dispatcher is not None and completer is not None
         dispatcher.stop()
-        held = [a.row.claim_token for a in self.inflight.held()]  # their guards go at the end (P1')
         if not slots.wait_idle(wait):
             for a in self.inflight.running():
                 self.supervisor.stopping_cancel(a)
@@ -366,27 +369,37 @@ class Engine(Producing):
                 self.supervisor.release_at_stop(a)
             else:
                 self.supervisor.hung(a)  # still running after the stop's grace: hung at stop (C11, L1)
-        # Handlers that ended free their slot once their outcome is on its way (a closing
-        # transaction retried, a settler's turn): wait for those, bounded by the lease (L6), and
-        # for closing transactions set aside while their row was locked elsewhere (L3').
-        until = time.monotonic() + cfg.lease_td.total_seconds()
-        slots.wait_idle(cfg.lease_td.total_seconds())
-        self.handover.stop_closing(max(0.0, until - time.monotonic()))
-        self.handover.release_held(everything=True)  # poison verdicts held back: written now (L5)
-        left = completer.stop()
+        # Whatever the database does, the rest is bounded (C11''): the outcomes of ended handlers
+        # (a settler's turn, the completer's queue) and the engine's row, on a thread of their own.
+        deadline = time.monotonic() + STOP_FLUSH
+        left = [0]
+
+        def finish() -> None:
+            slots.wait_idle(min(cfg.lease_td.total_seconds(), STOP_FLUSH / 2))
+            left[0] = completer.stop(max(0.1, deadline - time.monotonic()))
+            try:  # what is still ours is the reaper's from now on
+                self.repo.leave(self.worker_id)
+            except Exception as exc:  # an unreachable store: the engine's row goes stale instead
+                self.log.warning("engine: could not remove its row at stop (%s)", exc)
+
+        finisher = threading.Thread(target=finish, name="brooq-stop-flush", daemon=True)
+        finisher.start()
+        finisher.join(STOP_FLUSH)
+        if finisher.is_alive():
+            left[0] = max(1, completer.pending)
+            self.log.error(
+                "engine: the database did not answer the stop's last writes within %gs", STOP_FLUSH
+            )
         self.handover.completer = None  # from now on (run_once) outcomes are written at once
-        stop_services(self._services)
-        beats = [s.guarded for s in self._services if isinstance(s, Heartbeat)]  # hung ones' too
-        with contextlib.suppress(StoreUnavailable):  # P1': the claims let go are the reaper's again
-            self.repo.unguard([*held, *(t for g in beats for t in g)])
+        stop_services(self._services, max(0.0, deadline - time.monotonic()) + 0.5)
         self.runner.threads.stop()
         self.runner.settlers.stop()
         self._async.close()
         self.events.stop()  # after the last flush: every committed outcome's event is delivered
         self._state = "stopped"
         self._stopped.set()
-        if left:
-            self.log.error("engine: stopped with %d outcomes unwritten (database unreachable)", left)
+        if left[0]:
+            self.log.error("engine: stopped with %d outcomes unwritten (database unreachable)", left[0])
         self.log.info("engine: stopped worker=%s", self.worker_id)
 
     def close(self) -> None:

@@ -3,7 +3,7 @@
 from brooq_py.queue.port import (
     ClaimedJob,
     DatabaseGauges,
-    ExpiredLease,
+    EngineProof,
     Gauges,
     HeldLease,
     Listener,
@@ -18,7 +18,7 @@ from brooq_py.queue.port import (
 __all__ = [
     "ClaimedJob",
     "DatabaseGauges",
-    "ExpiredLease",
+    "EngineProof",
     "Gauges",
     "HeldLease",
     "Listener",

@@ -220,7 +220,7 @@ class OperatorSide:
                     return busy
                 rows = run(self._q["job_claim_limited"], params)
         got = LimitedClaim(claimed_jobs([r for r in rows if r[0] is not None]))
-        got.next_token_in = rows[0][9] if rows else None
+        got.next_token_in = rows[0][10] if rows else None
         return got
 
 

@@ -1,12 +1,11 @@
 """Named SQL statements: loaded once from ``sql/*.sql``, rendered per schema.
 
-Each file holds one statement with ``{job}``, ``{job_edge}``, ``{topic_setting}``, ``{schedule_tick}``,
+Each file holds one statement with ``{job}``, ``{engine}``, ``{job_edge}``, ``{topic_setting}``, ``{schedule_tick}``,
 ``{version_table}`` (the tables), ``{depth_seq}`` (the depth caps' sequence, migration 0014, as a
 text literal for ``to_regclass``),
 ``{channel}`` (the wake-up channel as an identifier), ``{channel_literal}`` (as text) or
 ``{stage_channel}`` (the stager's channel, ``{stage_channel_literal}`` as text), ``{cancel_channel}``
 (the cancel channel), ``{settled_channel}`` / ``{settled_channel_literal}`` (the results channel),
-``{guard_class}`` (the first key of the lease guards' advisory locks, ``GUARD_CLASS``)
 placeholders and psycopg ``%(name)s`` parameters. A Store renders every
 statement once for its schema with ``psycopg.sql.Identifier`` and never sets
 ``search_path`` on a connection.
@@ -22,12 +21,6 @@ from importlib import resources
 from psycopg import sql
 
 from brooq_py.postgres.channel import cancel_channel_for, channel_for, settled_channel_for, stage_channel_for
-
-# The lease guards (SPEC P1', sql/lease_renew.sql) are advisory locks of the two-int form
-# (GUARD_CLASS, hashtext(claim token)): "broq" in ASCII. The project's other advisory keys (a
-# topic's claim and rate locks, a schema's migrations) are of the one-bigint form, which never
-# meets a two-int key.
-GUARD_CLASS = 0x62726F71
 
 _BINARY_PLACEHOLDER = re.compile(r"%\((\w+)\)b")
 
@@ -72,6 +65,7 @@ def render(name: str, schema: str, *, rows: bool = True) -> Query:
         if "{depth_room}" in template.as_string(None)
         else sql.SQL(""),
         job=sql.Identifier(schema, "job"),
+        engine=sql.Identifier(schema, "engine"),
         job_edge=sql.Identifier(schema, "job_edge"),
         topic_setting=sql.Identifier(schema, "topic_setting"),
         schedule_tick=sql.Identifier(schema, "schedule_tick"),
@@ -84,7 +78,6 @@ def render(name: str, schema: str, *, rows: bool = True) -> Query:
         cancel_channel=sql.Identifier(cancel_channel_for(schema)),
         settled_channel=sql.Identifier(settled_channel_for(schema)),
         settled_channel_literal=sql.Literal(settled_channel_for(schema)),
-        guard_class=sql.Literal(GUARD_CLASS),
     )
     # A foreign Tx gets the text with plain %(name)s placeholders: binary ones are psycopg's own.
     text = _BINARY_PLACEHOLDER.sub(r"%(\1)s", composed.as_string(None))
@@ -107,7 +100,7 @@ class Queries:
         self.claim = render("job_claim", schema)
         self.settle_many = render("job_settle_many", schema)
         self.settle_one = render("job_settle_one", schema)
-        self.renew = render("lease_renew", schema)
+        self.beat = render("engine_beat", schema)
         self.reap = render("lease_reap", schema)
         self.delete_terminal = render("job_delete_terminal", schema)
         self.ping = render("ping", schema)

@@ -36,7 +36,6 @@ from brooq_py.postgres.bounds import DEFAULT_LEASE, merged, statement_budget
 from brooq_py.postgres.caps import TopicCaps
 from brooq_py.postgres.errors import dropped_if_read_only, names_migration, translated
 from brooq_py.postgres.flow_side import FlowSide
-from brooq_py.postgres.guards import LeaseGuards
 from brooq_py.postgres.listener import PROBE_TIMEOUT, PgListener
 from brooq_py.postgres.operator_side import OperatorSide
 from brooq_py.postgres.own import OwnConnection
@@ -112,7 +111,6 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
             if conninfo is None
             else None
         )
-        self._guards = LeaseGuards()  # the heartbeat session's lease guards (SPEC P1')
         self._listeners: set[PgListener] = set()
         self._listeners_lock = threading.Lock()
         self.ping_timeout = 2.0

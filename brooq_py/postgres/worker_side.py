@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import struct
 import uuid
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any
@@ -15,7 +15,6 @@ from psycopg import sql
 from brooq_py.postgres.arrays import bool_array, float_array, text_array, uuid_array
 from brooq_py.postgres.bounds import statement_budget
 from brooq_py.postgres.errors import translated
-from brooq_py.postgres.guards import LeaseGuards
 from brooq_py.postgres.own import OwnConnection
 from brooq_py.postgres.queries import Queries, Query
 from brooq_py.postgres.runner import Rows, on_connection, on_tx
@@ -24,7 +23,7 @@ from brooq_py.queue import State, Tx
 from brooq_py.queue.port import (
     ClaimedJob,
     DatabaseGauges,
-    ExpiredLease,
+    EngineProof,
     Gauges,
     HeldLease,
     Outcome,
@@ -95,7 +94,6 @@ class WorkerSide:
 
     _q: Queries
     _heartbeat: OwnConnection
-    _guards: LeaseGuards
     _claimer: OwnConnection | None
     _settler: OwnConnection | None
     _own_lease: timedelta
@@ -132,23 +130,19 @@ class WorkerSide:
         return claimed_jobs(self._own_or_pool(self._claimer, "claiming jobs", self._q.claim, params))
 
     def settle_many(self, outcomes: Sequence[Outcome]) -> Settled:
-        """Write many outcomes in one guarded statement (SPEC P3, C10); return the ids written.
+        """Write many outcomes in one guarded statement (SPEC P3, C10, O4); return the ids written.
 
         A row no longer processing under the outcome's claim_token is left alone: 0 rows is normal.
-        A row another transaction holds locked is not waited for (the statement's lock_timeout is
-        short): the batch is then written in a transaction that locks its free rows first (SKIP
-        LOCKED), and the locked row's outcome claim token is reported in ``locked`` (L3'). A row
-        already in the outcome's state under its token (an earlier write whose answer was lost)
-        counts as written (O1, L6). Both are told apart by a second statement, run only when the
-        batch wrote fewer rows than it carried.
+        A row another transaction holds locked is skipped, never waited for, and its outcome's
+        claim token reported in ``locked``: still ours, written by a later flush. A row already in
+        the outcome's state under its token (an earlier write whose answer was lost) counts as
+        written (O1). Both are told apart by a second statement, run only when the batch wrote
+        fewer rows than it carried.
         """
         if not outcomes:
             return Settled()
         params = self._settle_params(outcomes)
-        try:
-            rows = self._own_or_pool(self._settler, "settling outcomes", self._q.settle_many, params)
-        except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled):
-            rows = self._settle_unlocked(outcomes)
+        rows = self._own_or_pool(self._settler, "settling outcomes", self._q.settle_many, params)
         written = {r[0] for r in rows}
         if len(written) >= len(outcomes):
             return Settled(written)
@@ -183,20 +177,6 @@ class WorkerSide:
                 return rows
         return self._run_bounded(doing, query, params, statement_budget(self._own_lease))
 
-    def _settle_unlocked(self, outcomes: Sequence[Outcome]) -> Rows:
-        """Write the outcomes whose rows no one else holds locked, in one transaction on the pool:
-        lock those rows (SKIP LOCKED), then the batch's statement for them alone (SPEC L3')."""
-
-        def write(run: Any) -> Rows:
-            ids = {
-                str(r[0])
-                for r in run(self._q["job_lock_free"], {"ids": uuid_array([o.id for o in outcomes])})
-            }
-            free = [o for o in outcomes if o.id in ids]
-            return run(self._q.settle_many, self._settle_params(free)) if free else []
-
-        return self._in_bounded_tx("settling outcomes", write, statement_budget(self._own_lease))
-
     @staticmethod
     def _settle_params(outcomes: Sequence[Outcome]) -> dict[str, Any]:
         """The batch as one array literal per column (see arrays.py)."""
@@ -213,22 +193,12 @@ class WorkerSide:
             "notify": any(o.state in _ENDS for o in outcomes),
         }
 
-    def row_lock(self, outcome: Outcome) -> str:
-        """Whether *outcome*'s row is free now: the probe before a closing transaction (SPEC L3', C9).
-
-        One statement (``job_lock_own``) on the outcome connection, else the pool's bounded
-        transaction: the lock it takes ends with it. Return ``"ours"`` (still processing under the
-        outcome's claim token, no other transaction holds it), ``"locked"`` (still the claim's,
-        held elsewhere: never waited for; a table lock outlasting the bounds counts the same) or
-        ``"gone"`` (no longer the claim's).
-        """
+    def lock_own_tx(self, tx: Tx, outcome: Outcome) -> str:
+        """Lock *outcome*'s row inside *tx* unless another transaction holds it (never waited for,
+        SPEC O4, C9): ``"ours"`` (locked until *tx* ends), ``"locked"`` or ``"gone"``."""
         params = {"id": uuid.UUID(outcome.id), "token": uuid.UUID(outcome.claim_token)}
-        try:
-            rows = self._own_or_pool(
-                self._settler, "checking a job's row lock", self._q["job_lock_own"], params
-            )
-        except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled):
-            return "locked"
+        with translated("locking a job's row", as_psycopg(tx)):
+            rows = on_tx(tx)(self._q["job_lock_own"], params)
         return str(rows[0][0])
 
     def settle_own_tx(self, tx: Tx, outcome: Outcome) -> str:
@@ -255,94 +225,45 @@ class WorkerSide:
         (False: the row is no longer ours, or another transaction holds it, never waited for)."""
         return self.settle_own_tx(tx, outcome) == "ours"
 
-    def settle_lost(
-        self, outcome: Outcome, attempt: int, worker: str, last: bool, tx: Tx | None = None
-    ) -> bool | None:
-        """Write the outcome of attempt *attempt* (run by *worker*) whose write was given up with
-        the store, under its own claim token, while the row is nobody else's since (SPEC L6',
-        job_settle_lost.sql); True when written, or found written by an earlier try; None when
-        another transaction holds the row locked (never waited for, L3': try again later). Inside *tx*
-        (closing work), else on the Store's own outcome connection, opened at once if it is
-        closed (after an outage this is the statement that should come first), else on the pool."""
-        params = {
-            "id": uuid.UUID(outcome.id),
-            "token": uuid.UUID(outcome.claim_token),
-            "attempt": attempt,
-            "worker": worker,
-            "last": last,
-            "state": _settle_state(outcome),
-            "delay": outcome.delay,
-            "error": outcome.last_error,
-            "result": outcome.result,
-            "traceback": outcome.traceback,
-            "notify": outcome.state in _ENDS,
-        }
-        doing, query = "settling a lost outcome", self._q["job_settle_lost"]
-        if tx is not None:
-            with translated(doing, as_psycopg(tx)):
-                rows = on_tx(tx)(query, params)
-        elif self._settler is not None:
-            rows = self._settler.run(doing, query, params)
-        else:
-            rows = self._run_bounded(doing, query, params, statement_budget(self._own_lease))
-        answers = {r[1] for r in rows}
-        if answers - {"locked", "again"}:
-            return True  # written now
-        if "again" in answers:
-            # Written by an earlier try whose answer was lost: with closing work (*tx*), that work
-            # was committed with it, so this transaction's must not be (C9): not ours.
-            return tx is None
-        return None if answers else False  # only 'locked': held by another transaction, never waited for
+    def beat(self, proof: EngineProof, leases: Sequence[HeldLease]) -> Renewal:
+        """Renew *proof* (the engine's row) and read what became of *leases*, in one statement that
+        never waits on a job row (SPEC P1'', W0, sql/engine_beat.sql); report by claim token.
 
-    def unguard(self, claim_tokens: Collection[str]) -> None:
-        """Release the lease guards (P1', guards.py) of these claims, which their engine let go
-        (it stopped): their rows are the reaper's again. None held: no statement."""
-        if claim_tokens and self._guards.held & set(claim_tokens):
-            self._heartbeat.use(
-                "releasing lease guards", lambda conn: self._guards.release(conn, self._q, claim_tokens)
-            )
-
-    def renew(self, leases: Sequence[HeldLease], lease: timedelta) -> Renewal:
-        """Extend every lease still ours to now()+*lease* in one statement (SPEC C3); report by claim token.
-
-        A row locked by another transaction is skipped, not waited for, and reported held
-        and locked: still ours, renewed by the first renewal after the lock (SPEC L3, P1').
-        Its claim is guarded meanwhile: the reaper never takes it while this connection's
-        session lives (guards.py). A row canceled under its claim is reported canceled (X2').
-
-        Runs on the Store's own heartbeat connection, never the pool, so handlers
-        holding pool connections cannot starve it. On a connection error the
-        connection is closed, StoreUnavailable is raised, and the next call reopens it.
+        Runs on the Store's own heartbeat connection, never the pool, so handlers holding pool
+        connections cannot starve it. On a connection error the connection is closed,
+        StoreUnavailable is raised, and the next call reopens it. Nothing in it needs the
+        session: it works through a pooler in transaction mode.
         """
-        if not leases:
-            if self._guards.held:  # guards of claims no longer renewed are let go all the same
-                self._heartbeat.use(
-                    "releasing lease guards", lambda conn: self._guards.release_stale(conn, self._q, lease)
-                )
-            return Renewal(frozenset())
-        params = self._renew_params(leases, lease)
-        tokens = {h.claim_token for h in leases}
+        params = {
+            **self._renew_params(leases),
+            "engine": proof.id,
+            "host": proof.host,
+            "pid": proof.pid,
+            "lease": proof.lease,
+            "margin": proof.margin,
+        }
         rows = self._heartbeat.use(
-            "renewing leases", lambda conn: self._guards.renew(conn, self._q, params, tokens, lease)
+            "renewing the engine's proof of life", lambda conn: on_connection(conn)(self._q.beat, params)
         )
         return Renewal(
-            held=frozenset(r[0] for r in rows if r[1] != "canceled"),
+            held=frozenset(r[0] for r in rows if r[1] in ("held", "locked")),
             locked=frozenset(r[0] for r in rows if r[1] == "locked"),
             canceled=frozenset(r[0] for r in rows if r[1] == "canceled"),
         )
 
+    def leave(self, engine_id: str) -> None:
+        """Remove a stopping engine's row (sql/engine_leave.sql)."""
+        self._run("removing the engine's row", self._q["engine_leave"], {"engine": engine_id})
+
     @staticmethod
-    def _renew_params(leases: Sequence[HeldLease], lease: timedelta) -> dict[str, Any]:
-        """The leases as array literals, with the progress each carries (NULL: unchanged, SPEC V4)."""
+    def _renew_params(leases: Sequence[HeldLease]) -> dict[str, Any]:
+        """The claims as array literals, with the progress each carries (NULL: unchanged, SPEC V4)."""
         return {
             "ids": uuid_array([h.id for h in leases]),
             "tokens": uuid_array([h.claim_token for h in leases]),
-            "lease": lease,
             "progress": _real_array([h.progress for h in leases]),
             "notes": _maybe_text_array([h.progress_note for h in leases]),
-            # The session's guards and backend pid, filled in on the heartbeat connection (guards.py).
-            "guarded": "{}",
-            "pid": 0,
+            "dropped": bool_array([h.dropped for h in leases]),
         }
 
     def schema_version(self) -> str | None:
@@ -353,29 +274,15 @@ class WorkerSide:
             return None
         return str(rows[0][0]) if rows else None
 
-    def expired_leases(self) -> list[ExpiredLease]:
-        """Processing rows whose lease expired and that no transaction holds locked (SPEC R1, P1')."""
-        rows = self._run("looking for expired leases", self._q["lease_expired"], {"limit": REAP_BATCH})
-        return [ExpiredLease(r[0], r[1], r[2]) for r in rows]
-
-    def reap(self, leases: Sequence[ExpiredLease]) -> list[tuple[str, str]]:
-        """Return the rows of *leases* still expired, unlocked and unchanged to pending, attempts
-        unchanged (SPEC R1); (id, topic) of each. A claim its engine guards (its row was locked
-        elsewhere at a renewal, guards.py) is left alone while that engine's session lives (P1')."""
-        if not leases:
-            return []
-        params = {
-            "ids": [uuid.UUID(x.id) for x in leases],
-            "tokens": [x.claim_token for x in leases],
-            "untils": [x.locked_until for x in leases],
-        }
-        rows = self._run("reaping expired leases", self._q.reap, params)
+    def reap(self) -> list[tuple[str, str]]:
+        """Return to pending, in one statement, the processing rows whose engine is gone or dropped
+        them (SPEC R1, P1'', L5', sql/lease_reap.sql); (id, topic) of each, at most REAP_BATCH."""
+        rows = self._run("reaping claims of gone engines", self._q.reap, {"limit": REAP_BATCH})
         return [(str(r[0]), r[1]) for r in rows]
 
     def reap_expired(self) -> list[tuple[str, str]]:
-        """Return every expired processing row nobody holds locked or guards to pending now (no wait
-        for a renewal: for tools and tests; the engine's reaper waits, SPEC P1')."""
-        return self.reap(self.expired_leases())
+        """``reap``, for tools and tests."""
+        return self.reap()
 
     def delete_terminal(self, ttl: timedelta, batch: int) -> list[tuple[str, str]]:
         """Delete one batch (at most *batch* rows) of terminal rows older than *ttl*, oldest first (T1)."""

@@ -72,10 +72,14 @@ class KindOptions:
     backoff_max: timedelta | float = 60
     # At most this many jobs of the topic at once in this engine (SPEC Q3); None: no cap.
     concurrency: int | None = None
+    # Engines that may stop (crash, stall past the lease, hang) while running a job before it is
+    # dead (SPEC L5'): a crash gives its attempt back, so max_attempts counts failures only.
+    max_crashes: int = 3
 
     def __post_init__(self) -> None:
         problems: list[str] = []
         check_int(self, "max_attempts", 1, problems)
+        check_int(self, "max_crashes", 1, problems)
         if self.concurrency is not None:
             check_int(self, "concurrency", 1, problems)
         normalise_durations(self, _DURATIONS, problems)

@@ -8,7 +8,7 @@ the database clock: the engine sends durations, never timestamps.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -31,6 +31,7 @@ class ClaimedJob:
     locked_by: str
     locked_until: datetime
     meta: Mapping[str, str] | None = None
+    crashes: int = 0  # engines that stopped while running it (L5'): the poison rule reads it
 
 
 @dataclass(frozen=True)
@@ -59,29 +60,41 @@ class Outcome:
 
 
 @dataclass(frozen=True)
-class HeldLease:
-    """A lease the engine holds: the row id and the claim's token.
+class EngineProof:
+    """What an engine's heartbeat writes in its own row (SPEC P1'', F0): who it is, and how long
+    past its last heartbeat (``lease + margin``, on the database clock) its claims stay its own."""
 
-    progress / progress_note: what the handler reported since the last renewal, written
-    with this one (SPEC V4); None leaves the row's value as it is.
+    id: str
+    host: str
+    pid: int
+    lease: timedelta
+    margin: timedelta
+
+
+@dataclass(frozen=True)
+class HeldLease:
+    """A claim the engine holds: the row id and the claim's token.
+
+    progress / progress_note: what the handler reported since the last heartbeat, written with
+    it (SPEC V4); None leaves the row's value as it is. dropped: the engine let the claim go
+    without an outcome (hung, fenced): the reaper takes the row back at once.
     """
 
     id: str
     claim_token: str
     progress: float | None = None
     progress_note: str | None = None
+    dropped: bool = False
 
 
 @dataclass(frozen=True)
 class Renewal:
-    """What one renewal statement found, by claim token (SPEC C3, P1', X2').
+    """What one heartbeat found, by claim token (SPEC P1'', X2').
 
-    held: the claims still ours (renewed, or skipped because locked elsewhere);
-    locked: of those, the ones whose row another transaction holds locked: their
-    lease was not extended this time (the next renewal after the lock does it), and
-    the store keeps the reaper off them meanwhile while this holder lives (P1');
-    canceled: claims whose row was canceled (by an operator) while ours.
-    A held claim in neither set was renewed.
+    held: the claims still processing under their token; locked: of those, the ones whose
+    reported progress was not written (another transaction holds the row: sent again next time);
+    canceled: claims whose row was canceled (by an operator) while ours. A claim in none of these
+    is no longer ours (reaped, claimed again, retried).
     """
 
     held: frozenset[str]
@@ -89,22 +102,10 @@ class Renewal:
     canceled: frozenset[str] = frozenset()
 
 
-@dataclass(frozen=True)
-class ExpiredLease:
-    """A processing row whose lease had expired, unlocked, when the reaper looked (SPEC R1, P1').
-
-    ``locked_until`` is the value as the store read it: reaped only while unchanged.
-    """
-
-    id: str
-    claim_token: str
-    locked_until: object
-
-
 class Settled(set[str]):
     """The ids an outcome batch wrote (a set, SPEC P3), and ``locked``: the claim tokens of
     outcomes not written because another transaction held their row locked; they are still
-    ours, written later on their own (L3')."""
+    ours, written by a later flush (O4)."""
 
     def __init__(self, written: Iterable[str] = (), locked: Iterable[str] = ()) -> None:
         super().__init__(written)
@@ -241,66 +242,33 @@ class Repo(Protocol):
         """Write many outcomes in one guarded statement; return the ids written.
 
         Rows locked by another transaction are skipped, never waited for: a ``Settled`` answer
-        names their claim tokens in ``locked`` (L3'). A row already in the outcome's state
-        under the outcome's claim token counts as written (an earlier write whose answer was lost).
+        names their claim tokens in ``locked`` (O4). A row already in the outcome's state under
+        the outcome's claim token counts as written (an earlier write whose answer was lost).
         """
         ...
 
-    def row_lock(self, outcome: Outcome) -> str:
-        """Whether *outcome*'s row is free now, in a statement of its own (no lock kept, L3').
-
-        ``"ours"``: still processing under the outcome's claim token, no other transaction holds
-        it; ``"locked"``: still the claim's, held by another transaction (never waited for);
-        ``"gone"``: no longer the claim's.
-        """
-        ...
-
-    def settle_own_tx(self, tx: Tx, outcome: Outcome) -> str:
-        """Write one guarded outcome inside *tx* unless another transaction holds its row (never
-        waited for, L3'): ``"ours"`` written, ``"locked"`` (still the claim's, nothing written),
-        ``"gone"`` (no longer the claim's)."""
+    def lock_own_tx(self, tx: Tx, outcome: Outcome) -> str:
+        """Lock *outcome*'s row inside *tx* unless another transaction holds it (never waited for):
+        ``"ours"`` (still processing under the outcome's claim token, now locked until *tx* ends),
+        ``"locked"`` (still the claim's, held elsewhere) or ``"gone"`` (no longer the claim's)."""
         ...
 
     def settle_tx(self, tx: Tx, outcome: Outcome) -> bool:
-        """Write one guarded outcome inside *tx*; return whether it was written (``settle_own_tx``)."""
+        """Write one guarded outcome inside *tx*; return whether it was written."""
         ...
 
-    def settle_lost(
-        self, outcome: Outcome, attempt: int, worker: str, last: bool, tx: Tx | None = None
-    ) -> bool | None:
-        """Write the outcome of attempt *attempt* (run by *worker*) whose write was given up with
-        the store, under its own claim token (SPEC L6'), inside *tx* when given.
-
-        Only while the row is nobody else's since: processing under that claim (its lease may
-        have expired), returned to pending by the reaper and not claimed since (same claim token,
-        same attempts), or, for a *last* attempt, held by the poison claim of the next attempt
-        (never run). The row then reads as if the write had come in time. True when written, or
-        when the row already holds the outcome under that claim (an earlier try whose answer was
-        lost) - False for that inside *tx*, whose closing work was committed with the earlier try.
-        None when another transaction holds the row locked: nothing written, never waited for (L3').
-        """
+    def beat(self, proof: EngineProof, leases: Sequence[HeldLease]) -> Renewal:
+        """Renew the engine's proof of life and read what became of *leases*, in one statement
+        that never waits on a job row (SPEC P1'', W0); write the progress they carry."""
         ...
 
-    def unguard(self, claim_tokens: Collection[str]) -> None:
-        """Release the guards a renewal took for these claims (their rows were locked elsewhere,
-        SPEC P1'): the engine let them go (it stopped), so the reaper may return their rows."""
+    def leave(self, engine_id: str) -> None:
+        """Remove a stopping engine's row: what it still holds is returned by the reaper."""
         ...
 
-    def renew(self, leases: Sequence[HeldLease], lease: timedelta) -> Renewal:
-        """Extend every lease still ours by *lease* in one statement, skipping rows locked elsewhere (SPEC C3, P1').
-
-        Called with no lease too, every period while the engine holds none: the store may let go
-        then what it keeps for claims no longer renewed (the guards of P1')."""
-        ...
-
-    def expired_leases(self) -> list[ExpiredLease]:
-        """Processing rows whose lease expired and that no transaction holds locked now (SPEC R1, P1')."""
-        ...
-
-    def reap(self, leases: Sequence[ExpiredLease]) -> list[tuple[str, str]]:
-        """Return to pending the rows of *leases* still expired, unlocked and unchanged (SPEC R1);
-        (id, topic) of each. A claim whose renewal found its row locked is left alone while its
-        holder lives (P1')."""
+    def reap(self) -> list[tuple[str, str]]:
+        """Return to pending the processing rows whose engine is gone or dropped them, attempt given
+        back and counted as a crash (SPEC R1, L5'); (id, topic) of each. Rows locked elsewhere wait."""
         ...
 
     def delete_terminal(self, ttl: timedelta, batch: int) -> list[tuple[str, str]]:

@@ -6,7 +6,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -17,7 +17,7 @@ from brooq_py.queue.ids import uuid7
 from brooq_py.queue.port import (
     ClaimedJob,
     DatabaseGauges,
-    ExpiredLease,
+    EngineProof,
     Gauges,
     HeldLease,
     Outcome,
@@ -46,7 +46,18 @@ class Row:
     key: str | None = None
     claim_token: str | None = None
     seq: int = 0
+    crashes: int = 0
     history: list[State] = field(default_factory=list)
+
+
+@dataclass
+class EngineRow:
+    """The fake's ``engine`` row: seen_at on the fake's clock."""
+
+    seen_at: float
+    lease: float
+    margin: float
+    dropped: set[str] = field(default_factory=set)
 
 
 class FakeTx:
@@ -120,11 +131,9 @@ class FakeRepo:
         self.calls: dict[str, int] = {}
         self.settle_batches: list[int] = []
         self.closed = False
-        self.version: str | None = "0013"
+        self.version: str | None = "0015"
         self.locked: set[str] = set()  # job ids an "operator" holds row-locked: skipped, never waited on
-        # Claim tokens a renewal found locked, guarded from the reaper until renewed (as the Store's
-        # heartbeat session does, SPEC P1'); this fake's holder lives as long as the fake.
-        self.guarded: set[str] = set()
+        self.engines: dict[str, EngineRow] = {}  # the engine table (SPEC P1'')
         self.fail_close = 0  # closing transactions whose COMMIT fails with StoreUnavailable
         self.renew_hang = threading.Event()  # cleared: renew() blocks, as on a silent socket
         self.renew_hang.set()
@@ -318,6 +327,7 @@ class FakeRepo:
                     claim_token=r.claim_token,
                     locked_by=worker,
                     locked_until=datetime.now(UTC) + lease,
+                    crashes=r.crashes,
                 )
             )
         return out
@@ -366,7 +376,7 @@ class FakeRepo:
                 ),
             )
 
-    def row_lock(self, outcome: Outcome) -> str:
+    def lock_own_tx(self, tx: Tx, outcome: Outcome) -> str:
         with self.lock:
             r = self.rows.get(outcome.id)
             if r is None or r.state is not State.PROCESSING or r.claim_token != outcome.claim_token:
@@ -375,7 +385,7 @@ class FakeRepo:
 
     def settle_own_tx(self, tx: Tx, outcome: Outcome) -> str:
         with self.lock:
-            row = self.row_lock(outcome)
+            row = self.lock_own_tx(tx, outcome)
             if row == "ours" and not self._apply(outcome):
                 return "gone"
             return row
@@ -383,46 +393,20 @@ class FakeRepo:
     def settle_tx(self, tx: Tx, outcome: Outcome) -> bool:
         return self.settle_own_tx(tx, outcome) == "ours"
 
-    def settle_lost(
-        self, outcome: Outcome, attempt: int, worker: str, last: bool, tx: Tx | None = None
-    ) -> bool:
-        """job_settle_lost.sql: the row still this claim's, reaped and not claimed since, or (last)
-        held by the poison claim of the next attempt (L6')."""
-        self._count("settle_lost")
-        with self.lock:
-            if self.fail_settle:
-                self.fail_settle -= 1
-                raise StoreUnavailable("settle failed")
-            r = self.rows.get(outcome.id)
-            if r is None:
-                return False
-            if r.state is outcome.state and r.claim_token == outcome.claim_token:
-                return tx is None  # an earlier try of this write, its answer lost (C9 inside tx)
-            ours = r.claim_token == outcome.claim_token and (
-                r.state is State.PROCESSING or (r.state is State.PENDING and r.attempts == attempt)
-            )
-            if not (ours or (last and r.state is State.PROCESSING and r.attempts == attempt + 1)):
-                return False
-            self._set(r, outcome.state)
-            r.attempts, r.claim_token, r.locked_by = attempt, outcome.claim_token, worker
-            if outcome.state is State.FAILED:
-                r.available_at = self.now() + outcome.delay.total_seconds()
-            if outcome.last_error is not None:
-                r.last_error = outcome.last_error
-            return True
-
-    def unguard(self, claim_tokens: Collection[str]) -> None:
-        self._count("unguard")
-        with self.lock:
-            self.guarded.difference_update(claim_tokens)
-
-    def renew(self, leases: Sequence[HeldLease], lease: timedelta) -> Renewal:
+    def beat(self, proof: EngineProof, leases: Sequence[HeldLease]) -> Renewal:
+        """engine_beat.sql: the engine's row renewed, the held claims read (progress: not kept here)."""
         self._count("renew")
         self.renew_hang.wait()
         with self.lock:
             if self.fail_renew:
                 self.fail_renew -= 1
                 raise ConnectionError("renew failed")
+            self.engines[proof.id] = EngineRow(
+                self.now(),
+                proof.lease.total_seconds(),
+                proof.margin.total_seconds(),
+                {h.claim_token for h in leases if h.dropped},
+            )
             held, locked, canceled = set(), set(), set()
             for h in leases:
                 r = self.rows.get(h.id)
@@ -432,52 +416,41 @@ class FakeRepo:
                     canceled.add(h.claim_token)
                 elif r.state is State.PROCESSING:
                     held.add(h.claim_token)
-                    if r.id in self.locked:
+                    if r.id in self.locked and (h.progress is not None or h.progress_note is not None):
                         locked.add(h.claim_token)
-                        self.guarded.add(h.claim_token)
-                    else:
-                        r.locked_until = self.now() + lease.total_seconds()
-                        self.guarded.discard(h.claim_token)
             return Renewal(frozenset(held), frozenset(locked), frozenset(canceled))
 
-    def expired_leases(self) -> list[ExpiredLease]:
+    def leave(self, engine_id: str) -> None:
+        self._count("leave")
         with self.lock:
-            now = self.now()
-            return [
-                ExpiredLease(r.id, r.claim_token or "", r.locked_until)
-                for r in self.rows.values()
-                if r.state is State.PROCESSING
-                and r.locked_until is not None
-                and r.locked_until < now
-                and r.id not in self.locked
-            ]
+            self.engines.pop(engine_id, None)
 
-    def reap(self, leases: Sequence[ExpiredLease]) -> list[tuple[str, str]]:
+    def reap(self) -> list[tuple[str, str]]:
+        """lease_reap.sql: rows of gone engines (or dropped), unlocked, back to pending as a crash."""
         with self.lock:
             now = self.now()
             out = []
-            for x in leases:
-                r = self.rows.get(x.id)
-                if (
-                    r is None
-                    or r.state is not State.PROCESSING
-                    or r.id in self.locked
-                    or (r.claim_token or "") != x.claim_token
-                    or x.claim_token in self.guarded
-                    or r.locked_until != x.locked_until
-                    or r.locked_until is None
-                    or r.locked_until >= now
-                ):
+            for r in self.rows.values():
+                if r.state is not State.PROCESSING or r.id in self.locked:
+                    continue
+                e = self.engines.get(r.locked_by or "")
+                if e is None:
+                    gone = r.locked_until is not None and r.locked_until < now
+                else:
+                    gone = e.seen_at + e.lease + e.margin < now or (r.claim_token or "") in e.dropped
+                if not gone:
                     continue
                 self._set(r, State.PENDING)
                 r.locked_by = r.locked_until = None
                 r.available_at = now
+                r.attempts = max(r.attempts - 1, 0)
+                r.crashes += 1
                 out.append((r.id, r.topic))
             return out
 
     def reap_expired(self) -> list[tuple[str, str]]:
-        """Reap every expired, unlocked row at once (another engine's reaper, in tests)."""
-        return self.reap(self.expired_leases())
+        """Reap at once (another engine's reaper, in tests)."""
+        return self.reap()
 
     def delete_terminal(self, ttl: timedelta, batch: int) -> list[tuple[str, str]]:
         with self.lock:
@@ -553,5 +526,10 @@ class FakeRepo:
             return self.rows[job_id]
 
     def expire(self, job_id: str) -> None:
+        """The holder of *job_id* looks gone: its engine's row is stale and its lease passed."""
         with self.lock:
-            self.rows[job_id].locked_until = self.now() - 1
+            r = self.rows[job_id]
+            r.locked_until = self.now() - 1
+            e = self.engines.get(r.locked_by or "")
+            if e is not None:
+                e.seen_at = self.now() - e.lease - e.margin - 1

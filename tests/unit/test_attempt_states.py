@@ -16,8 +16,9 @@ from brooq_py.engine.attempt.attempt import (
     IllegalTransition,
     Kind,
     Phase,
+    Poisoned,
 )
-from brooq_py.engine.attempt.outcome import Ending, decide
+from brooq_py.engine.attempt.outcome import POISON_ERROR, Ending, decide
 from brooq_py.engine.repo import ClaimedJob
 from brooq_py.queue import (
     AttemptTimeout,
@@ -205,9 +206,10 @@ def test_c5_hung_before_the_stop_is_released_with_its_attempt_counted() -> None:
 
 
 def test_l5_poisoned_is_dead_and_says_why() -> None:
-    out = route(Ending(Phase.POISONED), attempt=4)
+    why = POISON_ERROR.format(crashes=3)
+    out = route(Ending(Phase.POISONED, error=Poisoned(why)), attempt=1)
     assert out is not None and out.state is State.DEAD  # type: ignore[attr-defined]
-    assert "not run again" in (out.last_error or "")  # type: ignore[attr-defined]
+    assert out.last_error == "3 engines stopped while running it (crashed, stalled or hung); not run again"  # type: ignore[attr-defined]
 
 
 def test_unrun_is_pending_with_the_attempt_given_back() -> None:

@@ -1,12 +1,10 @@
-"""A closing transaction whose row is locked elsewhere waits alone, off its slot (SPEC L3', C9, C11): fake repo.
+"""A closing transaction whose row is locked elsewhere waits alone, off its slot (SPEC O4, C9, C11): fake repo.
 
 The fake's ``locked`` rows stand for an operator's open ``SELECT ... FOR UPDATE``: the closing
-transaction finds its row held when it writes the done (the statement that writes it skips a
-locked row: no round trip more), rolls back, is set aside and tried again while the lease is
-held, each later try beginning only once a probe found the row free. Meanwhile its slot serves
-other jobs; the callbacks ran at most once before the lock was found (rolled back), and the
-closing work commits once after it; a stop lets a still-locked one go to the reaper, nothing of
-it committed.
+transaction locks its row first (never waiting), finds it held, rolls back before any of its
+work ran, and is tried again from the completer's queue. Meanwhile its slot serves other jobs;
+the closing work commits once, after the lock is gone; a stop lets a still-locked one go to the
+reaper, nothing of it committed.
 """
 
 from __future__ import annotations
@@ -62,7 +60,7 @@ def test_l3_a_locked_closing_transaction_frees_its_slot_and_runs_its_closing_wor
 ) -> None:
     """One slot: while the locked job's closing transaction waits, the slot runs the other jobs
     (closing work included) to done; nothing of the locked job's closing work commits until the
-    lock is gone (its callback ran once, rolled back), then all of it once."""
+    lock is gone (its callback not run meanwhile), then all of it once."""
     e = make_engine(workers=1)
     closing = Closing(repo)
     handler = closing.sync_handler if kind == "sync" else closing.async_handler
@@ -77,12 +75,12 @@ def test_l3_a_locked_closing_transaction_frees_its_slot_and_runs_its_closing_wor
         what="the other jobs done on the one slot while the row is locked",
     )
     assert repo.row(jid).state is State.PROCESSING
-    assert closing.calls[jid] == 1 and children(repo, jid) == 0  # the first try, rolled back
-    assert jid in {a.id for a in e.inflight.held()}  # the lease is still held (renewed)
+    assert closing.calls[jid] == 0 and children(repo, jid) == 0  # nothing runs before the row is ours
+    assert jid in {a.id for a in e.inflight.held()}  # the claim is still held
     with repo.lock:
         repo.locked.discard(jid)
     wait_for(lambda: repo.row(jid).state is State.DONE, what="done once the lock is gone")
-    assert closing.calls[jid] == 2 and children(repo, jid) == 1
+    assert closing.calls[jid] == 1 and children(repo, jid) == 1
     assert all(closing.calls[o] == 1 and children(repo, o) == 1 for o in others)
     assert repo.row(jid).history == [State.PROCESSING, State.DONE]
     wait_for(lambda: not e.inflight.held(), what="every lease let go")
@@ -103,18 +101,18 @@ def test_l3_c11_a_stop_lets_a_still_locked_closing_transaction_go_to_the_reaper(
         e.stop(timeout=0.1)
     assert not e.inflight.held()
     assert repo.row(jid).state is State.PROCESSING
-    assert any("still locked" in r.getMessage() for r in caplog.records)
+    assert any("done not written at stop" in r.getMessage() for r in caplog.records)
     with repo.lock:
         repo.locked.discard(jid)
     assert repo.row(jid).state is State.PROCESSING
-    assert closing.calls[jid] == 1 and children(repo, jid) == 0  # the first try only, rolled back
+    assert closing.calls[jid] == 0 and children(repo, jid) == 0  # none of it ran
 
 
 def test_l3_run_once_waits_in_place_for_a_locked_closing_transaction(
     repo: FakeRepo, make_engine: Callable[..., Engine]
 ) -> None:
     """Without start() (run_once, drain) the closing transaction is tried again in the caller's
-    thread while the lease is fresh: run_once returns with the job done, its closing work once."""
+    thread while the claim is held: run_once returns with the job done, its closing work once."""
     e = make_engine(lease=10)
     closing = Closing(repo)
     e.register_kind("locked", closing.sync_handler, KindOptions(max_attempts=1, **FAST))
@@ -130,43 +128,16 @@ def test_l3_run_once_waits_in_place_for_a_locked_closing_transaction(
     assert e.run_once() == 1
     t.join()
     assert repo.row(jid).state is State.DONE
-    assert closing.calls[jid] == 2 and children(repo, jid) == 1  # one try rolled back, one committed
+    assert closing.calls[jid] == 1 and children(repo, jid) == 1  # run once, after the lock
 
 
-def test_l3_c9_a_row_locked_while_the_callbacks_run_puts_the_transaction_off_its_work_once(
+def test_p1_c11_a_claim_called_hung_and_locked_at_stop_is_the_reapers_once_the_lock_is_gone(
     repo: FakeRepo, make_engine: Callable[..., Engine]
 ) -> None:
-    """The row is free when the closing transaction begins and locked elsewhere while its callback
-    runs: the transaction rolls back (nothing chained) and is tried again once the lock is gone;
-    the callback is called a second time then (documented), the chained job enqueued once."""
-    e = make_engine(workers=1)
-    calls: list[int] = []
-
-    def callback(tx: Tx, job_id: str) -> None:
-        calls.append(1)
-        if len(calls) == 1:
-            with repo.lock:
-                repo.locked.add(job_id)
-            threading.Timer(0.5, lambda: repo.locked.discard(job_id)).start()
-
-    def handler(ctx: Context, claim: Claim) -> None:
-        claim.chain(Job("child", {"parent": claim.id}))
-        claim.on_succeeded(lambda tx: callback(tx, claim.id))
-
-    e.register_kind("t", handler, KindOptions(max_attempts=1, **FAST))
-    jid = e.enqueue(Job("t")).id
-    e.start()
-    wait_for(lambda: repo.row(jid).state is State.DONE, what="done once the lock is gone")
-    assert len(calls) == 2 and children(repo, jid) == 1
-    assert repo.row(jid).history == [State.PROCESSING, State.DONE]
-
-
-def test_p1_c11_a_stop_releases_the_guard_of_a_claim_called_hung_before_it(
-    repo: FakeRepo, make_engine: Callable[..., Engine]
-) -> None:
-    """A renewal found the row locked (an operator in psql) and guarded the claim; the handler
-    was then called hung, its lease let go. The engine's stop releases that guard too: the row is
-    the reaper's once the lock is gone, not kept from it until the Store is closed."""
+    """The handler was called hung (nothing written, its claim dropped) while an operator holds
+    its row: the stop's hand-back meets the lock and returns all the same; once the lock is gone
+    the reaper returns the row (the engine's row is gone, the claim's own lease passes), counted
+    as a crash."""
     e = make_engine(lease=0.6, watchdog_grace=0.2)
     release = threading.Event()
 
@@ -177,11 +148,13 @@ def test_p1_c11_a_stop_releases_the_guard_of_a_claim_called_hung_before_it(
     jid = e.enqueue(Job("t")).id
     e.start()
     wait_for(lambda: repo.row(jid).state is State.PROCESSING, what="the job running")
-    token = repo.row(jid).claim_token
     with repo.lock:
         repo.locked.add(jid)
-    wait_for(lambda: token in repo.guarded, what="the renewal guarding the locked claim")
     wait_for(lambda: e.inflight.hung_count() == 1, what="the handler called hung")
     e.stop(timeout=0.1)
     release.set()
-    assert token not in repo.guarded
+    assert repo.row(jid).state is State.PROCESSING
+    with repo.lock:
+        repo.locked.discard(jid)
+    wait_for(lambda: repo.reap() != [] or repo.row(jid).state is State.PENDING, what="reaped")
+    assert repo.row(jid).state is State.PENDING and repo.row(jid).crashes == 1

@@ -208,8 +208,11 @@ def test_c5_watchdog_grace_default_is_the_lease() -> None:
     assert Config(lease=42, watchdog_grace=3).effective_watchdog_grace == timedelta(seconds=3)
 
 
-def test_c3_heartbeat_period_is_lease_over_3() -> None:
-    assert Config(lease=90).heartbeat_period == timedelta(seconds=30)
+def test_c3_f0_heartbeat_every_lease_over_4_fencing_margin_lease_over_3() -> None:
+    cfg = Config(lease=90)
+    assert cfg.heartbeat_period == timedelta(seconds=22.5)
+    assert cfg.margin_td == timedelta(seconds=30)
+    assert cfg.lease_td / 3 <= cfg.margin_td <= cfg.lease_td / 2
 
 
 # --- K2: from_env ----------------------------------------------------------------------

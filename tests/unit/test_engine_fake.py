@@ -645,22 +645,18 @@ def test_healthz_turns_unhealthy_once_hung_outnumber_workers_c5(
 
 
 def test_reaper_logs_count_and_topics_at_info_r1(caplog: pytest.LogCaptureFixture) -> None:
-    from brooq_py.engine.repo import ExpiredLease
     from brooq_py.engine.services.reaper import Reaper
 
     reaped: list[str] = []
     rows = [("1", "email"), ("2", "email"), ("3", "sms")]
-    leases = [ExpiredLease(i, "token", 0) for i, _ in rows]
-    r = Reaper(5, lambda: leases, lambda ls: rows, reaped.append, logging.getLogger("reaper-test"), hold=0)
+    r = Reaper(5, lambda: rows, reaped.append, logging.getLogger("reaper-test"))
     with caplog.at_level(logging.INFO, logger="reaper-test"):
-        r.run_once()  # seen expired
-        assert reaped == []
-        r.run_once()  # still expired, unchanged: returned
+        r.run_once()
     assert sorted(reaped) == ["email", "email", "sms"]
     [record] = [rec for rec in caplog.records if rec.name == "reaper-test"]
     assert record.levelno == logging.INFO
     assert (
-        "3 expired" in record.getMessage()
+        "3 jobs of gone engines" in record.getMessage()
         and "email:2" in record.getMessage()
         and "sms:1" in record.getMessage()
     )

@@ -177,23 +177,30 @@ def test_l2_500_async_handlers_run_at_once_on_few_threads(
 # --- item 4: poison jobs end -----------------------------------------------------------
 
 
-def test_l5_a_claim_past_max_attempts_ends_dead_without_running(
-    repo: FakeRepo, make_engine: Callable[..., Engine]
+@pytest.mark.parametrize("crashes, attempts", [(3, 0), (0, 3)])
+def test_l5_a_claim_after_max_crashes_ends_dead_without_running(
+    repo: FakeRepo, make_engine: Callable[..., Engine], crashes: int, attempts: int
 ) -> None:
+    """Three engines stopped while running it (or, from an older release's reaper, attempts past
+    max_attempts): the claim does not run it but writes it dead, saying why (L5')."""
     e = make_engine()
     calls: list[int] = []
     e.register_kind("t", lambda ctx, claim: calls.append(1), KindOptions(max_attempts=2, **FAST))
     jid = e.enqueue(Job("t")).id
-    repo.row(jid).attempts = 2  # two claims ended without an outcome (hung, or their process died)
+    repo.row(jid).crashes, repo.row(jid).attempts = crashes, attempts
     assert e.run_once() == 1
     row = repo.row(jid)
     assert row.state is State.DEAD and calls == []
-    assert "not run again" in (row.last_error or "")
+    assert ("3 engines stopped while running it" if crashes else "claimed for attempt 4 of 2") in (
+        row.last_error or ""
+    )
 
 
-def test_l5_hung_handler_with_max_attempts_2_ends_dead_after_two_claims(
+def test_l5_hung_handler_is_a_crash_dead_after_max_crashes_whatever_max_attempts(
     repo: FakeRepo, make_engine: Callable[..., Engine], release: threading.Event
 ) -> None:
+    """A hung handler's claim is dropped and taken back at once, its attempt given back: with
+    max_crashes=2 the third claim finds two crashes and ends the job dead, never run a third time."""
     e = make_engine(watchdog_grace=0.05, reaper_period=0.05)
     calls: list[int] = []
 
@@ -202,15 +209,15 @@ def test_l5_hung_handler_with_max_attempts_2_ends_dead_after_two_claims(
         release.wait(30)
 
     e.register_kind(
-        "t", hang, KindOptions(max_attempts=2, attempt_timeout=0.05, max_execution_timeout=60, **FAST)
+        "t",
+        hang,
+        KindOptions(max_attempts=5, max_crashes=2, attempt_timeout=0.05, max_execution_timeout=60, **FAST),
     )
     jid = e.enqueue(Job("t")).id
     e.start()
-    for n in (1, 2):
-        wait_for(lambda n=n: e.inflight.hung_count() == n, what=f"hung #{n}")  # type: ignore[misc]
-        repo.expire(jid)  # its lease runs out; the reaper returns it
     wait_for(lambda: repo.row(jid).state is State.DEAD, what="dead")
-    assert calls == [1, 2]
+    assert calls == [1, 1]  # each crash gave its attempt back
+    assert repo.row(jid).crashes == 2 and "2 engines stopped" in (repo.row(jid).last_error or "")
 
 
 # --- item 5: the listener's backoff ----------------------------------------------------
@@ -257,28 +264,40 @@ def test_l7_listener_reconnects_with_exponential_backoff_and_logs_once(
 # --- item 6: self-fencing --------------------------------------------------------------
 
 
-def test_l4_renewals_silent_for_a_lease_fence_the_handler_and_write_nothing(
+def test_f0_heartbeats_silent_for_lease_minus_margin_fence_the_handler_and_write_nothing(
     repo: FakeRepo, make_engine: Callable[..., Engine]
 ) -> None:
-    e = make_engine(lease=0.6, watchdog_grace=10)
+    """Heartbeats block (a socket gone silent): the watchdog fences at lease - margin from the send
+    time of the last good one, before anyone may take the job (lease + margin after the database
+    wrote it); nothing is written, no new claim is made until a heartbeat names the fenced claim,
+    and the reaper then takes it back at once, its attempt given back (F0, L5')."""
+    e = make_engine(lease=0.9, watchdog_grace=10, reaper_period=0.05)
     causes: list[BaseException | None] = []
+    fenced_at: list[float] = []
 
     def handler(ctx: Context, claim: Claim) -> None:
         ctx.wait(20)
+        fenced_at.append(time.monotonic())
         causes.append(ctx.cause)
 
     e.register_kind("t", handler)
     jid = e.enqueue(Job("t")).id
-    repo.renew_hang.clear()  # every renewal blocks, as on a socket that went silent
     e.start()
+    wait_for(lambda: repo.row(jid).state is State.PROCESSING, what="running")
+    repo.renew_hang.clear()  # every heartbeat blocks, as on a socket that went silent
     try:
         wait_for(lambda: causes, what="the handler cancelled", timeout=20)
         assert isinstance(causes[0], LeaseLost)
         wait_for(lambda: not e.inflight.running())
-        assert repo.row(jid).state is State.PROCESSING  # nothing written: others may run it now
+        assert repo.row(jid).state is State.PROCESSING  # nothing written
+        other = e.enqueue(Job("t")).id
+        time.sleep(0.3)
+        assert repo.row(other).state is State.PENDING  # fenced: no claim
         assert e.registry.get_sample_value("brooq_lease_lost_total", {"topic": "t"}) == 1.0
     finally:
         repo.renew_hang.set()
+    wait_for(lambda: repo.row(jid).crashes == 1, what="the fenced claim named and taken back")
+    wait_for(lambda: repo.row(other).state is not State.PENDING, what="claims again after that")
 
 
 # --- item 7: the smaller ones ----------------------------------------------------------
@@ -327,18 +346,25 @@ def test_l6_connection_lost_at_the_closing_commit_is_retried_never_dead(
     assert len(children(repo, "child")) == 1
 
 
-def test_l6_outcome_writes_failing_for_a_lease_are_given_up_not_made_dead(
+def test_l6_o4_an_outcome_whose_writes_fail_stays_queued_and_is_written_once_the_store_answers(
     repo: FakeRepo, make_engine: Callable[..., Engine]
 ) -> None:
+    """Every write and heartbeat fails for several leases: the outcome is neither dropped nor made
+    dead; it waits in the completer's queue and is written, under its own claim, once the store
+    answers again, as long as nobody took the row meanwhile (O4, L6)."""
     e = make_engine(lease=0.6)
     e.register_kind("t", lambda ctx, claim: None, KindOptions(max_attempts=1, **FAST))
-    repo.fail_settle = 10**9
-    repo.fail_renew = 10**9
     jid = e.enqueue(Job("t")).id
     e.start()
-    wait_for(lambda: not e.inflight.held(), what="the outcome given up", timeout=20)
-    assert repo.row(jid).state is State.PROCESSING  # the reaper returns it; never dead
+    wait_for(lambda: repo.row(jid).state is State.DONE, what="a first job done")
+    repo.fail_settle = repo.fail_renew = 10**9
+    jid = e.enqueue(Job("t")).id
+    wait_for(lambda: repo.row(jid).state is State.PROCESSING, what="claimed")
+    time.sleep(1.5)  # more than two leases
+    assert repo.row(jid).state is State.PROCESSING  # never dead
     repo.fail_settle = repo.fail_renew = 0
+    wait_for(lambda: repo.row(jid).state is State.DONE, what="written late")
+    assert repo.row(jid).history == [State.PROCESSING, State.DONE]
 
 
 def test_c11_rows_a_claim_returns_after_stop_are_handed_back_unrun() -> None:
@@ -705,24 +731,25 @@ def test_c4_l1_give_up_from_a_stale_look_after_the_handler_returned_leaves_it_do
 # --- L6 meets L5 ----------------------------------------------------------------------------
 
 
-def test_l6_l5_an_outcome_write_given_up_on_the_last_attempt_never_makes_the_job_dead(
+def test_l6_l5_a_done_lost_with_its_engine_on_the_last_attempt_never_makes_the_job_dead(
     repo: FakeRepo, make_engine: Callable[..., Engine]
 ) -> None:
-    """The handler returned on its last attempt, but the store was unreachable for a whole lease:
-    the write is given up and the reaper returns the job (L6). L6 says this never makes a job
-    dead; the next claim must run it again, not call it poisoned (L5)."""
+    """The handler returned on its last attempt, but the store was unreachable until another
+    engine's reaper took the job back: the late done finds the row no longer its claim's and
+    writes nothing; the next claim runs it again (a crash is no failure), never poisoned (L5')."""
     e = make_engine(lease=0.6, reaper_period=60)
     calls: list[int] = []
     e.register_kind("t", lambda ctx, claim: calls.append(claim.attempt), KindOptions(max_attempts=1, **FAST))
+    e.start()
+    wait_for(lambda: repo.engines, what="the first heartbeat")
     repo.fail_settle = repo.fail_renew = 10**9
     jid = e.enqueue(Job("t")).id
-    e.start()
-    wait_for(lambda: calls and not e.inflight.held(), what="the outcome given up", timeout=20)
-    repo.fail_settle = repo.fail_renew = 0  # the store is back; the lease has expired meanwhile
+    wait_for(lambda: calls, what="run once", timeout=20)
     repo.expire(jid)
     assert repo.reap_expired() == [(jid, "t")]  # another engine's reaper, say
+    repo.fail_settle = repo.fail_renew = 0  # the store is back
     wait_for(lambda: repo.row(jid).state.terminal, what="settled again")
-    assert repo.row(jid).state is State.DONE
+    assert repo.row(jid).state is State.DONE and calls == [1, 1]
 
 
 def _unused(tx: Tx) -> None:  # keeps Tx imported for the callbacks' annotations

@@ -19,7 +19,7 @@ import pytest
 from brooq_py.engine import Engine
 from brooq_py.engine.services.reaper import Reaper
 from brooq_py.queue import Claim, Context, Job, JobCanceledByOperator, KindOptions, LeaseLost, State
-from brooq_py.queue.port import ExpiredLease, HeldLease
+from brooq_py.queue.port import EngineProof, HeldLease
 from tests.polling import wait_for
 from tests.unit.conftest import FAST
 from tests.unit.fake_repo import FakeRepo
@@ -211,53 +211,31 @@ def test_x2_a_cancel_notified_while_the_listener_is_down_is_told_when_it_is_back
     assert repo.row(jid).history == [State.PROCESSING, State.CANCELED]
 
 
-def test_p1_the_reaper_returns_an_expired_row_only_once_it_stayed_expired_and_unrenewed(
+def test_p1_the_reaper_takes_a_claim_only_from_an_engine_whose_proof_of_life_is_stale(
     repo: FakeRepo,
 ) -> None:
-    """A lease that expired while its row was locked elsewhere is renewed by its holder as soon as
-    the lock is gone: the reaper returns only rows it saw expired, unlocked and unchanged for
-    ``hold`` seconds, so the holder's first renewal after the lock always comes first."""
+    """A claim stays its engine's while the engine's row is fresh, whatever its row's own lease
+    says; once the engine's proof is older than lease + margin the claim goes back, its attempt
+    given back and counted as a crash (P1'', L5')."""
     jid = repo.enqueue(Job("t")).id
     [row] = repo.claim(["t"], 1, "w", timedelta(seconds=30))
-    repo.expire(jid)
+    proof = EngineProof("w", "host", 1, timedelta(seconds=30), timedelta(seconds=10))
+    repo.beat(proof, [HeldLease(jid, row.claim_token)])
+    repo.row(jid).locked_until = repo.now() - 1  # the row's own lease says nothing any more
     reaped: list[str] = []
-    reaper = Reaper(0.05, repo.expired_leases, repo.reap, reaped.append, logging.getLogger("t"), hold=0.3)
+    reaper = Reaper(0.05, repo.reap, reaped.append, logging.getLogger("t"))
     reaper.run_once()
-    assert reaped == [] and repo.row(jid).state is State.PROCESSING  # seen once: not yet
-    time.sleep(0.35)
-    repo.renew([HeldLease(jid, row.claim_token)], timedelta(seconds=30))
-    reaper.run_once()
-    assert reaped == [] and repo.row(jid).state is State.PROCESSING  # renewed meanwhile: not reaped
-    repo.expire(jid)
-    reaper.run_once()
-    time.sleep(0.35)
+    assert reaped == [] and repo.row(jid).state is State.PROCESSING
+    repo.expire(jid)  # the engine's row stale
     reaper.run_once()
     assert reaped == ["t"] and repo.row(jid).state is State.PENDING
+    assert repo.row(jid).attempts == 0 and repo.row(jid).crashes == 1
 
 
-def test_p1_a_due_row_the_store_leaves_alone_is_tried_again_a_hold_later_not_at_every_tick() -> None:
-    """A row due for reaping that the store does not return (its holder guards it: the row was
-    locked elsewhere at a renewal and the holder lives) is tried again a hold later: its clock
-    restarts, so the reaper does not spin on it at its shortest delay."""
-    lease = ExpiredLease("j", "token", 0)
-    now = [0.0]
-    tried: list[int] = []
-
-    def reap(leases: Any) -> list[tuple[str, str]]:
-        tried.append(len(leases))
-        return []
-
-    reaper = Reaper(
-        5, lambda: [lease], reap, lambda t: None, logging.getLogger("t"), hold=1.0, monotonic=lambda: now[0]
-    )
-    reaper.run_once()  # seen expired
-    now[0] = 1.0
-    reaper.run_once()  # due: the store leaves it
-    assert tried == [1]
-    assert reaper.next_delay() == pytest.approx(1.0)
-    now[0] = 1.5
-    reaper.run_once()
-    assert tried == [1]
-    now[0] = 2.0
-    reaper.run_once()
-    assert tried == [1, 1]
+def test_p1_a_claim_its_engine_dropped_goes_back_at_once(repo: FakeRepo) -> None:
+    jid = repo.enqueue(Job("t")).id
+    [row] = repo.claim(["t"], 1, "w", timedelta(seconds=30))
+    proof = EngineProof("w", "host", 1, timedelta(seconds=30), timedelta(seconds=10))
+    repo.beat(proof, [HeldLease(jid, row.claim_token, dropped=True)])
+    assert repo.reap() == [(jid, "t")]
+    assert repo.row(jid).state is State.PENDING and repo.row(jid).crashes == 1

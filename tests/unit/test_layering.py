@@ -171,11 +171,11 @@ def test_the_cycle_finder_finds_cycles() -> None:
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
-LONGEST = 450
+LONGEST = 700
 
 
 def test_every_module_stays_short() -> None:
-    """A module past ~450 lines holds more than one role: split it by role."""
+    """A module past ~700 lines likely holds more than one role: split it by role, not by length."""
     long = sorted(
         f"{name}: {n} lines"
         for name, path in MODULES.items()

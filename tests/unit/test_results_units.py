@@ -87,26 +87,3 @@ def test_v4_progress_is_coalesced_field_by_field_and_validated() -> None:
     assert ctx.take_progress() is None
 
 
-def test_v1_l6_remembered_results_are_bounded_in_size(monkeypatch: pytest.MonkeyPatch) -> None:
-    import logging
-    from types import SimpleNamespace
-    from typing import Any, cast
-
-    from brooq_py.engine.attempt import handover as handover_module
-    from brooq_py.engine.attempt.handover import Handover
-
-    def returned(job_id: str, result: str | None) -> Any:
-        return SimpleNamespace(id=job_id, result=result)  # what the memory reads of an attempt
-
-    monkeypatch.setattr(handover_module, "LOST_MAX_RESULTS", 10)
-    h = Handover(cast(Any, None), cast(Any, None), cast(Any, None), logging.getLogger("t"))
-    h.remember_lost(returned("a", '"123456"'))
-    h.remember_lost(returned("b", '"7890"'))  # 14 characters in all: the oldest goes
-    assert h.take_lost("a") is None
-    c = returned("c", '"' + "x" * 100 + '"')
-    h.remember_lost(c)  # alone over the budget: kept, the others go
-    assert h.take_lost("b") is None
-    assert h.take_lost("c") is c
-    d = returned("d", None)
-    h.remember_lost(d)
-    assert h.take_lost("d") is d and h._lost_chars == 0

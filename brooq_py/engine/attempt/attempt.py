@@ -16,7 +16,7 @@ RUNNING owns the slot's release. A move not in the tables raises
 
 The Attempt owns its moves. Whoever sees how it ended reports it -- the runner
 (``returned``, ``raised``), the supervisor's verdicts (``lost``, ``fenced``,
-``given_up``, ``declared_hung``), the intake (``poisoned``, ``returned_before``)
+``given_up``, ``declared_hung``), the intake (``poisoned``)
 -- and the Attempt answers, through ``decide()``, the outcome to write, or None
 when there is nothing (more) to write. The reporter hands the answer over
 (``handover``); what the moves touch outside the attempt (its topic's room, its
@@ -35,6 +35,11 @@ from brooq_py.engine.attempt.outcome import Ending, decide
 from brooq_py.engine.attempt.phases import ENDINGS, HANDLER, PHASES, HandlerState, IllegalTransition, Phase
 from brooq_py.engine.repo import ClaimedJob, Outcome
 from brooq_py.queue import Claim, Context, Lease, LeaseLost, MaxExecutionExceeded
+
+
+class Poisoned(Exception):
+    """Why a claimed job is not run again but dead (L5')."""
+
 
 __all__ = [
     "ENDINGS",
@@ -63,10 +68,8 @@ class Attempt:
         "cancelled_at",
         "claim",
         "ctx",
-        "extended_at",
         "hard_deadline",
         "kind",
-        "renewed_at",
         "result",
         "row",
         "soft_deadline",
@@ -102,11 +105,6 @@ class Attempt:
         # The handler's return value as JSON text, encoded on its own thread (SPEC V1).
         self.result: str | None = None
         self.started = started
-        # When the database last confirmed the lease (monotonic): the claim's return, then each renewal (L4).
-        self.renewed_at = started
-        # When the lease in the row was last extended (monotonic): the claim, then each renewal that
-        # found the row free. Past it by a lease, only the claim's guard keeps the reaper off (P1').
-        self.extended_at = started
         self.soft_deadline = started + opts.td("attempt_timeout").total_seconds()
         self.hard_deadline = started + opts.td("max_execution_timeout").total_seconds()
         self.cancelled_at: float | None = None
@@ -272,12 +270,13 @@ class Attempt:
         self.ctx.cancel(cause)
         return self._answer(None)
 
-    def fenced(self, lease: float) -> Outcome | None:
-        """Renewals failed for a whole *lease*: others may run the job now; cancel, write nothing (L4)."""
+    def fenced(self, seconds: float) -> Outcome | None:
+        """No heartbeat succeeded for *seconds* (lease - margin): others may run the job soon; cancel,
+        write nothing, drop the claim (F0)."""
         if not self.end(Phase.FENCED):
             return None
-        self._hooks.fenced(self, lease)
-        self.ctx.cancel(LeaseLost("the lease could not be renewed for a whole lease (fenced)"))
+        self._hooks.fenced(self, seconds)
+        self.ctx.cancel(LeaseLost(f"no heartbeat succeeded for {seconds:g}s (fenced)"))
         return self._answer(None)
 
     def given_up(self) -> Outcome | None:
@@ -311,25 +310,12 @@ class Attempt:
             return self._answer(None)
         return self._given_up_failure() if self._ending is Phase.GAVE_UP else None
 
-    def poisoned(self) -> Outcome | None:
-        """Claimed with attempts past max_attempts: never run, dead (L5)."""
+    def poisoned(self, why: str) -> Outcome | None:
+        """Claimed after max_crashes engines stopped while running it (or attempts past max_attempts):
+        never run, dead, *why* its last error (L5')."""
         self.end(Phase.POISONED)
         self._hooks.left_running(self)
-        return self._answer(None)
-
-    def returned_before(self, lost: Attempt) -> Outcome | None:
-        """An earlier attempt's handler returned here but its done was lost with the store (L6'): this
-        claim writes that done, with its result and the closing work the handler registered, instead
-        of running again."""
-        for job in lost.claim.chained:
-            self.claim.chain(job)
-        for fn in lost.claim.callbacks:
-            self.claim.on_succeeded(fn)
-        self.result = lost.result
-        self.start()
-        self.end(Phase.RETURNED)
-        self._hooks.left_running(self)
-        return self._answer(None)
+        return self._answer(Poisoned(why))
 
     def closing_failed(self, error: BaseException) -> Outcome | None:
         """The closing transaction of a done raised (a chained job or a callback failed): recorded as
@@ -339,9 +325,12 @@ class Attempt:
             self.let_go()
         return outcome
 
-    def let_go(self) -> None:
-        """Nothing (more) is written for this attempt: stop holding its lease; settled."""
+    def let_go(self, unsettled: bool = False) -> None:
+        """Nothing (more) is written for this attempt: stop holding its claim; settled. *unsettled*:
+        its row may still be processing under the claim (hung, fenced): the reaper's to take back."""
         self._hooks.let_go(self)
+        if unsettled:
+            self._hooks.drop_claim(self)
         self.settled()
 
     # --- answering ----------------------------------------------------------
@@ -371,7 +360,7 @@ class Attempt:
         )
         outcome = self._decide(ending)
         if outcome is None:
-            self.let_go()
+            self.let_go(unsettled=phase in (Phase.FENCED, Phase.HUNG))
             return None
         if phase is Phase.RAISED and error is not None:
             self._hooks.failed(self, error, outcome)

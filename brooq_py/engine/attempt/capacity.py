@@ -25,7 +25,6 @@ from datetime import timedelta
 
 from brooq_py.engine.attempt.attempt import Attempt
 from brooq_py.engine.attempt.inflight import InFlight
-from brooq_py.engine.clock import Clock
 from brooq_py.queue.port import ClaimedJob, LimitedClaim, Repo
 
 # How soon a limited topic whose lock another engine held is claimed again: the other claim takes
@@ -198,8 +197,8 @@ class Capacity:
 class CountingInFlight(InFlight):
     """InFlight that reports each handler's end once, by topic (a topic's room in this engine)."""
 
-    def __init__(self, lease_seconds: float, clock: Clock, on_end: Callable[[str], None]) -> None:
-        super().__init__(lease_seconds, clock)
+    def __init__(self, on_end: Callable[[str], None]) -> None:
+        super().__init__()
         self._on_end = on_end
 
     def end(self, a: Attempt) -> None:

@@ -46,8 +46,10 @@ class Hooks:
         self.stopping: Callable[[], bool] = _never
         # The handler's code ended (``InFlight.end``): no longer running, its topic's room back (SPEC Q3).
         self.left_running: Callable[[Attempt], object] = _nothing
-        # Nothing (more) is written for it (``InFlight.drop``): its lease is no longer renewed.
+        # Nothing (more) is written for it (``InFlight.drop``): its claim is no longer reported on.
         self.let_go: Callable[[Attempt], object] = _nothing
+        # ... and its row is still ours (hung, fenced): named dropped for the reaper (``InFlight.dropping``).
+        self.drop_claim: Callable[[Attempt], object] = _nothing
         self.release_slot: Callable[[], None] = _nothing  # the engine's slots, from start()
 
     # --- what the endings tell ---------------------------------------------------
@@ -70,7 +72,7 @@ class Hooks:
 
     def fenced(self, a: Attempt, lease: float) -> None:
         self._count("lease_lost", a)
-        what = "no renewal for %gs: fencing (cancelling the handler, nothing will be written)"
+        what = "no heartbeat for %gs: fencing (cancelling the handler, nothing will be written)"
         self._tell(logging.ERROR, a, what, lease)
 
     def gave_up(self, a: Attempt) -> None:
@@ -82,7 +84,7 @@ class Hooks:
 
     def hung(self, a: Attempt, grace: float) -> None:
         self._count("hung", a)
-        what = "handler hung: still running %gs after its context was cancelled (%s); its lease is no longer renewed"
+        what = "handler hung: still running %gs after its context was cancelled (%s); its claim is dropped for the reaper"
         self._tell(logging.ERROR, a, what, grace, type(a.ctx.cause).__name__)
 
     def late(self, a: Attempt, error: BaseException | None) -> None:

@@ -3,29 +3,30 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 
 from brooq_py.engine.attempt.attempt import Attempt, HandlerState
-from brooq_py.engine.clock import Clock
 from brooq_py.engine.repo import Outcome
 
 
 class InFlight:
     """Two views, one lock.
 
-    ``held``: leases the heartbeat renews, keyed by claim token (never by job
+    ``held``: claims the heartbeat reports on, keyed by claim token (never by job
     id: a job canceled and claimed again at once is two attempts, SPEC P1'), from
     the start of an attempt until its ending is settled (an outcome written, the
-    lease lost, or nothing to write). ``running``: attempts whose handler has not
-    ended, including ones the engine gave up on or called hung.
+    row no longer ours, or nothing to write). ``running``: attempts whose handler has not
+    ended, including ones the engine gave up on or called hung. ``dropped``: claims let
+    go without an outcome while their row may still be ours (hung, fenced), named in the
+    engine's row until the heartbeat finds them taken back (SPEC P1'').
     """
 
-    def __init__(self, lease_seconds: float, clock: Clock) -> None:
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._held: dict[str, Attempt] = {}
         self._running: set[Attempt] = set()
         self._latest: dict[str, Attempt] = {}  # job id -> its newest held attempt (each tells the one before)
-        self.lease = lease_seconds
-        self._clock = clock
+        self._dropped: dict[str, str] = {}  # claim token -> job id
 
     def add(self, a: Attempt) -> None:
         with self._lock:
@@ -59,14 +60,30 @@ class InFlight:
         with self._lock:
             return len(self._held)
 
+    def dropping(self, a: Attempt) -> None:
+        """*a*'s row may still be ours, with no outcome coming: named dropped until taken back."""
+        with self._lock:
+            self._dropped[a.row.claim_token] = a.id
+
     def drop(self, a: Attempt) -> bool:
-        """Stop holding *a*'s lease; return False if it was no longer held."""
+        """Stop holding *a*'s claim; return False if it was no longer held."""
         with self._lock:
             if self._held.get(a.row.claim_token) is a:
                 del self._held[a.row.claim_token]
                 self._forget(a)
                 return True
             return False
+
+    def dropped(self) -> dict[str, str]:
+        """The claims let go with their row still ours, by claim token (job id as value)."""
+        with self._lock:
+            return dict(self._dropped)
+
+    def forget_dropped(self, tokens: Iterable[str]) -> None:
+        """These dropped claims are no longer ours: nothing to name any more."""
+        with self._lock:
+            for t in tokens:
+                self._dropped.pop(t, None)
 
     def holds(self, a: Attempt) -> bool:
         with self._lock:
@@ -79,16 +96,6 @@ class InFlight:
             if a is not None:
                 self._forget(a)
             return a
-
-    def fresh(self, a: Attempt) -> bool:
-        """Whether the database confirmed *a*'s lease less than a lease ago (L4, L6)."""
-        return self._clock.monotonic() - a.renewed_at < self.lease
-
-    def still_held(self, o: Outcome) -> bool:
-        """Whether an unwritten outcome may still be written: its lease is held and fresh (L6)."""
-        with self._lock:
-            a = self._held.get(o.claim_token)
-        return a is not None and self.fresh(a)
 
     def end(self, a: Attempt) -> None:
         """The handler's code returned."""

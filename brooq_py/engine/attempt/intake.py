@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from brooq_py.engine.attempt.attempt import Attempt, Hooks, Kind, Phase
 from brooq_py.engine.attempt.capacity import Capacity, CountingInFlight
 from brooq_py.engine.attempt.handover import Handover
-from brooq_py.engine.attempt.outcome import Ending, decide
+from brooq_py.engine.attempt.outcome import POISON_ERROR, Ending, decide
 from brooq_py.engine.attempt.runner import Runner
 from brooq_py.engine.attempt.slots import SlotPool
 from brooq_py.engine.attempt.supervisor import Supervisor
@@ -29,6 +29,18 @@ from brooq_py.queue import Context
 
 # A cancel NOTIFY that arrives before its claim's attempt is built is kept this long (X2').
 CANCEL_MEMORY = 60.0
+
+
+def poison(row: ClaimedJob, max_crashes: int, max_attempts: int) -> str | None:
+    """Why *row* must not run again but end dead (SPEC L5'), or None. A crash gives its attempt
+    back, so attempts past max_attempts come only from rows an older release reaped."""
+    if row.crashes >= max_crashes:
+        return POISON_ERROR.format(crashes=row.crashes)
+    if row.attempts > max_attempts:
+        return (
+            f"claimed for attempt {row.attempts} of {max_attempts}: earlier attempts ended without an outcome"
+        )
+    return None
 
 
 class Intake:
@@ -85,8 +97,8 @@ class Intake:
         """Build, hold and start the attempt of a claimed row; None when it must not run.
 
         A row of an unregistered topic (cannot happen: claims name only our
-        topics) is handed back unrun; a poisoned row (attempts past
-        max_attempts, SPEC L5) ends dead without running.
+        topics) is handed back unrun; a poisoned row (``max_crashes`` engines stopped
+        while running it, SPEC L5') ends dead without running.
         """
         kind = self.kinds.get(row.topic)
         if kind is None:
@@ -105,26 +117,10 @@ class Intake:
             # is no longer the row's; tell it now, not at its next renewal (P1').
             self.supervisor.lease_lost(older)
         self.inflight.add(a)
-        lost = self.handover.take_lost(row.id) if row.attempts > kind.options.max_attempts else None
-        if lost is not None:
-            self._returned_before(a, lost)
-            return None
-        if row.attempts > kind.options.max_attempts:
-            outcome = a.poisoned()
-            hold = self.config.lease_td.total_seconds()
-            self.log.error(
-                "job id=%s topic=%s: claimed for attempt %d of %d: earlier attempts hung or died "
-                "without an outcome; not run again, dead in %gs (L5) unless the engine that ran the "
-                "last one writes its done meanwhile (L6')",
-                row.id,
-                row.topic,
-                row.attempts,
-                kind.options.max_attempts,
-                hold,
-            )
-            # Held back a lease, its lease renewed: the last attempt may have returned in an engine
-            # that could not write its done then; that engine writes it over this claim (L6').
-            self.handover.settle_after(a, outcome, hold)
+        why = poison(row, kind.options.max_crashes, kind.options.max_attempts)
+        if why is not None:
+            self.log.error("job id=%s topic=%s: %s (L5')", row.id, row.topic, why)
+            self.handover.settle(a, a.poisoned(why))
             return None
         clock = self.clock
 
@@ -136,19 +132,6 @@ class Intake:
         if self._was_canceled(row.claim_token) and self.supervisor is not None:
             self.supervisor.canceled(a)
         return a
-
-    def _returned_before(self, a: Attempt, lost: Attempt) -> None:
-        """A job claimed past max_attempts whose earlier handler returned in this engine, its done
-        lost with the store (L6'): no poison; its done (and closing work) is written under this claim."""
-        outcome = a.returned_before(lost)
-        self.log.warning(
-            "job id=%s topic=%s attempt=%d: an earlier attempt's handler returned but its done could not "
-            "be written then; writing it now, not running it again",
-            a.id,
-            a.topic,
-            a.claim.attempt,
-        )
-        self.handover.settle(a, outcome)
 
     def on_cancel(self, job_id: str, claim_token: str) -> None:
         """A processing job was canceled (the cancel channel's NOTIFY): tell the attempt holding that

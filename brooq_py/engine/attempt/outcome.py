@@ -57,10 +57,7 @@ class Ending:
     result: str | None = None
 
 
-POISON_ERROR = (
-    "claimed again after all {max} attempts ended without an outcome (handlers hung or their "
-    "process died); not run again"
-)
+POISON_ERROR = "{crashes} engines stopped while running it (crashed, stalled or hung); not run again"
 
 
 def decide(
@@ -87,7 +84,7 @@ def decide(
     base, cap = options.td("backoff_base"), options.td("backoff_max")
 
     if phase is Phase.POISONED:
-        return outcome(State.DEAD, last_error=POISON_ERROR.format(max=options.max_attempts))
+        return outcome(State.DEAD, last_error=str(error) if error is not None else "poisoned")
     if phase is Phase.UNRUN:
         return outcome(State.PENDING, give_back=True)
     if phase is Phase.HUNG:
@@ -102,8 +99,7 @@ def decide(
         return outcome(State.PENDING, last_error=f"handler hung ({hung_by}); row released at shutdown")
     if phase is Phase.GAVE_UP:
         # The hard ceiling is not the job's verdict: failed with backoff, never dead (C4). On the
-        # last attempt that attempt is given back, or the next claim would find attempts past
-        # max_attempts and take the job for poison (L5): dead after all, for "no outcome".
+        # last attempt that attempt is given back, so the job is never dead for this alone.
         return outcome(
             State.FAILED,
             delay=backoff_delay(attempt, base, cap, rng),

@@ -39,7 +39,6 @@ class Runner:
         self.log = log
         self.threads = Threads("worker", log)
         self.settlers = Threads("settler", log, max_threads=4)
-        handover.spawn = self.threads.run  # a closing transaction tried again after a row lock (L3')
         self.result_max_bytes = 1024 * 1024  # the largest result a handler may return (SPEC V1)
 
     # --- running ---------------------------------------------------------

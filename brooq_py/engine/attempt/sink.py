@@ -7,6 +7,7 @@ attempt's side, so that the attempt's modules never import a service.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from brooq_py.engine.repo import Outcome
@@ -26,6 +27,11 @@ class OutcomeSink(Protocol):
 
     def put(self, outcome: Outcome) -> bool:
         """Take *outcome*, waiting for room; False once stopping: the caller writes it."""
+        ...
+
+    def retry(self, fn: Callable[[], bool], give_up: Callable[[], None]) -> bool:
+        """Call *fn* again later, from the same queue, until it answers True; *give_up* if the
+        engine stops first. False once stopping (nothing taken: the caller tries in place)."""
         ...
 
 

@@ -17,10 +17,13 @@ from brooq_py.queue import AttemptTimeout, EngineStopping, JobCanceledByOperator
 class Supervisor:
     """Carries out lease losses, fencing, timeouts, give-ups and hung verdicts."""
 
-    def __init__(self, inflight: InFlight, handover: Handover, grace_seconds: float) -> None:
+    def __init__(
+        self, inflight: InFlight, handover: Handover, grace_seconds: float, fence_after: float
+    ) -> None:
         self.inflight = inflight
         self.handover = handover
         self.grace = grace_seconds
+        self.fence_after = fence_after  # lease - margin (F0)
 
     def lease_lost(self, a: Attempt) -> None:
         """The heartbeat found the row no longer ours: cancel the handler; nothing will be written (C3)."""
@@ -33,8 +36,8 @@ class Supervisor:
         self.handover.settle(a, a.lost(JobCanceledByOperator("the job was canceled by an operator")))
 
     def fence(self, a: Attempt) -> None:
-        """Renewals failed for a whole lease: others may run the job now; cancel and write nothing (L4)."""
-        self.handover.settle(a, a.fenced(self.inflight.lease))
+        """No heartbeat for lease - margin: others may run the job soon; cancel, write nothing (F0)."""
+        self.handover.settle(a, a.fenced(self.fence_after))
 
     def timeout(self, a: Attempt) -> None:
         """attempt_timeout: cancel ctx; the handler's own ending decides (C4)."""
@@ -53,8 +56,8 @@ class Supervisor:
     def release_at_stop(self, a: Attempt) -> None:
         """At stop, hand back the row of a handler hung before the stop (the reaper's work, done early).
 
-        The attempt ended HUNG and wrote nothing; its attempt stays counted (C5,
-        L5), and the guard makes this a no-op if the row moved on.
+        The attempt ended HUNG and wrote nothing; its attempt stays counted (C5), and the claim
+        token guard makes this a no-op if the row moved on.
         """
         outcome = decide(
             id=a.id,

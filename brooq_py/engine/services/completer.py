@@ -1,4 +1,4 @@
-"""Completer: batches plain outcome writes into one guarded statement (SPEC C10)."""
+"""Completer: the one queue every outcome is written from, in batches of one guarded statement (SPEC C10, O4)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,11 @@ from collections.abc import Callable, Sequence
 from brooq_py.engine.repo import Outcome
 
 MAX_BATCH = 1000
-# An outcome whose row was locked elsewhere is written again after this long, on its own (L3').
+# An outcome whose row was locked elsewhere is written again after this long, on its own (O4).
 LOCKED_RETRY = 0.25
+# A closing transaction tried again waits this long first, doubling up to RETRY_MAX.
+RETRY_FIRST = 0.05
+RETRY_MAX = 2.0
 
 
 class Completer:
@@ -21,13 +24,13 @@ class Completer:
     batch is full), and batches grow by themselves under load. A full
     buffer (``max_buffer``) makes ``put`` wait: back-pressure on the slots.
     A failed flush is logged and retried with backoff; the outcomes stay
-    buffered (their leases are still renewed until a flush ends them) while
-    ``keep(outcome)`` says their lease is still held; the others go to
-    ``on_dropped`` (SPEC L6: a failed write is never the job's failure).
-    ``on_written(batch, written_ids)`` runs after every successful flush. An outcome
-    whose row another transaction held locked (the write's ``locked`` claim tokens)
-    is kept aside and written again LOCKED_RETRY later: it waits alone, never
-    holding up the others (SPEC L3').
+    buffered, their claims still the engine's, until a flush writes them or
+    finds their rows no longer theirs (L6: a failed write is never the job's
+    failure). ``on_written(batch, written_ids)`` runs after every successful
+    flush. An outcome whose row another transaction held locked (the write's
+    ``locked`` claim tokens) is kept aside and written again LOCKED_RETRY later:
+    it waits alone, never holding up the others (O4). Closing transactions that
+    met a lock or an unreachable store wait in the same thread (``retry``).
     """
 
     name = "completer"
@@ -41,8 +44,6 @@ class Completer:
         max_buffer: int = 5000,
         max_batch: int = MAX_BATCH,
         linger: float = 0.0,
-        keep: Callable[[Outcome], bool] | None = None,
-        on_dropped: Callable[[Sequence[Outcome]], None] | None = None,
     ) -> None:
         self._write = write
         self._on_written = on_written
@@ -50,15 +51,16 @@ class Completer:
         self._max_buffer = max_buffer
         self._max_batch = max_batch
         self._linger = linger
-        self._keep = keep
-        self._on_dropped = on_dropped
         self._buf: list[Outcome] = []
         self._later: list[Outcome] = []  # rows locked elsewhere: retried at _later_at
         self._later_at = 0.0
         self._retrying: set[str] = set()  # claim tokens of outcomes set aside, back in the buffer
+        # Closing transactions to try again: (when, next wait, try, give up).
+        self._again: list[tuple[float, float, Callable[[], bool], Callable[[], None]]] = []
         self._inflight = 0
         self._cond = threading.Condition()
         self._stopping = False
+        self._abandoned = False
         self._idle = False
         self._thread: threading.Thread | None = None
 
@@ -99,10 +101,39 @@ class Completer:
                 self._cond.notify_all()
             return True
 
+    def retry(self, fn: Callable[[], bool], give_up: Callable[[], None]) -> bool:
+        """Call *fn* on this thread RETRY_FIRST from now, and again with backoff until it answers
+        True; *give_up* when the completer stops first. False once stopping (nothing taken)."""
+        with self._cond:
+            if self._thread is None or self._stopping:
+                return False
+            self._again.append((time.monotonic() + RETRY_FIRST, RETRY_FIRST, fn, give_up))
+            self._cond.notify_all()
+            return True
+
     @property
     def pending(self) -> int:
         with self._cond:
-            return len(self._buf) + len(self._later) + self._inflight
+            return len(self._buf) + len(self._later) + self._inflight + len(self._again)
+
+    def _try_again(self) -> None:
+        """Run the closing transactions whose time came; those that answer False wait longer."""
+        now = time.monotonic()
+        with self._cond:
+            due = [r for r in self._again if r[0] <= now]
+            if not due:
+                return
+            self._again = [r for r in self._again if r[0] > now]
+        for _, wait, fn, give_up in due:
+            try:
+                finished = fn()
+            except Exception:
+                self._log.exception("completer: a closing transaction tried again failed")
+                finished = False
+            if not finished:
+                nxt = min(wait * 2, RETRY_MAX)
+                with self._cond:
+                    self._again.append((time.monotonic() + wait, nxt, fn, give_up))
 
     def flush_once(self) -> int:
         """Write what is buffered now, in this thread (for tests and stop); return how many."""
@@ -148,30 +179,37 @@ class Completer:
             self._later.extend(outcomes)
 
     def _due_later(self) -> float | None:
-        """Move the outcomes set aside into the buffer once due (lock held); else seconds until they are."""
-        if not self._later:
-            return None
-        left = self._later_at - time.monotonic()
-        if left > 0:
-            return left
-        self._buf.extend(self._later)
-        self._retrying.update(o.claim_token for o in self._later)
-        self._later = []
-        return None
+        """Move the outcomes set aside into the buffer once due (lock held); else seconds until
+        they or a closing transaction to try again are due."""
+        waits = [r[0] - time.monotonic() for r in self._again]
+        if self._later:
+            left = self._later_at - time.monotonic()
+            if left <= 0:
+                self._buf.extend(self._later)
+                self._retrying.update(o.claim_token for o in self._later)
+                self._later = []
+            else:
+                waits.append(left)
+        return max(0.0, min(waits)) if waits else None
 
     def _loop(self) -> None:
         failures = 0
         while True:
             with self._cond:
                 self._idle = True
-                while not self._stopping:
+                while True:
                     left = self._due_later()
-                    if self._buf:
+                    if self._buf or left == 0.0:
                         break
+                    if self._stopping and (not self._again or self._abandoned):
+                        return
                     self._cond.wait(left)
                 self._idle = False
-                if not self._buf and self._stopping:
-                    return
+                due_again = not self._buf
+            if due_again:
+                self._try_again()
+                continue
+            with self._cond:
                 # A moment for more outcomes to join: fewer, larger writes leave the
                 # database more room for the claims (measured +10% at 4 workers).
                 until = time.monotonic() + self._linger
@@ -189,31 +227,15 @@ class Completer:
                 self._log.warning(
                     "completer: writing outcomes failed (%s); retrying in %.2fs", type(exc).__name__, delay
                 )
-                self._drop_lost()
                 with self._cond:
-                    if self._stopping and failures > 3:
+                    if self._stopping and (failures > 3 or self._abandoned):
                         return  # stop() reports what could not be written
                 time.sleep(delay)
-
-    def _drop_lost(self) -> None:
-        """Give up on buffered outcomes whose lease is no longer held (the reaper returns those jobs)."""
-        if self._keep is None:
-            return
-        with self._cond:
-            kept: list[Outcome] = []
-            dropped: list[Outcome] = []
-            for o in self._buf:
-                (kept if self._keep(o) else dropped).append(o)
-            self._buf = kept
-            self._cond.notify_all()
-        if dropped and self._on_dropped is not None:
-            try:
-                self._on_dropped(dropped)
-            except Exception:
-                self._log.exception("completer: bookkeeping of dropped outcomes failed")
+            self._try_again()
 
     def stop(self, timeout: float = 10.0) -> int:
-        """Flush what is buffered, stop the thread; return how many outcomes stay unwritten."""
+        """Flush what is buffered and try the closing transactions waiting, up to *timeout*
+        seconds; stop the thread; return how many outcomes stay unwritten."""
         with self._cond:
             thread, self._thread = self._thread, None
             self._stopping = True
@@ -221,12 +243,21 @@ class Completer:
         if thread is not None:
             thread.join(timeout)
         with self._cond:
+            self._abandoned = True  # a thread still in a write ends after it
             self._buf.extend(self._later)  # rows still locked elsewhere get one more try
             self._later = []
             left = len(self._buf)
+            again, self._again = self._again, []
         if left:
             try:
                 self.flush_once()
             except Exception as exc:
                 self._log.error("completer: %d outcomes could not be written at stop: %s", left, exc)
+        for _, _, fn, give_up in again:  # one more try each, then the reaper's
+            try:
+                finished = fn()
+            except Exception:
+                finished = False
+            if not finished:
+                give_up()
         return self.pending

@@ -1,4 +1,4 @@
-"""Watchdog: timeouts, give-ups, hung handlers and self-fencing, checked every tick (SPEC C4, C5, L4)."""
+"""Watchdog: timeouts, give-ups, hung handlers and self-fencing, checked every tick (SPEC C4, C5, F0)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 from brooq_py.engine.attempt.attempt import Attempt, HandlerState, Phase
 from brooq_py.engine.clock import Clock
+from brooq_py.engine.services.heartbeat import Fence
 from brooq_py.engine.services.ticker import Ticker
 
 TICK = 0.05
@@ -18,10 +19,10 @@ class Watchdog(Ticker):
     - attempt_timeout reached: ``on_timeout`` (ctx cancelled with ``AttemptTimeout``);
     - max_execution_timeout reached: ``on_give_up`` (the engine stops waiting);
     - handler still running ``grace`` seconds after its ctx was cancelled: ``on_hung``;
-    - a running attempt whose lease the database has not confirmed for
-      ``lease`` seconds: ``on_fence`` (L4). This check does not depend on the
-      heartbeat's statement returning: a renewal stuck on a silent socket
-      fences all the same.
+    - no heartbeat succeeded for ``lease - margin`` since the send time of the
+      last one that did: every running attempt is fenced (``Fence.check``, F0).
+      This check does not depend on the heartbeat's statement returning: a
+      heartbeat stuck on a silent socket fences all the same.
     """
 
     name = "watchdog"
@@ -31,32 +32,28 @@ class Watchdog(Ticker):
         running: Callable[[], Sequence[Attempt]],
         held: Callable[[], Sequence[Attempt]],
         grace: float,
-        lease: float,
+        fence: Fence,
         clock: Clock,
         on_timeout: Callable[[Attempt], None],
         on_give_up: Callable[[Attempt], None],
         on_hung: Callable[[Attempt], None],
-        on_fence: Callable[[Attempt], None],
         log: logging.Logger,
         *,
         period: float = TICK,
     ) -> None:
         super().__init__(period, log)
         self.grace = grace
-        self.lease = lease
+        self.fence = fence
         self._running = running
         self._held = held
         self._clock = clock
         self._on_timeout = on_timeout
         self._on_give_up = on_give_up
         self._on_hung = on_hung
-        self._on_fence = on_fence
 
     def tick(self) -> None:
         now = self._clock.monotonic()
-        for a in self._held():
-            if a.phase is Phase.RUNNING and now - a.renewed_at >= self.lease:
-                self._on_fence(a)
+        self.fence.check(self._held(), now)
         for a in self._running():
             if a.phase is Phase.RUNNING:
                 if now >= a.hard_deadline:

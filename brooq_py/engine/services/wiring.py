@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import socket
+import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
@@ -17,10 +20,10 @@ from brooq_py.engine.attempt.supervisor import Supervisor
 from brooq_py.engine.clock import Clock
 from brooq_py.engine.config import Config
 from brooq_py.engine.metrics import Metrics
-from brooq_py.engine.repo import ExpiredLease, Repo
+from brooq_py.engine.repo import EngineProof, Repo
 from brooq_py.engine.services.events import EventBus
-from brooq_py.engine.services.heartbeat import Heartbeat
-from brooq_py.engine.services.reaper import Reaper, reap_hold
+from brooq_py.engine.services.heartbeat import Fence, Heartbeat
+from brooq_py.engine.services.reaper import Reaper
 from brooq_py.engine.services.retention import Retention
 from brooq_py.engine.services.scheduler import Schedule, Scheduler
 from brooq_py.engine.services.ticker import Ticker
@@ -40,41 +43,42 @@ def background_services(
     enqueued: Callable[[Job], None],
     log: logging.Logger,
     events: EventBus,
+    worker_id: str,
 ) -> list[Ticker]:
-    """The heartbeat, the watchdog and the reaper, then *built* (the services the engine made
-    itself), then the scheduler when there are *schedules* and retention when it is enabled.
-    *enqueued* wakes the engine's own services for a job it enqueued."""
+    """The heartbeat (the proof of life of *worker_id*), the watchdog and the reaper, then *built*
+    (the services the engine made itself), then the scheduler when there are *schedules* and
+    retention when it is enabled. *enqueued* wakes the engine's own services for a job it enqueued."""
+    lease, margin = cfg.lease_td.total_seconds(), cfg.margin_td.total_seconds()
+    fence = Fence(lease, margin, clock, supervisor.fence)
+    proof = EngineProof(worker_id, socket.gethostname(), os.getpid(), cfg.lease_td, cfg.margin_td)
     services: list[Ticker] = [
         Heartbeat(
-            cfg.heartbeat_period,
-            inflight.held,
-            lambda leases: repo.renew(leases, cfg.lease_td),
+            cfg.heartbeat_period.total_seconds(),
+            proof,
+            inflight,
+            repo.beat,
+            fence,
             supervisor.lease_lost,
+            supervisor.canceled,
             log,
             clock,
-            on_canceled=supervisor.canceled,
-            lease=cfg.lease_td.total_seconds(),
-            on_fence=supervisor.fence,
         ),
         Watchdog(
             inflight.running,
             inflight.held,
             cfg.effective_watchdog_grace.total_seconds(),
-            cfg.lease_td.total_seconds(),
+            fence,
             clock,
             supervisor.timeout,
             supervisor.give_up,
             supervisor.hung,
-            supervisor.fence,
             log,
         ),
         Reaper(
             cfg.effective_reaper_period,
-            repo.expired_leases,
             functools.partial(_reap, repo, events),
             lambda t: metrics.child(metrics.reaped, t).inc(),
             log,
-            hold=reap_hold(cfg.heartbeat_period),
         ),
         *built,
     ]
@@ -118,20 +122,20 @@ def tick_enqueuer(
     return enqueue_tick
 
 
-def _reap(repo: Repo, events: EventBus, leases: Sequence[ExpiredLease]) -> list[tuple[str, str]]:
-    """Reap the expired leases the reaper saw long enough; each row is a ``requeued`` event
-    (attempt 0: not known here)."""
-    rows = repo.reap(leases)
+def _reap(repo: Repo, events: EventBus) -> list[tuple[str, str]]:
+    """Reap the claims of gone engines; each row is a ``requeued`` event (attempt 0: not known here)."""
+    rows = repo.reap()
     if events.active:
         for job_id, topic in rows:
             events.emit("requeued", job_id, topic, 0)
     return rows
 
 
-def stop_services(services: Sequence[Ticker]) -> None:
-    """Halt every service at once, then wait for each, last started first: the stop takes
-    as long as the slowest service's wait, not the sum of them."""
+def stop_services(services: Sequence[Ticker], timeout: float = 10.0) -> None:
+    """Halt every service at once, then wait for each, last started first, *timeout* seconds in
+    all: a service stuck in a statement the database never answers is left behind (a daemon)."""
     for s in services:
         s.halt()
+    deadline = time.monotonic() + timeout
     for s in reversed(services):
-        s.stop()
+        s.stop(max(0.0, deadline - time.monotonic()))

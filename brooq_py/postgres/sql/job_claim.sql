@@ -33,8 +33,8 @@ WITH cand AS (
         updated_at = now()
     WHERE j.id = ANY (ARRAY(SELECT id FROM cand))
     RETURNING j.id, j.topic, j.payload, j.attempts, j.priority, j.claim_token, j.locked_by,
-              j.locked_until, j.available_at, j.meta
+              j.locked_until, j.available_at, j.meta, j.crashes
 )
-SELECT id::text, topic, payload, attempts, priority, claim_token::text, locked_by, locked_until, meta
+SELECT id::text, topic, payload, attempts, priority, claim_token::text, locked_by, locked_until, meta, crashes
 FROM claimed
 ORDER BY priority DESC, available_at, id

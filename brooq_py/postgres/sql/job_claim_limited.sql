@@ -51,7 +51,7 @@ WITH clock AS (
     FROM cand
     WHERE j.id = cand.id
     RETURNING j.id, j.topic, j.payload, j.attempts, j.priority, j.claim_token, j.locked_by,
-              j.locked_until, j.available_at, j.meta
+              j.locked_until, j.available_at, j.meta, j.crashes
 ), spent AS (
     -- Nothing taken changes nothing: the bucket refills from rate_at as it would have.
     UPDATE {topic_setting} t
@@ -65,7 +65,7 @@ WITH clock AS (
     FROM setting s
 )
 SELECT c.id::text, c.topic, c.payload, c.attempts, c.priority, c.claim_token::text, c.locked_by,
-       c.locked_until, c.meta,
+       c.locked_until, c.meta, c.crashes,
        CASE WHEN l.rate_limit IS NOT NULL AND l.tokens < 1
             THEN (1 - l.tokens) * l.rate_per / l.rate_limit END AS next_token_in
 FROM left_after l

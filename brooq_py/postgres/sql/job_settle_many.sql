@@ -1,6 +1,7 @@
 -- name: job_settle_many
--- SPEC P3, C10: many outcomes, each guarded by state and its claim's token;
--- rows no longer ours (canceled, reaped, claimed again) are left alone.
+-- SPEC P3, C10, O4: many outcomes, each guarded by state and its claim's token;
+-- rows no longer ours (canceled, reaped, claimed again) are left alone, and a row
+-- another transaction holds locked is skipped, never waited on (written by a later flush).
 -- Rows are found by primary key (id = ANY). The state guard is compared with a
 -- column of the fenced subquery (OFFSET 0), not a literal, so the planner cannot
 -- serve the update from the partial lease index instead: that index keeps an entry
@@ -27,11 +28,18 @@ SET state = u.state,
                   ELSE j.errors END,
     updated_at = now()
 FROM (
-    SELECT o.*, 'processing'::text AS guard
+    SELECT o.*
     FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(states)s::text[], %(delays)s::float8[],
                 %(give_back)s::bool[], %(errors)s::text[], %(results)s::jsonb[], %(tracebacks)s::text[])
         AS o(id, token, state, delay, give_back, error, result, traceback)
-    OFFSET 0
+    JOIN (
+        SELECT f.id
+        FROM {job} f
+        JOIN (SELECT x.id, x.token, 'processing'::text AS guard
+              FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) AS x(id, token) OFFSET 0) g ON f.id = g.id
+        WHERE f.id = ANY (%(ids)s::uuid[]) AND f.state = g.guard AND f.claim_token = g.token
+        FOR NO KEY UPDATE OF f SKIP LOCKED
+    ) AS free ON free.id = o.id
 ) AS u
-WHERE j.id = ANY (%(ids)s::uuid[]) AND j.id = u.id AND j.state = u.guard AND j.claim_token = u.token
+WHERE j.id = ANY (%(ids)s::uuid[]) AND j.id = u.id
 RETURNING j.id::text, (SELECT pg_notify({settled_channel_literal}, '') WHERE %(notify)s::bool)

@@ -1,26 +1,27 @@
 -- name: lease_reap
--- SPEC R1, P1': expired leases back to pending, attempts unchanged; only rows the reaper saw
--- expired before and still unchanged (same claim token, same locked_until: no renewal came),
--- never a row locked by someone else (SKIP LOCKED, never waited for), never a claim whose
--- guard is held: the engine holding it guards a claim whose row it found locked at a renewal
--- (lease_renew.sql), on its own session, until the lease is extended again; the guard goes
--- with that session when the engine dies. The guard is tried (never waited for) only for the
--- rows about to be returned, and held until this statement ends, so a renewal cannot take it
--- in between. Guarded by state, so terminal rows (which keep their old locked_until) are
--- never resurrected.
-WITH seen AS MATERIALIZED (
-    SELECT s.id, s.token, s.until, 'processing'::text AS guard
-    FROM unnest(%(ids)s::uuid[], %(tokens)s::text[], %(untils)s::timestamptz[]) AS s(id, token, until)
-), ripe AS MATERIALIZED (
-    SELECT j.id, s.token
+-- Processing rows back to pending when their engine is gone (its proof of life older than its
+-- lease plus its margin, on the database clock), when the engine dropped the claim itself (hung,
+-- fenced), or, with no engine row (an older engine, run_once, a stopped engine), when the row's own
+-- locked_until passed. A crash is not a failure: the attempt is given back and counted in
+-- `crashes` (the poison rule reads it). Rows locked elsewhere are skipped, never waited on: an
+-- operator's lock only delays that row. Engine rows silent for an hour that hold nothing go too.
+WITH gone AS MATERIALIZED (
+    SELECT j.id
     FROM {job} j
-    JOIN seen s ON j.id = s.id
-    WHERE j.id = ANY (%(ids)s::uuid[]) AND j.state = s.guard AND coalesce(j.claim_token::text, '') = s.token
-        AND j.locked_until = s.until AND j.locked_until < now()
+    LEFT JOIN {engine} e ON e.id = j.locked_by
+    WHERE j.state = 'processing'
+        AND CASE WHEN e.id IS NULL THEN j.locked_until < now()
+                 ELSE e.seen_at + e.lease + e.margin < now() OR j.claim_token = ANY (e.dropped) END
+    LIMIT %(limit)s
     FOR NO KEY UPDATE OF j SKIP LOCKED
+), forgotten AS (
+    DELETE FROM {engine} e
+    WHERE e.seen_at < now() - interval '1 hour'
+        AND NOT EXISTS (SELECT FROM {job} j WHERE j.state = 'processing' AND j.locked_by = e.id)
 )
 UPDATE {job} j
-SET state = 'pending', locked_by = NULL, locked_until = NULL, available_at = now(), updated_at = now()
-FROM ripe
-WHERE j.id = ripe.id AND pg_try_advisory_xact_lock({guard_class}, hashtext(ripe.token))
+SET state = 'pending', locked_by = NULL, locked_until = NULL, available_at = now(),
+    attempts = greatest(j.attempts - 1, 0), crashes = j.crashes + 1, updated_at = now()
+FROM gone
+WHERE j.id = gone.id
 RETURNING j.id::text, j.topic

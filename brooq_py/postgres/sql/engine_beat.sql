@@ -1,0 +1,41 @@
+-- name: engine_beat
+-- The engine's proof of life: one upsert of its own row, which nothing done to job rows can
+-- block. The claims it holds are read, not written (a job row is written only for a progress a
+-- handler reported, never waiting on a row locked elsewhere). Claims the engine let go without an
+-- outcome (hung, fenced) are named in its row's `dropped`, for the reaper to take back at once.
+-- One row per claim sent: its token and 'held' (still processing under it), 'locked' (held, its
+-- progress not written now), the row's state under this claim ('canceled', ...), or 'gone'.
+WITH proof AS (
+    INSERT INTO {engine} AS e (id, host, pid, lease, margin, dropped)
+    VALUES (%(engine)s, %(host)s, %(pid)s, %(lease)s, %(margin)s,
+            ARRAY(SELECT t FROM unnest(%(tokens)s::uuid[], %(dropped)s::bool[]) AS d(t, dropped) WHERE dropped))
+    ON CONFLICT (id) DO UPDATE
+    SET seen_at = now(), lease = excluded.lease, margin = excluded.margin, dropped = excluded.dropped
+    RETURNING e.id
+), sent AS MATERIALIZED (
+    SELECT h.id, h.token, h.progress, h.note, 'processing'::text AS guard
+    FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(progress)s::real[], %(notes)s::text[])
+        AS h(id, token, progress, note)
+), reported AS MATERIALIZED (
+    SELECT j.id, s.progress, s.note
+    FROM {job} j
+    JOIN sent s ON j.id = s.id
+    WHERE j.id = ANY (%(ids)s::uuid[]) AND (s.progress IS NOT NULL OR s.note IS NOT NULL)
+        AND j.state = s.guard AND j.claim_token = s.token
+    FOR NO KEY UPDATE OF j SKIP LOCKED
+), written AS (
+    UPDATE {job} j
+    SET progress = coalesce(r.progress, j.progress), progress_note = coalesce(r.note, j.progress_note)
+    FROM reported r
+    WHERE j.id = r.id
+    RETURNING j.id
+)
+SELECT s.token::text,
+    CASE WHEN j.id IS NULL OR j.claim_token IS DISTINCT FROM s.token THEN 'gone'
+         WHEN j.state <> s.guard THEN j.state
+         WHEN (s.progress IS NOT NULL OR s.note IS NOT NULL) AND s.id NOT IN (SELECT id FROM reported)
+         THEN 'locked'
+         ELSE 'held' END
+FROM sent s
+LEFT JOIN {job} j ON j.id = s.id AND j.id = ANY (%(ids)s::uuid[])
+WHERE EXISTS (SELECT FROM proof)
