@@ -45,8 +45,8 @@ from brooq_py.tasks import Tasks
 
 # How long the completer lets outcomes gather before it writes them (SPEC C10: "within milliseconds").
 COMPLETER_LINGER = 0.002
-# How long a stop waits for the outcomes of ended handlers to be written (C11'').
-STOP_FLUSH = 5.0
+# How long a stop may take past its timeout and the watchdog's grace, whatever the database does (C11'').
+STOP_AFTER = 4.8
 
 
 def default_worker_id() -> str:
@@ -355,13 +355,17 @@ class Engine(Producing):
             return
         cfg = self.config
         wait = cfg.lease_td.total_seconds() if timeout is None else max(0.0, float(timeout))
+        grace = cfg.effective_watchdog_grace.total_seconds()
+        # Whatever the database does, the stop is over by then (C11''): every wait below is bounded
+        # by it, and what still waits on the database after it is left to daemon threads.
+        deadline = time.monotonic() + wait + grace + STOP_AFTER
         slots, dispatcher, completer = self._slots, self._dispatcher, self._completer
         assert slots is not None and dispatcher is not None and completer is not None
-        dispatcher.stop()
+        dispatcher.stop(timeout=1.0)  # a claim stuck on a silent socket hands its rows back later
         if not slots.wait_idle(wait):
             for a in self.inflight.running():
                 self.supervisor.stopping_cancel(a)
-            slots.wait_idle(cfg.effective_watchdog_grace.total_seconds())
+            slots.wait_idle(grace)
         for a in self.inflight.running():
             if a.hung and a.ending is Phase.HUNG and not isinstance(a.ctx.cause, EngineStopping):
                 # hung before the stop: nothing was written and its lease was let go; hand the
@@ -369,14 +373,13 @@ class Engine(Producing):
                 self.supervisor.release_at_stop(a)
             else:
                 self.supervisor.hung(a)  # still running after the stop's grace: hung at stop (C11, L1)
-        # Whatever the database does, the rest is bounded (C11''): the outcomes of ended handlers
-        # (a settler's turn, the completer's queue) and the engine's row, on a thread of their own.
-        deadline = time.monotonic() + STOP_FLUSH
+        # The outcomes of ended handlers (a settler's turn, the completer's queue) and the engine's
+        # row, on a thread of its own, joined until the deadline.
         left = [0]
 
         def finish() -> None:
-            slots.wait_idle(min(cfg.lease_td.total_seconds(), STOP_FLUSH / 2))
-            left[0] = completer.stop(max(0.1, deadline - time.monotonic()))
+            slots.wait_idle(max(0.0, min(cfg.lease_td.total_seconds(), deadline - time.monotonic() - 1.0)))
+            left[0] = completer.stop(max(0.1, deadline - time.monotonic() - 0.5))
             try:  # what is still ours is the reaper's from now on
                 self.repo.leave(self.worker_id)
             except Exception as exc:  # an unreachable store: the engine's row goes stale instead
@@ -384,18 +387,16 @@ class Engine(Producing):
 
         finisher = threading.Thread(target=finish, name="brooq-stop-flush", daemon=True)
         finisher.start()
-        finisher.join(STOP_FLUSH)
+        finisher.join(max(0.0, deadline - time.monotonic() - 0.3))
         if finisher.is_alive():
             left[0] = max(1, completer.pending)
-            self.log.error(
-                "engine: the database did not answer the stop's last writes within %gs", STOP_FLUSH
-            )
+            self.log.error("engine: the database did not answer the stop's last writes in time")
         self.handover.completer = None  # from now on (run_once) outcomes are written at once
-        stop_services(self._services, max(0.0, deadline - time.monotonic()) + 0.5)
+        stop_services(self._services, max(0.0, deadline - time.monotonic() - 0.2))
         self.runner.threads.stop()
         self.runner.settlers.stop()
         self._async.close()
-        self.events.stop()  # after the last flush: every committed outcome's event is delivered
+        self.events.stop(max(0.1, deadline - time.monotonic()))  # after the last flush (N1)
         self._state = "stopped"
         self._stopped.set()
         if left[0]:

@@ -76,6 +76,7 @@ def claimed_jobs(rows: Rows) -> list[ClaimedJob]:
             locked_by=r[6],
             locked_until=r[7],
             meta=r[8],
+            crashes=r[9],
         )
         for r in rows
     ]

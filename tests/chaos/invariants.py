@@ -5,7 +5,11 @@ Everything is read from the database alone, on the database clock:
 - ``chaos_exec``: one row per handler execution (the worker process writes it): job id,
   worker, attempt, claim token, start and end from ``clock_timestamp()``, and how it ended.
 - ``chaos_audit``: an AFTER UPDATE trigger on ``job`` logs every row change (old/new state,
-  claim token, lease end, attempts) with ``clock_timestamp()``.
+  claim token, holder, lease end, attempts, crashes) with ``clock_timestamp()`` and the
+  statement's ``now()``.
+- ``chaos_beat``: a trigger on ``engine`` logs every proof of life (seen_at, lease + margin,
+  dropped claims) and every engine row removed, so a reap can be checked against what the
+  engine table said when the reaper looked (SPEC P1'').
 - ``chaos_violation``: a BEFORE UPDATE/DELETE trigger logs any change to a row that was already
   terminal (P3). It logs rather than raises, so the library's statement runs as it would in
   production and the check sees what it really did.
@@ -39,7 +43,17 @@ CREATE TABLE {s}.chaos_audit (
     old_state text, new_state text,
     old_token uuid, new_token uuid,
     old_locked_until timestamptz, new_locked_until timestamptz,
-    old_attempts int, new_attempts int
+    old_attempts int, new_attempts int,
+    old_crashes int, new_crashes int,
+    old_locked_by text,
+    stmt_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE {s}.chaos_beat (
+    seq bigserial PRIMARY KEY,
+    engine_id text NOT NULL,
+    seen_at timestamptz,
+    grace interval,
+    dropped uuid[]
 );
 CREATE TABLE {s}.chaos_violation (
     seq bigserial PRIMARY KEY,
@@ -51,11 +65,25 @@ CREATE TABLE {s}.chaos_violation (
 CREATE FUNCTION {s}.chaos_audit_fn() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO {s}.chaos_audit (job_id, old_state, new_state, old_token, new_token,
-                                 old_locked_until, new_locked_until, old_attempts, new_attempts)
+                                 old_locked_until, new_locked_until, old_attempts, new_attempts,
+                                 old_crashes, new_crashes, old_locked_by)
     VALUES (NEW.id, OLD.state, NEW.state, OLD.claim_token, NEW.claim_token,
-            OLD.locked_until, NEW.locked_until, OLD.attempts, NEW.attempts);
+            OLD.locked_until, NEW.locked_until, OLD.attempts, NEW.attempts,
+            OLD.crashes, NEW.crashes, OLD.locked_by);
     RETURN NULL;
 END $$;
+CREATE FUNCTION {s}.chaos_beat_fn() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        INSERT INTO {s}.chaos_beat (engine_id) VALUES (OLD.id);
+        RETURN OLD;
+    END IF;
+    INSERT INTO {s}.chaos_beat (engine_id, seen_at, grace, dropped)
+    VALUES (NEW.id, NEW.seen_at, NEW.lease + NEW.margin, NEW.dropped);
+    RETURN NULL;
+END $$;
+CREATE TRIGGER chaos_beat AFTER INSERT OR UPDATE OR DELETE ON {s}.engine
+    FOR EACH ROW EXECUTE FUNCTION {s}.chaos_beat_fn();
 CREATE FUNCTION {s}.chaos_terminal_fn() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF OLD.state IN ('done', 'dead', 'canceled') THEN
@@ -69,6 +97,23 @@ CREATE TRIGGER chaos_audit AFTER UPDATE ON {s}.job FOR EACH ROW EXECUTE FUNCTION
 CREATE TRIGGER chaos_terminal BEFORE UPDATE OR DELETE ON {s}.job
     FOR EACH ROW EXECUTE FUNCTION {s}.chaos_terminal_fn();
 """
+
+
+def _reap_unjustified(beats: list[tuple[Any, ...]], engine: str, token: str, locked_until: Any, now: Any) -> str:
+    """Why a reap at *now* (the reaper's statement time) of *token*, held by *engine*, was not
+    justified by the engine table, or "" when it was (SPEC P1'')."""
+    last: tuple[Any, ...] | None = None
+    for b in beats:
+        if b[0] == engine and (b[1] is None or b[1] <= now):
+            last = b  # in order: the engine's latest row before the reaper looked (None: removed)
+    dropped = any(b[0] == engine and b[3] and token in {str(t) for t in b[3]} for b in beats if b[1] and b[1] <= now)
+    if dropped:
+        return ""
+    if last is None or last[1] is None:
+        return "" if locked_until is not None and locked_until < now else f"no engine row and its lease ends {locked_until}"
+    if last[1] + last[2] < now:
+        return ""
+    return f"its engine's proof of life at {last[1]} held until {last[1] + last[2]}"
 
 
 def install(dsn: str, schema: str) -> None:
@@ -116,11 +161,13 @@ def check(
       pending/failed, i.e. legitimately waiting); none is left processing;
     - P3: no row changed after it became terminal (the trigger's log is empty);
     - P1: two executions of one job overlap in time only if the first one's claim had
-      been taken away (reaped after its lease expired) before the second started; every
-      reap happened after the lease it ended had expired (database clock);
-    - attempts (SPEC C1, NOTES): for each job, attempts = claims - give-backs, and for a
-      terminal job claimed at least once, attempts = recorded failures + reaped claims + 1
-      (the claim that settled it), when nothing was given back;
+      been taken away (reaped) before the second started; every reap (a return to pending
+      that counts a crash) happened when the engine table said the holder was gone: its last
+      proof of life before the reaper's statement older than lease + margin, or the claim
+      named dropped, or, with no engine row, the row's own lease ended (database clock);
+    - attempts (SPEC C1, L5'): for each job, attempts = claims - give-backs - reaps, and for a
+      terminal job claimed at least once, attempts = recorded failures + 1 (the claim that
+      settled it), when nothing was given back;
     - every execution belongs to a real claim of its job with the same attempt number;
     - C9: chained children exist exactly for the parents that ended done, one each.
     """
@@ -133,9 +180,11 @@ def check(
         audit = _rows(
             conn,
             "SELECT job_id, at, old_state, new_state, old_token, new_token, old_locked_until,"
-            " new_locked_until, old_attempts, new_attempts FROM {s}.chaos_audit ORDER BY seq",
+            " new_locked_until, old_attempts, new_attempts, old_crashes, new_crashes, old_locked_by,"
+            " stmt_at FROM {s}.chaos_audit ORDER BY seq",
             schema,
         )
+        beats = _rows(conn, "SELECT engine_id, seen_at, grace, dropped FROM {s}.chaos_beat ORDER BY seq", schema)
         execs = _rows(
             conn,
             "SELECT job_id, claim_token, worker, attempt, started_at, ended_at, how"
@@ -164,7 +213,7 @@ def check(
     ended: dict[str, Any] = {}  # token -> when its claim ended (left processing or token replaced)
     reaped_tokens: set[str] = set()
     counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for job_id, at, old_s, new_s, old_t, new_t, old_lu, _new_lu, old_a, new_a in audit:
+    for job_id, at, old_s, new_s, old_t, new_t, old_lu, _new_lu, old_a, new_a, old_c, new_c, by, now in audit:
         j = str(job_id)
         if new_s == "processing" and (old_s != "processing" or old_t != new_t):
             claims[j][str(new_t)] = (at, new_a)
@@ -174,20 +223,17 @@ def check(
                 r.fail(f"C1: claim of {j} set attempts {old_a} -> {new_a}")
         if old_s == "processing" and (new_s != "processing" or old_t != new_t):
             ended[str(old_t)] = at
-            if new_a == old_a - 1:
-                counts[j]["given_back"] += 1
-            if new_s == "failed":
-                counts[j]["failed"] += 1
-            if new_s == "pending" and new_a == old_a:
+            if new_s == "pending" and new_c == old_c + 1:
                 counts[j]["reaped"] += 1
                 r.reaps += 1
                 reaped_tokens.add(str(old_t))
-                if old_lu is None or at < old_lu:
-                    r.fail(f"P1: {j} returned to pending at {at} before its lease end {old_lu}")
-        if old_s == "pending" and new_s in ("done", "failed") and old_t == new_t and new_a == old_a:
-            # L6': the late write of a reaped claim's outcome (its done lost with the store, written
-            # under its own token before anyone claimed it again): that claim ended here, not at its reap.
-            counts[j]["reaped"] -= 1
+                if new_a != max(old_a - 1, 0):
+                    r.fail(f"L5': reap of {j} set attempts {old_a} -> {new_a} (a crash gives it back)")
+                why = _reap_unjustified(beats, by, str(old_t), old_lu, now)
+                if why:
+                    r.fail(f"P1'': {j} returned to pending at {now} from {by}: {why}")
+            elif new_a == old_a - 1:
+                counts[j]["given_back"] += 1
             if new_s == "failed":
                 counts[j]["failed"] += 1
         if old_s == "processing" and new_s == "processing" and old_t != new_t:
@@ -195,16 +241,16 @@ def check(
 
     for j, (_id, _topic, state, attempts, _payload) in jobs.items():
         c = counts.get(j, {})
-        expect = c.get("claims", 0) - c.get("given_back", 0)
+        expect = c.get("claims", 0) - c.get("given_back", 0) - c.get("reaped", 0)
         if attempts != expect:
-            r.fail(f"C1: job {j} attempts={attempts}, but claims-given back={expect} ({dict(c)})")
+            r.fail(f"C1: job {j} attempts={attempts}, but claims-given back-reaped={expect} ({dict(c)})")
         if state in TERMINAL and c.get("claims", 0) and not c.get("given_back", 0):
             settling = 1 if state in ("done", "dead") or _canceled_in_processing(audit, j) else 0
-            form = c.get("failed", 0) + c.get("reaped", 0) + settling
+            form = c.get("failed", 0) + settling
             if attempts != form:
                 r.fail(
-                    f"NOTES: job {j} ({state}) attempts={attempts} but failures {c.get('failed', 0)}"
-                    f" + reaped {c.get('reaped', 0)} + settling {settling} = {form}"
+                    f"L5': job {j} ({state}) attempts={attempts} but failures {c.get('failed', 0)}"
+                    f" + settling {settling} = {form}"
                 )
 
     # Executions: each belongs to a claim of its job; overlaps only after a lost lease.

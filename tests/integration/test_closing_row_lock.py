@@ -1,15 +1,14 @@
-"""A closing transaction (chain, on_succeeded) whose row an operator holds locked (SPEC L3', C9, C11).
+"""A closing transaction (chain, on_succeeded) whose row an operator holds locked (SPEC O4, C9, C11).
 
 As in psql: ``BEGIN; SELECT ... FOR UPDATE;`` on a job whose handler returns with closing work,
-the transaction left open. The closing transaction must not wait on that lock: it writes its row
-with SKIP LOCKED, rolls back when the row is held elsewhere and is tried again later, its
-slot, thread and pooled connection freed meanwhile. So, on a pool of one connection and two slots,
-the other jobs (closing work of their own included) end done while the lock is held, and no
-backend waits behind the operator's transaction. The done's own statement meets the lock (SKIP
-LOCKED, no round trip more), so the first try's callback has run and is rolled back; later tries
-begin only once a probe finds the row free. Once the lock is gone the job ends done once, its
-callback's effects and its chained job written once. A stop while the lock is still held returns
-and leaves the row to the reaper, nothing of the closing transaction written and no backend waiting.
+the transaction left open. The closing transaction must not wait on that lock: it locks its row
+first (SKIP LOCKED), rolls back at once when the row is held elsewhere, before any of its work
+ran, and is tried again from the completer's queue, its slot, thread and pooled connection freed
+meanwhile. So, on a pool of one connection and two slots, the other jobs (closing work of their
+own included) end done while the lock is held, and no backend waits behind the operator's
+transaction. Once the lock is gone the job ends done once, its callback run once and its effects
+and chained job written once. A stop while the lock is still held returns and leaves the row to
+the reaper, nothing of the closing transaction run and no backend waiting.
 """
 
 from __future__ import annotations
@@ -155,11 +154,10 @@ def test_l3_a_closing_transaction_never_waits_on_its_row_locked_elsewhere(
             timeout=20,
         )
         # (b) No backend waits behind the operator's transaction, and nothing of the locked
-        # job's closing transaction is written (its first try's callback ran, rolled back).
+        # job's closing transaction ran (its row is locked first).
         assert op.waiting_behind(dsn) == []
         assert state(store, jid) is State.PROCESSING
-        first_try = 1 if how == "on_succeeded" else 0
-        assert closing.calls[jid] == first_try and closing.written(pool, schema, jid) == 0
+        assert closing.calls[jid] == 0 and closing.written(pool, schema, jid) == 0
         assert jid in {a.id for a in e.inflight.held()}  # its lease still held by the engine
     finally:
         op.release()
@@ -170,7 +168,7 @@ def test_l3_a_closing_transaction_never_waits_on_its_row_locked_elsewhere(
     assert closing.written(pool, schema, jid) == 1
     assert all(closing.written(pool, schema, o) == 1 for o in others)
     if how == "on_succeeded":
-        assert closing.calls[jid] == 2 and all(closing.calls[o] == 1 for o in others)
+        assert closing.calls[jid] == 1 and all(closing.calls[o] == 1 for o in others)
     wait_for(lambda: not e.inflight.held(), what="every lease let go")
 
 
@@ -215,35 +213,43 @@ def test_l3_c11_a_stop_while_a_closing_transactions_row_is_locked_waits_boundedl
         op.release()
     if lock == "released during the stop":
         assert state(store, jid) is State.DONE
-        assert closing.calls[jid] == 2 and closing.written(pool, schema, jid) == 1  # one try rolled back
+        assert closing.calls[jid] == 1 and closing.written(pool, schema, jid) == 1
         return
     # Nothing of the closing transaction runs after the stop, even once the lock is gone: the
-    # reaper returns the job (its lease no longer renewed by anyone).
+    # reaper returns the job (its engine's row is gone, the claim's own lease ends).
     wait_for(lambda: store.reap_expired(), what="the row reaped after its lease", timeout=20)
     assert state(store, jid) is State.PENDING
-    assert closing.calls[jid] == 1 and closing.written(pool, schema, jid) == 0  # the first try only
+    assert closing.calls[jid] == 0 and closing.written(pool, schema, jid) == 0  # none of it ran
 
 
-def test_l3_c9_a_row_locked_while_the_callbacks_run_rolls_back_and_commits_their_work_once(
+def test_c9_an_operators_lock_asked_while_the_callbacks_run_waits_for_the_closing_transaction(
     store: Store,
     pool: ConnectionPool[Any],
     effects: str,
     dsn: str,
     engines: Callable[..., Engine],
-    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """The row is free when the closing transaction begins, and an operator locks it while the
-    callback runs (and keeps it): the write does not wait on that lock past a moment, the
-    transaction rolls back (its callback's database work with it) and is tried again once the
-    lock is gone. The callback is then called a second time, as documented; its work commits once."""
+    """The closing transaction holds its row from its first statement: an operator who asks for
+    the row's lock while the callback runs gets it once the done is committed, and sees it done;
+    the callback ran once, its work committed once."""
     schema = effects
     closing = Closing(schema, "on_succeeded")
-    ops: list[Operator] = []
+    seen: list[str] = []
+
+    def operator(job_id: str) -> None:
+        with psycopg.connect(dsn, application_name="operator") as conn:
+            row = conn.execute(
+                sql.SQL("SELECT state FROM {} WHERE id = %s FOR UPDATE").format(sql.Identifier(schema, "job")),
+                (job_id,),
+            ).fetchone()
+            seen.append(str(row[0]) if row else "gone")
 
     def callback(tx: Tx, job_id: str) -> None:
         closing.callback(tx, job_id)
-        if not ops:
-            ops.append(Operator(dsn, schema, job_id))  # committed work of others, not ours: it gets the lock
+        t = threading.Thread(target=operator, args=(job_id,), daemon=True)
+        t.start()
+        t.join(0.5)  # the operator waits behind this transaction, never the other way round
+        assert t.is_alive()
 
     def handler(ctx: Context, claim: Claim) -> None:
         claim.on_succeeded(lambda tx: callback(tx, claim.id))
@@ -251,20 +257,8 @@ def test_l3_c9_a_row_locked_while_the_callbacks_run_rolls_back_and_commits_their
     e = engines(lease=3, workers=1, watchdog_grace=30)
     e.register_kind("t", handler, KindOptions(max_attempts=1, **FAST))
     jid = store.enqueue(Job("t")).id
-    caplog.set_level(logging.INFO, logger="brooq_py.engine")
     e.start()
-    try:
-        wait_for(lambda: ops, what="the row locked during the callback")
-        op = ops[0]
-        wait_for(
-            lambda: any("tried again once the lock is gone" in r.getMessage() for r in caplog.records),
-            what="the closing transaction rolled back, to be tried again",
-        )
-        wait_for(lambda: op.waiting_behind(dsn) == [], what="no backend waiting behind the operator")
-        assert state(store, jid) is State.PROCESSING
-        assert closing.calls[jid] == 1 and closing.written(pool, schema, jid) == 0
-    finally:
-        for op in ops:
-            op.release()
-    wait_for(lambda: state(store, jid) is State.DONE, what="done once the lock is gone")
-    assert closing.calls[jid] == 2 and closing.written(pool, schema, jid) == 1
+    wait_for(lambda: seen, what="the operator's lock granted")
+    assert seen == ["done"]
+    assert state(store, jid) is State.DONE
+    assert closing.calls[jid] == 1 and closing.written(pool, schema, jid) == 1

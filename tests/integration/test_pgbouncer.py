@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -20,9 +21,8 @@ from psycopg_pool import ConnectionPool
 
 from brooq_py.engine import Config, Engine
 from brooq_py.postgres import Store
-from brooq_py.postgres.queries import GUARD_CLASS
 from brooq_py.queue import Claim, Context, Job, State
-from brooq_py.queue.port import HeldLease
+from brooq_py.queue.port import EngineProof, HeldLease
 from tests.integration.pgbouncer import pgbouncer, pgbouncer_binary
 from tests.polling import wait_for
 
@@ -106,35 +106,38 @@ def test_z5_z3_listen_through_pgbouncer_is_refused_once_and_polling_carries_on(
         store.close()
 
 
-@pytest.mark.parametrize("heartbeat", ["direct conninfo", "through the bouncer"])
-def test_p1_z5_a_lease_guard_is_taken_only_on_a_direct_heartbeat_connection(
-    bounced_pool: ConnectionPool[Any], schema: str, dsn: str, caplog: pytest.LogCaptureFixture, heartbeat: str
+def test_p1_a_claim_locked_by_an_operator_stays_its_live_engines_through_the_bouncer(
+    bounced_pool: ConnectionPool[Any], schema: str, dsn: str
 ) -> None:
-    """A renewal that finds a running job's row locked elsewhere guards the claim with a session
-    advisory lock (SPEC P1'). Through a transaction-pooling proxy the heartbeat's statements run
-    on shared server connections, where such a lock would stay behind: none is taken there, and
-    one ERROR line says why; with a direct conninfo the guard is taken."""
-    direct = heartbeat == "direct conninfo"
-    store = Store(bounced_pool, schema=schema, conninfo=dsn if direct else None)
+    """Through a transaction-pooling proxy every statement may run on another server connection:
+    the proof of life needs no session. An operator holds the running job's row past its lease;
+    heartbeats through the bouncer keep the engine's row fresh and the reaper leaves the claim
+    alone (SPEC P1'')."""
+    store = Store(bounced_pool, schema=schema)
     try:
         store.enqueue(Job("a"))
         [c] = store.claim(["a"], 1, "w", timedelta(seconds=30))
-        with psycopg.connect(dsn) as operator, caplog.at_level(logging.ERROR, logger="brooq_py.postgres"):
+        proof = EngineProof("w", "h", 1, timedelta(seconds=1), timedelta(seconds=0.4))
+        with psycopg.connect(dsn) as operator:
             operator.execute(
                 sql.SQL("SELECT 1 FROM {} WHERE id = %s FOR UPDATE").format(sql.Identifier(schema, "job")),
                 (c.id,),
             )
-            for _ in range(3):
-                renewal = store.renew([HeldLease(c.id, c.claim_token)], timedelta(seconds=30))
-                assert renewal.locked == {c.claim_token}
-            with psycopg.connect(dsn, autocommit=True) as db:
-                guards = db.execute(
-                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2"
-                    " AND classid = %s::bigint::oid AND objid = hashtext(%s)::oid",
-                    (GUARD_CLASS, c.claim_token),
-                ).fetchone()
-        refusals = [r for r in caplog.records if "connection pooler" in r.getMessage()]
-        assert guards == (1 if direct else 0,)
-        assert len(refusals) == (0 if direct else 1)
+            for _ in range(6):  # three leases
+                assert store.beat(proof, [HeldLease(c.id, c.claim_token)]).held == {c.claim_token}
+                assert store.reap_expired() == []
+                time.sleep(0.5)
+            operator.rollback()
+        with psycopg.connect(dsn, autocommit=True) as db:
+            db.execute(
+                sql.SQL("UPDATE {} SET locked_until = now() - interval '1 minute' WHERE id = %s").format(
+                    sql.Identifier(schema, "job")
+                ),
+                (c.id,),
+            )
+        store.beat(proof, [HeldLease(c.id, c.claim_token)])
+        assert store.reap_expired() == []  # its engine still beats: the row's own lease says nothing
+        row = store.get(c.id)
+        assert row is not None and row.state.value == "processing"
     finally:
         store.close()

@@ -15,10 +15,8 @@ from psycopg_pool import ConnectionPool
 
 from brooq_py.postgres import Store
 from brooq_py.postgres.own import OwnConnection
-from brooq_py.postgres.queries import GUARD_CLASS
 from brooq_py.queue import Job, State, StoreUnavailable
-from brooq_py.queue.port import HeldLease, Outcome
-from tests.polling import wait_for
+from brooq_py.queue.port import EngineProof, HeldLease, Outcome
 
 LEASE = timedelta(seconds=60)
 PAST = datetime(2020, 1, 1, tzinfo=UTC)
@@ -165,37 +163,59 @@ def test_c9_settle_tx_with_chained_enqueue(store: Store) -> None:
         assert store.settle_tx(tx, outcome(j, State.FAILED)) is False
 
 
-def test_c3_renew_returns_only_leases_still_ours(store: Store, db: psycopg.Connection[Any]) -> None:
+PROOF = EngineProof("w", "host", 1, LEASE, LEASE / 3)
+
+
+def test_p1_w0_a_heartbeat_renews_the_engine_row_and_reads_its_claims_without_writing_them(
+    store: Store, db: psycopg.Connection[Any]
+) -> None:
     store.enqueue_many([Job("a", i) for i in range(4)])
     js = store.claim(["a"], 4, "w", timedelta(seconds=5))
     assert store.cancel(js[0].id)
-    before = {r[0]: r[1] for r in db.execute("SELECT id::text, locked_until FROM job").fetchall()}
+    before = {r[0]: r[1] for r in db.execute("SELECT id::text, xmin::text FROM job").fetchall()}
     leases = [HeldLease(j.id, j.claim_token) for j in js[1:]] + [
         HeldLease(js[0].id, js[0].claim_token),
         HeldLease(js[1].id, str(uuid.uuid4())),
     ]
-    renewal = store.renew(leases, timedelta(minutes=10))
+    renewal = store.beat(PROOF, leases)
     assert renewal.held == {j.claim_token for j in js[1:]} and renewal.locked == set()
     assert renewal.canceled == {js[0].claim_token}  # canceled under its claim: an operator's cancel (X2')
-    after = {r[0]: r[1] for r in db.execute("SELECT id::text, locked_until FROM job").fetchall()}
-    for j in js[1:]:
-        assert after[j.id] > before[j.id] + timedelta(minutes=5)
-    assert after[js[0].id] == before[js[0].id]
-    assert store.renew([], LEASE).held == set()
+    after = {r[0]: r[1] for r in db.execute("SELECT id::text, xmin::text FROM job").fetchall()}
+    assert after == before  # no job row written (W0)
+    (seen,) = db.execute(
+        "SELECT seen_at > now() - interval '1 minute', dropped FROM engine WHERE id = 'w'"
+    ).fetchall()
+    assert seen == (True, [])
+    assert store.beat(PROOF, []).held == set()
 
 
-def test_c3_renew_reopens_its_connection_after_a_break(store: Store, dsn: str) -> None:
+def test_v4_a_heartbeat_writes_a_reported_progress_and_skips_a_row_locked_elsewhere(
+    store: Store, dsn: str
+) -> None:
+    store.enqueue(Job("a", 1))
+    [j] = store.claim(["a"], 1, "w", LEASE)
+    with psycopg.connect(dsn) as op:
+        op.execute(f'SELECT 1 FROM "{store.schema}".job WHERE id = %s FOR UPDATE', (j.id,))
+        renewal = store.beat(PROOF, [HeldLease(j.id, j.claim_token, 0.5, "half")])
+        assert renewal.held == {j.claim_token} and renewal.locked == {j.claim_token}  # sent again later
+        op.rollback()
+    assert store.beat(PROOF, [HeldLease(j.id, j.claim_token, 0.5, "half")]).locked == set()
+    row = store.get(j.id)
+    assert row is not None and row.progress == 0.5 and row.progress_note == "half"
+
+
+def test_c3_a_heartbeat_reopens_its_connection_after_a_break(store: Store, dsn: str) -> None:
     store.enqueue(Job("a", 1))
     [j] = store.claim(["a"], 1, "w", LEASE)
     held = [HeldLease(j.id, j.claim_token)]
-    assert store.renew(held, LEASE).held == {j.claim_token}
+    assert store.beat(PROOF, held).held == {j.claim_token}
     conn = store._heartbeat._conn
     assert conn is not None
     with psycopg.connect(dsn, autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
     with pytest.raises(StoreUnavailable):
-        store.renew(held, LEASE)
-    assert store.renew(held, LEASE).held == {j.claim_token}
+        store.beat(PROOF, held)
+    assert store.beat(PROOF, held).held == {j.claim_token}
 
 
 def claimer(store: Store) -> OwnConnection:
@@ -275,10 +295,11 @@ def test_a_store_with_its_own_conninfo_claims_and_settles_on_the_pool(
 
 
 def test_r1_racing_reapers_return_each_job_once(store: Store, db: psycopg.Connection[Any]) -> None:
-    """R1: several reapers at once (one per engine) return every expired job exactly once."""
+    """R1: several reapers at once (one per engine) return every job of a gone engine exactly once."""
     store.enqueue_many([Job("a", i) for i in range(300)])
     claimed = store.claim(["a"], 300, "w", LEASE)
-    db.execute("UPDATE job SET locked_until = now() - interval '1 second' WHERE state = 'processing'")
+    store.beat(PROOF, [])
+    db.execute("UPDATE engine SET seen_at = now() - interval '1 hour' WHERE id = 'w'")
     results: list[list[tuple[str, str]]] = []
     start = threading.Barrier(4)
 
@@ -295,77 +316,45 @@ def test_r1_racing_reapers_return_each_job_once(store: Store, db: psycopg.Connec
     assert sorted(returned) == sorted(c.id for c in claimed)  # each once, none missed
 
 
-def test_r1_reap_expired(store: Store, db: psycopg.Connection[Any]) -> None:
-    store.enqueue_many([Job("a", 1), Job("b", 2), Job("a", 3)])
-    x, y, z = store.claim(["a", "b"], 3, "w", LEASE)
-    db.execute("UPDATE job SET locked_until = now() - interval '1 second' WHERE id IN (%s, %s)", (x.id, y.id))
-    store.settle_many([outcome(y, State.DONE)])  # terminal, with an expired locked_until
-    assert store.reap_expired() == [(x.id, x.topic)]
-    rx = store.get(x.id)
-    assert rx is not None and rx.state == State.PENDING and rx.attempts == 1 and rx.locked_by is None
-    ry, rz = store.get(y.id), store.get(z.id)
-    assert ry is not None and ry.state == State.DONE
-    assert rz is not None and rz.state == State.PROCESSING
-    assert store.reap_expired() == []
-
-
-def guard_pids(db: psycopg.Connection[Any], claim_token: str) -> list[int]:
-    """The backends holding the lease guard of *claim_token* (sql/lease_renew.sql)."""
-    rows = db.execute(
-        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2"
-        " AND classid = %s::bigint::oid AND objid = hashtext(%s)::oid",
-        (GUARD_CLASS, claim_token),
-    ).fetchall()
-    return [int(r[0]) for r in rows]
-
-
-def test_p1_a_claim_found_locked_at_a_renewal_is_guarded_from_the_reaper_while_the_session_lives(
-    store: Store, db: psycopg.Connection[Any], dsn: str, schema: str
+def test_r1_l5_the_reaper_reads_the_engine_row_then_the_claims_own_lease(
+    store: Store, db: psycopg.Connection[Any]
 ) -> None:
-    """P1': a renewal that finds the row locked by an operator's transaction guards the claim on
-    the heartbeat's session. Its lease expired under the lock and the lock gone, the row is not
-    reaped while that session lives; the next renewal extends the lease and releases the guard.
-    A session lost takes its guards with it, and the next renewal that finds the row locked
-    guards it again on the new one; a closed Store's guarded row is reaped."""
-    store.enqueue(Job("a", 1))
-    [c] = store.claim(["a"], 1, "w", LEASE)
-    held = [HeldLease(c.id, c.claim_token)]
-    lock = sql.SQL("SELECT 1 FROM {} WHERE id = %s FOR UPDATE").format(sql.Identifier(schema, "job"))
-    expire = sql.SQL("UPDATE {} SET locked_until = now() - interval '1 second' WHERE id = %s").format(
-        sql.Identifier(schema, "job")
-    )
-
-    def lock_expire_and_release(then: Any = None) -> Any:
-        """As an operator in psql: lock the row, let *then* run, expire the lease, commit."""
-        with psycopg.connect(dsn) as operator:
-            operator.execute(lock, (c.id,))
-            result = then() if then is not None else None
-            operator.execute(expire, (c.id,))
-        return result
-
-    def renew_twice() -> list[int]:
-        assert store.renew(held, LEASE).locked == {c.claim_token}
-        assert store.renew(held, LEASE).locked == {c.claim_token}  # kept, not taken twice
-        return guard_pids(db, c.claim_token)
-
-    [holder] = lock_expire_and_release(renew_twice)
-    assert store.reap_expired() == []  # expired, unchanged, unlocked, but guarded
-    row = store.get(c.id)
-    assert row is not None and row.state is State.PROCESSING and row.attempts == 1
-    assert store.renew(held, LEASE).locked == frozenset()  # extended: the guard goes
-    assert guard_pids(db, c.claim_token) == []
-    # The heartbeat's session ends (a connection lost): its guard goes with it. The next renewal
-    # reopens, finds the row locked again and guards it on the new session.
-    [holder] = lock_expire_and_release(renew_twice)
-    db.execute("SELECT pg_terminate_backend(%s)", (holder,))
-    wait_for(lambda: not guard_pids(db, c.claim_token), "the guard gone with its session", 10)
-    with pytest.raises(StoreUnavailable):
-        store.renew(held, LEASE)
-    [again] = lock_expire_and_release(renew_twice)
-    assert again != holder
+    """A claim whose engine beats stays, whatever its row's locked_until; a stale engine's claims
+    go back, attempt given back and a crash counted; a dropped claim goes back at once; a claim
+    with no engine row (an older engine, run_once) goes back when its own locked_until passed;
+    terminal rows are never touched."""
+    store.enqueue_many([Job("a", i) for i in range(5)])
+    live, stale, dropped, rowless, ended = store.claim(["a"], 5, "w", LEASE)
+    db.execute("UPDATE job SET locked_by = 'gone' WHERE id = %s", (stale.id,))
+    db.execute("UPDATE job SET locked_by = 'nobody' WHERE id = %s", (rowless.id,))
+    db.execute("UPDATE job SET locked_until = now() - interval '1 second'")
+    store.beat(PROOF, [HeldLease(dropped.id, dropped.claim_token, dropped=True)])
+    store.beat(EngineProof("gone", "host", 2, LEASE, LEASE / 3), [])
+    db.execute("UPDATE engine SET seen_at = now() - interval '1 minute' WHERE id = 'gone'")
+    store.settle_many([outcome(ended, State.DONE)])
+    returned = sorted(store.reap_expired())
+    assert returned == sorted((x.id, x.topic) for x in (stale, dropped, rowless))
+    for x in (stale, dropped, rowless):
+        r = db.execute(
+            "SELECT state, attempts, crashes, locked_by FROM job WHERE id = %s", (x.id,)
+        ).fetchone()
+        assert r == ("pending", 0, 1, None)
+    assert db.execute("SELECT state FROM job WHERE id = %s", (live.id,)).fetchone() == ("processing",)
+    assert db.execute("SELECT state FROM job WHERE id = %s", (ended.id,)).fetchone() == ("done",)
     assert store.reap_expired() == []
-    store.close()  # the engine's end: its session and its guards go
-    assert store.reap_expired() == [(c.id, "a")]
+
+
+def test_r1_an_operators_row_lock_only_delays_its_own_row(
+    store: Store, db: psycopg.Connection[Any], dsn: str
+) -> None:
+    store.enqueue_many([Job("a", i) for i in range(2)])
+    held, free = store.claim(["a"], 2, "w", LEASE)
+    db.execute("UPDATE job SET locked_until = now() - interval '1 second'")
+    with psycopg.connect(dsn) as op:
+        op.execute(f'SELECT 1 FROM "{store.schema}".job WHERE id = %s FOR UPDATE', (held.id,))
+        assert store.reap_expired() == [(free.id, free.topic)]  # never waited on
+        op.rollback()
+    assert store.reap_expired() == [(held.id, held.topic)]
 
 
 def test_t1_t2_delete_terminal(store: Store, db: psycopg.Connection[Any]) -> None:
@@ -512,20 +501,27 @@ def test_s4_claim_reads_the_claim_index_in_order_and_an_empty_topic_stays_cheap(
 
 
 def test_c10_c3_batch_writes_do_not_walk_the_lease_index(store: Store, db: psycopg.Connection[Any]) -> None:
-    """C10/C3 at scale: settle_many and renew find rows by primary key. The partial lease index
-    keeps an entry for every row that was ever processing until VACUUM, so a plan through it
+    """C10/C3 at scale: settle_many and the heartbeat find rows by primary key. The partial lease
+    index keeps an entry for every row that was ever processing until VACUUM, so a plan through it
     costs O(jobs done since the last vacuum) per batch (34 ms a batch 15k jobs into a drain)."""
     store.enqueue_many([Job("t", i) for i in range(2000)])
     rows = store.claim(["t"], 250, "w", LEASE)
     outcomes = [Outcome(r.id, r.claim_token, State.DONE) for r in rows]
     settle_params = store._settle_params(outcomes)
-    renew_params = store._renew_params([HeldLease(r.id, r.claim_token) for r in rows], LEASE)
-    for query, params in ((store._q.settle_many, settle_params), (store._q.renew, renew_params)):
+    beat_params = {
+        **store._renew_params([HeldLease(r.id, r.claim_token) for r in rows]),
+        "engine": "w",
+        "host": "h",
+        "pid": 1,
+        "lease": LEASE,
+        "margin": LEASE / 3,
+    }
+    for query, params in ((store._q.settle_many, settle_params), (store._q.beat, beat_params)):
         db.execute("BEGIN")
         plan = "\n".join(r[0] for r in db.execute(b"EXPLAIN " + query.composed, params).fetchall())
         db.execute("ROLLBACK")
         assert "job_lease_expiry_idx" not in plan, plan
-    assert store.renew([HeldLease(r.id, r.claim_token) for r in rows], LEASE).held == {
+    assert store.beat(PROOF, [HeldLease(r.id, r.claim_token) for r in rows]).held == {
         r.claim_token for r in rows
     }
     assert store.settle_many(outcomes) == {r.id for r in rows}

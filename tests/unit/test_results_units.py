@@ -85,5 +85,3 @@ def test_v4_progress_is_coalesced_field_by_field_and_validated() -> None:
     assert taken is not None and taken[1] is not None and len(taken[1]) == 1000
     ctx.progress()  # nothing to record
     assert ctx.take_progress() is None
-
-

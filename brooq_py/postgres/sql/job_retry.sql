@@ -1,5 +1,5 @@
 -- name: job_retry
--- SPEC Q1: a dead or canceled job back to pending, attempts 0, due now, last_error kept;
+-- SPEC Q1: a dead or canceled job back to pending, attempts and crashes 0, due now, last_error kept;
 -- any other state is left alone. SPEC U3: so is a job whose unique key an active job
 -- holds now (a holder not yet committed makes the update fail: the Store answers False).
 -- SPEC D2, D4: and a job with a parent not done, or no longer there (a job canceled with its
@@ -10,8 +10,8 @@
 -- The notification wakes the engines of its topic.
 WITH retried AS (
     UPDATE {job} j
-    SET state = 'pending', attempts = 0, available_at = now(), locked_by = NULL, locked_until = NULL,
-        updated_at = now()
+    SET state = 'pending', attempts = 0, crashes = 0, available_at = now(), locked_by = NULL,
+        locked_until = NULL, updated_at = now()
     WHERE j.id = %(id)s AND j.state IN ('dead', 'canceled')
       AND (j.unique_key IS NULL OR NOT EXISTS (
           SELECT FROM {job} h
