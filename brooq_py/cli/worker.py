@@ -124,15 +124,17 @@ def _apply_dotenv_to_environ(path: Path = Path(".env")) -> None:
             os.environ[key] = value
 
 
-class _Strays:
-    """Log once per topic, at WARNING, the topics whose jobs sit pending with no handler in this worker.
+class StrayTopics:
+    """Tell once per topic the topics whose jobs sit pending with no handler in this worker.
 
     Checked every gauges period (a loose scan of the claim index: one probe per pending topic).
-    Another worker may serve them: the line says what this one runs.
+    Another worker may serve them: the line says what this one runs. *warn* takes the line
+    (default: logged at WARNING); ``manage.py brooq_worker`` writes it to its stderr.
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, warn: Callable[[str], object] | None = None) -> None:
         self.engine = engine
+        self.warn: Callable[[str], object] = warn or log.warning
         self.every = engine.config.td("gauges_period").total_seconds()
         self.seen: set[str] = set()
         self.due = 0.0
@@ -154,11 +156,10 @@ class _Strays:
         for topic in topics:
             if topic not in self.seen:
                 self.seen.add(topic)
-                log.warning(
-                    "jobs of topic %r are pending and this worker has no handler for it (it runs: %s); "
-                    "they wait for a worker that registers it",
-                    topic,
-                    ", ".join(self.engine.topics) or "nothing",
+                self.warn(
+                    f"jobs of topic {topic!r} are pending and this worker has no handler for it "
+                    f"(it runs: {', '.join(self.engine.topics) or 'nothing'}); "
+                    "they wait for a worker that registers it"
                 )
 
 
@@ -241,7 +242,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
             server.url,
             _jobs_access(settings),
         )
-        strays = _Strays(engine)
+        strays = StrayTopics(engine)
         while True:
             strays.check()
             if signals.stopping.wait(min(1.0, strays.every)):
