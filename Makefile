@@ -17,7 +17,7 @@ DJANGO_STAMP := $(DJANGO_VENV)/.install-stamp
 SOURCES := $(wildcard brooq_py tests bench examples)  # bench/ may not exist yet
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-django test-django demo test screenshots lint fmt typecheck check bench migrate-up migrate-down migrate-status \
+.PHONY: help install install-django test-django demo test screenshots lint fmt typecheck check wheel-check bench migrate-up migrate-down migrate-status \
 	db-up db-down clean distclean require-database-url
 
 help: ## show this help
@@ -85,7 +85,10 @@ fmt: install ## format the code and apply safe lint fixes
 typecheck: install ## mypy --strict on the package
 	"$(VENV)/bin/mypy" --strict brooq_py
 
-check: lint typecheck test ## lint, typecheck and test: what CI runs
+check: lint typecheck test ## lint, typecheck and test: what CI runs (with wheel-check)
+
+wheel-check: install ## build the sdist and wheel, twine check them, and run the wheel from a fresh virtualenv
+	DEV_PYTHON="$(PY)" PYTHON="$(PYTHON)" .ci/wheel-check
 
 bench: install ## run the benchmarks (DASH: dashboard pages over 1,000,000 jobs) against the database devdb finds
 	"$(PY)" bench/run.py

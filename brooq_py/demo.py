@@ -48,7 +48,7 @@ def wait_for(cond: Callable[[], bool], timeout: float = 30.0) -> bool:
 def show(pool: ConnectionPool[Any], title: str, name: str, **params: Any) -> None:
     """Print one of the README's SQL queries and its result, as psql would."""
     say(f"-- {title}")
-    for line in ops.text(name).splitlines():
+    for line in ops.pasteable(name, {k: str(v) for k, v in params.items()}).splitlines():
         say("   " + line)
     with pool.connection() as conn:
         names, rows = ops.run(conn, name, SCHEMA, params or None)
@@ -186,12 +186,13 @@ def engine_side(pool: ConnectionPool[Any], store: Store, first_id: str) -> None:
         slow_id = engine.enqueue(Job("slow")).id
         slow_started.wait(10)
         show(pool, "in flight", "in_flight")
-        say("-- cancel it as an operator would from psql:")
-        for line in ops.text("cancel").splitlines():
+        say(f"-- cancel it as an operator would from psql (SET search_path = {SCHEMA}; first):")
+        for line in (ops.pasteable("cancel", {"id": slow_id}) + ";").splitlines():
             say("   " + line)
         with pool.connection() as conn:
             ops.run(conn, "cancel", SCHEMA, {"id": slow_id})
-        wait_for(lambda: engine.registry.get_sample_value("brooq_lease_lost_total", {"topic": "slow"}) == 1.0)
+        canceled = {"topic": "slow", "outcome": "canceled"}
+        wait_for(lambda: engine.registry.get_sample_value("brooq_settle_total", canceled) == 1.0)
         wait_for(lambda: slow_stopped.is_set())
         show(pool, "the slow job", "fate", id=slow_id)
 

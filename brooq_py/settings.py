@@ -134,6 +134,8 @@ class Settings:
     config: Config = field(default_factory=Config)
     http_viewer_token: str | None = field(default=None, repr=False)
     """BROOQ_HTTP_VIEWER_TOKEN: reads every page and GET endpoint, refused every action (SPEC K5)."""
+    http_addr_set: bool = False
+    """Whether BROOQ_HTTP_ADDR was set: a worker whose default address is taken picks another only if not."""
 
     def __repr__(self) -> str:
         dsn = None if self.database_url is None else mask_dsn(self.database_url)
@@ -301,4 +303,5 @@ def load_settings(
         http_viewer_token=viewer_token,
         log_level=log_level,
         config=config,
+        http_addr_set="BROOQ_HTTP_ADDR" in env,
     )

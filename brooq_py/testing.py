@@ -21,13 +21,15 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import psycopg
+import psycopg.sql
 import psycopg_pool
 import pytest
+from psycopg.conninfo import make_conninfo
 
 from brooq_py import devdb
 from brooq_py.engine import Engine
@@ -42,12 +44,16 @@ __all__ = [
     "brooq_async_store",
     "brooq_dsn",
     "brooq_schema",
+    "brooq_schema_dsn",
+    "brooq_schema_setup",
     "brooq_store",
     "drain",
     "jobs",
 ]
 
 Retries = Literal["now", "wait", "never"]
+# brooq_schema_setup's answer: your DDL as SQL text, or setup(conn, schema) run in the test's schema.
+SchemaSetup = str | Callable[[psycopg.Connection[Any], str], None]
 OUTCOMES = ("done", "failed", "dead", "canceled")
 
 
@@ -217,15 +223,45 @@ def brooq_dsn() -> Iterator[str]:
 
 
 @pytest.fixture
-def brooq_schema(brooq_dsn: str) -> Iterator[str]:
-    """A schema of the test's own, migrated to head, dropped (with everything in it) afterwards."""
+def brooq_schema_setup() -> SchemaSetup | None:
+    """Your own tables in each test's schema: override this fixture (conftest.py or a test module).
+
+    Return SQL text (your DDL) or a callable ``setup(conn, schema)`` (run your migrations); it runs
+    after brooq's migrations, in one transaction whose ``search_path`` is the test's schema, so
+    unqualified names land there and are dropped with it. None (the default): nothing to add.
+    """
+    return None
+
+
+def _set_up(dsn: str, schema: str, setup: SchemaSetup) -> None:
+    with psycopg.connect(dsn) as conn:  # one transaction: committed on a clean exit
+        conn.execute(psycopg.sql.SQL("SET LOCAL search_path = {}").format(psycopg.sql.Identifier(schema)))
+        if isinstance(setup, str):
+            conn.execute(setup.encode())  # as psql would run it: no parameters
+        else:
+            setup(conn, schema)
+
+
+@pytest.fixture
+def brooq_schema(brooq_dsn: str, brooq_schema_setup: SchemaSetup | None) -> Iterator[str]:
+    """A schema of the test's own, migrated to head (then ``brooq_schema_setup``'s tables added),
+    dropped with everything in it afterwards."""
     name = "brooq_test_" + uuid.uuid4().hex[:16]
     migrations.upgrade(brooq_dsn, schema=name)
     try:
+        if brooq_schema_setup is not None:
+            _set_up(brooq_dsn, name, brooq_schema_setup)
         yield name
     finally:
         with psycopg.connect(brooq_dsn, autocommit=True) as conn:
             ops.run(conn, "schema_drop", name)
+
+
+@pytest.fixture
+def brooq_schema_dsn(brooq_dsn: str, brooq_schema: str) -> str:
+    """``brooq_dsn`` with ``search_path`` set to ``brooq_schema``: give it to your own code, whose
+    unqualified table names then mean the test's tables."""
+    return make_conninfo(brooq_dsn, options=f"-c search_path={brooq_schema}")
 
 
 @pytest.fixture

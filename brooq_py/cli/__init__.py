@@ -1,9 +1,10 @@
 """The ``brooq-py`` command line (also ``python -m brooq_py``).
 
 Exit status: 0 success; 1 a runtime failure (database unreachable, unknown
-job, a cancel that changed nothing); 2 bad usage, bad input or invalid
-settings (listed all at once, before anything connects); 130 a second SIGINT
-during a graceful stop.
+job for ``get`` and ``retry``, a cancel of a job that has ended); 2 bad usage,
+bad input, ``cancel`` of an id no job has ("no such job"), or invalid settings
+(listed all at once, before anything connects); 130 a second SIGINT during a
+graceful stop.
 
 Modules: ``entry`` (the parser and :func:`main`), ``worker`` (the worker
 command and its signal handling), ``commands`` (the one-shot commands) and

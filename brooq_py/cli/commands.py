@@ -110,6 +110,9 @@ def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
     job_id = check_id(args.job_id)
     with open_store(settings) as store:
         canceled = store.cancel(job_id)
+        if not canceled and store.get(job_id) is None:
+            raise Failure(f"no such job: {job_id} in schema {settings.schema!r}", status=2)
+    # A job that exists but has ended (or was canceled already): nothing changed, status 1.
     print(json.dumps({"canceled": canceled}))
     return 0 if canceled else 1
 

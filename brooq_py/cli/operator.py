@@ -2,9 +2,10 @@
 ``topics`` and ``jobs`` (SPEC Q1-Q3, U3, F1, F2).
 
 Each prints one JSON object (``topics``: a table, or JSON with ``--json``)
-and returns 0; an unknown job or a job in the wrong state is status 1; bad
-input (a malformed id, an empty topic, a limit that is not a number or
-``none``) is status 2 before anything connects.
+and returns 0; an unknown job or a job in the wrong state is status 1, and so is
+a bulk ``retry --topic T --state S`` that skipped some jobs (each listed with
+why); bad input (a malformed id, an empty topic, a limit that is not a number
+or ``none``, a ``--payload`` that is not JSON) is status 2 before anything connects.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from brooq_py.cli.common import Failure, check_id, open_store
 from brooq_py.postgres import flow
 from brooq_py.postgres.operator_side import INT32_MAX, TopicOverview, checked_topic
 from brooq_py.queue import InvalidJob, State
+from brooq_py.queue.job import encode_payload
 from brooq_py.settings import Settings
 
 if TYPE_CHECKING:
@@ -26,11 +28,22 @@ if TYPE_CHECKING:
 
 # The states in the order ``topics`` shows them.
 STATES = tuple(str(s) for s in State)
+# The states a retry takes a job from (SPEC Q1).
+RETRYABLE = (str(State.DEAD), str(State.CANCELED))
 
 
 def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
-    retry = sub.add_parser("retry", parents=[common], help="put a dead or canceled job back to pending")
-    retry.add_argument("job_id", metavar="ID")
+    retry = sub.add_parser(
+        "retry",
+        parents=[common],
+        help="put a dead or canceled job back to pending; or, with --topic and --state, many at once",
+    )
+    retry.add_argument("job_id", metavar="ID", nargs="?", default=None)
+    retry.add_argument("--topic", default=None, help="retry the jobs of this topic (with --state)")
+    retry.add_argument(
+        "--state", default=None, choices=RETRYABLE, help="retry the jobs in this state (with --topic)"
+    )
+    retry.add_argument("--limit", type=int, default=100, help="at most this many, newest first (default 100)")
     pause = sub.add_parser("pause", parents=[common], help="stop every engine claiming TOPIC")
     pause.add_argument("topic", metavar="TOPIC")
     resume = sub.add_parser("resume", parents=[common], help="let engines claim TOPIC again")
@@ -66,6 +79,12 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     jobs.add_argument("--topic", default=None, help="only jobs of this topic")
     jobs.add_argument("--state", default=None, choices=STATES, help="only jobs in this state")
     jobs.add_argument("--limit", type=int, default=20, help="at most this many (default 20)")
+    jobs.add_argument(
+        "--payload",
+        metavar="JSON",
+        default=None,
+        help="only jobs whose payload contains this JSON, e.g. '{\"user_id\": 7}' (a subset match)",
+    )
     jobs.add_argument("--json", action="store_true", help="print the jobs as JSON, one object a line")
 
 
@@ -91,6 +110,13 @@ def parse_rate(text: str) -> tuple[int | None, float]:
 
 
 def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
+    bulk = args.topic is not None or args.state is not None
+    if bulk and args.job_id is not None:
+        raise Failure("retry takes a job ID, or --topic and --state, not both", status=2)
+    if bulk:
+        return _retry_many(args, settings)
+    if args.job_id is None:
+        raise Failure("retry needs a job ID, or --topic T --state dead|canceled", status=2)
     job_id = check_id(args.job_id)
     with open_store(settings) as store:
         if store.retry(job_id):
@@ -100,6 +126,34 @@ def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
     if why is None or why.startswith("no job"):
         raise Failure(f"no job with id {job_id} in schema {settings.schema!r}" if why else "retry refused")
     raise Failure(why)
+
+
+def _retry_many(args: argparse.Namespace, settings: Settings) -> int:
+    """Retry the newest ``--limit`` jobs of a topic in a state; print what was retried and what not, and why.
+
+    Status 0 when every job found was retried (none found included), 1 when some were skipped
+    (an active job holds the unique key, the state changed meanwhile, a parent is not done).
+    """
+    if args.topic is None or args.state is None:
+        raise Failure("retry in bulk needs both --topic T and --state dead|canceled", status=2)
+    topic = check_topic(args.topic)
+    if not 1 <= args.limit <= 10_000:
+        raise Failure(f"invalid --limit {args.limit}: expected a number from 1 to 10000", status=2)
+    retried: list[str] = []
+    skipped: list[dict[str, str]] = []
+    with open_store(settings) as store:
+        for row in store.list_jobs(topic, args.state, args.limit):
+            if store.retry(row.id):
+                retried.append(row.id)
+            else:
+                skipped.append({"id": row.id, "why": store.retry_refusal(row.id) or "not retryable now"})
+    print(json.dumps({"topic": topic, "state": args.state, "retried": retried, "skipped": skipped}))
+    print(
+        f"brooq-py: {len(retried)} of {len(retried) + len(skipped)} {args.state} jobs of topic {topic!r} "
+        f"retried" + (f'; {len(skipped)} skipped (see "skipped" for why)' if skipped else ""),
+        file=sys.stderr,
+    )
+    return 1 if skipped else 0
 
 
 def cmd_pause(args: argparse.Namespace, settings: Settings) -> int:
@@ -169,8 +223,15 @@ def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
     topic = None if args.topic is None else check_topic(args.topic)
     if not 0 <= args.limit <= 10_000:
         raise Failure(f"invalid --limit {args.limit}: expected a number from 0 to 10000", status=2)
+    payload: Any = None
+    if args.payload is not None:
+        try:
+            payload = json.loads(args.payload)
+            encode_payload(payload, "--payload")
+        except (ValueError, RecursionError) as exc:  # InvalidJob is a ValueError too
+            raise Failure(f"--payload is not valid JSON: {exc}", status=2) from None
     with open_store(settings) as store:
-        rows = store.list_jobs(topic, args.state, args.limit)
+        rows = store.list_jobs(topic, args.state, args.limit, payload=payload)
     if args.json:
         for r in rows:
             print(json.dumps(r.to_json(), ensure_ascii=False))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib
 import inspect
 import json
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from psycopg_pool import ConnectionPool
 
     from brooq_py.engine import Engine
+    from brooq_py.http.server import Server
     from brooq_py.postgres import Store
     from brooq_py.queue import Claim, Context
 
@@ -122,15 +124,17 @@ def _apply_dotenv_to_environ(path: Path = Path(".env")) -> None:
             os.environ[key] = value
 
 
-class _Strays:
-    """Log once per topic, at WARNING, the topics whose jobs sit pending with no handler in this worker.
+class StrayTopics:
+    """Tell once per topic the topics whose jobs sit pending with no handler in this worker.
 
     Checked every gauges period (a loose scan of the claim index: one probe per pending topic).
-    Another worker may serve them: the line says what this one runs.
+    Another worker may serve them: the line says what this one runs. *warn* takes the line
+    (default: logged at WARNING); ``manage.py brooq_worker`` writes it to its stderr.
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, warn: Callable[[str], object] | None = None) -> None:
         self.engine = engine
+        self.warn: Callable[[str], object] = warn or log.warning
         self.every = engine.config.td("gauges_period").total_seconds()
         self.seen: set[str] = set()
         self.due = 0.0
@@ -152,11 +156,10 @@ class _Strays:
         for topic in topics:
             if topic not in self.seen:
                 self.seen.add(topic)
-                log.warning(
-                    "jobs of topic %r are pending and this worker has no handler for it (it runs: %s); "
-                    "they wait for a worker that registers it",
-                    topic,
-                    ", ".join(self.engine.topics) or "nothing",
+                self.warn(
+                    f"jobs of topic {topic!r} are pending and this worker has no handler for it "
+                    f"(it runs: {', '.join(self.engine.topics) or 'nothing'}); "
+                    "they wait for a worker that registers it"
                 )
 
 
@@ -227,18 +230,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     try:
         # The port first: a busy one is refused before the engine claims anything (and logs nothing
         # of an engine that started only to stop); /healthz says 503 until the engine runs.
-        try:
-            server = serve(
-                engine,
-                settings.http_host,
-                settings.http_port,
-                settings.http_token,
-                viewer_token=settings.http_viewer_token,
-            )
-        except OSError as exc:
-            raise Failure(
-                f"cannot listen on {settings.http_host}:{settings.http_port}: {exc.strerror}"
-            ) from None
+        server = _listen(engine, settings, serve)
         try:
             engine.start()
         except BrooqError as exc:  # e.g. the schema is not migrated: one line naming the fix
@@ -250,7 +242,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
             server.url,
             _jobs_access(settings),
         )
-        strays = _Strays(engine)
+        strays = StrayTopics(engine)
         while True:
             strays.check()
             if signals.stopping.wait(min(1.0, strays.every)):
@@ -274,6 +266,47 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
                 close_app()
             except Exception:
                 log.exception("closing the --app factory's resources failed")
+
+
+def _listen(engine: Engine, settings: Settings, serve: Callable[..., Server]) -> Server:
+    """Start the surface on BROOQ_HTTP_ADDR; when that is unset and its default taken, on any free port.
+
+    A second worker on one host then runs beside the first (logged with its URL); an address the
+    operator set that is taken is a Failure naming the setting.
+    """
+
+    def start(port: int) -> Server:
+        return serve(
+            engine, settings.http_host, port, settings.http_token, viewer_token=settings.http_viewer_token
+        )
+
+    addr = f"{settings.http_host}:{settings.http_port}"
+    if ":" in settings.http_host:
+        addr = f"[{settings.http_host}]:{settings.http_port}"
+    try:
+        return start(settings.http_port)
+    except OSError as exc:
+        taken = exc.errno == errno.EADDRINUSE
+        if taken and not settings.http_addr_set and settings.http_port != 0:
+            try:
+                server = start(0)
+            except OSError as again:
+                raise Failure(f"cannot listen on {settings.http_host}:0: {again.strerror}") from None
+            log.warning(
+                "the default address %s of the service surface is taken (another worker on this host?): "
+                "listening on %s instead; set BROOQ_HTTP_ADDR to choose one",
+                addr,
+                server.url,
+            )
+            return server
+        why = "address already in use" if taken else (exc.strerror or str(exc))
+        raise Failure(
+            f"BROOQ_HTTP_ADDR={addr}: {why}; set BROOQ_HTTP_ADDR to another address, or port 0 for any "
+            "free one"
+            if settings.http_addr_set
+            else f"cannot listen on {addr} (the default of BROOQ_HTTP_ADDR): {why}; set BROOQ_HTTP_ADDR "
+            "to another address, or port 0 for any free one"
+        ) from None
 
 
 def _jobs_access(settings: Settings) -> str:

@@ -253,10 +253,12 @@ class AsyncStore(AsyncWaitSide):
         return done
 
     async def list_jobs(
-        self, topic: str | None = None, state: str | None = None, limit: int = 50
+        self, topic: str | None = None, state: str | None = None, limit: int = 50, *, payload: Any = None
     ) -> list[JobRow]:
-        """Return the jobs of *topic* and/or *state* (every one when None), newest first, at most *limit*."""
-        rows: list[JobRow] = await self._drive("listing jobs", reads.list_jobs(self._q, topic, state, limit))
+        """Return the jobs of *topic* and/or *state* (every one when None), newest first, at most *limit*;
+        with *payload*, only those whose payload contains it (``Store.list_jobs``)."""
+        plan = reads.list_jobs(self._q, topic, state, limit, payload)
+        rows: list[JobRow] = await self._drive("listing jobs", plan)
         return rows
 
     async def set_rate_limit(

@@ -19,8 +19,9 @@ from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
 import psycopg
+import psycopg_pool
 
-from brooq_py.queue import BrooqError, StoreUnavailable
+from brooq_py.queue import BrooqError, InvalidUsage, StoreUnavailable
 from brooq_py.redact import mask_secrets
 
 # Server-side states that mean "the connection is gone or cannot be had", as opposed to
@@ -80,8 +81,17 @@ def is_outage(exc: BaseException, conn: Any = None) -> bool:
     return is_connection_error(exc) or on_read_only_server(exc, conn)
 
 
-def unavailable(exc: BaseException, doing: str) -> StoreUnavailable:
-    """Return a StoreUnavailable for *exc* (the caller raises it ``from exc``)."""
+def unavailable(exc: BaseException, doing: str) -> StoreUnavailable | InvalidUsage:
+    """Return a StoreUnavailable for *exc* (the caller raises it ``from exc``).
+
+    A pool that was never opened is the calling code's mistake, not an outage: InvalidUsage.
+    """
+    if isinstance(exc, psycopg_pool.PoolClosed) and "not open yet" in str(exc):
+        return InvalidUsage(
+            f"the connection pool given to the Store is not open ({doing}): open the pool first "
+            "(pool.open(), or `with pool:` / `async with pool:`; ConnectionPool(..., open=False) "
+            "leaves it closed)"
+        )
     detail = mask_secrets(str(exc).strip()) or type(exc).__name__
     return StoreUnavailable(f"database unavailable while {doing}: {type(exc).__name__}: {detail}")
 

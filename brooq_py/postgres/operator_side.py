@@ -12,11 +12,12 @@ from typing import Any
 import psycopg
 
 from brooq_py.postgres.flow import rate_text, refusal_text, setting_of
-from brooq_py.postgres.plans import Plan, by_id, parse_id, row_of
+from brooq_py.postgres.plans import Plan, by_id, parse_id
+from brooq_py.postgres.plans import list_jobs as list_plan
 from brooq_py.postgres.queries import Queries
 from brooq_py.postgres.runner import Rows, on_connection
 from brooq_py.postgres.worker_side import claimed_jobs
-from brooq_py.queue import InvalidJob, JobRow, State
+from brooq_py.queue import InvalidJob, JobRow
 from brooq_py.queue.job import MAX_TOPIC_BYTES, check_length, check_text
 from brooq_py.queue.port import LimitedClaim, TopicSetting
 
@@ -107,15 +108,17 @@ class OperatorSide:
         rows = self._run("reading a job", self._q["job_retry_refusal"], {"id": parsed})
         return refusal_text(job_id, rows)
 
-    def list_jobs(self, topic: str | None = None, state: str | None = None, limit: int = 50) -> list[JobRow]:
-        """The newest jobs first (by id: UUIDv7), of *topic* and in *state* when given; at most *limit*."""
-        params = {
-            "topic": None if topic is None else checked_topic(topic),
-            "state": None if state is None else str(State(state)),
-            "limit": max(0, int(limit)),
-        }
-        rows = self._run("listing jobs", self._q["job_list"], params)
-        return [row_of(r) for r in rows]
+    def list_jobs(
+        self, topic: str | None = None, state: str | None = None, limit: int = 50, *, payload: Any = None
+    ) -> list[JobRow]:
+        """The newest jobs first (by id: UUIDv7), of *topic* and in *state* when given; at most *limit*.
+
+        *payload* (None: any) keeps the jobs whose payload contains it (jsonb ``@>``, a subset
+        match); a value that is not JSON raises ``InvalidJob``.
+        """
+        plan = list_plan(self._q, None if topic is None else checked_topic(topic), state, limit, payload)
+        rows: list[JobRow] = self._drive("listing jobs", plan)
+        return rows
 
     def pause(self, topic: str) -> None:
         """Pause *topic*: no engine claims it from its next claim on; running jobs finish (SPEC Q2)."""

@@ -47,6 +47,15 @@ def text(name: str) -> str:
     return "\n".join(body).replace("{job}", "job").replace("{orders}", "orders").strip()
 
 
+def pasteable(name: str, params: dict[str, str]) -> str:
+    """Return ``text(name)`` with each ``%(key)s`` replaced by its value as an SQL string literal,
+    so it can be pasted into psql as it stands."""
+    body = text(name)
+    for key, value in params.items():
+        body = body.replace(f"%({key})s", "'" + value.replace("'", "''") + "'")
+    return body
+
+
 def run(
     conn: psycopg.Connection[Any], name: str, schema: str, params: dict[str, Any] | None = None
 ) -> tuple[list[str], list[tuple[Any, ...]]]:

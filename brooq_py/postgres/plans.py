@@ -17,6 +17,7 @@ from brooq_py.postgres.queries import Queries, Query
 from brooq_py.postgres.rows import job_row
 from brooq_py.postgres.runner import Rows
 from brooq_py.queue import JobRow, State
+from brooq_py.queue.job import encode_payload
 
 Statement = tuple[Query, dict[str, Any]]
 T = TypeVar("T")
@@ -100,9 +101,20 @@ def row_of(r: tuple[Any, ...]) -> JobRow:
     return job_row(r)
 
 
-def list_jobs(q: Queries, topic: str | None, state: str | None, limit: int) -> Plan[list[JobRow]]:
-    """Read the newest jobs first, of one topic and/or state (all when None), at most *limit*."""
+def list_jobs(
+    q: Queries, topic: str | None, state: str | None, limit: int, payload: Any = None
+) -> Plan[list[JobRow]]:
+    """Read the newest jobs first, of one topic and/or state (all when None), at most *limit*.
+
+    *payload* (None: any) keeps the jobs whose payload contains it (jsonb ``@>``); a value
+    that is not JSON raises ``InvalidJob`` before any statement.
+    """
     if state is not None:
         state = str(State(state))  # an unknown state is a ValueError here, not an empty answer
-    rows = yield q["job_list"], {"topic": topic, "state": state, "limit": max(0, int(limit))}
+    params: dict[str, Any] = {"topic": topic, "state": state, "limit": max(0, int(limit))}
+    if payload is None:
+        rows = yield q["job_list"], params
+    else:
+        params["payload"] = encode_payload(payload, "payload filter")
+        rows = yield q["job_list_payload"], params
     return [row_of(r) for r in rows]

@@ -40,6 +40,10 @@ class StoreUnavailable(BrooqError, ConnectionError):
     """The database could not be reached or the connection broke mid-statement."""
 
 
+class InvalidUsage(BrooqError, ValueError):
+    """A mistake in the calling code, not an outage: e.g. a Store given a pool that was never opened."""
+
+
 class QueueFull(BrooqError):
     """The topic holds ``depth`` or more waiting jobs (``set_max_depth``); nothing was written."""
 

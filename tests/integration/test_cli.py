@@ -233,7 +233,7 @@ def test_cancel(dsn: str, schema: str, tmp_path: Path, store: Store) -> None:
     assert second.returncode == 1 and json.loads(second.stdout) == {"canceled": False}
     assert store.get(job_id).state == State.CANCELED  # type: ignore[union-attr]
     unknown = run_cli("cancel", str(uuid.uuid4()), "--schema", schema, dsn=dsn, cwd=tmp_path)
-    assert unknown.returncode == 1
+    assert unknown.returncode == 2 and "no such job" in unknown.stderr
 
 
 @pytest.mark.parametrize(

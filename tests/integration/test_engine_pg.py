@@ -93,7 +93,10 @@ def test_cancel_from_psql_stops_running_handler_x2_c3(
     e.stop(timeout=2)
     row = store.get(jid)
     assert row is not None and row.state is State.CANCELED
-    assert e.registry.get_sample_value("brooq_lease_lost_total", {"topic": "t"}) == 1.0
+    # An operator's cancel is the job's outcome, not a lost lease (a lost lease tells of reaping,
+    # takeover, fencing).
+    assert e.registry.get_sample_value("brooq_settle_total", {"topic": "t", "outcome": "canceled"}) == 1.0
+    assert e.registry.get_sample_value("brooq_lease_lost_total", {"topic": "t"}) == 0.0
 
 
 def test_expired_lease_is_reaped_and_completed_elsewhere_r1_p3(

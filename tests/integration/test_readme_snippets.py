@@ -116,6 +116,7 @@ def test_e3_readme_fastapi_snippet_serves_an_order(
 
 def test_the_docs_have_their_examples() -> None:
     assert "testing:testing-example" in marked("pytest-module")
+    assert {"testing:own-tables", "testing:async-tests"} <= set(marked("pytest-module"))
     assert "README:test-first-app" in marked("pytest-module")
     assert "README:first-app" in marked("program")
 

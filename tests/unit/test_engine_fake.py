@@ -247,6 +247,9 @@ def test_cancel_reaches_running_handler_as_lease_lost_x2(
     e.stop(timeout=1)
     assert repo.row(jid).state is State.CANCELED  # the late return wrote nothing
     assert repo.row(jid).history[-1] is State.CANCELED
+    # Counted as the job's outcome, not as a lost lease.
+    assert e.registry.get_sample_value("brooq_settle_total", {"topic": "t", "outcome": "canceled"}) == 1.0
+    assert not e.registry.get_sample_value("brooq_lease_lost_total", {"topic": "t"})
 
 
 def test_heartbeat_error_is_not_a_cancel_c3(repo: FakeRepo, make_engine: Callable[..., Engine]) -> None:

@@ -62,12 +62,16 @@ class Hooks:
             self.metrics.child(getattr(self.metrics, counter), a.topic).inc()
 
     def lease_lost(self, a: Attempt, cause: BaseException) -> None:
-        self._count("lease_lost", a)  # an operator's cancel too: a LeaseLost still, as it was counted
         if isinstance(cause, JobCanceledByOperator):
+            # The operator's cancel is the job's outcome (its statement wrote it): counted as one, not
+            # as a lost lease, which tells of reaping, takeover and fencing.
+            if self.metrics is not None:
+                self.metrics.child(self.metrics.settled, a.topic, "canceled").inc()
             self._tell(
                 logging.INFO, a, "canceled by an operator; cancelling the handler, nothing will be written"
             )
         else:
+            self._count("lease_lost", a)
             self._tell(logging.WARNING, a, "lease lost; cancelling the handler, nothing will be written")
 
     def fenced(self, a: Attempt, lease: float) -> None:

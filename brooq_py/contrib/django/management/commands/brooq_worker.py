@@ -11,6 +11,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from psycopg_pool import ConnectionPool
 
+from brooq_py.cli.worker import StrayTopics
 from brooq_py.contrib.django.worker import backend_named, conninfo_for, discover, handler_for, topics
 from brooq_py.engine import Config, Engine
 from brooq_py.postgres import Store
@@ -56,6 +57,12 @@ class Command(BaseCommand):
                 for topic, task in kinds.items():
                     engine.register_kind(topic, handler_for(task, backend, engine.worker_id))
                 self.stderr.write(f"brooq_worker: {len(kinds)} topics in schema {backend.schema}")
+                # Pending jobs of a task this worker does not run (another --queue, a module not found),
+                # said once per topic, as `brooq-py worker` does.
+                strays = StrayTopics(
+                    engine, warn=lambda text: self.stderr.write(f"brooq_worker: warning: {text}")
+                )
+                strays.check()
                 if options["burst"]:
                     ran = _burst(engine, store)
                     self.stderr.write(
@@ -66,8 +73,8 @@ class Command(BaseCommand):
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     signal.signal(sig, lambda *_: stop.set())
                 engine.start()
-                while not stop.wait(1.0):
-                    pass
+                while not stop.wait(min(1.0, strays.every)):
+                    strays.check()
                 self.stderr.write("brooq_worker: stopping")
             finally:
                 engine.close()
