@@ -166,6 +166,8 @@ class Dashboard:
             "csrf": roles.guard(role).csrf(valid) if valid and role else "",
             # A viewer (or a read-only dashboard) is shown no action, and refused any (action()).
             "read_only": not self._may_act(request),
+            # The badge tells a signed-in reader why no button shows; before the login it says nothing.
+            "signed_in": self._role(request) is not None,
             "login": self.settings.login,
             "states": [str(s) for s in STATES],
             "refresh_ms": self.settings.refresh_ms,
