@@ -41,6 +41,7 @@ log = logging.getLogger("brooq_py.web")
 
 COOKIE = "brooq_session"
 PAGE_SIZE = 50
+MAX_MESSAGE = 4000  # characters of an action's message, carried in the redirect's query
 RETRYABLE = (State.DEAD, State.CANCELED)
 CANCELABLE = (*ACTIVE_STATES, State.SCHEDULED)
 
@@ -350,10 +351,16 @@ def _retry_many(op: Operator, values: dict[str, list[str]]) -> str:
     message = f"{len(ids) - len(refused)} of {len(ids)} jobs retried"
     if not refused:
         return message
-    # Why, for the first few refused (U3: an active job holding the unique key, or the state).
-    why = "; ".join(f"{i[:8]}: {op.retry_refusal(i) or 'not retryable'}" for i in refused[:3])
-    more = f"; and {len(refused) - 3} more" if len(refused) > 3 else ""
-    return f"{message}; not retried: {why}{more}"
+    # Why, for each job not retried (U3: an active job holding its unique key; its state; a parent),
+    # as long as the message stays short enough to travel in the redirect's URL.
+    reasons: list[str] = []
+    for n, i in enumerate(refused):
+        reason = f"{i[:8]}: {op.retry_refusal(i) or 'not retryable'}"
+        if sum(len(r) + 2 for r in reasons) + len(reason) > MAX_MESSAGE:
+            reasons.append(f"and {len(refused) - n} more (open each to retry it alone and see why)")
+            break
+        reasons.append(reason)
+    return f"{message}; not retried: " + "; ".join(reasons)
 
 
 def _pause(op: Operator, values: dict[str, list[str]]) -> str:

@@ -251,6 +251,23 @@ def test_u3_retry_all_says_why_a_job_was_not_retried(board: Board, store: Store,
     assert store.get(keyed).state == State.DEAD  # type: ignore[union-attr]
 
 
+def test_u3_retry_all_says_why_for_every_job_not_retried(board: Board, store: Store, pool: Any) -> None:
+    """Issue: the bulk retry named the first three refusals only; it now says why for each one."""
+    keyed = [store.enqueue(Job(TOPIC, {"n": n}, unique_key=f"k{n}")).id for n in range(4)]
+    plain = store.enqueue(Job(TOPIC, {"n": 9})).id
+    kill(pool, store.schema, [*keyed, plain])
+    holders = [store.enqueue(Job(TOPIC, {"n": n}, unique_key=f"k{n}")).id for n in range(4)]
+    pending = store.enqueue(Job(TOPIC, {"n": 10})).id  # shown dead once, retried elsewhere since
+    form = [("id", i) for i in [*keyed, plain, pending]]
+    reply = board.request("POST", "/action/retry-many", form=form, token=TOKEN)
+    message = urllib.parse.parse_qs(urllib.parse.urlsplit(reply.location).query)["done"][0]
+    assert message.startswith("1 of 6 jobs retried; not retried: "), message
+    for n, (job, holder) in enumerate(zip(keyed, holders, strict=True)):
+        assert f"{job[:8]}: job {holder} is active with the same unique key 'k{n}'" in message, message
+    assert f"{pending[:8]}: job {pending} is pending: only dead or canceled" in message, message
+    assert "more" not in message
+
+
 def kill(pool: Any, schema: str, ids: list[str], error: str = "RuntimeError: boom") -> None:
     """Make *ids* dead as the engine would have (test set-up, straight SQL)."""
     from psycopg import sql
