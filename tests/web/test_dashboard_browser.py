@@ -276,6 +276,8 @@ def test_no_page_is_wider_than_the_window(
             f"/jobs/{canceled}",
             "/dead",
             "/jobs?topic=email.send&state=pending",
+            '/jobs?topic=email.send&state=pending&payload={"n": 3}',
+            "/dead?payload={nope",
         ):
             browser.get(board.url + path)
             wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "main"), path)
