@@ -425,7 +425,9 @@ def _retry_many(op: Operator, values: dict[str, list[str]]) -> str:
     # as long as the message stays short enough to travel in the redirect's URL.
     reasons: list[str] = []
     for n, i in enumerate(refused):
-        reason = f"{i[:8]}: {op.retry_refusal(i) or 'not retryable'}"
+        reason = (
+            f"{i}: {op.retry_refusal(i) or 'not retryable'}"  # whole: UUIDv7s made together share a prefix
+        )
         if sum(len(r) + 2 for r in reasons) + len(reason) > MAX_MESSAGE:
             reasons.append(f"and {len(refused) - n} more (open each to retry it alone and see why)")
             break

@@ -2,7 +2,8 @@
 
 Each action is done by clicking and checked in the database. With
 ``BROOQ_SCREENSHOTS=1`` the suite also writes docs/dashboard-topics.png and
-docs/dashboard-job.png, and their 420 px twins ``-narrow`` (``make screenshots``).
+docs/dashboard-job.png, and their 420 px twins ``-narrow``, and docs/dashboard-topics-menu.png
+(``make screenshots``).
 """
 
 from __future__ import annotations
@@ -309,6 +310,12 @@ for (const e of root.querySelectorAll('button, summary, input:not([type=hidden])
     bad.push(name(e) + ' outside the viewport ' + JSON.stringify([r.left, r.top, r.right, r.bottom, vw, vh]));
     continue;
   }
+  const box = e.closest('.menu-panel, .card');  // the panel it is drawn on: it must not stick out
+  if (box) {
+    const c = box.getBoundingClientRect();
+    if (r.left < c.left - 0.5 || r.right > c.right + 0.5 || r.top < c.top - 0.5 || r.bottom > c.bottom + 0.5)
+      bad.push(name(e) + ' sticks out of its ' + box.className);
+  }
   for (let a = e.parentElement; a && a !== document.body; a = a.parentElement) {
     const style = getComputedStyle(a);
     if (style.overflowX === 'visible' && style.overflowY === 'visible') continue;
@@ -453,7 +460,10 @@ def test_screenshots_of_the_topics_and_job_pages(
             browser.get(board.url + "/")
             wait_for(lambda: cell(browser, "email.send", "pending") == "7", "the topics page")
             browser.save_screenshot(str(DOCS / f"dashboard-topics{suffix}.png"))
-            browser.set_window_size(width, 820 if width > 500 else 1400)
+            if not suffix:  # a topic's actions menu, open
+                open_menu(browser, "email.send")
+                browser.save_screenshot(str(DOCS / "dashboard-topics-menu.png"))
+            browser.set_window_size(width, 1180 if width > 500 else 2000)
             browser.get(f"{board.url}/jobs/{job_id}")
             browser.save_screenshot(str(DOCS / f"dashboard-job{suffix}.png"))
     finally:

@@ -263,8 +263,8 @@ def test_u3_retry_all_says_why_for_every_job_not_retried(board: Board, store: St
     message = urllib.parse.parse_qs(urllib.parse.urlsplit(reply.location).query)["done"][0]
     assert message.startswith("1 of 6 jobs retried; not retried: "), message
     for n, (job, holder) in enumerate(zip(keyed, holders, strict=True)):
-        assert f"{job[:8]}: job {holder} is active with the same unique key 'k{n}'" in message, message
-    assert f"{pending[:8]}: job {pending} is pending: only dead or canceled" in message, message
+        assert f"{job}: job {holder} is active with the same unique key 'k{n}'" in message, message
+    assert f"{pending}: job {pending} is pending: only dead or canceled" in message, message
     assert "more" not in message
 
 
