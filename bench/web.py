@@ -5,7 +5,8 @@ the last two hours, 15 % pending, 5 % failed, 5 % dead, 15 % canceled, across
 eight topics; then ANALYZE. Each page is fetched `samples` times with the
 bearer token; the topic overview's database read is timed alone (the cache
 dropped before each read), the topics page over HTTP as viewers get it (the
-default cache), list pages on their first and on a deep page.
+default cache), list pages on their first and on a deep page, and the payload search (a window of
+SEARCH_SCAN jobs of a listing, each payload probed by primary key).
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from psycopg import sql
 from util import fresh_schema, job_table, pct, store_on
 
 from brooq_py.http.asgi import ThreadedUvicorn
-from brooq_py.postgres.overview import Overview
+from brooq_py.postgres.overview import SEARCH_SCAN, Overview
 from brooq_py.web import dashboard
 
 TOKEN = "bench-dashboard-token"
 TOPICS = [f"dash.topic{i}" for i in range(8)]
+SEARCH = "%7B%22email%22%3A%22user42%40example.com%22%7D"  # {"email":"user42@example.com"}
 
 
 def fill(dsn: str, schema: str, n: int) -> float:
@@ -121,6 +123,10 @@ def dashboard_latency(dsn: str, n: int, samples: int = 30) -> dict[str, Any]:
                 "done, page 20": (cp, deep(cp, done, 19)),
                 "dead, all topics": (cp, "/dead"),
                 "one job": (cp, f"/jobs/{dead_id}"),
+                # The payload search reads a window of SEARCH_SCAN jobs of the listing and probes
+                # their payloads by primary key (web_jobs_payload.sql): no GIN index.
+                f"pending, payload search ({SEARCH_SCAN:,} read)": (cp, f"{pending}&payload={SEARCH}"),
+                f"dead, payload search ({SEARCH_SCAN:,} read)": (cp, f"/dead?payload={SEARCH}"),
             }
             out["pages"] = {name: measure(port, path, samples) for name, (port, path) in pages.items()}
         finally:

@@ -32,6 +32,11 @@ MAX_BODY = 64 * 1024
 DEFAULT_CONCURRENCY = 32
 READ_METHODS = ("GET", "HEAD")
 GUARDED = re.compile(r"/(jobs|topics)(/.*)?", re.DOTALL)
+DASHBOARD = re.compile(r"/ui(/.*)?", re.DOTALL)
+NO_DASHBOARD = (
+    "no dashboard here: /ui needs the web extra (pip install 'brooq-py[web]') "
+    "and a token, or a loopback address"
+)
 
 REASONS = {
     200: "OK",
@@ -230,6 +235,9 @@ class Surface:
             return body_problem or only(method, READ_METHODS) or self._healthz()
         if path == "/metrics":
             return body_problem or only(method, READ_METHODS) or self._metrics()
+        if DASHBOARD.fullmatch(path) is not None:
+            # Served by the web extra's application when it is on; say why it is not, not just 404.
+            return Reply.error(404, NO_DASHBOARD)
         if GUARDED.fullmatch(path) is None:
             return Reply.error(404, "not found")
         if not self.roles.configured:

@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING
 import uvicorn
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.routing import Mount
+from starlette.requests import Request as StarletteRequest
+from starlette.responses import RedirectResponse
+from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from brooq_py.http.api import Gate, Request, Surface, safe
@@ -77,10 +79,13 @@ def surface_app(
     surface's own /jobs stay off: SPEC O2).
     """
     surface = Surface(engine, token, viewer_token=viewer_token)
-    routes = []
+    routes: list[BaseRoute] = []
     overview = surface.operator.overview
     if overview is not None and (surface.roles.configured or is_loopback(host)):
         board = build(surface.operator, overview, token=token, read_only=read_only, viewer_token=viewer_token)
+        # /ui as the docs write it: the mount answers only below /ui/, and the surface's catch-all
+        # below would take /ui itself.
+        routes.append(Route("/ui", _to_ui_root, methods=["GET", "HEAD"]))
         routes.append(Mount("/ui", app=board.app))
         log.info(
             "dashboard at /ui (%s%s)",
@@ -91,6 +96,12 @@ def surface_app(
         log.warning("the dashboard at /ui is off: the surface listens on %s without a token", host)
     routes.append(Mount("", app=SurfaceRoutes(surface)))
     return Gated(Starlette(routes=routes), gate)
+
+
+def _to_ui_root(request: StarletteRequest) -> RedirectResponse:
+    """Send ``/ui`` to the dashboard's root ``/ui/``, with its query."""
+    query = request.url.query
+    return RedirectResponse("/ui/" + (f"?{query}" if query else ""), status_code=308)
 
 
 class ThreadedUvicorn:

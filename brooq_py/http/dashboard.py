@@ -12,6 +12,7 @@ served on a loopback address. The actions are the surface's own
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 from collections.abc import Callable
@@ -34,13 +35,24 @@ from brooq_py.http.api import check_body
 from brooq_py.http.auth import SESSION_SECONDS, Role, Roles, is_loopback, loopback_name
 from brooq_py.http.job_view import job_view
 from brooq_py.http.render import jinja_env
-from brooq_py.postgres.overview import FINISHED, STATES, WAITING, BadCursor, Overview
+from brooq_py.postgres.overview import (
+    FINISHED,
+    SEARCH_SCAN,
+    STATES,
+    WAITING,
+    BadCursor,
+    JobsPage,
+    Overview,
+    SearchPage,
+)
 from brooq_py.queue import ACTIVE_STATES, State
 
 log = logging.getLogger("brooq_py.web")
 
 COOKIE = "brooq_session"
 PAGE_SIZE = 50
+MAX_FILTER = 2000  # characters of a payload filter
+MAX_MESSAGE = 4000  # characters of an action's message, carried in the redirect's query
 RETRYABLE = (State.DEAD, State.CANCELED)
 CANCELABLE = (*ACTIVE_STATES, State.SCHEDULED)
 
@@ -166,6 +178,8 @@ class Dashboard:
             "csrf": roles.guard(role).csrf(valid) if valid and role else "",
             # A viewer (or a read-only dashboard) is shown no action, and refused any (action()).
             "read_only": not self._may_act(request),
+            # The badge tells a signed-in reader why no button shows; before the login it says nothing.
+            "signed_in": self._role(request) is not None,
             "login": self.settings.login,
             "states": [str(s) for s in STATES],
             "refresh_ms": self.settings.refresh_ms,
@@ -221,25 +235,60 @@ class Dashboard:
 
     def _listing(self, request: Request, template: str, topic: str | None, state: str) -> Response:
         after = request.query_params.get("after")
+        raw_filter = (request.query_params.get("payload") or "").strip()
+        search = None
         try:
-            page = self.op.guarded(
-                "reading a page of jobs", self.overview.jobs, topic, state, after, PAGE_SIZE
-            )
+            if raw_filter:
+                search = self.op.guarded(
+                    "searching payloads",
+                    self.overview.search,
+                    topic,
+                    state,
+                    payload_filter(raw_filter),
+                    after,
+                    SEARCH_SCAN,
+                    PAGE_SIZE,
+                )
+                page = JobsPage(search.jobs, search.next)
+            else:
+                page = self.op.guarded(
+                    "reading a page of jobs", self.overview.jobs, topic, state, after, PAGE_SIZE
+                )
+        except BadFilter as exc:
+            empty = JobsPage([], None)
+            context = self._listing_context(topic, state, empty, after, raw_filter, None, str(exc))
+            return self._page(request, template, context, 400)
         except BadCursor:
             return self._error(request, 400, "That page link is not valid.")
         except ActionError as exc:
             return self._error(request, exc.status, exc.message)
-        context = {
+        context = self._listing_context(topic, state, page, after, raw_filter, search, None)
+        return self._page(request, template, context)
+
+    @staticmethod
+    def _listing_context(
+        topic: str | None,
+        state: str,
+        page: JobsPage,
+        after: str | None,
+        raw_filter: str,
+        search: SearchPage | None,
+        filter_error: str | None,
+    ) -> dict[str, Any]:
+        return {
             "topic": topic,
             "state": state,
             "page": page,
             "after": after,
+            "payload_filter": raw_filter,
+            "search": search,
+            "search_scan": SEARCH_SCAN,
+            "filter_error": filter_error,
             "retryable": state in RETRYABLE,
             "cancelable": state in CANCELABLE,
             "waiting": state in WAITING,
             "title": f"{topic or 'All topics'} · {state}",
         }
-        return self._page(request, template, context)
 
     def job_page(self, request: Request) -> Response:
         refused = self.guard(request)
@@ -333,6 +382,30 @@ class Dashboard:
         )
 
 
+class BadFilter(ValueError):
+    """A payload filter that is not JSON (its message is shown on the page)."""
+
+
+def payload_filter(raw: str) -> Any:
+    """Return the JSON value *raw* (the search box: ``{"user_id": 7}``), or raise BadFilter saying why."""
+    if len(raw) > MAX_FILTER:
+        raise BadFilter(f"The payload filter is longer than {MAX_FILTER:,} characters.")
+
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    try:
+        value = json.loads(raw, parse_constant=no_constant)
+    except ValueError as exc:
+        raise BadFilter(
+            f"The payload filter is not valid JSON ({exc}). Write a JSON value the payloads contain, "
+            'for example {"user_id": 7}.'
+        ) from None
+    if "\\u0000" in json.dumps(value):
+        raise BadFilter("The payload filter holds a NUL character (\\u0000), which no payload can hold.")
+    return value
+
+
 def _one(values: dict[str, list[str]], key: str) -> str:
     got = values.get(key) or []
     if len(got) != 1:
@@ -348,10 +421,18 @@ def _retry_many(op: Operator, values: dict[str, list[str]]) -> str:
     message = f"{len(ids) - len(refused)} of {len(ids)} jobs retried"
     if not refused:
         return message
-    # Why, for the first few refused (U3: an active job holding the unique key, or the state).
-    why = "; ".join(f"{i[:8]}: {op.retry_refusal(i) or 'not retryable'}" for i in refused[:3])
-    more = f"; and {len(refused) - 3} more" if len(refused) > 3 else ""
-    return f"{message}; not retried: {why}{more}"
+    # Why, for each job not retried (U3: an active job holding its unique key; its state; a parent),
+    # as long as the message stays short enough to travel in the redirect's URL.
+    reasons: list[str] = []
+    for n, i in enumerate(refused):
+        reason = (
+            f"{i}: {op.retry_refusal(i) or 'not retryable'}"  # whole: UUIDv7s made together share a prefix
+        )
+        if sum(len(r) + 2 for r in reasons) + len(reason) > MAX_MESSAGE:
+            reasons.append(f"and {len(refused) - n} more (open each to retry it alone and see why)")
+            break
+        reasons.append(reason)
+    return f"{message}; not retried: " + "; ".join(reasons)
 
 
 def _pause(op: Operator, values: dict[str, list[str]]) -> str:

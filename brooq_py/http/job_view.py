@@ -11,6 +11,19 @@ from brooq_py.postgres.overview import FINISHED, Overview
 from brooq_py.queue import JobRow, State
 
 MAX_PAYLOAD_SHOWN = 256 * 1024  # characters of a job's pretty-printed payload (or result) on its page
+GRAPH_SIDE = 8  # parents, and children, drawn as boxes on the job page; the others are counted
+
+# What the Result card says when there is no result, per state: a row holds a result only once done.
+NO_RESULT = {
+    State.PENDING: "Pending: no result yet, waiting for a worker.",
+    State.SCHEDULED: "Scheduled: no result yet, not due before its available time.",
+    State.PROCESSING: "Running: no result yet.",
+    State.FAILED: "Failed an attempt: no result yet, a retry is due at its available time.",
+    State.BLOCKED: "Blocked: no result yet, waiting for its parents to be done.",
+    State.DONE: "Done: the handler returned nothing (None).",
+    State.DEAD: "Ended dead: no result.",
+    State.CANCELED: "Canceled: no result.",
+}
 
 
 def job_view(op: Operator, overview: Overview, raw_id: str) -> dict[str, Any]:
@@ -24,8 +37,14 @@ def job_view(op: Operator, overview: Overview, raw_id: str) -> dict[str, Any]:
         "payload": shown(row.payload),
         "result": shown(row.result) if row.result is not None else None,
         "errors": list(reversed(row.errors)),  # each failed attempt, the latest first (V3)
+        "no_result": NO_RESULT.get(row.state, f"{row.state}: no result."),
         "parents": [r for r in relatives if r.side == "parent"],
         "children": [r for r in relatives if r.side == "child"],
+        "graph_side": GRAPH_SIDE,
+        # Durable steps and signal waits (SPEC DS1-DS5) arrive with JobRow.steps and .waiting_for:
+        # read through getattr so that this page works before and after that change.
+        "steps": tuple(getattr(row, "steps", None) or ()),
+        "waiting_for": getattr(row, "waiting_for", None),
         "title": f"Job {row.id}",
     }
 

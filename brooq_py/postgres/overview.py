@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from psycopg.rows import tuple_row
+from psycopg.types.json import Jsonb
 
 from brooq_py.postgres.flow import rate_text, setting_of
 from brooq_py.queue import State
@@ -35,6 +36,8 @@ ACTIVITY_CAP = 100_000
 # A read that takes long is reused longer: at most 1/READ_SHARE of the time is spent reading.
 READ_SHARE = 5
 MAX_TOPICS = 500
+# A payload search reads at most this many jobs of a listing, newest (or next to be claimed) first.
+SEARCH_SCAN = 1000
 MINUTES = 60
 WAITING = (State.PENDING, State.SCHEDULED, State.FAILED, State.BLOCKED)
 FINISHED = (State.DONE, State.DEAD, State.CANCELED)
@@ -90,7 +93,8 @@ class Topics:
 
 @dataclass(frozen=True)
 class JobLine:
-    """One job of a page (no payload: the job page reads the row)."""
+    """One job of a page: ``preview`` is the payload's first characters, None for a payload of more
+    than 2 KiB stored (web_jobs_*.sql do not read it; ``payload_bytes`` says its stored size)."""
 
     id: str
     topic: str
@@ -102,6 +106,8 @@ class JobLine:
     last_error: str | None
     created_at: datetime
     updated_at: datetime
+    preview: str | None = None
+    payload_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -121,6 +127,16 @@ class JobsPage:
 
     jobs: list[JobLine]
     next: str | None
+
+
+@dataclass(frozen=True)
+class SearchPage:
+    """The jobs of a window of ``scanned`` jobs (in the listing's order) whose payload contains
+    the filter; ``next`` continues after the last one shown, or after the window, None at the end."""
+
+    jobs: list[JobLine]
+    next: str | None
+    scanned: int
 
 
 def _cursor_of(state: str, line: JobLine) -> str:
@@ -289,9 +305,53 @@ class Overview:
         params = {"topic": topic, "state": str(state), "limit": limit + 1, **_parse_cursor(state, cursor)}
         rows = self.store._run("reading a page of jobs", self.store._q[name], params)
         lines = [
-            JobLine(str(r[0]), str(r[1]), str(r[2]), int(r[3]), int(r[4]), r[5], r[6], r[7], r[8], r[9])
+            JobLine(
+                str(r[0]),
+                str(r[1]),
+                str(r[2]),
+                int(r[3]),
+                int(r[4]),
+                r[5],
+                r[6],
+                r[7],
+                r[8],
+                r[9],
+                r[10],
+                int(r[11] or 0),
+            )
             for r in rows
         ]
         more = len(lines) > limit
         lines = lines[:limit]
         return JobsPage(lines, _cursor_of(state, lines[-1]) if more and lines else None)
+
+    def search(
+        self,
+        topic: str | None,
+        state: str,
+        contains: Any,
+        cursor: str | None = None,
+        scan: int = SEARCH_SCAN,
+        limit: int = 50,
+    ) -> SearchPage:
+        """Return the jobs among the next *scan* of ``jobs(topic, state, cursor)`` whose payload
+        contains *contains* (jsonb ``@>``), at most *limit*, in the listing's order.
+
+        Two bounded statements: the listing's index-ordered page of *scan* rows, then one primary
+        key probe per row of it (``web_jobs_payload``). Raise what ``jobs`` raises.
+        """
+        window = self.jobs(topic, state, cursor, scan)
+        if not window.jobs:
+            return SearchPage([], None, 0)
+        rows = self.store._run(
+            "searching payloads",
+            self.store._q["web_jobs_payload"],
+            {"ids": [uuid.UUID(j.id) for j in window.jobs], "contains": Jsonb(contains)},
+        )
+        found = {str(r[0]) for r in rows}
+        matches = [j for j in window.jobs if j.id in found]
+        if len(matches) > limit:  # continue after the last one shown, inside this window
+            shown = matches[:limit]
+            scanned = window.jobs.index(shown[-1]) + 1
+            return SearchPage(shown, _cursor_of(state, shown[-1]), scanned)
+        return SearchPage(matches, window.next, len(window.jobs))

@@ -48,6 +48,7 @@ SCRIPT = textwrap.dedent(
                 "paused": sorted(store.paused()),
                 "get": call("GET", "/jobs/" + job_id)[0],
                 "ui": call("GET", "/ui/")[0],
+                "ui_bare": [call("GET", "/ui")[0], b"web extra" in call("GET", "/ui")[1]],
                 "web_loaded": any(m.split(".")[0] in ("starlette", "uvicorn", "jinja2") for m in sys.modules),
             }))
         engine.close()
@@ -71,5 +72,6 @@ def test_surface_serves_every_endpoint_without_the_web_extra(dsn: str, schema: s
         "paused": ["core.topic"],
         "get": 200,
         "ui": 404,
+        "ui_bare": [404, True],
         "web_loaded": False,
     }

@@ -151,9 +151,19 @@ def test_ui_is_the_dashboard_behind_the_same_token(engine: Engine, store: Store)
         resp = conn.getresponse()
         assert resp.status == 303 and resp.getheader("location", "").startswith("/ui/login")
         conn.close()
+        # /ui as docs/operating.md writes it: to the dashboard's root, the query kept.
+        for method in ("GET", "HEAD"):
+            conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
+            conn.request(method, "/ui?next=x")
+            resp = conn.getresponse()
+            resp.read()
+            assert (resp.status, resp.getheader("location")) == (308, "/ui/?next=x"), method
+            conn.close()
         assert call(srv, "POST", "/ui/action/pause?x", token=TOKEN)[0] == 400  # no topic field
         assert call(srv, "GET", "/ui/static/app.js", token=None)[0] == 200
     with serve(engine, port=0, token=TOKEN, read_only=True) as srv:
         assert b"/action/" not in call(srv, "GET", f"/ui/jobs/{job_id}")[1]
     with serve(engine, port=0, token=TOKEN, dashboard=False) as srv:
-        assert call(srv, "GET", "/ui/")[0] == 404
+        for path in ("/ui", "/ui/"):
+            status, body = call(srv, "GET", path)
+            assert status == 404 and "web extra" in body["error"], path  # says why, not just "not found"

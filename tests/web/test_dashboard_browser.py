@@ -2,18 +2,21 @@
 
 Each action is done by clicking and checked in the database. With
 ``BROOQ_SCREENSHOTS=1`` the suite also writes docs/dashboard-topics.png and
-docs/dashboard-job.png, and their 420 px twins ``-narrow`` (``make screenshots``).
+docs/dashboard-job.png, and their 420 px twins ``-narrow``, and docs/dashboard-topics-menu.png
+(``make screenshots``).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from psycopg import sql
+from psycopg.types.json import Jsonb
 from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -129,10 +132,12 @@ def test_q2_pause_and_resume_a_topic_by_clicking(browser: WebDriver, board: Boar
     store.enqueue(Job("web.pause", None))
     login(browser, board)
     wait_for(lambda: cell(browser, "web.pause", "pending") == "1", "the topic's row")
+    open_menu(browser, "web.pause")  # the row's actions are in its menu
     click_action(browser, 'tr[data-topic="web.pause"]', "pause")
     assert store.paused() == {"web.pause"}
     paused = browser.find_element(By.CSS_SELECTOR, 'tr[data-topic="web.pause"] td[data-paused]')
     assert paused.get_attribute("data-paused") == "yes"
+    open_menu(browser, "web.pause")
     click_action(browser, 'tr[data-topic="web.pause"]', "resume")
     assert store.paused() == set()
 
@@ -205,6 +210,9 @@ def fill_a_realistic_queue(store: Store, pool: Any) -> str:
             )
     store.pause("search.reindex")
     store.set_limit("billing.invoice", 4)
+    store.set_rate_limit("email.send", 50, 1)
+    store.set_max_depth("image.resize", 100_000)
+    invoice = store.enqueue(Job("billing.invoice", {"order": 4711})).id
     job_id = store.enqueue(
         Job(
             "webhooks.deliver",
@@ -214,14 +222,33 @@ def fill_a_realistic_queue(store: Store, pool: Any) -> str:
                 "order": {"id": 4711, "total": "19.90"},
             },
             idempotency_key="order.paid-4711",
+            after=[invoice],
         )
     ).id
-    kill(
-        pool,
-        store.schema,
-        [job_id],
-        "TimeoutError: POST https://hooks.example.com/orders did not answer in 30s",
+    error = "TimeoutError: POST https://hooks.example.com/orders did not answer in 30s"
+    kill(pool, store.schema, [job_id], error)
+    trace = (
+        "Traceback (most recent call last):\n"
+        '  File "shop/hooks.py", line 41, in deliver\n'
+        "    response = client.post(url, json=event, timeout=30)\n"
+        '  File "httpx/_client.py", line 1144, in post\n'
+        "    return self.request(...)\n"
+        f"{error}\n"
     )
+    attempts = [{"attempt": n, "error": error, "traceback": trace} for n in (1, 2, 3)]
+    with pool.connection() as conn:  # its parent done, its three attempts as the engine records them
+        conn.execute(
+            sql.SQL("UPDATE {} SET state = 'done', updated_at = now() WHERE id = %s").format(job),
+            (invoice,),
+        )
+        conn.execute(
+            sql.SQL(
+                "UPDATE {} SET errors = (SELECT jsonb_agg(e || jsonb_build_object('at', "
+                "now() - (4 - (e->>'attempt')::int) * interval '3 minutes')) FROM jsonb_array_elements(%s) e) "
+                "WHERE id = %s"
+            ).format(job),
+            (Jsonb(attempts), job_id),
+        )
     return job_id
 
 
@@ -250,12 +277,168 @@ def test_no_page_is_wider_than_the_window(
             f"/jobs/{canceled}",
             "/dead",
             "/jobs?topic=email.send&state=pending",
+            '/jobs?topic=email.send&state=pending&payload={"n": 3}',
+            "/dead?payload={nope",
         ):
             browser.get(board.url + path)
             wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "main"), path)
             seen = browser.execute_script(OVERFLOW)
             assert seen["scroll"] <= seen["inner"], (width, path, seen)
             assert seen["clipped"] == [], (width, path, seen)
+    finally:
+        browser.set_window_size(1440, 900)
+
+
+# Every control shown in *root* (a visible button, summary, field or link), scrolled into view:
+# its box must lie inside the viewport and inside every ancestor that clips, its text must fit
+# its box, and the point at its centre must hit it (or a node inside it), not something on top.
+CONTROLS_FIT = """
+const root = arguments[0] || document;
+const vw = document.documentElement.clientWidth, vh = document.documentElement.clientHeight;
+const name = e => e.tagName.toLowerCase() + (e.dataset.action ? '[' + e.dataset.action + ']' : '')
+  + ' "' + (e.innerText || e.value || e.getAttribute('aria-label') || '').trim().slice(0, 30) + '"';
+const bad = [];
+let seen = 0;
+for (const e of root.querySelectorAll('button, summary, input:not([type=hidden]), select, textarea, a')) {
+  const closed = e.closest('details:not([open])');
+  if (closed && e.parentElement !== closed) continue;  // inside a closed menu: not shown
+  if (!e.checkVisibility({visibilityProperty: true})) continue;
+  seen++;
+  e.scrollIntoView({block: 'nearest', inline: 'nearest'});
+  const r = e.getBoundingClientRect();
+  if (r.left < -0.5 || r.top < -0.5 || r.right > vw + 0.5 || r.bottom > vh + 0.5) {
+    bad.push(name(e) + ' outside the viewport ' + JSON.stringify([r.left, r.top, r.right, r.bottom, vw, vh]));
+    continue;
+  }
+  const box = e.closest('.menu-panel, .card');  // the panel it is drawn on: it must not stick out
+  if (box) {
+    const c = box.getBoundingClientRect();
+    if (r.left < c.left - 0.5 || r.right > c.right + 0.5 || r.top < c.top - 0.5 || r.bottom > c.bottom + 0.5)
+      bad.push(name(e) + ' sticks out of its ' + box.className);
+  }
+  for (let a = e.parentElement; a && a !== document.body; a = a.parentElement) {
+    const style = getComputedStyle(a);
+    if (style.overflowX === 'visible' && style.overflowY === 'visible') continue;
+    const c = a.getBoundingClientRect();
+    if (r.left < c.left - 0.5 || r.right > c.right + 0.5 || r.top < c.top - 0.5 || r.bottom > c.bottom + 0.5)
+      bad.push(name(e) + ' clipped by ' + a.tagName + '.' + a.className);
+  }
+  if (e.matches('button, summary') && e.scrollWidth > e.clientWidth + 1)
+    bad.push(name(e) + ' text cut: ' + e.scrollWidth + ' > ' + e.clientWidth);
+  const hit = document.elementFromPoint((r.left + r.right) / 2, (r.top + r.bottom) / 2);
+  if (!hit || !(hit === e || e.contains(hit)))
+    bad.push(name(e) + ' covered by ' + (hit ? hit.tagName + '.' + hit.className : 'nothing'));
+}
+return {seen: seen, bad: bad};
+"""
+
+
+def assert_controls_fit(browser: WebDriver, where: str, root: Any = None) -> int:
+    """Check CONTROLS_FIT inside *root* (the whole page when None); return how many were checked."""
+    seen = browser.execute_script(CONTROLS_FIT, root)
+    assert seen["bad"] == [], (where, seen["bad"])
+    return int(seen["seen"])
+
+
+def open_menu(browser: WebDriver, topic: str) -> Any:
+    """Open the topic's action menu by clicking it (again if the live refresh swapped the row); return it."""
+    found: list[Any] = []
+
+    def opened() -> bool:
+        try:
+            menu = browser.find_element(By.CSS_SELECTOR, f'details.menu[data-menu="{topic}"]')
+            if menu.get_attribute("open") is None:
+                menu.find_element(By.TAG_NAME, "summary").click()
+            if menu.get_attribute("open") is None:
+                return False
+        except StaleElementReferenceException:
+            return False
+        found[:] = [menu]
+        return True
+
+    wait_for(opened, f"the {topic} menu to open")
+    return found[0]
+
+
+@pytest.mark.parametrize("width", [1280, 420])
+def test_topics_controls_fit_unclipped_and_unobscured_menus_open_too(
+    width: int, browser: WebDriver, board: Board, store: Store, pool: Any
+) -> None:
+    """Issue: at 1280 px the Rate, Depth and Pause buttons were cut and a topic took three lines."""
+    fill_a_realistic_queue(store, pool)
+    login(browser, board)
+    browser.set_window_size(width, 800 if width > 500 else 900)
+    try:
+        browser.get(board.url + "/")
+        wait_for(lambda: cell(browser, "email.send", "pending") == "7", "the topics page")
+        topics = ["billing.invoice", "email.send", "image.resize", "search.reindex", "webhooks.deliver"]
+        # A table: one line per topic, as tall as its tallest value, the chart (three lines of
+        # controls made it 110 px).
+        if width > 500:
+            heights = browser.execute_script(
+                "return [...document.querySelectorAll('tr[data-topic]')].map(r => r.getBoundingClientRect().height)"
+            )
+            assert len(heights) == len(topics) and max(heights) <= 60, heights
+        assert assert_controls_fit(browser, f"{width} closed") >= len(topics) * 10
+        for topic in topics:
+            menu = open_menu(browser, topic)
+            panel = menu.find_element(By.CLASS_NAME, "menu-panel")
+            # Pause or Resume, the rate and depth fields and their Set buttons, and the summary.
+            assert assert_controls_fit(browser, f"{width} {topic} menu", menu) == 6
+            assert panel.is_displayed()
+            # The open menu holds off the live refresh: it is still open after two refresh periods.
+            browser.execute_script("window.__menu = arguments[0]", menu)
+            time.sleep(1.2)  # the board refreshes every 0.5 s
+            assert browser.execute_script("return window.__menu.isConnected && window.__menu.open")
+            browser.find_element(By.TAG_NAME, "body").send_keys("\ue00c")  # Escape closes it
+            wait_for(lambda: not browser.execute_script("return window.__menu.open"), "the menu to close")
+    finally:
+        browser.set_window_size(1440, 900)
+
+
+def test_set_a_rate_limit_from_the_menu(browser: WebDriver, board: Board, store: Store) -> None:
+    store.enqueue(Job("web.menu", None))
+    login(browser, board)
+    wait_for(lambda: cell(browser, "web.menu", "pending") == "1", "the topic's row")
+    menu = open_menu(browser, "web.menu")
+    field = menu.find_element(By.CSS_SELECTOR, 'form[action$="/action/rate"] input[name="value"]')
+    field.clear()
+    field.send_keys("7/1s")
+    click_action(browser, 'details.menu[data-menu="web.menu"]', "rate")
+    (setting,) = store.topic_settings()
+    assert (setting.rate_limit, setting.rate_per) == (7, 1.0)
+    assert "Rate limit set" in browser.page_source
+
+
+@pytest.mark.parametrize("width", [1280, 420])
+def test_job_page_controls_fit_with_history_and_graph(
+    width: int, browser: WebDriver, board: Board, store: Store, pool: Any
+) -> None:
+    job_id = fill_a_realistic_queue(store, pool)
+    parent = store.enqueue(Job("web.graph", {"step": "parent"})).id
+    child = store.enqueue(Job("web.graph", {"step": "child"}, after=[parent])).id
+    login(browser, board)
+    browser.set_window_size(width, 800 if width > 500 else 900)
+    try:
+        for page in (job_id, parent, child):
+            browser.get(f"{board.url}/jobs/{page}")
+            wait_for(lambda: browser.find_elements(By.ID, "state"), "the job page")
+            assert_controls_fit(browser, f"{width} job {page}")  # the tracebacks folded
+            for folded in browser.find_elements(By.CSS_SELECTOR, "details.traceback"):
+                folded.find_element(By.TAG_NAME, "summary").click()
+            assert_controls_fit(browser, f"{width} job {page} unfolded")
+            if page == job_id:  # the dead webhook: three attempts, the latest first, and its parent
+                shown = [
+                    a.get_attribute("data-attempt")
+                    for a in browser.find_elements(By.CSS_SELECTOR, ".attempt")
+                ]
+                assert shown == ["3", "2", "1"]
+                assert "did not answer in 30s" in browser.find_element(By.ID, "errors").text
+                assert "in deliver" in browser.find_element(By.ID, "errors").text
+                assert browser.find_element(By.ID, "no-result").text == "Ended dead: no result."
+                boxes = browser.find_elements(By.CSS_SELECTOR, '#graph a.graph-box[data-relative="parent"]')
+                assert [b.get_attribute("data-state") for b in boxes] == ["done"]
+        assert browser.find_elements(By.CSS_SELECTOR, f'#graph a.graph-box[href$="/jobs/{parent}"]')
     finally:
         browser.set_window_size(1440, 900)
 
@@ -277,7 +460,10 @@ def test_screenshots_of_the_topics_and_job_pages(
             browser.get(board.url + "/")
             wait_for(lambda: cell(browser, "email.send", "pending") == "7", "the topics page")
             browser.save_screenshot(str(DOCS / f"dashboard-topics{suffix}.png"))
-            browser.set_window_size(width, 820 if width > 500 else 1400)
+            if not suffix:  # a topic's actions menu, open
+                open_menu(browser, "email.send")
+                browser.save_screenshot(str(DOCS / "dashboard-topics-menu.png"))
+            browser.set_window_size(width, 1180 if width > 500 else 2000)
             browser.get(f"{board.url}/jobs/{job_id}")
             browser.save_screenshot(str(DOCS / f"dashboard-job{suffix}.png"))
     finally:

@@ -17,7 +17,7 @@ from psycopg_pool import ConnectionPool
 
 from brooq_py.http.asgi import ThreadedUvicorn
 from brooq_py.postgres import Store
-from brooq_py.postgres.overview import Overview
+from brooq_py.postgres.overview import SEARCH_SCAN, Overview
 from brooq_py.web import dashboard
 from tests.polling import wait_for
 from tests.web.conftest import TOKEN, Board
@@ -95,6 +95,8 @@ def test_z2_a_page_view_costs_a_bounded_number_of_index_scans(
             ("done page", f"/jobs?topic={TOPICS[1]}&state=done"),
             ("dead page", "/dead"),
             ("job page", f"/jobs/{job_id}"),
+            ("pending search", f"/jobs?topic={TOPICS[0]}&state=pending&payload=%7B%22n%22%3A3%7D"),
+            ("dead search", "/dead?payload=%7B%22n%22%3A3%7D"),
         ):
             before = settled(dsn, schema, pool)
             reply = board.request("GET", path, token=TOKEN)
@@ -110,3 +112,8 @@ def test_z2_a_page_view_costs_a_bounded_number_of_index_scans(
     assert costs["topics again (cached)"] == (0, 0), costs
     for page in ("pending page", "done page", "dead page", "job page"):
         assert 1 <= costs[page][1] <= 2, costs
+    # A payload search: the listing's window of SEARCH_SCAN rows (one index scan), then one
+    # primary key probe per row of it: bounded by the window, never by the 30,000 rows (the
+    # margin of 2 is for a late statistics flush of the page before, as the settling allows).
+    for page in ("pending search", "dead search"):
+        assert 2 <= costs[page][1] <= 1 + SEARCH_SCAN + 2, costs

@@ -107,6 +107,42 @@ def test_read_only_hides_and_refuses_every_action(serve_board: Callable[..., Boa
     assert store.paused() == set()
 
 
+def test_the_login_page_shows_no_read_only_badge(serve_board: Callable[..., Board]) -> None:
+    """Nobody is signed in on the login page: it says nothing of what a token may do."""
+    for read_only in (False, True):
+        board = serve_board(token=TOKEN, read_only=read_only)
+        login = board.request("GET", "/login")
+        assert login.status == 200 and 'id="read-only"' not in login.body
+        refused = board.request("GET", "/login?next=/")
+        assert 'id="read-only"' not in refused.body
+        signed_in = board.request("GET", "/", token=TOKEN).body
+        assert ('id="read-only"' in signed_in) is read_only
+
+
+def test_the_result_card_says_honestly_why_there_is_no_result(board: Board, store: Store, pool: Any) -> None:
+    """Issue: a dead job said "Not done yet"; each state now says what its missing result means."""
+    from datetime import UTC, datetime, timedelta
+
+    dead = store.enqueue(Job(TOPIC, {"n": 1})).id
+    kill(pool, store.schema, [dead])
+    canceled = store.enqueue(Job(TOPIC, {"n": 2})).id
+    store.cancel(canceled)
+    pending = store.enqueue(Job(TOPIC, {"n": 3})).id
+    scheduled = store.enqueue(Job(TOPIC, {"n": 4}, available_at=datetime.now(UTC) + timedelta(hours=1))).id
+    blocked = store.enqueue(Job(TOPIC, {"n": 5}, after=[pending])).id
+    expected = {
+        dead: "Ended dead: no result.",
+        canceled: "Canceled: no result.",
+        pending: "Pending: no result yet",
+        scheduled: "Scheduled: no result yet",
+        blocked: "Blocked: no result yet",
+    }
+    for job_id, label in expected.items():
+        body = board.request("GET", f"/jobs/{job_id}", token=TOKEN).body
+        assert label in body, (job_id, label)
+        assert "Not done yet" not in body
+
+
 def test_payload_and_errors_are_escaped(board: Board, store: Store) -> None:
     evil = "<script>alert(1)</script><img src=x onerror=alert(2)>"
     job_id = store.enqueue(Job("<b>topic</b>", {"html": evil})).id
@@ -215,6 +251,23 @@ def test_u3_retry_all_says_why_a_job_was_not_retried(board: Board, store: Store,
     assert store.get(keyed).state == State.DEAD  # type: ignore[union-attr]
 
 
+def test_u3_retry_all_says_why_for_every_job_not_retried(board: Board, store: Store, pool: Any) -> None:
+    """Issue: the bulk retry named the first three refusals only; it now says why for each one."""
+    keyed = [store.enqueue(Job(TOPIC, {"n": n}, unique_key=f"k{n}")).id for n in range(4)]
+    plain = store.enqueue(Job(TOPIC, {"n": 9})).id
+    kill(pool, store.schema, [*keyed, plain])
+    holders = [store.enqueue(Job(TOPIC, {"n": n}, unique_key=f"k{n}")).id for n in range(4)]
+    pending = store.enqueue(Job(TOPIC, {"n": 10})).id  # shown dead once, retried elsewhere since
+    form = [("id", i) for i in [*keyed, plain, pending]]
+    reply = board.request("POST", "/action/retry-many", form=form, token=TOKEN)
+    message = urllib.parse.parse_qs(urllib.parse.urlsplit(reply.location).query)["done"][0]
+    assert message.startswith("1 of 6 jobs retried; not retried: "), message
+    for n, (job, holder) in enumerate(zip(keyed, holders, strict=True)):
+        assert f"{job}: job {holder} is active with the same unique key 'k{n}'" in message, message
+    assert f"{pending}: job {pending} is pending: only dead or canceled" in message, message
+    assert "more" not in message
+
+
 def kill(pool: Any, schema: str, ids: list[str], error: str = "RuntimeError: boom") -> None:
     """Make *ids* dead as the engine would have (test set-up, straight SQL)."""
     from psycopg import sql
@@ -246,6 +299,8 @@ def test_mounted_under_a_prefix(store: Store, mount: str) -> None:
         body = board.request("GET", "/", cookie=reply.cookies[0].split(";")[0]).body
         assert f'href="{mount}/static/app.css"' in body
         assert board.request("GET", "/static/app.js").status == 200
+        bare = board.request("GET", "")  # the mount's own address, without the slash
+        assert bare.status in (307, 308) and bare.location.endswith(f"{mount}/")
     finally:
         server.close()
 
@@ -318,7 +373,7 @@ def test_v1_v3_v4_the_job_page_shows_result_failed_attempts_and_progress(board: 
     (c,) = store.claim([TOPIC], 1, "w", lease)
     store.renew([HeldLease(c.id, c.claim_token, 0.42, "resizing <img>")], lease)
     running = board.request("GET", f"/jobs/{job_id}", token=TOKEN).body
-    assert "42%" in running and "resizing &lt;img&gt;" in running and "Not done yet." in running
+    assert "42%" in running and "resizing &lt;img&gt;" in running and "Running: no result yet." in running
     tb = 'Traceback (most recent call last):\n  File "app.py", line 3, in handler\nValueError: <bad>\n'
     store.settle_many(
         [Outcome(c.id, c.claim_token, State.FAILED, last_error="ValueError: <bad>", traceback=tb)]

@@ -1,7 +1,21 @@
-/* brooq dashboard: live refresh of the topics table, nothing else.
+/* brooq dashboard: live refresh of the topics table, and its rows' action menus.
    The server renders the rows (escaped); this only swaps them in. No dependencies. */
 (function () {
   "use strict";
+  // One action menu (<details class="menu">) open at a time; Escape or a click elsewhere closes it.
+  function closeMenus(except) {
+    document.querySelectorAll("details.menu[open]").forEach(function (menu) {
+      if (menu !== except) { menu.removeAttribute("open"); }
+    });
+  }
+  document.addEventListener("click", function (event) {
+    var menu = event.target.closest ? event.target.closest("details.menu") : null;
+    closeMenus(menu);
+  });
+  document.addEventListener("keydown", function (event) {
+    if (event.key === "Escape") { closeMenus(null); }
+  });
+
   var table = document.querySelector("table[data-refresh]");
   if (!table || !window.fetch) { return; }
   var url = table.getAttribute("data-refresh");
@@ -16,8 +30,14 @@
     live.textContent = ok ? "live" : "reconnecting";
   }
 
+  function typing() {
+    var el = document.activeElement;
+    return el !== null && el.tagName === "INPUT" && body.contains(el);
+  }
+
   function tick() {
-    if (busy || document.hidden) { return; }
+    // Never swap the rows under an open menu or a field being typed in.
+    if (busy || document.hidden || typing() || body.querySelector("details.menu[open]")) { return; }
     busy = true;
     fetch(url, { credentials: "same-origin", headers: { "Accept": "text/html" } })
       .then(function (response) {
