@@ -1,6 +1,6 @@
 """Named SQL statements: loaded once from ``sql/*.sql``, rendered per schema.
 
-Each file holds one statement with ``{job}``, ``{job_edge}``, ``{topic_setting}``, ``{schedule_tick}``,
+Each file holds one statement with ``{job}``, ``{job_edge}``, ``{job_wait}``, ``{topic_setting}``, ``{schedule_tick}``,
 ``{version_table}`` (the tables), ``{depth_seq}`` (the depth caps' sequence, migration 0014, as a
 text literal for ``to_regclass``),
 ``{channel}`` (the wake-up channel as an identifier), ``{channel_literal}`` (as text) or
@@ -80,6 +80,7 @@ def render(name: str, schema: str, *, rows: bool = True) -> Query:
         **shared,
         job=sql.Identifier(schema, "job"),
         job_edge=sql.Identifier(schema, "job_edge"),
+        job_wait=sql.Identifier(schema, "job_wait"),
         topic_setting=sql.Identifier(schema, "topic_setting"),
         schedule_tick=sql.Identifier(schema, "schedule_tick"),
         depth_seq=_depth_seq(schema),
