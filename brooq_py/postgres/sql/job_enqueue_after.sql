@@ -10,7 +10,7 @@
 -- conflicts with the engine's writes to a running parent; the parents are key-share
 -- locked, which no settle or heartbeat waits for, only so that retention cannot delete
 -- one before this commit. A job waits for its parents not yet done (blocked,
--- waiting_parents) and gets a job_wait row for each (migration 0015): the parent's end
+-- waiting_parents) and gets a job_wait row for each (migration 0016): the parent's end
 -- applies it, or, when that end committed unseen by this statement (or this one unseen by
 -- it), the stager's sweep does (job_release_due). With all of them done it is pending (or
 -- scheduled) at once; a parent already dead or canceled makes it canceled at birth (D3).

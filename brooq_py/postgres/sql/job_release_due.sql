@@ -1,6 +1,6 @@
 -- name: job_release_due
 -- SPEC D2, D3, O4: applies the parents' ends that their own transactions could not
--- (migration 0015): a job_wait row whose parent has ended, because the child was locked
+-- (migration 0016): a job_wait row whose parent has ended, because the child was locked
 -- elsewhere then (an operator, another parent's end of a fan-in) or was being enqueued
 -- while the parent ended. The stager runs it each tick. Everything is locked with SKIP
 -- LOCKED: a child still held is left for a later tick, and two engines' sweeps never

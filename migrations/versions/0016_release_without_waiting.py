@@ -1,4 +1,4 @@
-"""0015 workflows: a parent's end waits on no other row, and a child's enqueue writes no parent (SPEC O4, D1', D2, D3).
+"""0016 workflows: a parent's end waits on no other row, and a child's enqueue writes no parent (SPEC O4, D1', D2, D3).
 
 Until now the statement that enqueued a child updated each parent not yet ended
 (``has_children``), so that the parent's settle waited for the enqueue's commit;
@@ -38,8 +38,8 @@ from types import ModuleType
 
 from alembic import op
 
-revision = "0015"
-down_revision = "0014"
+revision = "0016"
+down_revision = "0015"
 branch_labels = None
 depends_on = None
 
