@@ -8,7 +8,7 @@ from brooq_py.engine.repo import Repo
 from brooq_py.queue import BrooqError, StoreUnavailable
 
 # The oldest migration whose tables and columns this code's statements use.
-SCHEMA_NEEDED = "0015"
+SCHEMA_NEEDED = "0016"
 PROG = "brooq-py"
 
 

@@ -97,7 +97,7 @@ def get(q: Queries, job_id: Any) -> Plan[JobRow | None]:
 
 
 def row_of(r: tuple[Any, ...]) -> JobRow:
-    """A row of job_get's columns (job_list's too) as a JobRow (see rows.job_row)."""
+    """A row of job_get's columns (job_list selects the same) as a JobRow (see rows.job_row)."""
     return job_row(r)
 
 

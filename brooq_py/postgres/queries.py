@@ -1,11 +1,13 @@
 """Named SQL statements: loaded once from ``sql/*.sql``, rendered per schema.
 
-Each file holds one statement with ``{job}``, ``{engine}``, ``{job_edge}``, ``{topic_setting}``, ``{schedule_tick}``,
+Each file holds one statement with ``{job}``, ``{engine}``, ``{job_edge}``, ``{job_wait}``, ``{topic_setting}``,
+``{schedule_tick}``,
 ``{version_table}`` (the tables), ``{depth_seq}`` (the depth caps' sequence, migration 0014, as a
 text literal for ``to_regclass``),
 ``{channel}`` (the wake-up channel as an identifier), ``{channel_literal}`` (as text) or
 ``{stage_channel}`` (the stager's channel, ``{stage_channel_literal}`` as text), ``{cancel_channel}``
 (the cancel channel), ``{settled_channel}`` / ``{settled_channel_literal}`` (the results channel),
+``{depth_room}`` and ``{job_row_columns}`` (the fragments of those names, see ``_FRAGMENTS``)
 placeholders and psycopg ``%(name)s`` parameters. A Store renders every
 statement once for its schema with ``psycopg.sql.Identifier`` and never sets
 ``search_path`` on a connection.
@@ -53,6 +55,10 @@ def _fragment(name: str, schema: str) -> sql.Composed:
     return sql.SQL(text).format(job=sql.Identifier(schema, "job"), depth_seq=_depth_seq(schema))
 
 
+# Files that are parts of statements, not statements: ``{name}`` in a statement stands for one.
+_FRAGMENTS = ("depth_room", "job_row_columns")
+
+
 def _depth_seq(schema: str) -> sql.Composable:
     return sql.Literal(sql.Identifier(schema, "job_depth_seq").as_string(None))
 
@@ -60,13 +66,16 @@ def _depth_seq(schema: str) -> sql.Composable:
 def render(name: str, schema: str, *, rows: bool = True) -> Query:
     """Render ``sql/<name>.sql`` for *schema* (*rows*: see ``Query``)."""
     template = sql.SQL(load(name))
+    shared = {
+        f: _fragment(f, schema) if "{" + f + "}" in template.as_string(None) else sql.SQL("")
+        for f in _FRAGMENTS
+    }
     composed = template.format(
-        depth_room=_fragment("depth_room", schema)
-        if "{depth_room}" in template.as_string(None)
-        else sql.SQL(""),
+        **shared,
         job=sql.Identifier(schema, "job"),
         engine=sql.Identifier(schema, "engine"),
         job_edge=sql.Identifier(schema, "job_edge"),
+        job_wait=sql.Identifier(schema, "job_wait"),
         topic_setting=sql.Identifier(schema, "topic_setting"),
         schedule_tick=sql.Identifier(schema, "schedule_tick"),
         depth_seq=_depth_seq(schema),

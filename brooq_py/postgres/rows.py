@@ -10,11 +10,20 @@ from brooq_py.queue import AttemptError, JobRow, State
 _EPOCH = datetime.fromtimestamp(0, UTC)
 
 
+# job_get's columns, which every statement read into a JobRow selects (job_list too).
+JOB_ROW_COLUMNS = 20
+
+
 def job_row(r: Any) -> JobRow:
-    """Return the JobRow of a row of ``job_get`` (result, history and progress included) or of
-    ``job_list`` (the 13 columns, unique_key, parents: the others left at their defaults)."""
-    parents = r[14] if len(r) > 14 else None
-    result, errors, progress, note, meta = r[15:20] if len(r) >= 20 else (None,) * 5
+    """Return the JobRow of a row of ``job_get``'s columns (result, history and progress included).
+
+    Raise ValueError for a row of any other width: a statement that selects fewer columns
+    would leave fields silently empty (SPEC R0).
+    """
+    if len(r) != JOB_ROW_COLUMNS:
+        raise ValueError(f"a job row has {JOB_ROW_COLUMNS} columns (job_get's), got {len(r)}")
+    parents = r[14]
+    result, errors, progress, note, meta = r[15:20]
     return JobRow(
         id=str(r[0]),
         topic=r[1],

@@ -300,16 +300,27 @@ class WorkerSide:
         return [(str(r[0]), r[1]) for r in rows]
 
     def stage(self, topics: Sequence[str], batch: int, notify: bool = True) -> Staged:
-        """Make up to *batch* due scheduled/failed rows of *topics* pending, in one statement (SPEC S7)."""
+        """Make up to *batch* due scheduled/failed rows of *topics* pending, in one statement (SPEC S7),
+        after releasing up to *batch* blocked children whose parents ended unseen (SPEC D2, O4)."""
         if not topics or batch < 1:
             return Staged({}, None)
+        # Children whose parents' ends are owed to them (SPEC D2, O4; of any topic: whichever
+        # engine's stager runs first releases them). They count as promoted: the dispatcher wakes.
+        released = self._run(
+            "releasing children of ended parents",
+            self._q["job_release_due"],
+            {"batch": batch, "notify": notify},
+        )
         rows = self._run(
             "staging due jobs",
             self._q["job_stage"],
             {"topics": list(topics), "batch": batch, "notify": notify},
         )
         dues = [float(r[2]) for r in rows if r[2] is not None]
-        return Staged({str(r[0]): int(r[1]) for r in rows if r[1]}, min(dues) if dues else None)
+        promoted = {str(r[0]): int(r[1]) for r in rows if r[1]}
+        for topic, n, _ in released:
+            promoted[str(topic)] = promoted.get(str(topic), 0) + int(n)
+        return Staged(promoted, min(dues) if dues else None)
 
     def next_due(self, topics: Sequence[str]) -> float | None:
         """Seconds until the earliest scheduled/failed row of *topics* is due (<= 0: due; None: none)."""

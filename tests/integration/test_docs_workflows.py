@@ -63,8 +63,8 @@ def test_d3_the_documented_sql_puts_a_dead_parents_branch_back(store: Store, dsn
 def test_d3_the_documented_sql_puts_back_a_child_canceled_at_birth(
     store: Store, dsn: str, schema: str
 ) -> None:
-    """A child enqueued after its parent died never marked that parent (has_children): the branch's
-    SQL marks it, so the retried parent's done releases the child put back."""
+    """A child enqueued after its parent died waits for nothing (no job_wait row): the branch's SQL
+    writes it, so the retried parent's done releases the child put back."""
     root = store.enqueue(Job("root")).id
     finish(store, "root", State.DEAD)
     child = store.enqueue(Job("c", after=[root])).id

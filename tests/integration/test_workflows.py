@@ -13,7 +13,7 @@ import pytest
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
-from brooq_py.postgres import Store, WrapTx
+from brooq_py.postgres import Store
 from brooq_py.queue import InvalidJob, Job, QueueFull, State
 from brooq_py.queue.port import Outcome
 
@@ -291,10 +291,11 @@ def test_d2_d3_a_parents_end_reads_its_own_children_not_every_blocked_job(
     assert read < 1000, read
 
 
-def test_d2_a_settle_that_waited_for_the_enqueue_sees_its_edge(
+def test_d2_o4_a_settle_during_a_childs_enqueue_neither_waits_nor_loses_the_child(
     store: Store, pool: ConnectionPool[Any], db: psycopg.Connection[Any]
 ) -> None:
-    """The enqueue locks the parent first; the parent's done waits for its commit, then releases."""
+    """The enqueue writes no parent row, so the parent's done does not wait for its commit; the
+    done could not see the child, so the stager's sweep releases it (D1', O4)."""
     p = store.enqueue(Job("p")).id
     (r,) = store.claim(["p"], 1, "w", LEASE)
     written: list[set[str]] = []
@@ -304,17 +305,18 @@ def test_d2_a_settle_that_waited_for_the_enqueue_sees_its_edge(
             target=lambda: written.append(store.settle_many([Outcome(r.id, r.claim_token, State.DONE)]))
         )
         settler.start()
-        waiter = wait_lock(db, tx)
-        assert waiter, "the settle did not wait for the enqueue's lock"
-    settler.join(30)
-    assert written == [{p}]
+        settler.join(30)
+        assert written == [{p}], "the settle waited for the enqueue"
+    assert state(store, child) is State.BLOCKED
+    store.stage(["c"], 100)
     assert state(store, child) is State.PENDING
 
 
-def test_d2_an_enqueue_that_waited_for_the_settle_sees_the_parent_done(
+def test_d2_an_enqueue_during_the_parents_settle_neither_waits_nor_is_lost(
     store: Store, db: psycopg.Connection[Any]
 ) -> None:
-    """The settle locks the parent first; the enqueue waits for its commit and reads done."""
+    """The settle holds the parent's row; the enqueue does not wait for it and, not seeing the
+    done yet, leaves the child blocked for the stager's sweep (D1', O4)."""
     p = store.enqueue(Job("p")).id
     (r,) = store.claim(["p"], 1, "w", LEASE)
     made: list[str] = []
@@ -322,27 +324,11 @@ def test_d2_an_enqueue_that_waited_for_the_settle_sees_the_parent_done(
         assert store.settle_tx(tx, Outcome(r.id, r.claim_token, State.DONE))
         enqueuer = threading.Thread(target=lambda: made.append(store.enqueue(Job("c", after=[p])).id))
         enqueuer.start()
-        assert wait_lock(db, tx), "the enqueue did not wait for the settle's lock"
-    enqueuer.join(30)
+        enqueuer.join(30)
+        assert made, "the enqueue waited for the settle"
+    assert state(store, made[0]) is State.BLOCKED
+    store.stage(["c"], 100)
     assert state(store, made[0]) is State.PENDING
-
-
-def wait_lock(db: psycopg.Connection[Any], tx: WrapTx) -> bool:
-    """Wait until a backend waits for a lock *tx* holds (other tests may wait for their own locks)."""
-    from tests.polling import wait_for
-
-    holder = tx.psycopg.info.backend_pid
-    return bool(
-        wait_for(
-            lambda: (
-                db.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY (pg_blocking_pids(pid))", (holder,)
-                ).fetchone()
-                == (1,)
-            ),
-            "a backend waiting for a row lock",
-        )
-    )
 
 
 # -- D3: failure propagation ----------------------------------------------------------------
@@ -608,10 +594,11 @@ def test_d1_after_with_a_unique_key_is_refused(store: Store, db: psycopg.Connect
     assert alone is not None and state(store, alone) is State.PENDING
 
 
-def test_d2_d3_a_child_canceled_while_its_parents_done_waits_stays_canceled(
+def test_d2_d3_a_child_canceled_while_its_parents_done_runs_stays_canceled(
     store: Store, db: psycopg.Connection[Any]
 ) -> None:
-    """The cancel holds the child's row; the parent's done waits for it, then leaves it canceled."""
+    """The cancel holds the child's row; the parent's done does not wait for it (O4), and the
+    sweep after the cancel's commit leaves the child canceled."""
     p = store.enqueue(Job("p")).id
     child = store.enqueue(Job("c", after=[p])).id
     (r,) = store.claim(["p"], 1, "w", LEASE)
@@ -627,10 +614,11 @@ def test_d2_d3_a_child_canceled_while_its_parents_done_waits_stays_canceled(
             target=lambda: written.append(store.settle_many([Outcome(r.id, r.claim_token, State.DONE)]))
         )
         settler.start()
-        assert wait_lock(db, tx), "the parent's done did not wait for the cancel"
-    settler.join(30)
-    assert written == [{p}]
+        settler.join(30)
+        assert written == [{p}], "the parent's done waited for the cancel"
+    store.stage(["c"], 100)
     assert state(store, p) is State.DONE and state(store, child) is State.CANCELED
+    assert db.execute("SELECT count(*) FROM job_wait").fetchone() == (0,)
     # and the other way round: a done that released the child first, then the cancel
     q = store.enqueue(Job("q")).id
     other = store.enqueue(Job("c", after=[q])).id

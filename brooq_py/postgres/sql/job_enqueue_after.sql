@@ -6,13 +6,14 @@
 -- A parent must be visible to this statement (jobs enqueued earlier in the same
 -- transaction are). If one is not, nothing is written and the statement returns
 -- (-1, that id): the caller raises InvalidJob with its transaction still usable.
--- Each parent that has not ended is updated (has_children) rather than read: the row
--- lock makes a concurrent settle of the parent wait for this commit, after which the
--- release trigger (migration 0012) sees the edge; a settle that committed first is
--- seen here as the parent's new state. A parent that has ended is only key-share
--- locked, never written. A job waits for its parents not yet done (blocked,
--- waiting_parents); with all of them done it is pending (or scheduled) at once; a
--- parent already dead or canceled makes it canceled at birth (D3).
+-- SPEC D1': no parent row is written, so a caller's REPEATABLE READ transaction never
+-- conflicts with the engine's writes to a running parent; the parents are key-share
+-- locked, which no settle or heartbeat waits for, only so that retention cannot delete
+-- one before this commit. A job waits for its parents not yet done (blocked,
+-- waiting_parents) and gets a job_wait row for each (migration 0016): the parent's end
+-- applies it, or, when that end committed unseen by this statement (or this one unseen by
+-- it), the stager's sweep does (job_release_due). With all of them done it is pending (or
+-- scheduled) at once; a parent already dead or canceled makes it canceled at birth (D3).
 -- SPEC F2 as job_enqueue_many: when the new jobs of a capped topic (those whose key no
 -- row holds yet) would take it past its cap, nothing is written and a row
 -- (NULL, NULL, topic) names each such topic.
@@ -52,25 +53,11 @@ WITH input AS (
 ), complete AS (
     -- Only when every parent is there: a refused batch leaves its parents untouched.
     SELECT count(*) = cardinality(%(parents)s::uuid[]) AND NOT EXISTS (SELECT FROM too_deep) AS ok FROM seen
-), live AS (
-    -- A parent that may still end is updated: its row lock orders this enqueue with its settle.
-    UPDATE {job} p
-    SET has_children = true
-    WHERE p.id = ANY (ARRAY(SELECT s.id FROM seen s WHERE s.state NOT IN ('done', 'dead', 'canceled')))
-      AND (SELECT ok FROM complete)
-    RETURNING p.id, p.state
-), ended AS (
-    -- A parent that has ended is never written (its state is final for this child); the key
-    -- share lock only keeps retention from deleting it before this commit.
+), parent AS (
     SELECT j.id, j.state
     FROM {job} j
-    WHERE j.id = ANY (ARRAY(SELECT s.id FROM seen s WHERE s.state IN ('done', 'dead', 'canceled')))
-      AND (SELECT ok FROM complete)
+    WHERE j.id = ANY (ARRAY(SELECT s.id FROM seen s)) AND (SELECT ok FROM complete)
     FOR KEY SHARE
-), parent AS (
-    SELECT id, state FROM live
-    UNION ALL
-    SELECT id, state FROM ended
 ), unknown AS (
     -- The first parent missing from the snapshot, else one deleted before its lock was granted.
     SELECT x.id
@@ -112,6 +99,15 @@ WITH input AS (
     FROM edge e
     JOIN input i ON i.ord = e.ord
     WHERE i.id IN (SELECT id FROM inserted)
+), waits AS (
+    -- What the child counts in waiting_parents; a child canceled at birth waits for nothing.
+    INSERT INTO {job_wait} (parent, child)
+    SELECT e.parent, i.id
+    FROM edge e
+    JOIN input i ON i.ord = e.ord
+    JOIN parent p ON p.id = e.parent
+    LEFT JOIN verdict v ON v.ord = e.ord
+    WHERE i.id IN (SELECT id FROM inserted) AND p.state <> 'done' AND v.doomed_by IS NULL
 )
 SELECT -1::bigint, u.id, NULL::text AS too_deep FROM unknown u WHERE NOT EXISTS (SELECT FROM too_deep)
 UNION ALL

@@ -1,0 +1,66 @@
+-- name: job_release_due
+-- SPEC D2, D3, O4: applies the parents' ends that their own transactions could not
+-- (migration 0016): a job_wait row whose parent has ended, because the child was locked
+-- elsewhere then (an operator, another parent's end of a fan-in) or was being enqueued
+-- while the parent ended. The stager runs it each tick. Everything is locked with SKIP
+-- LOCKED: a child still held is left for a later tick, and two engines' sweeps never
+-- apply one row twice nor wait on each other. A child is released (pending, or scheduled
+-- while its time is ahead) when no parent it waits for is left, or canceled, named after
+-- a parent that ended dead or canceled; a parent no longer there (deleted by hand) leaves
+-- its child blocked, as its end would have. One row per topic woken: how many jobs became
+-- pending or scheduled; a wake-up per topic when %(notify)s.
+WITH due AS (
+    SELECT w.parent, w.child, p.state AS parent_state
+    FROM {job_wait} w
+    LEFT JOIN {job} p ON p.id = w.parent
+    WHERE p.id IS NULL OR p.state IN ('done', 'dead', 'canceled')
+    LIMIT %(batch)s
+    FOR UPDATE OF w SKIP LOCKED
+), free AS (
+    SELECT c.id
+    FROM {job} c
+    WHERE c.id = ANY (ARRAY(SELECT DISTINCT d.child FROM due d))
+    FOR UPDATE SKIP LOCKED
+), verdict AS (
+    SELECT d.child,
+           count(*) FILTER (WHERE d.parent_state = 'done') AS done,
+           min(d.parent::text || ' ended ' || d.parent_state)
+               FILTER (WHERE d.parent_state IN ('dead', 'canceled')) AS doomed_by
+    FROM due d
+    WHERE d.child = ANY (ARRAY(SELECT f.id FROM free f))
+    GROUP BY d.child
+), changed AS (
+    UPDATE {job} c
+    SET state = CASE WHEN v.doomed_by IS NOT NULL THEN 'canceled'
+                     WHEN c.waiting_parents > v.done THEN 'blocked'
+                     WHEN c.available_at > clock_timestamp() THEN 'scheduled'
+                     ELSE 'pending' END,
+        waiting_parents = CASE WHEN v.doomed_by IS NOT NULL THEN c.waiting_parents
+                               ELSE greatest(c.waiting_parents - v.done, 0) END,
+        last_error = CASE WHEN v.doomed_by IS NOT NULL THEN 'canceled: parent ' || v.doomed_by
+                          ELSE c.last_error END,
+        available_at = CASE WHEN v.doomed_by IS NULL AND c.waiting_parents <= v.done
+                            THEN greatest(c.available_at, clock_timestamp()) ELSE c.available_at END,
+        updated_at = CASE WHEN v.doomed_by IS NOT NULL OR c.waiting_parents <= v.done
+                          THEN now() ELSE c.updated_at END
+    FROM verdict v
+    WHERE c.id = v.child AND c.state = 'blocked'
+    RETURNING c.topic, c.state
+), applied AS (
+    DELETE FROM {job_wait} w
+    USING due d
+    WHERE w.parent = d.parent AND w.child = d.child
+      AND (d.child = ANY (ARRAY(SELECT f.id FROM free f))
+           OR NOT EXISTS (SELECT FROM {job} c WHERE c.id = d.child))
+), woken AS (
+    SELECT c.topic, c.state, count(*) AS n
+    FROM changed c
+    WHERE c.state IN ('pending', 'scheduled')
+    GROUP BY c.topic, c.state
+)
+SELECT w.topic, w.n::int,
+       CASE WHEN %(notify)s
+            THEN pg_notify(CASE WHEN w.state = 'scheduled' THEN {stage_channel_literal} ELSE {channel_literal} END,
+                           CASE WHEN octet_length(w.topic) < 8000 THEN w.topic ELSE '' END)
+       END AS sent
+FROM woken w
