@@ -23,6 +23,7 @@ from brooq_py.queue import (
     State,
     Tx,
 )
+from tests.budget import APP, MINE
 from tests.integration.conftest import FAST, q
 from tests.polling import wait_for
 
@@ -385,8 +386,8 @@ def test_connection_failure_in_engine_is_logged_not_fatal(
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE pid <> pg_backend_pid() AND datname = current_database() AND query ILIKE %s",
-            ("%LISTEN%",),
+            f"WHERE pid <> pg_backend_pid() AND datname = current_database() AND query ILIKE %s AND {MINE}",
+            ("%LISTEN%", APP),
         )
     gate.set()
     wait_for(lambda: state_of(store, jid) is State.DONE)
