@@ -364,7 +364,8 @@ def test_p1_a_claim_found_locked_at_a_renewal_is_guarded_from_the_reaper_while_t
     [again] = lock_expire_and_release(renew_twice)
     assert again != holder
     assert store.reap_expired() == []
-    store.close()  # the engine's end: its session and its guards go
+    store.close()  # the engine's end: its session and its guards go (once its backend has exited)
+    wait_for(lambda: not guard_pids(db, c.claim_token), "the guard gone with the closed Store's session", 30)
     assert store.reap_expired() == [(c.id, "a")]
 
 
