@@ -80,6 +80,11 @@ class Peaks:
 
     total: int = 0
     workers: dict[str, tuple[int, str]] = field(default_factory=dict)
+    tests: dict[str, int] = field(default_factory=dict)  # the most its worker held while it ran
+
+    def heaviest(self, over: int) -> list[tuple[int, str]]:
+        """The tests whose worker held more than *over* connections while they ran, most first."""
+        return sorted(((n, t) for t, n in self.tests.items() if n > over), reverse=True)
 
 
 class Sampler:
@@ -120,5 +125,7 @@ class Sampler:
     def _record(self, counts: dict[str, int]) -> None:
         self.peaks.total = max(self.peaks.total, sum(counts.values()))
         for worker, n in counts.items():
+            test = self.running.get(worker, "(between tests)")
             if n > self.peaks.workers.get(worker, (0, ""))[0]:
-                self.peaks.workers[worker] = (n, self.running.get(worker, "(between tests)"))
+                self.peaks.workers[worker] = (n, test)
+            self.peaks.tests[test] = max(n, self.peaks.tests.get(test, 0))

@@ -88,8 +88,12 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         f" (budget {budget.SUITE_BUDGET}; {budget.worker_budget(workers)} per worker, {workers} workers)"
     )
     for worker, (n, nodeid) in sorted(_peaks.workers.items()):
-        over = "  OVER the worker budget" if n > budget.worker_budget(workers) + (worker == "main") else ""
-        terminalreporter.write_line(f"  {worker}: at most {n}, during {nodeid}{over}")
+        terminalreporter.write_line(f"  {worker}: at most {n}, during {nodeid}")
+    heavy = _peaks.heaviest(budget.worker_budget(workers))
+    for n, nodeid in heavy[:10]:
+        terminalreporter.write_line(f"  over a worker's share: {n} during {nodeid}")
+    if len(heavy) > 10:
+        terminalreporter.write_line(f"  ... and {len(heavy) - 10} more tests over a worker's share")
     if _sampler_error is not None:
         terminalreporter.write_line(f"  (the count stopped early: {_sampler_error})")
 
