@@ -69,8 +69,8 @@ def check_room(dsn: str, needed: int) -> str | None:
     return (
         f"the test server has {free} connections free (max_connections {max_connections}"
         f"{'' if superuser else f' less {reserved} reserved for superusers'}, {in_use} in use), "
-        f"and this run may use up to {needed} at once. Wait for the other users of the server "
-        f"(pg_stat_activity tells who), or run fewer xdist workers: make test TEST_WORKERS=2"
+        f"and this run may use up to {needed} at once: wait until its other users are done "
+        f"(SELECT application_name, count(*) FROM pg_stat_activity GROUP BY 1 tells who)"
     )
 
 
