@@ -88,7 +88,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         f" (budget {budget.SUITE_BUDGET}; {budget.worker_budget(workers)} per worker, {workers} workers)"
     )
     if _peaks.total > budget.SUITE_BUDGET:
-        terminalreporter.write_line(f"  OVER the suite's budget of {budget.SUITE_BUDGET} (tests/chaos: see below)")
+        terminalreporter.write_line(
+            f"  OVER the suite's budget of {budget.SUITE_BUDGET} (tests/chaos: see below)"
+        )
     for worker, (n, nodeid) in sorted(_peaks.workers.items()):
         terminalreporter.write_line(f"  {worker}: at most {n}, during {nodeid}")
     heavy = _peaks.heaviest(budget.worker_budget(workers))
