@@ -8,7 +8,7 @@ that name a connection themselves use :func:`app_name`, which keeps that prefix.
 So one query tells how many connections the suite holds, per worker. ``check_room`` fails the
 session at its start, in one readable message, when the server has fewer free connections than
 the suite may use; the ``Sampler`` watches the suite's connections while it runs, and the
-session fails when they ever exceeded ``SUITE_BUDGET`` (docs/development.md, "Test suite").
+summary says when they ever exceeded ``SUITE_BUDGET`` (docs/development.md, "Test suite").
 """
 
 from __future__ import annotations
