@@ -46,9 +46,20 @@ $(STAMP): pyproject.toml
 demo: install ## run the demo against the database devdb finds
 	"$(PY)" -m brooq_py.demo
 
-test: install ## run the test suite (pytest tests/), then the Django tests in their own venv
-	"$(PY)" -m pytest tests
-	@$(MAKE) --no-print-directory test-django
+# xdist workers of `make test` (tests/budget.py: 40 connections to the test server in all, shared
+# among them; docs/development.md, "Test suite").
+# The fault-injection tests (tests/chaos: worker processes, throwaway servers) then run alone, one at a time.
+TEST_WORKERS ?= 4
+PYTEST_ARGS ?= -n $(TEST_WORKERS) --durations=20
+
+test: install ## run the test suite (pytest tests/ on TEST_WORKERS xdist workers), then the Django tests in their own venv
+	@py=0; dj=0; \
+	"$(PY)" -m pytest $(PYTEST_ARGS) --ignore=tests/chaos tests || py=$$?; \
+	"$(PY)" -m pytest --durations=10 tests/chaos || py=$$((py ? py : $$?)); \
+	$(MAKE) --no-print-directory test-django || dj=$$?; \
+	if [ $$py -ne 0 ] || [ $$dj -ne 0 ]; then \
+		echo "*** make test failed: pytest exit status $$py, Django tests exit status $$dj" >&2; exit 1; \
+	fi
 
 test-django: ## the Django 6 tests (tests/django_project) in $(DJANGO_VENV), Python >= 3.12
 	@if [ -z "$(DJANGO_PYTHON)" ]; then \

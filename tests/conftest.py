@@ -1,11 +1,14 @@
 """Shared fixtures: a real PostgreSQL, a fresh migrated schema per test, a pool and a Store.
 
 Every test that touches the database gets its own schema, built by the real
-migrations and dropped afterwards; nothing is written into ``public``.
+migrations and dropped afterwards; nothing is written into ``public``. Under
+pytest-xdist each worker process finds its own database (a throwaway server is
+its own, on a free port) and names its connections (tests/budget.py).
 """
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -18,8 +21,12 @@ from psycopg_pool import ConnectionPool
 
 from brooq_py import devdb as devdb_module
 from brooq_py.postgres import Store, migrations
+from tests import budget
+
+budget.tag_connections()
 
 _devdb: devdb_module.DevDatabase | None = None
+_sampler: budget.Sampler | None = None
 
 
 def _acquire() -> devdb_module.DevDatabase:
@@ -37,8 +44,73 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"brooq_py database: {db.how} {devdb_module.mask_dsn(db.dsn)}"
 
 
+def _xdist_workers(config: pytest.Config) -> int:
+    """How many xdist workers this run has (1 without xdist)."""
+    n = getattr(config.option, "numprocesses", None)
+    if not n or getattr(config.option, "dist", "no") == "no":
+        return 1
+    return int(n) if str(n).isdigit() else os.cpu_count() or 1
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """In the run's main process: fail at once, clearly, when the server has too few free
+    connections for the suite; then count the suite's connections while it runs."""
+    global _sampler
+    if hasattr(session.config, "workerinput"):
+        return  # an xdist worker: its controller checks and counts
+    try:
+        db = _acquire()
+    except Exception:
+        return  # the database fixture says why, in the tests that need one
+    workers = _xdist_workers(session.config)
+    needed = min(budget.SUITE_BUDGET, workers * budget.worker_budget(workers) + budget.SAMPLER)
+    if db.how != "throwaway":
+        problem = budget.check_room(db.dsn, needed)
+        if problem is not None:
+            pytest.exit(f"not enough connections for the test suite: {problem}", returncode=4)
+    _sampler = budget.Sampler(db.dsn)
+    _sampler.start()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Tell the sampler which test each worker runs (the controller hears every worker's reports)."""
+    if _sampler is not None and report.when == "setup":
+        gateway = getattr(getattr(report, "node", None), "gateway", None)
+        _sampler.running[gateway.id if gateway is not None else budget.WORKER] = report.nodeid
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    if _peaks is None:
+        return
+    workers = _xdist_workers(config)
+    terminalreporter.write_line(
+        f"brooq_py connections to the test server: at most {_peaks.total} at once"
+        f" (budget {budget.SUITE_BUDGET}; {budget.worker_budget(workers)} per worker, {workers} workers)"
+    )
+    if _peaks.total > budget.SUITE_BUDGET:
+        terminalreporter.write_line(
+            f"  OVER the suite's budget of {budget.SUITE_BUDGET} (tests/chaos: see below)"
+        )
+    for worker, (n, nodeid) in sorted(_peaks.workers.items()):
+        terminalreporter.write_line(f"  {worker}: at most {n}, during {nodeid}")
+    heavy = _peaks.heaviest(budget.worker_budget(workers))
+    for n, nodeid in heavy[:10]:
+        terminalreporter.write_line(f"  over a worker's share: {n} during {nodeid}")
+    if len(heavy) > 10:
+        terminalreporter.write_line(f"  ... and {len(heavy) - 10} more tests over a worker's share")
+    if _sampler_error is not None:
+        terminalreporter.write_line(f"  (the count stopped early: {_sampler_error})")
+
+
+_peaks: budget.Peaks | None = None
+_sampler_error: str | None = None
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    global _devdb
+    global _devdb, _sampler, _peaks, _sampler_error
+    if _sampler is not None:
+        _peaks, _sampler_error = _sampler.stop(), _sampler.error
+        _sampler = None
     if _devdb is not None:
         _devdb.close()
         _devdb = None

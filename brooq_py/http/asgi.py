@@ -94,8 +94,12 @@ def surface_app(
         )
     elif overview is not None:
         log.warning("the dashboard at /ui is off: the surface listens on %s without a token", host)
-    routes.append(Mount("", app=SurfaceRoutes(surface)))
-    return Gated(Starlette(routes=routes), gate)
+    app = Starlette(routes=routes)
+    # Every other path goes to the surface's router, a path with a newline too: a Mount("") would
+    # not match one (its pattern's ``.`` stops at a newline) and answer 404 before the token is asked.
+    app.router.default = SurfaceRoutes(surface)
+    app.router.redirect_slashes = False
+    return Gated(app, gate)
 
 
 def _to_ui_root(request: StarletteRequest) -> RedirectResponse:

@@ -45,7 +45,8 @@ from brooq_py.postgres.overview import (
     Overview,
     SearchPage,
 )
-from brooq_py.queue import ACTIVE_STATES, State
+from brooq_py.queue import ACTIVE_STATES, InvalidJob, State
+from brooq_py.queue.job import MAX_TOPIC_BYTES, check_length, check_text
 
 log = logging.getLogger("brooq_py.web")
 
@@ -228,6 +229,8 @@ class Dashboard:
         state = request.query_params.get("state", "")
         if state not in {str(s) for s in STATES} or (topic is None and state not in FINISHED):
             return self._error(request, 400, "Unknown state, or a state that needs a topic.")
+        if topic is not None and not _possible_topic(topic):
+            return self._error(request, 400, "No job can have that topic.")
         return self._listing(request, "jobs.html", topic, state)
 
     def dead_page(self, request: Request) -> Response:
@@ -477,6 +480,16 @@ def _here(request: Request, base: str) -> str:
     """Return the current page inside the dashboard, without the last action's message."""
     query = urlencode([(k, v) for k, v in request.query_params.multi_items() if k != "done"])
     return request.url.path[len(base) :] + ("?" + query if query else "")
+
+
+def _possible_topic(topic: str) -> bool:
+    """False for a topic no job can have (a NUL, broken Unicode, too long): PostgreSQL refuses a NUL in text."""
+    try:
+        check_text(topic, "topic")
+        check_length(topic, MAX_TOPIC_BYTES, "topic")
+    except InvalidJob:
+        return False
+    return True
 
 
 def _local(target: str | None) -> str:

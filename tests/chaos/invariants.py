@@ -99,18 +99,26 @@ CREATE TRIGGER chaos_terminal BEFORE UPDATE OR DELETE ON {s}.job
 """
 
 
-def _reap_unjustified(beats: list[tuple[Any, ...]], engine: str, token: str, locked_until: Any, now: Any) -> str:
+def _reap_unjustified(
+    beats: list[tuple[Any, ...]], engine: str, token: str, locked_until: Any, now: Any
+) -> str:
     """Why a reap at *now* (the reaper's statement time) of *token*, held by *engine*, was not
     justified by the engine table, or "" when it was (SPEC P1'')."""
     last: tuple[Any, ...] | None = None
     for b in beats:
         if b[0] == engine and (b[1] is None or b[1] <= now):
             last = b  # in order: the engine's latest row before the reaper looked (None: removed)
-    dropped = any(b[0] == engine and b[3] and token in {str(t) for t in b[3]} for b in beats if b[1] and b[1] <= now)
+    dropped = any(
+        b[0] == engine and b[3] and token in {str(t) for t in b[3]} for b in beats if b[1] and b[1] <= now
+    )
     if dropped:
         return ""
     if last is None or last[1] is None:
-        return "" if locked_until is not None and locked_until < now else f"no engine row and its lease ends {locked_until}"
+        return (
+            ""
+            if locked_until is not None and locked_until < now
+            else f"no engine row and its lease ends {locked_until}"
+        )
     if last[1] + last[2] < now:
         return ""
     return f"its engine's proof of life at {last[1]} held until {last[1] + last[2]}"
@@ -184,7 +192,9 @@ def check(
             " stmt_at FROM {s}.chaos_audit ORDER BY seq",
             schema,
         )
-        beats = _rows(conn, "SELECT engine_id, seen_at, grace, dropped FROM {s}.chaos_beat ORDER BY seq", schema)
+        beats = _rows(
+            conn, "SELECT engine_id, seen_at, grace, dropped FROM {s}.chaos_beat ORDER BY seq", schema
+        )
         execs = _rows(
             conn,
             "SELECT job_id, claim_token, worker, attempt, started_at, ended_at, how"

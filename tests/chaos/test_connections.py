@@ -2,7 +2,7 @@
 
 Two worker processes, one whose pool checks connections on checkout
 (``check=ConnectionPool.check_connection``) and one that finds broken ones on error. Every
-connection whose application_name is ``chaos-engine-*`` (claim/pool, heartbeat, completion,
+connection of this run whose application_name ends ``:chaos-engine-*`` (claim/pool, heartbeat, completion,
 LISTEN) is terminated again and again; the engines reconnect and carry on.
 """
 
@@ -15,6 +15,7 @@ from collections.abc import Callable
 import psycopg
 import pytest
 
+from tests.budget import app_name
 from tests.chaos import invariants
 from tests.chaos.conftest import Worker, enqueue_parents, settled
 from tests.chaos.test_kill import make_payloads
@@ -25,8 +26,9 @@ def terminate_engine_connections(dsn: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = conn.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE application_name LIKE 'chaos-engine-%%' AND datname = current_database()"
-            " AND pid <> pg_backend_pid()"
+            " WHERE starts_with(application_name, %s) AND datname = current_database()"
+            " AND pid <> pg_backend_pid()",
+            [app_name("chaos-engine-")],
         ).fetchall()
     return sum(1 for (ok,) in rows if ok)
 
@@ -35,7 +37,7 @@ def listening(dsn: str, label: str) -> bool:
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND query ILIKE '%%LISTEN %%'",
-            [f"chaos-engine-{label}"],
+            [app_name(f"chaos-engine-{label}")],
         ).fetchone()
     return bool(row and row[0] > 0)
 

@@ -11,7 +11,7 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from brooq_py import Engine, Job
@@ -78,6 +78,17 @@ bodies = st.one_of(st.none(), st.binary(max_size=200), st.just(b"x" * (MAX_BODY 
     real=st.booleans(),
     auth=tokens,
     body=bodies,
+)
+# Once found by chance on Starlette: a newline in a /jobs path missed the Mount and was a 404 before the
+# token was asked; a NUL in the dashboard's topic filter reached PostgreSQL (a 500).
+@example(method="GET", shape="/jobs/{}", job="\n0", real=False, auth=None, body=None)
+@example(
+    method="GET",
+    shape="/ui/jobs?topic={}&state=pending",
+    job="\x00",
+    real=False,
+    auth=f"Bearer {TOKEN}",
+    body=None,
 )
 def test_http_bad_requests_are_4xx_never_5xx(
     surface: tuple[int, str],

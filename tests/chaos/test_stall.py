@@ -56,14 +56,18 @@ def test_f0_a_worker_stopped_for_two_leases_is_fenced_before_its_jobs_run_elsewh
         )
 
 
-@pytest.mark.skipif(pgbouncer_binary() is None, reason="pgbouncer is not installed (apt-get install pgbouncer)")
+@pytest.mark.skipif(
+    pgbouncer_binary() is None, reason="pgbouncer is not installed (apt-get install pgbouncer)"
+)
 def test_p1_3000_jobs_through_pgbouncer_transaction_mode_with_a_worker_sigkilled(
     dsn: str, chaos_schema: str, spawn: Callable[..., Worker], capsys: pytest.CaptureFixture[str]
 ) -> None:
     binary = pgbouncer_binary()
     assert binary is not None
     rng = random.Random(5)
-    payloads = [{"n": i, "sleep": 0.0 if i % 10 else 0.05, "fail_first": 0, "chain": False} for i in range(3000)]
+    payloads = [
+        {"n": i, "sleep": 0.0 if i % 10 else 0.05, "fail_first": 0, "chain": False} for i in range(3000)
+    ]
     ids = enqueue_parents(dsn, chaos_schema, payloads)
     with pgbouncer(dsn, binary) as bounced:
         settings = {"workers": 4, "lease": LEASE, "reaper_period": 0.3, "poll_interval": 0.05}
@@ -80,4 +84,6 @@ def test_p1_3000_jobs_through_pgbouncer_transaction_mode_with_a_worker_sigkilled
     report.assert_ok()
     assert report.states == {"done": 3000}
     with capsys.disabled():
-        print(f"\n[chaos] pgbouncer: jobs={report.jobs} claims={report.claims} reaped={report.reaps} seed={rng.random():.3f}")
+        print(
+            f"\n[chaos] pgbouncer: jobs={report.jobs} claims={report.claims} reaped={report.reaps} seed={rng.random():.3f}"
+        )

@@ -1,12 +1,12 @@
 """A real worker process for the fault-injection suite.
 
 Run as ``python tests/chaos/worker_proc.py '<json settings>'``. It opens its own pool on the
-DSN (application_name ``chaos-engine-<label>``, so a test can find and terminate the engine's
+DSN (application_name ``<PGAPPNAME>:chaos-engine-<label>``, so a test can find and terminate the engine's
 connections in pg_stat_activity), builds a Store and an Engine with a short lease, registers
 the topics ``chaos`` and ``chaos.child``, and runs until SIGTERM (graceful stop) or SIGKILL.
 
 The ``chaos`` handler records every execution in ``chaos_exec`` on a separate connection
-(application_name ``chaos-recorder``, never terminated by the tests), with times from the
+(application_name ``<PGAPPNAME>:chaos-recorder``, never terminated by the tests), with times from the
 database clock. Its payload steers it: ``sleep`` (seconds, waited on ctx), ``fail_first``
 (raise on attempts up to this number), ``chain`` (chain one ``chaos.child`` job on success),
 ``poison`` (SIGKILL the worker's own process), ``hang`` (ignore ctx, never return),
@@ -39,6 +39,10 @@ from typing import Any
 import psycopg
 from psycopg import sql
 from psycopg_pool import ConnectionPool
+
+# The run's name for its connections, inherited (PGAPPNAME): a test terminates its own worker
+# processes' connections, never those of another run.
+from tests.budget import app_name
 
 
 def _skew_clock(seconds: float) -> None:
@@ -74,7 +78,7 @@ class Recorder:
     def _conn(self) -> psycopg.Connection[Any]:
         conn: psycopg.Connection[Any] | None = getattr(self.local, "conn", None)
         if conn is None or conn.closed:
-            conn = psycopg.connect(self.dsn, autocommit=True, application_name="chaos-recorder")
+            conn = psycopg.connect(self.dsn, autocommit=True, application_name=app_name("chaos-recorder"))
             self.local.conn = conn
         return conn
 
@@ -124,7 +128,7 @@ def main() -> None:
     dsn, schema, label = settings["dsn"], settings["schema"], settings["label"]
     worker_id = f"chaos-{label}:{os.getpid()}"
     recorder = Recorder(dsn, schema)
-    conninfo = psycopg.conninfo.make_conninfo(dsn, application_name=f"chaos-engine-{label}")
+    conninfo = psycopg.conninfo.make_conninfo(dsn, application_name=app_name(f"chaos-engine-{label}"))
     kwargs: dict[str, Any] = {"min_size": 1, "max_size": 6, "open": True, "timeout": 5}
     if settings.get("check"):
         kwargs["check"] = ConnectionPool.check_connection

@@ -12,6 +12,8 @@ from psycopg_pool import ConnectionPool
 from brooq_py.engine import Config, Engine
 from brooq_py.engine.clock import Clock
 from brooq_py.postgres import Store
+from tests.budget import APP, MINE
+from tests.polling import wait_for
 
 # Backoff short enough that a retried job comes back within a test's patience.
 FAST = {"backoff_base": 0.01, "backoff_max": 0.02}
@@ -23,6 +25,27 @@ def q(pool: ConnectionPool[Any], schema: str, query: str, *params: Any) -> list[
         rendered = sql.SQL(query).format(job=sql.Identifier(schema, "job"))  # type: ignore[arg-type]
         cur = conn.execute(rendered, params or None)
         return cur.fetchall() if cur.description is not None else []
+
+
+def wait_listening(pool: ConnectionPool[Any], schema: str, engines: int = 1) -> None:
+    """Wait until *engines* of this worker's connections LISTEN on *schema*'s channels (each runs its
+    LISTENs in a row; the last one done): a test that needs a NOTIFY heard waits for the listener
+    itself, never for a fixed time."""
+    wait_for(
+        lambda: (
+            q(
+                pool,
+                schema,
+                f"SELECT count(*) FROM pg_stat_activity WHERE {MINE} AND state = 'idle'"
+                " AND query ~ %s AND position(%s in query) > 0",
+                APP,
+                "^(--[^\n]*\n)*LISTEN ",
+                schema,
+            )[0][0]
+            >= engines
+        ),
+        f"{engines} engine(s) listening on {schema}",
+    )
 
 
 @pytest.fixture

@@ -239,7 +239,9 @@ def test_c9_an_operators_lock_asked_while_the_callbacks_run_waits_for_the_closin
     def operator(job_id: str) -> None:
         with psycopg.connect(dsn, application_name="operator") as conn:
             row = conn.execute(
-                sql.SQL("SELECT state FROM {} WHERE id = %s FOR UPDATE").format(sql.Identifier(schema, "job")),
+                sql.SQL("SELECT state FROM {} WHERE id = %s FOR UPDATE").format(
+                    sql.Identifier(schema, "job")
+                ),
                 (job_id,),
             ).fetchone()
             seen.append(str(row[0]) if row else "gone")

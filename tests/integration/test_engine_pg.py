@@ -23,7 +23,8 @@ from brooq_py.queue import (
     State,
     Tx,
 )
-from tests.integration.conftest import FAST, q
+from tests.budget import APP, MINE
+from tests.integration.conftest import FAST, q, wait_listening
 from tests.polling import wait_for
 
 
@@ -299,7 +300,7 @@ def test_psql_insert_wakes_idle_worker_e6(
     e = engines(poll_interval=3600)  # only NOTIFY can bring the job in promptly
     e.register_kind("demo", lambda ctx, claim: None)
     e.start()
-    time.sleep(0.3)  # let the listener subscribe (not a timing assertion)
+    wait_listening(pool, schema)
     q(
         pool,
         schema,
@@ -376,7 +377,7 @@ def test_heartbeat_renews_long_handler_c3(store: Store, engines: Callable[..., E
 
 
 def test_connection_failure_in_engine_is_logged_not_fatal(
-    store: Store, dsn: str, schema: str, engines: Callable[..., Engine]
+    store: Store, pool: ConnectionPool[Any], dsn: str, schema: str, engines: Callable[..., Engine]
 ) -> None:
     """Killing the heartbeat and LISTEN connections does not stop the engine (C3, E6)."""
     e = engines(workers=2, lease=0.9)
@@ -384,12 +385,12 @@ def test_connection_failure_in_engine_is_logged_not_fatal(
     e.register_kind("t", lambda ctx, claim: gate.wait(5))
     jid = e.enqueue(Job("t")).id
     e.start()
-    time.sleep(0.5)
+    wait_listening(pool, schema)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE pid <> pg_backend_pid() AND datname = current_database() AND query ILIKE %s",
-            ("%LISTEN%",),
+            f"WHERE pid <> pg_backend_pid() AND datname = current_database() AND query ILIKE %s AND {MINE}",
+            ("%LISTEN%", APP),
         )
     gate.set()
     wait_for(lambda: state_of(store, jid) is State.DONE)

@@ -154,10 +154,9 @@ def test_f1_a_rate_change_waits_for_a_claim_of_its_topic(
         assert claimer.execute(lock.text, {"topic": "r"}).fetchone()[0]  # type: ignore[index, union-attr]
         t = threading.Thread(target=lambda: (store.set_rate_limit("r", 1, 60), changed.set()))
         t.start()
+        blocked = "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY (pg_blocking_pids(pid))"
         wait_for(
-            lambda: q(pool, schema, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")[
-                0
-            ][0],
+            lambda: q(pool, schema, blocked, claimer.info.backend_pid)[0][0],
             "the change to wait",
             timeout=20,
         )

@@ -22,6 +22,7 @@ from brooq_py.postgres.queries import render
 from brooq_py.queue import Claim, Context, Job, State
 from brooq_py.queue.port import ClaimedJob
 from tests.conftest import drop_schema
+from tests.integration.conftest import wait_listening
 from tests.polling import wait_for
 
 LEASE = timedelta(seconds=30)
@@ -235,7 +236,7 @@ def test_s7_a_full_batch_leaves_the_rest_and_skips_locked_rows(
 
 
 def test_s7_an_idle_engine_starts_a_scheduled_job_at_its_time(
-    store: Store, engines: Callable[..., Engine], db: psycopg.Connection[Any]
+    store: Store, pool: ConnectionPool[Any], engines: Callable[..., Engine], db: psycopg.Connection[Any]
 ) -> None:
     started: list[datetime] = []
     ran = threading.Event()
@@ -248,7 +249,7 @@ def test_s7_an_idle_engine_starts_a_scheduled_job_at_its_time(
     e = engines(poll_interval=3600)
     e.register_kind("a", handler)
     e.start()
-    time.sleep(0.5)  # let the listener subscribe
+    wait_listening(pool, store.schema)
     due = later(1.0)
     job = store.enqueue(Job("a", 1, available_at=due)).id
     assert state(db, job) == "scheduled"
@@ -257,14 +258,14 @@ def test_s7_an_idle_engine_starts_a_scheduled_job_at_its_time(
 
 
 def test_s7_the_stager_wakes_engines_elsewhere(
-    store: Store, engines: Callable[..., Engine], db: psycopg.Connection[Any]
+    store: Store, pool: ConnectionPool[Any], engines: Callable[..., Engine], db: psycopg.Connection[Any]
 ) -> None:
     """The promoting statement NOTIFYs: an engine whose own stager found nothing claims at once."""
     ran = threading.Event()
     e = engines(poll_interval=3600)
     e.register_kind("a", lambda ctx, claim: ran.set())
     e.start()
-    time.sleep(0.5)
+    wait_listening(pool, store.schema)
     db.execute("INSERT INTO job (topic, payload, state, available_at) VALUES ('a', '1', 'failed', now())")
     store.stage(["a"], 10)  # another engine's stager promotes it
     assert ran.wait(30)

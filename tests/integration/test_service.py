@@ -236,6 +236,8 @@ def test_jobs_need_the_bearer_token_checked_first(server: Server, store: Store) 
         (f"/jobs/{job_id}/cancel", "POST"),
         (f"/jobs/{job_id}/cancel", "GET"),  # even the wrong method: auth first
         ("/jobs/nowhere/at/all", "GET"),
+        ("/jobs/%0A0", "GET"),  # a newline in the path: the same router on both servers
+        ("/topics/a%0Ab/pause", "POST"),
     ):
         assert request(server, method, path).status == 401, path
         wrong = request(server, method, path, token=TOKEN + "x")

@@ -314,7 +314,7 @@ def test_e2_e5_a_batch_waiting_on_an_uncommitted_duplicate_gets_its_id(
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:  # the batch waits on c1's row
                 row = watch.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> %s",
+                    "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY (pg_blocking_pids(pid))",
                     (c1.info.backend_pid,),
                 ).fetchone()
                 if row and row[0]:

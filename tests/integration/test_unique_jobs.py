@@ -25,10 +25,16 @@ def _unique_rows(pool: ConnectionPool[Any], schema: str, key: str) -> list[tuple
     return q(pool, schema, "SELECT id::text, state FROM {job} WHERE unique_key = %s", key)
 
 
-def test_u1_fifty_concurrent_enqueues_from_separate_connections_create_one_job(
-    store: Store, pool: ConnectionPool[Any], schema: str, dsn: str
+# Racers at once (their own connections, within a test's share of the suite's connection budget,
+# docs/development.md), in several rounds of a fresh key each.
+RACERS, ROUNDS = 6, 8
+
+
+@pytest.mark.parametrize("key", [f"k{r}" for r in range(ROUNDS)])
+def test_u1_concurrent_enqueues_from_separate_connections_create_one_job(
+    store: Store, pool: ConnectionPool[Any], schema: str, dsn: str, key: str
 ) -> None:
-    n = 50
+    n = RACERS
     conns = [psycopg.connect(dsn) for _ in range(n)]
     barrier = threading.Barrier(n)
     results: list[Any] = [None] * n
@@ -36,7 +42,7 @@ def test_u1_fifty_concurrent_enqueues_from_separate_connections_create_one_job(
     def one(i: int) -> None:
         conn = conns[i]
         barrier.wait()
-        results[i] = store.enqueue_tx(WrapTx(conn), Job("u", {"i": i}, unique_key="k", on_duplicate="merge"))
+        results[i] = store.enqueue_tx(WrapTx(conn), Job("u", {"i": i}, unique_key=key, on_duplicate="merge"))
         conn.commit()
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
@@ -46,22 +52,23 @@ def test_u1_fifty_concurrent_enqueues_from_separate_connections_create_one_job(
         t.join()
     for c in conns:
         c.close()
-    rows = _unique_rows(pool, schema, "k")
+    rows = _unique_rows(pool, schema, key)
     assert len(rows) == 1
     assert sum(r.created for r in results) == 1
     assert {r.id for r in results} == {rows[0][0]}
 
 
-def test_u1_fifty_concurrent_async_enqueues_create_one_job(
-    pool: ConnectionPool[Any], schema: str, dsn: str
+@pytest.mark.parametrize("key", [f"ak{r}" for r in range(ROUNDS)])
+def test_u1_concurrent_async_enqueues_create_one_job(
+    pool: ConnectionPool[Any], schema: str, dsn: str, key: str
 ) -> None:
     astore = AsyncStore(None, schema=schema)
 
     async def main() -> list[Any]:
-        conns = [await psycopg.AsyncConnection.connect(dsn) for _ in range(50)]
+        conns = [await psycopg.AsyncConnection.connect(dsn) for _ in range(RACERS)]
 
         async def one(i: int, conn: psycopg.AsyncConnection[Any]) -> Any:
-            r = await astore.enqueue_tx(conn, Job("u", {"i": i}, unique_key="ak"))
+            r = await astore.enqueue_tx(conn, Job("u", {"i": i}, unique_key=key))
             await conn.commit()
             return r
 
@@ -72,7 +79,7 @@ def test_u1_fifty_concurrent_async_enqueues_create_one_job(
                 await c.close()
 
     results = asyncio.run(main())
-    rows = _unique_rows(pool, schema, "ak")
+    rows = _unique_rows(pool, schema, key)
     assert len(rows) == 1 and sum(r.created for r in results) == 1
     assert {r.id for r in results} == {rows[0][0]}
 

@@ -20,6 +20,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from brooq_py.engine import Engine
 from brooq_py.postgres import AsyncStore, Store, WrapTx
 from brooq_py.queue import Job, State
+from tests.budget import APP, MINE
 from tests.integration.conftest import q
 from tests.polling import wait_for
 
@@ -36,7 +37,9 @@ def _in(conn: psycopg.Connection[Any], schema: str, query: str, *params: Any) ->
 
 
 def _waiting_on_a_lock(pool: ConnectionPool[Any], n: int = 1) -> bool:
-    rows = q(pool, "x", "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+    rows = q(
+        pool, "x", f"SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND {MINE}", APP
+    )
     return bool(rows[0][0] >= n)
 
 

@@ -46,9 +46,17 @@ def login(browser: WebDriver, board: Board, token: str = TOKEN, *, accepted: boo
 
 def cell(browser: WebDriver, topic: str, state: str) -> str:
     """The text of one count, or "" while the live refresh is swapping the rows."""
+    return shown(browser, f'tr[data-topic="{topic}"] td[data-state="{state}"]')
+
+
+def shown(browser: WebDriver, css: str, attribute: str | None = None) -> str:
+    """The text (or *attribute*) of the first element *css* finds, "" while none is there (a page
+    still loading, rows the live refresh is swapping)."""
     try:
-        found = browser.find_elements(By.CSS_SELECTOR, f'tr[data-topic="{topic}"] td[data-state="{state}"]')
-        return str(found[0].text) if found else ""
+        found = browser.find_elements(By.CSS_SELECTOR, css)
+        if not found:
+            return ""
+        return str(found[0].text if attribute is None else found[0].get_attribute(attribute))
     except StaleElementReferenceException:
         return ""
 
@@ -135,8 +143,8 @@ def test_q2_pause_and_resume_a_topic_by_clicking(browser: WebDriver, board: Boar
     open_menu(browser, "web.pause")  # the row's actions are in its menu
     click_action(browser, 'tr[data-topic="web.pause"]', "pause")
     assert store.paused() == {"web.pause"}
-    paused = browser.find_element(By.CSS_SELECTOR, 'tr[data-topic="web.pause"] td[data-paused]')
-    assert paused.get_attribute("data-paused") == "yes"
+    row = 'tr[data-topic="web.pause"] td[data-paused]'
+    wait_for(lambda: shown(browser, row, "data-paused") == "yes", "the row to show the topic paused")
     open_menu(browser, "web.pause")
     click_action(browser, 'tr[data-topic="web.pause"]', "resume")
     assert store.paused() == set()

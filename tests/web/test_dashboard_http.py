@@ -220,6 +220,15 @@ def test_jobs_pages_are_keyset_paged_newest_first(board: Board, store: Store) ->
     assert board.request("GET", f"/jobs?topic={TOPIC}&state=nonsense", token=TOKEN).status == 400
 
 
+@pytest.mark.parametrize("state", ["pending", "done"])
+def test_o2_a_topic_no_job_can_have_is_a_400_not_a_500(board: Board, state: str) -> None:
+    """A NUL (which PostgreSQL text cannot hold) or an overlong topic is refused before any query."""
+    for topic in ("\x00", "a\x00b", "x" * 256):
+        reply = board.request("GET", f"/jobs?topic={urllib.parse.quote(topic)}&state={state}", token=TOKEN)
+        assert reply.status == 400, (topic[:10], reply.status)
+    assert board.request("GET", f"/jobs?topic={'x' * 255}&state={state}", token=TOKEN).status == 200
+
+
 def test_q1_retry_all_shown_dead_jobs(board: Board, store: Store, pool: Any) -> None:
     ids = [store.enqueue(Job(TOPIC, {"n": n})).id for n in range(3)]
     kill(pool, store.schema, ids)
