@@ -13,7 +13,6 @@ the reaper, nothing of the closing transaction run and no backend waiting.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
