@@ -182,7 +182,7 @@ def engine_side(pool: ConnectionPool[Any], store: Store, first_id: str) -> None:
         wait_for(lambda: getattr(store.get(flaky_id), "state", None) == "dead")
         show(pool, "dead jobs", "dead")
 
-        step(8, "a cancel from SQL stops a running job (lease lost within lease/3)")
+        step(8, "a cancel from SQL stops a running job (its handler told within a second)")
         slow_id = engine.enqueue(Job("slow")).id
         slow_started.wait(10)
         show(pool, "in flight", "in_flight")

@@ -379,7 +379,9 @@ class Engine(Producing):
 
         def finish() -> None:
             slots.wait_idle(max(0.0, min(cfg.lease_td.total_seconds(), deadline - time.monotonic() - 1.0)))
-            left[0] = completer.stop(max(0.1, deadline - time.monotonic() - 0.5))
+            left[0] = completer.stop(
+                max(0.1, min(cfg.lease_td.total_seconds(), deadline - time.monotonic() - 0.5))
+            )
             try:  # what is still ours is the reaper's from now on
                 self.repo.leave(self.worker_id)
             except Exception as exc:  # an unreachable store: the engine's row goes stale instead

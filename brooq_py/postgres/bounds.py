@@ -3,7 +3,7 @@
 Server side: ``lock_timeout`` and ``statement_timeout`` end a statement that
 waits or runs too long. Network: TCP keepalives and ``tcp_user_timeout`` notice
 a half-open socket, on both ends: the server's keepalives end the session of a
-client whose host vanished, and with it the session's lease guards (P1').
+client whose host vanished.
 Client side: ``deadline()`` shuts the socket down when a statement has not
 answered in time, which ends a wait that nothing on the wire ever will (a path
 that goes silent behind a proxy that still ACKs).

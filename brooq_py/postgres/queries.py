@@ -1,6 +1,6 @@
 """Named SQL statements: loaded once from ``sql/*.sql``, rendered per schema.
 
-Each file holds one statement with ``{job}``, ``{engine}``, ``{job_edge}``, ``{job_wait}``, ``{topic_setting}``,
+Each file holds one statement with ``{job}``, ``{engine}``, ``{job_in_flight}``, ``{job_edge}``, ``{job_wait}``, ``{topic_setting}``,
 ``{schedule_tick}``,
 ``{version_table}`` (the tables), ``{depth_seq}`` (the depth caps' sequence, migration 0014, as a
 text literal for ``to_regclass``),
@@ -74,6 +74,7 @@ def render(name: str, schema: str, *, rows: bool = True) -> Query:
         **shared,
         job=sql.Identifier(schema, "job"),
         engine=sql.Identifier(schema, "engine"),
+        job_in_flight=sql.Identifier(schema, "job_in_flight"),
         job_edge=sql.Identifier(schema, "job_edge"),
         job_wait=sql.Identifier(schema, "job_wait"),
         topic_setting=sql.Identifier(schema, "topic_setting"),

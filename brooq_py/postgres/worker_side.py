@@ -226,9 +226,10 @@ class WorkerSide:
         (False: the row is no longer ours, or another transaction holds it, never waited for)."""
         return self.settle_own_tx(tx, outcome) == "ours"
 
-    def beat(self, proof: EngineProof, leases: Sequence[HeldLease]) -> Renewal:
+    def beat(self, proof: EngineProof, leases: Sequence[HeldLease], orphans: bool = False) -> Renewal:
         """Renew *proof* (the engine's row) and read what became of *leases*, in one statement that
         never waits on a job row (SPEC P1'', W0, sql/engine_beat.sql); report by claim token.
+        With *orphans*, also the claims of this engine older than a lease that *leases* lacks.
 
         Runs on the Store's own heartbeat connection, never the pool, so handlers holding pool
         connections cannot starve it. On a connection error the connection is closed,
@@ -242,6 +243,7 @@ class WorkerSide:
             "pid": proof.pid,
             "lease": proof.lease,
             "margin": proof.margin,
+            "orphans": orphans,
         }
         rows = self._heartbeat.use(
             "renewing the engine's proof of life", lambda conn: on_connection(conn)(self._q.beat, params)
@@ -250,6 +252,7 @@ class WorkerSide:
             held=frozenset(r[0] for r in rows if r[1] in ("held", "locked")),
             locked=frozenset(r[0] for r in rows if r[1] == "locked"),
             canceled=frozenset(r[0] for r in rows if r[1] == "canceled"),
+            orphans=frozenset((r[0], r[2]) for r in rows if r[1] == "orphan"),
         )
 
     def leave(self, engine_id: str) -> None:

@@ -94,12 +94,14 @@ class Renewal:
     held: the claims still processing under their token; locked: of those, the ones whose
     reported progress was not written (another transaction holds the row: sent again next time);
     canceled: claims whose row was canceled (by an operator) while ours. A claim in none of these
-    is no longer ours (reaped, claimed again, retried).
+    is no longer ours (reaped, claimed again, retried). orphans: (claim token, job id) of claims
+    of this engine older than a lease that it did not send (their answer never reached it).
     """
 
     held: frozenset[str]
     locked: frozenset[str] = frozenset()
     canceled: frozenset[str] = frozenset()
+    orphans: frozenset[tuple[str, str]] = frozenset()
 
 
 class Settled(set[str]):
@@ -257,9 +259,10 @@ class Repo(Protocol):
         """Write one guarded outcome inside *tx*; return whether it was written."""
         ...
 
-    def beat(self, proof: EngineProof, leases: Sequence[HeldLease]) -> Renewal:
+    def beat(self, proof: EngineProof, leases: Sequence[HeldLease], orphans: bool = False) -> Renewal:
         """Renew the engine's proof of life and read what became of *leases*, in one statement
-        that never waits on a job row (SPEC P1'', W0); write the progress they carry."""
+        that never waits on a job row (SPEC P1'', W0); write the progress they carry. With
+        *orphans*, report the engine's claims older than a lease that *leases* lacks."""
         ...
 
     def leave(self, engine_id: str) -> None:

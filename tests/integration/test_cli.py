@@ -199,12 +199,12 @@ def test_enqueue_then_get(dsn: str, schema: str, tmp_path: Path, store: Store) -
 def test_get_shows_result_errors_with_tracebacks_and_progress(
     dsn: str, schema: str, tmp_path: Path, store: Store
 ) -> None:
-    from brooq_py.queue.port import HeldLease, Outcome
+    from brooq_py.queue.port import EngineProof, HeldLease, Outcome
 
     job_id = store.enqueue(Job("cli.res")).id
     lease = timedelta(seconds=30)
     (c,) = store.claim(["cli.res"], 1, "w", lease)
-    store.renew([HeldLease(c.id, c.claim_token, 0.5, "half")], lease)
+    store.beat(EngineProof("w", "h", 1, lease, lease / 3), [HeldLease(c.id, c.claim_token, 0.5, "half")])
     long_tb = "Traceback (most recent call last):\n" + "  frame\n" * 1000 + "ValueError: bad\n"
     store.settle_many(
         [Outcome(c.id, c.claim_token, State.FAILED, last_error="ValueError: bad", traceback=long_tb)]

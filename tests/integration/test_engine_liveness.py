@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -46,11 +47,11 @@ def test_p1_f0_a_stalled_heartbeat_fences_before_another_engine_claims_and_the_j
     store_a = Store(pool, schema=store.schema)
     beat = store_a.beat
 
-    def stalled_beat(proof: EngineProof, leases: Sequence[HeldLease]) -> Renewal:
+    def stalled_beat(proof: EngineProof, leases: Sequence[HeldLease], orphans: bool = False) -> Renewal:
         if stall.is_set():
             stall.clear()
             time.sleep(6)  # one statement that does not come back for two leases
-        return beat(proof, leases)
+        return beat(proof, leases, orphans)
 
     store_a.beat = stalled_beat  # type: ignore[method-assign]
     times: dict[str, float] = {}
@@ -172,3 +173,30 @@ def test_p1_the_in_flight_view_names_the_engine_and_whether_its_claims_are_expir
     [(job_id, holder, pid, expired)] = rows
     assert job_id == jid and holder == e.worker_id and pid > 0 and expired is False
     go_on.set()
+
+
+def test_p1_a_claim_whose_answer_never_reached_its_engine_is_dropped_for_the_reaper(
+    store: Store, pool: ConnectionPool[Any], engines: Callable[..., Engine]
+) -> None:
+    """A claim committed under a live engine's id whose answer was lost (a connection cut at the
+    commit) is held by no attempt: the heartbeat finds it (older than a lease, never sent) and
+    drops it, and the reaper returns it as a crash while the engine's proof of life stays fresh."""
+    e = engines(workers=1, lease=1.2, reaper_period=0.2)
+    e.register_kind("t", lambda ctx, claim: None, KindOptions(**FAST))
+    e.start()
+    wait_for(lambda: q(pool, store.schema, f'SELECT 1 FROM "{store.schema}".engine'), what="the engine's row")
+    jid = store.enqueue(Job("lost")).id  # a topic this engine does not run
+    [lost] = store.claim(["lost"], 1, e.worker_id, timedelta(seconds=1.2))  # its answer lost
+    assert lost.id == jid
+    q(pool, store.schema, "UPDATE {job} SET updated_at = now() - interval '1 minute' WHERE id = %s", jid)
+    wait_for(
+        lambda: row_version(pool, store.schema, jid)[2] == "pending", what="dropped and reaped", timeout=30
+    )
+    assert row_version(pool, store.schema, jid)[3:] == (0, 1)  # one crash, its attempt given back
+    fresh = q(
+        pool,
+        store.schema,
+        f"SELECT now() - seen_at < interval '1 second' FROM \"{store.schema}\".engine WHERE id = %s",
+        e.worker_id,
+    )
+    assert fresh == [(True,)]  # taken back from a live engine: it named the claim dropped

@@ -393,7 +393,7 @@ class FakeRepo:
     def settle_tx(self, tx: Tx, outcome: Outcome) -> bool:
         return self.settle_own_tx(tx, outcome) == "ours"
 
-    def beat(self, proof: EngineProof, leases: Sequence[HeldLease]) -> Renewal:
+    def beat(self, proof: EngineProof, leases: Sequence[HeldLease], orphans: bool = False) -> Renewal:
         """engine_beat.sql: the engine's row renewed, the held claims read (progress: not kept here)."""
         self._count("renew")
         self.renew_hang.wait()

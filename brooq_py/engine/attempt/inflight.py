@@ -62,8 +62,12 @@ class InFlight:
 
     def dropping(self, a: Attempt) -> None:
         """*a*'s row may still be ours, with no outcome coming: named dropped until taken back."""
+        self.drop_claim(a.row.claim_token, a.id)
+
+    def drop_claim(self, claim_token: str, job_id: str) -> None:
+        """Name the claim *claim_token* of *job_id* dropped until taken back (no attempt runs it)."""
         with self._lock:
-            self._dropped[a.row.claim_token] = a.id
+            self._dropped[claim_token] = job_id
 
     def drop(self, a: Attempt) -> bool:
         """Stop holding *a*'s claim; return False if it was no longer held."""

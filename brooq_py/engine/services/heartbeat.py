@@ -23,6 +23,10 @@ from brooq_py.engine.repo import EngineProof, HeldLease, Renewal
 from brooq_py.engine.services.ticker import Ticker
 
 
+# Once a lease (every fourth beat), a beat looks for claims of this engine no attempt holds.
+ORPHAN_LOOK = 4
+
+
 class Fence:
     """When this engine last proved itself alive, and its verdict on its running attempts (F0).
 
@@ -90,7 +94,7 @@ class Heartbeat(Ticker):
         period: float,
         proof: EngineProof,
         inflight: InFlight,
-        beat: Callable[[EngineProof, Sequence[HeldLease]], Renewal],
+        beat: Callable[[EngineProof, Sequence[HeldLease], bool], Renewal],
         fence: Fence,
         on_lost: Callable[[Attempt], None],
         on_canceled: Callable[[Attempt], None],
@@ -107,6 +111,7 @@ class Heartbeat(Ticker):
         self._on_canceled = on_canceled
         self._clock = clock
         self._poke = threading.Event()  # set by wake() and by stop()
+        self._beats = 0  # every ORPHAN_LOOK-th beat also looks for claims whose answer was lost
 
     def wake(self) -> None:
         """Beat now (once, however many calls come before the beat starts)."""
@@ -127,8 +132,9 @@ class Heartbeat(Ticker):
         sent = self._clock.monotonic()
         leases, taken = self._leases(attempts)
         leases += [HeldLease(job_id, token, dropped=True) for token, job_id in dropped.items()]
+        self._beats += 1
         try:
-            renewal = self._beat(self.proof, leases)
+            renewal = self._beat(self.proof, leases, self._beats % ORPHAN_LOOK == 1)
         except BaseException:
             for a, progress in taken:  # kept for the next beat, unless newer values came meanwhile
                 a.ctx.give_back_progress(progress)
@@ -136,6 +142,11 @@ class Heartbeat(Ticker):
         # A stall between two good beats longer than the proof holds fences before anything else.
         self.fence.check(attempts, now=sent)
         self._inflight.forget_dropped(t for t in dropped if t not in renewal.held)
+        for token, job_id in renewal.orphans:  # claimed here, its answer lost: no attempt runs it
+            self.log.warning(
+                "job id=%s: claimed by this engine but never run here; dropped for the reaper", job_id
+            )
+            self._inflight.drop_claim(token, job_id)
         for a, progress in taken:
             if a.row.claim_token in renewal.locked:  # not written this time: sent again
                 a.ctx.give_back_progress(progress)

@@ -4,7 +4,10 @@
 -- handler reported, never waiting on a row locked elsewhere). Claims the engine let go without an
 -- outcome (hung, fenced) are named in its row's `dropped`, for the reaper to take back at once.
 -- One row per claim sent: its token and 'held' (still processing under it), 'locked' (held, its
--- progress not written now), the row's state under this claim ('canceled', ...), or 'gone'.
+-- progress not written now), the row's state under this claim ('canceled', ...), or 'gone'; and
+-- with %(orphans)s (once a lease), one 'orphan' row (with its job id) per claim of this engine
+-- older than a lease that it did not send: a claim whose answer never reached it (a connection
+-- lost at the commit), to be dropped. That look reads every processing row.
 WITH proof AS (
     INSERT INTO {engine} AS e (id, host, pid, lease, margin, dropped)
     VALUES (%(engine)s, %(host)s, %(pid)s, %(lease)s, %(margin)s,
@@ -35,7 +38,13 @@ SELECT s.token::text,
          WHEN j.state <> s.guard THEN j.state
          WHEN (s.progress IS NOT NULL OR s.note IS NOT NULL) AND s.id NOT IN (SELECT id FROM reported)
          THEN 'locked'
-         ELSE 'held' END
+         ELSE 'held' END,
+    NULL::text
 FROM sent s
 LEFT JOIN {job} j ON j.id = s.id AND j.id = ANY (%(ids)s::uuid[])
 WHERE EXISTS (SELECT FROM proof)
+UNION ALL
+SELECT o.claim_token::text, 'orphan', o.id::text
+FROM {job} o
+WHERE %(orphans)s::bool AND o.state = 'processing' AND o.locked_by = %(engine)s
+    AND o.claim_token <> ALL (%(tokens)s::uuid[]) AND o.updated_at < now() - %(lease)s::interval

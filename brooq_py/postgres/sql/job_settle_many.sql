@@ -33,13 +33,13 @@ FROM (
                 %(give_back)s::bool[], %(errors)s::text[], %(results)s::jsonb[], %(tracebacks)s::text[])
         AS o(id, token, state, delay, give_back, error, result, traceback)
     JOIN (
-        SELECT f.id
+        SELECT f.id, f.claim_token
         FROM {job} f
         JOIN (SELECT x.id, x.token, 'processing'::text AS guard
               FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) AS x(id, token) OFFSET 0) g ON f.id = g.id
         WHERE f.id = ANY (%(ids)s::uuid[]) AND f.state = g.guard AND f.claim_token = g.token
         FOR NO KEY UPDATE OF f SKIP LOCKED
-    ) AS free ON free.id = o.id
+    ) AS free ON free.id = o.id AND free.claim_token = o.token
 ) AS u
 WHERE j.id = ANY (%(ids)s::uuid[]) AND j.id = u.id
 RETURNING j.id::text, (SELECT pg_notify({settled_channel_literal}, '') WHERE %(notify)s::bool)
