@@ -22,7 +22,6 @@ from brooq_py.engine.clock import Clock
 from brooq_py.engine.repo import EngineProof, HeldLease, Renewal
 from brooq_py.engine.services.ticker import Ticker
 
-
 # Once a lease (every fourth beat), a beat looks for claims of this engine no attempt holds.
 ORPHAN_LOOK = 4
 
