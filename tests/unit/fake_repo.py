@@ -298,6 +298,9 @@ class FakeRepo:
 
     def _take(self, caps: dict[str, int], limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:
         now = self.now()
+        e = self.engines.get(worker)
+        if e is not None and e.seen_at + e.lease - e.margin <= now:
+            return []  # F0: an engine whose proof is older than lease - margin claims nothing
         ready = [
             r
             for r in self.rows.values()
