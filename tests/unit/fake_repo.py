@@ -274,6 +274,7 @@ class FakeRepo:
                 idempotency_key=r.key,
                 created_at=epoch,
                 updated_at=epoch,
+                crashes=r.crashes,
             )
 
     def _set(self, r: Row, state: State) -> None:
