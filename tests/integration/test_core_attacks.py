@@ -7,7 +7,9 @@ the row versions a job writes while heartbeats and progress go on.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -238,3 +240,114 @@ def test_r0_a_jobs_crash_count_is_read_with_its_row(store: Store, db: psycopg.Co
     assert r is not None and r.crashes == 1
     assert r.to_json()["crashes"] == 1
     assert [x.crashes for x in store.list_jobs(topic="a")] == [1]
+
+
+def test_l5_crashes_make_a_job_dead_only_at_max_crashes_never_drift_attempts_and_retry_resets_them(
+    store: Store, db: psycopg.Connection[Any], engines: Callable[..., Engine]
+) -> None:
+    """max_attempts=1: two crashes leave the job pending with attempts 0 (never dead); the third
+    makes it dead unrun, saying why; retry runs it again from a clean count."""
+    ran: list[int] = []
+    e = engines()
+    e.register_kind("a", lambda ctx, claim: ran.append(claim.attempt), KindOptions(max_attempts=1, **FAST))
+    jid = store.enqueue(Job("a")).id
+    for n in (1, 2, 3):
+        [c] = store.claim(["a"], 1, "gone", LEASE)
+        assert c.attempts == 1
+        db.execute("UPDATE job SET locked_until = now() - interval '1 second'")
+        assert store.reap_expired() == [(jid, "a")]
+        r = store.get(jid)
+        assert r is not None and (r.state, r.attempts, r.crashes) == (State.PENDING, 0, n)
+    assert e.run_once() == 1
+    r = store.get(jid)
+    assert r is not None and r.state == State.DEAD and ran == []
+    assert "3 engines stopped" in (r.last_error or "")
+    assert store.retry(jid)
+    r = store.get(jid)
+    assert r is not None and (r.attempts, r.crashes) == (0, 0)
+    assert e.run_once() == 1
+    r = store.get(jid)
+    assert r is not None and r.state == State.DONE and ran == [1]
+
+
+class SlowProxy:
+    """A TCP proxy in front of PostgreSQL; once ``slow`` is set, every answer of the server is
+    held *delay* seconds before it is passed on (a database that answers, slowly)."""
+
+    def __init__(self, host: str, port: int, delay: float) -> None:
+        self.target = (host, port)
+        self.delay = delay
+        self.slow = False
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.socks: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            self.socks.append(client)
+            try:
+                upstream = socket.create_connection(self.target)
+            except OSError:
+                continue
+            self.socks.append(upstream)
+            threading.Thread(target=self._pipe, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, True), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, answers: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if answers and self.slow:
+                    time.sleep(self.delay)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                dst.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self.server.close()
+        for s in self.socks:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+
+def test_c11_stop_is_bounded_when_every_answer_of_the_database_is_slow(dsn: str, schema: str) -> None:
+    """Every answer held 2 s: stop(timeout=1) with watchdog_grace 1 s returns within
+    1 + 1 + 5 s, with handlers that end at once after the stop and outcomes to write (C11'')."""
+    info = psycopg.conninfo.conninfo_to_dict(dsn)
+    proxy = SlowProxy(str(info.get("host") or "127.0.0.1"), int(info.get("port") or 5432), 2.0)
+    slow_dsn = psycopg.conninfo.make_conninfo(dsn, host="127.0.0.1", port=proxy.port)
+    pool: ConnectionPool[Any] = ConnectionPool(slow_dsn, min_size=1, max_size=8, open=True)
+    started = threading.Event()
+
+    def short(ctx: Context, claim: Claim) -> None:
+        started.set()
+        ctx.wait(30)
+
+    try:
+        store = Store(pool, schema=schema)
+        e = Engine(store, Config(workers=2, lease=3, poll_interval=0.2, watchdog_grace=1, **FAST))
+        e.register_kind("s", short, KindOptions(attempt_timeout=60, max_execution_timeout=120))
+        for _ in range(2):
+            store.enqueue(Job("s"))
+        e.start()
+        assert started.wait(20)
+        time.sleep(0.5)
+        proxy.slow = True
+        t0 = time.monotonic()
+        e.stop(timeout=1)
+        took = time.monotonic() - t0
+        proxy.slow = False
+        e.close()
+        assert took <= 1 + 1 + 5, f"stop took {took:.1f}s"
+    finally:
+        proxy.slow = False
+        pool.close(timeout=5)
+        proxy.close()
