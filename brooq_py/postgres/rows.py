@@ -11,7 +11,7 @@ _EPOCH = datetime.fromtimestamp(0, UTC)
 
 
 # job_get's columns, which every statement read into a JobRow selects (job_list too).
-JOB_ROW_COLUMNS = 20
+JOB_ROW_COLUMNS = 21
 
 
 def job_row(r: Any) -> JobRow:
@@ -23,7 +23,7 @@ def job_row(r: Any) -> JobRow:
     if len(r) != JOB_ROW_COLUMNS:
         raise ValueError(f"a job row has {JOB_ROW_COLUMNS} columns (job_get's), got {len(r)}")
     parents = r[14]
-    result, errors, progress, note, meta = r[15:20]
+    result, errors, progress, note, meta, crashes = r[15:21]
     return JobRow(
         id=str(r[0]),
         topic=r[1],
@@ -44,6 +44,7 @@ def job_row(r: Any) -> JobRow:
         progress_note=note,
         meta=meta or {},
         parents=tuple(str(p) for p in parents or ()),
+        crashes=crashes or 0,
     )
 
 

@@ -145,9 +145,10 @@ class WorkerSide:
         params = self._settle_params(outcomes)
         rows = self._own_or_pool(self._settler, "settling outcomes", self._q.settle_many, params)
         written = {r[0] for r in rows}
-        if len(written) >= len(outcomes):
-            return Settled(written)
-        rest = [o for o in outcomes if o.id not in written]
+        tokens = {str(r[2]) for r in rows}
+        if len(tokens) >= len(outcomes):
+            return Settled(written, tokens=tokens)
+        rest = [o for o in outcomes if o.claim_token not in tokens]
         check = {
             "ids": uuid_array([o.id for o in rest]),
             "tokens": uuid_array([o.claim_token for o in rest]),
@@ -155,8 +156,10 @@ class WorkerSide:
         }
         rows = self._own_or_pool(self._settler, "checking outcomes", self._q["job_settle_check"], check)
         found: dict[str, str] = {str(r[0]): str(r[1]) for r in rows}
-        written.update(o.id for o in rest if found.get(o.claim_token) == "written")
-        return Settled(written, (t for t, how in found.items() if how == "locked"))
+        again = [o for o in rest if found.get(o.claim_token) == "written"]
+        written.update(o.id for o in again)
+        tokens.update(o.claim_token for o in again)
+        return Settled(written, (t for t, how in found.items() if how == "locked"), tokens)
 
     def _own_or_pool(
         self, own: OwnConnection | None, doing: str, query: Query, params: dict[str, Any]

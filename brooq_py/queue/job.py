@@ -358,6 +358,9 @@ class JobRow:
     meta: Mapping[str, str] = field(default_factory=dict)
     parents: tuple[str, ...] = ()
     """``Job.after``: the jobs this one waits for."""
+    crashes: int = 0
+    """How many engines stopped while running it (SPEC L5'); ``KindOptions.max_crashes`` of them
+    make it dead."""
 
     def to_json(self) -> dict[str, Any]:
         """Return the row as a JSON-ready dict (datetimes in ISO 8601)."""
@@ -385,4 +388,5 @@ class JobRow:
             "progress_note": self.progress_note,
             "meta": dict(self.meta),
             "parents": list(self.parents),
+            "crashes": self.crashes,
         }

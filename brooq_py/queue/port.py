@@ -107,11 +107,23 @@ class Renewal:
 class Settled(set[str]):
     """The ids an outcome batch wrote (a set, SPEC P3), and ``locked``: the claim tokens of
     outcomes not written because another transaction held their row locked; they are still
-    ours, written by a later flush (O4)."""
+    ours, written by a later flush (O4). ``tokens``, when known, the claim tokens written: a
+    batch may hold two outcomes of one job (a late one of an older claim), and only the one
+    whose claim still held the row was written."""
 
-    def __init__(self, written: Iterable[str] = (), locked: Iterable[str] = ()) -> None:
+    def __init__(
+        self, written: Iterable[str] = (), locked: Iterable[str] = (), tokens: Iterable[str] | None = None
+    ) -> None:
         super().__init__(written)
         self.locked = frozenset(locked)
+        self.tokens = None if tokens is None else frozenset(tokens)
+
+
+def was_written(written: set[str], outcome: Outcome) -> bool:
+    """Whether the batch answer *written* wrote *outcome*: by its claim token when the answer
+    names them (``Settled.tokens``), else by its job id."""
+    tokens = getattr(written, "tokens", None)
+    return outcome.claim_token in tokens if tokens is not None else outcome.id in written
 
 
 @dataclass(frozen=True)

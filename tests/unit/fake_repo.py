@@ -274,6 +274,7 @@ class FakeRepo:
                 idempotency_key=r.key,
                 created_at=epoch,
                 updated_at=epoch,
+                crashes=r.crashes,
             )
 
     def _set(self, r: Row, state: State) -> None:
@@ -298,6 +299,9 @@ class FakeRepo:
 
     def _take(self, caps: dict[str, int], limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:
         now = self.now()
+        e = self.engines.get(worker)
+        if e is not None and e.seen_at + e.lease - e.margin <= now:
+            return []  # F0: an engine whose proof is older than lease - margin claims nothing
         ready = [
             r
             for r in self.rows.values()

@@ -28,6 +28,7 @@ from brooq_py.engine.attempt.sink import OutcomeSink
 from brooq_py.engine.metrics import Metrics
 from brooq_py.engine.repo import Outcome, Repo
 from brooq_py.queue import State, StoreUnavailable
+from brooq_py.queue.port import was_written
 
 if TYPE_CHECKING:
     from brooq_py.engine.attempt.sink import EventSink
@@ -116,14 +117,14 @@ class Handover:
 
     def on_written(self, batch: Sequence[Outcome], written: set[str]) -> None:
         settled: Counter[tuple[str, str]] = Counter()
-        if any(o.id in written and o.state is State.FAILED for o in batch):
+        if any(was_written(written, o) and o.state is State.FAILED for o in batch):
             self.on_waiting()
         events = self.events if self.events is not None and self.events.active else None
         for o in batch:
             a = self.inflight.drop_outcome(o)
             if a is not None:
                 a.settled()
-            if o.id in written:
+            if was_written(written, o):
                 if o.state is not State.PENDING:
                     settled[(o.topic, str(o.state))] += 1
                 if events is not None:

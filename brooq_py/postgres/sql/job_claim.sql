@@ -6,6 +6,10 @@
 -- and rate-limited topics are left out in this statement's own snapshot (SPEC Q2, Q3, F1), before their
 -- index is read: the limited ones are claimed by job_claim_limited under their
 -- topic's lock. The settings are read once per statement (an InitPlan).
+-- F0, P1'': an engine whose proof of life in its row is older than lease - margin on the
+-- database clock claims nothing (it stalled after its own fence said it may claim): rows it took
+-- then would be the reaper's at once, run elsewhere while it starts them. No row (run_once, an
+-- older engine) claims under the row's own locked_until. One primary-key probe (an InitPlan).
 WITH cand AS (
     SELECT c.id, c.priority, c.available_at
     FROM unnest(%(topics)s::text[]) AS t(topic)
@@ -21,6 +25,8 @@ WITH cand AS (
         (SELECT array_agg(s.topic) FROM {topic_setting} s WHERE s.paused OR s.concurrency_limit IS NOT NULL OR s.rate_limit IS NOT NULL),
         '{{}}'
     ))
+    AND NOT EXISTS (SELECT FROM {engine} e
+                    WHERE e.id = %(worker)s AND e.seen_at + e.lease - e.margin <= now())
     ORDER BY c.priority DESC, c.available_at, c.id
     LIMIT %(limit)s
 ), claimed AS (

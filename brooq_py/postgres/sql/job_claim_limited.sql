@@ -10,6 +10,8 @@
 -- last column (on every row, and on a row of NULLs when nothing was taken)
 -- is the seconds until the next token when fewer than one is left, else NULL.
 -- A paused or no longer limited topic takes nothing here (and returns no row).
+-- F0, P1'': nothing is taken by an engine whose proof of life is older than lease - margin
+-- (see job_claim.sql).
 WITH clock AS (
     SELECT clock_timestamp() AS t
 ), setting AS (
@@ -37,6 +39,8 @@ WITH clock AS (
     SELECT id
     FROM {job}
     WHERE topic = %(topic)s AND state = 'pending' AND available_at <= now()
+        AND NOT EXISTS (SELECT FROM {engine} e
+                        WHERE e.id = %(worker)s AND e.seen_at + e.lease - e.margin <= now())
     ORDER BY priority DESC, available_at, id
     LIMIT coalesce((SELECT n FROM room), 0)
     FOR NO KEY UPDATE SKIP LOCKED

@@ -10,7 +10,8 @@
 -- V1: a done writes its result; V3: a failed or dead appends (attempt, at, error,
 -- traceback) to errors, the last 20 kept. V2: the uncorrelated subquery in RETURNING
 -- runs once (an InitPlan), so a batch that ended jobs sends one NOTIFY on the results
--- channel, not one per job; its column is not read.
+-- channel, not one per job; its column is not read. The claim token tells which outcome was
+-- written when a batch holds two of one job (a late outcome of an older claim beside the new).
 UPDATE {job} j
 SET state = u.state,
     attempts = CASE WHEN u.give_back THEN greatest(j.attempts - 1, 0) ELSE j.attempts END,
@@ -42,4 +43,5 @@ FROM (
     ) AS free ON free.id = o.id AND free.claim_token = o.token
 ) AS u
 WHERE j.id = ANY (%(ids)s::uuid[]) AND j.id = u.id
-RETURNING j.id::text, (SELECT pg_notify({settled_channel_literal}, '') WHERE %(notify)s::bool)
+RETURNING j.id::text, (SELECT pg_notify({settled_channel_literal}, '') WHERE %(notify)s::bool),
+    j.claim_token::text
