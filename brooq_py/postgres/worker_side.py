@@ -234,10 +234,11 @@ class WorkerSide:
         never waits on a job row (SPEC P1'', W0, sql/engine_beat.sql); report by claim token.
         With *orphans*, also the claims of this engine older than a lease that *leases* lacks.
 
-        Runs on the Store's own heartbeat connection, never the pool, so handlers holding pool
-        connections cannot starve it. On a connection error the connection is closed,
-        StoreUnavailable is raised, and the next call reopens it. Nothing in it needs the
-        session: it works through a pooler in transaction mode.
+        Runs on the Store's own heartbeat connection, so handlers holding pool connections cannot
+        starve it; on the pool only while the server refuses that connection (a role's connection
+        limit). On a connection error the connection is closed, StoreUnavailable is raised, and
+        the next call reopens it. Nothing in it needs the session: it works through a pooler in
+        transaction mode.
         """
         params = {
             **self._renew_params(leases),
@@ -248,9 +249,7 @@ class WorkerSide:
             "margin": proof.margin,
             "orphans": orphans,
         }
-        rows = self._heartbeat.use(
-            "renewing the engine's proof of life", lambda conn: on_connection(conn)(self._q.beat, params)
-        )
+        rows = self._own_or_pool(self._heartbeat, "renewing the engine's proof of life", self._q.beat, params)
         return Renewal(
             held=frozenset(r[0] for r in rows if r[1] in ("held", "locked")),
             locked=frozenset(r[0] for r in rows if r[1] == "locked"),

@@ -49,8 +49,17 @@ def test_p1_claim_and_renewal_commit_synchronously(store: Store, tx: psycopg.Con
     assert sync_commit(tx) == "on"
     tx.commit()
     _id, token = claimed[0][0], claimed[0][5]
-    params = Store._renew_params([HeldLease(str(_id), str(token))], LEASE)  # as the heartbeat sends them
-    renewed = tx.execute(store._q.renew.composed, {**params, "pid": tx.info.backend_pid}).fetchall()
-    assert [(r[0], r[1]) for r in renewed] == [(str(token), "renewed")]
+    params = Store._renew_params([HeldLease(str(_id), str(token))])  # as the heartbeat sends them
+    beat = {
+        **params,
+        "engine": "w",
+        "host": "h",
+        "pid": 1,
+        "lease": LEASE,
+        "margin": LEASE / 3,
+        "orphans": True,
+    }
+    renewed = tx.execute(store._q.beat.composed, beat).fetchall()
+    assert [(r[0], r[1]) for r in renewed] == [(str(token), "held")]
     assert sync_commit(tx) == "on"
     tx.commit()

@@ -13,7 +13,7 @@ from psycopg import sql
 from brooq_py.postgres import Store
 from brooq_py.postgres.arrays import bool_array, float_array, text_array, uuid_array
 from brooq_py.queue import Job, State
-from brooq_py.queue.port import HeldLease, Outcome
+from brooq_py.queue.port import EngineProof, HeldLease, Outcome
 
 LEASE = timedelta(seconds=30)
 
@@ -101,7 +101,8 @@ def test_rows_of_old_producers_are_claimed_and_settled_by_new_code(store: Store)
     (bad,) = old(store, insert, {"p": '{"n": 2}'})[0]
     rows = {r.id: r for r in store.claim(["roll"], 2, "new", LEASE)}
     assert set(rows) == {ok, bad}
-    assert store.renew([HeldLease(ok, rows[ok].claim_token, 0.5, "half")], LEASE).held == {
+    proof = EngineProof("new", "h", 1, LEASE, LEASE / 3)
+    assert store.beat(proof, [HeldLease(ok, rows[ok].claim_token, 0.5, "half")]).held == {
         rows[ok].claim_token
     }
     written = store.settle_many(

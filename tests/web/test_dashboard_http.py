@@ -375,12 +375,14 @@ def test_forms_are_bounded_and_read_after_the_token(board: Board, store: Store) 
 def test_v1_v3_v4_the_job_page_shows_result_failed_attempts_and_progress(board: Board, store: Store) -> None:
     from datetime import timedelta
 
-    from brooq_py.queue.port import HeldLease, Outcome
+    from brooq_py.queue.port import EngineProof, HeldLease, Outcome
 
     lease = timedelta(seconds=30)
     job_id = store.enqueue(Job(TOPIC, {"a": 1})).id
     (c,) = store.claim([TOPIC], 1, "w", lease)
-    store.renew([HeldLease(c.id, c.claim_token, 0.42, "resizing <img>")], lease)
+    store.beat(
+        EngineProof("w", "h", 1, lease, lease / 3), [HeldLease(c.id, c.claim_token, 0.42, "resizing <img>")]
+    )
     running = board.request("GET", f"/jobs/{job_id}", token=TOKEN).body
     assert "42%" in running and "resizing &lt;img&gt;" in running and "Running: no result yet." in running
     tb = 'Traceback (most recent call last):\n  File "app.py", line 3, in handler\nValueError: <bad>\n'
