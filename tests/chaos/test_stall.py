@@ -29,7 +29,8 @@ def test_f0_a_worker_stopped_for_two_leases_is_fenced_before_its_jobs_run_elsewh
     dsn: str, chaos_schema: str, spawn: Callable[..., Worker], capsys: pytest.CaptureFixture[str]
 ) -> None:
     rng = random.Random(11)
-    ids = enqueue_parents(dsn, chaos_schema, make_payloads(90, rng, sleep=(0.2, 0.6)))
+    payloads = [{**p, "fail_first": 0} for p in make_payloads(90, rng, sleep=(0.2, 0.6))]  # no failure
+    ids = enqueue_parents(dsn, chaos_schema, payloads)
     settings = {"workers": 3, "lease": LEASE, "reaper_period": 0.3, "max_attempts": 1}
     frozen = spawn(dsn, chaos_schema, **settings)
     frozen_id = f"chaos-{frozen.label}:{frozen.proc.pid}"
