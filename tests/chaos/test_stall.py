@@ -71,7 +71,13 @@ def test_p1_3000_jobs_through_pgbouncer_transaction_mode_with_a_worker_sigkilled
     ]
     ids = enqueue_parents(dsn, chaos_schema, payloads)
     with pgbouncer(dsn, binary) as bounced:
-        settings = {"workers": 4, "lease": LEASE, "reaper_period": 0.3, "poll_interval": 0.05}
+        settings = {
+            "workers": 4,
+            "lease": LEASE,
+            "reaper_period": 0.3,
+            "poll_interval": 0.05,
+            "bouncer": True,
+        }
         workers = [spawn(bounced, chaos_schema, **settings) for _ in range(3)]
         victim = workers[0]
         victim_id = f"chaos-{victim.label}:{victim.proc.pid}"

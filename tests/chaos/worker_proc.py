@@ -19,7 +19,7 @@ execution is recorded as above, waits ``sleep`` seconds, reads ``claim.parent_re
 ends with ``how`` = ``ok:<number of parents whose result it read>``.
 
 Settings: dsn, schema, label, workers, lease, reaper_period, poll_interval, max_attempts, async,
-attempt_timeout, workflow,
+attempt_timeout, workflow, bouncer (bool: the pool without prepared statements, for PgBouncer),
 check (bool: pool check=ConnectionPool.check_connection), skew (seconds added to this
 process's time.time() and datetime.now(): the Python clock of another host).
 """
@@ -78,7 +78,10 @@ class Recorder:
     def _conn(self) -> psycopg.Connection[Any]:
         conn: psycopg.Connection[Any] | None = getattr(self.local, "conn", None)
         if conn is None or conn.closed:
-            conn = psycopg.connect(self.dsn, autocommit=True, application_name=app_name("chaos-recorder"))
+            # No prepared statements: the same works through PgBouncer in transaction mode.
+            conn = psycopg.connect(
+                self.dsn, autocommit=True, application_name=app_name("chaos-recorder"), prepare_threshold=None
+            )
             self.local.conn = conn
         return conn
 
@@ -132,6 +135,8 @@ def main() -> None:
     kwargs: dict[str, Any] = {"min_size": 1, "max_size": 6, "open": True, "timeout": 5}
     if settings.get("check"):
         kwargs["check"] = ConnectionPool.check_connection
+    if settings.get("bouncer"):  # PgBouncer in transaction mode: no prepared statements (docs/operating.md)
+        kwargs["kwargs"] = {"prepare_threshold": None}
     pool: ConnectionPool[Any] = ConnectionPool(conninfo, **kwargs)
     store = Store(pool, schema=schema)
     lease = float(settings.get("lease", 2.0))
