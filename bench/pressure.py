@@ -9,7 +9,8 @@ never the shared server): install the system's schema, measure its clean drain r
 of --calibrate jobs drained by the consumers), then keep a producer enqueueing at half that rate
 (or --rate) while N workers with 1 ms handlers drain, through these phases:
 
-    clean -> hold (one session: BEGIN; SELECT txid_current(); then idle) -> recovery
+    (calibration, VACUUM, warmup) clean -> hold (one session: BEGIN; SELECT txid_current();
+    then idle) -> recovery
     -> clean -> rr (four REPEATABLE READ sessions scanning the job table) -> recovery
 
 The rr sessions each keep one transaction open for --rr-tx seconds, counting the job table's
@@ -29,7 +30,7 @@ pressure phase against SPEC B1:
 - recovered: over the last minute of the recovery, p99 <= 1.5 x clean and the queue tables'
   dead tuples <= 2 x their clean level (the clean phase's highest sample).
 
---quick shortens the phases (clean 30 s, hold 60 s, recovery 60 s) for a smoke run: its
+--quick shortens the phases (warmup 15 s, clean 30 s, hold 60 s, recovery 60 s) for a smoke run: its
 recovery is shorter than autovacuum's default naptime, so its recovery verdicts say little.
 Peers come from the `bench` extra (pip install -e '.[bench]'); one that cannot run is reported
 with the reason and the others go on.
@@ -286,9 +287,12 @@ def run_system(name: str, args: argparse.Namespace) -> dict[str, Any]:
         res["rate"] = round(rate, 1)
         res["workers"] = args.workers
         print(f"    clean drain {drain_rate:,.0f} jobs/s; producing {rate:,.0f}/s", flush=True)
-        # let the preload's tail finish before the producer starts
+        # let the preload's tail finish before the producer starts, then vacuum away what the
+        # calibration left (its dead index entries would slow the first clean minute's claims)
         while events.total("done") < n_cal and time.monotonic() < deadline + 30:
             time.sleep(0.1)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("VACUUM (ANALYZE)")
         procs["produce"] = ctx.Process(
             target=pressure_systems.run_role,
             args=(name, "produce", dsn, rate, stops["produce"], out),
@@ -296,7 +300,8 @@ def run_system(name: str, args: argparse.Namespace) -> dict[str, Any]:
         )
         procs["produce"].start()
         phases: list[dict[str, Any]] = []
-        for phase, length in phase_plan(args):
+        res["phases"] = phases  # filled as they end: a failure keeps the ones that ran
+        for phase, length in [("warmup", args.warmup), *phase_plan(args)]:
             t0 = time.time()
             print(f"    {phase} {length:g} s ...", flush=True)
             stop = threading.Event()
@@ -330,7 +335,6 @@ def run_system(name: str, args: argparse.Namespace) -> dict[str, Any]:
             for h in helpers:
                 h.join()
             phases.append({"name": phase, "t0": t0, "t1": time.time()})
-        res["phases"] = phases
     except Exception as exc:
         res["error"] = f"{type(exc).__name__}: {exc}"
         print(f"    {name} failed: {res['error']}", flush=True)
@@ -353,7 +357,7 @@ def run_system(name: str, args: argparse.Namespace) -> dict[str, Any]:
     res["load_at_end"] = os.getloadavg()
     res["child_errors"] = events.errors()
     res["windows"] = windows(events, sampler.samples if sampler else [], res.get("calibration"))
-    if "phases" in res:
+    if len(res.get("phases", [])) == 1 + len(phase_plan(args)):
         res["verdicts"] = verdicts(res, events, sampler.samples if sampler else [])
     return res
 
@@ -408,9 +412,8 @@ def verdicts(res: dict[str, Any], events: Events, samples: list[dict[str, Any]])
 
     for clean_name, phase, rec_name in (("clean", "hold", "recovery"), ("clean2", "rr", "recovery2")):
         clean, p, rec = ph[clean_name], ph[phase], ph[rec_name]
-        warm = min(10.0, (clean["t1"] - clean["t0"]) / 4)
-        c_ws = in_range(clean["t0"] + warm, clean["t1"])
-        _, c_lat = events.between("done", clean["t0"] + warm, clean["t1"])
+        c_ws = in_range(clean["t0"], clean["t1"])
+        _, c_lat = events.between("done", clean["t0"], clean["t1"])
         clean_p99 = pct(c_lat, 99)
         clean_backlog = max((w["backlog"] for w in c_ws), default=0)
         clean_dead = max((w["dead"] for w in c_ws), default=0)
@@ -496,7 +499,7 @@ def plot(results: list[dict[str, Any]], path: Path, title: str) -> bool:
     )
     for col, r in enumerate(runs):
         ws = r["windows"]
-        start = r["phases"][0]["t0"] if r.get("phases") else ws[0]["t"]
+        start = next((p["t0"] for p in r.get("phases", []) if p["name"] == "clean"), ws[0]["t"])
         x = [(w["t"] - start) / 60 for w in ws]
         ax = axes[:, col]
         ax[0].plot(x, [w["enq_per_s"] for w in ws], label="enqueued", lw=1)
@@ -584,6 +587,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clean", type=float, help="seconds of each clean phase (120; quick 30)")
     ap.add_argument("--recovery", type=float, help="seconds of each recovery phase (600; quick 60)")
     ap.add_argument(
+        "--warmup", type=float, help="seconds producing before the first clean phase (30; quick 15)"
+    )
+    ap.add_argument(
         "--rate", type=float, default=0.0, help="jobs/s to produce (default: half the clean drain)"
     )
     ap.add_argument("--workers", type=int, default=4, help="workers per system (4)")
@@ -601,6 +607,7 @@ def main(argv: list[str] | None = None) -> int:
     args.clean = args.clean or (30.0 if quick else 120.0)
     args.recovery = args.recovery or (60.0 if quick else 600.0)
     args.rr_tx = args.rr_tx or (20.0 if quick else 60.0)
+    args.warmup = args.warmup or (15.0 if quick else 30.0)
     names = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = [s for s in names if s not in SYSTEMS]
     if unknown:

@@ -9,6 +9,10 @@ cancel-to-ctx latency),
 each in a fresh schema of the database brooq_py.devdb.acquire() finds, prints a
 table with PASS/MISS against each target and writes the figures to
 bench/results/latest.json. Ratios are taken within this run on this server only.
+
+Not run here: the pressure bench (SPEC B1, a held transaction horizon, brooq_py beside
+pgqueuer and procrastinate on throwaway servers of its own), bench/pressure.py, or
+`make bench-pressure` (about 2.5 hours; ARGS=--quick for a 20-minute smoke run).
 """
 
 from __future__ import annotations
@@ -586,7 +590,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="a CI-sized smoke run of every workload")
-    size.add_argument("--full", action="store_true", help="the long variants (200k-job memory drain)")
+    size.add_argument(
+        "--full",
+        action="store_true",
+        help="the long variants (200k-job memory drain, W10); the held-horizon bench is"
+        " separate: make bench-pressure (bench/pressure.py)",
+    )
     ap.add_argument("--only", default="", help=f"comma-separated subset of {','.join(WORKLOADS)}")
     ap.add_argument("--out", default=str(HERE / "results" / "latest.json"), help="where to write the JSON")
     ap.add_argument("--no-write", action="store_true", help="print only, write no JSON")
