@@ -101,7 +101,8 @@ FROM pg_stat_user_tables ORDER BY relname
 _HORIZON = """
 SELECT coalesce(max(extract(epoch FROM now() - xact_start)), 0)
 FROM pg_stat_activity
-WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_xmin IS NOT NULL
+WHERE datname = current_database() AND pid <> pg_backend_pid()
+  AND (backend_xid IS NOT NULL OR backend_xmin IS NOT NULL)
 """
 
 
