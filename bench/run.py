@@ -4,7 +4,8 @@
 
 Runs the PostgreSQL ceilings (raw psycopg INSERT+COMMIT, executemany, the pgbench
 one-commit-per-job claim script) and the workloads W1-W7 (W1a, W2a: W1 and W2 through
-AsyncStore) plus the memory drain and CXL (the cancel trigger's cost on W1 and W3,
+AsyncStore) plus W0 (row versions per job in W1 and W3, heartbeat writes to a long
+job's row), the memory drain and CXL (the cancel trigger's cost on W1 and W3,
 cancel-to-ctx latency),
 each in a fresh schema of the database brooq_py.devdb.acquire() finds, prints a
 table with PASS/MISS against each target and writes the figures to
