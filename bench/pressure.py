@@ -4,8 +4,8 @@
         [--hold 600] [--clean 120] [--recovery 600] [--rate R] [--workers 4]
 
 For each system in turn, on a throwaway PostgreSQL server of its own (started here from
-`pg_config --bindir` with fsync on and the machine's defaults otherwise, stopped at the end;
-never the shared server): install the system's schema, measure its clean drain rate (a preload
+`pg_config --bindir` with fsync on and the machine's defaults otherwise, its data directory
+on disk under --datadir-base (the temp dir), stopped at the end; never the shared server): install the system's schema, measure its clean drain rate (a preload
 of --calibrate jobs drained by the consumers), then keep a producer enqueueing at half that rate
 (or --rate) while N workers with 1 ms handlers drain, through these phases:
 
@@ -47,6 +47,7 @@ import multiprocessing as mp
 import os
 import platform
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -81,6 +82,19 @@ class DurableServer(ThrowawayServer):
             super()._spawn_and_wait()
         finally:
             devdb_process._SERVER_SETTINGS = fast
+
+
+def filesystem(path: str) -> str:
+    """The type of the file system *path* is on, from /proc/mounts ("?" when unknown)."""
+    best, kind = "", "?"
+    real = os.path.realpath(path)
+    with contextlib.suppress(OSError), open("/proc/mounts") as f:
+        for line in f:
+            parts = line.split()
+            mount = parts[1]
+            if (real == mount or real.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best):
+                best, kind = mount, parts[2]
+    return kind
 
 
 def server_settings(dsn: str) -> dict[str, str]:
@@ -341,6 +355,12 @@ def main(argv: list[str] | None = None) -> int:
         "--rr-tx", type=float, help="seconds each REPEATABLE READ transaction lasts (60; quick 20)"
     )
     ap.add_argument("--rr-pause", type=float, default=1.0, help="seconds between an rr session's scans (1)")
+    ap.add_argument(
+        "--datadir-base",
+        default=tempfile.gettempdir(),
+        help="where the servers' data directories go: a disk, so that fsync costs what it costs"
+        " (default: the temp dir; devdb's own default, /dev/shm, is tmpfs)",
+    )
     ap.add_argument("--out", help="path prefix of the JSON and PNG (bench/results/pressure-<mode>)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -367,6 +387,11 @@ def main(argv: list[str] | None = None) -> int:
         f" load {os.getloadavg()[0]:.1f}",
         flush=True,
     )
+    os.environ["BROOQ_DEVDB_TMPDIR"] = args.datadir_base  # read by devdb when a server starts
+    fs = filesystem(args.datadir_base)
+    print(f"  data directories under {args.datadir_base} ({fs})", flush=True)
+    if fs in ("tmpfs", "ramfs"):
+        print("  warning: on tmpfs a commit's fsync costs nothing; use --datadir-base on a disk", flush=True)
     results: list[dict[str, Any]] = []
     for name in names:
         print(f"  {name}", flush=True)
@@ -382,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
             "nproc": os.cpu_count(),
             "python": platform.python_version(),
             "load_at_start": os.getloadavg(),
+            "datadir_base": args.datadir_base,
+            "datadir_filesystem": fs,
             "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         },
         "results": results,
