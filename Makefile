@@ -17,7 +17,7 @@ DJANGO_STAMP := $(DJANGO_VENV)/.install-stamp
 SOURCES := $(wildcard brooq_py tests bench examples)  # bench/ may not exist yet
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-django test-django demo test screenshots lint fmt typecheck check wheel-check bench migrate-up migrate-down migrate-status \
+.PHONY: help install install-django test-django demo test screenshots lint fmt typecheck check wheel-check bench bench-pressure migrate-up migrate-down migrate-status \
 	db-up db-down clean distclean require-database-url
 
 help: ## show this help
@@ -101,8 +101,12 @@ check: lint typecheck test ## lint, typecheck and test: what CI runs (with wheel
 wheel-check: install ## build the sdist and wheel, twine check them, and run the wheel from a fresh virtualenv
 	DEV_PYTHON="$(PY)" PYTHON="$(PYTHON)" .ci/wheel-check
 
-bench: install ## run the benchmarks (DASH: dashboard pages over 1,000,000 jobs) against the database devdb finds
+bench: install ## run the benchmarks (DASH: dashboard pages over 1,000,000 jobs) against the database devdb finds; the held-horizon bench is bench-pressure
 	"$(PY)" bench/run.py
+
+bench-pressure: install ## SPEC B1 on throwaway servers: brooq_py, pgqueuer, procrastinate under a held xid (about 2.5 h; ARGS=--quick: 20 min)
+	"$(PY)" -m pip install --quiet -e '.[bench]'
+	"$(PY)" bench/pressure.py $(ARGS)
 
 migrate-up: require-database-url install ## apply all migrations on the database at DATABASE_URL
 	"$(PY)" -m brooq_py migrate up

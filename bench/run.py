@@ -4,11 +4,16 @@
 
 Runs the PostgreSQL ceilings (raw psycopg INSERT+COMMIT, executemany, the pgbench
 one-commit-per-job claim script) and the workloads W1-W7 (W1a, W2a: W1 and W2 through
-AsyncStore) plus the memory drain and CXL (the cancel trigger's cost on W1 and W3,
+AsyncStore) plus W0 (row versions per job in W1 and W3, heartbeat writes to a long
+job's row), the memory drain and CXL (the cancel trigger's cost on W1 and W3,
 cancel-to-ctx latency),
 each in a fresh schema of the database brooq_py.devdb.acquire() finds, prints a
 table with PASS/MISS against each target and writes the figures to
 bench/results/latest.json. Ratios are taken within this run on this server only.
+
+Not run here: the pressure bench (SPEC B1, a held transaction horizon, brooq_py beside
+pgqueuer and procrastinate on throwaway servers of its own), bench/pressure.py, or
+`make bench-pressure` (about 2.5 hours; ARGS=--quick for a 20-minute smoke run).
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ WORKLOADS = (
     "W1a",
     "W2a",
     "W3",
+    "W0",
     "W3b",
     "W4",
     "W5",
@@ -303,6 +309,7 @@ def evaluate(r: dict[str, Any]) -> list[dict[str, Any]]:
                     ratio,
                     ratio >= need,
                 )
+    rows.extend(w0_rows(r))
     if "W4" in r:
         w = r["W4"]
         p50, p99 = w["from_call_p50_ms"], w["from_call_p99_ms"]
@@ -475,6 +482,40 @@ def evaluate(r: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def w0_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
+    """W0: row versions written to the job table per job in W1 and W3 (pg_stat_user_tables), and
+    the writes to a long job's row while its handler runs with nothing to report."""
+    rows: list[dict[str, Any]] = []
+    for key, what, bound in (("W1", "W1 enqueue one/tx", 1), ("W3", "W3 drain workers=4", 3)):
+        v = r.get(key, {}).get("row_versions")
+        if not v or v.get("per_job") is None:
+            continue
+        over = v["versions"] - bound * v["jobs"]
+        rows.append(
+            {
+                "workload": f"W0 row versions per job, {what}",
+                "measured": f"{v['per_job']:.4f}: {v['ins']:,} ins + {v['upd']:,} upd ({v['hot_upd']:,} HOT)"
+                f" + {v['del']:,} del for {v['jobs']:,} jobs" + (f", {over:,} over" if over > 0 else ""),
+                "target": f"<= {bound}" + (" (enqueue, claim, done)" if bound == 3 else " (the enqueue)"),
+                "ratio": None,
+                "verdict": verdict(over <= 0),
+            }
+        )
+    hb = r.get("W0")
+    if hb and "writes_while_running" in hb:
+        rows.append(
+            {
+                "workload": f"W0 heartbeat writes to a {hb['handler_s']:g} s job's row, lease {hb['lease_s']:g} s",
+                "measured": f"{hb['writes_while_running']} while running; {hb['row_versions']['versions']} "
+                f"versions in its life ({hb['updates_in_life']} upd)",
+                "target": "0 while running",
+                "ratio": None,
+                "verdict": verdict(hb["writes_while_running"] == 0),
+            }
+        )
+    return rows
+
+
 def cxl_rows(c: dict[str, Any]) -> list[dict[str, Any]]:
     """The cancel trigger's cost on W1 and W3 (with / without, same run) and cancel-to-ctx latency."""
     rows = []
@@ -551,7 +592,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="a CI-sized smoke run of every workload")
-    size.add_argument("--full", action="store_true", help="the long variants (200k-job memory drain)")
+    size.add_argument(
+        "--full",
+        action="store_true",
+        help="the long variants (200k-job memory drain, W10); the held-horizon bench is"
+        " separate: make bench-pressure (bench/pressure.py)",
+    )
     ap.add_argument("--only", default="", help=f"comma-separated subset of {','.join(WORKLOADS)}")
     ap.add_argument("--out", default=str(HERE / "results" / "latest.json"), help="where to write the JSON")
     ap.add_argument("--no-write", action="store_true", help="print only, write no JSON")
@@ -603,7 +649,8 @@ def main(argv: list[str] | None = None) -> int:
             "W2": lambda: workloads.w2_enqueue_many(db.dsn, sz["w2"]),
             "W1a": lambda: async_producer.w1a_enqueue_one(db.dsn, sz["w1"]),
             "W2a": lambda: async_producer.w2a_enqueue_many(db.dsn, sz["w2"]),
-            "W3": lambda: workloads.drain(db.dsn, sz["w3"], 4, "w3"),
+            "W3": lambda: workloads.drain(db.dsn, sz["w3"], 4, "w3", versions=True),
+            "W0": lambda: workloads.heartbeat_writes(db.dsn),
             "W3b": lambda: workloads.drain(db.dsn, sz["w3"], 32, "w3b"),
             "W4": lambda: workloads.w4_latency(db.dsn, sz["w4"]),
             "W5": lambda: workloads.w5_claim_backlog(db.dsn, sz["w5_others"], sz["w5_claims"]),

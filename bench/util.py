@@ -118,3 +118,82 @@ def side_by_side(run: Any, rounds: int) -> list[tuple[float, float]]:
             t.join()
         pairs.append((out[False], out[True]))
     return pairs
+
+
+# --- row versions written to the job table (SPEC W0) ------------------------------------------------
+
+# The tables that hold the Store's job rows: `job` itself, its partitions (inheritance
+# descendants), and, should `job` be a view over a hot table and a history, the tables its rule
+# reads, with their partitions. Counters of pg_stat_user_tables: n_tup_upd includes HOT updates.
+_JOB_TABLES = """
+WITH RECURSIVE named AS (
+    SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = %(schema)s AND c.relname = 'job'
+), read_by_view AS (
+    SELECT DISTINCT d.refobjid AS oid
+    FROM pg_rewrite r
+    JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass AND d.objid = r.oid
+        AND d.refclassid = 'pg_class'::regclass
+    JOIN pg_class t ON t.oid = d.refobjid AND t.relkind IN ('r', 'p')
+    WHERE r.ev_class IN (SELECT oid FROM named)
+), tree AS (
+    SELECT oid FROM named UNION SELECT oid FROM read_by_view
+    UNION SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.oid
+)
+SELECT s.relname, s.n_tup_ins, s.n_tup_upd, s.n_tup_hot_upd, s.n_tup_del
+FROM pg_stat_user_tables s WHERE s.relid IN (SELECT oid FROM tree) ORDER BY s.relname
+"""
+
+
+def job_counters(conn: psycopg.Connection[Any], schema: str) -> dict[str, dict[str, int]]:
+    """pg_stat_user_tables' write counters of the job tables of *schema*, by table.
+
+    Flushes this connection's own pending counters first (pg_stat_force_next_flush, PG 15) and
+    drops the statistics snapshot, so the figures are the ones other backends flushed so far.
+    """
+    if conn.info.server_version >= 150000:
+        conn.execute("SELECT pg_stat_force_next_flush()")
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    rows = conn.execute(_JOB_TABLES, {"schema": schema}).fetchall()
+    return {
+        str(name): {"ins": int(ins), "upd": int(upd), "hot_upd": int(hot), "del": int(dele)}
+        for name, ins, upd, hot, dele in rows
+    }
+
+
+def settled_counters(
+    conn: psycopg.Connection[Any], schema: str, quiet_s: float = 1.5, timeout_s: float = 15.0
+) -> dict[str, dict[str, int]]:
+    """job_counters once they stopped moving for *quiet_s* (other backends flush with a delay:
+    within a second of going idle, up to 10 s when they flushed just before, at once on exit)."""
+    last = job_counters(conn, schema)
+    still_since = time.monotonic()
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        time.sleep(0.25)
+        now = job_counters(conn, schema)
+        if now != last:
+            last, still_since = now, time.monotonic()
+        elif time.monotonic() - still_since >= quiet_s:
+            break
+    return last
+
+
+def versions_per_job(
+    before: dict[str, dict[str, int]], after: dict[str, dict[str, int]], jobs: int
+) -> dict[str, Any]:
+    """Row versions written per job between two job_counters readings: inserts + updates
+    (HOT included, n_tup_upd counts them) + deletes, over every job table."""
+    delta: dict[str, int] = {"ins": 0, "upd": 0, "hot_upd": 0, "del": 0}
+    for name, now in after.items():
+        was = before.get(name, {})
+        for k in delta:
+            delta[k] += now[k] - was.get(k, 0)
+    versions = delta["ins"] + delta["upd"] + delta["del"]
+    return {
+        "jobs": jobs,
+        "tables": sorted(after),
+        **delta,
+        "versions": versions,
+        "per_job": round(versions / jobs, 4) if jobs else None,
+    }

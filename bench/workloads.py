@@ -12,7 +12,18 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from util import count_not_done, fresh_schema, job_table, pct, rss_mb, store_on, wait_all_done
+from util import (
+    count_not_done,
+    fresh_schema,
+    job_counters,
+    job_table,
+    pct,
+    rss_mb,
+    settled_counters,
+    store_on,
+    versions_per_job,
+    wait_all_done,
+)
 
 from brooq_py.engine import Config, Engine
 from brooq_py.postgres import Store
@@ -44,31 +55,31 @@ def w1_enqueue_one(dsn: str, n: int, rounds: int = 10) -> dict[str, Any]:
     table (defaults, constraints and indexes included, no trigger), so both see the same load."""
     per_round = max(1, n // rounds)
     raw_s = store_s = 0.0
-    with (
-        fresh_schema(dsn, "w1") as schema,
-        store_on(dsn, schema, max_size=2) as store,
-        psycopg.connect(dsn, autocommit=True) as conn,
-    ):
-        like = sql.Identifier(schema, "raw_job")
-        conn.execute(sql.SQL("CREATE TABLE {} (LIKE {} INCLUDING ALL)").format(like, job_table(schema)))
-        insert = sql.SQL(
-            "INSERT INTO {} (id, topic, payload, idempotency_key, available_at, priority, state)"
-            " VALUES (%s, %s, %s::jsonb, NULL, statement_timestamp(), 0, 'pending')"
-        ).format(like)
-        payload = json.dumps(PAYLOAD)
-        for _ in range(5):  # warm up both paths: connections, prepared statements
-            store.enqueue(Job(TOPIC, PAYLOAD))
-            conn.execute(insert, (uuid.uuid4(), TOPIC, payload))
-        for _ in range(rounds):
-            t0 = time.perf_counter()
-            for _ in range(per_round):
-                conn.execute(insert, (uuid.uuid4(), TOPIC, payload))
-            t1 = time.perf_counter()
-            for _ in range(per_round):
+    with fresh_schema(dsn, "w1") as schema, psycopg.connect(dsn, autocommit=True) as stats:
+        before = job_counters(stats, schema)
+        with store_on(dsn, schema, max_size=2) as store, psycopg.connect(dsn, autocommit=True) as conn:
+            like = sql.Identifier(schema, "raw_job")
+            conn.execute(sql.SQL("CREATE TABLE {} (LIKE {} INCLUDING ALL)").format(like, job_table(schema)))
+            insert = sql.SQL(
+                "INSERT INTO {} (id, topic, payload, idempotency_key, available_at, priority, state)"
+                " VALUES (%s, %s, %s::jsonb, NULL, statement_timestamp(), 0, 'pending')"
+            ).format(like)
+            payload = json.dumps(PAYLOAD)
+            for _ in range(5):  # warm up both paths: connections, prepared statements
                 store.enqueue(Job(TOPIC, PAYLOAD))
-            t2 = time.perf_counter()
-            raw_s += t1 - t0
-            store_s += t2 - t1
+                conn.execute(insert, (uuid.uuid4(), TOPIC, payload))
+            for _ in range(rounds):
+                t0 = time.perf_counter()
+                for _ in range(per_round):
+                    conn.execute(insert, (uuid.uuid4(), TOPIC, payload))
+                t1 = time.perf_counter()
+                for _ in range(per_round):
+                    store.enqueue(Job(TOPIC, PAYLOAD))
+                t2 = time.perf_counter()
+                raw_s += t1 - t0
+                store_s += t2 - t1
+        # the pool's connections are closed: their backends flushed their counters on exit
+        versions = versions_per_job(before, settled_counters(stats, schema), 5 + per_round * rounds)
     total = per_round * rounds
     return {
         "n": total,
@@ -78,6 +89,7 @@ def w1_enqueue_one(dsn: str, n: int, rounds: int = 10) -> dict[str, Any]:
         "raw_seconds": raw_s,
         "raw_per_s": total / raw_s,
         "ratio": raw_s / store_s,
+        "row_versions": versions,
     }
 
 
@@ -167,42 +179,46 @@ def drain(
     sample_rss: bool = False,
     store_factory: Any = None,
     revision: str = "head",
+    versions: bool = False,
 ) -> dict[str, Any]:
     """Enqueue *n* no-op jobs, then time one Engine draining them (start -> every row done in the DB).
 
     *revision*: the migration the schema is at (an older schema under today's code).
+    *versions*: also count the row versions written to the job table per job (SPEC W0), from
+    pg_stat_user_tables before the enqueue and after the drain, the engine and pool closed.
     """
-    with (
-        fresh_schema(dsn, label, revision) as schema,
-        store_on(dsn, schema, max_size=8, factory=store_factory) as store,
-    ):
-        seed(store, n)
-        probe = Probe(store)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("VACUUM ANALYZE {}").format(job_table(schema)))
-            engine = Engine(store, Config(workers=workers, lease=LEASE))
-            engine.register_kind(TOPIC, _noop)
-            samples: list[tuple[float, int, float]] = []
-            stop_sampling = threading.Event()
+    with fresh_schema(dsn, label, revision) as schema, psycopg.connect(dsn, autocommit=True) as stats:
+        before = job_counters(stats, schema) if versions else {}
+        with store_on(dsn, schema, max_size=8, factory=store_factory) as store:
+            seed(store, n)
+            probe = Probe(store)
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(sql.SQL("VACUUM ANALYZE {}").format(job_table(schema)))
+                engine = Engine(store, Config(workers=workers, lease=LEASE))
+                engine.register_kind(TOPIC, _noop)
+                samples: list[tuple[float, int, float]] = []
+                stop_sampling = threading.Event()
 
-            def sampler() -> None:
-                with psycopg.connect(dsn, autocommit=True) as sconn:
-                    while not stop_sampling.wait(0.5):
-                        left = count_not_done(sconn, schema)
-                        samples.append((time.perf_counter() - t0, n - left, rss_mb()))
+                def sampler() -> None:
+                    with psycopg.connect(dsn, autocommit=True) as sconn:
+                        while not stop_sampling.wait(0.5):
+                            left = count_not_done(sconn, schema)
+                            samples.append((time.perf_counter() - t0, n - left, rss_mb()))
 
-            t0 = time.perf_counter()
-            sampler_thread = threading.Thread(target=sampler, daemon=True) if sample_rss else None
-            engine.start()
-            if sampler_thread is not None:
-                sampler_thread.start()
-            t_end = wait_all_done(conn, schema, deadline_s=max(120.0, n / 100))
-            engine.stop()
-            stop_sampling.set()
-            if sampler_thread is not None:
-                sampler_thread.join()
-            engine.close()
-            left = count_not_done(conn, schema)
+                t0 = time.perf_counter()
+                sampler_thread = threading.Thread(target=sampler, daemon=True) if sample_rss else None
+                engine.start()
+                if sampler_thread is not None:
+                    sampler_thread.start()
+                t_end = wait_all_done(conn, schema, deadline_s=max(120.0, n / 100))
+                engine.stop()
+                stop_sampling.set()
+                if sampler_thread is not None:
+                    sampler_thread.join()
+                engine.close()
+                left = count_not_done(conn, schema)
+        # after the pool closed: its backends flushed their counters on exit
+        row_versions = versions_per_job(before, settled_counters(stats, schema), n) if versions else None
     if t_end is None:
         return {"n": n, "workers": workers, "error": f"not drained in time ({left} left)"}
     dt = t_end - t0
@@ -213,6 +229,8 @@ def drain(
         "per_s": n / dt,
         "store": probe.summary(),
     }
+    if row_versions is not None:
+        out["row_versions"] = row_versions
     if sample_rss:
         out["rss_samples"] = [(round(t, 2), done, round(mb, 1)) for t, done, mb in samples]
     return out
@@ -374,3 +392,62 @@ def w6_heartbeat(dsn: str, in_flight: int = 1000, ticks: int = 30) -> dict[str, 
 
 def new_id() -> str:
     return uuid.uuid4().hex
+
+
+# --- W0: heartbeat writes to the job row of a long job with nothing to report ------------------------
+
+
+def heartbeat_writes(dsn: str, lease_s: float = 3.0, periods: float = 3.0) -> dict[str, Any]:
+    """One job whose handler sleeps *periods* x the lease (lease *lease_s*), reporting nothing.
+
+    Counts the writes to its row while the handler runs: the row's xmin sampled every 20 ms from
+    another connection (each change is one new row version), and, over the job's whole life, the
+    job table's pg_stat_user_tables counters (enqueue, claim, heartbeats, done).
+    """
+    started = threading.Event()
+    ended = threading.Event()
+    run_s = lease_s * periods
+
+    def handler(ctx: Any, claim: Any) -> None:
+        started.set()
+        time.sleep(run_s)
+        ended.set()
+
+    xmins: list[tuple[float, str]] = []
+    with fresh_schema(dsn, "hb") as schema, psycopg.connect(dsn, autocommit=True) as stats:
+        before = job_counters(stats, schema)
+        row = sql.SQL("SELECT xmin::text, state::text FROM {} WHERE id = %s").format(job_table(schema))
+        with store_on(dsn, schema, max_size=4) as store:
+            job_id = store.enqueue(Job(TOPIC, PAYLOAD)).id
+            engine = Engine(store, Config(workers=1, lease=lease_s))
+            engine.register_kind(TOPIC, handler)
+            engine.start()
+            try:
+                if not started.wait(30):
+                    return {"error": "the job did not start within 30 s"}
+                t0 = time.monotonic()
+                while not ended.is_set():
+                    got = stats.execute(row, (job_id,)).fetchone()
+                    assert got is not None
+                    if not xmins or xmins[-1][1] != got[0]:
+                        xmins.append((round(time.monotonic() - t0, 3), str(got[0])))
+                    time.sleep(0.02)
+                state = None
+                end = time.monotonic() + 30
+                while state != "done" and time.monotonic() < end:
+                    got = stats.execute(row, (job_id,)).fetchone()
+                    state = got[1] if got else None
+                    time.sleep(0.02)
+            finally:
+                engine.close()
+        total = versions_per_job(before, settled_counters(stats, schema), 1)
+    return {
+        "lease_s": lease_s,
+        "handler_s": run_s,
+        "state": state,
+        # the first sample is the claim's version; every change after it is a write during the run
+        "writes_while_running": len(xmins) - 1,
+        "xmin_changes_at_s": [t for t, _ in xmins[1:]],
+        "row_versions": total,
+        "updates_in_life": total["upd"],
+    }
