@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 import uuid
@@ -28,7 +29,7 @@ from util import (
 from brooq_py.engine import Config, Engine
 from brooq_py.postgres import Store
 from brooq_py.queue import Job
-from brooq_py.queue.port import HeldLease
+from brooq_py.queue.port import EngineProof, HeldLease
 
 TOPIC = "bench"
 PAYLOAD = {"n": 1, "what": "bench"}
@@ -368,14 +369,15 @@ def w6_heartbeat(dsn: str, in_flight: int = 1000, ticks: int = 30) -> dict[str, 
         seed(store, in_flight)
         claimed = store.claim([TOPIC], in_flight, "bench:w6", LEASE)
         leases = [HeldLease(c.id, c.claim_token) for c in claimed]
-        store.renew(leases, LEASE)  # open the heartbeat connection outside the clock
+        proof = EngineProof("bench:w6", "bench", os.getpid(), LEASE, LEASE / 3)
+        store.beat(proof, leases)  # open the heartbeat connection outside the clock
         times: list[float] = []
         renewed: list[int] = []
         psycopg.Cursor.execute = counting_execute  # type: ignore[method-assign]
         try:
             for _ in range(ticks):
                 t0 = time.perf_counter()
-                alive = store.renew(leases, LEASE)
+                alive = store.beat(proof, leases)
                 times.append(1000 * (time.perf_counter() - t0))
                 renewed.append(len(alive.held))
         finally:
