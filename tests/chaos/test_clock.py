@@ -26,7 +26,8 @@ SQL_DIR = Path(brooq_py.postgres.__file__).with_name("sql")
 # What an assignment may be: NULL, now() [+ interval parameter], the column itself, or a CASE of those.
 _ALLOWED_PIECE = re.compile(
     r"^(NULL|now\(\)( \+ %\(\w+\)[sbt]::interval| \+ \w+\.\w+| \+ make_interval\(secs => \w+\.\w+\))?"
-    r"|(\w+\.)?(locked_until|available_at))$"
+    r"|(\w+\.)?(locked_until|available_at)"
+    r"|greatest\((\w+\.)?available_at, (now|clock_timestamp)\(\)\))$"
 )
 
 # A merge or replace of a unique job (SPEC U2) moves its holder to the time the enqueuer asked for
@@ -72,9 +73,12 @@ def test_lease_and_availability_writes_use_database_clock_by_construction() -> N
     the column's own value; no SQL file takes a timestamptz parameter for them."""
     assignments = _sql_update_assignments()
     columns = {(name, col) for name, col, _ in assignments}
-    # the statements that must be there: claim, renew, reap, settle
-    for expected in ("job_claim.sql", "lease_renew.sql", "lease_reap.sql", "job_settle_many.sql"):
+    # the statements that must be there: claim, reap, settle
+    for expected in ("job_claim.sql", "lease_reap.sql", "job_settle_many.sql"):
         assert any(name == expected for name, _ in columns), f"{expected}: no lease/availability write found"
+    # the engine's proof of life is the database's time of its heartbeat (SPEC P1'', F0)
+    beat = " ".join(_strip_comments(SQL_DIR.joinpath("engine_beat.sql").read_text()).split())
+    assert "SET seen_at = now()" in beat and "timestamptz" not in beat
     for name, col, expr in assignments:
         pieces = [expr]
         case = re.fullmatch(r"CASE WHEN .+? THEN (.+?) ELSE (.+?) END", expr)
@@ -96,8 +100,6 @@ def test_lease_and_availability_writes_use_database_clock_by_construction() -> N
         if re.search(r"\b(UPDATE|INSERT)\b", body, re.IGNORECASE):
             for m in re.finditer(r"%\((\w+)\)[sbt]::timestamptz", body):
                 # only an enqueue may take the caller's own available_at (a job's schedule)
-                if path.name == "lease_reap.sql" and m.group(1) == "untils":
-                    continue  # locked_until values the database gave, compared for equality: a guard
                 enqueue = path.name.startswith("job_enqueue") or path.name in _ENQUEUER_TIME
                 assert enqueue and m.group(1) == "available_at", (path.name, m)
 

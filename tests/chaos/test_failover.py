@@ -31,7 +31,7 @@ from brooq_py.devdb import PostgresNotFound
 from brooq_py.engine import Config, Engine
 from brooq_py.postgres import AsyncStore, Store, migrations
 from brooq_py.queue import Job, KindOptions, State, StoreUnavailable
-from brooq_py.queue.port import HeldLease, Outcome
+from brooq_py.queue.port import EngineProof, HeldLease, Outcome
 from tests.chaos import invariants
 from tests.chaos.replica import ReplicaPair
 from tests.polling import wait_for
@@ -381,7 +381,9 @@ def test_every_engine_statement_refused_by_the_standby_is_store_unavailable_H1(
             token = "00000000-0000-0000-0000-000000000001"
             refused: dict[str, Callable[[], object]] = {
                 "claim": lambda: store.claim([TOPIC], 4, "w", lease),
-                "renew": lambda: store.renew([HeldLease(token, token)], lease),
+                "beat": lambda: store.beat(
+                    EngineProof("w", "h", 1, lease, lease / 3), [HeldLease(token, token)]
+                ),
                 "settle_many": lambda: store.settle_many([Outcome(token, token, State.DONE)]),
                 "reap_expired": store.reap_expired,
                 "delete_terminal": lambda: store.delete_terminal(lease, 10),

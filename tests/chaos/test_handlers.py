@@ -42,8 +42,11 @@ def test_misbehaving_handlers_C4_C5_C6_P3(dsn: str, chaos_schema: str, chaos_sto
         max_attempts=3, attempt_timeout=0.5, max_execution_timeout=30, backoff_base=0.05, backoff_max=0.1
     )
 
+    hung: list[str] = []
+
     def hang_once(ctx: Any, claim: Any) -> None:
-        if claim.attempt == 1:
+        if not hung:
+            hung.append(claim.claim_token)
             release.wait(30)  # ignores ctx entirely
             return
 
@@ -90,8 +93,8 @@ def test_misbehaving_handlers_C4_C5_C6_P3(dsn: str, chaos_schema: str, chaos_sto
     assert all(r is not None for r in rows.values())
     hang, odd, unp, big, long = (rows[t] for t in ("h.hang", "h.odd", "h.unprintable", "h.huge", "chaos"))
     assert (
-        hang and hang.state == State.DONE and hang.attempts == 2
-    )  # reaped once, attempts unchanged by the reap
+        hang and hang.state == State.DONE and hang.attempts == 1 and hang.crashes == 1
+    )  # hung once: taken back as a crash, its attempt given back (L5')
     assert odd and odd.state == State.DONE and odd.attempts == 2 and "OddBase" in (odd.last_error or "")
     assert (
         unp and unp.state == State.DONE and unp.attempts == 2 and "UnprintableError" in (unp.last_error or "")

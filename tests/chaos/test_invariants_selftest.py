@@ -23,4 +23,4 @@ def test_checker_reports_overwritten_terminal_and_lost_jobs(dsn: str, chaos_sche
     text = "\n".join(report.problems)
     assert f"P3: terminal row {a} changed by UPDATE: done -> failed" in text
     assert f"job {b} ended in state pending" in text
-    assert f"C1: job {b} attempts=3, but claims-given back=0" in text
+    assert f"C1: job {b} attempts=3, but claims-given back-reaped=0" in text

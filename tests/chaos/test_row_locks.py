@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -124,6 +124,12 @@ def test_operator_row_locks_past_the_lease_never_put_a_job_on_two_workers_P1(
     assert not problems, "P1' broken by operator row locks:\n" + "\n".join(problems[:20])
     report.assert_ok()
     assert report.states == {"done": JOBS}
+
+
+@pytest.fixture
+def chaos_pool(dsn: str) -> Iterator[ConnectionPool[Any]]:
+    with ConnectionPool(dsn, min_size=1, max_size=4, open=True) as pool:
+        yield pool
 
 
 def test_an_engine_killed_while_an_operator_holds_its_jobs_row_has_it_reaped_once_the_lock_goes_P1_R1(
