@@ -83,6 +83,7 @@ class Engine(Producing):
         self.statements = StatementTracker(self.clock)
         self.repo = repo = tracked(repo, self.statements)
         self.worker_id = worker_id or default_worker_id()
+        self.instance = str(uuid.uuid4())  # this engine, should another be given the same worker id
         self.metrics = Metrics(self.registry)
         self.refresher = Refresher(
             self.config.td("gauges_period"),
@@ -307,6 +308,7 @@ class Engine(Producing):
                 self.log,
                 self.events,
                 self.worker_id,
+                self.instance,
             )
             self.handover.on_waiting, self._enqueued = own_wakes(
                 wakers, cfg, self.topics, self._dispatcher.wake
@@ -383,7 +385,7 @@ class Engine(Producing):
                 max(0.1, min(cfg.lease_td.total_seconds(), deadline - time.monotonic() - 0.5))
             )
             try:  # what is still ours is the reaper's from now on
-                self.repo.leave(self.worker_id)
+                self.repo.leave(self.worker_id, self.instance)
             except Exception as exc:  # an unreachable store: the engine's row goes stale instead
                 self.log.warning("engine: could not remove its row at stop (%s)", exc)
 

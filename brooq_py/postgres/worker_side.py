@@ -19,7 +19,7 @@ from brooq_py.postgres.own import OwnConnection
 from brooq_py.postgres.queries import Queries, Query
 from brooq_py.postgres.runner import Rows, on_connection, on_tx
 from brooq_py.postgres.wraptx import as_psycopg
-from brooq_py.queue import State, Tx
+from brooq_py.queue import BrooqError, State, Tx
 from brooq_py.queue.port import (
     ClaimedJob,
     DatabaseGauges,
@@ -248,8 +248,15 @@ class WorkerSide:
             "lease": proof.lease,
             "margin": proof.margin,
             "orphans": orphans,
+            "instance": proof.instance,
         }
         rows = self._own_or_pool(self._heartbeat, "renewing the engine's proof of life", self._q.beat, params)
+        taken = [r[2] for r in rows if r[1] == "taken"]
+        if taken:
+            raise BrooqError(
+                f"worker id {proof.id!r} is held by another live engine ({taken[0]}): give each engine "
+                "its own worker id (the default is unique)"
+            )
         return Renewal(
             held=frozenset(r[0] for r in rows if r[1] in ("held", "locked")),
             locked=frozenset(r[0] for r in rows if r[1] == "locked"),
@@ -257,9 +264,11 @@ class WorkerSide:
             orphans=frozenset((r[0], r[2]) for r in rows if r[1] == "orphan"),
         )
 
-    def leave(self, engine_id: str) -> None:
-        """Remove a stopping engine's row (sql/engine_leave.sql)."""
-        self._run("removing the engine's row", self._q["engine_leave"], {"engine": engine_id})
+    def leave(self, engine_id: str, instance: str | None = None) -> None:
+        """Remove a stopping engine's row, *instance*'s only (sql/engine_leave.sql)."""
+        self._run(
+            "removing the engine's row", self._q["engine_leave"], {"engine": engine_id, "instance": instance}
+        )
 
     @staticmethod
     def _renew_params(leases: Sequence[HeldLease]) -> dict[str, Any]:

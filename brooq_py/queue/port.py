@@ -69,6 +69,7 @@ class EngineProof:
     pid: int
     lease: timedelta
     margin: timedelta
+    instance: str | None = None  # this running engine: a second live one given the same id is refused
 
 
 @dataclass(frozen=True)
@@ -277,8 +278,8 @@ class Repo(Protocol):
         *orphans*, report the engine's claims older than a lease that *leases* lacks."""
         ...
 
-    def leave(self, engine_id: str) -> None:
-        """Remove a stopping engine's row: what it still holds is returned by the reaper."""
+    def leave(self, engine_id: str, instance: str | None = None) -> None:
+        """Remove a stopping engine's row (*instance*'s only): what it still holds is returned by the reaper."""
         ...
 
     def reap(self) -> list[tuple[str, str]]:

@@ -10,9 +10,11 @@ its margin, when the engine named the claim in ``dropped`` (hung, given up,
 fenced), or, for a row whose engine has no row (an engine of an older release,
 ``run_once``), when the row's own ``locked_until`` has passed.
 
-- ``engine``: id (a job's ``locked_by``), host, pid, started_at, seen_at (the
-  database clock at its last heartbeat), lease and margin (what the reaper
-  waits past seen_at), dropped (claim tokens it let go without an outcome).
+- ``engine``: id (a job's ``locked_by``), instance (the running engine that owns
+  the id: a second live engine given the same id is refused), host, pid,
+  started_at, seen_at (the database clock at its last heartbeat), lease and
+  margin (what the reaper waits past seen_at), dropped (claim tokens it let go
+  without an outcome).
 - ``job.crashes``: how many engines stopped while running the job (L5'); a
   crash gives its attempt back, and ``KindOptions.max_crashes`` of them make the
   job dead.
@@ -35,6 +37,7 @@ def upgrade() -> None:
         """
         CREATE TABLE engine (
             id text PRIMARY KEY,
+            instance uuid,
             host text NOT NULL DEFAULT '',
             pid integer NOT NULL DEFAULT 0,
             started_at timestamptz NOT NULL DEFAULT now(),

@@ -58,6 +58,7 @@ def test_p1_claim_and_renewal_commit_synchronously(store: Store, tx: psycopg.Con
         "lease": LEASE,
         "margin": LEASE / 3,
         "orphans": True,
+        "instance": None,
     }
     renewed = tx.execute(store._q.beat.composed, beat).fetchall()
     assert [(r[0], r[1]) for r in renewed] == [(str(token), "held")]

@@ -516,6 +516,7 @@ def test_c10_c3_batch_writes_do_not_walk_the_lease_index(store: Store, db: psyco
         "lease": LEASE,
         "margin": LEASE / 3,
         "orphans": False,
+        "instance": None,
     }
     for query, params in ((store._q.settle_many, settle_params), (store._q.beat, beat_params)):
         db.execute("BEGIN")

@@ -424,7 +424,7 @@ class FakeRepo:
                         locked.add(h.claim_token)
             return Renewal(frozenset(held), frozenset(locked), frozenset(canceled))
 
-    def leave(self, engine_id: str) -> None:
+    def leave(self, engine_id: str, instance: str | None = None) -> None:
         self._count("leave")
         with self.lock:
             self.engines.pop(engine_id, None)

@@ -44,13 +44,14 @@ def background_services(
     log: logging.Logger,
     events: EventBus,
     worker_id: str,
+    instance: str,
 ) -> list[Ticker]:
     """The heartbeat (the proof of life of *worker_id*), the watchdog and the reaper, then *built*
     (the services the engine made itself), then the scheduler when there are *schedules* and
     retention when it is enabled. *enqueued* wakes the engine's own services for a job it enqueued."""
     lease, margin = cfg.lease_td.total_seconds(), cfg.margin_td.total_seconds()
     fence = Fence(lease, margin, clock, supervisor.fence)
-    proof = EngineProof(worker_id, socket.gethostname(), os.getpid(), cfg.lease_td, cfg.margin_td)
+    proof = EngineProof(worker_id, socket.gethostname(), os.getpid(), cfg.lease_td, cfg.margin_td, instance)
     services: list[Ticker] = [
         Heartbeat(
             cfg.heartbeat_period.total_seconds(),

@@ -1,6 +1,6 @@
 -- name: engine_beat
 -- The engine's proof of life: one upsert of its own row, which nothing done to job rows can
--- block. The claims it holds are read, not written (a job row is written only for a progress a
+-- block; refused ('taken') while another live engine instance holds the same id. The claims it holds are read, not written (a job row is written only for a progress a
 -- handler reported, never waiting on a row locked elsewhere). Claims the engine let go without an
 -- outcome (hung, fenced) are named in its row's `dropped`, for the reaper to take back at once.
 -- One row per claim sent: its token and 'held' (still processing under it), 'locked' (held, its
@@ -9,11 +9,13 @@
 -- older than a lease that it did not send: a claim whose answer never reached it (a connection
 -- lost at the commit), to be dropped. That look reads every processing row.
 WITH proof AS (
-    INSERT INTO {engine} AS e (id, host, pid, lease, margin, dropped)
-    VALUES (%(engine)s, %(host)s, %(pid)s, %(lease)s, %(margin)s,
+    INSERT INTO {engine} AS e (id, instance, host, pid, lease, margin, dropped)
+    VALUES (%(engine)s, %(instance)s::uuid, %(host)s, %(pid)s, %(lease)s, %(margin)s,
             ARRAY(SELECT t FROM unnest(%(tokens)s::uuid[], %(dropped)s::bool[]) AS d(t, dropped) WHERE dropped))
     ON CONFLICT (id) DO UPDATE
-    SET seen_at = now(), lease = excluded.lease, margin = excluded.margin, dropped = excluded.dropped
+    SET seen_at = now(), instance = excluded.instance, host = excluded.host, pid = excluded.pid,
+        lease = excluded.lease, margin = excluded.margin, dropped = excluded.dropped
+    WHERE e.instance IS NOT DISTINCT FROM excluded.instance OR e.seen_at + e.lease + e.margin < now()
     RETURNING e.id
 ), sent AS MATERIALIZED (
     SELECT h.id, h.token, h.progress, h.note, 'processing'::text AS guard
@@ -46,5 +48,9 @@ WHERE EXISTS (SELECT FROM proof)
 UNION ALL
 SELECT o.claim_token::text, 'orphan', o.id::text
 FROM {job} o
-WHERE %(orphans)s::bool AND o.state = 'processing' AND o.locked_by = %(engine)s
+WHERE %(orphans)s::bool AND EXISTS (SELECT FROM proof) AND o.state = 'processing' AND o.locked_by = %(engine)s
     AND o.claim_token <> ALL (%(tokens)s::uuid[]) AND o.updated_at < now() - %(lease)s::interval
+UNION ALL
+SELECT NULL, 'taken', e.host || ':' || e.pid
+FROM {engine} e
+WHERE e.id = %(engine)s AND NOT EXISTS (SELECT FROM proof)
