@@ -13,7 +13,7 @@ transaction-pooling proxy (PgBouncer in transaction mode), open the pool with
 Connection errors are raised as ``queue.StoreUnavailable`` (chained, without
 any DSN password); so is a refusal by a read-only server (a standby, SQLSTATE
 25006), whose connection is closed so that the next one lands on the primary
-(errors.py). Other database errors pass through unchanged.
+(session/errors.py). Other database errors pass through unchanged.
 """
 
 from __future__ import annotations
@@ -29,26 +29,37 @@ import psycopg
 import psycopg_pool
 
 from brooq_py.contrib.otel import traced_enqueue
-from brooq_py.postgres import enqueueing as plans
-from brooq_py.postgres import plans as reads
-from brooq_py.postgres import single
-from brooq_py.postgres.bounds import DEFAULT_LEASE, merged, statement_budget
-from brooq_py.postgres.caps import TopicCaps
-from brooq_py.postgres.errors import dropped_if_read_only, names_migration, translated
-from brooq_py.postgres.flow_side import FlowSide
-from brooq_py.postgres.listener import PROBE_TIMEOUT, PgListener
-from brooq_py.postgres.operator_side import OperatorSide
-from brooq_py.postgres.own import OwnConnection
-from brooq_py.postgres.plans import drive, first_statement, parse_id
-from brooq_py.postgres.producer import check_schema, no_pool
-from brooq_py.postgres.queries import Queries, Query
-from brooq_py.postgres.runner import Rows, Runner, execute, on_connection, on_tx
-from brooq_py.postgres.unique import FirstTries
-from brooq_py.postgres.wait_side import WaitSide
-from brooq_py.postgres.waiting import Watch
-from brooq_py.postgres.worker_side import WorkerSide
-from brooq_py.postgres.workflows import parent_results_params
-from brooq_py.postgres.wraptx import WrapTx, as_psycopg
+from brooq_py.postgres.enqueue import jobs as enqueueing
+from brooq_py.postgres.enqueue import plans
+from brooq_py.postgres.enqueue.unique import FirstTries
+from brooq_py.postgres.enqueue.workflows import parent_results_params
+from brooq_py.postgres.flow.limits import FlowSide, TopicCaps
+from brooq_py.postgres.listen import PROBE_TIMEOUT, PgListener
+from brooq_py.postgres.operator.actions import OperatorSide
+from brooq_py.postgres.session.connections import (
+    DEFAULT_LEASE,
+    OwnConnection,
+    check_schema,
+    merged,
+    no_pool,
+    statement_budget,
+)
+from brooq_py.postgres.session.errors import dropped_if_read_only, names_migration, translated
+from brooq_py.postgres.session.statements import Queries, Query, parse_id
+from brooq_py.postgres.session.tx import (
+    Plan,
+    Rows,
+    Runner,
+    WrapTx,
+    as_psycopg,
+    drive,
+    execute,
+    first_statement,
+    on_connection,
+    on_tx,
+)
+from brooq_py.postgres.wait import WaitSide, Watch
+from brooq_py.postgres.worker.repo import WorkerSide
 from brooq_py.queue import EnqueueResult, GroupResult, Job, JobRow, Tx
 
 __all__ = ["Store", "parse_id"]
@@ -204,7 +215,7 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
 
     # -- producer side ----------------------------------------------------------
 
-    def _drive(self, doing: str, plan: reads.Plan[Any]) -> Any:
+    def _drive(self, doing: str, plan: Plan[Any]) -> Any:
         """Run *plan* in autocommit statements on a pool connection (none taken if it needs none)."""
         first, result = first_statement(plan)
         if first is None:
@@ -221,20 +232,20 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
         InvalidJob before anything is written for a bad job (E4).
         """
         caps = self._caps.fresh()
-        plain = single.keyless(self._q, job, caps)
+        plain = plans.keyless(self._q, job, caps)
         if plain is not None:
             query, params, created = plain
             self._execute("enqueueing", query, params)
             return created
-        first = single.unique_new(self._q, job, caps, self._first_tries) or single.capped_new(
+        first = plans.unique_new(self._q, job, caps, self._first_tries) or plans.capped_new(
             self._q, job, caps, self._caps
         )
         if first is not None:
             query, params, created = first
             if self._execute("enqueueing", query, params) == 1:
                 return created
-        result: EnqueueResult = self._drive("enqueueing", plans.enqueue_one(self._q, job, self._caps))
-        if single.unique_first(job, caps):
+        result: EnqueueResult = self._drive("enqueueing", enqueueing.enqueue_one(self._q, job, self._caps))
+        if plans.unique_first(job, caps):
             self._first_tries.saw(job, result)
         return result
 
@@ -251,7 +262,7 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
         concurrently raises a serialization failure, as any conflicting write does.
         An asyncio connection raises TypeError naming AsyncStore.
         """
-        plan = plans.enqueue_one(self._q, job, self._caps)
+        plan = enqueueing.enqueue_one(self._q, job, self._caps)
         with translated("enqueueing", as_psycopg(tx)):
             return drive(plan, on_tx(tx))
 
@@ -265,7 +276,7 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
         repeats get its id with created=False.
         """
         run = on_tx(tx) if tx is not None else None  # a wrong tx is refused even for no jobs
-        plan = plans.enqueue_many(self._q, jobs, self._caps)
+        plan = enqueueing.enqueue_many(self._q, jobs, self._caps)
         if not jobs:
             return []
         if run is not None:
@@ -285,7 +296,7 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
         it names itself. Everything is validated first (InvalidJob, nothing written).
         """
         run = on_tx(tx) if tx is not None else None
-        plan = plans.enqueue_group(self._q, jobs, then, self._caps)
+        plan = enqueueing.enqueue_group(self._q, jobs, then, self._caps)
         with translated("enqueueing a group"):
             if run is not None:
                 return drive(plan, run)
@@ -306,7 +317,7 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
         engine or an earlier run enqueued it: its job may be gone since, deleted by retention).
         The job is validated before any statement (E4).
         """
-        plan = plans.enqueue_one(self._q, job, self._caps)
+        plan = enqueueing.enqueue_one(self._q, job, self._caps)
         with self.begin() as tx:
             run = on_tx(tx)
             if not run(self._q["schedule_tick_advance"], {"name": schedule, "tick": tick}):
@@ -321,7 +332,7 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
         if self._pool is None:
             raise no_pool("Store", "opening a transaction")
         doing = "running a transaction"
-        # A read-only server's refusal closes the connection after the rollback (errors.py).
+        # A read-only server's refusal closes the connection after the rollback (session/errors.py).
         with (
             translated(doing),
             self._pool.connection() as conn,
@@ -337,18 +348,18 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
 
         Return False for terminal, unknown or malformed ids (never raise on a malformed id).
         """
-        done: bool = self._drive("canceling a job", reads.by_id(self._q.cancel, job_id))
+        done: bool = self._drive("canceling a job", plans.by_id(self._q.cancel, job_id))
         return done
 
     def get(self, job_id: str) -> JobRow | None:
         """Return the job's row; None for an unknown or malformed id."""
-        row: JobRow | None = self._drive("reading a job", reads.get(self._q, job_id))
+        row: JobRow | None = self._drive("reading a job", plans.get(self._q, job_id))
         return row
 
     def get_tx(self, tx: Tx, job_id: str) -> JobRow | None:
         """Return the job's row as the caller's transaction *tx* sees it; None for an unknown or malformed id."""
         with translated("reading a job", as_psycopg(tx)):
-            return drive(reads.get(self._q, job_id), on_tx(tx))
+            return drive(plans.get(self._q, job_id), on_tx(tx))
 
     def next_retry(self, topics: Sequence[str]) -> float | None:
         """Seconds until the earliest failed job of *topics* is retried (<= 0: due; None: none waits)."""

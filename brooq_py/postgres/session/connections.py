@@ -1,24 +1,36 @@
-"""One of the Store's own connections (heartbeat, claims, outcome batches): opened on first use, reopened after a break.
+"""The pool plumbing of the Store's roles, and the Store's own connections (heartbeat, claims, outcome batches).
 
-The engine runs each of these statements from one thread, so a connection of
-its own per kind of statement costs one backend and saves the pool checkout, and
-its session can be set up for that statement alone (a claim's plan is cached).
+``PoolSide`` is the one base the Store's roles share: it lends a pool connection
+for an autocommit statement or a bounded transaction, and opens the Store's own
+connections. An ``OwnConnection`` is opened on first use and reopened after a
+break: the engine runs each of these statements from one thread, so a connection
+of its own per kind of statement costs one backend and saves the pool checkout,
+and its session can be set up for that statement alone (a claim's plan is cached).
+
+Waits on the own connections are bounded by the lease (SPEC L3). Server side:
+``lock_timeout`` and ``statement_timeout`` end a statement that waits or runs too
+long. Network: TCP keepalives and ``tcp_user_timeout`` notice a half-open socket,
+on both ends. Client side: ``deadline()`` shuts the socket down when a statement
+has not answered in time, which ends a wait that nothing on the wire ever will (a
+path that goes silent behind a proxy that still ACKs).
 """
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import psycopg
 
-from brooq_py.postgres.bounds import deadline
-from brooq_py.postgres.errors import is_connection_error, is_outage, unavailable
-from brooq_py.postgres.queries import Query
-from brooq_py.postgres.runner import Rows, on_connection
-from brooq_py.queue import StoreUnavailable
+from brooq_py.postgres.session.errors import is_connection_error, is_outage, unavailable
+from brooq_py.postgres.session.statements import Query
+from brooq_py.postgres.session.tx import Rows, on_connection
+from brooq_py.queue import BrooqError, StoreUnavailable
 
 # After the server refused to open the connection, ``try_run`` leaves statements to the pool
 # for this long before it tries again (a saturated server is not asked once per claim).
@@ -144,3 +156,89 @@ class OwnConnection:
     def reuse(self) -> None:
         """Keep the connection open between statements again (an engine starts on the Store)."""
         self._closed = False
+
+
+# --- bounded waits on the own connections (SPEC L3) -----------------------------------------------
+
+
+DEFAULT_LEASE = timedelta(seconds=30)
+
+
+def own_connection_kwargs(lease: timedelta) -> dict[str, Any]:
+    """libpq settings for a connection that must notice trouble within *lease*/3."""
+    third = max(lease.total_seconds() / 3, 1.0)
+    ms = int(third * 1000)
+    return {
+        "connect_timeout": max(2, int(third)),
+        "keepalives": 1,
+        "keepalives_idle": max(1, int(third / 2)),
+        "keepalives_interval": max(1, int(third / 6)),
+        "keepalives_count": 3,
+        "tcp_user_timeout": ms,
+        "options": f"-c statement_timeout={ms} -c lock_timeout={max(ms // 2, 100)} "
+        f"-c idle_in_transaction_session_timeout={ms * 3} -c tcp_keepalives_idle={max(1, int(third / 2))} "
+        f"-c tcp_keepalives_interval={max(1, int(third / 6))} -c tcp_keepalives_count=3",
+    }
+
+
+def merged(kwargs: dict[str, Any], lease: timedelta) -> dict[str, Any]:
+    """*kwargs* with the bounds added; the caller's own ``options`` come first, ours win."""
+    out = {**kwargs, **own_connection_kwargs(lease)}
+    if kwargs.get("options"):
+        out["options"] = f"{kwargs['options']} {out['options']}"
+    return out
+
+
+def statement_budget(lease: timedelta) -> float:
+    """How long a statement on an own connection may take before its socket is shut down."""
+    return max(lease.total_seconds() / 3, 1.0) + 1.0
+
+
+@contextlib.contextmanager
+def deadline(conn: psycopg.Connection[Any], seconds: float) -> Iterator[None]:
+    """Shut *conn*'s socket down if the block has not ended after *seconds*.
+
+    The waiting call then fails at once with a connection error (the caller
+    closes the connection and reopens it next time), instead of blocking on a
+    socket nobody answers.
+    """
+    done = threading.Event()
+
+    def expire() -> None:
+        if done.is_set():
+            return
+        with contextlib.suppress(Exception):
+            fd = conn.pgconn.socket
+            sock = socket.socket(fileno=fd)
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            finally:
+                sock.detach()  # the fd stays libpq's
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        done.set()
+        timer.cancel()
+
+
+# --- what both Stores check before they connect ---------------------------------------------------
+
+
+def check_schema(schema: Any) -> str:
+    """Return *schema*, or raise ValueError for anything but non-empty text without NUL."""
+    if not isinstance(schema, str) or not schema or "\x00" in schema:
+        raise ValueError(f"invalid schema name: {schema!r}")
+    return schema
+
+
+def no_pool(store: str, doing: str) -> BrooqError:
+    """Return the error of a producer-only store (built without a pool) asked to use one."""
+    return BrooqError(
+        f"{store} was built without a pool ({store}(None, ...)), so it cannot do this ({doing}): "
+        "it only enqueues inside your own transactions (enqueue_tx, enqueue_many(tx=...)); "
+        f"give {store} a pool for the rest"
+    )

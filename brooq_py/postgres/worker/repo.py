@@ -1,4 +1,4 @@
-"""The Store's worker side: claim, settle, renew, reap, retention, gauges (the engine's Repo)."""
+"""The Store's worker side, the engine's Repo: claim, settle, renew, reap, stage, retention, gauges."""
 
 from __future__ import annotations
 
@@ -12,13 +12,17 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from brooq_py.postgres.arrays import bool_array, float_array, text_array, uuid_array
-from brooq_py.postgres.bounds import statement_budget
-from brooq_py.postgres.errors import translated
-from brooq_py.postgres.own import OwnConnection
-from brooq_py.postgres.queries import Queries, Query
-from brooq_py.postgres.runner import Rows, on_connection, on_tx
-from brooq_py.postgres.wraptx import as_psycopg
+from brooq_py.postgres.session.connections import OwnConnection, statement_budget
+from brooq_py.postgres.session.errors import translated
+from brooq_py.postgres.session.statements import (
+    Queries,
+    Query,
+    bool_array,
+    float_array,
+    text_array,
+    uuid_array,
+)
+from brooq_py.postgres.session.tx import Rows, as_psycopg, on_connection, on_tx
 from brooq_py.queue import State, Tx
 from brooq_py.queue.port import (
     ClaimedJob,
@@ -180,7 +184,7 @@ class WorkerSide:
 
     @staticmethod
     def _settle_params(outcomes: Sequence[Outcome]) -> dict[str, Any]:
-        """The batch as one array literal per column (see arrays.py)."""
+        """The batch as one array literal per column (see session/statements.py)."""
         return {
             "ids": uuid_array([o.id for o in outcomes]),
             "tokens": uuid_array([o.claim_token for o in outcomes]),
