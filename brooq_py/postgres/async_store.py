@@ -26,7 +26,7 @@ from brooq_py.postgres.enqueue import jobs as enqueueing
 from brooq_py.postgres.enqueue import plans
 from brooq_py.postgres.enqueue.unique import FirstTries
 from brooq_py.postgres.flow.limits import LIMIT_WAIT, TopicCaps, checked_depth, checked_rate, checked_topic
-from brooq_py.postgres.session.connections import check_schema, no_pool
+from brooq_py.postgres.session.connections import NOT_LIBPQ, check_schema, no_pool
 from brooq_py.postgres.session.errors import names_migration, refused_by_read_only, translated, unavailable
 from brooq_py.postgres.session.statements import Queries, Query
 from brooq_py.postgres.session.tx import (
@@ -46,7 +46,6 @@ AsyncTx = AsyncWrapTx | psycopg.AsyncConnection[Any]
 
 
 # Connection settings of the pool that are not libpq parameters (left out of the LISTEN connection).
-_NOT_LIBPQ = frozenset({"autocommit", "row_factory", "cursor_factory", "context"})
 
 
 @asynccontextmanager
@@ -313,7 +312,7 @@ class AsyncStore(AsyncWaitSide):
         kwargs: Any = pool.kwargs() if callable(pool.kwargs) else (pool.kwargs or {})
         if inspect.isawaitable(kwargs):
             kwargs = await kwargs
-        extra = {k: v for k, v in kwargs.items() if k not in _NOT_LIBPQ}
+        extra = {k: v for k, v in kwargs.items() if k not in NOT_LIBPQ}
         return await psycopg.AsyncConnection.connect(conninfo, autocommit=True, **extra)
 
     async def _check(self, params: dict[str, Any]) -> Rows:

@@ -18,14 +18,12 @@ any DSN password); so is a refusal by a read-only server (a standby, SQLSTATE
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
-import psycopg
 import psycopg_pool
 
 from brooq_py.contrib.otel import traced_enqueue
@@ -37,24 +35,21 @@ from brooq_py.postgres.flow.limits import FlowSide, TopicCaps
 from brooq_py.postgres.listen import PROBE_TIMEOUT, PgListener
 from brooq_py.postgres.operator.actions import OperatorSide
 from brooq_py.postgres.session.connections import (
+    CACHED_PLAN,
     DEFAULT_LEASE,
+    SETTLE_LOCK_WAIT,
     OwnConnection,
+    PoolSide,
     check_schema,
-    merged,
     no_pool,
     statement_budget,
 )
 from brooq_py.postgres.session.errors import dropped_if_read_only, names_migration, translated
-from brooq_py.postgres.session.statements import Queries, Query, parse_id
+from brooq_py.postgres.session.statements import Queries, parse_id
 from brooq_py.postgres.session.tx import (
-    Plan,
-    Rows,
-    Runner,
     WrapTx,
     as_psycopg,
     drive,
-    execute,
-    first_statement,
     on_connection,
     on_tx,
 )
@@ -64,24 +59,8 @@ from brooq_py.queue import EnqueueResult, GroupResult, Job, JobRow, Tx
 
 __all__ = ["Store", "parse_id"]
 
-# Connection settings of the pool that are not libpq parameters, left out of our own connections.
-_NOT_LIBPQ = frozenset({"autocommit", "row_factory", "cursor_factory", "context"})
 
-# The claim and settle connections' sessions: each statement is planned once, not at every
-# execution (its custom plans were no better, and planning cost about a third of a one-row claim).
-_CACHED_PLAN = "-c plan_cache_mode=force_generic_plan"
-# How long a claim or an outcome batch waits for a row lock before it leaves that row aside
-# (outcomes: written without it, SPEC L3'; claims skip locked rows anyway).
-SETTLE_LOCK_WAIT = "250ms"
-
-
-def _with_options(kwargs: dict[str, Any], options: str) -> dict[str, Any]:
-    if options:
-        kwargs["options"] = f"{kwargs['options']} {options}" if kwargs.get("options") else options
-    return kwargs
-
-
-class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
+class Store(WorkerSide, OperatorSide, FlowSide, WaitSide, PoolSide):
     """The job store on a caller's ``psycopg_pool.ConnectionPool`` (the engine's Repo).
 
     The pool stays the caller's: the Store never opens or closes it. ``pool``
@@ -116,9 +95,9 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
         # on connections of their own, their plans cached, when those reach the pool's server; with a
         # separate ``conninfo`` (the pool behind a proxy) they stay on the pool.
         self._heartbeat = OwnConnection(self._connect_own, budget=lambda: statement_budget(self._own_lease))
-        self._claimer = OwnConnection(lambda: self._connect_own(_CACHED_PLAN)) if conninfo is None else None
+        self._claimer = OwnConnection(lambda: self._connect_own(CACHED_PLAN)) if conninfo is None else None
         self._settler = (
-            OwnConnection(lambda: self._connect_own(f"{_CACHED_PLAN} -c lock_timeout={SETTLE_LOCK_WAIT}"))
+            OwnConnection(lambda: self._connect_own(f"{CACHED_PLAN} -c lock_timeout={SETTLE_LOCK_WAIT}"))
             if conninfo is None
             else None
         )
@@ -128,26 +107,6 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
         self.listen_probe_timeout: float | None = PROBE_TIMEOUT
         self._own_lease = DEFAULT_LEASE
         self._waits: Watch | None = None
-
-    # -- connections ----------------------------------------------------------
-
-    def _connect_own(self, options: str = "") -> psycopg.Connection[Any]:
-        """Open one of the Store's own autocommit connections from ``conninfo``, its waits bounded (L3).
-
-        *options*: server settings (``-c name=value``) for this connection's session alone.
-        """
-        if self._conninfo is not None:
-            return psycopg.connect(
-                self._conninfo, autocommit=True, **_with_options(merged({}, self._own_lease), options)
-            )
-        if self._pool_conninfo is None:
-            raise no_pool("Store", "opening its own connection")
-        conninfo = self._pool_conninfo() if callable(self._pool_conninfo) else self._pool_conninfo
-        kwargs = self._pool_kwargs() if callable(self._pool_kwargs) else (self._pool_kwargs or {})
-        extra = {k: v for k, v in kwargs.items() if k not in _NOT_LIBPQ}
-        return psycopg.connect(
-            conninfo, autocommit=True, **_with_options(merged(extra, self._own_lease), options)
-        )
 
     def bound_waits(self, lease: timedelta) -> None:
         """Bound every wait on the Store's own connections by *lease* (SPEC L3); the engine calls it at start.
@@ -162,66 +121,7 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
             if own is not None:
                 own.reuse()
 
-    @contextmanager
-    def _autocommit(self, doing: str, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
-        """Lend a pool connection in autocommit mode; put its flag back before it returns to the pool.
-
-        ``getconn``/``putconn`` rather than the pool's ``connection()`` context, which adds
-        nothing to an autocommit statement and cost about 30 us of CPU a call (the enqueue's hot path).
-        """
-        pool = self._pool
-        if pool is None:
-            raise no_pool("Store", doing)
-        with translated(doing):
-            conn = pool.getconn(timeout=timeout)
-            try:
-                saved = conn.autocommit
-                if not saved:
-                    conn.autocommit = True
-                try:
-                    with dropped_if_read_only(conn, doing):
-                        yield conn
-                finally:
-                    if not saved and not conn.closed:
-                        with contextlib.suppress(psycopg.Error):  # a broken one: the pool discards it
-                            conn.autocommit = False
-            finally:
-                pool.putconn(conn)
-
-    def _execute(self, doing: str, query: Query, params: dict[str, Any]) -> int:
-        """Run *query*, one statement that returns no rows, in autocommit on a pool connection.
-
-        Return the number of rows it wrote.
-        """
-        with self._autocommit(doing) as conn:
-            return execute(conn, query, params)
-
-    def _run(self, doing: str, query: Query, params: dict[str, Any]) -> Rows:
-        with self._autocommit(doing) as conn:
-            return on_connection(conn)(query, params)
-
-    def _run_bounded(self, doing: str, query: Query, params: dict[str, Any], seconds: float) -> Rows:
-        """Run *query* on a pool connection in a transaction whose statement_timeout is bounded by
-        *seconds* and lock_timeout by SETTLE_LOCK_WAIT (SPEC L3'), without touching the session's."""
-        return self._in_bounded_tx(doing, lambda run: run(query, params), seconds)
-
-    def _in_bounded_tx(self, doing: str, work: Callable[[Runner], Rows], seconds: float) -> Rows:
-        """Run *work* (given a statement runner) in one transaction on a pool connection, its waits bounded."""
-        bounds = {"lock_timeout": SETTLE_LOCK_WAIT, "statement_timeout": f"{max(int(seconds * 1000), 100)}ms"}
-        with self._autocommit(doing) as conn, conn.transaction():
-            run = on_connection(conn)
-            run(self._q["session_bounds"], bounds)
-            return work(run)
-
     # -- producer side ----------------------------------------------------------
-
-    def _drive(self, doing: str, plan: Plan[Any]) -> Any:
-        """Run *plan* in autocommit statements on a pool connection (none taken if it needs none)."""
-        first, result = first_statement(plan)
-        if first is None:
-            return result
-        with self._autocommit(doing) as conn:
-            return drive(plan, on_connection(conn), first)
 
     @traced_enqueue("job")
     @names_migration

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 
@@ -353,19 +353,29 @@ def _done(row: JobRow | None) -> bool:
     return row is not None and row.state.terminal
 
 
+class _Waited(Protocol):
+    """What ``WaitSide`` needs of the Store it is mixed into."""
+
+    def _watch(self) -> Watch: ...
+    def get(self, job_id: str) -> JobRow | None: ...
+    def wait(self, job_id: str, timeout: float | timedelta | None = None) -> JobRow: ...
+
+
+class _AsyncWaited(Protocol):
+    """What ``AsyncWaitSide`` needs of the AsyncStore it is mixed into."""
+
+    def _watch(self) -> AsyncWatch: ...
+    async def get(self, job_id: str) -> JobRow | None: ...
+    async def wait(self, job_id: str, timeout: float | timedelta | None = None) -> JobRow: ...
+
+
 class WaitSide:
     """Mixin of Store: block until a job ends."""
 
     # Seconds between checks when no notification arrives (a lost one only delays by this).
     wait_poll_interval: float = DEFAULT_POLL
 
-    def _watch(self) -> Watch:  # pragma: no cover - Store's
-        raise NotImplementedError
-
-    def get(self, job_id: str) -> JobRow | None:  # pragma: no cover - Store's
-        raise NotImplementedError
-
-    def wait(self, job_id: str, timeout: float | timedelta | None = None) -> JobRow:
+    def wait(self: _Waited, job_id: str, timeout: float | timedelta | None = None) -> JobRow:
         """Block until the job is terminal (done, dead, canceled) and return its row.
 
         Woken by the outcome's commit through the store's one LISTEN connection,
@@ -391,7 +401,7 @@ class WaitSide:
         finally:
             watch.unregister(w.key, event)
 
-    def result(self, job_id: str, timeout: float | timedelta | None = None) -> Any:
+    def result(self: _Waited, job_id: str, timeout: float | timedelta | None = None) -> Any:
         """``wait()``, then return the result of a done job; raise JobFailed for a dead one,
         JobCanceled for a canceled one (each carries the row), WaitTimeout and JobNotFound as wait does."""
         return outcome_of(self.wait(job_id, timeout))
@@ -402,13 +412,7 @@ class AsyncWaitSide:
 
     wait_poll_interval: float = DEFAULT_POLL
 
-    def _watch(self) -> AsyncWatch:  # pragma: no cover - AsyncStore's
-        raise NotImplementedError
-
-    async def get(self, job_id: str) -> JobRow | None:  # pragma: no cover - AsyncStore's
-        raise NotImplementedError
-
-    async def wait(self, job_id: str, timeout: float | timedelta | None = None) -> JobRow:
+    async def wait(self: _AsyncWaited, job_id: str, timeout: float | timedelta | None = None) -> JobRow:
         """Await until the job is terminal and return its row; as ``Store.wait`` (one LISTEN
         connection per AsyncStore, on the event loop of its first wait)."""
         w = _Waiting(job_id, timeout)
@@ -430,6 +434,6 @@ class AsyncWaitSide:
         finally:
             watch.unregister(w.key, event)
 
-    async def result(self, job_id: str, timeout: float | timedelta | None = None) -> Any:
+    async def result(self: _AsyncWaited, job_id: str, timeout: float | timedelta | None = None) -> Any:
         """``await wait()``, then the result, or JobFailed / JobCanceled as ``Store.result``."""
         return outcome_of(await self.wait(job_id, timeout))

@@ -51,14 +51,12 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any
 
-import psycopg
-
+from brooq_py.postgres.session.connections import PoolSide
 from brooq_py.postgres.session.statements import Queries
-from brooq_py.postgres.session.tx import Rows, on_connection
+from brooq_py.postgres.session.tx import on_connection
 from brooq_py.queue import InvalidJob, QueueFull
 from brooq_py.queue.durations import parse_go_duration
 from brooq_py.queue.job import MAX_TOPIC_BYTES, check_length, check_text
@@ -299,19 +297,11 @@ def refusal_text(job_id: str, rows: list[tuple[Any, ...]]) -> str | None:
 # --- the Store's flow control ---------------------------------------------------------------------
 
 
-class FlowSide:
+class FlowSide(PoolSide):
     """Mixin of Store: set_rate_limit, set_max_depth, and the QueueFull refusals counted here."""
 
     _q: Queries
     _caps: TopicCaps
-
-    def _run(self, doing: str, query: Any, params: dict[str, Any]) -> Rows:  # pragma: no cover - Store's
-        raise NotImplementedError
-
-    def _autocommit(
-        self, doing: str, timeout: float | None = None
-    ) -> AbstractContextManager[psycopg.Connection[Any]]:  # pragma: no cover - Store's
-        raise NotImplementedError
 
     def set_rate_limit(
         self, topic: str, limit: int | None, per: float | timedelta = 1, *, burst: int | None = None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, suppress
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -21,8 +21,9 @@ from brooq_py.postgres.flow.limits import (
     setting_of,
     until,
 )
+from brooq_py.postgres.session.connections import PoolSide
 from brooq_py.postgres.session.statements import Queries, parse_id
-from brooq_py.postgres.session.tx import Plan, Rows, on_connection
+from brooq_py.postgres.session.tx import on_connection
 from brooq_py.postgres.worker.repo import claimed_jobs
 from brooq_py.queue import JobRow
 from brooq_py.queue.port import LimitedClaim, TopicSetting
@@ -56,21 +57,10 @@ class TopicOverview:
         }
 
 
-class OperatorSide:
+class OperatorSide(PoolSide):
     """Mixin of Store: the operator's controls, one named SQL file each."""
 
     _q: Queries
-
-    def _run(self, doing: str, query: Any, params: dict[str, Any]) -> Rows:  # pragma: no cover - Store's
-        raise NotImplementedError
-
-    def _drive(self, doing: str, plan: Plan[Any]) -> Any:  # pragma: no cover - Store's
-        raise NotImplementedError
-
-    def _autocommit(
-        self, doing: str, timeout: float | None = None
-    ) -> AbstractContextManager[psycopg.Connection[Any]]:  # pragma: no cover - Store's
-        raise NotImplementedError
 
     def retry(self, job_id: str) -> bool:
         """Put a dead or canceled job back to pending: attempts 0, due now, last_error kept (SPEC Q1).

@@ -22,14 +22,22 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, TypeVar
 
 import psycopg
+import psycopg_pool
 
-from brooq_py.postgres.session.errors import is_connection_error, is_outage, unavailable
-from brooq_py.postgres.session.statements import Query
-from brooq_py.postgres.session.tx import Rows, on_connection
+from brooq_py.postgres.session.errors import (
+    dropped_if_read_only,
+    is_connection_error,
+    is_outage,
+    translated,
+    unavailable,
+)
+from brooq_py.postgres.session.statements import Queries, Query
+from brooq_py.postgres.session.tx import Plan, Rows, Runner, drive, execute, first_statement, on_connection
 from brooq_py.queue import BrooqError, StoreUnavailable
 
 # After the server refused to open the connection, ``try_run`` leaves statements to the pool
@@ -37,6 +45,116 @@ from brooq_py.queue import BrooqError, StoreUnavailable
 REOPEN_PAUSE = 1.0
 
 T = TypeVar("T")
+
+
+# Connection settings of the pool that are not libpq parameters, left out of our own connections.
+NOT_LIBPQ = frozenset({"autocommit", "row_factory", "cursor_factory", "context"})
+
+# The claim and settle connections' sessions: each statement is planned once, not at every
+# execution (its custom plans were no better, and planning cost about a third of a one-row claim).
+CACHED_PLAN = "-c plan_cache_mode=force_generic_plan"
+# How long a claim or an outcome batch waits for a row lock before it leaves that row aside
+# (outcomes: written without it, SPEC L3'; claims skip locked rows anyway).
+SETTLE_LOCK_WAIT = "250ms"
+
+
+def with_options(kwargs: dict[str, Any], options: str) -> dict[str, Any]:
+    if options:
+        kwargs["options"] = f"{kwargs['options']} {options}" if kwargs.get("options") else options
+    return kwargs
+
+
+class PoolSide:
+    """The pool plumbing every role of the Store shares: pool connections lent for one autocommit
+    statement or one bounded transaction, plans driven on them, and the Store's own connections.
+
+    The Store sets the attributes; a role (worker, operator, flow) derives from this class and
+    reaches the database only through these methods.
+    """
+
+    _pool: psycopg_pool.ConnectionPool[Any] | None
+    _q: Queries
+    _conninfo: str | None
+    _pool_conninfo: Any
+    _pool_kwargs: Any
+    _own_lease: timedelta
+
+    def _connect_own(self, options: str = "") -> psycopg.Connection[Any]:
+        """Open one of the Store's own autocommit connections from ``conninfo``, its waits bounded (L3).
+
+        *options*: server settings (``-c name=value``) for this connection's session alone.
+        """
+        if self._conninfo is not None:
+            return psycopg.connect(
+                self._conninfo, autocommit=True, **with_options(merged({}, self._own_lease), options)
+            )
+        if self._pool_conninfo is None:
+            raise no_pool("Store", "opening its own connection")
+        conninfo = self._pool_conninfo() if callable(self._pool_conninfo) else self._pool_conninfo
+        kwargs = self._pool_kwargs() if callable(self._pool_kwargs) else (self._pool_kwargs or {})
+        extra = {k: v for k, v in kwargs.items() if k not in NOT_LIBPQ}
+        return psycopg.connect(
+            conninfo, autocommit=True, **with_options(merged(extra, self._own_lease), options)
+        )
+
+    @contextmanager
+    def _autocommit(self, doing: str, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
+        """Lend a pool connection in autocommit mode; put its flag back before it returns to the pool.
+
+        ``getconn``/``putconn`` rather than the pool's ``connection()`` context, which adds
+        nothing to an autocommit statement and cost about 30 us of CPU a call (the enqueue's hot path).
+        """
+        pool = self._pool
+        if pool is None:
+            raise no_pool("Store", doing)
+        with translated(doing):
+            conn = pool.getconn(timeout=timeout)
+            try:
+                saved = conn.autocommit
+                if not saved:
+                    conn.autocommit = True
+                try:
+                    with dropped_if_read_only(conn, doing):
+                        yield conn
+                finally:
+                    if not saved and not conn.closed:
+                        with contextlib.suppress(psycopg.Error):  # a broken one: the pool discards it
+                            conn.autocommit = False
+            finally:
+                pool.putconn(conn)
+
+    def _execute(self, doing: str, query: Query, params: dict[str, Any]) -> int:
+        """Run *query*, one statement that returns no rows, in autocommit on a pool connection.
+
+        Return the number of rows it wrote.
+        """
+        with self._autocommit(doing) as conn:
+            return execute(conn, query, params)
+
+    def _run(self, doing: str, query: Query, params: dict[str, Any]) -> Rows:
+        with self._autocommit(doing) as conn:
+            return on_connection(conn)(query, params)
+
+    def _run_bounded(self, doing: str, query: Query, params: dict[str, Any], seconds: float) -> Rows:
+        """Run *query* on a pool connection in a transaction whose statement_timeout is bounded by
+        *seconds* and lock_timeout by SETTLE_LOCK_WAIT (SPEC L3'), without touching the session's."""
+        return self._in_bounded_tx(doing, lambda run: run(query, params), seconds)
+
+    def _in_bounded_tx(self, doing: str, work: Callable[[Runner], Rows], seconds: float) -> Rows:
+        """Run *work* (given a statement runner) in one transaction on a pool connection, its waits bounded."""
+        bounds = {"lock_timeout": SETTLE_LOCK_WAIT, "statement_timeout": f"{max(int(seconds * 1000), 100)}ms"}
+        with self._autocommit(doing) as conn, conn.transaction():
+            run = on_connection(conn)
+            run(self._q["session_bounds"], bounds)
+            return work(run)
+
+    def _drive(self, doing: str, plan: Plan[Any]) -> Any:
+        """Run *plan* in autocommit statements on a pool connection (none taken if it needs none)."""
+        first, result = first_statement(plan)
+        if first is None:
+            return result
+        with self._autocommit(doing) as conn:
+            return drive(plan, on_connection(conn), first)
 
 
 class OwnConnection:

@@ -5,14 +5,13 @@ from __future__ import annotations
 import struct
 import uuid
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
-from brooq_py.postgres.session.connections import OwnConnection, statement_budget
+from brooq_py.postgres.session.connections import OwnConnection, PoolSide, statement_budget
 from brooq_py.postgres.session.errors import translated
 from brooq_py.postgres.session.statements import (
     Queries,
@@ -94,7 +93,7 @@ def _maybe_text_array(values: Sequence[str | None]) -> str:
     return _nulls(len(values))
 
 
-class WorkerSide:
+class WorkerSide(PoolSide):
     """Mixin of Store: every statement the engine runs, one named SQL file each."""
 
     _q: Queries
@@ -102,25 +101,6 @@ class WorkerSide:
     _claimer: OwnConnection | None
     _settler: OwnConnection | None
     _own_lease: timedelta
-
-    def _run(self, doing: str, query: Any, params: dict[str, Any]) -> Rows:  # pragma: no cover - Store's
-        raise NotImplementedError
-
-    def _run_bounded(
-        self, doing: str, query: Any, params: dict[str, Any], seconds: float
-    ) -> Rows:  # pragma: no cover - Store's
-        raise NotImplementedError
-
-    def _in_bounded_tx(self, doing: str, work: Any, seconds: float) -> Rows:  # pragma: no cover - Store's
-        raise NotImplementedError
-
-    def _autocommit(
-        self, doing: str, timeout: float | None = None
-    ) -> AbstractContextManager[psycopg.Connection[Any]]:  # pragma: no cover - Store's
-        raise NotImplementedError
-
-    def _connect_own(self) -> psycopg.Connection[Any]:  # pragma: no cover - Store's
-        raise NotImplementedError
 
     def claim(self, topics: Sequence[str], limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:
         """Claim up to *limit* ready jobs of *topics* in one statement (SPEC C1), in claim order.
