@@ -23,7 +23,7 @@ settled.
   topic's room (SPEC Q3) and the claim that respects it.
 
 Imports point down: to ``brooq_py.queue`` and the engine's shared leaves
-(``engine.repo``, ``engine.clock``, ``engine.metrics``), never to
+(``queue.port``, ``engine.clock``, ``engine.metrics``), never to
 ``engine.services``: the services call into attempts, not the other way round.
 The watchdog, though it watches attempts, is a periodic loop on the Ticker
 base, so it lives with the services.

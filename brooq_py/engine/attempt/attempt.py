@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any
 from brooq_py.engine.attempt.kind import Kind
 from brooq_py.engine.attempt.outcome import Ending, decide, describe_error, what_then
 from brooq_py.engine.attempt.phases import ENDINGS, HANDLER, PHASES, HandlerState, IllegalTransition, Phase
-from brooq_py.engine.repo import ClaimedJob, Outcome
 from brooq_py.queue import (
     Claim,
     Context,
@@ -47,6 +46,7 @@ from brooq_py.queue import (
     MustPreserveAttempt,
 )
 from brooq_py.queue.errors import find_signal
+from brooq_py.queue.port import ClaimedJob, Outcome
 
 if TYPE_CHECKING:
     from brooq_py.engine.metrics import Metrics

@@ -21,7 +21,7 @@ from brooq_py.engine.attempt.handover import Handover
 from brooq_py.engine.attempt.results import encode_result
 from brooq_py.engine.attempt.slots import AsyncRunner, Threads
 from brooq_py.engine.metrics import Metrics
-from brooq_py.engine.repo import Outcome
+from brooq_py.queue.port import Outcome
 
 
 async def run_async(a: Attempt, max_bytes: int) -> None:
