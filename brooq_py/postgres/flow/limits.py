@@ -211,11 +211,15 @@ def checked_rate(limit: Any, per: Any, burst: Any) -> tuple[int | None, float | 
 
 def checked_depth(depth: Any) -> int | None:
     """Return *depth* (None or an int from 0 to 2**31-1) for ``set_max_depth``, or raise ValueError."""
-    if depth is None:
+    return _checked_count(depth, "depth")
+
+
+def _checked_count(value: Any, what: str) -> int | None:
+    if value is None:
         return None
-    if isinstance(depth, bool) or not isinstance(depth, int) or not 0 <= depth <= INT32_MAX:
-        raise ValueError(f"depth must be None or an integer from 0 to {INT32_MAX}, got {depth!r}")
-    return depth
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= INT32_MAX:
+        raise ValueError(f"{what} must be None or an integer from 0 to {INT32_MAX}, got {value!r}")
+    return value
 
 
 def parse_count(text: str, what: str, least: int = 0) -> int | None:
@@ -360,12 +364,8 @@ def checked_topic(topic: Any) -> str:
 
 
 def checked_limit(limit: Any) -> int | None:
-    """Return *limit* (None or an int from 0 to 2**31-1), or raise ValueError."""
-    if limit is None:
-        return None
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= INT32_MAX:
-        raise ValueError(f"limit must be None or an integer from 0 to {INT32_MAX}, got {limit!r}")
-    return limit
+    """Return *limit* (None or an int from 0 to 2**31-1) for ``set_limit``, or raise ValueError."""
+    return _checked_count(limit, "limit")
 
 
 def until(done: Callable[[], bool], timeout: float) -> bool:
