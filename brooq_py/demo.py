@@ -20,7 +20,8 @@ from psycopg_pool import ConnectionPool
 from brooq_py import devdb
 from brooq_py.cli.common import first_line
 from brooq_py.engine import Config, Engine
-from brooq_py.postgres import Store, WrapTx, migrations, ops
+from brooq_py.postgres import Store, WrapTx, migrations
+from brooq_py.postgres.operator import stats as ops
 from brooq_py.queue import Claim, Context, Job, KindOptions
 
 SCHEMA = "brooq_demo"

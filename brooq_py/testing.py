@@ -33,7 +33,8 @@ from psycopg.conninfo import make_conninfo
 
 from brooq_py import devdb
 from brooq_py.engine import Engine
-from brooq_py.postgres import AsyncStore, Store, migrations, ops
+from brooq_py.postgres import AsyncStore, Store, migrations
+from brooq_py.postgres.operator import stats as ops
 from brooq_py.queue import BrooqError, JobRow
 
 __all__ = [

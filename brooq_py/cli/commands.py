@@ -148,7 +148,7 @@ def short_traceback(text: str | None, keep: int = TRACEBACK_TAIL) -> str | None:
 def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     import psycopg
 
-    from brooq_py.postgres import stats
+    from brooq_py.postgres.operator import stats
 
     if args.dead < 0:
         raise Failure("--dead must not be negative", status=2)

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from brooq_py.cli.commands import _age
 from brooq_py.cli.common import Failure, check_id, open_store
-from brooq_py.postgres import flow
-from brooq_py.postgres.operator_side import INT32_MAX, TopicOverview, checked_topic
+from brooq_py.postgres.flow import limits as flow
+from brooq_py.postgres.flow.limits import INT32_MAX, checked_topic
+from brooq_py.postgres.operator.actions import TopicOverview
 from brooq_py.queue import InvalidJob, State
 from brooq_py.queue.job import encode_payload
 from brooq_py.settings import Settings

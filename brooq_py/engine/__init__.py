@@ -8,16 +8,16 @@ Layout, imports pointing down:
 - ``services/``: the background loops on the one Ticker base (dispatcher,
   completer, heartbeat, watchdog, reaper, retention, stager, listener,
   refresher, scheduler, topic watch);
-- shared leaves both import: ``repo`` (the port, re-exported from
-  ``brooq_py.queue.port``), ``clock``, ``config``, ``metrics``, ``health``,
-  ``schema`` (the migration check at start).
+- shared leaves both import: ``clock``, ``config``, ``metrics``, ``health``,
+  ``schema`` (the migration check at start); the ``Repo`` port itself is
+  ``brooq_py.queue.port`` (re-exported here as ``brooq_py.engine.Repo``).
 """
 
 from brooq_py.engine.clock import Clock, SystemClock
 from brooq_py.engine.config import Config
 from brooq_py.engine.engine import Engine
 from brooq_py.engine.health import Health
-from brooq_py.engine.repo import ClaimedJob, Gauges, HeldLease, Listener, Outcome, Repo, TopicCount
+from brooq_py.queue.port import ClaimedJob, Gauges, HeldLease, Listener, Outcome, Repo, TopicCount
 
 __all__ = [
     "ClaimedJob",

@@ -27,7 +27,6 @@ from brooq_py.engine.config import Config
 from brooq_py.engine.health import Health, StatementTracker, tracked
 from brooq_py.engine.metrics import EngineRegistry, Metrics, RefusalCollector, SnapshotCollector
 from brooq_py.engine.producing import Producing
-from brooq_py.engine.repo import Repo
 from brooq_py.engine.schema import check_schema
 from brooq_py.engine.services.completer import Completer
 from brooq_py.engine.services.dispatcher import Dispatcher
@@ -41,6 +40,7 @@ from brooq_py.engine.services.wakeups import own_wakes, stage_now, wake_services
 from brooq_py.engine.services.wiring import background_services, stop_services
 from brooq_py.queue import BrooqError, ConfigError, EngineStopping, Event, Job, KindOptions
 from brooq_py.queue.handler import Handler
+from brooq_py.queue.port import Repo
 from brooq_py.tasks import Tasks
 
 # How long the completer lets outcomes gather before it writes them (SPEC C10: "within milliseconds").

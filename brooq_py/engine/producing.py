@@ -6,8 +6,8 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 
 from brooq_py.engine.metrics import Metrics
-from brooq_py.engine.repo import Repo
 from brooq_py.queue import EnqueueResult, Job, JobRow, Tx
+from brooq_py.queue.port import Repo
 
 
 class Producing:

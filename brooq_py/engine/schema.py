@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from brooq_py.engine.repo import Repo
 from brooq_py.queue import BrooqError, StoreUnavailable
+from brooq_py.queue.port import Repo
 
 # The oldest migration whose tables and columns this code's statements use.
 SCHEMA_NEEDED = "0016"

@@ -12,11 +12,11 @@ import logging
 import re
 from typing import TYPE_CHECKING, Any, Protocol
 
-from brooq_py.postgres.flow import parse_count, parse_rate
+from brooq_py.postgres.flow.limits import parse_count, parse_rate
 from brooq_py.queue import JobRow, StoreUnavailable
 
 if TYPE_CHECKING:
-    from brooq_py.postgres.overview import Overview, Topics
+    from brooq_py.postgres.operator.overview import Overview, Topics
 
 log = logging.getLogger("brooq_py.service")
 
@@ -168,7 +168,7 @@ class Operator:
 
 def for_repo(jobs: Jobs, repo: Any) -> Operator:
     """Return the Operator of *jobs* over *repo*: full controls when *repo* is a postgres Store."""
-    from brooq_py.postgres.overview import Overview
+    from brooq_py.postgres.operator.overview import Overview
     from brooq_py.postgres.store import Store
 
     # The engine's repo is wrapped to track its own statements (health): the operator's are not its.

@@ -15,7 +15,7 @@ from brooq_py.http.api import Gate
 from brooq_py.http.dashboard import build
 from brooq_py.http.gated import Gated
 from brooq_py.postgres.async_store import AsyncStore
-from brooq_py.postgres.overview import Overview
+from brooq_py.postgres.operator.overview import Overview
 from brooq_py.postgres.store import Store
 
 # The sync pool a dashboard of an AsyncStore opens for itself: pages are few and short.

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from brooq_py.http.actions import Operator
-from brooq_py.postgres.overview import FINISHED, Overview
+from brooq_py.postgres.operator.overview import FINISHED, Overview
 from brooq_py.queue import JobRow, State
 
 MAX_PAYLOAD_SHOWN = 256 * 1024  # characters of a job's pretty-printed payload (or result) on its page

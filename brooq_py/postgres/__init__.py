@@ -9,9 +9,8 @@ Importing this package loads neither the engine, prometheus_client nor alembic.
 
 from brooq_py.postgres import migrations
 from brooq_py.postgres.async_store import AsyncStore
-from brooq_py.postgres.async_wraptx import AsyncWrapTx
-from brooq_py.postgres.channel import channel_for
+from brooq_py.postgres.session.statements import channel_for
+from brooq_py.postgres.session.tx import AsyncWrapTx, WrapTx, as_psycopg
 from brooq_py.postgres.store import Store
-from brooq_py.postgres.wraptx import WrapTx, as_psycopg
 
 __all__ = ["AsyncStore", "AsyncWrapTx", "Store", "WrapTx", "as_psycopg", "channel_for", "migrations"]

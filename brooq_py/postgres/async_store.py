@@ -22,33 +22,30 @@ import psycopg
 import psycopg_pool
 
 from brooq_py.contrib.otel import traced_aenqueue
-from brooq_py.postgres import enqueueing as plans
-from brooq_py.postgres import plans as reads
-from brooq_py.postgres import single
-from brooq_py.postgres.async_wraptx import (
+from brooq_py.postgres.enqueue import jobs as enqueueing
+from brooq_py.postgres.enqueue import plans
+from brooq_py.postgres.enqueue.unique import FirstTries
+from brooq_py.postgres.flow.limits import LIMIT_WAIT, TopicCaps, checked_depth, checked_rate, checked_topic
+from brooq_py.postgres.session.connections import NOT_LIBPQ, check_schema, no_pool
+from brooq_py.postgres.session.errors import names_migration, refused_by_read_only, translated, unavailable
+from brooq_py.postgres.session.statements import Queries, Query
+from brooq_py.postgres.session.tx import (
     AsyncWrapTx,
+    Plan,
+    Rows,
     async_connection_of,
+    drive_async,
     execute_async,
+    first_statement,
     on_async_connection,
 )
-from brooq_py.postgres.caps import TopicCaps
-from brooq_py.postgres.errors import names_migration, refused_by_read_only, translated, unavailable
-from brooq_py.postgres.flow import checked_depth, checked_rate
-from brooq_py.postgres.operator_side import LIMIT_WAIT, checked_topic
-from brooq_py.postgres.plans import drive_async, first_statement
-from brooq_py.postgres.producer import check_schema, no_pool
-from brooq_py.postgres.queries import Queries, Query
-from brooq_py.postgres.runner import Rows
-from brooq_py.postgres.unique import FirstTries
-from brooq_py.postgres.wait_side import AsyncWaitSide
-from brooq_py.postgres.waiting import AsyncWatch
+from brooq_py.postgres.wait import AsyncWaitSide, AsyncWatch
 from brooq_py.queue import EnqueueResult, GroupResult, Job, JobRow, StoreUnavailable
 
 AsyncTx = AsyncWrapTx | psycopg.AsyncConnection[Any]
 
 
 # Connection settings of the pool that are not libpq parameters (left out of the LISTEN connection).
-_NOT_LIBPQ = frozenset({"autocommit", "row_factory", "cursor_factory", "context"})
 
 
 @asynccontextmanager
@@ -124,7 +121,7 @@ class AsyncStore(AsyncWaitSide):
         async with self._autocommit(doing) as conn:
             return await execute_async(conn, query, params)
 
-    async def _drive(self, doing: str, plan: reads.Plan[Any]) -> Any:
+    async def _drive(self, doing: str, plan: Plan[Any]) -> Any:
         """Run *plan* in autocommit statements on a pool connection (none taken if it needs none)."""
         first, result = first_statement(plan)
         if first is None:
@@ -141,20 +138,22 @@ class AsyncStore(AsyncWaitSide):
         InvalidJob before anything is written for a bad job (E4).
         """
         caps = self._caps.fresh()
-        plain = single.keyless(self._q, job, caps)
+        plain = plans.keyless(self._q, job, caps)
         if plain is not None:
             query, params, created = plain
             await self._execute("enqueueing", query, params)
             return created
-        first = single.unique_new(self._q, job, caps, self._first_tries) or single.capped_new(
+        first = plans.unique_new(self._q, job, caps, self._first_tries) or plans.capped_new(
             self._q, job, caps, self._caps
         )
         if first is not None:
             query, params, created = first
             if await self._execute("enqueueing", query, params) == 1:
                 return created
-        result: EnqueueResult = await self._drive("enqueueing", plans.enqueue_one(self._q, job, self._caps))
-        if single.unique_first(job, caps):
+        result: EnqueueResult = await self._drive(
+            "enqueueing", enqueueing.enqueue_one(self._q, job, self._caps)
+        )
+        if plans.unique_first(job, caps):
             self._first_tries.saw(job, result)
         return result
 
@@ -169,7 +168,7 @@ class AsyncStore(AsyncWaitSide):
         aborts the transaction at READ COMMITTED (SPEC E2).
         """
         conn = async_connection_of(tx)
-        plan = plans.enqueue_one(self._q, job, self._caps)
+        plan = enqueueing.enqueue_one(self._q, job, self._caps)
         with translated("enqueueing", conn):
             return await drive_async(plan, on_async_connection(conn))
 
@@ -183,7 +182,7 @@ class AsyncStore(AsyncWaitSide):
         repeats get its id with created=False.
         """
         conn = async_connection_of(tx) if tx is not None else None
-        plan = plans.enqueue_many(self._q, jobs, self._caps)
+        plan = enqueueing.enqueue_many(self._q, jobs, self._caps)
         if not jobs:
             return []
         if conn is not None:
@@ -202,7 +201,7 @@ class AsyncStore(AsyncWaitSide):
         commits in a transaction of its own on the pool. Validated first (InvalidJob, nothing written).
         """
         conn = async_connection_of(tx) if tx is not None else None
-        plan = plans.enqueue_group(self._q, jobs, then, self._caps)
+        plan = enqueueing.enqueue_group(self._q, jobs, then, self._caps)
         with translated("enqueueing a group"):
             if conn is not None:
                 return await drive_async(plan, on_async_connection(conn))
@@ -217,7 +216,7 @@ class AsyncStore(AsyncWaitSide):
             raise no_pool("AsyncStore", "opening a transaction")
         doing = "running a transaction"
         with translated(doing):
-            # A read-only server's refusal closes the connection after the rollback (errors.py).
+            # A read-only server's refusal closes the connection after the rollback (session/errors.py).
             async with (
                 self._pool.connection() as conn,
                 _dropped_if_read_only(conn, doing),
@@ -232,12 +231,12 @@ class AsyncStore(AsyncWaitSide):
 
         Return False for terminal, unknown or malformed ids (never raise on a malformed id).
         """
-        done: bool = await self._drive("canceling a job", reads.by_id(self._q.cancel, job_id))
+        done: bool = await self._drive("canceling a job", plans.by_id(self._q.cancel, job_id))
         return done
 
     async def get(self, job_id: str) -> JobRow | None:
         """Return the job's row; None for an unknown or malformed id."""
-        row: JobRow | None = await self._drive("reading a job", reads.get(self._q, job_id))
+        row: JobRow | None = await self._drive("reading a job", plans.get(self._q, job_id))
         return row
 
     async def retry(self, job_id: str) -> bool:
@@ -247,7 +246,7 @@ class AsyncStore(AsyncWaitSide):
         unknown or malformed ids.
         """
         try:
-            done: bool = await self._drive("retrying a job", reads.by_id(self._q["job_retry"], job_id))
+            done: bool = await self._drive("retrying a job", plans.by_id(self._q["job_retry"], job_id))
         except psycopg.errors.UniqueViolation:
             return False  # an active holder of its unique key committed meanwhile (SPEC U3)
         return done
@@ -257,7 +256,7 @@ class AsyncStore(AsyncWaitSide):
     ) -> list[JobRow]:
         """Return the jobs of *topic* and/or *state* (every one when None), newest first, at most *limit*;
         with *payload*, only those whose payload contains it (``Store.list_jobs``)."""
-        plan = reads.list_jobs(self._q, topic, state, limit, payload)
+        plan = plans.list_jobs(self._q, topic, state, limit, payload)
         rows: list[JobRow] = await self._drive("listing jobs", plan)
         return rows
 
@@ -313,7 +312,7 @@ class AsyncStore(AsyncWaitSide):
         kwargs: Any = pool.kwargs() if callable(pool.kwargs) else (pool.kwargs or {})
         if inspect.isawaitable(kwargs):
             kwargs = await kwargs
-        extra = {k: v for k, v in kwargs.items() if k not in _NOT_LIBPQ}
+        extra = {k: v for k, v in kwargs.items() if k not in NOT_LIBPQ}
         return await psycopg.AsyncConnection.connect(conninfo, autocommit=True, **extra)
 
     async def _check(self, params: dict[str, Any]) -> Rows:

@@ -13,64 +13,54 @@ transaction-pooling proxy (PgBouncer in transaction mode), open the pool with
 Connection errors are raised as ``queue.StoreUnavailable`` (chained, without
 any DSN password); so is a refusal by a read-only server (a standby, SQLSTATE
 25006), whose connection is closed so that the next one lands on the primary
-(errors.py). Other database errors pass through unchanged.
+(session/errors.py). Other database errors pass through unchanged.
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
-import psycopg
 import psycopg_pool
 
 from brooq_py.contrib.otel import traced_enqueue
-from brooq_py.postgres import enqueueing as plans
-from brooq_py.postgres import plans as reads
-from brooq_py.postgres import single
-from brooq_py.postgres.bounds import DEFAULT_LEASE, merged, statement_budget
-from brooq_py.postgres.caps import TopicCaps
-from brooq_py.postgres.errors import dropped_if_read_only, names_migration, translated
-from brooq_py.postgres.flow_side import FlowSide
-from brooq_py.postgres.listener import PROBE_TIMEOUT, PgListener
-from brooq_py.postgres.operator_side import OperatorSide
-from brooq_py.postgres.own import OwnConnection
-from brooq_py.postgres.plans import drive, first_statement, parse_id
-from brooq_py.postgres.producer import check_schema, no_pool
-from brooq_py.postgres.queries import Queries, Query
-from brooq_py.postgres.runner import Rows, Runner, execute, on_connection, on_tx
-from brooq_py.postgres.unique import FirstTries
-from brooq_py.postgres.wait_side import WaitSide
-from brooq_py.postgres.waiting import Watch
-from brooq_py.postgres.worker_side import WorkerSide
-from brooq_py.postgres.workflows import parent_results_params
-from brooq_py.postgres.wraptx import WrapTx, as_psycopg
+from brooq_py.postgres.enqueue import jobs as enqueueing
+from brooq_py.postgres.enqueue import plans
+from brooq_py.postgres.enqueue.unique import FirstTries
+from brooq_py.postgres.enqueue.workflows import parent_results_params
+from brooq_py.postgres.flow.limits import FlowSide, TopicCaps
+from brooq_py.postgres.listen import PROBE_TIMEOUT, PgListener
+from brooq_py.postgres.operator.actions import OperatorSide
+from brooq_py.postgres.session.connections import (
+    CACHED_PLAN,
+    DEFAULT_LEASE,
+    SETTLE_LOCK_WAIT,
+    OwnConnection,
+    PoolSide,
+    check_schema,
+    no_pool,
+    statement_budget,
+)
+from brooq_py.postgres.session.errors import dropped_if_read_only, names_migration, translated
+from brooq_py.postgres.session.statements import Queries, parse_id
+from brooq_py.postgres.session.tx import (
+    WrapTx,
+    as_psycopg,
+    drive,
+    on_connection,
+    on_tx,
+)
+from brooq_py.postgres.wait import WaitSide, Watch
+from brooq_py.postgres.worker.repo import WorkerSide
 from brooq_py.queue import EnqueueResult, GroupResult, Job, JobRow, Tx
 
 __all__ = ["Store", "parse_id"]
 
-# Connection settings of the pool that are not libpq parameters, left out of our own connections.
-_NOT_LIBPQ = frozenset({"autocommit", "row_factory", "cursor_factory", "context"})
 
-# The claim and settle connections' sessions: each statement is planned once, not at every
-# execution (its custom plans were no better, and planning cost about a third of a one-row claim).
-_CACHED_PLAN = "-c plan_cache_mode=force_generic_plan"
-# How long a claim or an outcome batch waits for a row lock before it leaves that row aside
-# (outcomes: written without it, SPEC L3'; claims skip locked rows anyway).
-SETTLE_LOCK_WAIT = "250ms"
-
-
-def _with_options(kwargs: dict[str, Any], options: str) -> dict[str, Any]:
-    if options:
-        kwargs["options"] = f"{kwargs['options']} {options}" if kwargs.get("options") else options
-    return kwargs
-
-
-class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
+class Store(WorkerSide, OperatorSide, FlowSide, WaitSide, PoolSide):
     """The job store on a caller's ``psycopg_pool.ConnectionPool`` (the engine's Repo).
 
     The pool stays the caller's: the Store never opens or closes it. ``pool``
@@ -105,9 +95,9 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
         # on connections of their own, their plans cached, when those reach the pool's server; with a
         # separate ``conninfo`` (the pool behind a proxy) they stay on the pool.
         self._heartbeat = OwnConnection(self._connect_own, budget=lambda: statement_budget(self._own_lease))
-        self._claimer = OwnConnection(lambda: self._connect_own(_CACHED_PLAN)) if conninfo is None else None
+        self._claimer = OwnConnection(lambda: self._connect_own(CACHED_PLAN)) if conninfo is None else None
         self._settler = (
-            OwnConnection(lambda: self._connect_own(f"{_CACHED_PLAN} -c lock_timeout={SETTLE_LOCK_WAIT}"))
+            OwnConnection(lambda: self._connect_own(f"{CACHED_PLAN} -c lock_timeout={SETTLE_LOCK_WAIT}"))
             if conninfo is None
             else None
         )
@@ -117,26 +107,6 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
         self.listen_probe_timeout: float | None = PROBE_TIMEOUT
         self._own_lease = DEFAULT_LEASE
         self._waits: Watch | None = None
-
-    # -- connections ----------------------------------------------------------
-
-    def _connect_own(self, options: str = "") -> psycopg.Connection[Any]:
-        """Open one of the Store's own autocommit connections from ``conninfo``, its waits bounded (L3).
-
-        *options*: server settings (``-c name=value``) for this connection's session alone.
-        """
-        if self._conninfo is not None:
-            return psycopg.connect(
-                self._conninfo, autocommit=True, **_with_options(merged({}, self._own_lease), options)
-            )
-        if self._pool_conninfo is None:
-            raise no_pool("Store", "opening its own connection")
-        conninfo = self._pool_conninfo() if callable(self._pool_conninfo) else self._pool_conninfo
-        kwargs = self._pool_kwargs() if callable(self._pool_kwargs) else (self._pool_kwargs or {})
-        extra = {k: v for k, v in kwargs.items() if k not in _NOT_LIBPQ}
-        return psycopg.connect(
-            conninfo, autocommit=True, **_with_options(merged(extra, self._own_lease), options)
-        )
 
     def bound_waits(self, lease: timedelta) -> None:
         """Bound every wait on the Store's own connections by *lease* (SPEC L3); the engine calls it at start.
@@ -151,66 +121,7 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
             if own is not None:
                 own.reuse()
 
-    @contextmanager
-    def _autocommit(self, doing: str, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
-        """Lend a pool connection in autocommit mode; put its flag back before it returns to the pool.
-
-        ``getconn``/``putconn`` rather than the pool's ``connection()`` context, which adds
-        nothing to an autocommit statement and cost about 30 us of CPU a call (the enqueue's hot path).
-        """
-        pool = self._pool
-        if pool is None:
-            raise no_pool("Store", doing)
-        with translated(doing):
-            conn = pool.getconn(timeout=timeout)
-            try:
-                saved = conn.autocommit
-                if not saved:
-                    conn.autocommit = True
-                try:
-                    with dropped_if_read_only(conn, doing):
-                        yield conn
-                finally:
-                    if not saved and not conn.closed:
-                        with contextlib.suppress(psycopg.Error):  # a broken one: the pool discards it
-                            conn.autocommit = False
-            finally:
-                pool.putconn(conn)
-
-    def _execute(self, doing: str, query: Query, params: dict[str, Any]) -> int:
-        """Run *query*, one statement that returns no rows, in autocommit on a pool connection.
-
-        Return the number of rows it wrote.
-        """
-        with self._autocommit(doing) as conn:
-            return execute(conn, query, params)
-
-    def _run(self, doing: str, query: Query, params: dict[str, Any]) -> Rows:
-        with self._autocommit(doing) as conn:
-            return on_connection(conn)(query, params)
-
-    def _run_bounded(self, doing: str, query: Query, params: dict[str, Any], seconds: float) -> Rows:
-        """Run *query* on a pool connection in a transaction whose statement_timeout is bounded by
-        *seconds* and lock_timeout by SETTLE_LOCK_WAIT (SPEC L3'), without touching the session's."""
-        return self._in_bounded_tx(doing, lambda run: run(query, params), seconds)
-
-    def _in_bounded_tx(self, doing: str, work: Callable[[Runner], Rows], seconds: float) -> Rows:
-        """Run *work* (given a statement runner) in one transaction on a pool connection, its waits bounded."""
-        bounds = {"lock_timeout": SETTLE_LOCK_WAIT, "statement_timeout": f"{max(int(seconds * 1000), 100)}ms"}
-        with self._autocommit(doing) as conn, conn.transaction():
-            run = on_connection(conn)
-            run(self._q["session_bounds"], bounds)
-            return work(run)
-
     # -- producer side ----------------------------------------------------------
-
-    def _drive(self, doing: str, plan: reads.Plan[Any]) -> Any:
-        """Run *plan* in autocommit statements on a pool connection (none taken if it needs none)."""
-        first, result = first_statement(plan)
-        if first is None:
-            return result
-        with self._autocommit(doing) as conn:
-            return drive(plan, on_connection(conn), first)
 
     @traced_enqueue("job")
     @names_migration
@@ -221,20 +132,20 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
         InvalidJob before anything is written for a bad job (E4).
         """
         caps = self._caps.fresh()
-        plain = single.keyless(self._q, job, caps)
+        plain = plans.keyless(self._q, job, caps)
         if plain is not None:
             query, params, created = plain
             self._execute("enqueueing", query, params)
             return created
-        first = single.unique_new(self._q, job, caps, self._first_tries) or single.capped_new(
+        first = plans.unique_new(self._q, job, caps, self._first_tries) or plans.capped_new(
             self._q, job, caps, self._caps
         )
         if first is not None:
             query, params, created = first
             if self._execute("enqueueing", query, params) == 1:
                 return created
-        result: EnqueueResult = self._drive("enqueueing", plans.enqueue_one(self._q, job, self._caps))
-        if single.unique_first(job, caps):
+        result: EnqueueResult = self._drive("enqueueing", enqueueing.enqueue_one(self._q, job, self._caps))
+        if plans.unique_first(job, caps):
             self._first_tries.saw(job, result)
         return result
 
@@ -251,7 +162,7 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
         concurrently raises a serialization failure, as any conflicting write does.
         An asyncio connection raises TypeError naming AsyncStore.
         """
-        plan = plans.enqueue_one(self._q, job, self._caps)
+        plan = enqueueing.enqueue_one(self._q, job, self._caps)
         with translated("enqueueing", as_psycopg(tx)):
             return drive(plan, on_tx(tx))
 
@@ -265,7 +176,7 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
         repeats get its id with created=False.
         """
         run = on_tx(tx) if tx is not None else None  # a wrong tx is refused even for no jobs
-        plan = plans.enqueue_many(self._q, jobs, self._caps)
+        plan = enqueueing.enqueue_many(self._q, jobs, self._caps)
         if not jobs:
             return []
         if run is not None:
@@ -285,7 +196,7 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
         it names itself. Everything is validated first (InvalidJob, nothing written).
         """
         run = on_tx(tx) if tx is not None else None
-        plan = plans.enqueue_group(self._q, jobs, then, self._caps)
+        plan = enqueueing.enqueue_group(self._q, jobs, then, self._caps)
         with translated("enqueueing a group"):
             if run is not None:
                 return drive(plan, run)
@@ -306,7 +217,7 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
         engine or an earlier run enqueued it: its job may be gone since, deleted by retention).
         The job is validated before any statement (E4).
         """
-        plan = plans.enqueue_one(self._q, job, self._caps)
+        plan = enqueueing.enqueue_one(self._q, job, self._caps)
         with self.begin() as tx:
             run = on_tx(tx)
             if not run(self._q["schedule_tick_advance"], {"name": schedule, "tick": tick}):
@@ -321,7 +232,7 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
         if self._pool is None:
             raise no_pool("Store", "opening a transaction")
         doing = "running a transaction"
-        # A read-only server's refusal closes the connection after the rollback (errors.py).
+        # A read-only server's refusal closes the connection after the rollback (session/errors.py).
         with (
             translated(doing),
             self._pool.connection() as conn,
@@ -337,18 +248,18 @@ class Store(WorkerSide, OperatorSide, FlowSide, WaitSide):
 
         Return False for terminal, unknown or malformed ids (never raise on a malformed id).
         """
-        done: bool = self._drive("canceling a job", reads.by_id(self._q.cancel, job_id))
+        done: bool = self._drive("canceling a job", plans.by_id(self._q.cancel, job_id))
         return done
 
     def get(self, job_id: str) -> JobRow | None:
         """Return the job's row; None for an unknown or malformed id."""
-        row: JobRow | None = self._drive("reading a job", reads.get(self._q, job_id))
+        row: JobRow | None = self._drive("reading a job", plans.get(self._q, job_id))
         return row
 
     def get_tx(self, tx: Tx, job_id: str) -> JobRow | None:
         """Return the job's row as the caller's transaction *tx* sees it; None for an unknown or malformed id."""
         with translated("reading a job", as_psycopg(tx)):
-            return drive(reads.get(self._q, job_id), on_tx(tx))
+            return drive(plans.get(self._q, job_id), on_tx(tx))
 
     def next_retry(self, topics: Sequence[str]) -> float | None:
         """Seconds until the earliest failed job of *topics* is retried (<= 0: due; None: none waits)."""

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import timedelta
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from brooq_py.queue.durations import to_timedelta
-
-if TYPE_CHECKING:
-    from brooq_py.queue.job import JobRow
 
 
 class BrooqError(Exception):
@@ -55,22 +52,6 @@ class QueueFull(BrooqError):
 
 class WaitTimeout(BrooqError, TimeoutError):
     """``wait``/``result`` gave up before the job reached a terminal state."""
-
-
-class JobFailed(BrooqError):
-    """``result()`` of a job that ended ``dead``; ``row`` is the job as stored."""
-
-    def __init__(self, row: JobRow) -> None:
-        self.row = row
-        super().__init__(f"job {row.id} ({row.topic}) is dead: {row.last_error}")
-
-
-class JobCanceled(BrooqError):
-    """``result()`` of a job that ended ``canceled``; ``row`` is the job as stored."""
-
-    def __init__(self, row: JobRow) -> None:
-        self.row = row
-        super().__init__(f"job {row.id} ({row.topic}) was canceled")
 
 
 # --- handler signals -------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Jobs to enqueue, enqueue results, rows as stored, states and leases."""
+"""Jobs to enqueue, enqueue results, rows as stored, states and leases, and the errors that carry a row."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, NamedTuple
 
-from brooq_py.queue.errors import InvalidJob
+from brooq_py.queue.errors import BrooqError, InvalidJob
 
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
@@ -390,3 +390,22 @@ class JobRow:
             "parents": list(self.parents),
             "crashes": self.crashes,
         }
+
+
+# The errors of ``result()`` carry the row, so they live beside it (errors.py stays a leaf).
+
+
+class JobFailed(BrooqError):
+    """``result()`` of a job that ended ``dead``; ``row`` is the job as stored."""
+
+    def __init__(self, row: JobRow) -> None:
+        self.row = row
+        super().__init__(f"job {row.id} ({row.topic}) is dead: {row.last_error}")
+
+
+class JobCanceled(BrooqError):
+    """``result()`` of a job that ended ``canceled``; ``row`` is the job as stored."""
+
+    def __init__(self, row: JobRow) -> None:
+        self.row = row
+        super().__init__(f"job {row.id} ({row.topic}) was canceled")

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from brooq_py.postgres.arrays import (
+from brooq_py.postgres.session.statements import (
     bool_array,
     float_array,
     int_array,

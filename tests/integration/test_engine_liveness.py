@@ -17,9 +17,9 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from brooq_py.engine import Engine
-from brooq_py.engine.repo import EngineProof, HeldLease, Renewal
 from brooq_py.postgres import Store
 from brooq_py.queue import Claim, Context, Job, KindOptions, LeaseLost, State
+from brooq_py.queue.port import EngineProof, HeldLease, Renewal
 from tests.integration.conftest import FAST, q
 from tests.polling import wait_for
 

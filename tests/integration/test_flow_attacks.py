@@ -15,8 +15,7 @@ import pytest
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from brooq_py.postgres import AsyncStore, Store, WrapTx
-from brooq_py.postgres.caps import TopicCaps
-from brooq_py.postgres.flow import parse_count, parse_rate
+from brooq_py.postgres.flow.limits import TopicCaps, parse_count, parse_rate
 from brooq_py.queue import Job, QueueFull
 from tests.integration.conftest import q
 from tests.integration.test_cli import cli_env, run_cli

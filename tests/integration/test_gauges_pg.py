@@ -27,7 +27,8 @@ from psycopg_pool import ConnectionPool
 
 from brooq_py import devdb
 from brooq_py.engine import Config, Engine
-from brooq_py.postgres import Store, migrations, worker_side
+from brooq_py.postgres import Store, migrations
+from brooq_py.postgres.worker import repo as worker_side
 from brooq_py.queue import BrooqError, Claim, Context
 from brooq_py.service import Server, serve
 from tests.conftest import drop_schema

@@ -13,7 +13,7 @@ from psycopg import sql
 
 from brooq_py.engine import Engine
 from brooq_py.postgres import Store
-from brooq_py.postgres.channel import channel_for
+from brooq_py.postgres.session.statements import channel_for
 from brooq_py.queue import Claim, Context, Job, KindOptions, State
 from tests.integration.conftest import FAST
 from tests.polling import wait_for

@@ -1,4 +1,4 @@
-"""The Store's own connections (brooq_py/postgres/own.py): one statement at a time, closed without hanging."""
+"""The Store's own connections (brooq_py/postgres/session/connections.py): one statement at a time, closed without hanging."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from brooq_py.postgres.own import OwnConnection
-from brooq_py.postgres.queries import Query
+from brooq_py.postgres.session.connections import OwnConnection
+from brooq_py.postgres.session.statements import Query
 from brooq_py.queue import StoreUnavailable
 from tests.polling import wait_for
 

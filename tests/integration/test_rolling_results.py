@@ -11,7 +11,7 @@ from typing import Any
 from psycopg import sql
 
 from brooq_py.postgres import Store
-from brooq_py.postgres.arrays import bool_array, float_array, text_array, uuid_array
+from brooq_py.postgres.session.statements import bool_array, float_array, text_array, uuid_array
 from brooq_py.queue import Job, State
 from brooq_py.queue.port import EngineProof, HeldLease, Outcome
 

@@ -17,8 +17,7 @@ from psycopg_pool import ConnectionPool
 
 from brooq_py.engine import Config, Engine
 from brooq_py.postgres import Store, channel_for, migrations
-from brooq_py.postgres.channel import stage_channel_for
-from brooq_py.postgres.queries import render
+from brooq_py.postgres.session.statements import render, stage_channel_for
 from brooq_py.queue import Claim, Context, Job, State
 from brooq_py.queue.port import ClaimedJob
 from tests.conftest import drop_schema

@@ -14,7 +14,7 @@ from psycopg import sql
 from psycopg_pool import ConnectionPool
 
 from brooq_py.postgres import Store
-from brooq_py.postgres.own import OwnConnection
+from brooq_py.postgres.session.connections import OwnConnection
 from brooq_py.queue import Job, State, StoreUnavailable
 from brooq_py.queue.port import EngineProof, HeldLease, Outcome
 

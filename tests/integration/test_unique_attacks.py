@@ -23,8 +23,8 @@ from psycopg_pool import ConnectionPool
 
 from brooq_py.engine import Engine
 from brooq_py.postgres import AsyncStore, Store, WrapTx
-from brooq_py.postgres.channel import channel_for, stage_channel_for
-from brooq_py.postgres.runner import on_connection
+from brooq_py.postgres.session.statements import channel_for, stage_channel_for
+from brooq_py.postgres.session.tx import on_connection
 from brooq_py.queue import EnqueueResult, Job, State
 from brooq_py.queue.port import ClaimedJob, Outcome
 from tests.integration.conftest import q

@@ -12,7 +12,8 @@ import pytest
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from brooq_py.postgres import AsyncStore, Store, ops
+from brooq_py.postgres import AsyncStore, Store
+from brooq_py.postgres.operator import stats as ops
 from brooq_py.queue import InvalidUsage, Job, State, StoreUnavailable
 
 

@@ -17,9 +17,9 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from brooq_py.engine import Engine
 from brooq_py.postgres import AsyncStore, Store
-from brooq_py.postgres import waiting as waiting_module
-from brooq_py.postgres.channel import settled_channel_for
-from brooq_py.postgres.waiting import Watch
+from brooq_py.postgres import wait as waiting_module
+from brooq_py.postgres.session.statements import settled_channel_for
+from brooq_py.postgres.wait import Watch
 from brooq_py.queue import (
     Claim,
     Context,

@@ -19,7 +19,6 @@ from brooq_py.engine.attempt.attempt import (
     Poisoned,
 )
 from brooq_py.engine.attempt.outcome import POISON_ERROR, Ending, decide
-from brooq_py.engine.repo import ClaimedJob
 from brooq_py.queue import (
     AttemptTimeout,
     Claim,
@@ -29,6 +28,7 @@ from brooq_py.queue import (
     LeaseLost,
     State,
 )
+from brooq_py.queue.port import ClaimedJob
 
 
 def handler(ctx: Context, claim: Claim) -> None:

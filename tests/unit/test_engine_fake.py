@@ -680,8 +680,8 @@ def test_run_once_after_stop_writes_outcomes_at_once(
 
 def test_completer_does_not_rewrite_after_a_bookkeeping_error_c10() -> None:
     """A failure after the write (bookkeeping) is logged; the written batch is not sent again."""
-    from brooq_py.engine.repo import Outcome
     from brooq_py.engine.services.completer import Completer
+    from brooq_py.queue.port import Outcome
 
     writes: list[int] = []
 

@@ -15,7 +15,6 @@ from brooq_py.engine import Engine
 from brooq_py.engine.attempt.attempt import Phase
 from brooq_py.engine.attempt.outcome import Ending, decide
 from brooq_py.engine.attempt.slots import SlotPool
-from brooq_py.engine.repo import ClaimedJob, Outcome
 from brooq_py.engine.services.dispatcher import Dispatcher
 from brooq_py.engine.services.heartbeat import Heartbeat
 from brooq_py.engine.services.listener import RECONNECT_MAX, WakeListener
@@ -34,6 +33,7 @@ from brooq_py.queue import (
     StoreUnavailable,
     Tx,
 )
+from brooq_py.queue.port import ClaimedJob, Outcome
 from tests.polling import wait_for
 from tests.unit.conftest import FAST
 from tests.unit.fake_repo import FakeRepo

@@ -9,7 +9,6 @@ import pytest
 
 from brooq_py.engine.attempt.attempt import Phase
 from brooq_py.engine.attempt.outcome import MAX_ERROR_CHARS, Ending, decide, describe_error
-from brooq_py.engine.repo import Outcome
 from brooq_py.queue import (
     AttemptTimeout,
     EngineStopping,
@@ -21,6 +20,7 @@ from brooq_py.queue import (
     MustPreserveAttempt,
     State,
 )
+from brooq_py.queue.port import Outcome
 
 OPTS = KindOptions(max_attempts=3, backoff_base=2, backoff_max=60)
 S = timedelta(seconds=1)

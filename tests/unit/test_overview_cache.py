@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from brooq_py.postgres import overview as overview_module
-from brooq_py.postgres.overview import Overview, Topics
+from brooq_py.postgres.operator import overview as overview_module
+from brooq_py.postgres.operator.overview import Overview, Topics
 
 
 class Clock:

@@ -8,7 +8,7 @@ import psycopg
 import pytest
 from psycopg import errors
 
-from brooq_py.postgres.errors import (
+from brooq_py.postgres.session.errors import (
     dropped_if_read_only,
     is_connection_error,
     is_outage,

@@ -17,7 +17,7 @@ from psycopg_pool import ConnectionPool
 
 from brooq_py.http.asgi import ThreadedUvicorn
 from brooq_py.postgres import Store
-from brooq_py.postgres.overview import SEARCH_SCAN, Overview
+from brooq_py.postgres.operator.overview import SEARCH_SCAN, Overview
 from brooq_py.web import dashboard
 from tests.polling import wait_for
 from tests.web.conftest import TOKEN, Board

@@ -13,7 +13,7 @@ import urllib.parse
 from typing import Any
 
 from brooq_py.postgres import Store
-from brooq_py.postgres.overview import Overview
+from brooq_py.postgres.operator.overview import Overview
 from brooq_py.queue import Job
 from tests.web.conftest import TOKEN, Board
 from tests.web.test_dashboard_http import kill

@@ -15,7 +15,7 @@ import psycopg
 from psycopg.conninfo import make_conninfo
 
 from brooq_py.postgres import migrations
-from brooq_py.postgres.queries import render
+from brooq_py.postgres.session.statements import render
 
 BACKEND = "brooq_py.contrib.django.BrooqBackend"
 

@@ -8,9 +8,9 @@ settled.
 - ``intake``: from a claim to attempts under way (a poisoned row ends dead
   here, a row that must not run is handed back);
 - ``attempt``: the Attempt, which owns its moves: told how it ended, it answers
-  the outcome to write or None; ``phases``: its two state machines' tables;
-  ``hooks``: what its moves touch outside it; ``kind``: a topic's handler and
-  options;
+  the outcome to write or None, and its ``Hooks``, what its moves touch
+  outside it; ``phases``: its two state machines' tables; ``kind``: a topic's
+  handler and options;
 - ``slots``: the worker slots and the threads and event loop handlers run on;
 - ``runner``: runs a handler on a slot and reports how it ended, nothing more;
 - ``outcome``: ``decide()``, the outcome an ending earns (retry with ``backoff``,
@@ -23,7 +23,7 @@ settled.
   topic's room (SPEC Q3) and the claim that respects it.
 
 Imports point down: to ``brooq_py.queue`` and the engine's shared leaves
-(``engine.repo``, ``engine.clock``, ``engine.metrics``), never to
+(``queue.port``, ``engine.clock``, ``engine.metrics``), never to
 ``engine.services``: the services call into attempts, not the other way round.
 The watchdog, though it watches attempts, is a periodic loop on the Ticker
 base, so it lives with the services.

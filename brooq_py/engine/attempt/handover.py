@@ -26,9 +26,8 @@ from brooq_py.engine.attempt.attempt import Attempt
 from brooq_py.engine.attempt.inflight import InFlight
 from brooq_py.engine.attempt.sink import OutcomeSink
 from brooq_py.engine.metrics import Metrics
-from brooq_py.engine.repo import Outcome, Repo
 from brooq_py.queue import State, StoreUnavailable
-from brooq_py.queue.port import was_written
+from brooq_py.queue.port import Outcome, Repo, was_written
 
 if TYPE_CHECKING:
     from brooq_py.engine.attempt.sink import EventSink

@@ -6,7 +6,7 @@ import threading
 from collections.abc import Iterable
 
 from brooq_py.engine.attempt.attempt import Attempt, HandlerState
-from brooq_py.engine.repo import Outcome
+from brooq_py.queue.port import Outcome
 
 
 class InFlight:

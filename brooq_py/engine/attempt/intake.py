@@ -24,8 +24,8 @@ from brooq_py.engine.attempt.supervisor import Supervisor
 from brooq_py.engine.clock import Clock
 from brooq_py.engine.config import Config
 from brooq_py.engine.metrics import Metrics
-from brooq_py.engine.repo import ClaimedJob, Repo
 from brooq_py.queue import Context
+from brooq_py.queue.port import ClaimedJob, Repo
 
 # A cancel NOTIFY that arrives before its claim's attempt is built is kept this long (X2').
 CANCEL_MEMORY = 60.0

@@ -12,7 +12,6 @@ from datetime import timedelta
 from brooq_py.engine.attempt.backoff import backoff_delay
 from brooq_py.engine.attempt.phases import Phase
 from brooq_py.engine.attempt.results import format_traceback
-from brooq_py.engine.repo import Outcome
 from brooq_py.queue import (
     EngineStopping,
     KindOptions,
@@ -23,6 +22,7 @@ from brooq_py.queue import (
     State,
 )
 from brooq_py.queue.errors import find_signal
+from brooq_py.queue.port import Outcome
 
 MAX_ERROR_CHARS = 2000
 

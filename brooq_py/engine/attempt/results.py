@@ -7,14 +7,10 @@ that settles it), never on the completer's: the batch writer only joins texts.
 from __future__ import annotations
 
 import traceback
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from brooq_py.contrib.otel import run_span
 from brooq_py.queue import BrooqError, InvalidJob
 from brooq_py.queue.job import encode_payload
-
-if TYPE_CHECKING:
-    from brooq_py.engine.attempt.attempt import Attempt
 
 # A traceback longer than this (UTF-8 bytes) keeps its head and its tail (SPEC V3).
 MAX_TRACEBACK_BYTES = 16 * 1024
@@ -47,13 +43,6 @@ def encode_result(value: Any, max_bytes: int) -> str | None:
             f"the handler's return value is {size} bytes of JSON, more than result_max_bytes ({max_bytes})"
         )
     return text
-
-
-async def run_async(a: Attempt, max_bytes: int) -> None:
-    """Await an async handler; encode its return value on the loop, where it ran (a result that
-    cannot be stored raises ResultRejected: the attempt's failure)."""
-    with run_span(a.topic, a.id, a.claim.attempt, a.claim.meta):  # a no-op without OpenTelemetry
-        a.result = encode_result(await a.kind.handler(a.ctx, a.claim), max_bytes)
 
 
 def format_traceback(exc: BaseException, limit: int = MAX_TRACEBACK_BYTES) -> str | None:

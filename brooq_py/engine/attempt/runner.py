@@ -18,10 +18,17 @@ from collections.abc import Callable, Sequence
 from brooq_py.contrib.otel import run_span
 from brooq_py.engine.attempt.attempt import Attempt, HandlerState
 from brooq_py.engine.attempt.handover import Handover
-from brooq_py.engine.attempt.results import encode_result, run_async
+from brooq_py.engine.attempt.results import encode_result
 from brooq_py.engine.attempt.slots import AsyncRunner, Threads
 from brooq_py.engine.metrics import Metrics
-from brooq_py.engine.repo import Outcome
+from brooq_py.queue.port import Outcome
+
+
+async def run_async(a: Attempt, max_bytes: int) -> None:
+    """Await an async handler; encode its return value on the loop, where it ran (a result that
+    cannot be stored raises ResultRejected: the attempt's failure)."""
+    with run_span(a.topic, a.id, a.claim.attempt, a.claim.meta):  # a no-op without OpenTelemetry
+        a.result = encode_result(await a.kind.handler(a.ctx, a.claim), max_bytes)
 
 
 class Runner:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from brooq_py.engine.repo import Outcome
 from brooq_py.queue.job import EventKind
+from brooq_py.queue.port import Outcome
 
 
 class OutcomeSink(Protocol):

@@ -15,6 +15,6 @@
 
 Imports point down: services may import ``engine.attempt`` (they hand rows to
 it and watch its attempts), ``brooq_py.queue`` and the engine's shared leaves
-(``engine.repo``, ``engine.clock``, ``engine.config``), never the engine facade
+(``queue.port``, ``engine.clock``, ``engine.config``), never the engine facade
 (``engine.engine``), the HTTP package or ``brooq_py.postgres``.
 """

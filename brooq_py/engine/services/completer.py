@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from brooq_py.engine.repo import Outcome
+from brooq_py.queue.port import Outcome
 
 MAX_BATCH = 1000
 # An outcome whose row was locked elsewhere is written again after this long, on its own (O4).

@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from brooq_py.engine.attempt.attempt import Attempt, Phase
 from brooq_py.engine.attempt.inflight import InFlight
 from brooq_py.engine.clock import Clock
-from brooq_py.engine.repo import EngineProof, HeldLease, Renewal
 from brooq_py.engine.services.ticker import Ticker
+from brooq_py.queue.port import EngineProof, HeldLease, Renewal
 
 # Once a lease (every fourth beat), a beat looks for claims of this engine no attempt holds.
 ORPHAN_LOOK = 4

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from brooq_py.engine.repo import Listener
 from brooq_py.engine.services.ticker import Ticker
+from brooq_py.queue.port import Listener
 
 WAIT_SLICE = 0.1  # how soon a stop is seen: one select() on the socket per slice, no round trip
 RECONNECT_MAX = 30.0

@@ -13,8 +13,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from brooq_py.engine.repo import Staged
 from brooq_py.engine.services.ticker import Ticker
+from brooq_py.queue.port import Staged
 
 STAGE_BATCH = 1000
 # A due time is met a little late rather than early (an early statement finds nothing due).

@@ -6,11 +6,11 @@ import logging
 from collections.abc import Callable, Sequence
 
 from brooq_py.engine.config import Config
-from brooq_py.engine.repo import Listener, Repo, Staged
 from brooq_py.engine.services.listener import WakeListener
 from brooq_py.engine.services.stager import STAGE_BATCH, Stager, stage_due
 from brooq_py.engine.services.ticker import Ticker
 from brooq_py.queue import Job
+from brooq_py.queue.port import Listener, Repo, Staged
 
 
 def wake_services(

@@ -20,7 +20,6 @@ from brooq_py.engine.attempt.supervisor import Supervisor
 from brooq_py.engine.clock import Clock
 from brooq_py.engine.config import Config
 from brooq_py.engine.metrics import Metrics
-from brooq_py.engine.repo import EngineProof, Repo
 from brooq_py.engine.services.events import EventBus
 from brooq_py.engine.services.heartbeat import Fence, Heartbeat
 from brooq_py.engine.services.reaper import Reaper
@@ -29,6 +28,7 @@ from brooq_py.engine.services.scheduler import Schedule, Scheduler
 from brooq_py.engine.services.ticker import Ticker
 from brooq_py.engine.services.watchdog import Watchdog
 from brooq_py.queue import EnqueueResult, Job
+from brooq_py.queue.port import EngineProof, Repo
 
 
 def background_services(

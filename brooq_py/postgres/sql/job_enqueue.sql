@@ -11,7 +11,7 @@
 -- others), and a topic with that many inserts nothing. A job to write takes
 -- its transaction's id, then the next value of the sequence (a refusal takes
 -- neither, and commits nothing to flush). %(cp_m)s is the horizon of the
--- Store's checkpoint (see caps.py): when no other transaction below it is in
+-- Store's checkpoint (see flow/limits.py): when no other transaction below it is in
 -- progress in this snapshot, every value below the checkpoint's is in this
 -- count or was rolled back, and the count may anchor the Store. Each row ends
 -- with (the value taken or NULL, the count or NULL, the count again if it may

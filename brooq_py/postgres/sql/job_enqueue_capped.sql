@@ -1,6 +1,6 @@
 -- name: job_enqueue_capped
 -- SPEC F2: a Store's own enqueue (autocommit) of a job without keys or parents
--- on a depth-capped topic for which the Store holds an anchor (see caps.py):
+-- on a depth-capped topic for which the Store holds an anchor (see flow/limits.py):
 -- the plain insert, written only while the anchor's count %(base)s plus the
 -- values of the depth sequence taken since %(seq0)s, and this job, stays
 -- within the cap %(cap)s (migration 0014). Nothing is counted and nothing

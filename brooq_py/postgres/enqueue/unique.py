@@ -1,4 +1,4 @@
-"""Enqueue plans of jobs with a unique key (SPEC U1, U2), I/O-free as the others in ``enqueueing``.
+"""Enqueue plans of jobs with a unique key (SPEC U1, U2), I/O-free as the others in ``jobs``.
 
 The partial unique index ``job_unique_idx`` (topic, unique_key) over the
 active states does the work: no read-then-insert race. Which statement:
@@ -26,9 +26,9 @@ import json
 import threading
 from typing import Any
 
-from brooq_py.postgres.caps import NO_ANCHOR, TopicCaps
-from brooq_py.postgres.queries import Queries
-from brooq_py.postgres.runner import Rows
+from brooq_py.postgres.flow.limits import NO_ANCHOR, TopicCaps
+from brooq_py.postgres.session.statements import Queries
+from brooq_py.postgres.session.tx import Rows
 from brooq_py.queue import BrooqError, EnqueueResult, Job
 from brooq_py.queue.ids import uuid7
 

@@ -1,6 +1,6 @@
 """Workflows on the producer side: jobs that name parents, groups with a fan-in job (SPEC D1, D6).
 
-Plans as in ``enqueueing`` (no I/O, one for the Store and the AsyncStore). A
+Plans as in ``jobs`` (no I/O, one for the Store and the AsyncStore). A
 batch holding a job with ``after`` is written by ``job_enqueue_after``, one
 statement that checks the parents, locks them, inserts the jobs (blocked while
 a parent is not done) and one ``job_edge`` row per parent. Jobs without
@@ -15,8 +15,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from brooq_py.postgres.arrays import int_array, own_uuid_array
-from brooq_py.postgres.queries import Queries
+from brooq_py.postgres.session.statements import Queries, int_array, own_uuid_array
 from brooq_py.queue import InvalidJob, Job
 
 # How many parents one job may name: the enqueue's statement carries them as arrays.

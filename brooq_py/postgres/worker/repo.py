@@ -1,24 +1,27 @@
-"""The Store's worker side: claim, settle, renew, reap, retention, gauges (the engine's Repo)."""
+"""The Store's worker side, the engine's Repo: claim, settle, renew, reap, stage, retention, gauges."""
 
 from __future__ import annotations
 
 import struct
 import uuid
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
-from brooq_py.postgres.arrays import bool_array, float_array, text_array, uuid_array
-from brooq_py.postgres.bounds import statement_budget
-from brooq_py.postgres.errors import translated
-from brooq_py.postgres.own import OwnConnection
-from brooq_py.postgres.queries import Queries, Query
-from brooq_py.postgres.runner import Rows, on_connection, on_tx
-from brooq_py.postgres.wraptx import as_psycopg
+from brooq_py.postgres.session.connections import OwnConnection, PoolSide, statement_budget
+from brooq_py.postgres.session.errors import translated
+from brooq_py.postgres.session.statements import (
+    Queries,
+    Query,
+    bool_array,
+    float_array,
+    text_array,
+    uuid_array,
+)
+from brooq_py.postgres.session.tx import Rows, as_psycopg, on_connection, on_tx
 from brooq_py.queue import BrooqError, State, Tx
 from brooq_py.queue.port import (
     ClaimedJob,
@@ -90,7 +93,7 @@ def _maybe_text_array(values: Sequence[str | None]) -> str:
     return _nulls(len(values))
 
 
-class WorkerSide:
+class WorkerSide(PoolSide):
     """Mixin of Store: every statement the engine runs, one named SQL file each."""
 
     _q: Queries
@@ -98,25 +101,6 @@ class WorkerSide:
     _claimer: OwnConnection | None
     _settler: OwnConnection | None
     _own_lease: timedelta
-
-    def _run(self, doing: str, query: Any, params: dict[str, Any]) -> Rows:  # pragma: no cover - Store's
-        raise NotImplementedError
-
-    def _run_bounded(
-        self, doing: str, query: Any, params: dict[str, Any], seconds: float
-    ) -> Rows:  # pragma: no cover - Store's
-        raise NotImplementedError
-
-    def _in_bounded_tx(self, doing: str, work: Any, seconds: float) -> Rows:  # pragma: no cover - Store's
-        raise NotImplementedError
-
-    def _autocommit(
-        self, doing: str, timeout: float | None = None
-    ) -> AbstractContextManager[psycopg.Connection[Any]]:  # pragma: no cover - Store's
-        raise NotImplementedError
-
-    def _connect_own(self) -> psycopg.Connection[Any]:  # pragma: no cover - Store's
-        raise NotImplementedError
 
     def claim(self, topics: Sequence[str], limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:
         """Claim up to *limit* ready jobs of *topics* in one statement (SPEC C1), in claim order.
@@ -183,7 +167,7 @@ class WorkerSide:
 
     @staticmethod
     def _settle_params(outcomes: Sequence[Outcome]) -> dict[str, Any]:
-        """The batch as one array literal per column (see arrays.py)."""
+        """The batch as one array literal per column (see session/statements.py)."""
         return {
             "ids": uuid_array([o.id for o in outcomes]),
             "tokens": uuid_array([o.claim_token for o in outcomes]),

@@ -1,31 +1,34 @@
-"""The Store's operator side: retry, pause and resume, global concurrency limits (SPEC Q1-Q3)."""
+"""The Store's operator actions and reads: retry, pause and resume, set_limit, list, overview (SPEC Q1-Q3)."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, suppress
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import psycopg
 
-from brooq_py.postgres.flow import rate_text, refusal_text, setting_of
-from brooq_py.postgres.plans import Plan, by_id, parse_id
-from brooq_py.postgres.plans import list_jobs as list_plan
-from brooq_py.postgres.queries import Queries
-from brooq_py.postgres.runner import Rows, on_connection
-from brooq_py.postgres.worker_side import claimed_jobs
-from brooq_py.queue import InvalidJob, JobRow
-from brooq_py.queue.job import MAX_TOPIC_BYTES, check_length, check_text
+from brooq_py.postgres.enqueue.plans import by_id
+from brooq_py.postgres.enqueue.plans import list_jobs as list_plan
+from brooq_py.postgres.flow.limits import (
+    LIMIT_WAIT,
+    checked_limit,
+    checked_topic,
+    rate_text,
+    refusal_text,
+    setting_of,
+    until,
+)
+from brooq_py.postgres.session.connections import PoolSide
+from brooq_py.postgres.session.statements import Queries, parse_id
+from brooq_py.postgres.session.tx import on_connection
+from brooq_py.postgres.worker.repo import claimed_jobs
+from brooq_py.queue import JobRow
 from brooq_py.queue.port import LimitedClaim, TopicSetting
 
-__all__ = ["INT32_MAX", "OperatorSide", "TopicOverview", "TopicSetting", "checked_limit", "checked_topic"]
-
-INT32_MAX = 2**31 - 1
-# The longest set_limit waits for the claims begun before a topic's first limit.
-LIMIT_WAIT = 10.0
+__all__ = ["OperatorSide", "TopicOverview", "TopicSetting"]
 
 
 @dataclass(frozen=True)
@@ -54,39 +57,10 @@ class TopicOverview:
         }
 
 
-def checked_topic(topic: Any) -> str:
-    """Return *topic*, or raise InvalidJob for anything but non-empty text without NUL or lone surrogates."""
-    if not isinstance(topic, str) or not topic:
-        raise InvalidJob(f"topic must be non-empty text without NUL, got {topic!r}")
-    check_text(topic, "topic")  # a lone surrogate (undecodable bytes on a command line) is no text
-    check_length(topic, MAX_TOPIC_BYTES, "topic")  # a longer one could not be a job's topic (E4')
-    return topic
-
-
-def checked_limit(limit: Any) -> int | None:
-    """Return *limit* (None or an int from 0 to 2**31-1), or raise ValueError."""
-    if limit is None:
-        return None
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= INT32_MAX:
-        raise ValueError(f"limit must be None or an integer from 0 to {INT32_MAX}, got {limit!r}")
-    return limit
-
-
-class OperatorSide:
+class OperatorSide(PoolSide):
     """Mixin of Store: the operator's controls, one named SQL file each."""
 
     _q: Queries
-
-    def _run(self, doing: str, query: Any, params: dict[str, Any]) -> Rows:  # pragma: no cover - Store's
-        raise NotImplementedError
-
-    def _drive(self, doing: str, plan: Plan[Any]) -> Any:  # pragma: no cover - Store's
-        raise NotImplementedError
-
-    def _autocommit(
-        self, doing: str, timeout: float | None = None
-    ) -> AbstractContextManager[psycopg.Connection[Any]]:  # pragma: no cover - Store's
-        raise NotImplementedError
 
     def retry(self, job_id: str) -> bool:
         """Put a dead or canceled job back to pending: attempts 0, due now, last_error kept (SPEC Q1).
@@ -225,16 +199,6 @@ class OperatorSide:
         got = LimitedClaim(claimed_jobs([r for r in rows if r[0] is not None]))
         got.next_token_in = rows[0][10] if rows else None
         return got
-
-
-def until(done: Callable[[], bool], timeout: float) -> bool:
-    """Poll *done* until it is true (True) or *timeout* seconds pass (False)."""
-    deadline = time.monotonic() + timeout
-    while not done():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 @contextmanager

@@ -1,10 +1,11 @@
-"""One job's statements, the building blocks of the enqueue plans (enqueueing.py).
+"""One job's statements, the building blocks of the enqueue plans (``jobs``), and the reads of jobs.
 
 Validation before any statement (E4, E5), a job's parameters, the one-statement
 fast paths the Stores run directly (``keyless``: no key, no cap; ``unique_new``,
 ``capped_new``: a plain INSERT tried first), the caps a plan reads, and
 ``enqueue_single``: one job with its keys and cap, as many statements as its keys
-need (E1-E3, U1-U2, F2).
+need (E1-E3, U1-U2, F2). ``get``, ``by_id`` and ``list_jobs`` read one job or a
+list of them, the same for both Stores.
 
 Ids are generated here (UUIDv7, time-ordered: SPEC Z4), so a job's id is known before commit.
 Idempotency relies on ``INSERT ... ON CONFLICT DO NOTHING``: a duplicate never
@@ -19,13 +20,14 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from brooq_py.postgres.caps import NO_ANCHOR, TopicCaps
-from brooq_py.postgres.plans import Plan
-from brooq_py.postgres.queries import Queries, Query
-from brooq_py.postgres.unique import FirstTries, enqueue_unique
-from brooq_py.postgres.unique import meta_json as unique_meta_json
-from brooq_py.queue import BrooqError, EnqueueResult, InvalidJob, Job
+from brooq_py.postgres.enqueue.unique import FirstTries, enqueue_unique
+from brooq_py.postgres.enqueue.unique import meta_json as unique_meta_json
+from brooq_py.postgres.flow.limits import NO_ANCHOR, TopicCaps
+from brooq_py.postgres.session.statements import Queries, Query, job_row, parse_id
+from brooq_py.postgres.session.tx import Plan
+from brooq_py.queue import BrooqError, EnqueueResult, InvalidJob, Job, JobRow, State
 from brooq_py.queue.ids import uuid7, uuid7_text
+from brooq_py.queue.job import encode_payload
 
 INT32_MAX = 2**31 - 1
 # A row found by key can vanish (retention) before we read it: insert again, a few times.
@@ -213,3 +215,51 @@ def enqueue_single(q: Queries, job: Job, payload: str, caps: TopicCaps) -> Plan[
             assert cap is not None
             raise caps.refused(job.topic, cap)
     raise BrooqError(f"enqueue of topic {job.topic!r} did not settle after {ATTEMPTS} attempts")
+
+
+# --- plans that read one job or a list of them ----------------------------------------------------
+
+
+def by_id(query: Query, job_id: Any) -> Plan[bool]:
+    """Run *query* (cancel, retry) for a well-formed *job_id*; True if it changed a row.
+
+    A malformed id changes nothing and runs no statement (False, never an error).
+    """
+    parsed = parse_id(job_id)
+    if parsed is None:
+        return False
+    rows = yield query, {"id": parsed}
+    return bool(rows)
+
+
+def get(q: Queries, job_id: Any) -> Plan[JobRow | None]:
+    """Read the job's row; None for an unknown or malformed id (no statement for a malformed one)."""
+    parsed = parse_id(job_id)
+    if parsed is None:
+        return None
+    rows = yield q.get, {"id": parsed}
+    return job_row(rows[0]) if rows else None
+
+
+def row_of(r: tuple[Any, ...]) -> JobRow:
+    """A row of job_get's columns (job_list selects the same) as a JobRow (see rows.job_row)."""
+    return job_row(r)
+
+
+def list_jobs(
+    q: Queries, topic: str | None, state: str | None, limit: int, payload: Any = None
+) -> Plan[list[JobRow]]:
+    """Read the newest jobs first, of one topic and/or state (all when None), at most *limit*.
+
+    *payload* (None: any) keeps the jobs whose payload contains it (jsonb ``@>``); a value
+    that is not JSON raises ``InvalidJob`` before any statement.
+    """
+    if state is not None:
+        state = str(State(state))  # an unknown state is a ValueError here, not an empty answer
+    params: dict[str, Any] = {"topic": topic, "state": state, "limit": max(0, int(limit))}
+    if payload is None:
+        rows = yield q["job_list"], params
+    else:
+        params["payload"] = encode_payload(payload, "payload filter")
+        rows = yield q["job_list_payload"], params
+    return [row_of(r) for r in rows]

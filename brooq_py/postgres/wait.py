@@ -1,4 +1,4 @@
-"""Waiting for jobs to end: one LISTEN connection per store, shared by every waiter (SPEC V2).
+"""Waiting for jobs to end (``wait``, ``result``): one LISTEN connection per store, shared by every waiter (SPEC V2).
 
 A ``Watch`` (threads) or ``AsyncWatch`` (asyncio) is started by the first wait
 and closed by the store's ``close()``; its connection is still read while no one
@@ -21,14 +21,23 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 
-from brooq_py.postgres.arrays import uuid_array
-from brooq_py.postgres.queries import Queries
-from brooq_py.postgres.runner import Rows
-from brooq_py.queue import TERMINAL_STATES, to_timedelta
+from brooq_py.postgres.session.statements import Queries, parse_id, uuid_array
+from brooq_py.postgres.session.tx import Rows
+from brooq_py.queue import (
+    TERMINAL_STATES,
+    BrooqError,
+    JobCanceled,
+    JobFailed,
+    JobNotFound,
+    JobRow,
+    State,
+    WaitTimeout,
+    to_timedelta,
+)
 
 log = logging.getLogger("brooq_py.postgres")
 
@@ -300,3 +309,131 @@ def deadline_of(timeout: float | None) -> float | None:
 def left(deadline: float | None) -> float | None:
     """Seconds until *deadline* (None: no limit), never negative."""
     return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+# --- wait and result for Store and AsyncStore -----------------------------------------------------
+
+
+def outcome_of(row: JobRow) -> Any:
+    """Return a terminal row's result; raise JobFailed (dead) or JobCanceled (canceled)."""
+    if row.state is State.DEAD:
+        raise JobFailed(row)
+    if row.state is State.CANCELED:
+        raise JobCanceled(row)
+    return row.result
+
+
+def _closed(job_id: str) -> BrooqError:
+    return BrooqError(f"the store was closed while waiting for job {job_id}")
+
+
+class _Waiting:
+    """One wait's bookkeeping, shared by the sync and the async loop: the id, the deadline."""
+
+    def __init__(self, job_id: str, timeout: float | timedelta | None) -> None:
+        self.limit = seconds(timeout)
+        job = parse_id(job_id)
+        if job is None:
+            raise JobNotFound(f"no job {job_id!r}")
+        self.key = str(job)
+        self.until = deadline_of(self.limit)
+
+    def ended(self, row: JobRow | None) -> float | None:
+        """Seconds left to wait while *row* runs on; raise JobNotFound for no row, WaitTimeout
+        past the deadline. None: no limit. A terminal row is the caller's to return (see ``done``)."""
+        if row is None:
+            raise JobNotFound(f"no job {self.key}")
+        remaining = left(self.until)
+        if remaining == 0:
+            raise WaitTimeout(f"job {self.key} is still {row.state} after {self.limit:g}s")
+        return remaining
+
+
+def _done(row: JobRow | None) -> bool:
+    return row is not None and row.state.terminal
+
+
+class _Waited(Protocol):
+    """What ``WaitSide`` needs of the Store it is mixed into."""
+
+    def _watch(self) -> Watch: ...
+    def get(self, job_id: str) -> JobRow | None: ...
+    def wait(self, job_id: str, timeout: float | timedelta | None = None) -> JobRow: ...
+
+
+class _AsyncWaited(Protocol):
+    """What ``AsyncWaitSide`` needs of the AsyncStore it is mixed into."""
+
+    def _watch(self) -> AsyncWatch: ...
+    async def get(self, job_id: str) -> JobRow | None: ...
+    async def wait(self, job_id: str, timeout: float | timedelta | None = None) -> JobRow: ...
+
+
+class WaitSide:
+    """Mixin of Store: block until a job ends."""
+
+    # Seconds between checks when no notification arrives (a lost one only delays by this).
+    wait_poll_interval: float = DEFAULT_POLL
+
+    def wait(self: _Waited, job_id: str, timeout: float | timedelta | None = None) -> JobRow:
+        """Block until the job is terminal (done, dead, canceled) and return its row.
+
+        Woken by the outcome's commit through the store's one LISTEN connection,
+        checked every ``wait_poll_interval`` seconds besides. Wait up to *timeout*
+        (seconds or a timedelta; None: no limit) and raise WaitTimeout; raise
+        JobNotFound for an unknown or malformed id, and for a job deleted while
+        waited on (retention): it has no row left to return.
+        """
+        w = _Waiting(job_id, timeout)
+        watch = self._watch()
+        event = watch.register(w.key)
+        generation = watch.generation
+        try:
+            while True:
+                event.clear()
+                row = self.get(w.key)
+                if _done(row):
+                    assert row is not None
+                    return row
+                event.wait(w.ended(row))
+                if watch.generation != generation:
+                    raise _closed(w.key)
+        finally:
+            watch.unregister(w.key, event)
+
+    def result(self: _Waited, job_id: str, timeout: float | timedelta | None = None) -> Any:
+        """``wait()``, then return the result of a done job; raise JobFailed for a dead one,
+        JobCanceled for a canceled one (each carries the row), WaitTimeout and JobNotFound as wait does."""
+        return outcome_of(self.wait(job_id, timeout))
+
+
+class AsyncWaitSide:
+    """Mixin of AsyncStore: await until a job ends."""
+
+    wait_poll_interval: float = DEFAULT_POLL
+
+    async def wait(self: _AsyncWaited, job_id: str, timeout: float | timedelta | None = None) -> JobRow:
+        """Await until the job is terminal and return its row; as ``Store.wait`` (one LISTEN
+        connection per AsyncStore, on the event loop of its first wait)."""
+        w = _Waiting(job_id, timeout)
+        watch = self._watch()
+        event = watch.register(w.key)
+        generation = watch.generation
+        try:
+            while True:
+                event.clear()
+                row = await self.get(w.key)
+                if _done(row):
+                    assert row is not None
+                    return row
+                remaining = w.ended(row)  # raises WaitTimeout: outside the suppress below
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), remaining)
+                if watch.generation != generation:
+                    raise _closed(w.key)
+        finally:
+            watch.unregister(w.key, event)
+
+    async def result(self: _AsyncWaited, job_id: str, timeout: float | timedelta | None = None) -> Any:
+        """``await wait()``, then the result, or JobFailed / JobCanceled as ``Store.result``."""
+        return outcome_of(await self.wait(job_id, timeout))

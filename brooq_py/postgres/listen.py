@@ -21,10 +21,9 @@ from typing import Any
 
 import psycopg
 
-from brooq_py.postgres.bounds import deadline, statement_budget
-from brooq_py.postgres.channel import cancel_channel_for, channel_for, stage_channel_for
-from brooq_py.postgres.errors import is_outage, translated, unavailable
-from brooq_py.postgres.queries import Queries
+from brooq_py.postgres.session.connections import deadline, statement_budget
+from brooq_py.postgres.session.errors import is_outage, translated, unavailable
+from brooq_py.postgres.session.statements import Queries, cancel_channel_for, channel_for, stage_channel_for
 
 log = logging.getLogger("brooq_py.postgres")
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
-from brooq_py.postgres.flow import rate_text, setting_of
+from brooq_py.postgres.flow.limits import rate_text, setting_of
 from brooq_py.queue import State
 
 if TYPE_CHECKING:

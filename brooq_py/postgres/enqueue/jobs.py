@@ -1,13 +1,10 @@
-"""The producer's rules, written once for the sync Store and the AsyncStore.
+"""The enqueue plans the Stores call: ``enqueue_one``, ``enqueue_many``, ``enqueue_group``.
 
-Each operation is a *plan*: a generator that yields ``(query, params)`` for
-every statement it needs and receives that statement's rows back. It does no
-I/O itself, so one plan serves both sides: ``drive`` (plans.py) runs it on a blocking
-runner (``Store``), ``drive_async`` on an awaitable one (``AsyncStore``), and
+Each is a plan (``session.tx``), written once for the Store and the AsyncStore, so
 the rules (E1-E5, X1, Q1, U1-U2, D1, D6, F2) cannot drift apart between the two.
-Here the plans the Stores call: ``enqueue_one``, ``enqueue_many`` (one statement for
-the batch, more only for keys a concurrent writer held or a merge or replace of a
-repeated unique key) and ``enqueue_group``; one job's statements are in single.py.
+``enqueue_many`` is one statement for the batch, more only for keys a concurrent
+writer held or a merge or replace of a repeated unique key; one job's statements
+are in ``plans``.
 """
 
 from __future__ import annotations
@@ -15,11 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from brooq_py.postgres.arrays import int_array, own_uuid_array, text_array, timestamptz_array
-from brooq_py.postgres.caps import TopicCaps
-from brooq_py.postgres.plans import Plan
-from brooq_py.postgres.queries import Queries
-from brooq_py.postgres.single import (
+from brooq_py.postgres.enqueue.plans import (
     ATTEMPTS,
     INT32_MAX,
     Name,
@@ -29,8 +22,23 @@ from brooq_py.postgres.single import (
     known_caps,
     validated,
 )
-from brooq_py.postgres.unique import answers, unique_params
-from brooq_py.postgres.workflows import after_params, has_parents, parents_of, unknown_parent, with_parents
+from brooq_py.postgres.enqueue.unique import answers, unique_params
+from brooq_py.postgres.enqueue.workflows import (
+    after_params,
+    has_parents,
+    parents_of,
+    unknown_parent,
+    with_parents,
+)
+from brooq_py.postgres.flow.limits import TopicCaps
+from brooq_py.postgres.session.statements import (
+    Queries,
+    int_array,
+    own_uuid_array,
+    text_array,
+    timestamptz_array,
+)
+from brooq_py.postgres.session.tx import Plan
 from brooq_py.queue import BrooqError, EnqueueResult, GroupResult, InvalidJob, Job
 from brooq_py.queue.ids import uuid7_texts
 from brooq_py.queue.job import encode_payloads

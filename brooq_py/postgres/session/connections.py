@@ -1,0 +1,362 @@
+"""The pool plumbing of the Store's roles, and the Store's own connections (heartbeat, claims, outcome batches).
+
+``PoolSide`` is the one base the Store's roles share: it lends a pool connection
+for an autocommit statement or a bounded transaction, and opens the Store's own
+connections. An ``OwnConnection`` is opened on first use and reopened after a
+break: the engine runs each of these statements from one thread, so a connection
+of its own per kind of statement costs one backend and saves the pool checkout,
+and its session can be set up for that statement alone (a claim's plan is cached).
+
+Waits on the own connections are bounded by the lease (SPEC L3). Server side:
+``lock_timeout`` and ``statement_timeout`` end a statement that waits or runs too
+long. Network: TCP keepalives and ``tcp_user_timeout`` notice a half-open socket,
+on both ends. Client side: ``deadline()`` shuts the socket down when a statement
+has not answered in time, which ends a wait that nothing on the wire ever will (a
+path that goes silent behind a proxy that still ACKs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import psycopg
+import psycopg_pool
+
+from brooq_py.postgres.session.errors import (
+    dropped_if_read_only,
+    is_connection_error,
+    is_outage,
+    translated,
+    unavailable,
+)
+from brooq_py.postgres.session.statements import Queries, Query
+from brooq_py.postgres.session.tx import Plan, Rows, Runner, drive, execute, first_statement, on_connection
+from brooq_py.queue import BrooqError, StoreUnavailable
+
+# After the server refused to open the connection, ``try_run`` leaves statements to the pool
+# for this long before it tries again (a saturated server is not asked once per claim).
+REOPEN_PAUSE = 1.0
+
+T = TypeVar("T")
+
+
+# Connection settings of the pool that are not libpq parameters, left out of our own connections.
+NOT_LIBPQ = frozenset({"autocommit", "row_factory", "cursor_factory", "context"})
+
+# The claim and settle connections' sessions: each statement is planned once, not at every
+# execution (its custom plans were no better, and planning cost about a third of a one-row claim).
+CACHED_PLAN = "-c plan_cache_mode=force_generic_plan"
+# How long a claim or an outcome batch waits for a row lock before it leaves that row aside
+# (outcomes: written without it, SPEC L3'; claims skip locked rows anyway).
+SETTLE_LOCK_WAIT = "250ms"
+
+
+def with_options(kwargs: dict[str, Any], options: str) -> dict[str, Any]:
+    if options:
+        kwargs["options"] = f"{kwargs['options']} {options}" if kwargs.get("options") else options
+    return kwargs
+
+
+class PoolSide:
+    """The pool plumbing every role of the Store shares: pool connections lent for one autocommit
+    statement or one bounded transaction, plans driven on them, and the Store's own connections.
+
+    The Store sets the attributes; a role (worker, operator, flow) derives from this class and
+    reaches the database only through these methods.
+    """
+
+    _pool: psycopg_pool.ConnectionPool[Any] | None
+    _q: Queries
+    _conninfo: str | None
+    _pool_conninfo: Any
+    _pool_kwargs: Any
+    _own_lease: timedelta
+
+    def _connect_own(self, options: str = "") -> psycopg.Connection[Any]:
+        """Open one of the Store's own autocommit connections from ``conninfo``, its waits bounded (L3).
+
+        *options*: server settings (``-c name=value``) for this connection's session alone.
+        """
+        if self._conninfo is not None:
+            return psycopg.connect(
+                self._conninfo, autocommit=True, **with_options(merged({}, self._own_lease), options)
+            )
+        if self._pool_conninfo is None:
+            raise no_pool("Store", "opening its own connection")
+        conninfo = self._pool_conninfo() if callable(self._pool_conninfo) else self._pool_conninfo
+        kwargs = self._pool_kwargs() if callable(self._pool_kwargs) else (self._pool_kwargs or {})
+        extra = {k: v for k, v in kwargs.items() if k not in NOT_LIBPQ}
+        return psycopg.connect(
+            conninfo, autocommit=True, **with_options(merged(extra, self._own_lease), options)
+        )
+
+    @contextmanager
+    def _autocommit(self, doing: str, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
+        """Lend a pool connection in autocommit mode; put its flag back before it returns to the pool.
+
+        ``getconn``/``putconn`` rather than the pool's ``connection()`` context, which adds
+        nothing to an autocommit statement and cost about 30 us of CPU a call (the enqueue's hot path).
+        """
+        pool = self._pool
+        if pool is None:
+            raise no_pool("Store", doing)
+        with translated(doing):
+            conn = pool.getconn(timeout=timeout)
+            try:
+                saved = conn.autocommit
+                if not saved:
+                    conn.autocommit = True
+                try:
+                    with dropped_if_read_only(conn, doing):
+                        yield conn
+                finally:
+                    if not saved and not conn.closed:
+                        with contextlib.suppress(psycopg.Error):  # a broken one: the pool discards it
+                            conn.autocommit = False
+            finally:
+                pool.putconn(conn)
+
+    def _execute(self, doing: str, query: Query, params: dict[str, Any]) -> int:
+        """Run *query*, one statement that returns no rows, in autocommit on a pool connection.
+
+        Return the number of rows it wrote.
+        """
+        with self._autocommit(doing) as conn:
+            return execute(conn, query, params)
+
+    def _run(self, doing: str, query: Query, params: dict[str, Any]) -> Rows:
+        with self._autocommit(doing) as conn:
+            return on_connection(conn)(query, params)
+
+    def _run_bounded(self, doing: str, query: Query, params: dict[str, Any], seconds: float) -> Rows:
+        """Run *query* on a pool connection in a transaction whose statement_timeout is bounded by
+        *seconds* and lock_timeout by SETTLE_LOCK_WAIT (SPEC L3'), without touching the session's."""
+        return self._in_bounded_tx(doing, lambda run: run(query, params), seconds)
+
+    def _in_bounded_tx(self, doing: str, work: Callable[[Runner], Rows], seconds: float) -> Rows:
+        """Run *work* (given a statement runner) in one transaction on a pool connection, its waits bounded."""
+        bounds = {"lock_timeout": SETTLE_LOCK_WAIT, "statement_timeout": f"{max(int(seconds * 1000), 100)}ms"}
+        with self._autocommit(doing) as conn, conn.transaction():
+            run = on_connection(conn)
+            run(self._q["session_bounds"], bounds)
+            return work(run)
+
+    def _drive(self, doing: str, plan: Plan[Any]) -> Any:
+        """Run *plan* in autocommit statements on a pool connection (none taken if it needs none)."""
+        first, result = first_statement(plan)
+        if first is None:
+            return result
+        with self._autocommit(doing) as conn:
+            return drive(plan, on_connection(conn), first)
+
+
+class OwnConnection:
+    """A lazily opened autocommit connection that runs one statement at a time.
+
+    ``run`` (and ``use``, which hands the connection itself to a caller that needs its
+    session) raises StoreUnavailable on a connection error and closes the
+    connection (the next call reopens it); ``try_run`` returns None instead of
+    waiting while another thread is using it, or when the connection cannot
+    be opened (the server refuses it: a role's connection limit, max_connections;
+    tried again after ``REOPEN_PAUSE``). Nothing stays open behind a
+    closed Store: after ``close()`` and until ``reuse()``, ``try_run`` returns
+    None (a claim's late hand-back goes to the pool) and ``run`` closes the
+    connection it opened as its statement ends.
+    """
+
+    def __init__(
+        self, connect: Callable[[], psycopg.Connection[Any]], budget: Callable[[], float] | None = None
+    ) -> None:
+        self._connect = connect
+        self._budget = budget
+        self._lock = threading.Lock()
+        self._conn: psycopg.Connection[Any] | None = None
+        self._closed = False
+        self._reopen_at = 0.0  # try_run: no new connection before this (monotonic)
+
+    def run(self, doing: str, query: Query, params: dict[str, Any]) -> Rows:
+        return self.use(doing, lambda conn: on_connection(conn)(query, params))
+
+    def use(self, doing: str, work: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """Call *work* with the connection (opened if need be), as ``run`` runs a statement: one
+        caller at a time, the whole of *work* within the budget, the same errors. For a caller
+        that needs the session itself (its advisory locks) or more than one statement on it."""
+        with self._lock:
+            try:
+                conn = self._conn if self._conn is not None and not self._conn.closed else self._open(doing)
+                try:
+                    if self._budget is None:
+                        return work(conn)
+                    with deadline(conn, self._budget()):
+                        return work(conn)
+                except psycopg.Error as exc:
+                    if not is_outage(exc, conn):
+                        raise
+                    self._close_locked()
+                    raise unavailable(exc, doing) from exc
+            finally:
+                self._close_if_asked()
+
+    def try_run(self, doing: str, query: Query, params: dict[str, Any]) -> Rows | None:
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            if self._closed:
+                return None
+            if self._conn is None or self._conn.closed:
+                if time.monotonic() < self._reopen_at:
+                    return None
+                try:
+                    self._open(doing)
+                except StoreUnavailable:
+                    self._reopen_at = time.monotonic() + REOPEN_PAUSE
+                    return None
+            return self._run_locked(doing, query, params)
+        finally:
+            self._close_if_asked()
+            self._lock.release()
+
+    def _close_if_asked(self) -> None:
+        if self._closed:
+            self._close_locked()
+
+    def _open(self, doing: str) -> psycopg.Connection[Any]:
+        """Open the connection; StoreUnavailable when the server cannot be reached or refuses it."""
+        self._conn = None
+        try:
+            self._conn = self._connect()
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            if not is_connection_error(exc):
+                raise
+            raise unavailable(exc, doing) from exc
+        return self._conn
+
+    def _run_locked(self, doing: str, query: Query, params: dict[str, Any]) -> Rows:
+        conn = self._conn if self._conn is not None and not self._conn.closed else self._open(doing)
+        try:
+            if self._budget is None:
+                return on_connection(conn)(query, params)
+            with deadline(conn, self._budget()):
+                return on_connection(conn)(query, params)
+        except psycopg.Error as exc:
+            # A broken connection, or one on a read-only server (a standby): closed, so the
+            # next statement reopens it where the conninfo's target_session_attrs says (H1).
+            if not is_outage(exc, conn):
+                raise
+            self._close_locked()
+            raise unavailable(exc, doing) from exc
+
+    def _close_locked(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    def close(self, wait: float = 1.0) -> None:
+        """Close the connection, and the one a later ``run`` opens as its statement ends; safe to repeat.
+
+        A statement still running after *wait* seconds is not waited for: the
+        connection is closed as soon as that statement returns.
+        """
+        self._closed = True  # before the lock: a statement that holds it closes on its way out
+        if self._lock.acquire(timeout=wait):
+            try:
+                self._close_locked()
+            finally:
+                self._lock.release()
+
+    def reuse(self) -> None:
+        """Keep the connection open between statements again (an engine starts on the Store)."""
+        self._closed = False
+
+
+# --- bounded waits on the own connections (SPEC L3) -----------------------------------------------
+
+
+DEFAULT_LEASE = timedelta(seconds=30)
+
+
+def own_connection_kwargs(lease: timedelta) -> dict[str, Any]:
+    """libpq settings for a connection that must notice trouble within *lease*/3."""
+    third = max(lease.total_seconds() / 3, 1.0)
+    ms = int(third * 1000)
+    return {
+        "connect_timeout": max(2, int(third)),
+        "keepalives": 1,
+        "keepalives_idle": max(1, int(third / 2)),
+        "keepalives_interval": max(1, int(third / 6)),
+        "keepalives_count": 3,
+        "tcp_user_timeout": ms,
+        "options": f"-c statement_timeout={ms} -c lock_timeout={max(ms // 2, 100)} "
+        f"-c idle_in_transaction_session_timeout={ms * 3} -c tcp_keepalives_idle={max(1, int(third / 2))} "
+        f"-c tcp_keepalives_interval={max(1, int(third / 6))} -c tcp_keepalives_count=3",
+    }
+
+
+def merged(kwargs: dict[str, Any], lease: timedelta) -> dict[str, Any]:
+    """*kwargs* with the bounds added; the caller's own ``options`` come first, ours win."""
+    out = {**kwargs, **own_connection_kwargs(lease)}
+    if kwargs.get("options"):
+        out["options"] = f"{kwargs['options']} {out['options']}"
+    return out
+
+
+def statement_budget(lease: timedelta) -> float:
+    """How long a statement on an own connection may take before its socket is shut down."""
+    return max(lease.total_seconds() / 3, 1.0) + 1.0
+
+
+@contextlib.contextmanager
+def deadline(conn: psycopg.Connection[Any], seconds: float) -> Iterator[None]:
+    """Shut *conn*'s socket down if the block has not ended after *seconds*.
+
+    The waiting call then fails at once with a connection error (the caller
+    closes the connection and reopens it next time), instead of blocking on a
+    socket nobody answers.
+    """
+    done = threading.Event()
+
+    def expire() -> None:
+        if done.is_set():
+            return
+        with contextlib.suppress(Exception):
+            fd = conn.pgconn.socket
+            sock = socket.socket(fileno=fd)
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            finally:
+                sock.detach()  # the fd stays libpq's
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        done.set()
+        timer.cancel()
+
+
+# --- what both Stores check before they connect ---------------------------------------------------
+
+
+def check_schema(schema: Any) -> str:
+    """Return *schema*, or raise ValueError for anything but non-empty text without NUL."""
+    if not isinstance(schema, str) or not schema or "\x00" in schema:
+        raise ValueError(f"invalid schema name: {schema!r}")
+    return schema
+
+
+def no_pool(store: str, doing: str) -> BrooqError:
+    """Return the error of a producer-only store (built without a pool) asked to use one."""
+    return BrooqError(
+        f"{store} was built without a pool ({store}(None, ...)), so it cannot do this ({doing}): "
+        "it only enqueues inside your own transactions (enqueue_tx, enqueue_many(tx=...)); "
+        f"give {store} a pool for the rest"
+    )

@@ -1,0 +1,340 @@
+"""Named SQL statements: loaded once from ``sql/*.sql``, rendered per schema; their parameters and rows.
+
+Each file holds one statement with ``{job}``, ``{engine}``, ``{job_in_flight}``, ``{job_edge}``,
+``{job_wait}``, ``{topic_setting}``, ``{schedule_tick}``, ``{version_table}`` (the tables),
+``{depth_seq}`` (the depth caps' sequence, migration 0014, as a text literal for ``to_regclass``),
+``{channel}`` (the wake-up channel as an identifier), ``{channel_literal}`` (as text) or
+``{stage_channel}`` (the stager's channel, ``{stage_channel_literal}`` as text), ``{cancel_channel}``
+(the cancel channel), ``{settled_channel}`` / ``{settled_channel_literal}`` (the results channel),
+``{depth_room}`` and ``{job_row_columns}`` (the fragments of those names, see ``_FRAGMENTS``)
+placeholders and psycopg ``%(name)s`` parameters. A Store renders every
+statement once for its schema with ``psycopg.sql.Identifier`` and never sets
+``search_path`` on a connection.
+
+The channels follow the rule of the NOTIFY trigger of migrations 0005-0008.
+Batch parameters are PostgreSQL array literals built in one string: sending
+``'{a,b,c}'`` as one text parameter cast in SQL costs one join, where a Python
+list costs psycopg a type scan and a dump per element (most of the adapter's CPU
+at tens of thousands of outcomes a second). Rows of ``sql/job_get.sql``'s
+columns become ``JobRow`` here.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+import re
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib import resources
+from typing import Any
+
+from psycopg import sql
+
+from brooq_py.queue import AttemptError, JobRow, State
+
+_BINARY_PLACEHOLDER = re.compile(r"%\((\w+)\)b")
+
+
+@functools.cache
+def load(name: str) -> str:
+    """Return the text of ``sql/<name>.sql`` (read once per process)."""
+    path = resources.files("brooq_py.postgres") / "sql" / f"{name}.sql"
+    text: str = path.read_text(encoding="utf-8")
+    return text
+
+
+@dataclass(frozen=True)
+class Query:
+    """One statement rendered for a schema: bytes for psycopg, text for a foreign Tx.
+
+    ``rows`` is False for a statement that returns no rows (no RETURNING): a
+    runner then reads nothing back.
+    """
+
+    name: str
+    composed: bytes
+    text: str
+    rows: bool = True
+
+
+def _fragment(name: str, schema: str) -> sql.Composed:
+    """``sql/<name>.sql`` rendered for *schema*, without its comment lines, to stand inside a statement."""
+    text = "\n".join(line for line in load(name).splitlines() if not line.lstrip().startswith("--"))
+    return sql.SQL(text).format(job=sql.Identifier(schema, "job"), depth_seq=_depth_seq(schema))
+
+
+# Files that are parts of statements, not statements: ``{name}`` in a statement stands for one.
+_FRAGMENTS = ("depth_room", "job_row_columns")
+
+
+def _depth_seq(schema: str) -> sql.Composable:
+    return sql.Literal(sql.Identifier(schema, "job_depth_seq").as_string(None))
+
+
+def render(name: str, schema: str, *, rows: bool = True) -> Query:
+    """Render ``sql/<name>.sql`` for *schema* (*rows*: see ``Query``)."""
+    template = sql.SQL(load(name))
+    shared = {
+        f: _fragment(f, schema) if "{" + f + "}" in template.as_string(None) else sql.SQL("")
+        for f in _FRAGMENTS
+    }
+    composed = template.format(
+        **shared,
+        job=sql.Identifier(schema, "job"),
+        engine=sql.Identifier(schema, "engine"),
+        job_in_flight=sql.Identifier(schema, "job_in_flight"),
+        job_edge=sql.Identifier(schema, "job_edge"),
+        job_wait=sql.Identifier(schema, "job_wait"),
+        topic_setting=sql.Identifier(schema, "topic_setting"),
+        schedule_tick=sql.Identifier(schema, "schedule_tick"),
+        depth_seq=_depth_seq(schema),
+        version_table=sql.Identifier(schema, "brooq_alembic_version"),
+        channel=sql.Identifier(channel_for(schema)),
+        channel_literal=sql.Literal(channel_for(schema)),
+        stage_channel=sql.Identifier(stage_channel_for(schema)),
+        stage_channel_literal=sql.Literal(stage_channel_for(schema)),
+        cancel_channel=sql.Identifier(cancel_channel_for(schema)),
+        settled_channel=sql.Identifier(settled_channel_for(schema)),
+        settled_channel_literal=sql.Literal(settled_channel_for(schema)),
+    )
+    # A foreign Tx gets the text with plain %(name)s placeholders: binary ones are psycopg's own.
+    text = _BINARY_PLACEHOLDER.sub(r"%(\1)s", composed.as_string(None))
+    return Query(name, composed.as_bytes(None), text, rows)
+
+
+class Queries:
+    """Every statement the Store runs, rendered once for one schema."""
+
+    def __init__(self, schema: str) -> None:
+        self.schema = schema
+        self._rendered: dict[str, Query] = {}
+        self.enqueue = render("job_enqueue", schema)
+        self.enqueue_plain = render("job_enqueue_plain", schema, rows=False)
+        self.enqueue_many = render("job_enqueue_many", schema)
+        self.get_by_key = render("job_get_by_key", schema)
+        self.get_by_keys = render("job_get_by_keys", schema)
+        self.get = render("job_get", schema)
+        self.cancel = render("job_cancel", schema)
+        self.claim = render("job_claim", schema)
+        self.settle_many = render("job_settle_many", schema)
+        self.settle_one = render("job_settle_one", schema)
+        self.beat = render("engine_beat", schema)
+        self.reap = render("lease_reap", schema)
+        self.delete_terminal = render("job_delete_terminal", schema)
+        self.ping = render("ping", schema)
+        self.listen = render("listen", schema)
+
+    def __getitem__(self, name: str) -> Query:
+        """Return ``sql/<name>.sql`` rendered for this schema (rendered once, on first use)."""
+        query = self._rendered.get(name)
+        if query is None:
+            query = self._rendered[name] = render(name, self.schema)
+        return query
+
+
+# --- the NOTIFY channels of a schema --------------------------------------------------------------
+
+
+_PREFIX = "brooq."
+_STAGE_PREFIX = "brooq_stage."
+_CANCEL_PREFIX = "brooq_cancel."
+_SETTLED_PREFIX = "brooq_settled."
+_MAX_IDENTIFIER_BYTES = 63
+
+
+def _named(prefix: str, schema: str) -> str:
+    channel = prefix + schema
+    if len(channel.encode("utf-8")) <= _MAX_IDENTIFIER_BYTES:
+        return channel
+    return prefix + hashlib.md5(schema.encode("utf-8"), usedforsecurity=False).hexdigest()
+
+
+def channel_for(schema: str) -> str:
+    """Return the NOTIFY channel of *schema*: ``brooq.<schema>``, or ``brooq.<md5(schema)>`` past 63 bytes.
+
+    Its notifications say a topic has ready (pending) jobs; the payload is the topic
+    (empty: every topic).
+    """
+    return _named(_PREFIX, schema)
+
+
+def stage_channel_for(schema: str) -> str:
+    """Return the stager's channel of *schema*: ``brooq_stage.<schema>`` (md5 past 63 bytes).
+
+    Its notifications say a job of the topic in the payload was scheduled.
+    """
+    return _named(_STAGE_PREFIX, schema)
+
+
+def cancel_channel_for(schema: str) -> str:
+    """Return the cancel channel of *schema*: ``brooq_cancel.<schema>`` (md5 past 63 bytes; migration 0011).
+
+    Its notifications say a processing job was canceled; the payload is ``"<id> <claim_token>"``.
+    """
+    return _named(_CANCEL_PREFIX, schema)
+
+
+def settled_channel_for(schema: str) -> str:
+    """Return the results channel of *schema*: ``brooq_settled.<schema>`` (md5 past 63 bytes).
+
+    One notification per outcome batch (or closing transaction, or cancel) that
+    ended a job, with an empty payload: waiters re-check their ids (SPEC V2).
+    """
+    return _named(_SETTLED_PREFIX, schema)
+
+
+# --- parameters: array literals for the batch statements of the hot path --------------------------
+
+
+_PLAIN = re.compile(r"[0-9a-fA-F-]{32,36}")
+
+
+def uuid_array(values: Iterable[str]) -> str:
+    """Return ``{u1,u2,...}`` for UUID strings; raise ValueError for anything else (no injection)."""
+    out = []
+    for v in values:
+        if not _PLAIN.fullmatch(v):
+            v = str(uuid.UUID(v))  # raises ValueError for a malformed one
+        out.append(v)
+    return "{" + ",".join(out) + "}"
+
+
+def text_array(values: Sequence[str | None]) -> str:
+    """Return an array literal for text values (NULL for None), each element quoted and escaped.
+
+    Without a None among them the values are joined on NUL and escaped in three
+    passes over one string (a value holding NUL itself, which PostgreSQL text
+    cannot store, takes the element-wise way and is refused there by the server).
+    """
+    n = len(values)
+    if n and None not in values:
+        joined = "\x00".join(values)  # type: ignore[arg-type]  # no None: checked above
+        if joined.count("\x00") == n - 1:
+            return '{"' + joined.replace("\\", "\\\\").replace('"', '\\"').replace("\x00", '","') + '"}'
+    parts = []
+    for v in values:
+        if v is None:
+            parts.append("NULL")
+        else:
+            parts.append('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"')
+    return "{" + ",".join(parts) + "}"
+
+
+def int_array(values: Iterable[int]) -> str:
+    """Return ``{1,-2}`` for ints (an int subclass, an IntEnum say, as its plain value)."""
+    return "{" + ",".join(map(str, map(int, values))) + "}"
+
+
+def own_uuid_array(values: Sequence[str]) -> str:
+    """Return ``{u1,u2,...}`` for UUID strings this process made itself (no check: see uuid_array)."""
+    return "{" + ",".join(values) + "}"
+
+
+def timestamptz_array(values: Sequence[datetime | None]) -> str:
+    """Return an array literal for aware datetimes (NULL for None), in ISO 8601."""
+    if all(v is None for v in values):
+        return "{" + ",".join(["NULL"] * len(values)) + "}"
+    return "{" + ",".join(["NULL" if v is None else '"' + v.isoformat() + '"' for v in values]) + "}"
+
+
+def float_array(values: Iterable[float]) -> str:
+    """Return ``{1.5,0}`` for finite floats."""
+    parts = []
+    for v in values:
+        if not math.isfinite(v):
+            raise ValueError(f"not a finite number: {v!r}")
+        parts.append(repr(float(v)))
+    return "{" + ",".join(parts) + "}"
+
+
+def bool_array(values: Iterable[bool]) -> str:
+    return "{" + ",".join("t" if v else "f" for v in values) + "}"
+
+
+def parse_id(job_id: Any) -> uuid.UUID | None:
+    """Return *job_id* as a UUID, or None when it is not a well-formed one."""
+    if isinstance(job_id, uuid.UUID):
+        return job_id
+    if not isinstance(job_id, str):
+        return None
+    try:
+        return uuid.UUID(job_id)
+    except ValueError:
+        return None
+
+
+# --- rows of the job table as the vocabulary's records --------------------------------------------
+
+
+_EPOCH = datetime.fromtimestamp(0, UTC)
+
+
+# job_get's columns, which every statement read into a JobRow selects (job_list too).
+JOB_ROW_COLUMNS = 21
+
+
+def job_row(r: Any) -> JobRow:
+    """Return the JobRow of a row of ``job_get``'s columns (result, history and progress included).
+
+    Raise ValueError for a row of any other width: a statement that selects fewer columns
+    would leave fields silently empty (SPEC R0).
+    """
+    if len(r) != JOB_ROW_COLUMNS:
+        raise ValueError(f"a job row has {JOB_ROW_COLUMNS} columns (job_get's), got {len(r)}")
+    parents = r[14]
+    result, errors, progress, note, meta, crashes = r[15:21]
+    return JobRow(
+        id=str(r[0]),
+        topic=r[1],
+        payload=r[2],
+        state=State(r[3]),
+        attempts=r[4],
+        priority=r[5],
+        available_at=r[6],
+        locked_by=r[7],
+        locked_until=r[8],
+        last_error=r[9],
+        idempotency_key=r[10],
+        created_at=r[11],
+        updated_at=r[12],
+        result=result,
+        errors=attempt_errors(errors),
+        progress=None if progress is None else float(progress),
+        progress_note=note,
+        meta=meta or {},
+        parents=tuple(str(p) for p in parents or ()),
+        crashes=crashes or 0,
+    )
+
+
+def attempt_errors(value: Any) -> tuple[AttemptError, ...]:
+    """The row's ``errors`` (a jsonb array, NULL for none) as AttemptError records, oldest first.
+
+    An entry written by hand (psql) that lacks a field is read with what it has.
+    """
+    if not isinstance(value, list):
+        return ()
+    out = []
+    for e in value:
+        if not isinstance(e, dict):
+            continue
+        at = e.get("at")
+        try:
+            when = datetime.fromisoformat(at) if isinstance(at, str) else _EPOCH
+        except ValueError:
+            when = _EPOCH
+        attempt = e.get("attempt")
+        tb = e.get("traceback")
+        out.append(
+            AttemptError(
+                attempt=attempt if isinstance(attempt, int) else 0,
+                at=when,
+                error=str(e.get("error") or ""),
+                traceback=tb if isinstance(tb, str) else None,
+            )
+        )
+    return tuple(out)
