@@ -389,11 +389,20 @@ def test_topics_controls_fit_unclipped_and_unobscured_menus_open_too(
             assert len(heights) == len(topics) and max(heights) <= 60, heights
         assert assert_controls_fit(browser, f"{width} closed") >= len(topics) * 10
         for topic in topics:
-            menu = open_menu(browser, topic)
-            panel = menu.find_element(By.CLASS_NAME, "menu-panel")
-            # Pause or Resume, the rate and depth fields and their Set buttons, and the summary.
-            assert assert_controls_fit(browser, f"{width} {topic} menu", menu) == 6
-            assert panel.is_displayed()
+
+            def opened_and_checked(topic: str = topic) -> Any:
+                """The open menu, checked; None when a refresh already in flight swapped its row."""
+                menu = open_menu(browser, topic)
+                try:
+                    panel = menu.find_element(By.CLASS_NAME, "menu-panel")
+                    # Pause or Resume, the rate and depth fields and their Set buttons, and the summary.
+                    assert assert_controls_fit(browser, f"{width} {topic} menu", menu) == 6
+                    assert panel.is_displayed()
+                except StaleElementReferenceException:
+                    return None
+                return menu
+
+            menu = wait_for(opened_and_checked, f"the {topic} menu open and checked")
             # The open menu holds off the live refresh: it is still open after two refresh periods.
             browser.execute_script("window.__menu = arguments[0]", menu)
             time.sleep(1.2)  # the board refreshes every 0.5 s
