@@ -145,12 +145,14 @@ DEMO = {
 
 
 def statement(name: str, schema: str) -> sql.Composed:
-    """Return the named statement rendered for *schema* (``{job}`` and the demo's ``{orders}``)."""
+    """Return the named statement rendered for *schema* (``{job}``, ``{job_in_flight}`` and the demo's
+    ``{orders}``)."""
     file = OPS.get(name) or DEMO.get(name)
     if file is None:
         raise KeyError(f"no operator query named {name!r}; known: {', '.join([*OPS, *DEMO])}")
     return sql.SQL(load(file)).format(
         job=sql.Identifier(schema, "job"),
+        job_in_flight=sql.Identifier(schema, "job_in_flight"),
         orders=sql.Identifier(schema, "orders"),
         schema=sql.Identifier(schema),
     )
@@ -160,7 +162,8 @@ def text(name: str) -> str:
     """Return the statement as the README prints it (unqualified table names, no comments)."""
     file = OPS.get(name) or DEMO.get(name) or name
     body = [ln for ln in load(file).splitlines() if not ln.lstrip().startswith("--")]
-    return "\n".join(body).replace("{job}", "job").replace("{orders}", "orders").strip()
+    text = "\n".join(body).replace("{job_in_flight}", "job_in_flight").replace("{job}", "job")
+    return text.replace("{orders}", "orders").strip()
 
 
 def pasteable(name: str, params: dict[str, str]) -> str:
