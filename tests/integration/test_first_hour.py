@@ -20,6 +20,21 @@ from tests.integration.test_migrations import bare_schema as fresh_schema  # noq
 from tests.polling import wait_for
 
 
+def test_the_readmes_demo_runs_end_to_end(dsn: str, tmp_path: Path) -> None:
+    """`make demo` (python -m brooq_py.demo), the README's first command, on the test database:
+    every step runs, the operator queries it prints included."""
+    done = subprocess.run(
+        [sys.executable, "-m", "brooq_py.demo"],
+        env={**cli_env(dsn)},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "demo finished" in done.stdout
+
+
 def test_demo_against_a_dead_database_is_one_line(tmp_path: Path) -> None:
     dead = "postgresql://nobody:Sup3r-Secret@127.0.0.1:1/nothing"
     env = {**cli_env(dead)}
