@@ -243,8 +243,12 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
             _jobs_access(settings),
         )
         strays = StrayTopics(engine)
+        checking: threading.Thread | None = None
         while True:
-            strays.check()
+            # On a thread of its own: a database that stops answering never holds up a SIGTERM (C11'').
+            if checking is None or not checking.is_alive():
+                checking = threading.Thread(target=strays.check, name="brooq-strays", daemon=True)
+                checking.start()
             if signals.stopping.wait(min(1.0, strays.every)):
                 break
         log.info("stopping: no new claims; waiting for running handlers")
@@ -260,7 +264,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
             with contextlib.suppress(Exception):
                 store.close()
         if pool is not None:
-            pool.close()
+            pool.close(timeout=0.5)  # its connecting threads are daemons: a silent server holds up no exit
         if close_app is not None:
             try:
                 close_app()

@@ -46,7 +46,7 @@ from brooq_py.tasks import Tasks
 # How long the completer lets outcomes gather before it writes them (SPEC C10: "within milliseconds").
 COMPLETER_LINGER = 0.002
 # How long a stop may take past its timeout and the watchdog's grace, whatever the database does (C11'').
-STOP_AFTER = 4.8
+STOP_AFTER = 4.0
 
 
 def default_worker_id() -> str:

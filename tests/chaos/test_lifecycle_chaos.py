@@ -4,9 +4,13 @@ a poison job among good ones (L5)."""
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import select
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -70,7 +74,7 @@ class SilentProxy:
                     if not data:
                         return
                     peers[s].sendall(data)
-        except OSError:
+        except (OSError, ValueError):  # ValueError: a socket closed meanwhile (select on fd -1)
             return
         finally:
             a.close()
@@ -222,6 +226,67 @@ def test_c11_stop_returns_in_its_bound_while_the_database_is_silent(
         proxy.resume()
         e.close()
         pool.close()
+
+
+def test_c11_a_worker_process_exits_on_sigterm_in_its_bound_while_the_database_is_silent(
+    dsn: str, chaos_schema: str, proxy: SilentProxy, tmp_path: Any
+) -> None:
+    """`brooq-py worker` reaches PostgreSQL through a path that goes silent (no byte either way, no
+    TCP error) while it runs: SIGTERM with --stop-timeout 1s and a watchdog grace of 1 s exits within
+    1 + 1 + 5 s (C11''). Asserted with one second more for a loaded machine's scheduler."""
+    env = {
+        **{
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("QUEUE_", "BROOQ_")) and k != "DATABASE_URL"
+        },
+        "DATABASE_URL": via(dsn, proxy.port),
+        "QUEUE_LEASE": "6s",
+        "QUEUE_WATCHDOG_GRACE": "1s",
+        "BROOQ_HTTP_ADDR": "127.0.0.1:0",
+        "PYTHONUNBUFFERED": "1",
+    }
+    log = (tmp_path / "worker.log").open("w")
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "brooq_py",
+            "worker",
+            "--demo",
+            "--schema",
+            chaos_schema,
+            "--stop-timeout",
+            "1s",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        wait_for(
+            lambda: "worker running" in (tmp_path / "worker.log").read_text(),
+            "the worker running",
+            timeout=60,
+        )
+        proxy.silence()
+        time.sleep(1.0)
+        began = time.monotonic()
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(30)
+        took = time.monotonic() - began
+        print(
+            f"[chaos] SIGTERM with a silent database: exited {worker.returncode} after {took:.2f}s (bound 7 s)"
+        )
+        assert worker.returncode == 0, (tmp_path / "worker.log").read_text()[-3000:]
+        assert took <= 1 + 1 + 5 + 1
+    finally:
+        proxy.resume()
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait(10)
+        log.close()
 
 
 def test_l2_async_handlers_under_sigkill_p1_p2_p3(
