@@ -226,3 +226,67 @@ def test_d2_a_child_enqueued_by_the_previous_release_is_released(
     ).fetchone() or ("",)
     assert store.settle_many([Outcome(r.id, r.claim_token, State.DONE)]) == {parent}
     assert state(store, child) is State.PENDING
+
+
+def test_o4_d2_fan_ins_on_two_engines_under_operator_locks_on_their_children_end_done_once(
+    store: Store, dsn: str, schema: str, engines: Callable[..., Engine]
+) -> None:
+    """Six fan-ins (four parents, one child each) drain on two engines while an operator keeps
+    locking a blocked child's row for two seconds at a time: every parent ends done (its outcome
+    never waits for the child's lock), every child is released once its lock is gone and runs
+    once, reading its four parents' results."""
+    runs: dict[str, int] = {}
+    seen: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def parent(ctx: Any, claim: Any) -> int:
+        time.sleep(0.05 * (claim.payload["n"] % 4))
+        return int(claim.payload["n"])
+
+    def child(ctx: Any, claim: Any) -> None:
+        with lock:
+            runs[claim.id] = runs.get(claim.id, 0) + 1
+            seen[claim.id] = len(claim.parent_results())
+
+    es = [engines(workers=3, lease=3, reaper_period=0.3), engines(workers=3, lease=3, reaper_period=0.3)]
+    for e in es:
+        e.register_kind("wf.parent", parent)
+        e.register_kind("wf.child", child)
+    children = []
+    for g in range(6):
+        group = store.enqueue_group(
+            [Job("wf.parent", {"n": 4 * g + i}) for i in range(4)], then=Job("wf.child")
+        )
+        assert group.then_id is not None
+        children.append(group.then_id)
+    stop = threading.Event()
+    locks = [0]
+
+    def operate() -> None:
+        with psycopg.connect(dsn) as conn:
+            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+            conn.commit()
+            while not stop.is_set():
+                row = conn.execute(
+                    "SELECT id FROM job WHERE topic = 'wf.child' AND state = 'blocked' ORDER BY random() LIMIT 1"
+                ).fetchone()
+                if row is not None:
+                    conn.execute("SELECT 1 FROM job WHERE id = %s FOR UPDATE", (row[0],))
+                    locks[0] += 1
+                    stop.wait(2.0)
+                conn.rollback()
+                stop.wait(0.05)
+
+    op = threading.Thread(target=operate, daemon=True)
+    op.start()
+    for e in es:
+        e.start()
+    try:
+        wait_for(lambda: all(state(store, c) is State.DONE for c in children), "every child done", timeout=90)
+    finally:
+        stop.set()
+        op.join(10)
+    assert locks[0] >= 1, "the operator never held a child"
+    assert runs == {c: 1 for c in children} and seen == {c: 4 for c in children}
+    parents_done = store.list_jobs(topic="wf.parent", state="done", limit=100)
+    assert len(parents_done) == 24
