@@ -144,6 +144,7 @@ def test_q2_pause_and_resume_a_topic_by_clicking(browser: WebDriver, board: Boar
     click_action(browser, 'tr[data-topic="web.pause"]', "pause")
     assert store.paused() == {"web.pause"}
     row = 'tr[data-topic="web.pause"] td[data-paused]'
+    browser.get(board.url + "/")  # the open menu holds the live refresh off: read the page afresh
     wait_for(lambda: shown(browser, row, "data-paused") == "yes", "the row to show the topic paused")
     open_menu(browser, "web.pause")
     click_action(browser, 'tr[data-topic="web.pause"]', "resume")

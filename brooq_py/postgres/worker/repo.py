@@ -22,7 +22,7 @@ from brooq_py.postgres.session.statements import (
     uuid_array,
 )
 from brooq_py.postgres.session.tx import Rows, as_psycopg, on_connection, on_tx
-from brooq_py.queue import BrooqError, State, Tx
+from brooq_py.queue import BrooqError, State, StoreUnavailable, Tx
 from brooq_py.queue.port import (
     ClaimedJob,
     DatabaseGauges,
@@ -160,6 +160,11 @@ class WorkerSide(PoolSide):
             try:
                 rows = own.try_run(doing, query, params)
             except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled):
+                rows = None
+            except StoreUnavailable:
+                # Its own connection broke (closed now, reopened next time): another connection tries
+                # at once. Every statement here may run twice: a claim whose answer was lost is an
+                # orphan its engine drops, an outcome already written reads as written.
                 rows = None
             if rows is not None:
                 return rows
