@@ -305,11 +305,13 @@ def test_v2_an_idle_wait_connection_is_still_read_then_closed(
     # process once the socket is full (ClientWrite), and that pins the cluster's NOTIFY queue,
     # which then grows until every NOTIFY - every outcome write and enqueue - fails.
     jid = store.enqueue(Job("w")).id
-    assert store.cancel(jid)
-    assert store.wait(jid, timeout=5).state is State.CANCELED
+    t, box = waiting(store, lambda: store.wait(jid, timeout=60))  # a waiter that really waits opens it
     watch = store._waits
     assert watch is not None
     wait_for(lambda: watch._conn is not None, "the LISTEN connection")
+    assert store.cancel(jid)
+    t.join(30)
+    assert not t.is_alive() and not box, box
     pid = _listening(dsn, watch._conn)
     _flood(dsn, settled_channel_for(store.schema))
     wait_for(lambda: (b := _backend(dsn, pid)) is not None and b[1] == "ClientRead", "the backlog read", 10)
@@ -324,12 +326,13 @@ def test_v2_an_idle_async_wait_connection_is_still_read(dsn: str, schema: str, s
         astore = AsyncStore(pool, schema=schema)
         try:
             jid = store.enqueue(Job("w")).id
-            assert store.cancel(jid)
-            assert (await astore.wait(jid, timeout=5)).state is State.CANCELED
-            watch = astore._waits
-            assert watch is not None
-            while watch._conn is None:
+            waiter = asyncio.create_task(astore.wait(jid, timeout=60))  # a waiter that really waits opens it
+            deadline = time.monotonic() + 30
+            while (watch := astore._waits) is None or watch._conn is None:
+                assert time.monotonic() < deadline, "no LISTEN connection"
                 await asyncio.sleep(0.01)
+            assert store.cancel(jid)
+            assert (await waiter).state is State.CANCELED
             pid = await asyncio.to_thread(_listening, dsn, watch._conn)
             await asyncio.to_thread(_flood, dsn, settled_channel_for(schema))
             deadline = time.monotonic() + 10

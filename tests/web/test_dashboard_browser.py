@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from psycopg import sql
 from psycopg.types.json import Jsonb
-from selenium.common.exceptions import StaleElementReferenceException
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
@@ -71,6 +71,8 @@ def click_action(browser: WebDriver, scope: str, action: str) -> None:
             page.tag_name  # noqa: B018 - touching a node of the old document raises once it is gone
         except StaleElementReferenceException:
             return "done=" in browser.current_url
+        except WebDriverException:
+            return False  # the driver answered mid-navigation ("unhandled inspector error"): ask again
         return False
 
     def click() -> bool:
