@@ -47,18 +47,15 @@ demo: install ## run the demo against the database devdb finds
 	"$(PY)" -m brooq_py.demo
 
 # xdist workers of `make test` (tests/budget.py: 40 connections to the test server in all, shared
-# among them; docs/development.md, "Test suite").
-# The fault-injection tests (tests/chaos: worker processes, throwaway servers) then run alone, one at a time.
-TEST_WORKERS ?= 4
-# Run alone, after the others: the depth caps' anchors (SPEC F2) form only once no older transaction
-# is open anywhere on the server, which the other workers' tests keep open at any moment.
-SERIAL_TESTS := tests/integration/test_flow_attacks.py tests/integration/test_flow_control.py
-PYTEST_ARGS ?= -n $(TEST_WORKERS) --durations=20 --timeout=300
+# among them; docs/development.md, "Test suite"). The fault-injection tests (tests/chaos) and the
+# depth caps' anchor tests run beside the rest, on throwaway servers of their own
+# (tests/conftest.py, OWN_SERVER_GROUPS).
+TEST_WORKERS ?= 3
+PYTEST_ARGS ?= -n $(TEST_WORKERS) --durations=20 --timeout=600
 
 test: install ## run the test suite (pytest tests/ on TEST_WORKERS xdist workers), then the Django tests in their own venv
 	@py=0; dj=0; \
-	"$(PY)" -m pytest $(PYTEST_ARGS) --ignore=tests/chaos $(foreach t,$(SERIAL_TESTS),--ignore=$(t)) tests || py=$$?; \
-	"$(PY)" -m pytest --durations=10 --timeout=600 $(SERIAL_TESTS) tests/chaos || py=$$((py ? py : $$?)); \
+	"$(PY)" -m pytest $(PYTEST_ARGS) tests || py=$$?; \
 	$(MAKE) --no-print-directory test-django || dj=$$?; \
 	if [ $$py -ne 0 ] || [ $$dj -ne 0 ]; then \
 		echo "*** make test failed: pytest exit status $$py, Django tests exit status $$dj" >&2; exit 1; \

@@ -13,11 +13,14 @@ summary says when they ever exceeded ``SUITE_BUDGET`` (docs/development.md, "Tes
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
+import tempfile
 import threading
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 
@@ -44,6 +47,15 @@ def app_name(label: str) -> str:
 def tag_connections() -> None:
     """Name every connection this process and its children open (libpq's ``PGAPPNAME``)."""
     os.environ["PGAPPNAME"] = APP
+
+
+def heavy_lock() -> Any:
+    """An exclusive lock across this run's xdist workers, for a test about to go past its worker's
+    share (a second engine of its own): one such test at a time keeps the run within SUITE_BUDGET.
+    Held until the returned file is closed."""
+    f = open(os.path.join(tempfile.gettempdir(), f"{PREFIX}heavy.lock"), "a")  # noqa: SIM115
+    fcntl.flock(f, fcntl.LOCK_EX)
+    return f
 
 
 def worker_budget(workers: int) -> int:

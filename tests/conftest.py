@@ -26,7 +26,17 @@ from tests import budget
 budget.tag_connections()
 
 _devdb: devdb_module.DevDatabase | None = None
+_own: dict[str, devdb_module.DevDatabase] = {}
 _sampler: budget.Sampler | None = None
+
+# Test groups that run on a throwaway server of their own (one per group and xdist worker, started
+# at the group's first test there), so that they run beside the rest of the suite, not after it:
+# - "chaos": worker processes, killed connections, stalls; tens of connections at once, none
+#   of them on the shared server's budget.
+# - "horizon": the depth caps' anchors (SPEC F2) form only once no older transaction is open
+#   anywhere on the server, which the other tests keep open at any moment.
+# Each group's conftest or modules override the ``dsn`` fixture with ``own_server(group)``.
+OWN_SERVER_GROUPS = ("chaos", "horizon")
 
 
 def _acquire() -> devdb_module.DevDatabase:
@@ -72,6 +82,18 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     _sampler.start()
 
 
+def own_server(group: str) -> str:
+    """The DSN of *group*'s throwaway server, started at its first test; without local
+    PostgreSQL binaries, the shared database (the group then must not run beside others)."""
+    db = _own.get(group)
+    if db is None:
+        try:
+            db = _own[group] = devdb_module.start_throwaway()
+        except devdb_module.PostgresNotFound:
+            return _acquire().dsn
+    return db.dsn
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Tell the sampler which test each worker runs (the controller hears every worker's reports)."""
     if _sampler is not None and report.when == "setup":
@@ -88,9 +110,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         f" (budget {budget.SUITE_BUDGET}; {budget.worker_budget(workers)} per worker, {workers} workers)"
     )
     if _peaks.total > budget.SUITE_BUDGET:
-        terminalreporter.write_line(
-            f"  OVER the suite's budget of {budget.SUITE_BUDGET} (tests/chaos: see below)"
-        )
+        terminalreporter.write_line(f"  OVER the suite's budget of {budget.SUITE_BUDGET}")
     for worker, (n, nodeid) in sorted(_peaks.workers.items()):
         terminalreporter.write_line(f"  {worker}: at most {n}, during {nodeid}")
     heavy = _peaks.heaviest(budget.worker_budget(workers))
@@ -114,6 +134,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if _devdb is not None:
         _devdb.close()
         _devdb = None
+    while _own:
+        _own.popitem()[1].close()
 
 
 @pytest.fixture(scope="session")
@@ -124,6 +146,7 @@ def devdb() -> devdb_module.DevDatabase:
 
 @pytest.fixture(scope="session")
 def dsn(devdb: devdb_module.DevDatabase) -> str:
+    """The database of the session (the groups of OWN_SERVER_GROUPS override it with own_server)."""
     return devdb.dsn
 
 

@@ -27,7 +27,7 @@ from psycopg import sql
 
 from brooq_py.postgres import migrations
 from tests.chaos import invariants
-from tests.conftest import ddl_dsn, drop_schema
+from tests.conftest import ddl_dsn, drop_schema, own_server
 
 WORKER = Path(__file__).with_name("worker_proc.py")
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -40,6 +40,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def dsn() -> str:
+    """The chaos group's own throwaway server (tests/conftest.py, OWN_SERVER_GROUPS)."""
+    return own_server("chaos")
 
 
 def make_chaos_schema(dsn: str) -> str:

@@ -50,6 +50,7 @@ CREATE TABLE {s}.chaos_audit (
 );
 CREATE TABLE {s}.chaos_beat (
     seq bigserial PRIMARY KEY,
+    at timestamptz NOT NULL DEFAULT clock_timestamp(),
     engine_id text NOT NULL,
     seen_at timestamptz,
     grace interval,
@@ -103,24 +104,30 @@ def _reap_unjustified(
     beats: list[tuple[Any, ...]], engine: str, token: str, locked_until: Any, now: Any
 ) -> str:
     """Why a reap at *now* (the reaper's statement time) of *token*, held by *engine*, was not
-    justified by the engine table, or "" when it was (SPEC P1'')."""
-    last: tuple[Any, ...] | None = None
+    justified by the engine table, or "" when it was (SPEC P1'').
+
+    A beat is (engine, seen_at, grace, dropped, at); a removed row has no seen_at, and its ``at``
+    (the DELETE's clock) bounds when the reaper could first miss it: a removal logged at or
+    after *now* was not visible to a statement that started at *now*."""
+    last: tuple[Any, ...] | None = None  # the engine's latest proof of life before the reaper looked
+    removed = False  # ... and whether its row was removed after that proof and before the look
     for b in beats:
-        if b[0] == engine and (b[1] is None or b[1] <= now):
-            last = b  # in order: the engine's latest row before the reaper looked (None: removed)
-    dropped = any(
+        if b[0] != engine:
+            continue
+        if b[1] is None:
+            removed = removed or b[4] < now
+        elif b[1] <= now:
+            last, removed = b, False
+    if any(
         b[0] == engine and b[3] and token in {str(t) for t in b[3]} for b in beats if b[1] and b[1] <= now
-    )
-    if dropped:
-        return ""
-    if last is None or last[1] is None:
-        return (
-            ""
-            if locked_until is not None and locked_until < now
-            else f"no engine row and its lease ends {locked_until}"
-        )
-    if last[1] + last[2] < now:
-        return ""
+    ):
+        return ""  # the engine named the claim as dropped
+    if last is not None and last[1] + last[2] < now:
+        return ""  # its proof of life had run out
+    if (last is None or removed) and locked_until is not None and locked_until < now:
+        return ""  # no engine row, and the row's own lease had run out
+    if last is None or removed:
+        return f"no engine row and its lease ends {locked_until}"
     return f"its engine's proof of life at {last[1]} held until {last[1] + last[2]}"
 
 
@@ -193,7 +200,7 @@ def check(
             schema,
         )
         beats = _rows(
-            conn, "SELECT engine_id, seen_at, grace, dropped FROM {s}.chaos_beat ORDER BY seq", schema
+            conn, "SELECT engine_id, seen_at, grace, dropped, at FROM {s}.chaos_beat ORDER BY seq", schema
         )
         execs = _rows(
             conn,

@@ -12,6 +12,7 @@ from psycopg_pool import ConnectionPool
 from brooq_py.engine import Config, Engine
 from brooq_py.engine.clock import Clock
 from brooq_py.postgres import Store
+from tests import budget
 from tests.budget import APP, MINE
 from tests.polling import wait_for
 
@@ -61,11 +62,18 @@ def engines(store: Store) -> Iterator[Callable[..., Engine]]:
             **FAST,
         }
         params.update(cfg)
+        if len(made) == 1:
+            locks.append(budget.heavy_lock())  # a second engine's own connections pass the share
         e = Engine(repo or store, Config(**params), clock=clock)
         made.append(e)
         return e
 
-    yield make
-    for e in made:
-        e.stop(timeout=2)
-        e.close()
+    locks: list[Any] = []
+    try:
+        yield make
+        for e in made:
+            e.stop(timeout=2)
+            e.close()
+    finally:
+        for lock in locks:
+            lock.close()

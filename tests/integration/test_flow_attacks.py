@@ -17,12 +17,19 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from brooq_py.postgres import AsyncStore, Store, WrapTx
 from brooq_py.postgres.flow.limits import TopicCaps, parse_count, parse_rate
 from brooq_py.queue import Job, QueueFull
+from tests.conftest import own_server
 from tests.integration.conftest import q
 from tests.integration.test_cli import cli_env, run_cli
 from tests.integration.test_flow_control import _anchor, _fill
 from tests.polling import wait_for
 
 LEASE = timedelta(seconds=30)
+
+
+@pytest.fixture(scope="session")
+def dsn() -> str:
+    """The horizon group's own server: the depth caps' anchors need no older transaction open."""
+    return own_server("horizon")
 
 
 def _waiting(pool: ConnectionPool[Any], schema: str, topic: str) -> int:

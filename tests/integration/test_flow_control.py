@@ -17,11 +17,17 @@ from brooq_py.engine import Engine
 from brooq_py.postgres import AsyncStore, Store, WrapTx, migrations
 from brooq_py.queue import Job, QueueFull, State
 from brooq_py.queue.port import Outcome
-from tests.conftest import ddl_dsn, drop_schema
+from tests.conftest import ddl_dsn, drop_schema, own_server
 from tests.integration.conftest import q
 from tests.polling import wait_for
 
 LEASE = timedelta(seconds=30)
+
+
+@pytest.fixture(scope="session")
+def dsn() -> str:
+    """The horizon group's own server: the depth caps' anchors need no older transaction open."""
+    return own_server("horizon")
 
 
 def _count(pool: ConnectionPool[Any], schema: str, topic: str) -> int:
