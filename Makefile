@@ -50,7 +50,7 @@ demo: install ## run the demo against the database devdb finds
 # among them; docs/development.md, "Test suite"). The fault-injection tests (tests/chaos) and the
 # depth caps' anchor tests run beside the rest, on throwaway servers of their own
 # (tests/conftest.py, OWN_SERVER_GROUPS).
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 4
 PYTEST_ARGS ?= -n $(TEST_WORKERS) --durations=20 --timeout=600
 
 test: install ## run the test suite (pytest tests/ on TEST_WORKERS xdist workers), then the Django tests in their own venv

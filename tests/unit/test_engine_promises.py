@@ -165,7 +165,7 @@ def test_x2_a_cancel_tells_the_handler_an_operator_canceled_it(
     this claim is an operator's cancel too (JobCanceledByOperator), not a lease lost to a reaper
     or another claim. Nothing is written over the canceled row."""
     notify = told_by == "the cancel notification"
-    e = make_engine(lease=120 if notify else 0.6, notify=notify)
+    e = make_engine(lease=120 if notify else 3, notify=notify)
     seen: list[BaseException | None] = []
 
     def handler(ctx: Context, claim: Claim) -> None:
