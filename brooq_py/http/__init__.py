@@ -3,16 +3,16 @@
 Core install (standard library only, no Starlette):
 
 - ``api``: the surface's routes (``Surface``), the request and reply types and
-  the concurrency gate (``Gate``); ``auth``: the token guard; ``actions``: the
-  operator's actions (cancel, retry, pause, ...) both faces share;
+  the concurrency gate (``Gate``, ``Gated`` around an ASGI app); ``auth``: the
+  token guard; ``actions``: the operator's actions both faces share;
 - ``listen``: the address family and accept backlog both servers bind with;
-- ``wsgi``: the routes as a WSGI app; ``server``: ``serve()`` and ``Server``,
-  which run either the stdlib WSGI server or, with the ``web`` extra, uvicorn.
+- ``server``: ``serve()`` and ``Server``, which run the routes as a WSGI app
+  on the stdlib server or, with the ``web`` extra, on uvicorn.
 
 The ``web`` extra (Starlette, Jinja2, uvicorn):
 
-- ``dashboard``: the dashboard's Starlette app (``templates/``, ``static/``),
-  ``render``: its Jinja2 environment; ``factory``: ``dashboard(store, ...)``;
+- ``dashboard``: the dashboard's Starlette app (``templates/``, ``static/``);
+  ``render``: what its pages show; ``factory``: ``dashboard(store, ...)``;
 - ``asgi``: the surface with the dashboard at /ui, on uvicorn in a thread.
 
 Imports point down that list: ``server`` imports ``asgi`` lazily (only when

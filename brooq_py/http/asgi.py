@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -23,11 +22,10 @@ from starlette.responses import RedirectResponse
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from brooq_py.http.api import Gate, Request, Surface, safe
+from brooq_py.http.api import Gate, Gated, Request, Surface, safe, send_asgi
 from brooq_py.http.auth import is_loopback
 from brooq_py.http.dashboard import build
-from brooq_py.http.gated import Gated
-from brooq_py.http.listen import LISTEN_BACKLOG, family
+from brooq_py.http.listen import bound_socket
 
 if TYPE_CHECKING:
     from brooq_py.engine import Engine
@@ -55,9 +53,7 @@ class SurfaceRoutes:
         method = str(scope["method"]).upper()
         path = str(scope["path"]) or "/"
         reply = await run_in_threadpool(self.surface.dispatch, Request(method, path, headers))
-        raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in reply.all_headers()]
-        await send({"type": "http.response.start", "status": reply.status, "headers": raw})
-        await send({"type": "http.response.body", "body": b"" if method == "HEAD" else reply.body})
+        await send_asgi(send, reply, head=method == "HEAD")
         log.debug(
             "%s %s -> %d (%.1f ms)", method, safe(path), reply.status, (time.monotonic() - started) * 1000
         )
@@ -112,15 +108,8 @@ class ThreadedUvicorn:
     """uvicorn serving *app* in a daemon thread, on a socket bound here (so bind errors raise here)."""
 
     def __init__(self, app: ASGIApp, host: str, port: int) -> None:
-        self._sock = socket.socket(family(host), socket.SOCK_STREAM)
-        try:
-            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self._sock.bind((host, port))
-            self._sock.listen(LISTEN_BACKLOG)
-            self._sock.setblocking(False)
-        except OSError:
-            self._sock.close()
-            raise
+        self._sock = bound_socket(host, port)
+        self._sock.setblocking(False)
         bound = self._sock.getsockname()
         self.address = (str(bound[0]), int(bound[1]))
         config = uvicorn.Config(
@@ -154,18 +143,3 @@ class ThreadedUvicorn:
         self._server.should_exit = True
         self._thread.join(timeout=5)
         self._sock.close()
-
-
-def uvicorn_backend(
-    engine: Engine,
-    host: str,
-    port: int,
-    token: str | None,
-    *,
-    gate: Gate,
-    read_only: bool,
-    viewer_token: str | None = None,
-) -> ThreadedUvicorn:
-    """Return the surface's server when the web extra is installed: ``surface_app`` on uvicorn."""
-    app = surface_app(engine, token, host=host, gate=gate, read_only=read_only, viewer_token=viewer_token)
-    return ThreadedUvicorn(app, host, port)

@@ -33,8 +33,7 @@ from starlette.templating import Jinja2Templates
 from brooq_py.http.actions import ActionError, Operator
 from brooq_py.http.api import check_body
 from brooq_py.http.auth import SESSION_SECONDS, Role, Roles, is_loopback, loopback_name
-from brooq_py.http.job_view import job_view
-from brooq_py.http.render import jinja_env
+from brooq_py.http.render import jinja_env, job_view
 from brooq_py.postgres.operator.overview import (
     FINISHED,
     SEARCH_SCAN,

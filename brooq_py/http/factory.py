@@ -11,9 +11,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from brooq_py.http.actions import Operator
-from brooq_py.http.api import Gate
+from brooq_py.http.api import Gate, Gated
 from brooq_py.http.dashboard import build
-from brooq_py.http.gated import Gated
 from brooq_py.postgres.async_store import AsyncStore
 from brooq_py.postgres.operator.overview import Overview
 from brooq_py.postgres.store import Store
