@@ -1,13 +1,10 @@
 """The dashboard: one Starlette application, Jinja2 templates, and its own static files (no CDN).
 
-Every page and action needs a token: a bearer header, or the session cookie
-the login form sets (HttpOnly, SameSite=Strict, an HMAC keyed by the token).
-The operator's token reads and acts; the viewer's reads every page, sees no
-action and is refused every one (403, SPEC K5). Actions are POST forms
-carrying a CSRF token bound to the session; a request that authenticated with
-the bearer header needs none. Without a token the dashboard answers only when
-served on a loopback address. The actions are the surface's own
-(``actions.Operator``), so both faces behave alike.
+Tokens and roles are ``auth``'s, the actions ``actions.Operator``'s, so both
+faces behave alike. The login form sets a session cookie (HttpOnly,
+SameSite=Strict); actions are POST forms carrying a CSRF token bound to that
+session, and a request that authenticated with the bearer header needs none.
+Without a token the dashboard answers only when served on a loopback address.
 """
 
 from __future__ import annotations
@@ -42,7 +39,6 @@ from brooq_py.postgres.operator.overview import (
     BadCursor,
     JobsPage,
     Overview,
-    SearchPage,
 )
 from brooq_py.queue import ACTIVE_STATES, InvalidJob, State
 from brooq_py.queue.job import MAX_TOPIC_BYTES, check_length, check_text
@@ -238,7 +234,7 @@ class Dashboard:
     def _listing(self, request: Request, template: str, topic: str | None, state: str) -> Response:
         after = request.query_params.get("after")
         raw_filter = (request.query_params.get("payload") or "").strip()
-        search = None
+        search, page, filter_error = None, JobsPage([], None), None
         try:
             if raw_filter:
                 search = self.op.guarded(
@@ -257,27 +253,12 @@ class Dashboard:
                     "reading a page of jobs", self.overview.jobs, topic, state, after, PAGE_SIZE
                 )
         except BadFilter as exc:
-            empty = JobsPage([], None)
-            context = self._listing_context(topic, state, empty, after, raw_filter, None, str(exc))
-            return self._page(request, template, context, 400)
+            filter_error = str(exc)
         except BadCursor:
             return self._error(request, 400, "That page link is not valid.")
         except ActionError as exc:
             return self._error(request, exc.status, exc.message)
-        context = self._listing_context(topic, state, page, after, raw_filter, search, None)
-        return self._page(request, template, context)
-
-    @staticmethod
-    def _listing_context(
-        topic: str | None,
-        state: str,
-        page: JobsPage,
-        after: str | None,
-        raw_filter: str,
-        search: SearchPage | None,
-        filter_error: str | None,
-    ) -> dict[str, Any]:
-        return {
+        context = {
             "topic": topic,
             "state": state,
             "page": page,
@@ -291,6 +272,7 @@ class Dashboard:
             "waiting": state in WAITING,
             "title": f"{topic or 'All topics'} · {state}",
         }
+        return self._page(request, template, context, 400 if filter_error else 200)
 
     def job_page(self, request: Request) -> Response:
         refused = self.guard(request)
