@@ -304,12 +304,13 @@ def _listen(engine: Engine, settings: Settings, serve: Callable[..., Server]) ->
             )
             return server
         why = "address already in use" if taken else (exc.strerror or str(exc))
-        raise Failure(
-            f"BROOQ_HTTP_ADDR={addr}: {why}; set BROOQ_HTTP_ADDR to another address, or port 0 for any "
-            "free one"
+        where = (
+            f"BROOQ_HTTP_ADDR={addr}"
             if settings.http_addr_set
-            else f"cannot listen on {addr} (the default of BROOQ_HTTP_ADDR): {why}; set BROOQ_HTTP_ADDR "
-            "to another address, or port 0 for any free one"
+            else f"cannot listen on {addr} (the default of BROOQ_HTTP_ADDR)"
+        )
+        raise Failure(
+            f"{where}: {why}; set BROOQ_HTTP_ADDR to another address, or port 0 for any free one"
         ) from None
 
 
