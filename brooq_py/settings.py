@@ -29,12 +29,6 @@ _TOKEN_CHARS = frozenset(string.ascii_letters + string.digits + string.punctuati
 _DOUBLE_QUOTE_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", '"': '"', "\\": "\\", "$": "$"}
 
 
-# --- DSN masking ---------------------------------------------------------------
-
-
-# --- .env ----------------------------------------------------------------------
-
-
 def parse_dotenv(text: str, *, source: str = ".env") -> tuple[dict[str, str], list[str]]:
     """Parse simple ``KEY=VALUE`` lines; return the values and the problems found.
 
@@ -116,9 +110,6 @@ def merge_env(environ: Mapping[str, str], dotenv: Mapping[str, str]) -> dict[str
     merged = {k: v for k, v in dotenv.items() if v != ""}
     merged.update({k: v for k, v in environ.items() if v != ""})
     return merged
-
-
-# --- the settings ----------------------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -43,9 +43,6 @@ THROWAWAY_DBNAME = "test"
 START_TIMEOUT = 30.0  # seconds until a throwaway server must accept connections
 
 
-# --- DSN helpers ---------------------------------------------------------------------------------
-
-
 def local_url(user: str, port: int, dbname: str) -> str:
     return f"postgresql://{quote(user, safe='')}@{LOCAL_HOST}:{port}/{quote(dbname, safe='')}"
 
@@ -55,9 +52,6 @@ def current_user() -> str:
         return pwd.getpwuid(os.geteuid()).pw_name
     except KeyError:
         return getpass.getuser()
-
-
-# --- the throwaway server ------------------------------------------------------------------------
 
 
 class ThrowawayServer:
