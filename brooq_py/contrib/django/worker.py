@@ -18,9 +18,8 @@ import importlib.util
 from collections.abc import Iterable
 from typing import Any
 
-import psycopg
 from django.apps import apps
-from django.db import close_old_connections, connections
+from django.db import close_old_connections
 from django.tasks import TaskContext, TaskResult, TaskResultStatus, task_backends
 from django.tasks.base import Task
 from django.utils import timezone
@@ -58,14 +57,6 @@ def discover(backend: BrooqBackend, extra_modules: Iterable[str] = ()) -> list[A
             if isinstance(value, Task) and value.backend == backend.alias:
                 found[value.module_path] = value
     return [found[path] for path in sorted(found)]
-
-
-def conninfo_for(using: str) -> str:
-    """Return a libpq conninfo for Django's database *using* (its own settings, password included)."""
-    params = connections[using].get_connection_params()
-    known = {d.keyword.decode() for d in psycopg.pq.Conninfo.get_defaults()}
-    kept = {k: v for k, v in params.items() if k in known and isinstance(v, str | int) and v != ""}
-    return psycopg.conninfo.make_conninfo("", **kept)
 
 
 def handler_for(task: Any, backend: BrooqBackend, worker_id: str) -> Any:
