@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import timedelta
 
 from brooq_py.queue.durations import to_timedelta
@@ -93,7 +93,3 @@ class KindOptions:
         value = getattr(self, name)
         assert isinstance(value, timedelta)
         return value
-
-    @classmethod
-    def field_names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))

@@ -211,7 +211,6 @@ class Listener(Protocol):
 
         Raise on a broken connection (the engine reconnects with backoff).
         """
-        ...
 
     def close(self) -> None: ...
 
@@ -229,13 +228,11 @@ class Repo(Protocol):
 
         None when the schedule's last tick is already *tick* or later: nothing is written.
         """
-        ...
 
     def cancel(self, job_id: str) -> bool: ...
     def get(self, job_id: str) -> JobRow | None: ...
     def parent_results(self, job_id: str) -> dict[str, Any]:
         """Each parent's result of *job_id* by parent id (``Job.after``; SPEC D4), in one statement."""
-        ...
 
     # worker side
     def claim(self, topics: Sequence[str], limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:
@@ -243,15 +240,12 @@ class Repo(Protocol):
 
         Paused and globally limited topics are left out (SPEC Q2, Q3).
         """
-        ...
 
     def claim_limited(self, topic: str, limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:
         """Claim up to *limit* jobs of a globally limited *topic*, never beyond its limit (SPEC Q3)."""
-        ...
 
     def topic_settings(self) -> list[TopicSetting]:
         """Every topic an operator has paused or limited (SPEC Q2, Q3)."""
-        ...
 
     def settle_many(self, outcomes: Sequence[Outcome]) -> set[str]:
         """Write many outcomes in one guarded statement; return the ids written.
@@ -260,55 +254,44 @@ class Repo(Protocol):
         names their claim tokens in ``locked`` (O4). A row already in the outcome's state under
         the outcome's claim token counts as written (an earlier write whose answer was lost).
         """
-        ...
 
     def lock_own_tx(self, tx: Tx, outcome: Outcome) -> str:
         """Lock *outcome*'s row inside *tx* unless another transaction holds it (never waited for):
         ``"ours"`` (still processing under the outcome's claim token, now locked until *tx* ends),
         ``"locked"`` (still the claim's, held elsewhere) or ``"gone"`` (no longer the claim's)."""
-        ...
 
     def settle_tx(self, tx: Tx, outcome: Outcome) -> bool:
         """Write one guarded outcome inside *tx*; return whether it was written."""
-        ...
 
     def beat(self, proof: EngineProof, leases: Sequence[HeldLease], orphans: bool = False) -> Renewal:
         """Renew the engine's proof of life and read what became of *leases*, in one statement
         that never waits on a job row (SPEC P1'', W0); write the progress they carry. With
         *orphans*, report the engine's claims older than a lease that *leases* lacks."""
-        ...
 
     def leave(self, engine_id: str, instance: str | None = None) -> None:
         """Remove a stopping engine's row (*instance*'s only): what it still holds is returned by the reaper."""
-        ...
 
     def reap(self) -> list[tuple[str, str]]:
         """Return to pending the processing rows whose engine is gone or dropped them, attempt given
         back and counted as a crash (SPEC R1, L5'); (id, topic) of each. Rows locked elsewhere wait."""
-        ...
 
     def delete_terminal(self, ttl: timedelta, batch: int) -> list[tuple[str, str]]:
         """Delete one batch of terminal rows older than *ttl* (SPEC T1); return (id, topic)."""
-        ...
 
     def stage(self, topics: Sequence[str], batch: int, notify: bool = True) -> Staged:
         """Make up to *batch* due scheduled/failed rows of *topics* pending in one statement (SPEC S7).
 
         SKIP LOCKED; with *notify*, one wake-up per topic promoted for the engines elsewhere.
         """
-        ...
 
     def next_due(self, topics: Sequence[str]) -> float | None:
         """Seconds until the earliest scheduled/failed row of *topics* is due (<= 0: due now; None: none)."""
-        ...
 
     def gauges(self, topics: Sequence[str]) -> Gauges:
         """Read each topic's depth per active state and its oldest ready age, in one bounded statement."""
-        ...
 
     def database_gauges(self) -> DatabaseGauges:
         """Read the oldest open transaction's age and the job table's dead tuples (no table scan)."""
-        ...
 
     def listen(
         self,
@@ -322,16 +305,12 @@ class Repo(Protocol):
         *on_scheduled* is called (from ``wait()``) when a job of one of them was scheduled;
         *on_cancel* with the id and claim token of every processing job canceled (X2').
         """
-        ...
 
     def ping(self) -> bool:
         """Return True if the database answers."""
-        ...
 
     def schema_version(self) -> str | None:
         """Return the migration revision the store's schema is at; None when it was never migrated."""
-        ...
 
     def close(self) -> None:
         """Close the connections the store opened for itself (never the caller's pool)."""
-        ...
