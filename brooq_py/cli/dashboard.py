@@ -49,7 +49,7 @@ def cmd_dashboard(args: argparse.Namespace, settings: Settings) -> int:
 
         from brooq_py.http.auth import is_loopback
         from brooq_py.http.factory import dashboard
-        from brooq_py.http.listen import bound_socket
+        from brooq_py.http.server import bound_socket
         from brooq_py.postgres import Store
     except ImportError:
         raise Failure("the dashboard needs the web extra: pip install 'brooq-py[web]'", status=2) from None

@@ -1,4 +1,4 @@
-"""The worker's surface when the ``web`` extra is installed: one Starlette application on uvicorn.
+"""The worker's surface when the ``web`` extra is installed: one Starlette application (``server`` runs it on uvicorn).
 
 /ui is the dashboard; every other path goes to the surface's own router
 (``api.Surface``: /healthz, /metrics, /jobs, /topics), run in a worker
@@ -8,13 +8,10 @@ the Operator (and so the topic overview's cache) and the concurrency gate.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import threading
 import time
 from typing import TYPE_CHECKING
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request as StarletteRequest
@@ -25,14 +22,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from brooq_py.http.api import Gate, Gated, Request, Surface, safe, send_asgi
 from brooq_py.http.auth import is_loopback
 from brooq_py.http.dashboard import build
-from brooq_py.http.listen import bound_socket
 
 if TYPE_CHECKING:
     from brooq_py.engine import Engine
 
 log = logging.getLogger("brooq_py.service")
-
-STARTUP_TIMEOUT = 10.0
 
 
 class SurfaceRoutes:
@@ -102,44 +96,3 @@ def _to_ui_root(request: StarletteRequest) -> RedirectResponse:
     """Send ``/ui`` to the dashboard's root ``/ui/``, with its query."""
     query = request.url.query
     return RedirectResponse("/ui/" + (f"?{query}" if query else ""), status_code=308)
-
-
-class ThreadedUvicorn:
-    """uvicorn serving *app* in a daemon thread, on a socket bound here (so bind errors raise here)."""
-
-    def __init__(self, app: ASGIApp, host: str, port: int) -> None:
-        self._sock = bound_socket(host, port)
-        self._sock.setblocking(False)
-        bound = self._sock.getsockname()
-        self.address = (str(bound[0]), int(bound[1]))
-        config = uvicorn.Config(
-            app,
-            log_config=None,
-            access_log=False,
-            lifespan="off",
-            timeout_keep_alive=5,
-            timeout_graceful_shutdown=2,
-            server_header=False,
-            date_header=False,
-            h11_max_incomplete_event_size=16 * 1024,
-        )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._run, name=f"brooq-http-{self.address[1]}", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + STARTUP_TIMEOUT
-        while not self._server.started and self._thread.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        if not self._server.started:
-            self.close()
-            raise OSError(f"the HTTP server did not start on {host}:{port}")
-
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._server.serve(sockets=[self._sock]))
-        except Exception:
-            log.exception("the HTTP server stopped with an error")
-
-    def close(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=5)
-        self._sock.close()

@@ -2,15 +2,19 @@
 
 With the extra (starlette, jinja2, uvicorn) importable, ``Server`` runs the one
 Starlette application of ``asgi`` (the surface's routes and the dashboard at
-/ui); without it, ``SurfaceApp`` serves the same routes (``api``) as a WSGI
-application on the stdlib threading server. Either runs in a daemon thread.
+/ui) on uvicorn; without it, ``SurfaceApp`` serves the same routes (``api``) as
+a WSGI application on the stdlib threading server. Either runs in a daemon
+thread, on a socket bound here (``bound_socket``, which ``brooq-py dashboard``
+binds with too).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac  # noqa: F401  (tests spy on hmac.compare_digest through this module)
 import importlib.util
 import logging
+import socket
 import socketserver
 import threading
 import time
@@ -30,20 +34,48 @@ from brooq_py.http.api import (
     Surface,
     safe,
 )
-from brooq_py.http.listen import LISTEN_BACKLOG, family
 
 if TYPE_CHECKING:
+    import uvicorn
+    from starlette.types import ASGIApp
+
     from brooq_py.engine import Engine
-    from brooq_py.http.asgi import ThreadedUvicorn
 
 log = logging.getLogger("brooq_py.service")
 
 # A client that stalls mid-request holds a thread at most this long.
 REQUEST_TIMEOUT = 10.0
+STARTUP_TIMEOUT = 10.0
 WEB_MODULES = ("starlette", "jinja2", "uvicorn", "multipart")
 
 StartResponse = Callable[..., Any]
 Environ = dict[str, Any]
+
+# Connections the kernel queues before they are accepted. socketserver's default of 5 drops the
+# handshakes of a burst (200 scrapes at once): those clients waited a minute on SYN retransmits.
+LISTEN_BACKLOG = 1024
+
+
+def family(host: str) -> socket.AddressFamily:
+    """Return the address family to bind *host* with."""
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror:
+        return socket.AF_INET6 if ":" in host else socket.AF_INET
+    return infos[0][0] if infos else socket.AF_INET
+
+
+def bound_socket(host: str, port: int, backlog: int = LISTEN_BACKLOG) -> socket.socket:
+    """Return a TCP socket listening on (*host*, *port*); raise ``OSError``, the socket closed, if it cannot."""
+    sock = socket.socket(family(host), socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def _headers(environ: Environ) -> dict[str, str]:
@@ -155,6 +187,49 @@ class WsgiBackend:
         self._thread.join(timeout=5)
 
 
+class ThreadedUvicorn:
+    """uvicorn serving *app* in a daemon thread, on a socket bound here (so bind errors raise here)."""
+
+    def __init__(self, app: ASGIApp, host: str, port: int) -> None:
+        self._sock = bound_socket(host, port)
+        self._sock.setblocking(False)
+        bound = self._sock.getsockname()
+        self.address = (str(bound[0]), int(bound[1]))
+        import uvicorn
+
+        config = uvicorn.Config(
+            app,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            timeout_keep_alive=5,
+            timeout_graceful_shutdown=2,
+            server_header=False,
+            date_header=False,
+            h11_max_incomplete_event_size=16 * 1024,
+        )
+        self._server: uvicorn.Server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._run, name=f"brooq-http-{self.address[1]}", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while not self._server.started and self._thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if not self._server.started:
+            self.close()
+            raise OSError(f"the HTTP server did not start on {host}:{port}")
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._server.serve(sockets=[self._sock]))
+        except Exception:
+            log.exception("the HTTP server stopped with an error")
+
+    def close(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=5)
+        self._sock.close()
+
+
 def web_installed() -> bool:
     """Return whether the ``web`` extra's packages can be imported."""
     try:
@@ -200,7 +275,7 @@ class Server:
         self._backend: WsgiBackend | ThreadedUvicorn
         if dashboard:
             try:
-                from brooq_py.http.asgi import ThreadedUvicorn, surface_app
+                from brooq_py.http.asgi import surface_app
             except ImportError as exc:
                 raise ImportError(
                     "the dashboard needs the web extra: pip install 'brooq-py[web]' (or serve(..., dashboard=False))"
