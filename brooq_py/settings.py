@@ -3,7 +3,7 @@
 The environment wins over ``.env``; an empty value counts as unset (``KEY=``
 never turns a default into an empty string). Every problem found is collected
 and raised at once as ``ConfigError`` before any connection is made. Secrets
-(a DSN's password, the HTTP token) never appear in a problem's text (SPEC K3).
+(a DSN's password, the HTTP token) never appear in a problem's text (SPEC K3, K5).
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ class Settings:
     log_level: str = "INFO"
     config: Config = field(default_factory=Config)
     http_viewer_token: str | None = field(default=None, repr=False)
-    """BROOQ_HTTP_VIEWER_TOKEN: reads every page and GET endpoint, refused every action (SPEC K5)."""
+    """BROOQ_HTTP_VIEWER_TOKEN: reads every page and GET endpoint, refused every action."""
     http_addr_set: bool = False
     """Whether BROOQ_HTTP_ADDR was set: a worker whose default address is taken picks another only if not."""
 

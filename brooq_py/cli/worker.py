@@ -1,4 +1,4 @@
-"""The ``worker`` command: run an Engine and the service surface until SIGTERM or SIGINT.
+"""The ``worker`` command: run an Engine and the service surface until SIGTERM or SIGINT (SPEC C11'').
 
 The first SIGTERM/SIGINT stops gracefully (no new claims, wait up to
 ``--stop-timeout`` for running handlers); a second SIGINT during that stop
@@ -245,7 +245,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         strays = StrayTopics(engine)
         checking: threading.Thread | None = None
         while True:
-            # On a thread of its own: a database that stops answering never holds up a SIGTERM (C11'').
+            # On a thread of its own: a database that stops answering never holds up a SIGTERM.
             if checking is None or not checking.is_alive():
                 checking = threading.Thread(target=strays.check, name="brooq-strays", daemon=True)
                 checking.start()

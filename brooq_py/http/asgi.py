@@ -1,4 +1,4 @@
-"""The worker's surface when the ``web`` extra is installed: one Starlette application (``server`` runs it on uvicorn).
+"""The worker's surface when the ``web`` extra is installed: one Starlette application (SPEC O2).
 
 /ui is the dashboard; every other path goes to the surface's own router
 (``api.Surface``: /healthz, /metrics, /jobs, /topics), run in a worker
@@ -66,7 +66,7 @@ def surface_app(
 
     The dashboard is mounted when a token is set (the operator's or the
     viewer's), or when *host* is a loopback address (then it is open, as the
-    surface's own /jobs stay off: SPEC O2).
+    surface's own /jobs stay off).
     """
     surface = Surface(engine, token, viewer_token=viewer_token)
     routes: list[BaseRoute] = []

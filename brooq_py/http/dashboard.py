@@ -1,4 +1,4 @@
-"""The dashboard: one Starlette application, Jinja2 templates, and its own static files (no CDN).
+"""The dashboard: one Starlette application, Jinja2 templates, and its own static files (no CDN; SPEC U3).
 
 Tokens and roles are ``auth``'s, the actions ``actions.Operator``'s, so both
 faces behave alike. The login form sets a session cookie (HttpOnly,
@@ -405,7 +405,7 @@ def _retry_many(op: Operator, values: dict[str, list[str]]) -> str:
     message = f"{len(ids) - len(refused)} of {len(ids)} jobs retried"
     if not refused:
         return message
-    # Why, for each job not retried (U3: an active job holding its unique key; its state; a parent),
+    # Why, for each job not retried (an active job holding its unique key; its state; a parent),
     # as long as the message stays short enough to travel in the redirect's URL.
     reasons: list[str] = []
     for n, i in enumerate(refused):

@@ -1,4 +1,4 @@
-"""Run the tasks of a BrooqBackend with a brooq Engine (``manage.py brooq_worker``).
+"""Run the tasks of a BrooqBackend with a brooq Engine (``manage.py brooq_worker``; SPEC V1).
 
 The worker registers one brooq topic per (queue, task): ``<queue>.<task path>``.
 Tasks are found in every installed app's ``tasks`` module, in the backend's
@@ -87,7 +87,7 @@ def handler_for(task: Any, backend: BrooqBackend, worker_id: str) -> Any:
                 value = task.call(TaskContext(task_result=result), *args, **kwargs)
             else:
                 value = task.call(*args, **kwargs)
-            # The job's result (SPEC V1), as Django's own backends keep it: get_result().return_value.
+            # The job's result, as Django's own backends keep it: get_result().return_value.
             return normalize_json(value)
         except Exception as exc:
             kind = type(exc)
