@@ -256,10 +256,6 @@ class Task(Generic[P, R]):
 
         return run
 
-    def kind_options(self, defaults: KindOptions) -> KindOptions:
-        """Return *defaults* with this task's own options over them."""
-        return dataclasses.replace(defaults, **self.options)
-
 
 class Tasks:
     """A registry of task functions; bound to a Store or AsyncStore for the shortcuts.
@@ -301,7 +297,7 @@ class Tasks:
         """
         for task in self:
             try:
-                options = task.kind_options(defaults)
+                options = dataclasses.replace(defaults, **task.options)
             except ConfigError as exc:
                 raise ConfigError([f"task {task.topic!r}: {p}" for p in exc.problems]) from None
             register_kind(task.topic, task.handler(), options)

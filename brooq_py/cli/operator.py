@@ -151,15 +151,8 @@ def _retry_many(args: argparse.Namespace, settings: Settings) -> int:
     return 1 if skipped else 0
 
 
-def cmd_pause(args: argparse.Namespace, settings: Settings) -> int:
-    return _pause(args, settings, True)
-
-
-def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
-    return _pause(args, settings, False)
-
-
-def _pause(args: argparse.Namespace, settings: Settings, paused: bool) -> int:
+def cmd_pause_or_resume(args: argparse.Namespace, settings: Settings) -> int:
+    paused = args.command == "pause"
     topic = check_topic(args.topic)
     with open_store(settings) as store:
         (store.pause if paused else store.resume)(topic)
