@@ -48,7 +48,7 @@ def cmd_dashboard(args: argparse.Namespace, settings: Settings) -> int:
         import uvicorn
 
         from brooq_py.http.auth import is_loopback
-        from brooq_py.http.factory import dashboard
+        from brooq_py.http.dashboard import dashboard
         from brooq_py.http.server import bound_socket
         from brooq_py.postgres import Store
     except ImportError:

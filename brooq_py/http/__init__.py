@@ -10,8 +10,8 @@ Core install (standard library only, no Starlette):
 
 The ``web`` extra (Starlette, Jinja2, uvicorn):
 
-- ``dashboard``: the dashboard's Starlette app (``templates/``, ``static/``);
-  ``render``: what its pages show; ``factory``: ``dashboard(store, ...)``;
+- ``dashboard``: ``dashboard(store, ...)``, the dashboard's Starlette app
+  (``templates/``, ``static/``); ``render``: what its pages show;
 - ``asgi``: the surface as one Starlette app, with the dashboard at /ui.
 
 Imports point down that list: ``server`` imports ``asgi`` and uvicorn lazily
