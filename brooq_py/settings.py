@@ -187,11 +187,7 @@ def _read_token_file(
     except UnicodeDecodeError:
         problems.append(f"{var}: {str(path)!r} is not UTF-8 text")
         return None
-    if text.endswith("\r\n"):
-        text = text[:-2]
-    elif text.endswith("\n"):
-        text = text[:-1]
-    return text
+    return text[:-2] if text.endswith("\r\n") else text.removesuffix("\n")
 
 
 def _check_token(token: str, var: str, problems: list[str]) -> str | None:

@@ -34,8 +34,7 @@ from brooq_py.devdb.files import (
     sweep_stale_dirs,
     tmp_base,
 )
-from brooq_py.devdb.process import LOCAL_HOST, spawn_postgres, stop_postgres
-from brooq_py.devdb.process import free_port as _free_port
+from brooq_py.devdb.process import LOCAL_HOST, free_port, spawn_postgres, stop_postgres
 
 log = logging.getLogger("brooq_py.devdb")
 
@@ -110,7 +109,7 @@ class ThrowawayServer:
             os.chmod(self.datadir, 0o700)
             chown_tree(self._tmpdir, self.account)
             for attempt in range(3):
-                self.port = _free_port()
+                self.port = free_port()
                 try:
                     self._spawn_and_wait()
                     break
