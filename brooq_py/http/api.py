@@ -228,16 +228,10 @@ class Surface:
     turns every /jobs and /topics path off (404).
     """
 
-    def __init__(
-        self,
-        engine: Engine,
-        token: str | None = None,
-        operator: Operator | None = None,
-        viewer_token: str | None = None,
-    ) -> None:
+    def __init__(self, engine: Engine, token: str | None = None, *, viewer_token: str | None = None) -> None:
         self.engine = engine
         self.roles = Roles(token, viewer_token)
-        self.operator = operator or for_repo(engine, engine.repo)
+        self.operator = for_repo(engine, engine.repo)
 
     def __repr__(self) -> str:
         return f"Surface(engine={self.engine!r}, roles={self.roles!r})"

@@ -584,14 +584,10 @@ class ClosesAtShutdown:
         self.close = close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "lifespan":
-            await self.app(scope, receive, send)
-            return
-
         async def receiving() -> Message:
             message = await receive()
             if message["type"] == "lifespan.shutdown":
                 await run_in_threadpool(self.close)
             return message
 
-        await self.app(scope, receiving, send)
+        await self.app(scope, receiving if scope["type"] == "lifespan" else receive, send)
