@@ -51,8 +51,8 @@ WEB_MODULES = ("starlette", "jinja2", "uvicorn", "multipart")
 StartResponse = Callable[..., Any]
 Environ = dict[str, Any]
 
-# Connections the kernel queues before they are accepted. socketserver's default of 5 drops the
-# handshakes of a burst (200 scrapes at once): those clients waited a minute on SYN retransmits.
+# socketserver's default accept backlog of 5 drops the handshakes of a burst (200 scrapes at once),
+# whose clients then waited a minute on SYN retransmits.
 LISTEN_BACKLOG = 1024
 
 

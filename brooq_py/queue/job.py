@@ -17,9 +17,8 @@ from brooq_py.queue.errors import BrooqError, InvalidJob
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
 
-# Length limits (docs/guarantees.md), in UTF-8 bytes. The job table's btree indexes hold
-# (topic, idempotency_key) and (topic, unique_key); an index row must stay under about 2,700 bytes
-# (a third of a page) or PostgreSQL refuses the insert, so these keep every such row well below it.
+# In UTF-8 bytes (docs/guarantees.md), so that an index row of (topic, idempotency_key) or (topic,
+# unique_key) stays well below the ~2,700 bytes (a third of a page) past which PostgreSQL refuses it.
 MAX_TOPIC_BYTES = 255
 MAX_KEY_BYTES = 1024
 MAX_META_BYTES = 4096
