@@ -19,7 +19,7 @@ from typing import Any
 from psycopg import sql
 from util import fresh_schema, job_table, pct, store_on
 
-from brooq_py.http.asgi import ThreadedUvicorn
+from brooq_py.http.server import ThreadedUvicorn
 from brooq_py.postgres.operator.overview import SEARCH_SCAN, Overview
 from brooq_py.web import dashboard
 

@@ -3,7 +3,7 @@
 The environment wins over ``.env``; an empty value counts as unset (``KEY=``
 never turns a default into an empty string). Every problem found is collected
 and raised at once as ``ConfigError`` before any connection is made. Secrets
-(a DSN's password, the HTTP token) never appear in a problem's text (SPEC K3).
+(a DSN's password, the HTTP token) never appear in a problem's text (SPEC K3, K5).
 """
 
 from __future__ import annotations
@@ -27,12 +27,6 @@ _MAX_IDENTIFIER_BYTES = 63
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TOKEN_CHARS = frozenset(string.ascii_letters + string.digits + string.punctuation)
 _DOUBLE_QUOTE_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", '"': '"', "\\": "\\", "$": "$"}
-
-
-# --- DSN masking ---------------------------------------------------------------
-
-
-# --- .env ----------------------------------------------------------------------
 
 
 def parse_dotenv(text: str, *, source: str = ".env") -> tuple[dict[str, str], list[str]]:
@@ -118,9 +112,6 @@ def merge_env(environ: Mapping[str, str], dotenv: Mapping[str, str]) -> dict[str
     return merged
 
 
-# --- the settings ----------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Settings:
     """What the command line runs with. ``repr`` hides the DSN's password and the token."""
@@ -133,7 +124,7 @@ class Settings:
     log_level: str = "INFO"
     config: Config = field(default_factory=Config)
     http_viewer_token: str | None = field(default=None, repr=False)
-    """BROOQ_HTTP_VIEWER_TOKEN: reads every page and GET endpoint, refused every action (SPEC K5)."""
+    """BROOQ_HTTP_VIEWER_TOKEN: reads every page and GET endpoint, refused every action."""
     http_addr_set: bool = False
     """Whether BROOQ_HTTP_ADDR was set: a worker whose default address is taken picks another only if not."""
 
@@ -196,11 +187,7 @@ def _read_token_file(
     except UnicodeDecodeError:
         problems.append(f"{var}: {str(path)!r} is not UTF-8 text")
         return None
-    if text.endswith("\r\n"):
-        text = text[:-2]
-    elif text.endswith("\n"):
-        text = text[:-1]
-    return text
+    return text[:-2] if text.endswith("\r\n") else text.removesuffix("\n")
 
 
 def _check_token(token: str, var: str, problems: list[str]) -> str | None:

@@ -1,4 +1,4 @@
-"""Tasks: typed task functions instead of topic strings and hand-built payloads.
+"""Tasks: typed task functions instead of topic strings and hand-built payloads (SPEC V1).
 
 A ``Tasks`` registry turns functions into ``Task`` objects (``@tasks.task()``).
 A task's arguments are bound to its signature when the job is built and stored
@@ -256,10 +256,6 @@ class Task(Generic[P, R]):
 
         return run
 
-    def kind_options(self, defaults: KindOptions) -> KindOptions:
-        """Return *defaults* with this task's own options over them."""
-        return dataclasses.replace(defaults, **self.options)
-
 
 class Tasks:
     """A registry of task functions; bound to a Store or AsyncStore for the shortcuts.
@@ -296,12 +292,12 @@ class Tasks:
         """Register every task as a kind with ``register_kind`` (``Engine.register_tasks`` does).
 
         Each is called with ``**payload`` (the ctx first when declared) and its return value
-        is the job's result (SPEC V1); its options apply over *defaults*. Raise ConfigError
+        is the job's result; its options apply over *defaults*. Raise ConfigError
         naming the task for options that do not hold together, and as register_kind does.
         """
         for task in self:
             try:
-                options = task.kind_options(defaults)
+                options = dataclasses.replace(defaults, **task.options)
             except ConfigError as exc:
                 raise ConfigError([f"task {task.topic!r}: {p}" for p in exc.problems]) from None
             register_kind(task.topic, task.handler(), options)

@@ -7,24 +7,11 @@ bad input, ``cancel`` of an id no job has ("no such job"), or invalid settings
 graceful stop.
 
 Modules: ``entry`` (the parser and :func:`main`), ``worker`` (the worker
-command and its signal handling), ``commands`` (the one-shot commands) and
+command and its signal handling), ``commands`` (the one-shot commands),
+``operator`` (the operator's commands), ``dashboard`` (the dashboard alone) and
 ``common`` (:class:`Failure` and the database helpers they share).
 """
 
-from __future__ import annotations
+from brooq_py.cli.entry import main
 
-from brooq_py.cli.commands import format_stats
-from brooq_py.cli.common import CONNECT_TIMEOUT, PROG, Failure
-from brooq_py.cli.entry import LOG_FORMAT, build_parser, main
-from brooq_py.cli.worker import demo_handler
-
-__all__ = [
-    "CONNECT_TIMEOUT",
-    "LOG_FORMAT",
-    "PROG",
-    "Failure",
-    "build_parser",
-    "demo_handler",
-    "format_stats",
-    "main",
-]
+__all__ = ["main"]

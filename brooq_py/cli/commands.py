@@ -27,8 +27,6 @@ from brooq_py.cli.common import (
 from brooq_py.queue import InvalidJob, Job, parse_go_duration
 from brooq_py.settings import Settings
 
-# --- migrate -------------------------------------------------------------------
-
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     from brooq_py.postgres import migrations
@@ -48,16 +46,11 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
                 return 0
             migrations.downgrade(dsn, schema=schema, revision=args.to or "-1")
         now = migrations.current(dsn, schema=schema)
-    except Failure:
-        raise
     except Exception as exc:
         raise Failure(f"migrate {args.action} failed: {type(exc).__name__}: {first_line(exc)}") from None
     log.info("schema %s is at revision %s", schema, now or "none")
     print(now or "none")
     return 0
-
-
-# --- enqueue / cancel / get --------------------------------------------------------
 
 
 def _reject_constant(name: str) -> Any:
@@ -140,9 +133,6 @@ def short_traceback(text: str | None, keep: int = TRACEBACK_TAIL) -> str | None:
     if text is None or len(text) <= keep:
         return text
     return f"...[{len(text) - keep} characters left out; --full shows all]\n" + text[-keep:]
-
-
-# --- stats ----------------------------------------------------------------------
 
 
 def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:

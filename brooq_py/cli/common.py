@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from brooq_py.queue.errors import iter_chain
 from brooq_py.redact import mask_dsn
 from brooq_py.settings import Settings
 
@@ -124,12 +125,8 @@ def translate_db_error(exc: Exception, settings: Settings) -> None:
     """Turn a driver error into a Failure naming the likely cause; leave others alone."""
     import psycopg
 
-    chain: list[BaseException] = []
-    cur: BaseException | None = exc
-    while cur is not None and len(chain) < 10:
-        chain.append(cur)
-        cur = cur.__cause__ or cur.__context__
-    if any(isinstance(e, psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName) for e in chain):
+    missing = psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName
+    if any(isinstance(e, missing) for e in iter_chain(exc)):
         raise Failure(
             f"no job table in schema {settings.schema!r}: run `{PROG} migrate up --schema {settings.schema}`"
         ) from None

@@ -6,7 +6,6 @@ import argparse
 import contextlib
 import logging
 import signal
-import socket
 from collections.abc import Iterator
 
 from brooq_py.cli.common import Failure, check_migrated, database_url, open_pool
@@ -49,8 +48,8 @@ def cmd_dashboard(args: argparse.Namespace, settings: Settings) -> int:
         import uvicorn
 
         from brooq_py.http.auth import is_loopback
-        from brooq_py.http.factory import dashboard
-        from brooq_py.http.listen import family
+        from brooq_py.http.dashboard import dashboard
+        from brooq_py.http.server import bound_socket
         from brooq_py.postgres import Store
     except ImportError:
         raise Failure("the dashboard needs the web extra: pip install 'brooq-py[web]'", status=2) from None
@@ -66,13 +65,9 @@ def cmd_dashboard(args: argparse.Namespace, settings: Settings) -> int:
             status=2,
         )
     check_migrated(settings)
-    sock = socket.socket(family(host), socket.SOCK_STREAM)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(128)  # connections wait in the backlog until uvicorn accepts them
+        sock = bound_socket(host, port, backlog=128)
     except OSError as exc:
-        sock.close()
         raise Failure(f"cannot listen on {host}:{port}: {exc.strerror}") from None
     pool = open_pool(settings, max_size=4)
     store = Store(pool, schema=settings.schema, conninfo=database_url(settings))

@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from brooq_py.cli.commands import _age
 from brooq_py.cli.common import Failure, check_id, open_store
@@ -27,10 +28,9 @@ from brooq_py.settings import Settings
 if TYPE_CHECKING:
     from brooq_py.postgres import Store
 
-# The states in the order ``topics`` shows them.
-STATES = tuple(str(s) for s in State)
-# The states a retry takes a job from (SPEC Q1).
-RETRYABLE = (str(State.DEAD), str(State.CANCELED))
+STATES = tuple(str(s) for s in State)  # in the order ``topics`` shows them
+RETRYABLE = (str(State.DEAD), str(State.CANCELED))  # the states a retry takes a job from
+T = TypeVar("T")
 
 
 def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -96,16 +96,10 @@ def check_topic(topic: str) -> str:
         raise Failure(f"invalid topic {topic!r}: expected non-empty text", status=2) from None
 
 
-def parse_limit(text: str) -> int | None:
+def _usage(parse: Callable[..., T], *args: Any) -> T:
+    """Return ``parse(*args)``; its ValueError is bad usage (status 2)."""
     try:
-        return flow.parse_count(text, "limit")
-    except ValueError as exc:
-        raise Failure(str(exc), status=2) from None
-
-
-def parse_rate(text: str) -> tuple[int | None, float]:
-    try:
-        return flow.parse_rate(text)
+        return parse(*args)
     except ValueError as exc:
         raise Failure(str(exc), status=2) from None
 
@@ -157,15 +151,8 @@ def _retry_many(args: argparse.Namespace, settings: Settings) -> int:
     return 1 if skipped else 0
 
 
-def cmd_pause(args: argparse.Namespace, settings: Settings) -> int:
-    return _pause(args, settings, True)
-
-
-def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
-    return _pause(args, settings, False)
-
-
-def _pause(args: argparse.Namespace, settings: Settings, paused: bool) -> int:
+def cmd_pause_or_resume(args: argparse.Namespace, settings: Settings) -> int:
+    paused = args.command == "pause"
     topic = check_topic(args.topic)
     with open_store(settings) as store:
         (store.pause if paused else store.resume)(topic)
@@ -177,7 +164,7 @@ def _pause(args: argparse.Namespace, settings: Settings, paused: bool) -> int:
 
 def cmd_limit(args: argparse.Namespace, settings: Settings) -> int:
     topic = check_topic(args.topic)
-    limit = parse_limit(args.limit)
+    limit = _usage(flow.parse_count, args.limit, "limit")
     with open_store(settings) as store:
         store.set_limit(topic, limit)
         if limit is not None:
@@ -198,7 +185,7 @@ def _warn_unknown(store: Store, topic: str) -> None:
 
 def cmd_rate(args: argparse.Namespace, settings: Settings) -> int:
     topic = check_topic(args.topic)
-    limit, per = parse_rate(args.rate)
+    limit, per = _usage(flow.parse_rate, args.rate)
     if args.burst is not None and not 1 <= args.burst <= INT32_MAX:
         raise Failure(f"invalid burst {args.burst}: expected a number from 1 to {INT32_MAX}", status=2)
     with open_store(settings) as store:
@@ -210,10 +197,7 @@ def cmd_rate(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_depth(args: argparse.Namespace, settings: Settings) -> int:
     topic = check_topic(args.topic)
-    try:
-        depth = flow.parse_count(args.depth, "depth")
-    except ValueError as exc:
-        raise Failure(str(exc), status=2) from None
+    depth = _usage(flow.parse_count, args.depth, "depth")
     with open_store(settings) as store:
         store.set_max_depth(topic, depth)
     print(json.dumps({"topic": topic, "max_depth": depth}))

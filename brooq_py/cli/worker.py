@@ -1,4 +1,4 @@
-"""The ``worker`` command: run an Engine and the service surface until SIGTERM or SIGINT.
+"""The ``worker`` command: run an Engine and the service surface until SIGTERM or SIGINT (SPEC C11'').
 
 The first SIGTERM/SIGINT stops gracefully (no new claims, wait up to
 ``--stop-timeout`` for running handlers); a second SIGINT during that stop
@@ -245,7 +245,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         strays = StrayTopics(engine)
         checking: threading.Thread | None = None
         while True:
-            # On a thread of its own: a database that stops answering never holds up a SIGTERM (C11'').
+            # On a thread of its own: a database that stops answering never holds up a SIGTERM.
             if checking is None or not checking.is_alive():
                 checking = threading.Thread(target=strays.check, name="brooq-strays", daemon=True)
                 checking.start()
@@ -304,12 +304,13 @@ def _listen(engine: Engine, settings: Settings, serve: Callable[..., Server]) ->
             )
             return server
         why = "address already in use" if taken else (exc.strerror or str(exc))
-        raise Failure(
-            f"BROOQ_HTTP_ADDR={addr}: {why}; set BROOQ_HTTP_ADDR to another address, or port 0 for any "
-            "free one"
+        where = (
+            f"BROOQ_HTTP_ADDR={addr}"
             if settings.http_addr_set
-            else f"cannot listen on {addr} (the default of BROOQ_HTTP_ADDR): {why}; set BROOQ_HTTP_ADDR "
-            "to another address, or port 0 for any free one"
+            else f"cannot listen on {addr} (the default of BROOQ_HTTP_ADDR)"
+        )
+        raise Failure(
+            f"{where}: {why}; set BROOQ_HTTP_ADDR to another address, or port 0 for any free one"
         ) from None
 
 

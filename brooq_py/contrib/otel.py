@@ -166,7 +166,7 @@ def _put_back(bound: inspect.BoundArguments, where: list[tuple[str, int | None]]
 
 def traced_enqueue(*names: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Decorate a Store method whose parameters *names* hold a Job or Jobs: inside an active
-    span the call runs in a PRODUCER span and the jobs carry its ``traceparent`` (SPEC N2).
+    span the call runs in a PRODUCER span and the jobs carry its ``traceparent``.
     Without OpenTelemetry loaded the method is called as it is."""
 
     def decorate(fn: Callable[P, R]) -> Callable[P, R]:

@@ -13,13 +13,9 @@ The throwaway server runs with fsync off on a free 127.0.0.1 port. Its data
 directory is copied from an ``initdb`` template cached under
 ``$XDG_CACHE_HOME/brooq_py`` (``~/.cache/brooq_py``), so starts after the first
 take a fraction of a second. As root it runs as the ``postgres`` system user
-(else ``nobody``), since PostgreSQL refuses to run as root.
-
-The server is spawned with PR_SET_PDEATHSIG(SIGKILL), so a parent killed
-without cleanup leaves no orphan server. The kernel sends that signal when the
-*thread* that spawned the server exits: call :func:`acquire` and
-:func:`start_throwaway` from the main thread (or from a thread that lives as
-long as the server).
+(else ``nobody``), since PostgreSQL refuses to run as root. It dies with the
+thread that started it (``process``): call :func:`acquire` and
+:func:`start_throwaway` from the main thread.
 
 ``python -m brooq_py.devdb`` says which database the chain picks;
 ``python -m brooq_py.devdb run -- CMD ...`` runs CMD with ``DATABASE_URL`` set
@@ -29,8 +25,8 @@ interrupted.
 Modules, imports pointing down the list: ``cli`` the command line; ``find`` the
 chain and :class:`DevDatabase`; ``server`` the throwaway server's lifecycle;
 ``process`` the postgres process (spawn, stop); ``files`` the binaries, the
-initdb template cache and the temp dirs. Only the demo, the tests and the
-benchmarks import this package: it is tooling, not part of the queue.
+initdb template cache and the temp dirs. Only the demo, the testing kit, the
+tests and the benchmarks import this package: it is tooling, not part of the queue.
 """
 
 from brooq_py.devdb.cli import main

@@ -73,8 +73,7 @@ def _run(cmd: list[str]) -> int:
         print(f"brooq_py.devdb: {db.how}: {mask_dsn(db.dsn)}", file=sys.stderr)
         parent = os.getpid()
         try:
-            # PDEATHSIG: killed with SIGKILL, this process cannot stop CMD; the kernel does.
-            # (Spawned from the main thread, which lives as long as the wait below.)
+            # Killed with SIGKILL, this process cannot stop CMD, so the kernel does (PDEATHSIG, this thread).
             child = subprocess.Popen(
                 cmd, env={**os.environ, "DATABASE_URL": db.dsn}, preexec_fn=lambda: die_with_parent(parent)
             )

@@ -1,15 +1,5 @@
-"""The chain that picks the database (``acquire``), and ``DevDatabase``, what it hands back.
-
-The chain, first match wins:
-
-1. ``DATABASE_URL`` when set and non-empty (``how="DATABASE_URL"``);
-2. PostgreSQL on 127.0.0.1:5432 when it answers ``select 1`` as the current
-   user in the database ``test``, the user's own database or ``postgres``
-   (``how="local 5432"``); refused logins and missing databases fall through;
-3. a throwaway server started for this process from the local PostgreSQL
-   binaries (``server.ThrowawayServer``), stopped by ``close()`` or at
-   interpreter exit (``how="throwaway"``).
-"""
+"""The chain that picks the database (``acquire``, as the package's docstring lists it), and
+``DevDatabase``, what it hands back."""
 
 from __future__ import annotations
 
@@ -72,11 +62,8 @@ class DevDatabase:
         return self.server
 
 
-# --- the chain -----------------------------------------------------------------------------------
-
-
 def acquire(*, local_port: int = LOCAL_PORT) -> DevDatabase:
-    """Return the first usable database of the chain (see the module docstring).
+    """Return the first usable database of the chain.
 
     Raise :class:`PostgresNotFound` when the chain reaches the throwaway server
     and no PostgreSQL binaries are installed, :class:`DevDatabaseError` when

@@ -34,16 +34,12 @@ from brooq_py.devdb.files import (
     sweep_stale_dirs,
     tmp_base,
 )
-from brooq_py.devdb.process import LOCAL_HOST, spawn_postgres, stop_postgres
-from brooq_py.devdb.process import free_port as _free_port
+from brooq_py.devdb.process import LOCAL_HOST, free_port, spawn_postgres, stop_postgres
 
 log = logging.getLogger("brooq_py.devdb")
 
 THROWAWAY_DBNAME = "test"
 START_TIMEOUT = 30.0  # seconds until a throwaway server must accept connections
-
-
-# --- DSN helpers ---------------------------------------------------------------------------------
 
 
 def local_url(user: str, port: int, dbname: str) -> str:
@@ -55,9 +51,6 @@ def current_user() -> str:
         return pwd.getpwuid(os.geteuid()).pw_name
     except KeyError:
         return getpass.getuser()
-
-
-# --- the throwaway server ------------------------------------------------------------------------
 
 
 class ThrowawayServer:
@@ -116,7 +109,7 @@ class ThrowawayServer:
             os.chmod(self.datadir, 0o700)
             chown_tree(self._tmpdir, self.account)
             for attempt in range(3):
-                self.port = _free_port()
+                self.port = free_port()
                 try:
                     self._spawn_and_wait()
                     break

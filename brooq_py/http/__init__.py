@@ -3,20 +3,19 @@
 Core install (standard library only, no Starlette):
 
 - ``api``: the surface's routes (``Surface``), the request and reply types and
-  the concurrency gate (``Gate``); ``auth``: the token guard; ``actions``: the
-  operator's actions (cancel, retry, pause, ...) both faces share;
-- ``listen``: the address family and accept backlog both servers bind with;
-- ``wsgi``: the routes as a WSGI app; ``server``: ``serve()`` and ``Server``,
-  which run either the stdlib WSGI server or, with the ``web`` extra, uvicorn.
+  the concurrency gate (``Gate``, ``Gated`` around an ASGI app); ``auth``: the
+  token guard; ``actions``: the operator's actions both faces share;
+- ``server``: ``serve()`` and ``Server``, which run the routes as a WSGI app
+  on the stdlib server or, with the ``web`` extra, ``asgi``'s app on uvicorn.
 
 The ``web`` extra (Starlette, Jinja2, uvicorn):
 
-- ``dashboard``: the dashboard's Starlette app (``templates/``, ``static/``),
-  ``render``: its Jinja2 environment; ``factory``: ``dashboard(store, ...)``;
-- ``asgi``: the surface with the dashboard at /ui, on uvicorn in a thread.
+- ``dashboard``: ``dashboard(store, ...)``, the dashboard's Starlette app
+  (``templates/``, ``static/``); ``render``: what its pages show;
+- ``asgi``: the surface as one Starlette app, with the dashboard at /ui.
 
-Imports point down that list: ``server`` imports ``asgi`` lazily (only when
-the extra is present) and ``asgi`` imports ``dashboard`` and ``api``, never
-``server``. Nothing here imports the engine at run time (only for types); the
+Imports point down that list: ``server`` imports ``asgi`` and uvicorn lazily
+(only when the extra is present) and ``asgi`` imports ``dashboard`` and
+``api``, never ``server``. Nothing here imports the engine at run time (only for types); the
 public names live on in ``brooq_py.service`` and ``brooq_py.web``.
 """

@@ -1,4 +1,4 @@
-"""The operator's actions on jobs and topics, shared by the surface's endpoints and the dashboard.
+"""The operator's actions on jobs and topics, shared by the surface's endpoints and the dashboard (SPEC F1, F2).
 
 Each action validates its input and says what went wrong with an
 ``ActionError`` carrying the HTTP status both faces answer with: 400 for a
@@ -120,7 +120,7 @@ class Operator:
         return reason
 
     def set_rate(self, raw_topic: str, raw_rate: str) -> tuple[int | None, float]:
-        """Set the topic's rate limit from ``N[/DURATION]|none`` (SPEC F1); return (limit, per seconds)."""
+        """Set the topic's rate limit from ``N[/DURATION]|none``; return (limit, per seconds)."""
         topic = topic_name(raw_topic)
         try:
             limit, per = parse_rate(raw_rate)
@@ -132,7 +132,7 @@ class Operator:
         return limit, per
 
     def set_depth(self, raw_topic: str, raw_depth: str) -> int | None:
-        """Set the topic's depth cap from ``N|none`` (SPEC F2); return it."""
+        """Set the topic's depth cap from ``N|none``; return it."""
         topic = topic_name(raw_topic)
         try:
             depth = parse_count(raw_depth, "depth")

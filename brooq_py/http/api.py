@@ -1,10 +1,7 @@
-"""The surface's routes, independent of the server that carries them.
+"""The surface's routes and its concurrency gate, whichever server carries the request (SPEC O2, K3, K5, Z2).
 
-One router answers /healthz, /metrics, /jobs and /topics, whichever server
-carries the request: the stdlib WSGI server of the core install, or the one
-Starlette application (with the dashboard at /ui) when the ``web`` extra is
-installed. Every answer is short and deliberate: bad input gets a 4xx, an
-unexpected error a 500 with a generic body, never a traceback (SPEC O2, K3).
+Every answer is short and deliberate: bad input gets a 4xx, an unexpected
+error a 500 with a generic body, never a traceback.
 """
 
 from __future__ import annotations
@@ -23,13 +20,14 @@ from brooq_py.http.actions import ActionError, Operator, for_repo
 from brooq_py.http.auth import Roles
 
 if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Receive, Scope, Send
+
     from brooq_py.engine import Engine
 
 log = logging.getLogger("brooq_py.service")
 
 MAX_BODY = 64 * 1024
-# Requests served at once by the surface; one more is answered 503 at once (SPEC Z2).
-DEFAULT_CONCURRENCY = 32
+DEFAULT_CONCURRENCY = 32  # requests served at once; one more is answered 503 at once
 READ_METHODS = ("GET", "HEAD")
 GUARDED = re.compile(r"/(jobs|topics)(/.*)?", re.DOTALL)
 DASHBOARD = re.compile(r"/ui(/.*)?", re.DOTALL)
@@ -85,7 +83,7 @@ BUSY = Reply.error(503, "busy: too many requests at once", [("Retry-After", "1")
 
 
 class Gate:
-    """At most *limit* requests inside at once; ``enter()`` never waits (SPEC Z2)."""
+    """At most *limit* requests inside at once; ``enter()`` never waits."""
 
     def __init__(self, limit: int = DEFAULT_CONCURRENCY) -> None:
         if limit < 1:
@@ -98,6 +96,33 @@ class Gate:
 
     def leave(self) -> None:
         self._slots.release()
+
+
+class Gated:
+    """The gate around an ASGI *app*: the request past ``gate.limit`` is answered 503 at once."""
+
+    def __init__(self, app: ASGIApp, gate: Gate) -> None:
+        self.app = app
+        self.gate = gate
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if not self.gate.enter():
+            await send_asgi(send, BUSY)
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.gate.leave()
+
+
+async def send_asgi(send: Send, reply: Reply, head: bool = False) -> None:
+    """Send *reply* through an ASGI *send*, its body left out for a HEAD request."""
+    headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in reply.all_headers()]
+    await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+    await send({"type": "http.response.body", "body": b"" if head else reply.body})
 
 
 def check_body(content_length: str | None, transfer_encoding: str | None) -> Reply | None:
@@ -180,7 +205,7 @@ ROUTES: tuple[tuple[re.Pattern[str], tuple[str, ...], Action], ...] = (
     (re.compile(r"/topics()"), READ_METHODS, _topics),
     (re.compile(r"/topics/(.+)/pause", re.DOTALL), ("POST",), _pause),
     (re.compile(r"/topics/(.+)/resume", re.DOTALL), ("POST",), _resume),
-    # SPEC F1, F2: POST /topics/<topic>/rate/<N[/DURATION]|none>, /topics/<topic>/depth/<N|none>
+    # POST /topics/<topic>/rate/<N[/DURATION]|none>, /topics/<topic>/depth/<N|none>
     (re.compile(r"/topics/(.+)/rate/([^/]+(?:/[^/]+)?)", re.DOTALL), ("POST",), _rate),
     (re.compile(r"/topics/(.+)/depth/([^/]+)", re.DOTALL), ("POST",), _depth),
 )
@@ -199,20 +224,14 @@ class Surface:
     """The router of /healthz, /metrics, /jobs and /topics for *engine*.
 
     *token* is the operator's (reads and acts), *viewer_token* the viewer's (reads;
-    every action, any route that is not GET or HEAD, is 403 for it: SPEC K5).
-    Neither set turns every /jobs and /topics path off (404).
+    every action, any route that is not GET or HEAD, is 403 for it). Neither set
+    turns every /jobs and /topics path off (404).
     """
 
-    def __init__(
-        self,
-        engine: Engine,
-        token: str | None = None,
-        operator: Operator | None = None,
-        viewer_token: str | None = None,
-    ) -> None:
+    def __init__(self, engine: Engine, token: str | None = None, *, viewer_token: str | None = None) -> None:
         self.engine = engine
         self.roles = Roles(token, viewer_token)
-        self.operator = operator or for_repo(engine, engine.repo)
+        self.operator = for_repo(engine, engine.repo)
 
     def __repr__(self) -> str:
         return f"Surface(engine={self.engine!r}, roles={self.roles!r})"

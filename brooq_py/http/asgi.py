@@ -1,4 +1,4 @@
-"""The worker's surface when the ``web`` extra is installed: one Starlette application on uvicorn.
+"""The worker's surface when the ``web`` extra is installed: one Starlette application (SPEC O2).
 
 /ui is the dashboard; every other path goes to the surface's own router
 (``api.Surface``: /healthz, /metrics, /jobs, /topics), run in a worker
@@ -8,14 +8,10 @@ the Operator (and so the topic overview's cache) and the concurrency gate.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import socket
-import threading
 import time
 from typing import TYPE_CHECKING
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request as StarletteRequest
@@ -23,18 +19,14 @@ from starlette.responses import RedirectResponse
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from brooq_py.http.api import Gate, Request, Surface, safe
+from brooq_py.http.api import Gate, Gated, Request, Surface, safe, send_asgi
 from brooq_py.http.auth import is_loopback
 from brooq_py.http.dashboard import build
-from brooq_py.http.gated import Gated
-from brooq_py.http.listen import LISTEN_BACKLOG, family
 
 if TYPE_CHECKING:
     from brooq_py.engine import Engine
 
 log = logging.getLogger("brooq_py.service")
-
-STARTUP_TIMEOUT = 10.0
 
 
 class SurfaceRoutes:
@@ -55,9 +47,7 @@ class SurfaceRoutes:
         method = str(scope["method"]).upper()
         path = str(scope["path"]) or "/"
         reply = await run_in_threadpool(self.surface.dispatch, Request(method, path, headers))
-        raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in reply.all_headers()]
-        await send({"type": "http.response.start", "status": reply.status, "headers": raw})
-        await send({"type": "http.response.body", "body": b"" if method == "HEAD" else reply.body})
+        await send_asgi(send, reply, head=method == "HEAD")
         log.debug(
             "%s %s -> %d (%.1f ms)", method, safe(path), reply.status, (time.monotonic() - started) * 1000
         )
@@ -76,7 +66,7 @@ def surface_app(
 
     The dashboard is mounted when a token is set (the operator's or the
     viewer's), or when *host* is a loopback address (then it is open, as the
-    surface's own /jobs stay off: SPEC O2).
+    surface's own /jobs stay off).
     """
     surface = Surface(engine, token, viewer_token=viewer_token)
     routes: list[BaseRoute] = []
@@ -106,66 +96,3 @@ def _to_ui_root(request: StarletteRequest) -> RedirectResponse:
     """Send ``/ui`` to the dashboard's root ``/ui/``, with its query."""
     query = request.url.query
     return RedirectResponse("/ui/" + (f"?{query}" if query else ""), status_code=308)
-
-
-class ThreadedUvicorn:
-    """uvicorn serving *app* in a daemon thread, on a socket bound here (so bind errors raise here)."""
-
-    def __init__(self, app: ASGIApp, host: str, port: int) -> None:
-        self._sock = socket.socket(family(host), socket.SOCK_STREAM)
-        try:
-            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self._sock.bind((host, port))
-            self._sock.listen(LISTEN_BACKLOG)
-            self._sock.setblocking(False)
-        except OSError:
-            self._sock.close()
-            raise
-        bound = self._sock.getsockname()
-        self.address = (str(bound[0]), int(bound[1]))
-        config = uvicorn.Config(
-            app,
-            log_config=None,
-            access_log=False,
-            lifespan="off",
-            timeout_keep_alive=5,
-            timeout_graceful_shutdown=2,
-            server_header=False,
-            date_header=False,
-            h11_max_incomplete_event_size=16 * 1024,
-        )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._run, name=f"brooq-http-{self.address[1]}", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + STARTUP_TIMEOUT
-        while not self._server.started and self._thread.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        if not self._server.started:
-            self.close()
-            raise OSError(f"the HTTP server did not start on {host}:{port}")
-
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._server.serve(sockets=[self._sock]))
-        except Exception:
-            log.exception("the HTTP server stopped with an error")
-
-    def close(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=5)
-        self._sock.close()
-
-
-def uvicorn_backend(
-    engine: Engine,
-    host: str,
-    port: int,
-    token: str | None,
-    *,
-    gate: Gate,
-    read_only: bool,
-    viewer_token: str | None = None,
-) -> ThreadedUvicorn:
-    """Return the surface's server when the web extra is installed: ``surface_app`` on uvicorn."""
-    app = surface_app(engine, token, host=host, gate=gate, read_only=read_only, viewer_token=viewer_token)
-    return ThreadedUvicorn(app, host, port)

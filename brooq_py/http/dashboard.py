@@ -1,17 +1,18 @@
-"""The dashboard: one Starlette application, Jinja2 templates, and its own static files (no CDN).
+"""The dashboard: one Starlette application, Jinja2 templates, and its own static files (no CDN; SPEC U3).
 
-Every page and action needs a token: a bearer header, or the session cookie
-the login form sets (HttpOnly, SameSite=Strict, an HMAC keyed by the token).
-The operator's token reads and acts; the viewer's reads every page, sees no
-action and is refused every one (403, SPEC K5). Actions are POST forms
-carrying a CSRF token bound to the session; a request that authenticated with
-the bearer header needs none. Without a token the dashboard answers only when
-served on a loopback address. The actions are the surface's own
-(``actions.Operator``), so both faces behave alike.
+``dashboard()`` is the public way to make it; the surface's application builds
+its own over the surface's Operator (``build``).
+
+Tokens and roles are ``auth``'s, the actions ``actions.Operator``'s, so both
+faces behave alike. The login form sets a session cookie (HttpOnly,
+SameSite=Strict); actions are POST forms carrying a CSRF token bound to that
+session, and a request that authenticated with the bearer header needs none.
+Without a token the dashboard answers only when served on a loopback address.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import secrets
@@ -21,6 +22,7 @@ from importlib import resources
 from typing import Any
 from urllib.parse import urlencode
 
+import psycopg_pool
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
@@ -29,12 +31,13 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from brooq_py.http.actions import ActionError, Operator
-from brooq_py.http.api import check_body
+from brooq_py.http.api import Gate, Gated, check_body
 from brooq_py.http.auth import SESSION_SECONDS, Role, Roles, is_loopback, loopback_name
-from brooq_py.http.job_view import job_view
-from brooq_py.http.render import jinja_env
+from brooq_py.http.render import jinja_env, job_view
+from brooq_py.postgres.async_store import AsyncStore
 from brooq_py.postgres.operator.overview import (
     FINISHED,
     SEARCH_SCAN,
@@ -43,8 +46,8 @@ from brooq_py.postgres.operator.overview import (
     BadCursor,
     JobsPage,
     Overview,
-    SearchPage,
 )
+from brooq_py.postgres.store import Store
 from brooq_py.queue import ACTIVE_STATES, InvalidJob, State
 from brooq_py.queue.job import MAX_TOPIC_BYTES, check_length, check_text
 
@@ -239,7 +242,7 @@ class Dashboard:
     def _listing(self, request: Request, template: str, topic: str | None, state: str) -> Response:
         after = request.query_params.get("after")
         raw_filter = (request.query_params.get("payload") or "").strip()
-        search = None
+        search, page, filter_error = None, JobsPage([], None), None
         try:
             if raw_filter:
                 search = self.op.guarded(
@@ -258,27 +261,12 @@ class Dashboard:
                     "reading a page of jobs", self.overview.jobs, topic, state, after, PAGE_SIZE
                 )
         except BadFilter as exc:
-            empty = JobsPage([], None)
-            context = self._listing_context(topic, state, empty, after, raw_filter, None, str(exc))
-            return self._page(request, template, context, 400)
+            filter_error = str(exc)
         except BadCursor:
             return self._error(request, 400, "That page link is not valid.")
         except ActionError as exc:
             return self._error(request, exc.status, exc.message)
-        context = self._listing_context(topic, state, page, after, raw_filter, search, None)
-        return self._page(request, template, context)
-
-    @staticmethod
-    def _listing_context(
-        topic: str | None,
-        state: str,
-        page: JobsPage,
-        after: str | None,
-        raw_filter: str,
-        search: SearchPage | None,
-        filter_error: str | None,
-    ) -> dict[str, Any]:
-        return {
+        context = {
             "topic": topic,
             "state": state,
             "page": page,
@@ -292,6 +280,7 @@ class Dashboard:
             "waiting": state in WAITING,
             "title": f"{topic or 'All topics'} · {state}",
         }
+        return self._page(request, template, context, 400 if filter_error else 200)
 
     def job_page(self, request: Request) -> Response:
         refused = self.guard(request)
@@ -424,7 +413,7 @@ def _retry_many(op: Operator, values: dict[str, list[str]]) -> str:
     message = f"{len(ids) - len(refused)} of {len(ids)} jobs retried"
     if not refused:
         return message
-    # Why, for each job not retried (U3: an active job holding its unique key; its state; a parent),
+    # Why, for each job not retried (an active job holding its unique key; its state; a parent),
     # as long as the message stays short enough to travel in the redirect's URL.
     reasons: list[str] = []
     for n, i in enumerate(refused):
@@ -518,3 +507,87 @@ def build(
         roles = Roles(secrets.token_urlsafe(32))
     settings = Settings(roles=roles, login=login, read_only=read_only, refresh_ms=refresh_ms)
     return Dashboard(operator, overview, settings)
+
+
+# The sync pool a dashboard of an AsyncStore opens for itself: pages are few and short.
+OWN_POOL_MAX = 4
+
+
+def dashboard(
+    store: Store | AsyncStore,
+    *,
+    token: str | None = None,
+    read_only: bool = False,
+    concurrency: int = 32,
+    refresh_ms: int = 2000,
+    cache_seconds: float = 2.0,
+    viewer_token: str | None = None,
+) -> ASGIApp:
+    """Return the dashboard of *store* as an ASGI application.
+
+    Every page and action needs *token* (a login form sets a session cookie;
+    ``Authorization: Bearer <token>`` works too). *viewer_token* reads every
+    page and is refused every action (403), its pages showing none. Without
+    either token it answers only requests it receives on a loopback address
+    (403 otherwise). *read_only* hides every action and refuses them (403),
+    whatever the token. Raise ``ValueError`` when both tokens are the same. At most
+    *concurrency* requests are served at once; the next one gets 503. The
+    topic counts are read at most every *cache_seconds* (shared by every
+    viewer); pages refresh them every *refresh_ms* milliseconds.
+
+    Given an ``AsyncStore``, the dashboard opens a small sync pool of its own
+    (at most 4 connections, none while idle) with the AsyncStore's pool
+    settings and schema; it is closed at the application's lifespan shutdown
+    (served alone), else at process exit.
+    """
+    close: Callable[[], None] | None = None
+    if isinstance(store, AsyncStore):
+        store, close = _sync_twin(store)
+    if not isinstance(store, Store):
+        raise TypeError(
+            f"dashboard() needs a brooq_py.postgres.Store or AsyncStore, got {type(store).__name__}"
+        )
+    overview = Overview(store, ttl=cache_seconds)
+    board = build(
+        Operator(store, store, overview),
+        overview,
+        token=token,
+        read_only=read_only,
+        refresh_ms=refresh_ms,
+        viewer_token=viewer_token,
+    )
+    app: ASGIApp = Gated(board.app, Gate(concurrency))
+    return app if close is None else ClosesAtShutdown(app, close)
+
+
+def _sync_twin(store: AsyncStore) -> tuple[Store, Callable[[], None]]:
+    """A Store on a sync pool of the AsyncStore's settings, and how to close that pool."""
+    apool: Any = store._pool
+    if apool is None:
+        raise TypeError("dashboard() needs an AsyncStore with a pool (AsyncStore(pool, schema=...))")
+    conninfo = apool.conninfo
+    if inspect.iscoroutinefunction(conninfo) or inspect.iscoroutinefunction(apool.kwargs):
+        raise TypeError(
+            "dashboard() cannot use an AsyncStore whose pool computes its settings with async code"
+        )
+    pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
+        conninfo, kwargs=apool.kwargs, min_size=0, max_size=OWN_POOL_MAX, open=True, name="brooq-dashboard"
+    )
+    return Store(pool, schema=store.schema), pool.close
+
+
+class ClosesAtShutdown:
+    """Pass everything to *app*; at the lifespan's shutdown, call *close* (off the event loop) first."""
+
+    def __init__(self, app: ASGIApp, close: Callable[[], None]) -> None:
+        self.app = app
+        self.close = close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def receiving() -> Message:
+            message = await receive()
+            if message["type"] == "lifespan.shutdown":
+                await run_in_threadpool(self.close)
+            return message
+
+        await self.app(scope, receiving if scope["type"] == "lifespan" else receive, send)

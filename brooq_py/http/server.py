@@ -1,33 +1,139 @@
-"""The running surface: the stdlib threading WSGI server, or uvicorn when the ``web`` extra is installed.
+"""The running surface: ``serve()`` and ``Server``, on the stdlib WSGI server or, with the ``web`` extra, uvicorn.
 
-``serve()`` picks the server: with the extra (starlette, jinja2, uvicorn)
-importable it runs one Starlette application that serves the surface's routes
-and the dashboard at /ui; without it, the stdlib server serves the same routes
-(``api``). Either runs in a daemon thread and is a ``Server``.
+With the extra (starlette, jinja2, uvicorn) importable, ``Server`` runs the one
+Starlette application of ``asgi`` (the surface's routes and the dashboard at
+/ui) on uvicorn; without it, ``SurfaceApp`` serves the same routes (``api``) as
+a WSGI application on the stdlib threading server. Either runs in a daemon
+thread, on a socket bound here (``bound_socket``, which ``brooq-py dashboard``
+binds with too).
 """
 
 from __future__ import annotations
 
+import asyncio
+import hmac  # noqa: F401  (tests spy on hmac.compare_digest through this module)
 import importlib.util
 import logging
+import socket
 import socketserver
 import threading
+import time
+from collections.abc import Callable, Iterable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-from brooq_py.http.api import DEFAULT_CONCURRENCY, Gate
-from brooq_py.http.listen import LISTEN_BACKLOG, family
-from brooq_py.http.wsgi import SurfaceApp
+from brooq_py.http.api import (
+    BUSY,
+    DEFAULT_CONCURRENCY,
+    MAX_BODY,
+    REASONS,
+    Gate,
+    Reply,
+    Request,
+    Surface,
+    safe,
+)
 
 if TYPE_CHECKING:
+    import uvicorn
+    from starlette.types import ASGIApp
+
     from brooq_py.engine import Engine
 
 log = logging.getLogger("brooq_py.service")
 
 # A client that stalls mid-request holds a thread at most this long.
 REQUEST_TIMEOUT = 10.0
+STARTUP_TIMEOUT = 10.0
 WEB_MODULES = ("starlette", "jinja2", "uvicorn", "multipart")
+
+StartResponse = Callable[..., Any]
+Environ = dict[str, Any]
+
+# socketserver's default accept backlog of 5 drops the handshakes of a burst (200 scrapes at once),
+# whose clients then waited a minute on SYN retransmits.
+LISTEN_BACKLOG = 1024
+
+
+def family(host: str) -> socket.AddressFamily:
+    """Return the address family to bind *host* with."""
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror:
+        return socket.AF_INET6 if ":" in host else socket.AF_INET
+    return infos[0][0] if infos else socket.AF_INET
+
+
+def bound_socket(host: str, port: int, backlog: int = LISTEN_BACKLOG) -> socket.socket:
+    """Return a TCP socket listening on (*host*, *port*); raise ``OSError``, the socket closed, if it cannot."""
+    sock = socket.socket(family(host), socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _headers(environ: Environ) -> dict[str, str]:
+    headers = {k[5:].replace("_", "-").lower(): str(v) for k, v in environ.items() if k.startswith("HTTP_")}
+    if environ.get("CONTENT_LENGTH"):
+        headers["content-length"] = str(environ["CONTENT_LENGTH"])
+    return headers
+
+
+class SurfaceApp:
+    """The surface as a WSGI callable. With neither *token* nor *viewer_token* every /jobs and /topics path is off (404)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        token: str | None = None,
+        gate: Gate | None = None,
+        viewer_token: str | None = None,
+    ) -> None:
+        self.surface = Surface(engine, token, viewer_token=viewer_token)
+        self.engine = engine
+        self.gate = gate or Gate()
+
+    def __repr__(self) -> str:
+        return f"SurfaceApp({self.surface!r})"
+
+    def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        started = time.monotonic()
+        method = str(environ.get("REQUEST_METHOD", "GET")).upper()
+        # PEP 3333 hands the path over as latin-1; the surface reads UTF-8 (topic names).
+        path = (
+            str(environ.get("PATH_INFO", "")).encode("latin-1", "replace").decode("utf-8", "replace") or "/"
+        )
+        if self.gate.enter():
+            try:
+                reply = self.surface.dispatch(Request(method, path, _headers(environ)))
+                _drain(environ, reply)
+            finally:
+                self.gate.leave()
+        else:
+            reply = BUSY
+        status = f"{reply.status} {REASONS.get(reply.status, '')}".rstrip()
+        start_response(status, reply.all_headers())
+        log.debug(
+            "%s %s -> %d (%.1f ms)", method, safe(path), reply.status, (time.monotonic() - started) * 1000
+        )
+        return [b""] if method == "HEAD" else [reply.body]
+
+
+def _drain(environ: Environ, reply: Reply) -> None:
+    """Read a small body nobody needs, so the client reads the answer instead of a reset."""
+    if reply.status in (400, 411, 413):
+        return
+    raw = str(environ.get("CONTENT_LENGTH") or "0").strip()
+    length = int(raw) if raw.isascii() and raw.isdigit() else 0
+    stream = environ.get("wsgi.input")
+    if 0 < length <= MAX_BODY and stream is not None:
+        stream.read(length)
 
 
 class _Handler(WSGIRequestHandler):
@@ -58,14 +164,6 @@ class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
         log.debug("http: connection from %s ended with an error", client_address[0], exc_info=True)
 
 
-class Backend(Protocol):
-    """What carries the requests: bound on construction, serving until ``close()``."""
-
-    address: tuple[str, int]
-
-    def close(self) -> None: ...
-
-
 class WsgiBackend:
     """The stdlib threading WSGI server of the core install, in a daemon thread."""
 
@@ -89,6 +187,49 @@ class WsgiBackend:
         self._thread.join(timeout=5)
 
 
+class ThreadedUvicorn:
+    """uvicorn serving *app* in a daemon thread, on a socket bound here (so bind errors raise here)."""
+
+    def __init__(self, app: ASGIApp, host: str, port: int) -> None:
+        self._sock = bound_socket(host, port)
+        self._sock.setblocking(False)
+        bound = self._sock.getsockname()
+        self.address = (str(bound[0]), int(bound[1]))
+        import uvicorn
+
+        config = uvicorn.Config(
+            app,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            timeout_keep_alive=5,
+            timeout_graceful_shutdown=2,
+            server_header=False,
+            date_header=False,
+            h11_max_incomplete_event_size=16 * 1024,
+        )
+        self._server: uvicorn.Server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._run, name=f"brooq-http-{self.address[1]}", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while not self._server.started and self._thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if not self._server.started:
+            self.close()
+            raise OSError(f"the HTTP server did not start on {host}:{port}")
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._server.serve(sockets=[self._sock]))
+        except Exception:
+            log.exception("the HTTP server stopped with an error")
+
+    def close(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=5)
+        self._sock.close()
+
+
 def web_installed() -> bool:
     """Return whether the ``web`` extra's packages can be imported."""
     try:
@@ -98,10 +239,21 @@ def web_installed() -> bool:
 
 
 class Server:
-    """The running surface. ``port`` is the bound port (useful with ``port=0``); close() is idempotent.
+    """Start the service surface for *engine* in a background thread (``serve`` is this class).
 
-    ``dashboard`` says whether /ui is served (the ``web`` extra's Starlette
-    application on uvicorn); ``address`` is the bound (host, port).
+    Serve ``/healthz`` and ``/metrics`` without auth, and ``/jobs/{id}``,
+    ``/jobs/{id}/cancel``, ``/jobs/{id}/retry``, ``/topics`` and
+    ``/topics/{topic}/pause|resume`` with ``Authorization: Bearer <token>``
+    (off when neither token is set). *viewer_token* reads every page and GET
+    endpoint, here and on the dashboard, and gets 403 for every action.
+    *dashboard* None serves the dashboard at /ui when the ``web`` extra is
+    installed (True requires it, False never); *read_only* makes that
+    dashboard read-only for every token. Beyond *concurrency* requests at once
+    the answer is 503. Raise ``OSError`` if the address cannot be bound, and
+    ``ValueError`` when both tokens are the same.
+
+    ``address`` is the bound (host, port), ``port`` the bound port (useful with
+    ``port=0``), ``dashboard`` whether /ui is served; close() is idempotent.
     """
 
     def __init__(
@@ -120,17 +272,18 @@ class Server:
         if dashboard is None:
             dashboard = web_installed()
         self.dashboard = dashboard
-        self._backend: Backend
+        self._backend: WsgiBackend | ThreadedUvicorn
         if dashboard:
             try:
-                from brooq_py.http.asgi import uvicorn_backend
+                from brooq_py.http.asgi import surface_app
             except ImportError as exc:
                 raise ImportError(
                     "the dashboard needs the web extra: pip install 'brooq-py[web]' (or serve(..., dashboard=False))"
                 ) from exc
-            self._backend = uvicorn_backend(
-                engine, host, port, token, gate=gate, read_only=read_only, viewer_token=viewer_token
+            app = surface_app(
+                engine, token, host=host, gate=gate, read_only=read_only, viewer_token=viewer_token
             )
+            self._backend = ThreadedUvicorn(app, host, port)
         else:
             self._backend = WsgiBackend(SurfaceApp(engine, token, gate, viewer_token), host, port)
         self.host = host
@@ -164,37 +317,4 @@ class Server:
         return f"Server(url={self.url!r}, dashboard={self.dashboard}, closed={self._closed})"
 
 
-def serve(
-    engine: Engine,
-    host: str = "127.0.0.1",
-    port: int = 8090,
-    token: str | None = None,
-    *,
-    dashboard: bool | None = None,
-    read_only: bool = False,
-    concurrency: int = DEFAULT_CONCURRENCY,
-    viewer_token: str | None = None,
-) -> Server:
-    """Start the service surface for *engine* in a background thread and return at once.
-
-    Serve ``/healthz`` and ``/metrics`` without auth, and ``/jobs/{id}``,
-    ``/jobs/{id}/cancel``, ``/jobs/{id}/retry``, ``/topics`` and
-    ``/topics/{topic}/pause|resume`` with ``Authorization: Bearer <token>``
-    (off when neither token is set). *viewer_token* reads every page and GET
-    endpoint, here and on the dashboard, and gets 403 for every action
-    (SPEC K5). *dashboard* None serves the dashboard at /ui when the ``web``
-    extra is installed (True requires it, False never); *read_only* makes that
-    dashboard read-only for every token. Beyond *concurrency* requests at once
-    the answer is 503. Raise ``OSError`` if the address cannot be bound, and
-    ``ValueError`` when both tokens are the same.
-    """
-    return Server(
-        engine,
-        host,
-        port,
-        token,
-        dashboard=dashboard,
-        read_only=read_only,
-        concurrency=concurrency,
-        viewer_token=viewer_token,
-    )
+serve = Server

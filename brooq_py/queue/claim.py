@@ -1,4 +1,4 @@
-"""Claim: a claimed job as its handler sees it."""
+"""Claim: a claimed job as its handler sees it (SPEC D4)."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ class Claim:
         """``Job.meta`` as enqueued (tracing's ``traceparent`` among it); empty when none."""
 
     def parent_results(self) -> dict[str, Any]:
-        """Each parent's result (``Job.after``) by parent id, read in one statement (SPEC D4).
+        """Each parent's result (``Job.after``) by parent id, read in one statement.
 
         Empty for a job without parents. Raise BrooqError for a Claim made
         without a store to read from.

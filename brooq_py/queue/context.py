@@ -1,4 +1,4 @@
-"""Context: the cancellation a handler is handed, with its cause and deadline."""
+"""Context: the cancellation a handler is handed, with its cause and deadline, and its progress (SPEC V4)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class Context:
     The engine cancels it with a cause (``LeaseLost``, ``AttemptTimeout``,
     ``MaxExecutionExceeded`` or ``EngineStopping``); the first cause wins.
     Thread-safe; ``wait_async`` serves ``async def`` handlers. ``claim`` is the
-    attempt's Claim; ``progress`` records how far the handler got (SPEC V4).
+    attempt's Claim; ``progress`` records how far the handler got.
     """
 
     __slots__ = ("_callbacks", "_cause", "_claim", "_deadline", "_event", "_lock", "_progress")

@@ -1,4 +1,4 @@
-"""The library's errors, the handler signals and the cancellation causes."""
+"""The library's errors, the handler signals and the cancellation causes (SPEC E4)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ class ConfigError(BrooqError, ValueError):
 
 
 class InvalidJob(BrooqError, ValueError):
-    """A job that cannot be enqueued (SPEC E4); nothing was written."""
+    """A job that cannot be enqueued; nothing was written."""
 
 
 class JobNotFound(BrooqError, LookupError):

@@ -1,4 +1,4 @@
-"""Jobs to enqueue, enqueue results, rows as stored, states and leases, and the errors that carry a row."""
+"""Jobs to enqueue, enqueue results, rows as stored, states and leases, and the errors that carry a row (SPEC E4', L5')."""
 
 from __future__ import annotations
 
@@ -17,9 +17,8 @@ from brooq_py.queue.errors import BrooqError, InvalidJob
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
 
-# Length limits (docs/guarantees.md, E4'), in UTF-8 bytes. The job table's btree indexes hold
-# (topic, idempotency_key) and (topic, unique_key); an index row must stay under about 2,700 bytes
-# (a third of a page) or PostgreSQL refuses the insert, so these keep every such row well below it.
+# In UTF-8 bytes (docs/guarantees.md), so that an index row of (topic, idempotency_key) or (topic,
+# unique_key) stays well below the ~2,700 bytes (a third of a page) past which PostgreSQL refuses it.
 MAX_TOPIC_BYTES = 255
 MAX_KEY_BYTES = 1024
 MAX_META_BYTES = 4096
@@ -178,7 +177,7 @@ def utf8_length(value: str) -> int:
 
 
 def check_length(value: str, limit: int, what: str) -> None:
-    """Raise ``InvalidJob`` if *value* is longer than *limit* UTF-8 bytes (E4': documented limits)."""
+    """Raise ``InvalidJob`` if *value* is longer than *limit* UTF-8 bytes (the documented limits)."""
     if len(value) > limit or utf8_length(value) > limit:
         raise InvalidJob(f"{what} is {utf8_length(value)} bytes in UTF-8; at most {limit} are allowed")
 
@@ -359,8 +358,7 @@ class JobRow:
     parents: tuple[str, ...] = ()
     """``Job.after``: the jobs this one waits for."""
     crashes: int = 0
-    """How many engines stopped while running it (SPEC L5'); ``KindOptions.max_crashes`` of them
-    make it dead."""
+    """How many engines stopped while running it; ``KindOptions.max_crashes`` of them make it dead."""
 
     def to_json(self) -> dict[str, Any]:
         """Return the row as a JSON-ready dict (datetimes in ISO 8601)."""

@@ -1,8 +1,8 @@
-"""KindOptions: per-topic retry and timeout settings, validated on construction."""
+"""KindOptions: per-topic retry and timeout settings, validated on construction (SPEC K1, Q3, L5')."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import timedelta
 
 from brooq_py.queue.durations import to_timedelta
@@ -44,7 +44,7 @@ def check_positive(obj: object, names: tuple[str, ...], problems: list[str]) -> 
 
 
 def check_timeouts(obj: object, problems: list[str]) -> None:
-    """The cross-field rules shared by Config and KindOptions (SPEC K1)."""
+    """The cross-field rules shared by Config and KindOptions."""
     base, cap = getattr(obj, "backoff_base"), getattr(obj, "backoff_max")
     if isinstance(base, timedelta) and isinstance(cap, timedelta) and base > cap:
         problems.append(
@@ -62,7 +62,7 @@ def check_timeouts(obj: object, problems: list[str]) -> None:
 class KindOptions:
     """Per-topic settings. Durations accept ``timedelta`` or seconds and are held as ``timedelta``.
 
-    Raise ``ConfigError`` listing every problem (SPEC K1).
+    Raise ``ConfigError`` listing every problem.
     """
 
     max_attempts: int = 5
@@ -70,10 +70,10 @@ class KindOptions:
     max_execution_timeout: timedelta | float = 300
     backoff_base: timedelta | float = 1
     backoff_max: timedelta | float = 60
-    # At most this many jobs of the topic at once in this engine (SPEC Q3); None: no cap.
+    # At most this many jobs of the topic at once in this engine; None: no cap.
     concurrency: int | None = None
     # Engines that may stop (crash, stall past the lease, hang) while running a job before it is
-    # dead (SPEC L5'): a crash gives its attempt back, so max_attempts counts failures only.
+    # dead: a crash gives its attempt back, so max_attempts counts failures only.
     max_crashes: int = 3
 
     def __post_init__(self) -> None:
@@ -93,7 +93,3 @@ class KindOptions:
         value = getattr(self, name)
         assert isinstance(value, timedelta)
         return value
-
-    @classmethod
-    def field_names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))

@@ -2,8 +2,10 @@
 
 A leaf module of the vocabulary (standard library only) that both sides import:
 the engine uses the port, ``brooq_py.postgres.Store`` implements it, and neither
-imports the other. ``brooq_py.engine.Repo`` re-exports it. Every time the store writes (lease ends, available_at) comes from
-the database clock: the engine sends durations, never timestamps.
+imports the other. ``brooq_py.engine.Repo`` re-exports it. Every time the store
+writes (lease ends, available_at) comes from the database clock: the engine
+sends durations, never timestamps. The rules it carries: SPEC C1, D4, F0, L5',
+O4, P1'', P3, Q2, Q3, Q4', R1, S7, T1, V1, V3, V4, W0, X2', Z2, Z3.
 """
 
 from __future__ import annotations
@@ -31,21 +33,20 @@ class ClaimedJob:
     locked_by: str
     locked_until: datetime
     meta: Mapping[str, str] | None = None
-    crashes: int = 0  # engines that stopped while running it (L5'): the poison rule reads it
+    crashes: int = 0  # engines that stopped while running it: the poison rule reads it
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """One guarded outcome write (SPEC P3): applied only while the row is
-    ``processing`` under ``claim_token``.
+    """One guarded outcome write: applied only while the row is ``processing`` under ``claim_token``.
 
     state: DONE, FAILED, DEAD, CANCELED, or PENDING (an attempt handed back).
     delay: for FAILED and PENDING, available_at = now() + delay (database clock).
     give_back: attempts = greatest(attempts - 1, 0).
     last_error: None keeps the row's last_error.
-    result: DONE only: the handler's return value as JSON text (None: SQL NULL) (SPEC V1).
+    result: DONE only: the handler's return value as JSON text (None: SQL NULL).
     traceback: FAILED and DEAD: the failure's bounded traceback; a FAILED or DEAD outcome
-    with a last_error appends ``{attempt, at, error, traceback}`` to the row's errors (V3).
+    with a last_error appends ``{attempt, at, error, traceback}`` to the row's errors.
     """
 
     id: str
@@ -61,7 +62,7 @@ class Outcome:
 
 @dataclass(frozen=True)
 class EngineProof:
-    """What an engine's heartbeat writes in its own row (SPEC P1'', F0): who it is, and how long
+    """What an engine's heartbeat writes in its own row: who it is, and how long
     past its last heartbeat (``lease + margin``, on the database clock) its claims stay its own."""
 
     id: str
@@ -77,7 +78,7 @@ class HeldLease:
     """A claim the engine holds: the row id and the claim's token.
 
     progress / progress_note: what the handler reported since the last heartbeat, written with
-    it (SPEC V4); None leaves the row's value as it is. dropped: the engine let the claim go
+    it; None leaves the row's value as it is. dropped: the engine let the claim go
     without an outcome (hung, fenced): the reaper takes the row back at once.
     """
 
@@ -90,7 +91,7 @@ class HeldLease:
 
 @dataclass(frozen=True)
 class Renewal:
-    """What one heartbeat found, by claim token (SPEC P1'', X2').
+    """What one heartbeat found, by claim token.
 
     held: the claims still processing under their token; locked: of those, the ones whose
     reported progress was not written (another transaction holds the row: sent again next time);
@@ -106,9 +107,9 @@ class Renewal:
 
 
 class Settled(set[str]):
-    """The ids an outcome batch wrote (a set, SPEC P3), and ``locked``: the claim tokens of
+    """The ids an outcome batch wrote (a set), and ``locked``: the claim tokens of
     outcomes not written because another transaction held their row locked; they are still
-    ours, written by a later flush (O4). ``tokens``, when known, the claim tokens written: a
+    ours, written by a later flush. ``tokens``, when known, the claim tokens written: a
     batch may hold two outcomes of one job (a late one of an older claim), and only the one
     whose claim still held the row was written."""
 
@@ -174,7 +175,7 @@ class LimitedClaim(list[ClaimedJob]):
 
 @dataclass(frozen=True)
 class Staged:
-    """What one stager statement did (SPEC S7).
+    """What one stager statement did.
 
     promoted: rows made pending, by topic (topics with none are left out).
     next_due_in: seconds until the earliest scheduled or failed row of the
@@ -191,7 +192,7 @@ class Staged:
 
 @dataclass(frozen=True)
 class DatabaseGauges:
-    """What keeps VACUUM from cleaning the job table (SPEC Z2).
+    """What keeps VACUUM from cleaning the job table.
 
     oldest_transaction_seconds: age of the oldest transaction open on the
     database (0 when none); job_dead_tuples / job_live_tuples: the statistics
@@ -211,7 +212,6 @@ class Listener(Protocol):
 
         Raise on a broken connection (the engine reconnects with backoff).
         """
-        ...
 
     def close(self) -> None: ...
 
@@ -225,90 +225,74 @@ class Repo(Protocol):
     def enqueue_many(self, jobs: Sequence[Job], tx: Tx | None = None) -> list[EnqueueResult]: ...
     def begin(self) -> AbstractContextManager[Tx]: ...
     def enqueue_tick(self, schedule: str, tick: datetime, job: Job) -> EnqueueResult | None:
-        """Enqueue *job* as *tick* of *schedule*, atomically with advancing its last tick (SPEC Q4').
+        """Enqueue *job* as *tick* of *schedule*, atomically with advancing its last tick.
 
         None when the schedule's last tick is already *tick* or later: nothing is written.
         """
-        ...
 
     def cancel(self, job_id: str) -> bool: ...
     def get(self, job_id: str) -> JobRow | None: ...
     def parent_results(self, job_id: str) -> dict[str, Any]:
-        """Each parent's result of *job_id* by parent id (``Job.after``; SPEC D4), in one statement."""
-        ...
+        """Each parent's result of *job_id* by parent id (``Job.after``), in one statement."""
 
     # worker side
     def claim(self, topics: Sequence[str], limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:
-        """Claim up to *limit* ready jobs of *topics* in one statement (SPEC C1).
+        """Claim up to *limit* ready jobs of *topics* in one statement.
 
-        Paused and globally limited topics are left out (SPEC Q2, Q3).
+        Paused and globally limited topics are left out.
         """
-        ...
 
     def claim_limited(self, topic: str, limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:
-        """Claim up to *limit* jobs of a globally limited *topic*, never beyond its limit (SPEC Q3)."""
-        ...
+        """Claim up to *limit* jobs of a globally limited *topic*, never beyond its limit."""
 
     def topic_settings(self) -> list[TopicSetting]:
-        """Every topic an operator has paused or limited (SPEC Q2, Q3)."""
-        ...
+        """Every topic an operator has paused or limited."""
 
     def settle_many(self, outcomes: Sequence[Outcome]) -> set[str]:
         """Write many outcomes in one guarded statement; return the ids written.
 
         Rows locked by another transaction are skipped, never waited for: a ``Settled`` answer
-        names their claim tokens in ``locked`` (O4). A row already in the outcome's state under
+        names their claim tokens in ``locked``. A row already in the outcome's state under
         the outcome's claim token counts as written (an earlier write whose answer was lost).
         """
-        ...
 
     def lock_own_tx(self, tx: Tx, outcome: Outcome) -> str:
         """Lock *outcome*'s row inside *tx* unless another transaction holds it (never waited for):
         ``"ours"`` (still processing under the outcome's claim token, now locked until *tx* ends),
         ``"locked"`` (still the claim's, held elsewhere) or ``"gone"`` (no longer the claim's)."""
-        ...
 
     def settle_tx(self, tx: Tx, outcome: Outcome) -> bool:
         """Write one guarded outcome inside *tx*; return whether it was written."""
-        ...
 
     def beat(self, proof: EngineProof, leases: Sequence[HeldLease], orphans: bool = False) -> Renewal:
         """Renew the engine's proof of life and read what became of *leases*, in one statement
-        that never waits on a job row (SPEC P1'', W0); write the progress they carry. With
+        that never waits on a job row; write the progress they carry. With
         *orphans*, report the engine's claims older than a lease that *leases* lacks."""
-        ...
 
     def leave(self, engine_id: str, instance: str | None = None) -> None:
         """Remove a stopping engine's row (*instance*'s only): what it still holds is returned by the reaper."""
-        ...
 
     def reap(self) -> list[tuple[str, str]]:
         """Return to pending the processing rows whose engine is gone or dropped them, attempt given
-        back and counted as a crash (SPEC R1, L5'); (id, topic) of each. Rows locked elsewhere wait."""
-        ...
+        back and counted as a crash; (id, topic) of each. Rows locked elsewhere wait."""
 
     def delete_terminal(self, ttl: timedelta, batch: int) -> list[tuple[str, str]]:
-        """Delete one batch of terminal rows older than *ttl* (SPEC T1); return (id, topic)."""
-        ...
+        """Delete one batch of terminal rows older than *ttl*; return (id, topic)."""
 
     def stage(self, topics: Sequence[str], batch: int, notify: bool = True) -> Staged:
-        """Make up to *batch* due scheduled/failed rows of *topics* pending in one statement (SPEC S7).
+        """Make up to *batch* due scheduled/failed rows of *topics* pending in one statement.
 
         SKIP LOCKED; with *notify*, one wake-up per topic promoted for the engines elsewhere.
         """
-        ...
 
     def next_due(self, topics: Sequence[str]) -> float | None:
         """Seconds until the earliest scheduled/failed row of *topics* is due (<= 0: due now; None: none)."""
-        ...
 
     def gauges(self, topics: Sequence[str]) -> Gauges:
         """Read each topic's depth per active state and its oldest ready age, in one bounded statement."""
-        ...
 
     def database_gauges(self) -> DatabaseGauges:
         """Read the oldest open transaction's age and the job table's dead tuples (no table scan)."""
-        ...
 
     def listen(
         self,
@@ -318,20 +302,16 @@ class Repo(Protocol):
     ) -> Listener:
         """Open a LISTEN subscription on this store's wake-up channel.
 
-        With *topics*, ``wait()`` reports only wake-ups for those topics (SPEC Z3);
+        With *topics*, ``wait()`` reports only wake-ups for those topics;
         *on_scheduled* is called (from ``wait()``) when a job of one of them was scheduled;
-        *on_cancel* with the id and claim token of every processing job canceled (X2').
+        *on_cancel* with the id and claim token of every processing job canceled.
         """
-        ...
 
     def ping(self) -> bool:
         """Return True if the database answers."""
-        ...
 
     def schema_version(self) -> str | None:
         """Return the migration revision the store's schema is at; None when it was never migrated."""
-        ...
 
     def close(self) -> None:
         """Close the connections the store opened for itself (never the caller's pool)."""
-        ...

@@ -3,9 +3,9 @@
 Mount it in your own Starlette or FastAPI application
 (``app.mount("/brooq", dashboard(store, token=...))``), run it alone with
 ``brooq-py dashboard``, or find it at ``/ui`` on the worker's surface. The
-code lives in ``brooq_py.http`` (``http.factory``, ``http.dashboard``).
+code lives in ``brooq_py.http.dashboard``.
 """
 
-from brooq_py.http.factory import dashboard
+from brooq_py.http.dashboard import dashboard
 
 __all__ = ["dashboard"]

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from psycopg_pool import ConnectionPool
 
 from brooq_py.engine import Config, Engine
-from brooq_py.http import wsgi as service_app
+from brooq_py.http import server as service_app
 from brooq_py.postgres import Store
 from brooq_py.queue import Claim, Context, Job, State, StoreUnavailable
 from brooq_py.service import MAX_BODY, Server, serve

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from brooq_py.http.asgi import ThreadedUvicorn
+from brooq_py.http.server import ThreadedUvicorn
 from brooq_py.postgres import Store
 from brooq_py.web import dashboard
 

@@ -15,7 +15,7 @@ import pytest
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
-from brooq_py.http.asgi import ThreadedUvicorn
+from brooq_py.http.server import ThreadedUvicorn
 from brooq_py.postgres import Store
 from brooq_py.postgres.operator.overview import SEARCH_SCAN, Overview
 from brooq_py.web import dashboard

@@ -296,7 +296,7 @@ def test_mounted_under_a_prefix(store: Store, mount: str) -> None:
     from starlette.applications import Starlette
     from starlette.routing import Mount
 
-    from brooq_py.http.asgi import ThreadedUvicorn
+    from brooq_py.http.server import ThreadedUvicorn
 
     outer = Starlette(routes=[Mount(mount, app=dashboard(store, token=TOKEN))])
     server = ThreadedUvicorn(outer, "127.0.0.1", 0)
@@ -318,7 +318,7 @@ def test_database_down_is_a_short_503_page(schema: str) -> None:
     """An unreachable database is a 503 page on every read and action, never a 500 or a traceback."""
     from psycopg_pool import ConnectionPool
 
-    from brooq_py.http.asgi import ThreadedUvicorn
+    from brooq_py.http.server import ThreadedUvicorn
 
     dead: ConnectionPool[Any] = ConnectionPool(
         "postgresql://root@127.0.0.1:1/test?connect_timeout=1", min_size=1, open=False, timeout=1

@@ -9,7 +9,7 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from brooq_py.http.asgi import ThreadedUvicorn
+from brooq_py.http.server import ThreadedUvicorn
 from brooq_py.postgres import AsyncStore, Store
 from brooq_py.queue import Job, State
 from brooq_py.web import dashboard

@@ -17,8 +17,7 @@ import pytest
 
 from brooq_py.engine import Config, Engine
 from brooq_py.http.api import READ_METHODS, ROUTES
-from brooq_py.http.asgi import ThreadedUvicorn
-from brooq_py.http.server import Server, serve
+from brooq_py.http.server import Server, ThreadedUvicorn, serve
 from brooq_py.postgres import Store
 from brooq_py.queue import Job, State
 from brooq_py.queue.port import TopicSetting

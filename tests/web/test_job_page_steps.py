@@ -7,8 +7,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from brooq_py.http.job_view import job_view
-from brooq_py.http.render import jinja_env
+from brooq_py.http.render import jinja_env, job_view
 from brooq_py.queue import JobRow, State
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)

@@ -40,16 +40,11 @@ def targets() -> list[tuple[str, str]]:
 
 
 def dsn_of(connection: Any) -> str:
-    """Return a libpq DSN with the parameters of the Django *connection* (its libpq keywords only)."""
+    """Return a libpq DSN with the parameters of the Django *connection* (its libpq keywords only, password included)."""
     known = {d.keyword.decode() for d in psycopg.pq.Conninfo.get_defaults()}
     params = connection.get_connection_params()
     return make_conninfo(
-        "",
-        **{
-            k: v
-            for k, v in params.items()
-            if k in known and v is not None and v != "" and isinstance(v, str | int)
-        },
+        "", **{k: v for k, v in params.items() if k in known and isinstance(v, str | int) and v != ""}
     )
 
 

@@ -1,4 +1,4 @@
-"""Run the tasks of a BrooqBackend with a brooq Engine (``manage.py brooq_worker``).
+"""Run the tasks of a BrooqBackend with a brooq Engine (``manage.py brooq_worker``; SPEC V1).
 
 The worker registers one brooq topic per (queue, task): ``<queue>.<task path>``.
 Tasks are found in every installed app's ``tasks`` module, in the backend's
@@ -18,9 +18,8 @@ import importlib.util
 from collections.abc import Iterable
 from typing import Any
 
-import psycopg
 from django.apps import apps
-from django.db import close_old_connections, connections
+from django.db import close_old_connections
 from django.tasks import TaskContext, TaskResult, TaskResultStatus, task_backends
 from django.tasks.base import Task
 from django.utils import timezone
@@ -60,14 +59,6 @@ def discover(backend: BrooqBackend, extra_modules: Iterable[str] = ()) -> list[A
     return [found[path] for path in sorted(found)]
 
 
-def conninfo_for(using: str) -> str:
-    """Return a libpq conninfo for Django's database *using* (its own settings, password included)."""
-    params = connections[using].get_connection_params()
-    known = {d.keyword.decode() for d in psycopg.pq.Conninfo.get_defaults()}
-    kept = {k: v for k, v in params.items() if k in known and isinstance(v, str | int) and v != ""}
-    return psycopg.conninfo.make_conninfo("", **kept)
-
-
 def handler_for(task: Any, backend: BrooqBackend, worker_id: str) -> Any:
     """Return the brooq handler that runs *task* with a claim's args and kwargs."""
 
@@ -96,7 +87,7 @@ def handler_for(task: Any, backend: BrooqBackend, worker_id: str) -> Any:
                 value = task.call(TaskContext(task_result=result), *args, **kwargs)
             else:
                 value = task.call(*args, **kwargs)
-            # The job's result (SPEC V1), as Django's own backends keep it: get_result().return_value.
+            # The job's result, as Django's own backends keep it: get_result().return_value.
             return normalize_json(value)
         except Exception as exc:
             kind = type(exc)

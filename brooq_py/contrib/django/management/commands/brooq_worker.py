@@ -9,10 +9,12 @@ import time
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
 from psycopg_pool import ConnectionPool
 
 from brooq_py.cli.worker import StrayTopics
-from brooq_py.contrib.django.worker import backend_named, conninfo_for, discover, handler_for, topics
+from brooq_py.contrib.django.queue_schema import dsn_of
+from brooq_py.contrib.django.worker import backend_named, discover, handler_for, topics
 from brooq_py.engine import Config, Engine
 from brooq_py.postgres import Store
 
@@ -50,7 +52,9 @@ class Command(BaseCommand):
         if options["workers"] is not None:
             config = dataclasses.replace(config, workers=options["workers"])
         kinds = topics(backend, tasks, options["queues"] or backend.queues)
-        with ConnectionPool(conninfo_for(backend.database), min_size=1, max_size=config.workers + 2) as pool:
+        with ConnectionPool(
+            dsn_of(connections[backend.database]), min_size=1, max_size=config.workers + 2
+        ) as pool:
             store = Store(pool, schema=backend.schema)
             engine = Engine(store, config)
             try:
