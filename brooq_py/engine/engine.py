@@ -15,13 +15,12 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from brooq_py.engine.attempt.attempt import Hooks, Kind, Phase
-from brooq_py.engine.attempt.capacity import Capacity, CountingInFlight
-from brooq_py.engine.attempt.handover import Handover
-from brooq_py.engine.attempt.intake import Intake
-from brooq_py.engine.attempt.runner import Runner
-from brooq_py.engine.attempt.slots import AsyncRunner, SlotPool
-from brooq_py.engine.attempt.supervisor import Supervisor
+from brooq_py.engine.attempt.attempt import Hooks, Kind
+from brooq_py.engine.attempt.handover import Handover, Supervisor
+from brooq_py.engine.attempt.inflight import CountingInFlight
+from brooq_py.engine.attempt.intake import Capacity, Intake
+from brooq_py.engine.attempt.outcome import Phase
+from brooq_py.engine.attempt.runner import AsyncRunner, Runner, SlotPool
 from brooq_py.engine.clock import Clock, SystemClock
 from brooq_py.engine.config import Config
 from brooq_py.engine.health import Health, StatementTracker, tracked

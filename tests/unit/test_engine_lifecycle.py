@@ -12,9 +12,8 @@ from datetime import timedelta
 import pytest
 
 from brooq_py.engine import Engine
-from brooq_py.engine.attempt.attempt import Phase
-from brooq_py.engine.attempt.outcome import Ending, decide
-from brooq_py.engine.attempt.slots import SlotPool
+from brooq_py.engine.attempt.outcome import Ending, Phase, decide
+from brooq_py.engine.attempt.runner import SlotPool
 from brooq_py.engine.services.dispatcher import Dispatcher
 from brooq_py.engine.services.heartbeat import Heartbeat
 from brooq_py.engine.services.listener import RECONNECT_MAX, WakeListener

@@ -25,19 +25,31 @@ lease, its slot, the log and counters) comes through its ``Hooks``.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import random
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from brooq_py.engine.attempt.kind import Kind
-from brooq_py.engine.attempt.outcome import Ending, decide, describe_error, what_then
-from brooq_py.engine.attempt.phases import ENDINGS, HANDLER, PHASES, HandlerState, IllegalTransition, Phase
+from brooq_py.engine.attempt.outcome import (
+    ENDINGS,
+    HANDLER,
+    PHASES,
+    Ending,
+    HandlerState,
+    IllegalTransition,
+    Phase,
+    decide,
+    describe_error,
+    what_then,
+)
 from brooq_py.queue import (
     Claim,
     Context,
     JobCanceledByOperator,
+    KindOptions,
     Lease,
     LeaseLost,
     MaxExecutionExceeded,
@@ -52,21 +64,33 @@ if TYPE_CHECKING:
     from brooq_py.engine.metrics import Metrics
 
 
+HandlerCallable = Callable[[Context, Claim], Any]
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A registered topic: its handler (resolved to a callable) and options."""
+
+    topic: str
+    handler: HandlerCallable
+    options: KindOptions
+    is_async: bool
+
+    @classmethod
+    def build(cls, topic: str, handler: object, options: KindOptions) -> Kind:
+        fn: Any = handler
+        if not inspect.isroutine(handler) and callable(getattr(handler, "handle", None)):
+            fn = handler.handle  # type: ignore[attr-defined]
+        if not callable(fn):
+            raise TypeError("handler must be a function, an async function or an object with .handle")
+        is_async = inspect.iscoroutinefunction(fn) or (
+            not inspect.isroutine(fn) and inspect.iscoroutinefunction(type(fn).__call__)
+        )
+        return cls(topic=topic, handler=fn, options=options, is_async=is_async)
+
+
 class Poisoned(Exception):
     """Why a claimed job is not run again but dead (L5')."""
-
-
-__all__ = [
-    "ENDINGS",
-    "HANDLER",
-    "PHASES",
-    "Attempt",
-    "HandlerState",
-    "Hooks",
-    "IllegalTransition",
-    "Kind",
-    "Phase",
-]
 
 
 class Attempt:

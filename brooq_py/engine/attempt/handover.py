@@ -10,6 +10,12 @@ first (never waiting on a lock held elsewhere), then runs the chained enqueues
 and callbacks and writes the row, all or nothing; a row locked elsewhere or an
 unreachable store hands the transaction to the completer to be tried again.
 After the write each attempt is settled, counted and told as an event.
+
+The verdicts from outside the handler (the heartbeat's and the watchdog's: lease
+lost, fenced, timeout, given up, hung) take the same path: the ``Supervisor``
+reports each to the attempt, which ends by it unless another ending came first,
+and hands its answer over. The completer is a service: it is plugged in as an
+``OutcomeSink``, declared here, so that the attempt's modules never import one.
 """
 
 from __future__ import annotations
@@ -20,18 +26,22 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from brooq_py.engine.attempt.attempt import Attempt
 from brooq_py.engine.attempt.inflight import InFlight
-from brooq_py.engine.attempt.sink import OutcomeSink
+from brooq_py.engine.attempt.outcome import Ending, Phase, decide
 from brooq_py.engine.metrics import Metrics
-from brooq_py.queue import State, StoreUnavailable
+from brooq_py.queue import (
+    AttemptTimeout,
+    EngineStopping,
+    JobCanceledByOperator,
+    LeaseLost,
+    State,
+    StoreUnavailable,
+)
+from brooq_py.queue.job import EventKind
 from brooq_py.queue.port import Outcome, Repo, was_written
-
-if TYPE_CHECKING:
-    from brooq_py.engine.attempt.sink import EventSink
-    from brooq_py.queue.job import EventKind
 
 # The event a written outcome is (SPEC N1): a handed-back attempt is a requeue.
 EVENT_OF: dict[State, EventKind] = {
@@ -45,6 +55,40 @@ EVENT_OF: dict[State, EventKind] = {
 # Without a completer (run_once): how long to wait before trying a write again whose row is
 # locked elsewhere or whose store did not answer.
 RETRY_IN_PLACE = 0.25
+
+
+class OutcomeSink(Protocol):
+    """Takes outcomes to write later, in a batch; see ``Completer`` for the rules."""
+
+    def has_room(self) -> bool:
+        """Whether ``offer`` would take an outcome now."""
+        ...
+
+    def offer(self, outcome: Outcome) -> bool:
+        """Take *outcome* without waiting; False when it cannot (nothing taken)."""
+        ...
+
+    def put(self, outcome: Outcome) -> bool:
+        """Take *outcome*, waiting for room; False once stopping: the caller writes it."""
+        ...
+
+    def retry(self, fn: Callable[[], bool], give_up: Callable[[], None]) -> bool:
+        """Call *fn* again later, from the same queue, until it answers True; *give_up* if the
+        engine stops first. False once stopping (nothing taken: the caller tries in place)."""
+        ...
+
+
+class EventSink(Protocol):
+    """Takes events to deliver after their commit (``services.events.EventBus``, SPEC N1)."""
+
+    @property
+    def active(self) -> bool:
+        """Whether any listener is registered (no event is built otherwise)."""
+        ...
+
+    def emit(self, kind: EventKind, job_id: str, topic: str, attempt: int, error: str | None = None) -> None:
+        """Queue one event; never blocks, never raises."""
+        ...
 
 
 class _NotOurs(Exception):
@@ -228,3 +272,63 @@ class Handover:
             a.id,
             a.topic,
         )
+
+
+class Supervisor:
+    """Carries out lease losses, fencing, timeouts, give-ups and hung verdicts."""
+
+    def __init__(
+        self, inflight: InFlight, handover: Handover, grace_seconds: float, fence_after: float
+    ) -> None:
+        self.inflight = inflight
+        self.handover = handover
+        self.grace = grace_seconds
+        self.fence_after = fence_after  # lease - margin (F0)
+
+    def lease_lost(self, a: Attempt) -> None:
+        """The heartbeat found the row no longer ours: cancel the handler; nothing will be written (C3)."""
+        cause = LeaseLost("the row is no longer this claim's (canceled, reaped or taken over)")
+        self.handover.settle(a, a.lost(cause))
+
+    def canceled(self, a: Attempt) -> None:
+        """An operator canceled the running job (its NOTIFY, or the heartbeat found the row canceled
+        under this claim): cancel the handler with ``JobCanceledByOperator``; nothing is written (X2')."""
+        self.handover.settle(a, a.lost(JobCanceledByOperator("the job was canceled by an operator")))
+
+    def fence(self, a: Attempt) -> None:
+        """No heartbeat for lease - margin: others may run the job soon; cancel, write nothing (F0)."""
+        self.handover.settle(a, a.fenced(self.fence_after))
+
+    def timeout(self, a: Attempt) -> None:
+        """attempt_timeout: cancel ctx; the handler's own ending decides (C4)."""
+        seconds = a.kind.options.td("attempt_timeout").total_seconds()
+        a.ctx.cancel(AttemptTimeout(f"attempt_timeout of {seconds:g}s elapsed"))
+
+    def give_up(self, a: Attempt) -> None:
+        """max_execution_timeout: stop waiting for the handler and free its slot (C4'); see
+        ``Attempt.given_up``."""
+        self.handover.settle(a, a.given_up())
+
+    def hung(self, a: Attempt) -> None:
+        """Still running watchdog_grace after its cancel (C5, L1); see ``Attempt.declared_hung``."""
+        self.handover.settle(a, a.declared_hung(self.grace))
+
+    def release_at_stop(self, a: Attempt) -> None:
+        """At stop, hand back the row of a handler hung before the stop (the reaper's work, done early).
+
+        The attempt ended HUNG and wrote nothing; its attempt stays counted (C5), and the claim
+        token guard makes this a no-op if the row moved on.
+        """
+        outcome = decide(
+            id=a.id,
+            claim_token=a.row.claim_token,
+            topic=a.topic,
+            attempt=a.claim.attempt,
+            options=a.kind.options,
+            ending=Ending(Phase.HUNG, cause=a.ctx.cause, stopping=True),
+        )
+        if outcome is not None:
+            self.handover.put(outcome)
+
+    def stopping_cancel(self, a: Attempt) -> None:
+        a.ctx.cancel(EngineStopping("the engine is stopping"))

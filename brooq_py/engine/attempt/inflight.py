@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
-from brooq_py.engine.attempt.attempt import Attempt, HandlerState
+from brooq_py.engine.attempt.attempt import Attempt
+from brooq_py.engine.attempt.outcome import HandlerState
 from brooq_py.queue.port import Outcome
 
 
@@ -109,3 +110,18 @@ class InFlight:
     def hung_count(self) -> int:
         with self._lock:
             return sum(1 for a in self._running if a.handler is HandlerState.HUNG)
+
+
+class CountingInFlight(InFlight):
+    """InFlight that reports each handler's end once, by topic (a topic's room in this engine)."""
+
+    def __init__(self, on_end: Callable[[str], None]) -> None:
+        super().__init__()
+        self._on_end = on_end
+
+    def end(self, a: Attempt) -> None:
+        with self._lock:  # once per attempt, however often its end is recorded
+            was = a in self._running
+            self._running.discard(a)
+        if was:
+            self._on_end(a.topic)

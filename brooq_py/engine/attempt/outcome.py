@@ -1,17 +1,19 @@
-"""How an attempt ended, mapped to the one outcome write it deserves (SPEC C4-C11).
+"""How an attempt ended, and the one outcome write that ending earns (SPEC L1, C4-C11, V3).
 
-Every rule meets in ``decide``: the signals, backoff, timeouts and the stop.
+The attempt's two state machines are tables here: ``Phase``, how it ended, and
+``HandlerState``, the life of the handler's code. ``attempt.Attempt`` moves
+through them and asks ``decide()``, where every rule meets (the signals,
+backoff, timeouts and the stop); this module never imports it back.
 """
 
 from __future__ import annotations
 
 import random
+import traceback
 from dataclasses import dataclass
 from datetime import timedelta
+from enum import StrEnum
 
-from brooq_py.engine.attempt.backoff import backoff_delay
-from brooq_py.engine.attempt.phases import Phase
-from brooq_py.engine.attempt.results import format_traceback
 from brooq_py.queue import (
     EngineStopping,
     KindOptions,
@@ -23,6 +25,95 @@ from brooq_py.queue import (
 )
 from brooq_py.queue.errors import find_signal
 from brooq_py.queue.port import Outcome
+
+
+class Phase(StrEnum):
+    CLAIMED = "claimed"
+    RUNNING = "running"
+    RETURNED = "returned"  # the handler returned: the only ending that can close done (L1)
+    RAISED = "raised"
+    HUNG = "hung"  # still running watchdog_grace after its ctx was cancelled (C5)
+    LOST = "lost"  # the heartbeat found the row no longer this claim's (C3)
+    GAVE_UP = "gave_up"  # max_execution_timeout (C4)
+    FENCED = "fenced"  # renewals failed for a whole lease (L4)
+    POISONED = "poisoned"  # claimed with attempts past max_attempts: never run (L5)
+    UNRUN = "unrun"  # claimed while the engine stopped: handed back unrun
+    SETTLING = "settling"
+    SETTLED = "settled"
+
+
+class HandlerState(StrEnum):
+    RUNNING = "running"
+    ENDED = "ended"
+    ABANDONED = "abandoned"  # the engine stopped waiting (gave up); not hung yet
+    HUNG = "hung"
+
+
+ENDINGS = frozenset(
+    {
+        Phase.RETURNED,
+        Phase.RAISED,
+        Phase.HUNG,
+        Phase.LOST,
+        Phase.GAVE_UP,
+        Phase.FENCED,
+        Phase.POISONED,
+        Phase.UNRUN,
+    }
+)
+
+PHASES: dict[Phase, frozenset[Phase]] = {
+    Phase.CLAIMED: frozenset({Phase.RUNNING, Phase.POISONED, Phase.UNRUN}),
+    Phase.RUNNING: frozenset(ENDINGS - {Phase.POISONED, Phase.UNRUN}),
+    **{e: frozenset({Phase.SETTLING}) for e in ENDINGS},
+    Phase.SETTLING: frozenset({Phase.SETTLED}),
+    Phase.SETTLED: frozenset(),
+}
+
+HANDLER: dict[HandlerState, frozenset[HandlerState]] = {
+    HandlerState.RUNNING: frozenset({HandlerState.ENDED, HandlerState.ABANDONED, HandlerState.HUNG}),
+    HandlerState.ABANDONED: frozenset({HandlerState.ENDED, HandlerState.HUNG}),
+    HandlerState.HUNG: frozenset({HandlerState.ENDED}),
+    HandlerState.ENDED: frozenset(),
+}
+
+
+class IllegalTransition(RuntimeError):
+    """A move the attempt's tables do not allow: a bug in the engine."""
+
+
+# --- backoff (SPEC C7): d = min(base * 2^(attempts-1), max), the delay uniform in [d/2, d] ---
+
+# The engine's own generator: drawing a jitter never moves the caller's global random state
+# (a seeded simulation, or a property-based test drawing while an engine runs beside it).
+_RNG = random.Random()
+
+
+def backoff_ceiling(attempt: int, base: timedelta, cap: timedelta) -> timedelta:
+    """Return d = min(base * 2^(attempt-1), cap), guarding overflow before the power."""
+    if attempt <= 1:
+        return min(base, cap)
+    base_s, cap_s = base.total_seconds(), cap.total_seconds()
+    if base_s <= 0:
+        return timedelta(0)
+    # 2^(attempt-1) >= cap/base already: answer the cap without computing the power.
+    ratio = cap_s / base_s
+    exp = attempt - 1
+    if exp >= 1024 or 2.0**exp >= ratio:
+        return cap
+    return timedelta(seconds=base_s * 2.0**exp)
+
+
+def backoff_delay(
+    attempt: int, base: timedelta, cap: timedelta, rng: random.Random | None = None
+) -> timedelta:
+    """Return a delay drawn uniformly from [d/2, d] (equal jitter)."""
+    d = backoff_ceiling(attempt, base, cap).total_seconds()
+    r = (rng or _RNG).uniform(d / 2, d)
+    return timedelta(seconds=r)
+
+
+# --- what a failure leaves on its row ---
 
 MAX_ERROR_CHARS = 2000
 
@@ -42,6 +133,31 @@ def describe_error(exc: BaseException) -> str:
     if len(text) > MAX_ERROR_CHARS:
         text = text[: MAX_ERROR_CHARS - 20] + " ...[truncated]"
     return text
+
+
+# A traceback longer than this (UTF-8 bytes) keeps its head and its tail (SPEC V3).
+MAX_TRACEBACK_BYTES = 16 * 1024
+
+
+def format_traceback(exc: BaseException, limit: int = MAX_TRACEBACK_BYTES) -> str | None:
+    """Return *exc*'s formatted traceback (chained causes included), at most *limit* UTF-8 bytes.
+
+    A longer one is cut from the middle: the outermost frames say where the
+    attempt was, the innermost what failed. Never raises (None if formatting does).
+    """
+    try:
+        text = "".join(traceback.format_exception(exc))
+    except Exception:
+        return None
+    text = text.replace("\x00", "\\x00")
+    data = text.encode("utf-8", "backslashreplace")
+    if len(data) <= limit:
+        return data.decode("utf-8") if not text.isascii() else text
+    marker = f"\n... [{len(data) - limit} bytes cut] ...\n".encode()
+    keep = max(limit - len(marker), 0)
+    head = data[: keep // 2].decode("utf-8", "ignore")
+    tail = data[len(data) - (keep - keep // 2) :].decode("utf-8", "ignore")
+    return head + marker.decode() + tail
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from brooq_py.engine.attempt.slots import SlotPool
+from brooq_py.engine.attempt.runner import SlotPool
 from brooq_py.engine.services.ticker import worth_logging
 from brooq_py.queue.port import ClaimedJob
 

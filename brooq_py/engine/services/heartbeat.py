@@ -16,8 +16,9 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 
-from brooq_py.engine.attempt.attempt import Attempt, Phase
+from brooq_py.engine.attempt.attempt import Attempt
 from brooq_py.engine.attempt.inflight import InFlight
+from brooq_py.engine.attempt.outcome import Phase
 from brooq_py.engine.clock import Clock
 from brooq_py.engine.services.ticker import Ticker
 from brooq_py.queue.port import EngineProof, HeldLease, Renewal

@@ -13,7 +13,7 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 
-from brooq_py.engine.attempt.capacity import Capacity
+from brooq_py.engine.attempt.intake import Capacity
 from brooq_py.engine.services.ticker import Ticker
 from brooq_py.queue.port import TopicSetting
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from brooq_py.engine.attempt.attempt import Attempt, HandlerState, Phase
+from brooq_py.engine.attempt.attempt import Attempt
+from brooq_py.engine.attempt.outcome import HandlerState, Phase
 from brooq_py.engine.clock import Clock
 from brooq_py.engine.services.heartbeat import Fence
 from brooq_py.engine.services.ticker import Ticker

@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
-from brooq_py.engine.attempt.capacity import CountingInFlight
-from brooq_py.engine.attempt.supervisor import Supervisor
+from brooq_py.engine.attempt.handover import Supervisor
+from brooq_py.engine.attempt.inflight import CountingInFlight
 from brooq_py.engine.clock import Clock
 from brooq_py.engine.config import Config
 from brooq_py.engine.metrics import Metrics
