@@ -3,11 +3,10 @@
 Layout, imports pointing down:
 
 - ``engine``: the Engine facade, which wires everything below together;
-- ``attempt/``: an attempt's life (intake, state machine, slots, runner,
-  decide, supervisor, in-flight set, topic capacity);
+- ``attempt/``: an attempt's life (intake and each topic's room, runner and
+  slots, the Attempt, decide, handover and the supervisor, the in-flight set);
 - ``services/``: the background loops on the one Ticker base (dispatcher,
-  completer, heartbeat, watchdog, reaper, retention, stager, listener,
-  refresher, scheduler, topic watch);
+  completer, liveness, cleanup, wake-ups, refresher, scheduler, events);
 - shared leaves both import: ``clock``, ``config``, ``metrics``, ``health``,
   ``schema`` (the migration check at start); the ``Repo`` port itself is
   ``brooq_py.queue.port`` (re-exported here as ``brooq_py.engine.Repo``).

@@ -30,12 +30,11 @@ from brooq_py.engine.schema import check_schema
 from brooq_py.engine.services.completer import Completer
 from brooq_py.engine.services.dispatcher import Dispatcher
 from brooq_py.engine.services.events import EventBus
-from brooq_py.engine.services.heartbeat import Heartbeat
+from brooq_py.engine.services.liveness import Heartbeat
 from brooq_py.engine.services.refresher import Refresher
 from brooq_py.engine.services.scheduler import Schedule
 from brooq_py.engine.services.ticker import Ticker
-from brooq_py.engine.services.topic_watch import TopicWatch
-from brooq_py.engine.services.wakeups import own_wakes, stage_now, wake_services
+from brooq_py.engine.services.wakeups import TopicWatch, own_wakes, stage_now, wake_services
 from brooq_py.engine.services.wiring import background_services, stop_services
 from brooq_py.queue import BrooqError, ConfigError, EngineStopping, Event, Job, KindOptions
 from brooq_py.queue.handler import Handler

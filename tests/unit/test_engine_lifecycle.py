@@ -15,8 +15,8 @@ from brooq_py.engine import Engine
 from brooq_py.engine.attempt.outcome import Ending, Phase, decide
 from brooq_py.engine.attempt.runner import SlotPool
 from brooq_py.engine.services.dispatcher import Dispatcher
-from brooq_py.engine.services.heartbeat import Heartbeat
-from brooq_py.engine.services.listener import RECONNECT_MAX, WakeListener
+from brooq_py.engine.services.liveness import Heartbeat
+from brooq_py.engine.services.wakeups import RECONNECT_MAX, WakeListener
 from brooq_py.queue import (
     BrooqError,
     Claim,

@@ -26,8 +26,10 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
+from brooq_py.engine.metrics import Metrics
 from brooq_py.engine.services.ticker import Ticker
 from brooq_py.queue import ConfigError, EnqueueResult, InvalidJob, Job
+from brooq_py.queue.port import Repo
 
 # The longest the scheduler sleeps at once (a wall-clock jump is noticed within it).
 MAX_SLEEP = 60.0
@@ -150,3 +152,19 @@ class Scheduler(Ticker):
             return MAX_SLEEP
         wait = (min(ticks) - self._now()).total_seconds()
         return min(MAX_SLEEP, max(0.0, wait) + 0.001)
+
+
+def tick_enqueuer(
+    repo: Repo, metrics: Metrics, enqueued: Callable[[Job], None]
+) -> Callable[[str, datetime, Job], EnqueueResult | None]:
+    """The scheduler's enqueue: a tick goes in only with its schedule's last tick (SPEC Q4'),
+    counted and waking the engine as ``Engine.enqueue`` does."""
+
+    def enqueue_tick(schedule: str, tick: datetime, job: Job) -> EnqueueResult | None:
+        result = repo.enqueue_tick(schedule, tick, job)
+        if result is not None and result.created:
+            metrics.child(metrics.enqueued, job.topic).inc()
+            enqueued(job)
+        return result
+
+    return enqueue_tick

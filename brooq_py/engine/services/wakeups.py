@@ -1,16 +1,218 @@
-"""The services that make jobs claimable and wake the dispatcher: the stager and the listener (S7, Z3)."""
+"""Wake-ups: what makes jobs claimable and tells the dispatcher to claim (SPEC S7, Z3, E6, L7, Q2, Q3).
+
+- ``Stager``: due scheduled and failed rows become pending, so claims read
+  ready rows only. One statement per batch (SKIP LOCKED, bounded), repeated
+  while a batch comes back full. Between ticks it sleeps until the earliest due
+  time it knows, at most the poll interval; a scheduled enqueue of one of its
+  topics wakes it to read that time again. Whenever it promoted rows it wakes
+  the dispatcher.
+- ``WakeListener``: wakes the dispatcher on NOTIFY; a lost connection degrades
+  to polling.
+- ``TopicWatch``: reads the operator's topic settings every poll interval (one
+  small statement, never per claim). Pause and limits are enforced by the
+  claim statements themselves, so what the engine learns here only decides
+  which topics it claims on the limited path (a global or a rate limit), and
+  the brooq_topic_paused, brooq_topic_limit and brooq_topic_rate_tokens gauges.
+- ``wake_services`` and ``own_wakes`` wire them to the dispatcher and to the
+  engine's own enqueues.
+"""
 
 from __future__ import annotations
 
 import logging
+import math
+import threading
+import time
 from collections.abc import Callable, Sequence
 
+from brooq_py.engine.attempt.intake import Capacity
 from brooq_py.engine.config import Config
-from brooq_py.engine.services.listener import WakeListener
-from brooq_py.engine.services.stager import STAGE_BATCH, Stager, stage_due
 from brooq_py.engine.services.ticker import Ticker
 from brooq_py.queue import Job
-from brooq_py.queue.port import Listener, Repo, Staged
+from brooq_py.queue.port import Listener, Repo, Staged, TopicSetting
+
+STAGE_BATCH = 1000
+# A due time is met a little late rather than early (an early statement finds nothing due).
+_MARGIN = 0.001
+# How often a sleeping stager looks at its stop flag.
+_STOP_SLICE = 0.25
+
+
+def stage_due(stage: Callable[[Sequence[str], int], Staged], topics: Sequence[str], batch: int) -> Staged:
+    """Run the stager statement until a batch comes back short; return the last result, totals summed."""
+    promoted: dict[str, int] = {}
+    while True:
+        staged = stage(topics, batch)
+        for topic, n in staged.promoted.items():
+            promoted[topic] = promoted.get(topic, 0) + n
+        if staged.total < batch:
+            return Staged(promoted, staged.next_due_in)
+
+
+class Stager(Ticker):
+    """Promotes due rows of *topics* and calls *on_promoted* when it did."""
+
+    name = "stager"
+
+    def __init__(
+        self,
+        poll_interval: float,
+        topics: Sequence[str],
+        stage: Callable[[Sequence[str], int], Staged],
+        next_due: Callable[[Sequence[str]], float | None],
+        on_promoted: Callable[[], None],
+        log: logging.Logger,
+        *,
+        batch: int = STAGE_BATCH,
+    ) -> None:
+        super().__init__(poll_interval, log)
+        if batch < 1:
+            raise ValueError("stager: batch must be >= 1")
+        self.topics = tuple(topics)
+        self.batch = batch
+        self._stage = stage
+        self._next_due = next_due
+        self._on_promoted = on_promoted
+        self._poke = threading.Event()
+        self._due_at: float | None = None  # monotonic time of the earliest due row known
+
+    def wake(self) -> None:
+        """A job of one of our topics was scheduled: read the earliest due time again."""
+        self._poke.set()
+
+    def tick(self) -> None:
+        if not self.topics:
+            return
+        poked = self._poke.is_set()
+        self._poke.clear()
+        due = self._due()
+        # Forget the due time until a statement succeeds: a failing database is retried
+        # every poll interval, never in a busy loop on a due time already past.
+        self._due_at = None
+        if poked and not due:
+            self._learn(self._next_due(self.topics))
+            if not self._due():
+                return
+            self._due_at = None
+        total = 0
+        while not self._stop.is_set():
+            staged = self._stage(self.topics, self.batch)
+            if staged.total:
+                total += staged.total
+                self._on_promoted()
+            self._learn(staged.next_due_in)
+            if staged.total < self.batch:
+                break
+        if total:
+            self.log.debug("stager: %d due jobs made pending", total)
+
+    def _learn(self, due_in: float | None) -> None:
+        self._due_at = None if due_in is None else time.monotonic() + max(0.0, due_in) + _MARGIN
+
+    def _due(self) -> bool:
+        return self._due_at is not None and self._due_at <= time.monotonic()
+
+    def next_delay(self) -> float:
+        """Until the earliest due time known, at most the poll interval."""
+        if self._due_at is None:
+            return self.period
+        return max(0.0, min(self.period, self._due_at - time.monotonic()))
+
+    def halt(self) -> None:
+        self._stop.set()
+        self._poke.set()  # after the stop flag: the wait below ends and sees it
+
+    def _wait(self, seconds: float) -> bool:
+        end = time.monotonic() + seconds
+        while not self._stop.is_set():
+            left = end - time.monotonic()
+            if left <= 0 or self._poke.wait(min(left, _STOP_SLICE)):
+                return self._stop.is_set()
+        return True
+
+
+WAIT_SLICE = 0.1  # how soon a stop is seen: one select() on the socket per slice, no round trip
+RECONNECT_MAX = 30.0
+
+
+class WakeListener(Ticker):
+    """Holds a LISTEN subscription and calls ``wake()`` on each notification.
+
+    Each tick is one connection's life: open, wake once (a notification may
+    have been missed while disconnected), then wait in slices until stopped or
+    broken. A tick that cannot connect, or whose connection breaks, raises: the
+    base backs off exponentially up to RECONNECT_MAX and logs the first failure
+    and the recovery once each, while polling carries on (L7).
+    """
+
+    name = "listener"
+    backoff_base = 0.5
+    backoff_max = RECONNECT_MAX
+
+    def __init__(self, listen: Callable[[], Listener], wake: Callable[[], None], log: logging.Logger) -> None:
+        super().__init__(1.0, log)
+        self._listen = listen
+        self._wake = wake
+
+    def next_delay(self) -> float:
+        return 0.0  # a connection closed at our request (stop) or cleanly: reconnect at once
+
+    def tick(self) -> None:
+        try:
+            sub = self._listen()
+        except Exception:
+            self._wake()
+            raise
+        try:
+            self._wake()
+            while not self._stop.is_set():
+                if sub.wait(WAIT_SLICE):
+                    self._wake()
+                self.recovered()  # once the connection has answered: a flapping one keeps backing off
+        except Exception:
+            self._wake()
+            raise
+        finally:
+            try:
+                sub.close()
+            except Exception:
+                self.log.debug("listener: closing the subscription failed", exc_info=True)
+
+
+class TopicWatch(Ticker):
+    name = "topic-watch"
+
+    def __init__(
+        self,
+        period: float,
+        read: Callable[[], list[TopicSetting]],
+        topics: Callable[[], Sequence[str]],
+        capacity: Capacity,
+        gauges: Callable[[str, bool, float, float], None],
+        log: logging.Logger,
+    ) -> None:
+        super().__init__(period, log)
+        self._read = read
+        self._topics = topics
+        self._capacity = capacity
+        self._gauges = gauges
+
+    def tick(self) -> None:
+        settings = {s.topic: s for s in self._read()}
+        mine = self._topics()
+        limited = [t for t in mine if t in settings and settings[t].limited]
+        ready = [t for t in limited if (settings[t].tokens or 0.0) >= 1]
+        self._capacity.set_limited(limited, ready)
+        for t in mine:
+            s = settings.get(t)
+            limit = s.limit if s is not None else None
+            tokens = s.tokens if s is not None else None
+            self._gauges(
+                t,
+                bool(s and s.paused),
+                math.inf if limit is None else float(limit),
+                math.inf if tokens is None else tokens,
+            )
 
 
 def wake_services(

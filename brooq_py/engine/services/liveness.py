@@ -1,6 +1,6 @@
-"""Heartbeat: the engine's proof of life, one write of its own row per period (SPEC P1'', F0, W0).
+"""Liveness: the heartbeat, the fence and the watchdog (SPEC P1'', F0, W0, C4, C5).
 
-The heartbeat writes no job row while nothing changed on it: it renews the
+The heartbeat is the engine's proof of life, one write of its own row per period. It writes no job row while nothing changed on it: it renews the
 engine's row (which nothing done to job rows can block) and reads what became of
 the claims the engine holds. A claim whose row is no longer ours is lost; one
 canceled under its claim is an operator's cancel (X2'). The engine's claims stay
@@ -8,6 +8,10 @@ its own while its row is younger than ``lease + margin`` on the database clock;
 the engine fences itself earlier, ``lease - margin`` after the send time of its
 last heartbeat that succeeded (``Fence``), so a stalled or cut-off engine stops
 its handlers before any other engine may take their jobs.
+
+The watchdog checks every attempt against its deadlines each tick: timeouts,
+give-ups, hung handlers, and the fence itself, which does not depend on the
+heartbeat's statement returning (one stuck on a silent socket fences all the same).
 """
 
 from __future__ import annotations
@@ -18,11 +22,12 @@ from collections.abc import Callable, Sequence
 
 from brooq_py.engine.attempt.attempt import Attempt
 from brooq_py.engine.attempt.inflight import InFlight
-from brooq_py.engine.attempt.outcome import Phase
+from brooq_py.engine.attempt.outcome import HandlerState, Phase
 from brooq_py.engine.clock import Clock
 from brooq_py.engine.services.ticker import Ticker
 from brooq_py.queue.port import EngineProof, HeldLease, Renewal
 
+WATCHDOG_TICK = 0.05
 # Once a lease (every fourth beat), a beat looks for claims of this engine no attempt holds.
 ORPHAN_LOOK = 4
 
@@ -175,3 +180,59 @@ class Heartbeat(Ticker):
                 leases.append(HeldLease(a.id, a.row.claim_token, progress[0], progress[1]))
                 taken.append((a, progress))
         return leases, taken
+
+
+class Watchdog(Ticker):
+    """Checks every attempt against its deadlines on each tick.
+
+    - attempt_timeout reached: ``on_timeout`` (ctx cancelled with ``AttemptTimeout``);
+    - max_execution_timeout reached: ``on_give_up`` (the engine stops waiting);
+    - handler still running ``grace`` seconds after its ctx was cancelled: ``on_hung``;
+    - no heartbeat succeeded for ``lease - margin`` since the send time of the
+      last one that did: every running attempt is fenced (``Fence.check``, F0).
+      This check does not depend on the heartbeat's statement returning: a
+      heartbeat stuck on a silent socket fences all the same.
+    """
+
+    name = "watchdog"
+
+    def __init__(
+        self,
+        running: Callable[[], Sequence[Attempt]],
+        held: Callable[[], Sequence[Attempt]],
+        grace: float,
+        fence: Fence,
+        clock: Clock,
+        on_timeout: Callable[[Attempt], None],
+        on_give_up: Callable[[Attempt], None],
+        on_hung: Callable[[Attempt], None],
+        log: logging.Logger,
+        *,
+        period: float = WATCHDOG_TICK,
+    ) -> None:
+        super().__init__(period, log)
+        self.grace = grace
+        self.fence = fence
+        self._running = running
+        self._held = held
+        self._clock = clock
+        self._on_timeout = on_timeout
+        self._on_give_up = on_give_up
+        self._on_hung = on_hung
+
+    def tick(self) -> None:
+        now = self._clock.monotonic()
+        self.fence.check(self._held(), now)
+        for a in self._running():
+            if a.phase is Phase.RUNNING:
+                if now >= a.hard_deadline:
+                    self._on_give_up(a)
+                elif not a.ctx.done() and now >= a.soft_deadline:
+                    self._on_timeout(a)
+            cancelled = a.cancelled_at
+            if (
+                a.handler in (HandlerState.RUNNING, HandlerState.ABANDONED)
+                and cancelled is not None
+                and now - cancelled >= self.grace
+            ):
+                self._on_hung(a)

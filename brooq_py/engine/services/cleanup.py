@@ -1,6 +1,14 @@
-"""Retention: terminal rows older than the TTL are deleted in batches (SPEC T1-T3, Z1, Z1').
+"""Cleanup: the reaper and retention, the two services that take rows back from the past.
 
-Retention keeps pace: while a tick ends on its batch cap (the last batch came
+The reaper (SPEC R1, P1'', L5') returns the claims of gone engines to pending,
+their attempt given back: one statement a period decides everything from rows.
+A processing job whose engine's proof of life is older than its lease plus its
+margin, or whose engine dropped the claim (hung, fenced), goes back to pending,
+counted as a crash. A row locked elsewhere (an operator's transaction) is
+skipped and taken at a later tick; it is never waited on.
+
+Retention (SPEC T1-T3, Z1, Z1') deletes terminal rows older than the TTL in
+batches. It keeps pace: while a tick ends on its batch cap (the last batch came
 back full, so more expired rows remain) the next tick follows at once, so a
 backlog drains with no period's wait. Each batch is one short transaction over
 terminal rows only (SKIP LOCKED): it never waits for, or blocks, a claim.
@@ -28,7 +36,50 @@ from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
 
+from brooq_py.engine.services.events import EventBus
 from brooq_py.engine.services.ticker import Ticker
+from brooq_py.queue.port import Repo
+
+
+class Reaper(Ticker):
+    """Every period: return the claims of gone engines (of any topic) to pending."""
+
+    name = "reaper"
+
+    def __init__(
+        self,
+        period: timedelta | float,
+        reap: Callable[[], list[tuple[str, str]]],
+        on_reaped: Callable[[str], None],
+        log: logging.Logger,
+    ) -> None:
+        super().__init__(period, log)
+        self._reap = reap
+        self._on_reaped = on_reaped
+
+    def tick(self) -> None:
+        rows = self._reap()
+        if not rows:
+            return
+        by_topic = Counter(topic for _, topic in rows)
+        for topic, n in by_topic.items():
+            for _ in range(n):
+                self._on_reaped(topic)
+        self.log.info(
+            "reaper: returned %d jobs of gone engines to pending topics=%s",
+            len(rows),
+            ",".join(f"{t}:{n}" for t, n in sorted(by_topic.items())),
+        )
+
+
+def reap(repo: Repo, events: EventBus) -> list[tuple[str, str]]:
+    """Reap the claims of gone engines; each row is a ``requeued`` event (attempt 0: not known here)."""
+    rows = repo.reap()
+    if events.active:
+        for job_id, topic in rows:
+            events.emit("requeued", job_id, topic, 0)
+    return rows
+
 
 # Batches a tick deletes before it reports (metrics, stop check); a tick that ends
 # on this cap is followed at once by the next.
