@@ -372,7 +372,9 @@ class Engine(Producing):
                 # row back now rather than leave it processing until the reaper (guarded)
                 self.supervisor.release_at_stop(a)
             else:
-                self.supervisor.hung(a)  # still running after the stop's grace: hung at stop (C11, L1)
+                self.supervisor.declare_hung(
+                    a
+                )  # still running after the stop's grace: hung at stop (C11, L1)
         # The outcomes of ended handlers (a settler's turn, the completer's queue) and the engine's
         # row, on a thread of its own, joined until the deadline.
         left = [0]

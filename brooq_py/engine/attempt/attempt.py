@@ -16,11 +16,11 @@ RUNNING owns the slot's release. A move not in the tables raises
 
 The Attempt owns its moves. Whoever sees how it ended reports it -- the runner
 (``returned``, ``raised``), the supervisor's verdicts (``lost``, ``fenced``,
-``given_up``, ``declared_hung``), the intake (``poisoned``)
--- and the Attempt answers, through ``decide()``, the outcome to write, or None
-when there is nothing (more) to write. The reporter hands the answer over
-(``handover``); what the moves touch outside the attempt (its topic's room, its
-lease, its slot, the log and counters) comes through its ``Hooks``.
+``given_up``, ``declared_hung``), the intake (``poisoned``) -- and the Attempt
+answers, through ``decide()``, the outcome to write, or None when there is
+nothing (more) to write. The reporter hands the answer over (``handover``);
+what the moves touch outside the attempt (its topic's room, its lease, its
+slot, the log and counters) comes through its ``Hooks``.
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ class Kind:
 
     @classmethod
     def build(cls, topic: str, handler: object, options: KindOptions) -> Kind:
+        """Resolve *handler* (a function, an async function or an object with ``.handle``)."""
         fn: Any = handler
         if not inspect.isroutine(handler) and callable(getattr(handler, "handle", None)):
             fn = handler.handle  # type: ignore[attr-defined]
@@ -141,8 +142,7 @@ class Attempt:
             meta=row.meta,
         )
         ctx.attach(self.claim)
-        # The handler's return value as JSON text, encoded on its own thread (SPEC V1).
-        self.result: str | None = None
+        self.result: str | None = None  # the handler's return value as JSON text (V1)
         self.started = started
         self.soft_deadline = started + opts.td("attempt_timeout").total_seconds()
         self.hard_deadline = started + opts.td("max_execution_timeout").total_seconds()
@@ -235,17 +235,6 @@ class Attempt:
         with self._lock:
             self._move(Phase.SETTLED)
 
-    def give_up(self, ending: Phase) -> bool:
-        """End the attempt with *ending* and abandon its handler, in one move, only while the
-        handler still runs; return whether it did. A handler that already returned (its settling
-        still to come) ends the attempt itself: it was not still running (C4)."""
-        with self._lock:
-            if self._handler is not HandlerState.RUNNING or ending not in PHASES[self._phase]:
-                return False
-            self._phase = self._ending = ending
-            self._handler = HandlerState.ABANDONED
-            return True
-
     # --- the handler's life ------------------------------------------------
 
     def handler_to(self, to: HandlerState) -> HandlerState | None:
@@ -305,7 +294,7 @@ class Attempt:
         """
         if not self.end(Phase.LOST):
             return None
-        self._hooks.lease_lost(self, cause)  # counted before the handler can see its cancel
+        self._hooks.tell_lost(self, cause)  # counted before the handler can see its cancel
         self.ctx.cancel(cause)
         return self._answer(None)
 
@@ -314,7 +303,7 @@ class Attempt:
         write nothing, drop the claim (F0)."""
         if not self.end(Phase.FENCED):
             return None
-        self._hooks.fenced(self, seconds)
+        self._hooks.tell_fenced(self, seconds)
         self.ctx.cancel(LeaseLost(f"no heartbeat succeeded for {seconds:g}s (fenced)"))
         return self._answer(None)
 
@@ -323,12 +312,16 @@ class Attempt:
         (never dead for this alone) is the answer to its end or its hung verdict, whichever comes first (C4').
 
         Until then its lease is kept (renewed): the job cannot run again beside a handler that still
-        runs here. Only while the handler still runs: one that returned meanwhile ends by its return.
+        runs here. Only while the handler still runs: one that returned meanwhile (its settling
+        still to come) ends by its return (C4).
         """
-        if not self.give_up(Phase.GAVE_UP):
-            return None
+        with self._lock:  # the ending and the abandoned handler in one move
+            if self._handler is not HandlerState.RUNNING or Phase.GAVE_UP not in PHASES[self._phase]:
+                return None
+            self._phase = self._ending = Phase.GAVE_UP
+            self._handler = HandlerState.ABANDONED
         self.ctx.cancel(self._max_execution_exceeded())
-        self._hooks.gave_up(self)
+        self._hooks.tell_gave_up(self)
         self._hooks.release_slot()  # the handler was RUNNING: its slot is ours to free
         return None
 
@@ -342,7 +335,7 @@ class Attempt:
         was = self.handler_to(HandlerState.HUNG)
         if was is None:
             return None
-        self._hooks.hung(self, grace)
+        self._hooks.tell_hung(self, grace)
         if was is HandlerState.RUNNING:
             self._hooks.release_slot()
         if self.end(Phase.HUNG):
@@ -359,7 +352,7 @@ class Attempt:
     def closing_failed(self, error: BaseException) -> Outcome | None:
         """The closing transaction of a done raised (a chained job or a callback failed): recorded as
         a raise of the handler (C9); the attempt is settling already."""
-        outcome = self._decide(Ending(Phase.RAISED, error=error, cause=self.ctx.cause))
+        outcome = self.decide(Ending(Phase.RAISED, error=error, cause=self.ctx.cause))
         if outcome is None:
             self.let_go()
         return outcome
@@ -383,7 +376,7 @@ class Attempt:
         lease was kept for this moment, C4'); any other ending said all there is."""
         if self._ending is Phase.GAVE_UP:
             return self._given_up_failure()
-        self._hooks.late(self, error)
+        self._hooks.tell_late(self, error)
         return None
 
     def _given_up_failure(self) -> Outcome | None:
@@ -397,15 +390,16 @@ class Attempt:
         ending = Ending(
             phase, error=error, cause=self.ctx.cause, stopping=self._hooks.stopping(), result=self.result
         )
-        outcome = self._decide(ending)
+        outcome = self.decide(ending)
         if outcome is None:
             self.let_go(unsettled=phase in (Phase.FENCED, Phase.HUNG))
             return None
         if phase is Phase.RAISED and error is not None:
-            self._hooks.failed(self, error, outcome)
+            self._hooks.tell_failed(self, error, outcome)
         return outcome
 
-    def _decide(self, ending: Ending) -> Outcome | None:
+    def decide(self, ending: Ending) -> Outcome | None:
+        """The outcome *ending* earns this attempt (``outcome.decide``); no move."""
         return decide(
             id=self.id,
             claim_token=self.row.claim_token,
@@ -468,7 +462,7 @@ class Hooks:
         if self.metrics is not None:
             self.metrics.child(getattr(self.metrics, counter), a.topic).inc()
 
-    def lease_lost(self, a: Attempt, cause: BaseException) -> None:
+    def tell_lost(self, a: Attempt, cause: BaseException) -> None:
         if isinstance(cause, JobCanceledByOperator):
             # The operator's cancel is the job's outcome (its statement wrote it): counted as one, not
             # as a lost lease, which tells of reaping, takeover and fencing.
@@ -481,30 +475,30 @@ class Hooks:
             self._count("lease_lost", a)
             self._tell(logging.WARNING, a, "lease lost; cancelling the handler, nothing will be written")
 
-    def fenced(self, a: Attempt, lease: float) -> None:
+    def tell_fenced(self, a: Attempt, lease: float) -> None:
         self._count("lease_lost", a)
         what = "no heartbeat for %gs: fencing (cancelling the handler, nothing will be written)"
         self._tell(logging.ERROR, a, what, lease)
 
-    def gave_up(self, a: Attempt) -> None:
+    def tell_gave_up(self, a: Attempt) -> None:
         what = (
             "still running after max_execution_timeout; freeing the slot; the failed attempt is "
             "recorded when the handler ends or is declared hung"
         )
         self._tell(logging.ERROR, a, what)
 
-    def hung(self, a: Attempt, grace: float) -> None:
+    def tell_hung(self, a: Attempt, grace: float) -> None:
         self._count("hung", a)
         what = "handler hung: still running %gs after its context was cancelled (%s); its claim is dropped for the reaper"
         self._tell(logging.ERROR, a, what, grace, type(a.ctx.cause).__name__)
 
-    def late(self, a: Attempt, error: BaseException | None) -> None:
+    def tell_late(self, a: Attempt, error: BaseException | None) -> None:
         how = "returned" if error is None else f"raised {describe_error(error)}"
         self._tell(
             logging.WARNING, a, "handler %s after the attempt ended (%s); nothing written", how, a.phase
         )
 
-    def failed(self, a: Attempt, error: BaseException, outcome: Outcome) -> None:
+    def tell_failed(self, a: Attempt, error: BaseException, outcome: Outcome) -> None:
         then = what_then(outcome)  # the last attempt's failure says the job is now dead
         if any(find_signal(error, s) is not None for s in (MustCancelTask, MustDelay, MustPreserveAttempt)):
             self._tell(logging.INFO, a, "handler signalled %s%s", describe_error(error), then)

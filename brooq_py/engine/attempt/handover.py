@@ -30,7 +30,7 @@ from typing import Protocol
 
 from brooq_py.engine.attempt.attempt import Attempt
 from brooq_py.engine.attempt.inflight import InFlight
-from brooq_py.engine.attempt.outcome import Ending, Phase, decide
+from brooq_py.engine.attempt.outcome import Ending, Phase
 from brooq_py.engine.metrics import Metrics
 from brooq_py.queue import (
     AttemptTimeout,
@@ -72,8 +72,8 @@ class OutcomeSink(Protocol):
         """Take *outcome*, waiting for room; False once stopping: the caller writes it."""
         ...
 
-    def retry(self, fn: Callable[[], bool], give_up: Callable[[], None]) -> bool:
-        """Call *fn* again later, from the same queue, until it answers True; *give_up* if the
+    def retry(self, fn: Callable[[], bool], abandon: Callable[[], None]) -> bool:
+        """Call *fn* again later, from the same queue, until it answers True; *abandon* if the
         engine stops first. False once stopping (nothing taken: the caller tries in place)."""
         ...
 
@@ -117,25 +117,23 @@ class Handover:
         self.log = log
         self.completer: OutcomeSink | None = None  # None: write each outcome at once (run_once)
         self.sleep: Callable[[float], None] = time.sleep
-        # Called after a flush wrote a failed attempt's retry time: the stager's
-        # cue to read the earliest due time again, since no NOTIFY announces such a row (SPEC S7).
+        # A failed attempt's retry time was written: no NOTIFY announces it, the stager must look (S7).
         self.on_waiting: Callable[[], None] = lambda: None
-        self.events: EventSink | None = None  # set by the engine: events after commit (SPEC N1)
-        # Outcomes written, by topic: a limited topic may have room again (set by the engine, SPEC Q3).
-        self.on_settled: Callable[[Iterable[str]], None] = lambda topics: None
+        self.events: EventSink | None = None
+        self.on_settled: Callable[[Iterable[str]], None] = lambda topics: None  # their topics' room (Q3)
 
-    def settle(self, a: Attempt, outcome: Outcome | None) -> None:
-        """Hand over *a*'s answer: a done with closing work to its transaction, any other outcome to
-        the completer; None: nothing to write (the attempt settled itself)."""
+    def hand_over(self, a: Attempt, outcome: Outcome | None) -> None:
+        """Take *a*'s answer where it is written: a done with closing work to its transaction, any
+        other outcome to the completer; None: nothing to write (the attempt settled itself)."""
         if outcome is None:
             return
         if outcome.state is State.DONE and a.claim.has_closing_work:
             self._close(a, outcome)
             return
-        self.put(outcome)
+        self.write(outcome)
 
     def offer(self, outcome: Outcome) -> bool:
-        """Hand *outcome* to the completer without waiting; False when that cannot be done now."""
+        """Give *outcome* to the completer without waiting; False when that cannot be done now."""
         completer = self.completer
         return completer is not None and completer.offer(outcome)
 
@@ -144,19 +142,21 @@ class Handover:
         completer = self.completer
         return completer is not None and completer.has_room()
 
-    def put(self, outcome: Outcome) -> None:
-        """Hand *outcome* to the completer; write it at once without one, or once it stopped (C11)."""
+    def write(self, outcome: Outcome) -> None:
+        """Have *outcome* written: by the completer, or at once without one or once it stopped (C11)."""
         completer = self.completer
         if completer is not None and completer.put(outcome):
             return
         batch = [outcome]
         while True:
             written = self.repo.settle_many(batch)
-            locked: frozenset[str] = getattr(written, "locked", frozenset())
-            if outcome.claim_token not in locked or self.inflight.by_token(outcome.claim_token) is None:
+            if outcome.claim_token not in getattr(written, "locked", ()) or not self._holds(outcome):
                 break
             self.sleep(RETRY_IN_PLACE)  # its row is locked elsewhere: never waited on, tried again
         self.on_written(batch, written)
+
+    def _holds(self, outcome: Outcome) -> bool:
+        return self.inflight.by_token(outcome.claim_token) is not None
 
     def on_written(self, batch: Sequence[Outcome], written: set[str]) -> None:
         settled: Counter[tuple[str, str]] = Counter()
@@ -167,32 +167,27 @@ class Handover:
             a = self.inflight.drop_outcome(o)
             if a is not None:
                 a.settled()
-            if was_written(written, o):
-                if o.state is not State.PENDING:
-                    settled[(o.topic, str(o.state))] += 1
-                if events is not None:
-                    events.emit(
-                        EVENT_OF[o.state],
-                        o.id,
-                        o.topic,
-                        0 if a is None else a.claim.attempt,
-                        o.last_error if o.state in (State.FAILED, State.DEAD) else None,
-                    )
-            else:
+            if not was_written(written, o):
                 self.log.info(
                     "job id=%s topic=%s: %s not written: the row was no longer this claim's",
                     o.id,
                     o.topic,
                     o.state,
                 )
+                continue
+            if o.state is not State.PENDING:
+                settled[(o.topic, str(o.state))] += 1
+            if events is not None:
+                error = o.last_error if o.state in (State.FAILED, State.DEAD) else None
+                events.emit(EVENT_OF[o.state], o.id, o.topic, 0 if a is None else a.claim.attempt, error)
         for (topic, state), n in settled.items():  # one counter update per (topic, outcome) a batch
             self.metrics.child(self.metrics.settled, topic, state).inc(n)
         self.on_settled(o.topic for o in batch)
 
     def _close(self, a: Attempt, done: Outcome) -> None:
-        """Done + chained enqueues + on_succeeded in one transaction (SPEC C9, O4): tried now, then,
-        while its row is locked elsewhere or the store does not answer, from the completer's queue
-        (in place without one)."""
+        """Done + chained enqueues + on_succeeded in one transaction (C9, O4): tried now, then, while
+        its row is locked elsewhere or the store does not answer, from the completer's queue (in
+        place without one)."""
         if self._close_once(a, done):
             return
         completer = self.completer
@@ -200,9 +195,7 @@ class Handover:
             functools.partial(self._close_once, a, done), functools.partial(self._abandon, a)
         ):
             return
-        while not self._close_once(a, done):
-            if self.inflight.by_token(done.claim_token) is None:
-                return
+        while not self._close_once(a, done) and self._holds(done):
             self.sleep(RETRY_IN_PLACE)
 
     def _close_once(self, a: Attempt, done: Outcome) -> bool:
@@ -250,13 +243,13 @@ class Handover:
             )
             outcome = a.closing_failed(exc)
             if outcome is not None:
-                self.put(outcome)
+                self.write(outcome)
             if not isinstance(exc, Exception) and threading.current_thread() is threading.main_thread():
                 raise  # run_once in the caller's thread: its Ctrl-C or exit goes on, the row settled
             return True
         a.let_go()
         self.metrics.child(self.metrics.settled, a.topic, "done").inc()
-        self.on_settled((a.topic,))  # a limited topic may have room again (SPEC Q3)
+        self.on_settled((a.topic,))
         if self.events is not None:
             self.events.emit("done", a.id, a.topic, claim.attempt)
         for job in claim.chained:
@@ -275,29 +268,27 @@ class Handover:
 
 
 class Supervisor:
-    """Carries out lease losses, fencing, timeouts, give-ups and hung verdicts."""
+    """Reports the verdicts from outside the handler to its attempt and hands the answer over."""
 
     def __init__(
         self, inflight: InFlight, handover: Handover, grace_seconds: float, fence_after: float
     ) -> None:
-        self.inflight = inflight
         self.handover = handover
         self.grace = grace_seconds
-        self.fence_after = fence_after  # lease - margin (F0)
+        self.fence_after = fence_after  # lease - margin
 
     def lease_lost(self, a: Attempt) -> None:
-        """The heartbeat found the row no longer ours: cancel the handler; nothing will be written (C3)."""
+        """The heartbeat found the row no longer this claim's (C3)."""
         cause = LeaseLost("the row is no longer this claim's (canceled, reaped or taken over)")
-        self.handover.settle(a, a.lost(cause))
+        self.handover.hand_over(a, a.lost(cause))
 
     def canceled(self, a: Attempt) -> None:
-        """An operator canceled the running job (its NOTIFY, or the heartbeat found the row canceled
-        under this claim): cancel the handler with ``JobCanceledByOperator``; nothing is written (X2')."""
-        self.handover.settle(a, a.lost(JobCanceledByOperator("the job was canceled by an operator")))
+        """An operator canceled the running job: its NOTIFY, or the heartbeat found it so (X2')."""
+        self.handover.hand_over(a, a.lost(JobCanceledByOperator("the job was canceled by an operator")))
 
     def fence(self, a: Attempt) -> None:
-        """No heartbeat for lease - margin: others may run the job soon; cancel, write nothing (F0)."""
-        self.handover.settle(a, a.fenced(self.fence_after))
+        """No heartbeat succeeded for lease - margin (F0)."""
+        self.handover.hand_over(a, a.fenced(self.fence_after))
 
     def timeout(self, a: Attempt) -> None:
         """attempt_timeout: cancel ctx; the handler's own ending decides (C4)."""
@@ -305,30 +296,19 @@ class Supervisor:
         a.ctx.cancel(AttemptTimeout(f"attempt_timeout of {seconds:g}s elapsed"))
 
     def give_up(self, a: Attempt) -> None:
-        """max_execution_timeout: stop waiting for the handler and free its slot (C4'); see
-        ``Attempt.given_up``."""
-        self.handover.settle(a, a.given_up())
+        """max_execution_timeout (C4')."""
+        self.handover.hand_over(a, a.given_up())
 
-    def hung(self, a: Attempt) -> None:
-        """Still running watchdog_grace after its cancel (C5, L1); see ``Attempt.declared_hung``."""
-        self.handover.settle(a, a.declared_hung(self.grace))
+    def declare_hung(self, a: Attempt) -> None:
+        """Still running watchdog_grace after its cancel (C5)."""
+        self.handover.hand_over(a, a.declared_hung(self.grace))
 
     def release_at_stop(self, a: Attempt) -> None:
-        """At stop, hand back the row of a handler hung before the stop (the reaper's work, done early).
-
-        The attempt ended HUNG and wrote nothing; its attempt stays counted (C5), and the claim
-        token guard makes this a no-op if the row moved on.
-        """
-        outcome = decide(
-            id=a.id,
-            claim_token=a.row.claim_token,
-            topic=a.topic,
-            attempt=a.claim.attempt,
-            options=a.kind.options,
-            ending=Ending(Phase.HUNG, cause=a.ctx.cause, stopping=True),
-        )
+        """At stop, hand back the row of a handler hung before the stop (the reaper's work, done
+        early): its attempt stays counted (C5); the claim token guards a row that moved on."""
+        outcome = a.decide(Ending(Phase.HUNG, cause=a.ctx.cause, stopping=True))
         if outcome is not None:
-            self.handover.put(outcome)
+            self.handover.write(outcome)
 
     def stopping_cancel(self, a: Attempt) -> None:
         a.ctx.cancel(EngineStopping("the engine is stopping"))

@@ -1,4 +1,4 @@
-"""InFlight: the attempts this engine holds leases for and the handlers still running."""
+"""InFlight: the attempts this engine holds claims for and the handlers still running."""
 
 from __future__ import annotations
 
@@ -57,10 +57,6 @@ class InFlight:
         if self._latest.get(a.id) is a:
             del self._latest[a.id]
 
-    def held_count(self) -> int:
-        with self._lock:
-            return len(self._held)
-
     def dropping(self, a: Attempt) -> None:
         """*a*'s row may still be ours, with no outcome coming: named dropped until taken back."""
         self.drop_claim(a.row.claim_token, a.id)
@@ -89,10 +85,6 @@ class InFlight:
         with self._lock:
             for t in tokens:
                 self._dropped.pop(t, None)
-
-    def holds(self, a: Attempt) -> bool:
-        with self._lock:
-            return self._held.get(a.row.claim_token) is a
 
     def drop_outcome(self, o: Outcome) -> Attempt | None:
         """Stop holding the lease an outcome write ended (matched by claim token)."""

@@ -240,7 +240,7 @@ class Intake:
         clock: Clock,
         worker_id: str,
         log: logging.Logger,
-        supervisor: Supervisor | None = None,
+        supervisor: Supervisor,
     ) -> None:
         self.repo = repo
         self.config = config
@@ -292,7 +292,7 @@ class Intake:
             row, kind, self.clock.monotonic(), ctx, parents=self.repo.parent_results, hooks=self.hooks
         )
         older = self.inflight.latest(row.id)
-        if older is not None and older.row.claim_token != row.claim_token and self.supervisor is not None:
+        if older is not None and older.row.claim_token != row.claim_token:
             # Claimed again under a new token (canceled and retried, or reaped): the older attempt
             # is no longer the row's; tell it now, not at its next renewal (P1').
             self.supervisor.lease_lost(older)
@@ -300,7 +300,7 @@ class Intake:
         why = poison(row, kind.options.max_crashes, kind.options.max_attempts)
         if why is not None:
             self.log.error("job id=%s topic=%s: %s (L5')", row.id, row.topic, why)
-            self.handover.settle(a, a.poisoned(why))
+            self.handover.hand_over(a, a.poisoned(why))
             return None
         clock = self.clock
 
@@ -309,7 +309,7 @@ class Intake:
 
         ctx.add_callback(mark)
         a.start()
-        if self._was_canceled(row.claim_token) and self.supervisor is not None:
+        if self._was_canceled(row.claim_token):
             self.supervisor.canceled(a)
         return a
 
@@ -318,8 +318,7 @@ class Intake:
         claim at once with ``JobCanceledByOperator`` (X2'); remember a claim not held yet."""
         a = self.inflight.by_token(claim_token) if claim_token else self.inflight.latest(job_id)
         if a is not None:
-            if self.supervisor is not None:
-                self.supervisor.canceled(a)
+            self.supervisor.canceled(a)
             return
         if not claim_token:
             return

@@ -8,6 +8,7 @@ backoff, timeouts and the stop); this module never imports it back.
 
 from __future__ import annotations
 
+import functools
 import random
 import traceback
 from dataclasses import dataclass
@@ -49,18 +50,7 @@ class HandlerState(StrEnum):
     HUNG = "hung"
 
 
-ENDINGS = frozenset(
-    {
-        Phase.RETURNED,
-        Phase.RAISED,
-        Phase.HUNG,
-        Phase.LOST,
-        Phase.GAVE_UP,
-        Phase.FENCED,
-        Phase.POISONED,
-        Phase.UNRUN,
-    }
-)
+ENDINGS = frozenset(set(Phase) - {Phase.CLAIMED, Phase.RUNNING, Phase.SETTLING, Phase.SETTLED})
 
 PHASES: dict[Phase, frozenset[Phase]] = {
     Phase.CLAIMED: frozenset({Phase.RUNNING, Phase.POISONED, Phase.UNRUN}),
@@ -162,7 +152,7 @@ def format_traceback(exc: BaseException, limit: int = MAX_TRACEBACK_BYTES) -> st
 
 @dataclass(frozen=True)
 class Ending:
-    """How an attempt ended: its *phase* (an ending of ``attempt.Phase``), the handler's
+    """How an attempt ended: its *phase* (one of ``ENDINGS``), the handler's
     *error* (None when it returned or never ran), ctx's *cause* then, whether the
     engine was *stopping*, and the handler's *result* as JSON text (RETURNED only)."""
 
@@ -199,6 +189,9 @@ def decide(
 
     base, cap = options.td("backoff_base"), options.td("backoff_max")
 
+    def backoff() -> timedelta:
+        return backoff_delay(attempt, base, cap, rng)
+
     if phase is Phase.POISONED:
         return outcome(State.DEAD, last_error=str(error) if error is not None else "poisoned")
     if phase is Phase.UNRUN:
@@ -218,7 +211,7 @@ def decide(
         # last attempt that attempt is given back, so the job is never dead for this alone.
         return outcome(
             State.FAILED,
-            delay=backoff_delay(attempt, base, cap, rng),
+            delay=backoff(),
             give_back=attempt >= options.max_attempts,
             last_error=describe_error(error if error is not None else cause or TimeoutError()),
             traceback=format_traceback(error) if error is not None else None,
@@ -230,10 +223,7 @@ def decide(
     if find_signal(error, MustCancelTask) is not None:
         return outcome(State.CANCELED, last_error=describe_error(error))
     last_error = describe_error(error)
-    raised = error
-
-    def tb() -> str | None:  # formatted only for the outcomes that keep it (V3)
-        return format_traceback(raised)
+    tb = functools.partial(format_traceback, error)  # formatted only for the outcomes that keep it (V3)
 
     delay_signal = find_signal(error, MustDelay)
     if isinstance(cause, EngineStopping):
@@ -243,21 +233,13 @@ def decide(
             return outcome(State.FAILED, delay=delay, give_back=True, last_error=last_error, traceback=tb())
         return outcome(State.PENDING, give_back=True, last_error=last_error)
     if find_signal(error, MustPreserveAttempt) is not None:
-        return outcome(
-            State.FAILED,
-            delay=backoff_delay(attempt, base, cap, rng),
-            give_back=True,
-            last_error=last_error,
-            traceback=tb(),
-        )
+        return outcome(State.FAILED, delay=backoff(), give_back=True, last_error=last_error, traceback=tb())
     if attempt >= options.max_attempts:
         return outcome(State.DEAD, last_error=last_error, traceback=tb())
     if delay_signal is not None:
         delay = min(delay_signal.delay, cap)
         return outcome(State.FAILED, delay=max(delay, timedelta(0)), last_error=last_error, traceback=tb())
-    return outcome(
-        State.FAILED, delay=backoff_delay(attempt, base, cap, rng), last_error=last_error, traceback=tb()
-    )
+    return outcome(State.FAILED, delay=backoff(), last_error=last_error, traceback=tb())
 
 
 def what_then(outcome: Outcome) -> str:

@@ -26,7 +26,6 @@ from typing import Any
 from brooq_py.contrib.otel import run_span
 from brooq_py.engine.attempt.attempt import Attempt
 from brooq_py.engine.attempt.handover import Handover
-from brooq_py.engine.attempt.outcome import HandlerState
 from brooq_py.engine.metrics import Metrics
 from brooq_py.queue import BrooqError, InvalidJob
 from brooq_py.queue.job import encode_payload
@@ -56,11 +55,6 @@ class SlotPool:
     def free(self) -> int:
         with self._cond:
             return self._free
-
-    @property
-    def busy(self) -> int:
-        with self._cond:
-            return self.size - self._free
 
     def take(self) -> None:
         with self._cond:
@@ -110,11 +104,6 @@ class Threads:
             elif self._max is None or len(self._threads) < self._max:
                 self._spawn()
         self._queue.put(fn)
-
-    @property
-    def count(self) -> int:
-        with self._lock:
-            return len(self._threads)
 
     def owns_current(self) -> bool:
         """Whether the calling thread is one of these."""
@@ -184,18 +173,11 @@ class AsyncRunner:
                 self._loop = loop
             return self._loop
 
-    def spawn(
-        self,
-        make: Callable[[], Any],
-        on_done: Callable[[BaseException | None], None],
-    ) -> None:
-        """Run ``await make()`` as a task on the loop; then call ``on_done(error or None)`` there."""
-        self.spawn_many([(make, on_done)])
-
     def spawn_many(
         self, handlers: Sequence[tuple[Callable[[], Any], Callable[[BaseException | None], None]]]
     ) -> None:
-        """``spawn`` each ``(make, on_done)``: one wake-up of the loop for the whole batch of a claim."""
+        """Run ``await make()`` as a task on the loop for each ``(make, on_done)``, then call
+        ``on_done(error or None)`` there; one wake-up of the loop for the whole batch of a claim."""
         if not handlers:
             return
         batch = list(handlers)
@@ -233,10 +215,6 @@ class AsyncRunner:
         """Whether the calling thread is the loop's."""
         return self._thread is not None and threading.current_thread() is self._thread
 
-    @property
-    def tasks(self) -> int:
-        return len(self._tasks)
-
     def close(self) -> None:
         """Stop the loop; a hung handler's task is left behind with it (it cannot be killed)."""
         with self._lock:
@@ -248,9 +226,6 @@ class AsyncRunner:
                 thread.join(5)
             if not loop.is_running():
                 loop.close()  # a hung handler's task stays pending, never resumed
-
-
-# --- the handler's return value, as the row keeps it ---
 
 
 class ResultRejected(BrooqError, ValueError):
@@ -282,9 +257,6 @@ def encode_result(value: Any, max_bytes: int) -> str | None:
     return text
 
 
-# --- running ---
-
-
 async def run_async(a: Attempt, max_bytes: int) -> None:
     """Await an async handler; encode its return value on the loop, where it ran (a result that
     cannot be stored raises ResultRejected: the attempt's failure)."""
@@ -304,16 +276,9 @@ class Runner:
         self.handover = handover
         self.metrics = metrics
         self.loop = loop
-        self.log = log
         self.threads = Threads("worker", log)
         self.settlers = Threads("settler", log, max_threads=4)
         self.result_max_bytes = 1024 * 1024  # the largest result a handler may return (SPEC V1)
-
-    # --- running ---------------------------------------------------------
-
-    def launch(self, a: Attempt) -> None:
-        """Start *a*'s handler: a task on the loop for an async kind, else a thread."""
-        self.launch_many([a])
 
     def launch_many(self, attempts: Sequence[Attempt]) -> None:
         """Start each attempt's handler; the async ones reach the loop in one hand-over."""
@@ -328,7 +293,7 @@ class Runner:
             self.loop.spawn_many(tasks)
 
     def _run_thread(self, a: Attempt, t0: float) -> None:
-        error = self._call_sync(a)
+        error = self._call_here(a)
         self._observe(a, t0)
         self.finish(a, error)
 
@@ -354,36 +319,30 @@ class Runner:
         try:
             outcome = a.returned()
             if outcome is not None and not self.handover.offer(outcome):
-                self.settlers.run(lambda: self._put_then_free(a, outcome))
+                self.settlers.run(lambda: self._write_then_free(a, outcome))
                 return
         except BaseException:
             a.free_slot()
             raise
         a.free_slot()
 
-    def _put_then_free(self, a: Attempt, outcome: Outcome) -> None:
+    def _write_then_free(self, a: Attempt, outcome: Outcome) -> None:
         try:
-            self.handover.put(outcome)
+            self.handover.write(outcome)
         finally:
             a.free_slot()
 
     def run_here(self, a: Attempt) -> None:
         """Run *a*'s handler in this thread and settle it (``Engine.run_once``)."""
         self._busy(a, +1)
-        t0 = time.monotonic()
-        if a.kind.is_async:
-            try:
-                self.loop.wait(run_async(a, self.result_max_bytes))
-                error: BaseException | None = None
-            except BaseException as exc:
-                error = exc
-        else:
-            error = self._call_sync(a)
-        self._observe(a, t0)
-        self.finish(a, error)
+        self._run_thread(a, time.monotonic())
 
-    def _call_sync(self, a: Attempt) -> BaseException | None:
+    def _call_here(self, a: Attempt) -> BaseException | None:
+        """Run the handler in this thread (an async one awaited on the loop); return what it raised."""
         try:
+            if a.kind.is_async:
+                self.loop.wait(run_async(a, self.result_max_bytes))
+                return None
             with run_span(a.topic, a.id, a.claim.attempt, a.claim.meta):  # a no-op without OpenTelemetry
                 result = a.kind.handler(a.ctx, a.claim)
                 if inspect.isawaitable(result):
@@ -400,24 +359,9 @@ class Runner:
         self._busy(a, -1)
         self.metrics.child(self.metrics.duration, a.topic).observe(time.monotonic() - t0)
 
-    # --- reporting the end -------------------------------------------------
-
     def finish(self, a: Attempt, error: BaseException | None) -> None:
         """The handler's code ended: report how to the attempt, hand its answer over, free the slot."""
         try:
-            self.handover.settle(a, a.returned() if error is None else a.raised(error))
+            self.handover.hand_over(a, a.returned() if error is None else a.raised(error))
         finally:
             a.free_slot()  # only if its own end took the handler out of RUNNING
-
-    def ended(self, a: Attempt) -> HandlerState | None:
-        """Record that the handler's code ended (before ``conclude``); return its state before."""
-        return a.code_ended()
-
-    def conclude(self, a: Attempt, error: BaseException | None, was: HandlerState | None = None) -> None:
-        """Report the ending of a handler whose end ``ended`` recorded (the attempt knows whether
-        the slot is its to free: *was* is not needed)."""
-        self.finish(a, error)
-
-    def put(self, outcome: Outcome) -> None:
-        """Hand *outcome* to be written (``Handover.put``)."""
-        self.handover.put(outcome)

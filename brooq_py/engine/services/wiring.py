@@ -69,7 +69,7 @@ def background_services(
             clock,
             supervisor.timeout,
             supervisor.give_up,
-            supervisor.hung,
+            supervisor.declare_hung,
             log,
         ),
         Reaper(
