@@ -115,16 +115,7 @@ class Heartbeat(Ticker):
         self._on_lost = on_lost
         self._on_canceled = on_canceled
         self._clock = clock
-        self._poke = threading.Event()  # set by wake() and by stop()
         self._beats = 0  # every ORPHAN_LOOK-th beat also looks for claims whose answer was lost
-
-    def wake(self) -> None:
-        """Beat now (once, however many calls come before the beat starts)."""
-        self._poke.set()
-
-    def halt(self) -> None:
-        self._stop.set()
-        self._poke.set()  # after the stop flag: the loop's wait ends and sees it
 
     def _wait(self, seconds: float) -> bool:
         self._poke.wait(seconds)

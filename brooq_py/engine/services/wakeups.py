@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -34,8 +33,6 @@ from brooq_py.queue.port import Listener, Repo, Staged, TopicSetting
 STAGE_BATCH = 1000
 # A due time is met a little late rather than early (an early statement finds nothing due).
 _MARGIN = 0.001
-# How often a sleeping stager looks at its stop flag.
-_STOP_SLICE = 0.25
 
 
 def stage_due(stage: Callable[[Sequence[str], int], Staged], topics: Sequence[str], batch: int) -> Staged:
@@ -50,7 +47,8 @@ def stage_due(stage: Callable[[Sequence[str], int], Staged], topics: Sequence[st
 
 
 class Stager(Ticker):
-    """Promotes due rows of *topics* and calls *on_promoted* when it did."""
+    """Promotes due rows of *topics* and calls *on_promoted* when it did; ``wake()``: a job of
+    one of its topics was scheduled, read the earliest due time again."""
 
     name = "stager"
 
@@ -73,12 +71,7 @@ class Stager(Ticker):
         self._stage = stage
         self._next_due = next_due
         self._on_promoted = on_promoted
-        self._poke = threading.Event()
         self._due_at: float | None = None  # monotonic time of the earliest due row known
-
-    def wake(self) -> None:
-        """A job of one of our topics was scheduled: read the earliest due time again."""
-        self._poke.set()
 
     def tick(self) -> None:
         if not self.topics:
@@ -117,18 +110,6 @@ class Stager(Ticker):
         if self._due_at is None:
             return self.period
         return max(0.0, min(self.period, self._due_at - time.monotonic()))
-
-    def halt(self) -> None:
-        self._stop.set()
-        self._poke.set()  # after the stop flag: the wait below ends and sees it
-
-    def _wait(self, seconds: float) -> bool:
-        end = time.monotonic() + seconds
-        while not self._stop.is_set():
-            left = end - time.monotonic()
-            if left <= 0 or self._poke.wait(min(left, _STOP_SLICE)):
-                return self._stop.is_set()
-        return True
 
 
 WAIT_SLICE = 0.1  # how soon a stop is seen: one select() on the socket per slice, no round trip
