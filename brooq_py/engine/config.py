@@ -46,16 +46,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "QUEUE_GAUGES_PERIOD": ("gauges_period", "duration"),
     "QUEUE_RESULT_MAX_BYTES": ("result_max_bytes", "int"),
 }
-_BOOLS = {
-    "true": True,
-    "1": True,
-    "on": True,
-    "yes": True,
-    "false": False,
-    "0": False,
-    "off": False,
-    "no": False,
-}
+_BOOLS = dict.fromkeys(("true", "1", "on", "yes"), True) | dict.fromkeys(("false", "0", "off", "no"), False)
 _DIGITS = re.compile(r"[0-9]+")
 
 

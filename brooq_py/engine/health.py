@@ -63,16 +63,8 @@ class Health:
         failing_for: float | None = None,
         error: str | None = None,
     ) -> Health:
-        return cls(
-            ok=database and running and hung <= workers,
-            database=database,
-            running=running,
-            hung=hung,
-            workers=workers,
-            last_success_age=last_success_age,
-            failing_for=failing_for,
-            error=error,
-        )
+        ok = database and running and hung <= workers
+        return cls(ok, database, running, hung, workers, last_success_age, failing_for, error)
 
     def to_json(self) -> dict[str, Any]:
         def rounded(value: float | None) -> float | None:

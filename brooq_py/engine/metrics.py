@@ -101,16 +101,9 @@ class Metrics:
     def prime(self, topics: Iterable[str]) -> None:
         """Create every per-topic series at zero so dashboards see them before the first job."""
         for t in topics:
-            for m in (
-                self.enqueued,
-                self.claimed,
-                self.lease_lost,
-                self.reaped,
-                self.hung,
-                self.busy,
-                self.rate_held,
-            ):
+            for m in (self.enqueued, self.claimed, self.lease_lost, self.reaped, self.hung, self.busy):
                 self.child(m, t)
+            self.child(self.rate_held, t)
             self.child(self.duration, t)
             for outcome in ("done", "failed", "dead", "canceled"):
                 self.child(self.settled, t, outcome)

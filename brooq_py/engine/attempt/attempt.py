@@ -193,12 +193,8 @@ class Attempt:
             self._move(Phase.RUNNING)
 
     def end(self, ending: Phase) -> bool:
-        """Record how the attempt ended; return False if another ending came first.
-
-        From RUNNING (or CLAIMED for POISONED and UNRUN) only: the race between a
-        handler's return and the watchdog or heartbeat is normal, and its loser
-        learns it here. Raise ``IllegalTransition`` for a phase that is no ending.
-        """
+        """Record how the attempt ended; False if another ending came first (a handler's return
+        racing the watchdog or the heartbeat is normal: its loser learns it here)."""
         if ending not in ENDINGS:
             raise IllegalTransition(f"attempt {self.id}: {ending} is not an ending")
         with self._lock:
@@ -219,11 +215,8 @@ class Attempt:
             return ending
 
     def settling_if(self, ending: Phase) -> bool:
-        """*ending* -> SETTLING if the attempt is still there; False when someone else took it.
-
-        A given-up attempt (GAVE_UP) is settled by whichever comes first, its handler's end
-        or the hung verdict (C4'): both may ask, one wins.
-        """
+        """*ending* -> SETTLING if the attempt is still there; False when someone else took it
+        (a given-up attempt's end and its hung verdict may both ask)."""
         with self._lock:
             if self._phase is not ending:
                 return False
@@ -252,8 +245,8 @@ class Attempt:
     # --- how it ended, reported: each answers the outcome to write, or None --------
 
     def code_ended(self) -> HandlerState | None:
-        """The handler's code ended (returned or raised): record it once, at once (the watchdog must
-        not call it hung meanwhile); return the handler's state before (None: recorded already)."""
+        """Record once, at once, that the handler's code ended (the watchdog must not call it hung
+        meanwhile); return the handler's state before (None: recorded already)."""
         if self._code_ended:
             return None
         self._code_ended = True
@@ -263,16 +256,14 @@ class Attempt:
         return was
 
     def free_slot(self) -> None:
-        """Free the handler's slot if its own end took it out of RUNNING; once. Called once its
-        outcome is on its way: a slot is taken until then."""
+        """Free the handler's slot, once, if its own end took it out of RUNNING (its outcome on its way)."""
         with self._lock:
             owns, self._owns_slot = self._owns_slot, False
         if owns:
             self._hooks.release_slot()
 
     def returned(self) -> Outcome | None:
-        """The handler returned (its value in ``result``, encoded on its thread): done (L1), unless
-        another ending came first."""
+        """The handler returned (its value in ``result``): done, unless another ending came first."""
         self.code_ended()
         if self.end(Phase.RETURNED):
             return self._answer(None)
@@ -286,12 +277,8 @@ class Attempt:
         return self._after_another(error)
 
     def lost(self, cause: LeaseLost) -> Outcome | None:
-        """The row is no longer this claim's (the heartbeat found it taken, reaped or canceled; a new
-        claim of the job; an operator's cancel): cancel the handler with *cause*; nothing is written (C3, X2').
-
-        An attempt already settling is left alone: its outcome write is on its way and its guard
-        decides (a renewal racing the write is no lost lease).
-        """
+        """The row is no longer this claim's: cancel the handler with *cause*; nothing is written. An
+        attempt already settling is left alone: its write's guard decides (C3, X2')."""
         if not self.end(Phase.LOST):
             return None
         self._hooks.tell_lost(self, cause)  # counted before the handler can see its cancel
@@ -299,8 +286,7 @@ class Attempt:
         return self._answer(None)
 
     def fenced(self, seconds: float) -> Outcome | None:
-        """No heartbeat succeeded for *seconds* (lease - margin): others may run the job soon; cancel,
-        write nothing, drop the claim (F0)."""
+        """No heartbeat succeeded for *seconds*: others may run the job soon; cancel, write nothing (F0)."""
         if not self.end(Phase.FENCED):
             return None
         self._hooks.tell_fenced(self, seconds)
@@ -308,13 +294,9 @@ class Attempt:
         return self._answer(None)
 
     def given_up(self) -> Outcome | None:
-        """max_execution_timeout: stop waiting for the handler and free its slot; the failed attempt
-        (never dead for this alone) is the answer to its end or its hung verdict, whichever comes first (C4').
-
-        Until then its lease is kept (renewed): the job cannot run again beside a handler that still
-        runs here. Only while the handler still runs: one that returned meanwhile (its settling
-        still to come) ends by its return (C4).
-        """
+        """max_execution_timeout: stop waiting for a handler that still runs and free its slot. Its
+        failed attempt answers its end or its hung verdict, whichever comes first; until then its
+        lease is kept, so the job cannot run again beside it (C4')."""
         with self._lock:  # the ending and the abandoned handler in one move
             if self._handler is not HandlerState.RUNNING or Phase.GAVE_UP not in PHASES[self._phase]:
                 return None
@@ -326,12 +308,8 @@ class Attempt:
         return None
 
     def declared_hung(self, grace: float) -> Outcome | None:
-        """Still running *grace* seconds after its cancel: count it, free the slot, end the attempt (C5, L1).
-
-        Hung ends the attempt without done, chain or on_succeeded, whatever the handler registered:
-        at stop the row goes back to pending with its attempt given back (C11); otherwise the lease
-        is left to expire. A given-up attempt's failure is written now: the job may run again (C4').
-        """
+        """Still running *grace* seconds after its cancel: count it, free the slot, end the attempt
+        without done (C5); a given-up attempt's failure is written now (C4')."""
         was = self.handler_to(HandlerState.HUNG)
         if was is None:
             return None
@@ -343,15 +321,13 @@ class Attempt:
         return self._given_up_failure() if self._ending is Phase.GAVE_UP else None
 
     def poisoned(self, why: str) -> Outcome | None:
-        """Claimed after max_crashes engines stopped while running it (or attempts past max_attempts):
-        never run, dead, *why* its last error (L5')."""
+        """Never run: dead, *why* its last error (L5')."""
         self.end(Phase.POISONED)
         self._hooks.left_running(self)
         return self._answer(Poisoned(why))
 
     def closing_failed(self, error: BaseException) -> Outcome | None:
-        """The closing transaction of a done raised (a chained job or a callback failed): recorded as
-        a raise of the handler (C9); the attempt is settling already."""
+        """The closing transaction of a done raised: recorded as a raise of the handler (C9)."""
         outcome = self.decide(Ending(Phase.RAISED, error=error, cause=self.ctx.cause))
         if outcome is None:
             self.let_go()
@@ -372,16 +348,15 @@ class Attempt:
         return self._decided(self.settling(), error)
 
     def _after_another(self, error: BaseException | None) -> Outcome | None:
-        """The handler ended after another ending: a given-up attempt's failure is written now (its
-        lease was kept for this moment, C4'); any other ending said all there is."""
+        """The handler ended after another ending: a given-up attempt's failure is written now; any
+        other ending said all there is."""
         if self._ending is Phase.GAVE_UP:
             return self._given_up_failure()
         self._hooks.tell_late(self, error)
         return None
 
     def _given_up_failure(self) -> Outcome | None:
-        """The failure of an attempt given up at max_execution_timeout, once (its end and its hung
-        verdict may both ask, one wins)."""
+        """The failure of an attempt given up at max_execution_timeout, once."""
         if not self.settling_if(Phase.GAVE_UP):
             return None
         return self._decided(Phase.GAVE_UP, self._max_execution_exceeded())
@@ -415,9 +390,6 @@ class Attempt:
         return MaxExecutionExceeded(f"max_execution_timeout of {hard:g}s elapsed")
 
 
-# --- Hooks: what the moves touch outside the attempt ---------------------------------
-
-
 def _nothing(*_args: object) -> None:
     return None
 
@@ -427,13 +399,9 @@ def _never() -> bool:
 
 
 class Hooks:
-    """What an attempt's moves touch outside it, and what they tell.
-
-    Its topic's room and its lease (the in-flight set), its slot, whether the
-    engine stops, the rng of backoff; and the log lines and counters of its
-    endings. The engine wires one ``Hooks`` for all its attempts; the defaults
-    serve a bare attempt (nothing counted, no slot, never stopping).
-    """
+    """What an attempt's moves touch outside it (its topic's room, its lease, its slot, whether the
+    engine stops, the rng of backoff), and the log lines and counters of its endings. The engine
+    wires one for all its attempts; the defaults serve a bare attempt."""
 
     def __init__(
         self,
@@ -452,8 +420,6 @@ class Hooks:
         # ... and its row is still ours (hung, fenced): named dropped for the reaper (``InFlight.dropping``).
         self.drop_claim: Callable[[Attempt], object] = _nothing
         self.release_slot: Callable[[], None] = _nothing  # the engine's slots, from start()
-
-    # --- what the endings tell ---------------------------------------------------
 
     def _tell(self, level: int, a: Attempt, what: str, *args: object) -> None:
         self.log.log(level, "job id=%s topic=%s attempt=%d: " + what, a.id, a.topic, a.claim.attempt, *args)

@@ -1,21 +1,18 @@
-"""Handover: where an attempt's answer goes, and what comes back once it is written (SPEC C9-C11, O4, N1).
+"""Handover: where an attempt's answer goes, and what comes back once it is written (SPEC C3-C11, O4, N1).
 
-Every outcome takes one path: one idempotent statement guarded by the claim
-token, retried from the completer's one queue until it is written or its row
-says it is no longer this claim's. A plain outcome goes to the completer (an
-``OutcomeSink``), which writes it in a batch; without one (``run_once``, or once
-the completer stopped) it is written at once. A done with closing work
-(``chain``/``on_succeeded``) goes to its own transaction, which locks its row
-first (never waiting on a lock held elsewhere), then runs the chained enqueues
-and callbacks and writes the row, all or nothing; a row locked elsewhere or an
-unreachable store hands the transaction to the completer to be tried again.
+Every outcome is one idempotent statement guarded by the claim token. A plain
+outcome goes to the completer (an ``OutcomeSink``, declared here so that the
+attempt's modules never import a service), which writes it in a batch; without
+one (``run_once``, or once it stopped) it is written at once. A done with
+closing work (``chain``/``on_succeeded``) goes to its own transaction, which
+locks its row first (never waiting on a lock held elsewhere), then runs the
+chained enqueues and callbacks and writes the row, all or nothing; a row locked
+elsewhere or an unreachable store hands it to the completer to be tried again.
 After the write each attempt is settled, counted and told as an event.
 
-The verdicts from outside the handler (the heartbeat's and the watchdog's: lease
-lost, fenced, timeout, given up, hung) take the same path: the ``Supervisor``
-reports each to the attempt, which ends by it unless another ending came first,
-and hands its answer over. The completer is a service: it is plugged in as an
-``OutcomeSink``, declared here, so that the attempt's modules never import one.
+The verdicts from outside the handler (lease lost, fenced, timeout, given up,
+hung) take the same path: the ``Supervisor`` reports each to the attempt and
+hands its answer over.
 """
 
 from __future__ import annotations
@@ -58,37 +55,26 @@ RETRY_IN_PLACE = 0.25
 
 
 class OutcomeSink(Protocol):
-    """Takes outcomes to write later, in a batch; see ``Completer`` for the rules."""
+    """Takes outcomes to write later, in a batch: ``services.completer.Completer``."""
 
-    def has_room(self) -> bool:
-        """Whether ``offer`` would take an outcome now."""
-        ...
+    def has_room(self) -> bool: ...
 
-    def offer(self, outcome: Outcome) -> bool:
-        """Take *outcome* without waiting; False when it cannot (nothing taken)."""
-        ...
+    def offer(self, outcome: Outcome) -> bool: ...
 
-    def put(self, outcome: Outcome) -> bool:
-        """Take *outcome*, waiting for room; False once stopping: the caller writes it."""
-        ...
+    def put(self, outcome: Outcome) -> bool: ...
 
-    def retry(self, fn: Callable[[], bool], abandon: Callable[[], None]) -> bool:
-        """Call *fn* again later, from the same queue, until it answers True; *abandon* if the
-        engine stops first. False once stopping (nothing taken: the caller tries in place)."""
-        ...
+    def retry(self, fn: Callable[[], bool], abandon: Callable[[], None]) -> bool: ...
 
 
 class EventSink(Protocol):
-    """Takes events to deliver after their commit (``services.events.EventBus``, SPEC N1)."""
+    """Takes events to deliver after their commit: ``services.events.EventBus``."""
 
     @property
-    def active(self) -> bool:
-        """Whether any listener is registered (no event is built otherwise)."""
-        ...
+    def active(self) -> bool: ...
 
-    def emit(self, kind: EventKind, job_id: str, topic: str, attempt: int, error: str | None = None) -> None:
-        """Queue one event; never blocks, never raises."""
-        ...
+    def emit(
+        self, kind: EventKind, job_id: str, topic: str, attempt: int, error: str | None = None
+    ) -> None: ...
 
 
 class _NotOurs(Exception):

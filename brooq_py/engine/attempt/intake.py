@@ -1,24 +1,16 @@
 """Intake: the claim, within each topic's room, and the attempts it starts (SPEC Q2, Q3, F1, L5', X2').
 
-The dispatcher asks it to ``claim`` rows, then to ``launch_all`` of them: each
-row becomes an Attempt, held in the in-flight set and started, on a slot the
-dispatcher counted free, and the runner takes it from there. A row that must
-not run (a poisoned one, one of an unknown topic, one claimed while the engine
-stops) ends here: dead, or handed back.
+The dispatcher asks it to ``claim`` rows, then to ``launch_all`` them: each row
+becomes an Attempt, held in the in-flight set and started on a slot the
+dispatcher counted free. A row that must not run (poisoned, of an unknown
+topic, claimed while the engine stops) ends here: dead, or handed back.
 
-``Capacity`` sizes the claim. ``KindOptions.concurrency`` caps a topic in this
-engine: the claim takes at most the topic's cap minus the jobs of it this
-engine holds. A global limit (``Store.set_limit``) caps the topic across every
-engine: such a topic is left out of the common claim by the database itself
-and claimed on its own, under its topic's lock (``Repo.claim_limited``). Which
-topics are limited is learnt from the settings the engine reads every poll
-interval; a stale view only delays a limited topic's claims, it can never
-break its limit, because the database decides. A rate limit
-(``Store.set_rate_limit``) takes the same path: the limited claim spends the
-topic's tokens, and when they ran out it says when the next one is due. The
-topic is not claimed again before then, and the dispatcher sleeps until then
-(``next_due_in``) rather than polling: one claim per token at most, however
-many engines wait.
+``Capacity`` sizes the claim: a topic's ``concurrency`` caps it in this engine;
+a global or a rate limit caps it across engines, so such a topic is claimed on
+its own under its topic's lock (``Repo.claim_limited``), and the database
+decides: a stale view of which topics are limited only delays their claims.
+A topic out of rate tokens is not claimed again before the next one is due, and
+the dispatcher sleeps until then (``next_due_in``) rather than polling.
 """
 
 from __future__ import annotations
@@ -46,7 +38,7 @@ BUSY_RETRY = 0.02
 
 
 class Capacity:
-    """Per-topic room for the next claim; thread-safe (the dispatcher plans, slots end)."""
+    """Per-topic room for the next claim; thread-safe (the dispatcher plans, handlers end)."""
 
     def __init__(
         self,
@@ -67,9 +59,9 @@ class Capacity:
         self.on_rate_held: Callable[[str], None] = lambda topic: None  # a claim found no token left
 
     def set_limited(self, topics: Collection[str], ready: Collection[str] = ()) -> None:
-        """The topics with a global or a rate limit, as last read from the settings; *ready*: those
-        of them with a rate token left now. A topic ready stops waiting for the token its last
-        claim said was due: the rate may have been raised since (SPEC F1)."""
+        """The topics with a global or a rate limit, as last read; *ready*: those with a rate token
+        left now, which stop waiting for the token their last claim said was due (the rate may
+        have been raised since)."""
         with self._lock:
             new = frozenset(topics) - self._limited
             self._limited = frozenset(topics)
@@ -180,12 +172,8 @@ class Capacity:
                 self._active.update(r.topic for r in rows)
 
     def ended(self, topic: str) -> None:
-        """A claimed job of *topic* ended here (its handler returned, or it never ran).
-
-        A topic held back by its local cap is claimed again at once. A globally
-        limited one waits for ``settled``: until its outcome is written the
-        database still counts the row as processing.
-        """
+        """A claimed job of *topic* ended here: a topic its local cap held back is claimed again at
+        once; a limited one waits for ``settled`` (the database counts the row until it is written)."""
         with self._lock:
             self._active[topic] -= 1
             if self._active[topic] <= 0:
@@ -274,12 +262,8 @@ class Intake:
         return rows
 
     def open(self, row: ClaimedJob) -> Attempt | None:
-        """Build, hold and start the attempt of a claimed row; None when it must not run.
-
-        A row of an unregistered topic (cannot happen: claims name only our
-        topics) is handed back unrun; a poisoned row (``max_crashes`` engines stopped
-        while running it, SPEC L5') ends dead without running.
-        """
+        """Build, hold and start the attempt of a claimed row; None when it must not run (a row of
+        an unregistered topic is handed back unrun, a poisoned one ends dead)."""
         kind = self.kinds.get(row.topic)
         if kind is None:
             self.log.error(
@@ -293,8 +277,7 @@ class Intake:
         )
         older = self.inflight.latest(row.id)
         if older is not None and older.row.claim_token != row.claim_token:
-            # Claimed again under a new token (canceled and retried, or reaped): the older attempt
-            # is no longer the row's; tell it now, not at its next renewal (P1').
+            # Claimed again under a new token: the older attempt is no longer the row's; tell it now.
             self.supervisor.lease_lost(older)
         self.inflight.add(a)
         why = poison(row, kind.options.max_crashes, kind.options.max_attempts)

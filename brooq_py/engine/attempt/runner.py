@@ -79,13 +79,9 @@ class SlotPool:
 
 
 class Threads:
-    """Daemon threads that run the functions handed to them, grown on demand.
-
-    With *max_threads* None a function never waits for a thread: an idle one
-    takes it or a new one starts (a thread stuck in a hung handler is simply
-    never idle again). With a bound, functions queue for the threads there are.
-    Daemons under the engine's control, so a hung handler never blocks exit.
-    """
+    """Daemon threads, grown on demand, that run the functions handed to them (a hung handler never
+    blocks exit). With *max_threads* None a function never waits: an idle thread takes it or a new
+    one starts (one stuck in a hung handler is never idle again); with a bound, functions queue."""
 
     def __init__(self, name: str, log: logging.Logger, max_threads: int | None = None) -> None:
         self._name = name
@@ -142,15 +138,10 @@ class Threads:
 
 
 class AsyncRunner:
-    """One event loop, on its own daemon thread, for every ``async def`` handler.
-
-    A handler runs as a task there; nothing ever cancels it by force (SPEC L2):
-    its own ending is reported to *on_done* on the loop's thread, which must not
-    block (the engine hands it to a settling thread).
-    """
+    """One event loop, on its own daemon thread, for every ``async def`` handler: a task there that
+    nothing ever cancels by force; its ending is told on the loop's thread, which must not block."""
 
     def __init__(self, log: logging.Logger) -> None:
-        self._log = log
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()

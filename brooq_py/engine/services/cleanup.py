@@ -1,31 +1,18 @@
-"""Cleanup: the reaper and retention, the two services that take rows back from the past.
+"""Cleanup: the reaper and retention, which take rows back from the past.
 
-The reaper (SPEC R1, P1'', L5') returns the claims of gone engines to pending,
-their attempt given back: one statement a period decides everything from rows.
-A processing job whose engine's proof of life is older than its lease plus its
-margin, or whose engine dropped the claim (hung, fenced), goes back to pending,
-counted as a crash. A row locked elsewhere (an operator's transaction) is
-skipped and taken at a later tick; it is never waited on.
+The reaper (SPEC R1, P1'', L5') returns to pending, counted as a crash, every
+processing job whose engine's proof of life is older than its lease plus its
+margin or whose engine dropped the claim (hung, fenced): one statement a
+period, which skips a row locked elsewhere and takes it at a later tick.
 
 Retention (SPEC T1-T3, Z1, Z1') deletes terminal rows older than the TTL in
-batches. It keeps pace: while a tick ends on its batch cap (the last batch came
-back full, so more expired rows remain) the next tick follows at once, so a
-backlog drains with no period's wait. Each batch is one short transaction over
-terminal rows only (SKIP LOCKED): it never waits for, or blocks, a claim.
-
-It leaves the database to the hot path, whatever ``retention_batch`` is (Z1'):
-every full statement is followed by a pause of ``PACE`` (9) times its own
-duration, so retention's statements take at most a tenth of one connection's
-time. The pause is never cut short (that broke the ratio for big batches: 33 %
-busy at 60,000 rows a statement), so the statement is kept short instead: a
-statement deletes at most ``retention_batch`` rows, and fewer when the rows
-deleted so far say a full batch would take longer than ``BUSY_TARGET``, so the
-pause after a statement of the usual speed stays under about ``PAUSE_BOUND``
-(1 s). A statement slow for another reason (a pool wait, a lock) is followed
-by nine times its duration all the same; ``stop()`` ends any pause at once.
-A backlog drains at about a tenth of the delete's back-to-back speed
-(590,000-740,000 rows a minute here, beside a 4-worker drain that keeps
-0.82-0.94 x its rate).
+short transactions (SKIP LOCKED: it never waits for, or blocks, a claim). While
+a tick ends on its batch cap the next follows at once, so a backlog drains with
+no period's wait; yet every full statement is followed by a pause of ``PACE``
+times its own duration, so retention takes at most a tenth of one connection's
+time whatever ``retention_batch`` is. The pause is never cut short (that broke
+the ratio for big batches: 33 % busy at 60,000 rows a statement): statements
+are sized instead, to take about ``BUSY_TARGET``; ``stop()`` ends any pause.
 """
 
 from __future__ import annotations

@@ -13,16 +13,13 @@ from brooq_py.queue.port import ClaimedJob
 
 
 class Dispatcher:
-    """One thread: wait for a free slot and (a wake-up or poll_interval), then claim and launch the rows together.
+    """One thread: wait for a free slot and a wake-up (or the poll interval), claim, launch the rows.
 
-    A claim takes at most *batch* rows: more free slots than that (a big pool
-    meeting a backlog) are filled by successive claims, each launched as it
-    returns, so the first handlers start while the next rows are claimed. It
-    claims again at once while a claim came back full (a backlog), and
-    otherwise waits for a NOTIFY wake-up or the poll interval. A failed claim is
-    logged and retried with backoff. Rows a claim returns after ``stop()`` are
-    handed to *hand_back* instead of launched. *next_due* may shorten the wait:
-    a rate-limited topic's next token is claimed when it is due (SPEC F1).
+    A claim takes at most *batch* rows, each claim launched as it returns, so the
+    first handlers start while the next rows are claimed; it claims again at once
+    while a claim came back full. A failed claim is logged and retried with
+    backoff. Rows a claim returns after ``stop()`` go to *hand_back* instead.
+    *next_due* shortens the wait to a rate-limited topic's next token (F1).
     """
 
     def __init__(
@@ -43,7 +40,6 @@ class Dispatcher:
         self._log = log
         self._hand_back = hand_back
         self._batch = batch
-        # seconds until a claim that is held back becomes possible (a rate-limited topic's next token)
         self._next_due = next_due or (lambda: None)
         self._wake = threading.Event()
         self._stop = threading.Event()

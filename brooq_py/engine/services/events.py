@@ -17,9 +17,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from brooq_py.queue import Event
-from brooq_py.queue.job import EventKind as Kind
-
-Listener = Callable[[Event], None]
+from brooq_py.queue.job import EventKind
 
 DEFAULT_MAX_QUEUE = 10_000
 _STOP = object()
@@ -27,8 +25,6 @@ _STOP = object()
 
 class EventBus:
     """Listeners, a bounded queue and the thread that delivers events to them."""
-
-    name = "events"
 
     def __init__(
         self,
@@ -39,7 +35,7 @@ class EventBus:
         on_listener_error: Callable[[], None] = lambda: None,
     ) -> None:
         self._log = log
-        self._listeners: list[Listener] = []
+        self._listeners: list[Callable[[Event], None]] = []
         self._queue: queue.Queue[Event | object] = queue.Queue(maxsize=max_queue)
         self._on_dropped = on_dropped
         self._on_listener_error = on_listener_error
@@ -50,12 +46,12 @@ class EventBus:
     def active(self) -> bool:
         return bool(self._listeners)
 
-    def add(self, fn: Listener) -> None:
+    def add(self, fn: Callable[[Event], None]) -> None:
         if not callable(fn):
             raise TypeError(f"on_event takes a callable, got {type(fn).__name__}")
         self._listeners.append(fn)
 
-    def emit(self, kind: Kind, job_id: str, topic: str, attempt: int, error: str | None = None) -> None:
+    def emit(self, kind: EventKind, job_id: str, topic: str, attempt: int, error: str | None = None) -> None:
         """Queue one event for the listeners; never blocks, never raises."""
         if not self._listeners:
             return

@@ -1,18 +1,13 @@
-"""Scheduler: periodic jobs from cron expressions (SPEC Q4).
+"""Scheduler: periodic jobs from cron expressions (SPEC Q4, Q4').
 
-Every engine that declares a schedule enqueues its ticks; no leader is
-elected. The database remembers the last tick enqueued per schedule (the
-``schedule_tick`` table, keyed by the topic): a tick is enqueued only by the
-transaction that moves that mark forward to it, together with its job, so
-however many engines (or restarts) see a tick, and whatever retention deleted
-since, it yields exactly one job (SPEC Q4'); a tick older than the mark is
-never enqueued (between engines with skewed clocks, the one ahead decides).
-Each tick's job still carries an idempotency key derived from the tick time
-(``cron:<tick in UTC, ISO 8601>``), which engines of the previous release
-rely on. Ticks missed while no engine ran are not made up, except the
-latest, and only when it is at most one period old (the gap between it and
-the tick before it). Cron expressions are read by cronsim: five fields, or
-six with a leading seconds field.
+Every engine that declares a schedule enqueues its ticks; no leader is elected.
+A tick is enqueued only by the transaction that moves its schedule's mark (its
+``schedule_tick`` row) forward to it, so however many engines or restarts see a
+tick it yields exactly one job, and a tick older than the mark none (the engine
+whose clock is ahead decides). The job still carries an idempotency key derived
+from the tick (``tick_key``), which engines of the previous release rely on.
+Ticks missed while no engine ran are not made up, except the latest when it is
+at most one period old. Cron expressions: five fields, or six with seconds first.
 """
 
 from __future__ import annotations
