@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -22,15 +23,14 @@ class Metrics:
     """Counters and gauges updated by the engine's pieces; label children cached per topic."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.registry = registry
-        r = registry
-        self.enqueued = Counter(
+        self.registry = r = registry
+        counter = functools.partial(Counter, labelnames=["topic"], registry=r)
+        gauge = functools.partial(Gauge, labelnames=["topic"], registry=r)
+        self.enqueued = counter(
             "brooq_enqueued",
             "Jobs created through this Engine (enqueue, enqueue_tx, enqueue_many, chained jobs).",
-            ["topic"],
-            registry=r,
         )
-        self.claimed = Counter("brooq_claimed", "Jobs claimed by this engine.", ["topic"], registry=r)
+        self.claimed = counter("brooq_claimed", "Jobs claimed by this engine.")
         self.settled = Counter(
             "brooq_settle", "Outcomes written, by outcome.", ["topic", "outcome"], registry=r
         )
@@ -42,39 +42,24 @@ class Metrics:
             buckets=DURATION_BUCKETS,
             registry=r,
         )
-        self.busy = Gauge("brooq_worker_busy", "Worker slots running a handler.", ["topic"], registry=r)
-        self.lease_lost = Counter(
-            "brooq_lease_lost", "Leases found lost by the heartbeat.", ["topic"], registry=r
-        )
-        self.reaped = Counter("brooq_reaped", "Expired leases returned to pending.", ["topic"], registry=r)
-        self.retention_deleted = Counter(
-            "brooq_retention_deleted", "Terminal rows deleted by retention.", ["topic"], registry=r
-        )
-        self.hung = Counter(
-            "brooq_hung_workers", "Handlers still running watchdog_grace after cancel.", ["topic"], registry=r
-        )
+        self.busy = gauge("brooq_worker_busy", "Worker slots running a handler.")
+        self.lease_lost = counter("brooq_lease_lost", "Leases found lost by the heartbeat.")
+        self.reaped = counter("brooq_reaped", "Expired leases returned to pending.")
+        self.retention_deleted = counter("brooq_retention_deleted", "Terminal rows deleted by retention.")
+        self.hung = counter("brooq_hung_workers", "Handlers still running watchdog_grace after cancel.")
         # operator controls (SPEC Q2-Q4): read from the topic settings every poll interval
-        self.topic_paused = Gauge("brooq_topic_paused", "1 when the topic is paused.", ["topic"], registry=r)
-        self.topic_limit = Gauge(
-            "brooq_topic_limit", "The topic's global concurrency limit (+Inf: none).", ["topic"], registry=r
-        )
-        self.rate_tokens = Gauge(
+        self.topic_paused = gauge("brooq_topic_paused", "1 when the topic is paused.")
+        self.topic_limit = gauge("brooq_topic_limit", "The topic's global concurrency limit (+Inf: none).")
+        self.rate_tokens = gauge(
             "brooq_topic_rate_tokens",
             "The topic's rate-limit tokens left, as last read (+Inf: no rate limit).",
-            ["topic"],
-            registry=r,
         )
-        self.rate_held = Counter(
+        self.rate_held = counter(
             "brooq_rate_limited_claims",
             "Claims of a rate-limited topic that found its tokens spent (the engine waits for the next).",
-            ["topic"],
-            registry=r,
         )
-        self.schedule_next = Gauge(
-            "brooq_schedule_next_tick_timestamp_seconds",
-            "Unix time of a periodic job's next tick.",
-            ["topic"],
-            registry=r,
+        self.schedule_next = gauge(
+            "brooq_schedule_next_tick_timestamp_seconds", "Unix time of a periodic job's next tick."
         )
         self.events_dropped = Counter(
             "brooq_events_dropped", "Events dropped: the listeners' queue was full (SPEC N1).", registry=r

@@ -120,18 +120,14 @@ class Capacity:
             if wait is not None:
                 self.on_rate_held(topic)
             rows.extend(got)
-        for topic, room in capped:
+        for names, room in [*(([t], r) for t, r in capped), (common, free)]:  # the common claim last
             room = min(room, free - len(rows))
             if room <= 0:
                 break
-            got = repo.claim([topic], room, worker, lease)
-            self._taken(got)
-            rows.extend(got)
-        left = free - len(rows)
-        if common and left > 0:
-            got = repo.claim(common, left, worker, lease)
-            self._taken(got)
-            rows.extend(got)
+            if names:
+                got = repo.claim(names, room, worker, lease)
+                self._taken(got)
+                rows.extend(got)
 
     def _plan(
         self, topics: Sequence[str], free: int

@@ -20,17 +20,13 @@ RETRY_MAX = 2.0
 class Completer:
     """Buffers outcomes and flushes them with ``write(batch)`` on its own thread.
 
-    It flushes *linger* seconds after an outcome arrives (or at once when a
-    batch is full), and batches grow by themselves under load. A full
-    buffer (``max_buffer``) makes ``put`` wait: back-pressure on the slots.
-    A failed flush is logged and retried with backoff; the outcomes stay
-    buffered, their claims still the engine's, until a flush writes them or
-    finds their rows no longer theirs (L6: a failed write is never the job's
-    failure). ``on_written(batch, written_ids)`` runs after every successful
-    flush. An outcome whose row another transaction held locked (the write's
-    ``locked`` claim tokens) is kept aside and written again LOCKED_RETRY later:
-    it waits alone, never holding up the others (O4). Closing transactions that
-    met a lock or an unreachable store wait in the same thread (``retry``).
+    It flushes *linger* seconds after an outcome arrives (at once when a batch is
+    full). A full buffer makes ``put`` wait: back-pressure on the slots. A failed
+    flush is retried with backoff, the outcomes still buffered (L6: a failed
+    write is never the job's failure); ``on_written(batch, written)`` runs after
+    each that succeeds. An outcome whose row another transaction held locked is
+    set aside and written again LOCKED_RETRY later, alone, never holding up the
+    others (O4). Closing transactions wait in the same thread (``retry``).
     """
 
     def __init__(
@@ -141,12 +137,12 @@ class Completer:
             batch, self._buf = self._buf, []
             self._writing += len(batch)
         # Outcomes set aside for a row locked elsewhere are written in a part of their own, last,
-        # so that meeting the lock again costs the others nothing (L3').
+        # so that meeting the lock again costs the others nothing.
         again = [o for o in batch if o.claim_token in self._retrying]
         rest = [o for o in batch if o.claim_token not in self._retrying] if again else batch
         parts = [rest[i : i + self._max_batch] for i in range(0, len(rest), self._max_batch)]
         if again:
-            parts.append(again)  # last: the others are written before it meets the lock again
+            parts.append(again)
             batch = rest + again
         try:
             done = 0

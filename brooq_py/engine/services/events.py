@@ -1,11 +1,9 @@
 """Events: what happened to a job, delivered to listeners after its commit (SPEC N1).
 
-The engine's pieces call ``emit`` right after the statement or transaction
-that recorded the event committed. ``emit`` never blocks and never raises: it
-builds the Event and puts it on a bounded queue (a full queue drops it and
-counts it), and one daemon thread calls the listeners in order. A listener
-that raises is logged and counted; the next event is delivered all the same.
-With no listener registered, ``emit`` returns at its first line.
+The engine's pieces call ``emit`` right after the commit that recorded the
+event. ``emit`` never blocks and never raises: it puts the Event on a bounded
+queue (a full queue drops and counts it), and one daemon thread calls the
+listeners in order; one that raises is logged and counted, and delivery goes on.
 """
 
 from __future__ import annotations

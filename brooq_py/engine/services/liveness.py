@@ -1,17 +1,18 @@
-"""Liveness: the heartbeat, the fence and the watchdog (SPEC P1'', F0, W0, C4, C5).
+"""Liveness: the heartbeat, the fence and the watchdog (SPEC P1'', F0, W0, C3-C5, X2', V4).
 
-The heartbeat is the engine's proof of life, one write of its own row per period. It writes no job row while nothing changed on it: it renews the
-engine's row (which nothing done to job rows can block) and reads what became of
-the claims the engine holds. A claim whose row is no longer ours is lost; one
-canceled under its claim is an operator's cancel (X2'). The engine's claims stay
-its own while its row is younger than ``lease + margin`` on the database clock;
-the engine fences itself earlier, ``lease - margin`` after the send time of its
-last heartbeat that succeeded (``Fence``), so a stalled or cut-off engine stops
-its handlers before any other engine may take their jobs.
+The heartbeat is the engine's proof of life: one write of its own row per
+period (which nothing done to job rows can block), no job row written while
+nothing changed on it, and a read of what became of the claims the engine
+holds. A claim whose row is no longer ours is lost; one canceled under its
+claim is an operator's cancel. The engine's claims stay its own while its row
+is younger than ``lease + margin`` on the database clock; the engine fences
+itself earlier, ``lease - margin`` after the send time of its last heartbeat
+that succeeded (``Fence``), so a stalled or cut-off engine stops its handlers
+before any other engine may take their jobs.
 
-The watchdog checks every attempt against its deadlines each tick: timeouts,
-give-ups, hung handlers, and the fence itself, which does not depend on the
-heartbeat's statement returning (one stuck on a silent socket fences all the same).
+The watchdog checks every attempt against its deadlines each tick (timeouts,
+give-ups, hung handlers), and the fence, which thus does not depend on the
+heartbeat's statement returning: one stuck on a silent socket fences all the same.
 """
 
 from __future__ import annotations
@@ -33,14 +34,10 @@ ORPHAN_LOOK = 4
 
 
 class Fence:
-    """When this engine last proved itself alive, and its verdict on its running attempts (F0).
-
-    ``proven_at`` is the monotonic time a heartbeat that succeeded was *sent*: the database
-    wrote it later, so ``lease - margin`` from then is before any other engine may take the
-    claims (``lease + margin`` after the database's time of that write). Past it, every running
-    attempt is fenced: cancelled with ``LeaseLost``, nothing written, its claim dropped for the
-    reaper; the next heartbeat that succeeds names those claims before the engine claims again.
-    """
+    """When this engine last proved itself alive (``proven_at``: the monotonic *send* time of a
+    heartbeat that succeeded), and its verdict on its running attempts past ``lease - margin``:
+    fenced, their claims dropped; the next heartbeat that succeeds names those claims before
+    the engine claims again."""
 
     def __init__(
         self, lease: float, margin: float, clock: Clock, on_fence: Callable[[Attempt], None]
@@ -160,30 +157,21 @@ class Heartbeat(Ticker):
     def _leases(
         attempts: Sequence[Attempt],
     ) -> tuple[list[HeldLease], list[tuple[Attempt, tuple[float | None, str | None]]]]:
-        """The claims to send, with the progress each handler reported since the last beat (V4)."""
+        """The claims to send, with the progress each handler reported since the last beat."""
         leases: list[HeldLease] = []
         taken: list[tuple[Attempt, tuple[float | None, str | None]]] = []
         for a in attempts:
             progress = a.ctx.take_progress()
-            if progress is None:
-                leases.append(HeldLease(a.id, a.row.claim_token))
-            else:
-                leases.append(HeldLease(a.id, a.row.claim_token, progress[0], progress[1]))
+            leases.append(HeldLease(a.id, a.row.claim_token, *(progress or (None, None))))
+            if progress is not None:
                 taken.append((a, progress))
         return leases, taken
 
 
 class Watchdog(Ticker):
-    """Checks every attempt against its deadlines on each tick.
-
-    - attempt_timeout reached: ``on_timeout`` (ctx cancelled with ``AttemptTimeout``);
-    - max_execution_timeout reached: ``on_give_up`` (the engine stops waiting);
-    - handler still running ``grace`` seconds after its ctx was cancelled: ``on_hung``;
-    - no heartbeat succeeded for ``lease - margin`` since the send time of the
-      last one that did: every running attempt is fenced (``Fence.check``, F0).
-      This check does not depend on the heartbeat's statement returning: a
-      heartbeat stuck on a silent socket fences all the same.
-    """
+    """Each tick: the fence's check; ``on_timeout`` at attempt_timeout, ``on_give_up`` at
+    max_execution_timeout, ``on_hung`` for a handler still running ``grace`` seconds after its
+    ctx was cancelled."""
 
     name = "watchdog"
 

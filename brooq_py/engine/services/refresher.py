@@ -38,12 +38,8 @@ class GaugeView:
 
 
 class Refresher(Ticker):
-    """Reads ``gauges(topics())`` and ``database()`` every *period* and keeps the result.
-
-    A failed refresh keeps the last snapshot, marks it stale (``fresh`` False,
-    so brooq_up reads 0 while its age grows) and raises, so the ticker logs it
-    with its usual backoff. ``run_once()`` refreshes in the caller's thread.
-    """
+    """Reads ``gauges(topics())`` and ``database()`` every *period* and keeps the result; a failed
+    refresh keeps the last snapshot, marked stale (brooq_up reads 0 while its age grows)."""
 
     name = "refresher"
 

@@ -1,9 +1,7 @@
 """Ticker: the one lifecycle base every background service runs on (SPEC L7).
 
-It owns the loop, the stop, and what happens when a tick fails: the failure
-count, the exponential backoff (capped) and the logging rule (the first
-failure, a reminder at the 5th, 50th and every 500th, and the recovery once).
-A service only says what one tick does and, when healthy, how long to wait.
+It owns the loop, the stop, and what happens when a tick fails; a service only
+says what one tick does and, when healthy, how long to wait.
 """
 
 from __future__ import annotations
@@ -122,26 +120,15 @@ class Ticker:
     def failed(self, exc: BaseException) -> None:
         """Count one failure and log it by the rule (the loop calls this for a tick that raises)."""
         self._failures += 1
+        name, kind = self.name, type(exc).__name__
         if self._failures == 1:
             # A lost connection is expected weather, not a bug: its stack would only be noise.
             stack = None if isinstance(exc, ConnectionError) else exc
-            self.log.warning(
-                "%s failed (%s: %s); retrying with backoff",
-                self.name,
-                type(exc).__name__,
-                exc,
-                exc_info=stack,
-            )
+            self.log.warning("%s failed (%s: %s); retrying with backoff", name, kind, exc, exc_info=stack)
         elif worth_logging(self._failures):
-            self.log.warning(
-                "%s still failing after %d attempts (%s: %s)",
-                self.name,
-                self._failures,
-                type(exc).__name__,
-                exc,
-            )
+            self.log.warning("%s still failing after %d attempts (%s: %s)", name, self._failures, kind, exc)
         else:
-            self.log.debug("%s failed again (%s)", self.name, type(exc).__name__)
+            self.log.debug("%s failed again (%s)", name, kind)
 
     def recovered(self) -> None:
         """End a run of failures, logging the recovery once."""

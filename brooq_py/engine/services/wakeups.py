@@ -1,18 +1,14 @@
 """Wake-ups: what makes jobs claimable and tells the dispatcher to claim (SPEC S7, Z3, E6, L7, Q2, Q3).
 
 - ``Stager``: due scheduled and failed rows become pending, so claims read
-  ready rows only. One statement per batch (SKIP LOCKED, bounded), repeated
-  while a batch comes back full. Between ticks it sleeps until the earliest due
-  time it knows, at most the poll interval; a scheduled enqueue of one of its
-  topics wakes it to read that time again. Whenever it promoted rows it wakes
-  the dispatcher.
+  ready rows only: one bounded statement (SKIP LOCKED) per batch while batches
+  come back full, then a sleep until the earliest due time it knows, at most
+  the poll interval.
 - ``WakeListener``: wakes the dispatcher on NOTIFY; a lost connection degrades
   to polling.
-- ``TopicWatch``: reads the operator's topic settings every poll interval (one
-  small statement, never per claim). Pause and limits are enforced by the
-  claim statements themselves, so what the engine learns here only decides
-  which topics it claims on the limited path (a global or a rate limit), and
-  the brooq_topic_paused, brooq_topic_limit and brooq_topic_rate_tokens gauges.
+- ``TopicWatch``: reads the operator's topic settings every poll interval,
+  never per claim: the claim statements enforce pause and limits, so what it
+  learns only decides which topics take the limited path, and the gauges.
 - ``wake_services`` and ``own_wakes`` wire them to the dispatcher and to the
   engine's own enqueues.
 """
@@ -33,17 +29,6 @@ from brooq_py.queue.port import Listener, Repo, Staged, TopicSetting
 STAGE_BATCH = 1000
 # A due time is met a little late rather than early (an early statement finds nothing due).
 _MARGIN = 0.001
-
-
-def stage_due(stage: Callable[[Sequence[str], int], Staged], topics: Sequence[str], batch: int) -> Staged:
-    """Run the stager statement until a batch comes back short; return the last result, totals summed."""
-    promoted: dict[str, int] = {}
-    while True:
-        staged = stage(topics, batch)
-        for topic, n in staged.promoted.items():
-            promoted[topic] = promoted.get(topic, 0) + n
-        if staged.total < batch:
-            return Staged(promoted, staged.next_due_in)
 
 
 class Stager(Ticker):
@@ -117,13 +102,12 @@ RECONNECT_MAX = 30.0
 
 
 class WakeListener(Ticker):
-    """Holds a LISTEN subscription and calls ``wake()`` on each notification.
+    """Holds a LISTEN subscription and calls *wake* on each notification.
 
-    Each tick is one connection's life: open, wake once (a notification may
-    have been missed while disconnected), then wait in slices until stopped or
-    broken. A tick that cannot connect, or whose connection breaks, raises: the
-    base backs off exponentially up to RECONNECT_MAX and logs the first failure
-    and the recovery once each, while polling carries on (L7).
+    Each tick is one connection's life: open, wake once (a notification may have
+    been missed while disconnected), then wait in slices until stopped or broken.
+    A tick that cannot connect, or whose connection breaks, raises: the base backs
+    off up to RECONNECT_MAX while polling carries on.
     """
 
     name = "listener"
@@ -234,13 +218,9 @@ def wake_services(
 def own_wakes(
     services: Sequence[Ticker], cfg: Config, topics: Sequence[str], wake: Callable[[], None]
 ) -> tuple[Callable[[], None], Callable[[Job], None]]:
-    """What the engine tells its own stager and dispatcher, since no NOTIFY does (SPEC S7).
-
-    The first wakes the stager after a failed attempt's retry time was written (the
-    trigger announces inserts only). The second is for a job the engine enqueued
-    itself and committed: without NOTIFY (``cfg.notify`` off) only a poll would see
-    it, so a scheduled one wakes the stager and any one the dispatcher.
-    """
+    """What the engine tells its own stager and dispatcher, since no NOTIFY does: the stager's
+    wake for a failed attempt's retry time written (the trigger announces inserts only), and,
+    without NOTIFY (``cfg.notify`` off), the wakes for a job the engine enqueued itself."""
     stager = next(s for s in services if isinstance(s, Stager))
     ours = frozenset(topics)
 
@@ -255,7 +235,13 @@ def own_wakes(
 
 
 def stage_now(repo: Repo, cfg: Config, topics: Sequence[str]) -> Staged:
-    """Promote every due row of *topics* now (``Engine.run_once``)."""
+    """Promote every due row of *topics* now, batch after batch (``Engine.run_once``)."""
     if not topics:
         return Staged({}, None)
-    return stage_due(lambda t, batch: repo.stage(t, batch, cfg.notify), topics, STAGE_BATCH)
+    promoted: dict[str, int] = {}
+    while True:
+        staged = repo.stage(topics, STAGE_BATCH, cfg.notify)
+        for topic, n in staged.promoted.items():
+            promoted[topic] = promoted.get(topic, 0) + n
+        if staged.total < STAGE_BATCH:
+            return Staged(promoted, staged.next_due_in)

@@ -1,9 +1,5 @@
-"""Which periodic services an engine runs, built from its config and in the order they start.
-
-The engine stops them in the reverse order. The dispatcher and the completer,
-which are not periodic, and the wake-ups (``wakeups``) are built by the engine
-itself, since it wires their callbacks to each other.
-"""
+"""Which periodic services an engine runs, built from its config in the order they start
+(the engine stops them in the reverse order, ``stop_services``)."""
 
 from __future__ import annotations
 
