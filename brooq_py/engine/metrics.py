@@ -1,4 +1,4 @@
-"""The brooq_* metrics of SPEC O1, in the engine's own CollectorRegistry."""
+"""The brooq_* metrics of SPEC O1 (and F2, Q2-Q4, Z2), in the engine's own CollectorRegistry."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ class Metrics:
         self.reaped = counter("brooq_reaped", "Expired leases returned to pending.")
         self.retention_deleted = counter("brooq_retention_deleted", "Terminal rows deleted by retention.")
         self.hung = counter("brooq_hung_workers", "Handlers still running watchdog_grace after cancel.")
-        # operator controls (SPEC Q2-Q4): read from the topic settings every poll interval
+        # operator controls: read from the topic settings every poll interval
         self.topic_paused = gauge("brooq_topic_paused", "1 when the topic is paused.")
         self.topic_limit = gauge("brooq_topic_limit", "The topic's global concurrency limit (+Inf: none).")
         self.rate_tokens = gauge(
@@ -95,12 +95,8 @@ class Metrics:
 
 
 class SnapshotCollector(Collector):
-    """Serves the gauges from the refresher's latest snapshot: a scrape runs no query (SPEC Z2).
-
-    brooq_up is 1 while the latest refresh succeeded; after a failed one the
-    last snapshot is still served, brooq_up is 0 and brooq_gauges_age_seconds
-    grows. Before the first successful refresh only brooq_up (0) has a sample.
-    """
+    """Serves the gauges from the refresher's latest snapshot: a scrape runs no query. After
+    a failed refresh the last snapshot is still served, brooq_up 0 and its age growing."""
 
     def __init__(self, view: Callable[[], GaugeView]) -> None:
         self._view = view
@@ -155,11 +151,8 @@ class SnapshotCollector(Collector):
 
 
 class RefusalCollector(Collector):
-    """brooq_queue_full_total: enqueues the engine's store refused with QueueFull (SPEC F2), by topic.
-
-    Counted by the store itself (its producers may be any code sharing it); a store that counts
-    none (a foreign Repo) reports no samples.
-    """
+    """brooq_queue_full_total: enqueues the engine's store refused with QueueFull, by topic,
+    as the store counts them (its producers may be any code sharing it)."""
 
     def __init__(self, refusals: Callable[[], dict[str, int]]) -> None:
         self._refusals = refusals
@@ -191,12 +184,8 @@ _CREATED_TYPES = frozenset({"counter", "summary", "histogram", "gaugehistogram"}
 
 
 class EngineRegistry(CollectorRegistry):
-    """The engine's private registry: every family as collected, without its ``*_created`` samples.
-
-    prometheus_client's switch for those (``disable_created_metrics()``) is
-    process-wide and would change the registries of the application around
-    the engine; this drops them from this registry's output only.
-    """
+    """The engine's private registry, without the ``*_created`` samples: prometheus_client's switch
+    for those is process-wide and would change the application's registries too."""
 
     def collect(self) -> Iterator[Metric]:
         for metric in super().collect():

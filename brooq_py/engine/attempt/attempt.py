@@ -1,4 +1,4 @@
-"""Attempt: one claimed job in this engine, as an explicit state machine (SPEC L1).
+"""Attempt: one claimed job in this engine, a state machine (SPEC L1, C3-C9, F0, L5', Q3, V1, X2').
 
 Two machines share one lock. ``phase`` is the attempt's ending::
 
@@ -64,15 +64,12 @@ if TYPE_CHECKING:
     from brooq_py.engine.metrics import Metrics
 
 
-HandlerCallable = Callable[[Context, Claim], Any]
-
-
 @dataclass(frozen=True)
 class Kind:
     """A registered topic: its handler (resolved to a callable) and options."""
 
     topic: str
-    handler: HandlerCallable
+    handler: Callable[[Context, Claim], Any]
     options: KindOptions
     is_async: bool
 
@@ -91,7 +88,7 @@ class Kind:
 
 
 class Poisoned(Exception):
-    """Why a claimed job is not run again but dead (L5')."""
+    """Why a claimed job is not run again but dead."""
 
 
 class Attempt:
@@ -142,7 +139,7 @@ class Attempt:
             meta=row.meta,
         )
         ctx.attach(self.claim)
-        self.result: str | None = None  # the handler's return value as JSON text (V1)
+        self.result: str | None = None  # the handler's return value as JSON text
         self.started = started
         self.soft_deadline = started + opts.td("attempt_timeout").total_seconds()
         self.hard_deadline = started + opts.td("max_execution_timeout").total_seconds()
@@ -270,7 +267,7 @@ class Attempt:
         return self._after_another(None)
 
     def raised(self, error: BaseException) -> Outcome | None:
-        """The handler raised *error* (any BaseException): a failed attempt, a signal's outcome (C6-C8)."""
+        """The handler raised *error* (any BaseException): a failed attempt, a signal's outcome."""
         self.code_ended()
         if self.end(Phase.RAISED):
             return self._answer(error)
@@ -278,7 +275,7 @@ class Attempt:
 
     def lost(self, cause: LeaseLost) -> Outcome | None:
         """The row is no longer this claim's: cancel the handler with *cause*; nothing is written. An
-        attempt already settling is left alone: its write's guard decides (C3, X2')."""
+        attempt already settling is left alone: its write's guard decides."""
         if not self.end(Phase.LOST):
             return None
         self._hooks.tell_lost(self, cause)  # counted before the handler can see its cancel
@@ -286,7 +283,7 @@ class Attempt:
         return self._answer(None)
 
     def fenced(self, seconds: float) -> Outcome | None:
-        """No heartbeat succeeded for *seconds*: others may run the job soon; cancel, write nothing (F0)."""
+        """No heartbeat succeeded for *seconds*: others may run the job soon; cancel, write nothing."""
         if not self.end(Phase.FENCED):
             return None
         self._hooks.tell_fenced(self, seconds)
@@ -296,7 +293,7 @@ class Attempt:
     def given_up(self) -> Outcome | None:
         """max_execution_timeout: stop waiting for a handler that still runs and free its slot. Its
         failed attempt answers its end or its hung verdict, whichever comes first; until then its
-        lease is kept, so the job cannot run again beside it (C4')."""
+        lease is kept, so the job cannot run again beside it."""
         with self._lock:  # the ending and the abandoned handler in one move
             if self._handler is not HandlerState.RUNNING or Phase.GAVE_UP not in PHASES[self._phase]:
                 return None
@@ -309,7 +306,7 @@ class Attempt:
 
     def declared_hung(self, grace: float) -> Outcome | None:
         """Still running *grace* seconds after its cancel: count it, free the slot, end the attempt
-        without done (C5); a given-up attempt's failure is written now (C4')."""
+        without done; a given-up attempt's failure is written now."""
         was = self.handler_to(HandlerState.HUNG)
         if was is None:
             return None
@@ -321,13 +318,13 @@ class Attempt:
         return self._given_up_failure() if self._ending is Phase.GAVE_UP else None
 
     def poisoned(self, why: str) -> Outcome | None:
-        """Never run: dead, *why* its last error (L5')."""
+        """Never run: dead, *why* its last error."""
         self.end(Phase.POISONED)
         self._hooks.left_running(self)
         return self._answer(Poisoned(why))
 
     def closing_failed(self, error: BaseException) -> Outcome | None:
-        """The closing transaction of a done raised: recorded as a raise of the handler (C9)."""
+        """The closing transaction of a done raised: recorded as a raise of the handler."""
         outcome = self.decide(Ending(Phase.RAISED, error=error, cause=self.ctx.cause))
         if outcome is None:
             self.let_go()
@@ -394,10 +391,6 @@ def _nothing(*_args: object) -> None:
     return None
 
 
-def _never() -> bool:
-    return False
-
-
 class Hooks:
     """What an attempt's moves touch outside it (its topic's room, its lease, its slot, whether the
     engine stops, the rng of backoff), and the log lines and counters of its endings. The engine
@@ -412,8 +405,8 @@ class Hooks:
         self.log = log or logging.getLogger("brooq_py.engine")
         self.metrics = metrics
         self.rng = rng
-        self.stopping: Callable[[], bool] = _never
-        # The handler's code ended (``InFlight.end``): no longer running, its topic's room back (SPEC Q3).
+        self.stopping: Callable[[], bool] = lambda: False
+        # The handler's code ended (``InFlight.end``): no longer running, its topic's room back.
         self.left_running: Callable[[Attempt], object] = _nothing
         # Nothing (more) is written for it (``InFlight.drop``): its claim is no longer reported on.
         self.let_go: Callable[[Attempt], object] = _nothing

@@ -1,4 +1,4 @@
-"""Handover: where an attempt's answer goes, and what comes back once it is written (SPEC C3-C11, O4, N1).
+"""Handover: where an attempt's answer goes, and what comes back (SPEC C3-C11, F0, N1, O4, Q3, S7, U2, X2').
 
 Every outcome is one idempotent statement guarded by the claim token. A plain
 outcome goes to the completer (an ``OutcomeSink``, declared here so that the
@@ -40,7 +40,7 @@ from brooq_py.queue import (
 from brooq_py.queue.job import EventKind
 from brooq_py.queue.port import Outcome, Repo, was_written
 
-# The event a written outcome is (SPEC N1): a handed-back attempt is a requeue.
+# The event each written outcome is (a handed-back attempt is a requeue).
 EVENT_OF: dict[State, EventKind] = {
     State.DONE: "done",
     State.FAILED: "failed",
@@ -49,9 +49,7 @@ EVENT_OF: dict[State, EventKind] = {
     State.PENDING: "requeued",
 }
 
-# Without a completer (run_once): how long to wait before trying a write again whose row is
-# locked elsewhere or whose store did not answer.
-RETRY_IN_PLACE = 0.25
+RETRY_IN_PLACE = 0.25  # without a completer: the wait before a write whose row was locked is tried again
 
 
 class OutcomeSink(Protocol):
@@ -85,14 +83,6 @@ class _Locked(Exception):
     """The closing transaction found the row held by another transaction."""
 
 
-def _check_row(row: str) -> None:
-    """Go on only with a row that is ours and now locked by us (``Repo.lock_own_tx``)."""
-    if row == "locked":
-        raise _Locked("its row is locked by another transaction")
-    if row != "ours":
-        raise _NotOurs
-
-
 class Handover:
     """Takes each attempt's answer to where it is written, and settles the attempts written."""
 
@@ -103,10 +93,10 @@ class Handover:
         self.log = log
         self.completer: OutcomeSink | None = None  # None: write each outcome at once (run_once)
         self.sleep: Callable[[float], None] = time.sleep
-        # A failed attempt's retry time was written: no NOTIFY announces it, the stager must look (S7).
+        # A failed attempt's retry time was written: no NOTIFY announces it, the stager must look.
         self.on_waiting: Callable[[], None] = lambda: None
         self.events: EventSink | None = None
-        self.on_settled: Callable[[Iterable[str]], None] = lambda topics: None  # their topics' room (Q3)
+        self.on_settled: Callable[[Iterable[str]], None] = lambda topics: None  # their topics' room
 
     def hand_over(self, a: Attempt, outcome: Outcome | None) -> None:
         """Take *a*'s answer where it is written: a done with closing work to its transaction, any
@@ -129,7 +119,7 @@ class Handover:
         return completer is not None and completer.has_room()
 
     def write(self, outcome: Outcome) -> None:
-        """Have *outcome* written: by the completer, or at once without one or once it stopped (C11)."""
+        """Have *outcome* written: by the completer, or at once without one or once it stopped."""
         completer = self.completer
         if completer is not None and completer.put(outcome):
             return
@@ -171,9 +161,8 @@ class Handover:
         self.on_settled(o.topic for o in batch)
 
     def _close(self, a: Attempt, done: Outcome) -> None:
-        """Done + chained enqueues + on_succeeded in one transaction (C9, O4): tried now, then, while
-        its row is locked elsewhere or the store does not answer, from the completer's queue (in
-        place without one)."""
+        """Done + chained enqueues + on_succeeded in one transaction: tried now, then, while it must
+        be tried again, from the completer's queue (in place without one)."""
         if self._close_once(a, done):
             return
         completer = self.completer
@@ -186,13 +175,15 @@ class Handover:
 
     def _close_once(self, a: Attempt, done: Outcome) -> bool:
         """One try of the closing transaction; False when it must be tried again (its row locked
-        elsewhere, nothing of it run; or the store unreachable). The row is locked first, so a
-        lock held elsewhere costs no callback; a failing callback or chained job is the job's
-        failure, recorded as a raise."""
+        elsewhere, or the store unreachable). A failing callback or chained job is recorded as a raise."""
         claim = a.claim
         try:
             with self.repo.begin() as tx:
-                _check_row(self.repo.lock_own_tx(tx, done))
+                row = self.repo.lock_own_tx(tx, done)  # go on only with our row, locked by us now
+                if row == "locked":
+                    raise _Locked("its row is locked by another transaction")
+                if row != "ours":
+                    raise _NotOurs
                 for job in claim.chained:
                     if job.unique_key is None:
                         self.repo.enqueue_tx(tx, job)
@@ -201,7 +192,7 @@ class Handover:
                 if not self.repo.settle_tx(tx, done):
                     raise _NotOurs  # pragma: no cover - the row is locked by this transaction
                 for job in [j for j in claim.chained if j.unique_key is not None]:
-                    self.repo.enqueue_tx(tx, job)  # after the done, which frees this job's key (U2)
+                    self.repo.enqueue_tx(tx, job)  # after the done, which frees this job's key
         except _NotOurs:
             a.let_go()
             self.log.info("job id=%s topic=%s: done not written: the row was no longer ours", a.id, a.topic)
@@ -219,7 +210,7 @@ class Handover:
                 "job id=%s topic=%s: closing transaction failed (%s); tried again", a.id, a.topic, exc
             )
             return False
-        except BaseException as exc:  # SystemExit, KeyboardInterrupt too: the attempt settles (C11')
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt too: the attempt settles
             self.log.error(
                 "job id=%s topic=%s attempt=%d: closing transaction failed; recording a failed attempt",
                 a.id,
@@ -264,34 +255,33 @@ class Supervisor:
         self.fence_after = fence_after  # lease - margin
 
     def lease_lost(self, a: Attempt) -> None:
-        """The heartbeat found the row no longer this claim's (C3)."""
+        """The heartbeat found the row no longer this claim's."""
         cause = LeaseLost("the row is no longer this claim's (canceled, reaped or taken over)")
         self.handover.hand_over(a, a.lost(cause))
 
     def canceled(self, a: Attempt) -> None:
-        """An operator canceled the running job: its NOTIFY, or the heartbeat found it so (X2')."""
+        """An operator canceled the running job: its NOTIFY, or the heartbeat found it so."""
         self.handover.hand_over(a, a.lost(JobCanceledByOperator("the job was canceled by an operator")))
 
     def fence(self, a: Attempt) -> None:
-        """No heartbeat succeeded for lease - margin (F0)."""
+        """No heartbeat succeeded for lease - margin."""
         self.handover.hand_over(a, a.fenced(self.fence_after))
 
     def timeout(self, a: Attempt) -> None:
-        """attempt_timeout: cancel ctx; the handler's own ending decides (C4)."""
+        """attempt_timeout: cancel ctx; the handler's own ending decides."""
         seconds = a.kind.options.td("attempt_timeout").total_seconds()
         a.ctx.cancel(AttemptTimeout(f"attempt_timeout of {seconds:g}s elapsed"))
 
     def give_up(self, a: Attempt) -> None:
-        """max_execution_timeout (C4')."""
+        """max_execution_timeout."""
         self.handover.hand_over(a, a.given_up())
 
     def declare_hung(self, a: Attempt) -> None:
-        """Still running watchdog_grace after its cancel (C5)."""
+        """Still running watchdog_grace after its cancel."""
         self.handover.hand_over(a, a.declared_hung(self.grace))
 
     def release_at_stop(self, a: Attempt) -> None:
-        """At stop, hand back the row of a handler hung before the stop (the reaper's work, done
-        early): its attempt stays counted (C5); the claim token guards a row that moved on."""
+        """At stop, hand back the row of a handler hung before the stop: the reaper's work, done early."""
         outcome = a.decide(Ending(Phase.HUNG, cause=a.ctx.cause, stopping=True))
         if outcome is not None:
             self.handover.write(outcome)

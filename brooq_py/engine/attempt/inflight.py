@@ -1,4 +1,4 @@
-"""InFlight: the attempts this engine holds claims for and the handlers still running."""
+"""InFlight: the attempts this engine holds claims for and the handlers still running (SPEC P1', P1'')."""
 
 from __future__ import annotations
 
@@ -11,18 +11,18 @@ from brooq_py.queue.port import Outcome
 
 
 class InFlight:
-    """Two views, one lock.
+    """Three views, one lock.
 
-    ``held``: claims the heartbeat reports on, keyed by claim token (never by job
-    id: a job canceled and claimed again at once is two attempts, SPEC P1'), from
-    the start of an attempt until its ending is settled (an outcome written, the
-    row no longer ours, or nothing to write). ``running``: attempts whose handler has not
-    ended, including ones the engine gave up on or called hung. ``dropped``: claims let
-    go without an outcome while their row may still be ours (hung, fenced), named in the
-    engine's row until the heartbeat finds them taken back (SPEC P1'').
+    ``held``: claims the heartbeat reports on, by claim token (a job canceled and
+    claimed again at once is two attempts), from an attempt's start until its
+    ending is settled. ``running``: attempts whose handler has not ended, given up
+    on or hung included; each end is told once to *on_end*, by topic (its room in
+    this engine). ``dropped``: claims let go without an outcome while their row may
+    still be ours (hung, fenced), named in the engine's row until taken back.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_end: Callable[[str], None] = lambda topic: None) -> None:
+        self._on_end = on_end
         self._lock = threading.Lock()
         self._held: dict[str, Attempt] = {}
         self._running: set[Attempt] = set()
@@ -95,9 +95,12 @@ class InFlight:
             return a
 
     def end(self, a: Attempt) -> None:
-        """The handler's code returned."""
-        with self._lock:
+        """The handler's code ended."""
+        with self._lock:  # told once per attempt, however often its end is recorded
+            was = a in self._running
             self._running.discard(a)
+        if was:
+            self._on_end(a.topic)
 
     def hung_count(self) -> int:
         with self._lock:
@@ -105,15 +108,4 @@ class InFlight:
 
 
 class CountingInFlight(InFlight):
-    """InFlight that reports each handler's end once, by topic (a topic's room in this engine)."""
-
-    def __init__(self, on_end: Callable[[str], None]) -> None:
-        super().__init__()
-        self._on_end = on_end
-
-    def end(self, a: Attempt) -> None:
-        with self._lock:  # once per attempt, however often its end is recorded
-            was = a in self._running
-            self._running.discard(a)
-        if was:
-            self._on_end(a.topic)
+    """The engine's InFlight, made with the *on_end* that gives a topic's room back."""

@@ -41,10 +41,7 @@ class Capacity:
     """Per-topic room for the next claim; thread-safe (the dispatcher plans, handlers end)."""
 
     def __init__(
-        self,
-        caps: Mapping[str, int | None],
-        retry_after: float,
-        monotonic: Callable[[], float],
+        self, caps: Mapping[str, int | None], retry_after: float, monotonic: Callable[[], float]
     ) -> None:
         self._caps = caps
         self._retry_after = retry_after
@@ -86,9 +83,8 @@ class Capacity:
         except Exception:
             if not rows:
                 raise
-            # An earlier statement of this round committed its rows: they are ours and must run (a
-            # failure here would leave them unrun until their lease expires, their topic's room taken
-            # for good). The failure is the next claim's to report.
+            # An earlier statement of this round committed its rows: they are ours and must run (else
+            # their topic's room is taken until their lease expires); the next claim reports the failure.
         return rows
 
     def _claim_into(
@@ -191,12 +187,12 @@ class Capacity:
             self.wake()
 
 
-# A cancel NOTIFY that arrives before its claim's attempt is built is kept this long (X2').
+# A cancel NOTIFY that arrives before its claim's attempt is built is kept this long.
 CANCEL_MEMORY = 60.0
 
 
 def poison(row: ClaimedJob, max_crashes: int, max_attempts: int) -> str | None:
-    """Why *row* must not run again but end dead (SPEC L5'), or None. A crash gives its attempt
+    """Why *row* must not run again but end dead, or None. A crash gives its attempt
     back, so attempts past max_attempts come only from rows an older release reaped."""
     if row.crashes >= max_crashes:
         return POISON_ERROR.format(crashes=row.crashes)
@@ -241,7 +237,7 @@ class Intake:
         self.slots: SlotPool | None = None  # the engine's, from start()
         self.supervisor = supervisor
         # Claim tokens canceled while no attempt of ours held them yet: a claim's answer and its
-        # cancel's NOTIFY travel on different connections (X2').
+        # cancel's NOTIFY travel on different connections.
         self._canceled: dict[str, float] = {}
         self._canceled_lock = threading.Lock()
 
@@ -294,7 +290,7 @@ class Intake:
 
     def on_cancel(self, job_id: str, claim_token: str) -> None:
         """A processing job was canceled (the cancel channel's NOTIFY): tell the attempt holding that
-        claim at once with ``JobCanceledByOperator`` (X2'); remember a claim not held yet."""
+        claim at once with ``JobCanceledByOperator``; remember a claim not held yet."""
         a = self.inflight.by_token(claim_token) if claim_token else self.inflight.latest(job_id)
         if a is not None:
             self.supervisor.canceled(a)

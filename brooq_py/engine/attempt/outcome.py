@@ -1,4 +1,4 @@
-"""How an attempt ended, and the one outcome write that ending earns (SPEC L1, C4-C11, V3).
+"""How an attempt ended, and the one outcome write that ending earns (SPEC C3-C11, L1, L4, L5, V3, X2).
 
 The attempt's two state machines are tables here: ``Phase``, how it ended, and
 ``HandlerState``, the life of the handler's code. ``attempt.Attempt`` moves
@@ -31,13 +31,13 @@ from brooq_py.queue.port import Outcome
 class Phase(StrEnum):
     CLAIMED = "claimed"
     RUNNING = "running"
-    RETURNED = "returned"  # the handler returned: the only ending that can close done (L1)
+    RETURNED = "returned"  # the handler returned: the only ending that can close done
     RAISED = "raised"
-    HUNG = "hung"  # still running watchdog_grace after its ctx was cancelled (C5)
-    LOST = "lost"  # the heartbeat found the row no longer this claim's (C3)
-    GAVE_UP = "gave_up"  # max_execution_timeout (C4)
-    FENCED = "fenced"  # renewals failed for a whole lease (L4)
-    POISONED = "poisoned"  # claimed with attempts past max_attempts: never run (L5)
+    HUNG = "hung"  # still running watchdog_grace after its ctx was cancelled
+    LOST = "lost"  # the heartbeat found the row no longer this claim's
+    GAVE_UP = "gave_up"  # max_execution_timeout
+    FENCED = "fenced"  # renewals failed for a whole lease
+    POISONED = "poisoned"  # claimed with attempts past max_attempts: never run
     UNRUN = "unrun"  # claimed while the engine stopped: handed back unrun
     SETTLING = "settling"
     SETTLED = "settled"
@@ -72,7 +72,7 @@ class IllegalTransition(RuntimeError):
     """A move the attempt's tables do not allow: a bug in the engine."""
 
 
-# --- backoff (SPEC C7): d = min(base * 2^(attempts-1), max), the delay uniform in [d/2, d] ---
+# --- backoff: d = min(base * 2^(attempts-1), max), the delay uniform in [d/2, d] ---
 
 # The engine's own generator: drawing a jitter never moves the caller's global random state
 # (a seeded simulation, or a property-based test drawing while an engine runs beside it).
@@ -125,16 +125,14 @@ def describe_error(exc: BaseException) -> str:
     return text
 
 
-# A traceback longer than this (UTF-8 bytes) keeps its head and its tail (SPEC V3).
+# A traceback longer than this (UTF-8 bytes) keeps its head and its tail.
 MAX_TRACEBACK_BYTES = 16 * 1024
 
 
 def format_traceback(exc: BaseException, limit: int = MAX_TRACEBACK_BYTES) -> str | None:
-    """Return *exc*'s formatted traceback (chained causes included), at most *limit* UTF-8 bytes.
-
-    A longer one is cut from the middle: the outermost frames say where the
-    attempt was, the innermost what failed. Never raises (None if formatting does).
-    """
+    """Return *exc*'s formatted traceback, chained causes included, at most *limit* UTF-8 bytes: a
+    longer one is cut from the middle (the outer frames say where, the inner what failed). None
+    if formatting raises."""
     try:
         text = "".join(traceback.format_exception(exc))
     except Exception:
@@ -176,13 +174,10 @@ def decide(
     ending: Ending,
     rng: random.Random | None = None,
 ) -> Outcome | None:
-    """Return the outcome an ending deserves, or None when nothing may be written.
-
-    The one router from an attempt's ending to its outcome: only RETURNED is done.
-    """
+    """Return the outcome an ending deserves, or None when nothing may be written (only RETURNED is done)."""
     phase, cause, error = ending.phase, ending.cause, ending.error
     if phase in (Phase.LOST, Phase.FENCED) or isinstance(cause, LeaseLost):
-        return None  # whoever took the row already recorded its fate (C3, X2, L4)
+        return None  # whoever took the row already recorded its fate
 
     def outcome(state: State, **kw: object) -> Outcome:
         return Outcome(id=id, claim_token=claim_token, state=state, topic=topic, **kw)  # type: ignore[arg-type]
@@ -198,16 +193,16 @@ def decide(
         return outcome(State.PENDING, give_back=True)
     if phase is Phase.HUNG:
         if not ending.stopping:
-            return None  # C5: the lease is left to expire and the reaper returns the job
-        if isinstance(cause, EngineStopping):  # C11: stopping is not the job's failure
+            return None  # the lease is left to expire and the reaper returns the job
+        if isinstance(cause, EngineStopping):  # stopping is not the job's failure
             return outcome(
                 State.PENDING, give_back=True, last_error="EngineStopping: handler hung at shutdown"
             )
-        # Hung for its own reasons before the stop: the row goes back now, the attempt counted (C5, L5).
+        # Hung for its own reasons before the stop: the row goes back now, the attempt counted.
         hung_by = type(cause).__name__ if cause is not None else "unknown"
         return outcome(State.PENDING, last_error=f"handler hung ({hung_by}); row released at shutdown")
     if phase is Phase.GAVE_UP:
-        # The hard ceiling is not the job's verdict: failed with backoff, never dead (C4). On the
+        # The hard ceiling is not the job's verdict: failed with backoff, never dead. On the
         # last attempt that attempt is given back, so the job is never dead for this alone.
         return outcome(
             State.FAILED,
@@ -223,11 +218,11 @@ def decide(
     if find_signal(error, MustCancelTask) is not None:
         return outcome(State.CANCELED, last_error=describe_error(error))
     last_error = describe_error(error)
-    tb = functools.partial(format_traceback, error)  # formatted only for the outcomes that keep it (V3)
+    tb = functools.partial(format_traceback, error)  # formatted only for the outcomes that keep it
 
     delay_signal = find_signal(error, MustDelay)
     if isinstance(cause, EngineStopping):
-        # Stopping is not the job's failure (C11); a MustDelay's "not before" still holds (C8).
+        # Stopping is not the job's failure; a MustDelay's "not before" still holds.
         if delay_signal is not None:
             delay = max(min(delay_signal.delay, cap), timedelta(0))
             return outcome(State.FAILED, delay=delay, give_back=True, last_error=last_error, traceback=tb())

@@ -1,13 +1,11 @@
 """Runner: runs one attempt's handler on a slot and reports how it ended (SPEC C4-C11, L1, L2, L6, V1).
 
 A slot is a unit of the engine's capacity (``workers``), not a thread: a sync
-handler takes a slot and one of the engine's daemon threads, an ``async def``
-handler a slot and a task on the engine's one event loop. The runner executes
-and hands over, nothing more: it encodes the handler's return value on the
-handler's thread (``Attempt.result``; one that cannot be stored is the
-handler's raise), the Attempt answers each ending with the outcome to write,
-the handover takes that answer where it is written, and the slot is freed once
-it is on its way.
+handler takes a slot and a daemon thread, an ``async def`` one a slot and a task
+on the engine's one event loop. The runner executes and hands over, nothing
+more: it encodes the return value on the handler's thread (one that cannot be
+stored is the handler's raise), the Attempt answers each ending, the handover
+takes the answer, and the slot is freed once that is on its way.
 """
 
 from __future__ import annotations
@@ -186,12 +184,9 @@ class AsyncRunner:
         self, on_done: Callable[[BaseException | None], None], task: asyncio.Task[BaseException | None]
     ) -> None:
         self._tasks.discard(task)
-        error: BaseException | None
-        if task.cancelled():
-            error = asyncio.CancelledError("the handler's task was cancelled")
-        else:
-            error = task.result()
-        on_done(error)
+        on_done(
+            asyncio.CancelledError("the handler's task was cancelled") if task.cancelled() else task.result()
+        )
 
     def wait(self, awaitable: Any) -> Any:
         """Await *awaitable* on the loop from another thread and return its result (never cancelled)."""
@@ -220,18 +215,12 @@ class AsyncRunner:
 
 
 class ResultRejected(BrooqError, ValueError):
-    """The handler's return value cannot be stored: not JSON, or larger than result_max_bytes.
-
-    Recorded as the attempt's failure (retried as any failure is).
-    """
+    """The handler's return value cannot be stored (not JSON, or too large): the attempt's failure."""
 
 
 def encode_result(value: Any, max_bytes: int) -> str | None:
-    """Return *value* as JSON text for the row's ``result`` (None stays SQL NULL).
-
-    Raise ResultRejected for a value JSON and jsonb cannot hold (bytes included:
-    they are no JSON value) or one whose text exceeds *max_bytes* UTF-8 bytes.
-    """
+    """Return *value* as JSON text for the row's ``result`` (None stays SQL NULL); raise
+    ResultRejected for a value jsonb cannot hold (bytes included) or longer than *max_bytes*."""
     if value is None:
         return None
     if isinstance(value, bytes | bytearray | memoryview):
@@ -256,12 +245,7 @@ async def run_async(a: Attempt, max_bytes: int) -> None:
 
 
 class Runner:
-    """Runs handlers: sync ones on ``threads``, ``async def`` ones as tasks on ``loop``.
-
-    An async handler's end is recorded on the loop's thread at once; its ending is
-    reported there too when that cannot block (a plain return, the completer has
-    room), else on ``settlers`` (no database call on the loop's thread).
-    """
+    """Runs handlers: sync ones on ``threads``, ``async def`` ones as tasks on ``loop``."""
 
     def __init__(self, handover: Handover, metrics: Metrics, loop: AsyncRunner, log: logging.Logger) -> None:
         self.handover = handover
@@ -269,7 +253,7 @@ class Runner:
         self.loop = loop
         self.threads = Threads("worker", log)
         self.settlers = Threads("settler", log, max_threads=4)
-        self.result_max_bytes = 1024 * 1024  # the largest result a handler may return (SPEC V1)
+        self.result_max_bytes = 1024 * 1024  # the largest result a handler may return
 
     def launch_many(self, attempts: Sequence[Attempt]) -> None:
         """Start each attempt's handler; the async ones reach the loop in one hand-over."""
@@ -338,7 +322,7 @@ class Runner:
                 result = a.kind.handler(a.ctx, a.claim)
                 if inspect.isawaitable(result):
                     result = self.loop.wait(result)
-                a.result = encode_result(result, self.result_max_bytes)  # on the handler's thread (V1)
+                a.result = encode_result(result, self.result_max_bytes)  # on the handler's thread
         except BaseException as exc:
             return exc
         return None

@@ -76,7 +76,7 @@ MAX_BATCHES_PER_TICK = 10
 # at PACE 3 it kept 0.75 x, at 9 0.82-0.94 x while still deleting 590,000-740,000 rows a minute.
 PACE = 9.0
 # The pause a statement of the usual speed needs at most: statements are sized to take about
-# BUSY_TARGET, so a big retention_batch is split rather than its pause cut short (Z1').
+# BUSY_TARGET, so a big retention_batch is split rather than its pause cut short.
 PAUSE_BOUND = 1.0
 BUSY_TARGET = PAUSE_BOUND / (PACE + 1.0)
 # The smallest statement retention sizes down to (or retention_batch when that is smaller).
@@ -86,7 +86,7 @@ FIRST_ROWS = 1000
 
 
 class Retention(Ticker):
-    """Deletes batches while they come back full, paced, with no period's wait while a backlog lasts (Z1)."""
+    """Deletes batches while they come back full, paced, with no period's wait while a backlog lasts."""
 
     name = "retention"
 
@@ -115,12 +115,8 @@ class Retention(Ticker):
         self._drained: Counter[str] = Counter()  # deleted since the last tick that was not behind
 
     def size_next(self, rows: int, busy: float) -> None:
-        """Size the next statement from the last: *rows* deleted in *busy* seconds.
-
-        As many rows as that speed deletes in ``BUSY_TARGET``, within
-        [``MIN_ROWS``, ``batch``]; growing at most fourfold a step, so one
-        statement timed too fast never makes the next one huge.
-        """
+        """Size the next statement to take ``BUSY_TARGET`` at the speed of the last (*rows* in *busy*
+        seconds), within [``MIN_ROWS``, ``batch``], at most four times the last (one timed too fast)."""
         low = min(self.batch, MIN_ROWS)
         fit = self.batch if busy <= 0 else int(rows * BUSY_TARGET / busy)
         self.rows = max(low, min(self.batch, fit, 4 * rows))

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from brooq_py.queue.port import Outcome
 
 MAX_BATCH = 1000
-# An outcome whose row was locked elsewhere is written again after this long, on its own (O4).
+# An outcome whose row was locked elsewhere is written again after this long, on its own.
 LOCKED_RETRY = 0.25
 # A closing transaction tried again waits this long first, doubling up to RETRY_MAX.
 RETRY_FIRST = 0.05
@@ -26,7 +26,7 @@ class Completer:
     write is never the job's failure); ``on_written(batch, written)`` runs after
     each that succeeds. An outcome whose row another transaction held locked is
     set aside and written again LOCKED_RETRY later, alone, never holding up the
-    others (O4). Closing transactions wait in the same thread (``retry``).
+    others. Closing transactions wait in the same thread (``retry``).
     """
 
     def __init__(
@@ -121,15 +121,18 @@ class Completer:
                 return
             self._again = [r for r in self._again if r[0] > now]
         for _, wait, fn, abandon in due:
-            try:
-                finished = fn()
-            except Exception:
-                self._log.exception("completer: a closing transaction tried again failed")
-                finished = False
-            if not finished:
-                nxt = min(wait * 2, RETRY_MAX)
+            if not self._tried(fn, log=True):
                 with self._cond:
-                    self._again.append((time.monotonic() + wait, nxt, fn, abandon))
+                    self._again.append((time.monotonic() + wait, min(wait * 2, RETRY_MAX), fn, abandon))
+
+    def _tried(self, fn: Callable[[], bool], log: bool) -> bool:
+        """Whether one try of a closing transaction finished it."""
+        try:
+            return fn()
+        except Exception:
+            if log:
+                self._log.exception("completer: a closing transaction tried again failed")
+            return False
 
     def flush_once(self) -> int:
         """Write what is buffered now, in this thread (for tests and stop); return how many."""
@@ -250,10 +253,6 @@ class Completer:
             except Exception as exc:
                 self._log.error("completer: %d outcomes could not be written at stop: %s", left, exc)
         for _, _, fn, abandon in again:  # one more try each, then the reaper's
-            try:
-                finished = fn()
-            except Exception:
-                finished = False
-            if not finished:
+            if not self._tried(fn, log=False):
                 abandon()
         return self.pending

@@ -1,4 +1,4 @@
-"""Dispatcher: claims up to the free slots in one statement and hands the claims out (SPEC C1)."""
+"""Dispatcher: claims up to the free slots in one statement and hands the claims out (SPEC C1, F1)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,9 @@ from brooq_py.queue.port import ClaimedJob
 class Dispatcher:
     """One thread: wait for a free slot and a wake-up (or the poll interval), claim, launch the rows.
 
-    A claim takes at most *batch* rows, each claim launched as it returns, so the
-    first handlers start while the next rows are claimed; it claims again at once
-    while a claim came back full. A failed claim is logged and retried with
-    backoff. Rows a claim returns after ``stop()`` go to *hand_back* instead.
-    *next_due* shortens the wait to a rate-limited topic's next token (F1).
+    A claim takes at most *batch* rows, launched as it returns, and the next follows at once
+    while claims come back full; a failed one is retried with backoff. Rows a claim returns
+    after ``stop()`` go to *hand_back*. *next_due* shortens the wait to a rate token's time.
     """
 
     def __init__(

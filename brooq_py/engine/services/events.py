@@ -8,6 +8,7 @@ listeners in order; one that raises is logged and counted, and delivery goes on.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -77,11 +78,9 @@ class EventBus:
                 self._queue.put(_STOP, timeout=timeout)
                 break
             except queue.Full:  # a listener slower than the engine: drop the oldest to make room
-                try:
+                with contextlib.suppress(queue.Empty):
                     self._queue.get_nowait()
                     self._on_dropped()
-                except queue.Empty:
-                    pass
         thread.join(timeout)
         if thread.is_alive():
             self._log.warning("events: a listener still runs %.1fs after stop; left behind", timeout)

@@ -83,11 +83,7 @@ class Fence:
 
 class Heartbeat(Ticker):
     """Renews the engine's proof of life every period and tells each held attempt what its row says.
-
-    A heartbeat that fails (a connection blip) raises: the base logs it and retries with backoff
-    capped at the period; it cancels no handler (the fence does, on its own clock). ``wake()``
-    beats at once: a cancel's notification may have been missed (the listener reconnected).
-    """
+    A failed beat cancels no handler (the fence does, on its own clock); the base retries it."""
 
     name = "heartbeat"
 

@@ -152,7 +152,7 @@ class Scheduler(Ticker):
 def tick_enqueuer(
     repo: Repo, metrics: Metrics, enqueued: Callable[[Job], None]
 ) -> Callable[[str, datetime, Job], EnqueueResult | None]:
-    """The scheduler's enqueue: a tick goes in only with its schedule's last tick (SPEC Q4'),
+    """The scheduler's enqueue: a tick goes in only with its schedule's last tick,
     counted and waking the engine as ``Engine.enqueue`` does."""
 
     def enqueue_tick(schedule: str, tick: datetime, job: Job) -> EnqueueResult | None:

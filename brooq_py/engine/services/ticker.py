@@ -19,15 +19,12 @@ def worth_logging(failures: int) -> bool:
 class Ticker:
     """A daemon thread that calls ``tick()`` every ``next_delay()`` seconds (*period* by default).
 
-    ``start()`` is idempotent; ``stop()`` is safe before ``start()`` and twice;
-    ``wake()`` cuts the wait short. The first tick runs at once when
-    *initial_tick* is set. A tick that raises is a failure: it is counted and
-    logged by the rule above, and the next tick comes after
-    ``failure_delay()`` instead: ``backoff_base`` doubled per failure in a row,
-    capped at ``backoff_max`` (None: the period). A tick that returns is a
-    success and ends the run of failures. A tick that runs long (a connection's
-    life) calls ``recovered()`` once its work is healthy again. ``run_once()``
-    runs one tick in the caller's thread, for tests.
+    ``start()`` is idempotent; ``stop()`` is safe before ``start()`` and twice; ``wake()``
+    cuts the wait short; ``run_once()`` ticks in the caller's thread, for tests. A tick that
+    raises is counted and logged (``worth_logging``), and the next one comes after
+    ``failure_delay()``: ``backoff_base`` doubled per failure in a row, capped at
+    ``backoff_max`` (None: the period). A tick that runs long (a connection's life) calls
+    ``recovered()`` once its work is healthy again.
     """
 
     name = "ticker"

@@ -102,13 +102,9 @@ RECONNECT_MAX = 30.0
 
 
 class WakeListener(Ticker):
-    """Holds a LISTEN subscription and calls *wake* on each notification.
-
-    Each tick is one connection's life: open, wake once (a notification may have
-    been missed while disconnected), then wait in slices until stopped or broken.
-    A tick that cannot connect, or whose connection breaks, raises: the base backs
-    off up to RECONNECT_MAX while polling carries on.
-    """
+    """Holds a LISTEN subscription and calls *wake* on each notification. A tick is one
+    connection's life: open, wake once (a notification may have been missed meanwhile), wait in
+    slices until stopped or broken; one that fails raises, and polling carries on meanwhile."""
 
     name = "listener"
     backoff_base = 0.5
