@@ -158,7 +158,7 @@ class Handover:
                 events.emit(EVENT_OF[o.state], o.id, o.topic, 0 if a is None else a.claim.attempt, error)
         for (topic, state), n in settled.items():  # one counter update per (topic, outcome) a batch
             self.metrics.child(self.metrics.settled, topic, state).inc(n)
-        self.on_settled(o.topic for o in batch)
+        self.on_settled({o.topic for o in batch})
 
     def _close(self, a: Attempt, done: Outcome) -> None:
         """Done + chained enqueues + on_succeeded in one transaction: tried now, then, while it must
