@@ -1,16 +1,9 @@
-"""The engine: claims, runs and settles jobs through the ``Repo`` port; never imports psycopg or ``brooq_py.postgres``.
+"""The engine: claims, runs and settles jobs through the ``Repo`` port (``brooq_py.queue.port``,
+re-exported here); it never imports psycopg or ``brooq_py.postgres``.
 
-Layout, imports pointing down:
-
-- ``engine``: the Engine facade, which wires everything below together;
-- ``attempt/``: an attempt's life (intake, state machine, slots, runner,
-  decide, supervisor, in-flight set, topic capacity);
-- ``services/``: the background loops on the one Ticker base (dispatcher,
-  completer, heartbeat, watchdog, reaper, retention, stager, listener,
-  refresher, scheduler, topic watch);
-- shared leaves both import: ``clock``, ``config``, ``metrics``, ``health``,
-  ``schema`` (the migration check at start); the ``Repo`` port itself is
-  ``brooq_py.queue.port`` (re-exported here as ``brooq_py.engine.Repo``).
+Imports point down: ``engine`` (the facade) wires ``attempt/`` (an attempt's
+life) and ``services/`` (the background loops), which share the leaves
+``clock``, ``config``, ``metrics``, ``health``, ``schema`` and ``producing``.
 """
 
 from brooq_py.engine.clock import Clock, SystemClock

@@ -1,4 +1,7 @@
-"""Config: the engine's settings, validated on construction and readable from QUEUE_* variables."""
+"""Config: the engine's settings, validated on construction and readable from QUEUE_* variables.
+
+SPEC K1, K2; the computed values follow C3, C5, F0, P1'', R1, T3, V1, Z2, Z3.
+"""
 
 from __future__ import annotations
 
@@ -46,25 +49,14 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "QUEUE_GAUGES_PERIOD": ("gauges_period", "duration"),
     "QUEUE_RESULT_MAX_BYTES": ("result_max_bytes", "int"),
 }
-_BOOLS = {
-    "true": True,
-    "1": True,
-    "on": True,
-    "yes": True,
-    "false": False,
-    "0": False,
-    "off": False,
-    "no": False,
-}
+_BOOLS = dict.fromkeys(("true", "1", "on", "yes"), True) | dict.fromkeys(("false", "0", "off", "no"), False)
 _DIGITS = re.compile(r"[0-9]+")
 
 
 @dataclass(frozen=True)
 class Config:
-    """Engine settings. Durations accept ``timedelta`` or seconds and are held as ``timedelta``.
-
-    Raise ``ConfigError`` listing every problem found (SPEC K1).
-    """
+    """Engine settings; durations accept ``timedelta`` or seconds and are held as ``timedelta``.
+    Raise ``ConfigError`` listing every problem found."""
 
     workers: int = 2
     poll_interval: timedelta | float = 1
@@ -79,15 +71,14 @@ class Config:
     max_execution_timeout: timedelta | float = 300
     backoff_base: timedelta | float = 1
     backoff_max: timedelta | float = 60
-    # False: poll only. The engine neither LISTENs nor sends wake-ups of its own (SPEC Z3).
+    # False: poll only. The engine neither LISTENs nor sends wake-ups of its own.
     notify: bool = True
-    # How often the refresher reads the gauges /metrics serves (SPEC Z2).
+    # How often the refresher reads the gauges /metrics serves.
     gauges_period: timedelta | float = 5
     # The most rows one claim statement takes. More free slots than this are filled by
     # successive claims, each launched as it returns, so the first handlers start sooner.
     claim_batch: int = 32
-    # The largest result a handler may return, in UTF-8 bytes of JSON; a larger one
-    # fails the attempt (SPEC V1).
+    # The largest result a handler may return, in UTF-8 bytes of JSON; a larger one fails the attempt.
     result_max_bytes: int = 1024 * 1024
 
     def __post_init__(self) -> None:
@@ -109,8 +100,6 @@ class Config:
         if problems:
             raise ConfigError(problems)
 
-    # --- typed accessors for the computed values -------------------------
-
     def td(self, name: str) -> timedelta:
         value = getattr(self, name)
         assert isinstance(value, timedelta), name
@@ -122,27 +111,26 @@ class Config:
 
     @property
     def heartbeat_period(self) -> timedelta:
-        """How often the engine renews its proof of life: lease/4 (SPEC C3, P1'')."""
+        """How often the engine renews its proof of life: lease/4."""
         return self.lease_td / 4
 
     @property
     def margin_td(self) -> timedelta:
-        """The fencing margin: lease/3 (SPEC F0). The engine fences itself lease - margin after
-        the send time of its last good heartbeat; others take its claims lease + margin after
-        the database wrote it. The 2 x margin between them covers a clock rate skew far beyond
-        any real one and a fence delayed by a loaded host."""
+        """The fencing margin: lease/3. The 2 x margin between the engine's fence (lease -
+        margin) and others' takeover (lease + margin) covers a clock rate skew far beyond any real
+        one and a fence delayed by a loaded host."""
         return self.lease_td / 3
 
     @property
     def effective_reaper_period(self) -> timedelta:
-        """reaper_period, or max(5s, lease/4) when unset (SPEC R1)."""
+        """reaper_period, or max(5s, lease/4) when unset."""
         if self.reaper_period is not None:
             return self.td("reaper_period")
         return max(timedelta(seconds=5), self.lease_td / 4)
 
     @property
     def effective_watchdog_grace(self) -> timedelta:
-        """watchdog_grace, or the lease when unset (SPEC C5)."""
+        """watchdog_grace, or the lease when unset."""
         if self.watchdog_grace is not None:
             return self.td("watchdog_grace")
         return self.lease_td
@@ -153,7 +141,7 @@ class Config:
 
     @property
     def effective_retention_period(self) -> timedelta:
-        """retention_period, or ttl/100 clamped to [1 min, 1 h] when 0 (SPEC T3)."""
+        """retention_period, or ttl/100 clamped to [1 min, 1 h] when 0."""
         period = self.td("retention_period")
         if period > timedelta(0):
             return period
@@ -162,7 +150,7 @@ class Config:
 
     @property
     def health_grace(self) -> timedelta:
-        """How long the engine's statements may fail before /healthz says 503 (SPEC Z2):
+        """How long the engine's statements may fail before /healthz says 503:
         max(3 poll intervals, 2 gauge refreshes), 10 s by default."""
         return max(3 * self.td("poll_interval"), 2 * self.td("gauges_period"))
 
@@ -178,12 +166,9 @@ class Config:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:
-        """Build a Config from the QUEUE_* variables (SPEC K2).
-
-        An empty value counts as unset; durations need a unit (``30s``, ``1h30m``;
-        a bare ``0`` is zero); integers are plain decimal digits. Raise
-        ``ConfigError`` listing every problem, parse and validation alike.
-        """
+        """Build a Config from the QUEUE_* variables: an empty value counts as unset,
+        durations need a unit (``30s``, ``1h30m``; a bare ``0`` is zero), integers are plain digits.
+        Raise ``ConfigError`` listing every problem, parse and validation alike."""
         env = os.environ if environ is None else environ  # None (the default): the process environment
         kwargs: dict[str, object] = {}
         problems: list[str] = []

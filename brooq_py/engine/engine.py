@@ -1,4 +1,4 @@
-"""Engine: the facade that wires the worker pool and the background services together."""
+"""Engine: the facade wiring the worker pool and the services (SPEC C11, C11'', F0, K4, N1, Q4, X2', Z2)."""
 
 from __future__ import annotations
 
@@ -15,13 +15,12 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from brooq_py.engine.attempt.attempt import Hooks, Kind, Phase
-from brooq_py.engine.attempt.capacity import Capacity, CountingInFlight
-from brooq_py.engine.attempt.handover import Handover
-from brooq_py.engine.attempt.intake import Intake
-from brooq_py.engine.attempt.runner import Runner
-from brooq_py.engine.attempt.slots import AsyncRunner, SlotPool
-from brooq_py.engine.attempt.supervisor import Supervisor
+from brooq_py.engine.attempt.attempt import Hooks, Kind
+from brooq_py.engine.attempt.handover import Handover, Supervisor
+from brooq_py.engine.attempt.inflight import CountingInFlight
+from brooq_py.engine.attempt.intake import Capacity, Intake
+from brooq_py.engine.attempt.outcome import Phase
+from brooq_py.engine.attempt.runner import AsyncRunner, Runner, SlotPool
 from brooq_py.engine.clock import Clock, SystemClock
 from brooq_py.engine.config import Config
 from brooq_py.engine.health import Health, StatementTracker, tracked
@@ -31,12 +30,11 @@ from brooq_py.engine.schema import check_schema
 from brooq_py.engine.services.completer import Completer
 from brooq_py.engine.services.dispatcher import Dispatcher
 from brooq_py.engine.services.events import EventBus
-from brooq_py.engine.services.heartbeat import Heartbeat
+from brooq_py.engine.services.liveness import Heartbeat
 from brooq_py.engine.services.refresher import Refresher
 from brooq_py.engine.services.scheduler import Schedule
 from brooq_py.engine.services.ticker import Ticker
-from brooq_py.engine.services.topic_watch import TopicWatch
-from brooq_py.engine.services.wakeups import own_wakes, stage_now, wake_services
+from brooq_py.engine.services.wakeups import TopicWatch, own_wakes, stage_now, wake_services
 from brooq_py.engine.services.wiring import background_services, stop_services
 from brooq_py.queue import BrooqError, ConfigError, EngineStopping, Event, Job, KindOptions
 from brooq_py.queue.handler import Handler
@@ -45,7 +43,7 @@ from brooq_py.tasks import Tasks
 
 # How long the completer lets outcomes gather before it writes them (SPEC C10: "within milliseconds").
 COMPLETER_LINGER = 0.002
-# How long a stop may take past its timeout and the watchdog's grace, whatever the database does (C11'').
+# How long a stop may take past its timeout and the watchdog's grace, whatever the database does.
 STOP_AFTER = 4.0
 
 
@@ -58,7 +56,7 @@ class Engine(Producing):
 
     ``start()`` starts the pool and the services; ``stop(timeout)`` stops
     claiming, lets in-flight work finish up to *timeout* (default: the lease),
-    then cancels it with ``EngineStopping`` and flushes every outcome (SPEC C11).
+    then cancels it with ``EngineStopping`` and flushes every outcome.
     """
 
     def __init__(
@@ -173,11 +171,8 @@ class Engine(Producing):
         return self._state == "running"
 
     def register_kind(self, topic: str, handler: Handler, options: KindOptions | None = None) -> None:
-        """Register *handler* for *topic*; before ``start()`` only.
-
-        Raise ``ConfigError`` for invalid options, a bad topic or handler, or a
-        topic registered twice; ``BrooqError`` after ``start()``.
-        """
+        """Register *handler* for *topic*, before ``start()`` (``BrooqError`` after). Raise ``ConfigError``
+        for invalid options, a bad topic or handler, or a topic registered twice."""
         with self._lock:
             if self._state != "new":
                 raise BrooqError("register_kind() must be called before start()")
@@ -216,12 +211,9 @@ class Engine(Producing):
     def schedule(
         self, topic: str, cron: str, payload: Any = None, *, timezone: str = "UTC", priority: int = 0
     ) -> None:
-        """Enqueue a job of *topic* at every tick of *cron* (in *timezone*); before ``start()`` only.
-
-        Every engine that declares it enqueues it, and each tick yields exactly one
-        job (SPEC Q4). Raise ``ConfigError`` at once for a bad expression, time
-        zone, topic, payload or priority, or a topic scheduled twice.
-        """
+        """Enqueue a job of *topic* at every tick of *cron* (in *timezone*), exactly one a tick across
+        engines; before ``start()`` only. Raise ``ConfigError`` at once for a bad expression, time
+        zone, topic, payload or priority, or a topic scheduled twice."""
         with self._lock:
             if self._state != "new":
                 raise BrooqError("schedule() must be called before start()")
@@ -231,7 +223,7 @@ class Engine(Producing):
             self._schedules.append(s)
 
     def health(self) -> Health:
-        """The engine's state and its statements' record, from memory: no database round trip (SPEC Z2)."""
+        """The engine's state and its statements' record, from memory: no database round trip."""
         cfg = self.config
         status = self.statements.status(cfg.health_grace.total_seconds(), cfg.lease_td.total_seconds())
         return Health.of(
@@ -247,13 +239,8 @@ class Engine(Producing):
     # --- lifecycle ---------------------------------------------------------
 
     def start(self) -> None:
-        """Start the worker pool and the background services; idempotent.
-
-        Raise ``BrooqError`` naming ``migrate up --schema S`` when the database
-        answers and the schema is not migrated (or too old). A database that
-        cannot be reached does not stop the start: the engine's loops retry
-        with backoff and /healthz answers 503 until its statements succeed.
-        """
+        """Start the worker pool and the background services; idempotent. Raise ``BrooqError`` when
+        the database answers and the schema is not migrated (an unreachable one does not stop it)."""
         with self._lock:
             if self._state == "running":
                 return
@@ -314,8 +301,8 @@ class Engine(Producing):
                 wakers, cfg, self.topics, self._dispatcher.wake
             )
             heartbeat = next(s for s in self._services if isinstance(s, Heartbeat))
-            self._recheck = heartbeat.wake  # X2': look at the held claims now
-            self._may_claim = heartbeat.fence.may_claim  # F0: not before a heartbeat proved the engine
+            self._recheck = heartbeat.wake  # look at the held claims now
+            self._may_claim = heartbeat.fence.may_claim  # not before a heartbeat proved the engine
             heartbeat.fence.on_proven = self._dispatcher.wake
             self.capacity.wake = self._dispatcher.wake
             self.events.start()
@@ -333,15 +320,12 @@ class Engine(Producing):
             )
 
     def stop(self, timeout: float | None = None) -> None:
-        """Stop gracefully (SPEC C11); safe before start() and twice.
+        """Stop gracefully; safe before start() and twice.
 
-        Stop claiming; wait up to *timeout* seconds (None: the lease) for
-        in-flight handlers; cancel the rest with ``EngineStopping`` and wait up
-        to watchdog_grace for them (one still running is hung and its row goes
-        back to pending, attempt given back); flush every outcome. A call while
-        another stop is under way returns once that one is over. From a handler
-        (or its callback) it only starts the stop and returns: a handler cannot
-        wait for itself, and its own return is then done like any other's.
+        Stop claiming; wait up to *timeout* seconds (None: the lease) for in-flight handlers;
+        cancel the rest with ``EngineStopping`` and wait up to watchdog_grace for them (one still
+        running is hung, its row handed back); flush every outcome. A call during another stop
+        returns once that one is over; one from a handler only starts the stop and returns.
         """
         if self._defer(lambda: self.stop(timeout)):
             return
@@ -358,7 +342,7 @@ class Engine(Producing):
         cfg = self.config
         wait = cfg.lease_td.total_seconds() if timeout is None else max(0.0, float(timeout))
         grace = cfg.effective_watchdog_grace.total_seconds()
-        # Whatever the database does, the stop is over by then (C11''): every wait below is bounded
+        # Whatever the database does, the stop is over by then: every wait below is bounded
         # by it, and what still waits on the database after it is left to daemon threads.
         deadline = time.monotonic() + wait + grace + STOP_AFTER
         slots, dispatcher, completer = self._slots, self._dispatcher, self._completer
@@ -373,8 +357,8 @@ class Engine(Producing):
                 # hung before the stop: nothing was written and its lease was let go; hand the
                 # row back now rather than leave it processing until the reaper (guarded)
                 self.supervisor.release_at_stop(a)
-            else:
-                self.supervisor.hung(a)  # still running after the stop's grace: hung at stop (C11, L1)
+            else:  # still running after the stop's grace: hung at stop
+                self.supervisor.declare_hung(a)
         # The outcomes of ended handlers (a settler's turn, the completer's queue) and the engine's
         # row, on a thread of its own, joined until the deadline.
         left = [0]
@@ -400,7 +384,7 @@ class Engine(Producing):
         self.runner.threads.stop()
         self.runner.settlers.stop()
         self._async.close()
-        self.events.stop(max(0.1, deadline - time.monotonic()))  # after the last flush (N1)
+        self.events.stop(max(0.1, deadline - time.monotonic()))  # after the last flush
         self._state = "stopped"
         self._stopped.set()
         if left[0]:
@@ -430,15 +414,12 @@ class Engine(Producing):
         self.close()
 
     def run_once(self) -> int:
-        """Without start(): claim one batch (up to workers and claim_batch), run it in this thread, write every
-        outcome; return how many.
-
-        Timeouts and the heartbeat do not run here: it is meant for tests and scripts.
-        """
+        """Without start(): claim one batch (up to workers and claim_batch), run it in this thread,
+        write every outcome; return how many. No timeouts nor heartbeat: for tests and scripts."""
         with self._lock:
             if self._state == "running":
                 raise BrooqError("run_once() is for an engine that was not started")
-        self.events.start()  # its events are delivered as a started engine's are (N1, K4); close() ends it
+        self.events.start()  # its events are delivered as a started engine's are; close() ends it
         stage_now(self.repo, self.config, self.topics)
         self._topic_watch.run_once()
         rows = self.intake.claim(min(self.config.workers, self.config.claim_batch))
@@ -447,8 +428,6 @@ class Engine(Producing):
             if a is not None:
                 self.runner.run_here(a)
         return len(rows)
-
-    # --- internals -----------------------------------------------------------
 
     def _defer(self, fn: Callable[[], None]) -> bool:
         """Run *fn* on a thread of its own when called on one of the engine's handler threads (a

@@ -1,9 +1,8 @@
 """Health: what /healthz reports about an engine, from memory (SPEC Z2, C5).
 
-The engine's repo is wrapped in a ``TrackedRepo`` that records when each of
-its statements last succeeded and since when they fail. ``/healthz`` reads
-that record and the engine's own state: it never runs a statement of its own,
-so a burst of health checks costs the database nothing.
+The engine's repo is wrapped in a ``TrackedRepo`` that records when each of its
+statements last succeeded and since when they fail: /healthz reads that record
+and runs no statement of its own, so a burst of health checks costs nothing.
 """
 
 from __future__ import annotations
@@ -33,14 +32,9 @@ CALLER_DRIVEN = frozenset(
 
 @dataclass(frozen=True)
 class Health:
-    """ok when the engine's statements succeed, the engine runs and hung handlers do not
-    outnumber the workers (SPEC C5, Z2).
-
-    database: False while one of the engine's statements keeps failing for
-    longer than the grace (at once when it never succeeded), or one has been in
-    flight for longer than the stall bound. The ages are seconds; None when
-    there is nothing to tell; error names the statement and the error's type.
-    """
+    """ok when the engine's statements succeed (``database``: see ``StatementTracker.status``), the
+    engine runs and hung handlers do not outnumber the workers. The ages are seconds, None when
+    there is nothing to tell; error names the statement and the error's type."""
 
     ok: bool
     database: bool
@@ -63,16 +57,8 @@ class Health:
         failing_for: float | None = None,
         error: str | None = None,
     ) -> Health:
-        return cls(
-            ok=database and running and hung <= workers,
-            database=database,
-            running=running,
-            hung=hung,
-            workers=workers,
-            last_success_age=last_success_age,
-            failing_for=failing_for,
-            error=error,
-        )
+        ok = database and running and hung <= workers
+        return cls(ok, database, running, hung, workers, last_success_age, failing_for, error)
 
     def to_json(self) -> dict[str, Any]:
         def rounded(value: float | None) -> float | None:
@@ -111,11 +97,8 @@ class _Record:
 
 
 class StatementTracker:
-    """Records the start and end of every statement, per Repo method; thread-safe, no I/O.
-
-    Judged per method, so that one statement that keeps succeeding (a read of
-    the statistics views) cannot hide another that keeps failing (every claim).
-    """
+    """Records the start and end of every statement, per Repo method (so that one that keeps
+    succeeding cannot hide another that keeps failing); thread-safe, no I/O."""
 
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
@@ -156,16 +139,10 @@ class StatementTracker:
             record.error = f"{name}: {type(exc).__name__}"
 
     def status(self, grace: float, stall: float) -> StatementStatus:
-        """Judge the statements at this moment.
-
-        A statement is failing when its latest call failed and it is still
-        being tried (failed less than *grace* seconds ago, or a call is in
-        flight); it fails health once it has failed for *grace* seconds or
-        more, or at once when it never succeeded. A lone failure of a statement
-        that runs once an hour therefore counts for *grace* seconds at most,
-        while an unmigrated schema (every claim failing) counts until it is fixed.
-        One statement in flight for longer than *stall* seconds fails health too.
-        """
+        """Judge the statements now: one whose latest call failed and that is still being tried
+        (failed less than *grace* seconds ago, or in flight) fails health once it has failed for
+        *grace* seconds, or at once when it never succeeded; so does one in flight for longer than
+        *stall* seconds. A lone failure of an hourly statement counts for *grace* at most."""
         now = self._clock.monotonic()
         ok, failing_for, error = True, None, None
         with self._lock:

@@ -1,7 +1,8 @@
-"""The brooq_* metrics of SPEC O1, in the engine's own CollectorRegistry."""
+"""The brooq_* metrics of SPEC O1 (and F2, Q2-Q4, Z2), in the engine's own CollectorRegistry."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -22,15 +23,14 @@ class Metrics:
     """Counters and gauges updated by the engine's pieces; label children cached per topic."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.registry = registry
-        r = registry
-        self.enqueued = Counter(
+        self.registry = r = registry
+        counter = functools.partial(Counter, labelnames=["topic"], registry=r)
+        gauge = functools.partial(Gauge, labelnames=["topic"], registry=r)
+        self.enqueued = counter(
             "brooq_enqueued",
             "Jobs created through this Engine (enqueue, enqueue_tx, enqueue_many, chained jobs).",
-            ["topic"],
-            registry=r,
         )
-        self.claimed = Counter("brooq_claimed", "Jobs claimed by this engine.", ["topic"], registry=r)
+        self.claimed = counter("brooq_claimed", "Jobs claimed by this engine.")
         self.settled = Counter(
             "brooq_settle", "Outcomes written, by outcome.", ["topic", "outcome"], registry=r
         )
@@ -42,39 +42,24 @@ class Metrics:
             buckets=DURATION_BUCKETS,
             registry=r,
         )
-        self.busy = Gauge("brooq_worker_busy", "Worker slots running a handler.", ["topic"], registry=r)
-        self.lease_lost = Counter(
-            "brooq_lease_lost", "Leases found lost by the heartbeat.", ["topic"], registry=r
-        )
-        self.reaped = Counter("brooq_reaped", "Expired leases returned to pending.", ["topic"], registry=r)
-        self.retention_deleted = Counter(
-            "brooq_retention_deleted", "Terminal rows deleted by retention.", ["topic"], registry=r
-        )
-        self.hung = Counter(
-            "brooq_hung_workers", "Handlers still running watchdog_grace after cancel.", ["topic"], registry=r
-        )
-        # operator controls (SPEC Q2-Q4): read from the topic settings every poll interval
-        self.topic_paused = Gauge("brooq_topic_paused", "1 when the topic is paused.", ["topic"], registry=r)
-        self.topic_limit = Gauge(
-            "brooq_topic_limit", "The topic's global concurrency limit (+Inf: none).", ["topic"], registry=r
-        )
-        self.rate_tokens = Gauge(
+        self.busy = gauge("brooq_worker_busy", "Worker slots running a handler.")
+        self.lease_lost = counter("brooq_lease_lost", "Leases found lost by the heartbeat.")
+        self.reaped = counter("brooq_reaped", "Expired leases returned to pending.")
+        self.retention_deleted = counter("brooq_retention_deleted", "Terminal rows deleted by retention.")
+        self.hung = counter("brooq_hung_workers", "Handlers still running watchdog_grace after cancel.")
+        # operator controls: read from the topic settings every poll interval
+        self.topic_paused = gauge("brooq_topic_paused", "1 when the topic is paused.")
+        self.topic_limit = gauge("brooq_topic_limit", "The topic's global concurrency limit (+Inf: none).")
+        self.rate_tokens = gauge(
             "brooq_topic_rate_tokens",
             "The topic's rate-limit tokens left, as last read (+Inf: no rate limit).",
-            ["topic"],
-            registry=r,
         )
-        self.rate_held = Counter(
+        self.rate_held = counter(
             "brooq_rate_limited_claims",
             "Claims of a rate-limited topic that found its tokens spent (the engine waits for the next).",
-            ["topic"],
-            registry=r,
         )
-        self.schedule_next = Gauge(
-            "brooq_schedule_next_tick_timestamp_seconds",
-            "Unix time of a periodic job's next tick.",
-            ["topic"],
-            registry=r,
+        self.schedule_next = gauge(
+            "brooq_schedule_next_tick_timestamp_seconds", "Unix time of a periodic job's next tick."
         )
         self.events_dropped = Counter(
             "brooq_events_dropped", "Events dropped: the listeners' queue was full (SPEC N1).", registry=r
@@ -101,28 +86,17 @@ class Metrics:
     def prime(self, topics: Iterable[str]) -> None:
         """Create every per-topic series at zero so dashboards see them before the first job."""
         for t in topics:
-            for m in (
-                self.enqueued,
-                self.claimed,
-                self.lease_lost,
-                self.reaped,
-                self.hung,
-                self.busy,
-                self.rate_held,
-            ):
+            for m in (self.enqueued, self.claimed, self.lease_lost, self.reaped, self.hung, self.busy):
                 self.child(m, t)
+            self.child(self.rate_held, t)
             self.child(self.duration, t)
             for outcome in ("done", "failed", "dead", "canceled"):
                 self.child(self.settled, t, outcome)
 
 
 class SnapshotCollector(Collector):
-    """Serves the gauges from the refresher's latest snapshot: a scrape runs no query (SPEC Z2).
-
-    brooq_up is 1 while the latest refresh succeeded; after a failed one the
-    last snapshot is still served, brooq_up is 0 and brooq_gauges_age_seconds
-    grows. Before the first successful refresh only brooq_up (0) has a sample.
-    """
+    """Serves the gauges from the refresher's latest snapshot: a scrape runs no query. After
+    a failed refresh the last snapshot is still served, brooq_up 0 and its age growing."""
 
     def __init__(self, view: Callable[[], GaugeView]) -> None:
         self._view = view
@@ -177,11 +151,8 @@ class SnapshotCollector(Collector):
 
 
 class RefusalCollector(Collector):
-    """brooq_queue_full_total: enqueues the engine's store refused with QueueFull (SPEC F2), by topic.
-
-    Counted by the store itself (its producers may be any code sharing it); a store that counts
-    none (a foreign Repo) reports no samples.
-    """
+    """brooq_queue_full_total: enqueues the engine's store refused with QueueFull, by topic,
+    as the store counts them (its producers may be any code sharing it)."""
 
     def __init__(self, refusals: Callable[[], dict[str, int]]) -> None:
         self._refusals = refusals
@@ -213,12 +184,8 @@ _CREATED_TYPES = frozenset({"counter", "summary", "histogram", "gaugehistogram"}
 
 
 class EngineRegistry(CollectorRegistry):
-    """The engine's private registry: every family as collected, without its ``*_created`` samples.
-
-    prometheus_client's switch for those (``disable_created_metrics()``) is
-    process-wide and would change the registries of the application around
-    the engine; this drops them from this registry's output only.
-    """
+    """The engine's private registry, without the ``*_created`` samples: prometheus_client's switch
+    for those is process-wide and would change the application's registries too."""
 
     def collect(self) -> Iterator[Metric]:
         for metric in super().collect():

@@ -1,4 +1,4 @@
-"""The producer's calls on an Engine: enqueue through its repo, counted and waking its own services."""
+"""The producer's calls on an Engine, counted and waking its own services (SPEC E3, E5, X1, D3)."""
 
 from __future__ import annotations
 
@@ -19,35 +19,33 @@ class Producing:
 
     def enqueue(self, job: Job) -> EnqueueResult:
         """Enqueue *job* through the pool (see ``Store.enqueue``)."""
-        result = self.repo.enqueue(job)
-        if result.created:
-            self.metrics.child(self.metrics.enqueued, job.topic).inc()
-            self._enqueued(job)
-        return result
+        return self._counted(job, self.repo.enqueue(job), committed=True)
 
     def enqueue_tx(self, tx: Tx, job: Job) -> EnqueueResult:
-        """Enqueue *job* inside the caller's transaction *tx* (SPEC E3)."""
-        result = self.repo.enqueue_tx(tx, job)
-        if result.created:
-            self.metrics.child(self.metrics.enqueued, job.topic).inc()
-        return result
+        """Enqueue *job* inside the caller's transaction *tx*."""
+        return self._counted(job, self.repo.enqueue_tx(tx, job), committed=False)
 
     def enqueue_many(self, jobs: Sequence[Job], tx: Tx | None = None) -> list[EnqueueResult]:
-        """Enqueue a batch in one round trip (SPEC E5)."""
+        """Enqueue a batch in one round trip."""
         results = self.repo.enqueue_many(jobs, tx)
         for job, r in zip(jobs, results, strict=True):
-            if r.created:
-                self.metrics.child(self.metrics.enqueued, job.topic).inc()
-                if tx is None:
-                    self._enqueued(job)
+            self._counted(job, r, committed=tx is None)
         return results
+
+    def _counted(self, job: Job, result: EnqueueResult, committed: bool) -> EnqueueResult:
+        """Count a job created; a committed one wakes the engine's own services."""
+        if result.created:
+            self.metrics.child(self.metrics.enqueued, job.topic).inc()
+            if committed:
+                self._enqueued(job)
+        return result
 
     def begin(self) -> AbstractContextManager[Tx]:
         """A transaction from the pool: commit on a clean exit, rollback on an exception."""
         return self.repo.begin()
 
     def cancel(self, job_id: str) -> bool:
-        """Cancel a pending, scheduled, failed, blocked or processing job (SPEC X1, D3); a running one stops
+        """Cancel a pending, scheduled, failed, blocked or processing job; a running one stops
         via lease loss; its blocked descendants are canceled with it."""
         return self.repo.cancel(job_id)
 

@@ -20,11 +20,8 @@ def _number(revision: str) -> int | None:
 def check_schema(repo: Repo, log: logging.Logger | None = None) -> None:
     """Raise ``BrooqError`` naming ``migrate up --schema S`` when the repo's schema is missing or too old.
 
-    A revision this code does not know (newer, or not a number) is accepted:
-    migrations only add, and a newer schema is the deployer's choice. A database
-    that does not answer is no verdict on its schema: the check is skipped with a
-    warning, and the engine starts and retries its statements as after any outage
-    (/healthz says 503 until they succeed).
+    A revision this code does not know is accepted (migrations only add). A database that does not
+    answer is no verdict on its schema: the check is skipped with a warning, and the engine starts.
     """
     schema = getattr(repo, "schema", "public")
     try:

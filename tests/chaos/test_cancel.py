@@ -26,7 +26,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg_pool import ConnectionPool
 
 from brooq_py.engine import Config, Engine
-from brooq_py.engine.services.listener import WakeListener
+from brooq_py.engine.services.wakeups import WakeListener
 from brooq_py.postgres import Store
 from brooq_py.queue import Claim, Context, Job, JobCanceledByOperator, LeaseLost, State
 from tests.chaos import invariants

@@ -12,7 +12,8 @@ import time
 from collections.abc import Callable
 
 from brooq_py.engine import Engine
-from brooq_py.engine.attempt.attempt import Attempt, Hooks, Phase
+from brooq_py.engine.attempt.attempt import Attempt, Hooks
+from brooq_py.engine.attempt.outcome import Phase
 from brooq_py.queue import Claim, Context, Job, KindOptions, LeaseLost, State
 from tests.polling import wait_for
 from tests.unit.conftest import FAST

@@ -7,18 +7,18 @@ from datetime import UTC, datetime
 
 import pytest
 
-from brooq_py.engine.attempt.attempt import (
+from brooq_py.engine.attempt.attempt import Attempt, Kind, Poisoned
+from brooq_py.engine.attempt.outcome import (
     ENDINGS,
     HANDLER,
     PHASES,
-    Attempt,
+    POISON_ERROR,
+    Ending,
     HandlerState,
     IllegalTransition,
-    Kind,
     Phase,
-    Poisoned,
+    decide,
 )
-from brooq_py.engine.attempt.outcome import POISON_ERROR, Ending, decide
 from brooq_py.queue import (
     AttemptTimeout,
     Claim,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from brooq_py.engine.attempt.backoff import backoff_ceiling, backoff_delay
+from brooq_py.engine.attempt.outcome import backoff_ceiling, backoff_delay
 
 S = timedelta(seconds=1)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from brooq_py.engine.attempt.capacity import Capacity
+from brooq_py.engine.attempt.intake import Capacity
 from brooq_py.queue import Job, State
 from tests.unit.fake_repo import FakeRepo
 

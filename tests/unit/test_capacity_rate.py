@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from brooq_py.engine.attempt.capacity import BUSY_RETRY, Capacity
+from brooq_py.engine.attempt.intake import BUSY_RETRY, Capacity
 from brooq_py.queue.port import LimitedClaim
 
 LEASE = timedelta(seconds=30)

@@ -466,7 +466,7 @@ def test_ticker_logs_a_failing_tick_once_then_goes_on(caplog: pytest.LogCaptureF
 def test_z1_retention_tick_ending_on_its_cap_is_followed_at_once(caplog: pytest.LogCaptureFixture) -> None:
     from datetime import timedelta
 
-    from brooq_py.engine.services.retention import MAX_BATCHES_PER_TICK, Retention
+    from brooq_py.engine.services.cleanup import MAX_BATCHES_PER_TICK, Retention
 
     calls: list[int] = []
     deleted: dict[str, int] = {}
@@ -498,7 +498,7 @@ def test_z1_retention_tick_ending_on_its_cap_is_followed_at_once(caplog: pytest.
 def test_z1_retention_drains_a_backlog_without_waiting_a_period() -> None:
     from datetime import timedelta
 
-    from brooq_py.engine.services.retention import Retention
+    from brooq_py.engine.services.cleanup import Retention
 
     backlog = [5000]
 
@@ -533,7 +533,7 @@ def test_z1_retention_pauses_after_each_full_batch(
 ) -> None:
     from datetime import timedelta
 
-    from brooq_py.engine.services.retention import PACE, PAUSE_BOUND, Retention
+    from brooq_py.engine.services.cleanup import PACE, PAUSE_BOUND, Retention
 
     now = [0.0]
     backlog = [backlog_rows]
@@ -557,7 +557,7 @@ def test_z1_batches_deleted_before_a_failing_one_are_counted(caplog: pytest.LogC
     """The metric and the INFO summary both count the batches committed before a failing one."""
     from datetime import timedelta
 
-    from brooq_py.engine.services.retention import Retention
+    from brooq_py.engine.services.cleanup import Retention
 
     calls = [0]
     counted: dict[str, int] = {}
@@ -584,7 +584,7 @@ def test_z1_batches_deleted_before_a_failing_one_are_counted(caplog: pytest.LogC
 def test_z1_stop_ends_a_retention_pause_at_once() -> None:
     from datetime import timedelta
 
-    from brooq_py.engine.services.retention import Retention
+    from brooq_py.engine.services.cleanup import Retention
 
     now = [0.0]
     deleted = threading.Event()
@@ -611,7 +611,7 @@ def test_z1_stop_ends_a_retention_pause_at_once() -> None:
 
 
 def test_retention_ttl_zero_starts_no_retention_loop_t3(repo: FakeRepo) -> None:
-    from brooq_py.engine.services.retention import Retention
+    from brooq_py.engine.services.cleanup import Retention
 
     e = Engine(repo, Config(retention_ttl=0, lease=3))
     e.start()
@@ -648,7 +648,7 @@ def test_healthz_turns_unhealthy_once_hung_outnumber_workers_c5(
 
 
 def test_reaper_logs_count_and_topics_at_info_r1(caplog: pytest.LogCaptureFixture) -> None:
-    from brooq_py.engine.services.reaper import Reaper
+    from brooq_py.engine.services.cleanup import Reaper
 
     reaped: list[str] = []
     rows = [("1", "email"), ("2", "email"), ("3", "sms")]
@@ -702,7 +702,7 @@ def test_completer_does_not_rewrite_after_a_bookkeeping_error_c10() -> None:
 def test_z1_a_failing_delete_waits_a_period() -> None:
     from datetime import timedelta
 
-    from brooq_py.engine.services.retention import MAX_BATCHES_PER_TICK, Retention
+    from brooq_py.engine.services.cleanup import MAX_BATCHES_PER_TICK, Retention
 
     calls = [0]
 

@@ -12,12 +12,11 @@ from datetime import timedelta
 import pytest
 
 from brooq_py.engine import Engine
-from brooq_py.engine.attempt.attempt import Phase
-from brooq_py.engine.attempt.outcome import Ending, decide
-from brooq_py.engine.attempt.slots import SlotPool
+from brooq_py.engine.attempt.outcome import Ending, Phase, decide
+from brooq_py.engine.attempt.runner import SlotPool
 from brooq_py.engine.services.dispatcher import Dispatcher
-from brooq_py.engine.services.heartbeat import Heartbeat
-from brooq_py.engine.services.listener import RECONNECT_MAX, WakeListener
+from brooq_py.engine.services.liveness import Heartbeat
+from brooq_py.engine.services.wakeups import RECONNECT_MAX, WakeListener
 from brooq_py.queue import (
     BrooqError,
     Claim,
@@ -591,7 +590,7 @@ def test_c11_an_outcome_settled_after_the_completer_stopped_is_still_written(
     completer = e._completer
     assert completer is not None
     completer.stop()  # what stop() does just before it switches to writing at once
-    e.runner.put(Outcome(id=row.id, claim_token=row.claim_token, state=State.DONE, topic="other"))
+    e.handover.write(Outcome(id=row.id, claim_token=row.claim_token, state=State.DONE, topic="other"))
     assert repo.row(other).state is State.DONE
 
 
@@ -721,9 +720,9 @@ def test_c4_l1_give_up_from_a_stale_look_after_the_handler_returned_leaves_it_do
     [row] = repo.claim(["t"], 1, e.worker_id, timedelta(seconds=30))
     a = e.intake.open(row)
     assert a is not None
-    was = e.runner.ended(a)  # the handler returned
+    a.code_ended()  # the handler returned
     e.supervisor.give_up(a)  # the watchdog, from the list it took before
-    e.runner.conclude(a, None, was)  # the settler's turn
+    e.runner.finish(a, None)  # the settler's turn
     r = repo.row(jid)
     assert r.state is State.DONE and r.last_error is None
 

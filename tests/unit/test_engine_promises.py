@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from brooq_py.engine import Engine
-from brooq_py.engine.services.reaper import Reaper
+from brooq_py.engine.services.cleanup import Reaper
 from brooq_py.queue import Claim, Context, Job, JobCanceledByOperator, KindOptions, LeaseLost, State
 from brooq_py.queue.port import EngineProof, HeldLease
 from tests.polling import wait_for

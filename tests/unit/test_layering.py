@@ -87,7 +87,7 @@ def imported_by(prefix: str) -> set[str]:
 def test_the_graph_reads_the_real_imports() -> None:
     """The graph holds edges known to exist: a module-level one, a lazy one and a type-only one."""
     edges = {(i.importer, i.target, i.type_only) for i in IMPORTS}
-    assert ("brooq_py.engine.services.heartbeat", "brooq_py.engine.attempt.attempt", False) in edges
+    assert ("brooq_py.engine.services.liveness", "brooq_py.engine.attempt.attempt", False) in edges
     assert ("brooq_py.http.server", "brooq_py.http.asgi", False) in edges  # inside a function
     assert ("brooq_py.http.api", "brooq_py.engine", True) in edges
     assert "brooq_py.engine.attempt.runner" in MODULES and "brooq_py.devdb" in MODULES

@@ -7,8 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from brooq_py.engine.attempt.attempt import Phase
-from brooq_py.engine.attempt.outcome import MAX_ERROR_CHARS, Ending, decide, describe_error
+from brooq_py.engine.attempt.outcome import MAX_ERROR_CHARS, Ending, Phase, decide, describe_error
 from brooq_py.queue import (
     AttemptTimeout,
     EngineStopping,

@@ -6,12 +6,8 @@ import math
 
 import pytest
 
-from brooq_py.engine.attempt.results import (
-    MAX_TRACEBACK_BYTES,
-    ResultRejected,
-    encode_result,
-    format_traceback,
-)
+from brooq_py.engine.attempt.outcome import MAX_TRACEBACK_BYTES, format_traceback
+from brooq_py.engine.attempt.runner import ResultRejected, encode_result
 from brooq_py.queue import Context
 
 

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from brooq_py.engine.services.retention import Retention
+from brooq_py.engine.services.cleanup import Retention
 
 # The pause a statement of the usual speed may need (docs/guarantees.md Z1').
 BOUND = 1.0

@@ -261,7 +261,7 @@ def test_q4_engine_enqueues_ticks_through_the_repo_remembering_the_last(repo: Fa
     from prometheus_client import CollectorRegistry
 
     from brooq_py.engine.metrics import Metrics
-    from brooq_py.engine.services.wiring import tick_enqueuer
+    from brooq_py.engine.services.scheduler import tick_enqueuer
 
     woken: list[Job] = []
     enqueue_tick = tick_enqueuer(repo, Metrics(CollectorRegistry()), woken.append)

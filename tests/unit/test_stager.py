@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from brooq_py.engine import Config, Engine
-from brooq_py.engine.services.stager import Stager
+from brooq_py.engine.services.wakeups import Stager
 from brooq_py.queue import Claim, Context, Job, State
 from brooq_py.queue.port import Staged
 from tests.polling import wait_for

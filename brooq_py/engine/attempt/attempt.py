@@ -1,4 +1,4 @@
-"""Attempt: one claimed job in this engine, as an explicit state machine (SPEC L1).
+"""Attempt: one claimed job in this engine, a state machine (SPEC L1, C3-C9, F0, L5', Q3, V1, X2').
 
 Two machines share one lock. ``phase`` is the attempt's ending::
 
@@ -16,28 +16,40 @@ RUNNING owns the slot's release. A move not in the tables raises
 
 The Attempt owns its moves. Whoever sees how it ended reports it -- the runner
 (``returned``, ``raised``), the supervisor's verdicts (``lost``, ``fenced``,
-``given_up``, ``declared_hung``), the intake (``poisoned``)
--- and the Attempt answers, through ``decide()``, the outcome to write, or None
-when there is nothing (more) to write. The reporter hands the answer over
-(``handover``); what the moves touch outside the attempt (its topic's room, its
-lease, its slot, the log and counters) comes through its ``Hooks``.
+``given_up``, ``declared_hung``), the intake (``poisoned``) -- and the Attempt
+answers, through ``decide()``, the outcome to write, or None when there is
+nothing (more) to write. The reporter hands the answer over (``handover``);
+what the moves touch outside the attempt (its topic's room, its lease, its
+slot, the log and counters) comes through its ``Hooks``.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import random
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from brooq_py.engine.attempt.kind import Kind
-from brooq_py.engine.attempt.outcome import Ending, decide, describe_error, what_then
-from brooq_py.engine.attempt.phases import ENDINGS, HANDLER, PHASES, HandlerState, IllegalTransition, Phase
+from brooq_py.engine.attempt.outcome import (
+    ENDINGS,
+    HANDLER,
+    PHASES,
+    Ending,
+    HandlerState,
+    IllegalTransition,
+    Phase,
+    decide,
+    describe_error,
+    what_then,
+)
 from brooq_py.queue import (
     Claim,
     Context,
     JobCanceledByOperator,
+    KindOptions,
     Lease,
     LeaseLost,
     MaxExecutionExceeded,
@@ -52,21 +64,31 @@ if TYPE_CHECKING:
     from brooq_py.engine.metrics import Metrics
 
 
+@dataclass(frozen=True)
+class Kind:
+    """A registered topic: its handler (resolved to a callable) and options."""
+
+    topic: str
+    handler: Callable[[Context, Claim], Any]
+    options: KindOptions
+    is_async: bool
+
+    @classmethod
+    def build(cls, topic: str, handler: object, options: KindOptions) -> Kind:
+        """Resolve *handler* (a function, an async function or an object with ``.handle``)."""
+        fn: Any = handler
+        if not inspect.isroutine(handler) and callable(getattr(handler, "handle", None)):
+            fn = handler.handle  # type: ignore[attr-defined]
+        if not callable(fn):
+            raise TypeError("handler must be a function, an async function or an object with .handle")
+        is_async = inspect.iscoroutinefunction(fn) or (
+            not inspect.isroutine(fn) and inspect.iscoroutinefunction(type(fn).__call__)
+        )
+        return cls(topic=topic, handler=fn, options=options, is_async=is_async)
+
+
 class Poisoned(Exception):
-    """Why a claimed job is not run again but dead (L5')."""
-
-
-__all__ = [
-    "ENDINGS",
-    "HANDLER",
-    "PHASES",
-    "Attempt",
-    "HandlerState",
-    "Hooks",
-    "IllegalTransition",
-    "Kind",
-    "Phase",
-]
+    """Why a claimed job is not run again but dead."""
 
 
 class Attempt:
@@ -117,8 +139,7 @@ class Attempt:
             meta=row.meta,
         )
         ctx.attach(self.claim)
-        # The handler's return value as JSON text, encoded on its own thread (SPEC V1).
-        self.result: str | None = None
+        self.result: str | None = None  # the handler's return value as JSON text
         self.started = started
         self.soft_deadline = started + opts.td("attempt_timeout").total_seconds()
         self.hard_deadline = started + opts.td("max_execution_timeout").total_seconds()
@@ -169,12 +190,8 @@ class Attempt:
             self._move(Phase.RUNNING)
 
     def end(self, ending: Phase) -> bool:
-        """Record how the attempt ended; return False if another ending came first.
-
-        From RUNNING (or CLAIMED for POISONED and UNRUN) only: the race between a
-        handler's return and the watchdog or heartbeat is normal, and its loser
-        learns it here. Raise ``IllegalTransition`` for a phase that is no ending.
-        """
+        """Record how the attempt ended; False if another ending came first (a handler's return
+        racing the watchdog or the heartbeat is normal: its loser learns it here)."""
         if ending not in ENDINGS:
             raise IllegalTransition(f"attempt {self.id}: {ending} is not an ending")
         with self._lock:
@@ -195,11 +212,8 @@ class Attempt:
             return ending
 
     def settling_if(self, ending: Phase) -> bool:
-        """*ending* -> SETTLING if the attempt is still there; False when someone else took it.
-
-        A given-up attempt (GAVE_UP) is settled by whichever comes first, its handler's end
-        or the hung verdict (C4'): both may ask, one wins.
-        """
+        """*ending* -> SETTLING if the attempt is still there; False when someone else took it
+        (a given-up attempt's end and its hung verdict may both ask)."""
         with self._lock:
             if self._phase is not ending:
                 return False
@@ -210,17 +224,6 @@ class Attempt:
         """SETTLING -> SETTLED: the outcome was written, found not ours, or there is none to write."""
         with self._lock:
             self._move(Phase.SETTLED)
-
-    def give_up(self, ending: Phase) -> bool:
-        """End the attempt with *ending* and abandon its handler, in one move, only while the
-        handler still runs; return whether it did. A handler that already returned (its settling
-        still to come) ends the attempt itself: it was not still running (C4)."""
-        with self._lock:
-            if self._handler is not HandlerState.RUNNING or ending not in PHASES[self._phase]:
-                return False
-            self._phase = self._ending = ending
-            self._handler = HandlerState.ABANDONED
-            return True
 
     # --- the handler's life ------------------------------------------------
 
@@ -239,8 +242,8 @@ class Attempt:
     # --- how it ended, reported: each answers the outcome to write, or None --------
 
     def code_ended(self) -> HandlerState | None:
-        """The handler's code ended (returned or raised): record it once, at once (the watchdog must
-        not call it hung meanwhile); return the handler's state before (None: recorded already)."""
+        """Record once, at once, that the handler's code ended (the watchdog must not call it hung
+        meanwhile); return the handler's state before (None: recorded already)."""
         if self._code_ended:
             return None
         self._code_ended = True
@@ -250,75 +253,64 @@ class Attempt:
         return was
 
     def free_slot(self) -> None:
-        """Free the handler's slot if its own end took it out of RUNNING; once. Called once its
-        outcome is on its way: a slot is taken until then."""
+        """Free the handler's slot, once, if its own end took it out of RUNNING (its outcome on its way)."""
         with self._lock:
             owns, self._owns_slot = self._owns_slot, False
         if owns:
             self._hooks.release_slot()
 
     def returned(self) -> Outcome | None:
-        """The handler returned (its value in ``result``, encoded on its thread): done (L1), unless
-        another ending came first."""
+        """The handler returned (its value in ``result``): done, unless another ending came first."""
         self.code_ended()
         if self.end(Phase.RETURNED):
             return self._answer(None)
         return self._after_another(None)
 
     def raised(self, error: BaseException) -> Outcome | None:
-        """The handler raised *error* (any BaseException): a failed attempt, a signal's outcome (C6-C8)."""
+        """The handler raised *error* (any BaseException): a failed attempt, a signal's outcome."""
         self.code_ended()
         if self.end(Phase.RAISED):
             return self._answer(error)
         return self._after_another(error)
 
     def lost(self, cause: LeaseLost) -> Outcome | None:
-        """The row is no longer this claim's (the heartbeat found it taken, reaped or canceled; a new
-        claim of the job; an operator's cancel): cancel the handler with *cause*; nothing is written (C3, X2').
-
-        An attempt already settling is left alone: its outcome write is on its way and its guard
-        decides (a renewal racing the write is no lost lease).
-        """
+        """The row is no longer this claim's: cancel the handler with *cause*; nothing is written. An
+        attempt already settling is left alone: its write's guard decides."""
         if not self.end(Phase.LOST):
             return None
-        self._hooks.lease_lost(self, cause)  # counted before the handler can see its cancel
+        self._hooks.tell_lost(self, cause)  # counted before the handler can see its cancel
         self.ctx.cancel(cause)
         return self._answer(None)
 
     def fenced(self, seconds: float) -> Outcome | None:
-        """No heartbeat succeeded for *seconds* (lease - margin): others may run the job soon; cancel,
-        write nothing, drop the claim (F0)."""
+        """No heartbeat succeeded for *seconds*: others may run the job soon; cancel, write nothing."""
         if not self.end(Phase.FENCED):
             return None
-        self._hooks.fenced(self, seconds)
+        self._hooks.tell_fenced(self, seconds)
         self.ctx.cancel(LeaseLost(f"no heartbeat succeeded for {seconds:g}s (fenced)"))
         return self._answer(None)
 
     def given_up(self) -> Outcome | None:
-        """max_execution_timeout: stop waiting for the handler and free its slot; the failed attempt
-        (never dead for this alone) is the answer to its end or its hung verdict, whichever comes first (C4').
-
-        Until then its lease is kept (renewed): the job cannot run again beside a handler that still
-        runs here. Only while the handler still runs: one that returned meanwhile ends by its return.
-        """
-        if not self.give_up(Phase.GAVE_UP):
-            return None
+        """max_execution_timeout: stop waiting for a handler that still runs and free its slot. Its
+        failed attempt answers its end or its hung verdict, whichever comes first; until then its
+        lease is kept, so the job cannot run again beside it."""
+        with self._lock:  # the ending and the abandoned handler in one move
+            if self._handler is not HandlerState.RUNNING or Phase.GAVE_UP not in PHASES[self._phase]:
+                return None
+            self._phase = self._ending = Phase.GAVE_UP
+            self._handler = HandlerState.ABANDONED
         self.ctx.cancel(self._max_execution_exceeded())
-        self._hooks.gave_up(self)
+        self._hooks.tell_gave_up(self)
         self._hooks.release_slot()  # the handler was RUNNING: its slot is ours to free
         return None
 
     def declared_hung(self, grace: float) -> Outcome | None:
-        """Still running *grace* seconds after its cancel: count it, free the slot, end the attempt (C5, L1).
-
-        Hung ends the attempt without done, chain or on_succeeded, whatever the handler registered:
-        at stop the row goes back to pending with its attempt given back (C11); otherwise the lease
-        is left to expire. A given-up attempt's failure is written now: the job may run again (C4').
-        """
+        """Still running *grace* seconds after its cancel: count it, free the slot, end the attempt
+        without done; a given-up attempt's failure is written now."""
         was = self.handler_to(HandlerState.HUNG)
         if was is None:
             return None
-        self._hooks.hung(self, grace)
+        self._hooks.tell_hung(self, grace)
         if was is HandlerState.RUNNING:
             self._hooks.release_slot()
         if self.end(Phase.HUNG):
@@ -326,16 +318,14 @@ class Attempt:
         return self._given_up_failure() if self._ending is Phase.GAVE_UP else None
 
     def poisoned(self, why: str) -> Outcome | None:
-        """Claimed after max_crashes engines stopped while running it (or attempts past max_attempts):
-        never run, dead, *why* its last error (L5')."""
+        """Never run: dead, *why* its last error."""
         self.end(Phase.POISONED)
         self._hooks.left_running(self)
         return self._answer(Poisoned(why))
 
     def closing_failed(self, error: BaseException) -> Outcome | None:
-        """The closing transaction of a done raised (a chained job or a callback failed): recorded as
-        a raise of the handler (C9); the attempt is settling already."""
-        outcome = self._decide(Ending(Phase.RAISED, error=error, cause=self.ctx.cause))
+        """The closing transaction of a done raised: recorded as a raise of the handler."""
+        outcome = self.decide(Ending(Phase.RAISED, error=error, cause=self.ctx.cause))
         if outcome is None:
             self.let_go()
         return outcome
@@ -355,16 +345,15 @@ class Attempt:
         return self._decided(self.settling(), error)
 
     def _after_another(self, error: BaseException | None) -> Outcome | None:
-        """The handler ended after another ending: a given-up attempt's failure is written now (its
-        lease was kept for this moment, C4'); any other ending said all there is."""
+        """The handler ended after another ending: a given-up attempt's failure is written now; any
+        other ending said all there is."""
         if self._ending is Phase.GAVE_UP:
             return self._given_up_failure()
-        self._hooks.late(self, error)
+        self._hooks.tell_late(self, error)
         return None
 
     def _given_up_failure(self) -> Outcome | None:
-        """The failure of an attempt given up at max_execution_timeout, once (its end and its hung
-        verdict may both ask, one wins)."""
+        """The failure of an attempt given up at max_execution_timeout, once."""
         if not self.settling_if(Phase.GAVE_UP):
             return None
         return self._decided(Phase.GAVE_UP, self._max_execution_exceeded())
@@ -373,15 +362,16 @@ class Attempt:
         ending = Ending(
             phase, error=error, cause=self.ctx.cause, stopping=self._hooks.stopping(), result=self.result
         )
-        outcome = self._decide(ending)
+        outcome = self.decide(ending)
         if outcome is None:
             self.let_go(unsettled=phase in (Phase.FENCED, Phase.HUNG))
             return None
         if phase is Phase.RAISED and error is not None:
-            self._hooks.failed(self, error, outcome)
+            self._hooks.tell_failed(self, error, outcome)
         return outcome
 
-    def _decide(self, ending: Ending) -> Outcome | None:
+    def decide(self, ending: Ending) -> Outcome | None:
+        """The outcome *ending* earns this attempt (``outcome.decide``); no move."""
         return decide(
             id=self.id,
             claim_token=self.row.claim_token,
@@ -397,25 +387,14 @@ class Attempt:
         return MaxExecutionExceeded(f"max_execution_timeout of {hard:g}s elapsed")
 
 
-# --- Hooks: what the moves touch outside the attempt ---------------------------------
-
-
 def _nothing(*_args: object) -> None:
     return None
 
 
-def _never() -> bool:
-    return False
-
-
 class Hooks:
-    """What an attempt's moves touch outside it, and what they tell.
-
-    Its topic's room and its lease (the in-flight set), its slot, whether the
-    engine stops, the rng of backoff; and the log lines and counters of its
-    endings. The engine wires one ``Hooks`` for all its attempts; the defaults
-    serve a bare attempt (nothing counted, no slot, never stopping).
-    """
+    """What an attempt's moves touch outside it (its topic's room, its lease, its slot, whether the
+    engine stops, the rng of backoff), and the log lines and counters of its endings. The engine
+    wires one for all its attempts; the defaults serve a bare attempt."""
 
     def __init__(
         self,
@@ -426,16 +405,14 @@ class Hooks:
         self.log = log or logging.getLogger("brooq_py.engine")
         self.metrics = metrics
         self.rng = rng
-        self.stopping: Callable[[], bool] = _never
-        # The handler's code ended (``InFlight.end``): no longer running, its topic's room back (SPEC Q3).
+        self.stopping: Callable[[], bool] = lambda: False
+        # The handler's code ended (``InFlight.end``): no longer running, its topic's room back.
         self.left_running: Callable[[Attempt], object] = _nothing
         # Nothing (more) is written for it (``InFlight.drop``): its claim is no longer reported on.
         self.let_go: Callable[[Attempt], object] = _nothing
         # ... and its row is still ours (hung, fenced): named dropped for the reaper (``InFlight.dropping``).
         self.drop_claim: Callable[[Attempt], object] = _nothing
         self.release_slot: Callable[[], None] = _nothing  # the engine's slots, from start()
-
-    # --- what the endings tell ---------------------------------------------------
 
     def _tell(self, level: int, a: Attempt, what: str, *args: object) -> None:
         self.log.log(level, "job id=%s topic=%s attempt=%d: " + what, a.id, a.topic, a.claim.attempt, *args)
@@ -444,7 +421,7 @@ class Hooks:
         if self.metrics is not None:
             self.metrics.child(getattr(self.metrics, counter), a.topic).inc()
 
-    def lease_lost(self, a: Attempt, cause: BaseException) -> None:
+    def tell_lost(self, a: Attempt, cause: BaseException) -> None:
         if isinstance(cause, JobCanceledByOperator):
             # The operator's cancel is the job's outcome (its statement wrote it): counted as one, not
             # as a lost lease, which tells of reaping, takeover and fencing.
@@ -457,30 +434,30 @@ class Hooks:
             self._count("lease_lost", a)
             self._tell(logging.WARNING, a, "lease lost; cancelling the handler, nothing will be written")
 
-    def fenced(self, a: Attempt, lease: float) -> None:
+    def tell_fenced(self, a: Attempt, lease: float) -> None:
         self._count("lease_lost", a)
         what = "no heartbeat for %gs: fencing (cancelling the handler, nothing will be written)"
         self._tell(logging.ERROR, a, what, lease)
 
-    def gave_up(self, a: Attempt) -> None:
+    def tell_gave_up(self, a: Attempt) -> None:
         what = (
             "still running after max_execution_timeout; freeing the slot; the failed attempt is "
             "recorded when the handler ends or is declared hung"
         )
         self._tell(logging.ERROR, a, what)
 
-    def hung(self, a: Attempt, grace: float) -> None:
+    def tell_hung(self, a: Attempt, grace: float) -> None:
         self._count("hung", a)
         what = "handler hung: still running %gs after its context was cancelled (%s); its claim is dropped for the reaper"
         self._tell(logging.ERROR, a, what, grace, type(a.ctx.cause).__name__)
 
-    def late(self, a: Attempt, error: BaseException | None) -> None:
+    def tell_late(self, a: Attempt, error: BaseException | None) -> None:
         how = "returned" if error is None else f"raised {describe_error(error)}"
         self._tell(
             logging.WARNING, a, "handler %s after the attempt ended (%s); nothing written", how, a.phase
         )
 
-    def failed(self, a: Attempt, error: BaseException, outcome: Outcome) -> None:
+    def tell_failed(self, a: Attempt, error: BaseException, outcome: Outcome) -> None:
         then = what_then(outcome)  # the last attempt's failure says the job is now dead
         if any(find_signal(error, s) is not None for s in (MustCancelTask, MustDelay, MustPreserveAttempt)):
             self._tell(logging.INFO, a, "handler signalled %s%s", describe_error(error), then)

@@ -1,15 +1,18 @@
-"""Handover: where an attempt's answer goes, and what comes back once it is written (SPEC C9-C11, O4, N1).
+"""Handover: where an attempt's answer goes, and what comes back (SPEC C3-C11, F0, N1, O4, Q3, S7, U2, X2').
 
-Every outcome takes one path: one idempotent statement guarded by the claim
-token, retried from the completer's one queue until it is written or its row
-says it is no longer this claim's. A plain outcome goes to the completer (an
-``OutcomeSink``), which writes it in a batch; without one (``run_once``, or once
-the completer stopped) it is written at once. A done with closing work
-(``chain``/``on_succeeded``) goes to its own transaction, which locks its row
-first (never waiting on a lock held elsewhere), then runs the chained enqueues
-and callbacks and writes the row, all or nothing; a row locked elsewhere or an
-unreachable store hands the transaction to the completer to be tried again.
+Every outcome is one idempotent statement guarded by the claim token. A plain
+outcome goes to the completer (an ``OutcomeSink``, declared here so that the
+attempt's modules never import a service), which writes it in a batch; without
+one (``run_once``, or once it stopped) it is written at once. A done with
+closing work (``chain``/``on_succeeded``) goes to its own transaction, which
+locks its row first (never waiting on a lock held elsewhere), then runs the
+chained enqueues and callbacks and writes the row, all or nothing; a row locked
+elsewhere or an unreachable store hands it to the completer to be tried again.
 After the write each attempt is settled, counted and told as an event.
+
+The verdicts from outside the handler (lease lost, fenced, timeout, given up,
+hung) take the same path: the ``Supervisor`` reports each to the attempt and
+hands its answer over.
 """
 
 from __future__ import annotations
@@ -20,20 +23,24 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from brooq_py.engine.attempt.attempt import Attempt
 from brooq_py.engine.attempt.inflight import InFlight
-from brooq_py.engine.attempt.sink import OutcomeSink
+from brooq_py.engine.attempt.outcome import Ending, Phase
 from brooq_py.engine.metrics import Metrics
-from brooq_py.queue import State, StoreUnavailable
+from brooq_py.queue import (
+    AttemptTimeout,
+    EngineStopping,
+    JobCanceledByOperator,
+    LeaseLost,
+    State,
+    StoreUnavailable,
+)
+from brooq_py.queue.job import EventKind
 from brooq_py.queue.port import Outcome, Repo, was_written
 
-if TYPE_CHECKING:
-    from brooq_py.engine.attempt.sink import EventSink
-    from brooq_py.queue.job import EventKind
-
-# The event a written outcome is (SPEC N1): a handed-back attempt is a requeue.
+# The event each written outcome is (a handed-back attempt is a requeue).
 EVENT_OF: dict[State, EventKind] = {
     State.DONE: "done",
     State.FAILED: "failed",
@@ -42,9 +49,30 @@ EVENT_OF: dict[State, EventKind] = {
     State.PENDING: "requeued",
 }
 
-# Without a completer (run_once): how long to wait before trying a write again whose row is
-# locked elsewhere or whose store did not answer.
-RETRY_IN_PLACE = 0.25
+RETRY_IN_PLACE = 0.25  # without a completer: the wait before a write whose row was locked is tried again
+
+
+class OutcomeSink(Protocol):
+    """Takes outcomes to write later, in a batch: ``services.completer.Completer``."""
+
+    def has_room(self) -> bool: ...
+
+    def offer(self, outcome: Outcome) -> bool: ...
+
+    def put(self, outcome: Outcome) -> bool: ...
+
+    def retry(self, fn: Callable[[], bool], abandon: Callable[[], None]) -> bool: ...
+
+
+class EventSink(Protocol):
+    """Takes events to deliver after their commit: ``services.events.EventBus``."""
+
+    @property
+    def active(self) -> bool: ...
+
+    def emit(
+        self, kind: EventKind, job_id: str, topic: str, attempt: int, error: str | None = None
+    ) -> None: ...
 
 
 class _NotOurs(Exception):
@@ -53,14 +81,6 @@ class _NotOurs(Exception):
 
 class _Locked(Exception):
     """The closing transaction found the row held by another transaction."""
-
-
-def _check_row(row: str) -> None:
-    """Go on only with a row that is ours and now locked by us (``Repo.lock_own_tx``)."""
-    if row == "locked":
-        raise _Locked("its row is locked by another transaction")
-    if row != "ours":
-        raise _NotOurs
 
 
 class Handover:
@@ -73,25 +93,23 @@ class Handover:
         self.log = log
         self.completer: OutcomeSink | None = None  # None: write each outcome at once (run_once)
         self.sleep: Callable[[float], None] = time.sleep
-        # Called after a flush wrote a failed attempt's retry time: the stager's
-        # cue to read the earliest due time again, since no NOTIFY announces such a row (SPEC S7).
+        # A failed attempt's retry time was written: no NOTIFY announces it, the stager must look.
         self.on_waiting: Callable[[], None] = lambda: None
-        self.events: EventSink | None = None  # set by the engine: events after commit (SPEC N1)
-        # Outcomes written, by topic: a limited topic may have room again (set by the engine, SPEC Q3).
-        self.on_settled: Callable[[Iterable[str]], None] = lambda topics: None
+        self.events: EventSink | None = None
+        self.on_settled: Callable[[Iterable[str]], None] = lambda topics: None  # their topics' room
 
-    def settle(self, a: Attempt, outcome: Outcome | None) -> None:
-        """Hand over *a*'s answer: a done with closing work to its transaction, any other outcome to
-        the completer; None: nothing to write (the attempt settled itself)."""
+    def hand_over(self, a: Attempt, outcome: Outcome | None) -> None:
+        """Take *a*'s answer where it is written: a done with closing work to its transaction, any
+        other outcome to the completer; None: nothing to write (the attempt settled itself)."""
         if outcome is None:
             return
         if outcome.state is State.DONE and a.claim.has_closing_work:
             self._close(a, outcome)
             return
-        self.put(outcome)
+        self.write(outcome)
 
     def offer(self, outcome: Outcome) -> bool:
-        """Hand *outcome* to the completer without waiting; False when that cannot be done now."""
+        """Give *outcome* to the completer without waiting; False when that cannot be done now."""
         completer = self.completer
         return completer is not None and completer.offer(outcome)
 
@@ -100,19 +118,21 @@ class Handover:
         completer = self.completer
         return completer is not None and completer.has_room()
 
-    def put(self, outcome: Outcome) -> None:
-        """Hand *outcome* to the completer; write it at once without one, or once it stopped (C11)."""
+    def write(self, outcome: Outcome) -> None:
+        """Have *outcome* written: by the completer, or at once without one or once it stopped."""
         completer = self.completer
         if completer is not None and completer.put(outcome):
             return
         batch = [outcome]
         while True:
             written = self.repo.settle_many(batch)
-            locked: frozenset[str] = getattr(written, "locked", frozenset())
-            if outcome.claim_token not in locked or self.inflight.by_token(outcome.claim_token) is None:
+            if outcome.claim_token not in getattr(written, "locked", ()) or not self._holds(outcome):
                 break
             self.sleep(RETRY_IN_PLACE)  # its row is locked elsewhere: never waited on, tried again
         self.on_written(batch, written)
+
+    def _holds(self, outcome: Outcome) -> bool:
+        return self.inflight.by_token(outcome.claim_token) is not None
 
     def on_written(self, batch: Sequence[Outcome], written: set[str]) -> None:
         settled: Counter[tuple[str, str]] = Counter()
@@ -123,32 +143,26 @@ class Handover:
             a = self.inflight.drop_outcome(o)
             if a is not None:
                 a.settled()
-            if was_written(written, o):
-                if o.state is not State.PENDING:
-                    settled[(o.topic, str(o.state))] += 1
-                if events is not None:
-                    events.emit(
-                        EVENT_OF[o.state],
-                        o.id,
-                        o.topic,
-                        0 if a is None else a.claim.attempt,
-                        o.last_error if o.state in (State.FAILED, State.DEAD) else None,
-                    )
-            else:
+            if not was_written(written, o):
                 self.log.info(
                     "job id=%s topic=%s: %s not written: the row was no longer this claim's",
                     o.id,
                     o.topic,
                     o.state,
                 )
+                continue
+            if o.state is not State.PENDING:
+                settled[(o.topic, str(o.state))] += 1
+            if events is not None:
+                error = o.last_error if o.state in (State.FAILED, State.DEAD) else None
+                events.emit(EVENT_OF[o.state], o.id, o.topic, 0 if a is None else a.claim.attempt, error)
         for (topic, state), n in settled.items():  # one counter update per (topic, outcome) a batch
             self.metrics.child(self.metrics.settled, topic, state).inc(n)
-        self.on_settled(o.topic for o in batch)
+        self.on_settled({o.topic for o in batch})
 
     def _close(self, a: Attempt, done: Outcome) -> None:
-        """Done + chained enqueues + on_succeeded in one transaction (SPEC C9, O4): tried now, then,
-        while its row is locked elsewhere or the store does not answer, from the completer's queue
-        (in place without one)."""
+        """Done + chained enqueues + on_succeeded in one transaction: tried now, then, while it must
+        be tried again, from the completer's queue (in place without one)."""
         if self._close_once(a, done):
             return
         completer = self.completer
@@ -156,20 +170,20 @@ class Handover:
             functools.partial(self._close_once, a, done), functools.partial(self._abandon, a)
         ):
             return
-        while not self._close_once(a, done):
-            if self.inflight.by_token(done.claim_token) is None:
-                return
+        while not self._close_once(a, done) and self._holds(done):
             self.sleep(RETRY_IN_PLACE)
 
     def _close_once(self, a: Attempt, done: Outcome) -> bool:
         """One try of the closing transaction; False when it must be tried again (its row locked
-        elsewhere, nothing of it run; or the store unreachable). The row is locked first, so a
-        lock held elsewhere costs no callback; a failing callback or chained job is the job's
-        failure, recorded as a raise."""
+        elsewhere, or the store unreachable). A failing callback or chained job is recorded as a raise."""
         claim = a.claim
         try:
             with self.repo.begin() as tx:
-                _check_row(self.repo.lock_own_tx(tx, done))
+                row = self.repo.lock_own_tx(tx, done)  # go on only with our row, locked by us now
+                if row == "locked":
+                    raise _Locked("its row is locked by another transaction")
+                if row != "ours":
+                    raise _NotOurs
                 for job in claim.chained:
                     if job.unique_key is None:
                         self.repo.enqueue_tx(tx, job)
@@ -178,7 +192,7 @@ class Handover:
                 if not self.repo.settle_tx(tx, done):
                     raise _NotOurs  # pragma: no cover - the row is locked by this transaction
                 for job in [j for j in claim.chained if j.unique_key is not None]:
-                    self.repo.enqueue_tx(tx, job)  # after the done, which frees this job's key (U2)
+                    self.repo.enqueue_tx(tx, job)  # after the done, which frees this job's key
         except _NotOurs:
             a.let_go()
             self.log.info("job id=%s topic=%s: done not written: the row was no longer ours", a.id, a.topic)
@@ -196,7 +210,7 @@ class Handover:
                 "job id=%s topic=%s: closing transaction failed (%s); tried again", a.id, a.topic, exc
             )
             return False
-        except BaseException as exc:  # SystemExit, KeyboardInterrupt too: the attempt settles (C11')
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt too: the attempt settles
             self.log.error(
                 "job id=%s topic=%s attempt=%d: closing transaction failed; recording a failed attempt",
                 a.id,
@@ -206,13 +220,13 @@ class Handover:
             )
             outcome = a.closing_failed(exc)
             if outcome is not None:
-                self.put(outcome)
+                self.write(outcome)
             if not isinstance(exc, Exception) and threading.current_thread() is threading.main_thread():
                 raise  # run_once in the caller's thread: its Ctrl-C or exit goes on, the row settled
             return True
         a.let_go()
         self.metrics.child(self.metrics.settled, a.topic, "done").inc()
-        self.on_settled((a.topic,))  # a limited topic may have room again (SPEC Q3)
+        self.on_settled((a.topic,))
         if self.events is not None:
             self.events.emit("done", a.id, a.topic, claim.attempt)
         for job in claim.chained:
@@ -228,3 +242,49 @@ class Handover:
             a.id,
             a.topic,
         )
+
+
+class Supervisor:
+    """Reports the verdicts from outside the handler to its attempt and hands the answer over."""
+
+    def __init__(
+        self, inflight: InFlight, handover: Handover, grace_seconds: float, fence_after: float
+    ) -> None:
+        self.handover = handover
+        self.grace = grace_seconds
+        self.fence_after = fence_after  # lease - margin
+
+    def lease_lost(self, a: Attempt) -> None:
+        """The heartbeat found the row no longer this claim's."""
+        cause = LeaseLost("the row is no longer this claim's (canceled, reaped or taken over)")
+        self.handover.hand_over(a, a.lost(cause))
+
+    def canceled(self, a: Attempt) -> None:
+        """An operator canceled the running job: its NOTIFY, or the heartbeat found it so."""
+        self.handover.hand_over(a, a.lost(JobCanceledByOperator("the job was canceled by an operator")))
+
+    def fence(self, a: Attempt) -> None:
+        """No heartbeat succeeded for lease - margin."""
+        self.handover.hand_over(a, a.fenced(self.fence_after))
+
+    def timeout(self, a: Attempt) -> None:
+        """attempt_timeout: cancel ctx; the handler's own ending decides."""
+        seconds = a.kind.options.td("attempt_timeout").total_seconds()
+        a.ctx.cancel(AttemptTimeout(f"attempt_timeout of {seconds:g}s elapsed"))
+
+    def give_up(self, a: Attempt) -> None:
+        """max_execution_timeout."""
+        self.handover.hand_over(a, a.given_up())
+
+    def declare_hung(self, a: Attempt) -> None:
+        """Still running watchdog_grace after its cancel."""
+        self.handover.hand_over(a, a.declared_hung(self.grace))
+
+    def release_at_stop(self, a: Attempt) -> None:
+        """At stop, hand back the row of a handler hung before the stop: the reaper's work, done early."""
+        outcome = a.decide(Ending(Phase.HUNG, cause=a.ctx.cause, stopping=True))
+        if outcome is not None:
+            self.handover.write(outcome)
+
+    def stopping_cancel(self, a: Attempt) -> None:
+        a.ctx.cancel(EngineStopping("the engine is stopping"))

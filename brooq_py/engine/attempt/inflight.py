@@ -1,27 +1,28 @@
-"""InFlight: the attempts this engine holds leases for and the handlers still running."""
+"""InFlight: the attempts this engine holds claims for and the handlers still running (SPEC P1', P1'')."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
-from brooq_py.engine.attempt.attempt import Attempt, HandlerState
+from brooq_py.engine.attempt.attempt import Attempt
+from brooq_py.engine.attempt.outcome import HandlerState
 from brooq_py.queue.port import Outcome
 
 
 class InFlight:
-    """Two views, one lock.
+    """Three views, one lock.
 
-    ``held``: claims the heartbeat reports on, keyed by claim token (never by job
-    id: a job canceled and claimed again at once is two attempts, SPEC P1'), from
-    the start of an attempt until its ending is settled (an outcome written, the
-    row no longer ours, or nothing to write). ``running``: attempts whose handler has not
-    ended, including ones the engine gave up on or called hung. ``dropped``: claims let
-    go without an outcome while their row may still be ours (hung, fenced), named in the
-    engine's row until the heartbeat finds them taken back (SPEC P1'').
+    ``held``: claims the heartbeat reports on, by claim token (a job canceled and
+    claimed again at once is two attempts), from an attempt's start until its
+    ending is settled. ``running``: attempts whose handler has not ended, given up
+    on or hung included; each end is told once to *on_end*, by topic (its room in
+    this engine). ``dropped``: claims let go without an outcome while their row may
+    still be ours (hung, fenced), named in the engine's row until taken back.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_end: Callable[[str], None] = lambda topic: None) -> None:
+        self._on_end = on_end
         self._lock = threading.Lock()
         self._held: dict[str, Attempt] = {}
         self._running: set[Attempt] = set()
@@ -56,10 +57,6 @@ class InFlight:
         if self._latest.get(a.id) is a:
             del self._latest[a.id]
 
-    def held_count(self) -> int:
-        with self._lock:
-            return len(self._held)
-
     def dropping(self, a: Attempt) -> None:
         """*a*'s row may still be ours, with no outcome coming: named dropped until taken back."""
         self.drop_claim(a.row.claim_token, a.id)
@@ -89,10 +86,6 @@ class InFlight:
             for t in tokens:
                 self._dropped.pop(t, None)
 
-    def holds(self, a: Attempt) -> bool:
-        with self._lock:
-            return self._held.get(a.row.claim_token) is a
-
     def drop_outcome(self, o: Outcome) -> Attempt | None:
         """Stop holding the lease an outcome write ended (matched by claim token)."""
         with self._lock:
@@ -102,10 +95,17 @@ class InFlight:
             return a
 
     def end(self, a: Attempt) -> None:
-        """The handler's code returned."""
-        with self._lock:
+        """The handler's code ended."""
+        with self._lock:  # told once per attempt, however often its end is recorded
+            was = a in self._running
             self._running.discard(a)
+        if was:
+            self._on_end(a.topic)
 
     def hung_count(self) -> int:
         with self._lock:
             return sum(1 for a in self._running if a.handler is HandlerState.HUNG)
+
+
+class CountingInFlight(InFlight):
+    """The engine's InFlight, made with the *on_end* that gives a topic's room back."""

@@ -1,10 +1,16 @@
-"""Intake: from a claim to attempts under way, the first rooms an attempt walks through.
+"""Intake: the claim, within each topic's room, and the attempts it starts (SPEC Q2, Q3, F1, L5', X2').
 
-The dispatcher asks it to ``claim`` rows (within each topic's room), then to
-``launch_all`` of them: each row becomes an Attempt, held in the in-flight
-set and started, on a slot the dispatcher counted free, and the runner takes
-it from there. A row that must not run (a poisoned one, one of an unknown
-topic, one claimed while the engine stops) ends here: dead, or handed back.
+The dispatcher asks it to ``claim`` rows, then to ``launch_all`` them: each row
+becomes an Attempt, held in the in-flight set and started on a slot the
+dispatcher counted free. A row that must not run (poisoned, of an unknown
+topic, claimed while the engine stops) ends here: dead, or handed back.
+
+``Capacity`` sizes the claim: a topic's ``concurrency`` caps it in this engine;
+a global or a rate limit caps it across engines, so such a topic is claimed on
+its own under its topic's lock (``Repo.claim_limited``), and the database
+decides: a stale view of which topics are limited only delays their claims.
+A topic out of rate tokens is not claimed again before the next one is due, and
+the dispatcher sleeps until then (``next_due_in``) rather than polling.
 """
 
 from __future__ import annotations
@@ -12,27 +18,181 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from datetime import timedelta
 
-from brooq_py.engine.attempt.attempt import Attempt, Hooks, Kind, Phase
-from brooq_py.engine.attempt.capacity import Capacity, CountingInFlight
-from brooq_py.engine.attempt.handover import Handover
-from brooq_py.engine.attempt.outcome import POISON_ERROR, Ending, decide
-from brooq_py.engine.attempt.runner import Runner
-from brooq_py.engine.attempt.slots import SlotPool
-from brooq_py.engine.attempt.supervisor import Supervisor
+from brooq_py.engine.attempt.attempt import Attempt, Hooks, Kind
+from brooq_py.engine.attempt.handover import Handover, Supervisor
+from brooq_py.engine.attempt.inflight import CountingInFlight
+from brooq_py.engine.attempt.outcome import POISON_ERROR, Ending, Phase, decide
+from brooq_py.engine.attempt.runner import Runner, SlotPool
 from brooq_py.engine.clock import Clock
 from brooq_py.engine.config import Config
 from brooq_py.engine.metrics import Metrics
 from brooq_py.queue import Context
-from brooq_py.queue.port import ClaimedJob, Repo
+from brooq_py.queue.port import ClaimedJob, LimitedClaim, Repo
 
-# A cancel NOTIFY that arrives before its claim's attempt is built is kept this long (X2').
+# How soon a limited topic whose lock another engine held is claimed again: the other claim takes
+# a few milliseconds, and a rate-limited topic's tokens should not wait a whole poll interval.
+BUSY_RETRY = 0.02
+
+
+class Capacity:
+    """Per-topic room for the next claim; thread-safe (the dispatcher plans, handlers end)."""
+
+    def __init__(
+        self, caps: Mapping[str, int | None], retry_after: float, monotonic: Callable[[], float]
+    ) -> None:
+        self._caps = caps
+        self._retry_after = retry_after
+        self._monotonic = monotonic
+        self._lock = threading.Lock()
+        self._active: Counter[str] = Counter()  # claimed here and not ended yet
+        self._limited: frozenset[str] = frozenset()
+        self._due: dict[str, float] = {}  # limited topic -> when its next claim is due
+        self._held: set[str] = set()  # topics a cap held back: their end wakes the dispatcher
+        self._token_due: dict[str, float] = {}  # rate-limited topic -> when its next token is due
+        self.wake: Callable[[], None] = lambda: None
+        self.on_rate_held: Callable[[str], None] = lambda topic: None  # a claim found no token left
+
+    def set_limited(self, topics: Collection[str], ready: Collection[str] = ()) -> None:
+        """The topics with a global or a rate limit, as last read; *ready*: those with a rate token
+        left now, which stop waiting for the token their last claim said was due (the rate may
+        have been raised since)."""
+        with self._lock:
+            new = frozenset(topics) - self._limited
+            self._limited = frozenset(topics)
+            for gone in set(self._token_due) - self._limited:
+                del self._token_due[gone]
+            now = self._monotonic()
+            early = [t for t in ready if self._token_due.get(t, 0.0) > now]
+            for t in early:
+                del self._token_due[t]
+        if new or early:
+            self.wake()
+
+    def claim(
+        self, repo: Repo, topics: Sequence[str], free: int, worker: str, lease: timedelta
+    ) -> list[ClaimedJob]:
+        """Claim up to *free* jobs: each limited topic that is due, each topic its local cap holds
+        below *free* (bounded, so a backlog of the others cannot starve them), then every other
+        topic in one common statement with what is left."""
+        rows: list[ClaimedJob] = []
+        try:
+            self._claim_into(rows, repo, topics, free, worker, lease)
+        except Exception:
+            if not rows:
+                raise
+            # An earlier statement of this round committed its rows: they are ours and must run (else
+            # their topic's room is taken until their lease expires); the next claim reports the failure.
+        return rows
+
+    def _claim_into(
+        self,
+        rows: list[ClaimedJob],
+        repo: Repo,
+        topics: Sequence[str],
+        free: int,
+        worker: str,
+        lease: timedelta,
+    ) -> None:
+        common, capped, limited = self._plan(topics, free)
+        for topic, room in limited:
+            room = min(room, free - len(rows))
+            if room <= 0:
+                break
+            got = repo.claim_limited(topic, room, worker, lease)
+            self._taken(got)
+            wait = got.next_token_in if isinstance(got, LimitedClaim) else None
+            busy = isinstance(got, LimitedClaim) and got.busy
+            with self._lock:
+                if busy:  # another engine's claim of it holds the lock: look again shortly
+                    self._token_due[topic] = self._monotonic() + BUSY_RETRY
+                elif wait is not None:  # out of tokens: again when the next one is due, not before
+                    self._token_due[topic] = self._monotonic() + wait
+                elif len(got) < room:  # at its limit, empty or locked: again after a while, or on a settle
+                    self._due[topic] = self._monotonic() + self._retry_after
+                    self._held.add(topic)
+            if wait is not None:
+                self.on_rate_held(topic)
+            rows.extend(got)
+        for names, room in [*(([t], r) for t, r in capped), (common, free)]:  # the common claim last
+            room = min(room, free - len(rows))
+            if room <= 0:
+                break
+            if names:
+                got = repo.claim(names, room, worker, lease)
+                self._taken(got)
+                rows.extend(got)
+
+    def _plan(
+        self, topics: Sequence[str], free: int
+    ) -> tuple[list[str], list[tuple[str, int]], list[tuple[str, int]]]:
+        """Split *topics*: the common claim's, the capped ones' (room below *free*), the limited due ones'."""
+        caps_of = self._caps
+        now = self._monotonic()
+        common: list[str] = []
+        capped: list[tuple[str, int]] = []
+        limited: list[tuple[str, int]] = []
+        with self._lock:
+            for topic in topics:
+                cap = caps_of.get(topic)
+                room = free if cap is None else min(free, cap - self._active[topic])
+                if room < free:
+                    self._held.add(topic)  # its next end wakes the dispatcher
+                if room <= 0:
+                    continue
+                if topic in self._limited:
+                    if self._due.get(topic, 0.0) <= now and self._token_due.get(topic, 0.0) <= now:
+                        limited.append((topic, room))
+                elif room < free:
+                    capped.append((topic, room))
+                else:
+                    common.append(topic)
+        return common, capped, limited
+
+    def next_due_in(self) -> float | None:
+        """Seconds until the earliest next token of a rate-limited topic (None: none awaited)."""
+        with self._lock:
+            if not self._token_due:
+                return None
+            return max(0.0, min(self._token_due.values()) - self._monotonic())
+
+    def _taken(self, rows: Sequence[ClaimedJob]) -> None:
+        if rows:
+            with self._lock:
+                self._active.update(r.topic for r in rows)
+
+    def ended(self, topic: str) -> None:
+        """A claimed job of *topic* ended here: a topic its local cap held back is claimed again at
+        once; a limited one waits for ``settled`` (the database counts the row until it is written)."""
+        with self._lock:
+            self._active[topic] -= 1
+            if self._active[topic] <= 0:
+                del self._active[topic]
+            wake = topic in self._held and topic not in self._limited
+            if wake:
+                self._held.discard(topic)
+        if wake:
+            self.wake()
+
+    def settled(self, topics: Iterable[str]) -> None:
+        """Outcomes of *topics* were written: a limited topic held back may have room again."""
+        with self._lock:
+            ready = self._held & self._limited & set(topics)
+            for topic in ready:
+                self._held.discard(topic)
+                self._due.pop(topic, None)
+        if ready:
+            self.wake()
+
+
+# A cancel NOTIFY that arrives before its claim's attempt is built is kept this long.
 CANCEL_MEMORY = 60.0
 
 
 def poison(row: ClaimedJob, max_crashes: int, max_attempts: int) -> str | None:
-    """Why *row* must not run again but end dead (SPEC L5'), or None. A crash gives its attempt
+    """Why *row* must not run again but end dead, or None. A crash gives its attempt
     back, so attempts past max_attempts come only from rows an older release reaped."""
     if row.crashes >= max_crashes:
         return POISON_ERROR.format(crashes=row.crashes)
@@ -60,7 +220,7 @@ class Intake:
         clock: Clock,
         worker_id: str,
         log: logging.Logger,
-        supervisor: Supervisor | None = None,
+        supervisor: Supervisor,
     ) -> None:
         self.repo = repo
         self.config = config
@@ -77,7 +237,7 @@ class Intake:
         self.slots: SlotPool | None = None  # the engine's, from start()
         self.supervisor = supervisor
         # Claim tokens canceled while no attempt of ours held them yet: a claim's answer and its
-        # cancel's NOTIFY travel on different connections (X2').
+        # cancel's NOTIFY travel on different connections.
         self._canceled: dict[str, float] = {}
         self._canceled_lock = threading.Lock()
 
@@ -94,12 +254,8 @@ class Intake:
         return rows
 
     def open(self, row: ClaimedJob) -> Attempt | None:
-        """Build, hold and start the attempt of a claimed row; None when it must not run.
-
-        A row of an unregistered topic (cannot happen: claims name only our
-        topics) is handed back unrun; a poisoned row (``max_crashes`` engines stopped
-        while running it, SPEC L5') ends dead without running.
-        """
+        """Build, hold and start the attempt of a claimed row; None when it must not run (a row of
+        an unregistered topic is handed back unrun, a poisoned one ends dead)."""
         kind = self.kinds.get(row.topic)
         if kind is None:
             self.log.error(
@@ -112,15 +268,14 @@ class Intake:
             row, kind, self.clock.monotonic(), ctx, parents=self.repo.parent_results, hooks=self.hooks
         )
         older = self.inflight.latest(row.id)
-        if older is not None and older.row.claim_token != row.claim_token and self.supervisor is not None:
-            # Claimed again under a new token (canceled and retried, or reaped): the older attempt
-            # is no longer the row's; tell it now, not at its next renewal (P1').
+        if older is not None and older.row.claim_token != row.claim_token:
+            # Claimed again under a new token: the older attempt is no longer the row's; tell it now.
             self.supervisor.lease_lost(older)
         self.inflight.add(a)
         why = poison(row, kind.options.max_crashes, kind.options.max_attempts)
         if why is not None:
             self.log.error("job id=%s topic=%s: %s (L5')", row.id, row.topic, why)
-            self.handover.settle(a, a.poisoned(why))
+            self.handover.hand_over(a, a.poisoned(why))
             return None
         clock = self.clock
 
@@ -129,17 +284,16 @@ class Intake:
 
         ctx.add_callback(mark)
         a.start()
-        if self._was_canceled(row.claim_token) and self.supervisor is not None:
+        if self._was_canceled(row.claim_token):
             self.supervisor.canceled(a)
         return a
 
     def on_cancel(self, job_id: str, claim_token: str) -> None:
         """A processing job was canceled (the cancel channel's NOTIFY): tell the attempt holding that
-        claim at once with ``JobCanceledByOperator`` (X2'); remember a claim not held yet."""
+        claim at once with ``JobCanceledByOperator``; remember a claim not held yet."""
         a = self.inflight.by_token(claim_token) if claim_token else self.inflight.latest(job_id)
         if a is not None:
-            if self.supervisor is not None:
-                self.supervisor.canceled(a)
+            self.supervisor.canceled(a)
             return
         if not claim_token:
             return

@@ -1,17 +1,20 @@
-"""How an attempt ended, mapped to the one outcome write it deserves (SPEC C4-C11).
+"""How an attempt ended, and the one outcome write that ending earns (SPEC C3-C11, L1, L4, L5, V3, X2).
 
-Every rule meets in ``decide``: the signals, backoff, timeouts and the stop.
+The attempt's two state machines are tables here: ``Phase``, how it ended, and
+``HandlerState``, the life of the handler's code. ``attempt.Attempt`` moves
+through them and asks ``decide()``, where every rule meets (the signals,
+backoff, timeouts and the stop); this module never imports it back.
 """
 
 from __future__ import annotations
 
+import functools
 import random
+import traceback
 from dataclasses import dataclass
 from datetime import timedelta
+from enum import StrEnum
 
-from brooq_py.engine.attempt.backoff import backoff_delay
-from brooq_py.engine.attempt.phases import Phase
-from brooq_py.engine.attempt.results import format_traceback
 from brooq_py.queue import (
     EngineStopping,
     KindOptions,
@@ -23,6 +26,84 @@ from brooq_py.queue import (
 )
 from brooq_py.queue.errors import find_signal
 from brooq_py.queue.port import Outcome
+
+
+class Phase(StrEnum):
+    CLAIMED = "claimed"
+    RUNNING = "running"
+    RETURNED = "returned"  # the handler returned: the only ending that can close done
+    RAISED = "raised"
+    HUNG = "hung"  # still running watchdog_grace after its ctx was cancelled
+    LOST = "lost"  # the heartbeat found the row no longer this claim's
+    GAVE_UP = "gave_up"  # max_execution_timeout
+    FENCED = "fenced"  # renewals failed for a whole lease
+    POISONED = "poisoned"  # claimed with attempts past max_attempts: never run
+    UNRUN = "unrun"  # claimed while the engine stopped: handed back unrun
+    SETTLING = "settling"
+    SETTLED = "settled"
+
+
+class HandlerState(StrEnum):
+    RUNNING = "running"
+    ENDED = "ended"
+    ABANDONED = "abandoned"  # the engine stopped waiting (gave up); not hung yet
+    HUNG = "hung"
+
+
+ENDINGS = frozenset(set(Phase) - {Phase.CLAIMED, Phase.RUNNING, Phase.SETTLING, Phase.SETTLED})
+
+PHASES: dict[Phase, frozenset[Phase]] = {
+    Phase.CLAIMED: frozenset({Phase.RUNNING, Phase.POISONED, Phase.UNRUN}),
+    Phase.RUNNING: frozenset(ENDINGS - {Phase.POISONED, Phase.UNRUN}),
+    **{e: frozenset({Phase.SETTLING}) for e in ENDINGS},
+    Phase.SETTLING: frozenset({Phase.SETTLED}),
+    Phase.SETTLED: frozenset(),
+}
+
+HANDLER: dict[HandlerState, frozenset[HandlerState]] = {
+    HandlerState.RUNNING: frozenset({HandlerState.ENDED, HandlerState.ABANDONED, HandlerState.HUNG}),
+    HandlerState.ABANDONED: frozenset({HandlerState.ENDED, HandlerState.HUNG}),
+    HandlerState.HUNG: frozenset({HandlerState.ENDED}),
+    HandlerState.ENDED: frozenset(),
+}
+
+
+class IllegalTransition(RuntimeError):
+    """A move the attempt's tables do not allow: a bug in the engine."""
+
+
+# --- backoff: d = min(base * 2^(attempts-1), max), the delay uniform in [d/2, d] ---
+
+# The engine's own generator: drawing a jitter never moves the caller's global random state
+# (a seeded simulation, or a property-based test drawing while an engine runs beside it).
+_RNG = random.Random()
+
+
+def backoff_ceiling(attempt: int, base: timedelta, cap: timedelta) -> timedelta:
+    """Return d = min(base * 2^(attempt-1), cap), guarding overflow before the power."""
+    if attempt <= 1:
+        return min(base, cap)
+    base_s, cap_s = base.total_seconds(), cap.total_seconds()
+    if base_s <= 0:
+        return timedelta(0)
+    # 2^(attempt-1) >= cap/base already: answer the cap without computing the power.
+    ratio = cap_s / base_s
+    exp = attempt - 1
+    if exp >= 1024 or 2.0**exp >= ratio:
+        return cap
+    return timedelta(seconds=base_s * 2.0**exp)
+
+
+def backoff_delay(
+    attempt: int, base: timedelta, cap: timedelta, rng: random.Random | None = None
+) -> timedelta:
+    """Return a delay drawn uniformly from [d/2, d] (equal jitter)."""
+    d = backoff_ceiling(attempt, base, cap).total_seconds()
+    r = (rng or _RNG).uniform(d / 2, d)
+    return timedelta(seconds=r)
+
+
+# --- what a failure leaves on its row ---
 
 MAX_ERROR_CHARS = 2000
 
@@ -44,9 +125,32 @@ def describe_error(exc: BaseException) -> str:
     return text
 
 
+# A traceback longer than this (UTF-8 bytes) keeps its head and its tail.
+MAX_TRACEBACK_BYTES = 16 * 1024
+
+
+def format_traceback(exc: BaseException, limit: int = MAX_TRACEBACK_BYTES) -> str | None:
+    """Return *exc*'s formatted traceback, chained causes included, at most *limit* UTF-8 bytes: a
+    longer one is cut from the middle (the outer frames say where, the inner what failed). None
+    if formatting raises."""
+    try:
+        text = "".join(traceback.format_exception(exc))
+    except Exception:
+        return None
+    text = text.replace("\x00", "\\x00")
+    data = text.encode("utf-8", "backslashreplace")
+    if len(data) <= limit:
+        return data.decode("utf-8") if not text.isascii() else text
+    marker = f"\n... [{len(data) - limit} bytes cut] ...\n".encode()
+    keep = max(limit - len(marker), 0)
+    head = data[: keep // 2].decode("utf-8", "ignore")
+    tail = data[len(data) - (keep - keep // 2) :].decode("utf-8", "ignore")
+    return head + marker.decode() + tail
+
+
 @dataclass(frozen=True)
 class Ending:
-    """How an attempt ended: its *phase* (an ending of ``attempt.Phase``), the handler's
+    """How an attempt ended: its *phase* (one of ``ENDINGS``), the handler's
     *error* (None when it returned or never ran), ctx's *cause* then, whether the
     engine was *stopping*, and the handler's *result* as JSON text (RETURNED only)."""
 
@@ -70,18 +174,18 @@ def decide(
     ending: Ending,
     rng: random.Random | None = None,
 ) -> Outcome | None:
-    """Return the outcome an ending deserves, or None when nothing may be written.
-
-    The one router from an attempt's ending to its outcome: only RETURNED is done.
-    """
+    """Return the outcome an ending deserves, or None when nothing may be written (only RETURNED is done)."""
     phase, cause, error = ending.phase, ending.cause, ending.error
     if phase in (Phase.LOST, Phase.FENCED) or isinstance(cause, LeaseLost):
-        return None  # whoever took the row already recorded its fate (C3, X2, L4)
+        return None  # whoever took the row already recorded its fate
 
     def outcome(state: State, **kw: object) -> Outcome:
         return Outcome(id=id, claim_token=claim_token, state=state, topic=topic, **kw)  # type: ignore[arg-type]
 
     base, cap = options.td("backoff_base"), options.td("backoff_max")
+
+    def backoff() -> timedelta:
+        return backoff_delay(attempt, base, cap, rng)
 
     if phase is Phase.POISONED:
         return outcome(State.DEAD, last_error=str(error) if error is not None else "poisoned")
@@ -89,20 +193,20 @@ def decide(
         return outcome(State.PENDING, give_back=True)
     if phase is Phase.HUNG:
         if not ending.stopping:
-            return None  # C5: the lease is left to expire and the reaper returns the job
-        if isinstance(cause, EngineStopping):  # C11: stopping is not the job's failure
+            return None  # the lease is left to expire and the reaper returns the job
+        if isinstance(cause, EngineStopping):  # stopping is not the job's failure
             return outcome(
                 State.PENDING, give_back=True, last_error="EngineStopping: handler hung at shutdown"
             )
-        # Hung for its own reasons before the stop: the row goes back now, the attempt counted (C5, L5).
+        # Hung for its own reasons before the stop: the row goes back now, the attempt counted.
         hung_by = type(cause).__name__ if cause is not None else "unknown"
         return outcome(State.PENDING, last_error=f"handler hung ({hung_by}); row released at shutdown")
     if phase is Phase.GAVE_UP:
-        # The hard ceiling is not the job's verdict: failed with backoff, never dead (C4). On the
+        # The hard ceiling is not the job's verdict: failed with backoff, never dead. On the
         # last attempt that attempt is given back, so the job is never dead for this alone.
         return outcome(
             State.FAILED,
-            delay=backoff_delay(attempt, base, cap, rng),
+            delay=backoff(),
             give_back=attempt >= options.max_attempts,
             last_error=describe_error(error if error is not None else cause or TimeoutError()),
             traceback=format_traceback(error) if error is not None else None,
@@ -114,34 +218,23 @@ def decide(
     if find_signal(error, MustCancelTask) is not None:
         return outcome(State.CANCELED, last_error=describe_error(error))
     last_error = describe_error(error)
-    raised = error
-
-    def tb() -> str | None:  # formatted only for the outcomes that keep it (V3)
-        return format_traceback(raised)
+    tb = functools.partial(format_traceback, error)  # formatted only for the outcomes that keep it
 
     delay_signal = find_signal(error, MustDelay)
     if isinstance(cause, EngineStopping):
-        # Stopping is not the job's failure (C11); a MustDelay's "not before" still holds (C8).
+        # Stopping is not the job's failure; a MustDelay's "not before" still holds.
         if delay_signal is not None:
             delay = max(min(delay_signal.delay, cap), timedelta(0))
             return outcome(State.FAILED, delay=delay, give_back=True, last_error=last_error, traceback=tb())
         return outcome(State.PENDING, give_back=True, last_error=last_error)
     if find_signal(error, MustPreserveAttempt) is not None:
-        return outcome(
-            State.FAILED,
-            delay=backoff_delay(attempt, base, cap, rng),
-            give_back=True,
-            last_error=last_error,
-            traceback=tb(),
-        )
+        return outcome(State.FAILED, delay=backoff(), give_back=True, last_error=last_error, traceback=tb())
     if attempt >= options.max_attempts:
         return outcome(State.DEAD, last_error=last_error, traceback=tb())
     if delay_signal is not None:
         delay = min(delay_signal.delay, cap)
         return outcome(State.FAILED, delay=max(delay, timedelta(0)), last_error=last_error, traceback=tb())
-    return outcome(
-        State.FAILED, delay=backoff_delay(attempt, base, cap, rng), last_error=last_error, traceback=tb()
-    )
+    return outcome(State.FAILED, delay=backoff(), last_error=last_error, traceback=tb())
 
 
 def what_then(outcome: Outcome) -> str:

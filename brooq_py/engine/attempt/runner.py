@@ -1,27 +1,240 @@
-"""Runner: runs one attempt's handler (a thread or a task) and reports how it ended (SPEC C4-C11, L1, L6).
+"""Runner: runs one attempt's handler on a slot and reports how it ended (SPEC C4-C11, L1, L2, L6, V1).
 
-The runner executes and hands over, nothing more: it runs the handler and
-encodes its return value on the handler's thread (``Attempt.result``, SPEC V1;
-one that cannot be stored is the handler's raise), the Attempt answers each
-ending with the outcome to write (``Attempt.returned``/``raised``), the handover
-takes that answer where it is written, and the slot is freed once it is on its way.
+A slot is a unit of the engine's capacity (``workers``), not a thread: a sync
+handler takes a slot and a daemon thread, an ``async def`` one a slot and a task
+on the engine's one event loop. The runner executes and hands over, nothing
+more: it encodes the return value on the handler's thread (one that cannot be
+stored is the handler's raise), the Attempt answers each ending, the handover
+takes the answer, and the slot is freed once that is on its way.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
+import itertools
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
+from queue import SimpleQueue
+from typing import Any
 
 from brooq_py.contrib.otel import run_span
-from brooq_py.engine.attempt.attempt import Attempt, HandlerState
+from brooq_py.engine.attempt.attempt import Attempt
 from brooq_py.engine.attempt.handover import Handover
-from brooq_py.engine.attempt.results import encode_result
-from brooq_py.engine.attempt.slots import AsyncRunner, Threads
 from brooq_py.engine.metrics import Metrics
+from brooq_py.queue import BrooqError, InvalidJob
+from brooq_py.queue.job import encode_payload
 from brooq_py.queue.port import Outcome
+
+_STOP = object()
+
+
+async def _main(make: Callable[[], Any]) -> BaseException | None:
+    """Await one handler; return how it ended (None: it returned) instead of raising."""
+    try:
+        await make()
+    except BaseException as exc:  # the handler's own ending, whatever it is
+        return exc
+    return None
+
+
+class SlotPool:
+    """``size`` slots: taken by the dispatcher for each claimed row, freed exactly once per attempt."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._cond = threading.Condition()
+        self._free = size
+
+    @property
+    def free(self) -> int:
+        with self._cond:
+            return self._free
+
+    def take(self) -> None:
+        with self._cond:
+            self._free -= 1
+
+    def release(self) -> None:
+        with self._cond:
+            self._free += 1
+            self._cond.notify_all()
+
+    def wait_free(self, timeout: float) -> int:
+        """Wait up to *timeout* seconds for a free slot; return how many are free."""
+        with self._cond:
+            if self._free <= 0:
+                self._cond.wait_for(lambda: self._free > 0, timeout)
+            return self._free
+
+    def wait_idle(self, timeout: float | None) -> bool:
+        """Wait until no slot is busy; return False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._free >= self.size, timeout)
+
+
+class Threads:
+    """Daemon threads, grown on demand, that run the functions handed to them (a hung handler never
+    blocks exit). With *max_threads* None a function never waits: an idle thread takes it or a new
+    one starts (one stuck in a hung handler is never idle again); with a bound, functions queue."""
+
+    def __init__(self, name: str, log: logging.Logger, max_threads: int | None = None) -> None:
+        self._name = name
+        self._log = log
+        self._max = max_threads
+        self._queue: SimpleQueue[Any] = SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        self._threads: set[threading.Thread] = set()
+        self._seq = itertools.count(1)
+
+    def run(self, fn: Callable[[], None]) -> None:
+        with self._lock:
+            if self._idle > 0:
+                self._idle -= 1  # that thread is now promised to this function
+            elif self._max is None or len(self._threads) < self._max:
+                self._spawn()
+        self._queue.put(fn)
+
+    def owns_current(self) -> bool:
+        """Whether the calling thread is one of these."""
+        with self._lock:
+            return threading.current_thread() in self._threads
+
+    def _spawn(self) -> None:
+        t = threading.Thread(target=self._worker, name=f"brooq-{self._name}-{next(self._seq)}", daemon=True)
+        self._threads.add(t)
+        t.start()
+
+    def _worker(self) -> None:
+        me = threading.current_thread()
+        try:
+            while True:
+                fn = self._queue.get()
+                if fn is _STOP:
+                    return
+                try:
+                    fn()
+                except BaseException:  # the functions handle their own errors; this is a last guard
+                    self._log.exception("%s: unexpected error", self._name)
+                with self._lock:
+                    self._idle += 1
+        finally:
+            with self._lock:
+                self._threads.discard(me)
+
+    def stop(self) -> None:
+        """Ask every thread to exit once it is idle (a hung one never is: it dies with the process)."""
+        with self._lock:
+            n = len(self._threads)
+            self._idle = 0
+        for _ in range(n):
+            self._queue.put(_STOP)
+
+
+class AsyncRunner:
+    """One event loop, on its own daemon thread, for every ``async def`` handler: a task there that
+    nothing ever cancels by force; its ending is told on the loop's thread, which must not block."""
+
+    def __init__(self, log: logging.Logger) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def _ensure(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                ready = threading.Event()
+
+                def run() -> None:
+                    asyncio.set_event_loop(loop)
+                    loop.call_soon(ready.set)
+                    loop.run_forever()
+
+                self._thread = threading.Thread(target=run, name="brooq-async", daemon=True)
+                self._thread.start()
+                ready.wait()
+                self._loop = loop
+            return self._loop
+
+    def spawn_many(
+        self, handlers: Sequence[tuple[Callable[[], Any], Callable[[BaseException | None], None]]]
+    ) -> None:
+        """Run ``await make()`` as a task on the loop for each ``(make, on_done)``, then call
+        ``on_done(error or None)`` there; one wake-up of the loop for the whole batch of a claim."""
+        if not handlers:
+            return
+        batch = list(handlers)
+
+        def create() -> None:
+            loop = asyncio.get_running_loop()
+            for make, on_done in batch:
+                task = loop.create_task(_main(make))
+                self._tasks.add(task)
+                task.add_done_callback(functools.partial(self._done, on_done))
+
+        self._ensure().call_soon_threadsafe(create)
+
+    def _done(
+        self, on_done: Callable[[BaseException | None], None], task: asyncio.Task[BaseException | None]
+    ) -> None:
+        self._tasks.discard(task)
+        on_done(
+            asyncio.CancelledError("the handler's task was cancelled") if task.cancelled() else task.result()
+        )
+
+    def wait(self, awaitable: Any) -> Any:
+        """Await *awaitable* on the loop from another thread and return its result (never cancelled)."""
+
+        async def main() -> Any:
+            return await awaitable
+
+        fut = asyncio.run_coroutine_threadsafe(main(), self._ensure())
+        return fut.result()
+
+    def on_loop(self) -> bool:
+        """Whether the calling thread is the loop's."""
+        return self._thread is not None and threading.current_thread() is self._thread
+
+    def close(self) -> None:
+        """Stop the loop; a hung handler's task is left behind with it (it cannot be killed)."""
+        with self._lock:
+            loop, self._loop = self._loop, None
+            thread, self._thread = self._thread, None
+        if loop is not None:
+            loop.call_soon_threadsafe(loop.stop)
+            if thread is not None:
+                thread.join(5)
+            if not loop.is_running():
+                loop.close()  # a hung handler's task stays pending, never resumed
+
+
+class ResultRejected(BrooqError, ValueError):
+    """The handler's return value cannot be stored (not JSON, or too large): the attempt's failure."""
+
+
+def encode_result(value: Any, max_bytes: int) -> str | None:
+    """Return *value* as JSON text for the row's ``result`` (None stays SQL NULL); raise
+    ResultRejected for a value jsonb cannot hold (bytes included) or longer than *max_bytes*."""
+    if value is None:
+        return None
+    if isinstance(value, bytes | bytearray | memoryview):
+        raise ResultRejected("the handler's return value is bytes, which is not JSON-serialisable")
+    try:
+        text = encode_payload(value, "the handler's return value")
+    except InvalidJob as exc:
+        raise ResultRejected(str(exc)) from None
+    size = len(text) if text.isascii() else len(text.encode("utf-8"))
+    if size > max_bytes:
+        raise ResultRejected(
+            f"the handler's return value is {size} bytes of JSON, more than result_max_bytes ({max_bytes})"
+        )
+    return text
 
 
 async def run_async(a: Attempt, max_bytes: int) -> None:
@@ -32,27 +245,15 @@ async def run_async(a: Attempt, max_bytes: int) -> None:
 
 
 class Runner:
-    """Runs handlers: sync ones on ``threads``, ``async def`` ones as tasks on ``loop``.
-
-    An async handler's end is recorded on the loop's thread at once; its ending is
-    reported there too when that cannot block (a plain return, the completer has
-    room), else on ``settlers`` (no database call on the loop's thread).
-    """
+    """Runs handlers: sync ones on ``threads``, ``async def`` ones as tasks on ``loop``."""
 
     def __init__(self, handover: Handover, metrics: Metrics, loop: AsyncRunner, log: logging.Logger) -> None:
         self.handover = handover
         self.metrics = metrics
         self.loop = loop
-        self.log = log
         self.threads = Threads("worker", log)
         self.settlers = Threads("settler", log, max_threads=4)
-        self.result_max_bytes = 1024 * 1024  # the largest result a handler may return (SPEC V1)
-
-    # --- running ---------------------------------------------------------
-
-    def launch(self, a: Attempt) -> None:
-        """Start *a*'s handler: a task on the loop for an async kind, else a thread."""
-        self.launch_many([a])
+        self.result_max_bytes = 1024 * 1024  # the largest result a handler may return
 
     def launch_many(self, attempts: Sequence[Attempt]) -> None:
         """Start each attempt's handler; the async ones reach the loop in one hand-over."""
@@ -67,7 +268,7 @@ class Runner:
             self.loop.spawn_many(tasks)
 
     def _run_thread(self, a: Attempt, t0: float) -> None:
-        error = self._call_sync(a)
+        error = self._call_here(a)
         self._observe(a, t0)
         self.finish(a, error)
 
@@ -93,41 +294,35 @@ class Runner:
         try:
             outcome = a.returned()
             if outcome is not None and not self.handover.offer(outcome):
-                self.settlers.run(lambda: self._put_then_free(a, outcome))
+                self.settlers.run(lambda: self._write_then_free(a, outcome))
                 return
         except BaseException:
             a.free_slot()
             raise
         a.free_slot()
 
-    def _put_then_free(self, a: Attempt, outcome: Outcome) -> None:
+    def _write_then_free(self, a: Attempt, outcome: Outcome) -> None:
         try:
-            self.handover.put(outcome)
+            self.handover.write(outcome)
         finally:
             a.free_slot()
 
     def run_here(self, a: Attempt) -> None:
         """Run *a*'s handler in this thread and settle it (``Engine.run_once``)."""
         self._busy(a, +1)
-        t0 = time.monotonic()
-        if a.kind.is_async:
-            try:
-                self.loop.wait(run_async(a, self.result_max_bytes))
-                error: BaseException | None = None
-            except BaseException as exc:
-                error = exc
-        else:
-            error = self._call_sync(a)
-        self._observe(a, t0)
-        self.finish(a, error)
+        self._run_thread(a, time.monotonic())
 
-    def _call_sync(self, a: Attempt) -> BaseException | None:
+    def _call_here(self, a: Attempt) -> BaseException | None:
+        """Run the handler in this thread (an async one awaited on the loop); return what it raised."""
         try:
+            if a.kind.is_async:
+                self.loop.wait(run_async(a, self.result_max_bytes))
+                return None
             with run_span(a.topic, a.id, a.claim.attempt, a.claim.meta):  # a no-op without OpenTelemetry
                 result = a.kind.handler(a.ctx, a.claim)
                 if inspect.isawaitable(result):
                     result = self.loop.wait(result)
-                a.result = encode_result(result, self.result_max_bytes)  # on the handler's thread (V1)
+                a.result = encode_result(result, self.result_max_bytes)  # on the handler's thread
         except BaseException as exc:
             return exc
         return None
@@ -139,24 +334,9 @@ class Runner:
         self._busy(a, -1)
         self.metrics.child(self.metrics.duration, a.topic).observe(time.monotonic() - t0)
 
-    # --- reporting the end -------------------------------------------------
-
     def finish(self, a: Attempt, error: BaseException | None) -> None:
         """The handler's code ended: report how to the attempt, hand its answer over, free the slot."""
         try:
-            self.handover.settle(a, a.returned() if error is None else a.raised(error))
+            self.handover.hand_over(a, a.returned() if error is None else a.raised(error))
         finally:
             a.free_slot()  # only if its own end took the handler out of RUNNING
-
-    def ended(self, a: Attempt) -> HandlerState | None:
-        """Record that the handler's code ended (before ``conclude``); return its state before."""
-        return a.code_ended()
-
-    def conclude(self, a: Attempt, error: BaseException | None, was: HandlerState | None = None) -> None:
-        """Report the ending of a handler whose end ``ended`` recorded (the attempt knows whether
-        the slot is its to free: *was* is not needed)."""
-        self.finish(a, error)
-
-    def put(self, outcome: Outcome) -> None:
-        """Hand *outcome* to be written (``Handover.put``)."""
-        self.handover.put(outcome)

@@ -1,20 +1,11 @@
-"""The engine's background services: each a loop on its own thread.
+"""The engine's background services, each a loop on its own thread: on the one
+``ticker.Ticker`` base ``liveness`` (heartbeat, fence, watchdog), ``cleanup``
+(reaper, retention), ``wakeups`` (stager, LISTEN, topic settings), ``refresher``
+(the gauges) and ``scheduler`` (periodic jobs), built by ``wiring``; with loops
+of their own the ``dispatcher`` (claims), the ``completer`` (outcome writes) and
+``events`` (delivered after commit).
 
-- ``ticker``: Ticker, the one lifecycle base of every periodic service (its
-  stop, its backoff after failures, its logging rule);
-- on it: ``heartbeat`` (renews held leases), ``watchdog`` (attempt timeouts,
-  hung handlers), ``reaper`` (expired leases back to pending), ``retention``
-  (deletes old terminal rows), ``stager`` (scheduled rows due), ``listener``
-  (LISTEN/NOTIFY wake-ups), ``refresher`` (the gauges' snapshot),
-  ``scheduler`` (periodic jobs), ``topic_watch`` (operator settings);
-- ``wakeups``: wires the listener and the stager to the dispatcher;
-  ``wiring``: which periodic services an engine runs, built from its config;
-- ``dispatcher``: claims rows while slots are free and hands them to the
-  attempt's side; ``completer``: batches outcome writes. Both have their own
-  loop (a wake-driven claim loop, a linger-driven writer) rather than a period.
-
-Imports point down: services may import ``engine.attempt`` (they hand rows to
-it and watch its attempts), ``brooq_py.queue`` and the engine's shared leaves
-(``queue.port``, ``engine.clock``, ``engine.config``), never the engine facade
-(``engine.engine``), the HTTP package or ``brooq_py.postgres``.
+Imports point down: services may import ``engine.attempt`` (they hand rows to it
+and watch its attempts), ``brooq_py.queue`` and the engine's shared leaves, never
+the engine facade, the HTTP package or ``brooq_py.postgres``.
 """

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from brooq_py.queue.port import Outcome
 
 MAX_BATCH = 1000
-# An outcome whose row was locked elsewhere is written again after this long, on its own (O4).
+# An outcome whose row was locked elsewhere is written again after this long, on its own.
 LOCKED_RETRY = 0.25
 # A closing transaction tried again waits this long first, doubling up to RETRY_MAX.
 RETRY_FIRST = 0.05
@@ -20,20 +20,14 @@ RETRY_MAX = 2.0
 class Completer:
     """Buffers outcomes and flushes them with ``write(batch)`` on its own thread.
 
-    It flushes *linger* seconds after an outcome arrives (or at once when a
-    batch is full), and batches grow by themselves under load. A full
-    buffer (``max_buffer``) makes ``put`` wait: back-pressure on the slots.
-    A failed flush is logged and retried with backoff; the outcomes stay
-    buffered, their claims still the engine's, until a flush writes them or
-    finds their rows no longer theirs (L6: a failed write is never the job's
-    failure). ``on_written(batch, written_ids)`` runs after every successful
-    flush. An outcome whose row another transaction held locked (the write's
-    ``locked`` claim tokens) is kept aside and written again LOCKED_RETRY later:
-    it waits alone, never holding up the others (O4). Closing transactions that
-    met a lock or an unreachable store wait in the same thread (``retry``).
+    It flushes *linger* seconds after an outcome arrives (at once when a batch is
+    full). A full buffer makes ``put`` wait: back-pressure on the slots. A failed
+    flush is retried with backoff, the outcomes still buffered (L6: a failed
+    write is never the job's failure); ``on_written(batch, written)`` runs after
+    each that succeeds. An outcome whose row another transaction held locked is
+    set aside and written again LOCKED_RETRY later, alone, never holding up the
+    others. Closing transactions wait in the same thread (``retry``).
     """
-
-    name = "completer"
 
     def __init__(
         self,
@@ -55,9 +49,9 @@ class Completer:
         self._later: list[Outcome] = []  # rows locked elsewhere: retried at _later_at
         self._later_at = 0.0
         self._retrying: set[str] = set()  # claim tokens of outcomes set aside, back in the buffer
-        # Closing transactions to try again: (when, next wait, try, give up).
+        # Closing transactions to try again: (when, next wait, try, abandon).
         self._again: list[tuple[float, float, Callable[[], bool], Callable[[], None]]] = []
-        self._inflight = 0
+        self._writing = 0
         self._cond = threading.Condition()
         self._stopping = False
         self._abandoned = False
@@ -73,17 +67,14 @@ class Completer:
             self._thread.start()
 
     def put(self, outcome: Outcome) -> bool:
-        """Buffer *outcome* for the next flush; False once ``stop()`` began: the caller writes it."""
+        """Buffer *outcome* for the next flush, waiting for room; False once ``stop()`` began: the
+        caller writes it."""
         with self._cond:
             if self._stopping and self._thread is None:
                 return False
             while len(self._buf) >= self._max_buffer and self._thread is not None and not self._stopping:
                 self._cond.wait(0.5)
-            self._buf.append(outcome)
-            # Wake the writer only when it sleeps on an empty buffer or a batch is full: while
-            # it lingers, more outcomes joining need no wake-up (one context switch less a job).
-            if self._idle or len(self._buf) >= self._max_batch:
-                self._cond.notify_all()
+            self._buffer(outcome)
             return True
 
     def has_room(self) -> bool:
@@ -96,25 +87,30 @@ class Completer:
         with self._cond:
             if self._thread is None or self._stopping or len(self._buf) >= self._max_buffer:
                 return False
-            self._buf.append(outcome)
-            if self._idle or len(self._buf) >= self._max_batch:
-                self._cond.notify_all()
+            self._buffer(outcome)
             return True
 
-    def retry(self, fn: Callable[[], bool], give_up: Callable[[], None]) -> bool:
+    def _buffer(self, outcome: Outcome) -> None:
+        self._buf.append(outcome)
+        # Wake the writer only when it sleeps on an empty buffer or a batch is full: while it
+        # lingers, more outcomes joining need no wake-up (one context switch less a job).
+        if self._idle or len(self._buf) >= self._max_batch:
+            self._cond.notify_all()
+
+    def retry(self, fn: Callable[[], bool], abandon: Callable[[], None]) -> bool:
         """Call *fn* on this thread RETRY_FIRST from now, and again with backoff until it answers
-        True; *give_up* when the completer stops first. False once stopping (nothing taken)."""
+        True; *abandon* when the completer stops first. False once stopping (nothing taken)."""
         with self._cond:
             if self._thread is None or self._stopping:
                 return False
-            self._again.append((time.monotonic() + RETRY_FIRST, RETRY_FIRST, fn, give_up))
+            self._again.append((time.monotonic() + RETRY_FIRST, RETRY_FIRST, fn, abandon))
             self._cond.notify_all()
             return True
 
     @property
     def pending(self) -> int:
         with self._cond:
-            return len(self._buf) + len(self._later) + self._inflight + len(self._again)
+            return len(self._buf) + len(self._later) + self._writing + len(self._again)
 
     def _try_again(self) -> None:
         """Run the closing transactions whose time came; those that answer False wait longer."""
@@ -124,29 +120,32 @@ class Completer:
             if not due:
                 return
             self._again = [r for r in self._again if r[0] > now]
-        for _, wait, fn, give_up in due:
-            try:
-                finished = fn()
-            except Exception:
-                self._log.exception("completer: a closing transaction tried again failed")
-                finished = False
-            if not finished:
-                nxt = min(wait * 2, RETRY_MAX)
+        for _, wait, fn, abandon in due:
+            if not self._tried(fn, log=True):
                 with self._cond:
-                    self._again.append((time.monotonic() + wait, nxt, fn, give_up))
+                    self._again.append((time.monotonic() + wait, min(wait * 2, RETRY_MAX), fn, abandon))
+
+    def _tried(self, fn: Callable[[], bool], log: bool) -> bool:
+        """Whether one try of a closing transaction finished it."""
+        try:
+            return fn()
+        except Exception:
+            if log:
+                self._log.exception("completer: a closing transaction tried again failed")
+            return False
 
     def flush_once(self) -> int:
         """Write what is buffered now, in this thread (for tests and stop); return how many."""
         with self._cond:
             batch, self._buf = self._buf, []
-            self._inflight += len(batch)
+            self._writing += len(batch)
         # Outcomes set aside for a row locked elsewhere are written in a part of their own, last,
-        # so that meeting the lock again costs the others nothing (L3').
+        # so that meeting the lock again costs the others nothing.
         again = [o for o in batch if o.claim_token in self._retrying]
         rest = [o for o in batch if o.claim_token not in self._retrying] if again else batch
         parts = [rest[i : i + self._max_batch] for i in range(0, len(rest), self._max_batch)]
         if again:
-            parts.append(again)  # last: the others are written before it meets the lock again
+            parts.append(again)
             batch = rest + again
         try:
             done = 0
@@ -169,7 +168,7 @@ class Completer:
             raise
         finally:
             with self._cond:
-                self._inflight -= len(batch)
+                self._writing -= len(batch)
                 self._cond.notify_all()
 
     def _set_aside(self, outcomes: list[Outcome]) -> None:
@@ -253,11 +252,7 @@ class Completer:
                 self.flush_once()
             except Exception as exc:
                 self._log.error("completer: %d outcomes could not be written at stop: %s", left, exc)
-        for _, _, fn, give_up in again:  # one more try each, then the reaper's
-            try:
-                finished = fn()
-            except Exception:
-                finished = False
-            if not finished:
-                give_up()
+        for _, _, fn, abandon in again:  # one more try each, then the reaper's
+            if not self._tried(fn, log=False):
+                abandon()
         return self.pending

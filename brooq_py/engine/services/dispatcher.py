@@ -1,4 +1,4 @@
-"""Dispatcher: claims up to the free slots in one statement and hands the claims out (SPEC C1)."""
+"""Dispatcher: claims up to the free slots in one statement and hands the claims out (SPEC C1, F1)."""
 
 from __future__ import annotations
 
@@ -7,22 +7,17 @@ import threading
 import time
 from collections.abc import Callable
 
-from brooq_py.engine.attempt.slots import SlotPool
+from brooq_py.engine.attempt.runner import SlotPool
 from brooq_py.engine.services.ticker import worth_logging
 from brooq_py.queue.port import ClaimedJob
 
 
 class Dispatcher:
-    """One thread: wait for a free slot and (a wake-up or poll_interval), then claim and launch the rows together.
+    """One thread: wait for a free slot and a wake-up (or the poll interval), claim, launch the rows.
 
-    A claim takes at most *batch* rows: more free slots than that (a big pool
-    meeting a backlog) are filled by successive claims, each launched as it
-    returns, so the first handlers start while the next rows are claimed. It
-    claims again at once while a claim came back full (a backlog), and
-    otherwise waits for a NOTIFY wake-up or the poll interval. A failed claim is
-    logged and retried with backoff. Rows a claim returns after ``stop()`` are
-    handed to *hand_back* instead of launched. *next_due* may shorten the wait:
-    a rate-limited topic's next token is claimed when it is due (SPEC F1).
+    A claim takes at most *batch* rows, launched as it returns, and the next follows at once
+    while claims come back full; a failed one is retried with backoff. Rows a claim returns
+    after ``stop()`` go to *hand_back*. *next_due* shortens the wait to a rate token's time.
     """
 
     def __init__(
@@ -43,7 +38,6 @@ class Dispatcher:
         self._log = log
         self._hand_back = hand_back
         self._batch = batch
-        # seconds until a claim that is held back becomes possible (a rate-limited topic's next token)
         self._next_due = next_due or (lambda: None)
         self._wake = threading.Event()
         self._stop = threading.Event()

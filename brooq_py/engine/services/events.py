@@ -1,15 +1,14 @@
 """Events: what happened to a job, delivered to listeners after its commit (SPEC N1).
 
-The engine's pieces call ``emit`` right after the statement or transaction
-that recorded the event committed. ``emit`` never blocks and never raises: it
-builds the Event and puts it on a bounded queue (a full queue drops it and
-counts it), and one daemon thread calls the listeners in order. A listener
-that raises is logged and counted; the next event is delivered all the same.
-With no listener registered, ``emit`` returns at its first line.
+The engine's pieces call ``emit`` right after the commit that recorded the
+event. ``emit`` never blocks and never raises: it puts the Event on a bounded
+queue (a full queue drops and counts it), and one daemon thread calls the
+listeners in order; one that raises is logged and counted, and delivery goes on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -17,9 +16,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from brooq_py.queue import Event
-from brooq_py.queue.job import EventKind as Kind
-
-Listener = Callable[[Event], None]
+from brooq_py.queue.job import EventKind
 
 DEFAULT_MAX_QUEUE = 10_000
 _STOP = object()
@@ -27,8 +24,6 @@ _STOP = object()
 
 class EventBus:
     """Listeners, a bounded queue and the thread that delivers events to them."""
-
-    name = "events"
 
     def __init__(
         self,
@@ -39,7 +34,7 @@ class EventBus:
         on_listener_error: Callable[[], None] = lambda: None,
     ) -> None:
         self._log = log
-        self._listeners: list[Listener] = []
+        self._listeners: list[Callable[[Event], None]] = []
         self._queue: queue.Queue[Event | object] = queue.Queue(maxsize=max_queue)
         self._on_dropped = on_dropped
         self._on_listener_error = on_listener_error
@@ -50,12 +45,12 @@ class EventBus:
     def active(self) -> bool:
         return bool(self._listeners)
 
-    def add(self, fn: Listener) -> None:
+    def add(self, fn: Callable[[Event], None]) -> None:
         if not callable(fn):
             raise TypeError(f"on_event takes a callable, got {type(fn).__name__}")
         self._listeners.append(fn)
 
-    def emit(self, kind: Kind, job_id: str, topic: str, attempt: int, error: str | None = None) -> None:
+    def emit(self, kind: EventKind, job_id: str, topic: str, attempt: int, error: str | None = None) -> None:
         """Queue one event for the listeners; never blocks, never raises."""
         if not self._listeners:
             return
@@ -83,11 +78,9 @@ class EventBus:
                 self._queue.put(_STOP, timeout=timeout)
                 break
             except queue.Full:  # a listener slower than the engine: drop the oldest to make room
-                try:
+                with contextlib.suppress(queue.Empty):
                     self._queue.get_nowait()
                     self._on_dropped()
-                except queue.Empty:
-                    pass
         thread.join(timeout)
         if thread.is_alive():
             self._log.warning("events: a listener still runs %.1fs after stop; left behind", timeout)

@@ -1,9 +1,5 @@
-"""Refresher: reads the gauges once per period and keeps them in memory for /metrics (SPEC Z2).
-
-A scrape never queries the database: it reads the latest snapshot. One
-refresher runs per engine, so N scrapers (or N concurrent requests) cost the
-database one refresh per period, not one per request.
-"""
+"""Refresher: reads the gauges once per period and keeps them in memory for /metrics (SPEC Z2), so
+N scrapers cost the database one refresh per period, not one per request."""
 
 from __future__ import annotations
 
@@ -29,8 +25,8 @@ class GaugeSnapshot:
 
 @dataclass(frozen=True)
 class GaugeView:
-    """What a scrape sees: the latest snapshot (None before the first success), whether the
-    latest refresh succeeded, and the snapshot's age in seconds."""
+    """What a scrape sees: the latest snapshot (None before the first success), its age in seconds,
+    and whether the latest refresh succeeded."""
 
     snapshot: GaugeSnapshot | None
     fresh: bool
@@ -38,12 +34,8 @@ class GaugeView:
 
 
 class Refresher(Ticker):
-    """Reads ``gauges(topics())`` and ``database()`` every *period* and keeps the result.
-
-    A failed refresh keeps the last snapshot, marks it stale (``fresh`` False,
-    so brooq_up reads 0 while its age grows) and raises, so the ticker logs it
-    with its usual backoff. ``run_once()`` refreshes in the caller's thread.
-    """
+    """Reads ``gauges(topics())`` and ``database()`` every *period* and keeps the result; a failed
+    refresh keeps the last snapshot, marked stale (brooq_up reads 0 while its age grows)."""
 
     name = "refresher"
 

@@ -1,18 +1,13 @@
-"""Scheduler: periodic jobs from cron expressions (SPEC Q4).
+"""Scheduler: periodic jobs from cron expressions (SPEC Q4, Q4').
 
-Every engine that declares a schedule enqueues its ticks; no leader is
-elected. The database remembers the last tick enqueued per schedule (the
-``schedule_tick`` table, keyed by the topic): a tick is enqueued only by the
-transaction that moves that mark forward to it, together with its job, so
-however many engines (or restarts) see a tick, and whatever retention deleted
-since, it yields exactly one job (SPEC Q4'); a tick older than the mark is
-never enqueued (between engines with skewed clocks, the one ahead decides).
-Each tick's job still carries an idempotency key derived from the tick time
-(``cron:<tick in UTC, ISO 8601>``), which engines of the previous release
-rely on. Ticks missed while no engine ran are not made up, except the
-latest, and only when it is at most one period old (the gap between it and
-the tick before it). Cron expressions are read by cronsim: five fields, or
-six with a leading seconds field.
+Every engine that declares a schedule enqueues its ticks; no leader is elected.
+A tick is enqueued only by the transaction that moves its schedule's mark (its
+``schedule_tick`` row) forward to it, so however many engines or restarts see a
+tick it yields exactly one job, and a tick older than the mark none (the engine
+whose clock is ahead decides). The job still carries an idempotency key derived
+from the tick (``tick_key``), which engines of the previous release rely on.
+Ticks missed while no engine ran are not made up, except the latest when it is
+at most one period old. Cron expressions: five fields, or six with seconds first.
 """
 
 from __future__ import annotations
@@ -26,8 +21,10 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
+from brooq_py.engine.metrics import Metrics
 from brooq_py.engine.services.ticker import Ticker
 from brooq_py.queue import ConfigError, EnqueueResult, InvalidJob, Job
+from brooq_py.queue.port import Repo
 
 # The longest the scheduler sleeps at once (a wall-clock jump is noticed within it).
 MAX_SLEEP = 60.0
@@ -150,3 +147,19 @@ class Scheduler(Ticker):
             return MAX_SLEEP
         wait = (min(ticks) - self._now()).total_seconds()
         return min(MAX_SLEEP, max(0.0, wait) + 0.001)
+
+
+def tick_enqueuer(
+    repo: Repo, metrics: Metrics, enqueued: Callable[[Job], None]
+) -> Callable[[str, datetime, Job], EnqueueResult | None]:
+    """The scheduler's enqueue: a tick goes in only with its schedule's last tick,
+    counted and waking the engine as ``Engine.enqueue`` does."""
+
+    def enqueue_tick(schedule: str, tick: datetime, job: Job) -> EnqueueResult | None:
+        result = repo.enqueue_tick(schedule, tick, job)
+        if result is not None and result.created:
+            metrics.child(metrics.enqueued, job.topic).inc()
+            enqueued(job)
+        return result
+
+    return enqueue_tick

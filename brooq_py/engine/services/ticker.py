@@ -1,9 +1,7 @@
 """Ticker: the one lifecycle base every background service runs on (SPEC L7).
 
-It owns the loop, the stop, and what happens when a tick fails: the failure
-count, the exponential backoff (capped) and the logging rule (the first
-failure, a reminder at the 5th, 50th and every 500th, and the recovery once).
-A service only says what one tick does and, when healthy, how long to wait.
+It owns the loop, the stop, and what happens when a tick fails; a service only
+says what one tick does and, when healthy, how long to wait.
 """
 
 from __future__ import annotations
@@ -21,14 +19,12 @@ def worth_logging(failures: int) -> bool:
 class Ticker:
     """A daemon thread that calls ``tick()`` every ``next_delay()`` seconds (*period* by default).
 
-    ``start()`` is idempotent; ``stop()`` is safe before ``start()`` and twice.
-    The first tick runs at once when *initial_tick* is set. A tick that raises
-    is a failure: it is counted and logged by the rule above, and the next tick
-    comes after ``failure_delay()`` instead: ``backoff_base`` doubled per failure
-    in a row, capped at ``backoff_max`` (None: the period). A tick that
-    returns is a success and ends the run of failures. A tick that runs long
-    (a connection's life) calls ``recovered()`` once its work is healthy again.
-    ``run_once()`` runs one tick in the caller's thread, for tests.
+    ``start()`` is idempotent; ``stop()`` is safe before ``start()`` and twice; ``wake()``
+    cuts the wait short; ``run_once()`` ticks in the caller's thread, for tests. A tick that
+    raises is counted and logged (``worth_logging``), and the next one comes after
+    ``failure_delay()``: ``backoff_base`` doubled per failure in a row, capped at
+    ``backoff_max`` (None: the period). A tick that runs long (a connection's life) calls
+    ``recovered()`` once its work is healthy again.
     """
 
     name = "ticker"
@@ -45,6 +41,7 @@ class Ticker:
         self.log = logger
         self._initial_tick = initial_tick
         self._stop = threading.Event()
+        self._poke = threading.Event()  # set by wake() and by halt()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._failures = 0
@@ -61,11 +58,6 @@ class Ticker:
         t = self._thread
         return t is not None and t.is_alive() and not self._stop.is_set()
 
-    @property
-    def failures(self) -> int:
-        """How many ticks in a row failed (0 while healthy)."""
-        return self._failures
-
     def start(self) -> None:
         with self._lock:
             if self._thread is not None:
@@ -74,11 +66,15 @@ class Ticker:
             self._thread = threading.Thread(target=self._loop, name=f"brooq-{self.name}", daemon=True)
             self._thread.start()
 
+    def wake(self) -> None:
+        """Tick now rather than after the wait (once, however many calls come before it)."""
+        self._poke.set()
+
     def halt(self) -> None:
-        """Ask the loop to stop without waiting for it (a service whose wait has another
-        event to wake adds it here): ``stop()`` then only waits, so services halted
-        together stop in the time of the slowest, not the sum."""
+        """Ask the loop to stop without waiting for it: ``stop()`` then only waits, so services
+        halted together stop in the time of the slowest, not the sum."""
         self._stop.set()
+        self._poke.set()  # after the stop flag: the wait ends and sees it
 
     def stop(self, timeout: float | None = 10.0) -> None:
         """Stop the loop and wait up to *timeout* seconds for the current tick to end."""
@@ -89,8 +85,10 @@ class Ticker:
             thread.join(timeout)
 
     def _wait(self, seconds: float) -> bool:
-        """Sleep up to *seconds*; return True if asked to stop."""
-        return self._stop.wait(seconds)
+        """Sleep up to *seconds*, or until woken; return True if asked to stop."""
+        if not self._stop.is_set():  # a wake-up a tick consumed may have been halt()'s
+            self._poke.wait(seconds)
+        return self._stop.is_set()
 
     def _loop(self) -> None:
         if self._initial_tick and not self._stop.is_set():
@@ -119,26 +117,15 @@ class Ticker:
     def failed(self, exc: BaseException) -> None:
         """Count one failure and log it by the rule (the loop calls this for a tick that raises)."""
         self._failures += 1
+        name, kind = self.name, type(exc).__name__
         if self._failures == 1:
             # A lost connection is expected weather, not a bug: its stack would only be noise.
             stack = None if isinstance(exc, ConnectionError) else exc
-            self.log.warning(
-                "%s failed (%s: %s); retrying with backoff",
-                self.name,
-                type(exc).__name__,
-                exc,
-                exc_info=stack,
-            )
+            self.log.warning("%s failed (%s: %s); retrying with backoff", name, kind, exc, exc_info=stack)
         elif worth_logging(self._failures):
-            self.log.warning(
-                "%s still failing after %d attempts (%s: %s)",
-                self.name,
-                self._failures,
-                type(exc).__name__,
-                exc,
-            )
+            self.log.warning("%s still failing after %d attempts (%s: %s)", name, self._failures, kind, exc)
         else:
-            self.log.debug("%s failed again (%s)", self.name, type(exc).__name__)
+            self.log.debug("%s failed again (%s)", name, kind)
 
     def recovered(self) -> None:
         """End a run of failures, logging the recovery once."""

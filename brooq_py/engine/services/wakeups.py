@@ -1,16 +1,179 @@
-"""The services that make jobs claimable and wake the dispatcher: the stager and the listener (S7, Z3)."""
+"""Wake-ups: what makes jobs claimable and tells the dispatcher to claim (SPEC S7, Z3, E6, L7, Q2, Q3).
+
+- ``Stager``: due scheduled and failed rows become pending, so claims read
+  ready rows only: one bounded statement (SKIP LOCKED) per batch while batches
+  come back full, then a sleep until the earliest due time it knows, at most
+  the poll interval.
+- ``WakeListener``: wakes the dispatcher on NOTIFY; a lost connection degrades
+  to polling.
+- ``TopicWatch``: reads the operator's topic settings every poll interval,
+  never per claim: the claim statements enforce pause and limits, so what it
+  learns only decides which topics take the limited path, and the gauges.
+- ``wake_services`` and ``own_wakes`` wire them to the dispatcher and to the
+  engine's own enqueues.
+"""
 
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Callable, Sequence
 
+from brooq_py.engine.attempt.intake import Capacity
 from brooq_py.engine.config import Config
-from brooq_py.engine.services.listener import WakeListener
-from brooq_py.engine.services.stager import STAGE_BATCH, Stager, stage_due
 from brooq_py.engine.services.ticker import Ticker
 from brooq_py.queue import Job
-from brooq_py.queue.port import Listener, Repo, Staged
+from brooq_py.queue.port import Listener, Repo, Staged, TopicSetting
+
+STAGE_BATCH = 1000
+# A due time is met a little late rather than early (an early statement finds nothing due).
+_MARGIN = 0.001
+
+
+class Stager(Ticker):
+    """Promotes due rows of *topics* and calls *on_promoted* when it did; ``wake()``: a job of
+    one of its topics was scheduled, read the earliest due time again."""
+
+    name = "stager"
+
+    def __init__(
+        self,
+        poll_interval: float,
+        topics: Sequence[str],
+        stage: Callable[[Sequence[str], int], Staged],
+        next_due: Callable[[Sequence[str]], float | None],
+        on_promoted: Callable[[], None],
+        log: logging.Logger,
+        *,
+        batch: int = STAGE_BATCH,
+    ) -> None:
+        super().__init__(poll_interval, log)
+        if batch < 1:
+            raise ValueError("stager: batch must be >= 1")
+        self.topics = tuple(topics)
+        self.batch = batch
+        self._stage = stage
+        self._next_due = next_due
+        self._on_promoted = on_promoted
+        self._due_at: float | None = None  # monotonic time of the earliest due row known
+
+    def tick(self) -> None:
+        if not self.topics:
+            return
+        poked = self._poke.is_set()
+        self._poke.clear()
+        due = self._due()
+        # Forget the due time until a statement succeeds: a failing database is retried
+        # every poll interval, never in a busy loop on a due time already past.
+        self._due_at = None
+        if poked and not due:
+            self._learn(self._next_due(self.topics))
+            if not self._due():
+                return
+            self._due_at = None
+        total = 0
+        while not self._stop.is_set():
+            staged = self._stage(self.topics, self.batch)
+            if staged.total:
+                total += staged.total
+                self._on_promoted()
+            self._learn(staged.next_due_in)
+            if staged.total < self.batch:
+                break
+        if total:
+            self.log.debug("stager: %d due jobs made pending", total)
+
+    def _learn(self, due_in: float | None) -> None:
+        self._due_at = None if due_in is None else time.monotonic() + max(0.0, due_in) + _MARGIN
+
+    def _due(self) -> bool:
+        return self._due_at is not None and self._due_at <= time.monotonic()
+
+    def next_delay(self) -> float:
+        """Until the earliest due time known, at most the poll interval."""
+        if self._due_at is None:
+            return self.period
+        return max(0.0, min(self.period, self._due_at - time.monotonic()))
+
+
+WAIT_SLICE = 0.1  # how soon a stop is seen: one select() on the socket per slice, no round trip
+RECONNECT_MAX = 30.0
+
+
+class WakeListener(Ticker):
+    """Holds a LISTEN subscription and calls *wake* on each notification. A tick is one
+    connection's life: open, wake once (a notification may have been missed meanwhile), wait in
+    slices until stopped or broken; one that fails raises, and polling carries on meanwhile."""
+
+    name = "listener"
+    backoff_base = 0.5
+    backoff_max = RECONNECT_MAX
+
+    def __init__(self, listen: Callable[[], Listener], wake: Callable[[], None], log: logging.Logger) -> None:
+        super().__init__(1.0, log)
+        self._listen = listen
+        self._wake = wake
+
+    def next_delay(self) -> float:
+        return 0.0  # a connection closed at our request (stop) or cleanly: reconnect at once
+
+    def tick(self) -> None:
+        try:
+            sub = self._listen()
+        except Exception:
+            self._wake()
+            raise
+        try:
+            self._wake()
+            while not self._stop.is_set():
+                if sub.wait(WAIT_SLICE):
+                    self._wake()
+                self.recovered()  # once the connection has answered: a flapping one keeps backing off
+        except Exception:
+            self._wake()
+            raise
+        finally:
+            try:
+                sub.close()
+            except Exception:
+                self.log.debug("listener: closing the subscription failed", exc_info=True)
+
+
+class TopicWatch(Ticker):
+    name = "topic-watch"
+
+    def __init__(
+        self,
+        period: float,
+        read: Callable[[], list[TopicSetting]],
+        topics: Callable[[], Sequence[str]],
+        capacity: Capacity,
+        gauges: Callable[[str, bool, float, float], None],
+        log: logging.Logger,
+    ) -> None:
+        super().__init__(period, log)
+        self._read = read
+        self._topics = topics
+        self._capacity = capacity
+        self._gauges = gauges
+
+    def tick(self) -> None:
+        settings = {s.topic: s for s in self._read()}
+        mine = self._topics()
+        limited = [t for t in mine if t in settings and settings[t].limited]
+        ready = [t for t in limited if (settings[t].tokens or 0.0) >= 1]
+        self._capacity.set_limited(limited, ready)
+        for t in mine:
+            s = settings.get(t)
+            limit = s.limit if s is not None else None
+            tokens = s.tokens if s is not None else None
+            self._gauges(
+                t,
+                bool(s and s.paused),
+                math.inf if limit is None else float(limit),
+                math.inf if tokens is None else tokens,
+            )
 
 
 def wake_services(
@@ -51,13 +214,9 @@ def wake_services(
 def own_wakes(
     services: Sequence[Ticker], cfg: Config, topics: Sequence[str], wake: Callable[[], None]
 ) -> tuple[Callable[[], None], Callable[[Job], None]]:
-    """What the engine tells its own stager and dispatcher, since no NOTIFY does (SPEC S7).
-
-    The first wakes the stager after a failed attempt's retry time was written (the
-    trigger announces inserts only). The second is for a job the engine enqueued
-    itself and committed: without NOTIFY (``cfg.notify`` off) only a poll would see
-    it, so a scheduled one wakes the stager and any one the dispatcher.
-    """
+    """What the engine tells its own stager and dispatcher, since no NOTIFY does: the stager's
+    wake for a failed attempt's retry time written (the trigger announces inserts only), and,
+    without NOTIFY (``cfg.notify`` off), the wakes for a job the engine enqueued itself."""
     stager = next(s for s in services if isinstance(s, Stager))
     ours = frozenset(topics)
 
@@ -72,7 +231,13 @@ def own_wakes(
 
 
 def stage_now(repo: Repo, cfg: Config, topics: Sequence[str]) -> Staged:
-    """Promote every due row of *topics* now (``Engine.run_once``)."""
+    """Promote every due row of *topics* now, batch after batch (``Engine.run_once``)."""
     if not topics:
         return Staged({}, None)
-    return stage_due(lambda t, batch: repo.stage(t, batch, cfg.notify), topics, STAGE_BATCH)
+    promoted: dict[str, int] = {}
+    while True:
+        staged = repo.stage(topics, STAGE_BATCH, cfg.notify)
+        for topic, n in staged.promoted.items():
+            promoted[topic] = promoted.get(topic, 0) + n
+        if staged.total < STAGE_BATCH:
+            return Staged(promoted, staged.next_due_in)

@@ -1,9 +1,5 @@
-"""Which periodic services an engine runs, built from its config and in the order they start.
-
-The engine stops them in the reverse order. The dispatcher and the completer,
-which are not periodic, and the stager and listener (``wakeups``) are built by
-the engine itself, since it wires their callbacks to each other.
-"""
+"""Which periodic services an engine runs, built from its config in the order they start
+(the engine stops them in the reverse order, ``stop_services``)."""
 
 from __future__ import annotations
 
@@ -13,21 +9,18 @@ import os
 import socket
 import time
 from collections.abc import Callable, Sequence
-from datetime import datetime
 
-from brooq_py.engine.attempt.capacity import CountingInFlight
-from brooq_py.engine.attempt.supervisor import Supervisor
+from brooq_py.engine.attempt.handover import Supervisor
+from brooq_py.engine.attempt.inflight import CountingInFlight
 from brooq_py.engine.clock import Clock
 from brooq_py.engine.config import Config
 from brooq_py.engine.metrics import Metrics
+from brooq_py.engine.services.cleanup import Reaper, Retention, reap
 from brooq_py.engine.services.events import EventBus
-from brooq_py.engine.services.heartbeat import Fence, Heartbeat
-from brooq_py.engine.services.reaper import Reaper
-from brooq_py.engine.services.retention import Retention
-from brooq_py.engine.services.scheduler import Schedule, Scheduler
+from brooq_py.engine.services.liveness import Fence, Heartbeat, Watchdog
+from brooq_py.engine.services.scheduler import Schedule, Scheduler, tick_enqueuer
 from brooq_py.engine.services.ticker import Ticker
-from brooq_py.engine.services.watchdog import Watchdog
-from brooq_py.queue import EnqueueResult, Job
+from brooq_py.queue import Job
 from brooq_py.queue.port import EngineProof, Repo
 
 
@@ -72,12 +65,12 @@ def background_services(
             clock,
             supervisor.timeout,
             supervisor.give_up,
-            supervisor.hung,
+            supervisor.declare_hung,
             log,
         ),
         Reaper(
             cfg.effective_reaper_period,
-            functools.partial(_reap, repo, events),
+            functools.partial(reap, repo, events),
             lambda t: metrics.child(metrics.reaped, t).inc(),
             log,
         ),
@@ -105,31 +98,6 @@ def background_services(
             )
         )
     return services
-
-
-def tick_enqueuer(
-    repo: Repo, metrics: Metrics, enqueued: Callable[[Job], None]
-) -> Callable[[str, datetime, Job], EnqueueResult | None]:
-    """The scheduler's enqueue: a tick goes in only with its schedule's last tick (SPEC Q4'),
-    counted and waking the engine as ``Engine.enqueue`` does."""
-
-    def enqueue_tick(schedule: str, tick: datetime, job: Job) -> EnqueueResult | None:
-        result = repo.enqueue_tick(schedule, tick, job)
-        if result is not None and result.created:
-            metrics.child(metrics.enqueued, job.topic).inc()
-            enqueued(job)
-        return result
-
-    return enqueue_tick
-
-
-def _reap(repo: Repo, events: EventBus) -> list[tuple[str, str]]:
-    """Reap the claims of gone engines; each row is a ``requeued`` event (attempt 0: not known here)."""
-    rows = repo.reap()
-    if events.active:
-        for job_id, topic in rows:
-            events.emit("requeued", job_id, topic, 0)
-    return rows
 
 
 def stop_services(services: Sequence[Ticker], timeout: float = 10.0) -> None:

@@ -1,23 +1,18 @@
-"""Retention: terminal rows older than the TTL are deleted in batches (SPEC T1-T3, Z1, Z1').
+"""Cleanup: the reaper and retention, which take rows back from the past.
 
-Retention keeps pace: while a tick ends on its batch cap (the last batch came
-back full, so more expired rows remain) the next tick follows at once, so a
-backlog drains with no period's wait. Each batch is one short transaction over
-terminal rows only (SKIP LOCKED): it never waits for, or blocks, a claim.
+The reaper (SPEC R1, P1'', L5') returns to pending, counted as a crash, every
+processing job whose engine's proof of life is older than its lease plus its
+margin or whose engine dropped the claim (hung, fenced): one statement a
+period, which skips a row locked elsewhere and takes it at a later tick.
 
-It leaves the database to the hot path, whatever ``retention_batch`` is (Z1'):
-every full statement is followed by a pause of ``PACE`` (9) times its own
-duration, so retention's statements take at most a tenth of one connection's
-time. The pause is never cut short (that broke the ratio for big batches: 33 %
-busy at 60,000 rows a statement), so the statement is kept short instead: a
-statement deletes at most ``retention_batch`` rows, and fewer when the rows
-deleted so far say a full batch would take longer than ``BUSY_TARGET``, so the
-pause after a statement of the usual speed stays under about ``PAUSE_BOUND``
-(1 s). A statement slow for another reason (a pool wait, a lock) is followed
-by nine times its duration all the same; ``stop()`` ends any pause at once.
-A backlog drains at about a tenth of the delete's back-to-back speed
-(590,000-740,000 rows a minute here, beside a 4-worker drain that keeps
-0.82-0.94 x its rate).
+Retention (SPEC T1-T3, Z1, Z1') deletes terminal rows older than the TTL in
+short transactions (SKIP LOCKED: it never waits for, or blocks, a claim). While
+a tick ends on its batch cap the next follows at once, so a backlog drains with
+no period's wait; yet every full statement is followed by a pause of ``PACE``
+times its own duration, so retention takes at most a tenth of one connection's
+time whatever ``retention_batch`` is. The pause is never cut short (that broke
+the ratio for big batches: 33 % busy at 60,000 rows a statement): statements
+are sized instead, to take about ``BUSY_TARGET``; ``stop()`` ends any pause.
 """
 
 from __future__ import annotations
@@ -28,7 +23,50 @@ from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
 
+from brooq_py.engine.services.events import EventBus
 from brooq_py.engine.services.ticker import Ticker
+from brooq_py.queue.port import Repo
+
+
+class Reaper(Ticker):
+    """Every period: return the claims of gone engines (of any topic) to pending."""
+
+    name = "reaper"
+
+    def __init__(
+        self,
+        period: timedelta | float,
+        reap: Callable[[], list[tuple[str, str]]],
+        on_reaped: Callable[[str], None],
+        log: logging.Logger,
+    ) -> None:
+        super().__init__(period, log)
+        self._reap = reap
+        self._on_reaped = on_reaped
+
+    def tick(self) -> None:
+        rows = self._reap()
+        if not rows:
+            return
+        by_topic = Counter(topic for _, topic in rows)
+        for topic, n in by_topic.items():
+            for _ in range(n):
+                self._on_reaped(topic)
+        self.log.info(
+            "reaper: returned %d jobs of gone engines to pending topics=%s",
+            len(rows),
+            ",".join(f"{t}:{n}" for t, n in sorted(by_topic.items())),
+        )
+
+
+def reap(repo: Repo, events: EventBus) -> list[tuple[str, str]]:
+    """Reap the claims of gone engines; each row is a ``requeued`` event (attempt 0: not known here)."""
+    rows = repo.reap()
+    if events.active:
+        for job_id, topic in rows:
+            events.emit("requeued", job_id, topic, 0)
+    return rows
+
 
 # Batches a tick deletes before it reports (metrics, stop check); a tick that ends
 # on this cap is followed at once by the next.
@@ -38,7 +76,7 @@ MAX_BATCHES_PER_TICK = 10
 # at PACE 3 it kept 0.75 x, at 9 0.82-0.94 x while still deleting 590,000-740,000 rows a minute.
 PACE = 9.0
 # The pause a statement of the usual speed needs at most: statements are sized to take about
-# BUSY_TARGET, so a big retention_batch is split rather than its pause cut short (Z1').
+# BUSY_TARGET, so a big retention_batch is split rather than its pause cut short.
 PAUSE_BOUND = 1.0
 BUSY_TARGET = PAUSE_BOUND / (PACE + 1.0)
 # The smallest statement retention sizes down to (or retention_batch when that is smaller).
@@ -48,7 +86,7 @@ FIRST_ROWS = 1000
 
 
 class Retention(Ticker):
-    """Deletes batches while they come back full, paced, with no period's wait while a backlog lasts (Z1)."""
+    """Deletes batches while they come back full, paced, with no period's wait while a backlog lasts."""
 
     name = "retention"
 
@@ -77,12 +115,8 @@ class Retention(Ticker):
         self._drained: Counter[str] = Counter()  # deleted since the last tick that was not behind
 
     def size_next(self, rows: int, busy: float) -> None:
-        """Size the next statement from the last: *rows* deleted in *busy* seconds.
-
-        As many rows as that speed deletes in ``BUSY_TARGET``, within
-        [``MIN_ROWS``, ``batch``]; growing at most fourfold a step, so one
-        statement timed too fast never makes the next one huge.
-        """
+        """Size the next statement to take ``BUSY_TARGET`` at the speed of the last (*rows* in *busy*
+        seconds), within [``MIN_ROWS``, ``batch``], at most four times the last (one timed too fast)."""
         low = min(self.batch, MIN_ROWS)
         fit = self.batch if busy <= 0 else int(rows * BUSY_TARGET / busy)
         self.rows = max(low, min(self.batch, fit, 4 * rows))

@@ -1,13 +1,18 @@
-"""Heartbeat: the engine's proof of life, one write of its own row per period (SPEC P1'', F0, W0).
+"""Liveness: the heartbeat, the fence and the watchdog (SPEC P1'', F0, W0, C3-C5, X2', V4).
 
-The heartbeat writes no job row while nothing changed on it: it renews the
-engine's row (which nothing done to job rows can block) and reads what became of
-the claims the engine holds. A claim whose row is no longer ours is lost; one
-canceled under its claim is an operator's cancel (X2'). The engine's claims stay
-its own while its row is younger than ``lease + margin`` on the database clock;
-the engine fences itself earlier, ``lease - margin`` after the send time of its
-last heartbeat that succeeded (``Fence``), so a stalled or cut-off engine stops
-its handlers before any other engine may take their jobs.
+The heartbeat is the engine's proof of life: one write of its own row per
+period (which nothing done to job rows can block), no job row written while
+nothing changed on it, and a read of what became of the claims the engine
+holds. A claim whose row is no longer ours is lost; one canceled under its
+claim is an operator's cancel. The engine's claims stay its own while its row
+is younger than ``lease + margin`` on the database clock; the engine fences
+itself earlier, ``lease - margin`` after the send time of its last heartbeat
+that succeeded (``Fence``), so a stalled or cut-off engine stops its handlers
+before any other engine may take their jobs.
+
+The watchdog checks every attempt against its deadlines each tick (timeouts,
+give-ups, hung handlers), and the fence, which thus does not depend on the
+heartbeat's statement returning: one stuck on a silent socket fences all the same.
 """
 
 from __future__ import annotations
@@ -16,25 +21,23 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 
-from brooq_py.engine.attempt.attempt import Attempt, Phase
+from brooq_py.engine.attempt.attempt import Attempt
 from brooq_py.engine.attempt.inflight import InFlight
+from brooq_py.engine.attempt.outcome import HandlerState, Phase
 from brooq_py.engine.clock import Clock
 from brooq_py.engine.services.ticker import Ticker
 from brooq_py.queue.port import EngineProof, HeldLease, Renewal
 
+WATCHDOG_TICK = 0.05
 # Once a lease (every fourth beat), a beat looks for claims of this engine no attempt holds.
 ORPHAN_LOOK = 4
 
 
 class Fence:
-    """When this engine last proved itself alive, and its verdict on its running attempts (F0).
-
-    ``proven_at`` is the monotonic time a heartbeat that succeeded was *sent*: the database
-    wrote it later, so ``lease - margin`` from then is before any other engine may take the
-    claims (``lease + margin`` after the database's time of that write). Past it, every running
-    attempt is fenced: cancelled with ``LeaseLost``, nothing written, its claim dropped for the
-    reaper; the next heartbeat that succeeds names those claims before the engine claims again.
-    """
+    """When this engine last proved itself alive (``proven_at``: the monotonic *send* time of a
+    heartbeat that succeeded), and its verdict on its running attempts past ``lease - margin``:
+    fenced, their claims dropped; the next heartbeat that succeeds names those claims before
+    the engine claims again."""
 
     def __init__(
         self, lease: float, margin: float, clock: Clock, on_fence: Callable[[Attempt], None]
@@ -80,11 +83,7 @@ class Fence:
 
 class Heartbeat(Ticker):
     """Renews the engine's proof of life every period and tells each held attempt what its row says.
-
-    A heartbeat that fails (a connection blip) raises: the base logs it and retries with backoff
-    capped at the period; it cancels no handler (the fence does, on its own clock). ``wake()``
-    beats at once: a cancel's notification may have been missed (the listener reconnected).
-    """
+    A failed beat cancels no handler (the fence does, on its own clock); the base retries it."""
 
     name = "heartbeat"
 
@@ -109,16 +108,7 @@ class Heartbeat(Ticker):
         self._on_lost = on_lost
         self._on_canceled = on_canceled
         self._clock = clock
-        self._poke = threading.Event()  # set by wake() and by stop()
         self._beats = 0  # every ORPHAN_LOOK-th beat also looks for claims whose answer was lost
-
-    def wake(self) -> None:
-        """Beat now (once, however many calls come before the beat starts)."""
-        self._poke.set()
-
-    def halt(self) -> None:
-        self._stop.set()
-        self._poke.set()  # after the stop flag: the loop's wait ends and sees it
 
     def _wait(self, seconds: float) -> bool:
         self._poke.wait(seconds)
@@ -163,14 +153,61 @@ class Heartbeat(Ticker):
     def _leases(
         attempts: Sequence[Attempt],
     ) -> tuple[list[HeldLease], list[tuple[Attempt, tuple[float | None, str | None]]]]:
-        """The claims to send, with the progress each handler reported since the last beat (V4)."""
+        """The claims to send, with the progress each handler reported since the last beat."""
         leases: list[HeldLease] = []
         taken: list[tuple[Attempt, tuple[float | None, str | None]]] = []
         for a in attempts:
             progress = a.ctx.take_progress()
-            if progress is None:
-                leases.append(HeldLease(a.id, a.row.claim_token))
-            else:
-                leases.append(HeldLease(a.id, a.row.claim_token, progress[0], progress[1]))
+            leases.append(HeldLease(a.id, a.row.claim_token, *(progress or (None, None))))
+            if progress is not None:
                 taken.append((a, progress))
         return leases, taken
+
+
+class Watchdog(Ticker):
+    """Each tick: the fence's check; ``on_timeout`` at attempt_timeout, ``on_give_up`` at
+    max_execution_timeout, ``on_hung`` for a handler still running ``grace`` seconds after its
+    ctx was cancelled."""
+
+    name = "watchdog"
+
+    def __init__(
+        self,
+        running: Callable[[], Sequence[Attempt]],
+        held: Callable[[], Sequence[Attempt]],
+        grace: float,
+        fence: Fence,
+        clock: Clock,
+        on_timeout: Callable[[Attempt], None],
+        on_give_up: Callable[[Attempt], None],
+        on_hung: Callable[[Attempt], None],
+        log: logging.Logger,
+        *,
+        period: float = WATCHDOG_TICK,
+    ) -> None:
+        super().__init__(period, log)
+        self.grace = grace
+        self.fence = fence
+        self._running = running
+        self._held = held
+        self._clock = clock
+        self._on_timeout = on_timeout
+        self._on_give_up = on_give_up
+        self._on_hung = on_hung
+
+    def tick(self) -> None:
+        now = self._clock.monotonic()
+        self.fence.check(self._held(), now)
+        for a in self._running():
+            if a.phase is Phase.RUNNING:
+                if now >= a.hard_deadline:
+                    self._on_give_up(a)
+                elif not a.ctx.done() and now >= a.soft_deadline:
+                    self._on_timeout(a)
+            cancelled = a.cancelled_at
+            if (
+                a.handler in (HandlerState.RUNNING, HandlerState.ABANDONED)
+                and cancelled is not None
+                and now - cancelled >= self.grace
+            ):
+                self._on_hung(a)
