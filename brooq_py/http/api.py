@@ -1,7 +1,6 @@
-"""The surface's routes and its concurrency gate, whichever server carries the request (SPEC O2, K3, K5, Z2).
+"""The surface's routes and its concurrency gate, whichever server carries them (SPEC O2, K3, K5, Z2).
 
-Every answer is short and deliberate: bad input gets a 4xx, an unexpected
-error a 500 with a generic body, never a traceback.
+An unexpected error is a 500 with a generic body, never a traceback.
 """
 
 from __future__ import annotations
@@ -221,11 +220,9 @@ class Request:
 
 
 class Surface:
-    """The router of /healthz, /metrics, /jobs and /topics for *engine*.
+    """The router of /healthz, /metrics, /jobs and /topics; without a token /jobs and /topics are 404.
 
-    *token* is the operator's (reads and acts), *viewer_token* the viewer's (reads;
-    every action, any route that is not GET or HEAD, is 403 for it). Neither set
-    turns every /jobs and /topics path off (404).
+    *token* reads and acts; *viewer_token* reads, and gets 403 for anything but GET and HEAD.
     """
 
     def __init__(self, engine: Engine, token: str | None = None, *, viewer_token: str | None = None) -> None:

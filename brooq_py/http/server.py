@@ -1,11 +1,6 @@
-"""The running surface: ``serve()`` and ``Server``, on the stdlib WSGI server or, with the ``web`` extra, uvicorn.
+"""The running surface: ``serve()`` and ``Server``, on uvicorn with the ``web`` extra, else on the stdlib.
 
-With the extra (starlette, jinja2, uvicorn) importable, ``Server`` runs the one
-Starlette application of ``asgi`` (the surface's routes and the dashboard at
-/ui) on uvicorn; without it, ``SurfaceApp`` serves the same routes (``api``) as
-a WSGI application on the stdlib threading server. Either runs in a daemon
-thread, on a socket bound here (``bound_socket``, which ``brooq-py dashboard``
-binds with too).
+Either runs in a daemon thread on a socket bound here, so a bind error raises in the caller.
 """
 
 from __future__ import annotations
@@ -86,7 +81,7 @@ def _headers(environ: Environ) -> dict[str, str]:
 
 
 class SurfaceApp:
-    """The surface as a WSGI callable. With neither *token* nor *viewer_token* every /jobs and /topics path is off (404)."""
+    """The surface as a WSGI callable (the core install's, without Starlette)."""
 
     def __init__(
         self,
