@@ -1,8 +1,6 @@
-"""The demo: the whole story of a job against a real PostgreSQL, in its own schema.
+"""The demo (``make demo``): the whole story of a job against a real PostgreSQL.
 
-Run with ``make demo`` or ``python -m brooq_py.demo``. It finds a database the
-way the tests do (brooq_py.devdb), resets the schema ``brooq_demo`` and never
-touches ``public``.
+It resets its own schema, ``brooq_demo``, and never touches ``public``.
 """
 
 from __future__ import annotations

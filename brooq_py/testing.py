@@ -1,19 +1,10 @@
-"""Test your own code against brooq_py: a pytest plugin and helpers.
+"""Test your own code against brooq_py: a pytest plugin and helpers (docs/testing.md).
 
 In your ``conftest.py``::
 
     pytest_plugins = ["brooq_py.testing"]
 
-Fixtures: ``brooq_dsn`` (a PostgreSQL found or started the way the demo finds
-one: ``DATABASE_URL``, else 127.0.0.1:5432, else a throwaway server),
-``brooq_store`` and ``brooq_async_store`` (a Store / AsyncStore on a schema of
-their own, freshly migrated and dropped after the test). Helpers: ``drain``
-runs every ready job of an engine in the calling thread, through the engine's
-own claim and settle (chain, on_succeeded and outcomes behave as under a
-running engine); ``jobs`` and ``assert_enqueued`` read what was enqueued.
-
-pytest is imported here, so only a test process imports this module; the rest
-of brooq_py never does.
+pytest is imported here, so only a test process imports this module; the rest of brooq_py never does.
 """
 
 from __future__ import annotations
@@ -60,12 +51,8 @@ OUTCOMES = ("done", "failed", "dead", "canceled")
 
 @dataclass(frozen=True)
 class DrainReport:
-    """What a ``drain`` ran: attempts claimed and outcomes written, by outcome.
-
-    ``failed`` counts attempts that failed and will be retried; ``dead`` jobs
-    that used their last attempt. Jobs handed back unrun (a stop) are in
-    ``ran`` only.
-    """
+    """What a ``drain`` ran: attempts claimed, and outcomes written by outcome (``failed``: to be
+    retried); jobs handed back unrun (a stop) are in ``ran`` only."""
 
     ran: int = 0
     done: int = 0
@@ -195,12 +182,8 @@ async def aassert_enqueued(
 
 
 class _PerUsePool(psycopg_pool.AsyncConnectionPool[Any]):
-    """An async pool that opens a connection per use, in whichever event loop the test runs.
-
-    A fixture cannot know the test's loop (pytest-asyncio, anyio or
-    ``asyncio.run`` inside a sync test); this pool has no background task tied
-    to one, so there is nothing to open or close across loops.
-    """
+    """An async pool that connects per use: a fixture cannot know the test's event loop, and this
+    pool has no background task tied to one."""
 
     def __init__(self, dsn: str) -> None:
         super().__init__(dsn, open=False)
