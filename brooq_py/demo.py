@@ -1,7 +1,4 @@
-"""The demo (``make demo``): the whole story of a job against a real PostgreSQL.
-
-It resets its own schema, ``brooq_demo``, and never touches ``public``.
-"""
+"""The demo (``make demo``): the whole story of a job against a real PostgreSQL, in a schema of its own."""
 
 from __future__ import annotations
 

@@ -213,10 +213,8 @@ def load_settings(
 ) -> Settings:
     """Read the settings from *environ* (default ``os.environ``) and the *dotenv* file if it exists.
 
-    *schema*, when given (``--schema``), wins over ``BROOQ_SCHEMA``. Raise
-    ``ConfigError`` listing every problem at once: the ``.env`` syntax, the
-    ``QUEUE_*`` values (``Config.from_env``), ``BROOQ_*`` values and, with
-    *need_database*, a missing ``DATABASE_URL``. Nothing connects here.
+    *schema* (``--schema``) wins over ``BROOQ_SCHEMA``. Raise ``ConfigError`` listing every problem,
+    a missing ``DATABASE_URL`` among them with *need_database*; nothing connects here.
     """
     problems: list[str] = []
     file_values: dict[str, str] = {}

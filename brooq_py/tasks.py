@@ -121,9 +121,7 @@ class Task(Generic[P, R]):
 
     def payload(self, *args: P.args, **kwargs: P.kwargs) -> dict[str, Any]:
         """Bind the arguments to the signature; return them by name (defaults left to the function).
-
-        Raise InvalidJob for a missing or extra argument or a value JSON cannot hold.
-        """
+        Raise InvalidJob for a missing or extra argument or a value JSON cannot hold."""
         payload = self._bind(args, kwargs)
         encode_payload(payload, f"the arguments of task {self.topic!r}")  # InvalidJob now, not at enqueue
         return payload
@@ -247,11 +245,8 @@ class Task(Generic[P, R]):
 
 
 class Tasks:
-    """A registry of task functions; bound to a Store or AsyncStore for the shortcuts.
-
-    ``Tasks()`` holds no connection; ``Tasks(store)`` lets ``task.enqueue(...)``
-    (Store) and ``await task.aenqueue(...)`` (AsyncStore) write the job.
-    """
+    """A registry of task functions; ``Tasks(store)`` binds a Store or AsyncStore for the shortcuts
+    (``task.enqueue(...)``, ``await task.aenqueue(...)``)."""
 
     def __init__(self, store: _Store | None = None) -> None:
         self.store = store

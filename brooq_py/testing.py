@@ -90,18 +90,13 @@ def drain(
 ) -> DrainReport:
     """Run every ready job of *engine*'s topics in this thread until none is left; report the outcomes.
 
-    Each round is ``engine.run_once()``: the claim, the handler, the outcome,
-    chain and on_succeeded of a running engine, without its threads. The engine
-    must not be started. *retries* says what happens to a job that failed and
-    waits out its backoff (and to a job scheduled for later):
+    Each round is ``engine.run_once()`` (claim, handler, outcome, chain, on_succeeded), so the
+    engine must not be started. *retries* says what becomes of a job waiting out its backoff, or
+    scheduled for later: ``"now"`` (default) makes it due at once, until done or dead; ``"wait"``
+    sleeps until it is due, up to *timeout* seconds; ``"never"`` leaves it waiting.
 
-    - ``"now"`` (default): it is made due at once and run again, until it is
-      done or dead;
-    - ``"wait"``: drain sleeps until it is due (a scheduled job too), up to *timeout* seconds;
-    - ``"never"``: it is left waiting; only jobs ready now run.
-
-    Raise TimeoutError when ``"wait"`` would pass *timeout*, and BrooqError
-    after *max_runs* attempts (a handler that chains itself forever).
+    Raise TimeoutError when ``"wait"`` would pass *timeout*, and BrooqError after *max_runs*
+    attempts (a handler that chains itself forever).
     """
     if retries not in ("now", "wait", "never"):
         raise ValueError(f"retries must be 'now', 'wait' or 'never', got {retries!r}")
@@ -210,9 +205,9 @@ def brooq_dsn() -> Iterator[str]:
 def brooq_schema_setup() -> SchemaSetup | None:
     """Your own tables in each test's schema: override this fixture (conftest.py or a test module).
 
-    Return SQL text (your DDL) or a callable ``setup(conn, schema)`` (run your migrations); it runs
-    after brooq's migrations, in one transaction whose ``search_path`` is the test's schema, so
-    unqualified names land there and are dropped with it. None (the default): nothing to add.
+    Return SQL text (your DDL) or a callable ``setup(conn, schema)``, or None (default) for none; it
+    runs after brooq's migrations, in one transaction on the test's ``search_path``, so unqualified
+    names land in the test's schema and are dropped with it.
     """
     return None
 
