@@ -1,7 +1,4 @@
-"""The surface's routes and its concurrency gate, whichever server carries them (SPEC O2, K3, K5, Z2).
-
-An unexpected error is a 500 with a generic body, never a traceback.
-"""
+"""The surface's routes and its concurrency gate, whichever server carries them (SPEC O2, K3, K5, Z2)."""
 
 from __future__ import annotations
 
@@ -204,7 +201,6 @@ ROUTES: tuple[tuple[re.Pattern[str], tuple[str, ...], Action], ...] = (
     (re.compile(r"/topics()"), READ_METHODS, _topics),
     (re.compile(r"/topics/(.+)/pause", re.DOTALL), ("POST",), _pause),
     (re.compile(r"/topics/(.+)/resume", re.DOTALL), ("POST",), _resume),
-    # POST /topics/<topic>/rate/<N[/DURATION]|none>, /topics/<topic>/depth/<N|none>
     (re.compile(r"/topics/(.+)/rate/([^/]+(?:/[^/]+)?)", re.DOTALL), ("POST",), _rate),
     (re.compile(r"/topics/(.+)/depth/([^/]+)", re.DOTALL), ("POST",), _depth),
 )
@@ -234,7 +230,7 @@ class Surface:
         return f"Surface(engine={self.engine!r}, roles={self.roles!r})"
 
     def dispatch(self, request: Request) -> Reply:
-        """Answer *request*; never raise (an unexpected error is a short 500)."""
+        """Answer *request*; never raise (an unexpected error is a short 500, never a traceback)."""
         try:
             return self._route(request)
         except Exception:
