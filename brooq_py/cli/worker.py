@@ -1,7 +1,4 @@
-"""The ``worker`` command: run an Engine and the service surface until SIGTERM or SIGINT (SPEC C11'').
-
-A second SIGINT during the graceful stop exits at once with status 130.
-"""
+"""The ``worker`` command: run an Engine and the service surface until SIGTERM or SIGINT (SPEC C11'')."""
 
 from __future__ import annotations
 
@@ -122,10 +119,8 @@ def _apply_dotenv_to_environ(path: Path = Path(".env")) -> None:
 
 
 class StrayTopics:
-    """Tell once per topic, every gauges period, of pending jobs no handler here runs (*warn*: logged).
-
-    Another worker may serve them, so the line says what this one runs.
-    """
+    """Tell once per topic, every gauges period, of pending jobs no handler here runs (*warn*: logged);
+    the line says what this worker runs, since another may serve them."""
 
     def __init__(self, engine: Engine, warn: Callable[[str], object] | None = None) -> None:
         self.engine = engine

@@ -79,10 +79,8 @@ def cache_root() -> Path:
 
 
 def tmp_base() -> Path:
-    """Where throwaway data directories go: $BROOQ_DEVDB_TMPDIR, else /dev/shm when roomy, else TMPDIR.
-
-    A data directory's ~1,300 files take a second to create on disk, milliseconds on tmpfs.
-    """
+    """Where throwaway data directories go: $BROOQ_DEVDB_TMPDIR, else /dev/shm when roomy (a data
+    directory's ~1,300 files take a second on disk, milliseconds on tmpfs), else TMPDIR."""
     override = os.environ.get("BROOQ_DEVDB_TMPDIR")
     if override:
         return Path(override)

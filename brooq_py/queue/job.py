@@ -17,8 +17,7 @@ from brooq_py.queue.errors import BrooqError, InvalidJob
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
 
-# In UTF-8 bytes (docs/guarantees.md), so that an index row of (topic, idempotency_key) or (topic,
-# unique_key) stays well below the ~2,700 bytes (a third of a page) past which PostgreSQL refuses it.
+# In UTF-8 bytes, so an index row of (topic, key) stays below the ~2,700 bytes PostgreSQL indexes.
 MAX_TOPIC_BYTES = 255
 MAX_KEY_BYTES = 1024
 MAX_META_BYTES = 4096

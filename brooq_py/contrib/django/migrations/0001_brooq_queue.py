@@ -1,7 +1,4 @@
-"""The job queue's tables: brooq_py's own migrations, to head, on the queue's schema(s).
-
-Not atomic: brooq's migrations run in a transaction of their own, on their own connection.
-"""
+"""The job queue's tables: brooq_py's migrations, to head; not atomic, as they use their own connection."""
 
 from typing import Any
 
