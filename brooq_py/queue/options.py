@@ -57,7 +57,8 @@ def check_timeouts(obj: object, problems: list[str]) -> None:
 
 @dataclass(frozen=True)
 class KindOptions:
-    """Per-topic settings (durations: ``timedelta`` or seconds); ``ConfigError`` lists every problem."""
+    """Per-topic settings; durations take ``timedelta`` or seconds and are held as ``timedelta``.
+    Raise ``ConfigError`` listing every problem."""
 
     max_attempts: int = 5
     attempt_timeout: timedelta | float = 60
