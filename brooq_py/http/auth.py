@@ -127,11 +127,8 @@ def is_loopback(host: str | None) -> bool:
 
 
 def loopback_name(host: str | None) -> bool:
-    """Return whether a Host header (None: HTTP/1.0) names a loopback address.
-
-    A page whose name was rebound to 127.0.0.1 would, as its own origin, read a tokenless
-    dashboard and its CSRF token (DNS rebinding).
-    """
+    """Return whether a Host header (None: HTTP/1.0) names a loopback address: a page rebound to
+    127.0.0.1 (DNS rebinding) would otherwise read a tokenless dashboard and its CSRF token."""
     if host is None:
         return True
     name = host.strip().lower()
