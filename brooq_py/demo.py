@@ -1,9 +1,4 @@
-"""The demo: the whole story of a job against a real PostgreSQL, in its own schema.
-
-Run with ``make demo`` or ``python -m brooq_py.demo``. It finds a database the
-way the tests do (brooq_py.devdb), resets the schema ``brooq_demo`` and never
-touches ``public``.
-"""
+"""The demo (``make demo``): the whole story of a job against a real PostgreSQL, in a schema of its own."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""Keep secrets out of logs, errors and /metrics (SPEC K3): one masking rule for every layer.
-
-Standard library only, so the adapter, the settings, devdb and the CLI all share it.
-"""
+"""Keep secrets out of logs, errors and /metrics (SPEC K3): one masking rule, standard library only."""
 
 from __future__ import annotations
 
@@ -17,11 +14,7 @@ _URL_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]*:)[^\s@]*@")
 
 
 def mask_dsn(dsn: str) -> str:
-    """Return *dsn* with any password replaced by ``***`` (URL or key=value form).
-
-    Works on text that does not parse, too: it is what goes into logs and
-    error messages, so it must never fail and never leak.
-    """
+    """Return *dsn* with any password replaced by ``***``; never fails, even on text that does not parse."""
     match = _URL_START.match(dsn)
     if match is None:
         return _KV_PASSWORD.sub(lambda m: m.group(1) + MASK, dsn)

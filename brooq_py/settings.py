@@ -1,9 +1,7 @@
-"""Operator settings: the environment, a ``.env`` file, and what the command line needs.
+"""Operator settings: the environment over a ``.env`` file, for the command line.
 
-The environment wins over ``.env``; an empty value counts as unset (``KEY=``
-never turns a default into an empty string). Every problem found is collected
-and raised at once as ``ConfigError`` before any connection is made. Secrets
-(a DSN's password, the HTTP token) never appear in a problem's text (SPEC K3, K5).
+An empty value counts as unset, so ``KEY=`` never turns a default into an empty string. Every
+problem is raised at once, before any connection, without a secret in its text (SPEC K3, K5).
 """
 
 from __future__ import annotations
@@ -30,13 +28,8 @@ _DOUBLE_QUOTE_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", '"': '"', "\\": "\\", 
 
 
 def parse_dotenv(text: str, *, source: str = ".env") -> tuple[dict[str, str], list[str]]:
-    """Parse simple ``KEY=VALUE`` lines; return the values and the problems found.
-
-    Blank lines and ``#`` comments are skipped; ``export KEY=VALUE`` is accepted;
-    a value may be single-quoted (literal), double-quoted (``\\n``, ``\\"``,
-    ``\\\\`` escapes) or bare (a `` #`` starts a comment, surrounding spaces are
-    dropped). A problem names the line, never its value.
-    """
+    """Parse simple ``KEY=VALUE`` lines (``export``, ``#`` comments, quotes); return the values and
+    the problems, each naming its line, never its value."""
     values: dict[str, str] = {}
     problems: list[str] = []
     for number, raw in enumerate(text.splitlines(), start=1):
@@ -144,11 +137,8 @@ class Settings:
 
 
 def parse_http_addr(text: str) -> tuple[str, int]:
-    """Parse ``host:port`` or ``[v6]:port``; raise ``ValueError`` with a message naming the problem.
-
-    The host must be given (``0.0.0.0:8090`` listens everywhere, deliberately);
-    port 0 asks the system for a free one.
-    """
+    """Parse ``host:port`` or ``[v6]:port`` (the host required, so listening everywhere is deliberate);
+    raise ``ValueError`` naming the problem."""
     if text.startswith("["):
         close = text.find("]")
         if close < 0 or text[close + 1 : close + 2] != ":":
@@ -223,10 +213,8 @@ def load_settings(
 ) -> Settings:
     """Read the settings from *environ* (default ``os.environ``) and the *dotenv* file if it exists.
 
-    *schema*, when given (``--schema``), wins over ``BROOQ_SCHEMA``. Raise
-    ``ConfigError`` listing every problem at once: the ``.env`` syntax, the
-    ``QUEUE_*`` values (``Config.from_env``), ``BROOQ_*`` values and, with
-    *need_database*, a missing ``DATABASE_URL``. Nothing connects here.
+    *schema* (``--schema``) wins over ``BROOQ_SCHEMA``. Raise ``ConfigError`` listing every problem,
+    a missing ``DATABASE_URL`` among them with *need_database*; nothing connects here.
     """
     problems: list[str] = []
     file_values: dict[str, str] = {}

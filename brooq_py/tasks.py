@@ -1,12 +1,8 @@
 """Tasks: typed task functions instead of topic strings and hand-built payloads (SPEC V1).
 
-A ``Tasks`` registry turns functions into ``Task`` objects (``@tasks.task()``).
-A task's arguments are bound to its signature when the job is built and stored
-by name as a JSON object; ``Engine.register_tasks`` makes every task a kind
-that calls the function with ``**payload`` (the ctx first when its first
-parameter is annotated ``Context``) and keeps its return value as the job's
-result. Only the vocabulary is imported: a bound store is used through the
-methods it has (``Store`` and ``AsyncStore`` alike).
+A task's arguments are bound to its signature when the job is built, so a mistake is caught at
+the call, and stored by name as a JSON object. Only the vocabulary is imported: a bound store is
+used through the methods it has (``Store`` and ``AsyncStore`` alike).
 """
 
 from __future__ import annotations
@@ -107,8 +103,7 @@ class Task(Generic[P, R]):
                     "arguments are stored by name"
                 )
         self._signature = sig.replace(parameters=params)
-        # For the common call (no **kwargs parameter): names in order and the required ones,
-        # so most calls bind without Signature.bind (several times slower, on the enqueue path).
+        # Most calls bind by these, without Signature.bind: several times slower, on the enqueue path.
         self._names = tuple(p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD)  # by position
         self._name_set = frozenset(p.name for p in params if p.kind is not p.VAR_KEYWORD)
         self._required = frozenset(p.name for p in params if p.default is p.empty)
@@ -124,13 +119,9 @@ class Task(Generic[P, R]):
     def __repr__(self) -> str:
         return f"Task({self.topic!r})"
 
-    # --- building jobs -----------------------------------------------------
-
     def payload(self, *args: P.args, **kwargs: P.kwargs) -> dict[str, Any]:
         """Bind the arguments to the signature; return them by name (defaults left to the function).
-
-        Raise InvalidJob for a missing or extra argument or a value JSON cannot hold.
-        """
+        Raise InvalidJob for a missing or extra argument or a value JSON cannot hold."""
         payload = self._bind(args, kwargs)
         encode_payload(payload, f"the arguments of task {self.topic!r}")  # InvalidJob now, not at enqueue
         return payload
@@ -199,8 +190,6 @@ class Task(Generic[P, R]):
         fields = dataclasses.replace(self._fields, **given)
         return Task(self.fn, self.topic, self.options, self._tasks, fields)
 
-    # --- shortcuts on a bound Tasks -----------------------------------------
-
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> EnqueueResult:
         """Enqueue the job on the bound Store in its own statement."""
         job = self._job(self._bind(args, kwargs))  # the store refuses what JSON cannot hold, unwritten
@@ -224,8 +213,6 @@ class Task(Generic[P, R]):
         job = self._job(self._bind(args, kwargs))
         result: EnqueueResult = await self._tasks._bound(asynchronous=True).enqueue_tx(tx, job)
         return result
-
-    # --- running under an engine --------------------------------------------
 
     def handler(self) -> Callable[[Context, Claim], Any]:
         """Return the kind's handler: the function called with ``**payload``, its return value kept."""
@@ -258,11 +245,8 @@ class Task(Generic[P, R]):
 
 
 class Tasks:
-    """A registry of task functions; bound to a Store or AsyncStore for the shortcuts.
-
-    ``Tasks()`` holds no connection; ``Tasks(store)`` lets ``task.enqueue(...)``
-    (Store) and ``await task.aenqueue(...)`` (AsyncStore) write the job.
-    """
+    """A registry of task functions; ``Tasks(store)`` binds a Store or AsyncStore for the shortcuts
+    (``task.enqueue(...)``, ``await task.aenqueue(...)``)."""
 
     def __init__(self, store: _Store | None = None) -> None:
         self.store = store
@@ -289,12 +273,8 @@ class Tasks:
         return _Decorator(self, topic, options)
 
     def register(self, register_kind: Callable[[str, Any, KindOptions], None], defaults: KindOptions) -> None:
-        """Register every task as a kind with ``register_kind`` (``Engine.register_tasks`` does).
-
-        Each is called with ``**payload`` (the ctx first when declared) and its return value
-        is the job's result; its options apply over *defaults*. Raise ConfigError
-        naming the task for options that do not hold together, and as register_kind does.
-        """
+        """Register every task as a kind with ``register_kind``, its options over *defaults*
+        (``Engine.register_tasks`` does); raise ConfigError naming the task, and as register_kind does."""
         for task in self:
             try:
                 options = dataclasses.replace(defaults, **task.options)

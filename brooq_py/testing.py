@@ -1,19 +1,10 @@
-"""Test your own code against brooq_py: a pytest plugin and helpers.
+"""Test your own code against brooq_py: a pytest plugin and helpers (docs/testing.md).
 
 In your ``conftest.py``::
 
     pytest_plugins = ["brooq_py.testing"]
 
-Fixtures: ``brooq_dsn`` (a PostgreSQL found or started the way the demo finds
-one: ``DATABASE_URL``, else 127.0.0.1:5432, else a throwaway server),
-``brooq_store`` and ``brooq_async_store`` (a Store / AsyncStore on a schema of
-their own, freshly migrated and dropped after the test). Helpers: ``drain``
-runs every ready job of an engine in the calling thread, through the engine's
-own claim and settle (chain, on_succeeded and outcomes behave as under a
-running engine); ``jobs`` and ``assert_enqueued`` read what was enqueued.
-
-pytest is imported here, so only a test process imports this module; the rest
-of brooq_py never does.
+pytest is imported here, so only a test process imports this module; the rest of brooq_py never does.
 """
 
 from __future__ import annotations
@@ -60,12 +51,8 @@ OUTCOMES = ("done", "failed", "dead", "canceled")
 
 @dataclass(frozen=True)
 class DrainReport:
-    """What a ``drain`` ran: attempts claimed and outcomes written, by outcome.
-
-    ``failed`` counts attempts that failed and will be retried; ``dead`` jobs
-    that used their last attempt. Jobs handed back unrun (a stop) are in
-    ``ran`` only.
-    """
+    """What a ``drain`` ran: attempts claimed, and outcomes written by outcome (``failed``: to be
+    retried); jobs handed back unrun (a stop) are in ``ran`` only."""
 
     ran: int = 0
     done: int = 0
@@ -103,18 +90,13 @@ def drain(
 ) -> DrainReport:
     """Run every ready job of *engine*'s topics in this thread until none is left; report the outcomes.
 
-    Each round is ``engine.run_once()``: the claim, the handler, the outcome,
-    chain and on_succeeded of a running engine, without its threads. The engine
-    must not be started. *retries* says what happens to a job that failed and
-    waits out its backoff (and to a job scheduled for later):
+    Each round is ``engine.run_once()`` (claim, handler, outcome, chain, on_succeeded), so the
+    engine must not be started. *retries* says what becomes of a job waiting out its backoff, or
+    scheduled for later: ``"now"`` (default) makes it due at once, until done or dead; ``"wait"``
+    sleeps until it is due, up to *timeout* seconds; ``"never"`` leaves it waiting.
 
-    - ``"now"`` (default): it is made due at once and run again, until it is
-      done or dead;
-    - ``"wait"``: drain sleeps until it is due (a scheduled job too), up to *timeout* seconds;
-    - ``"never"``: it is left waiting; only jobs ready now run.
-
-    Raise TimeoutError when ``"wait"`` would pass *timeout*, and BrooqError
-    after *max_runs* attempts (a handler that chains itself forever).
+    Raise TimeoutError when ``"wait"`` would pass *timeout*, and BrooqError after *max_runs*
+    attempts (a handler that chains itself forever).
     """
     if retries not in ("now", "wait", "never"):
         raise ValueError(f"retries must be 'now', 'wait' or 'never', got {retries!r}")
@@ -195,12 +177,8 @@ async def aassert_enqueued(
 
 
 class _PerUsePool(psycopg_pool.AsyncConnectionPool[Any]):
-    """An async pool that opens a connection per use, in whichever event loop the test runs.
-
-    A fixture cannot know the test's loop (pytest-asyncio, anyio or
-    ``asyncio.run`` inside a sync test); this pool has no background task tied
-    to one, so there is nothing to open or close across loops.
-    """
+    """An async pool that connects per use: a fixture cannot know the test's event loop, and this
+    pool has no background task tied to one."""
 
     def __init__(self, dsn: str) -> None:
         super().__init__(dsn, open=False)
@@ -227,9 +205,9 @@ def brooq_dsn() -> Iterator[str]:
 def brooq_schema_setup() -> SchemaSetup | None:
     """Your own tables in each test's schema: override this fixture (conftest.py or a test module).
 
-    Return SQL text (your DDL) or a callable ``setup(conn, schema)`` (run your migrations); it runs
-    after brooq's migrations, in one transaction whose ``search_path`` is the test's schema, so
-    unqualified names land there and are dropped with it. None (the default): nothing to add.
+    Return SQL text (your DDL) or a callable ``setup(conn, schema)``, or None (default) for none; it
+    runs after brooq's migrations, in one transaction on the test's ``search_path``, so unqualified
+    names land in the test's schema and are dropped with it.
     """
     return None
 

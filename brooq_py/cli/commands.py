@@ -1,8 +1,4 @@
-"""The one-shot commands: ``migrate``, ``enqueue``, ``cancel``, ``get`` and ``stats``.
-
-Each takes the parsed arguments and the settings, prints its result to stdout
-and returns the exit status; expected errors are raised as :class:`Failure`.
-"""
+"""The one-shot commands: ``migrate``, ``enqueue``, ``cancel``, ``get`` and ``stats``."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""What every command shares: the :class:`Failure` exit, DSN scrubbing and the database helpers.
-
-Each command connects once up front (:func:`probe`), so an unreachable
-database is one clear line rather than a pool's retries, and driver errors
-become a :class:`Failure` naming the likely cause (:func:`translate_db_error`).
-"""
+"""What every command shares: the :class:`Failure` exit, DSN scrubbing and the database helpers."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""The argument parser and :func:`main`: settings first, then one command.
-
-Invalid settings are listed all at once (status 2) before anything connects;
-a :class:`Failure` becomes one line on stderr with its status, an unreachable
-store status 1, an interrupt status 130.
-"""
+"""The argument parser and :func:`main`: the settings first, then one command, each error one line."""
 
 from __future__ import annotations
 

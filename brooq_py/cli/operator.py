@@ -1,11 +1,8 @@
 """The operator's commands: ``retry``, ``pause``, ``resume``, ``limit``, ``rate``, ``depth``,
 ``topics`` and ``jobs`` (SPEC Q1-Q3, U3, F1, F2).
 
-Each prints one JSON object (``topics``: a table, or JSON with ``--json``)
-and returns 0; an unknown job or a job in the wrong state is status 1, and so is
-a bulk ``retry --topic T --state S`` that skipped some jobs (each listed with
-why); bad input (a malformed id, an empty topic, a limit that is not a number
-or ``none``, a ``--payload`` that is not JSON) is status 2 before anything connects.
+Each prints JSON (``topics`` and ``jobs``: a table unless ``--json``). Status 1 for an unknown job,
+a wrong state or a bulk retry that skipped some; bad input is status 2 before anything connects.
 """
 
 from __future__ import annotations
@@ -124,11 +121,7 @@ def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _retry_many(args: argparse.Namespace, settings: Settings) -> int:
-    """Retry the newest ``--limit`` jobs of a topic in a state; print what was retried and what not, and why.
-
-    Status 0 when every job found was retried (none found included), 1 when some were skipped
-    (an active job holds the unique key, the state changed meanwhile, a parent is not done).
-    """
+    """Retry the newest ``--limit`` jobs of a topic in a state; print what was skipped and why (status 1)."""
     if args.topic is None or args.state is None:
         raise Failure("retry in bulk needs both --topic T and --state dead|canceled", status=2)
     topic = check_topic(args.topic)

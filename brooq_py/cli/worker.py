@@ -1,9 +1,4 @@
-"""The ``worker`` command: run an Engine and the service surface until SIGTERM or SIGINT (SPEC C11'').
-
-The first SIGTERM/SIGINT stops gracefully (no new claims, wait up to
-``--stop-timeout`` for running handlers); a second SIGINT during that stop
-exits at once with status 130.
-"""
+"""The ``worker`` command: run an Engine and the service surface until SIGTERM or SIGINT (SPEC C11'')."""
 
 from __future__ import annotations
 
@@ -48,11 +43,10 @@ def demo_handler(ctx: Context, claim: Claim) -> None:
 
 
 def _load_app(spec: str) -> tuple[Engine, Callable[[], None] | None]:
-    """Return the app's Engine and what closes what its factory opened (None: nothing to close).
+    """Return the app's Engine and what closes what its factory opened (None: nothing).
 
-    *attr* is an Engine, or a zero-argument factory that returns one, or a generator that
-    yields one (the code after its ``yield`` runs at shutdown), or a context manager whose
-    ``__enter__`` gives one (its ``__exit__`` runs at shutdown).
+    *attr* is an Engine, or a zero-argument factory returning one, a generator yielding one or a
+    context manager entering one; the generator's rest or the manager's exit runs at shutdown.
     """
     from brooq_py.engine import Engine
 
@@ -125,12 +119,8 @@ def _apply_dotenv_to_environ(path: Path = Path(".env")) -> None:
 
 
 class StrayTopics:
-    """Tell once per topic the topics whose jobs sit pending with no handler in this worker.
-
-    Checked every gauges period (a loose scan of the claim index: one probe per pending topic).
-    Another worker may serve them: the line says what this one runs. *warn* takes the line
-    (default: logged at WARNING); ``manage.py brooq_worker`` writes it to its stderr.
-    """
+    """Tell once per topic, every gauges period, of pending jobs no handler here runs (*warn*: logged);
+    the line says what this worker runs, since another may serve them."""
 
     def __init__(self, engine: Engine, warn: Callable[[str], object] | None = None) -> None:
         self.engine = engine
@@ -228,8 +218,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
     server = None
     try:
-        # The port first: a busy one is refused before the engine claims anything (and logs nothing
-        # of an engine that started only to stop); /healthz says 503 until the engine runs.
+        # The port first: a busy one is refused before the engine claims anything (/healthz is 503 till then).
         server = _listen(engine, settings, serve)
         try:
             engine.start()
@@ -273,11 +262,8 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _listen(engine: Engine, settings: Settings, serve: Callable[..., Server]) -> Server:
-    """Start the surface on BROOQ_HTTP_ADDR; when that is unset and its default taken, on any free port.
-
-    A second worker on one host then runs beside the first (logged with its URL); an address the
-    operator set that is taken is a Failure naming the setting.
-    """
+    """Start the surface on BROOQ_HTTP_ADDR, or any free port if it is unset and its default taken,
+    so a second worker on one host runs beside the first."""
 
     def start(port: int) -> Server:
         return serve(

@@ -1,18 +1,9 @@
-"""OpenTelemetry: one trace from the span that enqueued a job to every attempt of it (SPEC N2).
+"""OpenTelemetry: one trace from the span that enqueued a job to each of its attempts (SPEC N2).
 
-Install the extra ``brooq_py[otel]`` (opentelemetry-api) and configure a
-tracer provider as usual; nothing else is needed. An enqueue inside an active
-span adds a PRODUCER span ``brooq.enqueue <topic>`` and stores its W3C
-``traceparent`` in ``Job.meta``; each attempt runs in a CONSUMER span
-``brooq.run <topic>`` whose parent is that context, with
-``messaging.system="brooq"``, ``messaging.destination.name``,
-``messaging.message.id`` and ``brooq.attempt``; an exception is recorded and
-sets the status to ERROR.
-
-This module never imports OpenTelemetry itself: it looks for it in
-``sys.modules``. A process that did not import it (no tracing configured, or
-the extra not installed) pays one dictionary lookup per enqueue and per
-attempt, and nothing changes.
+An enqueue inside an active span stores its PRODUCER span's ``traceparent`` in ``Job.meta``, and
+each attempt runs in a CONSUMER span whose parent that is. OpenTelemetry is looked for in
+``sys.modules``, never imported: a process without it pays one dictionary lookup per enqueue and
+per attempt. docs/events.md tells the spans' names and attributes.
 """
 
 from __future__ import annotations
@@ -39,11 +30,7 @@ def _api() -> Any | None:
 
 @contextlib.contextmanager
 def enqueue_span(jobs: Sequence[Job]) -> Iterator[list[Job]]:
-    """Wrap one enqueue call: yield the jobs to write, with ``traceparent`` in their meta.
-
-    Without OpenTelemetry, or outside a recording span, the jobs come back as
-    they are and no span is made.
-    """
+    """Wrap one enqueue call: yield the jobs to write, with ``traceparent`` in their meta inside a span."""
     trace = _api()
     if trace is None or not jobs or not trace.get_current_span().get_span_context().is_valid:
         yield list(jobs)
@@ -165,9 +152,7 @@ def _put_back(bound: inspect.BoundArguments, where: list[tuple[str, int | None]]
 
 
 def traced_enqueue(*names: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
-    """Decorate a Store method whose parameters *names* hold a Job or Jobs: inside an active
-    span the call runs in a PRODUCER span and the jobs carry its ``traceparent``.
-    Without OpenTelemetry loaded the method is called as it is."""
+    """Decorate a Store method whose parameters *names* hold a Job or Jobs with ``enqueue_span``."""
 
     def decorate(fn: Callable[P, R]) -> Callable[P, R]:
         @functools.wraps(fn)

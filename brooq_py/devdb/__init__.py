@@ -1,32 +1,16 @@
-"""Find a PostgreSQL to run the demo, the tests and the benchmarks against.
+"""Find a PostgreSQL for the demo, the tests and the benchmarks: tooling, not part of the queue.
 
-``acquire()`` walks the chain, first match wins:
+``acquire()`` takes the first that answers: ``DATABASE_URL`` (``how="DATABASE_URL"``), then
+PostgreSQL on 127.0.0.1:5432 as the current user in the database ``test``, the user's own or
+``postgres`` (``how="local 5432"``), else a throwaway server from the local binaries
+(``how="throwaway"``), stopped by ``close()`` or at exit. The throwaway runs with fsync off,
+copied from an initdb template cached under ``$XDG_CACHE_HOME/brooq_py``, and as ``postgres``
+(else ``nobody``) when we are root, which PostgreSQL refuses. It dies with the thread that
+started it: call :func:`acquire` and :func:`start_throwaway` from the main thread.
 
-1. ``DATABASE_URL`` when set and non-empty (``how="DATABASE_URL"``);
-2. PostgreSQL on 127.0.0.1:5432 when it answers ``select 1`` as the current
-   user in the database ``test``, the user's own database or ``postgres``
-   (``how="local 5432"``); refused logins and missing databases fall through;
-3. a throwaway server started for this process from the local PostgreSQL
-   binaries, stopped by ``close()`` or at interpreter exit (``how="throwaway"``).
-
-The throwaway server runs with fsync off on a free 127.0.0.1 port. Its data
-directory is copied from an ``initdb`` template cached under
-``$XDG_CACHE_HOME/brooq_py`` (``~/.cache/brooq_py``), so starts after the first
-take a fraction of a second. As root it runs as the ``postgres`` system user
-(else ``nobody``), since PostgreSQL refuses to run as root. It dies with the
-thread that started it (``process``): call :func:`acquire` and
-:func:`start_throwaway` from the main thread.
-
-``python -m brooq_py.devdb`` says which database the chain picks;
-``python -m brooq_py.devdb run -- CMD ...`` runs CMD with ``DATABASE_URL`` set
-to it; ``python -m brooq_py.devdb serve`` keeps a throwaway server up until
-interrupted.
-
-Modules, imports pointing down the list: ``cli`` the command line; ``find`` the
-chain and :class:`DevDatabase`; ``server`` the throwaway server's lifecycle;
-``process`` the postgres process (spawn, stop); ``files`` the binaries, the
-initdb template cache and the temp dirs. Only the demo, the testing kit, the
-tests and the benchmarks import this package: it is tooling, not part of the queue.
+``python -m brooq_py.devdb [run -- CMD | serve]`` says which database the chain picks, runs CMD
+with ``DATABASE_URL`` set to it, or keeps a throwaway server up. Imports point down the list
+``cli``, ``find``, ``server``, ``process``, ``files``.
 """
 
 from brooq_py.devdb.cli import main

@@ -1,8 +1,4 @@
-"""What the throwaway server needs on disk: the binaries, the initdb template cache, temp dirs.
-
-The errors of :mod:`brooq_py.devdb` are defined here, where they are first
-raised, and re-exported there.
-"""
+"""What the throwaway server needs on disk (binaries, initdb template cache, temp dirs), and the errors."""
 
 from __future__ import annotations
 
@@ -32,16 +28,9 @@ class PostgresNotFound(DevDatabaseError):
     """No PostgreSQL server binaries (initdb, postgres) were found."""
 
 
-# --- finding the binaries ------------------------------------------------------------------------
-
-
 def find_bindir() -> Path:
-    """Return a directory holding both ``initdb`` and ``postgres``.
-
-    Look at ``$PG_BINDIR``, ``pg_config --bindir``, ``/usr/lib/postgresql/*/bin``
-    (newest version first), then ``PATH``; raise :class:`PostgresNotFound`
-    saying how to get them otherwise.
-    """
+    """Return a directory holding ``initdb`` and ``postgres`` (``$PG_BINDIR``, ``pg_config --bindir``,
+    ``/usr/lib/postgresql/*/bin``, then ``PATH``); raise :class:`PostgresNotFound` saying how to get them."""
     candidates: list[Path] = []
     if os.environ.get("PG_BINDIR"):
         candidates.append(Path(os.environ["PG_BINDIR"]))
@@ -75,9 +64,6 @@ def _version_key(path: str) -> tuple[int, ...]:
     return tuple(int(n) for n in re.findall(r"\d+", name)) or (0,)
 
 
-# --- directories and the server account ----------------------------------------------------------
-
-
 def cache_root() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     root = Path(base) / "brooq_py"
@@ -93,12 +79,8 @@ def cache_root() -> Path:
 
 
 def tmp_base() -> Path:
-    """Where throwaway data directories go: $BROOQ_DEVDB_TMPDIR, else /dev/shm when roomy, else TMPDIR.
-
-    The server runs with fsync off anyway, and creating the ~1,300 files of a
-    data directory on a disk file system can take a second where tmpfs takes
-    a few milliseconds.
-    """
+    """Where throwaway data directories go: $BROOQ_DEVDB_TMPDIR, else /dev/shm when roomy (a data
+    directory's ~1,300 files take a second on disk, milliseconds on tmpfs), else TMPDIR."""
     override = os.environ.get("BROOQ_DEVDB_TMPDIR")
     if override:
         return Path(override)
@@ -169,9 +151,6 @@ def sweep_stale_dirs() -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-# --- the initdb template cache -------------------------------------------------------------------
-
-
 def run_as_owner(
     cmd: list[str], account: pwd.struct_passwd | None, *, cwd: Path, input: str | None = None
 ) -> subprocess.CompletedProcess[str]:
@@ -191,11 +170,7 @@ def run_as_owner(
 
 
 def initdb_template(bindir: Path, user: str, dbname: str, account: pwd.struct_passwd | None) -> Path:
-    """Return the cached initdb directory for these binaries, building it on first use.
-
-    The superuser is *user* and the database *dbname* is already created, so a
-    copy of the template starts ready to use.
-    """
+    """Return the cached initdb directory for these binaries, *dbname* made in it, built on first use."""
     version = subprocess.run(
         [str(bindir / "postgres"), "--version"], capture_output=True, text=True, check=True
     ).stdout.strip()

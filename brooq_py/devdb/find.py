@@ -1,5 +1,4 @@
-"""The chain that picks the database (``acquire``, as the package's docstring lists it), and
-``DevDatabase``, what it hands back."""
+"""The chain that picks the database (``acquire``) and ``DevDatabase``, what it hands back."""
 
 from __future__ import annotations
 
@@ -22,11 +21,8 @@ CONNECT_TIMEOUT = 2  # seconds, per probe of the local server
 
 @dataclass
 class DevDatabase:
-    """A database to work against: its DSN and how the chain found it.
-
-    ``server`` is set only for a throwaway server; ``restart()`` and ``stop()``
-    need one. ``close()`` is safe to call on every kind and more than once.
-    """
+    """A database to work against: its DSN and how the chain found it; ``restart()`` and ``stop()``
+    need a throwaway ``server``, ``close()`` is safe on every kind and twice."""
 
     dsn: str
     how: str  # "DATABASE_URL", "local 5432" or "throwaway"
@@ -63,12 +59,8 @@ class DevDatabase:
 
 
 def acquire(*, local_port: int = LOCAL_PORT) -> DevDatabase:
-    """Return the first usable database of the chain.
-
-    Raise :class:`PostgresNotFound` when the chain reaches the throwaway server
-    and no PostgreSQL binaries are installed, :class:`DevDatabaseError` when
-    that server does not start within ``server.START_TIMEOUT`` seconds.
-    """
+    """Return the first usable database of the chain; raise :class:`PostgresNotFound` when it comes
+    to a throwaway without binaries, :class:`DevDatabaseError` when that does not start."""
     # A throwaway's owner killed with SIGKILL could not remove its directory: any next start does.
     sweep_stale_dirs()
     url = os.environ.get("DATABASE_URL", "").strip()
@@ -103,11 +95,7 @@ def _probe_local(port: int) -> str | None:
 
 
 def start_throwaway() -> DevDatabase:
-    """Start a new throwaway server whatever the chain would pick, and return it.
-
-    The caller owns the server: ``restart()``, ``stop()``/``close()`` act on it,
-    and it is stopped at interpreter exit at the latest.
-    """
+    """Start a throwaway server, whatever the chain would pick, owned by the caller (and stopped at exit)."""
     server = ThrowawayServer()
     server.start()
     return DevDatabase(server.dsn, "throwaway", server)

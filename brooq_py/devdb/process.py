@@ -1,9 +1,7 @@
 """The throwaway server's postgres process: spawn it so it dies with us, stop it with escalation.
 
-The server is spawned with PR_SET_PDEATHSIG(SIGKILL), so a parent killed
-without cleanup leaves no orphan server. The kernel sends that signal when the
-*thread* that spawned the server exits, not the process: spawn from the main
-thread (or from a thread that lives as long as the server).
+PR_SET_PDEATHSIG(SIGKILL) leaves no orphan of a killed parent, but fires when the spawning
+*thread* exits: spawn from the main thread, or one that lives as long as the server.
 """
 
 from __future__ import annotations
@@ -60,10 +58,7 @@ def spawn_postgres(
     logfile: IO[bytes],
     account: pwd.struct_passwd | None,
 ) -> subprocess.Popen[bytes]:
-    """Start ``postgres`` on *datadir* and *port*, as *account* when given, logging to *logfile*.
-
-    Return at once, without waiting for the server to accept connections.
-    """
+    """Start ``postgres`` on *datadir* and *port* as *account*, logging to *logfile*; do not wait for it."""
     cmd = [str(bindir / "postgres"), "-D", str(datadir), "-p", str(port)]
     cmd += ["-k", str(socket_dir)]
     for setting in _SERVER_SETTINGS:

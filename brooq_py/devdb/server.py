@@ -1,9 +1,4 @@
-"""The throwaway server: a PostgreSQL in a temporary directory, owned by this process.
-
-Its data directory is copied from the initdb template ``files`` caches, and
-``process`` spawns and stops the postmaster; the chain in ``find`` starts one
-when nothing else answers.
-"""
+"""The throwaway server: a PostgreSQL in a temporary directory, owned by this process."""
 
 from __future__ import annotations
 
@@ -54,14 +49,8 @@ def current_user() -> str:
 
 
 class ThrowawayServer:
-    """A PostgreSQL server in a temporary directory, owned by this process.
-
-    ``start()`` copies the cached initdb template, spawns ``postgres`` and waits
-    up to ``START_TIMEOUT`` seconds for it to accept connections, raising
-    :class:`DevDatabaseError` with the server log otherwise. ``close()`` stops it
-    with a fast shutdown and removes the directory; it is idempotent and also
-    registered with :mod:`atexit`.
-    """
+    """A PostgreSQL server in a temporary directory; ``start()`` raises :class:`DevDatabaseError` with
+    the server log if it does not answer within ``START_TIMEOUT``; ``close()`` is idempotent and atexit's."""
 
     def __init__(self, bindir: Path | None = None) -> None:
         self.bindir = bindir or find_bindir()
@@ -146,8 +135,6 @@ class ThrowawayServer:
         self._teardown()
 
     stop = close
-
-    # -- internals --
 
     def _teardown(self) -> None:
         self._shutdown()

@@ -1,9 +1,7 @@
-"""The operator's actions on jobs and topics, shared by the surface's endpoints and the dashboard (SPEC F1, F2).
+"""The operator's actions on jobs and topics, shared by the surface and the dashboard (SPEC F1, F2).
 
-Each action validates its input and says what went wrong with an
-``ActionError`` carrying the HTTP status both faces answer with: 400 for a
-malformed id or topic, 404 for an unknown job, 503 when the database cannot
-be reached (the details go to the log, never to the client).
+An ``ActionError`` carries the status both faces answer; a database outage is 503, its details
+logged, never shown to the client.
 """
 
 from __future__ import annotations
@@ -64,12 +62,8 @@ def topic_name(raw: str) -> str:
 
 
 class Operator:
-    """Get, cancel and retry jobs, pause and resume topics, read the overview.
-
-    *jobs* answers get and cancel (the engine on the surface, the store on the
-    dashboard); *controls* and *overview* may be None when the repo is not a
-    Store, and those actions then answer 404.
-    """
+    """The actions over *jobs* (engine or store); without *controls* and *overview* (a repo that is
+    not a Store) the others answer 404."""
 
     def __init__(self, jobs: Jobs, controls: Controls | None, overview: Overview | None) -> None:
         self.jobs = jobs

@@ -1,8 +1,4 @@
-"""The surface's routes and its concurrency gate, whichever server carries the request (SPEC O2, K3, K5, Z2).
-
-Every answer is short and deliberate: bad input gets a 4xx, an unexpected
-error a 500 with a generic body, never a traceback.
-"""
+"""The surface's routes and its concurrency gate, whichever server carries them (SPEC O2, K3, K5, Z2)."""
 
 from __future__ import annotations
 
@@ -205,7 +201,6 @@ ROUTES: tuple[tuple[re.Pattern[str], tuple[str, ...], Action], ...] = (
     (re.compile(r"/topics()"), READ_METHODS, _topics),
     (re.compile(r"/topics/(.+)/pause", re.DOTALL), ("POST",), _pause),
     (re.compile(r"/topics/(.+)/resume", re.DOTALL), ("POST",), _resume),
-    # POST /topics/<topic>/rate/<N[/DURATION]|none>, /topics/<topic>/depth/<N|none>
     (re.compile(r"/topics/(.+)/rate/([^/]+(?:/[^/]+)?)", re.DOTALL), ("POST",), _rate),
     (re.compile(r"/topics/(.+)/depth/([^/]+)", re.DOTALL), ("POST",), _depth),
 )
@@ -221,11 +216,9 @@ class Request:
 
 
 class Surface:
-    """The router of /healthz, /metrics, /jobs and /topics for *engine*.
+    """The router of /healthz, /metrics, /jobs and /topics; without a token /jobs and /topics are 404.
 
-    *token* is the operator's (reads and acts), *viewer_token* the viewer's (reads;
-    every action, any route that is not GET or HEAD, is 403 for it). Neither set
-    turns every /jobs and /topics path off (404).
+    *token* reads and acts; *viewer_token* reads, and gets 403 for anything but GET and HEAD.
     """
 
     def __init__(self, engine: Engine, token: str | None = None, *, viewer_token: str | None = None) -> None:
@@ -237,7 +230,7 @@ class Surface:
         return f"Surface(engine={self.engine!r}, roles={self.roles!r})"
 
     def dispatch(self, request: Request) -> Reply:
-        """Answer *request*; never raise (an unexpected error is a short 500)."""
+        """Answer *request*; never raise (an unexpected error is a short 500, never a traceback)."""
         try:
             return self._route(request)
         except Exception:

@@ -1,9 +1,7 @@
-"""The worker's surface when the ``web`` extra is installed: one Starlette application (SPEC O2).
+"""The worker's surface with the ``web`` extra: one Starlette application, the dashboard at /ui (SPEC O2).
 
-/ui is the dashboard; every other path goes to the surface's own router
-(``api.Surface``: /healthz, /metrics, /jobs, /topics), run in a worker
-thread so a slow database never blocks the event loop. Both share the token,
-the Operator (and so the topic overview's cache) and the concurrency gate.
+Both faces share the tokens, the Operator (so the overview's cache) and the gate; the surface's
+router runs in a worker thread, so a slow database never blocks the event loop.
 """
 
 from __future__ import annotations
@@ -62,19 +60,13 @@ def surface_app(
     read_only: bool = False,
     viewer_token: str | None = None,
 ) -> ASGIApp:
-    """Return the one application of the surface: the shared routes, and the dashboard at /ui.
-
-    The dashboard is mounted when a token is set (the operator's or the
-    viewer's), or when *host* is a loopback address (then it is open, as the
-    surface's own /jobs stay off).
-    """
+    """Return the surface's application; /ui is mounted when a token is set or *host* is loopback."""
     surface = Surface(engine, token, viewer_token=viewer_token)
     routes: list[BaseRoute] = []
     overview = surface.operator.overview
     if overview is not None and (surface.roles.configured or is_loopback(host)):
         board = build(surface.operator, overview, token=token, read_only=read_only, viewer_token=viewer_token)
-        # /ui as the docs write it: the mount answers only below /ui/, and the surface's catch-all
-        # below would take /ui itself.
+        # The mount answers only below /ui/: without this, the catch-all would take /ui itself.
         routes.append(Route("/ui", _to_ui_root, methods=["GET", "HEAD"]))
         routes.append(Mount("/ui", app=board.app))
         log.info(
@@ -85,8 +77,7 @@ def surface_app(
     elif overview is not None:
         log.warning("the dashboard at /ui is off: the surface listens on %s without a token", host)
     app = Starlette(routes=routes)
-    # Every other path goes to the surface's router, a path with a newline too: a Mount("") would
-    # not match one (its pattern's ``.`` stops at a newline) and answer 404 before the token is asked.
+    # Not a Mount(""): its pattern stops at a newline, and would answer 404 before asking for the token.
     app.router.default = SurfaceRoutes(surface)
     app.router.redirect_slashes = False
     return Gated(app, gate)

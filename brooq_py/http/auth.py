@@ -1,12 +1,8 @@
-"""The tokens both HTTP faces check: the surface's bearer header, the dashboard's header or cookie.
+"""The tokens both HTTP faces check: the operator's reads and acts, the viewer's only reads (SPEC K5).
 
-Two roles (SPEC K5): the operator's token reads and acts; the viewer's token
-reads every page and GET endpoint and is refused every action (403). A token
-is compared in constant time (``hmac.compare_digest``), always against both
-roles' tokens, and never echoed, logged or shown in a repr (SPEC O2, K3). The
-dashboard's session cookie and its CSRF tokens are HMACs keyed by the token
-that logged in, so no server-side session state exists, a session says its
-role by the key that signed it, and changing a token ends its sessions.
+Tokens are compared in constant time against both roles, and never echoed, logged or shown in a
+repr (SPEC O2, K3). Session cookies and CSRF tokens are HMACs keyed by the token that logged in:
+no session state on the server, the key tells the role, and a changed token ends its sessions.
 """
 
 from __future__ import annotations
@@ -82,10 +78,7 @@ Role = Literal["operator", "viewer"]
 
 
 class Roles:
-    """The operator's token and the viewer's (either may be None: that role has no token).
-
-    Raise ``ValueError`` when both are the same token: whoever holds it could not be told apart.
-    """
+    """The operator's token and the viewer's (None: no such role); equal ones raise ``ValueError``."""
 
     def __init__(self, token: str | None, viewer_token: str | None = None) -> None:
         if token and viewer_token and hmac.compare_digest(token.encode(), viewer_token.encode()):
@@ -134,12 +127,8 @@ def is_loopback(host: str | None) -> bool:
 
 
 def loopback_name(host: str | None) -> bool:
-    """Return whether a Host header names a loopback address (None: HTTP/1.0, no name given).
-
-    A page whose name was rebound to 127.0.0.1 (DNS rebinding) reaches a loopback
-    dashboard under its own name, and as its own origin could read the page and its
-    CSRF token: without a token, only a loopback name is served.
-    """
+    """Return whether a Host header (None: HTTP/1.0) names a loopback address: a page rebound to
+    127.0.0.1 (DNS rebinding) would otherwise read a tokenless dashboard and its CSRF token."""
     if host is None:
         return True
     name = host.strip().lower()

@@ -1,13 +1,8 @@
-"""The dashboard: one Starlette application, Jinja2 templates, and its own static files (no CDN; SPEC U3).
+"""The dashboard: one Starlette application, Jinja2 templates and its own static files (no CDN; SPEC U3).
 
-``dashboard()`` is the public way to make it; the surface's application builds
-its own over the surface's Operator (``build``).
-
-Tokens and roles are ``auth``'s, the actions ``actions.Operator``'s, so both
-faces behave alike. The login form sets a session cookie (HttpOnly,
-SameSite=Strict); actions are POST forms carrying a CSRF token bound to that
-session, and a request that authenticated with the bearer header needs none.
-Without a token the dashboard answers only when served on a loopback address.
+Tokens are ``auth``'s and actions ``actions.Operator``'s, so it behaves as the surface does.
+Actions are POST forms with a CSRF token bound to the session; a bearer header needs none,
+since a foreign page cannot set one.
 """
 
 from __future__ import annotations
@@ -63,8 +58,7 @@ CANCELABLE = (*ACTIVE_STATES, State.SCHEDULED)
 
 @dataclass(frozen=True)
 class Settings:
-    """How one dashboard behaves: ``login`` False means no token was configured (loopback only;
-    ``roles`` then holds a random operator key that signs the sessions its forms need)."""
+    """How one dashboard behaves; without a token (``login`` False) a random key signs its forms' sessions."""
 
     roles: Roles
     login: bool
@@ -94,8 +88,6 @@ class Dashboard:
             Mount("/static", app=StaticFiles(directory=str(static)), name="static"),
         ]
         self.app = Starlette(routes=routes)
-
-    # --- access -------------------------------------------------------------------------
 
     def _session(self, request: Request) -> Role | None:
         return self.settings.roles.session(request.cookies.get(COOKIE))
@@ -158,8 +150,6 @@ class Dashboard:
             return self._error(request, 403, "The form's CSRF token is missing or wrong: reload the page.")
         return None
 
-    # --- rendering ---------------------------------------------------------------------------
-
     def _url(self, request: Request, path: str, **query: Any) -> str:
         base = str(request.scope.get("root_path", ""))
         params = {k: v for k, v in query.items() if v is not None}
@@ -207,8 +197,6 @@ class Dashboard:
         return self._page(
             request, "error.html", {"status": status, "message": message, "title": str(status)}, status
         )
-
-    # --- pages ---------------------------------------------------------------------------------
 
     def topics_page(self, request: Request) -> Response:
         return self.guard(request) or self._topics(request, "topics.html")
@@ -328,8 +316,6 @@ class Dashboard:
         response.delete_cookie(COOKIE, path=request.scope.get("root_path") or "/")
         return response
 
-    # --- actions ---------------------------------------------------------------------------------
-
     async def _form(self, request: Request) -> FormData | Response:
         """Read a small urlencoded form: never more than ``MAX_BODY`` bytes, never a chunked body."""
         problem = check_body(request.headers.get("content-length"), request.headers.get("transfer-encoding"))
@@ -413,8 +399,7 @@ def _retry_many(op: Operator, values: dict[str, list[str]]) -> str:
     message = f"{len(ids) - len(refused)} of {len(ids)} jobs retried"
     if not refused:
         return message
-    # Why, for each job not retried (an active job holding its unique key; its state; a parent),
-    # as long as the message stays short enough to travel in the redirect's URL.
+    # Why each was refused, while the message stays short enough for the redirect's URL.
     reasons: list[str] = []
     for n, i in enumerate(refused):
         reason = (
@@ -497,10 +482,7 @@ def build(
     refresh_ms: int = 2000,
     viewer_token: str | None = None,
 ) -> Dashboard:
-    """Return the Dashboard over *operator* (the surface passes its own; ``dashboard()`` makes one).
-
-    Raise ``ValueError`` when *token* and *viewer_token* are the same.
-    """
+    """Return the Dashboard over *operator*; ``ValueError`` when *token* and *viewer_token* are equal."""
     roles = Roles(token, viewer_token)
     login = roles.configured
     if not login:  # loopback only: a random key signs the sessions the forms' CSRF tokens need
@@ -525,20 +507,16 @@ def dashboard(
 ) -> ASGIApp:
     """Return the dashboard of *store* as an ASGI application.
 
-    Every page and action needs *token* (a login form sets a session cookie;
-    ``Authorization: Bearer <token>`` works too). *viewer_token* reads every
-    page and is refused every action (403), its pages showing none. Without
-    either token it answers only requests it receives on a loopback address
-    (403 otherwise). *read_only* hides every action and refuses them (403),
-    whatever the token. Raise ``ValueError`` when both tokens are the same. At most
-    *concurrency* requests are served at once; the next one gets 503. The
-    topic counts are read at most every *cache_seconds* (shared by every
-    viewer); pages refresh them every *refresh_ms* milliseconds.
+    Every page and action needs *token* (a login form sets a session cookie; ``Authorization:
+    Bearer <token>`` works too). *viewer_token* reads every page and is refused every action
+    (403). Without either token it answers only requests received on a loopback address (403
+    otherwise). *read_only* hides and refuses every action, whatever the token. Raise
+    ``ValueError`` when both tokens are the same. Beyond *concurrency* requests at once the
+    answer is 503. Topic counts are read at most every *cache_seconds* (shared by every viewer);
+    pages refresh them every *refresh_ms* milliseconds.
 
-    Given an ``AsyncStore``, the dashboard opens a small sync pool of its own
-    (at most 4 connections, none while idle) with the AsyncStore's pool
-    settings and schema; it is closed at the application's lifespan shutdown
-    (served alone), else at process exit.
+    Given an ``AsyncStore``, it opens a sync pool of its own (at most 4 connections, none while
+    idle) with the same settings and schema, closed at the lifespan's shutdown, else at exit.
     """
     close: Callable[[], None] | None = None
     if isinstance(store, AsyncStore):

@@ -1,12 +1,4 @@
-"""The running surface: ``serve()`` and ``Server``, on the stdlib WSGI server or, with the ``web`` extra, uvicorn.
-
-With the extra (starlette, jinja2, uvicorn) importable, ``Server`` runs the one
-Starlette application of ``asgi`` (the surface's routes and the dashboard at
-/ui) on uvicorn; without it, ``SurfaceApp`` serves the same routes (``api``) as
-a WSGI application on the stdlib threading server. Either runs in a daemon
-thread, on a socket bound here (``bound_socket``, which ``brooq-py dashboard``
-binds with too).
-"""
+"""The running surface: ``serve()`` and ``Server``, on uvicorn with the ``web`` extra, else on the stdlib."""
 
 from __future__ import annotations
 
@@ -51,8 +43,7 @@ WEB_MODULES = ("starlette", "jinja2", "uvicorn", "multipart")
 StartResponse = Callable[..., Any]
 Environ = dict[str, Any]
 
-# socketserver's default accept backlog of 5 drops the handshakes of a burst (200 scrapes at once),
-# whose clients then waited a minute on SYN retransmits.
+# socketserver's backlog of 5 drops a burst's handshakes (200 scrapes), left to wait on SYN retries.
 LISTEN_BACKLOG = 1024
 
 
@@ -86,7 +77,7 @@ def _headers(environ: Environ) -> dict[str, str]:
 
 
 class SurfaceApp:
-    """The surface as a WSGI callable. With neither *token* nor *viewer_token* every /jobs and /topics path is off (404)."""
+    """The surface as a WSGI callable (the core install's, without Starlette)."""
 
     def __init__(
         self,
@@ -241,19 +232,16 @@ def web_installed() -> bool:
 class Server:
     """Start the service surface for *engine* in a background thread (``serve`` is this class).
 
-    Serve ``/healthz`` and ``/metrics`` without auth, and ``/jobs/{id}``,
-    ``/jobs/{id}/cancel``, ``/jobs/{id}/retry``, ``/topics`` and
-    ``/topics/{topic}/pause|resume`` with ``Authorization: Bearer <token>``
-    (off when neither token is set). *viewer_token* reads every page and GET
-    endpoint, here and on the dashboard, and gets 403 for every action.
-    *dashboard* None serves the dashboard at /ui when the ``web`` extra is
-    installed (True requires it, False never); *read_only* makes that
-    dashboard read-only for every token. Beyond *concurrency* requests at once
-    the answer is 503. Raise ``OSError`` if the address cannot be bound, and
-    ``ValueError`` when both tokens are the same.
+    ``/healthz`` and ``/metrics`` need no auth; ``/jobs/{id}``, ``/jobs/{id}/cancel|retry``,
+    ``/topics`` and ``/topics/{topic}/pause|resume`` need ``Authorization: Bearer <token>`` and
+    are off when neither token is set. *viewer_token* reads every page and GET endpoint, here
+    and on the dashboard, and gets 403 for every action. *dashboard* None serves /ui when the
+    ``web`` extra is installed (True requires it, False never); *read_only* makes it read-only
+    for every token. Beyond *concurrency* requests at once the answer is 503. Raise ``OSError``
+    if the address cannot be bound, ``ValueError`` when both tokens are the same.
 
-    ``address`` is the bound (host, port), ``port`` the bound port (useful with
-    ``port=0``), ``dashboard`` whether /ui is served; close() is idempotent.
+    ``address`` and ``port`` are the bound ones (useful with ``port=0``), ``dashboard`` whether
+    /ui is served; close() is idempotent.
     """
 
     def __init__(

@@ -61,43 +61,35 @@ class Claim:
         """``Job.meta`` as enqueued (tracing's ``traceparent`` among it); empty when none."""
 
     def parent_results(self) -> dict[str, Any]:
-        """Each parent's result (``Job.after``) by parent id, read in one statement.
+        """Each parent's result (``Job.after``) by parent id, in one statement; empty without parents.
 
-        Empty for a job without parents. Raise BrooqError for a Claim made
-        without a store to read from.
+        Raise BrooqError for a Claim made without a store to read from.
         """
         if self._parents is None:
             raise BrooqError("this Claim has no store to read its parents' results from")
         return self._parents(self.id)
 
     def chain(self, job: Job) -> None:
-        """Enqueue *job* in the transaction that records this job as done.
-
-        Raise ``InvalidJob`` (a ``TypeError`` for a non-Job) at once for bad input.
-        """
+        """Enqueue *job* in the transaction that records this job as done; bad input raises at once
+        (``InvalidJob``, ``TypeError`` for a non-Job)."""
         if not isinstance(job, Job):
             raise TypeError(f"chain() takes a Job, got {type(job).__name__}")
         job.payload_json()  # refuse bad payloads now, in the handler, not at closing
         self._chained.append(job)
 
     def on_succeeded(self, fn: Callable[[Tx], None]) -> None:
-        """Run ``fn(tx)`` inside the transaction that records this job as done.
-
-        If *fn* raises, that transaction rolls back and the attempt is recorded
-        as failed.
-        """
+        """Run ``fn(tx)`` inside the transaction that records this job as done; if *fn* raises, it
+        rolls back and the attempt is recorded as failed."""
         if not callable(fn):
             raise TypeError("on_succeeded() takes a callable fn(tx)")
         self._callbacks.append(fn)
 
     @property
     def chained(self) -> tuple[Job, ...]:
-        """The jobs chained so far, in order."""
         return tuple(self._chained)
 
     @property
     def callbacks(self) -> tuple[Callable[[Tx], None], ...]:
-        """The on_succeeded callbacks registered so far, in order."""
         return tuple(self._callbacks)
 
     @property

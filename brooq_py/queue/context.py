@@ -20,19 +20,16 @@ MAX_PROGRESS_NOTE = 1000
 
 
 class Context:
-    """Cancellation for one attempt.
+    """Cancellation for one attempt, thread-safe; ``wait_async`` serves ``async def`` handlers.
 
-    The engine cancels it with a cause (``LeaseLost``, ``AttemptTimeout``,
-    ``MaxExecutionExceeded`` or ``EngineStopping``); the first cause wins.
-    Thread-safe; ``wait_async`` serves ``async def`` handlers. ``claim`` is the
-    attempt's Claim; ``progress`` records how far the handler got.
+    The engine cancels it with a cause (``LeaseLost``, ``AttemptTimeout``, ``MaxExecutionExceeded``
+    or ``EngineStopping``); the first cause wins.
     """
 
     __slots__ = ("_callbacks", "_cause", "_claim", "_deadline", "_event", "_lock", "_progress")
 
     def __init__(self, deadline: datetime | None = None) -> None:
-        # The Event is made on the first wait(): most attempts end without anyone waiting,
-        # and an Event (a Condition and two locks) per job is measurable at thousands a second.
+        # Made on the first wait(): an Event per job (a Condition, two locks) shows at thousands a second.
         self._event: threading.Event | None = None
         self._lock = threading.Lock()
         self._cause: BaseException | None = None
@@ -57,10 +54,9 @@ class Context:
     def progress(self, value: float | None = None, note: str | None = None) -> None:
         """Record how far the handler is (*value*, 0.0-1.0) and/or a short *note*.
 
-        Kept in memory (the latest call wins, field by field) and written with the
-        next lease renewal: no database round trip here, never blocking, never
-        raising for a database problem. Raise ValueError for a value that is not a
-        number between 0 and 1, TypeError for a note that is not text.
+        Written with the next lease renewal (the latest call wins, field by field): never blocks,
+        never raises for a database problem. Raise ValueError for a value that is not a number
+        between 0 and 1, TypeError for a note that is not text.
         """
         if value is not None:
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):

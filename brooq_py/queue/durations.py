@@ -21,11 +21,8 @@ _PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)")
 
 
 def to_timedelta(value: object, name: str = "duration") -> timedelta:
-    """Return *value* (a ``timedelta`` or a number of seconds) as a ``timedelta``.
-
-    Raise ``TypeError`` for anything else (``bool`` included) and ``ValueError``
-    for NaN or infinity.
-    """
+    """Return *value* (a ``timedelta`` or a number of seconds) as a ``timedelta``; raise ``TypeError``
+    for anything else (``bool`` included) and ``ValueError`` for NaN or infinity."""
     if isinstance(value, timedelta):
         return value
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -39,11 +36,8 @@ def to_timedelta(value: object, name: str = "duration") -> timedelta:
 
 
 def parse_go_duration(text: str) -> timedelta:
-    """Parse a Go-style duration such as ``30s``, ``1h30m``, ``1.5s`` or ``250ms``.
-
-    A bare ``0`` is zero, as Go's ParseDuration has it; any other bare number,
-    an empty string or an unknown unit raises ``ValueError``.
-    """
+    """Parse a Go-style duration such as ``30s``, ``1h30m``, ``1.5s`` or ``250ms``; a bare ``0`` is zero,
+    as in Go, and any other bare number, an empty string or an unknown unit raises ``ValueError``."""
     s = text
     if s in ("0", "+0", "-0"):
         return timedelta(0)

@@ -54,9 +54,6 @@ class WaitTimeout(BrooqError, TimeoutError):
     """``wait``/``result`` gave up before the job reached a terminal state."""
 
 
-# --- handler signals -------------------------------------------------------
-
-
 class MustDelay(Exception):
     """Retry after *delay* (clamped to the topic's backoff_max); the attempt stays spent."""
 
@@ -73,9 +70,6 @@ class MustPreserveAttempt(Exception):
 
 class MustCancelTask(Exception):
     """Cancel the job, whatever attempts remain."""
-
-
-# --- cancellation causes (Context.cause) -------------------------------------
 
 
 class LeaseLost(Exception):

@@ -1,9 +1,6 @@
-"""Time-ordered job ids: UUIDv7 (RFC 9562), increasing within a process (SPEC Z4).
+"""Time-ordered job ids: UUIDv7 (RFC 9562, method 3: sub-millisecond time), increasing in a process (SPEC Z4).
 
-48 bits of Unix milliseconds, then 12 bits of sub-millisecond time (RFC 9562
-method 3), then 62 random bits. Ids made in one process strictly increase: a
-clock that stands still or steps back yields the last value plus one. New rows
-land at the right edge of the primary key index instead of anywhere in it.
+New rows then land at the right edge of the primary key index instead of anywhere in it.
 """
 
 from __future__ import annotations
@@ -19,11 +16,7 @@ _last = 0  # the last (unix_ms << 12 | sub-ms fraction) handed out
 
 
 def _stamps(n: int) -> int:
-    """Reserve *n* consecutive stamps (unix_ms << 12 | sub-ms fraction) after the last one; return the first.
-
-    They start at the clock, or just after the last stamp handed out when that
-    is ahead (a clock that stands still or steps back), so ids keep increasing.
-    """
+    """Reserve *n* consecutive stamps, from the clock or past the last if the clock lags; return the first."""
     global _last
     ns = time.time_ns()
     stamp = ((ns // 1_000_000) << 12) | ((ns % 1_000_000) * 4096 // 1_000_000)
@@ -35,7 +28,6 @@ def _stamps(n: int) -> int:
 
 
 def uuid7() -> uuid.UUID:
-    """Return a new UUIDv7."""
     stamp = _stamps(1)
     # High 64 bits: the milliseconds, version 7, the fraction; low 64: variant 0b10, 62 random bits.
     high = ((stamp >> 12) << 16) | 0x7000 | (stamp & 0xFFF)
@@ -43,8 +35,7 @@ def uuid7() -> uuid.UUID:
     return uuid.UUID(int=(high << 64) | low)
 
 
-# The text of a UUIDv7 from a stamp s and 64 random bits r (62 used): milliseconds, version 7
-# and the fraction, variant 0b10, the rest random.
+# A UUIDv7's text from a stamp s and random bits r: milliseconds, 7 and the fraction, variant 0b10, random.
 _TEXT = "%08x-%04x-7%03x-%04x-%012x"
 
 

@@ -17,20 +17,17 @@ from brooq_py.queue.errors import BrooqError, InvalidJob
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
 
-# In UTF-8 bytes (docs/guarantees.md), so that an index row of (topic, idempotency_key) or (topic,
-# unique_key) stays well below the ~2,700 bytes (a third of a page) past which PostgreSQL refuses it.
+# In UTF-8 bytes, so an index row of (topic, key) stays below the ~2,700 bytes PostgreSQL indexes.
 MAX_TOPIC_BYTES = 255
 MAX_KEY_BYTES = 1024
 MAX_META_BYTES = 4096
-# What PostgreSQL's numeric (which jsonb numbers are) holds: 131,072 digits before the decimal
-# point and 16,383 after it; an exponent beyond INT32_MAX / 2 is refused before either is counted.
+# What jsonb's numeric holds: 131,072 digits before the point, 16,383 after; a huge exponent is refused first.
 _NUMERIC_MAX_INT_DIGITS = 131_072
 _NUMERIC_MAX_SCALE = 16_383
 _NUMERIC_MAX_EXPONENT = (2**31 - 1) // 2
 _NUMBER = re.compile(r"-?(\d+)(?:\.(\d+))?(?:[eE]([+-]?\d+))?")
 
-# A JSON "\u0000" escape is a backslash preceded by an even number of backslashes;
-# the text "\\u0000" (an escaped backslash, then "u0000") is ordinary and storable.
+# A "\u0000" escape, not the storable text "\\u0000" (an escaped backslash, then "u0000").
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 # A JSON escape of a UTF-16 surrogate (\ud800-\udfff): fine in a pair, refused by jsonb alone.
 _SURROGATE_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u[dD][89a-fA-F]")
@@ -41,11 +38,9 @@ _ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(","
 class State(enum.StrEnum):
     """Where a job stands.
 
-    ``pending`` is ready to claim; ``scheduled`` waits for a future
-    ``available_at``; ``failed`` waits out its backoff before the next attempt
-    (not a verdict). The stager moves due scheduled and failed rows to pending.
-    ``blocked`` waits for its parents (``Job.after``): the last parent's done
-    makes it pending (or scheduled), a parent's death or cancel cancels it.
+    ``scheduled`` waits for its ``available_at`` and ``failed`` for its backoff (not a verdict);
+    the stager makes both pending when due. ``blocked`` waits for its parents (``Job.after``):
+    the last one done releases it, one dead or canceled cancels it.
     """
 
     PENDING = "pending"
@@ -71,12 +66,7 @@ def _reject_constant(name: str) -> Any:
 
 
 def _check_number(literal: str) -> float:
-    """Refuse a JSON number PostgreSQL's numeric cannot hold (json.loads' ``parse_float`` hook).
-
-    Python reads ``1e999999`` as infinity without a word; jsonb refuses it
-    (``NumericValueOutOfRange``), and so do more than 16,383 digits after the
-    decimal point. The value itself is not needed: a placeholder comes back.
-    """
+    """json.loads' ``parse_float`` hook: refuse what jsonb refuses and Python takes silently (1e999999)."""
     match = _NUMBER.fullmatch(literal)
     if match is None:  # pragma: no cover - json only calls this for its own number grammar
         raise ValueError(f"{literal[:40]!r} is not a JSON number")
@@ -96,12 +86,8 @@ def _check_number(literal: str) -> float:
 
 
 def encode_payload(payload: Any, what: str = "payload") -> str:
-    """Return *payload* as JSON text, refusing what PostgreSQL's jsonb cannot hold.
-
-    ``bytes`` are taken as pre-encoded JSON text and validated. Raise
-    ``InvalidJob`` for a value that is not JSON-serialisable, for NaN or
-    Infinity and for ``\\u0000`` anywhere in the document; *what* names the value in the message.
-    """
+    """Return *payload* as JSON text (``bytes``: pre-encoded, validated); ``InvalidJob`` naming *what*
+    for what jsonb cannot hold: not serialisable, NaN, Infinity, ``\\u0000``."""
     if isinstance(payload, bytes | bytearray | memoryview):
         try:
             text = bytes(payload).decode("utf-8")
@@ -130,13 +116,7 @@ def encode_payload(payload: Any, what: str = "payload") -> str:
 
 
 def encode_payloads(payloads: Sequence[Any]) -> str:
-    """Return *payloads* as one JSON array text, refusing as ``encode_payload`` does.
-
-    One call of the encoder for the whole list, its checks made once on the
-    whole text; when anything is in doubt (bytes, an error, a lone surrogate, a
-    NUL) each payload is encoded alone, which raises InvalidJob for the first bad
-    one or joins the texts.
-    """
+    """``encode_payload`` of a list as one array: one encoder call, each payload alone only when in doubt."""
     try:
         text = _ENCODER.encode(payloads if isinstance(payloads, list) else list(payloads))
     except (TypeError, ValueError, RecursionError):

@@ -14,10 +14,7 @@ _DURATIONS = ("attempt_timeout", "max_execution_timeout", "backoff_base", "backo
 def normalise_durations(
     obj: object, names: tuple[str, ...], problems: list[str], optional: tuple[str, ...] = ()
 ) -> None:
-    """Turn each named attribute of a frozen dataclass into a ``timedelta`` in place.
-
-    ``None`` is accepted only for the names in *optional*; anywhere else it is a problem.
-    """
+    """Turn each named attribute of a frozen dataclass into a ``timedelta`` (None only if *optional*)."""
     for name in names:
         value = getattr(obj, name)
         if value is None and name in optional:
@@ -60,10 +57,8 @@ def check_timeouts(obj: object, problems: list[str]) -> None:
 
 @dataclass(frozen=True)
 class KindOptions:
-    """Per-topic settings. Durations accept ``timedelta`` or seconds and are held as ``timedelta``.
-
-    Raise ``ConfigError`` listing every problem.
-    """
+    """Per-topic settings; durations take ``timedelta`` or seconds and are held as ``timedelta``.
+    Raise ``ConfigError`` listing every problem."""
 
     max_attempts: int = 5
     attempt_timeout: timedelta | float = 60
@@ -72,8 +67,7 @@ class KindOptions:
     backoff_max: timedelta | float = 60
     # At most this many jobs of the topic at once in this engine; None: no cap.
     concurrency: int | None = None
-    # Engines that may stop (crash, stall past the lease, hang) while running a job before it is
-    # dead: a crash gives its attempt back, so max_attempts counts failures only.
+    # Engines that may stop while running a job before it is dead: a crash gives its attempt back.
     max_crashes: int = 3
 
     def __post_init__(self) -> None:

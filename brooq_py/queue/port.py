@@ -1,11 +1,9 @@
-"""The Repo port: everything the engine asks of the job store, and the records it passes.
+"""The Repo port: what the engine asks of the job store, and the records it passes.
 
-A leaf module of the vocabulary (standard library only) that both sides import:
-the engine uses the port, ``brooq_py.postgres.Store`` implements it, and neither
-imports the other. ``brooq_py.engine.Repo`` re-exports it. Every time the store
-writes (lease ends, available_at) comes from the database clock: the engine
-sends durations, never timestamps. The rules it carries: SPEC C1, D4, F0, L5',
-O4, P1'', P3, Q2, Q3, Q4', R1, S7, T1, V1, V3, V4, W0, X2', Z2, Z3.
+Standard library only, so the engine (its user) and ``postgres.Store`` (its implementation)
+never import each other. Every time the store writes comes from the database clock: the engine
+sends durations, never timestamps. SPEC C1, D4, F0, L5', O4, P1'', P3, Q2, Q3, Q4', R1, S7,
+T1, V1, V3, V4, W0, X2', Z2, Z3.
 """
 
 from __future__ import annotations
@@ -38,15 +36,11 @@ class ClaimedJob:
 
 @dataclass(frozen=True)
 class Outcome:
-    """One guarded outcome write: applied only while the row is ``processing`` under ``claim_token``.
+    """One outcome write, applied only while the row is ``processing`` under ``claim_token``.
 
-    state: DONE, FAILED, DEAD, CANCELED, or PENDING (an attempt handed back).
-    delay: for FAILED and PENDING, available_at = now() + delay (database clock).
-    give_back: attempts = greatest(attempts - 1, 0).
-    last_error: None keeps the row's last_error.
-    result: DONE only: the handler's return value as JSON text (None: SQL NULL).
-    traceback: FAILED and DEAD: the failure's bounded traceback; a FAILED or DEAD outcome
-    with a last_error appends ``{attempt, at, error, traceback}`` to the row's errors.
+    ``delay`` (FAILED, PENDING) counts from the database's now(); ``give_back`` returns the
+    attempt; ``last_error`` None keeps the row's; ``result`` is DONE's JSON text; a FAILED or
+    DEAD outcome with a last_error appends it and ``traceback`` to the row's errors.
     """
 
     id: str
@@ -62,8 +56,7 @@ class Outcome:
 
 @dataclass(frozen=True)
 class EngineProof:
-    """What an engine's heartbeat writes in its own row: who it is, and how long
-    past its last heartbeat (``lease + margin``, on the database clock) its claims stay its own."""
+    """An engine's heartbeat row: who it is, and how long past a beat (lease + margin) it keeps its claims."""
 
     id: str
     host: str
@@ -75,12 +68,8 @@ class EngineProof:
 
 @dataclass(frozen=True)
 class HeldLease:
-    """A claim the engine holds: the row id and the claim's token.
-
-    progress / progress_note: what the handler reported since the last heartbeat, written with
-    it; None leaves the row's value as it is. dropped: the engine let the claim go
-    without an outcome (hung, fenced): the reaper takes the row back at once.
-    """
+    """A claim the engine holds, the progress to write with the beat (None: unchanged), and
+    ``dropped`` when the engine let it go without an outcome, so the reaper takes it back at once."""
 
     id: str
     claim_token: str
@@ -91,13 +80,10 @@ class HeldLease:
 
 @dataclass(frozen=True)
 class Renewal:
-    """What one heartbeat found, by claim token.
+    """What one heartbeat found, by claim token; a claim in none of these sets is no longer ours.
 
-    held: the claims still processing under their token; locked: of those, the ones whose
-    reported progress was not written (another transaction holds the row: sent again next time);
-    canceled: claims whose row was canceled (by an operator) while ours. A claim in none of these
-    is no longer ours (reaped, claimed again, retried). orphans: (claim token, job id) of claims
-    of this engine older than a lease that it did not send (their answer never reached it).
+    ``locked``: held claims whose progress waits for the next beat (their row was locked);
+    ``orphans``: (token, id) of our claims older than a lease that the engine never heard back of.
     """
 
     held: frozenset[str]
@@ -107,11 +93,8 @@ class Renewal:
 
 
 class Settled(set[str]):
-    """The ids an outcome batch wrote (a set), and ``locked``: the claim tokens of
-    outcomes not written because another transaction held their row locked; they are still
-    ours, written by a later flush. ``tokens``, when known, the claim tokens written: a
-    batch may hold two outcomes of one job (a late one of an older claim), and only the one
-    whose claim still held the row was written."""
+    """The ids an outcome batch wrote; ``locked``, the tokens left for a later flush (row locked
+    elsewhere); ``tokens``, the tokens written, since a batch may hold two outcomes of one job."""
 
     def __init__(
         self, written: Iterable[str] = (), locked: Iterable[str] = (), tokens: Iterable[str] | None = None
@@ -122,8 +105,7 @@ class Settled(set[str]):
 
 
 def was_written(written: set[str], outcome: Outcome) -> bool:
-    """Whether the batch answer *written* wrote *outcome*: by its claim token when the answer
-    names them (``Settled.tokens``), else by its job id."""
+    """Whether *written* holds *outcome*: by claim token when it names them, else by job id."""
     tokens = getattr(written, "tokens", None)
     return outcome.claim_token in tokens if tokens is not None else outcome.id in written
 
@@ -145,9 +127,7 @@ class Gauges:
 
 @dataclass(frozen=True)
 class TopicSetting:
-    """A topic an operator has touched: paused or not, its global limit (None: unlimited), its rate
-    limit (``rate_limit`` claims per ``rate_per`` seconds in bursts of ``rate_burst``, ``tokens``
-    left now; None: none) and its depth cap (``max_depth``; None: none)."""
+    """A topic an operator has paused, limited, rate-limited or capped (None: not set)."""
 
     topic: str
     paused: bool
@@ -166,8 +146,8 @@ class TopicSetting:
 
 
 class LimitedClaim(list[ClaimedJob]):
-    """The rows of a limited claim; ``next_token_in``: the seconds until the topic's next rate
-    token when its tokens ran out (the engine claims it again then, not before), else None."""
+    """The rows of a limited claim; ``next_token_in``: seconds until the next rate token, so the
+    engine claims the topic again then and not before."""
 
     next_token_in: float | None = None
     busy: bool = False  # another claim of the topic held its lock: nothing was tried
@@ -175,12 +155,7 @@ class LimitedClaim(list[ClaimedJob]):
 
 @dataclass(frozen=True)
 class Staged:
-    """What one stager statement did.
-
-    promoted: rows made pending, by topic (topics with none are left out).
-    next_due_in: seconds until the earliest scheduled or failed row of the
-    topics not yet due, by the database clock; None when none waits.
-    """
+    """Rows one stager statement made pending, by topic, and seconds until the next is due (None: none)."""
 
     promoted: dict[str, int]
     next_due_in: float | None
@@ -192,12 +167,7 @@ class Staged:
 
 @dataclass(frozen=True)
 class DatabaseGauges:
-    """What keeps VACUUM from cleaning the job table.
-
-    oldest_transaction_seconds: age of the oldest transaction open on the
-    database (0 when none); job_dead_tuples / job_live_tuples: the statistics
-    system's row counts for the job table.
-    """
+    """What keeps VACUUM from cleaning the job table: the oldest open transaction and the tuple counts."""
 
     oldest_transaction_seconds: float
     job_dead_tuples: int
@@ -208,10 +178,7 @@ class Listener(Protocol):
     """A wake-up subscription on its own connection (LISTEN)."""
 
     def wait(self, timeout: float) -> bool:
-        """Block up to *timeout* seconds; return True if a notification arrived.
-
-        Raise on a broken connection (the engine reconnects with backoff).
-        """
+        """Block up to *timeout* seconds; True if a notification arrived; raise on a broken connection."""
 
     def close(self) -> None: ...
 
@@ -225,10 +192,7 @@ class Repo(Protocol):
     def enqueue_many(self, jobs: Sequence[Job], tx: Tx | None = None) -> list[EnqueueResult]: ...
     def begin(self) -> AbstractContextManager[Tx]: ...
     def enqueue_tick(self, schedule: str, tick: datetime, job: Job) -> EnqueueResult | None:
-        """Enqueue *job* as *tick* of *schedule*, atomically with advancing its last tick.
-
-        None when the schedule's last tick is already *tick* or later: nothing is written.
-        """
+        """Enqueue *job* as *tick* of *schedule*, with its last tick; None if that tick is past."""
 
     def cancel(self, job_id: str) -> bool: ...
     def get(self, job_id: str) -> JobRow | None: ...
@@ -237,10 +201,7 @@ class Repo(Protocol):
 
     # worker side
     def claim(self, topics: Sequence[str], limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:
-        """Claim up to *limit* ready jobs of *topics* in one statement.
-
-        Paused and globally limited topics are left out.
-        """
+        """Claim up to *limit* ready jobs of *topics*, paused and limited ones left out."""
 
     def claim_limited(self, topic: str, limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:
         """Claim up to *limit* jobs of a globally limited *topic*, never beyond its limit."""
@@ -249,41 +210,33 @@ class Repo(Protocol):
         """Every topic an operator has paused or limited."""
 
     def settle_many(self, outcomes: Sequence[Outcome]) -> set[str]:
-        """Write many outcomes in one guarded statement; return the ids written.
+        """Write many outcomes in one statement; return the ids written (``Settled``).
 
-        Rows locked by another transaction are skipped, never waited for: a ``Settled`` answer
-        names their claim tokens in ``locked``. A row already in the outcome's state under
-        the outcome's claim token counts as written (an earlier write whose answer was lost).
+        Rows locked elsewhere are skipped, not waited for; a row already in the outcome's state
+        under its token counts as written, since an earlier write's answer may have been lost.
         """
 
     def lock_own_tx(self, tx: Tx, outcome: Outcome) -> str:
-        """Lock *outcome*'s row inside *tx* unless another transaction holds it (never waited for):
-        ``"ours"`` (still processing under the outcome's claim token, now locked until *tx* ends),
-        ``"locked"`` (still the claim's, held elsewhere) or ``"gone"`` (no longer the claim's)."""
+        """Lock *outcome*'s row in *tx*, never waiting: ``"ours"``, ``"locked"`` (elsewhere) or ``"gone"``."""
 
     def settle_tx(self, tx: Tx, outcome: Outcome) -> bool:
         """Write one guarded outcome inside *tx*; return whether it was written."""
 
     def beat(self, proof: EngineProof, leases: Sequence[HeldLease], orphans: bool = False) -> Renewal:
-        """Renew the engine's proof of life and read what became of *leases*, in one statement
-        that never waits on a job row; write the progress they carry. With
-        *orphans*, report the engine's claims older than a lease that *leases* lacks."""
+        """Renew the engine's row, write *leases*' progress and read their fate (with *orphans*, our
+        unsent claims too), never waiting on a job row."""
 
     def leave(self, engine_id: str, instance: str | None = None) -> None:
-        """Remove a stopping engine's row (*instance*'s only): what it still holds is returned by the reaper."""
+        """Remove a stopping engine's row; the reaper returns what it still holds."""
 
     def reap(self) -> list[tuple[str, str]]:
-        """Return to pending the processing rows whose engine is gone or dropped them, attempt given
-        back and counted as a crash; (id, topic) of each. Rows locked elsewhere wait."""
+        """Return to pending, as a crash, the rows of gone engines and dropped claims; (id, topic) of each."""
 
     def delete_terminal(self, ttl: timedelta, batch: int) -> list[tuple[str, str]]:
         """Delete one batch of terminal rows older than *ttl*; return (id, topic)."""
 
     def stage(self, topics: Sequence[str], batch: int, notify: bool = True) -> Staged:
-        """Make up to *batch* due scheduled/failed rows of *topics* pending in one statement.
-
-        SKIP LOCKED; with *notify*, one wake-up per topic promoted for the engines elsewhere.
-        """
+        """Make up to *batch* due scheduled/failed rows pending; *notify* wakes the engines elsewhere."""
 
     def next_due(self, topics: Sequence[str]) -> float | None:
         """Seconds until the earliest scheduled/failed row of *topics* is due (<= 0: due now; None: none)."""
@@ -300,12 +253,8 @@ class Repo(Protocol):
         on_scheduled: Callable[[], None] | None = None,
         on_cancel: Callable[[str, str], None] | None = None,
     ) -> Listener:
-        """Open a LISTEN subscription on this store's wake-up channel.
-
-        With *topics*, ``wait()`` reports only wake-ups for those topics;
-        *on_scheduled* is called (from ``wait()``) when a job of one of them was scheduled;
-        *on_cancel* with the id and claim token of every processing job canceled.
-        """
+        """LISTEN on the wake-up channel: *topics* filters ``wait()``; *on_scheduled* and
+        *on_cancel* (id, claim token) are called from ``wait()``."""
 
     def ping(self) -> bool:
         """Return True if the database answers."""

@@ -1,17 +1,11 @@
 """BrooqBackend: a ``django.tasks`` backend that enqueues brooq jobs on Django's own connection.
 
-``task.enqueue(...)`` writes the job through the psycopg 3 connection behind
-``django.db.connections[database]``, inside whatever ``transaction.atomic()``
-block is open: rolled back with it, visible to workers at its commit (SPEC E3).
-Each job's topic is ``<queue_name>.<task path>`` (the queue name is the topic's
-prefix), its priority the task's, its ``available_at`` the task's ``run_after``.
-``get_result`` reads the row: a successful result's ``return_value`` is the
-task's return value (the job's result) and ``errors`` holds one TaskError per
-failed attempt, with its traceback.
+``task.enqueue(...)`` writes inside whatever ``transaction.atomic()`` block is open: rolled back
+with it, visible to workers at its commit (SPEC E3). A job's topic is ``<queue_name>.<task
+path>``; ``get_result`` reads the row, its result and one TaskError per failed attempt.
 
-OPTIONS: ``schema`` (default ``public``), ``database`` (the Django connection
-alias, default ``default``), ``modules`` (extra modules that define tasks, for
-the worker; each installed app's ``tasks`` module is found by itself).
+OPTIONS: ``schema`` (default ``public``), ``database`` (the connection alias, default
+``default``), ``modules`` (more modules that define tasks, for the worker).
 """
 
 from __future__ import annotations
@@ -56,8 +50,7 @@ def _class_path(error: str) -> str:
 
 
 def _error_of(row: JobRow) -> list[Any]:
-    """One TaskError per failed attempt, its traceback in full; a row without history
-    (written before results existed) gives its last_error alone."""
+    """One TaskError per failed attempt; a row older than the history gives its last_error alone."""
     if row.errors:
         return [
             TaskError(exception_class_path=_class_path(e.error), traceback=e.traceback or e.error)

@@ -8,12 +8,8 @@ from brooq_py.postgres import migrations
 
 
 def queue_schema_check(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[Any]:
-    """Warn, naming the fix, for each schema of the queue that is not migrated to this code's head.
-
-    A warning, not an error: ``manage.py migrate`` itself runs the checks first and must not be
-    stopped by the very thing it is about to fix. A database that does not answer is left to
-    Django's own errors.
-    """
+    """Warn, naming the fix, for each schema of the queue behind this code's head: not an error, since
+    ``manage.py migrate`` runs the checks first and must not be stopped by what it fixes."""
     from django.core.checks import Warning
     from django.db import DatabaseError, connections
 

@@ -1,10 +1,7 @@
 """Where Django's brooq queue lives, and its migration state: for ``manage.py migrate`` and the check.
 
-The schemas are those of the ``TASKS`` backends that are ``BrooqBackend``s
-(OPTIONS ``schema`` on OPTIONS ``database``); without one, the setting
-``BROOQ_SCHEMA`` (default ``public``) on the ``default`` database. brooq's own
-alembic migrations create the tables there, on a connection of their own
-opened with the Django connection's parameters.
+brooq's own migrations run there on a connection of their own, opened with the Django connection's
+parameters.
 """
 
 from __future__ import annotations
@@ -17,11 +14,9 @@ from psycopg.conninfo import make_conninfo
 from brooq_py.postgres import migrations
 from brooq_py.postgres.session.statements import render
 
-BACKEND = "brooq_py.contrib.django.BrooqBackend"
-
 
 def targets() -> list[tuple[str, str]]:
-    """Return the (database alias, schema) pairs brooq's tables belong in, each once, in settings order."""
+    """Return each (database alias, schema) of a ``BrooqBackend`` in ``TASKS``, else ``BROOQ_SCHEMA``'s."""
     from django.conf import settings
     from django.utils.module_loading import import_string
 

@@ -1,14 +1,8 @@
 """Run the tasks of a BrooqBackend with a brooq Engine (``manage.py brooq_worker``; SPEC V1).
 
-The worker registers one brooq topic per (queue, task): ``<queue>.<task path>``.
-Tasks are found in every installed app's ``tasks`` module, in the backend's
-OPTIONS ``modules`` and in the modules named on the command line. A task
-function runs in a worker thread with Django's connections closed around it,
-as Django does around a request. An exception it raises is a failed attempt
-(retried with backoff up to ``max_attempts``), recorded as
-``TaskFailed: <module.Class>: <message>`` so ``get_result`` can name its class;
-each failed attempt's traceback (the task's own frames included) is kept in the
-row's history. A task's return value is the job's result.
+One topic per (queue, task). A task runs with Django's connections closed around it, as Django
+does around a request; its exception is recorded as ``TaskFailed: <module.Class>: <message>``,
+so ``get_result`` can name the class.
 """
 
 from __future__ import annotations

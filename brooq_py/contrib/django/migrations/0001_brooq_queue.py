@@ -1,11 +1,4 @@
-"""The job queue's tables: brooq_py's own migrations, applied to the queue's schema(s).
-
-``manage.py migrate`` runs them to the latest revision this brooq_py ships
-(re-running it after an upgrade of brooq_py applies the new ones: the forward
-step always goes to head); ``manage.py migrate brooq_django zero`` removes
-them. Not atomic: brooq's migrations run in a transaction of their own, on
-their own connection, under their own lock.
-"""
+"""The job queue's tables: brooq_py's migrations, to head; not atomic, as they use their own connection."""
 
 from typing import Any
 

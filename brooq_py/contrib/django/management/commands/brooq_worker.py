@@ -61,8 +61,7 @@ class Command(BaseCommand):
                 for topic, task in kinds.items():
                     engine.register_kind(topic, handler_for(task, backend, engine.worker_id))
                 self.stderr.write(f"brooq_worker: {len(kinds)} topics in schema {backend.schema}")
-                # Pending jobs of a task this worker does not run (another --queue, a module not found),
-                # said once per topic, as `brooq-py worker` does.
+                # Pending jobs of a task this worker does not run (another --queue, a module not found).
                 strays = StrayTopics(
                     engine, warn=lambda text: self.stderr.write(f"brooq_worker: warning: {text}")
                 )
