@@ -212,7 +212,7 @@ class Surface:
     ) -> None:
         self.engine = engine
         self.roles = Roles(token, viewer_token)
-        self.operator = operator or for_repo(engine, engine.repo)
+        self.operator = operator or for_repo(engine, engine.store)
 
     def __repr__(self) -> str:
         return f"Surface(engine={self.engine!r}, roles={self.roles!r})"

@@ -1,4 +1,4 @@
-"""The enqueue plans the Stores call: ``enqueue_one``, ``enqueue_many``, ``enqueue_group``.
+"""The enqueue plans the Stores call: ``enqueue_own``, ``enqueue_one``, ``enqueue_many``, ``enqueue_group``.
 
 Each is a plan (``session.tx``), written once for the Store and the AsyncStore, so
 the rules (E1-E5, X1, Q1, U1-U2, D1, D6, F2) cannot drift apart between the two.
@@ -16,13 +16,16 @@ from brooq_py.postgres.enqueue.plans import (
     ATTEMPTS,
     INT32_MAX,
     Name,
+    capped_new,
     enqueue_single,
     just,
     keyless,
     known_caps,
+    unique_first,
+    unique_new,
     validated,
 )
-from brooq_py.postgres.enqueue.unique import answers, unique_params
+from brooq_py.postgres.enqueue.unique import FirstTries, answers, unique_params
 from brooq_py.postgres.enqueue.workflows import (
     after_params,
     has_parents,
@@ -56,6 +59,22 @@ def enqueue_one(q: Queries, job: Job, caps: TopicCaps) -> Plan[EnqueueResult]:
         return _first(enqueue_many(q, [job], caps))  # the statement that checks and links parents
     (payload,) = validated([job])
     return enqueue_single(q, job, payload, caps)
+
+
+def enqueue_own(q: Queries, job: Job, caps: TopicCaps, tries: FirstTries) -> Plan[EnqueueResult]:
+    """``enqueue_one`` in a store's own autocommit statements: a new unique job, or a job on a capped
+    topic with room, first tries the one INSERT that reads nothing back (``plans.unique_new``,
+    ``plans.capped_new``); a row count of 0 runs the whole plan."""
+    known = caps.fresh()
+    first = unique_new(q, job, known, tries) or capped_new(q, job, known, caps)
+    if first is not None:
+        query, params, created = first
+        if (yield query, params) == [(1,)]:
+            return created
+    result = yield from enqueue_one(q, job, caps)
+    if unique_first(job, known):
+        tries.saw(job, result)
+    return result
 
 
 def _first(plan: Plan[list[EnqueueResult]]) -> Plan[EnqueueResult]:

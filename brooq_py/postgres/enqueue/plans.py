@@ -20,6 +20,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import psycopg
+
 from brooq_py.postgres.enqueue.unique import FirstTries, enqueue_unique
 from brooq_py.postgres.enqueue.unique import meta_json as unique_meta_json
 from brooq_py.postgres.flow.limits import NO_ANCHOR, TopicCaps
@@ -136,7 +138,7 @@ def unique_new(
         "available_at": job.available_at,
         "priority": job.priority,
     }
-    return q["job_enqueue_unique_new"], params, EnqueueResult(job_id, True)
+    return q.enqueue_unique_new, params, EnqueueResult(job_id, True)
 
 
 def capped_new(
@@ -167,7 +169,7 @@ def capped_new(
         "base": anchor[0],
         "seq0": anchor[1],
     }
-    return q["job_enqueue_capped"], params, EnqueueResult(job_id, True)
+    return q.enqueue_capped, params, EnqueueResult(job_id, True)
 
 
 def known_caps(q: Queries, caps: TopicCaps) -> Plan[Mapping[str, int]]:
@@ -232,6 +234,15 @@ def by_id(query: Query, job_id: Any) -> Plan[bool]:
     return bool(rows)
 
 
+def retry(q: Queries, job_id: Any) -> Plan[bool]:
+    """Put a dead or canceled job back to pending (SPEC Q1); False as ``by_id``, and when an active
+    holder of its unique key committed meanwhile (U3)."""
+    try:
+        return (yield from by_id(q["job_retry"], job_id))
+    except psycopg.errors.UniqueViolation:
+        return False
+
+
 def get(q: Queries, job_id: Any) -> Plan[JobRow | None]:
     """Read the job's row; None for an unknown or malformed id (no statement for a malformed one)."""
     parsed = parse_id(job_id)
@@ -239,11 +250,6 @@ def get(q: Queries, job_id: Any) -> Plan[JobRow | None]:
         return None
     rows = yield q.get, {"id": parsed}
     return job_row(rows[0]) if rows else None
-
-
-def row_of(r: tuple[Any, ...]) -> JobRow:
-    """A row of job_get's columns (job_list selects the same) as a JobRow (see rows.job_row)."""
-    return job_row(r)
 
 
 def list_jobs(
@@ -262,4 +268,4 @@ def list_jobs(
     else:
         params["payload"] = encode_payload(payload, "payload filter")
         rows = yield q["job_list_payload"], params
-    return [row_of(r) for r in rows]
+    return [job_row(r) for r in rows]

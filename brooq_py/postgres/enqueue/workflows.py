@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from brooq_py.postgres.session.statements import Queries, int_array, own_uuid_array
+from brooq_py.postgres.session.statements import int_array, own_uuid_array
 from brooq_py.queue import InvalidJob, Job
 
 # How many parents one job may name: the enqueue's statement carries them as arrays.
@@ -80,8 +80,3 @@ def unknown_parent(parent_id: Any) -> InvalidJob:
 def with_parents(then: Job, ids: Sequence[str]) -> Job:
     """*then* waiting for *ids* as well as the parents it names itself."""
     return dataclasses.replace(then, after=[*then.after, *ids])
-
-
-def parent_results_params(q: Queries, job_id: str) -> tuple[Any, dict[str, Any]]:
-    """The statement reading each parent's result of *job_id* (``Claim.parent_results``)."""
-    return q["job_parent_results"], {"id": uuid.UUID(job_id)}

@@ -54,9 +54,8 @@ from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
-from brooq_py.postgres.session.connections import PoolSide
-from brooq_py.postgres.session.statements import Queries
-from brooq_py.postgres.session.tx import on_connection
+from brooq_py.postgres.session.connections import Session
+from brooq_py.postgres.session.tx import Runner, on_connection
 from brooq_py.queue import InvalidJob, QueueFull
 from brooq_py.queue.durations import parse_go_duration
 from brooq_py.queue.job import MAX_TOPIC_BYTES, check_length, check_text
@@ -298,14 +297,59 @@ def refusal_text(job_id: str, rows: list[tuple[Any, ...]]) -> str | None:
     return None
 
 
-# --- the Store's flow control ---------------------------------------------------------------------
+# --- a topic's settings, read and written (SPEC Q2, Q3, F1, F2) ------------------------------------
 
 
-class FlowSide(PoolSide):
-    """Mixin of Store: set_rate_limit, set_max_depth, and the QueueFull refusals counted here."""
+class Flow:
+    """The Store's flow part: a topic's settings (pause, global limit, rate limit, depth cap) and
+    the QueueFull refusals counted by its producer (*caps*)."""
 
-    _q: Queries
-    _caps: TopicCaps
+    def __init__(self, session: Session, caps: TopicCaps) -> None:
+        self.session = session
+        self._q = session.q
+        self._caps = caps
+
+    def topic_settings(self) -> list[TopicSetting]:
+        """Return every topic an operator has paused or limited, by name."""
+        return [
+            setting_of(r) for r in self.session.run("reading topic settings", self._q["topic_settings"], {})
+        ]
+
+    def paused(self) -> set[str]:
+        """Return the paused topics."""
+        return {s.topic for s in self.topic_settings() if s.paused}
+
+    def pause(self, topic: str) -> None:
+        """Pause *topic*: no engine claims it from its next claim on; running jobs finish (SPEC Q2)."""
+        self.session.run("pausing a topic", self._q["topic_pause"], {"topic": checked_topic(topic)})
+
+    def resume(self, topic: str) -> None:
+        """Resume *topic* and wake the engines that run it (SPEC Q2)."""
+        self.session.run("resuming a topic", self._q["topic_resume"], {"topic": checked_topic(topic)})
+
+    def forget_topic(self, topic: str) -> bool:
+        """Remove *topic*'s settings (pause, limit): it runs as if never touched. True if it had some."""
+        params = {"topic": checked_topic(topic)}
+        return bool(self.session.run("forgetting a topic's settings", self._q["topic_forget"], params))
+
+    def set_limit(self, topic: str, limit: int | None) -> None:
+        """Cap *topic* at *limit* jobs processing at once across every engine; None removes the cap (SPEC Q3).
+
+        Raise ValueError for a limit that is not None or an integer from 0 to 2**31-1.
+        """
+        params = {"topic": checked_topic(topic), "limit": checked_limit(limit)}
+        if params["limit"] is None:
+            self.session.run("setting a topic's limit", self._q["topic_set_limit"], params)
+            return
+        # A claim that ran while the topic was unlimited may still commit rows of it: a limited
+        # claim that counted before they did would add on top. So a topic limited for the first
+        # time is held at limit 0 until the job table's writers begun before that have ended
+        # (bounded), then given its limit. Plain transactions only: safe behind a pooling proxy.
+        with self.session.autocommit("setting a topic's limit") as conn:
+            run = on_connection(conn)
+            if run(self._q["topic_limit_hold"], params):
+                self._after_writers(run)
+            run(self._q["topic_set_limit"], params)
 
     def set_rate_limit(
         self, topic: str, limit: int | None, per: float | timedelta = 1, *, burst: int | None = None
@@ -319,18 +363,21 @@ class FlowSide(PoolSide):
         claims begun before it have ended (at most 10 s), as ``set_limit`` does.
         Raise ValueError for values out of range (limit and burst from 1, per from one microsecond).
         """
-        rate, seconds, size = checked_rate(limit, per, burst)
-        params = {"topic": checked_topic(topic), "limit": rate, "per": seconds, "burst": size}
-        with self._autocommit("setting a topic's rate limit") as conn:
+        params = rate_params(topic, limit, per, burst)
+        with self.session.autocommit("setting a topic's rate limit") as conn:
             run = on_connection(conn)
             with conn.transaction():
                 run(self._q["topic_rate_lock"], {"topic": params["topic"]})
                 newly = bool(run(self._q["topic_set_rate"], params)[0][0])
-            if rate is not None and newly:
-                writers = run(self._q["topic_limit_writers"], {"schema": self._q.schema})
-                if writers:
-                    left = {"pids": [w[0] for w in writers], "starts": [w[1] for w in writers]}
-                    until(lambda: run(self._q["topic_limit_writers_left"], left)[0][0] == 0, LIMIT_WAIT)
+            if params["limit"] is not None and newly:
+                self._after_writers(run)
+
+    def _after_writers(self, run: Runner) -> None:
+        """Wait, at most LIMIT_WAIT, until the job table's writers begun before now have ended."""
+        writers = run(self._q["topic_limit_writers"], {"schema": self._q.schema})
+        if writers:
+            left = writers_left(writers)
+            until(lambda: run(self._q["topic_limit_writers_left"], left)[0][0] == 0, LIMIT_WAIT)
 
     def set_max_depth(self, topic: str, depth: int | None) -> None:
         """Refuse enqueues of *topic* (QueueFull, nothing written) while *depth* or more of its jobs
@@ -340,12 +387,23 @@ class FlowSide(PoolSide):
         Raise ValueError for a depth that is not None or an integer from 0 to 2**31-1.
         """
         params = {"topic": checked_topic(topic), "depth": checked_depth(depth)}
-        self._run("setting a topic's depth cap", self._q["topic_set_depth"], params)
+        self.session.run("setting a topic's depth cap", self._q["topic_set_depth"], params)
         self._caps.forget()
 
     def queue_full_refusals(self) -> dict[str, int]:
         """How many enqueues this Store refused with QueueFull, by topic."""
         return self._caps.refusals()
+
+
+def rate_params(topic: str, limit: Any, per: Any, burst: Any) -> dict[str, Any]:
+    """The parameters of ``topic_set_rate`` (raise InvalidJob or ValueError as ``set_rate_limit``)."""
+    rate, seconds, size = checked_rate(limit, per, burst)
+    return {"topic": checked_topic(topic), "limit": rate, "per": seconds, "burst": size}
+
+
+def writers_left(writers: list[tuple[Any, ...]]) -> dict[str, list[Any]]:
+    """The parameters of ``topic_limit_writers_left`` for the rows of ``topic_limit_writers``."""
+    return {"pids": [w[0] for w in writers], "starts": [w[1] for w in writers]}
 
 
 # --- what a topic's settings accept, and the wait of a first limit ---------------------------------

@@ -220,9 +220,9 @@ class Overview:
                 self._activity = None
 
     def _read_topics(self) -> Topics:
-        q = self.store._q
+        q = self.store.session.q
         with (
-            self.store._autocommit("reading the topic overview") as conn,
+            self.store.session.autocommit("reading the topic overview") as conn,
             conn.transaction(),
             conn.cursor(row_factory=tuple_row) as cur,
         ):
@@ -281,9 +281,9 @@ class Overview:
             parsed = uuid.UUID(job_id)
         except ValueError:
             return []
-        rows = self.store._run(
+        rows = self.store.session.run(
             "reading a job's parents and children",
-            self.store._q["web_job_relatives"],
+            self.store.session.q["web_job_relatives"],
             {"id": parsed, "limit": limit},
         )
         return [Relative(str(r[0]), str(r[1]), str(r[2]), str(r[3])) for r in rows]
@@ -303,7 +303,7 @@ class Overview:
         else:
             raise ValueError(f"no listing for state {state!r}")
         params = {"topic": topic, "state": str(state), "limit": limit + 1, **_parse_cursor(state, cursor)}
-        rows = self.store._run("reading a page of jobs", self.store._q[name], params)
+        rows = self.store.session.run("reading a page of jobs", self.store.session.q[name], params)
         lines = [
             JobLine(
                 str(r[0]),
@@ -343,9 +343,9 @@ class Overview:
         window = self.jobs(topic, state, cursor, scan)
         if not window.jobs:
             return SearchPage([], None, 0)
-        rows = self.store._run(
+        rows = self.store.session.run(
             "searching payloads",
-            self.store._q["web_jobs_payload"],
+            self.store.session.q["web_jobs_payload"],
             {"ids": [uuid.UUID(j.id) for j in window.jobs], "contains": Jsonb(contains)},
         )
         found = {str(r[0]) for r in rows}

@@ -52,7 +52,7 @@ class Query:
     """One statement rendered for a schema: bytes for psycopg, text for a foreign Tx.
 
     ``rows`` is False for a statement that returns no rows (no RETURNING): a
-    runner then reads nothing back.
+    runner then reads nothing back but the row count (session/tx.py).
     """
 
     name: str
@@ -114,6 +114,8 @@ class Queries:
         self._rendered: dict[str, Query] = {}
         self.enqueue = render("job_enqueue", schema)
         self.enqueue_plain = render("job_enqueue_plain", schema, rows=False)
+        self.enqueue_unique_new = render("job_enqueue_unique_new", schema, rows=False)
+        self.enqueue_capped = render("job_enqueue_capped", schema, rows=False)
         self.enqueue_many = render("job_enqueue_many", schema)
         self.get_by_key = render("job_get_by_key", schema)
         self.get_by_keys = render("job_get_by_keys", schema)

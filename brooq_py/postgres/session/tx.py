@@ -46,28 +46,20 @@ def own_json(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> None:
 
 
 def on_connection(conn: psycopg.Connection[Any]) -> Runner:
-    """Return a runner on *conn*, with tuple rows (and decoded jsonb) whatever the connection's settings."""
+    """Return a runner on *conn*, with tuple rows (and decoded jsonb) whatever the connection's
+    settings; a statement without rows (``Query.rows``) answers ``[(its row count,)]``."""
 
     def run(query: Query, params: dict[str, Any]) -> Rows:
         if not query.rows:
-            execute(conn, query, params)
-            return []
+            with conn.cursor() as cur:
+                cur.execute(query.composed, params)
+                return [(cur.rowcount,)]
         with conn.cursor(row_factory=tuple_row) as cur:
             own_json(cur)
             cur.execute(query.composed, params)
             return cur.fetchall() if cur.description is not None else []
 
     return run
-
-
-def execute(conn: psycopg.Connection[Any], query: Query, params: dict[str, Any]) -> int:
-    """Run *query*, a statement that returns no rows, on *conn* (the one-statement fast path).
-
-    Return the number of rows it wrote (the command's row count).
-    """
-    with conn.cursor() as cur:
-        cur.execute(query.composed, params)
-        return cur.rowcount
 
 
 def _plain(value: Any) -> Any:
@@ -299,23 +291,14 @@ class AsyncWrapTx:
         return f"AsyncWrapTx({self._conn!r})"
 
 
-async def execute_async(conn: psycopg.AsyncConnection[Any], query: Query, params: dict[str, Any]) -> int:
-    """Run *query*, a statement that returns no rows, on *conn* (the one-statement fast path).
-
-    Return the number of rows it wrote (the command's row count).
-    """
-    async with conn.cursor() as cur:
-        await cur.execute(query.composed, params)
-        return cur.rowcount
-
-
 def on_async_connection(conn: psycopg.AsyncConnection[Any]) -> AsyncRunner:
-    """Return an awaitable runner on *conn*, with tuple rows (and decoded jsonb) whatever its settings."""
+    """``on_connection`` for an asyncio connection: an awaitable runner."""
 
     async def run(query: Query, params: dict[str, Any]) -> Rows:
         if not query.rows:
-            await execute_async(conn, query, params)
-            return []
+            async with conn.cursor() as cur:
+                await cur.execute(query.composed, params)
+                return [(cur.rowcount,)]
         async with conn.cursor(row_factory=tuple_row) as cur:
             own_json(cur)
             await cur.execute(query.composed, params)
@@ -358,28 +341,37 @@ def first_statement(plan: Plan[T]) -> tuple[Statement | None, T | None]:
         return None, done.value
 
 
-def drive(plan: Plan[T], run: Callable[[Query, dict[str, Any]], Rows], first: Statement | None = None) -> T:
+def drive(plan: Plan[T], run: Runner, first: Statement | None = None) -> T:
     """Run *plan* to its end on a blocking runner and return its result.
 
-    *first* is the plan's first statement when ``first_statement`` already started it.
+    A statement's error is raised inside the plan, which may answer it. *first* is the plan's
+    first statement when ``first_statement`` already started it.
     """
     try:
         statement = next(plan) if first is None else first
         while True:
-            statement = plan.send(run(*statement))
+            try:
+                rows = run(*statement)
+            except Exception as exc:
+                statement = plan.throw(exc)
+            else:
+                statement = plan.send(rows)
     except StopIteration as done:
         result: T = done.value
         return result
 
 
-async def drive_async(
-    plan: Plan[T], run: Callable[[Query, dict[str, Any]], Awaitable[Rows]], first: Statement | None = None
-) -> T:
-    """Run *plan* to its end on an awaitable runner and return its result (*first*: as ``drive``)."""
+async def drive_async(plan: Plan[T], run: AsyncRunner, first: Statement | None = None) -> T:
+    """Run *plan* to its end on an awaitable runner and return its result (as ``drive``)."""
     try:
         statement = next(plan) if first is None else first
         while True:
-            statement = plan.send(await run(*statement))
+            try:
+                rows = await run(*statement)
+            except Exception as exc:
+                statement = plan.throw(exc)
+            else:
+                statement = plan.send(rows)
     except StopIteration as done:
         result: T = done.value
         return result

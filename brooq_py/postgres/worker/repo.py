@@ -1,20 +1,36 @@
-"""The Store's worker side, the engine's Repo: claim, settle, renew, reap, stage, retention, gauges."""
+"""The Store's worker part, the engine's Repo: claim, settle, beat, reap, stage, retention, gauges.
+
+The engine runs on this object (River's driver), not on the Store: every
+statement it sends has one named SQL file, and the producer and flow methods
+of the Repo port go to the Store's other parts.
+"""
 
 from __future__ import annotations
 
 import struct
+import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from datetime import timedelta
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
-from brooq_py.postgres.session.connections import OwnConnection, PoolSide, statement_budget
+from brooq_py.postgres.enqueue.producer import Producer
+from brooq_py.postgres.flow.limits import Flow
+from brooq_py.postgres.listen import PROBE_TIMEOUT, PgListener
+from brooq_py.postgres.session.connections import (
+    CACHED_PLAN,
+    SETTLE_LOCK_WAIT,
+    OwnConnection,
+    Session,
+    delegate,
+    statement_budget,
+)
 from brooq_py.postgres.session.errors import translated
 from brooq_py.postgres.session.statements import (
-    Queries,
     Query,
     bool_array,
     float_array,
@@ -29,6 +45,7 @@ from brooq_py.queue.port import (
     EngineProof,
     Gauges,
     HeldLease,
+    LimitedClaim,
     Outcome,
     Renewal,
     Settled,
@@ -93,14 +110,56 @@ def _maybe_text_array(values: Sequence[str | None]) -> str:
     return _nulls(len(values))
 
 
-class WorkerSide(PoolSide):
-    """Mixin of Store: every statement the engine runs, one named SQL file each."""
+class WorkerRepo:
+    """The engine's Repo on a Store's *session*; *producer* and *flow* answer the port's enqueues,
+    reads and topic settings.
 
-    _q: Queries
-    _heartbeat: OwnConnection
-    _claimer: OwnConnection | None
-    _settler: OwnConnection | None
-    _own_lease: timedelta
+    Its heartbeat's statement is bounded on the client too (L3). Claims and outcome batches run on
+    connections of their own, their plans cached, when those reach the pool's server; with a
+    separate ``conninfo`` (the pool behind a proxy) they stay on the pool.
+    """
+
+    def __init__(self, session: Session, producer: Producer, flow: Flow) -> None:
+        self.session = session
+        self.schema = session.q.schema
+        self._q = session.q
+        self.producer = producer
+        self.flow = flow
+        connect = session.connect_own
+        self._heartbeat = OwnConnection(connect, budget=lambda: statement_budget(session.own_lease))
+        self._claimer = OwnConnection(lambda: connect(CACHED_PLAN)) if session.conninfo is None else None
+        self._settler = (
+            OwnConnection(lambda: connect(f"{CACHED_PLAN} -c lock_timeout={SETTLE_LOCK_WAIT}"))
+            if session.conninfo is None
+            else None
+        )
+        self._listeners: set[PgListener] = set()
+        self._listeners_lock = threading.Lock()
+        self.ping_timeout = 2.0
+        self.listen_probe_timeout: float | None = PROBE_TIMEOUT
+
+    enqueue = delegate(Producer.enqueue, "producer")
+    enqueue_tx = delegate(Producer.enqueue_tx, "producer")
+    enqueue_many = delegate(Producer.enqueue_many, "producer")
+    enqueue_tick = delegate(Producer.enqueue_tick, "producer")
+    parent_results = delegate(Producer.parent_results, "producer")
+    cancel = delegate(Producer.cancel, "producer")
+    get = delegate(Producer.get, "producer")
+    begin = delegate(Session.begin, "session")
+    topic_settings = delegate(Flow.topic_settings, "flow")
+
+    def bound_waits(self, lease: timedelta) -> None:
+        """Bound every wait on the Store's own connections by *lease* (SPEC L3); the engine calls it at start.
+
+        Connections opened from now on set lock_timeout, statement_timeout, TCP
+        keepalives and tcp_user_timeout from it; a statement on them that has
+        not answered within about lease/3 has its socket shut down. After a
+        ``close()``, claims and outcome batches run on their own connections again.
+        """
+        self.session.own_lease = lease
+        for own in (self._heartbeat, self._claimer, self._settler):
+            if own is not None:
+                own.reuse()
 
     def claim(self, topics: Sequence[str], limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:
         """Claim up to *limit* ready jobs of *topics* in one statement (SPEC C1), in claim order.
@@ -113,6 +172,32 @@ class WorkerSide(PoolSide):
             return []
         params = {"topics": list(topics), "limit": limit, "worker": worker, "lease": lease}
         return claimed_jobs(self._own_or_pool(self._claimer, "claiming jobs", self._q.claim, params))
+
+    def claim_limited(self, topic: str, limit: int, worker: str, lease: timedelta) -> LimitedClaim:
+        """Claim up to *limit* jobs of a globally limited or rate-limited *topic*, never beyond its
+        limit nor its tokens (SPEC Q3, F1); ``next_token_in`` says when its next token is due once
+        they ran out.
+
+        One READ COMMITTED transaction: the topic's transaction-scoped advisory
+        lock first, then the claim, whose snapshot (taken once the lock is held)
+        counts every committed processing row of the topic. The lock is tried,
+        never waited for: when another transaction holds it, nothing is claimed
+        this time. A topic that is paused or no longer limited yields nothing.
+        """
+        if limit < 1:
+            return LimitedClaim()
+        params = {"topic": topic, "limit": limit, "worker": worker, "lease": lease}
+        with self.session.autocommit("claiming a limited topic") as conn, _read_committed(conn):
+            run = on_connection(conn)
+            with conn.transaction():
+                if not run(self._q["topic_claim_lock"], {"topic": topic})[0][0]:
+                    busy = LimitedClaim()  # another claim of the topic holds the lock: nothing this time
+                    busy.busy = True
+                    return busy
+                rows = run(self._q["job_claim_limited"], params)
+        got = LimitedClaim(claimed_jobs([r for r in rows if r[0] is not None]))
+        got.next_token_in = rows[0][10] if rows else None
+        return got
 
     def settle_many(self, outcomes: Sequence[Outcome]) -> Settled:
         """Write many outcomes in one guarded statement (SPEC P3, C10, O4); return the ids written.
@@ -168,7 +253,7 @@ class WorkerSide(PoolSide):
                 rows = None
             if rows is not None:
                 return rows
-        return self._run_bounded(doing, query, params, statement_budget(self._own_lease))
+        return self.session.run_bounded(doing, query, params, statement_budget(self.session.own_lease))
 
     @staticmethod
     def _settle_params(outcomes: Sequence[Outcome]) -> dict[str, Any]:
@@ -255,7 +340,7 @@ class WorkerSide(PoolSide):
 
     def leave(self, engine_id: str, instance: str | None = None) -> None:
         """Remove a stopping engine's row, *instance*'s only (sql/engine_leave.sql)."""
-        self._run(
+        self.session.run(
             "removing the engine's row", self._q["engine_leave"], {"engine": engine_id, "instance": instance}
         )
 
@@ -273,7 +358,7 @@ class WorkerSide(PoolSide):
     def schema_version(self) -> str | None:
         """Return the migration revision this Store's schema is at; None when it was never migrated."""
         try:
-            rows = self._run("reading the schema version", self._q["schema_version"], {})
+            rows = self.session.run("reading the schema version", self._q["schema_version"], {})
         except psycopg.errors.UndefinedTable:
             return None
         return str(rows[0][0]) if rows else None
@@ -281,7 +366,7 @@ class WorkerSide(PoolSide):
     def reap(self) -> list[tuple[str, str]]:
         """Return to pending, in one statement, the processing rows whose engine is gone or dropped
         them (SPEC R1, P1'', L5', sql/lease_reap.sql); (id, topic) of each, at most REAP_BATCH."""
-        rows = self._run("reaping claims of gone engines", self._q.reap, {"limit": REAP_BATCH})
+        rows = self.session.run("reaping claims of gone engines", self._q.reap, {"limit": REAP_BATCH})
         return [(str(r[0]), r[1]) for r in rows]
 
     def reap_expired(self) -> list[tuple[str, str]]:
@@ -294,7 +379,7 @@ class WorkerSide(PoolSide):
             return []
         # Two statements in one transaction: lock the batch, then delete it in a snapshot taken
         # after the locks, so a child that named a row meanwhile keeps it (SPEC D4).
-        with self._autocommit("deleting terminal jobs") as conn, conn.transaction():
+        with self.session.autocommit("deleting terminal jobs") as conn, conn.transaction():
             run = on_connection(conn)
             locked = run(self._q["job_terminal_lock"], {"ttl": ttl, "batch": batch})
             if not locked:
@@ -309,12 +394,12 @@ class WorkerSide(PoolSide):
             return Staged({}, None)
         # Children whose parents' ends are owed to them (SPEC D2, O4; of any topic: whichever
         # engine's stager runs first releases them). They count as promoted: the dispatcher wakes.
-        released = self._run(
+        released = self.session.run(
             "releasing children of ended parents",
             self._q["job_release_due"],
             {"batch": batch, "notify": notify},
         )
-        rows = self._run(
+        rows = self.session.run(
             "staging due jobs",
             self._q["job_stage"],
             {"topics": list(topics), "batch": batch, "notify": notify},
@@ -329,7 +414,9 @@ class WorkerSide(PoolSide):
         """Seconds until the earliest scheduled/failed row of *topics* is due (<= 0: due; None: none)."""
         if not topics:
             return None
-        rows = self._run("reading the next due time", self._q["job_next_due"], {"topics": list(topics)})
+        rows = self.session.run(
+            "reading the next due time", self._q["job_next_due"], {"topics": list(topics)}
+        )
         return None if not rows or rows[0][0] is None else float(rows[0][0])
 
     def gauges(self, topics: Sequence[str]) -> Gauges:
@@ -341,7 +428,7 @@ class WorkerSide(PoolSide):
         """
         if not topics:
             return Gauges(counts=[], oldest_ready_seconds={})
-        rows = self._run(
+        rows = self.session.run(
             "reading gauges", self._q["gauges_topics"], {"topics": list(topics), "cap": GAUGE_CAP}
         )
         counts: list[TopicCount] = []
@@ -361,5 +448,75 @@ class WorkerSide(PoolSide):
         One statement on the statistics views (sql/gauges_database.sql): no table is scanned.
         """
         job = sql.Identifier(self._q.schema, "job").as_string(None)
-        ((age, dead, live),) = self._run("reading database gauges", self._q["gauges_database"], {"job": job})
+        ((age, dead, live),) = self.session.run(
+            "reading database gauges", self._q["gauges_database"], {"job": job}
+        )
         return DatabaseGauges(max(0.0, float(age)), int(dead), int(live))
+
+    def listen(
+        self,
+        topics: Sequence[str] | None = None,
+        on_scheduled: Callable[[], None] | None = None,
+        on_cancel: Callable[[str, str], None] | None = None,
+    ) -> PgListener:
+        """Open a LISTEN subscription on this schema's channel, on a connection of its own.
+
+        It reports wake-ups of *topics* only (all when None), calls *on_scheduled*
+        for scheduled jobs of them (SPEC Z3) and *on_cancel* with the id and claim
+        token of every processing job canceled (X2'). A connection that delivers no
+        notifications (a transaction-pooling proxy) is refused with one log line.
+        """
+        listener = PgListener(
+            self.session.connect_own,
+            self._q,
+            on_close=self._forget_listener,
+            topics=topics,
+            on_scheduled=on_scheduled,
+            on_cancel=on_cancel,
+            probe_timeout=self.listen_probe_timeout,
+            ping_every=self.session.own_lease,
+        )
+        with self._listeners_lock:
+            self._listeners.add(listener)
+        return listener
+
+    def _forget_listener(self, listener: PgListener) -> None:
+        with self._listeners_lock:
+            self._listeners.discard(listener)
+
+    def ping(self, timeout: float | None = None) -> bool:
+        """Return True if the database answers ``select 1`` through the pool within *timeout*
+        (default ``ping_timeout``, 2 s); False on any error."""
+        try:
+            with self.session.autocommit("pinging", timeout=timeout or self.ping_timeout) as conn:
+                return bool(on_connection(conn)(self._q.ping, {}))
+        except Exception:
+            return False
+
+    def close(self) -> None:
+        """Close the own connections (heartbeat, claims, outcomes, listeners); never the pool. Safe to repeat.
+
+        None is left open behind it: a claim or outcome batch that comes later (the hand-back of
+        a claim answered after a stop stopped waiting for it) goes through the pool, until an
+        engine starts on this Repo again.
+        """
+        for own in (self._heartbeat, self._claimer, self._settler):
+            if own is not None:
+                own.close()
+        with self._listeners_lock:
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener.close()
+
+
+@contextmanager
+def _read_committed(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """Run the transactions inside at READ COMMITTED, whatever the pool's own setting."""
+    saved = conn.isolation_level
+    conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+    try:
+        yield
+    finally:
+        if not conn.closed:
+            with suppress(psycopg.Error):  # a broken connection: the pool discards it
+                conn.isolation_level = saved
