@@ -21,14 +21,8 @@ from brooq_py.contrib.otel import traced_aenqueue
 from brooq_py.postgres.enqueue import jobs as enqueueing
 from brooq_py.postgres.enqueue import plans
 from brooq_py.postgres.enqueue.unique import FirstTries
-from brooq_py.postgres.flow.limits import (
-    LIMIT_WAIT,
-    TopicCaps,
-    checked_depth,
-    checked_topic,
-    rate_params,
-    writers_left,
-)
+from brooq_py.postgres.flow.caps import TopicCaps
+from brooq_py.postgres.flow.limits import LIMIT_WAIT, checked_count, checked_topic, rate_params, writers_left
 from brooq_py.postgres.session.connections import AsyncSession, delegate
 from brooq_py.postgres.session.errors import names_migration, translated
 from brooq_py.postgres.session.tx import AsyncWrapTx, async_connection_of, drive_async, on_async_connection
@@ -39,14 +33,8 @@ AsyncTx = AsyncWrapTx | psycopg.AsyncConnection[Any]
 
 
 class AsyncStore:
-    """The producer side on a caller's ``psycopg_pool.AsyncConnectionPool`` (or none).
-
-    The pool stays the caller's: the AsyncStore never opens or closes it.
-    ``pool`` may be None for a producer that only enqueues inside its own
-    transactions (``enqueue_tx``, ``enqueue_many(tx=...)``); the other methods
-    then raise BrooqError. ``schema`` names the schema the migrations were
-    applied to. Workers run on the sync ``Store`` and ``Engine``.
-    """
+    """The producer side on a caller's ``psycopg_pool.AsyncConnectionPool`` (or None), as ``Store``;
+    workers run on the sync ``Store`` and ``Engine``."""
 
     wait_poll_interval: float = DEFAULT_POLL
 
@@ -145,7 +133,7 @@ class AsyncStore:
 
     async def set_max_depth(self, topic: str, depth: int | None) -> None:
         """``Store.set_max_depth``, awaited (SPEC F2)."""
-        params = {"topic": checked_topic(topic), "depth": checked_depth(depth)}
+        params = {"topic": checked_topic(topic), "depth": checked_count(depth, "depth")}
         await self.session.run("setting a topic's depth cap", self._q["topic_set_depth"], params)
         self._caps.forget()
 

@@ -32,15 +32,10 @@ PROBE_TIMEOUT = 5.0
 
 
 class PgListener:
-    """Wait for NOTIFYs on the schema's channels.
-
-    The connection is opened and LISTENs at construction (raise
-    StoreUnavailable if the database cannot be reached). *topics* None: every
-    wake-up counts. *on_scheduled*: also LISTEN on the stager's channel and call
-    it (from ``wait()``) for a scheduled job of one of the topics. *on_cancel*:
-    also LISTEN on the cancel channel and call it (from ``wait()``) with the id
-    and claim token of each processing job canceled (SPEC X2').
-    """
+    """Wait for NOTIFYs on the schema's channels, on a connection opened at construction
+    (StoreUnavailable if the database cannot be reached). *topics*: the wake-ups that count (None:
+    all); ``wait()`` calls *on_scheduled* for a scheduled job of them and *on_cancel* with the id and
+    claim token of each processing job canceled (SPEC X2'), LISTENing on those channels too."""
 
     def __init__(
         self,
@@ -103,10 +98,8 @@ class PgListener:
         return payload == "" or self._topics is None or payload in self._topics
 
     def wait(self, timeout: float) -> bool:
-        """Block up to *timeout* seconds; return True if a wake-up for our topics arrived.
-
-        Raise StoreUnavailable when the connection is broken or closed.
-        """
+        """Block up to *timeout* seconds; return True if a wake-up for our topics arrived. Raise
+        StoreUnavailable when the connection is broken or closed."""
         deadline = time.monotonic() + max(0.0, timeout)
         while True:
             remaining = deadline - time.monotonic()

@@ -17,6 +17,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from brooq_py.postgres.session.connections import check_schema
+
 logger = logging.getLogger("brooq_py.postgres")
 
 VERSION_TABLE = "brooq_alembic_version"
@@ -71,15 +73,10 @@ def _engine(dsn: str) -> Any:
     return create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(dsn), poolclass=NullPool)
 
 
-def _check_schema(schema: str) -> None:
-    if not isinstance(schema, str) or not schema or "\x00" in schema:
-        raise ValueError(f"invalid schema name: {schema!r}")
-
-
 def _run(dsn: str, schema: str, revision: str, direction: str) -> None:
     from alembic.runtime.environment import EnvironmentContext
 
-    _check_schema(schema)
+    check_schema(schema)
     script = _script()
     engine = _engine(dsn)
     config = _config(schema, engine)
@@ -111,7 +108,7 @@ def current(dsn: str, *, schema: str = "public") -> str | None:
     """Return the revision *schema* is at; None before the first upgrade or when the schema is missing."""
     from alembic.runtime.migration import MigrationContext
 
-    _check_schema(schema)
+    check_schema(schema)
     engine = _engine(dsn)
     try:
         with engine.connect() as connection:

@@ -1,25 +1,18 @@
 """The Store: brooq_py's job table in PostgreSQL, on the caller's psycopg pool.
 
-A facade over parts, each in its own module, on one ``Session`` (the pool and
-the statements rendered for the schema): ``producer`` (enqueue and read jobs),
-``flow`` (a topic's settings), ``operator`` (retry, list, the topics),
-``waits`` (``wait``, ``result``) and ``worker``, the engine's ``Repo``:
+A facade over parts on one ``Session`` (the pool, the statements rendered for the schema):
+``producer`` (enqueue and read jobs), ``flow`` (a topic's settings), ``operator`` (retry, list,
+the topics), ``waits`` (``wait``, ``result``) and ``worker``, the engine's ``Repo``:
 ``Engine(store)`` runs on ``store.worker``.
 
-Connections: statements outside a caller's transaction take a pool connection
-for one autocommit statement (one round trip) and restore its autocommit flag
-before giving it back. The heartbeat and LISTEN connections are the Store's own,
-opened from ``conninfo`` (default: the pool's), so busy handlers never starve them;
-without a separate ``conninfo`` claims and outcome batches have one each too.
+Statements outside a caller's transaction take a pool connection for one autocommit statement.
+The heartbeat and LISTEN connections are the Store's own, opened from ``conninfo`` (default: the
+pool's), so busy handlers never starve them. Behind a transaction-pooling proxy (PgBouncer in
+transaction mode) open the pool with ``kwargs={"prepare_threshold": None}``.
 
-Prepared statements: psycopg's default ``prepare_threshold`` applies. Behind a
-transaction-pooling proxy (PgBouncer in transaction mode), open the pool with
-``kwargs={"prepare_threshold": None}``.
-
-Connection errors are raised as ``queue.StoreUnavailable`` (chained, without
-any DSN password); so is a refusal by a read-only server (a standby, SQLSTATE
-25006), whose connection is closed so that the next one lands on the primary
-(session/errors.py). Other database errors pass through unchanged.
+Connection errors, and a read-only server's refusal (a standby: its connection is closed so that
+the next one lands on the primary), raise ``queue.StoreUnavailable`` (chained, without any DSN
+password); other database errors pass through unchanged.
 """
 
 from __future__ import annotations
@@ -29,7 +22,8 @@ from typing import Any
 import psycopg_pool
 
 from brooq_py.postgres.enqueue.producer import Producer
-from brooq_py.postgres.flow.limits import Flow, TopicCaps
+from brooq_py.postgres.flow.caps import TopicCaps
+from brooq_py.postgres.flow.limits import Flow
 from brooq_py.postgres.operator.actions import Operator
 from brooq_py.postgres.session.connections import Session, delegate
 from brooq_py.postgres.session.statements import parse_id
@@ -40,14 +34,9 @@ __all__ = ["Store", "parse_id"]
 
 
 class Store:
-    """The job store on a caller's ``psycopg_pool.ConnectionPool``.
-
-    The pool stays the caller's: the Store never opens or closes it. ``pool``
-    may be None for a producer that only enqueues inside its own transactions
-    (``enqueue_tx``, ``enqueue_many(tx=...)``); the methods that need a pool then
-    raise BrooqError. ``schema`` names the schema the migrations were applied to; every statement
-    is rendered for it once, here.
-    """
+    """The job store on a caller's ``psycopg_pool.ConnectionPool``, never opened or closed here; None
+    for a producer that only enqueues in its own transactions (the rest then raises BrooqError).
+    ``schema``: where the migrations were applied; every statement is rendered for it once."""
 
     # Seconds between the checks of ``wait`` when no notification arrives (a lost one only delays by this).
     wait_poll_interval: float = DEFAULT_POLL
@@ -103,14 +92,8 @@ class Store:
     ping = delegate(WorkerRepo.ping, "worker")
 
     def close(self) -> None:
-        """Close the Store's own connections (heartbeat, claims, outcomes, listeners, waits); never the pool.
-
-        Safe to repeat. A ``wait`` still in progress raises BrooqError.
-
-        None is left open behind it: a claim or outcome batch that comes later (the hand-back of
-        a claim answered after a stop stopped waiting for it) goes through the pool, until an
-        engine starts on this Store again.
-        """
+        """Close the Store's own connections (heartbeat, claims, outcomes, listeners, waits), never the
+        pool; safe to repeat. A ``wait`` still in progress raises BrooqError."""
         self.worker.close()
         self.waits.close()
 

@@ -112,10 +112,8 @@ class _Waiters(Generic[E]):
 
 
 class Watch(_Waiters[threading.Event]):
-    """A Store's ``wait`` and ``result``: a daemon thread and its own LISTEN connection.
-
-    *get* reads a job's row; *poll* says how often to check without a notification.
-    """
+    """A Store's ``wait`` and ``result``: a daemon thread and its own LISTEN connection; *get* reads a
+    job's row, *poll* says how often to check without a notification."""
 
     def __init__(
         self, session: Session, get: Callable[[str], JobRow | None], poll: Callable[[], float]
@@ -129,14 +127,9 @@ class Watch(_Waiters[threading.Event]):
         self._closed = False
 
     def wait(self, job_id: str, timeout: float | timedelta | None = None) -> JobRow:
-        """Block until the job is terminal (done, dead, canceled) and return its row.
-
-        Woken by the outcome's commit through the store's one LISTEN connection,
-        checked every ``wait_poll_interval`` seconds besides. Wait up to *timeout*
-        (seconds or a timedelta; None: no limit) and raise WaitTimeout; raise
-        JobNotFound for an unknown or malformed id, and for a job deleted while
-        waited on (retention): it has no row left to return.
-        """
+        """Block until the job is terminal (done, dead, canceled) and return its row; woken by the
+        outcome's commit, checked every ``wait_poll_interval`` seconds besides. WaitTimeout after
+        *timeout* (seconds or a timedelta; None: none); JobNotFound for an unknown id or a job deleted."""
         w = _Waiting(job_id, timeout)
         if self._session.pool is None:
             raise no_pool("Store", "waiting for a job")

@@ -385,7 +385,7 @@ def test_every_engine_statement_refused_by_the_standby_is_store_unavailable_H1(
                     EngineProof("w", "h", 1, lease, lease / 3), [HeldLease(token, token)]
                 ),
                 "settle_many": lambda: store.worker.settle_many([Outcome(token, token, State.DONE)]),
-                "reap_expired": store.worker.reap_expired,
+                "reap": store.worker.reap,
                 "delete_terminal": lambda: store.worker.delete_terminal(lease, 10),
                 "stage": lambda: store.worker.stage([TOPIC], 10),
                 "listen": lambda: store.worker.listen([TOPIC]),

@@ -55,7 +55,7 @@ def test_p1_f0_a_claim_by_an_engine_whose_proof_is_stale_is_never_reapable_at_on
     store.worker.beat(EngineProof("w", "host", 1, LEASE, LEASE / 3), [])
     db.execute("UPDATE engine SET seen_at = now() - interval '1 hour' WHERE id = 'w'")
     claimed = store.worker.claim(["a"], 1, "w", LEASE)
-    reaped = store.worker.reap_expired()  # another engine's reaper, the next moment
+    reaped = store.worker.reap()  # another engine's reaper, the next moment
     assert not (claimed and reaped), "a claim of a stale engine was reaped at once: two runners"
 
 
@@ -78,7 +78,7 @@ def test_p1_an_engine_with_no_row_yet_claims_under_the_rows_own_lease(
     """run_once and testing.drain claim with no engine row: the row's locked_until guards it."""
     store.enqueue(Job("a"))
     [c] = store.worker.claim(["a"], 1, "solo", LEASE)
-    assert store.worker.reap_expired() == []
+    assert store.worker.reap() == []
     assert c.locked_by == "solo"
 
 
@@ -116,7 +116,7 @@ def test_p3_o4_a_stale_outcome_batched_with_its_jobs_current_one_is_not_told_as_
     jid = store.enqueue(Job("a")).id
     [old] = store.worker.claim(["a"], 1, "w", LEASE)
     db.execute("UPDATE job SET locked_until = now() - interval '1 second'")
-    assert store.worker.reap_expired() == [(jid, "a")]
+    assert store.worker.reap() == [(jid, "a")]
     [new] = store.worker.claim(["a"], 1, "w", LEASE)
     registry = CollectorRegistry()
     handover = Handover(store, InFlight(), Metrics(registry), logging.getLogger("test"))
@@ -231,7 +231,7 @@ def test_r0_a_jobs_crash_count_is_read_with_its_row(store: Store, db: psycopg.Co
     jid = store.enqueue(Job("a")).id
     store.worker.claim(["a"], 1, "w", LEASE)
     db.execute("UPDATE job SET locked_until = now() - interval '1 second'")
-    assert store.worker.reap_expired() == [(jid, "a")]
+    assert store.worker.reap() == [(jid, "a")]
     r = store.get(jid)
     assert r is not None and r.crashes == 1
     assert r.to_json()["crashes"] == 1
@@ -251,7 +251,7 @@ def test_l5_crashes_make_a_job_dead_only_at_max_crashes_never_drift_attempts_and
         [c] = store.worker.claim(["a"], 1, "gone", LEASE)
         assert c.attempts == 1
         db.execute("UPDATE job SET locked_until = now() - interval '1 second'")
-        assert store.worker.reap_expired() == [(jid, "a")]
+        assert store.worker.reap() == [(jid, "a")]
         r = store.get(jid)
         assert r is not None and (r.state, r.attempts, r.crashes) == (State.PENDING, 0, n)
     assert e.run_once() == 1

@@ -15,7 +15,8 @@ import pytest
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from brooq_py.postgres import AsyncStore, Store, WrapTx
-from brooq_py.postgres.flow.limits import TopicCaps, parse_count, parse_rate
+from brooq_py.postgres.flow.caps import TopicCaps
+from brooq_py.postgres.flow.limits import parse_count, parse_rate
 from brooq_py.postgres.worker.repo import WorkerRepo
 from brooq_py.queue import Job, QueueFull
 from tests.integration.conftest import q
@@ -89,7 +90,7 @@ def test_f2_every_move_back_to_waiting_counts_against_an_older_anchor(
         assert b.retry(claimed[1].id) and b.retry(claimed[3].id)
         q(pool, schema, "UPDATE {job} SET state = 'pending' WHERE id = %s", claimed[2].id)
         q(pool, schema, "UPDATE {job} SET locked_until = now() - interval '1 s' WHERE id = %s", claimed[5].id)
-        assert [r[0] for r in b.worker.reap_expired()] == [claimed[5].id]
+        assert [r[0] for r in b.worker.reap()] == [claimed[5].id]
         q(pool, schema, "UPDATE {job} SET state = 'done', locked_by = NULL WHERE id = %s", claimed[6].id)
         q(
             pool,

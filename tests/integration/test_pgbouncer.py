@@ -125,7 +125,7 @@ def test_p1_a_claim_locked_by_an_operator_stays_its_live_engines_through_the_bou
             )
             for _ in range(6):  # three leases
                 assert store.worker.beat(proof, [HeldLease(c.id, c.claim_token)]).held == {c.claim_token}
-                assert store.worker.reap_expired() == []
+                assert store.worker.reap() == []
                 time.sleep(0.5)
             operator.rollback()
         with psycopg.connect(dsn, autocommit=True) as db:
@@ -136,7 +136,7 @@ def test_p1_a_claim_locked_by_an_operator_stays_its_live_engines_through_the_bou
                 (c.id,),
             )
         store.worker.beat(proof, [HeldLease(c.id, c.claim_token)])
-        assert store.worker.reap_expired() == []  # its engine still beats: the row's own lease says nothing
+        assert store.worker.reap() == []  # its engine still beats: the row's own lease says nothing
         row = store.get(c.id)
         assert row is not None and row.state.value == "processing"
     finally:

@@ -128,7 +128,7 @@ def test_p3_settle_guard_canceled_reaped_or_stale_token(store: Store, db: psycop
     c, r, s = store.worker.claim(["a"], 3, "w", LEASE)
     assert store.cancel(c.id)
     db.execute("UPDATE job SET locked_until = now() - interval '1 second' WHERE id = %s", (r.id,))
-    assert store.worker.reap_expired() == [(r.id, "a")]
+    assert store.worker.reap() == [(r.id, "a")]
     [again] = store.worker.claim(["a"], 1, "w", LEASE)  # the same engine claims its reaped job again
     assert again.id == r.id and again.claim_token != r.claim_token
     stale = Outcome(id=s.id, claim_token=str(uuid.uuid4()), state=State.DONE)
@@ -307,7 +307,7 @@ def test_r1_racing_reapers_return_each_job_once(store: Store, db: psycopg.Connec
 
     def reap() -> None:
         start.wait()
-        results.append(store.worker.reap_expired())
+        results.append(store.worker.reap())
 
     threads = [threading.Thread(target=reap) for _ in range(4)]
     for t in threads:
@@ -334,7 +334,7 @@ def test_r1_l5_the_reaper_reads_the_engine_row_then_the_claims_own_lease(
     store.worker.beat(EngineProof("gone", "host", 2, LEASE, LEASE / 3), [])
     db.execute("UPDATE engine SET seen_at = now() - interval '10 minutes' WHERE id = 'gone'")
     store.worker.settle_many([outcome(ended, State.DONE)])
-    returned = sorted(store.worker.reap_expired())
+    returned = sorted(store.worker.reap())
     assert returned == sorted((x.id, x.topic) for x in (stale, dropped, rowless))
     for x in (stale, dropped, rowless):
         r = db.execute(
@@ -343,7 +343,7 @@ def test_r1_l5_the_reaper_reads_the_engine_row_then_the_claims_own_lease(
         assert r == ("pending", 0, 1, None)
     assert db.execute("SELECT state FROM job WHERE id = %s", (live.id,)).fetchone() == ("processing",)
     assert db.execute("SELECT state FROM job WHERE id = %s", (ended.id,)).fetchone() == ("done",)
-    assert store.worker.reap_expired() == []
+    assert store.worker.reap() == []
 
 
 def test_r1_an_operators_row_lock_only_delays_its_own_row(
@@ -354,9 +354,9 @@ def test_r1_an_operators_row_lock_only_delays_its_own_row(
     db.execute("UPDATE job SET locked_until = now() - interval '1 second'")
     with psycopg.connect(dsn) as op:
         op.execute(f'SELECT 1 FROM "{store.schema}".job WHERE id = %s FOR UPDATE', (held.id,))
-        assert store.worker.reap_expired() == [(free.id, free.topic)]  # never waited on
+        assert store.worker.reap() == [(free.id, free.topic)]  # never waited on
         op.rollback()
-    assert store.worker.reap_expired() == [(held.id, held.topic)]
+    assert store.worker.reap() == [(held.id, held.topic)]
 
 
 def test_t1_t2_delete_terminal(store: Store, db: psycopg.Connection[Any]) -> None:

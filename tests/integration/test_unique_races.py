@@ -329,7 +329,7 @@ def test_u3_the_reaper_returns_a_unique_holder_without_conflict(
 ) -> None:
     a = store.enqueue(Job("u", {}, unique_key="k"))
     (c,) = store.worker.claim(["u"], 1, "w", timedelta(milliseconds=1))
-    wait_for(lambda: store.worker.reap_expired(), "the lease to be reaped", timeout=10)
+    wait_for(lambda: store.worker.reap(), "the lease to be reaped", timeout=10)
     assert _row(store, a.id).state == State.PENDING
     assert store.enqueue(Job("u", {}, unique_key="k")) == (a.id, False)
     del c

@@ -33,7 +33,7 @@ from brooq_py.postgres.enqueue.workflows import (
     unknown_parent,
     with_parents,
 )
-from brooq_py.postgres.flow.limits import TopicCaps
+from brooq_py.postgres.flow.caps import TopicCaps
 from brooq_py.postgres.session.statements import (
     Queries,
     int_array,
@@ -49,9 +49,7 @@ from brooq_py.queue.job import encode_payloads
 
 def enqueue_one(q: Queries, job: Job, caps: TopicCaps) -> Plan[EnqueueResult]:
     """Insert *job* unless (topic, key) exists; return its id and whether this call created it.
-
-    The job is validated when the plan is made, before any statement (E4).
-    """
+    The job is validated when the plan is made, before any statement (E4)."""
     plain = keyless(q, job, caps.fresh())
     if plain is not None:
         return just(plain)
@@ -83,11 +81,8 @@ def _first(plan: Plan[list[EnqueueResult]]) -> Plan[EnqueueResult]:
 
 
 def enqueue_group(q: Queries, jobs: Sequence[Job], then: Job | None, caps: TopicCaps) -> Plan[GroupResult]:
-    """``enqueue_many(jobs)``, then *then* with ``after`` = every id of the group (SPEC D6).
-
-    The caller runs the plan in one transaction. Everything is validated when
-    the plan is made, before any statement.
-    """
+    """``enqueue_many(jobs)``, then *then* with ``after`` = every id of the group (SPEC D6), in one
+    transaction (the caller's). Everything is validated when the plan is made."""
     own_parents: list[str] = []
     if then is not None:
         if not isinstance(then, Job):
@@ -309,14 +304,8 @@ def _enqueue_many(
             else:
                 results[i] = EnqueueResult(str(hit[0]), False)
         if lookups:
-            found_rows = yield (
-                q.get_by_keys,
-                {
-                    "topics": [jobs[i].topic for i in lookups],
-                    "keys": [jobs[i].key for i in lookups],
-                },
-            )
-            found = {(topic, key): str(job_id) for topic, key, job_id in found_rows}
+            keys = {"topics": [jobs[i].topic for i in lookups], "keys": [jobs[i].key for i in lookups]}
+            found = {(topic, key): str(job_id) for topic, key, job_id in (yield q.get_by_keys, keys)}
             for i in lookups:
                 existing = found.get((jobs[i].topic, str(jobs[i].key)))
                 if existing is None:

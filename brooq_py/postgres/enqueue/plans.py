@@ -1,11 +1,9 @@
 """One job's statements, the building blocks of the enqueue plans (``jobs``), and the reads of jobs.
 
-Validation before any statement (E4, E5), a job's parameters, the one-statement
-fast paths the Stores run directly (``keyless``: no key, no cap; ``unique_new``,
-``capped_new``: a plain INSERT tried first), the caps a plan reads, and
-``enqueue_single``: one job with its keys and cap, as many statements as its keys
-need (E1-E3, U1-U2, F2). ``get``, ``by_id`` and ``list_jobs`` read one job or a
-list of them, the same for both Stores.
+Validation before any statement (E4, E5), the one-statement fast paths
+(``keyless``, ``unique_new``, ``capped_new``), the caps a plan reads, and
+``enqueue_single``: one job with its keys and cap (E1-E3, U1-U2, F2). ``get``,
+``by_id``, ``retry`` and ``list_jobs`` read or change one job or list them.
 
 Ids are generated here (UUIDv7, time-ordered: SPEC Z4), so a job's id is known before commit.
 Idempotency relies on ``INSERT ... ON CONFLICT DO NOTHING``: a duplicate never
@@ -24,7 +22,7 @@ import psycopg
 
 from brooq_py.postgres.enqueue.unique import FirstTries, enqueue_unique
 from brooq_py.postgres.enqueue.unique import meta_json as unique_meta_json
-from brooq_py.postgres.flow.limits import NO_ANCHOR, TopicCaps
+from brooq_py.postgres.flow.caps import NO_ANCHOR, TopicCaps
 from brooq_py.postgres.session.statements import Queries, Query, job_row, parse_id
 from brooq_py.postgres.session.tx import Plan
 from brooq_py.queue import BrooqError, EnqueueResult, InvalidJob, Job, JobRow, State
@@ -77,18 +75,15 @@ def _plain_params(job: Job, job_id: str) -> dict[str, Any]:
     }
 
 
-def keyless(
-    q: Queries, job: Job, caps: Mapping[str, int] | None
-) -> tuple[Query, dict[str, Any], EnqueueResult] | None:
-    """Return the one statement of a job without keys on an uncapped topic, and its result.
+# A statement built already, and the result it gives when it writes its row.
+Fast = tuple[Query, dict[str, Any], EnqueueResult]
 
-    Such a job is never deduplicated (E1): one plain INSERT creates it, and its
-    id is made here, so the result is known before the statement runs and
-    nothing needs to come back (a Store runs it without reading a row). The job
-    is validated first (E4). None for a job with a key, a unique key or
-    parents (``after``), for a topic that *caps* (the Store's cached depth caps)
-    name or when *caps* is None (not known lately: the plan reads them), and for
-    anything but a Job (``enqueue_one`` refuses that).
+
+def keyless(q: Queries, job: Job, caps: Mapping[str, int] | None) -> Fast | None:
+    """The one plain INSERT of a Job without keys or parents on a topic that *caps* (the depth caps,
+    None: not known lately) do not name: never deduplicated (E1), its id made here, nothing read back.
+
+    None for any other job (``enqueue_one`` refuses what is not a Job). Validates the job (E4).
     """
     if caps is None or not _plain(job) or job.topic in caps:
         return None
@@ -101,7 +96,8 @@ def keyless(
 
 
 def unique_first(job: Job, caps: Mapping[str, int] | None) -> bool:
-    """Whether a Store's own enqueue of *job* may try ``unique_new`` (see there)."""
+    """Whether a Store's own enqueue of *job* may try ``unique_new``: a unique key kept on duplicate,
+    no idempotency key, parents or depth cap."""
     return (
         caps is not None
         and isinstance(job, Job)
@@ -113,49 +109,22 @@ def unique_first(job: Job, caps: Mapping[str, int] | None) -> bool:
     )
 
 
-def unique_new(
-    q: Queries, job: Job, caps: Mapping[str, int] | None, tries: FirstTries
-) -> tuple[Query, dict[str, Any], EnqueueResult] | None:
-    """Return the first statement of a Store's own enqueue of a new unique job, and its result if it inserts.
-
-    For a Job with a unique key and ``on_duplicate`` 'keep', without an
-    idempotency key or parents, on a topic that *caps* (as in ``keyless``) do
-    not name and that *tries* has not taken out: one INSERT whose only arbiter
-    is the unique key's partial index (SPEC U1), nothing read back. The Store
-    runs it alone: a row count of 1 is the result; 0 (an active job holds the
-    key) is answered by the whole plan (``enqueue_one``), which finds the
-    holder. The job is validated first (E4). None for any other job.
-    """
+def unique_new(q: Queries, job: Job, caps: Mapping[str, int] | None, tries: FirstTries) -> Fast | None:
+    """The first try of a new unique job (``unique_first``, on a topic *tries* has not taken out): one
+    INSERT whose only arbiter is the unique key's partial index (U1), nothing read back. Row count 0
+    (the key is held) leaves the job to the whole plan, which answers with the holder."""
     if not unique_first(job, caps) or not tries.tries(job.topic):
         return None
     job_id = uuid7_text()
-    params = {
-        "id": job_id,
-        "topic": job.topic,
-        "payload": job.payload_json(),
-        "unique_key": job.unique_key,
-        "meta": unique_meta_json(job),
-        "available_at": job.available_at,
-        "priority": job.priority,
-    }
+    params = {**_plain_params(job, job_id), "unique_key": job.unique_key, "meta": unique_meta_json(job)}
     return q.enqueue_unique_new, params, EnqueueResult(job_id, True)
 
 
-def capped_new(
-    q: Queries, job: Job, known: Mapping[str, int] | None, caps: TopicCaps
-) -> tuple[Query, dict[str, Any], EnqueueResult] | None:
-    """Return the first statement of a Store's own enqueue of a job on a capped topic, and its result if
-    it inserts.
-
-    For a Job without keys or parents on a topic that *known* (the Store's fresh
-    caps) caps and for which *caps* holds an anchor that may still leave room
-    (``TopicCaps.worth_trying``): ``job_enqueue_capped``, the
-    plain insert written only while the anchor bounds the topic's depth below
-    its cap (SPEC F2), nothing counted, nothing read back. The Store runs it
-    alone: a row count of 1 is the result; 0 (the bound reached the cap) is
-    answered by the whole plan (``enqueue_one``), which counts. The job is
-    validated first (E4). None for any other job.
-    """
+def capped_new(q: Queries, job: Job, known: Mapping[str, int] | None, caps: TopicCaps) -> Fast | None:
+    """The first try of a Job without keys or parents on a topic capped in *known*, while its anchor
+    may leave room (``TopicCaps.worth_trying``): the plain INSERT written only while the anchor bounds
+    the depth below the cap (F2), nothing counted or read back. Row count 0 leaves it to the whole
+    plan, which counts."""
     if known is None or not _plain(job) or job.topic not in known:
         return None
     anchor = caps.worth_trying(job.topic, known[job.topic])
@@ -180,7 +149,7 @@ def known_caps(q: Queries, caps: TopicCaps) -> Plan[Mapping[str, int]]:
     return known
 
 
-def just(plain: tuple[Query, dict[str, Any], EnqueueResult]) -> Plan[EnqueueResult]:
+def just(plain: Fast) -> Plan[EnqueueResult]:
     """The plan of a statement built already (``keyless``): run it, answer its result."""
     query, params, result = plain
     yield query, params
@@ -223,10 +192,8 @@ def enqueue_single(q: Queries, job: Job, payload: str, caps: TopicCaps) -> Plan[
 
 
 def by_id(query: Query, job_id: Any) -> Plan[bool]:
-    """Run *query* (cancel, retry) for a well-formed *job_id*; True if it changed a row.
-
-    A malformed id changes nothing and runs no statement (False, never an error).
-    """
+    """Run *query* (cancel, retry) for *job_id*; True if it changed a row. A malformed id runs no
+    statement (False, never an error)."""
     parsed = parse_id(job_id)
     if parsed is None:
         return False
@@ -255,11 +222,8 @@ def get(q: Queries, job_id: Any) -> Plan[JobRow | None]:
 def list_jobs(
     q: Queries, topic: str | None, state: str | None, limit: int, payload: Any = None
 ) -> Plan[list[JobRow]]:
-    """Read the newest jobs first, of one topic and/or state (all when None), at most *limit*.
-
-    *payload* (None: any) keeps the jobs whose payload contains it (jsonb ``@>``); a value
-    that is not JSON raises ``InvalidJob`` before any statement.
-    """
+    """Read the newest jobs first, of one topic and/or state (all when None), at most *limit*, whose
+    payload contains *payload* (jsonb ``@>``; None: any; not JSON: InvalidJob)."""
     if state is not None:
         state = str(State(state))  # an unknown state is a ValueError here, not an empty answer
     params: dict[str, Any] = {"topic": topic, "state": state, "limit": max(0, int(limit))}

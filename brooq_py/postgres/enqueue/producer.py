@@ -16,7 +16,7 @@ from brooq_py.contrib.otel import traced_enqueue
 from brooq_py.postgres.enqueue import jobs as enqueueing
 from brooq_py.postgres.enqueue import plans
 from brooq_py.postgres.enqueue.unique import FirstTries
-from brooq_py.postgres.flow.limits import TopicCaps
+from brooq_py.postgres.flow.caps import TopicCaps
 from brooq_py.postgres.session.connections import Session
 from brooq_py.postgres.session.errors import names_migration, translated
 from brooq_py.postgres.session.tx import as_psycopg, drive, on_tx
@@ -36,26 +36,20 @@ class Producer:
     @traced_enqueue("job")
     @names_migration
     def enqueue(self, job: Job) -> EnqueueResult:
-        """Enqueue *job* in its own autocommit statement; return its id and whether this call created it.
-
-        Idempotent on (topic, key) for the life of the row (SPEC E1). Raise
-        InvalidJob before anything is written for a bad job (E4).
-        """
+        """Enqueue *job* in its own autocommit statement; return its id and whether this call created
+        it. Idempotent on (topic, key) for the life of the row; InvalidJob before anything is written."""
         plan = enqueueing.enqueue_own(self._q, job, self._caps, self._first_tries)
         return self.session.drive("enqueueing", plan)
 
     @traced_enqueue("job")
     @names_migration
     def enqueue_tx(self, tx: Tx, job: Job) -> EnqueueResult:
-        """Enqueue *job* inside the caller's transaction *tx* (SPEC E3); the caller commits.
+        """Enqueue *job* inside the caller's transaction *tx* (a WrapTx, a psycopg Connection, or any
+        object with ``execute(query, params)`` taking ``%(name)s`` parameters); the caller commits.
 
-        *tx* is a WrapTx, a bare psycopg Connection, or any object with
-        ``execute(query, params)`` taking psycopg's ``%(name)s`` parameters. The
-        id is known at once; the job is visible to workers at commit and gone on
-        rollback. A duplicate never aborts the transaction at READ COMMITTED
-        (SPEC E2); under REPEATABLE READ or SERIALIZABLE a duplicate committed
-        concurrently raises a serialization failure, as any conflicting write does.
-        An asyncio connection raises TypeError naming AsyncStore.
+        The id is known at once. A duplicate never aborts the transaction at READ COMMITTED; under
+        REPEATABLE READ or SERIALIZABLE a concurrent one raises a serialization failure, as any
+        conflicting write does. An asyncio connection raises TypeError naming AsyncStore.
         """
         plan = enqueueing.enqueue_one(self._q, job, self._caps)
         with translated("enqueueing", as_psycopg(tx)):
@@ -64,12 +58,8 @@ class Producer:
     @traced_enqueue("jobs")
     @names_migration
     def enqueue_many(self, jobs: Sequence[Job], tx: Tx | None = None) -> list[EnqueueResult]:
-        """Enqueue *jobs* in one statement (SPEC E5), in *tx* when given; results in input order.
-
-        Every job is validated first: one bad job refuses the batch (InvalidJob,
-        nothing written). A key repeated inside the batch creates one job; the
-        repeats get its id with created=False.
-        """
+        """Enqueue *jobs* in one statement, in *tx* when given; results in input order. One bad job
+        refuses the batch (InvalidJob, nothing written); a key repeated inside it creates one job."""
         run = on_tx(tx) if tx is not None else None  # a wrong tx is refused even for no jobs
         plan = enqueueing.enqueue_many(self._q, jobs, self._caps)
         if not jobs:
@@ -83,12 +73,8 @@ class Producer:
     def enqueue_group(
         self, jobs: Sequence[Job], then: Job | None = None, tx: Tx | None = None
     ) -> GroupResult:
-        """Enqueue *jobs*, then *then* waiting for every one of them, in one transaction (SPEC D6).
-
-        *tx*: the caller's transaction (the caller commits); without it the group
-        commits in a transaction of its own on the pool. *then* keeps any parents
-        it names itself. Everything is validated first (InvalidJob, nothing written).
-        """
+        """Enqueue *jobs*, then *then* waiting for every one of them (and its own parents), in one
+        transaction: *tx*, else one of its own on the pool. InvalidJob before anything is written."""
         run = on_tx(tx) if tx is not None else None
         plan = enqueueing.enqueue_group(self._q, jobs, then, self._caps)
         with translated("enqueueing a group"):
@@ -98,13 +84,8 @@ class Producer:
                 return drive(plan, on_tx(own))
 
     def enqueue_tick(self, schedule: str, tick: datetime, job: Job) -> EnqueueResult | None:
-        """Enqueue *job* as *tick* of *schedule* unless that tick, or a later one, was enqueued (SPEC Q4').
-
-        One transaction: the schedule's last tick advances to *tick* (only forward), then the
-        job is inserted; both commit or neither does. None when the tick was not ahead (another
-        engine or an earlier run enqueued it: its job may be gone since, deleted by retention).
-        The job is validated before any statement (E4).
-        """
+        """Enqueue *job* as *tick* of *schedule* in the transaction that advances the schedule's last
+        tick to it; None when the tick was not ahead (enqueued already, its job maybe gone since)."""
         plan = enqueueing.enqueue_one(self._q, job, self._caps)
         with self.session.begin() as tx:
             run = on_tx(tx)

@@ -26,7 +26,7 @@ import json
 import threading
 from typing import Any
 
-from brooq_py.postgres.flow.limits import NO_ANCHOR, TopicCaps
+from brooq_py.postgres.flow.caps import NO_ANCHOR, TopicCaps
 from brooq_py.postgres.session.statements import Queries
 from brooq_py.postgres.session.tx import Rows
 from brooq_py.queue import BrooqError, EnqueueResult, Job
@@ -120,7 +120,7 @@ class FirstTries:
         return topic not in self._out
 
     def saw(self, job: Job, result: EnqueueResult) -> None:
-        """Note the outcome of an enqueue of *job* that ``single.unique_new`` took."""
+        """Note the outcome of an enqueue of *job* that ``plans.unique_new`` took."""
         with self._lock:
             if result.created:
                 self._out.discard(job.topic)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from brooq_py.postgres.enqueue.plans import list_jobs as list_plan
 from brooq_py.postgres.enqueue.plans import retry
-from brooq_py.postgres.flow.limits import checked_topic, rate_text, refusal_text
+from brooq_py.postgres.flow.limits import checked_topic, rate_text
 from brooq_py.postgres.session.connections import Session
 from brooq_py.postgres.session.statements import parse_id
 from brooq_py.queue import JobRow
@@ -30,16 +30,7 @@ class TopicOverview:
     max_depth: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "topic": self.topic,
-            "counts": self.counts,
-            "oldest_ready_seconds": self.oldest_ready_seconds,
-            "paused": self.paused,
-            "limit": self.limit,
-            "rate": self.rate,
-            "tokens": self.tokens,
-            "max_depth": self.max_depth,
-        }
+        return asdict(self)
 
 
 class Operator:
@@ -50,11 +41,8 @@ class Operator:
         self._q = session.q
 
     def retry(self, job_id: str) -> bool:
-        """Put a dead or canceled job back to pending: attempts 0, due now, last_error kept (SPEC Q1).
-
-        Wake the engines of its topic. Return False for any other state and for
-        unknown or malformed ids.
-        """
+        """Put a dead or canceled job back to pending (attempts 0, due now, last_error kept) and wake
+        the engines of its topic; False for any other state and for unknown or malformed ids."""
         return self.session.drive("retrying a job", retry(self._q, job_id))
 
     def retry_refusal(self, job_id: str) -> str | None:
@@ -68,11 +56,8 @@ class Operator:
     def list_jobs(
         self, topic: str | None = None, state: str | None = None, limit: int = 50, *, payload: Any = None
     ) -> list[JobRow]:
-        """The newest jobs first (by id: UUIDv7), of *topic* and in *state* when given; at most *limit*.
-
-        *payload* (None: any) keeps the jobs whose payload contains it (jsonb ``@>``, a subset
-        match); a value that is not JSON raises ``InvalidJob``.
-        """
+        """The newest jobs first, of *topic* and in *state* when given, at most *limit*, whose payload
+        contains *payload* (jsonb ``@>``, a subset match; None: any; not JSON: ``InvalidJob``)."""
         plan = list_plan(self._q, None if topic is None else checked_topic(topic), state, limit, payload)
         return self.session.drive("listing jobs", plan)
 
@@ -88,10 +73,8 @@ class Operator:
         return [str(r[0]) for r in rows]
 
     def topic_overview(self) -> list[TopicOverview]:
-        """Every topic with jobs or settings: jobs per state, oldest ready age, paused, limit.
-
-        Reads the whole job table (one grouped scan): an operator's command, not a scrape.
-        """
+        """Every topic with jobs or settings: jobs per state, oldest ready age, paused, limit (one
+        grouped scan of the whole table: an operator's command, not a scrape)."""
         rows = self.session.run("reading topics", self._q["topic_overview"], {})
         return [
             TopicOverview(
@@ -106,3 +89,19 @@ class Operator:
             )
             for r in rows
         ]
+
+
+def refusal_text(job_id: str, rows: list[tuple[Any, ...]]) -> str | None:
+    """Why a retry changes nothing, from the row of ``job_retry_refusal``; None when it would retry."""
+    if not rows:
+        return f"no job {job_id}"
+    state, holder, unique_key, parent = rows[0]
+    if state not in ("dead", "canceled"):
+        return f"job {job_id} is {state}: only dead or canceled jobs can be retried"
+    if holder is not None:
+        return f"job {holder} is active with the same unique key {unique_key!r}: retry refused"
+    if parent is not None and parent.endswith(" no longer exists"):  # deleted: it cannot be retried
+        return f"its parent {parent}: a job runs only after its parents are done"
+    if parent is not None:
+        return f"its parent {parent}: a job runs only after its parents are done (retry the parent first)"
+    return None

@@ -51,12 +51,8 @@ class BadCursor(ValueError):
 
 @dataclass(frozen=True)
 class TopicView:
-    """One topic: counts per state (None where not counted cheaply; capped at ``cap``).
-
-    Active states are counted over the table; done, dead and canceled over the
-    last hour (``throughput`` is the done count per minute, oldest first), read
-    at most every ``ACTIVITY_TTL`` seconds.
-    """
+    """One topic: counts per state (capped at ``cap``), the active states over the table, done, dead
+    and canceled over the last hour (``throughput``: done per minute, oldest first)."""
 
     topic: str
     counts: dict[str, int | None]
@@ -114,8 +110,7 @@ class JobLine:
 class Relative:
     """A parent or a child of a job (``Job.after``), for the job page."""
 
-    side: str
-    """``parent`` or ``child``."""
+    side: str  # "parent" or "child"
     id: str
     topic: str
     state: str
@@ -152,21 +147,14 @@ def _parse_cursor(state: str, cursor: str | None) -> dict[str, Any]:
     if not cursor:
         return empty
     parts = cursor.split("|")
+    waiting = state in WAITING  # priority|available_at|id, else at|id
     try:
-        if state in WAITING:
-            if len(parts) != 3:
-                raise BadCursor("bad cursor")
-            return {
-                "after_priority": int(parts[0]),
-                "after_at": datetime.fromisoformat(parts[1]),
-                "after_id": uuid.UUID(parts[2]),
-            }
-        if len(parts) != 2:
+        if len(parts) != (3 if waiting else 2):
             raise BadCursor("bad cursor")
         return {
-            "after_priority": None,
-            "after_at": datetime.fromisoformat(parts[0]),
-            "after_id": uuid.UUID(parts[1]),
+            "after_priority": int(parts[0]) if waiting else None,
+            "after_at": datetime.fromisoformat(parts[-2]),
+            "after_id": uuid.UUID(parts[-1]),
         }
     except (ValueError, OverflowError) as exc:
         raise BadCursor("bad cursor") from exc
@@ -195,14 +183,9 @@ class Overview:
         self._activity_at = 0.0
 
     def topics(self) -> Topics:
-        """Return the topic overview, from the cache while it is younger than ``ttl``.
-
-        A slow read is kept longer (``READ_SHARE`` times its duration), so
-        however large the table, reading it takes a bounded share of the time.
-
-        Concurrent callers on a stale cache wait for one read instead of each
-        reading. Raise ``StoreUnavailable`` when the database cannot be reached.
-        """
+        """Return the topic overview, from the cache while it is younger than ``ttl``, or than
+        ``READ_SHARE`` times the last read (so reading takes a bounded share of the time however
+        large the table). Callers on a stale cache wait for one read; StoreUnavailable as any read."""
         with self._lock:
             if self._cached is not None and self._clock() - self._cached_at < self._fresh_for:
                 return self._cached
@@ -289,11 +272,8 @@ class Overview:
         return [Relative(str(r[0]), str(r[1]), str(r[2]), str(r[3])) for r in rows]
 
     def jobs(self, topic: str | None, state: str, cursor: str | None = None, limit: int = 50) -> JobsPage:
-        """Return one page of *topic*'s jobs in *state*, newest first (*topic* None: finished states only).
-
-        Raise ``BadCursor`` for a cursor this module did not write and
-        ``ValueError`` for an unknown state.
-        """
+        """Return one page of *topic*'s jobs in *state*, newest first (*topic* None: finished states
+        only); ``BadCursor`` for a cursor this module did not write, ValueError for an unknown state."""
         if state in WAITING and topic is not None:
             name = "web_jobs_waiting"
         elif state == State.PROCESSING and topic is not None:
@@ -304,23 +284,8 @@ class Overview:
             raise ValueError(f"no listing for state {state!r}")
         params = {"topic": topic, "state": str(state), "limit": limit + 1, **_parse_cursor(state, cursor)}
         rows = self.store.session.run("reading a page of jobs", self.store.session.q[name], params)
-        lines = [
-            JobLine(
-                str(r[0]),
-                str(r[1]),
-                str(r[2]),
-                int(r[3]),
-                int(r[4]),
-                r[5],
-                r[6],
-                r[7],
-                r[8],
-                r[9],
-                r[10],
-                int(r[11] or 0),
-            )
-            for r in rows
-        ]
+        # The columns of web_jobs_*.sql are JobLine's fields, in order.
+        lines = [JobLine(*(*map(str, r[:3]), int(r[3]), int(r[4]), *r[5:11], int(r[11] or 0))) for r in rows]
         more = len(lines) > limit
         lines = lines[:limit]
         return JobsPage(lines, _cursor_of(state, lines[-1]) if more and lines else None)
@@ -335,11 +300,8 @@ class Overview:
         limit: int = 50,
     ) -> SearchPage:
         """Return the jobs among the next *scan* of ``jobs(topic, state, cursor)`` whose payload
-        contains *contains* (jsonb ``@>``), at most *limit*, in the listing's order.
-
-        Two bounded statements: the listing's index-ordered page of *scan* rows, then one primary
-        key probe per row of it (``web_jobs_payload``). Raise what ``jobs`` raises.
-        """
+        contains *contains* (jsonb ``@>``), at most *limit*: that page, then one primary key probe
+        per row of it (``web_jobs_payload``). Raise what ``jobs`` raises."""
         window = self.jobs(topic, state, cursor, scan)
         if not window.jobs:
             return SearchPage([], None, 0)

@@ -1,20 +1,15 @@
 """The pool plumbing every part of a store runs on, and the Store's own connections.
 
-A ``Session`` (sync) or ``AsyncSession`` (asyncio) holds a store's pool and its
-statements rendered for its schema: it lends a pool connection for an
-autocommit statement, a plan or a bounded transaction, and a ``Session`` opens
-the Store's own connections. An ``OwnConnection`` is opened on first use and
-reopened after a break: the engine runs each of its statements from one thread,
-so a connection of its own per kind of statement costs one backend and saves the
-pool checkout, and its session can be set up for that statement alone (a
-claim's plan is cached).
+A ``Session`` (sync) or ``AsyncSession`` (asyncio) holds a store's pool and its statements
+rendered for its schema, and lends a pool connection for an autocommit statement, a plan or a
+bounded transaction. An ``OwnConnection`` (heartbeat, claims, outcome batches) is opened on first
+use and reopened after a break: one backend per kind of statement saves the pool checkout, and its
+session is set up for that statement alone (a claim's plan is cached).
 
-Waits on the own connections are bounded by the lease (SPEC L3). Server side:
-``lock_timeout`` and ``statement_timeout`` end a statement that waits or runs too
-long. Network: TCP keepalives and ``tcp_user_timeout`` notice a half-open socket,
-on both ends. Client side: ``deadline()`` shuts the socket down when a statement
-has not answered in time, which ends a wait that nothing on the wire ever will (a
-path that goes silent behind a proxy that still ACKs).
+Waits on the own connections are bounded by the lease (SPEC L3): ``lock_timeout`` and
+``statement_timeout`` on the server, TCP keepalives and ``tcp_user_timeout`` on the wire, and
+``deadline()``, which shuts the socket down when a statement has not answered in time (a path
+that goes silent behind a proxy that still ACKs).
 """
 
 from __future__ import annotations
@@ -81,12 +76,8 @@ def with_options(kwargs: dict[str, Any], options: str) -> dict[str, Any]:
 
 
 class Session:
-    """A Store's pool and statements: what its producer, worker, operator and flow parts run on.
-
-    *pool* stays the caller's (None: a producer that only enqueues in its own transactions;
-    whatever needs the pool then raises BrooqError). The Store's own connections are opened
-    from *conninfo*, default the pool's, their waits bounded by ``own_lease`` (SPEC L3).
-    """
+    """A Store's pool (the caller's, or None: then whatever needs it raises BrooqError) and
+    statements; its own connections are opened from *conninfo* (default: the pool's)."""
 
     def __init__(
         self, pool: psycopg_pool.ConnectionPool[Any] | None, schema: str, conninfo: str | None
@@ -104,10 +95,8 @@ class Session:
         self.own_lease = DEFAULT_LEASE
 
     def connect_own(self, options: str = "") -> psycopg.Connection[Any]:
-        """Open one of the Store's own autocommit connections from ``conninfo``, its waits bounded (L3).
-
-        *options*: server settings (``-c name=value``) for this connection's session alone.
-        """
+        """Open one of the Store's own autocommit connections, its waits bounded by ``own_lease``;
+        *options*: server settings (``-c name=value``) for its session alone."""
         if self.conninfo is not None:
             return psycopg.connect(
                 self.conninfo, autocommit=True, **with_options(merged({}, self.own_lease), options)
@@ -124,10 +113,7 @@ class Session:
     @contextmanager
     def autocommit(self, doing: str, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
         """Lend a pool connection in autocommit mode; put its flag back before it returns to the pool.
-
-        ``getconn``/``putconn`` rather than the pool's ``connection()`` context, which adds
-        nothing to an autocommit statement and cost about 30 us of CPU a call (the enqueue's hot path).
-        """
+        (``getconn``/``putconn``: the pool's ``connection()`` costs about 30 us of CPU a call.)"""
         pool = self.pool
         if pool is None:
             raise no_pool("Store", doing)
@@ -186,8 +172,7 @@ class Session:
 
 
 class AsyncSession:
-    """An AsyncStore's pool and statements, as ``Session`` for asyncio (no connections of its own
-    but the LISTEN connection of ``wait``)."""
+    """An AsyncStore's pool and statements: ``Session`` for asyncio, without own connections."""
 
     def __init__(self, pool: psycopg_pool.AsyncConnectionPool[Any] | None, schema: str) -> None:
         if isinstance(pool, psycopg_pool.ConnectionPool):
@@ -281,14 +266,10 @@ async def _dropped_if_read_only(conn: psycopg.AsyncConnection[Any], doing: str) 
 class OwnConnection:
     """A lazily opened autocommit connection that runs one statement at a time.
 
-    ``run`` raises StoreUnavailable on a connection error and closes the
-    connection (the next call reopens it); ``try_run`` returns None instead of
-    waiting while another thread is using it, or when the connection cannot
-    be opened (the server refuses it: a role's connection limit, max_connections;
-    tried again after ``REOPEN_PAUSE``). Nothing stays open behind a
-    closed Store: after ``close()`` and until ``reuse()``, ``try_run`` returns
-    None (a claim's late hand-back goes to the pool) and ``run`` closes the
-    connection it opened as its statement ends.
+    ``run`` raises StoreUnavailable on a connection error and closes the connection (the next
+    call reopens it); ``try_run`` returns None instead while another thread uses it, or when
+    the server refuses to open it (tried again after ``REOPEN_PAUSE``). After ``close()`` and
+    until ``reuse()``, ``try_run`` returns None and ``run`` closes what it opened.
     """
 
     def __init__(
@@ -345,9 +326,7 @@ class OwnConnection:
     def _run_locked(self, doing: str, query: Query, params: dict[str, Any]) -> Rows:
         conn = self._conn if self._conn is not None and not self._conn.closed else self._open(doing)
         try:
-            if self._budget is None:
-                return on_connection(conn)(query, params)
-            with deadline(conn, self._budget()):
+            with deadline(conn, self._budget()) if self._budget else contextlib.nullcontext():
                 return on_connection(conn)(query, params)
         except psycopg.Error as exc:
             # A broken connection, or one on a read-only server (a standby): closed, so the
@@ -363,11 +342,8 @@ class OwnConnection:
             conn.close()
 
     def close(self, wait: float = 1.0) -> None:
-        """Close the connection, and the one a later ``run`` opens as its statement ends; safe to repeat.
-
-        A statement still running after *wait* seconds is not waited for: the
-        connection is closed as soon as that statement returns.
-        """
+        """Close the connection, and the one a later ``run`` opens as its statement ends; safe to
+        repeat. A statement still running after *wait* seconds closes it as it returns."""
         self._closed = True  # before the lock: a statement that holds it closes on its way out
         if self._lock.acquire(timeout=wait):
             try:
@@ -415,12 +391,8 @@ def statement_budget(lease: timedelta) -> float:
 
 @contextlib.contextmanager
 def deadline(conn: psycopg.Connection[Any], seconds: float) -> Iterator[None]:
-    """Shut *conn*'s socket down if the block has not ended after *seconds*.
-
-    The waiting call then fails at once with a connection error (the caller
-    closes the connection and reopens it next time), instead of blocking on a
-    socket nobody answers.
-    """
+    """Shut *conn*'s socket down if the block has not ended after *seconds*: the waiting call then
+    fails at once with a connection error instead of blocking on a socket nobody answers."""
     done = threading.Event()
 
     def expire() -> None:

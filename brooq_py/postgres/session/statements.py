@@ -156,36 +156,25 @@ def _named(prefix: str, schema: str) -> str:
 
 
 def channel_for(schema: str) -> str:
-    """Return the NOTIFY channel of *schema*: ``brooq.<schema>``, or ``brooq.<md5(schema)>`` past 63 bytes.
-
-    Its notifications say a topic has ready (pending) jobs; the payload is the topic
-    (empty: every topic).
-    """
+    """``brooq.<schema>`` (``brooq.<md5(schema)>`` past 63 bytes, as every channel here): a topic has
+    ready jobs; the payload is the topic (empty: every topic)."""
     return _named(_PREFIX, schema)
 
 
 def stage_channel_for(schema: str) -> str:
-    """Return the stager's channel of *schema*: ``brooq_stage.<schema>`` (md5 past 63 bytes).
-
-    Its notifications say a job of the topic in the payload was scheduled.
-    """
+    """``brooq_stage.<schema>``: a job of the topic in the payload was scheduled."""
     return _named(_STAGE_PREFIX, schema)
 
 
 def cancel_channel_for(schema: str) -> str:
-    """Return the cancel channel of *schema*: ``brooq_cancel.<schema>`` (md5 past 63 bytes; migration 0011).
-
-    Its notifications say a processing job was canceled; the payload is ``"<id> <claim_token>"``.
-    """
+    """``brooq_cancel.<schema>`` (migration 0011): a processing job was canceled; the payload is
+    ``"<id> <claim_token>"``."""
     return _named(_CANCEL_PREFIX, schema)
 
 
 def settled_channel_for(schema: str) -> str:
-    """Return the results channel of *schema*: ``brooq_settled.<schema>`` (md5 past 63 bytes).
-
-    One notification per outcome batch (or closing transaction, or cancel) that
-    ended a job, with an empty payload: waiters re-check their ids (SPEC V2).
-    """
+    """``brooq_settled.<schema>``: one per outcome batch (or closing transaction, or cancel) that
+    ended a job, empty payload; waiters check their ids again (SPEC V2)."""
     return _named(_SETTLED_PREFIX, schema)
 
 
@@ -217,12 +206,7 @@ def text_array(values: Sequence[str | None]) -> str:
         joined = "\x00".join(values)  # type: ignore[arg-type]  # no None: checked above
         if joined.count("\x00") == n - 1:
             return '{"' + joined.replace("\\", "\\\\").replace('"', '\\"').replace("\x00", '","') + '"}'
-    parts = []
-    for v in values:
-        if v is None:
-            parts.append("NULL")
-        else:
-            parts.append('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"')
+    parts = ["NULL" if v is None else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values]
     return "{" + ",".join(parts) + "}"
 
 
@@ -329,14 +313,9 @@ def attempt_errors(value: Any) -> tuple[AttemptError, ...]:
             when = datetime.fromisoformat(at) if isinstance(at, str) else _EPOCH
         except ValueError:
             when = _EPOCH
-        attempt = e.get("attempt")
-        tb = e.get("traceback")
+        attempt, tb = e.get("attempt"), e.get("traceback")
+        attempt = attempt if isinstance(attempt, int) else 0
         out.append(
-            AttemptError(
-                attempt=attempt if isinstance(attempt, int) else 0,
-                at=when,
-                error=str(e.get("error") or ""),
-                traceback=tb if isinstance(tb, str) else None,
-            )
+            AttemptError(attempt, when, str(e.get("error") or ""), tb if isinstance(tb, str) else None)
         )
     return tuple(out)
