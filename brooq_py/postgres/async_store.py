@@ -95,7 +95,7 @@ class AsyncStore:
 
     async def cancel(self, job_id: str) -> bool:
         """``Store.cancel``, awaited (SPEC X1, D3)."""
-        return await self.session.drive("canceling a job", plans.by_id(self._q.cancel, job_id))
+        return await self.session.drive("canceling a job", plans.by_id(self._q["job_cancel"], job_id))
 
     async def get(self, job_id: str) -> JobRow | None:
         """Return the job's row; None for an unknown or malformed id."""

@@ -52,7 +52,7 @@ class PgListener:
         self._lock = threading.Lock()
         # A silent LISTEN connection looks like a quiet queue: ping it every lease/3 (SPEC L3), by
         # repeating the LISTEN (a no-op for the server, and the session still shows LISTEN).
-        self._listen = queries.listen
+        self._listen = queries["listen"]
         self._ping_every = ping_every
         self._pinged = time.monotonic()
         self._on_close = on_close
@@ -68,7 +68,7 @@ class PgListener:
         with translated("opening the LISTEN connection"):
             self._conn = connect()
             try:
-                self._conn.execute(queries.listen.composed)
+                self._conn.execute(queries["listen"].composed)
                 if on_scheduled is not None:
                     self._conn.execute(queries["listen_stage"].composed)
                 if on_cancel is not None:
@@ -77,15 +77,12 @@ class PgListener:
                     with connect() as other:
                         other.execute(queries["listen_probe"].composed, {"payload": self._probe})
                     self._probe_deadline = time.monotonic() + probe_timeout
-            except psycopg.Error as exc:
+            except BaseException as exc:
                 # A standby refuses LISTEN during recovery (25006): an outage, retried with backoff.
-                outage = is_outage(exc, self._conn)
+                outage = isinstance(exc, psycopg.Error) and is_outage(exc, self._conn)
                 self._conn.close()
                 if outage:
                     raise unavailable(exc, "opening the LISTEN connection") from exc
-                raise
-            except BaseException:
-                self._conn.close()
                 raise
         self._channel = channel_for(queries.schema)
 

@@ -44,7 +44,7 @@ def test_p1_claim_and_renewal_commit_synchronously(store: Store, tx: psycopg.Con
     store.enqueue(Job("a", 1))
     assert sync_commit(tx) == "on"
     claimed = tx.execute(
-        store.session.q.claim.composed, {"topics": ["a"], "limit": 1, "worker": "w", "lease": LEASE}
+        store.session.q["job_claim"].composed, {"topics": ["a"], "limit": 1, "worker": "w", "lease": LEASE}
     ).fetchall()
     assert len(claimed) == 1
     assert sync_commit(tx) == "on"
@@ -61,7 +61,7 @@ def test_p1_claim_and_renewal_commit_synchronously(store: Store, tx: psycopg.Con
         "orphans": True,
         "instance": None,
     }
-    renewed = tx.execute(store.session.q.beat.composed, beat).fetchall()
+    renewed = tx.execute(store.session.q["engine_beat"].composed, beat).fetchall()
     assert [(r[0], r[1]) for r in renewed] == [(str(token), "held")]
     assert sync_commit(tx) == "on"
     tx.commit()

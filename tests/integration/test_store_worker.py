@@ -480,7 +480,7 @@ def test_s4_claim_reads_the_claim_index_in_order_and_an_empty_topic_stays_cheap(
     db.execute("ANALYZE job")
     params = {"topics": ["empty"], "limit": 10, "worker": "w", "lease": LEASE}
     [[explained]] = db.execute(
-        b"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + store.session.q.claim.composed, params
+        b"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + store.session.q["job_claim"].composed, params
     ).fetchall()
     nodes = list(plan_nodes(explained[0]["Plan"]))
     lock_rows = [n for n in nodes if n["Node Type"] == "LockRows"]
@@ -495,7 +495,7 @@ def test_s4_claim_reads_the_claim_index_in_order_and_an_empty_topic_stays_cheap(
     ]
     params["topics"] = ["big"]
     [[explained]] = db.execute(
-        b"EXPLAIN (ANALYZE, FORMAT JSON) " + store.session.q.claim.composed, params
+        b"EXPLAIN (ANALYZE, FORMAT JSON) " + store.session.q["job_claim"].composed, params
     ).fetchall()
     nodes = list(plan_nodes(explained[0]["Plan"]))
     scan = next(n for n in nodes if n["Node Type"] == "LockRows")["Plans"][0]
@@ -520,7 +520,10 @@ def test_c10_c3_batch_writes_do_not_walk_the_lease_index(store: Store, db: psyco
         "orphans": False,
         "instance": None,
     }
-    for query, params in ((store.session.q.settle_many, settle_params), (store.session.q.beat, beat_params)):
+    for query, params in (
+        (store.session.q["job_settle_many"], settle_params),
+        (store.session.q["engine_beat"], beat_params),
+    ):
         db.execute("BEGIN")
         plan = "\n".join(r[0] for r in db.execute(b"EXPLAIN " + query.composed, params).fetchall())
         db.execute("ROLLBACK")
@@ -587,7 +590,9 @@ def test_c1_a_large_claim_finds_its_rows_by_primary_key_not_by_scanning_the_tabl
     db.execute("ANALYZE job")
     params = {"topics": ["big"], "limit": 300, "worker": "w", "lease": LEASE}
     with db.transaction(force_rollback=True):
-        plan = db.execute(b"EXPLAIN (FORMAT JSON) " + store.session.q.claim.composed, params).fetchone()
+        plan = db.execute(
+            b"EXPLAIN (FORMAT JSON) " + store.session.q["job_claim"].composed, params
+        ).fetchone()
     assert plan is not None
     scans = _scans(plan[0])
     assert ("Seq Scan", "job") not in scans, scans

@@ -89,7 +89,7 @@ def _claim_sql(store: Store) -> Callable[[psycopg.Connection[Any]], list[Any]]:
 
     def move(conn: psycopg.Connection[Any]) -> list[Any]:
         params = {"topics": ["u"], "limit": 1, "worker": "mover", "lease": LEASE}
-        return on_connection(conn)(store.session.q.claim, params)
+        return on_connection(conn)(store.session.q["job_claim"], params)
 
     return move
 
@@ -388,7 +388,9 @@ def test_u3_cancel_of_the_holder_and_retry_of_the_old_job_clicked_together(
     assert store.cancel(old.id)
     new = store.enqueue(Job("u", {"v": "new"}, unique_key="k"))
     with psycopg.connect(dsn) as conn:
-        assert on_connection(conn)(store.session.q.cancel, {"id": uuid.UUID(new.id)})  # not committed yet
+        assert on_connection(conn)(
+            store.session.q["job_cancel"], {"id": uuid.UUID(new.id)}
+        )  # not committed yet
         assert store.retry(old.id) is False  # the holder is still active for everyone else
         reason = store.retry_refusal(old.id)
         assert reason is not None and new.id in reason
@@ -407,7 +409,7 @@ def test_u3_retrying_the_holder_itself_while_it_is_being_canceled(
     a = store.enqueue(Job("u", {}, unique_key="k"))
     store.worker.claim(["u"], 1, "w", LEASE)
     with psycopg.connect(dsn) as conn:
-        assert on_connection(conn)(store.session.q.cancel, {"id": uuid.UUID(a.id)})
+        assert on_connection(conn)(store.session.q["job_cancel"], {"id": uuid.UUID(a.id)})
         assert store.retry(a.id) is False  # still processing as the retry sees it
         conn.commit()
     assert store.retry(a.id) is True
@@ -581,7 +583,7 @@ def test_u3_an_internal_move_racing_a_duplicate_enqueue(
     def mover(conn: psycopg.Connection[Any]) -> Any:
         run = on_connection(conn)
         if move == "reap":
-            return run(store.session.q.reap, {"limit": 1000})
+            return run(store.session.q["lease_reap"], {"limit": 1000})
         return run(store.session.q["job_stage"], {"topics": ["u"], "batch": 10, "notify": True})
 
     job = Job("u", {"v": 2}, unique_key="k", on_duplicate=mode)

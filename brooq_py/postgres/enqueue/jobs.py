@@ -259,7 +259,7 @@ def _enqueue_many(
             params.update(after_params([parents[i] for i in todo]))
             query = q["job_enqueue_after"]
         else:
-            query = q["job_enqueue_many_meta"] if with_meta else q.enqueue_many
+            query = q["job_enqueue_many_meta"] if with_meta else q["job_enqueue_many"]
         # Rows come back only for jobs whose key was taken (position in todo from 1), and for
         # capped topics that would go past their cap (then nothing was written).
         rows = yield query, params
@@ -305,7 +305,7 @@ def _enqueue_many(
                 results[i] = EnqueueResult(str(hit[0]), False)
         if lookups:
             keys = {"topics": [jobs[i].topic for i in lookups], "keys": [jobs[i].key for i in lookups]}
-            found = {(topic, key): str(job_id) for topic, key, job_id in (yield q.get_by_keys, keys)}
+            found = {(topic, key): str(job_id) for topic, key, job_id in (yield q["job_get_by_keys"], keys)}
             for i in lookups:
                 existing = found.get((jobs[i].topic, str(jobs[i].key)))
                 if existing is None:

@@ -92,7 +92,7 @@ def keyless(q: Queries, job: Job, caps: Mapping[str, int] | None) -> Fast | None
     if job.meta:  # a separate statement: one without meta still runs on the previous round's schema
         params["meta"] = job.meta_json()
         return q["job_enqueue_plain_meta"], params, EnqueueResult(job_id, True)
-    return q.enqueue_plain, params, EnqueueResult(job_id, True)
+    return q["job_enqueue_plain"], params, EnqueueResult(job_id, True)
 
 
 def unique_first(job: Job, caps: Mapping[str, int] | None) -> bool:
@@ -117,7 +117,7 @@ def unique_new(q: Queries, job: Job, caps: Mapping[str, int] | None, tries: Firs
         return None
     job_id = uuid7_text()
     params = {**_plain_params(job, job_id), "unique_key": job.unique_key, "meta": unique_meta_json(job)}
-    return q.enqueue_unique_new, params, EnqueueResult(job_id, True)
+    return q["job_enqueue_unique_new"], params, EnqueueResult(job_id, True)
 
 
 def capped_new(q: Queries, job: Job, known: Mapping[str, int] | None, caps: TopicCaps) -> Fast | None:
@@ -138,7 +138,7 @@ def capped_new(q: Queries, job: Job, known: Mapping[str, int] | None, caps: Topi
         "base": anchor[0],
         "seq0": anchor[1],
     }
-    return q.enqueue_capped, params, EnqueueResult(job_id, True)
+    return q["job_enqueue_capped"], params, EnqueueResult(job_id, True)
 
 
 def known_caps(q: Queries, caps: TopicCaps) -> Plan[Mapping[str, int]]:
@@ -171,7 +171,7 @@ def enqueue_single(q: Queries, job: Job, payload: str, caps: TopicCaps) -> Plan[
     sent = caps.depth_params(job.topic) if cap is not None else ({**NO_ANCHOR}, None)
     params.update(sent[0])
     for _ in range(ATTEMPTS):
-        rows = yield (q["job_enqueue_meta"] if job.meta else q.enqueue), params
+        rows = yield (q["job_enqueue_meta"] if job.meta else q["job_enqueue"]), params
         if rows and cap is not None:
             caps.answered(job.topic, cap, sent, rows[0], bool(rows[0][1]))
         if rows and rows[0][1]:
@@ -179,7 +179,7 @@ def enqueue_single(q: Queries, job: Job, payload: str, caps: TopicCaps) -> Plan[
         # No row: the key is taken. (NULL, false): the cap refused it - unless the key is taken too.
         if job.key is not None:
             # A new statement: its snapshot sees a duplicate committed while we waited on it.
-            found = yield q.get_by_key, {"topic": job.topic, "key": job.key}
+            found = yield q["job_get_by_key"], {"topic": job.topic, "key": job.key}
             if found:
                 return EnqueueResult(str(found[0][0]), False)
         if rows:
@@ -215,7 +215,7 @@ def get(q: Queries, job_id: Any) -> Plan[JobRow | None]:
     parsed = parse_id(job_id)
     if parsed is None:
         return None
-    rows = yield q.get, {"id": parsed}
+    rows = yield q["job_get"], {"id": parsed}
     return job_row(rows[0]) if rows else None
 
 

@@ -103,7 +103,7 @@ class Producer:
     def cancel(self, job_id: str) -> bool:
         """Cancel a pending, scheduled, failed, blocked or processing job, and its blocked descendants
         (SPEC X1, D3); False for terminal, unknown or malformed ids (never an error)."""
-        return self.session.drive("canceling a job", plans.by_id(self._q.cancel, job_id))
+        return self.session.drive("canceling a job", plans.by_id(self._q["job_cancel"], job_id))
 
     def get(self, job_id: str) -> JobRow | None:
         """Return the job's row; None for an unknown or malformed id."""

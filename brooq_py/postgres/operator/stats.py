@@ -71,19 +71,13 @@ class Stats:
     dead: list[DeadJob]
 
     def to_json(self) -> dict[str, Any]:
-        def iso(d: datetime) -> str:
-            return d.isoformat()
-
         return {
             "schema": self.schema,
             "cap": self.cap,
             "topics": [vars(t) for t in self.topics],
-            "holders": [
-                {"locked_by": h.locked_by, "jobs": h.jobs, "next_lease_end": iso(h.next_lease_end)}
-                for h in self.holders
-            ],
-            "in_flight": [{**vars(f), "locked_until": iso(f.locked_until)} for f in self.in_flight],
-            "dead": [{**vars(d), "updated_at": iso(d.updated_at)} for d in self.dead],
+            "holders": [{**vars(h), "next_lease_end": h.next_lease_end.isoformat()} for h in self.holders],
+            "in_flight": [{**vars(f), "locked_until": f.locked_until.isoformat()} for f in self.in_flight],
+            "dead": [{**vars(d), "updated_at": d.updated_at.isoformat()} for d in self.dead],
         }
 
 

@@ -69,12 +69,6 @@ SETTLE_LOCK_WAIT = "250ms"
 DEFAULT_LEASE = timedelta(seconds=30)
 
 
-def with_options(kwargs: dict[str, Any], options: str) -> dict[str, Any]:
-    if options:
-        kwargs["options"] = f"{kwargs['options']} {options}" if kwargs.get("options") else options
-    return kwargs
-
-
 class Session:
     """A Store's pool (the caller's, or None: then whatever needs it raises BrooqError) and
     statements; its own connections are opened from *conninfo* (default: the pool's)."""
@@ -98,17 +92,14 @@ class Session:
         """Open one of the Store's own autocommit connections, its waits bounded by ``own_lease``;
         *options*: server settings (``-c name=value``) for its session alone."""
         if self.conninfo is not None:
-            return psycopg.connect(
-                self.conninfo, autocommit=True, **with_options(merged({}, self.own_lease), options)
-            )
-        if self._pool_conninfo is None:
+            conninfo, extra = self.conninfo, {}
+        elif self._pool_conninfo is None:
             raise no_pool("Store", "opening its own connection")
-        conninfo = self._pool_conninfo() if callable(self._pool_conninfo) else self._pool_conninfo
-        kwargs = self._pool_kwargs() if callable(self._pool_kwargs) else (self._pool_kwargs or {})
-        extra = {k: v for k, v in kwargs.items() if k not in NOT_LIBPQ}
-        return psycopg.connect(
-            conninfo, autocommit=True, **with_options(merged(extra, self.own_lease), options)
-        )
+        else:
+            conninfo = self._pool_conninfo() if callable(self._pool_conninfo) else self._pool_conninfo
+            kwargs = self._pool_kwargs() if callable(self._pool_kwargs) else (self._pool_kwargs or {})
+            extra = {k: v for k, v in kwargs.items() if k not in NOT_LIBPQ}
+        return psycopg.connect(conninfo, autocommit=True, **merged(extra, self.own_lease, options))
 
     @contextmanager
     def autocommit(self, doing: str, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
@@ -376,11 +367,11 @@ def own_connection_kwargs(lease: timedelta) -> dict[str, Any]:
     }
 
 
-def merged(kwargs: dict[str, Any], lease: timedelta) -> dict[str, Any]:
-    """*kwargs* with the bounds added; the caller's own ``options`` come first, ours win."""
+def merged(kwargs: dict[str, Any], lease: timedelta, options: str = "") -> dict[str, Any]:
+    """*kwargs* with the bounds of *lease* added, then *options*: the caller's own ``options`` come
+    first, so ours win."""
     out = {**kwargs, **own_connection_kwargs(lease)}
-    if kwargs.get("options"):
-        out["options"] = f"{kwargs['options']} {out['options']}"
+    out["options"] = " ".join(o for o in (kwargs.get("options"), out["options"], options) if o)
     return out
 
 

@@ -75,66 +75,48 @@ def _depth_seq(schema: str) -> sql.Composable:
     return sql.Literal(sql.Identifier(schema, "job_depth_seq").as_string(None))
 
 
+# The tables a statement names by their name: ``{job}`` stands for "<schema>"."job".
+_TABLES = ("job", "engine", "job_in_flight", "job_edge", "job_wait", "topic_setting", "schedule_tick")
+
+
 def render(name: str, schema: str, *, rows: bool = True) -> Query:
     """Render ``sql/<name>.sql`` for *schema* (*rows*: see ``Query``)."""
     template = sql.SQL(load(name))
-    shared = {
+    args: dict[str, sql.Composable] = {
         f: _fragment(f, schema) if "{" + f + "}" in template.as_string(None) else sql.SQL("")
         for f in _FRAGMENTS
     }
-    composed = template.format(
-        **shared,
-        job=sql.Identifier(schema, "job"),
-        engine=sql.Identifier(schema, "engine"),
-        job_in_flight=sql.Identifier(schema, "job_in_flight"),
-        job_edge=sql.Identifier(schema, "job_edge"),
-        job_wait=sql.Identifier(schema, "job_wait"),
-        topic_setting=sql.Identifier(schema, "topic_setting"),
-        schedule_tick=sql.Identifier(schema, "schedule_tick"),
-        depth_seq=_depth_seq(schema),
-        version_table=sql.Identifier(schema, "brooq_alembic_version"),
-        channel=sql.Identifier(channel_for(schema)),
-        channel_literal=sql.Literal(channel_for(schema)),
-        stage_channel=sql.Identifier(stage_channel_for(schema)),
-        stage_channel_literal=sql.Literal(stage_channel_for(schema)),
-        cancel_channel=sql.Identifier(cancel_channel_for(schema)),
-        settled_channel=sql.Identifier(settled_channel_for(schema)),
-        settled_channel_literal=sql.Literal(settled_channel_for(schema)),
-    )
+    args.update({t: sql.Identifier(schema, t) for t in _TABLES})
+    args.update(depth_seq=_depth_seq(schema), version_table=sql.Identifier(schema, "brooq_alembic_version"))
+    for key, channel in (
+        ("channel", channel_for),
+        ("stage_channel", stage_channel_for),
+        ("cancel_channel", cancel_channel_for),
+        ("settled_channel", settled_channel_for),
+    ):
+        args[key], args[f"{key}_literal"] = sql.Identifier(channel(schema)), sql.Literal(channel(schema))
+    composed = template.format(**args)
     # A foreign Tx gets the text with plain %(name)s placeholders: binary ones are psycopg's own.
     text = _BINARY_PLACEHOLDER.sub(r"%(\1)s", composed.as_string(None))
     return Query(name, composed.as_bytes(None), text, rows)
 
 
+# Statements without RETURNING: their row count is their answer (session/tx.py).
+_COUNTED = frozenset({"job_enqueue_plain", "job_enqueue_unique_new", "job_enqueue_capped"})
+
+
 class Queries:
-    """Every statement the Store runs, rendered once for one schema."""
+    """Every statement a store runs, by name, rendered for one schema once, on first use."""
 
     def __init__(self, schema: str) -> None:
         self.schema = schema
         self._rendered: dict[str, Query] = {}
-        self.enqueue = render("job_enqueue", schema)
-        self.enqueue_plain = render("job_enqueue_plain", schema, rows=False)
-        self.enqueue_unique_new = render("job_enqueue_unique_new", schema, rows=False)
-        self.enqueue_capped = render("job_enqueue_capped", schema, rows=False)
-        self.enqueue_many = render("job_enqueue_many", schema)
-        self.get_by_key = render("job_get_by_key", schema)
-        self.get_by_keys = render("job_get_by_keys", schema)
-        self.get = render("job_get", schema)
-        self.cancel = render("job_cancel", schema)
-        self.claim = render("job_claim", schema)
-        self.settle_many = render("job_settle_many", schema)
-        self.settle_one = render("job_settle_one", schema)
-        self.beat = render("engine_beat", schema)
-        self.reap = render("lease_reap", schema)
-        self.delete_terminal = render("job_delete_terminal", schema)
-        self.ping = render("ping", schema)
-        self.listen = render("listen", schema)
 
     def __getitem__(self, name: str) -> Query:
-        """Return ``sql/<name>.sql`` rendered for this schema (rendered once, on first use)."""
+        """Return ``sql/<name>.sql`` rendered for this schema."""
         query = self._rendered.get(name)
         if query is None:
-            query = self._rendered[name] = render(name, self.schema)
+            query = self._rendered[name] = render(name, self.schema, rows=name not in _COUNTED)
         return query
 
 

@@ -144,7 +144,7 @@ class WorkerRepo:
         if not topics or limit < 1:
             return []
         params = {"topics": list(topics), "limit": limit, "worker": worker, "lease": lease}
-        return claimed_jobs(self._own_or_pool(self._claimer, "claiming jobs", self._q.claim, params))
+        return claimed_jobs(self._own_or_pool(self._claimer, "claiming jobs", self._q["job_claim"], params))
 
     def claim_limited(self, topic: str, limit: int, worker: str, lease: timedelta) -> LimitedClaim:
         """Claim up to *limit* jobs of a globally limited or rate-limited *topic*, never beyond its
@@ -179,7 +179,7 @@ class WorkerRepo:
         if not outcomes:
             return Settled()
         params = self._settle_params(outcomes)
-        rows = self._own_or_pool(self._settler, "settling outcomes", self._q.settle_many, params)
+        rows = self._own_or_pool(self._settler, "settling outcomes", self._q["job_settle_many"], params)
         written = {r[0] for r in rows}
         tokens = {str(r[2]) for r in rows}
         if len(tokens) >= len(outcomes):
@@ -254,7 +254,7 @@ class WorkerRepo:
             "notify": outcome.state in _ENDS,
         }
         with translated("settling an outcome", as_psycopg(tx)):
-            rows = on_tx(tx)(self._q.settle_one, params)
+            rows = on_tx(tx)(self._q["job_settle_one"], params)
         return str(rows[0][0]) if rows else "gone"
 
     def settle_tx(self, tx: Tx, outcome: Outcome) -> bool:
@@ -275,7 +275,9 @@ class WorkerRepo:
             "orphans": orphans,
             "instance": proof.instance,
         }
-        rows = self._own_or_pool(self._heartbeat, "renewing the engine's proof of life", self._q.beat, params)
+        rows = self._own_or_pool(
+            self._heartbeat, "renewing the engine's proof of life", self._q["engine_beat"], params
+        )
         taken = [r[2] for r in rows if r[1] == "taken"]
         if taken:
             raise BrooqError(
@@ -316,7 +318,9 @@ class WorkerRepo:
     def reap(self) -> list[tuple[str, str]]:
         """Return to pending the processing rows whose engine is gone or dropped them, at most
         REAP_BATCH, in one statement (sql/lease_reap.sql); (id, topic) of each."""
-        rows = self.session.run("reaping claims of gone engines", self._q.reap, {"limit": REAP_BATCH})
+        rows = self.session.run(
+            "reaping claims of gone engines", self._q["lease_reap"], {"limit": REAP_BATCH}
+        )
         return [(str(r[0]), r[1]) for r in rows]
 
     def delete_terminal(self, ttl: timedelta, batch: int) -> list[tuple[str, str]]:
@@ -330,7 +334,7 @@ class WorkerRepo:
             locked = run(self._q["job_terminal_lock"], {"ttl": ttl, "batch": batch})
             if not locked:
                 return []
-            rows = run(self._q.delete_terminal, {"ids": uuid_array([str(r[0]) for r in locked])})
+            rows = run(self._q["job_delete_terminal"], {"ids": uuid_array([str(r[0]) for r in locked])})
         return [(str(r[0]), r[1]) for r in rows]
 
     def stage(self, topics: Sequence[str], batch: int, notify: bool = True) -> Staged:
@@ -413,7 +417,7 @@ class WorkerRepo:
         (default ``ping_timeout``, 2 s); False on any error."""
         try:
             with self.session.autocommit("pinging", timeout=timeout or self.ping_timeout) as conn:
-                return bool(on_connection(conn)(self._q.ping, {}))
+                return bool(on_connection(conn)(self._q["ping"], {}))
         except Exception:
             return False
 
