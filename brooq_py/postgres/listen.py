@@ -1,11 +1,9 @@
 """A LISTEN subscription on its own autocommit connection (the engine's wake-up).
 
-Wake-ups name their topic (SPEC Z3): the subscription reports only those of
-its topics. Right after LISTEN a probe is sent from a second connection; when
-no notification at all arrives within ``PROBE_TIMEOUT`` the connection does not
-deliver them (LISTEN through a transaction-pooling proxy such as PgBouncer in
-transaction mode): the subscription says so in one log line, closes its
-connection and from then on only sleeps, so polling carries the work.
+Wake-ups name their topic (SPEC Z3). Right after LISTEN a probe is sent from a second connection;
+when nothing arrives within ``PROBE_TIMEOUT`` the connection does not deliver notifications (a
+transaction-pooling proxy): the subscription says so once, closes it and only sleeps, so polling
+carries the work.
 """
 
 from __future__ import annotations

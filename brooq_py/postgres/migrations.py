@@ -1,11 +1,9 @@
 """Apply brooq_py's schema: alembic under the hood, version table ``brooq_alembic_version``.
 
-Migrations are a deployment step (``python -m brooq_py migrate up``), never run
-at engine start. Each function opens its own connection from *dsn* (any libpq
-form: URL or ``key=value``); the whole run is one transaction holding an
-advisory lock of the schema, so concurrent upgrades of one schema apply each
-revision once. Alembic and SQLAlchemy are imported here, lazily, never by
-``import brooq_py.postgres``.
+A deployment step (``python -m brooq_py migrate up``), never run at engine start. Each function
+opens its own connection from *dsn*; a run is one transaction holding an advisory lock of the
+schema, so concurrent upgrades apply each revision once. Alembic and SQLAlchemy are imported
+lazily, never by ``import brooq_py.postgres``.
 """
 
 from __future__ import annotations

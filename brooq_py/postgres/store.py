@@ -89,6 +89,25 @@ class Store:
 
     wait = delegate(Watch.wait, "waits")
     result = delegate(Watch.result, "waits")
+
+    # The Repo port, as API.md promises of a Store; an engine calls the worker part itself.
+    claim = delegate(WorkerRepo.claim, "worker")
+    claim_limited = delegate(WorkerRepo.claim_limited, "worker")
+    settle_many = delegate(WorkerRepo.settle_many, "worker")
+    lock_own_tx = delegate(WorkerRepo.lock_own_tx, "worker")
+    settle_own_tx = delegate(WorkerRepo.settle_own_tx, "worker")
+    settle_tx = delegate(WorkerRepo.settle_tx, "worker")
+    beat = delegate(WorkerRepo.beat, "worker")
+    leave = delegate(WorkerRepo.leave, "worker")
+    reap = reap_expired = delegate(WorkerRepo.reap, "worker")
+    delete_terminal = delegate(WorkerRepo.delete_terminal, "worker")
+    stage = delegate(WorkerRepo.stage, "worker")
+    next_due = delegate(WorkerRepo.next_due, "worker")
+    gauges = delegate(WorkerRepo.gauges, "worker")
+    database_gauges = delegate(WorkerRepo.database_gauges, "worker")
+    listen = delegate(WorkerRepo.listen, "worker")
+    bound_waits = delegate(WorkerRepo.bound_waits, "worker")
+    schema_version = delegate(WorkerRepo.schema_version, "worker")
     ping = delegate(WorkerRepo.ping, "worker")
 
     def close(self) -> None:

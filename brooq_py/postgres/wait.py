@@ -1,15 +1,11 @@
 """Waiting for jobs to end (``wait``, ``result``): one LISTEN connection per store, shared by every waiter (SPEC V2).
 
-A store's ``Watch`` (threads) or ``AsyncWatch`` (asyncio) opens its connection
-at the first wait and closes it at the store's ``close()``; the connection is
-still read while no one waits, and closed after ``IDLE_CLOSE`` seconds without
-a waiter. It LISTENs on the results channel, which the outcome statements
-notify once per batch that ended jobs (and a cancel once), with an empty
-payload. On each wake-up, and every ``poll`` seconds in case a notification was
-lost (or LISTEN is unavailable), it runs ONE statement for every id waited on
-(``job_wait_check``) and wakes the waiters whose job ended or no longer exists;
-each then reads its own row. A waiter registers before it first reads its row,
-so an outcome committed in between is never missed: the next check includes it.
+A store's ``Watch`` (threads) or ``AsyncWatch`` (asyncio) opens its connection at the first wait
+and closes it at the store's ``close()``, or after ``IDLE_CLOSE`` seconds without a waiter. On each
+notification of the results channel (one per outcome batch that ended jobs), and every ``poll``
+seconds in case one was lost, ONE statement checks every id waited on (``job_wait_check``) and
+wakes the waiters whose job ended or is gone; each then reads its own row. A waiter registers
+before it first reads its row, so an outcome committed in between is never missed.
 """
 
 from __future__ import annotations
@@ -52,16 +48,6 @@ IDLE_CLOSE = 30.0
 _ENDED = frozenset(str(s) for s in TERMINAL_STATES)
 
 E = TypeVar("E", threading.Event, asyncio.Event)
-
-
-def seconds(timeout: float | timedelta | None) -> float | None:
-    """Return *timeout* in seconds (None: no limit); raise ValueError for a negative one."""
-    if timeout is None:
-        return None
-    s = to_timedelta(timeout, "timeout").total_seconds()
-    if s < 0:
-        raise ValueError(f"timeout must not be negative, got {s:g}s")
-    return s
 
 
 class _Waiters(Generic[E]):
@@ -372,7 +358,9 @@ class _Waiting:
     """One wait's bookkeeping, shared by the sync and the async loop: the id, the deadline."""
 
     def __init__(self, job_id: str, timeout: float | timedelta | None) -> None:
-        self.limit = seconds(timeout)
+        self.limit = None if timeout is None else to_timedelta(timeout, "timeout").total_seconds()
+        if self.limit is not None and self.limit < 0:
+            raise ValueError(f"timeout must not be negative, got {self.limit:g}s")
         job = parse_id(job_id)
         if job is None:
             raise JobNotFound(f"no job {job_id!r}")

@@ -1,10 +1,8 @@
-"""The enqueue plans the Stores call: ``enqueue_own``, ``enqueue_one``, ``enqueue_many``, ``enqueue_group``.
+"""The enqueue plans the stores call: ``enqueue_own``, ``enqueue_one``, ``enqueue_many``, ``enqueue_group``.
 
-Each is a plan (``session.tx``), written once for the Store and the AsyncStore, so
-the rules (E1-E5, X1, Q1, U1-U2, D1, D6, F2) cannot drift apart between the two.
-``enqueue_many`` is one statement for the batch, more only for keys a concurrent
-writer held or a merge or replace of a repeated unique key; one job's statements
-are in ``plans``.
+Written once for the Store and the AsyncStore, so the rules (E1-E5, U1-U2, D1, D6, F2) cannot drift
+apart. ``enqueue_many`` is one statement for the batch, more only for keys a concurrent writer
+held or a merge or replace of a repeated unique key.
 """
 
 from __future__ import annotations
@@ -134,14 +132,9 @@ def _group(
 
 
 def enqueue_many(q: Queries, jobs: Sequence[Job], caps: TopicCaps) -> Plan[list[EnqueueResult]]:
-    """Enqueue *jobs* in one statement (more only for keys a concurrent writer held); input order.
-
-    Every job is validated when the plan is made: one bad job refuses the batch (E4, E5).
-    A key (idempotency or unique) repeated inside the batch is sent once, with its first
-    job; each repeat is then answered, in input order, as the same enqueues one after
-    another would answer it (``_repeat``): most with the earlier job's id and created=False
-    at no cost, a merge or replace of a unique key with its own statement (U2).
-    """
+    """Enqueue *jobs* in one statement; input order; validated when the plan is made (E4, E5). A key
+    repeated inside the batch is sent once, with its first job; each repeat is answered as the same
+    enqueues one after another would answer it (``_repeat``)."""
     first_of: dict[Name, int] = {}
     repeats: list[int] = []
     todo: list[int] = []

@@ -1,15 +1,9 @@
 """One job's statements, the building blocks of the enqueue plans (``jobs``), and the reads of jobs.
 
-Validation before any statement (E4, E5), the one-statement fast paths
-(``keyless``, ``unique_new``, ``capped_new``), the caps a plan reads, and
-``enqueue_single``: one job with its keys and cap (E1-E3, U1-U2, F2). ``get``,
-``by_id``, ``retry`` and ``list_jobs`` read or change one job or list them.
-
-Ids are generated here (UUIDv7, time-ordered: SPEC Z4), so a job's id is known before commit.
-Idempotency relies on ``INSERT ... ON CONFLICT DO NOTHING``: a duplicate never
-raises into the caller's transaction at READ COMMITTED (SPEC E2). Under
-REPEATABLE READ or SERIALIZABLE a duplicate committed concurrently raises a
-serialization failure, as any conflicting write does there.
+Validation before any statement (E4, E5), the one-statement fast paths (``keyless``,
+``unique_new``, ``capped_new``), the caps a plan reads, and ``enqueue_single``: one job with its
+keys and cap (E1-E3, U1-U2, F2). ``get``, ``by_id``, ``retry`` and ``list_jobs`` read or change
+one job or list them. Ids are made here (UUIDv7, SPEC Z4): a job's id is known before commit.
 """
 
 from __future__ import annotations
@@ -37,18 +31,6 @@ ATTEMPTS = 5
 Name = tuple[str, str, str]
 
 
-def job_params(job: Job, payload: str, job_id: uuid.UUID) -> dict[str, Any]:
-    return {
-        "id": job_id,
-        "topic": job.topic,
-        "payload": payload,
-        "key": job.key,
-        "available_at": job.available_at,
-        "priority": job.priority,
-        "meta": job.meta_json(),
-    }
-
-
 def validated(jobs: Sequence[Job]) -> list[str]:
     """Return every job's payload text; raise InvalidJob for the first bad one (nothing written)."""
     texts = []
@@ -64,12 +46,13 @@ def _plain(job: Job) -> bool:
     return isinstance(job, Job) and job.key is None and job.unique_key is None and not job.after
 
 
-def _plain_params(job: Job, job_id: str) -> dict[str, Any]:
-    """The parameters of a plain INSERT of *job* under *job_id* (validating its payload, E4)."""
+def _plain_params(job: Job, job_id: str | uuid.UUID, payload: str | None = None) -> dict[str, Any]:
+    """The parameters of a plain INSERT of *job* under *job_id*; *payload*: its text, validated
+    already (None: validated here, E4)."""
     return {
         "id": job_id,
         "topic": job.topic,
-        "payload": job.payload_json(),
+        "payload": job.payload_json() if payload is None else payload,
         "available_at": job.available_at,
         "priority": job.priority,
     }
@@ -80,11 +63,8 @@ Fast = tuple[Query, dict[str, Any], EnqueueResult]
 
 
 def keyless(q: Queries, job: Job, caps: Mapping[str, int] | None) -> Fast | None:
-    """The one plain INSERT of a Job without keys or parents on a topic that *caps* (the depth caps,
-    None: not known lately) do not name: never deduplicated (E1), its id made here, nothing read back.
-
-    None for any other job (``enqueue_one`` refuses what is not a Job). Validates the job (E4).
-    """
+    """The one plain INSERT of a Job without keys or parents on a topic that *caps* (None: not known
+    lately) do not name, nothing read back; None for any other job. Validates the job (E4)."""
     if caps is None or not _plain(job) or job.topic in caps:
         return None
     job_id = uuid7_text()
@@ -166,7 +146,7 @@ def enqueue_single(q: Queries, job: Job, payload: str, caps: TopicCaps) -> Plan[
         plain = keyless(q, job, known)
         assert plain is not None
         return (yield from just(plain))
-    params = job_params(job, payload, uuid7())
+    params = {**_plain_params(job, uuid7(), payload), "key": job.key, "meta": job.meta_json()}
     params["cap"] = cap
     sent = caps.depth_params(job.topic) if cap is not None else ({**NO_ANCHOR}, None)
     params.update(sent[0])

@@ -46,11 +46,9 @@ class Producer:
     def enqueue_tx(self, tx: Tx, job: Job) -> EnqueueResult:
         """Enqueue *job* inside the caller's transaction *tx* (a WrapTx, a psycopg Connection, or any
         object with ``execute(query, params)`` taking ``%(name)s`` parameters); the caller commits.
-
-        The id is known at once. A duplicate never aborts the transaction at READ COMMITTED; under
-        REPEATABLE READ or SERIALIZABLE a concurrent one raises a serialization failure, as any
-        conflicting write does. An asyncio connection raises TypeError naming AsyncStore.
-        """
+        A duplicate never aborts the transaction at READ COMMITTED (under REPEATABLE READ or
+        SERIALIZABLE a concurrent one fails it, as any conflicting write does). An asyncio
+        connection raises TypeError naming AsyncStore."""
         plan = enqueueing.enqueue_one(self._q, job, self._caps)
         with translated("enqueueing", as_psycopg(tx)):
             return drive(plan, on_tx(tx))

@@ -1,10 +1,5 @@
-"""Workflows on the producer side: jobs that name parents, groups with a fan-in job (SPEC D1, D6).
-
-Plans as in ``jobs`` (no I/O, one for the Store and the AsyncStore). A
-batch holding a job with ``after`` is written by ``job_enqueue_after``, one
-statement that checks the parents, locks them, inserts the jobs (blocked while
-a parent is not done) and one ``job_edge`` row per parent. Jobs without
-parents keep their own statements (the keyless one a plain INSERT).
+"""Workflows on the producer side (SPEC D1, D6): the parameters of ``job_enqueue_after``, which
+writes a batch holding jobs that name parents (``after``), and the checks of those parents.
 """
 
 from __future__ import annotations

@@ -157,12 +157,9 @@ class Flow:
         self, topic: str, limit: int | None, per: float | timedelta = 1, *, burst: int | None = None
     ) -> None:
         """Let claims of *topic* start at most *limit* per *per* (seconds or a timedelta) on average,
-        in bursts of at most *burst* (default: *limit*), across every engine; None removes it.
-
-        The claims spend the database's tokens under the topic's lock, which this waits for; a first
+        in bursts of at most *burst* (default: *limit*), across every engine; None removes it. A first
         limit returns once the claims begun before it have ended (at most 10 s), as ``set_limit``.
-        Raise ValueError for values out of range (limit and burst from 1, per from a microsecond).
-        """
+        Raise ValueError for values out of range (limit and burst from 1, per from a microsecond)."""
         params = rate_params(topic, limit, per, burst)
         with self.session.autocommit("setting a topic's rate limit") as conn:
             run = on_connection(conn)

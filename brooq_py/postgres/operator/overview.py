@@ -1,11 +1,8 @@
 """What the dashboard and ``GET /topics`` read: topics with their counts, pages of jobs.
 
-Every read is a fixed, small number of index-served statements: counts stop
-at a cap, lists at a page size with a keyset cursor, and the last hour of
-outcomes is read from the retention index up to the cap. Terminal rows are
-never counted over the whole table. The topic overview is cached for a short
-time, shared by every caller, so a page view and its live refresh cost the
-database nothing while the cache is fresh.
+Every read is a few index-served statements: counts stop at a cap, lists at a page size with a
+keyset cursor, the last hour of outcomes is read from the retention index up to the cap. The
+topic overview is cached for a short time, shared by every caller.
 """
 
 from __future__ import annotations
@@ -13,19 +10,18 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
 from brooq_py.postgres.flow.limits import rate_text, setting_of
+from brooq_py.postgres.session.connections import Session
 from brooq_py.queue import State
-
-if TYPE_CHECKING:
-    from brooq_py.postgres.store import Store
 
 DEFAULT_CAP = 10_000
 DEFAULT_TTL = 2.0
@@ -160,12 +156,16 @@ def _parse_cursor(state: str, cursor: str | None) -> dict[str, Any]:
         raise BadCursor("bad cursor") from exc
 
 
+class _OnSession(Protocol):
+    session: Session  # a Store's
+
+
 class Overview:
     """Bounded reads of one Store for people and dashboards; ``topics()`` is cached for *ttl* seconds."""
 
     def __init__(
         self,
-        store: Store,
+        store: _OnSession,
         *,
         ttl: float = DEFAULT_TTL,
         cap: int = DEFAULT_CAP,
@@ -224,11 +224,10 @@ class Overview:
                 cur.execute(q["gauges_topics"].composed, {"topics": topics, "cap": self.cap})
                 columns = [d.name for d in cur.description or ()]
                 gauges = {str(r[0]): dict(zip(columns, r, strict=True)) for r in cur.fetchall()}
-        recent: dict[str, dict[str, int]] = {}
+        recent: dict[str, Counter[str]] = {}
         per_minute: dict[str, list[int]] = {}
         for topic, state, minutes_ago, jobs in activity:
-            recent.setdefault(topic, {})
-            recent[topic][state] = recent[topic].get(state, 0) + int(jobs)
+            recent.setdefault(topic, Counter())[state] += int(jobs)
             if state == State.DONE:
                 series = per_minute.setdefault(topic, [0] * MINUTES)
                 series[MINUTES - 1 - int(minutes_ago)] += int(jobs)
@@ -238,7 +237,7 @@ class Overview:
             counts: dict[str, int | None] = {}
             for state in STATES:
                 if state in FINISHED:
-                    counts[state] = recent.get(topic, {}).get(state, 0)
+                    counts[state] = recent.get(topic, Counter())[state]
                 else:
                     value = g.get(str(state))
                     counts[state] = None if value is None else int(value)

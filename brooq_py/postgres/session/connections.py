@@ -255,13 +255,10 @@ async def _dropped_if_read_only(conn: psycopg.AsyncConnection[Any], doing: str) 
 
 
 class OwnConnection:
-    """A lazily opened autocommit connection that runs one statement at a time.
-
-    ``run`` raises StoreUnavailable on a connection error and closes the connection (the next
-    call reopens it); ``try_run`` returns None instead while another thread uses it, or when
-    the server refuses to open it (tried again after ``REOPEN_PAUSE``). After ``close()`` and
-    until ``reuse()``, ``try_run`` returns None and ``run`` closes what it opened.
-    """
+    """A lazily opened autocommit connection that runs one statement at a time. ``run`` raises
+    StoreUnavailable on a connection error and closes it (the next call reopens it); ``try_run``
+    returns None instead while another thread uses it or the server refuses to open it (tried again
+    after ``REOPEN_PAUSE``), and after ``close()`` until ``reuse()``."""
 
     def __init__(
         self, connect: Callable[[], psycopg.Connection[Any]], budget: Callable[[], float] | None = None
@@ -430,17 +427,16 @@ def no_pool(store: str, doing: str) -> BrooqError:
 
 
 P = ParamSpec("P")
-R = TypeVar("R")
 
 
-def delegate(method: Callable[Concatenate[Any, P], R], part: str) -> Callable[Concatenate[Any, P], R]:
+def delegate(method: Callable[Concatenate[Any, P], T], part: str) -> Callable[Concatenate[Any, P], T]:
     """A method that calls *method* on the object in attribute *part*: ``enqueue =
     delegate(Producer.enqueue, "producer")`` (its name, signature and docstring, for help())."""
     name = method.__name__
 
     @functools.wraps(method)
-    def forward(self: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        result: R = getattr(getattr(self, part), name)(*args, **kwargs)
+    def forward(self: Any, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        result: T = getattr(getattr(self, part), name)(*args, **kwargs)
         return result
 
     return forward

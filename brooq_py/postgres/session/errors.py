@@ -1,13 +1,9 @@
-"""Translate psycopg's connection errors at the Store's edge; never leak a DSN password.
+"""Translate psycopg's connection errors at the store's edge; never leak a DSN password.
 
-Two kinds of error mean "this connection cannot do the Store's work, another one
-may": the connection broke or could not be had, and the server it reached is a
-standby in recovery or otherwise read-only (SQLSTATE 25006, SPEC H1). A
-connection of the second kind is closed rather than reused, so the next one is
-opened afresh and a multi-host conninfo with ``target_session_attrs=read-write``
-lands on whichever server accepts writes now (the promoted standby after a
-failover). Both become ``StoreUnavailable``: the engine retries with backoff,
-and a producer sees the outage it can retry.
+A broken connection, one that could not be had, and one on a standby or read-only server (SQLSTATE
+25006, SPEC H1) become ``StoreUnavailable``: the engine retries with backoff, a producer sees an
+outage it can retry. A read-only server's connection is closed rather than reused, so the next
+one (``target_session_attrs=read-write``) lands on the server that accepts writes now.
 """
 
 from __future__ import annotations
@@ -144,11 +140,8 @@ def not_migrated(schema: str) -> BrooqError:
 
 
 def names_migration(fn: _F) -> _F:
-    """Decorate a Store/AsyncStore method: a statement on a schema without brooq's tables raises
-    BrooqError naming ``migrate up --schema S`` (chained), not a bare UndefinedTable.
-
-    Nothing more is run: the caller's transaction is left as that one failed statement left it.
-    """
+    """Decorate a store's method: a statement on a schema without brooq's tables raises BrooqError
+    naming ``migrate up --schema S`` (chained), not a bare UndefinedTable; nothing more is run."""
     if inspect.iscoroutinefunction(fn):
 
         @functools.wraps(fn)

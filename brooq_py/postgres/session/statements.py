@@ -1,22 +1,14 @@
 """Named SQL statements: loaded once from ``sql/*.sql``, rendered per schema; their parameters and rows.
 
-Each file holds one statement with ``{job}``, ``{engine}``, ``{job_in_flight}``, ``{job_edge}``,
-``{job_wait}``, ``{topic_setting}``, ``{schedule_tick}``, ``{version_table}`` (the tables),
-``{depth_seq}`` (the depth caps' sequence, migration 0014, as a text literal for ``to_regclass``),
-``{channel}`` (the wake-up channel as an identifier), ``{channel_literal}`` (as text) or
-``{stage_channel}`` (the stager's channel, ``{stage_channel_literal}`` as text), ``{cancel_channel}``
-(the cancel channel), ``{settled_channel}`` / ``{settled_channel_literal}`` (the results channel),
-``{depth_room}`` and ``{job_row_columns}`` (the fragments of those names, see ``_FRAGMENTS``)
-placeholders and psycopg ``%(name)s`` parameters. A Store renders every
-statement once for its schema with ``psycopg.sql.Identifier`` and never sets
-``search_path`` on a connection.
+Each file holds one statement, with psycopg ``%(name)s`` parameters and placeholders for the
+schema's tables (``_TABLES``, ``{version_table}``), the depth caps' sequence (``{depth_seq}``), the
+channels (``{channel}``, ``{stage_channel}``, ``{cancel_channel}``, ``{settled_channel}``, and
+``..._literal`` as text) and the fragments of ``_FRAGMENTS``. A store renders each once for its
+schema and never sets ``search_path`` on a connection.
 
-The channels follow the rule of the NOTIFY trigger of migrations 0005-0008.
-Batch parameters are PostgreSQL array literals built in one string: sending
-``'{a,b,c}'`` as one text parameter cast in SQL costs one join, where a Python
-list costs psycopg a type scan and a dump per element (most of the adapter's CPU
-at tens of thousands of outcomes a second). Rows of ``sql/job_get.sql``'s
-columns become ``JobRow`` here.
+Batch parameters are array literals built in one string: one text parameter cast in SQL costs a
+join, where a Python list costs psycopg a type scan and a dump per element (most of the adapter's
+CPU at tens of thousands of outcomes a second).
 """
 
 from __future__ import annotations
@@ -49,11 +41,8 @@ def load(name: str) -> str:
 
 @dataclass(frozen=True)
 class Query:
-    """One statement rendered for a schema: bytes for psycopg, text for a foreign Tx.
-
-    ``rows`` is False for a statement that returns no rows (no RETURNING): a
-    runner then reads nothing back but the row count (session/tx.py).
-    """
+    """One statement rendered for a schema: bytes for psycopg, text for a foreign Tx; ``rows`` False:
+    no RETURNING, a runner reads back its row count only (session/tx.py)."""
 
     name: str
     composed: bytes
@@ -177,12 +166,9 @@ def uuid_array(values: Iterable[str]) -> str:
 
 
 def text_array(values: Sequence[str | None]) -> str:
-    """Return an array literal for text values (NULL for None), each element quoted and escaped.
-
-    Without a None among them the values are joined on NUL and escaped in three
-    passes over one string (a value holding NUL itself, which PostgreSQL text
-    cannot store, takes the element-wise way and is refused there by the server).
-    """
+    """Return an array literal for text values (NULL for None), each element quoted and escaped; without
+    a None, in three passes over one string joined on NUL (a value holding NUL, which text cannot
+    store, takes the element-wise way and is refused by the server)."""
     n = len(values)
     if n and None not in values:
         joined = "\x00".join(values)  # type: ignore[arg-type]  # no None: checked above
@@ -246,11 +232,8 @@ JOB_ROW_COLUMNS = 21
 
 
 def job_row(r: Any) -> JobRow:
-    """Return the JobRow of a row of ``job_get``'s columns (result, history and progress included).
-
-    Raise ValueError for a row of any other width: a statement that selects fewer columns
-    would leave fields silently empty (SPEC R0).
-    """
+    """Return the JobRow of a row of ``job_get``'s columns; ValueError for a row of any other width,
+    whose missing fields would be silently empty (SPEC R0)."""
     if len(r) != JOB_ROW_COLUMNS:
         raise ValueError(f"a job row has {JOB_ROW_COLUMNS} columns (job_get's), got {len(r)}")
     parents = r[14]
@@ -280,10 +263,8 @@ def job_row(r: Any) -> JobRow:
 
 
 def attempt_errors(value: Any) -> tuple[AttemptError, ...]:
-    """The row's ``errors`` (a jsonb array, NULL for none) as AttemptError records, oldest first.
-
-    An entry written by hand (psql) that lacks a field is read with what it has.
-    """
+    """The row's ``errors`` (a jsonb array, NULL for none) as AttemptError records, oldest first; an
+    entry written by hand (psql) that lacks a field is read with what it has."""
     if not isinstance(value, list):
         return ()
     out = []

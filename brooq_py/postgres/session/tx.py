@@ -1,15 +1,10 @@
 """Run a named statement on a psycopg connection or on a caller's transaction; drive plans.
 
-``WrapTx`` and ``AsyncWrapTx`` adapt a caller's psycopg connection (sync or
-asyncio), inside the caller's transaction, to the queue's ``Tx`` port; they wrap
-and open nothing, and ``as_psycopg`` gives the very same connection back. A
-foreign ``Tx`` (any object with ``execute(query, params)``) gets the statement's
-text with plain ``%(name)s`` placeholders.
-
-A plan is a generator that yields ``(query, params)`` for every statement it
-needs and receives that statement's rows back. It does no I/O itself: ``drive``
-runs it on a blocking runner (``Store``), ``drive_async`` on an awaitable one
-(``AsyncStore``), so the rules cannot drift apart between the two.
+``WrapTx`` and ``AsyncWrapTx`` adapt a caller's connection, inside its transaction, to the ``Tx``
+port; a foreign ``Tx`` (any object with ``execute(query, params)``) gets plain ``%(name)s`` text.
+A plan is a generator that yields ``(query, params)`` for every statement it needs and receives
+its rows back: ``drive`` runs it on a blocking runner, ``drive_async`` on an awaitable one, so
+the rules cannot drift apart between the two stores.
 """
 
 from __future__ import annotations

@@ -65,11 +65,8 @@ _F4 = struct.Struct("f")
 
 
 def _real_array(values: Sequence[float | None]) -> str:
-    """Return an array literal of finite floats as ``real`` holds them, NULL for None.
-
-    Each is rounded to single precision first: a value too small for ``real`` (a progress
-    of 1e-300) becomes 0 instead of failing the statement, and with it every lease it renews.
-    """
+    """Return an array literal of finite floats rounded as ``real`` holds them, NULL for None: a value
+    too small for ``real`` (a progress of 1e-300) must not fail the statement and every lease in it."""
     return "{" + ",".join("NULL" if v is None else repr(_F4.unpack(_F4.pack(v))[0]) for v in values) + "}"
 
 
@@ -94,12 +91,8 @@ def _maybe_text_array(values: Sequence[str | None]) -> str:
 
 class WorkerRepo:
     """The engine's Repo on a Store's *session*; *producer* and *flow* answer the port's enqueues,
-    reads and topic settings.
-
-    The heartbeat runs on a connection of its own, so handlers holding pool connections cannot
-    starve it, its statement bounded on the client too. Claims and outcome batches have one each,
-    their plans cached, unless a separate ``conninfo`` (the pool behind a proxy) keeps them on the pool.
-    """
+    reads and topic settings. The heartbeat has a connection of its own (handlers holding pool
+    connections cannot starve it); so have claims and outcome batches, without a separate ``conninfo``."""
 
     def __init__(self, session: Session, producer: Producer, flow: Flow) -> None:
         self.session = session
@@ -147,14 +140,8 @@ class WorkerRepo:
         return claimed_jobs(self._own_or_pool(self._claimer, "claiming jobs", self._q["job_claim"], params))
 
     def claim_limited(self, topic: str, limit: int, worker: str, lease: timedelta) -> LimitedClaim:
-        """Claim up to *limit* jobs of a globally limited or rate-limited *topic*, never beyond its
-        limit nor its tokens; ``next_token_in`` says when its next token is due once they ran out.
-
-        One READ COMMITTED transaction: the topic's advisory lock first, then the claim, whose
-        snapshot (taken once the lock is held) counts every committed processing row of the topic.
-        The lock is tried, never waited for: while another transaction holds it nothing is claimed
-        (``busy``). A topic that is paused or no longer limited yields nothing.
-        """
+        """Claim up to *limit* jobs of a limited *topic* in one READ COMMITTED transaction: its lock
+        tried (``busy`` while another holds it), then the claim (sql/job_claim_limited.sql)."""
         if limit < 1:
             return LimitedClaim()
         params = {"topic": topic, "limit": limit, "worker": worker, "lease": lease}
@@ -171,11 +158,8 @@ class WorkerRepo:
         return got
 
     def settle_many(self, outcomes: Sequence[Outcome]) -> Settled:
-        """Write many outcomes in one guarded statement; return the ids written (a ``Settled``).
-
-        Rows locked elsewhere and rows already written under their token (an answer lost) are
-        told apart by a second statement, run only when the batch wrote fewer rows than it carried.
-        """
+        """Write many outcomes in one guarded statement; rows locked elsewhere and rows written already
+        (an answer lost) are told apart by a second one, when the batch wrote fewer than it carried."""
         if not outcomes:
             return Settled()
         params = self._settle_params(outcomes)
@@ -284,12 +268,11 @@ class WorkerRepo:
                 f"worker id {proof.id!r} is held by another live engine ({taken[0]}): give each engine "
                 "its own worker id (the default is unique)"
             )
-        return Renewal(
-            held=frozenset(r[0] for r in rows if r[1] in ("held", "locked")),
-            locked=frozenset(r[0] for r in rows if r[1] == "locked"),
-            canceled=frozenset(r[0] for r in rows if r[1] == "canceled"),
-            orphans=frozenset((r[0], r[2]) for r in rows if r[1] == "orphan"),
-        )
+        tokens = {
+            kind: frozenset(r[0] for r in rows if r[1] == kind) for kind in ("held", "locked", "canceled")
+        }
+        orphaned = frozenset((r[0], r[2]) for r in rows if r[1] == "orphan")
+        return Renewal(tokens["held"] | tokens["locked"], tokens["locked"], tokens["canceled"], orphaned)
 
     def leave(self, engine_id: str, instance: str | None = None) -> None:
         """Remove a stopping engine's row, *instance*'s only."""
