@@ -116,11 +116,8 @@ class Watch(_Waiters[threading.Event]):
         """Block until the job is terminal (done, dead, canceled) and return its row; woken by the
         outcome's commit, checked every ``wait_poll_interval`` seconds besides. WaitTimeout after
         *timeout* (seconds or a timedelta; None: none); JobNotFound for an unknown id or a job deleted."""
-        w = _Waiting(job_id, timeout)
-        if self._session.pool is None:
-            raise no_pool("Store", "waiting for a job")
-        event = self.register(w.key)
-        generation = self.generation
+        w = _Waiting(job_id, timeout, self._session.pool, "Store")
+        event, generation = self.register(w.key), self.generation
         try:
             while True:
                 event.clear()
@@ -240,11 +237,8 @@ class AsyncWatch(_Waiters[asyncio.Event]):
     async def wait(self, job_id: str, timeout: float | timedelta | None = None) -> JobRow:
         """Await until the job is terminal and return its row; as ``Store.wait`` (one LISTEN
         connection per AsyncStore, on the event loop of its first wait)."""
-        w = _Waiting(job_id, timeout)
-        if self._session.pool is None:
-            raise no_pool("AsyncStore", "waiting for a job")
-        event = self.register(w.key)
-        generation = self.generation
+        w = _Waiting(job_id, timeout, self._session.pool, "AsyncStore")
+        event, generation = self.register(w.key), self.generation
         try:
             while True:
                 event.clear()
@@ -355,9 +349,10 @@ def _closed(job_id: str) -> BrooqError:
 
 
 class _Waiting:
-    """One wait's bookkeeping, shared by the sync and the async loop: the id, the deadline."""
+    """One wait's bookkeeping, shared by the sync and the async loop: the id, the deadline; a *store*
+    without a pool cannot wait."""
 
-    def __init__(self, job_id: str, timeout: float | timedelta | None) -> None:
+    def __init__(self, job_id: str, timeout: float | timedelta | None, pool: object, store: str) -> None:
         self.limit = None if timeout is None else to_timedelta(timeout, "timeout").total_seconds()
         if self.limit is not None and self.limit < 0:
             raise ValueError(f"timeout must not be negative, got {self.limit:g}s")
@@ -365,6 +360,8 @@ class _Waiting:
         if job is None:
             raise JobNotFound(f"no job {job_id!r}")
         self.key = str(job)
+        if pool is None:
+            raise no_pool(store, "waiting for a job")
         self.until = None if self.limit is None else time.monotonic() + self.limit
 
     def ended(self, row: JobRow | None) -> float | None:
