@@ -71,20 +71,20 @@ def w10_big_table(dsn: str, terminal: int, active: int, n: int = 300) -> dict[st
         }
         held: dict[str, list[HeldLease]] = {}
         for label, store in stores.items():  # warm up; 100 leases held for the heartbeat
-            claimed = store.claim([TOPIC], 100, worker, LEASE)
+            claimed = store.worker.claim([TOPIC], 100, worker, LEASE)
             held[label] = [HeldLease(c.id, c.claim_token) for c in claimed]
         for i in range(n):
             for label in ("fresh", "big") if i % 2 == 0 else ("big", "fresh"):
                 store = stores[label]
                 got: list[Any] = []
                 times[label]["claim"].append(
-                    _ms(lambda s=store, g=got: g.extend(s.claim([TOPIC], 1, worker, LEASE)))
+                    _ms(lambda s=store, g=got: g.extend(s.worker.claim([TOPIC], 1, worker, LEASE)))
                 )
                 outcome = [Outcome(c.id, c.claim_token, State.DONE) for c in got]
-                times[label]["settle"].append(_ms(lambda s=store, o=outcome: s.settle_many(o)))
+                times[label]["settle"].append(_ms(lambda s=store, o=outcome: s.worker.settle_many(o)))
                 times[label]["renew"].append(
                     _ms(
-                        lambda s=store, h=held[label]: s.beat(
+                        lambda s=store, h=held[label]: s.worker.beat(
                             EngineProof("bench", "bench", 1, LEASE, LEASE / 3), h
                         )
                     )

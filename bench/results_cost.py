@@ -31,20 +31,27 @@ from workloads import PAYLOAD, TOPIC, seed
 from brooq_py import Tasks
 from brooq_py.engine import Config, Engine
 from brooq_py.postgres import Store
+from brooq_py.postgres.worker.repo import WorkerRepo
 from brooq_py.queue import Job, State
 from brooq_py.queue.port import Outcome
 
 LEASE = timedelta(seconds=120)
 
 
+class QuietRepo(WorkerRepo):
+    @staticmethod
+    def _settle_params(outcomes: Any) -> dict[str, Any]:
+        params = WorkerRepo._settle_params(outcomes)
+        params["notify"] = False
+        return params
+
+
 class QuietStore(Store):
     """The "off" side: outcome batches send no NOTIFY on the results channel (nobody waits)."""
 
-    @staticmethod
-    def _settle_params(outcomes: Any) -> dict[str, Any]:
-        params = Store._settle_params(outcomes)
-        params["notify"] = False
-        return params
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.worker = QuietRepo(self.session, self.producer, self.flow)
 
 
 RESULT = {"ok": True, "n": 1, "note": "a small result, as most are"}
@@ -144,7 +151,7 @@ def wait_latency(dsn: str, n: int = 200) -> dict[str, Any]:
         store.wait_poll_interval = 10.0  # a notification, not the fallback, must wake it
         for _ in range(n):
             jid = store.enqueue(Job(TOPIC, PAYLOAD)).id
-            (row,) = store.claim([TOPIC], 1, "bench", LEASE)
+            (row,) = store.worker.claim([TOPIC], 1, "bench", LEASE)
             woke: list[float] = []
 
             def waiter(j: str = jid, woke: list[float] = woke) -> None:
@@ -153,10 +160,10 @@ def wait_latency(dsn: str, n: int = 200) -> dict[str, Any]:
 
             t = threading.Thread(target=waiter)
             t.start()
-            while not (store._waits is not None and jid in store._waits._waiting):
+            while jid not in store.waits._waiting:
                 time.sleep(0.001)
             time.sleep(0.005)  # the waiter reads its row and sleeps
-            store.settle_many([Outcome(jid, row.claim_token, State.DONE, result="1")])
+            store.worker.settle_many([Outcome(jid, row.claim_token, State.DONE, result="1")])
             committed = time.perf_counter()
             t.join(30)
             lat.append(woke[0] - committed)

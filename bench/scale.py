@@ -16,6 +16,7 @@ from workloads import LEASE, PAYLOAD, seed
 
 from brooq_py.engine import Config, Engine
 from brooq_py.postgres import Store
+from brooq_py.postgres.worker.repo import WorkerRepo
 from brooq_py.queue import Job
 
 
@@ -86,10 +87,10 @@ def w5b_claim_beside_waiting(dsn: str, scheduled: int, failed: int, n: int = 200
                 for label in order:
                     store = stores[label]
                     if what == "stage":
-                        times[label][what].append(_timed_ms(lambda s=store: s.stage(["w5"], 1000)))
+                        times[label][what].append(_timed_ms(lambda s=store: s.worker.stage(["w5"], 1000)))
                     else:
                         times[label][what].append(
-                            _timed_ms(lambda s=store: s.claim(["w5"], 1, worker, LEASE))
+                            _timed_ms(lambda s=store: s.worker.claim(["w5"], 1, worker, LEASE))
                         )
     for label in stores:
         out[label] = {
@@ -158,7 +159,7 @@ def w9_scheduled_lateness(dsn: str, n: int, low: float = 5.0, high: float = 15.0
 RET_PAIRS = 3
 
 
-class _Counting(Store):
+class _CountingRepo(WorkerRepo):
     deleted = 0
     busy = 0.0
 
@@ -168,6 +169,14 @@ class _Counting(Store):
         self.busy += time.perf_counter() - t0
         self.deleted += len(rows)
         return rows
+
+
+class _Counting(Store):
+    """A Store whose worker part counts and times its retention batches."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.worker = _CountingRepo(self.session, self.producer, self.flow)
 
 
 def _drain(store: Store, n: int, retention: bool) -> float:
@@ -206,11 +215,11 @@ def retention_pace(dsn: str, expired: int, w3: int) -> dict[str, Any]:
         deleted_during = 0
         for _ in range(RET_PAIRS):
             without = _drain(store, w3, retention=False)
-            before = store.deleted
+            before = store.worker.deleted
             t0 = time.perf_counter()
             with_ret = _drain(store, w3, retention=True)
             during_s += time.perf_counter() - t0
-            deleted_during += store.deleted - before
+            deleted_during += store.worker.deleted - before
             pairs.append((without, with_ret))
         without = statistics.median(wo for wo, _ in pairs)
         with_ret = statistics.median(w for _, w in pairs)
@@ -221,7 +230,7 @@ def retention_pace(dsn: str, expired: int, w3: int) -> dict[str, Any]:
         engine.start()
         try:
             end = time.perf_counter() + max(60.0, expired / 2000)
-            while store.deleted < expired and time.perf_counter() < end:
+            while store.worker.deleted < expired and time.perf_counter() < end:
                 time.sleep(0.1)
         finally:
             engine.close()
@@ -235,7 +244,7 @@ def retention_pace(dsn: str, expired: int, w3: int) -> dict[str, Any]:
         "w3_ratio": statistics.median(w / wo for wo, w in pairs),
         "deleted_during_w3": deleted_during,
         "rows_per_min_during_w3": 60 * deleted_during / during_s,
-        "deleted": store.deleted,
-        "rows_per_min": 60 * store.deleted / (during_s + total_s),
-        "delete_busy_s": round(store.busy, 1),
+        "deleted": store.worker.deleted,
+        "rows_per_min": 60 * store.worker.deleted / (during_s + total_s),
+        "delete_busy_s": round(store.worker.busy, 1),
     }

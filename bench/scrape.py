@@ -52,7 +52,7 @@ def scrape_cost(dsn: str, backlog: int = 20_000, n: int = 100) -> dict[str, Any]
         per_topic = backlog // len(TOPICS)
         for topic in TOPICS:
             store.enqueue_many([Job(topic, {"i": i}) for i in range(per_topic)])
-        with store._pool.connection() as conn:
+        with store.session.pool.connection() as conn:
             conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(schema, "job")))
         # Every period an hour: the only statements are the first ones at start.
         cfg = Config(workers=1, poll_interval=HOUR, reaper_period=HOUR, retention_ttl=0, gauges_period=HOUR)

@@ -73,8 +73,8 @@ def statement_cost(dsn: str, n: int, batch: int = 500, rounds: int = 3) -> dict[
             for _ in range(n // batch):
                 for revision, store in stores.items():
                     t0 = time.perf_counter()
-                    rows = store.claim(["bench"], batch, "bench", timedelta(seconds=60))
-                    store.settle_many([Outcome(r.id, r.claim_token, State.DONE) for r in rows])
+                    rows = store.worker.claim(["bench"], batch, "bench", timedelta(seconds=60))
+                    store.worker.settle_many([Outcome(r.id, r.claim_token, State.DONE) for r in rows])
                     times[revision].append(time.perf_counter() - t0)
     medians = {r: statistics.median(ts) for r, ts in times.items()}
     return {
@@ -92,14 +92,14 @@ def fan_in_latency(dsn: str, parents: int = 10_000, workers: int = 4) -> dict[st
         group = store.enqueue_group([Job("wf.parent", i) for i in range(parents)], then=Job("wf.join"))
         enqueue_s = time.perf_counter() - t0
         settled_at: list[float] = []
-        settle_many = store.settle_many
+        settle_many = store.worker.settle_many
 
         def timed_settle(outcomes: Any) -> set[str]:
             written = settle_many(outcomes)
             settled_at.append(time.perf_counter())
             return written
 
-        store.settle_many = timed_settle  # type: ignore[method-assign]
+        store.worker.settle_many = timed_settle  # type: ignore[method-assign]
         started = threading.Event()
         join_at: list[float] = []
 

@@ -147,7 +147,7 @@ class Probe:
         self.calls: dict[str, list[float]] = {"claim": [], "settle_many": []}
         self.rows: dict[str, int] = {"claim": 0, "settle_many": 0}
         for name in self.calls:
-            setattr(store, name, self._wrap(name, getattr(store, name)))
+            setattr(store.worker, name, self._wrap(name, getattr(store.worker, name)))
 
     def _wrap(self, name: str, fn: Any) -> Any:
         def wrapped(*args: Any, **kwargs: Any) -> Any:
@@ -316,17 +316,17 @@ def _claim_times(store: Store, n: int, topic: str) -> tuple[list[float], list[fl
     """Claim one job of *topic* *n* times (each finds one), then *n* empty claims; milliseconds each."""
     worker = "bench:w5"
     for _ in range(3):  # warm up: connection, prepared statement
-        store.claim([topic + "-none"], 1, worker, LEASE)
+        store.worker.claim([topic + "-none"], 1, worker, LEASE)
     found: list[float] = []
     for _ in range(n):
         t0 = time.perf_counter()
-        rows = store.claim([topic], 1, worker, LEASE)
+        rows = store.worker.claim([topic], 1, worker, LEASE)
         found.append(1000 * (time.perf_counter() - t0))
         assert len(rows) == 1, rows
     empty: list[float] = []
     for _ in range(n):
         t0 = time.perf_counter()
-        rows = store.claim([topic], 1, worker, LEASE)
+        rows = store.worker.claim([topic], 1, worker, LEASE)
         empty.append(1000 * (time.perf_counter() - t0))
         assert not rows
     return found, empty
@@ -367,17 +367,17 @@ def w6_heartbeat(dsn: str, in_flight: int = 1000, ticks: int = 30) -> dict[str, 
 
     with fresh_schema(dsn, "w6") as schema, store_on(dsn, schema, max_size=2) as store:
         seed(store, in_flight)
-        claimed = store.claim([TOPIC], in_flight, "bench:w6", LEASE)
+        claimed = store.worker.claim([TOPIC], in_flight, "bench:w6", LEASE)
         leases = [HeldLease(c.id, c.claim_token) for c in claimed]
         proof = EngineProof("bench:w6", "bench", os.getpid(), LEASE, LEASE / 3)
-        store.beat(proof, leases)  # open the heartbeat connection outside the clock
+        store.worker.beat(proof, leases)  # open the heartbeat connection outside the clock
         times: list[float] = []
         renewed: list[int] = []
         psycopg.Cursor.execute = counting_execute  # type: ignore[method-assign]
         try:
             for _ in range(ticks):
                 t0 = time.perf_counter()
-                alive = store.beat(proof, leases)
+                alive = store.worker.beat(proof, leases)
                 times.append(1000 * (time.perf_counter() - t0))
                 renewed.append(len(alive.held))
         finally:

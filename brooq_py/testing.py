@@ -78,8 +78,7 @@ def _settled(engine: Engine) -> Counter[str]:
 
 
 def _store_of(engine: Engine) -> Store:
-    repo: Any = engine.repo
-    repo = getattr(repo, "inner", repo)  # the engine wraps its repo to watch its statements
+    repo: Any = engine.store
     if not isinstance(repo, Store):
         raise BrooqError(f"drain() needs an engine on a brooq_py Store, not {type(repo).__name__}")
     return repo
@@ -115,7 +114,7 @@ def drain(
             continue
         if retries != "wait":
             break
-        due_in = store.next_due(engine.topics)
+        due_in = store.worker.next_due(engine.topics)
         if due_in is None:
             break
         if time.monotonic() + max(due_in, 0.0) > deadline:

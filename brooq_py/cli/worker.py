@@ -134,8 +134,7 @@ class StrayTopics:
         if now < self.due:
             return
         self.due = now + self.every
-        repo = getattr(self.engine.repo, "inner", self.engine.repo)
-        find = getattr(repo, "pending_topics_besides", None)
+        find = getattr(self.engine.store, "pending_topics_besides", None)
         if find is None:
             return
         try:

@@ -38,7 +38,7 @@ from brooq_py.engine.services.wakeups import TopicWatch, own_wakes, stage_now, w
 from brooq_py.engine.services.wiring import background_services, stop_services
 from brooq_py.queue import BrooqError, ConfigError, EngineStopping, Event, Job, KindOptions
 from brooq_py.queue.handler import Handler
-from brooq_py.queue.port import Repo
+from brooq_py.queue.port import Facade, Repo
 from brooq_py.tasks import Tasks
 
 # How long the completer lets outcomes gather before it writes them (SPEC C10: "within milliseconds").
@@ -61,7 +61,7 @@ class Engine(Producing):
 
     def __init__(
         self,
-        repo: Repo,
+        repo: Repo | Facade,
         config: Config | None = None,
         *,
         logger: logging.Logger | None = None,
@@ -70,7 +70,7 @@ class Engine(Producing):
         worker_id: str | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        self.repo = repo
+        self.store = repo  # as given: closed by close(); the operator's surface serves it
         self.config = config if config is not None else Config()
         if not isinstance(self.config, Config):
             raise ConfigError(f"config must be a Config, got {type(self.config).__name__}")
@@ -79,7 +79,8 @@ class Engine(Producing):
         self.clock: Clock = clock or SystemClock()
         # Every statement's outcome feeds health(), so /healthz runs none of its own (SPEC Z2).
         self.statements = StatementTracker(self.clock)
-        self.repo = repo = tracked(repo, self.statements)
+        worker = repo.worker if isinstance(repo, Facade) else repo  # a Store's engine side (River's driver)
+        self.repo = repo = tracked(worker, self.statements)
         self.worker_id = worker_id or default_worker_id()
         self.instance = str(uuid.uuid4())  # this engine, should another be given the same worker id
         self.metrics = Metrics(self.registry)
@@ -92,7 +93,7 @@ class Engine(Producing):
             self.log,
         )
         self.registry.register(SnapshotCollector(self.refresher.view))
-        self.registry.register(RefusalCollector.of(repo))
+        self.registry.register(RefusalCollector.of(self.store))
         self._kinds: dict[str, Kind] = {}
         self._lock = threading.RLock()
         self._state = "new"  # new -> running -> stopping -> stopped
@@ -402,7 +403,7 @@ class Engine(Producing):
             if self._state == "closed":
                 return
             self._state = "closed"
-        self.repo.close()
+        self.store.close()
 
     def __enter__(self) -> Engine:
         self.start()

@@ -161,12 +161,11 @@ class Operator:
 
 
 def for_repo(jobs: Jobs, repo: Any) -> Operator:
-    """Return the Operator of *jobs* over *repo*: full controls when *repo* is a postgres Store."""
+    """Return the Operator of *jobs* over *repo* (what the engine was given): full controls when
+    *repo* is a postgres Store."""
     from brooq_py.postgres.operator.overview import Overview
     from brooq_py.postgres.store import Store
 
-    # The engine's repo is wrapped to track its own statements (health): the operator's are not its.
-    repo = getattr(repo, "inner", repo)
     if isinstance(repo, Store):
         return Operator(jobs, repo, Overview(repo))
     return Operator(jobs, None, None)

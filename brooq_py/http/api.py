@@ -224,7 +224,7 @@ class Surface:
     def __init__(self, engine: Engine, token: str | None = None, *, viewer_token: str | None = None) -> None:
         self.engine = engine
         self.roles = Roles(token, viewer_token)
-        self.operator = for_repo(engine, engine.repo)
+        self.operator = for_repo(engine, engine.store)
 
     def __repr__(self) -> str:
         return f"Surface(engine={self.engine!r}, roles={self.roles!r})"

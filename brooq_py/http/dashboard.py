@@ -540,7 +540,7 @@ def dashboard(
 
 def _sync_twin(store: AsyncStore) -> tuple[Store, Callable[[], None]]:
     """A Store on a sync pool of the AsyncStore's settings, and how to close that pool."""
-    apool: Any = store._pool
+    apool: Any = store.session.pool
     if apool is None:
         raise TypeError("dashboard() needs an AsyncStore with a pool (AsyncStore(pool, schema=...))")
     conninfo = apool.conninfo

@@ -1,10 +1,9 @@
 """brooq_py.postgres: the only place SQL and psycopg live.
 
-``Store`` implements the engine's ``Repo`` port on a caller's
-``psycopg_pool.ConnectionPool``; ``WrapTx`` and ``as_psycopg`` adapt a caller's
-transaction; ``AsyncStore`` and ``AsyncWrapTx`` are the producer side for
-asyncio code; ``migrations`` applies the schema (alembic, imported lazily).
-Importing this package loads neither the engine, prometheus_client nor alembic.
+``Store`` (the engine's ``Repo`` is its ``worker`` part) and ``AsyncStore`` (the producer side for
+asyncio code) on a caller's pool; ``WrapTx``, ``AsyncWrapTx`` and ``as_psycopg`` adapt a caller's
+transaction; ``migrations`` applies the schema. Importing this package loads neither the engine,
+prometheus_client nor alembic.
 """
 
 from brooq_py.postgres import migrations

@@ -1,11 +1,9 @@
 """A LISTEN subscription on its own autocommit connection (the engine's wake-up).
 
-Wake-ups name their topic (SPEC Z3): the subscription reports only those of
-its topics. Right after LISTEN a probe is sent from a second connection; when
-no notification at all arrives within ``PROBE_TIMEOUT`` the connection does not
-deliver them (LISTEN through a transaction-pooling proxy such as PgBouncer in
-transaction mode): the subscription says so in one log line, closes its
-connection and from then on only sleeps, so polling carries the work.
+Wake-ups name their topic (SPEC Z3). Right after LISTEN a probe is sent from a second connection;
+when nothing arrives within ``PROBE_TIMEOUT`` the connection does not deliver notifications (a
+transaction-pooling proxy): the subscription says so once, closes it and only sleeps, so polling
+carries the work.
 """
 
 from __future__ import annotations
@@ -32,15 +30,10 @@ PROBE_TIMEOUT = 5.0
 
 
 class PgListener:
-    """Wait for NOTIFYs on the schema's channels.
-
-    The connection is opened and LISTENs at construction (raise
-    StoreUnavailable if the database cannot be reached). *topics* None: every
-    wake-up counts. *on_scheduled*: also LISTEN on the stager's channel and call
-    it (from ``wait()``) for a scheduled job of one of the topics. *on_cancel*:
-    also LISTEN on the cancel channel and call it (from ``wait()``) with the id
-    and claim token of each processing job canceled (SPEC X2').
-    """
+    """Wait for NOTIFYs on the schema's channels, on a connection opened at construction
+    (StoreUnavailable if the database cannot be reached). *topics*: the wake-ups that count (None:
+    all); ``wait()`` calls *on_scheduled* for a scheduled job of them and *on_cancel* with the id and
+    claim token of each processing job canceled (SPEC X2'), LISTENing on those channels too."""
 
     def __init__(
         self,
@@ -57,7 +50,7 @@ class PgListener:
         self._lock = threading.Lock()
         # A silent LISTEN connection looks like a quiet queue: ping it every lease/3 (SPEC L3), by
         # repeating the LISTEN (a no-op for the server, and the session still shows LISTEN).
-        self._listen = queries.listen
+        self._listen = queries["listen"]
         self._ping_every = ping_every
         self._pinged = time.monotonic()
         self._on_close = on_close
@@ -73,7 +66,7 @@ class PgListener:
         with translated("opening the LISTEN connection"):
             self._conn = connect()
             try:
-                self._conn.execute(queries.listen.composed)
+                self._conn.execute(queries["listen"].composed)
                 if on_scheduled is not None:
                     self._conn.execute(queries["listen_stage"].composed)
                 if on_cancel is not None:
@@ -82,15 +75,12 @@ class PgListener:
                     with connect() as other:
                         other.execute(queries["listen_probe"].composed, {"payload": self._probe})
                     self._probe_deadline = time.monotonic() + probe_timeout
-            except psycopg.Error as exc:
+            except BaseException as exc:
                 # A standby refuses LISTEN during recovery (25006): an outage, retried with backoff.
-                outage = is_outage(exc, self._conn)
+                outage = isinstance(exc, psycopg.Error) and is_outage(exc, self._conn)
                 self._conn.close()
                 if outage:
                     raise unavailable(exc, "opening the LISTEN connection") from exc
-                raise
-            except BaseException:
-                self._conn.close()
                 raise
         self._channel = channel_for(queries.schema)
 
@@ -103,10 +93,8 @@ class PgListener:
         return payload == "" or self._topics is None or payload in self._topics
 
     def wait(self, timeout: float) -> bool:
-        """Block up to *timeout* seconds; return True if a wake-up for our topics arrived.
-
-        Raise StoreUnavailable when the connection is broken or closed.
-        """
+        """Block up to *timeout* seconds; return True if a wake-up for our topics arrived. Raise
+        StoreUnavailable when the connection is broken or closed."""
         deadline = time.monotonic() + max(0.0, timeout)
         while True:
             remaining = deadline - time.monotonic()

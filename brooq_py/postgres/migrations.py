@@ -1,11 +1,9 @@
 """Apply brooq_py's schema: alembic under the hood, version table ``brooq_alembic_version``.
 
-Migrations are a deployment step (``python -m brooq_py migrate up``), never run
-at engine start. Each function opens its own connection from *dsn* (any libpq
-form: URL or ``key=value``); the whole run is one transaction holding an
-advisory lock of the schema, so concurrent upgrades of one schema apply each
-revision once. Alembic and SQLAlchemy are imported here, lazily, never by
-``import brooq_py.postgres``.
+A deployment step (``python -m brooq_py migrate up``), never run at engine start. Each function
+opens its own connection from *dsn*; a run is one transaction holding an advisory lock of the
+schema, so concurrent upgrades apply each revision once. Alembic and SQLAlchemy are imported
+lazily, never by ``import brooq_py.postgres``.
 """
 
 from __future__ import annotations
@@ -16,6 +14,8 @@ import logging
 import threading
 from pathlib import Path
 from typing import Any
+
+from brooq_py.postgres.session.connections import check_schema
 
 logger = logging.getLogger("brooq_py.postgres")
 
@@ -71,15 +71,10 @@ def _engine(dsn: str) -> Any:
     return create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(dsn), poolclass=NullPool)
 
 
-def _check_schema(schema: str) -> None:
-    if not isinstance(schema, str) or not schema or "\x00" in schema:
-        raise ValueError(f"invalid schema name: {schema!r}")
-
-
 def _run(dsn: str, schema: str, revision: str, direction: str) -> None:
     from alembic.runtime.environment import EnvironmentContext
 
-    _check_schema(schema)
+    check_schema(schema)
     script = _script()
     engine = _engine(dsn)
     config = _config(schema, engine)
@@ -111,7 +106,7 @@ def current(dsn: str, *, schema: str = "public") -> str | None:
     """Return the revision *schema* is at; None before the first upgrade or when the schema is missing."""
     from alembic.runtime.migration import MigrationContext
 
-    _check_schema(schema)
+    check_schema(schema)
     engine = _engine(dsn)
     try:
         with engine.connect() as connection:

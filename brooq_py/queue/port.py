@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from brooq_py.queue.job import EnqueueResult, Job, JobRow, State
 from brooq_py.queue.tx import Tx
@@ -264,3 +264,14 @@ class Repo(Protocol):
 
     def close(self) -> None:
         """Close the connections the store opened for itself (never the caller's pool)."""
+
+
+@runtime_checkable
+class Facade(Protocol):
+    """A store made of parts whose ``worker`` is the engine's Repo (``brooq_py.postgres.Store``):
+    an engine given one runs on that part, and closes the whole store."""
+
+    @property
+    def worker(self) -> Repo: ...
+
+    def close(self) -> None: ...

@@ -376,19 +376,19 @@ def test_every_engine_statement_refused_by_the_standby_is_store_unavailable_H1(
     with ConnectionPool(pair.standby.dsn, min_size=1, max_size=2, open=True, timeout=5) as pool:
         store = Store(pool, schema=schema)
         lease = timedelta(seconds=LEASE)
-        store.bound_waits(lease)
+        store.worker.bound_waits(lease)
         try:
             token = "00000000-0000-0000-0000-000000000001"
             refused: dict[str, Callable[[], object]] = {
-                "claim": lambda: store.claim([TOPIC], 4, "w", lease),
-                "beat": lambda: store.beat(
+                "claim": lambda: store.worker.claim([TOPIC], 4, "w", lease),
+                "beat": lambda: store.worker.beat(
                     EngineProof("w", "h", 1, lease, lease / 3), [HeldLease(token, token)]
                 ),
-                "settle_many": lambda: store.settle_many([Outcome(token, token, State.DONE)]),
-                "reap_expired": store.reap_expired,
-                "delete_terminal": lambda: store.delete_terminal(lease, 10),
-                "stage": lambda: store.stage([TOPIC], 10),
-                "listen": lambda: store.listen([TOPIC]),
+                "settle_many": lambda: store.worker.settle_many([Outcome(token, token, State.DONE)]),
+                "reap": store.worker.reap,
+                "delete_terminal": lambda: store.worker.delete_terminal(lease, 10),
+                "stage": lambda: store.worker.stage([TOPIC], 10),
+                "listen": lambda: store.worker.listen([TOPIC]),
                 "enqueue": lambda: store.enqueue(Job(TOPIC, {})),
                 "cancel": lambda: store.cancel(token),
             }
@@ -397,14 +397,14 @@ def test_every_engine_statement_refused_by_the_standby_is_store_unavailable_H1(
                     call()
                 assert isinstance(info.value.__cause__, errors.ReadOnlySqlTransaction), name
             # The Store's own connections that met the standby were closed: the next statement reopens.
-            assert store._heartbeat._conn is None
-            assert store._claimer is not None and store._claimer._conn is None
-            assert store._settler is not None and store._settler._conn is None
+            assert store.worker._heartbeat._conn is None
+            assert store.worker._claimer is not None and store.worker._claimer._conn is None
+            assert store.worker._settler is not None and store.worker._settler._conn is None
             with pytest.raises(StoreUnavailable, match="ReadOnlySqlTransaction"), store.begin() as tx:
                 store.enqueue_tx(tx, Job(TOPIC, {}))
             # Reads work on a standby and are left alone.
             assert store.get(token) is None
-            assert store.schema_version() is not None
+            assert store.worker.schema_version() is not None
         finally:
             store.close()
 

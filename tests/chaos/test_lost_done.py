@@ -250,7 +250,7 @@ def test_u2_a_lost_done_is_not_written_over_a_job_replaced_since_p3(
         proxy.cut()
         go.set()  # the handler returns while engine a cannot reach the store
         store.pause("debounced")  # nothing claims the job while the test looks
-        wait_for(lambda: store.reap_expired(), what="the row returned by a reaper", timeout=30, interval=0.1)
+        wait_for(lambda: store.worker.reap(), what="the row returned by a reaper", timeout=30, interval=0.1)
         again = store.enqueue(Job("debounced", {"v": 2}, unique_key="k", on_duplicate="replace"))
         assert (again.id, again.created) == (job.id, False)
         assert row(dsn, chaos_schema, job.id)[:2] == ("pending", 0)

@@ -157,9 +157,9 @@ def test_an_engine_killed_while_an_operator_holds_its_jobs_row_has_it_reaped_onc
             )
             worker.kill()
             time.sleep(3 * 1.5)  # the engine's proof is stale: the reaper would take the row
-            assert store.reap_expired() == []  # locked elsewhere: skipped, never waited on
+            assert store.worker.reap() == []  # locked elsewhere: skipped, never waited on
             operator.commit()
-        reaped = wait_for(lambda: store.reap_expired(), "the dead worker's claim reaped", 10, 0.1)
+        reaped = wait_for(lambda: store.worker.reap(), "the dead worker's claim reaped", 10, 0.1)
     finally:
         store.close()
     assert reaped == [(jid, "chaos")]

@@ -266,7 +266,7 @@ def test_a1_x1_cancel_and_q1_retry(dsn: str, schema: str) -> None:
 
 
 def test_a1_e6_async_enqueue_wakes_a_listener(dsn: str, schema: str, store: Store) -> None:
-    listener = store.listen()
+    listener = store.worker.listen()
     try:
 
         async def main() -> None:

@@ -203,15 +203,17 @@ def test_get_shows_result_errors_with_tracebacks_and_progress(
 
     job_id = store.enqueue(Job("cli.res")).id
     lease = timedelta(seconds=30)
-    (c,) = store.claim(["cli.res"], 1, "w", lease)
-    store.beat(EngineProof("w", "h", 1, lease, lease / 3), [HeldLease(c.id, c.claim_token, 0.5, "half")])
+    (c,) = store.worker.claim(["cli.res"], 1, "w", lease)
+    store.worker.beat(
+        EngineProof("w", "h", 1, lease, lease / 3), [HeldLease(c.id, c.claim_token, 0.5, "half")]
+    )
     long_tb = "Traceback (most recent call last):\n" + "  frame\n" * 1000 + "ValueError: bad\n"
-    store.settle_many(
+    store.worker.settle_many(
         [Outcome(c.id, c.claim_token, State.FAILED, last_error="ValueError: bad", traceback=long_tb)]
     )
-    assert store.stage(["cli.res"], 10, notify=False).total == 1  # the retry is due at once (delay 0)
-    (c2,) = store.claim(["cli.res"], 1, "w", lease)
-    store.settle_many([Outcome(c2.id, c2.claim_token, State.DONE, result='{"answer": 42}')])
+    assert store.worker.stage(["cli.res"], 10, notify=False).total == 1  # the retry is due at once (delay 0)
+    (c2,) = store.worker.claim(["cli.res"], 1, "w", lease)
+    store.worker.settle_many([Outcome(c2.id, c2.claim_token, State.DONE, result='{"answer": 42}')])
 
     got = run_cli("get", job_id, "--schema", schema, dsn=dsn, cwd=tmp_path)
     assert got.returncode == 0, got.stderr
@@ -277,7 +279,7 @@ def test_stats(dsn: str, schema: str, tmp_path: Path, store: Store) -> None:
         store.enqueue(Job("stats.a", {"i": i}))
     store.enqueue(Job("stats.b", None))
     held = store.enqueue(Job("stats.held", None)).id
-    claimed = store.claim(["stats.held"], 1, "holder-x:1:abc", timedelta(minutes=5))
+    claimed = store.worker.claim(["stats.held"], 1, "holder-x:1:abc", timedelta(minutes=5))
     assert [c.id for c in claimed] == [held]
 
     def boom(ctx: Context, claim: Claim) -> None:

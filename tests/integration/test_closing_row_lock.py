@@ -216,7 +216,7 @@ def test_l3_c11_a_stop_while_a_closing_transactions_row_is_locked_waits_boundedl
         return
     # Nothing of the closing transaction runs after the stop, even once the lock is gone: the
     # reaper returns the job (its engine's row is gone, the claim's own lease ends).
-    wait_for(lambda: store.reap_expired(), what="the row reaped after its lease", timeout=20)
+    wait_for(lambda: store.worker.reap(), what="the row reaped after its lease", timeout=20)
     assert state(store, jid) is State.PENDING
     assert closing.calls[jid] == 0 and closing.written(pool, schema, jid) == 0  # none of it ran
 

@@ -52,10 +52,10 @@ def test_p1_f0_a_claim_by_an_engine_whose_proof_is_stale_is_never_reapable_at_on
     claims then would be the reaper's at once: another engine could run them while this one
     starts them too. The claim must take nothing (or nothing another engine may take)."""
     store.enqueue(Job("a"))
-    store.beat(EngineProof("w", "host", 1, LEASE, LEASE / 3), [])
+    store.worker.beat(EngineProof("w", "host", 1, LEASE, LEASE / 3), [])
     db.execute("UPDATE engine SET seen_at = now() - interval '1 hour' WHERE id = 'w'")
-    claimed = store.claim(["a"], 1, "w", LEASE)
-    reaped = store.reap_expired()  # another engine's reaper, the next moment
+    claimed = store.worker.claim(["a"], 1, "w", LEASE)
+    reaped = store.worker.reap()  # another engine's reaper, the next moment
     assert not (claimed and reaped), "a claim of a stale engine was reaped at once: two runners"
 
 
@@ -65,11 +65,11 @@ def test_p1_f0_a_claim_just_inside_the_proof_leaves_the_engine_time_to_fence_fir
     """A claim sent when the engine's proof is older than lease - margin on the database clock
     (its own fence is due) would be reapable within moments: the claim takes nothing."""
     store.enqueue(Job("a"))
-    store.beat(EngineProof("w", "host", 1, LEASE, LEASE / 3), [])
+    store.worker.beat(EngineProof("w", "host", 1, LEASE, LEASE / 3), [])
     db.execute("UPDATE engine SET seen_at = now() - interval '41 seconds' WHERE id = 'w'")
-    assert store.claim(["a"], 1, "w", LEASE) == []
+    assert store.worker.claim(["a"], 1, "w", LEASE) == []
     db.execute("UPDATE engine SET seen_at = now() - interval '39 seconds' WHERE id = 'w'")
-    assert len(store.claim(["a"], 1, "w", LEASE)) == 1  # a young enough proof claims as before
+    assert len(store.worker.claim(["a"], 1, "w", LEASE)) == 1  # a young enough proof claims as before
 
 
 def test_p1_an_engine_with_no_row_yet_claims_under_the_rows_own_lease(
@@ -77,8 +77,8 @@ def test_p1_an_engine_with_no_row_yet_claims_under_the_rows_own_lease(
 ) -> None:
     """run_once and testing.drain claim with no engine row: the row's locked_until guards it."""
     store.enqueue(Job("a"))
-    [c] = store.claim(["a"], 1, "solo", LEASE)
-    assert store.reap_expired() == []
+    [c] = store.worker.claim(["a"], 1, "solo", LEASE)
+    assert store.worker.reap() == []
     assert c.locked_by == "solo"
 
 
@@ -88,11 +88,11 @@ def test_p1_f0_a_limited_topics_claim_by_a_stale_engine_takes_nothing(
     """The same for a globally limited topic's claim (its own statement, under the topic's lock)."""
     store.enqueue(Job("a"))
     store.set_limit("a", 5)
-    store.beat(EngineProof("w", "host", 1, LEASE, LEASE / 3), [])
+    store.worker.beat(EngineProof("w", "host", 1, LEASE, LEASE / 3), [])
     db.execute("UPDATE engine SET seen_at = now() - interval '1 hour' WHERE id = 'w'")
-    assert list(store.claim_limited("a", 1, "w", LEASE)) == []
+    assert list(store.worker.claim_limited("a", 1, "w", LEASE)) == []
     db.execute("UPDATE engine SET seen_at = now() WHERE id = 'w'")
-    assert len(store.claim_limited("a", 1, "w", LEASE)) == 1
+    assert len(store.worker.claim_limited("a", 1, "w", LEASE)) == 1
 
 
 class _Events:
@@ -114,15 +114,15 @@ def test_p3_o4_a_stale_outcome_batched_with_its_jobs_current_one_is_not_told_as_
     the done of the job's claim now. Only the done is written; the failed must not be counted
     (brooq_settle_total) nor told (a ``failed`` event) as if it were."""
     jid = store.enqueue(Job("a")).id
-    [old] = store.claim(["a"], 1, "w", LEASE)
+    [old] = store.worker.claim(["a"], 1, "w", LEASE)
     db.execute("UPDATE job SET locked_until = now() - interval '1 second'")
-    assert store.reap_expired() == [(jid, "a")]
-    [new] = store.claim(["a"], 1, "w", LEASE)
+    assert store.worker.reap() == [(jid, "a")]
+    [new] = store.worker.claim(["a"], 1, "w", LEASE)
     registry = CollectorRegistry()
     handover = Handover(store, InFlight(), Metrics(registry), logging.getLogger("test"))
     events = _Events()
     handover.events = events  # type: ignore[assignment]
-    completer = Completer(store.settle_many, handover.on_written, logging.getLogger("test"))
+    completer = Completer(store.worker.settle_many, handover.on_written, logging.getLogger("test"))
     stale = Outcome(jid, old.claim_token, State.FAILED, last_error="late", topic="a")
     current = Outcome(jid, new.claim_token, State.DONE, topic="a")
     completer.put(stale)
@@ -229,9 +229,9 @@ def test_r0_a_jobs_crash_count_is_read_with_its_row(store: Store, db: psycopg.Co
     """``crashes`` (this round's column, L5') is how an operator spots a job whose engines stop
     while running it: get, list_jobs and to_json (CLI --json, HTTP) carry it."""
     jid = store.enqueue(Job("a")).id
-    store.claim(["a"], 1, "w", LEASE)
+    store.worker.claim(["a"], 1, "w", LEASE)
     db.execute("UPDATE job SET locked_until = now() - interval '1 second'")
-    assert store.reap_expired() == [(jid, "a")]
+    assert store.worker.reap() == [(jid, "a")]
     r = store.get(jid)
     assert r is not None and r.crashes == 1
     assert r.to_json()["crashes"] == 1
@@ -248,10 +248,10 @@ def test_l5_crashes_make_a_job_dead_only_at_max_crashes_never_drift_attempts_and
     e.register_kind("a", lambda ctx, claim: ran.append(claim.attempt), KindOptions(max_attempts=1, **FAST))
     jid = store.enqueue(Job("a")).id
     for n in (1, 2, 3):
-        [c] = store.claim(["a"], 1, "gone", LEASE)
+        [c] = store.worker.claim(["a"], 1, "gone", LEASE)
         assert c.attempts == 1
         db.execute("UPDATE job SET locked_until = now() - interval '1 second'")
-        assert store.reap_expired() == [(jid, "a")]
+        assert store.worker.reap() == [(jid, "a")]
         r = store.get(jid)
         assert r is not None and (r.state, r.attempts, r.crashes) == (State.PENDING, 0, n)
     assert e.run_once() == 1

@@ -56,8 +56,8 @@ def test_d3_the_documented_sql_puts_a_dead_parents_branch_back(store: Store, dsn
     finish(store, "c")
     finish(store, "other")
     assert state(store, grandchild) is State.PENDING
-    (r,) = store.claim(["g"], 1, "w", LEASE)
-    assert store.settle_many([Outcome(r.id, r.claim_token, State.DONE)]) == {grandchild}
+    (r,) = store.worker.claim(["g"], 1, "w", LEASE)
+    assert store.worker.settle_many([Outcome(r.id, r.claim_token, State.DONE)]) == {grandchild}
 
 
 def test_d3_the_documented_sql_puts_back_a_child_canceled_at_birth(

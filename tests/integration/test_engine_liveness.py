@@ -45,7 +45,7 @@ def test_p1_f0_a_stalled_heartbeat_fences_before_another_engine_claims_and_the_j
     its attempt given back, one crash counted (the seed's reaper rule, L5')."""
     stall = threading.Event()
     store_a = Store(pool, schema=store.schema)
-    beat = store_a.beat
+    beat = store_a.worker.beat
 
     def stalled_beat(proof: EngineProof, leases: Sequence[HeldLease], orphans: bool = False) -> Renewal:
         if stall.is_set():
@@ -53,7 +53,7 @@ def test_p1_f0_a_stalled_heartbeat_fences_before_another_engine_claims_and_the_j
             time.sleep(6)  # one statement that does not come back for two leases
         return beat(proof, leases, orphans)
 
-    store_a.beat = stalled_beat  # type: ignore[method-assign]
+    store_a.worker.beat = stalled_beat  # type: ignore[method-assign]
     times: dict[str, float] = {}
     started = threading.Event()
 
@@ -186,7 +186,7 @@ def test_p1_a_claim_whose_answer_never_reached_its_engine_is_dropped_for_the_rea
     e.start()
     wait_for(lambda: q(pool, store.schema, f'SELECT 1 FROM "{store.schema}".engine'), what="the engine's row")
     jid = store.enqueue(Job("lost")).id  # a topic this engine does not run
-    [lost] = store.claim(["lost"], 1, e.worker_id, timedelta(seconds=1.2))  # its answer lost
+    [lost] = store.worker.claim(["lost"], 1, e.worker_id, timedelta(seconds=1.2))  # its answer lost
     assert lost.id == jid
     q(pool, store.schema, "UPDATE {job} SET updated_at = now() - interval '1 minute' WHERE id = %s", jid)
     wait_for(

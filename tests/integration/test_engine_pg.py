@@ -421,7 +421,7 @@ def test_p1_p3_two_engines_on_one_store_while_its_claim_and_outcome_connections_
         nonlocal kills
         with psycopg.connect(dsn, autocommit=True) as admin:
             while not stop.wait(0.05):
-                for own in (store._claimer, store._settler):
+                for own in (store.worker._claimer, store.worker._settler):
                     conn = own._conn if own is not None else None
                     pid = conn.info.backend_pid if conn is not None and not conn.closed else None
                     if pid:

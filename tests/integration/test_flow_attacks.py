@@ -15,7 +15,9 @@ import pytest
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from brooq_py.postgres import AsyncStore, Store, WrapTx
-from brooq_py.postgres.flow.limits import TopicCaps, parse_count, parse_rate
+from brooq_py.postgres.flow.caps import TopicCaps
+from brooq_py.postgres.flow.limits import parse_count, parse_rate
+from brooq_py.postgres.worker.repo import WorkerRepo
 from brooq_py.queue import Job, QueueFull
 from tests.conftest import own_server
 from tests.integration.conftest import q
@@ -55,7 +57,7 @@ class _Clock:
 
 def _store_on(pool: ConnectionPool[Any], schema: str, clock: _Clock) -> Store:
     store = Store(pool, schema=schema)
-    store._caps = TopicCaps(monotonic=clock)
+    store.producer._caps = store.flow._caps = TopicCaps(monotonic=clock)
     return store
 
 
@@ -80,10 +82,10 @@ def test_f2_every_move_back_to_waiting_counts_against_an_older_anchor(
         parent = b.enqueue(Job("p", {})).id
         b.enqueue_many([Job("d", {"child": 1}, after=[parent])])  # blocked, in the count
         _anchor(a, dsn, schema, "d")
-        claimed = b.claim(["d"], 8, "w", LEASE)
+        claimed = b.worker.claim(["d"], 8, "w", LEASE)
         assert len(claimed) == 8
         c = iter(claimed)
-        b.settle_many(
+        b.worker.settle_many(
             [
                 Outcome(next(c).id, claimed[0].claim_token, State.FAILED, delay=timedelta(hours=1)),
                 Outcome(next(c).id, claimed[1].claim_token, State.DEAD),
@@ -95,7 +97,7 @@ def test_f2_every_move_back_to_waiting_counts_against_an_older_anchor(
         assert b.retry(claimed[1].id) and b.retry(claimed[3].id)
         q(pool, schema, "UPDATE {job} SET state = 'pending' WHERE id = %s", claimed[2].id)
         q(pool, schema, "UPDATE {job} SET locked_until = now() - interval '1 s' WHERE id = %s", claimed[5].id)
-        assert [r[0] for r in b.reap_expired()] == [claimed[5].id]
+        assert [r[0] for r in b.worker.reap()] == [claimed[5].id]
         q(pool, schema, "UPDATE {job} SET state = 'done', locked_by = NULL WHERE id = %s", claimed[6].id)
         q(
             pool,
@@ -103,8 +105,8 @@ def test_f2_every_move_back_to_waiting_counts_against_an_older_anchor(
             "UPDATE {job} SET state = 'scheduled', available_at = now() WHERE id = %s",
             claimed[6].id,
         )
-        (p,) = b.claim(["p"], 1, "w", LEASE)
-        b.settle_many([Outcome(p.id, p.claim_token, State.DONE)])  # the child: blocked -> pending
+        (p,) = b.worker.claim(["p"], 1, "w", LEASE)
+        b.worker.settle_many([Outcome(p.id, p.claim_token, State.DONE)])  # the child: blocked -> pending
         b.enqueue(Job("d", {"v": 2}, unique_key="u", on_duplicate="merge", priority=3))
         b.enqueue(Job("d", {"v": 3}, unique_key="u", on_duplicate="replace"))
         with psycopg.connect(dsn) as conn:
@@ -302,7 +304,7 @@ def test_f2_a_schema_downgraded_past_0014_and_upgraded_again_keeps_the_cap(
             a.enqueue(Job("d", {"a": 1}))
         # Room again; A counts (an anchor), B writes jobs with the new sequence's small values and
         # takes more (refused batches), then a cap change jumps it to just past A's old values.
-        b.claim(["d"], 100, "w", LEASE)
+        b.worker.claim(["d"], 100, "w", LEASE)
         a.enqueue(Job("d", {"a": 2}))
         b.enqueue_many([Job("d", {"b": i}) for i in range(90)])
         # values other enqueues take (refused batches take theirs too), up to where the jump lands
@@ -327,14 +329,14 @@ def test_f1_a_claim_that_rolls_back_spends_no_token(store: Store, dsn: str) -> N
     store.set_rate_limit("r", 3, 3600)
     params = {"topic": "r", "limit": 10, "worker": "w", "lease": LEASE}
     with psycopg.connect(dsn) as conn:
-        conn.execute(f'SET search_path TO "{store._q.schema}"')
-        assert conn.execute(store._q["topic_claim_lock"].text, {"topic": "r"}).fetchone() == (True,)
-        rows = conn.execute(store._q["job_claim_limited"].text, params).fetchall()
+        conn.execute(f'SET search_path TO "{store.session.q.schema}"')
+        assert conn.execute(store.session.q["topic_claim_lock"].text, {"topic": "r"}).fetchone() == (True,)
+        rows = conn.execute(store.session.q["job_claim_limited"].text, params).fetchall()
         assert len([r for r in rows if r[0] is not None]) == 3
         conn.rollback()
     (s,) = [s for s in store.topic_settings() if s.topic == "r"]
     assert s.tokens is not None and s.tokens >= 3.0 - 1e-6
-    assert len(store.claim_limited("r", 10, "w", LEASE)) == 3
+    assert len(store.worker.claim_limited("r", 10, "w", LEASE)) == 3
 
 
 def test_f1_a_changed_bucket_keeps_its_tokens_within_the_new_burst(store: Store) -> None:
@@ -344,7 +346,7 @@ def test_f1_a_changed_bucket_keeps_its_tokens_within_the_new_burst(store: Store)
     store.enqueue_many([Job("r", {"i": i}) for i in range(100)])
 
     def take(n: int = 100) -> int:
-        return len(store.claim_limited("r", n, "w", LEASE))
+        return len(store.worker.claim_limited("r", n, "w", LEASE))
 
     store.set_rate_limit("r", 10, 3600)  # new: full, 10 tokens
     store.set_rate_limit("r", 10, 3600, burst=3)  # cut to 3
@@ -358,8 +360,8 @@ def test_f1_a_changed_bucket_keeps_its_tokens_within_the_new_burst(store: Store)
     assert take(1) == 1 and take() == 1 and take() == 0
 
 
-class _CountingStore(Store):
-    """A Store that counts the limited claims its engine runs."""
+class _CountingRepo(WorkerRepo):
+    """A Store's worker part that counts the limited claims its engine runs."""
 
     limited_claims = 0
 
@@ -376,10 +378,11 @@ def test_f1_engines_out_of_tokens_wait_without_polling_and_run_at_once_when_the_
     token); once the limit is removed they run the rest at once."""
     import time
 
-    class Counting(_CountingStore):
+    class Counting(_CountingRepo):
         limited_claims = 0
 
-    store = Counting(pool, schema=schema)
+    store = Store(pool, schema=schema)
+    store.worker = Counting(store.session, store.producer, store.flow)
     made: list[Any] = []
     try:
         store.set_rate_limit("r", 1, 3600)
@@ -418,9 +421,9 @@ def test_f1_a_rate_too_fine_for_the_database_clock_is_refused(store: Store) -> N
         with pytest.raises(ValueError):
             store.set_rate_limit("r", 1, per)
     store.set_rate_limit("r", 2**31 - 1, timedelta(microseconds=1))
-    assert len(store.claim_limited("r", 5, "w", LEASE)) == 1
+    assert len(store.worker.claim_limited("r", 5, "w", LEASE)) == 1
     store.set_rate_limit("r", 1, 1e300)  # very coarse is fine
-    assert store.claim_limited("r", 5, "w", LEASE) == []
+    assert store.worker.claim_limited("r", 5, "w", LEASE) == []
     assert [s.rate_per for s in store.topic_settings()] == [1e300]
 
 
@@ -431,8 +434,8 @@ def test_f1_f2_odd_topic_names(store: Store, pool: ConnectionPool[Any], schema: 
     store.enqueue_many([Job(topic, {"i": i}) for i in range(3)])
     with pytest.raises(QueueFull):
         store.enqueue(Job(topic, {}))
-    assert store.claim([topic], 5, "w", LEASE) == []
-    assert len(store.claim_limited(topic, 5, "w", LEASE)) == 2
+    assert store.worker.claim([topic], 5, "w", LEASE) == []
+    assert len(store.worker.claim_limited(topic, 5, "w", LEASE)) == 2
     assert store.enqueue(Job(topic, {"after": "claims"})).created
     assert _waiting(pool, schema, topic) == 2
     (s,) = [s for s in store.topic_settings() if s.topic == topic]

@@ -50,7 +50,7 @@ def test_f2_a_full_topic_refuses_before_writing(store: Store, pool: ConnectionPo
     assert store.enqueue(Job("d", {}, idempotency_key="k1")) == (a.id, False)
     # other topics are not capped; a claimed job no longer waits
     assert store.enqueue(Job("other", {})).created
-    store.claim(["d"], 1, "w", LEASE)
+    store.worker.claim(["d"], 1, "w", LEASE)
     assert store.enqueue(Job("d", {"i": 3})).created
     assert store.queue_full_refusals() == {"d": 3}
     store.set_max_depth("d", None)
@@ -240,9 +240,11 @@ def test_f2_a_job_back_from_processing_counts_against_another_stores_anchor(
     try:
         a.set_max_depth("d", 200)
         a.enqueue_many([Job("d", {"v": i}) for i in range(60)])
-        claimed = a.claim(["d"], 10, "w", LEASE)
+        claimed = a.worker.claim(["d"], 10, "w", LEASE)
         _anchor(b, dsn, schema, "d")  # B's counts do not see the 10 processing jobs
-        a.settle_many([Outcome(c.id, c.claim_token, State.FAILED, delay=timedelta(hours=1)) for c in claimed])
+        a.worker.settle_many(
+            [Outcome(c.id, c.claim_token, State.FAILED, delay=timedelta(hours=1)) for c in claimed]
+        )
         _fill(b, "d")
     finally:
         a.close()
@@ -354,10 +356,10 @@ def test_f2_concurrent_enqueues_of_a_capped_topic_overshoot_by_at_most_their_num
 def test_f1_the_claim_spends_tokens_and_says_when_the_next_is_due(store: Store) -> None:
     store.enqueue_many([Job("r", {"i": i}) for i in range(5)])
     store.set_rate_limit("r", 2, 10, burst=2)
-    assert store.claim(["r"], 10, "w", LEASE) == []  # the common claim leaves it out
-    got = store.claim_limited("r", 10, "w", LEASE)
+    assert store.worker.claim(["r"], 10, "w", LEASE) == []  # the common claim leaves it out
+    got = store.worker.claim_limited("r", 10, "w", LEASE)
     assert len(got) == 2 and got.next_token_in is not None and 4.0 < got.next_token_in <= 5.0
-    again = store.claim_limited("r", 10, "w", LEASE)
+    again = store.worker.claim_limited("r", 10, "w", LEASE)
     assert again == [] and again.next_token_in is not None and 0 < again.next_token_in <= 5.0
     (setting,) = [s for s in store.topic_settings() if s.topic == "r"]
     assert (
@@ -367,8 +369,8 @@ def test_f1_the_claim_spends_tokens_and_says_when_the_next_is_due(store: Store) 
         and setting.tokens < 1
     )
     store.set_rate_limit("r", None)
-    assert store.claim_limited("r", 10, "w", LEASE) == []
-    assert len(store.claim(["r"], 10, "w", LEASE)) == 3
+    assert store.worker.claim_limited("r", 10, "w", LEASE) == []
+    assert len(store.worker.claim(["r"], 10, "w", LEASE)) == 3
 
 
 def test_f1_bad_values_are_refused(store: Store) -> None:

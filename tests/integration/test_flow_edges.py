@@ -148,7 +148,7 @@ def test_f1_a_rate_change_waits_for_a_claim_of_its_topic(
     """A claim holds its topic's lock while it spends tokens; a change made meanwhile waits for it,
     so the claim never spends a bucket being changed."""
     store.set_rate_limit("r", 5, 1)
-    lock = store._q["topic_claim_lock"]  # the very statement a limited claim takes first
+    lock = store.session.q["topic_claim_lock"]  # the very statement a limited claim takes first
     changed = threading.Event()
     with psycopg.connect(dsn) as claimer:
         assert claimer.execute(lock.text, {"topic": "r"}).fetchone()[0]  # type: ignore[index, union-attr]

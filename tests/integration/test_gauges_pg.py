@@ -43,22 +43,20 @@ def handler(ctx: Context, claim: Claim) -> None:
 
 
 class CountingStore(Store):
-    """The real Store, counting every statement it runs by what it was doing."""
+    """The real Store, counting every statement it runs on a pool connection by what it was doing."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.statements: Counter[str] = Counter()
         self._count_lock = threading.Lock()
+        autocommit = self.session.autocommit
 
-    def _run(self, doing: str, query: Any, params: dict[str, Any]) -> Any:
-        with self._count_lock:
-            self.statements[doing] += 1
-        return super()._run(doing, query, params)
+        def counted(doing: str, timeout: float | None = None) -> Any:
+            with self._count_lock:
+                self.statements[doing] += 1
+            return autocommit(doing, timeout)
 
-    def ping(self, timeout: float | None = None) -> bool:
-        with self._count_lock:
-            self.statements["pinging"] += 1
-        return super().ping(timeout)
+        self.session.autocommit = counted  # type: ignore[method-assign]
 
     def snapshot(self) -> Counter[str]:
         with self._count_lock:
@@ -112,7 +110,7 @@ def test_o1_z2_gauges_count_each_active_state_and_the_oldest_ready_age(
             "FROM generate_series(1, %(n)s)",
             {"topic": topic, "state": state, "offset": offset, "n": n},
         )
-    g = store.gauges([TOPIC, OTHER, "gauge.none"])
+    g = store.worker.gauges([TOPIC, OTHER, "gauge.none"])
     counts = {(c.topic, str(c.state)): c.count for c in g.counts}
     assert counts == {
         (TOPIC, "pending"): 3,
@@ -150,7 +148,7 @@ def test_o1_gauge_counts_stop_at_the_cap(
         {"t": TOPIC},
     )
     monkeypatch.setattr(worker_side, "GAUGE_CAP", 3)
-    counts = {str(c.state): c.count for c in store.gauges([TOPIC]).counts}
+    counts = {str(c.state): c.count for c in store.worker.gauges([TOPIC]).counts}
     assert counts == {"pending": 3, "scheduled": 0, "processing": 3, "failed": 3, "blocked": 3}
 
 
@@ -217,7 +215,7 @@ def test_z2_dead_tuples_of_the_job_table(dsn: str, schema: str, store: Store) ->
         )
         conn.execute(sql.SQL("DELETE FROM {}").format(job))
         conn.execute("SELECT pg_stat_force_next_flush()")
-    wait_for(lambda: store.database_gauges().job_dead_tuples >= 300, "300 dead tuples")
+    wait_for(lambda: store.worker.database_gauges().job_dead_tuples >= 300, "300 dead tuples")
     # (Whether a VACUUM now clears them depends on every other session of the shared server:
     # one transaction open anywhere on the database keeps them. That is the point of the gauge.)
 

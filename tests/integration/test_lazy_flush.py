@@ -18,6 +18,7 @@ import pytest
 from psycopg import sql
 
 from brooq_py.postgres import Store
+from brooq_py.postgres.worker.repo import WorkerRepo
 from brooq_py.queue import Job
 from brooq_py.queue.port import HeldLease
 
@@ -43,13 +44,13 @@ def test_p1_claim_and_renewal_commit_synchronously(store: Store, tx: psycopg.Con
     store.enqueue(Job("a", 1))
     assert sync_commit(tx) == "on"
     claimed = tx.execute(
-        store._q.claim.composed, {"topics": ["a"], "limit": 1, "worker": "w", "lease": LEASE}
+        store.session.q["job_claim"].composed, {"topics": ["a"], "limit": 1, "worker": "w", "lease": LEASE}
     ).fetchall()
     assert len(claimed) == 1
     assert sync_commit(tx) == "on"
     tx.commit()
     _id, token = claimed[0][0], claimed[0][5]
-    params = Store._renew_params([HeldLease(str(_id), str(token))])  # as the heartbeat sends them
+    params = WorkerRepo._renew_params([HeldLease(str(_id), str(token))])  # as the heartbeat sends them
     beat = {
         **params,
         "engine": "w",
@@ -60,7 +61,7 @@ def test_p1_claim_and_renewal_commit_synchronously(store: Store, tx: psycopg.Con
         "orphans": True,
         "instance": None,
     }
-    renewed = tx.execute(store._q.beat.composed, beat).fetchall()
+    renewed = tx.execute(store.session.q["engine_beat"].composed, beat).fetchall()
     assert [(r[0], r[1]) for r in renewed] == [(str(token), "held")]
     assert sync_commit(tx) == "on"
     tx.commit()

@@ -20,6 +20,7 @@ from psycopg_pool import ConnectionPool
 
 from brooq_py.engine import Config, Engine
 from brooq_py.postgres import Store
+from brooq_py.postgres.worker.repo import WorkerRepo
 from brooq_py.queue import BrooqError, Claim, Context, Job, KindOptions, State, Tx
 from tests.integration.conftest import FAST, q
 from tests.integration.test_cli import cli_env, run_cli
@@ -414,20 +415,23 @@ def test_l3_c9_a_psql_lock_on_the_row_while_the_closing_transaction_waits_to_wri
     assert r is not None and r.attempts == 1
 
 
-class _SlowClaimAnswers(Store):
-    """A Store whose claims answer late once ``hold`` is set: the rows are claimed, the answer waits."""
+class _SlowClaimAnswers(WorkerRepo):
+    """A Store's worker part whose claims answer late once ``hold`` is set: the rows are claimed,
+    the answer waits. It keeps every connection the Store opens for itself."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, store: Store) -> None:
         self.hold = False
         self.claimed = threading.Event()
         self.answer = threading.Event()
         self.opened: list[psycopg.Connection[Any]] = []
+        connect = store.session.connect_own
 
-    def _connect_own(self, options: str = "") -> psycopg.Connection[Any]:
-        conn = super()._connect_own(options)
-        self.opened.append(conn)
-        return conn
+        def kept(options: str = "") -> psycopg.Connection[Any]:
+            self.opened.append(conn := connect(options))
+            return conn
+
+        store.session.connect_own = kept  # type: ignore[method-assign]
+        super().__init__(store.session, store.producer, store.flow)
 
     def claim(self, topics: Any, limit: int, worker: str, lease: Any) -> Any:
         rows = super().claim(topics, limit, worker, lease)
@@ -443,7 +447,8 @@ def test_c11_rows_of_a_claim_answered_after_close_go_back_and_no_own_connection_
     """C11 with Engine.close() (API: the Store's own connections are closed by Engine.close()):
     stop() gives up waiting for a claim whose answer comes late; once it comes, its rows go back
     to pending unrun, and that hand-back must not leave a connection of the Store's open behind it."""
-    s = _SlowClaimAnswers(pool, schema=schema)
+    store = Store(pool, schema=schema)
+    s = _SlowClaimAnswers(store)
     e = Engine(s, Config(workers=2, poll_interval=0.2, lease=3, **FAST))
     e.register_kind("t", lambda ctx, claim: None)
     e.start()

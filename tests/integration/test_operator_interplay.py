@@ -160,7 +160,9 @@ def test_q3_a_limit_set_while_a_common_claim_is_in_flight_is_not_exceeded_by_lat
 
     params = {"topics": ["lim"], "limit": 5, "worker": "in-flight", "lease": "30 seconds"}
     with psycopg.connect(dsn) as other:
-        assert len(other.execute(store._q["job_claim"].text, params).fetchall()) == 5  # not committed yet
+        assert (
+            len(other.execute(store.session.q["job_claim"].text, params).fetchall()) == 5
+        )  # not committed yet
         setting = threading.Thread(target=store.set_limit, args=("lim", 2))
         setting.start()  # waits for the claim in flight (bounded)
         wait_for(lambda: store.topic_settings(), "the limit written")

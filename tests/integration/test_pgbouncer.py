@@ -91,7 +91,7 @@ def test_z5_z3_listen_through_pgbouncer_is_refused_once_and_polling_carries_on(
     bounced_pool: ConnectionPool[Any], schema: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     store = Store(bounced_pool, schema=schema)  # no conninfo: LISTEN would go through the bouncer
-    store.listen_probe_timeout = 1.0
+    store.worker.listen_probe_timeout = 1.0
     try:
         with caplog.at_level(logging.ERROR, logger="brooq_py.postgres"):
             run_jobs(store, Config(workers=4, poll_interval=0.2, lease=6), 40)
@@ -116,7 +116,7 @@ def test_p1_a_claim_locked_by_an_operator_stays_its_live_engines_through_the_bou
     store = Store(bounced_pool, schema=schema)
     try:
         store.enqueue(Job("a"))
-        [c] = store.claim(["a"], 1, "w", timedelta(seconds=30))
+        [c] = store.worker.claim(["a"], 1, "w", timedelta(seconds=30))
         proof = EngineProof("w", "h", 1, timedelta(seconds=1), timedelta(seconds=0.4))
         with psycopg.connect(dsn) as operator:
             operator.execute(
@@ -124,8 +124,8 @@ def test_p1_a_claim_locked_by_an_operator_stays_its_live_engines_through_the_bou
                 (c.id,),
             )
             for _ in range(6):  # three leases
-                assert store.beat(proof, [HeldLease(c.id, c.claim_token)]).held == {c.claim_token}
-                assert store.reap_expired() == []
+                assert store.worker.beat(proof, [HeldLease(c.id, c.claim_token)]).held == {c.claim_token}
+                assert store.worker.reap() == []
                 time.sleep(0.5)
             operator.rollback()
         with psycopg.connect(dsn, autocommit=True) as db:
@@ -135,8 +135,8 @@ def test_p1_a_claim_locked_by_an_operator_stays_its_live_engines_through_the_bou
                 ),
                 (c.id,),
             )
-        store.beat(proof, [HeldLease(c.id, c.claim_token)])
-        assert store.reap_expired() == []  # its engine still beats: the row's own lease says nothing
+        store.worker.beat(proof, [HeldLease(c.id, c.claim_token)])
+        assert store.worker.reap() == []  # its engine still beats: the row's own lease says nothing
         row = store.get(c.id)
         assert row is not None and row.state.value == "processing"
     finally:

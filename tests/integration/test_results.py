@@ -13,6 +13,7 @@ import pytest
 from brooq_py import Tasks
 from brooq_py.engine import Engine
 from brooq_py.postgres import Store
+from brooq_py.postgres.worker.repo import WorkerRepo
 from brooq_py.queue import Claim, Context, InvalidJob, Job, JobRow, KindOptions, State, StoreUnavailable
 from tests.integration.conftest import q
 from tests.polling import wait_for
@@ -53,7 +54,9 @@ def test_v1_async_handler_result_and_none_stays_null(store: Store, engines: Call
     e.start()
     assert ended(store, a).result == 42
     assert ended(store, b).result is None
-    assert q(store._pool, store.schema, "SELECT result IS NULL FROM {job} WHERE id = %s", b) == [(True,)]  # type: ignore[arg-type]
+    assert q(store.session.pool, store.schema, "SELECT result IS NULL FROM {job} WHERE id = %s", b) == [
+        (True,)
+    ]  # type: ignore[arg-type]
 
 
 def test_v1_result_written_with_a_chained_done(store: Store, engines: Callable[..., Engine]) -> None:
@@ -69,7 +72,7 @@ def test_v1_result_written_with_a_chained_done(store: Store, engines: Callable[.
     row = ended(store, pid)
     assert (row.state, row.result) == (State.DONE, "parent-result")
     cid = wait_for(
-        lambda: q(store._pool, store.schema, "SELECT id::text FROM {job} WHERE topic = 'child'"),  # type: ignore[arg-type]
+        lambda: q(store.session.pool, store.schema, "SELECT id::text FROM {job} WHERE topic = 'child'"),  # type: ignore[arg-type]
         "the chained job",
     )[0][0]
     assert ended(store, cid).result == 2
@@ -196,9 +199,9 @@ def test_tasks_end_to_end_payload_by_name_ctx_and_async(store: Store, engines: C
         add.enqueue(float("nan"))
     with pytest.raises(InvalidJob):
         add.job(1, c=2)  # type: ignore[call-arg]
-    payload = q(store._pool, store.schema, "SELECT payload FROM {job} WHERE id = %s", first.id)[0][0]  # type: ignore[arg-type]
+    payload = q(store.session.pool, store.schema, "SELECT payload FROM {job} WHERE id = %s", first.id)[0][0]  # type: ignore[arg-type]
     assert payload == {"a": 5}
-    assert q(store._pool, store.schema, "SELECT count(*) FROM {job}") == [(3,)]  # type: ignore[arg-type]
+    assert q(store.session.pool, store.schema, "SELECT count(*) FROM {job}") == [(3,)]  # type: ignore[arg-type]
     e = engines()
     e.register_tasks(tasks)
     assert set(e.topics) == {"math.add", who.topic}
@@ -287,7 +290,7 @@ def test_v1_o4_a_done_whose_write_failed_for_several_leases_is_written_late_with
     # The handler returned on its last attempt while every write and heartbeat failed for several
     # leases; nobody took the row meanwhile, so the queued done is written once the store answers,
     # under its own claim, with its result (O4, V1): not run again, never dead.
-    class Flaky(Store):
+    class Flaky(WorkerRepo):
         down = False
 
         def settle_many(self, outcomes: Any) -> Any:
@@ -300,7 +303,7 @@ def test_v1_o4_a_done_whose_write_failed_for_several_leases_is_written_late_with
                 raise StoreUnavailable("the store is down (test)")
             return super().beat(proof, leases, orphans)
 
-    flaky = Flaky(pool, schema=schema)
+    flaky = Flaky(store.session, store.producer, store.flow)
     release = threading.Event()
     calls: list[int] = []
 

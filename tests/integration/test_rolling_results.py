@@ -72,8 +72,8 @@ WHERE id = %(id)s
 
 
 def old(store: Store, text: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-    assert store._pool is not None
-    with store._pool.connection() as conn:
+    assert store.session.pool is not None
+    with store.session.pool.connection() as conn:
         cur = conn.execute(sql.SQL(text).format(job=sql.Identifier(store.schema, "job")), params)  # type: ignore[arg-type]
         return cur.fetchall() if cur.description is not None else []
 
@@ -99,13 +99,13 @@ def test_rows_of_old_producers_are_claimed_and_settled_by_new_code(store: Store)
     insert = "INSERT INTO {job} (topic, payload) VALUES ('roll', %(p)s::jsonb) RETURNING id::text"
     (ok,) = old(store, insert, {"p": '{"n": 1}'})[0]
     (bad,) = old(store, insert, {"p": '{"n": 2}'})[0]
-    rows = {r.id: r for r in store.claim(["roll"], 2, "new", LEASE)}
+    rows = {r.id: r for r in store.worker.claim(["roll"], 2, "new", LEASE)}
     assert set(rows) == {ok, bad}
     proof = EngineProof("new", "h", 1, LEASE, LEASE / 3)
-    assert store.beat(proof, [HeldLease(ok, rows[ok].claim_token, 0.5, "half")]).held == {
+    assert store.worker.beat(proof, [HeldLease(ok, rows[ok].claim_token, 0.5, "half")]).held == {
         rows[ok].claim_token
     }
-    written = store.settle_many(
+    written = store.worker.settle_many(
         [
             Outcome(ok, rows[ok].claim_token, State.DONE, result="[1, 2]"),
             Outcome(bad, rows[bad].claim_token, State.DEAD, last_error="E: x", traceback="tb"),
@@ -123,7 +123,7 @@ def test_rows_of_old_producers_are_claimed_and_settled_by_new_code(store: Store)
 
 def test_rows_of_new_producers_are_renewed_and_settled_by_old_statements(store: Store) -> None:
     ids = [r.id for r in store.enqueue_many([Job("roll2", {"i": i}) for i in range(3)])]
-    rows = {r.id: r for r in store.claim(["roll2"], 3, "old", LEASE)}
+    rows = {r.id: r for r in store.worker.claim(["roll2"], 3, "old", LEASE)}
     renewed = old(
         store,
         OLD_LEASE_RENEW,
@@ -149,8 +149,10 @@ def test_rows_of_new_producers_are_renewed_and_settled_by_old_statements(store: 
     assert rb is not None and rb.state is State.FAILED and rb.errors == () and rb.last_error == "E: old"
     assert rc is not None and rc.state is State.DEAD and rc.errors == ()
     # The failed one, retried by a new engine, starts its history there.
-    assert store.stage(["roll2"], 10, notify=False).total == 1
-    (again,) = store.claim(["roll2"], 1, "new", LEASE)
-    store.settle_many([Outcome(b, again.claim_token, State.DEAD, last_error="E: new", traceback="tb2")])
+    assert store.worker.stage(["roll2"], 10, notify=False).total == 1
+    (again,) = store.worker.claim(["roll2"], 1, "new", LEASE)
+    store.worker.settle_many(
+        [Outcome(b, again.claim_token, State.DEAD, last_error="E: new", traceback="tb2")]
+    )
     rb = store.get(b)
     assert rb is not None and [(e.attempt, e.error) for e in rb.errors] == [(2, "E: new")]

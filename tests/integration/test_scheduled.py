@@ -18,6 +18,7 @@ from psycopg_pool import ConnectionPool
 from brooq_py.engine import Config, Engine
 from brooq_py.postgres import Store, channel_for, migrations
 from brooq_py.postgres.session.statements import render, stage_channel_for
+from brooq_py.postgres.worker.repo import WorkerRepo
 from brooq_py.queue import Claim, Context, Job, State
 from brooq_py.queue.port import ClaimedJob
 from tests.conftest import drop_schema
@@ -79,7 +80,7 @@ def test_s5_a_future_enqueue_is_scheduled_on_every_path(store: Store, db: psycop
         "pending",
         "scheduled",
     ]
-    assert {c.payload for c in store.claim(["a"], 10, "w", LEASE)} == {2, 3, 5}
+    assert {c.payload for c in store.worker.claim(["a"], 10, "w", LEASE)} == {2, 3, 5}
 
 
 def test_s5_psql_insert_with_a_future_time_still_works(store: Store, db: psycopg.Connection[Any]) -> None:
@@ -87,9 +88,9 @@ def test_s5_psql_insert_with_a_future_time_still_works(store: Store, db: psycopg
         "INSERT INTO job (topic, payload, available_at) VALUES ('a', '{}', now() + interval '1 hour') RETURNING id"
     ).fetchone() or (None,)
     assert state(db, str(job)) == "pending"
-    assert store.claim(["a"], 5, "w", LEASE) == []  # pending, but not claimed before its time
+    assert store.worker.claim(["a"], 5, "w", LEASE) == []  # pending, but not claimed before its time
     db.execute("UPDATE job SET available_at = now() - interval '1 second' WHERE id = %s", (job,))
-    assert [c.id for c in store.claim(["a"], 5, "w", LEASE)] == [str(job)]
+    assert [c.id for c in store.worker.claim(["a"], 5, "w", LEASE)] == [str(job)]
 
 
 def test_s5_statement_time_not_transaction_time(store: Store, db: psycopg.Connection[Any]) -> None:
@@ -138,7 +139,7 @@ def test_s5_x1_t2_cancel_takes_scheduled_and_retention_never_deletes_it(
     kept = store.enqueue(Job("a", 2, available_at=later(3600))).id
     assert store.cancel(gone) is True and state(db, gone) == "canceled"
     db.execute("UPDATE job SET updated_at = now() - interval '10 days'")
-    deleted = store.delete_terminal(timedelta(days=1), 100)
+    deleted = store.worker.delete_terminal(timedelta(days=1), 100)
     assert [i for i, _ in deleted] == [gone]
     assert state(db, kept) == "scheduled"
     row = store.get(kept)
@@ -147,7 +148,7 @@ def test_s5_x1_t2_cancel_takes_scheduled_and_retention_never_deletes_it(
 
 def test_s5_gauges_count_scheduled(store: Store) -> None:
     store.enqueue_many([Job("a", i, available_at=later(3600)) for i in range(3)] + [Job("a", 9)])
-    counts = {(c.topic, c.state): c.count for c in store.gauges(["a"]).counts}
+    counts = {(c.topic, c.state): c.count for c in store.worker.gauges(["a"]).counts}
     assert counts[("a", State.SCHEDULED)] == 3 and counts[("a", State.PENDING)] == 1
 
 
@@ -187,7 +188,7 @@ def test_s6_the_claim_reads_the_pending_only_index(
     for n in claim_scans:
         assert n["Shared Hit Blocks"] + n["Shared Read Blocks"] < 20, json.dumps(n)
         assert n.get("Rows Removed by Filter", 0) == 0
-    assert [c.id for c in store.claim(["a"], 5, "w", LEASE)] == [ready]
+    assert [c.id for c in store.worker.claim(["a"], 5, "w", LEASE)] == [ready]
 
 
 # --- S7 ------------------------------------------------------------------------------------------
@@ -200,16 +201,16 @@ def test_s7_stage_promotes_due_rows_and_names_their_topics(store: Store, db: psy
     db.execute("UPDATE job SET available_at = now() - interval '1 second' WHERE id IN (%s, %s)", (a, b))
     with psycopg.connect(_dsn(db), autocommit=True) as listener:
         listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel_for(store.schema))))
-        staged = store.stage(["a", "b", "c"], 100)
+        staged = store.worker.stage(["a", "b", "c"], 100)
         assert staged.promoted == {"a": 1, "b": 1}
         assert staged.next_due_in is not None and 3500 < staged.next_due_in <= 3600
         payloads = sorted(n.payload for n in listener.notifies(timeout=5, stop_after=2))
     assert payloads == ["a", "b"]
     assert (state(db, a), state(db, b), state(db, later_a)) == ("pending", "pending", "scheduled")
-    assert store.stage(["a", "b"], 100).promoted == {}
-    nd = store.next_due(["a", "b"])
+    assert store.worker.stage(["a", "b"], 100).promoted == {}
+    nd = store.worker.next_due(["a", "b"])
     assert nd is not None and 3500 < nd <= 3600
-    assert store.next_due(["zzz"]) is None
+    assert store.worker.next_due(["zzz"]) is None
 
 
 def _dsn(conn: psycopg.Connection[Any]) -> str:
@@ -227,11 +228,11 @@ def test_s7_a_full_batch_leaves_the_rest_and_skips_locked_rows(
             locker.execute(
                 "SELECT 1 FROM job WHERE id = %s FOR UPDATE", (ids[0],)
             )  # a psql session holds one
-            assert store.stage(["a"], 10).total == 10
-            assert store.stage(["a"], 10).total == 10
-            assert store.stage(["a"], 10).total == 4  # never waits for the locked row
+            assert store.worker.stage(["a"], 10).total == 10
+            assert store.worker.stage(["a"], 10).total == 10
+            assert store.worker.stage(["a"], 10).total == 4  # never waits for the locked row
             assert state(db, ids[0]) == "scheduled"
-    assert store.stage(["a"], 10).total == 1
+    assert store.worker.stage(["a"], 10).total == 1
 
 
 def test_s7_an_idle_engine_starts_a_scheduled_job_at_its_time(
@@ -266,7 +267,7 @@ def test_s7_the_stager_wakes_engines_elsewhere(
     e.start()
     wait_listening(pool, store.schema)
     db.execute("INSERT INTO job (topic, payload, state, available_at) VALUES ('a', '1', 'failed', now())")
-    store.stage(["a"], 10)  # another engine's stager promotes it
+    store.worker.stage(["a"], 10)  # another engine's stager promotes it
     assert ran.wait(30)
 
 
@@ -299,7 +300,7 @@ def test_z3_the_trigger_names_each_topic_once_per_statement(
 
 def test_z3_a_listener_wakes_only_for_its_topics(store: Store) -> None:
     scheduled: list[int] = []
-    sub = store.listen(["a"], lambda: scheduled.append(1))
+    sub = store.worker.listen(["a"], lambda: scheduled.append(1))
     try:
         store.enqueue(Job("b", 1))
         store.enqueue(Job("b", 1, available_at=later(60)))
@@ -318,7 +319,7 @@ def test_z3_a_listener_wakes_only_for_its_topics(store: Store) -> None:
 
 def test_z3_a_wake_up_arriving_in_one_packet_with_others_is_not_lost(store: Store) -> None:
     """Notifications read in one packet are all seen: the one for our topic after another topic's."""
-    sub = store.listen(["a"])
+    sub = store.worker.listen(["a"])
     try:
         with store.begin() as tx:  # one commit: both notifications reach the listener together
             store.enqueue_tx(tx, Job("b", 1))
@@ -329,7 +330,7 @@ def test_z3_a_wake_up_arriving_in_one_packet_with_others_is_not_lost(store: Stor
         sub.close()
 
 
-class CountingStore(Store):
+class CountingRepo(WorkerRepo):
     """Counts claims, to see what woke the dispatcher."""
 
     claims = 0
@@ -340,9 +341,9 @@ class CountingStore(Store):
 
 
 def test_z3_an_engine_is_not_woken_by_another_topics_insert(
-    pool: ConnectionPool[Any], schema: str, engines: Callable[..., Engine]
+    store: Store, engines: Callable[..., Engine]
 ) -> None:
-    counting = CountingStore(pool, schema=schema)
+    counting = CountingRepo(store.session, store.producer, store.flow)
     ran = threading.Event()
     e = engines(counting, poll_interval=3600)
     e.register_kind("a", lambda ctx, claim: ran.set())
@@ -362,7 +363,7 @@ def test_z3_poll_only_switch(
 ) -> None:
     """Config(notify=False) never LISTENs; the trigger can be switched off per schema; polling runs jobs."""
     listens: list[int] = []
-    store.listen = lambda *a, **k: listens.append(1)  # type: ignore[method-assign,assignment,return-value]
+    store.worker.listen = lambda *a, **k: listens.append(1)  # type: ignore[method-assign,assignment,return-value]
     db.execute("ALTER TABLE job DISABLE TRIGGER job_notify")
     with psycopg.connect(_dsn(db), autocommit=True) as listener:
         listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel_for(store.schema))))

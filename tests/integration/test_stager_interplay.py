@@ -94,7 +94,7 @@ def test_s7_a_scheduled_enqueue_while_the_listener_reconnects_is_not_lost(
     subs: list[Any] = []
     calls: list[int] = []
     gate = threading.Event()
-    listen = store.listen
+    listen = store.worker.listen
 
     def gated_listen(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
@@ -104,7 +104,7 @@ def test_s7_a_scheduled_enqueue_while_the_listener_reconnects_is_not_lost(
         subs.append(sub)
         return sub
 
-    store.listen = gated_listen  # type: ignore[method-assign]
+    store.worker.listen = gated_listen  # type: ignore[method-assign]
     ran = threading.Event()
     e = engines()
     e.register_kind("a", lambda ctx, claim: ran.set())

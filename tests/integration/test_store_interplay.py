@@ -45,9 +45,9 @@ def test_e5_s5_a_batch_mixing_due_future_and_repeated_keys(store: Store, db: psy
         )
     )
     assert rows == {"k1": 1, "k2": 2}  # the repeats wrote nothing
-    assert {c.payload for c in store.claim(["a", "b"], 10, "w", LEASE)} == {1, 5}
+    assert {c.payload for c in store.worker.claim(["a", "b"], 10, "w", LEASE)} == {1, 5}
     # Repeating the whole batch later creates nothing, whatever became of the rows meanwhile.
-    store.stage(["a", "b"], 10)
+    store.worker.stage(["a", "b"], 10)
     again = store.enqueue_many([Job("a", 7, idempotency_key="k1"), Job("a", 8, idempotency_key="k2")])
     assert [(r.id, r.created) for r in again] == [(results[0].id, False), (results[1].id, False)]
 
@@ -67,11 +67,11 @@ def test_q1_t1_retention_skips_a_row_whose_retry_is_in_flight(
             "WHERE id = %s AND state IN ('dead', 'canceled')",
             (job,),
         )
-        deleted = store.delete_terminal(timedelta(days=1), 100)
+        deleted = store.worker.delete_terminal(timedelta(days=1), 100)
         assert [i for i, _ in deleted] == [other]
         psql.commit()
     assert states(db, [job]) == ["pending"]
-    assert store.delete_terminal(timedelta(days=1), 100) == []
+    assert store.worker.delete_terminal(timedelta(days=1), 100) == []
     # Its key is still held: the retried job is the one a repeat finds.
     assert store.enqueue(Job("a", 3, idempotency_key="key")) == (job, False)
 
@@ -84,8 +84,8 @@ def test_q1_retry_of_a_canceled_scheduled_job_is_due_now_and_claimable(
     assert store.cancel(job)
     assert store.retry(job)
     assert states(db, [job]) == ["pending"]
-    assert [c.id for c in store.claim(["a"], 5, "w", LEASE)] == [job]
-    assert store.stage(["a"], 10).total == 0  # nothing left for the stager
+    assert [c.id for c in store.worker.claim(["a"], 5, "w", LEASE)] == [job]
+    assert store.worker.stage(["a"], 10).total == 0  # nothing left for the stager
 
 
 def test_x1_s7_a_cancel_in_flight_on_a_due_scheduled_row_wins_over_the_stager(
@@ -97,9 +97,9 @@ def test_x1_s7_a_cancel_in_flight_on_a_due_scheduled_row_wins_over_the_stager(
     with psycopg.connect(dsn) as psql:
         psql.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
         psql.execute("UPDATE job SET state = 'canceled', updated_at = now() WHERE id = %s", (job,))
-        staged = store.stage(["a"], 10)
+        staged = store.worker.stage(["a"], 10)
         assert staged.total == 0 and staged.next_due_in is None  # not "due now": the stager sleeps
         psql.commit()
-    assert store.stage(["a"], 10).total == 0
+    assert store.worker.stage(["a"], 10).total == 0
     assert states(db, [job]) == ["canceled"]
-    assert store.claim(["a"], 5, "w", LEASE) == []
+    assert store.worker.claim(["a"], 5, "w", LEASE) == []

@@ -60,7 +60,7 @@ def test_retry_of_unknown_or_malformed_ids_is_false_Q1(store: Store) -> None:
 def test_retry_wakes_listeners_Q1(store: Store, dsn: str, schema: str) -> None:
     job_id = store.enqueue(Job("t", {"n": 1})).id
     force_state(dsn, schema, job_id, "dead", 5, "x")
-    sub = store.listen()
+    sub = store.worker.listen()
     try:
         while sub.wait(0.05):  # drain anything queued before
             pass

@@ -36,7 +36,7 @@ def test_c1_claim_order_topics_attempts_token(store: Store, db: psycopg.Connecti
     c = store.enqueue(Job("b", "b-old", available_at=PAST - timedelta(days=1))).id
     store.enqueue(Job("other", "x", available_at=PAST))
     store.enqueue(Job("a", "future", available_at=datetime.now(UTC) + timedelta(hours=1)))
-    got = store.claim(["a", "b"], 10, "w1", LEASE)
+    got = store.worker.claim(["a", "b"], 10, "w1", LEASE)
     assert [j.id for j in got] == [b, c, a]
     for j in got:
         assert j.attempts == 1 and j.locked_by == "w1"
@@ -44,16 +44,16 @@ def test_c1_claim_order_topics_attempts_token(store: Store, db: psycopg.Connecti
         assert j.locked_until > datetime.now(UTC) + timedelta(seconds=30)
     assert got[0].payload == "a-high" and got[0].priority == 5
     assert len({j.claim_token for j in got}) == 3
-    assert store.claim(["a", "b"], 10, "w1", LEASE) == []
+    assert store.worker.claim(["a", "b"], 10, "w1", LEASE) == []
     row = store.get(b)
     assert row is not None and row.state == State.PROCESSING and row.attempts == 1
-    assert store.claim([], 10, "w", LEASE) == [] and store.claim(["a"], 0, "w", LEASE) == []
+    assert store.worker.claim([], 10, "w", LEASE) == [] and store.worker.claim(["a"], 0, "w", LEASE) == []
 
 
 def test_c1_claim_limit_and_equal_priority_order(store: Store) -> None:
     ids = [store.enqueue(Job("a", i, available_at=PAST + timedelta(seconds=i))).id for i in range(5)]
-    assert [j.id for j in store.claim(["a"], 2, "w", LEASE)] == ids[:2]
-    assert [j.id for j in store.claim(["a"], 10, "w", LEASE)] == ids[2:]
+    assert [j.id for j in store.worker.claim(["a"], 2, "w", LEASE)] == ids[:2]
+    assert [j.id for j in store.worker.claim(["a"], 10, "w", LEASE)] == ids[2:]
 
 
 def test_c1_s7_failed_jobs_are_claimed_once_staged(store: Store, db: psycopg.Connection[Any]) -> None:
@@ -61,12 +61,12 @@ def test_c1_s7_failed_jobs_are_claimed_once_staged(store: Store, db: psycopg.Con
     db.execute(
         "UPDATE job SET state = 'failed', available_at = now() + interval '1 hour' WHERE id = %s", (j,)
     )
-    assert store.stage(["a"], 10).total == 0
-    assert store.claim(["a"], 5, "w", LEASE) == []
+    assert store.worker.stage(["a"], 10).total == 0
+    assert store.worker.claim(["a"], 5, "w", LEASE) == []
     db.execute("UPDATE job SET available_at = now() - interval '1 second' WHERE id = %s", (j,))
-    assert store.claim(["a"], 5, "w", LEASE) == []  # a due failed row waits for the stager (S6)
-    assert store.stage(["a"], 10).promoted == {"a": 1}
-    [claimed] = store.claim(["a"], 5, "w", LEASE)
+    assert store.worker.claim(["a"], 5, "w", LEASE) == []  # a due failed row waits for the stager (S6)
+    assert store.worker.stage(["a"], 10).promoted == {"a": 1}
+    [claimed] = store.worker.claim(["a"], 5, "w", LEASE)
     assert claimed.id == j
 
 
@@ -79,7 +79,7 @@ def test_p1_concurrent_claims_never_share_a_job(store: Store) -> None:
     def worker(n: int) -> None:
         barrier.wait()
         mine: list[str] = []
-        while batch := store.claim(["a"], 7, f"w{n}", LEASE):
+        while batch := store.worker.claim(["a"], 7, f"w{n}", LEASE):
             mine.extend(j.id for j in batch)
         with lock:
             got.append(mine)
@@ -99,9 +99,9 @@ def outcome(j: Any, state: State, **kw: Any) -> Outcome:
 
 def test_c10_settle_many_semantics(store: Store, db: psycopg.Connection[Any]) -> None:
     store.enqueue_many([Job("a", i) for i in range(5)])
-    js = store.claim(["a"], 5, "w", LEASE)
+    js = store.worker.claim(["a"], 5, "w", LEASE)
     db.execute("UPDATE job SET last_error = 'earlier'")
-    written = store.settle_many(
+    written = store.worker.settle_many(
         [
             outcome(js[0], State.DONE),
             outcome(js[1], State.FAILED, delay=timedelta(hours=1), last_error="boom"),
@@ -120,47 +120,47 @@ def test_c10_settle_many_semantics(store: Store, db: psycopg.Connection[Any]) ->
     assert r3 is not None and r3.state == State.CANCELED
     assert r4 is not None and r4.state == State.PENDING and r4.attempts == 0
     assert r4.locked_by is None and r4.locked_until is None
-    assert store.settle_many([]) == set()
+    assert store.worker.settle_many([]) == set()
 
 
 def test_p3_settle_guard_canceled_reaped_or_stale_token(store: Store, db: psycopg.Connection[Any]) -> None:
     store.enqueue_many([Job("a", i) for i in range(3)])
-    c, r, s = store.claim(["a"], 3, "w", LEASE)
+    c, r, s = store.worker.claim(["a"], 3, "w", LEASE)
     assert store.cancel(c.id)
     db.execute("UPDATE job SET locked_until = now() - interval '1 second' WHERE id = %s", (r.id,))
-    assert store.reap_expired() == [(r.id, "a")]
-    [again] = store.claim(["a"], 1, "w", LEASE)  # the same engine claims its reaped job again
+    assert store.worker.reap() == [(r.id, "a")]
+    [again] = store.worker.claim(["a"], 1, "w", LEASE)  # the same engine claims its reaped job again
     assert again.id == r.id and again.claim_token != r.claim_token
     stale = Outcome(id=s.id, claim_token=str(uuid.uuid4()), state=State.DONE)
-    written = store.settle_many(
+    written = store.worker.settle_many(
         [outcome(c, State.DONE), outcome(r, State.DONE), stale, outcome(s, State.FAILED)]
     )
     assert written == {s.id}
     rc, rr = store.get(c.id), store.get(r.id)
     assert rc is not None and rc.state == State.CANCELED
     assert rr is not None and rr.state == State.PROCESSING and rr.attempts == 1  # the reap gave it back
-    assert store.settle_many([outcome(s, State.DONE)]) == set()  # terminal is never overwritten
+    assert store.worker.settle_many([outcome(s, State.DONE)]) == set()  # terminal is never overwritten
     rs = store.get(s.id)
     assert rs is not None and rs.state == State.FAILED
 
 
 def test_c9_settle_tx_with_chained_enqueue(store: Store) -> None:
     store.enqueue(Job("a", 1))
-    [j] = store.claim(["a"], 1, "w", LEASE)
+    [j] = store.worker.claim(["a"], 1, "w", LEASE)
     with pytest.raises(RuntimeError), store.begin() as tx:
-        assert store.settle_tx(tx, outcome(j, State.DONE)) is True
+        assert store.worker.settle_tx(tx, outcome(j, State.DONE)) is True
         child = store.enqueue_tx(tx, Job("child", 1))
         raise RuntimeError("boom")
     assert store.get(child.id) is None
     row = store.get(j.id)
     assert row is not None and row.state == State.PROCESSING
     with store.begin() as tx:
-        assert store.settle_tx(tx, outcome(j, State.DONE)) is True
+        assert store.worker.settle_tx(tx, outcome(j, State.DONE)) is True
         child = store.enqueue_tx(tx, Job("child", 1))
     row = store.get(j.id)
     assert row is not None and row.state == State.DONE and store.get(child.id) is not None
     with store.begin() as tx:
-        assert store.settle_tx(tx, outcome(j, State.FAILED)) is False
+        assert store.worker.settle_tx(tx, outcome(j, State.FAILED)) is False
 
 
 PROOF = EngineProof("w", "host", 1, LEASE, LEASE / 3)
@@ -170,14 +170,14 @@ def test_p1_w0_a_heartbeat_renews_the_engine_row_and_reads_its_claims_without_wr
     store: Store, db: psycopg.Connection[Any]
 ) -> None:
     store.enqueue_many([Job("a", i) for i in range(4)])
-    js = store.claim(["a"], 4, "w", timedelta(seconds=5))
+    js = store.worker.claim(["a"], 4, "w", timedelta(seconds=5))
     assert store.cancel(js[0].id)
     before = {r[0]: r[1] for r in db.execute("SELECT id::text, xmin::text FROM job").fetchall()}
     leases = [HeldLease(j.id, j.claim_token) for j in js[1:]] + [
         HeldLease(js[0].id, js[0].claim_token),
         HeldLease(js[1].id, str(uuid.uuid4())),
     ]
-    renewal = store.beat(PROOF, leases)
+    renewal = store.worker.beat(PROOF, leases)
     assert renewal.held == {j.claim_token for j in js[1:]} and renewal.locked == set()
     assert renewal.canceled == {js[0].claim_token}  # canceled under its claim: an operator's cancel (X2')
     after = {r[0]: r[1] for r in db.execute("SELECT id::text, xmin::text FROM job").fetchall()}
@@ -186,63 +186,63 @@ def test_p1_w0_a_heartbeat_renews_the_engine_row_and_reads_its_claims_without_wr
         "SELECT seen_at > now() - interval '1 minute', dropped FROM engine WHERE id = 'w'"
     ).fetchall()
     assert seen == (True, [])
-    assert store.beat(PROOF, []).held == set()
+    assert store.worker.beat(PROOF, []).held == set()
 
 
 def test_v4_a_heartbeat_writes_a_reported_progress_and_skips_a_row_locked_elsewhere(
     store: Store, dsn: str
 ) -> None:
     store.enqueue(Job("a", 1))
-    [j] = store.claim(["a"], 1, "w", LEASE)
+    [j] = store.worker.claim(["a"], 1, "w", LEASE)
     with psycopg.connect(dsn) as op:
         op.execute(f'SELECT 1 FROM "{store.schema}".job WHERE id = %s FOR UPDATE', (j.id,))
-        renewal = store.beat(PROOF, [HeldLease(j.id, j.claim_token, 0.5, "half")])
+        renewal = store.worker.beat(PROOF, [HeldLease(j.id, j.claim_token, 0.5, "half")])
         assert renewal.held == {j.claim_token} and renewal.locked == {j.claim_token}  # sent again later
         op.rollback()
-    assert store.beat(PROOF, [HeldLease(j.id, j.claim_token, 0.5, "half")]).locked == set()
+    assert store.worker.beat(PROOF, [HeldLease(j.id, j.claim_token, 0.5, "half")]).locked == set()
     row = store.get(j.id)
     assert row is not None and row.progress == 0.5 and row.progress_note == "half"
 
 
 def test_c3_a_heartbeat_reopens_its_connection_after_a_break(store: Store, dsn: str) -> None:
     store.enqueue(Job("a", 1))
-    [j] = store.claim(["a"], 1, "w", LEASE)
+    [j] = store.worker.claim(["a"], 1, "w", LEASE)
     held = [HeldLease(j.id, j.claim_token)]
-    assert store.beat(PROOF, held).held == {j.claim_token}
-    conn = store._heartbeat._conn
+    assert store.worker.beat(PROOF, held).held == {j.claim_token}
+    conn = store.worker._heartbeat._conn
     assert conn is not None
     with psycopg.connect(dsn, autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
     # The broken connection is closed and the statement runs on the pool at once; the next reopens it.
-    assert store.beat(PROOF, held).held == {j.claim_token}
-    assert store.beat(PROOF, held).held == {j.claim_token}
-    assert store._heartbeat._conn is not None and store._heartbeat._conn is not conn
+    assert store.worker.beat(PROOF, held).held == {j.claim_token}
+    assert store.worker.beat(PROOF, held).held == {j.claim_token}
+    assert store.worker._heartbeat._conn is not None and store.worker._heartbeat._conn is not conn
 
 
 def claimer(store: Store) -> OwnConnection:
-    assert store._claimer is not None, "a Store without conninfo claims on a connection of its own"
-    return store._claimer
+    assert store.worker._claimer is not None, "a Store without conninfo claims on a connection of its own"
+    return store.worker._claimer
 
 
 def test_c1_claim_reopens_its_connection_after_a_break(store: Store, dsn: str) -> None:
     """C1: claims run on the Store's own connection; when it broke, the claim runs on the pool at
     once and the next one reopens it."""
     store.enqueue_many([Job("a", i) for i in range(2)])
-    assert len(store.claim(["a"], 1, "w", LEASE)) == 1
+    assert len(store.worker.claim(["a"], 1, "w", LEASE)) == 1
     conn = claimer(store)._conn
     assert conn is not None
     with psycopg.connect(dsn, autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
-    assert len(store.claim(["a"], 1, "w", LEASE)) == 1  # on the pool
+    assert len(store.worker.claim(["a"], 1, "w", LEASE)) == 1  # on the pool
     store.enqueue(Job("a", 3))
-    assert len(store.claim(["a"], 1, "w", LEASE)) == 1
+    assert len(store.worker.claim(["a"], 1, "w", LEASE)) == 1
     assert claimer(store)._conn is not None and claimer(store)._conn is not conn
 
 
 def test_c1_the_claim_plan_is_cached_on_its_own_session_only(store: Store, pool: ConnectionPool[Any]) -> None:
     """The claim connection plans its statement once; the caller's pool sessions keep their settings."""
     store.enqueue(Job("a", 1))
-    store.claim(["a"], 1, "w", LEASE)
+    store.worker.claim(["a"], 1, "w", LEASE)
     own = claimer(store)._conn
     assert own is not None
     assert own.execute("SHOW plan_cache_mode").fetchone() == ("force_generic_plan",)
@@ -253,10 +253,10 @@ def test_c1_the_claim_plan_is_cached_on_its_own_session_only(store: Store, pool:
 def test_c1_a_claim_while_the_claim_connection_is_busy_takes_the_pool(store: Store) -> None:
     """Two engines on one Store claim at once: the second claim goes through the pool, same rules."""
     store.enqueue_many([Job("a", i) for i in range(3)])
-    store.claim(["a"], 1, "w", LEASE)
+    store.worker.claim(["a"], 1, "w", LEASE)
     own = claimer(store)._conn
     with claimer(store)._lock:  # the other engine's claim is running
-        rows = store.claim(["a"], 5, "w2", LEASE)
+        rows = store.worker.claim(["a"], 5, "w2", LEASE)
     assert len(rows) == 2 and all(r.locked_by == "w2" for r in rows)
     assert claimer(store)._conn is own
 
@@ -266,19 +266,19 @@ def test_c10_outcome_batches_run_on_their_own_connection_and_reopen_it(store: St
     and the next batch reopens it; while it is busy (another engine's batch) the pool writes, under
     the same guard."""
     store.enqueue_many([Job("a", i) for i in range(3)])
-    js = store.claim(["a"], 3, "w", LEASE)
+    js = store.worker.claim(["a"], 3, "w", LEASE)
     done = [Outcome(j.id, j.claim_token, State.DONE) for j in js]
-    assert store.settle_many(done[:1]) == {js[0].id}
-    settler = store._settler
+    assert store.worker.settle_many(done[:1]) == {js[0].id}
+    settler = store.worker._settler
     assert settler is not None and settler._conn is not None
     with psycopg.connect(dsn, autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", (settler._conn.info.backend_pid,))
-    assert store.settle_many(done[1:2]) == {js[1].id}  # on the pool
-    assert store.settle_many(done[1:2]) == {js[1].id}  # written already: reported written
+    assert store.worker.settle_many(done[1:2]) == {js[1].id}  # on the pool
+    assert store.worker.settle_many(done[1:2]) == {js[1].id}  # written already: reported written
     with settler._lock:
         # the first two are done under their own tokens already: reported written (an earlier
         # write whose answer was lost, O1), not written again
-        assert store.settle_many(done) == {j.id for j in js}
+        assert store.worker.settle_many(done) == {j.id for j in js}
     assert {store.get(j.id).state for j in js} == {State.DONE}  # type: ignore[union-attr]
 
 
@@ -289,9 +289,9 @@ def test_a_store_with_its_own_conninfo_claims_and_settles_on_the_pool(
     s = Store(pool, schema=schema, conninfo=dsn)
     try:
         s.enqueue(Job("a", 1))
-        [j] = s.claim(["a"], 1, "w", LEASE)
-        assert s.settle_many([Outcome(j.id, j.claim_token, State.DONE)]) == {j.id}
-        assert s._claimer is None and s._settler is None
+        [j] = s.worker.claim(["a"], 1, "w", LEASE)
+        assert s.worker.settle_many([Outcome(j.id, j.claim_token, State.DONE)]) == {j.id}
+        assert s.worker._claimer is None and s.worker._settler is None
     finally:
         s.close()
 
@@ -299,15 +299,15 @@ def test_a_store_with_its_own_conninfo_claims_and_settles_on_the_pool(
 def test_r1_racing_reapers_return_each_job_once(store: Store, db: psycopg.Connection[Any]) -> None:
     """R1: several reapers at once (one per engine) return every job of a gone engine exactly once."""
     store.enqueue_many([Job("a", i) for i in range(300)])
-    claimed = store.claim(["a"], 300, "w", LEASE)
-    store.beat(PROOF, [])
+    claimed = store.worker.claim(["a"], 300, "w", LEASE)
+    store.worker.beat(PROOF, [])
     db.execute("UPDATE engine SET seen_at = now() - interval '1 hour' WHERE id = 'w'")
     results: list[list[tuple[str, str]]] = []
     start = threading.Barrier(4)
 
     def reap() -> None:
         start.wait()
-        results.append(store.reap_expired())
+        results.append(store.worker.reap())
 
     threads = [threading.Thread(target=reap) for _ in range(4)]
     for t in threads:
@@ -326,15 +326,15 @@ def test_r1_l5_the_reaper_reads_the_engine_row_then_the_claims_own_lease(
     with no engine row (an older engine, run_once) goes back when its own locked_until passed;
     terminal rows are never touched."""
     store.enqueue_many([Job("a", i) for i in range(5)])
-    live, stale, dropped, rowless, ended = store.claim(["a"], 5, "w", LEASE)
+    live, stale, dropped, rowless, ended = store.worker.claim(["a"], 5, "w", LEASE)
     db.execute("UPDATE job SET locked_by = 'gone' WHERE id = %s", (stale.id,))
     db.execute("UPDATE job SET locked_by = 'nobody' WHERE id = %s", (rowless.id,))
     db.execute("UPDATE job SET locked_until = now() - interval '1 second'")
-    store.beat(PROOF, [HeldLease(dropped.id, dropped.claim_token, dropped=True)])
-    store.beat(EngineProof("gone", "host", 2, LEASE, LEASE / 3), [])
+    store.worker.beat(PROOF, [HeldLease(dropped.id, dropped.claim_token, dropped=True)])
+    store.worker.beat(EngineProof("gone", "host", 2, LEASE, LEASE / 3), [])
     db.execute("UPDATE engine SET seen_at = now() - interval '10 minutes' WHERE id = 'gone'")
-    store.settle_many([outcome(ended, State.DONE)])
-    returned = sorted(store.reap_expired())
+    store.worker.settle_many([outcome(ended, State.DONE)])
+    returned = sorted(store.worker.reap())
     assert returned == sorted((x.id, x.topic) for x in (stale, dropped, rowless))
     for x in (stale, dropped, rowless):
         r = db.execute(
@@ -343,20 +343,20 @@ def test_r1_l5_the_reaper_reads_the_engine_row_then_the_claims_own_lease(
         assert r == ("pending", 0, 1, None)
     assert db.execute("SELECT state FROM job WHERE id = %s", (live.id,)).fetchone() == ("processing",)
     assert db.execute("SELECT state FROM job WHERE id = %s", (ended.id,)).fetchone() == ("done",)
-    assert store.reap_expired() == []
+    assert store.worker.reap() == []
 
 
 def test_r1_an_operators_row_lock_only_delays_its_own_row(
     store: Store, db: psycopg.Connection[Any], dsn: str
 ) -> None:
     store.enqueue_many([Job("a", i) for i in range(2)])
-    held, free = store.claim(["a"], 2, "w", LEASE)
+    held, free = store.worker.claim(["a"], 2, "w", LEASE)
     db.execute("UPDATE job SET locked_until = now() - interval '1 second'")
     with psycopg.connect(dsn) as op:
         op.execute(f'SELECT 1 FROM "{store.schema}".job WHERE id = %s FOR UPDATE', (held.id,))
-        assert store.reap_expired() == [(free.id, free.topic)]  # never waited on
+        assert store.worker.reap() == [(free.id, free.topic)]  # never waited on
         op.rollback()
-    assert store.reap_expired() == [(held.id, held.topic)]
+    assert store.worker.reap() == [(held.id, held.topic)]
 
 
 def test_t1_t2_delete_terminal(store: Store, db: psycopg.Connection[Any]) -> None:
@@ -369,14 +369,14 @@ def test_t1_t2_delete_terminal(store: Store, db: psycopg.Connection[Any]) -> Non
             (st, n, job_id),
         )
     db.execute("UPDATE job SET updated_at = now() WHERE id = %s", (ids[7],))  # too young
-    first = store.delete_terminal(timedelta(days=30), 2)  # the two oldest (RETURNING order is free)
+    first = store.worker.delete_terminal(timedelta(days=30), 2)  # the two oldest (RETURNING order is free)
     assert sorted(first) == sorted([(ids[0], "t"), (ids[1], "t")])
-    rest = store.delete_terminal(timedelta(days=30), 10)
+    rest = store.worker.delete_terminal(timedelta(days=30), 10)
     assert sorted(rest) == sorted([(ids[2], "t"), (ids[3], "t")])
-    assert store.delete_terminal(timedelta(days=30), 10) == []
+    assert store.worker.delete_terminal(timedelta(days=30), 10) == []
     remaining = {r[0] for r in db.execute("SELECT id::text FROM job").fetchall()}
     assert remaining == {ids[4], ids[5], ids[6], ids[7]}
-    assert store.delete_terminal(timedelta(0), 10) == []
+    assert store.worker.delete_terminal(timedelta(0), 10) == []
 
 
 def test_t3_deleting_a_row_releases_its_idempotency_key(store: Store, db: psycopg.Connection[Any]) -> None:
@@ -387,22 +387,22 @@ def test_t3_deleting_a_row_releases_its_idempotency_key(store: Store, db: psycop
         "UPDATE job SET state = 'done', updated_at = now() - interval '40 days' WHERE id = %s", (first.id,)
     )
     assert store.enqueue(Job("t", 3, idempotency_key="order-7")) == (first.id, False)  # terminal: still held
-    assert store.delete_terminal(timedelta(days=30), 10) == [(first.id, "t")]
+    assert store.worker.delete_terminal(timedelta(days=30), 10) == [(first.id, "t")]
     again = store.enqueue(Job("t", 4, idempotency_key="order-7"))
     assert again.created and again.id != first.id
 
 
 def test_o1_gauges(store: Store, db: psycopg.Connection[Any]) -> None:
     store.enqueue_many([Job("a", i, available_at=PAST) for i in range(3)] + [Job("b", 1)])
-    store.claim(["a"], 1, "w", LEASE)
+    store.worker.claim(["a"], 1, "w", LEASE)
     db.execute("UPDATE job SET state = 'failed' WHERE topic = 'b'")
-    g = store.gauges(["a", "b", "none"])
+    g = store.worker.gauges(["a", "b", "none"])
     counts = {(c.topic, c.state): c.count for c in g.counts}
     assert counts[("a", State.PENDING)] == 2 and counts[("a", State.PROCESSING)] == 1
     assert counts[("a", State.FAILED)] == 0 and counts[("b", State.FAILED)] == 1
     assert counts[("none", State.PENDING)] == 0
     assert g.oldest_ready_seconds["a"] > 86400 and g.oldest_ready_seconds["none"] == 0.0
-    assert store.gauges([]).counts == []
+    assert store.worker.gauges([]).counts == []
 
 
 def test_o1_oldest_ready_age_looks_past_priorities(store: Store) -> None:
@@ -417,7 +417,7 @@ def test_o1_oldest_ready_age_looks_past_priorities(store: Store) -> None:
             Job("a", 4, priority=-7, available_at=now + timedelta(hours=5)),
         ]
     )
-    age = store.gauges(["a"]).oldest_ready_seconds["a"]
+    age = store.worker.gauges(["a"]).oldest_ready_seconds["a"]
     assert 7100 < age < 7300
 
 
@@ -426,7 +426,7 @@ def notified(listener: Any, timeout: float = 10.0) -> bool:
 
 
 def test_e6_notify_after_commit_once_per_statement_not_after_rollback(store: Store) -> None:
-    listener = store.listen()
+    listener = store.worker.listen()
     try:
         assert listener.wait(0.05) is False
         with pytest.raises(RuntimeError), store.begin() as tx:
@@ -444,7 +444,7 @@ def test_e6_notify_after_commit_once_per_statement_not_after_rollback(store: Sto
 
 
 def test_listener_raises_store_unavailable_when_its_connection_breaks(store: Store, dsn: str) -> None:
-    listener = store.listen()
+    listener = store.worker.listen()
     try:
         pid = listener._conn.info.backend_pid
         with psycopg.connect(dsn, autocommit=True) as admin:
@@ -458,7 +458,7 @@ def test_listener_raises_store_unavailable_when_its_connection_breaks(store: Sto
 
 def test_ping_and_close(store: Store) -> None:
     assert store.ping() is True
-    listener = store.listen()
+    listener = store.worker.listen()
     store.close()
     with pytest.raises(StoreUnavailable):
         listener.wait(0.01)
@@ -480,7 +480,7 @@ def test_s4_claim_reads_the_claim_index_in_order_and_an_empty_topic_stays_cheap(
     db.execute("ANALYZE job")
     params = {"topics": ["empty"], "limit": 10, "worker": "w", "lease": LEASE}
     [[explained]] = db.execute(
-        b"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + store._q.claim.composed, params
+        b"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + store.session.q["job_claim"].composed, params
     ).fetchall()
     nodes = list(plan_nodes(explained[0]["Plan"]))
     lock_rows = [n for n in nodes if n["Node Type"] == "LockRows"]
@@ -495,7 +495,7 @@ def test_s4_claim_reads_the_claim_index_in_order_and_an_empty_topic_stays_cheap(
     ]
     params["topics"] = ["big"]
     [[explained]] = db.execute(
-        b"EXPLAIN (ANALYZE, FORMAT JSON) " + store._q.claim.composed, params
+        b"EXPLAIN (ANALYZE, FORMAT JSON) " + store.session.q["job_claim"].composed, params
     ).fetchall()
     nodes = list(plan_nodes(explained[0]["Plan"]))
     scan = next(n for n in nodes if n["Node Type"] == "LockRows")["Plans"][0]
@@ -507,11 +507,11 @@ def test_c10_c3_batch_writes_do_not_walk_the_lease_index(store: Store, db: psyco
     index keeps an entry for every row that was ever processing until VACUUM, so a plan through it
     costs O(jobs done since the last vacuum) per batch (34 ms a batch 15k jobs into a drain)."""
     store.enqueue_many([Job("t", i) for i in range(2000)])
-    rows = store.claim(["t"], 250, "w", LEASE)
+    rows = store.worker.claim(["t"], 250, "w", LEASE)
     outcomes = [Outcome(r.id, r.claim_token, State.DONE) for r in rows]
-    settle_params = store._settle_params(outcomes)
+    settle_params = store.worker._settle_params(outcomes)
     beat_params = {
-        **store._renew_params([HeldLease(r.id, r.claim_token) for r in rows]),
+        **store.worker._renew_params([HeldLease(r.id, r.claim_token) for r in rows]),
         "engine": "w",
         "host": "h",
         "pid": 1,
@@ -520,20 +520,23 @@ def test_c10_c3_batch_writes_do_not_walk_the_lease_index(store: Store, db: psyco
         "orphans": False,
         "instance": None,
     }
-    for query, params in ((store._q.settle_many, settle_params), (store._q.beat, beat_params)):
+    for query, params in (
+        (store.session.q["job_settle_many"], settle_params),
+        (store.session.q["engine_beat"], beat_params),
+    ):
         db.execute("BEGIN")
         plan = "\n".join(r[0] for r in db.execute(b"EXPLAIN " + query.composed, params).fetchall())
         db.execute("ROLLBACK")
         assert "job_lease_expiry_idx" not in plan, plan
-    assert store.beat(PROOF, [HeldLease(r.id, r.claim_token) for r in rows]).held == {
+    assert store.worker.beat(PROOF, [HeldLease(r.id, r.claim_token) for r in rows]).held == {
         r.claim_token for r in rows
     }
-    assert store.settle_many(outcomes) == {r.id for r in rows}
+    assert store.worker.settle_many(outcomes) == {r.id for r in rows}
 
 
 def test_e6_a_duplicate_enqueue_wakes_nobody(store: Store) -> None:
     """E6: a statement that inserted nothing (the key already existed) sends no notification."""
-    listener = store.listen()
+    listener = store.worker.listen()
     try:
         first = store.enqueue(Job("a", 1, idempotency_key="k"))
         assert notified(listener)
@@ -554,7 +557,7 @@ def test_c1_q2_q3_the_cached_claim_plan_keeps_order_and_leaves_out_paused_and_li
     between two executions of the one plan is left out from the next claim on, then back."""
     for i in range(8):  # past psycopg's prepare threshold: the later claims run the prepared plan
         store.enqueue(Job("warm", i))
-        assert len(store.claim(["warm", "a"], 1, "w", LEASE)) == 1
+        assert len(store.worker.claim(["warm", "a"], 1, "w", LEASE)) == 1
     order = [  # claim order: priority first, then the enqueue order (same available_at, ids by time)
         store.enqueue(Job(topic, i, priority=prio, available_at=PAST)).id
         for topic in ("a", "b", "c")
@@ -564,14 +567,14 @@ def test_c1_q2_q3_the_cached_claim_plan_keeps_order_and_leaves_out_paused_and_li
     rank = {jid: (-[0, 3, 7][(n // 3) % 3], n) for n, jid in enumerate(order)}
     store.pause("b")
     store.set_limit("c", 2)
-    got = store.claim(["a", "b", "c"], 4, "w", LEASE)
+    got = store.worker.claim(["a", "b", "c"], 4, "w", LEASE)
     assert [(j.topic, j.priority) for j in got] == [("a", 7)] * 3 + [("a", 3)]
     store.resume("b")
-    got += store.claim(["a", "b", "c"], 4, "w", LEASE)
+    got += store.worker.claim(["a", "b", "c"], 4, "w", LEASE)
     assert [(j.topic, j.priority) for j in got[4:]] == [("b", 7)] * 3 + [("a", 3)]
     store.set_limit("c", None)
     rest = []
-    while batch := store.claim(["a", "b", "c"], 5, "w", LEASE):
+    while batch := store.worker.claim(["a", "b", "c"], 5, "w", LEASE):
         rest += [j.id for j in batch]
     taken = {j.id for j in got}
     assert rest == sorted((jid for jid in order if jid not in taken), key=rank.__getitem__)
@@ -587,7 +590,9 @@ def test_c1_a_large_claim_finds_its_rows_by_primary_key_not_by_scanning_the_tabl
     db.execute("ANALYZE job")
     params = {"topics": ["big"], "limit": 300, "worker": "w", "lease": LEASE}
     with db.transaction(force_rollback=True):
-        plan = db.execute(b"EXPLAIN (FORMAT JSON) " + store._q.claim.composed, params).fetchone()
+        plan = db.execute(
+            b"EXPLAIN (FORMAT JSON) " + store.session.q["job_claim"].composed, params
+        ).fetchone()
     assert plan is not None
     scans = _scans(plan[0])
     assert ("Seq Scan", "job") not in scans, scans

@@ -89,7 +89,7 @@ def _claim_sql(store: Store) -> Callable[[psycopg.Connection[Any]], list[Any]]:
 
     def move(conn: psycopg.Connection[Any]) -> list[Any]:
         params = {"topics": ["u"], "limit": 1, "worker": "mover", "lease": LEASE}
-        return on_connection(conn)(store._q.claim, params)
+        return on_connection(conn)(store.session.q["job_claim"], params)
 
     return move
 
@@ -142,7 +142,9 @@ def test_u2_a_storm_of_merges_and_replaces_around_a_claim_never_changes_the_proc
             barrier.wait()
             wait_for(lambda: calls[0] >= n, "some writes before the claim", 20, 0.001)
             claimed.extend(
-                wait_for(lambda: store.claim(["u"], 1, "w", LEASE), "the claim of the holder", 20, 0.001)
+                wait_for(
+                    lambda: store.worker.claim(["u"], 1, "w", LEASE), "the claim of the holder", 20, 0.001
+                )
             )
             got.set()
         except BaseException as exc:
@@ -176,11 +178,11 @@ def test_u2_a_duplicate_of_a_processing_holder_in_the_callers_transaction_leaves
     """Answered as with keep, the duplicate must not hold the running job's row locked for the
     rest of the caller's transaction: the worker's done is written meanwhile (SPEC L3')."""
     holder = store.enqueue(Job("u", {"v": 1}, unique_key="k"))
-    (c,) = store.claim(["u"], 1, "w", LEASE)
+    (c,) = store.worker.claim(["u"], 1, "w", LEASE)
     job = Job("u", {"v": 2}, unique_key="k", on_duplicate=mode, idempotency_key="i" if both_keys else None)
     with psycopg.connect(dsn) as conn:
         assert store.enqueue_tx(WrapTx(conn), job) == (holder.id, False)
-        written = store.settle_many([Outcome(c.id, c.claim_token, State.DONE)])
+        written = store.worker.settle_many([Outcome(c.id, c.claim_token, State.DONE)])
         conn.execute("SELECT 1")  # the caller's transaction goes on
         conn.commit()
     assert written == {holder.id} and not written.locked
@@ -192,13 +194,15 @@ def test_u2_a_merge_of_a_processing_holder_in_an_async_transaction_leaves_its_ro
     store: Store, dsn: str, schema: str
 ) -> None:
     holder = store.enqueue(Job("u", {"v": 1}, unique_key="k"))
-    (c,) = store.claim(["u"], 1, "w", LEASE)
+    (c,) = store.worker.claim(["u"], 1, "w", LEASE)
     astore = AsyncStore(None, schema=schema)
 
     async def main() -> Any:
         async with await psycopg.AsyncConnection.connect(dsn) as conn:
             r = await astore.enqueue_tx(conn, Job("u", {"v": 2}, unique_key="k", on_duplicate="merge"))
-            written = await asyncio.to_thread(store.settle_many, [Outcome(c.id, c.claim_token, State.DONE)])
+            written = await asyncio.to_thread(
+                store.worker.settle_many, [Outcome(c.id, c.claim_token, State.DONE)]
+            )
             await conn.commit()
             return r, written
 
@@ -223,7 +227,7 @@ def test_u2_a_merge_that_waited_on_the_claim_of_its_holder_leaves_the_row_unlock
         )
         assert r == (holder.id, False)
         token = str(claimed[5])
-        written = store.settle_many([Outcome(holder.id, token, State.DONE)])
+        written = store.worker.settle_many([Outcome(holder.id, token, State.DONE)])
         conn.commit()
     assert written == {holder.id}
 
@@ -235,9 +239,9 @@ def test_u2_a_replace_holding_the_pending_holder_is_skipped_by_claims_until_it_c
     with psycopg.connect(dsn) as conn:
         job = Job("u", {"v": 2}, unique_key="k", priority=7, on_duplicate="replace")
         assert store.enqueue_tx(WrapTx(conn), job) == (holder.id, False)
-        assert store.claim(["u"], 10, "w", LEASE) == []  # locked: skipped, never the old payload
+        assert store.worker.claim(["u"], 10, "w", LEASE) == []  # locked: skipped, never the old payload
         conn.commit()
-    (c,) = store.claim(["u"], 10, "w", LEASE)
+    (c,) = store.worker.claim(["u"], 10, "w", LEASE)
     assert (c.id, c.payload, c.priority) == (holder.id, {"v": 2}, 7)
 
 
@@ -347,7 +351,7 @@ def test_u2_a_scheduled_holder_pulled_forward_by_a_batch_in_a_transaction_runs_s
 
 def _retry_sql(store: Store, job_id: str) -> Callable[[psycopg.Connection[Any]], list[Any]]:
     def move(conn: psycopg.Connection[Any]) -> list[Any]:
-        return on_connection(conn)(store._q["job_retry"], {"id": uuid.UUID(job_id)})
+        return on_connection(conn)(store.session.q["job_retry"], {"id": uuid.UUID(job_id)})
 
     return move
 
@@ -384,7 +388,9 @@ def test_u3_cancel_of_the_holder_and_retry_of_the_old_job_clicked_together(
     assert store.cancel(old.id)
     new = store.enqueue(Job("u", {"v": "new"}, unique_key="k"))
     with psycopg.connect(dsn) as conn:
-        assert on_connection(conn)(store._q.cancel, {"id": uuid.UUID(new.id)})  # not committed yet
+        assert on_connection(conn)(
+            store.session.q["job_cancel"], {"id": uuid.UUID(new.id)}
+        )  # not committed yet
         assert store.retry(old.id) is False  # the holder is still active for everyone else
         reason = store.retry_refusal(old.id)
         assert reason is not None and new.id in reason
@@ -401,9 +407,9 @@ def test_u3_retrying_the_holder_itself_while_it_is_being_canceled(
     store: Store, pool: ConnectionPool[Any], schema: str, dsn: str
 ) -> None:
     a = store.enqueue(Job("u", {}, unique_key="k"))
-    store.claim(["u"], 1, "w", LEASE)
+    store.worker.claim(["u"], 1, "w", LEASE)
     with psycopg.connect(dsn) as conn:
-        assert on_connection(conn)(store._q.cancel, {"id": uuid.UUID(a.id)})
+        assert on_connection(conn)(store.session.q["job_cancel"], {"id": uuid.UUID(a.id)})
         assert store.retry(a.id) is False  # still processing as the retry sees it
         conn.commit()
     assert store.retry(a.id) is True
@@ -548,13 +554,15 @@ def test_u2_an_async_batch_with_repeated_keys_in_the_callers_transaction_leaves_
 
 
 def _failed_holder(store: Store, pool: ConnectionPool[Any], schema: str, job_id: str) -> None:
-    (c,) = store.claim(["u"], 1, "w", LEASE)
-    assert store.settle_many([Outcome(c.id, c.claim_token, State.FAILED, last_error="boom")]) == {job_id}
+    (c,) = store.worker.claim(["u"], 1, "w", LEASE)
+    assert store.worker.settle_many([Outcome(c.id, c.claim_token, State.FAILED, last_error="boom")]) == {
+        job_id
+    }
     q(pool, schema, "UPDATE {job} SET available_at = now() - interval '1 s' WHERE id = %s", job_id)
 
 
 def _expired_holder(store: Store, pool: ConnectionPool[Any], schema: str, job_id: str) -> None:
-    store.claim(["u"], 1, "w", LEASE)
+    store.worker.claim(["u"], 1, "w", LEASE)
     q(pool, schema, "UPDATE {job} SET locked_until = now() - interval '1 s' WHERE id = %s", job_id)
 
 
@@ -575,8 +583,8 @@ def test_u3_an_internal_move_racing_a_duplicate_enqueue(
     def mover(conn: psycopg.Connection[Any]) -> Any:
         run = on_connection(conn)
         if move == "reap":
-            return run(store._q.reap, {"limit": 1000})
-        return run(store._q["job_stage"], {"topics": ["u"], "batch": 10, "notify": True})
+            return run(store.session.q["lease_reap"], {"limit": 1000})
+        return run(store.session.q["job_stage"], {"topics": ["u"], "batch": 10, "notify": True})
 
     job = Job("u", {"v": 2}, unique_key="k", on_duplicate=mode)
     moved, r = _while_moving(pool, dsn, mover, lambda: store.enqueue(job))
@@ -642,8 +650,8 @@ def test_u2_a_failed_holder_is_kept_merged_and_replaced_as_a_waiting_job(
     store: Store, pool: ConnectionPool[Any], schema: str
 ) -> None:
     holder = store.enqueue(Job("u", {"v": 1}, unique_key="k", priority=1))
-    (c,) = store.claim(["u"], 1, "w", LEASE)
-    store.settle_many(
+    (c,) = store.worker.claim(["u"], 1, "w", LEASE)
+    store.worker.settle_many(
         [Outcome(c.id, c.claim_token, State.FAILED, delay=timedelta(hours=1), last_error="boom")]
     )
     backoff = _row(store, holder.id).available_at
@@ -658,7 +666,7 @@ def test_u2_a_failed_holder_is_kept_merged_and_replaced_as_a_waiting_job(
     assert store.enqueue(Job("u", {"v": 4}, unique_key="k", on_duplicate="replace")) == (holder.id, False)
     row = _row(store, holder.id)
     assert row.state == State.PENDING and row.payload == {"v": 4} and row.attempts == 1
-    (c,) = store.claim(["u"], 1, "w", LEASE)
+    (c,) = store.worker.claim(["u"], 1, "w", LEASE)
     assert c.id == holder.id and c.payload == {"v": 4}
     assert _active(pool, schema, "k") == [(holder.id, "processing", {"v": 4})]
 

@@ -151,7 +151,7 @@ def test_u2_replace_takes_the_new_payload_meta_priority_and_time(store: Store) -
     assert row is not None
     assert row.payload == {"v": 2} and row.priority == 1 and row.state == State.SCHEDULED  # debounced
     assert abs((row.available_at - later).total_seconds()) < 0.01
-    meta = q(store._pool, store.schema, "SELECT meta FROM {job} WHERE id = %s", a.id)[0][0]  # type: ignore[arg-type]
+    meta = q(store.session.pool, store.schema, "SELECT meta FROM {job} WHERE id = %s", a.id)[0][0]  # type: ignore[arg-type]
     assert meta == {"b": "2"}
     store.enqueue(Job("u", {"v": 3}, unique_key="k", on_duplicate="replace"))
     row = store.get(a.id)
@@ -161,7 +161,7 @@ def test_u2_replace_takes_the_new_payload_meta_priority_and_time(store: Store) -
 @pytest.mark.parametrize("mode", ["merge", "replace"])
 def test_u2_a_processing_holder_is_answered_as_with_keep(store: Store, mode: Any) -> None:
     a = store.enqueue(Job("u", {"v": 1}, unique_key="k", priority=1))
-    (claimed,) = store.claim(["u"], 1, "w", LEASE)
+    (claimed,) = store.worker.claim(["u"], 1, "w", LEASE)
     b = store.enqueue(Job("u", {"v": 2}, unique_key="k", priority=9, on_duplicate=mode))
     assert b == (a.id, False) and claimed.id == a.id
     row = store.get(a.id)
@@ -265,12 +265,12 @@ def test_u3_internal_moves_never_conflict(store: Store) -> None:
     from brooq_py.queue.port import Outcome
 
     a = store.enqueue(Job("u", {}, unique_key="k"))
-    (c,) = store.claim(["u"], 1, "w", LEASE)
+    (c,) = store.worker.claim(["u"], 1, "w", LEASE)
     # processing -> failed -> pending -> processing -> done: the same row, never a conflict
-    assert store.settle_many([Outcome(c.id, c.claim_token, State.FAILED, last_error="boom")]) == {a.id}
-    store.stage(["u"], 10)
+    assert store.worker.settle_many([Outcome(c.id, c.claim_token, State.FAILED, last_error="boom")]) == {a.id}
+    store.worker.stage(["u"], 10)
     row = store.get(a.id)
     assert row is not None and row.state == State.PENDING
-    (c,) = store.claim(["u"], 1, "w", LEASE)
-    assert store.settle_many([Outcome(c.id, c.claim_token, State.DONE)]) == {a.id}
+    (c,) = store.worker.claim(["u"], 1, "w", LEASE)
+    assert store.worker.settle_many([Outcome(c.id, c.claim_token, State.DONE)]) == {a.id}
     assert store.enqueue(Job("u", {}, unique_key="k")).created

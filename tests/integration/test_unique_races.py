@@ -219,7 +219,7 @@ def test_u2_a_replace_waiting_on_the_stager_pushes_the_promoted_holder_back(
     row = _row(store, a.id)
     assert row.state == State.SCHEDULED and row.payload == {"v": 2}
     assert abs((row.available_at - later).total_seconds()) < 0.01
-    assert store.claim(["u"], 10, "w", LEASE) == []
+    assert store.worker.claim(["u"], 10, "w", LEASE) == []
 
 
 def test_u2_the_stager_skips_a_holder_a_replace_has_pushed_back(
@@ -235,9 +235,9 @@ def test_u2_the_stager_skips_a_holder_a_replace_has_pushed_back(
             WrapTx(conn), Job("u", {"v": 2}, unique_key="k", available_at=later, on_duplicate="replace")
         )
         assert r == (a.id, False)
-        store.stage(["u"], 10)  # the row is locked: skipped, not promoted
+        store.worker.stage(["u"], 10)  # the row is locked: skipped, not promoted
         conn.commit()
-    store.stage(["u"], 10)
+    store.worker.stage(["u"], 10)
     row = _row(store, a.id)
     assert row.state == State.SCHEDULED and row.payload == {"v": 2}
 
@@ -296,7 +296,7 @@ def test_u3_a_psql_insert_without_a_unique_key_beside_unique_jobs(
     a = store.enqueue(Job("u", {"v": 1}, unique_key="k"))
     q(pool, schema, "INSERT INTO {job} (topic, payload) VALUES ('u', '2')")
     q(pool, schema, "INSERT INTO {job} (topic, payload) VALUES ('u', '3')")
-    assert len(store.claim(["u"], 10, "w", LEASE)) == 3
+    assert len(store.worker.claim(["u"], 10, "w", LEASE)) == 3
     assert store.enqueue(Job("u", {"v": 4}, unique_key="k")) == (a.id, False)
 
 
@@ -328,8 +328,8 @@ def test_u3_the_reaper_returns_a_unique_holder_without_conflict(
     store: Store, pool: ConnectionPool[Any], schema: str
 ) -> None:
     a = store.enqueue(Job("u", {}, unique_key="k"))
-    (c,) = store.claim(["u"], 1, "w", timedelta(milliseconds=1))
-    wait_for(lambda: store.reap_expired(), "the lease to be reaped", timeout=10)
+    (c,) = store.worker.claim(["u"], 1, "w", timedelta(milliseconds=1))
+    wait_for(lambda: store.worker.reap(), "the lease to be reaped", timeout=10)
     assert _row(store, a.id).state == State.PENDING
     assert store.enqueue(Job("u", {}, unique_key="k")) == (a.id, False)
     del c

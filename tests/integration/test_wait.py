@@ -73,12 +73,12 @@ def waiting(store: Store, wait: Callable[[], Any]) -> tuple[threading.Thread, di
 
     t = threading.Thread(target=run)
     t.start()
-    wait_for(lambda: store._waits is not None and store._waits._waiting, "the waiter to register")
+    wait_for(lambda: store.waits._waiting, "the waiter to register")
     return t, box
 
 
 def claim_one(store: Store, topic: str) -> tuple[str, str]:
-    (row,) = store.claim([topic], 1, "test", LEASE)
+    (row,) = store.worker.claim([topic], 1, "test", LEASE)
     return row.id, row.claim_token
 
 
@@ -96,10 +96,10 @@ def test_v2_wait_is_woken_by_the_commit_not_by_its_polling_fallback(store: Store
     t.start()
     # The watch is listening once its connection shows LISTEN's channel (pg_listening_channels is
     # per session, so look for the waiting thread's connection instead).
-    wait_for(lambda: store._waits is not None and store._waits._conn is not None, "the LISTEN connection")
+    wait_for(lambda: store.waits._conn is not None, "the LISTEN connection")
     time.sleep(0.2)  # let the first check and the notifies() call begin
     settled_at = time.monotonic()
-    assert store.settle_many([Outcome(jid, token, State.DONE, result='{"ok": 1}')]) == {jid}
+    assert store.worker.settle_many([Outcome(jid, token, State.DONE, result='{"ok": 1}')]) == {jid}
     t.join(30)
     assert not t.is_alive()
     assert box["row"].state is State.DONE and box["row"].result == {"ok": 1}
@@ -110,7 +110,7 @@ def test_v2_wait_is_woken_by_the_commit_not_by_its_polling_fallback(store: Store
 def test_v2_result_raises_job_failed_and_job_canceled_and_times_out(store: Store) -> None:
     dead = store.enqueue(Job("r")).id
     _, token = claim_one(store, "r")
-    store.settle_many([Outcome(dead, token, State.DEAD, last_error="Boom: no", traceback="tb")])
+    store.worker.settle_many([Outcome(dead, token, State.DEAD, last_error="Boom: no", traceback="tb")])
     with pytest.raises(JobFailed) as failed:
         store.result(dead, timeout=5)
     assert failed.value.row.state is State.DEAD and failed.value.row.last_error == "Boom: no"
@@ -137,7 +137,7 @@ def test_v2_a_job_deleted_while_waited_on_raises_job_not_found(store: Store) -> 
     store.wait_poll_interval = 0.2  # a DELETE notifies nobody: the fallback finds it gone
     jid = store.enqueue(Job("gone")).id
     t, box = waiting(store, lambda: store.wait(jid, timeout=30))
-    q(store._pool, store.schema, "DELETE FROM {job} WHERE id = %s", jid)  # type: ignore[arg-type]
+    q(store.session.pool, store.schema, "DELETE FROM {job} WHERE id = %s", jid)  # type: ignore[arg-type]
     t.join(30)
     assert isinstance(box["exc"], JobNotFound)
 
@@ -148,9 +148,9 @@ def test_v2_a_lost_notification_only_delays(store: Store) -> None:
     box: dict[str, Any] = {}
     t = threading.Thread(target=lambda: box.setdefault("row", store.wait(jid, timeout=30)))
     t.start()
-    wait_for(lambda: store._waits is not None and store._waits._waiting, "the waiter to register")
+    wait_for(lambda: store.waits._waiting, "the waiter to register")
     # An UPDATE from psql sends no notification: the polling fallback sees it.
-    q(store._pool, store.schema, "UPDATE {job} SET state = 'canceled' WHERE id = %s", jid)  # type: ignore[arg-type]
+    q(store.session.pool, store.schema, "UPDATE {job} SET state = 'canceled' WHERE id = %s", jid)  # type: ignore[arg-type]
     t.join(30)
     assert box["row"].state is State.CANCELED
 
@@ -175,15 +175,15 @@ def test_v2_a_thousand_waiters_cost_one_backend(
         threads = [threading.Thread(target=waiter, args=(jid,)) for jid in ids]
         for t in threads:
             t.start()
-        assert store._waits is not None
-        waits = store._waits
+        assert store.waits is not None
+        waits = store.waits
         wait_for(lambda: len(waits._waiting) == 1000, "1000 waiters registered", timeout=60)
         # Measured while every waiter waits (claims and outcome batches then open the engine's own).
         assert backends(dsn, app) - before <= 1
-        rows = store.claim(["many"], 1000, "test", LEASE)
+        rows = store.worker.claim(["many"], 1000, "test", LEASE)
         outcomes = [Outcome(r.id, r.claim_token, State.DONE, result=str(r.payload["i"])) for r in rows]
         for i in range(0, len(outcomes), 100):  # ten batches, ten notifications
-            store.settle_many(outcomes[i : i + 100])
+            store.worker.settle_many(outcomes[i : i + 100])
         for t in threads:
             t.join(120)
         assert not errors
@@ -197,7 +197,7 @@ def test_v2_closing_the_store_ends_its_listen_connection(store: Store) -> None:
     jid = store.enqueue(Job("c")).id
     with pytest.raises(WaitTimeout):
         store.wait(jid, timeout=0.2)
-    watch = store._waits
+    watch = store.waits
     assert isinstance(watch, Watch)
     wait_for(lambda: watch._conn is not None, "the LISTEN connection")
     conn = watch._conn
@@ -222,20 +222,20 @@ def test_v2_async_wait_result_and_a_thousand_waiters(dsn: str, schema: str, stor
             ids = [r.id for r in store.enqueue_many([Job("amany", {"i": i}) for i in range(1000)])]
             before = backends(dsn, app)
             tasks = [asyncio.create_task(astore.result(jid, timeout=120)) for jid in ids]
-            watch = astore._waits
+            watch = astore.waits
             while watch is None or len(watch._waiting) < 1000:
                 await asyncio.sleep(0.05)
-                watch = astore._waits
+                watch = astore.waits
             assert backends(dsn, app) - before <= 1
-            rows = store.claim(["amany"], 1000, "test", LEASE)
+            rows = store.worker.claim(["amany"], 1000, "test", LEASE)
             outcomes = [Outcome(r.id, r.claim_token, State.DONE, result=str(r.payload["i"])) for r in rows]
-            await asyncio.to_thread(store.settle_many, outcomes)  # one batch: one notification
+            await asyncio.to_thread(store.worker.settle_many, outcomes)  # one batch: one notification
             got = await asyncio.wait_for(asyncio.gather(*tasks), 8)  # far below the 10 s fallback
             assert sorted(got) == list(range(1000))
 
             dead = store.enqueue(Job("adead")).id
-            (row,) = store.claim(["adead"], 1, "t", LEASE)
-            store.settle_many([Outcome(dead, row.claim_token, State.DEAD, last_error="E: x")])
+            (row,) = store.worker.claim(["adead"], 1, "t", LEASE)
+            store.worker.settle_many([Outcome(dead, row.claim_token, State.DEAD, last_error="E: x")])
             with pytest.raises(JobFailed):
                 await astore.result(dead, timeout=5)
             pending = store.enqueue(Job("apending")).id
@@ -306,7 +306,7 @@ def test_v2_an_idle_wait_connection_is_still_read_then_closed(
     # which then grows until every NOTIFY - every outcome write and enqueue - fails.
     jid = store.enqueue(Job("w")).id
     t, box = waiting(store, lambda: store.wait(jid, timeout=60))  # a waiter that really waits opens it
-    watch = store._waits
+    watch = store.waits
     assert watch is not None
     wait_for(lambda: watch._conn is not None, "the LISTEN connection")
     assert store.cancel(jid)
@@ -328,7 +328,7 @@ def test_v2_an_idle_async_wait_connection_is_still_read(dsn: str, schema: str, s
             jid = store.enqueue(Job("w")).id
             waiter = asyncio.create_task(astore.wait(jid, timeout=60))  # a waiter that really waits opens it
             deadline = time.monotonic() + 30
-            while (watch := astore._waits) is None or watch._conn is None:
+            while (watch := astore.waits) is None or watch._conn is None:
                 assert time.monotonic() < deadline, "no LISTEN connection"
                 await asyncio.sleep(0.01)
             assert store.cancel(jid)

@@ -51,7 +51,7 @@ def operator(dsn: str, schema: str) -> Iterator[psycopg.Connection[Any]]:
 
 def sweep(store: Store) -> None:
     """What the stager's next tick runs (its topics do not matter to the release)."""
-    store.stage(["any"], 1000)
+    store.worker.stage(["any"], 1000)
 
 
 def settle_in_thread(store: Store, outcomes: list[Outcome]) -> tuple[threading.Thread, list[Any]]:
@@ -59,7 +59,7 @@ def settle_in_thread(store: Store, outcomes: list[Outcome]) -> tuple[threading.T
 
     def run() -> None:
         started = time.monotonic()
-        written = store.settle_many(outcomes)
+        written = store.worker.settle_many(outcomes)
         out.append((written, time.monotonic() - started))
 
     t = threading.Thread(target=run, daemon=True)
@@ -69,7 +69,8 @@ def settle_in_thread(store: Store, outcomes: list[Outcome]) -> tuple[threading.T
 
 def claimed(store: Store, topic: str, n: int = 100) -> list[Outcome]:
     return [
-        Outcome(r.id, r.claim_token, State.DONE, topic=topic) for r in store.claim([topic], n, "w", LEASE)
+        Outcome(r.id, r.claim_token, State.DONE, topic=topic)
+        for r in store.worker.claim([topic], n, "w", LEASE)
     ]
 
 
@@ -155,7 +156,7 @@ def test_d2_a_fan_in_settled_concurrently_never_deadlocks_nor_loses_its_release(
     def run(batch: list[Outcome]) -> None:
         go.wait()
         try:
-            results.append(set(store.settle_many(batch)))
+            results.append(set(store.worker.settle_many(batch)))
         except BaseException as e:
             errors.append(e)
 
@@ -173,7 +174,7 @@ def test_d1_enqueueing_after_a_running_parent_in_repeatable_read_survives_its_he
     store: Store, dsn: str, schema: str, db: psycopg.Connection[Any]
 ) -> None:
     parent = store.enqueue(Job("a")).id
-    store.claim(["a"], 1, "w", LEASE)
+    store.worker.claim(["a"], 1, "w", LEASE)
     with psycopg.connect(dsn) as conn:
         conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         tx = WrapTx(conn)
@@ -196,12 +197,12 @@ def test_d2_a_child_enqueued_while_its_parent_ended_is_not_left_blocked(
 ) -> None:
     """The enqueue's snapshot saw the parent running; its end committed before the child did."""
     parent = store.enqueue(Job("a")).id
-    (r,) = store.claim(["a"], 1, "w", LEASE)
+    (r,) = store.worker.claim(["a"], 1, "w", LEASE)
     with psycopg.connect(dsn) as conn:
         conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         tx = WrapTx(conn)
         store.enqueue_tx(tx, Job("mine"))
-        assert store.settle_many([Outcome(r.id, r.claim_token, end)]) == {parent}
+        assert store.worker.settle_many([Outcome(r.id, r.claim_token, end)]) == {parent}
         child = store.enqueue_tx(tx, Job("b", after=[parent])).id
         conn.commit()
     assert state(store, child) is State.BLOCKED  # its snapshot saw the parent running
@@ -215,7 +216,7 @@ def test_d2_a_child_enqueued_by_the_previous_release_is_released(
     """The previous release's enqueue inserts the child and its edge and marks the running parent
     (has_children) in one statement; the parent's end releases that child as before."""
     parent = store.enqueue(Job("a")).id
-    (r,) = store.claim(["a"], 1, "w", LEASE)
+    (r,) = store.worker.claim(["a"], 1, "w", LEASE)
     (child,) = db.execute(
         "WITH c AS (INSERT INTO job (topic, payload, state, parents, waiting_parents) "
         "VALUES ('b', '{}', 'blocked', ARRAY[%(p)s::uuid], 1) RETURNING id), "
@@ -224,7 +225,7 @@ def test_d2_a_child_enqueued_by_the_previous_release_is_released(
         "SELECT id::text FROM c",
         {"p": parent},
     ).fetchone() or ("",)
-    assert store.settle_many([Outcome(r.id, r.claim_token, State.DONE)]) == {parent}
+    assert store.worker.settle_many([Outcome(r.id, r.claim_token, State.DONE)]) == {parent}
     assert state(store, child) is State.PENDING
 
 

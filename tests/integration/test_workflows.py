@@ -45,8 +45,8 @@ def edges(db: psycopg.Connection[Any]) -> set[tuple[str, str]]:
 
 def finish(store: Store, topic: str, outcome: State = State.DONE, n: int = 1000) -> list[str]:
     """Claim every ready job of *topic* and write *outcome* for all of them in one outcome batch."""
-    rows = store.claim([topic], n, "test", LEASE)
-    written = store.settle_many([Outcome(r.id, r.claim_token, outcome, topic=topic) for r in rows])
+    rows = store.worker.claim([topic], n, "test", LEASE)
+    written = store.worker.settle_many([Outcome(r.id, r.claim_token, outcome, topic=topic) for r in rows])
     assert written == {r.id for r in rows}
     return [r.id for r in rows]
 
@@ -127,7 +127,7 @@ def test_d1_a_job_whose_parents_are_done_is_pending_at_once(
     later = store.enqueue(Job("c", after=[p], available_at=datetime.now(UTC) + timedelta(hours=1))).id
     assert state(store, now) is State.PENDING
     assert state(store, later) is State.SCHEDULED
-    assert [c.id for c in store.claim(["c"], 10, "w", LEASE)] == [now]
+    assert [c.id for c in store.worker.claim(["c"], 10, "w", LEASE)] == [now]
 
 
 def test_d3_a_child_of_a_dead_or_canceled_parent_is_canceled_at_birth(store: Store) -> None:
@@ -183,20 +183,20 @@ def test_d2_the_last_parents_done_releases_the_child_in_the_same_commit(
     b = store.enqueue(Job("b")).id
     child = store.enqueue(Job("c", after=[a, b])).id
     future = store.enqueue(Job("c", after=[a], available_at=datetime.now(UTC) + timedelta(hours=1))).id
-    assert store.claim(["c"], 10, "w", LEASE) == []  # blocked jobs are never claimed
+    assert store.worker.claim(["c"], 10, "w", LEASE) == []  # blocked jobs are never claimed
     finish(store, "a")
     assert state(store, child) is State.BLOCKED and waiting(db, child) == 1
     assert state(store, future) is State.SCHEDULED
-    assert store.claim(["c"], 10, "w", LEASE) == []
+    assert store.worker.claim(["c"], 10, "w", LEASE) == []
     # the closing transaction's done (settle_tx) releases too
-    (rb,) = store.claim(["b"], 1, "w", LEASE)
+    (rb,) = store.worker.claim(["b"], 1, "w", LEASE)
     with store.begin() as tx:
-        assert store.settle_tx(tx, Outcome(rb.id, rb.claim_token, State.DONE))
+        assert store.worker.settle_tx(tx, Outcome(rb.id, rb.claim_token, State.DONE))
         row = store.get_tx(tx, child)
         assert row is not None and row.state is State.PENDING  # released before the commit
         assert state(store, child) is State.BLOCKED  # and not visible before it
     assert state(store, child) is State.PENDING and waiting(db, child) == 0
-    assert [c.id for c in store.claim(["c"], 10, "w", LEASE)] == [child]
+    assert [c.id for c in store.worker.claim(["c"], 10, "w", LEASE)] == [child]
 
 
 def test_d2_a_child_enqueued_in_the_releasing_transaction_is_pending(store: Store) -> None:
@@ -204,18 +204,18 @@ def test_d2_a_child_enqueued_in_the_releasing_transaction_is_pending(store: Stor
     that ends there is due at its release, not scheduled for later (its available_at, the enqueue
     statement's time, is after the transaction's start but before the release)."""
     p = store.enqueue(Job("p")).id
-    (r,) = store.claim(["p"], 1, "w", LEASE)
+    (r,) = store.worker.claim(["p"], 1, "w", LEASE)
     with store.begin() as tx:
         child = store.enqueue_tx(tx, Job("c", after=[p])).id
-        assert store.settle_tx(tx, Outcome(r.id, r.claim_token, State.DONE))
+        assert store.worker.settle_tx(tx, Outcome(r.id, r.claim_token, State.DONE))
     assert state(store, child) is State.PENDING
-    assert [c.id for c in store.claim(["c"], 10, "w", LEASE)] == [child]
+    assert [c.id for c in store.worker.claim(["c"], 10, "w", LEASE)] == [child]
 
 
 def test_d2_a_release_wakes_the_engines_of_the_childs_topic(store: Store) -> None:
     p = store.enqueue(Job("p")).id
     store.enqueue(Job("woken", after=[p]))
-    listener = store.listen(["woken"])
+    listener = store.worker.listen(["woken"])
     try:
         while listener.wait(0.05):  # drain anything already queued
             pass
@@ -228,10 +228,10 @@ def test_d2_a_release_wakes_the_engines_of_the_childs_topic(store: Store) -> Non
 def test_d2_a_failed_or_retried_parent_keeps_its_child_blocked_until_done(store: Store) -> None:
     p = store.enqueue(Job("p")).id
     child = store.enqueue(Job("c", after=[p])).id
-    (r,) = store.claim(["p"], 1, "w", LEASE)
-    store.settle_many([Outcome(r.id, r.claim_token, State.FAILED, delay=timedelta(0))])
+    (r,) = store.worker.claim(["p"], 1, "w", LEASE)
+    store.worker.settle_many([Outcome(r.id, r.claim_token, State.FAILED, delay=timedelta(0))])
     assert state(store, child) is State.BLOCKED
-    store.stage(["p"], 10)
+    store.worker.stage(["p"], 10)
     finish(store, "p")
     assert state(store, child) is State.PENDING
 
@@ -297,18 +297,20 @@ def test_d2_o4_a_settle_during_a_childs_enqueue_neither_waits_nor_loses_the_chil
     """The enqueue writes no parent row, so the parent's done does not wait for its commit; the
     done could not see the child, so the stager's sweep releases it (D1', O4)."""
     p = store.enqueue(Job("p")).id
-    (r,) = store.claim(["p"], 1, "w", LEASE)
+    (r,) = store.worker.claim(["p"], 1, "w", LEASE)
     written: list[set[str]] = []
     with store.begin() as tx:
         child = store.enqueue_tx(tx, Job("c", after=[p])).id
         settler = threading.Thread(
-            target=lambda: written.append(store.settle_many([Outcome(r.id, r.claim_token, State.DONE)]))
+            target=lambda: written.append(
+                store.worker.settle_many([Outcome(r.id, r.claim_token, State.DONE)])
+            )
         )
         settler.start()
         settler.join(30)
         assert written == [{p}], "the settle waited for the enqueue"
     assert state(store, child) is State.BLOCKED
-    store.stage(["c"], 100)
+    store.worker.stage(["c"], 100)
     assert state(store, child) is State.PENDING
 
 
@@ -318,16 +320,16 @@ def test_d2_an_enqueue_during_the_parents_settle_neither_waits_nor_is_lost(
     """The settle holds the parent's row; the enqueue does not wait for it and, not seeing the
     done yet, leaves the child blocked for the stager's sweep (D1', O4)."""
     p = store.enqueue(Job("p")).id
-    (r,) = store.claim(["p"], 1, "w", LEASE)
+    (r,) = store.worker.claim(["p"], 1, "w", LEASE)
     made: list[str] = []
     with store.begin() as tx:
-        assert store.settle_tx(tx, Outcome(r.id, r.claim_token, State.DONE))
+        assert store.worker.settle_tx(tx, Outcome(r.id, r.claim_token, State.DONE))
         enqueuer = threading.Thread(target=lambda: made.append(store.enqueue(Job("c", after=[p])).id))
         enqueuer.start()
         enqueuer.join(30)
         assert made, "the enqueue waited for the settle"
     assert state(store, made[0]) is State.BLOCKED
-    store.stage(["c"], 100)
+    store.worker.stage(["c"], 100)
     assert state(store, made[0]) is State.PENDING
 
 
@@ -395,7 +397,7 @@ def test_d2_d4_a_job_whose_parent_retention_deleted_is_not_retried(
     db.execute(
         "UPDATE job SET updated_at = now() - interval '2 days' WHERE id = ANY (%s::uuid[])", ([dead, done],)
     )
-    assert sorted(d[0] for d in store.delete_terminal(timedelta(days=1), 100)) == sorted([dead, done])
+    assert sorted(d[0] for d in store.worker.delete_terminal(timedelta(days=1), 100)) == sorted([dead, done])
     for child, parent in ((born_canceled, dead), (ran, done)):
         assert not store.retry(child)
         assert store.retry_refusal(child) == (
@@ -424,12 +426,12 @@ def test_d4_retention_keeps_a_done_parent_until_its_children_end(
     finish(store, "p")
     child = store.enqueue(Job("c", after=[p])).id
     db.execute("UPDATE job SET updated_at = now() - interval '2 days' WHERE topic = 'p'")
-    deleted = store.delete_terminal(timedelta(days=1), 100)
+    deleted = store.worker.delete_terminal(timedelta(days=1), 100)
     assert [d[0] for d in deleted] == [plain]
     assert store.get(p) is not None
     finish(store, "c")
     db.execute("UPDATE job SET updated_at = now() - interval '2 days'")
-    assert sorted(d[0] for d in store.delete_terminal(timedelta(days=1), 100)) == sorted([p, child])
+    assert sorted(d[0] for d in store.worker.delete_terminal(timedelta(days=1), 100)) == sorted([p, child])
     assert edges(db) == set()
 
 
@@ -480,7 +482,7 @@ def test_d4_a_child_committed_while_retention_runs_keeps_its_parent(
     with psycopg.connect(dsn) as gate:
         gate.execute("SELECT pg_advisory_xact_lock(%s)", (key,))
         retention = threading.Thread(
-            target=lambda: deleted.append(store.delete_terminal(timedelta(days=1), 10))
+            target=lambda: deleted.append(store.worker.delete_terminal(timedelta(days=1), 10))
         )
         retention.start()
         pid = wait_for(held, "retention held on the oldest row")
@@ -508,8 +510,8 @@ def test_d6_enqueue_group_fans_in_and_parent_results_reads_each_result(
     group = store.enqueue_group([Job("shard", i) for i in range(3)], then=Job("merge"))
     assert group.then_id is not None and len(group.ids) == 3
     assert state(store, group.then_id) is State.BLOCKED and waiting(db, group.then_id) == 3
-    rows = store.claim(["shard"], 10, "w", LEASE)
-    store.settle_many(
+    rows = store.worker.claim(["shard"], 10, "w", LEASE)
+    store.worker.settle_many(
         [Outcome(r.id, r.claim_token, State.DONE, result=f'{{"n": {r.payload}}}') for r in rows]
     )
     assert store.parent_results(group.then_id) == {gid: {"n": i} for i, gid in enumerate(group.ids)}
@@ -601,7 +603,7 @@ def test_d2_d3_a_child_canceled_while_its_parents_done_runs_stays_canceled(
     sweep after the cancel's commit leaves the child canceled."""
     p = store.enqueue(Job("p")).id
     child = store.enqueue(Job("c", after=[p])).id
-    (r,) = store.claim(["p"], 1, "w", LEASE)
+    (r,) = store.worker.claim(["p"], 1, "w", LEASE)
     written: list[set[str]] = []
     with store.begin() as tx:
         tx.execute(
@@ -611,12 +613,14 @@ def test_d2_d3_a_child_canceled_while_its_parents_done_runs_stays_canceled(
             (child,),
         )
         settler = threading.Thread(
-            target=lambda: written.append(store.settle_many([Outcome(r.id, r.claim_token, State.DONE)]))
+            target=lambda: written.append(
+                store.worker.settle_many([Outcome(r.id, r.claim_token, State.DONE)])
+            )
         )
         settler.start()
         settler.join(30)
         assert written == [{p}], "the parent's done waited for the cancel"
-    store.stage(["c"], 100)
+    store.worker.stage(["c"], 100)
     assert state(store, p) is State.DONE and state(store, child) is State.CANCELED
     assert db.execute("SELECT count(*) FROM job_wait").fetchone() == (0,)
     # and the other way round: a done that released the child first, then the cancel

@@ -379,19 +379,19 @@ def test_v1_v3_v4_the_job_page_shows_result_failed_attempts_and_progress(board: 
 
     lease = timedelta(seconds=30)
     job_id = store.enqueue(Job(TOPIC, {"a": 1})).id
-    (c,) = store.claim([TOPIC], 1, "w", lease)
-    store.beat(
+    (c,) = store.worker.claim([TOPIC], 1, "w", lease)
+    store.worker.beat(
         EngineProof("w", "h", 1, lease, lease / 3), [HeldLease(c.id, c.claim_token, 0.42, "resizing <img>")]
     )
     running = board.request("GET", f"/jobs/{job_id}", token=TOKEN).body
     assert "42%" in running and "resizing &lt;img&gt;" in running and "Running: no result yet." in running
     tb = 'Traceback (most recent call last):\n  File "app.py", line 3, in handler\nValueError: <bad>\n'
-    store.settle_many(
+    store.worker.settle_many(
         [Outcome(c.id, c.claim_token, State.FAILED, last_error="ValueError: <bad>", traceback=tb)]
     )
-    assert store.stage([TOPIC], 10, notify=False).total == 1
-    (c2,) = store.claim([TOPIC], 1, "w", lease)
-    store.settle_many([Outcome(c2.id, c2.claim_token, State.DONE, result='{"answer": "<42>"}')])
+    assert store.worker.stage([TOPIC], 10, notify=False).total == 1
+    (c2,) = store.worker.claim([TOPIC], 1, "w", lease)
+    store.worker.settle_many([Outcome(c2.id, c2.claim_token, State.DONE, result='{"answer": "<42>"}')])
     body = board.request("GET", f"/jobs/{job_id}", token=TOKEN).body
     assert 'id="result"' in body and "&#34;answer&#34;: &#34;&lt;42&gt;&#34;" in body.replace(
         "&quot;", "&#34;"

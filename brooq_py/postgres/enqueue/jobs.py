@@ -1,10 +1,8 @@
-"""The enqueue plans the Stores call: ``enqueue_one``, ``enqueue_many``, ``enqueue_group``.
+"""The enqueue plans the stores call: ``enqueue_own``, ``enqueue_one``, ``enqueue_many``, ``enqueue_group``.
 
-Each is a plan (``session.tx``), written once for the Store and the AsyncStore, so
-the rules (E1-E5, X1, Q1, U1-U2, D1, D6, F2) cannot drift apart between the two.
-``enqueue_many`` is one statement for the batch, more only for keys a concurrent
-writer held or a merge or replace of a repeated unique key; one job's statements
-are in ``plans``.
+Written once for the Store and the AsyncStore, so the rules (E1-E5, U1-U2, D1, D6, F2) cannot drift
+apart. ``enqueue_many`` is one statement for the batch, more only for keys a concurrent writer
+held or a merge or replace of a repeated unique key.
 """
 
 from __future__ import annotations
@@ -16,13 +14,16 @@ from brooq_py.postgres.enqueue.plans import (
     ATTEMPTS,
     INT32_MAX,
     Name,
+    capped_new,
     enqueue_single,
     just,
     keyless,
     known_caps,
+    unique_first,
+    unique_new,
     validated,
 )
-from brooq_py.postgres.enqueue.unique import answers, unique_params
+from brooq_py.postgres.enqueue.unique import FirstTries, answers, unique_params
 from brooq_py.postgres.enqueue.workflows import (
     after_params,
     has_parents,
@@ -30,7 +31,7 @@ from brooq_py.postgres.enqueue.workflows import (
     unknown_parent,
     with_parents,
 )
-from brooq_py.postgres.flow.limits import TopicCaps
+from brooq_py.postgres.flow.caps import TopicCaps
 from brooq_py.postgres.session.statements import (
     Queries,
     int_array,
@@ -46,9 +47,7 @@ from brooq_py.queue.job import encode_payloads
 
 def enqueue_one(q: Queries, job: Job, caps: TopicCaps) -> Plan[EnqueueResult]:
     """Insert *job* unless (topic, key) exists; return its id and whether this call created it.
-
-    The job is validated when the plan is made, before any statement (E4).
-    """
+    The job is validated when the plan is made, before any statement (E4)."""
     plain = keyless(q, job, caps.fresh())
     if plain is not None:
         return just(plain)
@@ -58,17 +57,30 @@ def enqueue_one(q: Queries, job: Job, caps: TopicCaps) -> Plan[EnqueueResult]:
     return enqueue_single(q, job, payload, caps)
 
 
+def enqueue_own(q: Queries, job: Job, caps: TopicCaps, tries: FirstTries) -> Plan[EnqueueResult]:
+    """``enqueue_one`` in a store's own autocommit statements: a new unique job, or a job on a capped
+    topic with room, first tries the one INSERT that reads nothing back (``plans.unique_new``,
+    ``plans.capped_new``); a row count of 0 runs the whole plan."""
+    known = caps.fresh()
+    first = unique_new(q, job, known, tries) or capped_new(q, job, known, caps)
+    if first is not None:
+        query, params, created = first
+        if (yield query, params) == [(1,)]:
+            return created
+    result = yield from enqueue_one(q, job, caps)
+    if unique_first(job, known):
+        tries.saw(job, result)
+    return result
+
+
 def _first(plan: Plan[list[EnqueueResult]]) -> Plan[EnqueueResult]:
     results = yield from plan
     return results[0]
 
 
 def enqueue_group(q: Queries, jobs: Sequence[Job], then: Job | None, caps: TopicCaps) -> Plan[GroupResult]:
-    """``enqueue_many(jobs)``, then *then* with ``after`` = every id of the group (SPEC D6).
-
-    The caller runs the plan in one transaction. Everything is validated when
-    the plan is made, before any statement.
-    """
+    """``enqueue_many(jobs)``, then *then* with ``after`` = every id of the group (SPEC D6), in one
+    transaction (the caller's). Everything is validated when the plan is made."""
     own_parents: list[str] = []
     if then is not None:
         if not isinstance(then, Job):
@@ -120,14 +132,9 @@ def _group(
 
 
 def enqueue_many(q: Queries, jobs: Sequence[Job], caps: TopicCaps) -> Plan[list[EnqueueResult]]:
-    """Enqueue *jobs* in one statement (more only for keys a concurrent writer held); input order.
-
-    Every job is validated when the plan is made: one bad job refuses the batch (E4, E5).
-    A key (idempotency or unique) repeated inside the batch is sent once, with its first
-    job; each repeat is then answered, in input order, as the same enqueues one after
-    another would answer it (``_repeat``): most with the earlier job's id and created=False
-    at no cost, a merge or replace of a unique key with its own statement (U2).
-    """
+    """Enqueue *jobs* in one statement; input order; validated when the plan is made (E4, E5). A key
+    repeated inside the batch is sent once, with its first job; each repeat is answered as the same
+    enqueues one after another would answer it (``_repeat``)."""
     first_of: dict[Name, int] = {}
     repeats: list[int] = []
     todo: list[int] = []
@@ -245,7 +252,7 @@ def _enqueue_many(
             params.update(after_params([parents[i] for i in todo]))
             query = q["job_enqueue_after"]
         else:
-            query = q["job_enqueue_many_meta"] if with_meta else q.enqueue_many
+            query = q["job_enqueue_many_meta"] if with_meta else q["job_enqueue_many"]
         # Rows come back only for jobs whose key was taken (position in todo from 1), and for
         # capped topics that would go past their cap (then nothing was written).
         rows = yield query, params
@@ -290,14 +297,8 @@ def _enqueue_many(
             else:
                 results[i] = EnqueueResult(str(hit[0]), False)
         if lookups:
-            found_rows = yield (
-                q.get_by_keys,
-                {
-                    "topics": [jobs[i].topic for i in lookups],
-                    "keys": [jobs[i].key for i in lookups],
-                },
-            )
-            found = {(topic, key): str(job_id) for topic, key, job_id in found_rows}
+            keys = {"topics": [jobs[i].topic for i in lookups], "keys": [jobs[i].key for i in lookups]}
+            found = {(topic, key): str(job_id) for topic, key, job_id in (yield q["job_get_by_keys"], keys)}
             for i in lookups:
                 existing = found.get((jobs[i].topic, str(jobs[i].key)))
                 if existing is None:

@@ -1,17 +1,9 @@
 """One job's statements, the building blocks of the enqueue plans (``jobs``), and the reads of jobs.
 
-Validation before any statement (E4, E5), a job's parameters, the one-statement
-fast paths the Stores run directly (``keyless``: no key, no cap; ``unique_new``,
-``capped_new``: a plain INSERT tried first), the caps a plan reads, and
-``enqueue_single``: one job with its keys and cap, as many statements as its keys
-need (E1-E3, U1-U2, F2). ``get``, ``by_id`` and ``list_jobs`` read one job or a
-list of them, the same for both Stores.
-
-Ids are generated here (UUIDv7, time-ordered: SPEC Z4), so a job's id is known before commit.
-Idempotency relies on ``INSERT ... ON CONFLICT DO NOTHING``: a duplicate never
-raises into the caller's transaction at READ COMMITTED (SPEC E2). Under
-REPEATABLE READ or SERIALIZABLE a duplicate committed concurrently raises a
-serialization failure, as any conflicting write does there.
+Validation before any statement (E4, E5), the one-statement fast paths (``keyless``,
+``unique_new``, ``capped_new``), the caps a plan reads, and ``enqueue_single``: one job with its
+keys and cap (E1-E3, U1-U2, F2). ``get``, ``by_id``, ``retry`` and ``list_jobs`` read or change
+one job or list them. Ids are made here (UUIDv7, SPEC Z4): a job's id is known before commit.
 """
 
 from __future__ import annotations
@@ -20,9 +12,11 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import psycopg
+
 from brooq_py.postgres.enqueue.unique import FirstTries, enqueue_unique
 from brooq_py.postgres.enqueue.unique import meta_json as unique_meta_json
-from brooq_py.postgres.flow.limits import NO_ANCHOR, TopicCaps
+from brooq_py.postgres.flow.caps import NO_ANCHOR, TopicCaps
 from brooq_py.postgres.session.statements import Queries, Query, job_row, parse_id
 from brooq_py.postgres.session.tx import Plan
 from brooq_py.queue import BrooqError, EnqueueResult, InvalidJob, Job, JobRow, State
@@ -35,18 +29,6 @@ ATTEMPTS = 5
 
 # A key of a job in a batch: ("key" or "unique", topic, key).
 Name = tuple[str, str, str]
-
-
-def job_params(job: Job, payload: str, job_id: uuid.UUID) -> dict[str, Any]:
-    return {
-        "id": job_id,
-        "topic": job.topic,
-        "payload": payload,
-        "key": job.key,
-        "available_at": job.available_at,
-        "priority": job.priority,
-        "meta": job.meta_json(),
-    }
 
 
 def validated(jobs: Sequence[Job]) -> list[str]:
@@ -64,30 +46,25 @@ def _plain(job: Job) -> bool:
     return isinstance(job, Job) and job.key is None and job.unique_key is None and not job.after
 
 
-def _plain_params(job: Job, job_id: str) -> dict[str, Any]:
-    """The parameters of a plain INSERT of *job* under *job_id* (validating its payload, E4)."""
+def _plain_params(job: Job, job_id: str | uuid.UUID, payload: str | None = None) -> dict[str, Any]:
+    """The parameters of a plain INSERT of *job* under *job_id*; *payload*: its text, validated
+    already (None: validated here, E4)."""
     return {
         "id": job_id,
         "topic": job.topic,
-        "payload": job.payload_json(),
+        "payload": job.payload_json() if payload is None else payload,
         "available_at": job.available_at,
         "priority": job.priority,
     }
 
 
-def keyless(
-    q: Queries, job: Job, caps: Mapping[str, int] | None
-) -> tuple[Query, dict[str, Any], EnqueueResult] | None:
-    """Return the one statement of a job without keys on an uncapped topic, and its result.
+# A statement built already, and the result it gives when it writes its row.
+Fast = tuple[Query, dict[str, Any], EnqueueResult]
 
-    Such a job is never deduplicated (E1): one plain INSERT creates it, and its
-    id is made here, so the result is known before the statement runs and
-    nothing needs to come back (a Store runs it without reading a row). The job
-    is validated first (E4). None for a job with a key, a unique key or
-    parents (``after``), for a topic that *caps* (the Store's cached depth caps)
-    name or when *caps* is None (not known lately: the plan reads them), and for
-    anything but a Job (``enqueue_one`` refuses that).
-    """
+
+def keyless(q: Queries, job: Job, caps: Mapping[str, int] | None) -> Fast | None:
+    """The one plain INSERT of a Job without keys or parents on a topic that *caps* (None: not known
+    lately) do not name, nothing read back; None for any other job. Validates the job (E4)."""
     if caps is None or not _plain(job) or job.topic in caps:
         return None
     job_id = uuid7_text()
@@ -95,11 +72,12 @@ def keyless(
     if job.meta:  # a separate statement: one without meta still runs on the previous round's schema
         params["meta"] = job.meta_json()
         return q["job_enqueue_plain_meta"], params, EnqueueResult(job_id, True)
-    return q.enqueue_plain, params, EnqueueResult(job_id, True)
+    return q["job_enqueue_plain"], params, EnqueueResult(job_id, True)
 
 
 def unique_first(job: Job, caps: Mapping[str, int] | None) -> bool:
-    """Whether a Store's own enqueue of *job* may try ``unique_new`` (see there)."""
+    """Whether a Store's own enqueue of *job* may try ``unique_new``: a unique key kept on duplicate,
+    no idempotency key, parents or depth cap."""
     return (
         caps is not None
         and isinstance(job, Job)
@@ -111,49 +89,22 @@ def unique_first(job: Job, caps: Mapping[str, int] | None) -> bool:
     )
 
 
-def unique_new(
-    q: Queries, job: Job, caps: Mapping[str, int] | None, tries: FirstTries
-) -> tuple[Query, dict[str, Any], EnqueueResult] | None:
-    """Return the first statement of a Store's own enqueue of a new unique job, and its result if it inserts.
-
-    For a Job with a unique key and ``on_duplicate`` 'keep', without an
-    idempotency key or parents, on a topic that *caps* (as in ``keyless``) do
-    not name and that *tries* has not taken out: one INSERT whose only arbiter
-    is the unique key's partial index (SPEC U1), nothing read back. The Store
-    runs it alone: a row count of 1 is the result; 0 (an active job holds the
-    key) is answered by the whole plan (``enqueue_one``), which finds the
-    holder. The job is validated first (E4). None for any other job.
-    """
+def unique_new(q: Queries, job: Job, caps: Mapping[str, int] | None, tries: FirstTries) -> Fast | None:
+    """The first try of a new unique job (``unique_first``, on a topic *tries* has not taken out): one
+    INSERT whose only arbiter is the unique key's partial index (U1), nothing read back. Row count 0
+    (the key is held) leaves the job to the whole plan, which answers with the holder."""
     if not unique_first(job, caps) or not tries.tries(job.topic):
         return None
     job_id = uuid7_text()
-    params = {
-        "id": job_id,
-        "topic": job.topic,
-        "payload": job.payload_json(),
-        "unique_key": job.unique_key,
-        "meta": unique_meta_json(job),
-        "available_at": job.available_at,
-        "priority": job.priority,
-    }
+    params = {**_plain_params(job, job_id), "unique_key": job.unique_key, "meta": unique_meta_json(job)}
     return q["job_enqueue_unique_new"], params, EnqueueResult(job_id, True)
 
 
-def capped_new(
-    q: Queries, job: Job, known: Mapping[str, int] | None, caps: TopicCaps
-) -> tuple[Query, dict[str, Any], EnqueueResult] | None:
-    """Return the first statement of a Store's own enqueue of a job on a capped topic, and its result if
-    it inserts.
-
-    For a Job without keys or parents on a topic that *known* (the Store's fresh
-    caps) caps and for which *caps* holds an anchor that may still leave room
-    (``TopicCaps.worth_trying``): ``job_enqueue_capped``, the
-    plain insert written only while the anchor bounds the topic's depth below
-    its cap (SPEC F2), nothing counted, nothing read back. The Store runs it
-    alone: a row count of 1 is the result; 0 (the bound reached the cap) is
-    answered by the whole plan (``enqueue_one``), which counts. The job is
-    validated first (E4). None for any other job.
-    """
+def capped_new(q: Queries, job: Job, known: Mapping[str, int] | None, caps: TopicCaps) -> Fast | None:
+    """The first try of a Job without keys or parents on a topic capped in *known*, while its anchor
+    may leave room (``TopicCaps.worth_trying``): the plain INSERT written only while the anchor bounds
+    the depth below the cap (F2), nothing counted or read back. Row count 0 leaves it to the whole
+    plan, which counts."""
     if known is None or not _plain(job) or job.topic not in known:
         return None
     anchor = caps.worth_trying(job.topic, known[job.topic])
@@ -178,7 +129,7 @@ def known_caps(q: Queries, caps: TopicCaps) -> Plan[Mapping[str, int]]:
     return known
 
 
-def just(plain: tuple[Query, dict[str, Any], EnqueueResult]) -> Plan[EnqueueResult]:
+def just(plain: Fast) -> Plan[EnqueueResult]:
     """The plan of a statement built already (``keyless``): run it, answer its result."""
     query, params, result = plain
     yield query, params
@@ -195,12 +146,12 @@ def enqueue_single(q: Queries, job: Job, payload: str, caps: TopicCaps) -> Plan[
         plain = keyless(q, job, known)
         assert plain is not None
         return (yield from just(plain))
-    params = job_params(job, payload, uuid7())
+    params = {**_plain_params(job, uuid7(), payload), "key": job.key, "meta": job.meta_json()}
     params["cap"] = cap
     sent = caps.depth_params(job.topic) if cap is not None else ({**NO_ANCHOR}, None)
     params.update(sent[0])
     for _ in range(ATTEMPTS):
-        rows = yield (q["job_enqueue_meta"] if job.meta else q.enqueue), params
+        rows = yield (q["job_enqueue_meta"] if job.meta else q["job_enqueue"]), params
         if rows and cap is not None:
             caps.answered(job.topic, cap, sent, rows[0], bool(rows[0][1]))
         if rows and rows[0][1]:
@@ -208,7 +159,7 @@ def enqueue_single(q: Queries, job: Job, payload: str, caps: TopicCaps) -> Plan[
         # No row: the key is taken. (NULL, false): the cap refused it - unless the key is taken too.
         if job.key is not None:
             # A new statement: its snapshot sees a duplicate committed while we waited on it.
-            found = yield q.get_by_key, {"topic": job.topic, "key": job.key}
+            found = yield q["job_get_by_key"], {"topic": job.topic, "key": job.key}
             if found:
                 return EnqueueResult(str(found[0][0]), False)
         if rows:
@@ -221,10 +172,8 @@ def enqueue_single(q: Queries, job: Job, payload: str, caps: TopicCaps) -> Plan[
 
 
 def by_id(query: Query, job_id: Any) -> Plan[bool]:
-    """Run *query* (cancel, retry) for a well-formed *job_id*; True if it changed a row.
-
-    A malformed id changes nothing and runs no statement (False, never an error).
-    """
+    """Run *query* (cancel, retry) for *job_id*; True if it changed a row. A malformed id runs no
+    statement (False, never an error)."""
     parsed = parse_id(job_id)
     if parsed is None:
         return False
@@ -232,28 +181,29 @@ def by_id(query: Query, job_id: Any) -> Plan[bool]:
     return bool(rows)
 
 
+def retry(q: Queries, job_id: Any) -> Plan[bool]:
+    """Put a dead or canceled job back to pending (SPEC Q1); False as ``by_id``, and when an active
+    holder of its unique key committed meanwhile (U3)."""
+    try:
+        return (yield from by_id(q["job_retry"], job_id))
+    except psycopg.errors.UniqueViolation:
+        return False
+
+
 def get(q: Queries, job_id: Any) -> Plan[JobRow | None]:
     """Read the job's row; None for an unknown or malformed id (no statement for a malformed one)."""
     parsed = parse_id(job_id)
     if parsed is None:
         return None
-    rows = yield q.get, {"id": parsed}
+    rows = yield q["job_get"], {"id": parsed}
     return job_row(rows[0]) if rows else None
-
-
-def row_of(r: tuple[Any, ...]) -> JobRow:
-    """A row of job_get's columns (job_list selects the same) as a JobRow (see rows.job_row)."""
-    return job_row(r)
 
 
 def list_jobs(
     q: Queries, topic: str | None, state: str | None, limit: int, payload: Any = None
 ) -> Plan[list[JobRow]]:
-    """Read the newest jobs first, of one topic and/or state (all when None), at most *limit*.
-
-    *payload* (None: any) keeps the jobs whose payload contains it (jsonb ``@>``); a value
-    that is not JSON raises ``InvalidJob`` before any statement.
-    """
+    """Read the newest jobs first, of one topic and/or state (all when None), at most *limit*, whose
+    payload contains *payload* (jsonb ``@>``; None: any; not JSON: InvalidJob)."""
     if state is not None:
         state = str(State(state))  # an unknown state is a ValueError here, not an empty answer
     params: dict[str, Any] = {"topic": topic, "state": state, "limit": max(0, int(limit))}
@@ -262,4 +212,4 @@ def list_jobs(
     else:
         params["payload"] = encode_payload(payload, "payload filter")
         rows = yield q["job_list_payload"], params
-    return [row_of(r) for r in rows]
+    return [job_row(r) for r in rows]

@@ -1,23 +1,10 @@
 """Enqueue plans of jobs with a unique key (SPEC U1, U2), I/O-free as the others in ``jobs``.
 
-The partial unique index ``job_unique_idx`` (topic, unique_key) over the
-active states does the work: no read-then-insert race. Which statement:
-
-- ``keep``, or any job that also carries an idempotency key:
-  ``job_enqueue_unique``, an INSERT with ``ON CONFLICT DO NOTHING`` and no
-  target, so that both unique indexes are arbiters and neither key's duplicate
-  raises into the caller's transaction. The same statement answers with the
-  holder of either key. A job that also has an idempotency key and asks for
-  ``merge``/``replace`` then changes the unique key's holder with
-  ``job_unique_update`` (a second statement, only for such a duplicate): the
-  ``ON CONFLICT DO UPDATE`` form takes one arbiter only, and a conflict on
-  the other index would abort the caller's transaction.
-- ``merge``/``replace`` without an idempotency key:
-  ``job_enqueue_unique_update``, ``ON CONFLICT (topic, unique_key) ...
-  DO UPDATE ... WHERE state <> 'processing'``: inserted or merged in one
-  statement.
-
-The idempotency key wins when both are taken: that row is the answer, unchanged.
+The partial unique index ``job_unique_idx`` over the active states does the work: no
+read-then-insert race. ``job_enqueue_unique`` takes a job kept on duplicate, or one that also
+carries an idempotency key (``job_unique_update`` then merges or replaces the holder),
+``job_enqueue_unique_update`` a merge or replace without one; each file says why. The
+idempotency key wins when both are taken: that row is the answer, unchanged.
 """
 
 from __future__ import annotations
@@ -26,7 +13,7 @@ import json
 import threading
 from typing import Any
 
-from brooq_py.postgres.flow.limits import NO_ANCHOR, TopicCaps
+from brooq_py.postgres.flow.caps import NO_ANCHOR, TopicCaps
 from brooq_py.postgres.session.statements import Queries
 from brooq_py.postgres.session.tx import Rows
 from brooq_py.queue import BrooqError, EnqueueResult, Job
@@ -65,11 +52,8 @@ def answers(rows: Rows) -> dict[str, tuple[Any, Any]]:
 
 
 def enqueue_unique(q: Queries, job: Job, payload: str, cap: int | None, caps: TopicCaps) -> Any:
-    """Plan: insert *job* unless an active job holds its unique key; merge/replace that holder (U2).
-
-    Returns the holder's id with created=False for a duplicate; raises QueueFull
-    (nothing written) when the topic is at its cap and no holder answers.
-    """
+    """Plan: insert *job* unless an active job holds its unique key (answered: its id, created=False,
+    merged or replaced, U2); QueueFull when the topic is at its cap and no holder answers."""
     params = unique_params(job, payload, cap)
     sent = caps.depth_params(job.topic) if cap is not None else ({**NO_ANCHOR}, None)
     params.update(sent[0])
@@ -102,15 +86,9 @@ def enqueue_unique(q: Queries, job: Job, payload: str, cap: int | None, caps: To
 
 
 class FirstTries:
-    """Per Store: the topics whose new unique jobs are tried first with ``job_enqueue_unique_new``.
-
-    That plain INSERT costs a new job nothing more than its index entry, but a
-    duplicate then takes a second statement (``job_enqueue_unique``, which
-    answers with the holder). So an enqueue that found its key held takes its
-    topic out: the topic's next unique jobs run ``job_enqueue_unique`` at once
-    (one statement for a duplicate too), until one of them creates a job and
-    puts the topic back. Only the topics now out are kept.
-    """
+    """Per store: the topics whose new unique jobs try ``job_enqueue_unique_new`` first. That INSERT
+    costs a new job nothing but its index entry, a duplicate a second statement; so an enqueue that
+    found its key held takes its topic out until one of its unique jobs creates a job again."""
 
     def __init__(self) -> None:
         self._out: set[str] = set()
@@ -120,7 +98,7 @@ class FirstTries:
         return topic not in self._out
 
     def saw(self, job: Job, result: EnqueueResult) -> None:
-        """Note the outcome of an enqueue of *job* that ``single.unique_new`` took."""
+        """Note the outcome of an enqueue of *job* that ``plans.unique_new`` took."""
         with self._lock:
             if result.created:
                 self._out.discard(job.topic)

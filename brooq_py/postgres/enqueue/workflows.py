@@ -1,10 +1,5 @@
-"""Workflows on the producer side: jobs that name parents, groups with a fan-in job (SPEC D1, D6).
-
-Plans as in ``jobs`` (no I/O, one for the Store and the AsyncStore). A
-batch holding a job with ``after`` is written by ``job_enqueue_after``, one
-statement that checks the parents, locks them, inserts the jobs (blocked while
-a parent is not done) and one ``job_edge`` row per parent. Jobs without
-parents keep their own statements (the keyless one a plain INSERT).
+"""Workflows on the producer side (SPEC D1, D6): the parameters of ``job_enqueue_after``, which
+writes a batch holding jobs that name parents (``after``), and the checks of those parents.
 """
 
 from __future__ import annotations
@@ -15,7 +10,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from brooq_py.postgres.session.statements import Queries, int_array, own_uuid_array
+from brooq_py.postgres.session.statements import int_array, own_uuid_array
 from brooq_py.queue import InvalidJob, Job
 
 # How many parents one job may name: the enqueue's statement carries them as arrays.
@@ -80,8 +75,3 @@ def unknown_parent(parent_id: Any) -> InvalidJob:
 def with_parents(then: Job, ids: Sequence[str]) -> Job:
     """*then* waiting for *ids* as well as the parents it names itself."""
     return dataclasses.replace(then, after=[*then.after, *ids])
-
-
-def parent_results_params(q: Queries, job_id: str) -> tuple[Any, dict[str, Any]]:
-    """The statement reading each parent's result of *job_id* (``Claim.parent_results``)."""
-    return q["job_parent_results"], {"id": uuid.UUID(job_id)}

@@ -1,5 +1,3 @@
-"""Flow control: global concurrency limits, rate limits and depth caps (SPEC Q3, F1, F2).
-
-``limits`` holds the values as the Store checks and shows them, the depth caps a
-Store caches, and the Store's setters. It imports ``session`` only.
+"""Flow control (SPEC Q2, Q3, F1, F2): ``limits``, a topic's settings (the Store's ``Flow`` part and
+the checks of their values); ``caps``, the depth caps a store caches. It imports ``session``.
 """

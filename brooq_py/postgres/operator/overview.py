@@ -1,11 +1,8 @@
 """What the dashboard and ``GET /topics`` read: topics with their counts, pages of jobs.
 
-Every read is a fixed, small number of index-served statements: counts stop
-at a cap, lists at a page size with a keyset cursor, and the last hour of
-outcomes is read from the retention index up to the cap. Terminal rows are
-never counted over the whole table. The topic overview is cached for a short
-time, shared by every caller, so a page view and its live refresh cost the
-database nothing while the cache is fresh.
+Every read is a few index-served statements: counts stop at a cap, lists at a page size with a
+keyset cursor, the last hour of outcomes is read from the retention index up to the cap. The
+topic overview is cached for a short time, shared by every caller.
 """
 
 from __future__ import annotations
@@ -13,19 +10,18 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
 from brooq_py.postgres.flow.limits import rate_text, setting_of
+from brooq_py.postgres.session.connections import Session
 from brooq_py.queue import State
-
-if TYPE_CHECKING:
-    from brooq_py.postgres.store import Store
 
 DEFAULT_CAP = 10_000
 DEFAULT_TTL = 2.0
@@ -51,12 +47,8 @@ class BadCursor(ValueError):
 
 @dataclass(frozen=True)
 class TopicView:
-    """One topic: counts per state (None where not counted cheaply; capped at ``cap``).
-
-    Active states are counted over the table; done, dead and canceled over the
-    last hour (``throughput`` is the done count per minute, oldest first), read
-    at most every ``ACTIVITY_TTL`` seconds.
-    """
+    """One topic: counts per state (capped at ``cap``), the active states over the table, done, dead
+    and canceled over the last hour (``throughput``: done per minute, oldest first)."""
 
     topic: str
     counts: dict[str, int | None]
@@ -114,8 +106,7 @@ class JobLine:
 class Relative:
     """A parent or a child of a job (``Job.after``), for the job page."""
 
-    side: str
-    """``parent`` or ``child``."""
+    side: str  # "parent" or "child"
     id: str
     topic: str
     state: str
@@ -152,24 +143,21 @@ def _parse_cursor(state: str, cursor: str | None) -> dict[str, Any]:
     if not cursor:
         return empty
     parts = cursor.split("|")
+    waiting = state in WAITING  # priority|available_at|id, else at|id
     try:
-        if state in WAITING:
-            if len(parts) != 3:
-                raise BadCursor("bad cursor")
-            return {
-                "after_priority": int(parts[0]),
-                "after_at": datetime.fromisoformat(parts[1]),
-                "after_id": uuid.UUID(parts[2]),
-            }
-        if len(parts) != 2:
+        if len(parts) != (3 if waiting else 2):
             raise BadCursor("bad cursor")
         return {
-            "after_priority": None,
-            "after_at": datetime.fromisoformat(parts[0]),
-            "after_id": uuid.UUID(parts[1]),
+            "after_priority": int(parts[0]) if waiting else None,
+            "after_at": datetime.fromisoformat(parts[-2]),
+            "after_id": uuid.UUID(parts[-1]),
         }
     except (ValueError, OverflowError) as exc:
         raise BadCursor("bad cursor") from exc
+
+
+class _OnSession(Protocol):
+    session: Session  # a Store's
 
 
 class Overview:
@@ -177,7 +165,7 @@ class Overview:
 
     def __init__(
         self,
-        store: Store,
+        store: _OnSession,
         *,
         ttl: float = DEFAULT_TTL,
         cap: int = DEFAULT_CAP,
@@ -195,14 +183,9 @@ class Overview:
         self._activity_at = 0.0
 
     def topics(self) -> Topics:
-        """Return the topic overview, from the cache while it is younger than ``ttl``.
-
-        A slow read is kept longer (``READ_SHARE`` times its duration), so
-        however large the table, reading it takes a bounded share of the time.
-
-        Concurrent callers on a stale cache wait for one read instead of each
-        reading. Raise ``StoreUnavailable`` when the database cannot be reached.
-        """
+        """Return the topic overview, from the cache while it is younger than ``ttl``, or than
+        ``READ_SHARE`` times the last read (so reading takes a bounded share of the time however
+        large the table). Callers on a stale cache wait for one read; StoreUnavailable as any read."""
         with self._lock:
             if self._cached is not None and self._clock() - self._cached_at < self._fresh_for:
                 return self._cached
@@ -220,9 +203,9 @@ class Overview:
                 self._activity = None
 
     def _read_topics(self) -> Topics:
-        q = self.store._q
+        q = self.store.session.q
         with (
-            self.store._autocommit("reading the topic overview") as conn,
+            self.store.session.autocommit("reading the topic overview") as conn,
             conn.transaction(),
             conn.cursor(row_factory=tuple_row) as cur,
         ):
@@ -241,11 +224,10 @@ class Overview:
                 cur.execute(q["gauges_topics"].composed, {"topics": topics, "cap": self.cap})
                 columns = [d.name for d in cur.description or ()]
                 gauges = {str(r[0]): dict(zip(columns, r, strict=True)) for r in cur.fetchall()}
-        recent: dict[str, dict[str, int]] = {}
+        recent: dict[str, Counter[str]] = {}
         per_minute: dict[str, list[int]] = {}
         for topic, state, minutes_ago, jobs in activity:
-            recent.setdefault(topic, {})
-            recent[topic][state] = recent[topic].get(state, 0) + int(jobs)
+            recent.setdefault(topic, Counter())[state] += int(jobs)
             if state == State.DONE:
                 series = per_minute.setdefault(topic, [0] * MINUTES)
                 series[MINUTES - 1 - int(minutes_ago)] += int(jobs)
@@ -255,7 +237,7 @@ class Overview:
             counts: dict[str, int | None] = {}
             for state in STATES:
                 if state in FINISHED:
-                    counts[state] = recent.get(topic, {}).get(state, 0)
+                    counts[state] = recent.get(topic, Counter())[state]
                 else:
                     value = g.get(str(state))
                     counts[state] = None if value is None else int(value)
@@ -281,19 +263,16 @@ class Overview:
             parsed = uuid.UUID(job_id)
         except ValueError:
             return []
-        rows = self.store._run(
+        rows = self.store.session.run(
             "reading a job's parents and children",
-            self.store._q["web_job_relatives"],
+            self.store.session.q["web_job_relatives"],
             {"id": parsed, "limit": limit},
         )
         return [Relative(str(r[0]), str(r[1]), str(r[2]), str(r[3])) for r in rows]
 
     def jobs(self, topic: str | None, state: str, cursor: str | None = None, limit: int = 50) -> JobsPage:
-        """Return one page of *topic*'s jobs in *state*, newest first (*topic* None: finished states only).
-
-        Raise ``BadCursor`` for a cursor this module did not write and
-        ``ValueError`` for an unknown state.
-        """
+        """Return one page of *topic*'s jobs in *state*, newest first (*topic* None: finished states
+        only); ``BadCursor`` for a cursor this module did not write, ValueError for an unknown state."""
         if state in WAITING and topic is not None:
             name = "web_jobs_waiting"
         elif state == State.PROCESSING and topic is not None:
@@ -303,24 +282,9 @@ class Overview:
         else:
             raise ValueError(f"no listing for state {state!r}")
         params = {"topic": topic, "state": str(state), "limit": limit + 1, **_parse_cursor(state, cursor)}
-        rows = self.store._run("reading a page of jobs", self.store._q[name], params)
-        lines = [
-            JobLine(
-                str(r[0]),
-                str(r[1]),
-                str(r[2]),
-                int(r[3]),
-                int(r[4]),
-                r[5],
-                r[6],
-                r[7],
-                r[8],
-                r[9],
-                r[10],
-                int(r[11] or 0),
-            )
-            for r in rows
-        ]
+        rows = self.store.session.run("reading a page of jobs", self.store.session.q[name], params)
+        # The columns of web_jobs_*.sql are JobLine's fields, in order.
+        lines = [JobLine(*(*map(str, r[:3]), int(r[3]), int(r[4]), *r[5:11], int(r[11] or 0))) for r in rows]
         more = len(lines) > limit
         lines = lines[:limit]
         return JobsPage(lines, _cursor_of(state, lines[-1]) if more and lines else None)
@@ -335,17 +299,14 @@ class Overview:
         limit: int = 50,
     ) -> SearchPage:
         """Return the jobs among the next *scan* of ``jobs(topic, state, cursor)`` whose payload
-        contains *contains* (jsonb ``@>``), at most *limit*, in the listing's order.
-
-        Two bounded statements: the listing's index-ordered page of *scan* rows, then one primary
-        key probe per row of it (``web_jobs_payload``). Raise what ``jobs`` raises.
-        """
+        contains *contains* (jsonb ``@>``), at most *limit*: that page, then one primary key probe
+        per row of it (``web_jobs_payload``). Raise what ``jobs`` raises."""
         window = self.jobs(topic, state, cursor, scan)
         if not window.jobs:
             return SearchPage([], None, 0)
-        rows = self.store._run(
+        rows = self.store.session.run(
             "searching payloads",
-            self.store._q["web_jobs_payload"],
+            self.store.session.q["web_jobs_payload"],
             {"ids": [uuid.UUID(j.id) for j in window.jobs], "contains": Jsonb(contains)},
         )
         found = {str(r[0]) for r in rows}

@@ -1,11 +1,5 @@
-"""What ``brooq-py stats`` shows, and the operator's SQL of the README runnable from code (SPEC O3).
-
-``collect`` reads depth by topic and state, oldest ready age, in-flight work and
-dead jobs; every statement is bounded and index-served (sql/stats_*.sql): counts
-stop at a cap, lists at a limit, and terminal rows are never counted.
-``run``, ``text`` and ``pasteable`` give the README's statements for psql (fate,
-in flight, depth, lag, dead jobs) against one schema, with column names and rows,
-for the demo and for scripts.
+"""What ``brooq-py stats`` shows (``collect``: bounded, index-served statements, sql/stats_*.sql),
+and the operator's SQL of the README runnable from code (SPEC O3): ``run``, ``text``, ``pasteable``.
 """
 
 from __future__ import annotations
@@ -71,19 +65,13 @@ class Stats:
     dead: list[DeadJob]
 
     def to_json(self) -> dict[str, Any]:
-        def iso(d: datetime) -> str:
-            return d.isoformat()
-
         return {
             "schema": self.schema,
             "cap": self.cap,
             "topics": [vars(t) for t in self.topics],
-            "holders": [
-                {"locked_by": h.locked_by, "jobs": h.jobs, "next_lease_end": iso(h.next_lease_end)}
-                for h in self.holders
-            ],
-            "in_flight": [{**vars(f), "locked_until": iso(f.locked_until)} for f in self.in_flight],
-            "dead": [{**vars(d), "updated_at": iso(d.updated_at)} for d in self.dead],
+            "holders": [{**vars(h), "next_lease_end": h.next_lease_end.isoformat()} for h in self.holders],
+            "in_flight": [{**vars(f), "locked_until": f.locked_until.isoformat()} for f in self.in_flight],
+            "dead": [{**vars(d), "updated_at": d.updated_at.isoformat()} for d in self.dead],
         }
 
 
@@ -96,10 +84,7 @@ def collect(
     max_topics: int = 1000,
     cap: int = DEFAULT_CAP,
 ) -> Stats:
-    """Read a stats report of *schema* over *conn*, in one transaction.
-
-    Raise ``psycopg.Error`` as the driver does (the caller translates it).
-    """
+    """Read a stats report of *schema* over *conn* in one transaction (psycopg errors as they are)."""
     with conn.transaction(), conn.cursor() as cur:
         cur.execute(render("stats_topics", schema).composed, {"max_topics": max_topics})
         topic_names = [str(row[0]) for row in cur.fetchall()]

@@ -1,30 +1,29 @@
-"""The pool plumbing of the Store's roles, and the Store's own connections (heartbeat, claims, outcome batches).
+"""The pool plumbing every part of a store runs on, and the Store's own connections.
 
-``PoolSide`` is the one base the Store's roles share: it lends a pool connection
-for an autocommit statement or a bounded transaction, and opens the Store's own
-connections. An ``OwnConnection`` is opened on first use and reopened after a
-break: the engine runs each of these statements from one thread, so a connection
-of its own per kind of statement costs one backend and saves the pool checkout,
-and its session can be set up for that statement alone (a claim's plan is cached).
+A ``Session`` (sync) or ``AsyncSession`` (asyncio) holds a store's pool and its statements
+rendered for its schema, and lends a pool connection for an autocommit statement, a plan or a
+bounded transaction. An ``OwnConnection`` (heartbeat, claims, outcome batches) is opened on first
+use and reopened after a break: one backend per kind of statement saves the pool checkout, and its
+session is set up for that statement alone (a claim's plan is cached).
 
-Waits on the own connections are bounded by the lease (SPEC L3). Server side:
-``lock_timeout`` and ``statement_timeout`` end a statement that waits or runs too
-long. Network: TCP keepalives and ``tcp_user_timeout`` notice a half-open socket,
-on both ends. Client side: ``deadline()`` shuts the socket down when a statement
-has not answered in time, which ends a wait that nothing on the wire ever will (a
-path that goes silent behind a proxy that still ACKs).
+Waits on the own connections are bounded by the lease (SPEC L3): ``lock_timeout`` and
+``statement_timeout`` on the server, TCP keepalives and ``tcp_user_timeout`` on the wire, and
+``deadline()``, which shuts the socket down when a statement has not answered in time (a path
+that goes silent behind a proxy that still ACKs).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 import psycopg
 import psycopg_pool
@@ -33,11 +32,22 @@ from brooq_py.postgres.session.errors import (
     dropped_if_read_only,
     is_connection_error,
     is_outage,
+    refused_by_read_only,
     translated,
     unavailable,
 )
 from brooq_py.postgres.session.statements import Queries, Query
-from brooq_py.postgres.session.tx import Plan, Rows, Runner, drive, execute, first_statement, on_connection
+from brooq_py.postgres.session.tx import (
+    AsyncWrapTx,
+    Plan,
+    Rows,
+    WrapTx,
+    drive,
+    drive_async,
+    first_statement,
+    on_async_connection,
+    on_connection,
+)
 from brooq_py.queue import BrooqError, StoreUnavailable
 
 # After the server refused to open the connection, ``try_run`` leaves statements to the pool
@@ -56,55 +66,46 @@ CACHED_PLAN = "-c plan_cache_mode=force_generic_plan"
 # How long a claim or an outcome batch waits for a row lock before it leaves that row aside
 # (outcomes: written without it, SPEC L3'; claims skip locked rows anyway).
 SETTLE_LOCK_WAIT = "250ms"
+DEFAULT_LEASE = timedelta(seconds=30)
 
 
-def with_options(kwargs: dict[str, Any], options: str) -> dict[str, Any]:
-    if options:
-        kwargs["options"] = f"{kwargs['options']} {options}" if kwargs.get("options") else options
-    return kwargs
+class Session:
+    """A Store's pool (the caller's, or None: then whatever needs it raises BrooqError) and
+    statements; its own connections are opened from *conninfo* (default: the pool's)."""
 
+    def __init__(
+        self, pool: psycopg_pool.ConnectionPool[Any] | None, schema: str, conninfo: str | None
+    ) -> None:
+        if isinstance(pool, psycopg_pool.AsyncConnectionPool):
+            raise TypeError("an AsyncConnectionPool goes to AsyncStore, not Store")
+        if pool is not None and not isinstance(pool, psycopg_pool.ConnectionPool):
+            raise TypeError(f"Store needs a psycopg_pool.ConnectionPool or None, got {type(pool).__name__}")
+        self.pool = pool
+        self.q = Queries(check_schema(schema))
+        self.conninfo = conninfo
+        # The pool's settings may be callables (evaluated per connection); so are ours.
+        self._pool_conninfo = pool.conninfo if pool is not None else None
+        self._pool_kwargs = pool.kwargs if pool is not None else None
+        self.own_lease = DEFAULT_LEASE
 
-class PoolSide:
-    """The pool plumbing every role of the Store shares: pool connections lent for one autocommit
-    statement or one bounded transaction, plans driven on them, and the Store's own connections.
-
-    The Store sets the attributes; a role (worker, operator, flow) derives from this class and
-    reaches the database only through these methods.
-    """
-
-    _pool: psycopg_pool.ConnectionPool[Any] | None
-    _q: Queries
-    _conninfo: str | None
-    _pool_conninfo: Any
-    _pool_kwargs: Any
-    _own_lease: timedelta
-
-    def _connect_own(self, options: str = "") -> psycopg.Connection[Any]:
-        """Open one of the Store's own autocommit connections from ``conninfo``, its waits bounded (L3).
-
-        *options*: server settings (``-c name=value``) for this connection's session alone.
-        """
-        if self._conninfo is not None:
-            return psycopg.connect(
-                self._conninfo, autocommit=True, **with_options(merged({}, self._own_lease), options)
-            )
-        if self._pool_conninfo is None:
+    def connect_own(self, options: str = "") -> psycopg.Connection[Any]:
+        """Open one of the Store's own autocommit connections, its waits bounded by ``own_lease``;
+        *options*: server settings (``-c name=value``) for its session alone."""
+        if self.conninfo is not None:
+            conninfo, extra = self.conninfo, {}
+        elif self._pool_conninfo is None:
             raise no_pool("Store", "opening its own connection")
-        conninfo = self._pool_conninfo() if callable(self._pool_conninfo) else self._pool_conninfo
-        kwargs = self._pool_kwargs() if callable(self._pool_kwargs) else (self._pool_kwargs or {})
-        extra = {k: v for k, v in kwargs.items() if k not in NOT_LIBPQ}
-        return psycopg.connect(
-            conninfo, autocommit=True, **with_options(merged(extra, self._own_lease), options)
-        )
+        else:
+            conninfo = self._pool_conninfo() if callable(self._pool_conninfo) else self._pool_conninfo
+            kwargs = self._pool_kwargs() if callable(self._pool_kwargs) else (self._pool_kwargs or {})
+            extra = {k: v for k, v in kwargs.items() if k not in NOT_LIBPQ}
+        return psycopg.connect(conninfo, autocommit=True, **merged(extra, self.own_lease, options))
 
     @contextmanager
-    def _autocommit(self, doing: str, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
+    def autocommit(self, doing: str, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
         """Lend a pool connection in autocommit mode; put its flag back before it returns to the pool.
-
-        ``getconn``/``putconn`` rather than the pool's ``connection()`` context, which adds
-        nothing to an autocommit statement and cost about 30 us of CPU a call (the enqueue's hot path).
-        """
-        pool = self._pool
+        (``getconn``/``putconn``: the pool's ``connection()`` costs about 30 us of CPU a call.)"""
+        pool = self.pool
         if pool is None:
             raise no_pool("Store", doing)
         with translated(doing):
@@ -123,53 +124,141 @@ class PoolSide:
             finally:
                 pool.putconn(conn)
 
-    def _execute(self, doing: str, query: Query, params: dict[str, Any]) -> int:
-        """Run *query*, one statement that returns no rows, in autocommit on a pool connection.
-
-        Return the number of rows it wrote.
-        """
-        with self._autocommit(doing) as conn:
-            return execute(conn, query, params)
-
-    def _run(self, doing: str, query: Query, params: dict[str, Any]) -> Rows:
-        with self._autocommit(doing) as conn:
+    def run(self, doing: str, query: Query, params: dict[str, Any]) -> Rows:
+        with self.autocommit(doing) as conn:
             return on_connection(conn)(query, params)
 
-    def _run_bounded(self, doing: str, query: Query, params: dict[str, Any], seconds: float) -> Rows:
+    def run_bounded(self, doing: str, query: Query, params: dict[str, Any], seconds: float) -> Rows:
         """Run *query* on a pool connection in a transaction whose statement_timeout is bounded by
         *seconds* and lock_timeout by SETTLE_LOCK_WAIT (SPEC L3'), without touching the session's."""
-        return self._in_bounded_tx(doing, lambda run: run(query, params), seconds)
-
-    def _in_bounded_tx(self, doing: str, work: Callable[[Runner], Rows], seconds: float) -> Rows:
-        """Run *work* (given a statement runner) in one transaction on a pool connection, its waits bounded."""
         bounds = {"lock_timeout": SETTLE_LOCK_WAIT, "statement_timeout": f"{max(int(seconds * 1000), 100)}ms"}
-        with self._autocommit(doing) as conn, conn.transaction():
+        with self.autocommit(doing) as conn, conn.transaction():
             run = on_connection(conn)
-            run(self._q["session_bounds"], bounds)
-            return work(run)
+            run(self.q["session_bounds"], bounds)
+            return run(query, params)
 
-    def _drive(self, doing: str, plan: Plan[Any]) -> Any:
+    def drive(self, doing: str, plan: Plan[T]) -> T:
         """Run *plan* in autocommit statements on a pool connection (none taken if it needs none)."""
         first, result = first_statement(plan)
         if first is None:
-            return result
-        with self._autocommit(doing) as conn:
+            return cast(T, result)  # a plan that needs no statement has ended
+        with self.autocommit(doing) as conn:
             return drive(plan, on_connection(conn), first)
+
+    @contextmanager
+    def begin(self) -> Iterator[WrapTx]:
+        """Yield a WrapTx on a pool connection inside a transaction: commit on a clean exit,
+        rollback on an exception."""
+        if self.pool is None:
+            raise no_pool("Store", "opening a transaction")
+        doing = "running a transaction"
+        # A read-only server's refusal closes the connection after the rollback (session/errors.py).
+        with (
+            translated(doing),
+            self.pool.connection() as conn,
+            dropped_if_read_only(conn, doing),
+            conn.transaction(),
+        ):
+            yield WrapTx(conn)
+
+
+class AsyncSession:
+    """An AsyncStore's pool and statements: ``Session`` for asyncio, without own connections."""
+
+    def __init__(self, pool: psycopg_pool.AsyncConnectionPool[Any] | None, schema: str) -> None:
+        if isinstance(pool, psycopg_pool.ConnectionPool):
+            raise TypeError("a sync ConnectionPool goes to Store, not AsyncStore")
+        if pool is not None and not isinstance(pool, psycopg_pool.AsyncConnectionPool):
+            raise TypeError(
+                f"AsyncStore needs a psycopg_pool.AsyncConnectionPool or None, got {type(pool).__name__}"
+            )
+        self.pool = pool
+        self.q = Queries(check_schema(schema))
+
+    @asynccontextmanager
+    async def autocommit(self, doing: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """``Session.autocommit`` on the asyncio pool."""
+        pool = self.pool
+        if pool is None:
+            raise no_pool("AsyncStore", doing)
+        with translated(doing):
+            conn = await pool.getconn()
+            try:
+                saved = conn.autocommit
+                if not saved:
+                    await conn.set_autocommit(True)
+                try:
+                    async with _dropped_if_read_only(conn, doing):
+                        yield conn
+                finally:
+                    if not saved and not conn.closed:
+                        with contextlib.suppress(psycopg.Error):  # a broken one: the pool discards it
+                            await conn.set_autocommit(False)
+            finally:
+                await pool.putconn(conn)
+
+    async def run(self, doing: str, query: Query, params: dict[str, Any]) -> Rows:
+        async with self.autocommit(doing) as conn:
+            return await on_async_connection(conn)(query, params)
+
+    async def drive(self, doing: str, plan: Plan[T]) -> T:
+        """Run *plan* in autocommit statements on a pool connection (none taken if it needs none)."""
+        first, result = first_statement(plan)
+        if first is None:
+            return cast(T, result)  # a plan that needs no statement has ended
+        async with self.autocommit(doing) as conn:
+            return await drive_async(plan, on_async_connection(conn), first)
+
+    @asynccontextmanager
+    async def begin(self) -> AsyncIterator[AsyncWrapTx]:
+        """``Session.begin`` on the asyncio pool: an AsyncWrapTx."""
+        if self.pool is None:
+            raise no_pool("AsyncStore", "opening a transaction")
+        doing = "running a transaction"
+        with translated(doing):
+            # A read-only server's refusal closes the connection after the rollback (session/errors.py).
+            async with (
+                self.pool.connection() as conn,
+                _dropped_if_read_only(conn, doing),
+                conn.transaction(),
+            ):
+                yield AsyncWrapTx(conn)
+
+    async def connect_listen(self) -> psycopg.AsyncConnection[Any]:
+        """Open an autocommit connection with the pool's settings (``wait``'s LISTEN connection)."""
+        pool = self.pool
+        if pool is None:
+            raise no_pool("AsyncStore", "waiting for a job")
+        # The pool's settings may be callables, possibly async ones (evaluated per connection).
+        conninfo: Any = pool.conninfo() if callable(pool.conninfo) else pool.conninfo
+        if inspect.isawaitable(conninfo):
+            conninfo = await conninfo
+        kwargs: Any = pool.kwargs() if callable(pool.kwargs) else (pool.kwargs or {})
+        if inspect.isawaitable(kwargs):
+            kwargs = await kwargs
+        extra = {k: v for k, v in kwargs.items() if k not in NOT_LIBPQ}
+        return await psycopg.AsyncConnection.connect(conninfo, autocommit=True, **extra)
+
+
+@asynccontextmanager
+async def _dropped_if_read_only(conn: psycopg.AsyncConnection[Any], doing: str) -> AsyncIterator[None]:
+    """errors.dropped_if_read_only for an asyncio connection: close it on a read-only server's refusal."""
+    try:
+        yield
+    except Exception as exc:
+        if not refused_by_read_only(exc, conn):
+            raise
+        await conn.close()
+        if isinstance(exc, StoreUnavailable):
+            raise
+        raise unavailable(exc, doing) from exc
 
 
 class OwnConnection:
-    """A lazily opened autocommit connection that runs one statement at a time.
-
-    ``run`` (and ``use``, which hands the connection itself to a caller that needs its
-    session) raises StoreUnavailable on a connection error and closes the
-    connection (the next call reopens it); ``try_run`` returns None instead of
-    waiting while another thread is using it, or when the connection cannot
-    be opened (the server refuses it: a role's connection limit, max_connections;
-    tried again after ``REOPEN_PAUSE``). Nothing stays open behind a
-    closed Store: after ``close()`` and until ``reuse()``, ``try_run`` returns
-    None (a claim's late hand-back goes to the pool) and ``run`` closes the
-    connection it opened as its statement ends.
-    """
+    """A lazily opened autocommit connection that runs one statement at a time. ``run`` raises
+    StoreUnavailable on a connection error and closes it (the next call reopens it); ``try_run``
+    returns None instead while another thread uses it or the server refuses to open it (tried again
+    after ``REOPEN_PAUSE``), and after ``close()`` until ``reuse()``."""
 
     def __init__(
         self, connect: Callable[[], psycopg.Connection[Any]], budget: Callable[[], float] | None = None
@@ -182,25 +271,9 @@ class OwnConnection:
         self._reopen_at = 0.0  # try_run: no new connection before this (monotonic)
 
     def run(self, doing: str, query: Query, params: dict[str, Any]) -> Rows:
-        return self.use(doing, lambda conn: on_connection(conn)(query, params))
-
-    def use(self, doing: str, work: Callable[[psycopg.Connection[Any]], T]) -> T:
-        """Call *work* with the connection (opened if need be), as ``run`` runs a statement: one
-        caller at a time, the whole of *work* within the budget, the same errors. For a caller
-        that needs the session itself (its advisory locks) or more than one statement on it."""
         with self._lock:
             try:
-                conn = self._conn if self._conn is not None and not self._conn.closed else self._open(doing)
-                try:
-                    if self._budget is None:
-                        return work(conn)
-                    with deadline(conn, self._budget()):
-                        return work(conn)
-                except psycopg.Error as exc:
-                    if not is_outage(exc, conn):
-                        raise
-                    self._close_locked()
-                    raise unavailable(exc, doing) from exc
+                return self._run_locked(doing, query, params)
             finally:
                 self._close_if_asked()
 
@@ -241,9 +314,7 @@ class OwnConnection:
     def _run_locked(self, doing: str, query: Query, params: dict[str, Any]) -> Rows:
         conn = self._conn if self._conn is not None and not self._conn.closed else self._open(doing)
         try:
-            if self._budget is None:
-                return on_connection(conn)(query, params)
-            with deadline(conn, self._budget()):
+            with deadline(conn, self._budget()) if self._budget else contextlib.nullcontext():
                 return on_connection(conn)(query, params)
         except psycopg.Error as exc:
             # A broken connection, or one on a read-only server (a standby): closed, so the
@@ -259,11 +330,8 @@ class OwnConnection:
             conn.close()
 
     def close(self, wait: float = 1.0) -> None:
-        """Close the connection, and the one a later ``run`` opens as its statement ends; safe to repeat.
-
-        A statement still running after *wait* seconds is not waited for: the
-        connection is closed as soon as that statement returns.
-        """
+        """Close the connection, and the one a later ``run`` opens as its statement ends; safe to
+        repeat. A statement still running after *wait* seconds closes it as it returns."""
         self._closed = True  # before the lock: a statement that holds it closes on its way out
         if self._lock.acquire(timeout=wait):
             try:
@@ -277,9 +345,6 @@ class OwnConnection:
 
 
 # --- bounded waits on the own connections (SPEC L3) -----------------------------------------------
-
-
-DEFAULT_LEASE = timedelta(seconds=30)
 
 
 def own_connection_kwargs(lease: timedelta) -> dict[str, Any]:
@@ -299,11 +364,11 @@ def own_connection_kwargs(lease: timedelta) -> dict[str, Any]:
     }
 
 
-def merged(kwargs: dict[str, Any], lease: timedelta) -> dict[str, Any]:
-    """*kwargs* with the bounds added; the caller's own ``options`` come first, ours win."""
+def merged(kwargs: dict[str, Any], lease: timedelta, options: str = "") -> dict[str, Any]:
+    """*kwargs* with the bounds of *lease* added, then *options*: the caller's own ``options`` come
+    first, so ours win."""
     out = {**kwargs, **own_connection_kwargs(lease)}
-    if kwargs.get("options"):
-        out["options"] = f"{kwargs['options']} {out['options']}"
+    out["options"] = " ".join(o for o in (kwargs.get("options"), out["options"], options) if o)
     return out
 
 
@@ -314,12 +379,8 @@ def statement_budget(lease: timedelta) -> float:
 
 @contextlib.contextmanager
 def deadline(conn: psycopg.Connection[Any], seconds: float) -> Iterator[None]:
-    """Shut *conn*'s socket down if the block has not ended after *seconds*.
-
-    The waiting call then fails at once with a connection error (the caller
-    closes the connection and reopens it next time), instead of blocking on a
-    socket nobody answers.
-    """
+    """Shut *conn*'s socket down if the block has not ended after *seconds*: the waiting call then
+    fails at once with a connection error instead of blocking on a socket nobody answers."""
     done = threading.Event()
 
     def expire() -> None:
@@ -360,3 +421,22 @@ def no_pool(store: str, doing: str) -> BrooqError:
         "it only enqueues inside your own transactions (enqueue_tx, enqueue_many(tx=...)); "
         f"give {store} a pool for the rest"
     )
+
+
+# --- a store made of parts ------------------------------------------------------------------------
+
+
+P = ParamSpec("P")
+
+
+def delegate(method: Callable[Concatenate[Any, P], T], part: str) -> Callable[Concatenate[Any, P], T]:
+    """A method that calls *method* on the object in attribute *part*: ``enqueue =
+    delegate(Producer.enqueue, "producer")`` (its name, signature and docstring, for help())."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def forward(self: Any, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        result: T = getattr(getattr(self, part), name)(*args, **kwargs)
+        return result
+
+    return forward

@@ -1,13 +1,9 @@
-"""Translate psycopg's connection errors at the Store's edge; never leak a DSN password.
+"""Translate psycopg's connection errors at the store's edge; never leak a DSN password.
 
-Two kinds of error mean "this connection cannot do the Store's work, another one
-may": the connection broke or could not be had, and the server it reached is a
-standby in recovery or otherwise read-only (SQLSTATE 25006, SPEC H1). A
-connection of the second kind is closed rather than reused, so the next one is
-opened afresh and a multi-host conninfo with ``target_session_attrs=read-write``
-lands on whichever server accepts writes now (the promoted standby after a
-failover). Both become ``StoreUnavailable``: the engine retries with backoff,
-and a producer sees the outage it can retry.
+A broken connection, one that could not be had, and one on a standby or read-only server (SQLSTATE
+25006, SPEC H1) become ``StoreUnavailable``: the engine retries with backoff, a producer sees an
+outage it can retry. A read-only server's connection is closed rather than reused, so the next
+one (``target_session_attrs=read-write``) lands on the server that accepts writes now.
 """
 
 from __future__ import annotations
@@ -50,13 +46,8 @@ def is_read_only_refusal(exc: BaseException | None) -> bool:
 
 
 def server_is_read_only(conn: Any) -> bool:
-    """Whether *conn*'s server says it is a hot standby or read-only by default.
-
-    Servers since PostgreSQL 14 report ``in_hot_standby`` and
-    ``default_transaction_read_only`` to the client (no round trip). A server
-    that reports neither is taken for read-only: a refusal there cannot be told
-    from a transaction the caller made read-only.
-    """
+    """Whether *conn*'s server reports itself a hot standby or read-only by default (PostgreSQL 14
+    and later, no round trip); one that reports neither is taken for read-only."""
     info = getattr(conn, "info", None)
     if info is None:
         return True
@@ -67,12 +58,8 @@ def server_is_read_only(conn: Any) -> bool:
 
 
 def on_read_only_server(exc: BaseException | None, conn: Any) -> bool:
-    """Return True if *exc* is a 25006 refusal and *conn* is on a standby or a read-only server.
-
-    A 25006 in a transaction the caller made read-only (``SET TRANSACTION READ
-    ONLY`` on the primary) is the caller's own error and stays one. Without a
-    connection to ask (a foreign transaction object) nothing can be told: False.
-    """
+    """Return True if *exc* is a 25006 refusal and *conn* is on a standby or a read-only server (not
+    in a transaction the caller made read-only: that is its own error). No *conn* to ask: False."""
     return conn is not None and is_read_only_refusal(exc) and server_is_read_only(conn)
 
 
@@ -82,10 +69,8 @@ def is_outage(exc: BaseException, conn: Any = None) -> bool:
 
 
 def unavailable(exc: BaseException, doing: str) -> StoreUnavailable | InvalidUsage:
-    """Return a StoreUnavailable for *exc* (the caller raises it ``from exc``).
-
-    A pool that was never opened is the calling code's mistake, not an outage: InvalidUsage.
-    """
+    """Return a StoreUnavailable for *exc* (the caller raises it ``from exc``); InvalidUsage for a pool
+    never opened, the calling code's mistake."""
     if isinstance(exc, psycopg_pool.PoolClosed) and "not open yet" in str(exc):
         return InvalidUsage(
             f"the connection pool given to the Store is not open ({doing}): open the pool first "
@@ -98,11 +83,8 @@ def unavailable(exc: BaseException, doing: str) -> StoreUnavailable | InvalidUsa
 
 @contextmanager
 def translated(doing: str, conn: Any = None) -> Iterator[None]:
-    """Raise StoreUnavailable (chained) for a psycopg connection error inside the block.
-
-    *conn*: the connection the block runs on, when known; a refusal by a
-    read-only server on it is an outage too (never closed here: the caller's).
-    """
+    """Raise StoreUnavailable (chained) for a psycopg connection error inside the block, and for a
+    read-only server's refusal on *conn* (the block's connection, when known; never closed here)."""
     try:
         yield
     except psycopg.Error as exc:
@@ -119,11 +101,8 @@ def refused_by_read_only(exc: BaseException, conn: Any) -> bool:
 
 @contextmanager
 def dropped_if_read_only(conn: psycopg.Connection[Any], doing: str) -> Iterator[None]:
-    """Close *conn* when the block was refused by a read-only server, and raise StoreUnavailable.
-
-    A pool discards a closed connection and opens a new one, which the
-    conninfo's ``target_session_attrs`` sends to the server that accepts writes.
-    """
+    """Close *conn* when the block was refused by a read-only server, and raise StoreUnavailable: the
+    pool's next connection goes where ``target_session_attrs`` says (the server accepting writes)."""
     try:
         yield
     except Exception as exc:
@@ -161,11 +140,8 @@ def not_migrated(schema: str) -> BrooqError:
 
 
 def names_migration(fn: _F) -> _F:
-    """Decorate a Store/AsyncStore method: a statement on a schema without brooq's tables raises
-    BrooqError naming ``migrate up --schema S`` (chained), not a bare UndefinedTable.
-
-    Nothing more is run: the caller's transaction is left as that one failed statement left it.
-    """
+    """Decorate a store's method: a statement on a schema without brooq's tables raises BrooqError
+    naming ``migrate up --schema S`` (chained), not a bare UndefinedTable; nothing more is run."""
     if inspect.iscoroutinefunction(fn):
 
         @functools.wraps(fn)

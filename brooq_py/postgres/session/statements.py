@@ -1,22 +1,14 @@
 """Named SQL statements: loaded once from ``sql/*.sql``, rendered per schema; their parameters and rows.
 
-Each file holds one statement with ``{job}``, ``{engine}``, ``{job_in_flight}``, ``{job_edge}``,
-``{job_wait}``, ``{topic_setting}``, ``{schedule_tick}``, ``{version_table}`` (the tables),
-``{depth_seq}`` (the depth caps' sequence, migration 0014, as a text literal for ``to_regclass``),
-``{channel}`` (the wake-up channel as an identifier), ``{channel_literal}`` (as text) or
-``{stage_channel}`` (the stager's channel, ``{stage_channel_literal}`` as text), ``{cancel_channel}``
-(the cancel channel), ``{settled_channel}`` / ``{settled_channel_literal}`` (the results channel),
-``{depth_room}`` and ``{job_row_columns}`` (the fragments of those names, see ``_FRAGMENTS``)
-placeholders and psycopg ``%(name)s`` parameters. A Store renders every
-statement once for its schema with ``psycopg.sql.Identifier`` and never sets
-``search_path`` on a connection.
+Each file holds one statement, with psycopg ``%(name)s`` parameters and placeholders for the
+schema's tables (``_TABLES``, ``{version_table}``), the depth caps' sequence (``{depth_seq}``), the
+channels (``{channel}``, ``{stage_channel}``, ``{cancel_channel}``, ``{settled_channel}``, and
+``..._literal`` as text) and the fragments of ``_FRAGMENTS``. A store renders each once for its
+schema and never sets ``search_path`` on a connection.
 
-The channels follow the rule of the NOTIFY trigger of migrations 0005-0008.
-Batch parameters are PostgreSQL array literals built in one string: sending
-``'{a,b,c}'`` as one text parameter cast in SQL costs one join, where a Python
-list costs psycopg a type scan and a dump per element (most of the adapter's CPU
-at tens of thousands of outcomes a second). Rows of ``sql/job_get.sql``'s
-columns become ``JobRow`` here.
+Batch parameters are array literals built in one string: one text parameter cast in SQL costs a
+join, where a Python list costs psycopg a type scan and a dump per element (most of the adapter's
+CPU at tens of thousands of outcomes a second).
 """
 
 from __future__ import annotations
@@ -49,11 +41,8 @@ def load(name: str) -> str:
 
 @dataclass(frozen=True)
 class Query:
-    """One statement rendered for a schema: bytes for psycopg, text for a foreign Tx.
-
-    ``rows`` is False for a statement that returns no rows (no RETURNING): a
-    runner then reads nothing back.
-    """
+    """One statement rendered for a schema: bytes for psycopg, text for a foreign Tx; ``rows`` False:
+    no RETURNING, a runner reads back its row count only (session/tx.py)."""
 
     name: str
     composed: bytes
@@ -75,64 +64,48 @@ def _depth_seq(schema: str) -> sql.Composable:
     return sql.Literal(sql.Identifier(schema, "job_depth_seq").as_string(None))
 
 
+# The tables a statement names by their name: ``{job}`` stands for "<schema>"."job".
+_TABLES = ("job", "engine", "job_in_flight", "job_edge", "job_wait", "topic_setting", "schedule_tick")
+
+
 def render(name: str, schema: str, *, rows: bool = True) -> Query:
     """Render ``sql/<name>.sql`` for *schema* (*rows*: see ``Query``)."""
     template = sql.SQL(load(name))
-    shared = {
+    args: dict[str, sql.Composable] = {
         f: _fragment(f, schema) if "{" + f + "}" in template.as_string(None) else sql.SQL("")
         for f in _FRAGMENTS
     }
-    composed = template.format(
-        **shared,
-        job=sql.Identifier(schema, "job"),
-        engine=sql.Identifier(schema, "engine"),
-        job_in_flight=sql.Identifier(schema, "job_in_flight"),
-        job_edge=sql.Identifier(schema, "job_edge"),
-        job_wait=sql.Identifier(schema, "job_wait"),
-        topic_setting=sql.Identifier(schema, "topic_setting"),
-        schedule_tick=sql.Identifier(schema, "schedule_tick"),
-        depth_seq=_depth_seq(schema),
-        version_table=sql.Identifier(schema, "brooq_alembic_version"),
-        channel=sql.Identifier(channel_for(schema)),
-        channel_literal=sql.Literal(channel_for(schema)),
-        stage_channel=sql.Identifier(stage_channel_for(schema)),
-        stage_channel_literal=sql.Literal(stage_channel_for(schema)),
-        cancel_channel=sql.Identifier(cancel_channel_for(schema)),
-        settled_channel=sql.Identifier(settled_channel_for(schema)),
-        settled_channel_literal=sql.Literal(settled_channel_for(schema)),
-    )
+    args.update({t: sql.Identifier(schema, t) for t in _TABLES})
+    args.update(depth_seq=_depth_seq(schema), version_table=sql.Identifier(schema, "brooq_alembic_version"))
+    for key, channel in (
+        ("channel", channel_for),
+        ("stage_channel", stage_channel_for),
+        ("cancel_channel", cancel_channel_for),
+        ("settled_channel", settled_channel_for),
+    ):
+        args[key], args[f"{key}_literal"] = sql.Identifier(channel(schema)), sql.Literal(channel(schema))
+    composed = template.format(**args)
     # A foreign Tx gets the text with plain %(name)s placeholders: binary ones are psycopg's own.
     text = _BINARY_PLACEHOLDER.sub(r"%(\1)s", composed.as_string(None))
     return Query(name, composed.as_bytes(None), text, rows)
 
 
+# Statements without RETURNING: their row count is their answer (session/tx.py).
+_COUNTED = frozenset({"job_enqueue_plain", "job_enqueue_unique_new", "job_enqueue_capped"})
+
+
 class Queries:
-    """Every statement the Store runs, rendered once for one schema."""
+    """Every statement a store runs, by name, rendered for one schema once, on first use."""
 
     def __init__(self, schema: str) -> None:
         self.schema = schema
         self._rendered: dict[str, Query] = {}
-        self.enqueue = render("job_enqueue", schema)
-        self.enqueue_plain = render("job_enqueue_plain", schema, rows=False)
-        self.enqueue_many = render("job_enqueue_many", schema)
-        self.get_by_key = render("job_get_by_key", schema)
-        self.get_by_keys = render("job_get_by_keys", schema)
-        self.get = render("job_get", schema)
-        self.cancel = render("job_cancel", schema)
-        self.claim = render("job_claim", schema)
-        self.settle_many = render("job_settle_many", schema)
-        self.settle_one = render("job_settle_one", schema)
-        self.beat = render("engine_beat", schema)
-        self.reap = render("lease_reap", schema)
-        self.delete_terminal = render("job_delete_terminal", schema)
-        self.ping = render("ping", schema)
-        self.listen = render("listen", schema)
 
     def __getitem__(self, name: str) -> Query:
-        """Return ``sql/<name>.sql`` rendered for this schema (rendered once, on first use)."""
+        """Return ``sql/<name>.sql`` rendered for this schema."""
         query = self._rendered.get(name)
         if query is None:
-            query = self._rendered[name] = render(name, self.schema)
+            query = self._rendered[name] = render(name, self.schema, rows=name not in _COUNTED)
         return query
 
 
@@ -154,36 +127,25 @@ def _named(prefix: str, schema: str) -> str:
 
 
 def channel_for(schema: str) -> str:
-    """Return the NOTIFY channel of *schema*: ``brooq.<schema>``, or ``brooq.<md5(schema)>`` past 63 bytes.
-
-    Its notifications say a topic has ready (pending) jobs; the payload is the topic
-    (empty: every topic).
-    """
+    """``brooq.<schema>`` (``brooq.<md5(schema)>`` past 63 bytes, as every channel here): a topic has
+    ready jobs; the payload is the topic (empty: every topic)."""
     return _named(_PREFIX, schema)
 
 
 def stage_channel_for(schema: str) -> str:
-    """Return the stager's channel of *schema*: ``brooq_stage.<schema>`` (md5 past 63 bytes).
-
-    Its notifications say a job of the topic in the payload was scheduled.
-    """
+    """``brooq_stage.<schema>``: a job of the topic in the payload was scheduled."""
     return _named(_STAGE_PREFIX, schema)
 
 
 def cancel_channel_for(schema: str) -> str:
-    """Return the cancel channel of *schema*: ``brooq_cancel.<schema>`` (md5 past 63 bytes; migration 0011).
-
-    Its notifications say a processing job was canceled; the payload is ``"<id> <claim_token>"``.
-    """
+    """``brooq_cancel.<schema>`` (migration 0011): a processing job was canceled; the payload is
+    ``"<id> <claim_token>"``."""
     return _named(_CANCEL_PREFIX, schema)
 
 
 def settled_channel_for(schema: str) -> str:
-    """Return the results channel of *schema*: ``brooq_settled.<schema>`` (md5 past 63 bytes).
-
-    One notification per outcome batch (or closing transaction, or cancel) that
-    ended a job, with an empty payload: waiters re-check their ids (SPEC V2).
-    """
+    """``brooq_settled.<schema>``: one per outcome batch (or closing transaction, or cancel) that
+    ended a job, empty payload; waiters check their ids again (SPEC V2)."""
     return _named(_SETTLED_PREFIX, schema)
 
 
@@ -204,23 +166,15 @@ def uuid_array(values: Iterable[str]) -> str:
 
 
 def text_array(values: Sequence[str | None]) -> str:
-    """Return an array literal for text values (NULL for None), each element quoted and escaped.
-
-    Without a None among them the values are joined on NUL and escaped in three
-    passes over one string (a value holding NUL itself, which PostgreSQL text
-    cannot store, takes the element-wise way and is refused there by the server).
-    """
+    """Return an array literal for text values (NULL for None), each element quoted and escaped; without
+    a None, in three passes over one string joined on NUL (a value holding NUL, which text cannot
+    store, takes the element-wise way and is refused by the server)."""
     n = len(values)
     if n and None not in values:
         joined = "\x00".join(values)  # type: ignore[arg-type]  # no None: checked above
         if joined.count("\x00") == n - 1:
             return '{"' + joined.replace("\\", "\\\\").replace('"', '\\"').replace("\x00", '","') + '"}'
-    parts = []
-    for v in values:
-        if v is None:
-            parts.append("NULL")
-        else:
-            parts.append('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"')
+    parts = ["NULL" if v is None else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values]
     return "{" + ",".join(parts) + "}"
 
 
@@ -278,11 +232,8 @@ JOB_ROW_COLUMNS = 21
 
 
 def job_row(r: Any) -> JobRow:
-    """Return the JobRow of a row of ``job_get``'s columns (result, history and progress included).
-
-    Raise ValueError for a row of any other width: a statement that selects fewer columns
-    would leave fields silently empty (SPEC R0).
-    """
+    """Return the JobRow of a row of ``job_get``'s columns; ValueError for a row of any other width,
+    whose missing fields would be silently empty (SPEC R0)."""
     if len(r) != JOB_ROW_COLUMNS:
         raise ValueError(f"a job row has {JOB_ROW_COLUMNS} columns (job_get's), got {len(r)}")
     parents = r[14]
@@ -312,10 +263,8 @@ def job_row(r: Any) -> JobRow:
 
 
 def attempt_errors(value: Any) -> tuple[AttemptError, ...]:
-    """The row's ``errors`` (a jsonb array, NULL for none) as AttemptError records, oldest first.
-
-    An entry written by hand (psql) that lacks a field is read with what it has.
-    """
+    """The row's ``errors`` (a jsonb array, NULL for none) as AttemptError records, oldest first; an
+    entry written by hand (psql) that lacks a field is read with what it has."""
     if not isinstance(value, list):
         return ()
     out = []
@@ -327,14 +276,9 @@ def attempt_errors(value: Any) -> tuple[AttemptError, ...]:
             when = datetime.fromisoformat(at) if isinstance(at, str) else _EPOCH
         except ValueError:
             when = _EPOCH
-        attempt = e.get("attempt")
-        tb = e.get("traceback")
+        attempt, tb = e.get("attempt"), e.get("traceback")
+        attempt = attempt if isinstance(attempt, int) else 0
         out.append(
-            AttemptError(
-                attempt=attempt if isinstance(attempt, int) else 0,
-                at=when,
-                error=str(e.get("error") or ""),
-                traceback=tb if isinstance(tb, str) else None,
-            )
+            AttemptError(attempt, when, str(e.get("error") or ""), tb if isinstance(tb, str) else None)
         )
     return tuple(out)

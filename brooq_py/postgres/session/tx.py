@@ -1,15 +1,10 @@
 """Run a named statement on a psycopg connection or on a caller's transaction; drive plans.
 
-``WrapTx`` and ``AsyncWrapTx`` adapt a caller's psycopg connection (sync or
-asyncio), inside the caller's transaction, to the queue's ``Tx`` port; they wrap
-and open nothing, and ``as_psycopg`` gives the very same connection back. A
-foreign ``Tx`` (any object with ``execute(query, params)``) gets the statement's
-text with plain ``%(name)s`` placeholders.
-
-A plan is a generator that yields ``(query, params)`` for every statement it
-needs and receives that statement's rows back. It does no I/O itself: ``drive``
-runs it on a blocking runner (``Store``), ``drive_async`` on an awaitable one
-(``AsyncStore``), so the rules cannot drift apart between the two.
+``WrapTx`` and ``AsyncWrapTx`` adapt a caller's connection, inside its transaction, to the ``Tx``
+port; a foreign ``Tx`` (any object with ``execute(query, params)``) gets plain ``%(name)s`` text.
+A plan is a generator that yields ``(query, params)`` for every statement it needs and receives
+its rows back: ``drive`` runs it on a blocking runner, ``drive_async`` on an awaitable one, so
+the rules cannot drift apart between the two stores.
 """
 
 from __future__ import annotations
@@ -35,39 +30,28 @@ _JSONB = postgres.types["jsonb"].oid
 
 
 def own_json(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> None:
-    """Decode jsonb on *cur* with psycopg's own loader, whatever the caller's connection set up.
-
-    Django, for one, registers a text loader for jsonb on its connections; a
-    payload must still come back decoded. Only that cursor is touched.
-    """
+    """Decode jsonb on *cur* with psycopg's own loader, whatever the caller's connection set up
+    (Django registers a text loader for jsonb on its connections); only that cursor is touched."""
     if cur.adapters.get_loader(_JSONB, pq.Format.TEXT) is not JsonbLoader:
         cur.adapters.register_loader("jsonb", JsonbLoader)
         cur.adapters.register_loader("jsonb", JsonbBinaryLoader)
 
 
 def on_connection(conn: psycopg.Connection[Any]) -> Runner:
-    """Return a runner on *conn*, with tuple rows (and decoded jsonb) whatever the connection's settings."""
+    """Return a runner on *conn*, with tuple rows (and decoded jsonb) whatever the connection's
+    settings; a statement without rows (``Query.rows``) answers ``[(its row count,)]``."""
 
     def run(query: Query, params: dict[str, Any]) -> Rows:
         if not query.rows:
-            execute(conn, query, params)
-            return []
+            with conn.cursor() as cur:
+                cur.execute(query.composed, params)
+                return [(cur.rowcount,)]
         with conn.cursor(row_factory=tuple_row) as cur:
             own_json(cur)
             cur.execute(query.composed, params)
             return cur.fetchall() if cur.description is not None else []
 
     return run
-
-
-def execute(conn: psycopg.Connection[Any], query: Query, params: dict[str, Any]) -> int:
-    """Run *query*, a statement that returns no rows, on *conn* (the one-statement fast path).
-
-    Return the number of rows it wrote (the command's row count).
-    """
-    with conn.cursor() as cur:
-        cur.execute(query.composed, params)
-        return cur.rowcount
 
 
 def _plain(value: Any) -> Any:
@@ -79,10 +63,8 @@ def _plain(value: Any) -> Any:
 
 
 def on_foreign(tx: Any) -> Runner:
-    """Return a runner on a foreign Tx: ``tx.execute(text, params)`` with psycopg's ``%(name)s`` style.
-
-    Rows are read from what ``execute`` returns, else from *tx* itself (a DB-API cursor).
-    """
+    """Return a runner on a foreign Tx: ``tx.execute(text, params)`` with psycopg's ``%(name)s`` style;
+    rows are read from what ``execute`` returns, else from *tx* itself (a DB-API cursor)."""
 
     def run(query: Query, params: dict[str, Any]) -> Rows:
         result = tx.execute(query.text, {k: _plain(v) for k, v in params.items()})
@@ -115,11 +97,8 @@ def refuse_async(tx: Any) -> None:
 
 
 def on_tx(tx: Any) -> Runner:
-    """Return the runner for a caller's *tx*: its psycopg connection when it has one.
-
-    Raise TypeError for an asyncio connection (it belongs to AsyncStore) and for
-    an object without ``execute``.
-    """
+    """Return the runner for a caller's *tx*: its psycopg connection when it has one. Raise TypeError
+    for an asyncio connection (it belongs to AsyncStore) and for an object without ``execute``."""
     conn = as_psycopg(tx)
     if conn is not None:
         return on_connection(conn)
@@ -133,11 +112,8 @@ def on_tx(tx: Any) -> Runner:
 
 
 class WrapTx:
-    """A psycopg Connection, inside the caller's transaction, as a ``queue.Tx``.
-
-    It wraps and opens nothing: the connection, its transaction and its commit
-    stay the caller's. ``psycopg`` gives back the very same connection.
-    """
+    """A psycopg Connection, inside the caller's transaction, as a ``queue.Tx``: it wraps and opens
+    nothing (the connection, its transaction and its commit stay the caller's)."""
 
     __slots__ = ("_conn",)
 
@@ -159,15 +135,12 @@ class WrapTx:
 
     @classmethod
     def from_sqlalchemy(cls, conn_or_session: Any) -> WrapTx:
-        """Wrap the psycopg 3 connection behind a SQLAlchemy 2 ``Connection`` or ``Session``.
-
-        A Session joins its own transaction (``session.connection()``), so an
-        enqueue through the result commits or rolls back with the session.
-        Raise TypeError for anything else, or for a driver other than psycopg 3.
-        """
-        sa = sys.modules.get("sqlalchemy")
-        if sa is None:  # no SQLAlchemy loaded: it cannot be one of its objects
-            raise TypeError(f"not a SQLAlchemy Connection or Session: {type(conn_or_session).__name__}")
+        """Wrap the psycopg 3 connection behind a SQLAlchemy 2 ``Connection`` or ``Session`` (which joins
+        its own transaction: an enqueue commits or rolls back with it). Raise TypeError for anything
+        else, or for a driver other than psycopg 3."""
+        not_one = f"not a SQLAlchemy Connection or Session: {type(conn_or_session).__name__}"
+        if sys.modules.get("sqlalchemy") is None:  # no SQLAlchemy loaded: it cannot be one of its objects
+            raise TypeError(not_one)
         from sqlalchemy.engine import Connection
         from sqlalchemy.orm import Session
 
@@ -179,7 +152,7 @@ class WrapTx:
                 # Begin as SQLAlchemy's autobegin would, so its commit() commits our insert too.
                 connection.begin()
         else:
-            raise TypeError(f"not a SQLAlchemy Connection or Session: {type(conn_or_session).__name__}")
+            raise TypeError(not_one)
         driver = connection.connection.driver_connection
         if not isinstance(driver, psycopg.Connection):
             raise TypeError(f"the SQLAlchemy driver connection is {type(driver).__name__}, not psycopg 3")
@@ -187,13 +160,8 @@ class WrapTx:
 
     @classmethod
     def from_django(cls, using: str = "default") -> WrapTx:
-        """Wrap the psycopg 3 connection behind Django's database connection *using*.
-
-        The enqueue joins whatever ``transaction.atomic()`` block is open on that
-        connection (outside one, Django's autocommit commits it at once). Raise
-        TypeError when the connection's driver is not psycopg 3 (Django's
-        ``django.db.backends.postgresql`` with psycopg 3 installed).
-        """
+        """Wrap the psycopg 3 connection behind Django's database connection *using*: the enqueue joins
+        whatever ``transaction.atomic()`` block is open on it. Raise TypeError for another driver."""
         from django.db import connections  # Django is an optional extra: imported only here
 
         connection = connections[using]
@@ -211,12 +179,8 @@ class WrapTx:
 
 
 def as_psycopg(tx: Any) -> psycopg.Connection[Any] | None:
-    """Return the psycopg connection behind *tx*, or None.
-
-    A WrapTx gives its connection (None once that connection is closed); a
-    bare psycopg Connection is returned as is; anything else (a foreign Tx,
-    None) gives None.
-    """
+    """Return the psycopg connection behind *tx*: a WrapTx's (None once it is closed), a bare psycopg
+    Connection as is; None for anything else (a foreign Tx, None)."""
     if isinstance(tx, WrapTx):
         conn = tx.psycopg
         return None if conn.closed else conn
@@ -232,11 +196,7 @@ AsyncRunner = Callable[[Query, dict[str, Any]], Awaitable[Rows]]
 
 
 class AsyncWrapTx:
-    """A psycopg ``AsyncConnection``, inside the caller's transaction, for ``AsyncStore``.
-
-    It wraps and opens nothing: the connection, its transaction and its commit
-    stay the caller's. ``psycopg`` gives back the very same connection.
-    """
+    """A psycopg ``AsyncConnection``, inside the caller's transaction, for ``AsyncStore``: as ``WrapTx``."""
 
     __slots__ = ("_conn",)
 
@@ -258,18 +218,11 @@ class AsyncWrapTx:
 
     @classmethod
     async def from_sqlalchemy(cls, conn_or_session: Any) -> AsyncWrapTx:
-        """Wrap the psycopg 3 connection behind a SQLAlchemy 2 ``AsyncConnection`` or ``AsyncSession``.
-
-        The engine must use ``postgresql+psycopg://``. An AsyncSession joins its
-        own transaction (``await session.connection()``), so an enqueue through
-        the result commits or rolls back with the session. Raise TypeError for
-        anything else (a sync Connection or Session names ``WrapTx.from_sqlalchemy``)
-        or for a driver other than psycopg 3.
-        """
+        """``WrapTx.from_sqlalchemy`` for a SQLAlchemy 2 ``AsyncConnection`` or ``AsyncSession`` on
+        ``postgresql+psycopg://``; a sync Connection or Session raises TypeError naming ``WrapTx``."""
+        not_one = f"not a SQLAlchemy AsyncConnection or AsyncSession: {type(conn_or_session).__name__}"
         if sys.modules.get("sqlalchemy") is None:  # no SQLAlchemy loaded: it cannot be one of its objects
-            raise TypeError(
-                f"not a SQLAlchemy AsyncConnection or AsyncSession: {type(conn_or_session).__name__}"
-            )
+            raise TypeError(not_one)
         from sqlalchemy.engine import Connection
         from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
         from sqlalchemy.orm import Session
@@ -284,9 +237,7 @@ class AsyncWrapTx:
         elif isinstance(conn_or_session, Connection | Session):
             raise TypeError("a sync SQLAlchemy Connection or Session: use WrapTx.from_sqlalchemy and Store")
         else:
-            raise TypeError(
-                f"not a SQLAlchemy AsyncConnection or AsyncSession: {type(conn_or_session).__name__}"
-            )
+            raise TypeError(not_one)
         fairy = await connection.get_raw_connection()
         driver = fairy.driver_connection
         if not isinstance(driver, psycopg.AsyncConnection):
@@ -299,23 +250,14 @@ class AsyncWrapTx:
         return f"AsyncWrapTx({self._conn!r})"
 
 
-async def execute_async(conn: psycopg.AsyncConnection[Any], query: Query, params: dict[str, Any]) -> int:
-    """Run *query*, a statement that returns no rows, on *conn* (the one-statement fast path).
-
-    Return the number of rows it wrote (the command's row count).
-    """
-    async with conn.cursor() as cur:
-        await cur.execute(query.composed, params)
-        return cur.rowcount
-
-
 def on_async_connection(conn: psycopg.AsyncConnection[Any]) -> AsyncRunner:
-    """Return an awaitable runner on *conn*, with tuple rows (and decoded jsonb) whatever its settings."""
+    """``on_connection`` for an asyncio connection: an awaitable runner."""
 
     async def run(query: Query, params: dict[str, Any]) -> Rows:
         if not query.rows:
-            await execute_async(conn, query, params)
-            return []
+            async with conn.cursor() as cur:
+                await cur.execute(query.composed, params)
+                return [(cur.rowcount,)]
         async with conn.cursor(row_factory=tuple_row) as cur:
             own_json(cur)
             await cur.execute(query.composed, params)
@@ -325,10 +267,8 @@ def on_async_connection(conn: psycopg.AsyncConnection[Any]) -> AsyncRunner:
 
 
 def async_connection_of(tx: Any) -> psycopg.AsyncConnection[Any]:
-    """Return the AsyncConnection behind *tx* (an AsyncWrapTx or a bare AsyncConnection).
-
-    Raise TypeError for anything else; a sync connection (or WrapTx) names ``Store``.
-    """
+    """Return the AsyncConnection behind *tx* (an AsyncWrapTx or a bare AsyncConnection); raise
+    TypeError for anything else, naming ``Store`` for a sync connection (or WrapTx)."""
     if isinstance(tx, AsyncWrapTx):
         return tx.psycopg
     if isinstance(tx, psycopg.AsyncConnection):
@@ -347,39 +287,42 @@ Plan = Generator[Statement, Rows, T]
 
 
 def first_statement(plan: Plan[T]) -> tuple[Statement | None, T | None]:
-    """Start *plan*: return its first statement, or (None, result) when it needs none.
-
-    A Store takes a connection only for a plan that has a statement to run (a
-    malformed id needs none).
-    """
+    """Start *plan*: return its first statement, or (None, result) when it needs none (a malformed
+    id): a store takes a connection only for a plan that has a statement to run."""
     try:
         return next(plan), None
     except StopIteration as done:
         return None, done.value
 
 
-def drive(plan: Plan[T], run: Callable[[Query, dict[str, Any]], Rows], first: Statement | None = None) -> T:
-    """Run *plan* to its end on a blocking runner and return its result.
-
-    *first* is the plan's first statement when ``first_statement`` already started it.
-    """
+def drive(plan: Plan[T], run: Runner, first: Statement | None = None) -> T:
+    """Run *plan* to its end on a blocking runner and return its result; a statement's error is
+    raised inside the plan, which may answer it (*first*: from ``first_statement``)."""
     try:
         statement = next(plan) if first is None else first
         while True:
-            statement = plan.send(run(*statement))
+            try:
+                rows = run(*statement)
+            except Exception as exc:
+                statement = plan.throw(exc)
+            else:
+                statement = plan.send(rows)
     except StopIteration as done:
         result: T = done.value
         return result
 
 
-async def drive_async(
-    plan: Plan[T], run: Callable[[Query, dict[str, Any]], Awaitable[Rows]], first: Statement | None = None
-) -> T:
-    """Run *plan* to its end on an awaitable runner and return its result (*first*: as ``drive``)."""
+async def drive_async(plan: Plan[T], run: AsyncRunner, first: Statement | None = None) -> T:
+    """Run *plan* to its end on an awaitable runner and return its result (as ``drive``)."""
     try:
         statement = next(plan) if first is None else first
         while True:
-            statement = plan.send(await run(*statement))
+            try:
+                rows = await run(*statement)
+            except Exception as exc:
+                statement = plan.throw(exc)
+            else:
+                statement = plan.send(rows)
     except StopIteration as done:
         result: T = done.value
         return result

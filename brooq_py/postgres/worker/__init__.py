@@ -1,5 +1,3 @@
-"""The engine's side of the store: claim, settle, liveness, staging, retention, gauges.
-
-``repo`` holds every statement the engine runs through the ``Repo`` port
-(``brooq_py.queue.port``). It imports ``session`` only.
+"""The engine's side of the store: ``repo`` (``WorkerRepo``, the ``Repo`` port of
+``brooq_py.queue.port``). It imports ``session``, ``flow``, ``enqueue`` and ``listen``.
 """

@@ -1,20 +1,36 @@
-"""The Store's worker side, the engine's Repo: claim, settle, renew, reap, stage, retention, gauges."""
+"""The Store's worker part, the engine's Repo (River's driver): claim, settle, beat, reap, stage,
+retention, gauges; the port's enqueues, reads and topic settings go to the Store's other parts.
+
+Each method keeps the contract its ``Repo`` docstring states (queue/port.py, SPEC C1, P1'', P3,
+O4, R1, S7, T1, Q3, F1, Z2, L3); the docstrings here say how it is kept.
+"""
 
 from __future__ import annotations
 
 import struct
+import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from datetime import timedelta
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
-from brooq_py.postgres.session.connections import OwnConnection, PoolSide, statement_budget
+from brooq_py.postgres.enqueue.producer import Producer
+from brooq_py.postgres.flow.limits import Flow
+from brooq_py.postgres.listen import PROBE_TIMEOUT, PgListener
+from brooq_py.postgres.session.connections import (
+    CACHED_PLAN,
+    SETTLE_LOCK_WAIT,
+    OwnConnection,
+    Session,
+    delegate,
+    statement_budget,
+)
 from brooq_py.postgres.session.errors import translated
 from brooq_py.postgres.session.statements import (
-    Queries,
     Query,
     bool_array,
     float_array,
@@ -29,6 +45,7 @@ from brooq_py.queue.port import (
     EngineProof,
     Gauges,
     HeldLease,
+    LimitedClaim,
     Outcome,
     Renewal,
     Settled,
@@ -43,20 +60,14 @@ REAP_BATCH = 1000
 
 _SETTLE_STATES = frozenset({State.DONE, State.FAILED, State.DEAD, State.CANCELED, State.PENDING})
 _ENDS = (State.DONE, State.DEAD, State.CANCELED)
+_GAUGED = (State.PENDING, State.SCHEDULED, State.PROCESSING, State.FAILED, State.BLOCKED)
 _F4 = struct.Struct("f")
 
 
 def _real_array(values: Sequence[float | None]) -> str:
-    """Return an array literal of finite floats as ``real`` holds them, NULL for None.
-
-    Each is rounded to single precision first: a value too small for ``real`` (a progress
-    of 1e-300) becomes 0 instead of failing the statement, and with it every lease it renews.
-    """
+    """Return an array literal of finite floats rounded as ``real`` holds them, NULL for None: a value
+    too small for ``real`` (a progress of 1e-300) must not fail the statement and every lease in it."""
     return "{" + ",".join("NULL" if v is None else repr(_F4.unpack(_F4.pack(v))[0]) for v in values) + "}"
-
-
-def _nulls(n: int) -> str:
-    return "{" + ",".join(["NULL"] * n) + "}"
 
 
 def _settle_state(outcome: Outcome) -> str:
@@ -67,67 +78,92 @@ def _settle_state(outcome: Outcome) -> str:
 
 
 def claimed_jobs(rows: Rows) -> list[ClaimedJob]:
-    """The rows a claim statement returned, as ClaimedJob records."""
-    return [
-        ClaimedJob(
-            id=r[0],
-            topic=r[1],
-            payload=r[2],
-            attempts=r[3],
-            priority=r[4],
-            claim_token=r[5],
-            locked_by=r[6],
-            locked_until=r[7],
-            meta=r[8],
-            crashes=r[9],
-        )
-        for r in rows
-    ]
+    """The rows a claim statement returned (ClaimedJob's fields, in order), as ClaimedJob records."""
+    return [ClaimedJob(*r[:10]) for r in rows]
 
 
 def _maybe_text_array(values: Sequence[str | None]) -> str:
     """``text_array``, or a literal of NULLs when every value is None (the usual case)."""
-    for v in values:
-        if v is not None:
-            return text_array(values)
-    return _nulls(len(values))
+    if any(v is not None for v in values):
+        return text_array(values)
+    return "{" + ",".join(["NULL"] * len(values)) + "}"
 
 
-class WorkerSide(PoolSide):
-    """Mixin of Store: every statement the engine runs, one named SQL file each."""
+class WorkerRepo:
+    """The engine's Repo on a Store's *session*; *producer* and *flow* answer the port's enqueues,
+    reads and topic settings. The heartbeat has a connection of its own (handlers holding pool
+    connections cannot starve it); so have claims and outcome batches, without a separate ``conninfo``."""
 
-    _q: Queries
-    _heartbeat: OwnConnection
-    _claimer: OwnConnection | None
-    _settler: OwnConnection | None
-    _own_lease: timedelta
+    def __init__(self, session: Session, producer: Producer, flow: Flow) -> None:
+        self.session = session
+        self.schema = session.q.schema
+        self._q = session.q
+        self.producer = producer
+        self.flow = flow
+        connect = session.connect_own
+        self._heartbeat = OwnConnection(connect, budget=lambda: statement_budget(session.own_lease))
+        self._claimer = OwnConnection(lambda: connect(CACHED_PLAN)) if session.conninfo is None else None
+        self._settler = (
+            OwnConnection(lambda: connect(f"{CACHED_PLAN} -c lock_timeout={SETTLE_LOCK_WAIT}"))
+            if session.conninfo is None
+            else None
+        )
+        self._listeners: set[PgListener] = set()
+        self._listeners_lock = threading.Lock()
+        self.ping_timeout = 2.0
+        self.listen_probe_timeout: float | None = PROBE_TIMEOUT
+
+    enqueue = delegate(Producer.enqueue, "producer")
+    enqueue_tx = delegate(Producer.enqueue_tx, "producer")
+    enqueue_many = delegate(Producer.enqueue_many, "producer")
+    enqueue_tick = delegate(Producer.enqueue_tick, "producer")
+    parent_results = delegate(Producer.parent_results, "producer")
+    cancel = delegate(Producer.cancel, "producer")
+    get = delegate(Producer.get, "producer")
+    begin = delegate(Session.begin, "session")
+    topic_settings = delegate(Flow.topic_settings, "flow")
+
+    def bound_waits(self, lease: timedelta) -> None:
+        """Bound every wait on the own connections opened from now on by *lease* (see
+        session/connections.py), and use them again after a ``close()``; the engine calls it at start."""
+        self.session.own_lease = lease
+        for own in (self._heartbeat, self._claimer, self._settler):
+            if own is not None:
+                own.reuse()
 
     def claim(self, topics: Sequence[str], limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:
-        """Claim up to *limit* ready jobs of *topics* in one statement (SPEC C1), in claim order.
-
-        Each claimed row becomes processing with locked_by=*worker*,
-        locked_until=now()+*lease* (database clock), attempts+1 and a fresh claim_token.
-        Paused and globally limited topics are left out in the statement's own snapshot (Q2, Q3).
-        """
+        """Claim up to *limit* ready jobs of *topics* in one statement, in claim order: processing,
+        locked by *worker* until now()+*lease* (the database's clock), attempts+1, a new claim_token."""
         if not topics or limit < 1:
             return []
         params = {"topics": list(topics), "limit": limit, "worker": worker, "lease": lease}
-        return claimed_jobs(self._own_or_pool(self._claimer, "claiming jobs", self._q.claim, params))
+        return claimed_jobs(self._own_or_pool(self._claimer, "claiming jobs", self._q["job_claim"], params))
+
+    def claim_limited(self, topic: str, limit: int, worker: str, lease: timedelta) -> LimitedClaim:
+        """Claim up to *limit* jobs of a limited *topic* in one READ COMMITTED transaction: its lock
+        tried (``busy`` while another holds it), then the claim (sql/job_claim_limited.sql)."""
+        if limit < 1:
+            return LimitedClaim()
+        params = {"topic": topic, "limit": limit, "worker": worker, "lease": lease}
+        with self.session.autocommit("claiming a limited topic") as conn, _read_committed(conn):
+            run = on_connection(conn)
+            with conn.transaction():
+                if not run(self._q["topic_claim_lock"], {"topic": topic})[0][0]:
+                    busy = LimitedClaim()  # another claim of the topic holds the lock: nothing this time
+                    busy.busy = True
+                    return busy
+                rows = run(self._q["job_claim_limited"], params)
+        got = LimitedClaim(claimed_jobs([r for r in rows if r[0] is not None]))
+        got.next_token_in = rows[0][10] if rows else None
+        return got
 
     def settle_many(self, outcomes: Sequence[Outcome]) -> Settled:
-        """Write many outcomes in one guarded statement (SPEC P3, C10, O4); return the ids written.
-
-        A row no longer processing under the outcome's claim_token is left alone: 0 rows is normal.
-        A row another transaction holds locked is skipped, never waited for, and its outcome's
-        claim token reported in ``locked``: still ours, written by a later flush. A row already in
-        the outcome's state under its token (an earlier write whose answer was lost) counts as
-        written (O1). Both are told apart by a second statement, run only when the batch wrote
-        fewer rows than it carried.
-        """
+        """Write many outcomes in one guarded statement; rows locked elsewhere and rows written already
+        (an answer lost) are told apart by a second one, when the batch wrote fewer than it carried."""
         if not outcomes:
             return Settled()
         params = self._settle_params(outcomes)
-        rows = self._own_or_pool(self._settler, "settling outcomes", self._q.settle_many, params)
+        rows = self._own_or_pool(self._settler, "settling outcomes", self._q["job_settle_many"], params)
         written = {r[0] for r in rows}
         tokens = {str(r[2]) for r in rows}
         if len(tokens) >= len(outcomes):
@@ -148,27 +184,20 @@ class WorkerSide(PoolSide):
     def _own_or_pool(
         self, own: OwnConnection | None, doing: str, query: Query, params: dict[str, Any]
     ) -> Rows:
-        """Run a claim or an outcome batch on its own connection (plan cached), else on the pool.
-
-        The pool takes it when there is no such connection (a separate ``conninfo``), while it is
-        busy (a second engine on this Store), closed or refused, and when the statement outlasted
-        its lock_timeout or statement_timeout (a table lock: rows locked elsewhere are skipped).
-        On the pool the statement runs in a transaction of its own whose lock_timeout and
-        statement_timeout are bounded by the lease as well (SPEC L3'): no wait is unbounded.
-        """
+        """Run a claim, an outcome batch or a beat on its own connection, else on the pool: when there
+        is none, while it is busy (a second engine on this Store), closed, refused or broken, and
+        when the statement outlasted its lock or statement timeout (a table lock). On the pool its
+        waits are bounded by the lease as well (SPEC L3')."""
         if own is not None:
             try:
                 rows = own.try_run(doing, query, params)
-            except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled):
-                rows = None
-            except StoreUnavailable:
-                # Its own connection broke (closed now, reopened next time): another connection tries
-                # at once. Every statement here may run twice: a claim whose answer was lost is an
-                # orphan its engine drops, an outcome already written reads as written.
+            except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled, StoreUnavailable):
+                # Every statement here may run twice: a claim whose answer was lost is an orphan its
+                # engine drops, an outcome already written reads as written.
                 rows = None
             if rows is not None:
                 return rows
-        return self._run_bounded(doing, query, params, statement_budget(self._own_lease))
+        return self.session.run_bounded(doing, query, params, statement_budget(self.session.own_lease))
 
     @staticmethod
     def _settle_params(outcomes: Sequence[Outcome]) -> dict[str, Any]:
@@ -187,17 +216,16 @@ class WorkerSide(PoolSide):
         }
 
     def lock_own_tx(self, tx: Tx, outcome: Outcome) -> str:
-        """Lock *outcome*'s row inside *tx* unless another transaction holds it (never waited for,
-        SPEC O4, C9): ``"ours"`` (locked until *tx* ends), ``"locked"`` or ``"gone"``."""
+        """Lock *outcome*'s row inside *tx* unless another transaction holds it (never waited for):
+        ``"ours"``, ``"locked"`` or ``"gone"``."""
         params = {"id": uuid.UUID(outcome.id), "token": uuid.UUID(outcome.claim_token)}
         with translated("locking a job's row", as_psycopg(tx)):
             rows = on_tx(tx)(self._q["job_lock_own"], params)
         return str(rows[0][0])
 
     def settle_own_tx(self, tx: Tx, outcome: Outcome) -> str:
-        """Write one guarded outcome inside *tx* (the caller commits) unless another transaction
-        holds its row (never waited for, SPEC L3', C9): ``"ours"`` written, ``"locked"`` (still the
-        claim's, nothing written), ``"gone"`` (no longer the claim's)."""
+        """Write one guarded outcome inside *tx* unless another transaction holds its row (never
+        waited for): ``"ours"`` written, ``"locked"`` (nothing written) or ``"gone"``."""
         params = {
             "id": uuid.UUID(outcome.id),
             "token": uuid.UUID(outcome.claim_token),
@@ -210,25 +238,17 @@ class WorkerSide(PoolSide):
             "notify": outcome.state in _ENDS,
         }
         with translated("settling an outcome", as_psycopg(tx)):
-            rows = on_tx(tx)(self._q.settle_one, params)
+            rows = on_tx(tx)(self._q["job_settle_one"], params)
         return str(rows[0][0]) if rows else "gone"
 
     def settle_tx(self, tx: Tx, outcome: Outcome) -> bool:
-        """Write one guarded outcome inside *tx* (the caller commits); return whether it was written
-        (False: the row is no longer ours, or another transaction holds it, never waited for)."""
+        """``settle_own_tx(tx, outcome) == "ours"``."""
         return self.settle_own_tx(tx, outcome) == "ours"
 
     def beat(self, proof: EngineProof, leases: Sequence[HeldLease], orphans: bool = False) -> Renewal:
-        """Renew *proof* (the engine's row) and read what became of *leases*, in one statement that
-        never waits on a job row (SPEC P1'', W0, sql/engine_beat.sql); report by claim token.
-        With *orphans*, also the claims of this engine older than a lease that *leases* lacks.
-
-        Runs on the Store's own heartbeat connection, so handlers holding pool connections cannot
-        starve it; on the pool only while the server refuses that connection (a role's connection
-        limit). On a connection error the connection is closed, StoreUnavailable is raised, and
-        the next call reopens it. Nothing in it needs the session: it works through a pooler in
-        transaction mode.
-        """
+        """Renew *proof* and read what became of *leases* in one statement (sql/engine_beat.sql), on
+        the heartbeat's own connection. Nothing in it needs the session: it works through a pooler in
+        transaction mode. Raise BrooqError when another live engine holds *proof*'s id."""
         params = {
             **self._renew_params(leases),
             "engine": proof.id,
@@ -239,25 +259,25 @@ class WorkerSide(PoolSide):
             "orphans": orphans,
             "instance": proof.instance,
         }
-        rows = self._own_or_pool(self._heartbeat, "renewing the engine's proof of life", self._q.beat, params)
+        rows = self._own_or_pool(
+            self._heartbeat, "renewing the engine's proof of life", self._q["engine_beat"], params
+        )
         taken = [r[2] for r in rows if r[1] == "taken"]
         if taken:
             raise BrooqError(
                 f"worker id {proof.id!r} is held by another live engine ({taken[0]}): give each engine "
                 "its own worker id (the default is unique)"
             )
-        return Renewal(
-            held=frozenset(r[0] for r in rows if r[1] in ("held", "locked")),
-            locked=frozenset(r[0] for r in rows if r[1] == "locked"),
-            canceled=frozenset(r[0] for r in rows if r[1] == "canceled"),
-            orphans=frozenset((r[0], r[2]) for r in rows if r[1] == "orphan"),
-        )
+        tokens = {
+            kind: frozenset(r[0] for r in rows if r[1] == kind) for kind in ("held", "locked", "canceled")
+        }
+        orphaned = frozenset((r[0], r[2]) for r in rows if r[1] == "orphan")
+        return Renewal(tokens["held"] | tokens["locked"], tokens["locked"], tokens["canceled"], orphaned)
 
     def leave(self, engine_id: str, instance: str | None = None) -> None:
-        """Remove a stopping engine's row, *instance*'s only (sql/engine_leave.sql)."""
-        self._run(
-            "removing the engine's row", self._q["engine_leave"], {"engine": engine_id, "instance": instance}
-        )
+        """Remove a stopping engine's row, *instance*'s only."""
+        params = {"engine": engine_id, "instance": instance}
+        self.session.run("removing the engine's row", self._q["engine_leave"], params)
 
     @staticmethod
     def _renew_params(leases: Sequence[HeldLease]) -> dict[str, Any]:
@@ -271,54 +291,45 @@ class WorkerSide(PoolSide):
         }
 
     def schema_version(self) -> str | None:
-        """Return the migration revision this Store's schema is at; None when it was never migrated."""
+        """The migration revision of the schema; None when it was never migrated."""
         try:
-            rows = self._run("reading the schema version", self._q["schema_version"], {})
+            rows = self.session.run("reading the schema version", self._q["schema_version"], {})
         except psycopg.errors.UndefinedTable:
             return None
         return str(rows[0][0]) if rows else None
 
     def reap(self) -> list[tuple[str, str]]:
-        """Return to pending, in one statement, the processing rows whose engine is gone or dropped
-        them (SPEC R1, P1'', L5', sql/lease_reap.sql); (id, topic) of each, at most REAP_BATCH."""
-        rows = self._run("reaping claims of gone engines", self._q.reap, {"limit": REAP_BATCH})
+        """Return to pending the processing rows whose engine is gone or dropped them, at most
+        REAP_BATCH, in one statement (sql/lease_reap.sql); (id, topic) of each."""
+        rows = self.session.run(
+            "reaping claims of gone engines", self._q["lease_reap"], {"limit": REAP_BATCH}
+        )
         return [(str(r[0]), r[1]) for r in rows]
 
-    def reap_expired(self) -> list[tuple[str, str]]:
-        """``reap``, for tools and tests."""
-        return self.reap()
-
     def delete_terminal(self, ttl: timedelta, batch: int) -> list[tuple[str, str]]:
-        """Delete one batch (at most *batch* rows) of terminal rows older than *ttl*, oldest first (T1)."""
+        """Delete at most *batch* terminal rows older than *ttl*, oldest first; (id, topic) of each."""
         if ttl <= timedelta(0) or batch < 1:
             return []
         # Two statements in one transaction: lock the batch, then delete it in a snapshot taken
         # after the locks, so a child that named a row meanwhile keeps it (SPEC D4).
-        with self._autocommit("deleting terminal jobs") as conn, conn.transaction():
+        with self.session.autocommit("deleting terminal jobs") as conn, conn.transaction():
             run = on_connection(conn)
             locked = run(self._q["job_terminal_lock"], {"ttl": ttl, "batch": batch})
             if not locked:
                 return []
-            rows = run(self._q.delete_terminal, {"ids": uuid_array([str(r[0]) for r in locked])})
+            rows = run(self._q["job_delete_terminal"], {"ids": uuid_array([str(r[0]) for r in locked])})
         return [(str(r[0]), r[1]) for r in rows]
 
     def stage(self, topics: Sequence[str], batch: int, notify: bool = True) -> Staged:
-        """Make up to *batch* due scheduled/failed rows of *topics* pending, in one statement (SPEC S7),
-        after releasing up to *batch* blocked children whose parents ended unseen (SPEC D2, O4)."""
+        """Make up to *batch* due scheduled/failed rows of *topics* pending in one statement, after
+        releasing up to *batch* blocked children whose parents ended unseen (SPEC D2, O4)."""
         if not topics or batch < 1:
             return Staged({}, None)
-        # Children whose parents' ends are owed to them (SPEC D2, O4; of any topic: whichever
-        # engine's stager runs first releases them). They count as promoted: the dispatcher wakes.
-        released = self._run(
-            "releasing children of ended parents",
-            self._q["job_release_due"],
-            {"batch": batch, "notify": notify},
-        )
-        rows = self._run(
-            "staging due jobs",
-            self._q["job_stage"],
-            {"topics": list(topics), "batch": batch, "notify": notify},
-        )
+        # Children of any topic (whichever engine's stager runs first releases them), counted as
+        # promoted so that the dispatcher wakes.
+        params = {"topics": list(topics), "batch": batch, "notify": notify}
+        released = self.session.run("releasing children of ended parents", self._q["job_release_due"], params)
+        rows = self.session.run("staging due jobs", self._q["job_stage"], params)
         dues = [float(r[2]) for r in rows if r[2] is not None]
         promoted = {str(r[0]): int(r[1]) for r in rows if r[1]}
         for topic, n, _ in released:
@@ -329,37 +340,91 @@ class WorkerSide(PoolSide):
         """Seconds until the earliest scheduled/failed row of *topics* is due (<= 0: due; None: none)."""
         if not topics:
             return None
-        rows = self._run("reading the next due time", self._q["job_next_due"], {"topics": list(topics)})
+        rows = self.session.run(
+            "reading the next due time", self._q["job_next_due"], {"topics": list(topics)}
+        )
         return None if not rows or rows[0][0] is None else float(rows[0][0])
 
     def gauges(self, topics: Sequence[str]) -> Gauges:
-        """Read per-topic depth of pending/scheduled/processing/failed/blocked and the oldest ready age (O1, Z2).
-
-        Each count is capped at GAUGE_CAP (100,000) and served by an index
-        (sql/gauges_topics.sql), so a refresh never counts the whole table. The
-        oldest ready age is a skip scan of the claim index; 0 when nothing is ready.
-        """
+        """Each count capped at GAUGE_CAP and served by an index (sql/gauges_topics.sql), so a refresh
+        never counts the whole table; the oldest ready age is a skip scan of the claim index."""
         if not topics:
             return Gauges(counts=[], oldest_ready_seconds={})
-        rows = self._run(
-            "reading gauges", self._q["gauges_topics"], {"topics": list(topics), "cap": GAUGE_CAP}
-        )
+        params = {"topics": list(topics), "cap": GAUGE_CAP}
         counts: list[TopicCount] = []
         oldest: dict[str, float] = {}
-        for topic, pending, scheduled, processing, failed, age, blocked in rows:
-            counts.append(TopicCount(topic, State.PENDING, int(pending)))
-            counts.append(TopicCount(topic, State.SCHEDULED, int(scheduled)))
-            counts.append(TopicCount(topic, State.PROCESSING, int(processing)))
-            counts.append(TopicCount(topic, State.FAILED, int(failed)))
-            counts.append(TopicCount(topic, State.BLOCKED, int(blocked)))
+        for topic, pending, scheduled, processing, failed, age, blocked in self.session.run(
+            "reading gauges", self._q["gauges_topics"], params
+        ):
+            for state, n in zip(_GAUGED, (pending, scheduled, processing, failed, blocked), strict=True):
+                counts.append(TopicCount(topic, state, int(n)))
             oldest[topic] = max(0.0, float(age))
         return Gauges(counts=counts, oldest_ready_seconds=oldest)
 
     def database_gauges(self) -> DatabaseGauges:
-        """Read the oldest open transaction's age and the job table's dead and live tuples (SPEC Z2).
-
-        One statement on the statistics views (sql/gauges_database.sql): no table is scanned.
-        """
+        """One statement on the statistics views (sql/gauges_database.sql): no table is scanned."""
         job = sql.Identifier(self._q.schema, "job").as_string(None)
-        ((age, dead, live),) = self._run("reading database gauges", self._q["gauges_database"], {"job": job})
+        ((age, dead, live),) = self.session.run(
+            "reading database gauges", self._q["gauges_database"], {"job": job}
+        )
         return DatabaseGauges(max(0.0, float(age)), int(dead), int(live))
+
+    def listen(
+        self,
+        topics: Sequence[str] | None = None,
+        on_scheduled: Callable[[], None] | None = None,
+        on_cancel: Callable[[str, str], None] | None = None,
+    ) -> PgListener:
+        """Open a LISTEN subscription (listen.py) on a connection of its own; one that delivers no
+        notifications (a transaction-pooling proxy) is refused with one log line."""
+        listener = PgListener(
+            self.session.connect_own,
+            self._q,
+            on_close=self._forget_listener,
+            topics=topics,
+            on_scheduled=on_scheduled,
+            on_cancel=on_cancel,
+            probe_timeout=self.listen_probe_timeout,
+            ping_every=self.session.own_lease,
+        )
+        with self._listeners_lock:
+            self._listeners.add(listener)
+        return listener
+
+    def _forget_listener(self, listener: PgListener) -> None:
+        with self._listeners_lock:
+            self._listeners.discard(listener)
+
+    def ping(self, timeout: float | None = None) -> bool:
+        """Return True if the database answers ``select 1`` through the pool within *timeout*
+        (default ``ping_timeout``, 2 s); False on any error."""
+        try:
+            with self.session.autocommit("pinging", timeout=timeout or self.ping_timeout) as conn:
+                return bool(on_connection(conn)(self._q["ping"], {}))
+        except Exception:
+            return False
+
+    def close(self) -> None:
+        """Close the own connections (heartbeat, claims, outcomes, listeners), never the pool; safe to
+        repeat. A claim or outcome batch that comes later (a late claim's hand-back) goes through
+        the pool, until ``bound_waits`` (an engine starts again)."""
+        for own in (self._heartbeat, self._claimer, self._settler):
+            if own is not None:
+                own.close()
+        with self._listeners_lock:
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener.close()
+
+
+@contextmanager
+def _read_committed(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """Run the transactions inside at READ COMMITTED, whatever the pool's own setting."""
+    saved = conn.isolation_level
+    conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+    try:
+        yield
+    finally:
+        if not conn.closed:
+            with suppress(psycopg.Error):  # a broken connection: the pool discards it
+                conn.isolation_level = saved

@@ -1,0 +1,169 @@
+"""Depth caps (SPEC F2): what a Store knows of them is the capped topics, cached for a
+second, their anchors, and its refusals. An enqueue must know whether its topic is capped before it chooses its
+statement: an uncapped topic keeps the one plain INSERT (nothing read), a
+capped one checks its depth in the INSERT itself. Reading the settings on
+every enqueue would cost every topic a round trip or a probe, so the Store
+keeps the capped topics for ``ttl`` seconds (1 s) and reads them again, in
+the first enqueue's own statements, once that has passed: a cap set or
+removed elsewhere is obeyed by this Store within a second; ``set_max_depth``
+on this Store is obeyed at once.
+
+The check itself counts nothing while it can prove there is room (migration
+0014). Every capped enqueue takes its transaction's id and then a value of the
+sequence ``job_depth_seq``, and so does every job that moves back to a waiting
+state (a row trigger); a refused enqueue takes neither. A capped topic's
+*anchor* here is ``(base, seq0)``: at most ``base`` waiting jobs, besides
+those of values above ``seq0``. So the topic's depth is at most ``base`` plus
+the values taken since ``seq0`` (claims and ends only lower it), and an
+enqueue inserts without counting while that sum, with the sequence's last
+value and one for itself, stays within the cap (``job_enqueue_capped``, or the
+``room`` of ``job_enqueue``). When it would not, the INSERT counts, as before,
+and refuses a full topic.
+
+A count can anchor only a value every transaction of which it sees:
+transactions still running when it began are invisible to it, and so are
+their jobs, whatever value they took. So the Store keeps, per topic, the
+value of its last counting statement (``last``) and, once a later statement of
+this Store has begun, a *checkpoint* ``(value, horizon)``: the horizon is the
+first transaction id not yet assigned when that later statement's snapshot was
+taken. Every job of a value below the checkpoint's belongs to a transaction
+whose id is below the horizon (each takes its id before its value). A count
+whose snapshot shows every other transaction below the horizon ended therefore
+saw all of them, and ``(count + its own job, checkpoint value)`` is an anchor.
+Any transaction that writes counts here, whatever it writes: while one that
+began before the checkpoint is still open, this Store cannot anchor and its
+capped enqueues count, as they did before 0014.
+Jobs written without a value (psql, a Store that has not seen the cap yet)
+are not in any bound until the next count, as they were never checked. So an
+anchor is trusted for ``ttl`` seconds only, as the caps are: such jobs are
+obeyed within about a second of their commit, as a cap set elsewhere is.
+A counting statement whose value is not above the anchor's or the
+checkpoint's (the sequence was created again: migration 0014 downgraded and
+upgraded) makes the Store forget both and count the topic afresh.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+
+from brooq_py.queue import QueueFull
+
+TTL = 1.0
+# The anchor and checkpoint parameters of a statement for an uncapped topic.
+NO_ANCHOR: dict[str, int | None] = {"base": None, "seq0": None, "cp_s": None, "cp_m": None}
+
+
+class TopicCaps:
+    """The capped topics as last read (topic -> max_depth), and the QueueFull refusals counted here."""
+
+    def __init__(self, ttl: float = TTL, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.ttl = ttl
+        self._monotonic = monotonic
+        self._caps: Mapping[str, int] = {}
+        self._read_at = -float("inf")
+        self._lock = threading.Lock()
+        self._refused: Counter[str] = Counter()
+        self._anchors: dict[str, tuple[int, int, float]] = {}  # topic -> (base, seq0, when counted)
+        self._last: dict[str, int] = {}  # topic -> the value of the last counting statement
+        self._checkpoints: dict[str, tuple[int, int]] = {}  # topic -> (value, horizon)
+
+    def fresh(self) -> Mapping[str, int] | None:
+        """The caps, or None when they are older than ``ttl`` (read them again)."""
+        if self._monotonic() - self._read_at >= self.ttl:
+            return None
+        return self._caps
+
+    def load(self, rows: list[tuple[object, ...]]) -> Mapping[str, int]:
+        """Keep the rows of ``topic_caps`` (topic, max_depth); return them as a mapping."""
+        caps = {str(r[0]): r[1] for r in rows if isinstance(r[1], int)}
+        self._caps, self._read_at = caps, self._monotonic()
+        with self._lock:
+            for kept in (self._anchors, self._last, self._checkpoints):
+                for topic in [t for t in kept if t not in caps]:
+                    del kept[topic]
+        return caps
+
+    def depth_params(self, topic: str) -> tuple[dict[str, int | None], int | None]:
+        """The parameters of a counting statement of *topic* (anchor and checkpoint), and the value of
+        this Store's last counting statement, for ``answered``."""
+        anchor = self._anchor(topic)
+        base, seq0 = anchor if anchor is not None else (None, None)
+        cp_s, cp_m = self._checkpoints.get(topic, (None, None))
+        return {"base": base, "seq0": seq0, "cp_s": cp_s, "cp_m": cp_m}, self._last.get(topic)
+
+    def answered(
+        self,
+        topic: str,
+        cap: int,
+        sent: tuple[dict[str, int | None], int | None],
+        row: tuple[object, ...],
+        created: bool,
+    ) -> None:
+        """Keep what a counting statement of *topic* answered: *row* ends with (its value, the count or
+        None, the count if it anchors, its horizon); *sent* is what ``depth_params`` gave it; *created*:
+        whether it wrote its job."""
+        params, last = sent
+        seq, seen, anchor, horizon = (v if isinstance(v, int) else None for v in row[-4:])
+        with self._lock:
+            checkpoint, kept = self._checkpoints.get(topic), self._anchors.get(topic)
+            if seq is not None and (
+                (checkpoint is not None and seq <= checkpoint[0]) or (kept is not None and seq <= kept[1])
+            ):
+                # A value not above the ones this Store's bound rests on: the sequence is a new one
+                # (migration 0014 run again after a downgrade), whose values say nothing of the old
+                # one's, or this statement was overtaken by two others. Count the topic afresh.
+                self._anchors.pop(topic, None)
+                self._checkpoints.pop(topic, None)
+                checkpoint = None
+            elif anchor is not None and params["cp_s"] is not None and (seq is None or params["cp_s"] < seq):
+                self._anchors[topic] = (anchor + created, params["cp_s"], self._monotonic())
+            elif seen is not None and seen >= cap:
+                self._anchors.pop(topic, None)  # a count that reached the cap bounds nothing
+            if (
+                horizon is not None
+                and last is not None
+                and (seq is None or last < seq)
+                and (checkpoint is None or checkpoint[0] < last)
+            ):
+                self._checkpoints[topic] = (last, horizon)  # this statement began after *last* was taken
+            if seq is not None:
+                # The latest answer, not the highest value: any value answered before a statement
+                # began was taken before its snapshot, and a value lower than the last one (an
+                # answer overtaken, or a new sequence) keeps what the Store sends next consistent.
+                self._last[topic] = seq
+
+    def worth_trying(self, topic: str, cap: int) -> tuple[int, int] | None:
+        """*topic*'s anchor when the bound it gives, as far as this Store has seen the sequence
+        advance, still leaves room for a job: else None (counting is due anyway)."""
+        anchor = self._anchor(topic)
+        if anchor is None:
+            return None
+        last = self._last.get(topic, anchor[1])
+        return anchor if anchor[0] + max(0, last - anchor[1]) + 1 <= cap else None
+
+    def _anchor(self, topic: str) -> tuple[int, int] | None:
+        """*topic*'s anchor (base, seq0) while it is younger than ``ttl``: a job written since its
+        count without a value of the sequence (psql, a Store that had not seen the cap) is in no
+        bound, so the topic is counted again at least once per ``ttl``."""
+        anchor = self._anchors.get(topic)
+        if anchor is None or self._monotonic() - anchor[2] >= self.ttl:
+            return None
+        return anchor[0], anchor[1]
+
+    def forget(self) -> None:
+        """Read the caps again at the next enqueue (this Store changed one)."""
+        self._read_at = -float("inf")
+
+    def refused(self, topic: str, depth: int) -> QueueFull:
+        """Count a refusal of *topic* and return the error to raise."""
+        with self._lock:
+            self._refused[topic] += 1
+        return QueueFull(topic, depth)
+
+    def refusals(self) -> dict[str, int]:
+        """QueueFull refusals by topic since this Store was made."""
+        with self._lock:
+            return dict(self._refused)
