@@ -32,6 +32,7 @@ class ClaimedJob:
     locked_until: datetime
     meta: Mapping[str, str] | None = None
     crashes: int = 0  # engines that stopped while running it (L5'): the poison rule reads it
+    available_at: datetime | None = None  # the claim key's time (the claim's heads read it)
 
 
 @dataclass(frozen=True)

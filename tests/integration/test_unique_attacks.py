@@ -88,7 +88,14 @@ def _claim_sql(store: Store) -> Callable[[psycopg.Connection[Any]], list[Any]]:
     """The engine's own claim statement, run on the mover's connection."""
 
     def move(conn: psycopg.Connection[Any]) -> list[Any]:
-        params = {"topics": ["u"], "limit": 1, "worker": "mover", "lease": LEASE}
+        params = {
+            "topics": ["u"],
+            "priority": [None],
+            "after": [None],
+            "limit": 1,
+            "worker": "mover",
+            "lease": LEASE,
+        }
         return on_connection(conn)(store.session.q.claim, params)
 
     return move

@@ -38,6 +38,7 @@ from brooq_py.postgres.session.statements import (
     uuid_array,
 )
 from brooq_py.postgres.session.tx import Rows, as_psycopg, on_connection, on_tx
+from brooq_py.postgres.worker.heads import ClaimHeads
 from brooq_py.queue import BrooqError, State, StoreUnavailable, Tx
 from brooq_py.queue.port import (
     ClaimedJob,
@@ -83,8 +84,8 @@ def _settle_state(outcome: Outcome) -> str:
     return str(state)
 
 
-def claimed_jobs(rows: Rows) -> list[ClaimedJob]:
-    """The rows a claim statement returned, as ClaimedJob records."""
+def claimed_jobs(rows: Rows, keyed: bool = False) -> list[ClaimedJob]:
+    """The rows a claim statement returned, as ClaimedJob records (*keyed*: with available_at)."""
     return [
         ClaimedJob(
             id=r[0],
@@ -97,6 +98,7 @@ def claimed_jobs(rows: Rows) -> list[ClaimedJob]:
             locked_until=r[7],
             meta=r[8],
             crashes=r[9],
+            available_at=r[10] if keyed else None,
         )
         for r in rows
     ]
@@ -135,6 +137,7 @@ class WorkerRepo:
         )
         self._listeners: set[PgListener] = set()
         self._listeners_lock = threading.Lock()
+        self._heads = ClaimHeads()
         self.ping_timeout = 2.0
         self.listen_probe_timeout: float | None = PROBE_TIMEOUT
 
@@ -170,8 +173,21 @@ class WorkerRepo:
         """
         if not topics or limit < 1:
             return []
-        params = {"topics": list(topics), "limit": limit, "worker": worker, "lease": lease}
-        return claimed_jobs(self._own_or_pool(self._claimer, "claiming jobs", self._q.claim, params))
+        topics = list(topics)
+        priority, after = self._heads.params(topics)
+        params = {
+            "topics": topics,
+            "priority": priority,
+            "after": after,
+            "limit": limit,
+            "worker": worker,
+            "lease": lease,
+        }
+        rows = claimed_jobs(
+            self._own_or_pool(self._claimer, "claiming jobs", self._q.claim, params), keyed=True
+        )
+        self._heads.advance(topics, priority, rows)
+        return rows
 
     def claim_limited(self, topic: str, limit: int, worker: str, lease: timedelta) -> LimitedClaim:
         """Claim up to *limit* jobs of a globally limited or rate-limited *topic*, never beyond its

@@ -1,0 +1,70 @@
+"""Where each topic's claims stopped, so the next claim reads past it (SPEC B1).
+
+While a transaction holds the database's horizon, vacuum removes no dead row version, and the
+claim index keeps an entry for every job claimed since: a claim read from the head of a topic's
+range walks them all, so every claim costs a little more than the last until the queue falls
+behind for good. ``ClaimHeads`` keeps, per topic, the claim key (priority, available_at) of the
+last row this Store claimed at the topic's usual priority; the claim statement then reads that
+priority from ``available_at > head - SLACK`` only (higher priorities from their start, lower
+ones when that priority had too few). Rows that sort before that point (a back-dated
+``available_at``, a producer whose transaction stayed open longer than SLACK, a row an operator
+held locked when a claim passed it) are claimed by the whole scan each topic gets at least every
+RESCAN seconds. Kept in memory on purpose: losing it costs one whole scan, never a job.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+
+from brooq_py.queue.port import ClaimedJob
+
+# How far before the head a claim still looks: covers producers' transactions open this long
+# (a job's available_at defaults to its transaction's start), at the price of walking this many
+# seconds of dead entries under a held horizon.
+SLACK = timedelta(seconds=2)
+# A topic is read from its start at least this often (seconds), for the rows before its head.
+RESCAN = 1.0
+
+
+class ClaimHeads:
+    """Per topic: the head the claims reached, and when the topic was last read whole."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._heads: dict[str, tuple[int, datetime]] = {}
+        self._whole_at: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def params(self, topics: Sequence[str]) -> tuple[list[int | None], list[datetime | None]]:
+        """The claim statement's per-topic ``priority`` and ``after`` (both None: read it whole)."""
+        now = self._clock()
+        priority: list[int | None] = []
+        after: list[datetime | None] = []
+        with self._lock:
+            for topic in topics:
+                head = self._heads.get(topic)
+                if head is None or now - self._whole_at.get(topic, -RESCAN) >= RESCAN:
+                    self._whole_at[topic] = now
+                    priority.append(None)
+                    after.append(None)
+                else:
+                    priority.append(head[0])
+                    after.append(head[1] - SLACK)
+        return priority, after
+
+    def advance(self, topics: Sequence[str], sent: Sequence[int | None], rows: Sequence[ClaimedJob]) -> None:
+        """Move the heads past *rows* (claim order, available_at set) that a claim sent *sent* took."""
+        level = dict(zip(topics, sent, strict=True))
+        with self._lock:
+            for row in rows:
+                if row.available_at is None:
+                    continue
+                hinted = level.get(row.topic)
+                head = self._heads.get(row.topic)
+                if hinted is not None and row.priority != hinted:
+                    continue  # another priority's row: the head stays at the usual one
+                if head is None or head[0] != row.priority or head[1] < row.available_at:
+                    self._heads[row.topic] = (row.priority, row.available_at)
