@@ -191,14 +191,12 @@ def rr_scanner(dsn: str, table: str, delay: float, tx_s: float, pause: float, st
 
 
 def phase_plan(args: argparse.Namespace) -> list[tuple[str, float]]:
-    return [
-        ("clean", args.clean),
-        ("hold", args.hold),
-        ("recovery", args.recovery),
-        ("clean2", args.clean),
-        ("rr", args.hold),
-        ("recovery2", args.recovery),
-    ]
+    plan = [("clean", args.clean), ("hold", args.hold), ("recovery", args.recovery)]
+    if args.pressure == "both":
+        plan += [("clean2", args.clean), ("rr", args.hold), ("recovery2", args.recovery)]
+    elif args.pressure == "rr":
+        plan = [("clean", args.clean), ("rr", args.hold), ("recovery", args.recovery)]
+    return plan
 
 
 def run_system(name: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -360,6 +358,12 @@ def main(argv: list[str] | None = None) -> int:
         default=tempfile.gettempdir(),
         help="where the servers' data directories go: a disk, so that fsync costs what it costs"
         " (default: the temp dir; devdb's own default, /dev/shm, is tmpfs)",
+    )
+    ap.add_argument(
+        "--pressure",
+        choices=("both", "hold", "rr"),
+        default="both",
+        help="which pressure phases to run: the held xid, the REPEATABLE READ scanners, or both (both)",
     )
     ap.add_argument("--out", help="path prefix of the JSON and PNG (bench/results/pressure-<mode>)")
     args = ap.parse_args(argv)

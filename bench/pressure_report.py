@@ -106,7 +106,10 @@ def verdicts(res: dict[str, Any], events: Events, samples: list[dict[str, Any]])
     def in_range(t0: float, t1: float) -> list[dict[str, Any]]:
         return [w for w in rows if t0 < w["t"] <= t1]
 
-    for clean_name, phase, rec_name in (("clean", "hold", "recovery"), ("clean2", "rr", "recovery2")):
+    triples = (("clean", "hold", "recovery"), ("clean2", "rr", "recovery2"), ("clean", "rr", "recovery"))
+    for clean_name, phase, rec_name in triples:
+        if not {clean_name, phase, rec_name} <= ph.keys():
+            continue  # a run of one pressure phase (--pressure hold or rr)
         clean, p, rec = ph[clean_name], ph[phase], ph[rec_name]
         c_ws = in_range(clean["t0"], clean["t1"])
         _, c_lat = events.between("done", clean["t0"], clean["t1"])

@@ -246,6 +246,11 @@ class Repo(Protocol):
         """
         ...
 
+    def read_whole(self) -> None:
+        """Have the next claim read every topic from its start, rows before its head too (a claim
+        of a script or a test, ``Engine.run_once``, must see every ready row; SPEC B1)."""
+        ...
+
     def claim_limited(self, topic: str, limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:
         """Claim up to *limit* jobs of a globally limited *topic*, never beyond its limit (SPEC Q3)."""
         ...

@@ -11,6 +11,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from brooq_py.engine import Config, Engine
 from brooq_py.postgres import Store
 from brooq_py.postgres.worker.heads import RESCAN, ClaimHeads
 from brooq_py.queue import Job, State
@@ -80,6 +81,7 @@ def test_b1_past_its_head_a_claim_reads_none_of_the_dead_entries_a_held_horizon_
                 "topics": ["t"],
                 "priority": [priority],
                 "after": [after],
+                "slack": "2 seconds",
                 "limit": 10,
                 "worker": "w",
                 "lease": LEASE,
@@ -137,3 +139,18 @@ def test_b1_a_row_locked_when_a_claim_passed_it_is_claimed_once_unlocked(
     assert claim(store) == [3]
     clock.now += RESCAN
     assert claim(store) == [0]
+
+
+def test_b1_run_once_reads_whole_so_a_script_sees_every_ready_row(store: Store, clock: Clock) -> None:
+    """Engine.run_once (scripts, tests, testing.drain) claims rows before the head at once."""
+    ran: list[Any] = []
+    engine = Engine(store, Config(workers=4))
+    engine.register_kind("t", lambda ctx, claim: ran.append(claim.payload))
+    try:
+        store.enqueue_many([Job("t", i) for i in range(2)])
+        assert engine.run_once() == 2
+        store.enqueue(Job("t", "back-dated", available_at=datetime.now(UTC) - timedelta(hours=1)))
+        assert engine.run_once() == 1
+        assert ran == [0, 1, "back-dated"]
+    finally:
+        engine.close()

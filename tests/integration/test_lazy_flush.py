@@ -45,7 +45,15 @@ def test_p1_claim_and_renewal_commit_synchronously(store: Store, tx: psycopg.Con
     assert sync_commit(tx) == "on"
     claimed = tx.execute(
         store.session.q.claim.composed,
-        {"topics": ["a"], "priority": [None], "after": [None], "limit": 1, "worker": "w", "lease": LEASE},
+        {
+            "topics": ["a"],
+            "priority": [None],
+            "after": [None],
+            "slack": "2 seconds",
+            "limit": 1,
+            "worker": "w",
+            "lease": LEASE,
+        },
     ).fetchall()
     assert len(claimed) == 1
     assert sync_commit(tx) == "on"

@@ -92,6 +92,7 @@ def _claim_sql(store: Store) -> Callable[[psycopg.Connection[Any]], list[Any]]:
             "topics": ["u"],
             "priority": [None],
             "after": [None],
+            "slack": "2 seconds",
             "limit": 1,
             "worker": "mover",
             "lease": LEASE,

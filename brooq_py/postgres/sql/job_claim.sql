@@ -1,11 +1,11 @@
 -- name: job_claim
 -- SPEC C1, B1. Per topic, the claim index in claim order, stopped at the limit; then the best
--- `limit` candidates overall. With a head (%(after)s: the claim key this Store last took at the
--- topic's usual priority, less a slack) the scan of that priority starts past it: while a held
--- transaction horizon keeps vacuum from removing them, the dead entries of every job claimed
--- before would otherwise be walked by every claim. Higher priorities are always read from their
--- start, lower ones only when that priority had too few; a topic without a head is read from its
--- start (the Store does so at least once a second, for rows that sort before the head).
+-- `limit` candidates overall. A topic sent with a head (its usual priority, and the claim key's
+-- time the Store's claims reached less a slack; no time: the database's now() less the slack) is
+-- read past it at that priority: while a held transaction horizon keeps vacuum from removing
+-- them, the dead entries of every job claimed before would otherwise be walked by every claim.
+-- Higher priorities are read from their start, lower ones only when that one had too few; a
+-- topic sent without a priority is read whole (postgres/worker/heads.py).
 -- Paused, globally limited and rate-limited topics are left out in this statement's snapshot (SPEC
 -- Q2, Q3, F1; job_claim_limited claims them). An engine whose proof of life is older than lease -
 -- margin on the database clock claims nothing (F0, P1''); no engine row (run_once) claims under
@@ -25,7 +25,7 @@ WITH topics AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT id, priority, available_at
         FROM {job}
-        WHERE t.after IS NULL AND topic = t.topic AND state = 'pending' AND available_at <= now()
+        WHERE t.priority IS NULL AND topic = t.topic AND state = 'pending' AND available_at <= now()
         ORDER BY priority DESC, available_at, id
         LIMIT %(limit)s
         FOR NO KEY UPDATE SKIP LOCKED
@@ -36,7 +36,7 @@ WITH topics AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT id, priority, available_at
         FROM {job}
-        WHERE t.after IS NOT NULL AND topic = t.topic AND state = 'pending' AND priority > t.priority
+        WHERE t.priority IS NOT NULL AND topic = t.topic AND state = 'pending' AND priority > t.priority
             AND available_at <= now()
         ORDER BY priority DESC, available_at, id
         LIMIT %(limit)s
@@ -48,8 +48,8 @@ WITH topics AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT id, priority, available_at
         FROM {job}
-        WHERE t.after IS NOT NULL AND topic = t.topic AND state = 'pending' AND priority = t.priority
-            AND available_at > t.after AND available_at <= now()
+        WHERE t.priority IS NOT NULL AND topic = t.topic AND state = 'pending' AND priority = t.priority
+            AND available_at > coalesce(t.after, now() - %(slack)s::interval) AND available_at <= now()
         ORDER BY available_at, id
         LIMIT %(limit)s
         FOR NO KEY UPDATE SKIP LOCKED
@@ -60,7 +60,7 @@ WITH topics AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT id, priority, available_at
         FROM {job}
-        WHERE t.after IS NOT NULL AND topic = t.topic AND state = 'pending' AND priority < t.priority
+        WHERE t.priority IS NOT NULL AND topic = t.topic AND state = 'pending' AND priority < t.priority
             AND available_at <= now()
             AND (SELECT count(*) FROM higher h WHERE h.topic = t.topic)
                 + (SELECT count(*) FROM level l WHERE l.topic = t.topic) < %(limit)s

@@ -6,7 +6,8 @@ range walks them all, so every claim costs a little more than the last until the
 behind for good. ``ClaimHeads`` keeps, per topic, the claim key (priority, available_at) of the
 last row this Store claimed at the topic's usual priority; the claim statement then reads that
 priority from ``available_at > head - SLACK`` only (higher priorities from their start, lower
-ones when that priority had too few). Rows that sort before that point (a back-dated
+ones when that priority had too few); a topic its last whole read found empty, from the
+database's ``now() - SLACK`` at the default priority. Rows that sort before that point (a back-dated
 ``available_at``, a producer whose transaction stayed open longer than SLACK, a row an operator
 held locked when a claim passed it) are claimed by the whole scan each topic gets at least every
 RESCAN seconds. Kept in memory on purpose: losing it costs one whole scan, never a job.
@@ -39,21 +40,32 @@ class ClaimHeads:
         self._lock = threading.Lock()
 
     def params(self, topics: Sequence[str]) -> tuple[list[int | None], list[datetime | None]]:
-        """The claim statement's per-topic ``priority`` and ``after`` (both None: read it whole)."""
+        """The claim statement's per-topic ``priority`` and ``after``: no priority, read it whole;
+        a priority and no time, read it past the database's now() less SLACK (it was empty)."""
         now = self._clock()
         priority: list[int | None] = []
         after: list[datetime | None] = []
         with self._lock:
             for topic in topics:
                 head = self._heads.get(topic)
-                if head is None or now - self._whole_at.get(topic, -RESCAN) >= RESCAN:
+                whole_at = self._whole_at.get(topic)
+                if whole_at is None or now - whole_at >= RESCAN:
                     self._whole_at[topic] = now
                     priority.append(None)
+                    after.append(None)
+                elif head is None:
+                    priority.append(0)  # read whole and found empty: what comes next is new
                     after.append(None)
                 else:
                     priority.append(head[0])
                     after.append(head[1] - SLACK)
         return priority, after
+
+    def forget(self) -> None:
+        """Read every topic whole at the next claim."""
+        with self._lock:
+            self._heads.clear()
+            self._whole_at.clear()
 
     def advance(self, topics: Sequence[str], sent: Sequence[int | None], rows: Sequence[ClaimedJob]) -> None:
         """Move the heads past *rows* (claim order, available_at set) that a claim sent *sent* took."""

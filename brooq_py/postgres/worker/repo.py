@@ -38,7 +38,7 @@ from brooq_py.postgres.session.statements import (
     uuid_array,
 )
 from brooq_py.postgres.session.tx import Rows, as_psycopg, on_connection, on_tx
-from brooq_py.postgres.worker.heads import ClaimHeads
+from brooq_py.postgres.worker.heads import SLACK, ClaimHeads
 from brooq_py.queue import BrooqError, State, StoreUnavailable, Tx
 from brooq_py.queue.port import (
     ClaimedJob,
@@ -179,6 +179,7 @@ class WorkerRepo:
             "topics": topics,
             "priority": priority,
             "after": after,
+            "slack": SLACK,
             "limit": limit,
             "worker": worker,
             "lease": lease,
@@ -188,6 +189,9 @@ class WorkerRepo:
         )
         self._heads.advance(topics, priority, rows)
         return rows
+
+    def read_whole(self) -> None:
+        self._heads.forget()
 
     def claim_limited(self, topic: str, limit: int, worker: str, lease: timedelta) -> LimitedClaim:
         """Claim up to *limit* jobs of a globally limited or rate-limited *topic*, never beyond its
