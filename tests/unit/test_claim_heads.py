@@ -54,12 +54,22 @@ def test_rows_of_another_priority_leave_the_head_where_it_is() -> None:
     assert heads.params(["a"]) == ([0], [T0 - SLACK])
 
 
-def test_a_whole_read_of_older_rows_never_moves_the_head_back() -> None:
+def test_a_whole_read_of_older_rows_never_moves_the_head_back_and_reads_whole_again() -> None:
     clock = Clock()
     heads = ClaimHeads(clock)
     heads.params(["a"])
     heads.advance(["a"], [None], [row("a", 0, T0)])
-    heads.advance(["a"], [None], [row("a", 0, T0 - timedelta(hours=1))])
-    assert heads.params(["a"]) == ([0], [T0 - SLACK])
-    heads.advance(["a"], [None], [row("a", 3, T0 - timedelta(hours=1))])  # a whole read's last row
-    assert heads.params(["a"]) == ([3], [T0 - timedelta(hours=1) - SLACK])
+    heads.params(["a"])  # past the head now
+    clock.now += RESCAN
+    assert heads.params(["a"]) == ([None], [None])
+    heads.advance(["a"], [None], [row("a", 0, T0 - timedelta(hours=1))])  # behind the head
+    assert heads.params(["a"]) == ([None], [None])  # so whole again, until a whole read takes none
+    heads.advance(["a"], [None], [row("a", 3, T0 - timedelta(hours=1))])  # another priority's row
+    assert heads.params(["a"]) == ([0], [T0 - SLACK])  # the head keeps its priority and its place
+
+
+def test_the_first_head_takes_the_priority_most_rows_of_a_whole_read_had() -> None:
+    heads = ClaimHeads(Clock())
+    heads.params(["a"])
+    heads.advance(["a"], [None], [row("a", 9, T0), row("a", 0, T0), row("a", 0, T0 + timedelta(seconds=1))])
+    assert heads.params(["a"]) == ([0], [T0 + timedelta(seconds=1) - SLACK])

@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
 from brooq_py.queue.port import ClaimedJob
 
-# How far before the head a claim still looks: covers producers' transactions open this long
-# (a job's available_at defaults to its transaction's start), at the price of walking this many
-# seconds of dead entries under a held horizon.
+# How far before the head a claim still looks: covers producers whose enqueue committed this long
+# after its statement began (a job's available_at defaults to that statement's start), at the
+# price of walking this many seconds of dead entries under a held horizon.
 SLACK = timedelta(seconds=2)
 # A topic is read from its start at least this often (seconds), for the rows before its head.
 RESCAN = 1.0
@@ -68,15 +69,27 @@ class ClaimHeads:
             self._whole_at.clear()
 
     def advance(self, topics: Sequence[str], sent: Sequence[int | None], rows: Sequence[ClaimedJob]) -> None:
-        """Move the heads past *rows* (claim order, available_at set) that a claim sent *sent* took."""
+        """Move the heads past *rows* (claim order, available_at set) that a claim sent *sent* took.
+
+        A whole read that took rows behind the head (more than SLACK before it, at its priority)
+        keeps the topic on whole reads until one takes none: such rows are the topic's oldest,
+        and they drain at the claims' pace, not one batch a RESCAN. The head keeps its priority
+        once set; the first one is the priority most of a whole read's rows had."""
         level = dict(zip(topics, sent, strict=True))
+        keys: dict[str, list[tuple[int, datetime]]] = {}
+        for row in rows:
+            if row.available_at is not None:
+                keys.setdefault(row.topic, []).append((row.priority, row.available_at))
         with self._lock:
-            for row in rows:
-                if row.available_at is None:
-                    continue
-                hinted = level.get(row.topic)
-                head = self._heads.get(row.topic)
-                if hinted is not None and row.priority != hinted:
-                    continue  # another priority's row: the head stays at the usual one
-                if head is None or head[0] != row.priority or head[1] < row.available_at:
-                    self._heads[row.topic] = (row.priority, row.available_at)
+            for topic, got in keys.items():
+                head = self._heads.get(topic)
+                if head is None:
+                    priority = Counter(p for p, _ in got).most_common(1)[0][0]
+                else:
+                    priority = head[0]
+                    behind = [at for p, at in got if p == priority and at < head[1] - SLACK]
+                    if behind and level.get(topic) is None:
+                        self._whole_at.pop(topic, None)  # a whole read took rows behind the head: again
+                times = [at for p, at in got if p == priority]
+                if times and (head is None or head[1] < max(times)):
+                    self._heads[topic] = (priority, max(times))
