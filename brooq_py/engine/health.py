@@ -19,7 +19,7 @@ from brooq_py.queue.port import Repo
 # Calls that are not the engine's statements: a subscription with its own backoff,
 # a transaction whose statements are the caller's, the store's own teardown, and a
 # read of the Store's memory (the QueueFull refusals a /metrics scrape reports).
-UNTRACKED = frozenset({"listen", "begin", "close", "ping", "queue_full_refusals"})
+UNTRACKED = frozenset({"listen", "begin", "close", "ping", "queue_full_refusals", "read_whole"})
 # Errors that say the caller passed something wrong, not that the database failed.
 CALLER_ERRORS = (ValueError, TypeError, LookupError)
 # Calls an application makes through the engine (Engine.enqueue_tx in its own transaction...):

@@ -44,7 +44,16 @@ def test_p1_claim_and_renewal_commit_synchronously(store: Store, tx: psycopg.Con
     store.enqueue(Job("a", 1))
     assert sync_commit(tx) == "on"
     claimed = tx.execute(
-        store.session.q["job_claim"].composed, {"topics": ["a"], "limit": 1, "worker": "w", "lease": LEASE}
+        store.session.q["job_claim"].composed,
+        {
+            "topics": ["a"],
+            "priority": [None],
+            "after": [None],
+            "slack": "2 seconds",
+            "limit": 1,
+            "worker": "w",
+            "lease": LEASE,
+        },
     ).fetchall()
     assert len(claimed) == 1
     assert sync_commit(tx) == "on"

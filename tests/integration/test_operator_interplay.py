@@ -158,7 +158,15 @@ def test_q3_a_limit_set_while_a_common_claim_is_in_flight_is_not_exceeded_by_lat
     def handler(ctx: Context, claim: Claim) -> None:
         go.wait(60)
 
-    params = {"topics": ["lim"], "limit": 5, "worker": "in-flight", "lease": "30 seconds"}
+    params = {
+        "topics": ["lim"],
+        "priority": [None],
+        "after": [None],
+        "slack": "2 seconds",
+        "limit": 5,
+        "worker": "in-flight",
+        "lease": "30 seconds",
+    }
     with psycopg.connect(dsn) as other:
         assert (
             len(other.execute(store.session.q["job_claim"].text, params).fetchall()) == 5

@@ -171,7 +171,15 @@ def test_s6_the_claim_reads_the_pending_only_index(
     ready = store.enqueue(Job("a", "ready")).id
     db.execute("ANALYZE job")
     query = render("job_claim", schema).text
-    params = {"topics": ["a"], "limit": 5, "worker": "w", "lease": LEASE}
+    params = {
+        "topics": ["a"],
+        "priority": [None],
+        "after": [None],
+        "slack": "2 seconds",
+        "limit": 5,
+        "worker": "w",
+        "lease": LEASE,
+    }
     with db.transaction(force_rollback=True):
         (plan,) = db.execute(("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query).encode(), params).fetchone() or (None,)  # fmt: skip
     nodes: list[dict[str, Any]] = []

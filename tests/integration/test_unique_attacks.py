@@ -88,7 +88,15 @@ def _claim_sql(store: Store) -> Callable[[psycopg.Connection[Any]], list[Any]]:
     """The engine's own claim statement, run on the mover's connection."""
 
     def move(conn: psycopg.Connection[Any]) -> list[Any]:
-        params = {"topics": ["u"], "limit": 1, "worker": "mover", "lease": LEASE}
+        params = {
+            "topics": ["u"],
+            "priority": [None],
+            "after": [None],
+            "slack": "2 seconds",
+            "limit": 1,
+            "worker": "mover",
+            "lease": LEASE,
+        }
         return on_connection(conn)(store.session.q["job_claim"], params)
 
     return move

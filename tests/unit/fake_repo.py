@@ -495,6 +495,9 @@ class FakeRepo:
             later = [r.available_at for r in waiting if r.available_at > now]
             return Staged(promoted, min(later) - now if later else None)
 
+    def read_whole(self) -> None:
+        pass  # no claim heads here
+
     def next_due(self, topics: Sequence[str]) -> float | None:
         self._count("next_due")
         with self.lock:

@@ -1,33 +1,79 @@
 -- name: job_claim
--- SPEC C1. One index scan per topic (the claim index, read in claim order and
--- stopped at the limit), so a topic with nothing ready costs one probe however
--- many jobs of other topics wait; then the best `limit` candidates overall.
--- The lease comes from the database clock. Paused and globally limited topics
--- and rate-limited topics are left out in this statement's own snapshot (SPEC Q2, Q3, F1), before their
--- index is read: the limited ones are claimed by job_claim_limited under their
--- topic's lock. The settings are read once per statement (an InitPlan).
--- F0, P1'': an engine whose proof of life in its row is older than lease - margin on the
--- database clock claims nothing (it stalled after its own fence said it may claim): rows it took
--- then would be the reaper's at once, run elsewhere while it starts them. No row (run_once, an
--- older engine) claims under the row's own locked_until. One primary-key probe (an InitPlan).
-WITH cand AS (
-    SELECT c.id, c.priority, c.available_at
-    FROM unnest(%(topics)s::text[]) AS t(topic)
-    CROSS JOIN LATERAL (
-        SELECT id, priority, available_at
-        FROM {job}
-        WHERE topic = t.topic AND state = 'pending' AND available_at <= now()
-        ORDER BY priority DESC, available_at, id
-        LIMIT %(limit)s
-        FOR NO KEY UPDATE SKIP LOCKED
-    ) AS c
+-- SPEC C1, B1. Per topic, the claim index in claim order, stopped at the limit; then the best
+-- `limit` candidates overall. A topic sent with a head (its usual priority, and the claim key's
+-- time the Store's claims reached less a slack; no time: the database's now() less the slack) is
+-- read past it at that priority: while a held transaction horizon keeps vacuum from removing
+-- them, the dead entries of every job claimed before would otherwise be walked by every claim.
+-- Higher priorities are read from their start, lower ones only when that one had too few; a
+-- topic sent without a priority is read whole (postgres/worker/heads.py).
+-- Paused, globally limited and rate-limited topics are left out in this statement's snapshot (SPEC
+-- Q2, Q3, F1; job_claim_limited claims them). An engine whose proof of life is older than lease -
+-- margin on the database clock claims nothing (F0, P1''); no engine row (run_once) claims under
+-- the row's own locked_until.
+WITH topics AS MATERIALIZED (
+    SELECT t.topic, t.priority, t.after
+    FROM unnest(%(topics)s::text[], %(priority)s::smallint[], %(after)s::timestamptz[]) AS t(topic, priority, after)
     WHERE t.topic <> ALL (coalesce(
         (SELECT array_agg(s.topic) FROM {topic_setting} s WHERE s.paused OR s.concurrency_limit IS NOT NULL OR s.rate_limit IS NOT NULL),
         '{{}}'
     ))
     AND NOT EXISTS (SELECT FROM {engine} e
                     WHERE e.id = %(worker)s AND e.seen_at + e.lease - e.margin <= now())
-    ORDER BY c.priority DESC, c.available_at, c.id
+), whole AS (
+    SELECT c.id, c.priority, c.available_at
+    FROM topics t
+    CROSS JOIN LATERAL (
+        SELECT id, priority, available_at
+        FROM {job}
+        WHERE t.priority IS NULL AND topic = t.topic AND state = 'pending' AND available_at <= now()
+        ORDER BY priority DESC, available_at, id
+        LIMIT %(limit)s
+        FOR NO KEY UPDATE SKIP LOCKED
+    ) AS c
+), higher AS (
+    SELECT c.id, c.priority, c.available_at, t.topic
+    FROM topics t
+    CROSS JOIN LATERAL (
+        SELECT id, priority, available_at
+        FROM {job}
+        WHERE t.priority IS NOT NULL AND topic = t.topic AND state = 'pending' AND priority > t.priority
+            AND available_at <= now()
+        ORDER BY priority DESC, available_at, id
+        LIMIT %(limit)s
+        FOR NO KEY UPDATE SKIP LOCKED
+    ) AS c
+), level AS (
+    SELECT c.id, c.priority, c.available_at, t.topic
+    FROM topics t
+    CROSS JOIN LATERAL (
+        SELECT id, priority, available_at
+        FROM {job}
+        WHERE t.priority IS NOT NULL AND topic = t.topic AND state = 'pending' AND priority = t.priority
+            AND available_at > coalesce(t.after, now() - %(slack)s::interval) AND available_at <= now()
+        ORDER BY available_at, id
+        LIMIT %(limit)s
+        FOR NO KEY UPDATE SKIP LOCKED
+    ) AS c
+), lower AS (
+    SELECT c.id, c.priority, c.available_at
+    FROM topics t
+    CROSS JOIN LATERAL (
+        SELECT id, priority, available_at
+        FROM {job}
+        WHERE t.priority IS NOT NULL AND topic = t.topic AND state = 'pending' AND priority < t.priority
+            AND available_at <= now()
+            AND (SELECT count(*) FROM higher h WHERE h.topic = t.topic)
+                + (SELECT count(*) FROM level l WHERE l.topic = t.topic) < %(limit)s
+        ORDER BY priority DESC, available_at, id
+        LIMIT %(limit)s
+        FOR NO KEY UPDATE SKIP LOCKED
+    ) AS c
+), cand AS (
+    SELECT id, priority, available_at FROM whole
+    UNION ALL SELECT id, priority, available_at FROM higher
+    UNION ALL SELECT id, priority, available_at FROM level
+    UNION ALL SELECT id, priority, available_at FROM lower
+    ORDER BY priority DESC, available_at, id
     LIMIT %(limit)s
 ), claimed AS (
     UPDATE {job} j
@@ -41,6 +87,7 @@ WITH cand AS (
     RETURNING j.id, j.topic, j.payload, j.attempts, j.priority, j.claim_token, j.locked_by,
               j.locked_until, j.available_at, j.meta, j.crashes
 )
-SELECT id::text, topic, payload, attempts, priority, claim_token::text, locked_by, locked_until, meta, crashes
+SELECT id::text, topic, payload, attempts, priority, claim_token::text, locked_by, locked_until, meta, crashes,
+       available_at
 FROM claimed
 ORDER BY priority DESC, available_at, id

@@ -38,6 +38,7 @@ from brooq_py.postgres.session.statements import (
     uuid_array,
 )
 from brooq_py.postgres.session.tx import Rows, as_psycopg, on_connection, on_tx
+from brooq_py.postgres.worker.heads import SLACK, ClaimHeads
 from brooq_py.queue import BrooqError, State, StoreUnavailable, Tx
 from brooq_py.queue.port import (
     ClaimedJob,
@@ -77,9 +78,10 @@ def _settle_state(outcome: Outcome) -> str:
     return str(state)
 
 
-def claimed_jobs(rows: Rows) -> list[ClaimedJob]:
-    """The rows a claim statement returned (ClaimedJob's fields, in order), as ClaimedJob records."""
-    return [ClaimedJob(*r[:10]) for r in rows]
+def claimed_jobs(rows: Rows, keyed: bool = False) -> list[ClaimedJob]:
+    """The rows a claim statement returned (ClaimedJob's fields, in order), as ClaimedJob records;
+    *keyed*: the eleventh column is the claim key's available_at (job_claim)."""
+    return [ClaimedJob(*r[: 11 if keyed else 10]) for r in rows]
 
 
 def _maybe_text_array(values: Sequence[str | None]) -> str:
@@ -110,6 +112,7 @@ class WorkerRepo:
         )
         self._listeners: set[PgListener] = set()
         self._listeners_lock = threading.Lock()
+        self._heads = ClaimHeads()
         self.ping_timeout = 2.0
         self.listen_probe_timeout: float | None = PROBE_TIMEOUT
 
@@ -136,8 +139,25 @@ class WorkerRepo:
         locked by *worker* until now()+*lease* (the database's clock), attempts+1, a new claim_token."""
         if not topics or limit < 1:
             return []
-        params = {"topics": list(topics), "limit": limit, "worker": worker, "lease": lease}
-        return claimed_jobs(self._own_or_pool(self._claimer, "claiming jobs", self._q["job_claim"], params))
+        topics = list(topics)
+        priority, after = self._heads.params(topics)
+        params = {
+            "topics": topics,
+            "priority": priority,
+            "after": after,
+            "slack": SLACK,
+            "limit": limit,
+            "worker": worker,
+            "lease": lease,
+        }
+        rows = claimed_jobs(
+            self._own_or_pool(self._claimer, "claiming jobs", self._q["job_claim"], params), keyed=True
+        )
+        self._heads.advance(topics, priority, rows)
+        return rows
+
+    def read_whole(self) -> None:
+        self._heads.forget()
 
     def claim_limited(self, topic: str, limit: int, worker: str, lease: timedelta) -> LimitedClaim:
         """Claim up to *limit* jobs of a limited *topic* in one READ COMMITTED transaction: its lock

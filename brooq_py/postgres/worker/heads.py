@@ -1,0 +1,95 @@
+"""Where each topic's claims stopped, so the next claim reads past it (SPEC B1).
+
+While a transaction holds the database's horizon, vacuum removes no dead row version, and the
+claim index keeps an entry for every job claimed since: a claim read from the head of a topic's
+range walks them all, so every claim costs a little more than the last until the queue falls
+behind for good. ``ClaimHeads`` keeps, per topic, the claim key (priority, available_at) of the
+last row this Store claimed at the topic's usual priority; the claim statement then reads that
+priority from ``available_at > head - SLACK`` only (higher priorities from their start, lower
+ones when that priority had too few); a topic its last whole read found empty, from the
+database's ``now() - SLACK`` at the default priority. Rows that sort before that point (a back-dated
+``available_at``, a producer whose transaction stayed open longer than SLACK, a row an operator
+held locked when a claim passed it) are claimed by the whole scan each topic gets at least every
+RESCAN seconds. Kept in memory on purpose: losing it costs one whole scan, never a job.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+
+from brooq_py.queue.port import ClaimedJob
+
+# How far before the head a claim still looks: covers producers whose enqueue committed this long
+# after its statement began (a job's available_at defaults to that statement's start), at the
+# price of walking this many seconds of dead entries under a held horizon.
+SLACK = timedelta(seconds=2)
+# A topic is read from its start at least this often (seconds), for the rows before its head.
+RESCAN = 1.0
+
+
+class ClaimHeads:
+    """Per topic: the head the claims reached, and when the topic was last read whole."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._heads: dict[str, tuple[int, datetime]] = {}
+        self._whole_at: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def params(self, topics: Sequence[str]) -> tuple[list[int | None], list[datetime | None]]:
+        """The claim statement's per-topic ``priority`` and ``after``: no priority, read it whole;
+        a priority and no time, read it past the database's now() less SLACK (it was empty)."""
+        now = self._clock()
+        priority: list[int | None] = []
+        after: list[datetime | None] = []
+        with self._lock:
+            for topic in topics:
+                head = self._heads.get(topic)
+                whole_at = self._whole_at.get(topic)
+                if whole_at is None or now - whole_at >= RESCAN:
+                    self._whole_at[topic] = now
+                    priority.append(None)
+                    after.append(None)
+                elif head is None:
+                    priority.append(0)  # read whole and found empty: what comes next is new
+                    after.append(None)
+                else:
+                    priority.append(head[0])
+                    after.append(head[1] - SLACK)
+        return priority, after
+
+    def forget(self) -> None:
+        """Read every topic whole at the next claim."""
+        with self._lock:
+            self._heads.clear()
+            self._whole_at.clear()
+
+    def advance(self, topics: Sequence[str], sent: Sequence[int | None], rows: Sequence[ClaimedJob]) -> None:
+        """Move the heads past *rows* (claim order, available_at set) that a claim sent *sent* took.
+
+        A whole read that took rows behind the head (more than SLACK before it, at its priority)
+        keeps the topic on whole reads until one takes none: such rows are the topic's oldest,
+        and they drain at the claims' pace, not one batch a RESCAN. The head keeps its priority
+        once set; the first one is the priority most of a whole read's rows had."""
+        level = dict(zip(topics, sent, strict=True))
+        keys: dict[str, list[tuple[int, datetime]]] = {}
+        for row in rows:
+            if row.available_at is not None:
+                keys.setdefault(row.topic, []).append((row.priority, row.available_at))
+        with self._lock:
+            for topic, got in keys.items():
+                head = self._heads.get(topic)
+                if head is None:
+                    priority = Counter(p for p, _ in got).most_common(1)[0][0]
+                else:
+                    priority = head[0]
+                    behind = [at for p, at in got if p == priority and at < head[1] - SLACK]
+                    if behind and level.get(topic) is None:
+                        self._whole_at.pop(topic, None)  # a whole read took rows behind the head: again
+                times = [at for p, at in got if p == priority]
+                if times and (head is None or head[1] < max(times)):
+                    self._heads[topic] = (priority, max(times))

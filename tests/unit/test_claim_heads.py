@@ -1,0 +1,75 @@
+"""The claim heads' bookkeeping (postgres/worker/heads.py, SPEC B1), without a database."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from brooq_py.postgres.worker.heads import RESCAN, SLACK, ClaimHeads
+from brooq_py.queue.port import ClaimedJob
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def row(topic: str, priority: int, at: datetime) -> ClaimedJob:
+    return ClaimedJob("id", topic, None, 1, priority, "token", "w", at, available_at=at)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_topic_without_a_head_is_read_whole_then_past_its_head_until_rescan() -> None:
+    clock = Clock()
+    heads = ClaimHeads(clock)
+    assert heads.params(["a"]) == ([None], [None])
+    heads.advance(["a"], [None], [row("a", 0, T0), row("a", 0, T0 + timedelta(seconds=1))])
+    clock.now += RESCAN / 2
+    assert heads.params(["a"]) == ([0], [T0 + timedelta(seconds=1) - SLACK])
+    clock.now += RESCAN / 2
+    assert heads.params(["a"]) == ([None], [None])
+    assert heads.params(["a"]) == ([0], [T0 + timedelta(seconds=1) - SLACK])
+
+
+def test_an_empty_claim_keeps_the_head_and_topics_are_apart() -> None:
+    clock = Clock()
+    heads = ClaimHeads(clock)
+    heads.params(["a", "b"])
+    heads.advance(["a", "b"], [None, None], [row("a", 0, T0)])
+    # b was read whole and found empty: read it past the database's now() less SLACK
+    assert heads.params(["a", "b"]) == ([0, 0], [T0 - SLACK, None])
+    heads.advance(["a", "b"], [0, None], [])
+    assert heads.params(["a"]) == ([0], [T0 - SLACK])
+
+
+def test_rows_of_another_priority_leave_the_head_where_it_is() -> None:
+    clock = Clock()
+    heads = ClaimHeads(clock)
+    heads.params(["a"])
+    heads.advance(["a"], [None], [row("a", 0, T0)])
+    heads.advance(["a"], [0], [row("a", 5, T0 + timedelta(hours=1)), row("a", -1, T0 + timedelta(hours=2))])
+    assert heads.params(["a"]) == ([0], [T0 - SLACK])
+
+
+def test_a_whole_read_of_older_rows_never_moves_the_head_back_and_reads_whole_again() -> None:
+    clock = Clock()
+    heads = ClaimHeads(clock)
+    heads.params(["a"])
+    heads.advance(["a"], [None], [row("a", 0, T0)])
+    heads.params(["a"])  # past the head now
+    clock.now += RESCAN
+    assert heads.params(["a"]) == ([None], [None])
+    heads.advance(["a"], [None], [row("a", 0, T0 - timedelta(hours=1))])  # behind the head
+    assert heads.params(["a"]) == ([None], [None])  # so whole again, until a whole read takes none
+    heads.advance(["a"], [None], [row("a", 3, T0 - timedelta(hours=1))])  # another priority's row
+    assert heads.params(["a"]) == ([0], [T0 - SLACK])  # the head keeps its priority and its place
+
+
+def test_the_first_head_takes_the_priority_most_rows_of_a_whole_read_had() -> None:
+    heads = ClaimHeads(Clock())
+    heads.params(["a"])
+    heads.advance(["a"], [None], [row("a", 9, T0), row("a", 0, T0), row("a", 0, T0 + timedelta(seconds=1))])
+    assert heads.params(["a"]) == ([0], [T0 + timedelta(seconds=1) - SLACK])
