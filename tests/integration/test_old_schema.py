@@ -39,24 +39,28 @@ def test_an_engine_refuses_a_schema_of_the_previous_round_naming_the_fix(
     assert not e.running
 
 
-def test_a_producer_on_a_schema_of_the_previous_round_still_enqueues_plain_and_keyed_jobs(
+def test_a_producer_on_a_schema_older_than_0010_is_refused_naming_the_fix_and_writes_nothing(
     pool: ConnectionPool[Any], old_schema: str, dsn: str
 ) -> None:
-    """Producers deployed before ``migrate up``: what the previous round's code could enqueue, this
-    code still can (the depth caps it reads first are none there), in the caller's transaction too."""
+    """Every enqueue writes Job.meta (a column of 0010): on an older schema each form is refused
+    with the command that fixes it, nothing is written, and a caller's transaction stays the
+    caller's to roll back."""
     store = Store(pool, schema=old_schema)
+    fix = f"older than this brooq_py.*migrate up --schema {old_schema}"
     try:
-        assert store.enqueue(Job("t", {"i": 1})).created
-        k = store.enqueue(Job("t", {"i": 2}, idempotency_key="k"))
-        assert store.enqueue(Job("t", {"i": 3}, idempotency_key="k")) == (k.id, False)
-        assert [r.created for r in store.enqueue_many([Job("t", {}), Job("t", {}, idempotency_key="k")])] == [
-            True,
-            False,
-        ]
+        with pytest.raises(BrooqError, match=fix):
+            store.enqueue(Job("t", {"i": 1}))
+        with pytest.raises(BrooqError, match=fix):
+            store.enqueue(Job("t", {"i": 2}, idempotency_key="k"))
+        with pytest.raises(BrooqError, match=fix):
+            store.enqueue_many([Job("t", {}), Job("t", {}, idempotency_key="k")])
         with psycopg.connect(dsn) as conn:
-            r = store.enqueue_tx(WrapTx(conn), Job("t", {"i": 4}))
-            conn.execute("SELECT 1")  # the caller's transaction is still usable
-            conn.commit()
-        assert store.get(r.id) is not None
+            with pytest.raises(BrooqError, match=fix):
+                store.enqueue_tx(WrapTx(conn), Job("t", {"i": 4}))
+            conn.rollback()
+            conn.execute("SELECT 1")  # the caller's connection is usable again
+        with pool.connection() as conn:
+            (n,) = conn.execute(f'SELECT count(*) FROM "{old_schema}".job').fetchone() or (None,)
+        assert n == 0
     finally:
         store.close()

@@ -242,9 +242,7 @@ def _enqueue_many(
             "priorities": int_array([job.priority for job in batch]),
             **_cap_params(jobs, todo, known),
         }
-        with_meta = any(job.meta for job in batch)
-        if with_meta or unique or parents is not None:
-            params["metas"] = "[" + ",".join([job.meta_json() or "null" for job in batch]) + "]"
+        params["metas"] = "[" + ",".join([job.meta_json() or "null" for job in batch]) + "]"
         if unique:
             params["unique_keys"] = text_array([job.unique_key for job in batch])
             query = q["job_enqueue_many_unique"]
@@ -252,7 +250,7 @@ def _enqueue_many(
             params.update(after_params([parents[i] for i in todo]))
             query = q["job_enqueue_after"]
         else:
-            query = q["job_enqueue_many_meta"] if with_meta else q["job_enqueue_many"]
+            query = q["job_enqueue_many"]
         # Rows come back only for jobs whose key was taken (position in todo from 1), and for
         # capped topics that would go past their cap (then nothing was written).
         rows = yield query, params

@@ -68,10 +68,7 @@ def keyless(q: Queries, job: Job, caps: Mapping[str, int] | None) -> Fast | None
     if caps is None or not _plain(job) or job.topic in caps:
         return None
     job_id = uuid7_text()
-    params = _plain_params(job, job_id)
-    if job.meta:  # a separate statement: one without meta still runs on the previous round's schema
-        params["meta"] = job.meta_json()
-        return q["job_enqueue_plain_meta"], params, EnqueueResult(job_id, True)
+    params = {**_plain_params(job, job_id), "meta": job.meta_json()}
     return q["job_enqueue_plain"], params, EnqueueResult(job_id, True)
 
 
@@ -151,7 +148,7 @@ def enqueue_single(q: Queries, job: Job, payload: str, caps: TopicCaps) -> Plan[
     sent = caps.depth_params(job.topic) if cap is not None else ({**NO_ANCHOR}, None)
     params.update(sent[0])
     for _ in range(ATTEMPTS):
-        rows = yield (q["job_enqueue_meta"] if job.meta else q["job_enqueue"]), params
+        rows = yield q["job_enqueue"], params
         if rows and cap is not None:
             caps.answered(job.topic, cap, sent, rows[0], bool(rows[0][1]))
         if rows and rows[0][1]:

@@ -139,6 +139,20 @@ def not_migrated(schema: str) -> BrooqError:
     )
 
 
+def _behind(exc: BaseException) -> bool:
+    """True when *exc* says a column does not exist: the schema is older than this code."""
+    return isinstance(exc, psycopg.errors.UndefinedColumn) or isinstance(
+        exc.__cause__ or exc.__context__, psycopg.errors.UndefinedColumn
+    )
+
+
+def behind(schema: str) -> BrooqError:
+    return BrooqError(
+        f"schema {schema!r} is older than this brooq_py (a column it writes is missing): "
+        f"run `brooq-py migrate up --schema {schema}`"
+    )
+
+
 def names_migration(fn: _F) -> _F:
     """Decorate a store's method: a statement on a schema without brooq's tables raises BrooqError
     naming ``migrate up --schema S`` (chained), not a bare UndefinedTable; nothing more is run."""
@@ -151,6 +165,8 @@ def names_migration(fn: _F) -> _F:
             except Exception as exc:
                 if _missing_tables(exc):
                     raise not_migrated(self.schema) from exc
+                if _behind(exc):
+                    raise behind(self.schema) from exc
                 raise
 
         return cast(_F, run_async)
@@ -162,6 +178,8 @@ def names_migration(fn: _F) -> _F:
         except Exception as exc:
             if _missing_tables(exc):
                 raise not_migrated(self.schema) from exc
+            if _behind(exc):
+                raise behind(self.schema) from exc
             raise
 
     return cast(_F, run)

@@ -23,8 +23,8 @@
 -- stager makes it pending (SPEC S5).
 WITH {depth_room}
 ), ins AS (
-    INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, priority, state)
-    SELECT %(id)s, %(topic)s, %(payload)s::jsonb, %(key)s, a.at, %(priority)s,
+    INSERT INTO {job} (id, topic, payload, idempotency_key, meta, available_at, priority, state)
+    SELECT %(id)s, %(topic)s, %(payload)s::jsonb, %(key)s, %(meta)s::jsonb, a.at, %(priority)s,
            CASE WHEN a.at > statement_timestamp() THEN 'scheduled' ELSE 'pending' END
     FROM a
     WHERE a.room

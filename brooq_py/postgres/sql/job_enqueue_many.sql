@@ -16,8 +16,9 @@ WITH input AS (
     SELECT *
     FROM ROWS FROM (unnest(%(ids)s::uuid[]), unnest(%(topics)s::text[]),
                     jsonb_array_elements(%(payloads)s::jsonb), unnest(%(keys)s::text[]),
-                    unnest(%(available_at)s::timestamptz[]), unnest(%(priorities)s::int[]))
-         WITH ORDINALITY AS u(id, topic, payload, key, available_at, priority, ord)
+                    unnest(%(available_at)s::timestamptz[]), unnest(%(priorities)s::int[]),
+                    jsonb_array_elements(%(metas)s::jsonb))
+         WITH ORDINALITY AS u(id, topic, payload, key, available_at, priority, meta, ord)
 ), fresh AS (
     -- Each new job of a capped topic takes a value of the depth sequence, after the
     -- transaction's id (migration 0014).
@@ -40,8 +41,8 @@ WITH input AS (
                                      AND state IN ('scheduled', 'failed', 'blocked') LIMIT c.cap) AS w)
         + c.n > c.cap
 ), inserted AS (
-    INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, priority, state)
-    SELECT id, topic, payload, key, at, priority,
+    INSERT INTO {job} (id, topic, payload, idempotency_key, meta, available_at, priority, state)
+    SELECT id, topic, payload, key, nullif(meta, 'null'::jsonb), at, priority,
            CASE WHEN at > statement_timestamp() THEN 'scheduled' ELSE 'pending' END
     FROM (SELECT *, coalesce(available_at, statement_timestamp()) AS at FROM input) AS i
     WHERE NOT EXISTS (SELECT FROM too_deep)
