@@ -1,6 +1,6 @@
 """The AsyncStore: brooq_py's producer side for asyncio code, on psycopg's async connections.
 
-It runs the Store's very plans and SQL files, awaited, so that no call blocks the event loop (SPEC A1:
+It runs the Store's own plans and SQL files, awaited, so that no call blocks the event loop (SPEC A1:
 E1-E6, X1, Q1, D3, D6, F1, F2); each method documents only what differs from the Store's.
 """
 
@@ -148,7 +148,7 @@ class AsyncStore:
         return await self.waits.result(job_id, timeout)
 
     async def close(self) -> None:
-        """Close the LISTEN connection of ``wait``, never the pool; safe to repeat (a wait raises)."""
+        """Close ``wait``'s LISTEN connection, never the pool; safe to repeat. A wait in progress raises."""
         await self.waits.close()
 
     def __repr__(self) -> str:
