@@ -1,9 +1,7 @@
 """The engine: claims, runs and settles jobs through the ``Repo`` port (``brooq_py.queue.port``,
-re-exported here); it never imports psycopg or ``brooq_py.postgres``.
-
-Imports point down: ``engine`` (the facade) wires ``attempt/`` (an attempt's
-life) and ``services/`` (the background loops), which share the leaves
-``clock``, ``config``, ``metrics``, ``health``, ``schema`` and ``producing``.
+re-exported here); it never imports psycopg or ``brooq_py.postgres``. Imports point down: the facade
+wires ``attempt/`` and ``services/``, which share the leaves ``clock``, ``config``, ``metrics``,
+``health``, ``schema`` and ``producing``.
 """
 
 from brooq_py.engine.clock import Clock, SystemClock

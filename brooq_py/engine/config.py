@@ -1,7 +1,5 @@
-"""Config: the engine's settings, validated on construction and readable from QUEUE_* variables.
-
-SPEC K1, K2; the computed values follow C3, C5, F0, P1'', R1, T3, V1, Z2, Z3.
-"""
+"""Config: the engine's settings, validated on construction and readable from QUEUE_* variables
+(SPEC K1, K2; the computed values follow C3, C5, F0, P1'', R1, T3, V1, Z2, Z3)."""
 
 from __future__ import annotations
 
@@ -75,8 +73,7 @@ class Config:
     notify: bool = True
     # How often the refresher reads the gauges /metrics serves.
     gauges_period: timedelta | float = 5
-    # The most rows one claim statement takes. More free slots than this are filled by
-    # successive claims, each launched as it returns, so the first handlers start sooner.
+    # The most rows one claim statement takes: smaller claims, each launched as it returns, start sooner.
     claim_batch: int = 32
     # The largest result a handler may return, in UTF-8 bytes of JSON; a larger one fails the attempt.
     result_max_bytes: int = 1024 * 1024
@@ -116,9 +113,8 @@ class Config:
 
     @property
     def margin_td(self) -> timedelta:
-        """The fencing margin: lease/3. The 2 x margin between the engine's fence (lease -
-        margin) and others' takeover (lease + margin) covers a clock rate skew far beyond any real
-        one and a fence delayed by a loaded host."""
+        """The fencing margin, lease/3: the 2 x margin between the engine's fence and others' takeover
+        covers a clock rate skew far beyond any real one and a fence delayed by a loaded host."""
         return self.lease_td / 3
 
     @property

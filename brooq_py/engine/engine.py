@@ -1,4 +1,4 @@
-"""Engine: the facade wiring the worker pool and the services (SPEC C11, C11'', F0, K4, N1, Q4, X2', Z2)."""
+"""Engine: the facade wiring the worker pool and services (SPEC C11, C11'', F0, K4, N1, Q3, Q4, X2', Z2)."""
 
 from __future__ import annotations
 
@@ -52,12 +52,8 @@ def default_worker_id() -> str:
 
 
 class Engine(Producing):
-    """Claims, runs and settles jobs of the registered topics through *repo*.
-
-    ``start()`` starts the pool and the services; ``stop(timeout)`` stops
-    claiming, lets in-flight work finish up to *timeout* (default: the lease),
-    then cancels it with ``EngineStopping`` and flushes every outcome.
-    """
+    """Claims, runs and settles jobs of the registered topics through *repo*, from ``start()`` to
+    ``stop()``."""
 
     def __init__(
         self,
@@ -77,7 +73,7 @@ class Engine(Producing):
         self.log = logger or logging.getLogger("brooq_py.engine")
         self.registry = registry if registry is not None else EngineRegistry(auto_describe=True)
         self.clock: Clock = clock or SystemClock()
-        # Every statement's outcome feeds health(), so /healthz runs none of its own (SPEC Z2).
+        # Every statement's outcome feeds health(), so /healthz runs none of its own.
         self.statements = StatementTracker(self.clock)
         worker = repo.worker if isinstance(repo, Facade) else repo  # a Store's engine side (River's driver)
         self.repo = repo = tracked(worker, self.statements)
@@ -97,10 +93,8 @@ class Engine(Producing):
         self._kinds: dict[str, Kind] = {}
         self._lock = threading.RLock()
         self._state = "new"  # new -> running -> stopping -> stopped
-        # a handler that ended frees its topic's room in this engine (SPEC Q3)
         self.inflight = CountingInFlight(lambda topic: self.capacity.ended(topic))
         self._async = AsyncRunner(self.log)
-        # What every attempt's moves touch outside it: its topic's room, its lease, its slot (from start()).
         self.hooks = Hooks(self.log, self.metrics, rng)
         self.hooks.stopping = lambda: self._state == "stopping"
         self.hooks.left_running = self.inflight.end
@@ -123,12 +117,11 @@ class Engine(Producing):
         self._completer: Completer | None = None
         self._services: list[Ticker] = []
         self._stopped = threading.Event()  # set once a stop() is over: a concurrent one waits for it
-        # operator controls (SPEC Q2-Q4): per-topic capacity, the settings watch, periodic jobs
         self._caps: dict[str, int | None] = {}
         self.capacity = Capacity(
             self._caps, self.config.td("poll_interval").total_seconds(), self.clock.monotonic
         )
-        self.handover.on_settled = self.capacity.settled  # a limited topic may have room again (SPEC Q3)
+        self.handover.on_settled = self.capacity.settled  # a limited topic may have room again
         self.capacity.on_rate_held = lambda topic: self.metrics.child(self.metrics.rate_held, topic).inc()
         self._topic_watch = TopicWatch(
             self.config.td("poll_interval").total_seconds(),
@@ -321,13 +314,10 @@ class Engine(Producing):
             )
 
     def stop(self, timeout: float | None = None) -> None:
-        """Stop gracefully; safe before start() and twice.
-
-        Stop claiming; wait up to *timeout* seconds (None: the lease) for in-flight handlers;
-        cancel the rest with ``EngineStopping`` and wait up to watchdog_grace for them (one still
-        running is hung, its row handed back); flush every outcome. A call during another stop
-        returns once that one is over; one from a handler only starts the stop and returns.
-        """
+        """Stop gracefully, safe before start() and twice: stop claiming, wait up to *timeout* seconds
+        (None: the lease) for in-flight handlers, cancel the rest with ``EngineStopping`` and wait up to
+        watchdog_grace (one still running is hung, its row handed back), flush every outcome. A call
+        during another stop returns once that one is over; one from a handler only starts the stop."""
         if self._defer(lambda: self.stop(timeout)):
             return
         with self._lock:
@@ -343,8 +333,7 @@ class Engine(Producing):
         cfg = self.config
         wait = cfg.lease_td.total_seconds() if timeout is None else max(0.0, float(timeout))
         grace = cfg.effective_watchdog_grace.total_seconds()
-        # Whatever the database does, the stop is over by then: every wait below is bounded
-        # by it, and what still waits on the database after it is left to daemon threads.
+        # Whatever the database does: what still waits on it after this is left to daemon threads.
         deadline = time.monotonic() + wait + grace + STOP_AFTER
         slots, dispatcher, completer = self._slots, self._dispatcher, self._completer
         assert slots is not None and dispatcher is not None and completer is not None
@@ -355,14 +344,11 @@ class Engine(Producing):
             slots.wait_idle(grace)
         for a in self.inflight.running():
             if a.hung and a.ending is Phase.HUNG and not isinstance(a.ctx.cause, EngineStopping):
-                # hung before the stop: nothing was written and its lease was let go; hand the
-                # row back now rather than leave it processing until the reaper (guarded)
+                # hung before the stop, its lease let go: hand the row back now, not at the reaper
                 self.supervisor.release_at_stop(a)
             else:  # still running after the stop's grace: hung at stop
                 self.supervisor.declare_hung(a)
-        # The outcomes of ended handlers (a settler's turn, the completer's queue) and the engine's
-        # row, on a thread of its own, joined until the deadline.
-        left = [0]
+        left = [0]  # outcomes left unwritten by the flush, on a thread joined until the deadline
 
         def finish() -> None:
             slots.wait_idle(max(0.0, min(cfg.lease_td.total_seconds(), deadline - time.monotonic() - 1.0)))
@@ -432,8 +418,7 @@ class Engine(Producing):
         return len(rows)
 
     def _defer(self, fn: Callable[[], None]) -> bool:
-        """Run *fn* on a thread of its own when called on one of the engine's handler threads (a
-        worker, a settler or the async loop), where it would wait for the caller itself; say so."""
+        """Run *fn* on a thread of its own when called from a handler thread, which it would wait for."""
         runner = self.runner
         if not (runner.threads.owns_current() or runner.settlers.owns_current() or self._async.on_loop()):
             return False

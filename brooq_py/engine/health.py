@@ -1,9 +1,5 @@
-"""Health: what /healthz reports about an engine, from memory (SPEC Z2, C5).
-
-The engine's repo is wrapped in a ``TrackedRepo`` that records when each of its
-statements last succeeded and since when they fail: /healthz reads that record
-and runs no statement of its own, so a burst of health checks costs nothing.
-"""
+"""Health: what /healthz reports about an engine, from the record its statements leave, so that a burst
+of health checks costs the database nothing (SPEC Z2, C5)."""
 
 from __future__ import annotations
 
@@ -16,15 +12,12 @@ from typing import Any, cast
 from brooq_py.engine.clock import Clock
 from brooq_py.queue.port import Repo
 
-# Calls that are not the engine's statements: a subscription with its own backoff,
-# a transaction whose statements are the caller's, the store's own teardown, and a
-# read of the Store's memory (the QueueFull refusals a /metrics scrape reports).
+# Not the engine's statements: own backoff, the caller's transaction, teardown, reads of memory.
 UNTRACKED = frozenset({"listen", "begin", "close", "ping", "queue_full_refusals", "read_whole"})
 # Errors that say the caller passed something wrong, not that the database failed.
 CALLER_ERRORS = (ValueError, TypeError, LookupError)
-# Calls an application makes through the engine (Engine.enqueue_tx in its own transaction...):
-# their success says the database answers, but their failure or wait may be the caller's own
-# (a transaction it broke, a lock it holds), so health never turns on them.
+# Calls an application makes through the engine: their success says the database answers, but their
+# failure or wait may be the caller's own (a transaction it broke, a lock it holds).
 CALLER_DRIVEN = frozenset(
     {"enqueue", "enqueue_tx", "enqueue_many", "cancel", "get", "retry", "pause", "resume", "set_limit"}
 )
@@ -32,9 +25,8 @@ CALLER_DRIVEN = frozenset(
 
 @dataclass(frozen=True)
 class Health:
-    """ok when the engine's statements succeed (``database``: see ``StatementTracker.status``), the
-    engine runs and hung handlers do not outnumber the workers. The ages are seconds, None when
-    there is nothing to tell; error names the statement and the error's type."""
+    """ok when the engine's statements succeed (``StatementTracker.status``), the engine runs and hung
+    handlers do not outnumber the workers; ages in seconds, error names the statement and its type."""
 
     ok: bool
     database: bool
@@ -139,10 +131,9 @@ class StatementTracker:
             record.error = f"{name}: {type(exc).__name__}"
 
     def status(self, grace: float, stall: float) -> StatementStatus:
-        """Judge the statements now: one whose latest call failed and that is still being tried
-        (failed less than *grace* seconds ago, or in flight) fails health once it has failed for
-        *grace* seconds, or at once when it never succeeded; so does one in flight for longer than
-        *stall* seconds. A lone failure of an hourly statement counts for *grace* at most."""
+        """A statement still tried whose latest call failed fails health after failing for *grace*
+        seconds, or at once if it never succeeded; so does one in flight longer than *stall*. A lone
+        failure of an hourly statement counts for *grace* at most."""
         now = self._clock.monotonic()
         ok, failing_for, error = True, None, None
         with self._lock:

@@ -95,8 +95,7 @@ class Metrics:
 
 
 class SnapshotCollector(Collector):
-    """Serves the gauges from the refresher's latest snapshot: a scrape runs no query. After
-    a failed refresh the last snapshot is still served, brooq_up 0 and its age growing."""
+    """Serves the gauges from the refresher's latest snapshot, stale or not: a scrape runs no query."""
 
     def __init__(self, view: Callable[[], GaugeView]) -> None:
         self._view = view
@@ -151,8 +150,7 @@ class SnapshotCollector(Collector):
 
 
 class RefusalCollector(Collector):
-    """brooq_queue_full_total: enqueues the engine's store refused with QueueFull, by topic,
-    as the store counts them (its producers may be any code sharing it)."""
+    """brooq_queue_full_total as the store counts it (its producers may be any code sharing it)."""
 
     def __init__(self, refusals: Callable[[], dict[str, int]]) -> None:
         self._refusals = refusals

@@ -18,11 +18,8 @@ def _number(revision: str) -> int | None:
 
 
 def check_schema(repo: Repo, log: logging.Logger | None = None) -> None:
-    """Raise ``BrooqError`` naming ``migrate up --schema S`` when the repo's schema is missing or too old.
-
-    A revision this code does not know is accepted (migrations only add). A database that does not
-    answer is no verdict on its schema: the check is skipped with a warning, and the engine starts.
-    """
+    """Raise ``BrooqError`` naming ``migrate up --schema S`` when the repo's schema is missing or too old;
+    an unknown revision passes (migrations only add), an unreachable database is no verdict."""
     schema = getattr(repo, "schema", "public")
     try:
         version = repo.schema_version()

@@ -1,9 +1,7 @@
-"""brooq_py.postgres: the only place SQL and psycopg live.
-
-``Store`` (the engine's ``Repo`` is its ``worker`` part) and ``AsyncStore`` (the producer side for
-asyncio code) on a caller's pool; ``WrapTx``, ``AsyncWrapTx`` and ``as_psycopg`` adapt a caller's
-transaction; ``migrations`` applies the schema. Importing this package loads neither the engine,
-prometheus_client nor alembic.
+"""brooq_py.postgres: the only place SQL and psycopg live. ``Store`` (the engine's ``Repo`` is its
+``worker`` part) and ``AsyncStore`` run on a caller's pool; ``WrapTx``, ``AsyncWrapTx`` and
+``as_psycopg`` adapt a caller's transaction. Importing it loads neither the engine, prometheus_client
+nor alembic.
 """
 
 from brooq_py.postgres import migrations

@@ -1,9 +1,7 @@
 """The AsyncStore: brooq_py's producer side for asyncio code, on psycopg's async connections.
 
-It keeps every producer rule of the sync Store (SPEC A1: E1-E6, X1, Q1) by
-running the very same plans (``enqueue``) and SQL files, awaited on an
-``AsyncSession``: no call blocks the event loop. Each method documents only
-what differs from the Store's.
+It runs the Store's own plans and SQL files, awaited, so that no call blocks the event loop (SPEC A1:
+E1-E6, X1, Q1, D3, D6, F1, F2); each method documents only what differs from the Store's.
 """
 
 from __future__ import annotations
@@ -44,21 +42,21 @@ class AsyncStore:
         self.session = AsyncSession(pool, schema)
         self.schema = schema
         self._q = self.session.q
-        self._caps = TopicCaps()  # the depth-capped topics, cached for a second (SPEC F2)
+        self._caps = TopicCaps()  # the depth-capped topics, cached for a second
         self._first_tries = FirstTries()  # which topics' new unique jobs try the plain insert first
         self.waits = AsyncWatch(self.session, self.get, lambda: self.wait_poll_interval)
 
     @traced_aenqueue("job")
     @names_migration
     async def enqueue(self, job: Job) -> EnqueueResult:
-        """``Store.enqueue``, awaited (SPEC E1, E4)."""
+        """``Store.enqueue``, awaited."""
         plan = enqueueing.enqueue_own(self._q, job, self._caps, self._first_tries)
         return await self.session.drive("enqueueing", plan)
 
     @traced_aenqueue("job")
     @names_migration
     async def enqueue_tx(self, tx: AsyncTx, job: Job) -> EnqueueResult:
-        """``Store.enqueue_tx`` in the caller's transaction *tx* (SPEC E2, E3): an AsyncWrapTx or a
+        """``Store.enqueue_tx`` in the caller's transaction *tx*: an AsyncWrapTx or a
         bare psycopg ``AsyncConnection``; a sync one raises TypeError naming Store."""
         conn = async_connection_of(tx)
         plan = enqueueing.enqueue_one(self._q, job, self._caps)
@@ -68,7 +66,7 @@ class AsyncStore:
     @traced_aenqueue("jobs")
     @names_migration
     async def enqueue_many(self, jobs: Sequence[Job], tx: AsyncTx | None = None) -> list[EnqueueResult]:
-        """``Store.enqueue_many``, awaited, in *tx* when given (SPEC E5)."""
+        """``Store.enqueue_many``, awaited, in *tx* when given."""
         conn = async_connection_of(tx) if tx is not None else None
         plan = enqueueing.enqueue_many(self._q, jobs, self._caps)
         if not jobs:
@@ -82,7 +80,7 @@ class AsyncStore:
     async def enqueue_group(
         self, jobs: Sequence[Job], then: Job | None = None, tx: AsyncTx | None = None
     ) -> GroupResult:
-        """``Store.enqueue_group``, awaited, in *tx* when given (SPEC D6)."""
+        """``Store.enqueue_group``, awaited, in *tx* when given."""
         conn = async_connection_of(tx) if tx is not None else None
         plan = enqueueing.enqueue_group(self._q, jobs, then, self._caps)
         with translated("enqueueing a group"):
@@ -94,7 +92,7 @@ class AsyncStore:
     begin = delegate(AsyncSession.begin, "session")
 
     async def cancel(self, job_id: str) -> bool:
-        """``Store.cancel``, awaited (SPEC X1, D3)."""
+        """``Store.cancel``, awaited."""
         return await self.session.drive("canceling a job", plans.by_id(self._q["job_cancel"], job_id))
 
     async def get(self, job_id: str) -> JobRow | None:
@@ -102,7 +100,7 @@ class AsyncStore:
         return await self.session.drive("reading a job", plans.get(self._q, job_id))
 
     async def retry(self, job_id: str) -> bool:
-        """``Store.retry``, awaited (SPEC Q1)."""
+        """``Store.retry``, awaited."""
         return await self.session.drive("retrying a job", plans.retry(self._q, job_id))
 
     async def list_jobs(
@@ -116,7 +114,7 @@ class AsyncStore:
     async def set_rate_limit(
         self, topic: str, limit: int | None, per: float | timedelta = 1, *, burst: int | None = None
     ) -> None:
-        """``Store.set_rate_limit``, awaited (SPEC F1)."""
+        """``Store.set_rate_limit``, awaited."""
         params = rate_params(topic, limit, per, burst)
         async with self.session.autocommit("setting a topic's rate limit") as conn:
             run = on_async_connection(conn)
@@ -132,7 +130,7 @@ class AsyncStore:
                     await asyncio.sleep(0.01)
 
     async def set_max_depth(self, topic: str, depth: int | None) -> None:
-        """``Store.set_max_depth``, awaited (SPEC F2)."""
+        """``Store.set_max_depth``, awaited."""
         params = {"topic": checked_topic(topic), "depth": checked_count(depth, "depth")}
         await self.session.run("setting a topic's depth cap", self._q["topic_set_depth"], params)
         self._caps.forget()
@@ -142,7 +140,7 @@ class AsyncStore:
         return self._caps.refusals()
 
     async def wait(self, job_id: str, timeout: float | timedelta | None = None) -> JobRow:
-        """``Store.wait``, awaited (one LISTEN connection per AsyncStore, on the event loop of its first wait)."""
+        """``Store.wait``, awaited (one LISTEN connection per AsyncStore, on its first wait's loop)."""
         return await self.waits.wait(job_id, timeout)
 
     async def result(self, job_id: str, timeout: float | timedelta | None = None) -> Any:
@@ -150,8 +148,7 @@ class AsyncStore:
         return await self.waits.result(job_id, timeout)
 
     async def close(self) -> None:
-        """Close the LISTEN connection of ``wait`` (never the pool). Safe to repeat; a wait in
-        progress raises BrooqError."""
+        """Close ``wait``'s LISTEN connection, never the pool; safe to repeat. A wait in progress raises."""
         await self.waits.close()
 
     def __repr__(self) -> str:

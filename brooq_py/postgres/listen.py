@@ -1,9 +1,7 @@
-"""A LISTEN subscription on its own autocommit connection (the engine's wake-up).
+"""A LISTEN subscription on its own autocommit connection, the engine's wake-up (SPEC Z3, X2', L3).
 
-Wake-ups name their topic (SPEC Z3). Right after LISTEN a probe is sent from a second connection;
-when nothing arrives within ``PROBE_TIMEOUT`` the connection does not deliver notifications (a
-transaction-pooling proxy): the subscription says so once, closes it and only sleeps, so polling
-carries the work.
+A probe sent from a second connection right after LISTEN tells a connection that delivers no
+notifications (a transaction-pooling proxy): the subscription says so once and polling carries the work.
 """
 
 from __future__ import annotations
@@ -33,7 +31,7 @@ class PgListener:
     """Wait for NOTIFYs on the schema's channels, on a connection opened at construction
     (StoreUnavailable if the database cannot be reached). *topics*: the wake-ups that count (None:
     all); ``wait()`` calls *on_scheduled* for a scheduled job of them and *on_cancel* with the id and
-    claim token of each processing job canceled (SPEC X2'), LISTENing on those channels too."""
+    claim token of each processing job canceled, LISTENing on those channels too."""
 
     def __init__(
         self,
@@ -48,8 +46,7 @@ class PgListener:
         ping_every: timedelta | None = None,
     ) -> None:
         self._lock = threading.Lock()
-        # A silent LISTEN connection looks like a quiet queue: ping it every lease/3 (SPEC L3), by
-        # repeating the LISTEN (a no-op for the server, and the session still shows LISTEN).
+        # A silent LISTEN connection looks like a quiet queue: every lease/3 the LISTEN is repeated.
         self._listen = queries["listen"]
         self._ping_every = ping_every
         self._pinged = time.monotonic()
@@ -129,8 +126,7 @@ class PgListener:
         if self._backlog:
             return self._backlog.popleft()
         try:
-            # Read the generator to its end: notifications that arrive in one packet are
-            # yielded together, and leaving the generator early would drop the rest.
+            # to its end: notifications of one packet come together, and leaving early drops the rest
             self._backlog.extend(self._conn.notifies(timeout=timeout, stop_after=1))
             return self._backlog.popleft() if self._backlog else None
         except psycopg.Error as exc:

@@ -1,18 +1,11 @@
 """The Store: brooq_py's job table in PostgreSQL, on the caller's psycopg pool.
 
-A facade over parts on one ``Session`` (the pool, the statements rendered for the schema):
-``producer`` (enqueue and read jobs), ``flow`` (a topic's settings), ``operator`` (retry, list,
-the topics), ``waits`` (``wait``, ``result``) and ``worker``, the engine's ``Repo``:
-``Engine(store)`` runs on ``store.worker``.
-
-Statements outside a caller's transaction take a pool connection for one autocommit statement.
-The heartbeat and LISTEN connections are the Store's own, opened from ``conninfo`` (default: the
-pool's), so busy handlers never starve them. Behind a transaction-pooling proxy (PgBouncer in
-transaction mode) open the pool with ``kwargs={"prepare_threshold": None}``.
-
-Connection errors, and a read-only server's refusal (a standby: its connection is closed so that
-the next one lands on the primary), raise ``queue.StoreUnavailable`` (chained, without any DSN
-password); other database errors pass through unchanged.
+Statements outside a caller's transaction take a pool connection for one autocommit statement; the
+heartbeat and LISTEN connections are the Store's own, opened from ``conninfo`` (default: the pool's),
+so busy handlers never starve them. Behind a transaction-pooling proxy (PgBouncer in transaction
+mode) open the pool with ``kwargs={"prepare_threshold": None}``. Connection errors and a standby's
+refusal raise ``queue.StoreUnavailable`` (chained, without any DSN password); other database errors
+pass through unchanged.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Waiting for jobs to end (``wait``, ``result``): one LISTEN connection per store, shared by every waiter (SPEC V2).
 
-A store's ``Watch`` (threads) or ``AsyncWatch`` (asyncio) opens its connection at the first wait
-and closes it at the store's ``close()``, or after ``IDLE_CLOSE`` seconds without a waiter. On each
-notification of the results channel (one per outcome batch that ended jobs), and every ``poll``
-seconds in case one was lost, ONE statement checks every id waited on (``job_wait_check``) and
-wakes the waiters whose job ended or is gone; each then reads its own row. A waiter registers
-before it first reads its row, so an outcome committed in between is never missed.
+On each notification of the results channel, and every ``poll`` seconds in case one was lost, ONE
+statement checks every id waited on. A waiter registers before it first reads its row, so an outcome
+committed in between is never missed.
 """
 
 from __future__ import annotations
@@ -40,10 +37,8 @@ log = logging.getLogger("brooq_py.postgres")
 
 # Seconds between checks when no notification comes (SPEC V2's polling fallback).
 DEFAULT_POLL = 1.0
-# Seconds without a waiter after which the LISTEN connection is closed (the next wait opens it
-# again). Until then it is still read: a listener whose notifications go unread blocks its
-# server process once the socket is full, and with it the cluster's NOTIFY queue, which then
-# grows until every NOTIFY (every outcome write and enqueue) fails.
+# Seconds without a waiter before the LISTEN connection closes; until then it is read, as unread
+# notifications block its server process and then the cluster's NOTIFY queue, failing every NOTIFY.
 IDLE_CLOSE = 30.0
 _ENDED = frozenset(str(s) for s in TERMINAL_STATES)
 
@@ -218,8 +213,7 @@ class Watch(_Waiters[threading.Event]):
 
 
 class AsyncWatch(_Waiters[asyncio.Event]):
-    """An AsyncStore's ``wait`` and ``result``: one task on the event loop of the first wait, one
-    LISTEN connection."""
+    """An AsyncStore's ``wait`` and ``result``: one task on the first wait's loop, one LISTEN connection."""
 
     def __init__(
         self,
@@ -349,8 +343,7 @@ def _closed(job_id: str) -> BrooqError:
 
 
 class _Waiting:
-    """One wait's bookkeeping, shared by the sync and the async loop: the id, the deadline; a *store*
-    without a pool cannot wait."""
+    """One wait's id and deadline, checked alike for both stores (a *store* without a pool cannot wait)."""
 
     def __init__(self, job_id: str, timeout: float | timedelta | None, pool: object, store: str) -> None:
         self.limit = None if timeout is None else to_timedelta(timeout, "timeout").total_seconds()

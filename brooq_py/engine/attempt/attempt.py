@@ -14,13 +14,9 @@ HUNG (counted, slot freed) and later ──▶ ENDED. Whoever moves the handler 
 RUNNING owns the slot's release. A move not in the tables raises
 ``IllegalTransition``: a bug, never a race.
 
-The Attempt owns its moves. Whoever sees how it ended reports it -- the runner
-(``returned``, ``raised``), the supervisor's verdicts (``lost``, ``fenced``,
-``given_up``, ``declared_hung``), the intake (``poisoned``) -- and the Attempt
-answers, through ``decide()``, the outcome to write, or None when there is
-nothing (more) to write. The reporter hands the answer over (``handover``);
-what the moves touch outside the attempt (its topic's room, its lease, its
-slot, the log and counters) comes through its ``Hooks``.
+The Attempt owns its moves: whoever sees how it ended (runner, supervisor,
+intake) reports it, and ``decide()`` answers the outcome to write, or None;
+the reporter hands it over, and what lies outside comes through ``Hooks``.
 """
 
 from __future__ import annotations
@@ -190,8 +186,7 @@ class Attempt:
             self._move(Phase.RUNNING)
 
     def end(self, ending: Phase) -> bool:
-        """Record how the attempt ended; False if another ending came first (a handler's return
-        racing the watchdog or the heartbeat is normal: its loser learns it here)."""
+        """Record how the attempt ended; False if another ending came first (a normal race)."""
         if ending not in ENDINGS:
             raise IllegalTransition(f"attempt {self.id}: {ending} is not an ending")
         with self._lock:
@@ -212,8 +207,7 @@ class Attempt:
             return ending
 
     def settling_if(self, ending: Phase) -> bool:
-        """*ending* -> SETTLING if the attempt is still there; False when someone else took it
-        (a given-up attempt's end and its hung verdict may both ask)."""
+        """*ending* -> SETTLING; False when another took it (a given-up end and its hung verdict both ask)."""
         with self._lock:
             if self._phase is not ending:
                 return False
@@ -228,8 +222,7 @@ class Attempt:
     # --- the handler's life ------------------------------------------------
 
     def handler_to(self, to: HandlerState) -> HandlerState | None:
-        """Move the handler's state; return the previous one, or None when the move is not allowed
-        from where it is (a normal race: e.g. ended before the watchdog called it hung)."""
+        """Move the handler's state; return the previous one, or None when not allowed (a normal race)."""
         with self._lock:
             was = self._handler
             if to not in HANDLER[was]:
@@ -242,8 +235,8 @@ class Attempt:
     # --- how it ended, reported: each answers the outcome to write, or None --------
 
     def code_ended(self) -> HandlerState | None:
-        """Record once, at once, that the handler's code ended (the watchdog must not call it hung
-        meanwhile); return the handler's state before (None: recorded already)."""
+        """Record at once, before the watchdog may call it hung, that the handler's code ended; return
+        the handler's state before (None: recorded already)."""
         if self._code_ended:
             return None
         self._code_ended = True
@@ -274,8 +267,7 @@ class Attempt:
         return self._after_another(error)
 
     def lost(self, cause: LeaseLost) -> Outcome | None:
-        """The row is no longer this claim's: cancel the handler with *cause*; nothing is written. An
-        attempt already settling is left alone: its write's guard decides."""
+        """The row is no longer this claim's: cancel the handler with *cause*, write nothing."""
         if not self.end(Phase.LOST):
             return None
         self._hooks.tell_lost(self, cause)  # counted before the handler can see its cancel
@@ -291,9 +283,8 @@ class Attempt:
         return self._answer(None)
 
     def given_up(self) -> Outcome | None:
-        """max_execution_timeout: stop waiting for a handler that still runs and free its slot. Its
-        failed attempt answers its end or its hung verdict, whichever comes first; until then its
-        lease is kept, so the job cannot run again beside it."""
+        """max_execution_timeout: stop waiting for the handler, free its slot, keep its lease (so the job
+        cannot run again beside it) until its end or hung verdict writes the failure."""
         with self._lock:  # the ending and the abandoned handler in one move
             if self._handler is not HandlerState.RUNNING or Phase.GAVE_UP not in PHASES[self._phase]:
                 return None
@@ -305,8 +296,7 @@ class Attempt:
         return None
 
     def declared_hung(self, grace: float) -> Outcome | None:
-        """Still running *grace* seconds after its cancel: count it, free the slot, end the attempt
-        without done; a given-up attempt's failure is written now."""
+        """Still running *grace* seconds after its cancel: count it, free the slot, end without done."""
         was = self.handler_to(HandlerState.HUNG)
         if was is None:
             return None
@@ -345,8 +335,7 @@ class Attempt:
         return self._decided(self.settling(), error)
 
     def _after_another(self, error: BaseException | None) -> Outcome | None:
-        """The handler ended after another ending: a given-up attempt's failure is written now; any
-        other ending said all there is."""
+        """The handler ended after another ending: only a given-up attempt's failure is left to write."""
         if self._ending is Phase.GAVE_UP:
             return self._given_up_failure()
         self._hooks.tell_late(self, error)
@@ -392,9 +381,8 @@ def _nothing(*_args: object) -> None:
 
 
 class Hooks:
-    """What an attempt's moves touch outside it (its topic's room, its lease, its slot, whether the
-    engine stops, the rng of backoff), and the log lines and counters of its endings. The engine
-    wires one for all its attempts; the defaults serve a bare attempt."""
+    """What an attempt's moves touch outside it, and its endings' log lines and counters; the engine
+    wires one for all its attempts, the defaults serve a bare attempt."""
 
     def __init__(
         self,
@@ -423,8 +411,7 @@ class Hooks:
 
     def tell_lost(self, a: Attempt, cause: BaseException) -> None:
         if isinstance(cause, JobCanceledByOperator):
-            # The operator's cancel is the job's outcome (its statement wrote it): counted as one, not
-            # as a lost lease, which tells of reaping, takeover and fencing.
+            # the operator's cancel is the job's outcome, not a lost lease (reaping, takeover, fencing)
             if self.metrics is not None:
                 self.metrics.child(self.metrics.settled, a.topic, "canceled").inc()
             self._tell(

@@ -1,18 +1,11 @@
 """Handover: where an attempt's answer goes, and what comes back (SPEC C3-C11, F0, N1, O4, Q3, S7, U2, X2').
 
-Every outcome is one idempotent statement guarded by the claim token. A plain
-outcome goes to the completer (an ``OutcomeSink``, declared here so that the
-attempt's modules never import a service), which writes it in a batch; without
-one (``run_once``, or once it stopped) it is written at once. A done with
-closing work (``chain``/``on_succeeded``) goes to its own transaction, which
-locks its row first (never waiting on a lock held elsewhere), then runs the
-chained enqueues and callbacks and writes the row, all or nothing; a row locked
-elsewhere or an unreachable store hands it to the completer to be tried again.
-After the write each attempt is settled, counted and told as an event.
-
-The verdicts from outside the handler (lease lost, fenced, timeout, given up,
-hung) take the same path: the ``Supervisor`` reports each to the attempt and
-hands its answer over.
+Every outcome is one idempotent statement guarded by the claim token, batched by
+the completer (an ``OutcomeSink``, declared here so that the attempt's modules never
+import a service) or written at once without one. A done with closing work
+(``chain``/``on_succeeded``) has its own transaction, which locks its row first
+without waiting on another's lock; a locked row or an unreachable store hands it to
+the completer to be tried again.
 """
 
 from __future__ import annotations
@@ -99,8 +92,7 @@ class Handover:
         self.on_settled: Callable[[Iterable[str]], None] = lambda topics: None  # their topics' room
 
     def hand_over(self, a: Attempt, outcome: Outcome | None) -> None:
-        """Take *a*'s answer where it is written: a done with closing work to its transaction, any
-        other outcome to the completer; None: nothing to write (the attempt settled itself)."""
+        """Take *a*'s answer where it is written; None: nothing to write (the attempt settled itself)."""
         if outcome is None:
             return
         if outcome.state is State.DONE and a.claim.has_closing_work:
@@ -161,8 +153,7 @@ class Handover:
         self.on_settled({o.topic for o in batch})
 
     def _close(self, a: Attempt, done: Outcome) -> None:
-        """Done + chained enqueues + on_succeeded in one transaction: tried now, then, while it must
-        be tried again, from the completer's queue (in place without one)."""
+        """Done, chained enqueues and on_succeeded in one transaction, tried until written or not ours."""
         if self._close_once(a, done):
             return
         completer = self.completer
@@ -174,8 +165,7 @@ class Handover:
             self.sleep(RETRY_IN_PLACE)
 
     def _close_once(self, a: Attempt, done: Outcome) -> bool:
-        """One try of the closing transaction; False when it must be tried again (its row locked
-        elsewhere, or the store unreachable). A failing callback or chained job is recorded as a raise."""
+        """One try; False when it must be tried again (its row locked elsewhere, the store unreachable)."""
         claim = a.claim
         try:
             with self.repo.begin() as tx:

@@ -11,15 +11,9 @@ from brooq_py.queue.port import Outcome
 
 
 class InFlight:
-    """Three views, one lock.
-
-    ``held``: claims the heartbeat reports on, by claim token (a job canceled and
-    claimed again at once is two attempts), from an attempt's start until its
-    ending is settled. ``running``: attempts whose handler has not ended, given up
-    on or hung included; each end is told once to *on_end*, by topic (its room in
-    this engine). ``dropped``: claims let go without an outcome while their row may
-    still be ours (hung, fenced), named in the engine's row until taken back.
-    """
+    """Three views, one lock: ``held``, the claims the heartbeat reports on, by claim token (a job
+    canceled and claimed again is two attempts); ``running``, handlers not ended, each end told once
+    to *on_end*; ``dropped``, claims let go while their row may still be ours (hung, fenced)."""
 
     def __init__(self, on_end: Callable[[str], None] = lambda topic: None) -> None:
         self._on_end = on_end

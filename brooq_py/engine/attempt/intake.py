@@ -1,16 +1,11 @@
 """Intake: the claim, within each topic's room, and the attempts it starts (SPEC Q2, Q3, F1, L5', X2').
 
-The dispatcher asks it to ``claim`` rows, then to ``launch_all`` them: each row
-becomes an Attempt, held in the in-flight set and started on a slot the
-dispatcher counted free. A row that must not run (poisoned, of an unknown
-topic, claimed while the engine stops) ends here: dead, or handed back.
+A row that must not run (poisoned, of an unknown topic, claimed while the engine
+stops) ends here: dead, or handed back.
 
-``Capacity`` sizes the claim: a topic's ``concurrency`` caps it in this engine;
-a global or a rate limit caps it across engines, so such a topic is claimed on
-its own under its topic's lock (``Repo.claim_limited``), and the database
-decides: a stale view of which topics are limited only delays their claims.
-A topic out of rate tokens is not claimed again before the next one is due, and
-the dispatcher sleeps until then (``next_due_in``) rather than polling.
+``Capacity`` sizes the claim: ``concurrency`` caps a topic in this engine; a global
+or rate limit caps it across engines, so such a topic is claimed alone under its
+lock (``Repo.claim_limited``) and the database decides (a stale view only delays).
 """
 
 from __future__ import annotations
@@ -32,8 +27,7 @@ from brooq_py.engine.metrics import Metrics
 from brooq_py.queue import Context
 from brooq_py.queue.port import ClaimedJob, LimitedClaim, Repo
 
-# How soon a limited topic whose lock another engine held is claimed again: the other claim takes
-# a few milliseconds, and a rate-limited topic's tokens should not wait a whole poll interval.
+# How soon a limited topic whose lock another engine held is tried again: that claim takes milliseconds.
 BUSY_RETRY = 0.02
 
 
@@ -56,9 +50,8 @@ class Capacity:
         self.on_rate_held: Callable[[str], None] = lambda topic: None  # a claim found no token left
 
     def set_limited(self, topics: Collection[str], ready: Collection[str] = ()) -> None:
-        """The topics with a global or a rate limit, as last read; *ready*: those with a rate token
-        left now, which stop waiting for the token their last claim said was due (the rate may
-        have been raised since)."""
+        """The topics with a global or a rate limit, as last read; *ready*: those with a rate token left
+        now, which stop waiting for the token their last claim said was due (the rate may have risen)."""
         with self._lock:
             new = frozenset(topics) - self._limited
             self._limited = frozenset(topics)
@@ -74,17 +67,15 @@ class Capacity:
     def claim(
         self, repo: Repo, topics: Sequence[str], free: int, worker: str, lease: timedelta
     ) -> list[ClaimedJob]:
-        """Claim up to *free* jobs: each limited topic that is due, each topic its local cap holds
-        below *free* (bounded, so a backlog of the others cannot starve them), then every other
-        topic in one common statement with what is left."""
+        """Claim up to *free* jobs: limited topics due, then capped ones (alone, so others' backlog
+        cannot starve them), then the rest in one common statement."""
         rows: list[ClaimedJob] = []
         try:
             self._claim_into(rows, repo, topics, free, worker, lease)
         except Exception:
             if not rows:
                 raise
-            # An earlier statement of this round committed its rows: they are ours and must run (else
-            # their topic's room is taken until their lease expires); the next claim reports the failure.
+            # rows an earlier statement committed are ours and must run; the next claim reports it
         return rows
 
     def _claim_into(
@@ -236,8 +227,7 @@ class Intake:
         self.log = log
         self.slots: SlotPool | None = None  # the engine's, from start()
         self.supervisor = supervisor
-        # Claim tokens canceled while no attempt of ours held them yet: a claim's answer and its
-        # cancel's NOTIFY travel on different connections.
+        # Claim tokens canceled before their attempt existed (the NOTIFY comes on another connection).
         self._canceled: dict[str, float] = {}
         self._canceled_lock = threading.Lock()
 

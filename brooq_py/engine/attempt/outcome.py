@@ -74,8 +74,7 @@ class IllegalTransition(RuntimeError):
 
 # --- backoff: d = min(base * 2^(attempts-1), max), the delay uniform in [d/2, d] ---
 
-# The engine's own generator: drawing a jitter never moves the caller's global random state
-# (a seeded simulation, or a property-based test drawing while an engine runs beside it).
+# The engine's own generator: a jitter never moves the caller's global random state (seeded runs).
 _RNG = random.Random()
 
 
@@ -117,8 +116,7 @@ def describe_error(exc: BaseException) -> str:
         message = "<unprintable message>"
     text = f"{name}: {message}" if message else name
     text = text.replace("\x00", "\\x00")
-    # PostgreSQL text is UTF-8: a lone surrogate (a surrogateescape'd filename, say) would
-    # make the outcome write itself fail, so escape it.
+    # a lone surrogate (a surrogateescape'd filename) would make the UTF-8 outcome write fail
     text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     if len(text) > MAX_ERROR_CHARS:
         text = text[: MAX_ERROR_CHARS - 20] + " ...[truncated]"
@@ -130,9 +128,8 @@ MAX_TRACEBACK_BYTES = 16 * 1024
 
 
 def format_traceback(exc: BaseException, limit: int = MAX_TRACEBACK_BYTES) -> str | None:
-    """Return *exc*'s formatted traceback, chained causes included, at most *limit* UTF-8 bytes: a
-    longer one is cut from the middle (the outer frames say where, the inner what failed). None
-    if formatting raises."""
+    """*exc*'s traceback with its chain, cut from the middle to *limit* UTF-8 bytes (the outer frames
+    say where, the inner what failed); None if formatting raises."""
     try:
         text = "".join(traceback.format_exception(exc))
     except Exception:
@@ -150,9 +147,7 @@ def format_traceback(exc: BaseException, limit: int = MAX_TRACEBACK_BYTES) -> st
 
 @dataclass(frozen=True)
 class Ending:
-    """How an attempt ended: its *phase* (one of ``ENDINGS``), the handler's
-    *error* (None when it returned or never ran), ctx's *cause* then, whether the
-    engine was *stopping*, and the handler's *result* as JSON text (RETURNED only)."""
+    """How an attempt ended, and what ``decide()`` weighs with it (*result*: JSON text, RETURNED only)."""
 
     phase: Phase
     error: BaseException | None = None
@@ -202,8 +197,7 @@ def decide(
         hung_by = type(cause).__name__ if cause is not None else "unknown"
         return outcome(State.PENDING, last_error=f"handler hung ({hung_by}); row released at shutdown")
     if phase is Phase.GAVE_UP:
-        # The hard ceiling is not the job's verdict: failed with backoff, never dead. On the
-        # last attempt that attempt is given back, so the job is never dead for this alone.
+        # The hard ceiling is not the job's verdict: failed with backoff, the last attempt given back.
         return outcome(
             State.FAILED,
             delay=backoff(),

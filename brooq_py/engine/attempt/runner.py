@@ -2,10 +2,7 @@
 
 A slot is a unit of the engine's capacity (``workers``), not a thread: a sync
 handler takes a slot and a daemon thread, an ``async def`` one a slot and a task
-on the engine's one event loop. The runner executes and hands over, nothing
-more: it encodes the return value on the handler's thread (one that cannot be
-stored is the handler's raise), the Attempt answers each ending, the handover
-takes the answer, and the slot is freed once that is on its way.
+on the engine's one event loop.
 """
 
 from __future__ import annotations
@@ -77,9 +74,8 @@ class SlotPool:
 
 
 class Threads:
-    """Daemon threads, grown on demand, that run the functions handed to them (a hung handler never
-    blocks exit). With *max_threads* None a function never waits: an idle thread takes it or a new
-    one starts (one stuck in a hung handler is never idle again); with a bound, functions queue."""
+    """Daemon threads (a hung handler never blocks exit), grown on demand; with *max_threads* None a
+    function never waits behind a hung one, as a new thread starts when none is idle."""
 
     def __init__(self, name: str, log: logging.Logger, max_threads: int | None = None) -> None:
         self._name = name
@@ -165,8 +161,7 @@ class AsyncRunner:
     def spawn_many(
         self, handlers: Sequence[tuple[Callable[[], Any], Callable[[BaseException | None], None]]]
     ) -> None:
-        """Run ``await make()`` as a task on the loop for each ``(make, on_done)``, then call
-        ``on_done(error or None)`` there; one wake-up of the loop for the whole batch of a claim."""
+        """Run each ``(make, on_done)`` as a task, then ``on_done(error or None)``; one wake-up a batch."""
         if not handlers:
             return
         batch = list(handlers)
@@ -219,8 +214,8 @@ class ResultRejected(BrooqError, ValueError):
 
 
 def encode_result(value: Any, max_bytes: int) -> str | None:
-    """Return *value* as JSON text for the row's ``result`` (None stays SQL NULL); raise
-    ResultRejected for a value jsonb cannot hold (bytes included) or longer than *max_bytes*."""
+    """*value* as JSON text for the row's ``result`` (None stays NULL); ResultRejected for a value
+    jsonb cannot hold (bytes included) or longer than *max_bytes*."""
     if value is None:
         return None
     if isinstance(value, bytes | bytearray | memoryview):
@@ -238,8 +233,7 @@ def encode_result(value: Any, max_bytes: int) -> str | None:
 
 
 async def run_async(a: Attempt, max_bytes: int) -> None:
-    """Await an async handler; encode its return value on the loop, where it ran (a result that
-    cannot be stored raises ResultRejected: the attempt's failure)."""
+    """Await an async handler and encode its return value on the loop, where it ran."""
     with run_span(a.topic, a.id, a.claim.attempt, a.claim.meta):  # a no-op without OpenTelemetry
         a.result = encode_result(await a.kind.handler(a.ctx, a.claim), max_bytes)
 
@@ -276,9 +270,8 @@ class Runner:
         t0 = time.monotonic()
 
         def on_done(error: BaseException | None) -> None:
-            # On the loop's thread: the handler's end is recorded at once (the watchdog must not
-            # call a finished handler hung while it waits for a settler). A plain return is reported
-            # here when that cannot block (the completer has room); the rest goes to a settler thread.
+            # On the loop's thread: the end is recorded at once, so the watchdog never calls it hung;
+            # a plain return is reported here when that cannot block, the rest on a settler thread.
             self._observe(a, t0)
             a.code_ended()
             if error is None and not a.claim.has_closing_work and self.handover.has_room():

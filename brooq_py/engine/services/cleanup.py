@@ -1,18 +1,14 @@
 """Cleanup: the reaper and retention, which take rows back from the past.
 
 The reaper (SPEC R1, P1'', L5') returns to pending, counted as a crash, every
-processing job whose engine's proof of life is older than its lease plus its
-margin or whose engine dropped the claim (hung, fenced): one statement a
-period, which skips a row locked elsewhere and takes it at a later tick.
+processing job whose engine's proof of life is older than lease plus margin or
+whose engine dropped the claim (hung, fenced).
 
-Retention (SPEC T1-T3, Z1, Z1') deletes terminal rows older than the TTL in
-short transactions (SKIP LOCKED: it never waits for, or blocks, a claim). While
-a tick ends on its batch cap the next follows at once, so a backlog drains with
-no period's wait; yet every full statement is followed by a pause of ``PACE``
-times its own duration, so retention takes at most a tenth of one connection's
-time whatever ``retention_batch`` is. The pause is never cut short (that broke
-the ratio for big batches: 33 % busy at 60,000 rows a statement): statements
-are sized instead, to take about ``BUSY_TARGET``; ``stop()`` ends any pause.
+Retention (SPEC T1-T3, Z1, Z1') deletes expired terminal rows in short SKIP LOCKED
+transactions, a backlog with no period's wait; each full statement is followed by
+a pause of ``PACE`` times its duration, so it takes at most a tenth of a connection.
+Statements are sized to about ``BUSY_TARGET`` rather than the pause cut short
+(which made big batches 33 % busy at 60,000 rows a statement).
 """
 
 from __future__ import annotations
@@ -68,15 +64,12 @@ def reap(repo: Repo, events: EventBus) -> list[tuple[str, str]]:
     return rows
 
 
-# Batches a tick deletes before it reports (metrics, stop check); a tick that ends
-# on this cap is followed at once by the next.
+# Batches a tick deletes before it reports (metrics, stop check).
 MAX_BATCHES_PER_TICK = 10
-# After a full batch, wait this many times the batch's own duration before the next. Back to
-# back, the deletes' WAL and CPU halved a 4-worker drain beside them (bench RET: 0.43-0.51 x);
-# at PACE 3 it kept 0.75 x, at 9 0.82-0.94 x while still deleting 590,000-740,000 rows a minute.
+# Back to back, the deletes halved a 4-worker drain beside them (bench RET: 0.43-0.51 x); at PACE 9
+# it kept 0.82-0.94 x while still deleting 590,000-740,000 rows a minute.
 PACE = 9.0
-# The pause a statement of the usual speed needs at most: statements are sized to take about
-# BUSY_TARGET, so a big retention_batch is split rather than its pause cut short.
+# The pause a statement of the usual speed needs at most.
 PAUSE_BOUND = 1.0
 BUSY_TARGET = PAUSE_BOUND / (PACE + 1.0)
 # The smallest statement retention sizes down to (or retention_batch when that is smaller).

@@ -1,4 +1,4 @@
-"""Completer: the one queue every outcome is written from, in batches of one guarded statement (SPEC C10, O4)."""
+"""Completer: every outcome is written from its queue, in batches of one guarded statement (SPEC C10, L6, O4)."""
 
 from __future__ import annotations
 
@@ -18,16 +18,9 @@ RETRY_MAX = 2.0
 
 
 class Completer:
-    """Buffers outcomes and flushes them with ``write(batch)`` on its own thread.
-
-    It flushes *linger* seconds after an outcome arrives (at once when a batch is
-    full). A full buffer makes ``put`` wait: back-pressure on the slots. A failed
-    flush is retried with backoff, the outcomes still buffered (L6: a failed
-    write is never the job's failure); ``on_written(batch, written)`` runs after
-    each that succeeds. An outcome whose row another transaction held locked is
-    set aside and written again LOCKED_RETRY later, alone, never holding up the
-    others. Closing transactions wait in the same thread (``retry``).
-    """
+    """Buffers outcomes and flushes them on its own thread, *linger* seconds after one arrives; a full
+    buffer makes ``put`` wait (back-pressure on the slots), a failed flush keeps its outcomes for the
+    retry, and one whose row was locked elsewhere is written again later, alone."""
 
     def __init__(
         self,
@@ -67,8 +60,7 @@ class Completer:
             self._thread.start()
 
     def put(self, outcome: Outcome) -> bool:
-        """Buffer *outcome* for the next flush, waiting for room; False once ``stop()`` began: the
-        caller writes it."""
+        """Buffer *outcome*, waiting for room; False once ``stop()`` began (the caller writes it)."""
         with self._cond:
             if self._stopping and self._thread is None:
                 return False
@@ -92,14 +84,13 @@ class Completer:
 
     def _buffer(self, outcome: Outcome) -> None:
         self._buf.append(outcome)
-        # Wake the writer only when it sleeps on an empty buffer or a batch is full: while it
-        # lingers, more outcomes joining need no wake-up (one context switch less a job).
+        # wake the writer only when idle or a batch is full: lingering, it needs no context switch
         if self._idle or len(self._buf) >= self._max_batch:
             self._cond.notify_all()
 
     def retry(self, fn: Callable[[], bool], abandon: Callable[[], None]) -> bool:
-        """Call *fn* on this thread RETRY_FIRST from now, and again with backoff until it answers
-        True; *abandon* when the completer stops first. False once stopping (nothing taken)."""
+        """Call *fn* on this thread with backoff until it answers True, *abandon* if stopped first;
+        False once stopping."""
         with self._cond:
             if self._thread is None or self._stopping:
                 return False
@@ -139,8 +130,7 @@ class Completer:
         with self._cond:
             batch, self._buf = self._buf, []
             self._writing += len(batch)
-        # Outcomes set aside for a row locked elsewhere are written in a part of their own, last,
-        # so that meeting the lock again costs the others nothing.
+        # outcomes set aside for a locked row go last, alone: meeting the lock again costs others nothing
         again = [o for o in batch if o.claim_token in self._retrying]
         rest = [o for o in batch if o.claim_token not in self._retrying] if again else batch
         parts = [rest[i : i + self._max_batch] for i in range(0, len(rest), self._max_batch)]
@@ -209,8 +199,7 @@ class Completer:
                 self._try_again()
                 continue
             with self._cond:
-                # A moment for more outcomes to join: fewer, larger writes leave the
-                # database more room for the claims (measured +10% at 4 workers).
+                # fewer, larger writes leave the database more room for the claims (+10% at 4 workers)
                 until = time.monotonic() + self._linger
                 while not self._stopping and len(self._buf) < self._max_batch:
                     left = until - time.monotonic()
@@ -233,8 +222,8 @@ class Completer:
             self._try_again()
 
     def stop(self, timeout: float = 10.0) -> int:
-        """Flush what is buffered and try the closing transactions waiting, up to *timeout*
-        seconds; stop the thread; return how many outcomes stay unwritten."""
+        """Flush and try the waiting closing transactions for up to *timeout* seconds; return how many
+        outcomes stay unwritten."""
         with self._cond:
             thread, self._thread = self._thread, None
             self._stopping = True

@@ -13,12 +13,8 @@ from brooq_py.queue.port import ClaimedJob
 
 
 class Dispatcher:
-    """One thread: wait for a free slot and a wake-up (or the poll interval), claim, launch the rows.
-
-    A claim takes at most *batch* rows, launched as it returns, and the next follows at once
-    while claims come back full; a failed one is retried with backoff. Rows a claim returns
-    after ``stop()`` go to *hand_back*. *next_due* shortens the wait to a rate token's time.
-    """
+    """One thread: wait for a free slot and a wake-up (or the poll interval), claim at most *batch*
+    rows and launch them; the next claim follows at once while claims come back full."""
 
     def __init__(
         self,
@@ -93,8 +89,7 @@ class Dispatcher:
             failures = 0
             backlog = len(rows) >= free
             if self._stop.is_set() and rows and self._hand_back is not None:
-                # stop() gave up waiting for this claim (a pool wait can outlast its join): the
-                # slots may be stopping, so the rows go back unrun rather than start now.
+                # stop() gave up waiting for this claim: the slots may be stopping, the rows go back
                 self._hand_back(rows)
                 return
             if rows:

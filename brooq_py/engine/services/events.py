@@ -1,9 +1,7 @@
 """Events: what happened to a job, delivered to listeners after its commit (SPEC N1).
 
-The engine's pieces call ``emit`` right after the commit that recorded the
-event. ``emit`` never blocks and never raises: it puts the Event on a bounded
-queue (a full queue drops and counts it), and one daemon thread calls the
-listeners in order; one that raises is logged and counted, and delivery goes on.
+``emit`` never blocks nor raises (a full queue drops and counts the event); one
+daemon thread calls the listeners in order, and one that raises stops nothing.
 """
 
 from __future__ import annotations

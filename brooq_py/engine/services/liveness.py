@@ -1,18 +1,11 @@
 """Liveness: the heartbeat, the fence and the watchdog (SPEC P1'', F0, W0, C3-C5, X2', V4).
 
-The heartbeat is the engine's proof of life: one write of its own row per
-period (which nothing done to job rows can block), no job row written while
-nothing changed on it, and a read of what became of the claims the engine
-holds. A claim whose row is no longer ours is lost; one canceled under its
-claim is an operator's cancel. The engine's claims stay its own while its row
-is younger than ``lease + margin`` on the database clock; the engine fences
-itself earlier, ``lease - margin`` after the send time of its last heartbeat
-that succeeded (``Fence``), so a stalled or cut-off engine stops its handlers
-before any other engine may take their jobs.
-
-The watchdog checks every attempt against its deadlines each tick (timeouts,
-give-ups, hung handlers), and the fence, which thus does not depend on the
-heartbeat's statement returning: one stuck on a silent socket fences all the same.
+The heartbeat writes the engine's own row each period (which nothing done to job
+rows can block) and reads what became of its claims. The claims stay the engine's
+while its row is younger than ``lease + margin`` on the database clock; the engine
+fences itself ``lease - margin`` after its last good heartbeat's send time, so a
+stalled engine stops its handlers before another may take their jobs. The watchdog
+checks the fence too, so a heartbeat stuck on a silent socket fences all the same.
 """
 
 from __future__ import annotations
@@ -34,10 +27,8 @@ ORPHAN_LOOK = 4
 
 
 class Fence:
-    """When this engine last proved itself alive (``proven_at``: the monotonic *send* time of a
-    heartbeat that succeeded), and its verdict on its running attempts past ``lease - margin``:
-    fenced, their claims dropped; the next heartbeat that succeeds names those claims before
-    the engine claims again."""
+    """When this engine last proved itself alive (the send time of a good heartbeat), and its verdict
+    past ``lease - margin``: attempts fenced, no claim until a heartbeat named their dropped claims."""
 
     def __init__(
         self, lease: float, margin: float, clock: Clock, on_fence: Callable[[Attempt], None]
@@ -165,9 +156,7 @@ class Heartbeat(Ticker):
 
 
 class Watchdog(Ticker):
-    """Each tick: the fence's check; ``on_timeout`` at attempt_timeout, ``on_give_up`` at
-    max_execution_timeout, ``on_hung`` for a handler still running ``grace`` seconds after its
-    ctx was cancelled."""
+    """Each tick: the fence's check, then each running attempt's deadlines and hung verdict."""
 
     name = "watchdog"
 

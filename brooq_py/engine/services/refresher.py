@@ -25,8 +25,7 @@ class GaugeSnapshot:
 
 @dataclass(frozen=True)
 class GaugeView:
-    """What a scrape sees: the latest snapshot (None before the first success), its age in seconds,
-    and whether the latest refresh succeeded."""
+    """What a scrape sees: the latest snapshot (None before the first success), fresh or not, its age."""
 
     snapshot: GaugeSnapshot | None
     fresh: bool

@@ -1,13 +1,9 @@
 """Scheduler: periodic jobs from cron expressions (SPEC Q4, Q4').
 
-Every engine that declares a schedule enqueues its ticks; no leader is elected.
-A tick is enqueued only by the transaction that moves its schedule's mark (its
-``schedule_tick`` row) forward to it, so however many engines or restarts see a
-tick it yields exactly one job, and a tick older than the mark none (the engine
-whose clock is ahead decides). The job still carries an idempotency key derived
-from the tick (``tick_key``), which engines of the previous release rely on.
-Ticks missed while no engine ran are not made up, except the latest when it is
-at most one period old. Cron expressions: five fields, or six with seconds first.
+Every engine that declares a schedule enqueues its ticks, no leader elected: only
+the transaction that moves the schedule's mark (its ``schedule_tick`` row) forward
+to a tick enqueues it, so each tick yields exactly one job. Its idempotency key
+(``tick_key``) stays for the engines of the previous release.
 """
 
 from __future__ import annotations
@@ -121,8 +117,7 @@ class Scheduler(Ticker):
             if s.next_tick is not None and s.next_tick > now:
                 continue
             due, before = s.latest(now)
-            # On the first tick (start-up) the latest tick is made up only if at most one period old;
-            # later, a due tick is the latest at or before now (older ones missed meanwhile are skipped).
+            # at start-up the latest tick is made up only if at most one period old; older ones never are
             if s.next_tick is not None or now - due <= due - before:
                 try:
                     result = self._enqueue_tick(s.topic, due, s.job(due))
@@ -152,8 +147,7 @@ class Scheduler(Ticker):
 def tick_enqueuer(
     repo: Repo, metrics: Metrics, enqueued: Callable[[Job], None]
 ) -> Callable[[str, datetime, Job], EnqueueResult | None]:
-    """The scheduler's enqueue: a tick goes in only with its schedule's last tick,
-    counted and waking the engine as ``Engine.enqueue`` does."""
+    """The scheduler's enqueue, counted and waking the engine as ``Engine.enqueue`` does."""
 
     def enqueue_tick(schedule: str, tick: datetime, job: Job) -> EnqueueResult | None:
         result = repo.enqueue_tick(schedule, tick, job)

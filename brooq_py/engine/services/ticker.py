@@ -1,8 +1,4 @@
-"""Ticker: the one lifecycle base every background service runs on (SPEC L7).
-
-It owns the loop, the stop, and what happens when a tick fails; a service only
-says what one tick does and, when healthy, how long to wait.
-"""
+"""Ticker: the one lifecycle base every background service runs on: loop, stop, failures (SPEC L7)."""
 
 from __future__ import annotations
 
@@ -17,15 +13,8 @@ def worth_logging(failures: int) -> bool:
 
 
 class Ticker:
-    """A daemon thread that calls ``tick()`` every ``next_delay()`` seconds (*period* by default).
-
-    ``start()`` is idempotent; ``stop()`` is safe before ``start()`` and twice; ``wake()``
-    cuts the wait short; ``run_once()`` ticks in the caller's thread, for tests. A tick that
-    raises is counted and logged (``worth_logging``), and the next one comes after
-    ``failure_delay()``: ``backoff_base`` doubled per failure in a row, capped at
-    ``backoff_max`` (None: the period). A tick that runs long (a connection's life) calls
-    ``recovered()`` once its work is healthy again.
-    """
+    """A daemon thread that calls ``tick()`` every ``next_delay()`` seconds, or ``failure_delay()``
+    after one that raised; ``start()`` is idempotent, ``stop()`` safe before ``start()`` and twice."""
 
     name = "ticker"
     backoff_base = 0.5

@@ -1,16 +1,9 @@
 """Wake-ups: what makes jobs claimable and tells the dispatcher to claim (SPEC S7, Z3, E6, L7, Q2, Q3).
 
-- ``Stager``: due scheduled and failed rows become pending, so claims read
-  ready rows only: one bounded statement (SKIP LOCKED) per batch while batches
-  come back full, then a sleep until the earliest due time it knows, at most
-  the poll interval.
-- ``WakeListener``: wakes the dispatcher on NOTIFY; a lost connection degrades
-  to polling.
-- ``TopicWatch``: reads the operator's topic settings every poll interval,
-  never per claim: the claim statements enforce pause and limits, so what it
-  learns only decides which topics take the limited path, and the gauges.
-- ``wake_services`` and ``own_wakes`` wire them to the dispatcher and to the
-  engine's own enqueues.
+The ``Stager`` makes due scheduled and failed rows pending, so claims read ready
+rows only; the ``WakeListener`` wakes the dispatcher on NOTIFY (a lost connection
+degrades to polling); the ``TopicWatch`` reads the topic settings each poll
+interval, not per claim, since the claim statements enforce pause and limits.
 """
 
 from __future__ import annotations
@@ -64,8 +57,7 @@ class Stager(Ticker):
         poked = self._poke.is_set()
         self._poke.clear()
         due = self._due()
-        # Forget the due time until a statement succeeds: a failing database is retried
-        # every poll interval, never in a busy loop on a due time already past.
+        # forgotten until a statement succeeds: a failing database is retried each poll, never busily
         self._due_at = None
         if poked and not due:
             self._learn(self._next_due(self.topics))
@@ -102,9 +94,8 @@ RECONNECT_MAX = 30.0
 
 
 class WakeListener(Ticker):
-    """Holds a LISTEN subscription and calls *wake* on each notification. A tick is one
-    connection's life: open, wake once (a notification may have been missed meanwhile), wait in
-    slices until stopped or broken; one that fails raises, and polling carries on meanwhile."""
+    """Calls *wake* on each notification of a LISTEN subscription, and once per connection (one may
+    have been missed meanwhile); a tick is one connection's life, polling carries on while it fails."""
 
     name = "listener"
     backoff_base = 0.5
@@ -185,9 +176,8 @@ def wake_services(
     on_cancel: Callable[[str, str], None] | None = None,
     on_listening: Callable[[], None] | None = None,
 ) -> list[Ticker]:
-    """The stager, and with ``cfg.notify`` a listener for wake-ups of *topics* only and for the
-    cancels of running jobs (*on_cancel*, X2'). *on_listening* is called each time LISTEN is up
-    again: a cancel notified while it was down is lost, so the held claims are looked at then."""
+    """The stager, and with ``cfg.notify`` a listener for *topics* and the cancels of running jobs;
+    *on_listening* each time LISTEN is up again, as a cancel notified while it was down is lost."""
     stager = Stager(
         cfg.td("poll_interval").total_seconds(),
         topics,
@@ -201,8 +191,7 @@ def wake_services(
 
     def listen() -> Listener:
         sub = repo.listen(topics, stager.wake, on_cancel)
-        # A NOTIFY sent while no LISTEN was up is lost: look at the due times again, and at the
-        # held claims (a cancel's); once per connection, so the listener's backoff bounds both.
+        # NOTIFYs sent while no LISTEN was up are lost: look again, once per connection (its backoff)
         stager.wake()
         if on_listening is not None:
             on_listening()
@@ -214,9 +203,8 @@ def wake_services(
 def own_wakes(
     services: Sequence[Ticker], cfg: Config, topics: Sequence[str], wake: Callable[[], None]
 ) -> tuple[Callable[[], None], Callable[[Job], None]]:
-    """What the engine tells its own stager and dispatcher, since no NOTIFY does: the stager's
-    wake for a failed attempt's retry time written (the trigger announces inserts only), and,
-    without NOTIFY (``cfg.notify`` off), the wakes for a job the engine enqueued itself."""
+    """The wakes no NOTIFY gives: the stager's for a failed attempt's retry time (the trigger announces
+    inserts only), and without ``cfg.notify`` those for a job the engine enqueued itself."""
     stager = next(s for s in services if isinstance(s, Stager))
     ours = frozenset(topics)
 

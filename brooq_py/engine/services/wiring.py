@@ -39,9 +39,8 @@ def background_services(
     worker_id: str,
     instance: str,
 ) -> list[Ticker]:
-    """The heartbeat (the proof of life of *worker_id*), the watchdog and the reaper, then *built*
-    (the services the engine made itself), then the scheduler when there are *schedules* and
-    retention when it is enabled. *enqueued* wakes the engine's own services for a job it enqueued."""
+    """The heartbeat, watchdog and reaper, then *built* (the services the engine made itself), then the
+    scheduler and retention when wanted; *enqueued* wakes the engine's services for its own jobs."""
     lease, margin = cfg.lease_td.total_seconds(), cfg.margin_td.total_seconds()
     fence = Fence(lease, margin, clock, supervisor.fence)
     proof = EngineProof(worker_id, socket.gethostname(), os.getpid(), cfg.lease_td, cfg.margin_td, instance)

@@ -1,8 +1,6 @@
 """The enqueue plans the stores call: ``enqueue_own``, ``enqueue_one``, ``enqueue_many``, ``enqueue_group``.
 
-Written once for the Store and the AsyncStore, so the rules (E1-E5, U1-U2, D1, D6, F2) cannot drift
-apart. ``enqueue_many`` is one statement for the batch, more only for keys a concurrent writer
-held or a merge or replace of a repeated unique key.
+Written once for both stores, so the rules (SPEC E1-E5, U1-U2, D1, D6, F2) cannot drift apart.
 """
 
 from __future__ import annotations
@@ -47,7 +45,7 @@ from brooq_py.queue.job import encode_payloads
 
 def enqueue_one(q: Queries, job: Job, caps: TopicCaps) -> Plan[EnqueueResult]:
     """Insert *job* unless (topic, key) exists; return its id and whether this call created it.
-    The job is validated when the plan is made, before any statement (E4)."""
+    The job is validated when the plan is made, before any statement."""
     plain = keyless(q, job, caps.fresh())
     if plain is not None:
         return just(plain)
@@ -58,9 +56,8 @@ def enqueue_one(q: Queries, job: Job, caps: TopicCaps) -> Plan[EnqueueResult]:
 
 
 def enqueue_own(q: Queries, job: Job, caps: TopicCaps, tries: FirstTries) -> Plan[EnqueueResult]:
-    """``enqueue_one`` in a store's own autocommit statements: a new unique job, or a job on a capped
-    topic with room, first tries the one INSERT that reads nothing back (``plans.unique_new``,
-    ``plans.capped_new``); a row count of 0 runs the whole plan."""
+    """``enqueue_one`` in a store's own statements: a new unique job, or one on a capped topic with room,
+    first tries the one INSERT that reads nothing back; a row count of 0 runs the whole plan."""
     known = caps.fresh()
     first = unique_new(q, job, known, tries) or capped_new(q, job, known, caps)
     if first is not None:
@@ -79,7 +76,7 @@ def _first(plan: Plan[list[EnqueueResult]]) -> Plan[EnqueueResult]:
 
 
 def enqueue_group(q: Queries, jobs: Sequence[Job], then: Job | None, caps: TopicCaps) -> Plan[GroupResult]:
-    """``enqueue_many(jobs)``, then *then* with ``after`` = every id of the group (SPEC D6), in one
+    """``enqueue_many(jobs)``, then *then* with ``after`` = every id of the group, in one
     transaction (the caller's). Everything is validated when the plan is made."""
     own_parents: list[str] = []
     if then is not None:
@@ -105,7 +102,7 @@ def _group(
     beside: int,
 ) -> Plan[GroupResult]:
     # Whatever would refuse the `then` is checked before the group is written, not after it: in
-    # the caller's transaction a refusal must leave nothing of the call (SPEC D1, F2).
+    # the caller's transaction a refusal must leave nothing of the call.
     if own_parents:
         missing = yield q["job_parents_missing"], {"parents": own_uuid_array(own_parents)}
         if missing:
@@ -114,10 +111,8 @@ def _group(
     if then is not None and many is not None:
         cap = (yield from known_caps(q, caps)).get(then.topic)
         if cap is not None:
-            # Room for the `then` and the group's jobs of its topic; the `then` is then written
-            # unrefused (a concurrent enqueue may overshoot the cap by one, as F2 allows), under a
-            # cap it cannot reach: it still takes its value of the depth sequence, so that every
-            # Store's bound of the topic counts it (migration 0014).
+            # Room for the `then` and the group's jobs of its topic: the `then` is then written under
+            # a cap it cannot reach, yet takes its depth-sequence value, so every Store's bound counts it.
             (room,) = yield q["topic_room"], {"topic": then.topic, "cap": cap, "n": beside + 1}
             if not room[0]:
                 raise caps.refused(then.topic, cap)
@@ -132,7 +127,7 @@ def _group(
 
 
 def enqueue_many(q: Queries, jobs: Sequence[Job], caps: TopicCaps) -> Plan[list[EnqueueResult]]:
-    """Enqueue *jobs* in one statement; input order; validated when the plan is made (E4, E5). A key
+    """Enqueue *jobs* in one statement; input order; validated when the plan is made. A key
     repeated inside the batch is sent once, with its first job; each repeat is answered as the same
     enqueues one after another would answer it (``_repeat``)."""
     first_of: dict[Name, int] = {}
@@ -152,7 +147,7 @@ def enqueue_many(q: Queries, jobs: Sequence[Job], caps: TopicCaps) -> Plan[list[
     if repeats:
         validated(jobs)  # the repeats' payloads too, in input order
     payloads = encode_payloads([jobs[i].payload for i in todo])
-    # A batch naming parents takes the statement that checks and links them (SPEC D1).
+    # A batch naming parents takes the statement that checks and links them.
     parents = parents_of(jobs) if has_parents(jobs) else None
     return _enqueue_many(q, jobs, todo, (repeats, first_of), payloads, caps, parents)
 
@@ -175,16 +170,9 @@ def _repeat(
     results: list[EnqueueResult | None],
     caps: TopicCaps,
 ) -> Plan[EnqueueResult]:
-    """Answer *job*, the batch's *i*-th, whose key an earlier job of the batch carried.
-
-    *how* says, for each job answered so far, what its row holds: "created" (both its keys),
-    "key" (its idempotency key: the row of that key answered it), "unique" (its unique key:
-    the active holder answered it; its idempotency key was written nowhere), "plan" (not
-    known). An enqueue of the repeat after the earlier one would find: its idempotency key,
-    when given, held by that row (the row is the answer, unchanged: E1, U2); else its unique
-    key held by that row (kept: the answer). Anything else (a merge or replace, a key the
-    earlier job did not write) takes the one-job plan, as a second enqueue would.
-    """
+    """Answer *job*, the batch's *i*-th, whose key an earlier job carried, as a second enqueue would: by
+    the earlier row when it holds the idempotency key (or, without one, the kept unique key), else by
+    the one-job plan. *how*: what each answered job's row holds ("created", "key", "unique", "plan")."""
     if job.key is not None:
         first = first_of[("key", job.topic, job.key)]
         if first != i and how[first] in ("created", "key"):

@@ -1,9 +1,6 @@
-"""One job's statements, the building blocks of the enqueue plans (``jobs``), and the reads of jobs.
-
-Validation before any statement (E4, E5), the one-statement fast paths (``keyless``,
-``unique_new``, ``capped_new``), the caps a plan reads, and ``enqueue_single``: one job with its
-keys and cap (E1-E3, U1-U2, F2). ``get``, ``by_id``, ``retry`` and ``list_jobs`` read or change
-one job or list them. Ids are made here (UUIDv7, SPEC Z4): a job's id is known before commit.
+"""One job's statements, the building blocks of the enqueue plans (``jobs``), and the reads of jobs
+(SPEC E1-E5, U1-U3, F2, Q1, Z4). Validation comes before any statement, and ids are made here (UUIDv7),
+so a job's id is known before commit.
 """
 
 from __future__ import annotations
@@ -47,8 +44,7 @@ def _plain(job: Job) -> bool:
 
 
 def _plain_params(job: Job, job_id: str | uuid.UUID, payload: str | None = None) -> dict[str, Any]:
-    """The parameters of a plain INSERT of *job* under *job_id*; *payload*: its text, validated
-    already (None: validated here, E4)."""
+    """The parameters of a plain INSERT of *job*; *payload*: its text, validated already (None: here)."""
     return {
         "id": job_id,
         "topic": job.topic,
@@ -64,7 +60,7 @@ Fast = tuple[Query, dict[str, Any], EnqueueResult]
 
 def keyless(q: Queries, job: Job, caps: Mapping[str, int] | None) -> Fast | None:
     """The one plain INSERT of a Job without keys or parents on a topic that *caps* (None: not known
-    lately) do not name, nothing read back; None for any other job. Validates the job (E4)."""
+    lately) do not name, nothing read back; None for any other job. Validates the job."""
     if caps is None or not _plain(job) or job.topic in caps:
         return None
     job_id = uuid7_text()
@@ -87,9 +83,8 @@ def unique_first(job: Job, caps: Mapping[str, int] | None) -> bool:
 
 
 def unique_new(q: Queries, job: Job, caps: Mapping[str, int] | None, tries: FirstTries) -> Fast | None:
-    """The first try of a new unique job (``unique_first``, on a topic *tries* has not taken out): one
-    INSERT whose only arbiter is the unique key's partial index (U1), nothing read back. Row count 0
-    (the key is held) leaves the job to the whole plan, which answers with the holder."""
+    """The first try of a new unique job: one INSERT whose only arbiter is the unique key's partial
+    index, nothing read back; row count 0 (the key is held) leaves it to the whole plan."""
     if not unique_first(job, caps) or not tries.tries(job.topic):
         return None
     job_id = uuid7_text()
@@ -98,10 +93,8 @@ def unique_new(q: Queries, job: Job, caps: Mapping[str, int] | None, tries: Firs
 
 
 def capped_new(q: Queries, job: Job, known: Mapping[str, int] | None, caps: TopicCaps) -> Fast | None:
-    """The first try of a Job without keys or parents on a topic capped in *known*, while its anchor
-    may leave room (``TopicCaps.worth_trying``): the plain INSERT written only while the anchor bounds
-    the depth below the cap (F2), nothing counted or read back. Row count 0 leaves it to the whole
-    plan, which counts."""
+    """The first try of a keyless Job on a capped topic whose anchor may leave room: the plain INSERT,
+    written only while the anchor bounds the depth below the cap; row count 0 leaves it to the plan."""
     if known is None or not _plain(job) or job.topic not in known:
         return None
     anchor = caps.worth_trying(job.topic, known[job.topic])
@@ -179,8 +172,8 @@ def by_id(query: Query, job_id: Any) -> Plan[bool]:
 
 
 def retry(q: Queries, job_id: Any) -> Plan[bool]:
-    """Put a dead or canceled job back to pending (SPEC Q1); False as ``by_id``, and when an active
-    holder of its unique key committed meanwhile (U3)."""
+    """Put a dead or canceled job back to pending; False as ``by_id``, and when an active holder of its
+    unique key committed meanwhile."""
     try:
         return (yield from by_id(q["job_retry"], job_id))
     except psycopg.errors.UniqueViolation:

@@ -1,9 +1,5 @@
-"""The Store's producer part: the enqueue plans driven on its pool or in a caller's transaction.
-
-The Store delegates its producer methods here, and its worker part does the same
-for the engine (the Repo's producer side). The rules are the plans of ``jobs``
-and ``plans``, shared with AsyncStore (SPEC E1-E6, X1, D6, Q4').
-"""
+"""The Store's producer part: the enqueue plans driven on its pool or in a caller's transaction
+(SPEC E1-E6, X1, D3, D6, F2, Q4')."""
 
 from __future__ import annotations
 
@@ -24,7 +20,7 @@ from brooq_py.queue import EnqueueResult, GroupResult, Job, JobRow, Tx
 
 
 class Producer:
-    """Enqueue, read and cancel jobs through *session*; *caps*: the depth caps its Store caches (F2)."""
+    """Enqueue, read and cancel jobs through *session*; *caps*: the depth caps its Store caches."""
 
     def __init__(self, session: Session, caps: TopicCaps) -> None:
         self.session = session
@@ -99,8 +95,8 @@ class Producer:
         return {str(r[0]): r[1] for r in rows}
 
     def cancel(self, job_id: str) -> bool:
-        """Cancel a pending, scheduled, failed, blocked or processing job, and its blocked descendants
-        (SPEC X1, D3); False for terminal, unknown or malformed ids (never an error)."""
+        """Cancel a pending, scheduled, failed, blocked or processing job, and its blocked descendants;
+        False for terminal, unknown or malformed ids (never an error)."""
         return self.session.drive("canceling a job", plans.by_id(self._q["job_cancel"], job_id))
 
     def get(self, job_id: str) -> JobRow | None:

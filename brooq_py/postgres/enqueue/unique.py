@@ -1,10 +1,7 @@
 """Enqueue plans of jobs with a unique key (SPEC U1, U2), I/O-free as the others in ``jobs``.
 
-The partial unique index ``job_unique_idx`` over the active states does the work: no
-read-then-insert race. ``job_enqueue_unique`` takes a job kept on duplicate, or one that also
-carries an idempotency key (``job_unique_update`` then merges or replaces the holder),
-``job_enqueue_unique_update`` a merge or replace without one; each file says why. The
-idempotency key wins when both are taken: that row is the answer, unchanged.
+The partial unique index over the active states does the work, with no read-then-insert race; each
+statement's file says why. The idempotency key wins when both are taken: that row is the answer.
 """
 
 from __future__ import annotations
@@ -53,7 +50,7 @@ def answers(rows: Rows) -> dict[str, tuple[Any, Any]]:
 
 def enqueue_unique(q: Queries, job: Job, payload: str, cap: int | None, caps: TopicCaps) -> Any:
     """Plan: insert *job* unless an active job holds its unique key (answered: its id, created=False,
-    merged or replaced, U2); QueueFull when the topic is at its cap and no holder answers."""
+    merged or replaced); QueueFull when the topic is at its cap and no holder answers."""
     params = unique_params(job, payload, cap)
     sent = caps.depth_params(job.topic) if cap is not None else ({**NO_ANCHOR}, None)
     params.update(sent[0])
@@ -86,9 +83,8 @@ def enqueue_unique(q: Queries, job: Job, payload: str, cap: int | None, caps: To
 
 
 class FirstTries:
-    """Per store: the topics whose new unique jobs try ``job_enqueue_unique_new`` first. That INSERT
-    costs a new job nothing but its index entry, a duplicate a second statement; so an enqueue that
-    found its key held takes its topic out until one of its unique jobs creates a job again."""
+    """Per store, the topics whose new unique jobs try ``job_enqueue_unique_new`` first: a duplicate
+    costs it a second statement, so a key found held takes its topic out until a job is created."""
 
     def __init__(self) -> None:
         self._out: set[str] = set()

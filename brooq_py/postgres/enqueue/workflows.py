@@ -23,10 +23,7 @@ def has_parents(jobs: Sequence[Any]) -> bool:
 
 
 def parents_of(jobs: Sequence[Job]) -> list[list[str]]:
-    """Each job's parents as canonical UUID text, repeats dropped, in the order given.
-
-    Raise InvalidJob for a malformed id before any statement runs (E4').
-    """
+    """Each job's parents as canonical UUID text, repeats dropped; InvalidJob for a malformed id."""
     out = []
     for i, job in enumerate(jobs):
         if job.after and job.unique_key is not None:

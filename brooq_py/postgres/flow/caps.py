@@ -1,45 +1,18 @@
-"""Depth caps (SPEC F2): what a Store knows of them is the capped topics, cached for a
-second, their anchors, and its refusals. An enqueue must know whether its topic is capped before it chooses its
-statement: an uncapped topic keeps the one plain INSERT (nothing read), a
-capped one checks its depth in the INSERT itself. Reading the settings on
-every enqueue would cost every topic a round trip or a probe, so the Store
-keeps the capped topics for ``ttl`` seconds (1 s) and reads them again, in
-the first enqueue's own statements, once that has passed: a cap set or
-removed elsewhere is obeyed by this Store within a second; ``set_max_depth``
-on this Store is obeyed at once.
+"""Depth caps (SPEC F2; docs/rate-limits.md): the capped topics a Store caches for ``ttl`` (1 s), their
+anchors, and its refusals. Reading the caps at every enqueue would cost every topic a round trip, so a
+cap set elsewhere is obeyed within a second, one set on this Store at once.
 
-The check itself counts nothing while it can prove there is room (migration
-0014). Every capped enqueue takes its transaction's id and then a value of the
-sequence ``job_depth_seq``, and so does every job that moves back to a waiting
-state (a row trigger); a refused enqueue takes neither. A capped topic's
-*anchor* here is ``(base, seq0)``: at most ``base`` waiting jobs, besides
-those of values above ``seq0``. So the topic's depth is at most ``base`` plus
-the values taken since ``seq0`` (claims and ends only lower it), and an
-enqueue inserts without counting while that sum, with the sequence's last
-value and one for itself, stays within the cap (``job_enqueue_capped``, or the
-``room`` of ``job_enqueue``). When it would not, the INSERT counts, as before,
-and refuses a full topic.
+An anchor ``(base, seq0)`` bounds a topic's waiting jobs by ``base`` plus the values of ``job_depth_seq``
+taken since ``seq0`` (each capped enqueue and each job back to waiting takes one, after its transaction's
+id; migration 0014): an enqueue inserts without counting while that sum, plus one, stays within the cap.
 
-A count can anchor only a value every transaction of which it sees:
-transactions still running when it began are invisible to it, and so are
-their jobs, whatever value they took. So the Store keeps, per topic, the
-value of its last counting statement (``last``) and, once a later statement of
-this Store has begun, a *checkpoint* ``(value, horizon)``: the horizon is the
-first transaction id not yet assigned when that later statement's snapshot was
-taken. Every job of a value below the checkpoint's belongs to a transaction
-whose id is below the horizon (each takes its id before its value). A count
-whose snapshot shows every other transaction below the horizon ended therefore
-saw all of them, and ``(count + its own job, checkpoint value)`` is an anchor.
-Any transaction that writes counts here, whatever it writes: while one that
-began before the checkpoint is still open, this Store cannot anchor and its
-capped enqueues count, as they did before 0014.
-Jobs written without a value (psql, a Store that has not seen the cap yet)
-are not in any bound until the next count, as they were never checked. So an
-anchor is trusted for ``ttl`` seconds only, as the caps are: such jobs are
-obeyed within about a second of their commit, as a cap set elsewhere is.
-A counting statement whose value is not above the anchor's or the
-checkpoint's (the sequence was created again: migration 0014 downgraded and
-upgraded) makes the Store forget both and count the topic afresh.
+A count anchors only a value all of whose transactions it sees. So the Store keeps the value of its last
+counting statement (``last``) and, once a later statement began, a *checkpoint* ``(value, horizon)``, the
+horizon being the first transaction id unassigned at that statement's snapshot: a count whose snapshot
+shows every other transaction below the horizon ended saw every job below the checkpoint's value, and
+``(count + its own job, checkpoint value)`` is an anchor. Jobs written without a value (psql) are in no
+bound, so an anchor is trusted for ``ttl`` only; a value not above the anchor's or the checkpoint's (the
+sequence made anew) makes the Store count the topic afresh.
 """
 
 from __future__ import annotations
@@ -102,9 +75,8 @@ class TopicCaps:
         row: tuple[object, ...],
         created: bool,
     ) -> None:
-        """Keep what a counting statement of *topic* answered: *row* ends with (its value, the count or
-        None, the count if it anchors, its horizon); *sent* is what ``depth_params`` gave it; *created*:
-        whether it wrote its job."""
+        """Keep what a counting statement answered: *row* ends with (its value, the count or None, the
+        count if it anchors, its horizon); *sent*: what ``depth_params`` gave it."""
         params, last = sent
         seq, seen, anchor, horizon = (v if isinstance(v, int) else None for v in row[-4:])
         with self._lock:
@@ -112,9 +84,7 @@ class TopicCaps:
             if seq is not None and (
                 (checkpoint is not None and seq <= checkpoint[0]) or (kept is not None and seq <= kept[1])
             ):
-                # A value not above the ones this Store's bound rests on: the sequence is a new one
-                # (migration 0014 run again after a downgrade), whose values say nothing of the old
-                # one's, or this statement was overtaken by two others. Count the topic afresh.
+                # not above the values the bound rests on: a new sequence, or overtaken; count afresh
                 self._anchors.pop(topic, None)
                 self._checkpoints.pop(topic, None)
                 checkpoint = None
@@ -130,9 +100,8 @@ class TopicCaps:
             ):
                 self._checkpoints[topic] = (last, horizon)  # this statement began after *last* was taken
             if seq is not None:
-                # The latest answer, not the highest value: any value answered before a statement
-                # began was taken before its snapshot, and a value lower than the last one (an
-                # answer overtaken, or a new sequence) keeps what the Store sends next consistent.
+                # the latest answer, not the highest value: any value answered before a statement began
+                # was taken before its snapshot, and a lower one keeps what the Store sends consistent
                 self._last[topic] = seq
 
     def worth_trying(self, topic: str, cap: int) -> tuple[int, int] | None:
@@ -145,9 +114,7 @@ class TopicCaps:
         return anchor if anchor[0] + max(0, last - anchor[1]) + 1 <= cap else None
 
     def _anchor(self, topic: str) -> tuple[int, int] | None:
-        """*topic*'s anchor (base, seq0) while it is younger than ``ttl``: a job written since its
-        count without a value of the sequence (psql, a Store that had not seen the cap) is in no
-        bound, so the topic is counted again at least once per ``ttl``."""
+        """*topic*'s anchor (base, seq0) while it is younger than ``ttl``."""
         anchor = self._anchors.get(topic)
         if anchor is None or self._monotonic() - anchor[2] >= self.ttl:
             return None

@@ -1,9 +1,4 @@
-"""Flow control (SPEC Q2, Q3, F1, F2): a topic's settings as the Store checks, shows and writes them.
-
-``Flow`` is the Store's part that reads and writes them (pause, global limit, rate limit, depth
-cap); the functions check and parse their values, no I/O. The depth caps an enqueue obeys are
-cached in ``caps``.
-"""
+"""Flow control (SPEC Q2, Q3, F1, F2): a topic's settings as the Store checks, shows and writes them."""
 
 from __future__ import annotations
 
@@ -21,8 +16,7 @@ from brooq_py.queue.job import MAX_TOPIC_BYTES, check_length, check_text
 from brooq_py.queue.port import TopicSetting
 
 INT32_MAX = 2**31 - 1
-# The finest rate period: the database clock's step (and timedelta's). A finer one overflows the
-# bucket's float8 arithmetic (elapsed * limit / per) in every statement that reads the bucket.
+# The finest rate period, the database clock's step: a finer one overflows the bucket's float8 arithmetic.
 MIN_PER = 1e-6
 
 
@@ -101,7 +95,7 @@ def setting_of(r: tuple[Any, ...]) -> TopicSetting:
     return TopicSetting(*(*r[:7], None if r[7] is None else float(r[7]), r[8]))
 
 
-# --- a topic's settings, read and written (SPEC Q2, Q3, F1, F2) ------------------------------------
+# --- a topic's settings, read and written ---------------------------------------------------------
 
 
 class Flow:
@@ -124,11 +118,11 @@ class Flow:
         return {s.topic for s in self.topic_settings() if s.paused}
 
     def pause(self, topic: str) -> None:
-        """Pause *topic*: no engine claims it from its next claim on; running jobs finish (SPEC Q2)."""
+        """Pause *topic*: no engine claims it from its next claim on; running jobs finish."""
         self.session.run("pausing a topic", self._q["topic_pause"], {"topic": checked_topic(topic)})
 
     def resume(self, topic: str) -> None:
-        """Resume *topic* and wake the engines that run it (SPEC Q2)."""
+        """Resume *topic* and wake the engines that run it."""
         self.session.run("resuming a topic", self._q["topic_resume"], {"topic": checked_topic(topic)})
 
     def forget_topic(self, topic: str) -> bool:
@@ -143,10 +137,8 @@ class Flow:
         if params["limit"] is None:
             self.session.run("setting a topic's limit", self._q["topic_set_limit"], params)
             return
-        # A claim that ran while the topic was unlimited may still commit rows of it: a limited
-        # claim that counted before they did would add on top. So a topic limited for the first
-        # time is held at limit 0 until the job table's writers begun before that have ended
-        # (bounded), then given its limit. Plain transactions only: safe behind a pooling proxy.
+        # An unlimited claim's rows not yet committed would add on top of a limited claim's count, so
+        # a first limit holds the topic at 0 until the writers begun before it end (bounded, pooler-safe).
         with self.session.autocommit("setting a topic's limit") as conn:
             run = on_connection(conn)
             if run(self._q["topic_limit_hold"], params):

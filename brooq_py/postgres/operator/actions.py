@@ -34,7 +34,7 @@ class TopicOverview:
 
 
 class Operator:
-    """The Store's operator part: retry jobs, list them, read the topics (SPEC Q1, O3)."""
+    """The Store's operator part: retry jobs, list them, read the topics."""
 
     def __init__(self, session: Session) -> None:
         self.session = session

@@ -1,9 +1,5 @@
-"""What the dashboard and ``GET /topics`` read: topics with their counts, pages of jobs.
-
-Every read is a few index-served statements: counts stop at a cap, lists at a page size with a
-keyset cursor, the last hour of outcomes is read from the retention index up to the cap. The
-topic overview is cached for a short time, shared by every caller.
-"""
+"""What the dashboard and ``GET /topics`` read, a few index-served statements each: counts stop at a
+cap, lists at a page with a keyset cursor, and the topic overview is cached briefly for every caller."""
 
 from __future__ import annotations
 
@@ -25,8 +21,7 @@ from brooq_py.queue import State
 
 DEFAULT_CAP = 10_000
 DEFAULT_TTL = 2.0
-# The last hour's outcomes change slowly at a minute's grain and cost the most to read:
-# read at most every ACTIVITY_TTL seconds, up to ACTIVITY_CAP rows.
+# The last hour's outcomes change slowly at a minute's grain and cost the most to read.
 ACTIVITY_TTL = 30.0
 ACTIVITY_CAP = 100_000
 # A read that takes long is reused longer: at most 1/READ_SHARE of the time is spent reading.
@@ -56,9 +51,9 @@ class TopicView:
     paused: bool
     limit: int | None
     throughput: list[int] = field(default_factory=list)
-    rate: str | None = None  # "10/1s", None: no rate limit (SPEC F1)
+    rate: str | None = None  # "10/1s", None: no rate limit
     tokens: float | None = None  # rate tokens left when read
-    max_depth: int | None = None  # SPEC F2
+    max_depth: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -183,9 +178,8 @@ class Overview:
         self._activity_at = 0.0
 
     def topics(self) -> Topics:
-        """Return the topic overview, from the cache while it is younger than ``ttl``, or than
-        ``READ_SHARE`` times the last read (so reading takes a bounded share of the time however
-        large the table). Callers on a stale cache wait for one read; StoreUnavailable as any read."""
+        """The topic overview, cached for ``ttl`` or ``READ_SHARE`` times the last read (a bounded share
+        of the time however large the table); callers on a stale cache wait for one read."""
         with self._lock:
             if self._cached is not None and self._clock() - self._cached_at < self._fresh_for:
                 return self._cached
@@ -298,9 +292,8 @@ class Overview:
         scan: int = SEARCH_SCAN,
         limit: int = 50,
     ) -> SearchPage:
-        """Return the jobs among the next *scan* of ``jobs(topic, state, cursor)`` whose payload
-        contains *contains* (jsonb ``@>``), at most *limit*: that page, then one primary key probe
-        per row of it (``web_jobs_payload``). Raise what ``jobs`` raises."""
+        """The jobs among the next *scan* of ``jobs(topic, state, cursor)`` whose payload contains
+        *contains* (jsonb ``@>``), at most *limit*: that page, then a primary key probe per row."""
         window = self.jobs(topic, state, cursor, scan)
         if not window.jobs:
             return SearchPage([], None, 0)

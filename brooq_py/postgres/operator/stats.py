@@ -111,7 +111,7 @@ def collect(
     return Stats(schema, cap, topics, holders, in_flight, dead)
 
 
-# --- the operator's SQL of the README (SPEC O3) ---------------------------------------------------
+# --- the operator's SQL of the README -------------------------------------------------------------
 
 
 OPS = {
@@ -130,8 +130,7 @@ DEMO = {
 
 
 def statement(name: str, schema: str) -> sql.Composed:
-    """Return the named statement rendered for *schema* (``{job}``, ``{job_in_flight}`` and the demo's
-    ``{orders}``)."""
+    """Return the named statement rendered for *schema*."""
     file = OPS.get(name) or DEMO.get(name)
     if file is None:
         raise KeyError(f"no operator query named {name!r}; known: {', '.join([*OPS, *DEMO])}")
@@ -152,8 +151,7 @@ def text(name: str) -> str:
 
 
 def pasteable(name: str, params: dict[str, str]) -> str:
-    """Return ``text(name)`` with each ``%(key)s`` replaced by its value as an SQL string literal,
-    so it can be pasted into psql as it stands."""
+    """``text(name)`` with each ``%(key)s`` as an SQL string literal, to paste into psql as it stands."""
     body = text(name)
     for key, value in params.items():
         body = body.replace(f"%({key})s", "'" + value.replace("'", "''") + "'")

@@ -1,15 +1,10 @@
 """The pool plumbing every part of a store runs on, and the Store's own connections.
 
-A ``Session`` (sync) or ``AsyncSession`` (asyncio) holds a store's pool and its statements
-rendered for its schema, and lends a pool connection for an autocommit statement, a plan or a
-bounded transaction. An ``OwnConnection`` (heartbeat, claims, outcome batches) is opened on first
-use and reopened after a break: one backend per kind of statement saves the pool checkout, and its
-session is set up for that statement alone (a claim's plan is cached).
-
-Waits on the own connections are bounded by the lease (SPEC L3): ``lock_timeout`` and
-``statement_timeout`` on the server, TCP keepalives and ``tcp_user_timeout`` on the wire, and
-``deadline()``, which shuts the socket down when a statement has not answered in time (a path
-that goes silent behind a proxy that still ACKs).
+A ``Session`` (or ``AsyncSession``) holds a store's pool and its statements rendered for its schema.
+An ``OwnConnection`` (heartbeat, claims, outcome batches) saves the pool checkout, its session set up
+for its one statement. Its waits are bounded by the lease (SPEC L3, L3', H1): server timeouts, TCP
+keepalives, and ``deadline()``, which shuts the socket down when a statement has not answered in time
+(a path gone silent behind a proxy that still ACKs).
 """
 
 from __future__ import annotations
@@ -50,8 +45,7 @@ from brooq_py.postgres.session.tx import (
 )
 from brooq_py.queue import BrooqError, StoreUnavailable
 
-# After the server refused to open the connection, ``try_run`` leaves statements to the pool
-# for this long before it tries again (a saturated server is not asked once per claim).
+# After the server refused a connection, ``try_run`` leaves statements to the pool this long.
 REOPEN_PAUSE = 1.0
 
 T = TypeVar("T")
@@ -60,11 +54,9 @@ T = TypeVar("T")
 # Connection settings of the pool that are not libpq parameters, left out of our own connections.
 NOT_LIBPQ = frozenset({"autocommit", "row_factory", "cursor_factory", "context"})
 
-# The claim and settle connections' sessions: each statement is planned once, not at every
-# execution (its custom plans were no better, and planning cost about a third of a one-row claim).
+# Claim and settle sessions plan each statement once: planning cost a third of a one-row claim.
 CACHED_PLAN = "-c plan_cache_mode=force_generic_plan"
-# How long a claim or an outcome batch waits for a row lock before it leaves that row aside
-# (outcomes: written without it, SPEC L3'; claims skip locked rows anyway).
+# How long a claim or an outcome batch waits for a row lock before it leaves that row aside.
 SETTLE_LOCK_WAIT = "250ms"
 DEFAULT_LEASE = timedelta(seconds=30)
 
@@ -129,8 +121,7 @@ class Session:
             return on_connection(conn)(query, params)
 
     def run_bounded(self, doing: str, query: Query, params: dict[str, Any], seconds: float) -> Rows:
-        """Run *query* on a pool connection in a transaction whose statement_timeout is bounded by
-        *seconds* and lock_timeout by SETTLE_LOCK_WAIT (SPEC L3'), without touching the session's."""
+        """Run *query* in a transaction whose statement and lock timeouts are bounded, not the session's."""
         bounds = {"lock_timeout": SETTLE_LOCK_WAIT, "statement_timeout": f"{max(int(seconds * 1000), 100)}ms"}
         with self.autocommit(doing) as conn, conn.transaction():
             run = on_connection(conn)
@@ -147,8 +138,7 @@ class Session:
 
     @contextmanager
     def begin(self) -> Iterator[WrapTx]:
-        """Yield a WrapTx on a pool connection inside a transaction: commit on a clean exit,
-        rollback on an exception."""
+        """Yield a WrapTx in a pool transaction: commit on a clean exit, rollback on an exception."""
         if self.pool is None:
             raise no_pool("Store", "opening a transaction")
         doing = "running a transaction"
@@ -255,10 +245,8 @@ async def _dropped_if_read_only(conn: psycopg.AsyncConnection[Any], doing: str) 
 
 
 class OwnConnection:
-    """A lazily opened autocommit connection that runs one statement at a time. ``run`` raises
-    StoreUnavailable on a connection error and closes it (the next call reopens it); ``try_run``
-    returns None instead while another thread uses it or the server refuses to open it (tried again
-    after ``REOPEN_PAUSE``), and after ``close()`` until ``reuse()``."""
+    """A lazily opened autocommit connection, one statement at a time, reopened after a break;
+    ``try_run`` returns None rather than wait for another thread or a server that refuses it."""
 
     def __init__(
         self, connect: Callable[[], psycopg.Connection[Any]], budget: Callable[[], float] | None = None
@@ -317,8 +305,7 @@ class OwnConnection:
             with deadline(conn, self._budget()) if self._budget else contextlib.nullcontext():
                 return on_connection(conn)(query, params)
         except psycopg.Error as exc:
-            # A broken connection, or one on a read-only server (a standby): closed, so the
-            # next statement reopens it where the conninfo's target_session_attrs says (H1).
+            # broken, or on a standby: closed, so the next reopens where target_session_attrs says
             if not is_outage(exc, conn):
                 raise
             self._close_locked()
@@ -344,7 +331,7 @@ class OwnConnection:
         self._closed = False
 
 
-# --- bounded waits on the own connections (SPEC L3) -----------------------------------------------
+# --- bounded waits on the own connections ---------------------------------------------------------
 
 
 def own_connection_kwargs(lease: timedelta) -> dict[str, Any]:
@@ -365,8 +352,7 @@ def own_connection_kwargs(lease: timedelta) -> dict[str, Any]:
 
 
 def merged(kwargs: dict[str, Any], lease: timedelta, options: str = "") -> dict[str, Any]:
-    """*kwargs* with the bounds of *lease* added, then *options*: the caller's own ``options`` come
-    first, so ours win."""
+    """*kwargs* with *lease*'s bounds, then *options*; the caller's ``options`` come first, so ours win."""
     out = {**kwargs, **own_connection_kwargs(lease)}
     out["options"] = " ".join(o for o in (kwargs.get("options"), out["options"], options) if o)
     return out

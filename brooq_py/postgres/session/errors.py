@@ -1,9 +1,8 @@
 """Translate psycopg's connection errors at the store's edge; never leak a DSN password.
 
-A broken connection, one that could not be had, and one on a standby or read-only server (SQLSTATE
-25006, SPEC H1) become ``StoreUnavailable``: the engine retries with backoff, a producer sees an
-outage it can retry. A read-only server's connection is closed rather than reused, so the next
-one (``target_session_attrs=read-write``) lands on the server that accepts writes now.
+A broken connection, one that could not be had, and a standby's refusal (25006, SPEC H1) become a
+retryable ``StoreUnavailable``; a read-only server's connection is closed rather than reused, so the
+next one (``target_session_attrs=read-write``) lands on the server that accepts writes now.
 """
 
 from __future__ import annotations
@@ -20,9 +19,8 @@ import psycopg_pool
 from brooq_py.queue import BrooqError, InvalidUsage, StoreUnavailable
 from brooq_py.redact import mask_secrets
 
-# Server-side states that mean "the connection is gone or cannot be had", as opposed to
+# States that mean the connection is gone or cannot be had (57P03: recovery, starting up), unlike
 # a statement's own failure (a statement timeout is an OperationalError too, 57014).
-# 57P03 cannot_connect_now covers "the database system is in recovery mode" / "is starting up".
 _CONNECTION_STATES = frozenset({"57P01", "57P02", "57P03", "53300"})
 
 # read_only_sql_transaction: "cannot execute INSERT in a read-only transaction" on a hot
@@ -119,8 +117,7 @@ _MISSING = (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName)
 
 
 def _missing_tables(exc: BaseException) -> bool:
-    """True when *exc*, or what it wraps (SQLAlchemy's ``orig``, Django's cause), says a table or
-    schema does not exist."""
+    """Whether *exc* or what it wraps (SQLAlchemy's ``orig``, a cause) says a table or schema is missing."""
     seen: BaseException | None = exc
     for _ in range(6):
         if seen is None:

@@ -1,14 +1,9 @@
 """Named SQL statements: loaded once from ``sql/*.sql``, rendered per schema; their parameters and rows.
 
-Each file holds one statement, with psycopg ``%(name)s`` parameters and placeholders for the
-schema's tables (``_TABLES``, ``{version_table}``), the depth caps' sequence (``{depth_seq}``), the
-channels (``{channel}``, ``{stage_channel}``, ``{cancel_channel}``, ``{settled_channel}``, and
-``..._literal`` as text) and the fragments of ``_FRAGMENTS``. A store renders each once for its
-schema and never sets ``search_path`` on a connection.
-
-Batch parameters are array literals built in one string: one text parameter cast in SQL costs a
-join, where a Python list costs psycopg a type scan and a dump per element (most of the adapter's
-CPU at tens of thousands of outcomes a second).
+Each file holds one statement with ``%(name)s`` parameters and placeholders for the schema's tables,
+channels and fragments, rendered once per schema: no connection's ``search_path`` is set. Batch
+parameters are array literals built in one string, as a Python list costs psycopg a type scan and a
+dump per element (most of the adapter's CPU at tens of thousands of outcomes a second).
 """
 
 from __future__ import annotations
@@ -138,8 +133,7 @@ def stage_channel_for(schema: str) -> str:
 
 
 def cancel_channel_for(schema: str) -> str:
-    """``brooq_cancel.<schema>`` (migration 0011): a processing job was canceled; the payload is
-    ``"<id> <claim_token>"``."""
+    """``brooq_cancel.<schema>``: a processing job was canceled; the payload is ``"<id> <claim_token>"``."""
     return _named(_CANCEL_PREFIX, schema)
 
 
@@ -166,9 +160,8 @@ def uuid_array(values: Iterable[str]) -> str:
 
 
 def text_array(values: Sequence[str | None]) -> str:
-    """Return an array literal for text values (NULL for None), each element quoted and escaped; without
-    a None, in three passes over one string joined on NUL (a value holding NUL, which text cannot
-    store, takes the element-wise way and is refused by the server)."""
+    """An array literal for text values (NULL for None); without a None, in three passes over one string
+    joined on NUL (a value holding NUL goes element-wise and is refused by the server)."""
     n = len(values)
     if n and None not in values:
         joined = "\x00".join(values)  # type: ignore[arg-type]  # no None: checked above

@@ -1,10 +1,7 @@
 """Run a named statement on a psycopg connection or on a caller's transaction; drive plans.
 
-``WrapTx`` and ``AsyncWrapTx`` adapt a caller's connection, inside its transaction, to the ``Tx``
-port; a foreign ``Tx`` (any object with ``execute(query, params)``) gets plain ``%(name)s`` text.
-A plan is a generator that yields ``(query, params)`` for every statement it needs and receives
-its rows back: ``drive`` runs it on a blocking runner, ``drive_async`` on an awaitable one, so
-the rules cannot drift apart between the two stores.
+A plan is a generator that yields ``(query, params)`` for every statement it needs and receives its
+rows back, run by ``drive`` or ``drive_async``, so the rules cannot drift apart between the two stores.
 """
 
 from __future__ import annotations

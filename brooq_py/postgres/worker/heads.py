@@ -1,16 +1,8 @@
-"""Where each topic's claims stopped, so the next claim reads past it (SPEC B1).
+"""Where each topic's claims stopped, so the next claim reads past it (SPEC B1; docs/performance.md).
 
-While a transaction holds the database's horizon, vacuum removes no dead row version, and the
-claim index keeps an entry for every job claimed since: a claim read from the head of a topic's
-range walks them all, so every claim costs a little more than the last until the queue falls
-behind for good. ``ClaimHeads`` keeps, per topic, the claim key (priority, available_at) of the
-last row this Store claimed at the topic's usual priority; the claim statement then reads that
-priority from ``available_at > head - SLACK`` only (higher priorities from their start, lower
-ones when that priority had too few); a topic its last whole read found empty, from the
-database's ``now() - SLACK`` at the default priority. Rows that sort before that point (a back-dated
-``available_at``, a producer whose transaction stayed open longer than SLACK, a row an operator
-held locked when a claim passed it) are claimed by the whole scan each topic gets at least every
-RESCAN seconds. Kept in memory on purpose: losing it costs one whole scan, never a job.
+While a transaction holds the horizon, a claim read from a topic's start walks the dead index entry of
+every job claimed since, each claim slower than the last. Rows that sort before the head are claimed by
+the whole read each topic gets at least every RESCAN seconds; kept in memory, losing it costs one read.
 """
 
 from __future__ import annotations
@@ -23,9 +15,7 @@ from datetime import datetime, timedelta
 
 from brooq_py.queue.port import ClaimedJob
 
-# How far before the head a claim still looks: covers producers whose enqueue committed this long
-# after its statement began (a job's available_at defaults to that statement's start), at the
-# price of walking this many seconds of dead entries under a held horizon.
+# How far before the head a claim still looks: producers whose transactions stay open this long.
 SLACK = timedelta(seconds=2)
 # A topic is read from its start at least this often (seconds), for the rows before its head.
 RESCAN = 1.0
@@ -69,12 +59,9 @@ class ClaimHeads:
             self._whole_at.clear()
 
     def advance(self, topics: Sequence[str], sent: Sequence[int | None], rows: Sequence[ClaimedJob]) -> None:
-        """Move the heads past *rows* (claim order, available_at set) that a claim sent *sent* took.
-
-        A whole read that took rows behind the head (more than SLACK before it, at its priority)
-        keeps the topic on whole reads until one takes none: such rows are the topic's oldest,
-        and they drain at the claims' pace, not one batch a RESCAN. The head keeps its priority
-        once set; the first one is the priority most of a whole read's rows had."""
+        """Move the heads past *rows* that a claim sent *sent* took. A whole read that took rows behind
+        the head keeps the topic on whole reads until one takes none, so they drain at the claims' pace,
+        not one batch a RESCAN; the head keeps the priority most of its first whole read's rows had."""
         level = dict(zip(topics, sent, strict=True))
         keys: dict[str, list[tuple[int, datetime]]] = {}
         for row in rows:

@@ -1,9 +1,6 @@
-"""The Store's worker part, the engine's Repo (River's driver): claim, settle, beat, reap, stage,
-retention, gauges; the port's enqueues, reads and topic settings go to the Store's other parts.
-
-Each method keeps the contract its ``Repo`` docstring states (queue/port.py, SPEC C1, P1'', P3,
-O4, R1, S7, T1, Q3, F1, Z2, L3); the docstrings here say how it is kept.
-"""
+"""The Store's worker part, the engine's Repo (River's driver): each method keeps the contract of its
+``Repo`` docstring (queue/port.py; SPEC C1, D2, D4, P1'', P3, O4, R1, S7, T1, Q3, F1, Z2, L3, L3', V4),
+and its docstring here says how."""
 
 from __future__ import annotations
 
@@ -92,9 +89,8 @@ def _maybe_text_array(values: Sequence[str | None]) -> str:
 
 
 class WorkerRepo:
-    """The engine's Repo on a Store's *session*; *producer* and *flow* answer the port's enqueues,
-    reads and topic settings. The heartbeat has a connection of its own (handlers holding pool
-    connections cannot starve it); so have claims and outcome batches, without a separate ``conninfo``."""
+    """The engine's Repo on a Store's *session*; the heartbeat has a connection of its own (handlers
+    holding pool connections cannot starve it), and so have claims and outcome batches."""
 
     def __init__(self, session: Session, producer: Producer, flow: Flow) -> None:
         self.session = session
@@ -127,16 +123,14 @@ class WorkerRepo:
     topic_settings = delegate(Flow.topic_settings, "flow")
 
     def bound_waits(self, lease: timedelta) -> None:
-        """Bound every wait on the own connections opened from now on by *lease* (see
-        session/connections.py), and use them again after a ``close()``; the engine calls it at start."""
+        """Bound the own connections opened from now on by *lease*, reused after ``close()`` (at start)."""
         self.session.own_lease = lease
         for own in (self._heartbeat, self._claimer, self._settler):
             if own is not None:
                 own.reuse()
 
     def claim(self, topics: Sequence[str], limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:
-        """Claim up to *limit* ready jobs of *topics* in one statement, in claim order: processing,
-        locked by *worker* until now()+*lease* (the database's clock), attempts+1, a new claim_token."""
+        """One statement on the claimer's own connection, read past each topic's head (worker/heads.py)."""
         if not topics or limit < 1:
             return []
         topics = list(topics)
@@ -204,16 +198,13 @@ class WorkerRepo:
     def _own_or_pool(
         self, own: OwnConnection | None, doing: str, query: Query, params: dict[str, Any]
     ) -> Rows:
-        """Run a claim, an outcome batch or a beat on its own connection, else on the pool: when there
-        is none, while it is busy (a second engine on this Store), closed, refused or broken, and
-        when the statement outlasted its lock or statement timeout (a table lock). On the pool its
-        waits are bounded by the lease as well (SPEC L3')."""
+        """Run on *own*, else (none, busy, closed, refused, broken, or past a lock or statement timeout)
+        on the pool, its waits bounded by the lease there too."""
         if own is not None:
             try:
                 rows = own.try_run(doing, query, params)
             except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled, StoreUnavailable):
-                # Every statement here may run twice: a claim whose answer was lost is an orphan its
-                # engine drops, an outcome already written reads as written.
+                # each may run twice: a lost claim is an orphan its engine drops, an outcome reads written
                 rows = None
             if rows is not None:
                 return rows
@@ -266,9 +257,8 @@ class WorkerRepo:
         return self.settle_own_tx(tx, outcome) == "ours"
 
     def beat(self, proof: EngineProof, leases: Sequence[HeldLease], orphans: bool = False) -> Renewal:
-        """Renew *proof* and read what became of *leases* in one statement (sql/engine_beat.sql), on
-        the heartbeat's own connection. Nothing in it needs the session: it works through a pooler in
-        transaction mode. Raise BrooqError when another live engine holds *proof*'s id."""
+        """One statement on the heartbeat's own connection, needing no session state (a pooler in
+        transaction mode works); BrooqError when another live engine holds *proof*'s id."""
         params = {
             **self._renew_params(leases),
             "engine": proof.id,
@@ -301,7 +291,7 @@ class WorkerRepo:
 
     @staticmethod
     def _renew_params(leases: Sequence[HeldLease]) -> dict[str, Any]:
-        """The claims as array literals, with the progress each carries (NULL: unchanged, SPEC V4)."""
+        """The claims as array literals, with the progress each carries (NULL: unchanged)."""
         return {
             "ids": uuid_array([h.id for h in leases]),
             "tokens": uuid_array([h.claim_token for h in leases]),
@@ -319,8 +309,7 @@ class WorkerRepo:
         return str(rows[0][0]) if rows else None
 
     def reap(self) -> list[tuple[str, str]]:
-        """Return to pending the processing rows whose engine is gone or dropped them, at most
-        REAP_BATCH, in one statement (sql/lease_reap.sql); (id, topic) of each."""
+        """At most REAP_BATCH rows in one statement (sql/lease_reap.sql); (id, topic) of each."""
         rows = self.session.run(
             "reaping claims of gone engines", self._q["lease_reap"], {"limit": REAP_BATCH}
         )
@@ -330,8 +319,7 @@ class WorkerRepo:
         """Delete at most *batch* terminal rows older than *ttl*, oldest first; (id, topic) of each."""
         if ttl <= timedelta(0) or batch < 1:
             return []
-        # Two statements in one transaction: lock the batch, then delete it in a snapshot taken
-        # after the locks, so a child that named a row meanwhile keeps it (SPEC D4).
+        # lock the batch, then delete in a snapshot taken after the locks: a child naming a row keeps it
         with self.session.autocommit("deleting terminal jobs") as conn, conn.transaction():
             run = on_connection(conn)
             locked = run(self._q["job_terminal_lock"], {"ttl": ttl, "batch": batch})
@@ -341,12 +329,11 @@ class WorkerRepo:
         return [(str(r[0]), r[1]) for r in rows]
 
     def stage(self, topics: Sequence[str], batch: int, notify: bool = True) -> Staged:
-        """Make up to *batch* due scheduled/failed rows of *topics* pending in one statement, after
-        releasing up to *batch* blocked children whose parents ended unseen (SPEC D2, O4)."""
+        """Make up to *batch* due rows of *topics* pending in one statement, after releasing up to *batch*
+        blocked children whose parents ended unseen."""
         if not topics or batch < 1:
             return Staged({}, None)
-        # Children of any topic (whichever engine's stager runs first releases them), counted as
-        # promoted so that the dispatcher wakes.
+        # children of any topic (whichever stager runs first), counted as promoted: the dispatcher wakes
         params = {"topics": list(topics), "batch": batch, "notify": notify}
         released = self.session.run("releasing children of ended parents", self._q["job_release_due"], params)
         rows = self.session.run("staging due jobs", self._q["job_stage"], params)
@@ -416,8 +403,7 @@ class WorkerRepo:
             self._listeners.discard(listener)
 
     def ping(self, timeout: float | None = None) -> bool:
-        """Return True if the database answers ``select 1`` through the pool within *timeout*
-        (default ``ping_timeout``, 2 s); False on any error."""
+        """Whether ``select 1`` answers through the pool within *timeout* (``ping_timeout``); never raises."""
         try:
             with self.session.autocommit("pinging", timeout=timeout or self.ping_timeout) as conn:
                 return bool(on_connection(conn)(self._q["ping"], {}))
@@ -425,9 +411,8 @@ class WorkerRepo:
             return False
 
     def close(self) -> None:
-        """Close the own connections (heartbeat, claims, outcomes, listeners), never the pool; safe to
-        repeat. A claim or outcome batch that comes later (a late claim's hand-back) goes through
-        the pool, until ``bound_waits`` (an engine starts again)."""
+        """Close the own connections and listeners, never the pool; safe to repeat. A later statement
+        (a late claim's hand-back) goes through the pool until ``bound_waits``."""
         for own in (self._heartbeat, self._claimer, self._settler):
             if own is not None:
                 own.close()
