@@ -3,28 +3,20 @@ before the head (postgres/worker/heads.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
 
 from brooq_py.engine import Config, Engine
 from brooq_py.postgres import Store
 from brooq_py.postgres.worker.heads import RESCAN, ClaimHeads
 from brooq_py.queue import Job, State
 from brooq_py.queue.port import Outcome
+from tests.integration.test_store_worker import db  # noqa: F401 - the test schema's raw connection
 
 LEASE = timedelta(seconds=60)
-
-
-@pytest.fixture
-def db(dsn: str, schema: str) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
-        yield conn
 
 
 class Clock:
