@@ -14,7 +14,7 @@ from brooq_py.postgres import Store
 from brooq_py.postgres.worker.heads import RESCAN, ClaimHeads
 from brooq_py.queue import Job, State
 from brooq_py.queue.port import Outcome
-from tests.integration.test_store_worker import db  # noqa: F401 - the test schema's raw connection
+from tests.integration.test_store_worker import db  # noqa: F401 - the fixture: the test schema's raw connection
 
 LEASE = timedelta(seconds=60)
 
@@ -52,7 +52,9 @@ def _scan_buffers(plan: dict[str, Any]) -> int:
 
 
 def test_b1_past_its_head_a_claim_reads_none_of_the_dead_entries_a_held_horizon_keeps(
-    dsn: str, store: Store, db: psycopg.Connection[Any]
+    dsn: str,
+    store: Store,
+    db: psycopg.Connection[Any],  # noqa: F811
 ) -> None:
     """While an xid is held, every job claimed leaves a dead entry at the head of the claim index
     that vacuum cannot remove: read from its start, the claim walks them all; past its head, none."""
@@ -118,7 +120,9 @@ def test_b1_lower_priorities_are_claimed_when_the_usual_one_has_too_few(store: S
 
 
 def test_b1_a_row_locked_when_a_claim_passed_it_is_claimed_once_unlocked(
-    store: Store, db: psycopg.Connection[Any], clock: Clock
+    store: Store,
+    db: psycopg.Connection[Any],  # noqa: F811
+    clock: Clock,
 ) -> None:
     """An operator's lock made the claim skip a row, and the next claims read past it: the next
     whole read takes it, nothing is left behind."""
