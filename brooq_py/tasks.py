@@ -119,6 +119,10 @@ class Task(Generic[P, R]):
     def __repr__(self) -> str:
         return f"Task({self.topic!r})"
 
+    def kind_options(self, defaults: KindOptions) -> KindOptions:
+        """Return *defaults* with this task's own options over them."""
+        return dataclasses.replace(defaults, **self.options)
+
     def payload(self, *args: P.args, **kwargs: P.kwargs) -> dict[str, Any]:
         """Bind the arguments to the signature; return them by name (defaults left to the function).
         Raise InvalidJob for a missing or extra argument or a value JSON cannot hold."""
@@ -277,7 +281,7 @@ class Tasks:
         (``Engine.register_tasks`` does); raise ConfigError naming the task, and as register_kind does."""
         for task in self:
             try:
-                options = dataclasses.replace(defaults, **task.options)
+                options = task.kind_options(defaults)
             except ConfigError as exc:
                 raise ConfigError([f"task {task.topic!r}: {p}" for p in exc.problems]) from None
             register_kind(task.topic, task.handler(), options)

@@ -6,6 +6,18 @@ has, or invalid settings (all listed, before anything connects); 130 a second SI
 graceful stop.
 """
 
-from brooq_py.cli.entry import main
+from brooq_py.cli.commands import format_stats
+from brooq_py.cli.common import CONNECT_TIMEOUT, PROG, Failure
+from brooq_py.cli.entry import LOG_FORMAT, build_parser, main
+from brooq_py.cli.worker import demo_handler
 
-__all__ = ["main"]
+__all__ = [
+    "CONNECT_TIMEOUT",
+    "LOG_FORMAT",
+    "PROG",
+    "Failure",
+    "build_parser",
+    "demo_handler",
+    "format_stats",
+    "main",
+]

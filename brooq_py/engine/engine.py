@@ -409,7 +409,9 @@ class Engine(Producing):
         self.events.start()  # its events are delivered as a started engine's are; close() ends it
         stage_now(self.repo, self.config, self.topics)
         self._topic_watch.run_once()
-        self.repo.read_whole()  # a script's claim sees every ready row, not only those past the head
+        read_whole = getattr(self.repo, "read_whole", None)  # a Repo of brooq_py's (claim heads, SPEC B1)
+        if read_whole is not None:
+            read_whole()  # a script's claim sees every ready row, not only those past the head
         rows = self.intake.claim(min(self.config.workers, self.config.claim_batch))
         for row in rows:
             a = self.intake.open(row)

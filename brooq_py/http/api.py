@@ -221,10 +221,16 @@ class Surface:
     *token* reads and acts; *viewer_token* reads, and gets 403 for anything but GET and HEAD.
     """
 
-    def __init__(self, engine: Engine, token: str | None = None, *, viewer_token: str | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        token: str | None = None,
+        operator: Operator | None = None,
+        viewer_token: str | None = None,
+    ) -> None:
         self.engine = engine
         self.roles = Roles(token, viewer_token)
-        self.operator = for_repo(engine, engine.store)
+        self.operator = operator or for_repo(engine, engine.store)
 
     def __repr__(self) -> str:
         return f"Surface(engine={self.engine!r}, roles={self.roles!r})"

@@ -86,6 +86,7 @@ class Store:
     # The Repo port, as API.md promises of a Store; an engine calls the worker part itself.
     claim = delegate(WorkerRepo.claim, "worker")
     claim_limited = delegate(WorkerRepo.claim_limited, "worker")
+    read_whole = delegate(WorkerRepo.read_whole, "worker")
     settle_many = delegate(WorkerRepo.settle_many, "worker")
     lock_own_tx = delegate(WorkerRepo.lock_own_tx, "worker")
     settle_own_tx = delegate(WorkerRepo.settle_own_tx, "worker")

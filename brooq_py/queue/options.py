@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import timedelta
 
 from brooq_py.queue.durations import to_timedelta
@@ -69,6 +69,10 @@ class KindOptions:
     concurrency: int | None = None
     # Engines that may stop while running a job before it is dead: a crash gives its attempt back.
     max_crashes: int = 3
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
 
     def __post_init__(self) -> None:
         problems: list[str] = []

@@ -204,11 +204,6 @@ class Repo(Protocol):
     def claim(self, topics: Sequence[str], limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:
         """Claim up to *limit* ready jobs of *topics*, paused and limited ones left out."""
 
-    def read_whole(self) -> None:
-        """Have the next claim read every topic from its start, rows before its head too (a claim
-        of a script or a test, ``Engine.run_once``, must see every ready row; SPEC B1)."""
-        ...
-
     def claim_limited(self, topic: str, limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:
         """Claim up to *limit* jobs of a globally limited *topic*, never beyond its limit."""
 

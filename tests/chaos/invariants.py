@@ -100,35 +100,39 @@ CREATE TRIGGER chaos_terminal BEFORE UPDATE OR DELETE ON {s}.job
 """
 
 
+# Seconds within which a beat written before a reap may still have been uncommitted when the
+# reaper's snapshot was taken (a generous bound for a commit on a loaded machine).
+COMMIT_WINDOW = 1.0
+
+
 def _reap_unjustified(
     beats: list[tuple[Any, ...]], engine: str, token: str, locked_until: Any, now: Any
 ) -> str:
     """Why a reap at *now* (the reaper's statement time) of *token*, held by *engine*, was not
     justified by the engine table, or "" when it was (SPEC P1'').
 
-    A beat is (engine, seen_at, grace, dropped, at); a removed row has no seen_at, and its ``at``
-    (the DELETE's clock) bounds when the reaper could first miss it: a removal logged at or
-    after *now* was not visible to a statement that started at *now*."""
-    last: tuple[Any, ...] | None = None  # the engine's latest proof of life before the reaper looked
-    removed = False  # ... and whether its row was removed after that proof and before the look
-    for b in beats:
-        if b[0] != engine:
-            continue
-        if b[1] is None:
-            removed = removed or b[4] < now
-        elif b[1] <= now:
-            last, removed = b, False
-    if any(
-        b[0] == engine and b[3] and token in {str(t) for t in b[3]} for b in beats if b[1] and b[1] <= now
-    ):
+    A beat is (engine, seen_at, grace, dropped, at): ``at`` is the clock when its statement wrote
+    the row (a removal has no seen_at). A beat written at or after *now* was not visible to the
+    reaper; the engine's last beat written before *now* may not have committed yet (within
+    COMMIT_WINDOW), the one before it had (one heartbeat at a time). So the reaper saw one of those two (or no row), and
+    the reap is justified when what either showed justifies it."""
+    before = [b for b in beats if b[0] == engine and b[4] < now]
+    if any(b[3] and token in {str(t) for t in b[3]} for b in before):
         return ""  # the engine named the claim as dropped
-    if last is not None and last[1] + last[2] < now:
-        return ""  # its proof of life had run out
-    if (last is None or removed) and locked_until is not None and locked_until < now:
-        return ""  # no engine row, and the row's own lease had run out
-    if last is None or removed:
-        return f"no engine row and its lease ends {locked_until}"
-    return f"its engine's proof of life at {last[1]} held until {last[1] + last[2]}"
+    seen: list[tuple[Any, ...] | None] = [None, *before][-2:]
+    if before and (now - before[-1][4]).total_seconds() > COMMIT_WINDOW:
+        seen = seen[-1:]  # written long enough before the reap to have committed: the reaper saw it
+    why = ""
+    for b in seen:
+        if b is None or b[1] is None:  # no row (yet, or removed)
+            if locked_until is not None and locked_until < now:
+                return ""
+            why = why or f"no engine row and its lease ends {locked_until}"
+        elif b[1] + b[2] < now:
+            return ""  # its proof of life had run out
+        else:
+            why = f"its engine's proof of life at {b[1]} held until {b[1] + b[2]}"
+    return why
 
 
 def install(dsn: str, schema: str) -> None:

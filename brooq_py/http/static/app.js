@@ -46,7 +46,8 @@
         return response.text();
       })
       .then(function (html) {
-        if (html === null) { return; }
+        // A menu opened or a field focused while the request was out keeps the rows too.
+        if (html === null || typing() || body.querySelector("details.menu[open]")) { return; }
         body.innerHTML = html;
         mark(true);
       })

@@ -151,6 +151,8 @@ class WorkerRepo:
         return rows
 
     def read_whole(self) -> None:
+        """Have the next claim read every topic from its start, rows before its head too (the claim
+        of a script or a test, ``Engine.run_once``, sees every ready row; SPEC B1)."""
         self._heads.forget()
 
     def claim_limited(self, topic: str, limit: int, worker: str, lease: timedelta) -> LimitedClaim:
