@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
@@ -19,7 +20,7 @@ from brooq_py.postgres import Store, WrapTx, migrations
 from brooq_py.postgres.operator import stats as ops
 from brooq_py.queue import Claim, Context, Job, KindOptions
 
-SCHEMA = "brooq_demo"
+SCHEMA = os.environ.get("BROOQ_DEMO_SCHEMA") or "brooq_demo"  # reset by every run
 AUDIT_DONE = {"topic": "email.audit", "outcome": "done"}
 
 

@@ -6,6 +6,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import psycopg
@@ -15,6 +16,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from brooq_py.postgres import AsyncStore, Store, WrapTx
 from brooq_py.queue import BrooqError, Job
+from tests.conftest import drop_schema
 from tests.integration.test_cli import Worker, cli_env, run_cli
 from tests.integration.test_migrations import bare_schema as fresh_schema  # noqa: F401 - a fixture
 from tests.polling import wait_for
@@ -23,16 +25,20 @@ from tests.polling import wait_for
 def test_the_readmes_demo_runs_end_to_end(dsn: str, tmp_path: Path) -> None:
     """`make demo` (python -m brooq_py.demo), the README's first command, on the test database:
     every step runs, the operator queries it prints included."""
-    done = subprocess.run(
-        [sys.executable, "-m", "brooq_py.demo"],
-        env={**cli_env(dsn)},
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    schema = "demo_" + uuid.uuid4().hex[:12]  # not brooq_demo: another suite may run its demo beside
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "brooq_py.demo"],
+            env={**cli_env(dsn), "BROOQ_DEMO_SCHEMA": schema},
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+    finally:
+        drop_schema(dsn, schema)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "demo finished" in done.stdout
+    assert "demo finished" in done.stdout and repr(schema) in done.stdout
 
 
 def test_demo_against_a_dead_database_is_one_line(tmp_path: Path) -> None:

@@ -212,11 +212,14 @@ def test_s3_autovacuum_settings(dsn: str, schema: str) -> None:
 def test_channel_for_follows_the_trigger_rule(dsn: str) -> None:
     """E6: the Python rule and the trigger's agree, short and long (63 bytes and past) names alike."""
     assert channel_for("public") == "brooq.public"
-    exact = "s" * (63 - len("brooq."))
+    run = uuid.uuid4().hex  # names of this run only: another suite may run beside it on the server
+    exact = ("s" + run * 2)[: 63 - len("brooq.")]
     assert channel_for(exact) == "brooq." + exact
-    long = "é" * 31  # 62 bytes: fits as an identifier, not with the prefix
+    long = "".join(
+        "éèêëàâîïôûùç"[int(c, 16) % 12] for c in (run * 2)[:31]
+    )  # 62 bytes: fits as an identifier, not with the prefix
     assert channel_for(long).startswith("brooq.") and len(channel_for(long)) == 6 + 32
-    for name in (exact, long, "Mixed Case"):
+    for name in (exact, long, f"Mixed Case {run[:8]}"):
         try:
             migrations.upgrade(dsn, schema=name, revision="0005")
             with (
