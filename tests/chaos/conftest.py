@@ -114,7 +114,11 @@ class Worker:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
+            except subprocess.TimeoutExpired:  # where is it stuck? every thread's stack into its log
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.send_signal(signal.SIGUSR1)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(2)
                 self.kill()
         self._close()
         return self.proc.returncode
@@ -124,7 +128,7 @@ class Worker:
             self.proc.stdout.close()
         self._log.close()
 
-    def log_tail(self, n: int = 40) -> str:
+    def log_tail(self, n: int = 80) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
         except OSError:

@@ -27,6 +27,7 @@ process's time.time() and datetime.now(): the Python clock of another host).
 from __future__ import annotations
 
 import datetime as _dt
+import faulthandler
 import json
 import logging
 import os
@@ -227,6 +228,7 @@ def main() -> None:
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # a stop that hangs shows where (Worker.stop)
     engine.start()
     print(f"ready {worker_id}", flush=True)
     stop.wait()
