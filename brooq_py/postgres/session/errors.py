@@ -136,18 +136,23 @@ def not_migrated(schema: str) -> BrooqError:
     )
 
 
-def _behind(exc: BaseException) -> bool:
-    """True when *exc* says a column does not exist: the schema is older than this code."""
-    return isinstance(exc, psycopg.errors.UndefinedColumn) or isinstance(
-        exc.__cause__ or exc.__context__, psycopg.errors.UndefinedColumn
-    )
-
-
 def behind(schema: str) -> BrooqError:
     return BrooqError(
         f"schema {schema!r} is older than this brooq_py (a column it writes is missing): "
         f"run `brooq-py migrate up --schema {schema}`"
     )
+
+
+def _schema_error(schema: str, exc: BaseException) -> BrooqError | None:
+    """The error naming ``migrate up`` for a schema without brooq's tables, or older than this code
+    (a column missing); None for any other error."""
+    if _missing_tables(exc):
+        return not_migrated(schema)
+    if isinstance(exc, psycopg.errors.UndefinedColumn) or isinstance(
+        exc.__cause__ or exc.__context__, psycopg.errors.UndefinedColumn
+    ):
+        return behind(schema)
+    return None
 
 
 def names_migration(fn: _F) -> _F:
@@ -160,10 +165,8 @@ def names_migration(fn: _F) -> _F:
             try:
                 return await fn(self, *args, **kwargs)
             except Exception as exc:
-                if _missing_tables(exc):
-                    raise not_migrated(self.schema) from exc
-                if _behind(exc):
-                    raise behind(self.schema) from exc
+                if (error := _schema_error(self.schema, exc)) is not None:
+                    raise error from exc
                 raise
 
         return cast(_F, run_async)
@@ -173,10 +176,8 @@ def names_migration(fn: _F) -> _F:
         try:
             return fn(self, *args, **kwargs)
         except Exception as exc:
-            if _missing_tables(exc):
-                raise not_migrated(self.schema) from exc
-            if _behind(exc):
-                raise behind(self.schema) from exc
+            if (error := _schema_error(self.schema, exc)) is not None:
+                raise error from exc
             raise
 
     return cast(_F, run)
