@@ -1,13 +1,12 @@
-"""Review of the claim heads (postgres/worker/heads.py, SPEC B1, C1): rows that sort before a
-topic's head are claimed only by the once-a-second whole read, and a whole read takes at most
-the claim's limit; a backlog of such rows drains at `limit` rows per RESCAN while newer rows go
-first, not "up to a second" late."""
+"""The claim heads under attack (postgres/worker/heads.py, SPEC B1, C1): a batch committed behind
+a topic's head drains at the claims' pace and in claim order, not one whole read a RESCAN while
+newer rows and lower priorities go first (a whole read that took rows behind the head reads
+whole again)."""
 
 from __future__ import annotations
 
 import threading
 import time
-from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -16,23 +15,10 @@ from brooq_py.engine import Config, Engine
 from brooq_py.postgres import Store
 from brooq_py.postgres.worker.heads import RESCAN, ClaimHeads
 from brooq_py.queue import Job
-
-LEASE = timedelta(seconds=60)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.integration.test_claim_heads import Clock, claim
 
 
-def claim(store: Store, n: int = 10, topic: str = "t") -> list[Any]:
-    return [r.payload for r in store.worker.claim([topic], n, "w", LEASE)]
-
-
-def test_c1_b1_a_slow_producers_batch_committed_behind_the_head_drains_at_one_whole_read(
+def test_c1_b1_a_slow_producers_batch_committed_behind_the_head_drains_at_the_claims_pace(
     dsn: str, store: Store
 ) -> None:
     """A producer's transaction stays open 2.5 s after its enqueue (a bulk import, a request that
