@@ -33,13 +33,13 @@ from tests.polling import wait_for
 LEASE = 3.0
 HOLD = LEASE + 1.5  # each operator lock outlives the lease
 JOBS = 3000
-LONG = 8.0
+LONG = 6.0  # outlives an operator lock taken in its first second (HOLD), and the lease
 
 
 def payloads(rng: random.Random) -> list[dict[str, float]]:
     # The long ones come in the first half of the queue: they end while the short ones drain.
     return [
-        {"n": i, "sleep": LONG if i % 50 == 0 and i < JOBS // 2 else round(rng.uniform(0, 0.01), 4)}
+        {"n": i, "sleep": LONG if i % 100 == 0 and i < JOBS // 2 else round(rng.uniform(0, 0.01), 4)}
         for i in range(JOBS)
     ]
 
