@@ -18,7 +18,7 @@ With the setting ``workflow``, the topic ``wf`` runs jobs of a workflow (``Job.a
 execution is recorded as above, waits ``sleep`` seconds, reads ``claim.parent_results()`` and
 ends with ``how`` = ``ok:<number of parents whose result it read>``.
 
-Settings: dsn, schema, label, workers, lease, reaper_period, poll_interval, max_attempts, async,
+Settings: dsn, schema, label, workers, lease, reaper_period, poll_interval, max_attempts, max_crashes, async,
 attempt_timeout, workflow, bouncer (bool: the pool without prepared statements, for PgBouncer),
 check (bool: pool check=ConnectionPool.check_connection), skew (seconds added to this
 process's time.time() and datetime.now(): the Python clock of another host).
@@ -151,6 +151,7 @@ def main() -> None:
     )
     opts = KindOptions(
         max_attempts=int(settings.get("max_attempts", 50)),
+        max_crashes=int(settings.get("max_crashes", 3)),
         attempt_timeout=float(settings.get("attempt_timeout", 60)),
         max_execution_timeout=120,
         backoff_base=0.05,
