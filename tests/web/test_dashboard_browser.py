@@ -61,6 +61,17 @@ def shown(browser: WebDriver, css: str, attribute: str | None = None) -> str:
         return ""
 
 
+def answer_page(browser: WebDriver, message: str) -> None:
+    """Wait until the page shows *message* (it may still be loading); if it never does, say what
+    the browser shows instead."""
+    try:
+        wait_for(lambda: message in browser.page_source, f"the answer page saying {message!r}")
+    except AssertionError as exc:
+        raise AssertionError(
+            f"{exc}: the browser is at {browser.current_url}, showing:\n{browser.page_source[:2000]}"
+        ) from None
+
+
 def click_action(browser: WebDriver, scope: str, action: str) -> None:
     """Click an action's button (again if the live refresh swapped it out under the click), then
     wait for the page the action answers with (a new document: the URL may already say done=)."""
@@ -144,7 +155,7 @@ def test_q1_retry_a_dead_job_by_clicking(browser: WebDriver, board: Board, store
     click_action(browser, f'tr[data-job="{job_id}"]', "retry")
     row = store.get(job_id)
     assert row is not None and row.state == State.PENDING and row.attempts == 0
-    wait_for(lambda: "Job retried" in browser.page_source, "the answer page")  # it may still be loading
+    answer_page(browser, "Job retried")
 
 
 def test_x1_cancel_a_pending_job_by_clicking(browser: WebDriver, board: Board, store: Store) -> None:
@@ -445,7 +456,7 @@ def test_set_a_rate_limit_from_the_menu(browser: WebDriver, board: Board, store:
     click_action(browser, 'details.menu[data-menu="web.menu"]', "rate")
     (setting,) = store.topic_settings()
     assert (setting.rate_limit, setting.rate_per) == (7, 1.0)
-    wait_for(lambda: "Rate limit set" in browser.page_source, "the answer page")  # it may still be loading
+    answer_page(browser, "Rate limit set")
 
 
 @pytest.mark.parametrize("width", [1280, 420])
