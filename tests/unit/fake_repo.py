@@ -365,7 +365,7 @@ class FakeRepo:
             r.last_error = o.last_error
         return True
 
-    # durable steps (postgres/worker/steps.py; no signals here)
+    # durable steps (job_steps_load.sql, job_step_record.sql; no signals here)
     def steps_load(self, job_id: str) -> StepLog:
         self._count("steps_load")
         with self.lock:
