@@ -71,7 +71,7 @@ WITH due AS (
     FOR NO KEY UPDATE SKIP LOCKED
 ), signalled AS (
     UPDATE {job} j
-    SET state = 'pending', waiting_for = NULL, available_at = clock_timestamp(), updated_at = now()
+    SET state = 'pending', waiting_for = NULL, available_at = now(), updated_at = now()
     FROM owed o
     WHERE j.id = o.job_id AND j.id = ANY (ARRAY(SELECT w.id FROM waiter w))
       AND j.state = 'scheduled' AND j.waiting_for = o.name
