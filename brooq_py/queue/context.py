@@ -218,9 +218,11 @@ class Context:
         if rec is None:
             if delay is not None and delay <= timedelta(0):
                 return
-            if until is not None and until <= j.now():
-                return
-            write = j.write(seq, identity, "sleep", delay=delay, until=until)
+            if until is not None:
+                delay = until - j.now()  # the database's clock: every recorded time is its own
+                if delay <= timedelta(0):
+                    return
+            write = j.write(seq, identity, "sleep", delay=delay)
             wake, now = write.until, write.now
         else:
             wake, now = rec.until, j.now(fresh)
@@ -454,13 +456,12 @@ class _Journal:
         *,
         result: str | None = None,
         delay: timedelta | None = None,
-        until: datetime | None = None,
         tx: Tx | None = None,
     ) -> StepWrite:
         """Record at *seq*, fenced on the claim; LeaseLost when the job is no longer this attempt's."""
         claim = self.claim
         write = self.port.step_record(
-            claim.id, claim.claim_token, seq, identity, kind, result=result, delay=delay, until=until, tx=tx
+            claim.id, claim.claim_token, seq, identity, kind, result=result, delay=delay, tx=tx
         )
         if not write.ours:
             raise LeaseLost(

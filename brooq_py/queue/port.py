@@ -119,11 +119,10 @@ class StepPort(Protocol):
         *,
         result: str | None = None,
         delay: timedelta | None = None,
-        until: datetime | None = None,
         tx: Tx | None = None,
     ) -> StepWrite:
-        """Record a step (*result*: JSON text), a sleep or a wait (its end: *until*, or now + *delay*)
-        at *seq*, only while the row is processing under *claim_token* (in *tx* when given)."""
+        """Record a step (*result*: JSON text), a sleep or a wait (its end: the database's now +
+        *delay*) at *seq*, only while the row is processing under *claim_token* (in *tx* when given)."""
 
     def signal_read(self, job_id: str, name: str) -> SignalRead:
         """Look up the signal *name* of the job."""
@@ -286,7 +285,6 @@ class Repo(Protocol):
         *,
         result: str | None = None,
         delay: timedelta | None = None,
-        until: datetime | None = None,
         tx: Tx | None = None,
     ) -> StepWrite: ...
     def signal_read(self, job_id: str, name: str) -> SignalRead: ...

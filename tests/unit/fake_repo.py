@@ -381,7 +381,6 @@ class FakeRepo:
         *,
         result: str | None = None,
         delay: timedelta | None = None,
-        until: datetime | None = None,
         tx: Tx | None = None,
     ) -> StepWrite:
         self._count("step_record")
@@ -393,7 +392,7 @@ class FakeRepo:
             recorded = self.steps.setdefault(job_id, {})
             inserted = seq not in recorded
             if inserted:
-                end = None if kind == "step" else (until or now + (delay or timedelta(0)))
+                end = None if kind == "step" else now + (delay or timedelta(0))
                 value = json.loads(result) if result is not None else {"until": end}
                 recorded[seq] = RecordedStep(seq, name, kind, value, now, end)
             rec = recorded[seq]

@@ -3,7 +3,7 @@
 -- processing under this attempt's claim token. FOR SHARE holds the row until the commit (this
 -- statement's, or transaction_step's), so no reaper, cancel or new claim can change its owner in
 -- between: a stale or fenced attempt records nothing (ours = false). A sleep or a wait records
--- its end, %(until)s or now() + %(delay)s on the database clock. One row: ours, inserted (false
+-- its end, now() + %(delay)s on the database clock. One row: ours, inserted (false
 -- when this position was recorded already), the recorded result, now().
 WITH mine AS MATERIALIZED (
     SELECT id FROM {job}
@@ -13,8 +13,7 @@ WITH mine AS MATERIALIZED (
     INSERT INTO {job_step} (job_id, seq, name, kind, result)
     SELECT m.id, %(seq)s, %(name)s, %(kind)s,
            CASE WHEN %(kind)s = 'step' THEN %(result)s::jsonb
-                ELSE jsonb_build_object('until', coalesce(%(until)s::timestamptz,
-                                                          now() + %(delay)s::interval)) END
+                ELSE jsonb_build_object('until', now() + %(delay)s::interval) END
     FROM mine m
     ON CONFLICT (job_id, seq) DO NOTHING
     RETURNING result

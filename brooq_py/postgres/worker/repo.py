@@ -273,7 +273,6 @@ class WorkerRepo:
         *,
         result: str | None = None,
         delay: timedelta | None = None,
-        until: datetime | None = None,
         tx: Tx | None = None,
     ) -> StepWrite:
         """One statement (sql/job_step_record.sql), fenced on the claim token; in *tx* when given."""
@@ -285,7 +284,6 @@ class WorkerRepo:
             "kind": kind,
             "result": result,
             "delay": delay or timedelta(0),
-            "until": until,
         }
         query = self._q["job_step_record"]
         if tx is None:
