@@ -6,7 +6,8 @@ Runs the PostgreSQL ceilings (raw psycopg INSERT+COMMIT, executemany, the pgbenc
 one-commit-per-job claim script) and the workloads W1-W7 (W1a, W2a: W1 and W2 through
 AsyncStore) plus W0 (row versions per job in W1 and W3, heartbeat writes to a long
 job's row), the memory drain and CXL (the cancel trigger's cost on W1 and W3,
-cancel-to-ctx latency),
+cancel-to-ctx latency), DS (durable steps: a 3-step drain against a plain one, the
+durable statements per job, signal-to-resume latency),
 each in a fresh schema of the database brooq_py.devdb.acquire() finds, prints a
 table with PASS/MISS against each target and writes the figures to
 bench/results/latest.json. Ratios are taken within this run on this server only.
@@ -39,6 +40,7 @@ import async_producer  # noqa: E402
 import baselines  # noqa: E402
 import big_table  # noqa: E402
 import cancel  # noqa: E402
+import durable  # noqa: E402
 import flow  # noqa: E402
 import limits  # noqa: E402
 import psycopg  # noqa: E402
@@ -81,6 +83,7 @@ WORKLOADS = (
     "W10",
     "CXL",
     "WF",
+    "DS",
 )
 # Run only by --full or when named in --only: the 10,000,000-row table takes minutes to build.
 FULL_ONLY = frozenset({"W10"})
@@ -110,6 +113,7 @@ _DEFAULT: dict[str, Any] = dict(
     cxl_w3=10_000,
     cxl_latency=200,
     wf_parents=10_000,
+    ds_signals=200,
 )
 
 SIZES: dict[str, dict[str, Any]] = {
@@ -138,6 +142,7 @@ SIZES: dict[str, dict[str, Any]] = {
         cxl_w3=1000,
         cxl_latency=20,
         wf_parents=1000,
+        ds_signals=30,
     ),
     "default": _DEFAULT,
     # the long variants: a 200k-job memory drain, a bigger W7, longer ceilings
@@ -479,6 +484,8 @@ def evaluate(r: dict[str, Any]) -> list[dict[str, Any]]:
         rows.extend(workflows.wf_rows(r["WF"]))
     if "RES" in r:
         rows.extend(results_cost.rows(r["RES"]))
+    if "DS" in r:
+        rows.extend(durable.ds_rows(r["DS"]))
     return rows
 
 
@@ -685,6 +692,7 @@ def main(argv: list[str] | None = None) -> int:
                 "latency": cancel.cancel_latency(db.dsn, sz["cxl_latency"]),
             },
             "WF": lambda: workflows.wf(db.dsn, sz["w3"], sz["wf_parents"]),
+            "DS": lambda: durable.ds(db.dsn, sz),
         }
         for name in selected:
             ceiling = None

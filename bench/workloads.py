@@ -181,8 +181,11 @@ def drain(
     store_factory: Any = None,
     revision: str = "head",
     versions: bool = False,
+    handler: Any = None,
 ) -> dict[str, Any]:
     """Enqueue *n* no-op jobs, then time one Engine draining them (start -> every row done in the DB).
+
+    *handler*: what runs each job (default a no-op).
 
     *revision*: the migration the schema is at (an older schema under today's code).
     *versions*: also count the row versions written to the job table per job (SPEC W0), from
@@ -196,7 +199,7 @@ def drain(
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute(sql.SQL("VACUUM ANALYZE {}").format(job_table(schema)))
                 engine = Engine(store, Config(workers=workers, lease=LEASE))
-                engine.register_kind(TOPIC, _noop)
+                engine.register_kind(TOPIC, handler or _noop)
                 samples: list[tuple[float, int, float]] = []
                 stop_sampling = threading.Event()
 

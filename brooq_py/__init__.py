@@ -36,6 +36,9 @@ _LAZY = {
     "Tasks": ("brooq_py.tasks", "Tasks"),
     "Task": ("brooq_py.tasks", "Task"),
     "JobNotFound": ("brooq_py.queue", "JobNotFound"),
+    "StepRecord": ("brooq_py.queue", "StepRecord"),
+    "Snooze": ("brooq_py.queue", "Snooze"),
+    "SignalTimeout": ("brooq_py.queue", "SignalTimeout"),
 }
 
 __all__ = sorted(_LAZY)
@@ -62,7 +65,10 @@ if TYPE_CHECKING:
     from brooq_py.queue import JobNotFound as JobNotFound
     from brooq_py.queue import KindOptions as KindOptions
     from brooq_py.queue import QueueFull as QueueFull
+    from brooq_py.queue import SignalTimeout as SignalTimeout
+    from brooq_py.queue import Snooze as Snooze
     from brooq_py.queue import State as State
+    from brooq_py.queue import StepRecord as StepRecord
     from brooq_py.queue import WaitTimeout as WaitTimeout
     from brooq_py.tasks import Task as Task
     from brooq_py.tasks import Tasks as Tasks

@@ -106,6 +106,24 @@ def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
     return 0 if canceled else 1
 
 
+def cmd_signal(args: argparse.Namespace, settings: Settings) -> int:
+    """Send the signal NAME (payload: JSON, default null) to a job (SPEC DS4)."""
+    job_id = check_id(args.job_id)
+    try:
+        payload = None if args.payload is None else json.loads(args.payload)
+    except ValueError as exc:
+        raise Failure(f"the payload is not JSON: {exc}", status=2) from None
+    if not args.name:
+        raise Failure("the signal's NAME must not be empty", status=2)
+    with open_store(settings) as store:
+        sent = store.signal(job_id, args.name, payload)
+        if not sent and store.get(job_id) is None:
+            raise Failure(f"no such job: {job_id} in schema {settings.schema!r}", status=2)
+    # False: the job has ended, or received a signal of that name already (the first one counts).
+    print(json.dumps({"signaled": sent}))
+    return 0 if sent else 1
+
+
 def cmd_get(args: argparse.Namespace, settings: Settings) -> int:
     job_id = check_id(args.job_id)
     with open_store(settings) as store:

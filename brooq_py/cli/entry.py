@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from brooq_py.cli import dashboard
-from brooq_py.cli.commands import cmd_cancel, cmd_enqueue, cmd_get, cmd_migrate, cmd_stats
+from brooq_py.cli.commands import cmd_cancel, cmd_enqueue, cmd_get, cmd_migrate, cmd_signal, cmd_stats
 from brooq_py.cli.common import PROG, Failure, first_line, scrub
 from brooq_py.cli.operator import add_parsers as add_operator_parsers
 from brooq_py.cli.operator import (
@@ -32,6 +32,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "enqueue": cmd_enqueue,
     "cancel": cmd_cancel,
     "get": cmd_get,
+    "signal": cmd_signal,
     "stats": cmd_stats,
     "dashboard": dashboard.cmd_dashboard,
     "retry": cmd_retry,
@@ -99,12 +100,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cancel.add_argument("job_id", metavar="ID")
     get = sub.add_parser(
-        "get", parents=[common], help="print a job as JSON (result, errors with tracebacks, progress)"
+        "get",
+        parents=[common],
+        help="print a job as JSON (result, errors with tracebacks, progress, steps, waiting_for)",
     )
     get.add_argument("job_id", metavar="ID")
     get.add_argument(
         "--full", action="store_true", help=f"whole tracebacks (default: the last {2000} characters of each)"
     )
+    signal = sub.add_parser(
+        "signal",
+        parents=[common],
+        help="send a signal to a job (ctx.wait_for); exit 1 when it ended or had that signal already",
+    )
+    signal.add_argument("job_id", metavar="ID")
+    signal.add_argument("name", metavar="NAME")
+    signal.add_argument("payload", metavar="JSON", nargs="?", default=None, help="the payload (default null)")
 
     stats = sub.add_parser("stats", parents=[common], help="depth, oldest ready age, in-flight and dead jobs")
     stats.add_argument(

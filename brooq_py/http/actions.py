@@ -6,12 +6,13 @@ logged, never shown to the client.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from typing import TYPE_CHECKING, Any, Protocol
 
 from brooq_py.postgres.flow.limits import parse_count, parse_rate
-from brooq_py.queue import JobRow, StoreUnavailable
+from brooq_py.queue import InvalidJob, JobRow, StoreUnavailable
 
 if TYPE_CHECKING:
     from brooq_py.postgres.operator.overview import Overview, Topics
@@ -45,6 +46,7 @@ class Controls(Protocol):
         self, topic: str, limit: int | None, per: float = 1, *, burst: int | None = None
     ) -> None: ...
     def set_max_depth(self, topic: str, depth: int | None) -> None: ...
+    def signal(self, job_id: str, name: str, payload: Any = None) -> bool: ...
 
 
 def job_id(raw: str) -> str:
@@ -106,6 +108,25 @@ class Operator:
             log.info("job %s retried by an operator", row.id)
         self._changed(activity=True)
         return retried
+
+    def signal(self, raw_id: str, name: str, body: bytes) -> bool:
+        """Send the signal *name* (payload: the JSON *body*, empty for null) to the job (SPEC DS4)."""
+        controls = self._controls()
+        try:
+            payload = json.loads(body) if body.strip() else None
+        except ValueError as exc:
+            raise ActionError(400, f"the body is not JSON: {exc}") from None
+        if not name:
+            raise ActionError(400, "the signal's name must not be empty")
+        row = self.get(raw_id)
+        try:
+            sent = bool(self.guarded("signalling a job", controls.signal, row.id, name, payload))
+        except InvalidJob as exc:
+            raise ActionError(400, str(exc)) from None
+        if sent:
+            log.info("job %s signalled %r by an operator", row.id, name)
+        self._changed(activity=True)
+        return sent
 
     def retry_refusal(self, raw_id: str) -> str | None:
         """Why a retry of the job changes nothing now (its state, or an active holder of its unique key)."""

@@ -9,6 +9,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -121,6 +122,14 @@ async def send_asgi(send: Send, reply: Reply, head: bool = False) -> None:
     await send({"type": "http.response.body", "body": b"" if head else reply.body})
 
 
+def takes_body(method: str, path: str) -> bool:
+    """Whether the request's body is read for its route (a signal's payload)."""
+    return method == "POST" and SIGNAL.fullmatch(path) is not None
+
+
+SIGNAL = re.compile(r"/jobs/[^/]+/signals/[^/]+")
+
+
 def check_body(content_length: str | None, transfer_encoding: str | None) -> Reply | None:
     """Refuse bodies the surface never needs: chunked ones, and any longer than ``MAX_BODY``."""
     if transfer_encoding:
@@ -154,6 +163,10 @@ def _get(op: Operator, raw: str) -> Reply:
 
 def _cancel(op: Operator, raw: str) -> Reply:
     return Reply.json(200, {"canceled": op.cancel(raw)})
+
+
+def _signal(op: Operator, raw: str, name: str, body: bytes = b"") -> Reply:
+    return Reply.json(200, {"signaled": op.signal(raw, unquote(name), body)})
 
 
 def _retry(op: Operator, raw: str) -> Reply:
@@ -197,6 +210,7 @@ def _topics(op: Operator, _raw: str) -> Reply:
 ROUTES: tuple[tuple[re.Pattern[str], tuple[str, ...], Action], ...] = (
     (re.compile(r"/jobs/([^/]+)/cancel"), ("POST",), _cancel),
     (re.compile(r"/jobs/([^/]+)/retry"), ("POST",), _retry),
+    (re.compile(r"/jobs/([^/]+)/signals/([^/]+)"), ("POST",), _signal),
     (re.compile(r"/jobs/([^/]+)"), READ_METHODS, _get),
     (re.compile(r"/topics()"), READ_METHODS, _topics),
     (re.compile(r"/topics/(.+)/pause", re.DOTALL), ("POST",), _pause),
@@ -213,6 +227,7 @@ class Request:
     method: str
     path: str
     headers: Mapping[str, str]
+    body: bytes = b""  # read for the routes that take one (a signal's payload)
 
 
 class Surface:
@@ -274,6 +289,9 @@ class Surface:
                 if role != "operator" and method not in READ_METHODS:
                     return Reply.error(403, "forbidden: this token may read, not act")
                 try:
+                    if action is _signal:
+                        raw, name = match.groups()
+                        return _signal(self.operator, raw, name, request.body)
                     return action(self.operator, *match.groups())
                 except ActionError as exc:
                     return Reply.error(exc.status, exc.message)

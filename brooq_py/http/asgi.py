@@ -17,7 +17,7 @@ from starlette.responses import RedirectResponse
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from brooq_py.http.api import Gate, Gated, Request, Surface, safe, send_asgi
+from brooq_py.http.api import MAX_BODY, Gate, Gated, Request, Surface, safe, send_asgi, takes_body
 from brooq_py.http.auth import is_loopback
 from brooq_py.http.dashboard import build
 
@@ -44,11 +44,30 @@ class SurfaceRoutes:
             headers[key] = f"{headers[key]}, {text}" if key in headers else text
         method = str(scope["method"]).upper()
         path = str(scope["path"]) or "/"
-        reply = await run_in_threadpool(self.surface.dispatch, Request(method, path, headers))
+        body = await _body(receive) if takes_body(method, path) else b""
+        reply = await run_in_threadpool(self.surface.dispatch, Request(method, path, headers, body))
         await send_asgi(send, reply, head=method == "HEAD")
         log.debug(
             "%s %s -> %d (%.1f ms)", method, safe(path), reply.status, (time.monotonic() - started) * 1000
         )
+
+
+async def _body(receive: Receive) -> bytes:
+    """A small body the route needs: at most ``MAX_BODY`` bytes (more is cut, and refused by the
+    route's Content-Length check)."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message.get("type") != "http.request":
+            break
+        chunk = bytes(message.get("body", b""))
+        size += len(chunk)
+        if size <= MAX_BODY:
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
 
 
 def surface_app(

@@ -104,10 +104,27 @@ def job_view(op: Operator, overview: Overview, raw_id: str) -> dict[str, Any]:
         "children": [r for r in relatives if r.side == "child"],
         "graph_side": GRAPH_SIDE,
         # Read through getattr: a row without durable steps (older code) renders as before.
-        "steps": tuple(getattr(row, "steps", None) or ()),
+        "steps": timeline(tuple(getattr(row, "steps", None) or ())),
         "waiting_for": getattr(row, "waiting_for", None),
         "title": f"Job {row.id}",
     }
+
+
+def timeline(steps: tuple[Any, ...]) -> list[dict[str, Any]]:
+    """The job's recorded steps, sleeps and waits in the order its handler called them, each with
+    what it says (SPEC DS5): ``kind``, ``name``, ``at`` and ``what``."""
+    out = []
+    for st in steps:
+        kind = getattr(st, "kind", "step")
+        until = getattr(st, "until", None)
+        if kind == "sleep":
+            what = f"slept until {when(until)} UTC"
+        elif kind == "wait":
+            what = f"waited for the signal, at most until {when(until)} UTC"
+        else:
+            what = "step recorded"
+        out.append({"kind": kind, "name": st.name, "at": st.at, "what": what})
+    return out
 
 
 def shown(value: Any) -> str:

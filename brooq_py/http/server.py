@@ -25,6 +25,7 @@ from brooq_py.http.api import (
     Request,
     Surface,
     safe,
+    takes_body,
 )
 
 if TYPE_CHECKING:
@@ -102,8 +103,10 @@ class SurfaceApp:
         )
         if self.gate.enter():
             try:
-                reply = self.surface.dispatch(Request(method, path, _headers(environ)))
-                _drain(environ, reply)
+                body = _body(environ) if takes_body(method, path) else b""
+                reply = self.surface.dispatch(Request(method, path, _headers(environ), body))
+                if not body:
+                    _drain(environ, reply)
             finally:
                 self.gate.leave()
         else:
@@ -114,6 +117,16 @@ class SurfaceApp:
             "%s %s -> %d (%.1f ms)", method, safe(path), reply.status, (time.monotonic() - started) * 1000
         )
         return [b""] if method == "HEAD" else [reply.body]
+
+
+def _body(environ: Environ) -> bytes:
+    """A small body the route needs (at most ``MAX_BODY`` bytes; a longer one is refused unread)."""
+    raw = str(environ.get("CONTENT_LENGTH") or "0").strip()
+    length = int(raw) if raw.isascii() and raw.isdigit() else 0
+    stream = environ.get("wsgi.input")
+    if 0 < length <= MAX_BODY and stream is not None:
+        return bytes(stream.read(length))
+    return b""
 
 
 def _drain(environ: Environ, reply: Reply) -> None:

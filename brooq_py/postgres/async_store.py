@@ -91,6 +91,15 @@ class AsyncStore:
 
     begin = delegate(AsyncSession.begin, "session")
 
+    async def signal(self, job_id: str, name: str, payload: Any = None, tx: AsyncTx | None = None) -> bool:
+        """``Store.signal``, awaited, in *tx* when given."""
+        plan = plans.signal(self._q, job_id, name, payload)
+        if tx is None:
+            return await self.session.drive("signalling a job", plan)
+        conn = async_connection_of(tx)
+        with translated("signalling a job", conn):
+            return await drive_async(plan, on_async_connection(conn))
+
     async def cancel(self, job_id: str) -> bool:
         """``Store.cancel``, awaited."""
         return await self.session.drive("canceling a job", plans.by_id(self._q["job_cancel"], job_id))

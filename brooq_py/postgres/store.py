@@ -57,6 +57,7 @@ class Store:
     enqueue_tick = delegate(Producer.enqueue_tick, "producer")
     parent_results = delegate(Producer.parent_results, "producer")
     cancel = delegate(Producer.cancel, "producer")
+    signal = delegate(Producer.signal, "producer")
     get = delegate(Producer.get, "producer")
     get_tx = delegate(Producer.get_tx, "producer")
     next_retry = delegate(Producer.next_retry, "producer")

@@ -18,6 +18,9 @@ from brooq_py.queue.errors import (
     MustDelay,
     MustPreserveAttempt,
     QueueFull,
+    ReplayMismatch,
+    SignalTimeout,
+    Snooze,
     StoreUnavailable,
     UnknownTopic,
     WaitTimeout,
@@ -37,6 +40,7 @@ from brooq_py.queue.job import (
     JobRow,
     Lease,
     State,
+    StepRecord,
 )
 from brooq_py.queue.options import KindOptions
 from brooq_py.queue.tx import Tx
@@ -71,7 +75,11 @@ __all__ = [
     "MustDelay",
     "MustPreserveAttempt",
     "QueueFull",
+    "ReplayMismatch",
+    "SignalTimeout",
+    "Snooze",
     "State",
+    "StepRecord",
     "StoreUnavailable",
     "Tx",
     "UnknownTopic",

@@ -1,19 +1,30 @@
-"""Context: the cancellation a handler is handed, with its cause and deadline, and its progress (SPEC V4)."""
+"""Context: the cancellation a handler is handed, with its cause and deadline, its progress (SPEC V4),
+and its durable steps, sleeps and waits for signals (SPEC DS1-DS4)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
+import json
 import math
 import threading
-from collections.abc import Callable
-from datetime import datetime
-from typing import TYPE_CHECKING
+import time
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
-from brooq_py.queue.errors import BrooqError
+from brooq_py.queue.durations import to_timedelta
+from brooq_py.queue.errors import BrooqError, LeaseLost, ReplayMismatch, SignalTimeout, Snooze
+from brooq_py.queue.job import encode_payload
 
 if TYPE_CHECKING:
     from brooq_py.queue.claim import Claim
+    from brooq_py.queue.port import RecordedStep, StepLog, StepPort, StepWrite
+    from brooq_py.queue.tx import Tx
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 # A progress note is a short status line: longer ones are cut, so a renewal stays small.
 MAX_PROGRESS_NOTE = 1000
@@ -26,7 +37,18 @@ class Context:
     or ``EngineStopping``); the first cause wins.
     """
 
-    __slots__ = ("_callbacks", "_cause", "_claim", "_deadline", "_event", "_lock", "_progress")
+    __slots__ = (
+        "_callbacks",
+        "_cause",
+        "_claim",
+        "_deadline",
+        "_event",
+        "_journal",
+        "_lock",
+        "_progress",
+        "_steps",
+        "_suspended",
+    )
 
     def __init__(self, deadline: datetime | None = None) -> None:
         # Made on the first wait(): an Event per job (a Condition, two locks) shows at thousands a second.
@@ -38,6 +60,11 @@ class Context:
         self._claim: Claim | None = None
         # What progress() recorded since the engine last took it: (value, note), None for "unchanged".
         self._progress: tuple[float | None, str | None] | None = None
+        self._steps: StepPort | None = None  # where durable calls read and record (the engine's Repo)
+        self._journal: _Journal | None = (
+            None  # made on the first durable call: jobs without steps pay nothing
+        )
+        self._suspended: Snooze | None = None  # a sleep or a wait ended this attempt
 
     @property
     def claim(self) -> Claim:
@@ -47,9 +74,190 @@ class Context:
             raise BrooqError("this Context belongs to no attempt (it was made outside an engine)")
         return claim
 
-    def attach(self, claim: Claim) -> None:
-        """Give the Context its attempt's Claim (the engine does, before the handler runs)."""
+    def attach(self, claim: Claim, steps: StepPort | None = None) -> None:
+        """Give the Context its attempt's Claim, and the store its steps are recorded in (the engine
+        does, before the handler runs)."""
         self._claim = claim
+        self._steps = steps
+
+    @property
+    def suspended(self) -> Snooze | None:
+        """The Snooze a sleep or a wait for a signal ended this attempt with, or None."""
+        return self._suspended
+
+    # --- durable steps (SPEC DS1-DS4; docs/durable.md) ------------------------------------------
+
+    def step(self, name: str, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run ``fn(*args, **kwargs)`` once per job and record its JSON result; a later run of the
+        handler gets the recorded result back without calling *fn*.
+
+        The result is returned as JSON gives it back (a tuple as a list) on every run alike. Raise
+        ReplayMismatch when the job's record holds another step at this point of the run, LeaseLost
+        when the job is no longer this attempt's (nothing recorded), InvalidJob for a result JSON
+        cannot hold; what *fn* raises goes through, nothing recorded.
+        """
+        j = self._journal_for()
+        seq, identity = j.position("step", name)
+        j.ensure_loaded()
+        rec = j.recorded(seq, "step", identity)
+        if rec is not None:
+            return rec.result  # type: ignore[no-any-return]
+        self.raise_if_done()
+        value = fn(*args, **kwargs)
+        if inspect.isawaitable(value):
+            raise TypeError(f"step {identity!r}: fn returned an awaitable; use `await ctx.astep(...)`")
+        return j.record_result(seq, identity, value)  # type: ignore[no-any-return]
+
+    async def astep(
+        self, name: str, fn: Callable[P, Awaitable[R] | R], /, *args: P.args, **kwargs: P.kwargs
+    ) -> R:
+        """``step`` for ``async def`` handlers: *fn* sync or async; the store is read and written on
+        a thread, never blocking the event loop."""
+        j = self._journal_for()
+        seq, identity = j.position("step", name)
+        if j.log is None:
+            await asyncio.to_thread(j.ensure_loaded)
+        rec = j.recorded(seq, "step", identity)
+        if rec is not None:
+            return rec.result  # type: ignore[no-any-return]
+        self.raise_if_done()
+        value = fn(*args, **kwargs)
+        if inspect.isawaitable(value):
+            value = await value
+        return await asyncio.to_thread(j.record_result, seq, identity, value)
+
+    def transaction_step(
+        self, name: str, fn: Callable[Concatenate[Tx, P], R], /, *args: P.args, **kwargs: P.kwargs
+    ) -> R:
+        """Run ``fn(tx, *args, **kwargs)`` in a transaction that also records the step: its writes and
+        its record commit together or not at all (exactly once in this database, across crashes).
+
+        A later run gets the recorded result without calling *fn*. Raise as ``step`` does; when the
+        job is no longer this attempt's at the record, the transaction rolls back (LeaseLost).
+        """
+        j = self._journal_for()
+        seq, identity = j.position("step", name)
+        j.ensure_loaded()
+        rec = j.recorded(seq, "step", identity)
+        if rec is not None:
+            return rec.result  # type: ignore[no-any-return]
+        self.raise_if_done()
+        with j.port.begin() as tx:
+            value = fn(tx, *args, **kwargs)
+            text = _step_json(identity, value)
+            write = j.write(seq, identity, "step", result=text, tx=tx)
+            if not write.inserted:
+                raise ReplayMismatch(f"step {identity!r} was recorded meanwhile by another run; rolled back")
+        return _decoded(text)  # type: ignore[no-any-return]
+
+    def sleep(self, duration: float | timedelta) -> Any:
+        """Sleep durably: the first call records the wake-up time and ends the attempt (no attempt
+        spent, the slot freed, the job scheduled until then); the run after it passes through.
+
+        In an ``async def`` handler, ``await ctx.sleep(...)``. Raise ValueError for a negative
+        duration.
+        """
+        delay = to_timedelta(duration, "duration")
+        if delay < timedelta(0):
+            raise ValueError("sleep: duration must not be negative")
+        if _on_loop():
+            return asyncio.to_thread(self._sleep, delay, None)
+        self._sleep(delay, None)
+        return None
+
+    def sleep_until(self, when: datetime) -> Any:
+        """``sleep`` until *when* (an aware datetime); ValueError for a naive one."""
+        if not isinstance(when, datetime) or when.tzinfo is None:
+            raise ValueError("sleep_until: when must be a timezone-aware datetime")
+        if _on_loop():
+            return asyncio.to_thread(self._sleep, None, when)
+        self._sleep(None, when)
+        return None
+
+    def wait_for(self, name: str, timeout: float | timedelta) -> Any:
+        """Return the payload of the signal *name* (``Store.signal``); while none was sent, end the
+        attempt (no attempt spent): the job waits, scheduled, until the signal or the timeout.
+
+        Raise SignalTimeout once *timeout* (counted from the first call, as recorded) passed without
+        the signal. In an ``async def`` handler, ``await ctx.wait_for(...)``.
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError("wait_for: name must be a non-empty str")
+        limit = to_timedelta(timeout, "timeout")
+        if limit < timedelta(0):
+            raise ValueError("wait_for: timeout must not be negative")
+        if _on_loop():
+            return asyncio.to_thread(self._wait_for, name, limit)
+        return self._wait_for(name, limit)
+
+    def _journal_for(self) -> _Journal:
+        if self._suspended is not None:
+            raise self._suspended  # the attempt ended already (a handler caught it): still ended
+        j = self._journal
+        if j is None:
+            claim, steps = self._claim, self._steps
+            if claim is None or steps is None:
+                raise BrooqError("this Context belongs to no attempt of an engine: it has no steps")
+            with self._lock:
+                j = self._journal
+                if j is None:
+                    j = self._journal = _Journal(steps, claim)
+        return j
+
+    def _suspend(self, delay: timedelta, waiting_for: str | None = None) -> Snooze:
+        snooze = Snooze(max(delay, timedelta(0)))
+        snooze.waiting_for = waiting_for
+        self._suspended = snooze
+        return snooze
+
+    def _sleep(self, delay: timedelta | None, until: datetime | None) -> None:
+        j = self._journal_for()
+        seq, identity = j.position("sleep", "sleep")
+        fresh = j.ensure_loaded()
+        rec = j.recorded(seq, "sleep", identity)
+        if rec is None:
+            if delay is not None and delay <= timedelta(0):
+                return
+            if until is not None:
+                delay = until - j.now()  # the database's clock: every recorded time is its own
+                if delay <= timedelta(0):
+                    return
+            write = j.write(seq, identity, "sleep", delay=delay)
+            wake, now = write.until, write.now
+        else:
+            wake, now = rec.until, j.now(fresh)
+        if wake is None or wake <= now:
+            return
+        raise self._suspend(wake - now)
+
+    def _wait_for(self, name: str, limit: timedelta) -> Any:
+        j = self._journal_for()
+        seq, identity = j.position("wait", name)
+        fresh = j.ensure_loaded()
+        rec = j.recorded(seq, "wait", identity)
+        log = j.log
+        assert log is not None
+        sent = log.signals.get(name)
+        now = j.now(fresh)
+        if sent is None and not fresh:
+            read = j.port.signal_read(j.claim.id, name)
+            now = read.now
+            if read.sent and read.at is not None:
+                sent = (read.payload, read.at)
+        if rec is None:
+            if sent is not None:
+                return sent[0]  # sent before the first wait: nothing to wait for, nothing to record
+            write = j.write(seq, identity, "wait", delay=limit)
+            until, now = write.until, write.now
+        else:
+            until = rec.until
+        if until is None:
+            until = now
+        if sent is not None and sent[1] <= until:
+            return sent[0]
+        if now >= until:
+            raise SignalTimeout(f"no signal {name!r} arrived before {until.isoformat()} (wait_for's timeout)")
+        raise self._suspend(until - now, waiting_for=name)
 
     def progress(self, value: float | None = None, note: str | None = None) -> None:
         """Record how far the handler is (*value*, 0.0-1.0) and/or a short *note*.
@@ -172,6 +380,120 @@ class Context:
 
     def __repr__(self) -> str:
         return f"Context(done={self.done()}, cause={self._cause!r})"
+
+
+class _Journal:
+    """One attempt's durable record: read on its first durable call, each call's position counted."""
+
+    def __init__(self, port: StepPort, claim: Claim) -> None:
+        self.port = port
+        self.claim = claim
+        self.log: StepLog | None = None
+        self._loaded_at = 0.0  # monotonic time of the read, to tell the database's now since
+        self._fresh = False  # read by the call that asks ensure_loaded next
+        self._seq = 0
+        self._uses: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()
+
+    def position(self, kind: str, name: str) -> tuple[int, str]:
+        """The call's position in this run and its identity: *name*, "name#2" for its second use."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a {kind}'s name must be a non-empty str")
+        if "#" in name:
+            raise ValueError(f"a {kind}'s name must not hold '#' (its identity counts uses: {name!r})")
+        with self._lock:
+            n = self._uses[(kind, name)] = self._uses.get((kind, name), 0) + 1
+            seq, self._seq = self._seq, self._seq + 1
+        return seq, name if n == 1 else f"{name}#{n}"
+
+    def ensure_loaded(self) -> bool:
+        """Read the record once (one statement); True the first time, when the read is this call's."""
+        with self._lock:
+            if self.log is not None:
+                fresh, self._fresh = self._fresh, False
+                return fresh
+            self.log = self.port.steps_load(self.claim.id)
+            self._loaded_at = time.monotonic()
+            return True
+
+    def now(self, fresh: bool = False) -> datetime:
+        """The database's clock: as read, plus the time since on this process's monotonic clock."""
+        assert self.log is not None
+        if fresh:
+            return self.log.now
+        return self.log.now + timedelta(seconds=time.monotonic() - self._loaded_at)
+
+    def recorded(self, seq: int, kind: str, identity: str) -> RecordedStep | None:
+        """The record at *seq* when it is this call's; ReplayMismatch when it is another's, or when this
+        call's identity was recorded at another position."""
+        assert self.log is not None
+        steps = self.log.steps
+        rec = steps.get(seq)
+        what = "signal wait" if kind == "wait" else kind
+        if rec is not None:
+            if rec.name == identity and rec.kind == kind:
+                return rec
+            had = "signal wait" if rec.kind == "wait" else rec.kind
+            raise ReplayMismatch(
+                f"{what} {identity!r} is call {seq + 1} of this run of the handler, where the job's "
+                f"record holds {had} {rec.name!r}: a handler must call its steps in the same order on "
+                "every run (docs/durable.md)"
+            )
+        for other in steps.values():
+            if other.name == identity and other.kind == kind:
+                raise ReplayMismatch(
+                    f"{what} {identity!r} is call {seq + 1} of this run of the handler, but the job "
+                    f"recorded it as call {other.seq + 1}: a handler must call its steps in the same "
+                    "order on every run (docs/durable.md)"
+                )
+        return None
+
+    def write(
+        self,
+        seq: int,
+        identity: str,
+        kind: str,
+        *,
+        result: str | None = None,
+        delay: timedelta | None = None,
+        tx: Tx | None = None,
+    ) -> StepWrite:
+        """Record at *seq*, fenced on the claim; LeaseLost when the job is no longer this attempt's."""
+        claim = self.claim
+        write = self.port.step_record(
+            claim.id, claim.claim_token, seq, identity, kind, result=result, delay=delay, tx=tx
+        )
+        if not write.ours:
+            raise LeaseLost(
+                f"{kind} {identity!r} not recorded: the job is no longer this attempt's "
+                "(canceled, reaped or taken over)"
+            )
+        return write
+
+    def record_result(self, seq: int, identity: str, value: Any) -> Any:
+        """Record a step's *value* and return it as a replay will (decoded JSON)."""
+        text = _step_json(identity, value)
+        write = self.write(seq, identity, "step", result=text)
+        return _decoded(text) if write.inserted else write.result
+
+
+def _step_json(identity: str, value: Any) -> str:
+    if isinstance(value, bytes | bytearray | memoryview):
+        raise TypeError(f"step {identity!r}: a step's result must be JSON-serialisable, not bytes")
+    return encode_payload(value, f"step {identity!r}'s result")
+
+
+def _decoded(text: str) -> Any:
+    return json.loads(text)
+
+
+def _on_loop() -> bool:
+    """Whether an event loop runs in this thread (an ``async def`` handler's call)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _storable(text: str) -> str:

@@ -68,6 +68,29 @@ class MustPreserveAttempt(Exception):
     """Retry with backoff and give the attempt back; such a failure never makes a job dead."""
 
 
+class Snooze(Exception):
+    """Move the job back to scheduled for *delay*, the attempt given back, nothing recorded (SPEC DS3).
+
+    ``ctx.sleep`` and ``ctx.wait_for`` end an attempt with one too (``waiting_for``: the signal a
+    wait waits for); a handler must let it through.
+    """
+
+    def __init__(self, delay: timedelta | float) -> None:
+        self.delay: timedelta = to_timedelta(delay, "delay")
+        if self.delay < timedelta(0):
+            raise ValueError("Snooze: delay must not be negative")
+        self.waiting_for: str | None = None
+        super().__init__(f"snoozed for {self.delay.total_seconds():g}s")
+
+
+class SignalTimeout(BrooqError, TimeoutError):
+    """``ctx.wait_for``: the signal did not arrive within its timeout, counted from the first call."""
+
+
+class ReplayMismatch(BrooqError):
+    """A run of the handler called a step where the job's record holds another (nondeterminism)."""
+
+
 class MustCancelTask(Exception):
     """Cancel the job, whatever attempts remain."""
 

@@ -312,6 +312,27 @@ class Lease:
 
 
 @dataclass(frozen=True)
+class StepRecord:
+    """A step the job recorded (SPEC DS1, DS5): ``ctx.step``, a sleep or a wait for a signal."""
+
+    name: str
+    """The step's identity: its name, "charge#2" for its second use in a run; a wait's is the signal's."""
+    at: datetime
+    """When it was recorded."""
+    kind: Literal["step", "sleep", "wait"] = "step"
+    until: datetime | None = None
+    """A sleep's wake-up time, or the end of a wait's timeout; None for a step."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "at": self.at.isoformat(),
+            "kind": self.kind,
+            "until": None if self.until is None else self.until.isoformat(),
+        }
+
+
+@dataclass(frozen=True)
 class JobRow:
     """One row of the job table, as ``Store.get`` returns it."""
 
@@ -339,6 +360,10 @@ class JobRow:
     """``Job.after``: the jobs this one waits for."""
     crashes: int = 0
     """How many engines stopped while running it; ``KindOptions.max_crashes`` of them make it dead."""
+    steps: tuple[StepRecord, ...] = ()
+    """The recorded steps, sleeps and waits, oldest first (``ctx.step``; SPEC DS5)."""
+    waiting_for: str | None = None
+    """The signal a scheduled job waits for (``ctx.wait_for``), or None."""
 
     def to_json(self) -> dict[str, Any]:
         """Return the row as a JSON-ready dict (datetimes in ISO 8601)."""
@@ -367,6 +392,8 @@ class JobRow:
             "meta": dict(self.meta),
             "parents": list(self.parents),
             "crashes": self.crashes,
+            "steps": [s.to_json() for s in self.steps],
+            "waiting_for": self.waiting_for,
         }
 
 

@@ -3,7 +3,7 @@
 Standard library only, so the engine (its user) and ``postgres.Store`` (its implementation)
 never import each other. Every time the store writes comes from the database clock: the engine
 sends durations, never timestamps. SPEC C1, D4, F0, L5', O4, P1'', P3, Q2, Q3, Q4', R1, S7,
-T1, V1, V3, V4, W0, X2', Z2, Z3.
+T1, V1, V3, V4, W0, X2', Z2, Z3, DS1-DS4.
 """
 
 from __future__ import annotations
@@ -53,6 +53,79 @@ class Outcome:
     topic: str = field(default="", compare=False)
     result: str | None = field(default=None, compare=False)
     traceback: str | None = field(default=None, compare=False)
+    waiting_for: str | None = field(default=None, compare=False)  # SCHEDULED: the signal it waits for
+
+
+@dataclass(frozen=True)
+class RecordedStep:
+    """One row of a job's step record (SPEC DS1): its position in a run, identity, kind, result
+    (decoded JSON; a sleep's or a wait's end in ``until``) and when it was recorded."""
+
+    seq: int
+    name: str
+    kind: str
+    result: Any
+    at: datetime
+    until: datetime | None = None
+
+
+@dataclass(frozen=True)
+class StepLog:
+    """What a replay needs, read in one statement: the recorded steps by position, the signals sent
+    (name: (payload, sent at)) and the database clock then."""
+
+    steps: dict[int, RecordedStep]
+    signals: dict[str, tuple[Any, datetime]]
+    now: datetime
+
+
+@dataclass(frozen=True)
+class StepWrite:
+    """A record's answer: ``ours`` (still this claim's: recorded, or recorded before), ``inserted``,
+    the result recorded at that position (a sleep's or a wait's ``until``) and the database clock."""
+
+    ours: bool
+    inserted: bool
+    result: Any
+    until: datetime | None
+    now: datetime
+
+
+@dataclass(frozen=True)
+class SignalRead:
+    """A signal looked up: ``sent`` with its payload and time, or not; the database clock."""
+
+    sent: bool
+    payload: Any
+    at: datetime | None
+    now: datetime
+
+
+class StepPort(Protocol):
+    """What ``Context.step`` and its kin ask of the store (the engine's Repo gives it)."""
+
+    def begin(self) -> AbstractContextManager[Tx]: ...
+
+    def steps_load(self, job_id: str) -> StepLog:
+        """Read the job's recorded steps and signals."""
+
+    def step_record(
+        self,
+        job_id: str,
+        claim_token: str,
+        seq: int,
+        name: str,
+        kind: str,
+        *,
+        result: str | None = None,
+        delay: timedelta | None = None,
+        tx: Tx | None = None,
+    ) -> StepWrite:
+        """Record a step (*result*: JSON text), a sleep or a wait (its end: the database's now +
+        *delay*) at *seq*, only while the row is processing under *claim_token* (in *tx* when given)."""
+
+    def signal_read(self, job_id: str, name: str) -> SignalRead:
+        """Look up the signal *name* of the job."""
 
 
 @dataclass(frozen=True)
@@ -199,6 +272,22 @@ class Repo(Protocol):
     def get(self, job_id: str) -> JobRow | None: ...
     def parent_results(self, job_id: str) -> dict[str, Any]:
         """Each parent's result of *job_id* by parent id (``Job.after``), in one statement."""
+
+    # durable steps (a StepPort)
+    def steps_load(self, job_id: str) -> StepLog: ...
+    def step_record(
+        self,
+        job_id: str,
+        claim_token: str,
+        seq: int,
+        name: str,
+        kind: str,
+        *,
+        result: str | None = None,
+        delay: timedelta | None = None,
+        tx: Tx | None = None,
+    ) -> StepWrite: ...
+    def signal_read(self, job_id: str, name: str) -> SignalRead: ...
 
     # worker side
     def claim(self, topics: Sequence[str], limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:

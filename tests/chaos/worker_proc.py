@@ -222,8 +222,35 @@ def main() -> None:
         recorder.end(claim.claim_token, f"ok:{len(results)}")
         return len(results)
 
+    def handle_steps(ctx: Any, claim: Any) -> list[Any]:
+        # Three durable steps, a pause (this process's step_gap) before the last, where a test kills
+        # the process (SPEC DS1, DS2).
+
+        def called(name: str) -> str:
+            recorder.run(
+                "INSERT INTO {s}.step_calls (job, step, pid) VALUES (%(j)s, %(n)s, %(p)s)",
+                {"j": claim.id, "n": name, "p": os.getpid()},
+            )
+            return f"{name}@{os.getpid()}"
+
+        def booked(tx: Any) -> str:
+            tx.execute(
+                sql.SQL("INSERT INTO {}.step_calls (job, step, pid) VALUES (%(j)s, 'book', %(p)s)").format(
+                    sql.Identifier(schema)
+                ),
+                {"j": claim.id, "p": os.getpid()},
+            )
+            return f"book@{os.getpid()}"
+
+        out = [ctx.step("one", called, "one")]
+        out.append(ctx.transaction_step("book", booked))
+        ctx.wait(float(settings.get("step_gap", 0.0)))
+        out.append(ctx.step("three", called, "three"))
+        return out
+
     if settings.get("workflow"):
         engine.register_kind("wf", handle_workflow, opts)
+    engine.register_kind("chaos.steps", handle_steps, opts)
     engine.register_kind("chaos", handle_async if settings.get("async") else handle, opts)
     engine.register_kind("chaos.child", handle_child, opts)
 

@@ -119,6 +119,7 @@ def test_the_docs_have_their_examples() -> None:
     assert {"testing:own-tables", "testing:async-tests"} <= set(marked("pytest-module"))
     assert "README:test-first-app" in marked("pytest-module")
     assert "README:first-app" in marked("program")
+    assert {"durable:durable-order", "durable:durable-async"} <= set(marked("program"))
 
 
 @pytest.mark.parametrize("name", sorted(marked("program")))

@@ -21,9 +21,13 @@ from brooq_py.queue.port import (
     Gauges,
     HeldLease,
     Outcome,
+    RecordedStep,
     Renewal,
     Settled,
+    SignalRead,
     Staged,
+    StepLog,
+    StepWrite,
     TopicCount,
     TopicSetting,
 )
@@ -131,9 +135,10 @@ class FakeRepo:
         self.calls: dict[str, int] = {}
         self.settle_batches: list[int] = []
         self.closed = False
-        self.version: str | None = "0016"
+        self.version: str | None = "0017"
         self.locked: set[str] = set()  # job ids an "operator" holds row-locked: skipped, never waited on
         self.engines: dict[str, EngineRow] = {}  # the engine table (SPEC P1'')
+        self.steps: dict[str, dict[int, RecordedStep]] = {}  # job_step, by job and position (DS1)
         self.fail_close = 0  # closing transactions whose COMMIT fails with StoreUnavailable
         self.renew_hang = threading.Event()  # cleared: renew() blocks, as on a silent socket
         self.renew_hang.set()
@@ -352,13 +357,49 @@ class FakeRepo:
         self._set(r, o.state)
         if o.give_back:
             r.attempts = max(r.attempts - 1, 0)
-        if o.state in (State.FAILED, State.PENDING):
+        if o.state in (State.FAILED, State.PENDING, State.SCHEDULED):
             r.available_at = self.now() + o.delay.total_seconds()
-        if o.state is State.PENDING:
+        if o.state in (State.PENDING, State.SCHEDULED):
             r.locked_by = r.locked_until = None
         if o.last_error is not None:
             r.last_error = o.last_error
         return True
+
+    # durable steps (job_steps_load.sql, job_step_record.sql; no signals here)
+    def steps_load(self, job_id: str) -> StepLog:
+        self._count("steps_load")
+        with self.lock:
+            return StepLog(dict(self.steps.get(job_id, {})), {}, datetime.now(UTC))
+
+    def step_record(
+        self,
+        job_id: str,
+        claim_token: str,
+        seq: int,
+        name: str,
+        kind: str,
+        *,
+        result: str | None = None,
+        delay: timedelta | None = None,
+        tx: Tx | None = None,
+    ) -> StepWrite:
+        self._count("step_record")
+        now = datetime.now(UTC)
+        with self.lock:
+            r = self.rows.get(job_id)
+            if r is None or r.state is not State.PROCESSING or r.claim_token != claim_token:
+                return StepWrite(False, False, None, None, now)
+            recorded = self.steps.setdefault(job_id, {})
+            inserted = seq not in recorded
+            if inserted:
+                end = None if kind == "step" else now + (delay or timedelta(0))
+                value = json.loads(result) if result is not None else {"until": end}
+                recorded[seq] = RecordedStep(seq, name, kind, value, now, end)
+            rec = recorded[seq]
+            return StepWrite(True, inserted, rec.result, rec.until, now)
+
+    def signal_read(self, job_id: str, name: str) -> SignalRead:
+        return SignalRead(False, None, None, datetime.now(UTC))
 
     def settle_many(self, outcomes: Sequence[Outcome]) -> set[str]:
         self._count("settle_many")

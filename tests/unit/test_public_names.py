@@ -12,6 +12,7 @@ PUBLIC: dict[str, list[str]] = {
     "brooq_py": [
         *("queue", "engine", "postgres"),
         *("Engine", "Config", "Job", "Claim", "Context", "KindOptions", "EnqueueResult", "State"),
+        *("StepRecord", "Snooze", "SignalTimeout"),
     ],
     "brooq_py.queue": [
         *("State", "Job", "EnqueueResult", "Lease", "Claim", "Context", "Handler", "KindOptions"),
@@ -21,6 +22,8 @@ PUBLIC: dict[str, list[str]] = {
         # the third round's vocabulary
         *("AttemptError", "Event", "GroupResult", "JobFailed", "JobCanceled", "WaitTimeout"),
         *("QueueFull", "JobCanceledByOperator"),
+        # the fourth round's durable steps
+        *("StepRecord", "Snooze", "SignalTimeout"),
     ],
     "brooq_py.postgres": ["Store", "AsyncStore", "WrapTx", "AsyncWrapTx", "as_psycopg", "migrations"],
     "brooq_py.postgres.migrations": ["upgrade", "downgrade", "current"],

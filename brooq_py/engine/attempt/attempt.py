@@ -52,9 +52,10 @@ from brooq_py.queue import (
     MustCancelTask,
     MustDelay,
     MustPreserveAttempt,
+    Snooze,
 )
 from brooq_py.queue.errors import find_signal
-from brooq_py.queue.port import ClaimedJob, Outcome
+from brooq_py.queue.port import ClaimedJob, Outcome, StepPort
 
 if TYPE_CHECKING:
     from brooq_py.engine.metrics import Metrics
@@ -117,6 +118,7 @@ class Attempt:
         ctx: Context,
         parents: Callable[[str], dict[str, Any]] | None = None,
         hooks: Hooks | None = None,
+        steps: StepPort | None = None,
     ) -> None:
         opts = kind.options
         self.row = row
@@ -134,7 +136,7 @@ class Attempt:
             parents=parents,
             meta=row.meta,
         )
-        ctx.attach(self.claim)
+        ctx.attach(self.claim, steps)
         self.result: str | None = None  # the handler's return value as JSON text
         self.started = started
         self.soft_deadline = started + opts.td("attempt_timeout").total_seconds()
@@ -348,6 +350,12 @@ class Attempt:
         return self._decided(Phase.GAVE_UP, self._max_execution_exceeded())
 
     def _decided(self, phase: Phase, error: BaseException | None) -> Outcome | None:
+        suspended = self.ctx.suspended
+        if suspended is not None and phase in (Phase.RETURNED, Phase.RAISED):
+            phase, error = (
+                Phase.RAISED,
+                suspended,
+            )  # a sleep or a wait ended it, whatever the handler did then
         ending = Ending(
             phase, error=error, cause=self.ctx.cause, stopping=self._hooks.stopping(), result=self.result
         )
@@ -446,7 +454,10 @@ class Hooks:
 
     def tell_failed(self, a: Attempt, error: BaseException, outcome: Outcome) -> None:
         then = what_then(outcome)  # the last attempt's failure says the job is now dead
-        if any(find_signal(error, s) is not None for s in (MustCancelTask, MustDelay, MustPreserveAttempt)):
+        if any(
+            find_signal(error, s) is not None
+            for s in (MustCancelTask, MustDelay, MustPreserveAttempt, Snooze)
+        ):
             self._tell(logging.INFO, a, "handler signalled %s%s", describe_error(error), then)
             return
         self.log.error(

@@ -40,7 +40,13 @@ EVENT_OF: dict[State, EventKind] = {
     State.DEAD: "dead",
     State.CANCELED: "canceled",
     State.PENDING: "requeued",
+    State.SCHEDULED: "requeued",  # a sleep, a wait for a signal, a Snooze
 }
+
+# Outcomes that leave the job waiting for a time (or a signal): the stager must look again.
+_WAITING = frozenset({State.FAILED, State.SCHEDULED})
+# Outcomes that give the job back to the queue rather than settle it.
+_REQUEUED = frozenset({State.PENDING, State.SCHEDULED})
 
 RETRY_IN_PLACE = 0.25  # without a completer: the wait before a write whose row was locked is tried again
 
@@ -128,7 +134,7 @@ class Handover:
 
     def on_written(self, batch: Sequence[Outcome], written: set[str]) -> None:
         settled: Counter[tuple[str, str]] = Counter()
-        if any(was_written(written, o) and o.state is State.FAILED for o in batch):
+        if any(was_written(written, o) and o.state in _WAITING for o in batch):
             self.on_waiting()
         events = self.events if self.events is not None and self.events.active else None
         for o in batch:
@@ -143,7 +149,7 @@ class Handover:
                     o.state,
                 )
                 continue
-            if o.state is not State.PENDING:
+            if o.state not in _REQUEUED:
                 settled[(o.topic, str(o.state))] += 1
             if events is not None:
                 error = o.last_error if o.state in (State.FAILED, State.DEAD) else None

@@ -1,4 +1,4 @@
-"""How an attempt ended, and the one outcome write that ending earns (SPEC C3-C11, L1, L4, L5, V3, X2).
+"""How an attempt ended, and the one outcome write that ending earns (SPEC C3-C11, L1, L4, L5, V3, X2, DS3).
 
 The attempt's two state machines are tables here: ``Phase``, how it ended, and
 ``HandlerState``, the life of the handler's code. ``attempt.Attempt`` moves
@@ -22,6 +22,7 @@ from brooq_py.queue import (
     MustCancelTask,
     MustDelay,
     MustPreserveAttempt,
+    Snooze,
     State,
 )
 from brooq_py.queue.errors import find_signal
@@ -209,6 +210,9 @@ def decide(
         return outcome(State.DONE, result=ending.result)
     if phase is not Phase.RAISED or error is None:
         raise ValueError(f"no outcome for ending {phase} (error={error!r})")
+    snooze = find_signal(error, Snooze)
+    if snooze is not None:  # DS3, DS4: back to scheduled (waiting for a signal), the attempt given back
+        return outcome(State.SCHEDULED, delay=snooze.delay, give_back=True, waiting_for=snooze.waiting_for)
     if find_signal(error, MustCancelTask) is not None:
         return outcome(State.CANCELED, last_error=describe_error(error))
     last_error = describe_error(error)

@@ -180,6 +180,22 @@ def retry(q: Queries, job_id: Any) -> Plan[bool]:
         return False
 
 
+def signal(q: Queries, job_id: Any, name: Any, payload: Any) -> Plan[bool]:
+    """Record the signal *name* for the job (SPEC DS4); False for a repeated name, an ended, unknown
+    or malformed job. ValueError for a name that is not a non-empty str, InvalidJob for a payload
+    JSON cannot hold: both before any statement."""
+    if not isinstance(name, str) or not name:
+        raise ValueError("signal: name must be a non-empty str")
+    if "\x00" in name:
+        raise ValueError("signal: name must not hold NUL")
+    text = encode_payload(payload, "signal payload")
+    parsed = parse_id(job_id)
+    if parsed is None:
+        return False
+    rows = yield q["job_signal_send"], {"id": parsed, "name": name, "payload": text}
+    return bool(rows and rows[0][0])
+
+
 def get(q: Queries, job_id: Any) -> Plan[JobRow | None]:
     """Read the job's row; None for an unknown or malformed id (no statement for a malformed one)."""
     parsed = parse_id(job_id)

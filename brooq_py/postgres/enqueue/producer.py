@@ -99,6 +99,16 @@ class Producer:
         False for terminal, unknown or malformed ids (never an error)."""
         return self.session.drive("canceling a job", plans.by_id(self._q["job_cancel"], job_id))
 
+    def signal(self, job_id: str, name: str, payload: Any = None, tx: Tx | None = None) -> bool:
+        """Record the signal *name* for the job, in *tx* when given, and wake it if it waits for it
+        (SPEC DS4); False when that name was signalled already or the job has ended. Its row is
+        read, never locked: the caller's transaction never waits on it nor aborts for it."""
+        plan = plans.signal(self._q, job_id, name, payload)
+        if tx is None:
+            return self.session.drive("signalling a job", plan)
+        with translated("signalling a job", as_psycopg(tx)):
+            return drive(plan, on_tx(tx))
+
     def get(self, job_id: str) -> JobRow | None:
         """Return the job's row; None for an unknown or malformed id."""
         return self.session.drive("reading a job", plans.get(self._q, job_id))

@@ -21,7 +21,7 @@ from typing import Any
 
 from psycopg import sql
 
-from brooq_py.queue import AttemptError, JobRow, State
+from brooq_py.queue import AttemptError, JobRow, State, StepRecord
 
 _BINARY_PLACEHOLDER = re.compile(r"%\((\w+)\)b")
 
@@ -48,7 +48,11 @@ class Query:
 def _fragment(name: str, schema: str) -> sql.Composed:
     """``sql/<name>.sql`` rendered for *schema*, without its comment lines, to stand inside a statement."""
     text = "\n".join(line for line in load(name).splitlines() if not line.lstrip().startswith("--"))
-    return sql.SQL(text).format(job=sql.Identifier(schema, "job"), depth_seq=_depth_seq(schema))
+    return sql.SQL(text).format(
+        job=sql.Identifier(schema, "job"),
+        job_step=sql.Identifier(schema, "job_step"),
+        depth_seq=_depth_seq(schema),
+    )
 
 
 # Files that are parts of statements, not statements: ``{name}`` in a statement stands for one.
@@ -60,7 +64,17 @@ def _depth_seq(schema: str) -> sql.Composable:
 
 
 # The tables a statement names by their name: ``{job}`` stands for "<schema>"."job".
-_TABLES = ("job", "engine", "job_in_flight", "job_edge", "job_wait", "topic_setting", "schedule_tick")
+_TABLES = (
+    "job",
+    "engine",
+    "job_in_flight",
+    "job_edge",
+    "job_wait",
+    "job_step",
+    "job_signal",
+    "topic_setting",
+    "schedule_tick",
+)
 
 
 def render(name: str, schema: str, *, rows: bool = True) -> Query:
@@ -221,7 +235,7 @@ _EPOCH = datetime.fromtimestamp(0, UTC)
 
 
 # job_get's columns, which every statement read into a JobRow selects (job_list too).
-JOB_ROW_COLUMNS = 21
+JOB_ROW_COLUMNS = 23
 
 
 def job_row(r: Any) -> JobRow:
@@ -231,11 +245,12 @@ def job_row(r: Any) -> JobRow:
         raise ValueError(f"a job row has {JOB_ROW_COLUMNS} columns (job_get's), got {len(r)}")
     parents = r[14]
     result, errors, progress, note, meta, crashes = r[15:21]
+    state = State(r[3])
     return JobRow(
         id=str(r[0]),
         topic=r[1],
         payload=r[2],
-        state=State(r[3]),
+        state=state,
         attempts=r[4],
         priority=r[5],
         available_at=r[6],
@@ -252,7 +267,26 @@ def job_row(r: Any) -> JobRow:
         meta=meta or {},
         parents=tuple(str(p) for p in parents or ()),
         crashes=crashes or 0,
+        steps=step_records(r[22]),
+        waiting_for=r[21] if state is State.SCHEDULED else None,
     )
+
+
+def step_records(value: Any) -> tuple[StepRecord, ...]:
+    """The row's recorded steps ([name, at, kind, until] each, in order) as StepRecord records."""
+    if not isinstance(value, list):
+        return ()
+    out = []
+    for name, at, kind, until in value:
+        out.append(
+            StepRecord(
+                name=name,
+                at=datetime.fromisoformat(at),
+                kind=kind,
+                until=datetime.fromisoformat(until) if isinstance(until, str) else None,
+            )
+        )
+    return tuple(out)
 
 
 def attempt_errors(value: Any) -> tuple[AttemptError, ...]:

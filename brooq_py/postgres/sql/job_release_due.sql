@@ -9,6 +9,10 @@
 -- a parent that ended dead or canceled; a parent no longer there (deleted by hand) leaves
 -- its child blocked, as its end would have. One row per topic woken: how many jobs became
 -- pending or scheduled; a wake-up per topic when %(notify)s.
+-- SPEC DS4: it also applies the signals owed (job_signal rows not yet looked at, oldest
+-- first, their jobs not running): a job scheduled waiting for one becomes pending; the
+-- signal is then looked at (woke) once its job is seen not running, or gone. A running
+-- job's signal is found by its handler's wait_for, or here once its attempt ended waiting.
 WITH due AS (
     SELECT w.parent, w.child, p.state AS parent_state
     FROM {job_wait} w
@@ -52,9 +56,36 @@ WITH due AS (
     WHERE w.parent = d.parent AND w.child = d.child
       AND (d.child = ANY (ARRAY(SELECT f.id FROM free f))
            OR NOT EXISTS (SELECT FROM {job} c WHERE c.id = d.child))
+), owed AS (
+    SELECT g.job_id, g.name
+    FROM {job_signal} g
+    LEFT JOIN {job} w ON w.id = g.job_id
+    WHERE NOT g.woke AND (w.id IS NULL OR w.state <> 'processing')
+    ORDER BY g.at
+    LIMIT %(batch)s
+    FOR UPDATE OF g SKIP LOCKED
+), waiter AS (
+    SELECT j.id, j.state
+    FROM {job} j
+    WHERE j.id = ANY (ARRAY(SELECT o.job_id FROM owed o))
+    FOR NO KEY UPDATE SKIP LOCKED
+), signalled AS (
+    UPDATE {job} j
+    SET state = 'pending', waiting_for = NULL, available_at = now(), updated_at = now()
+    FROM owed o
+    WHERE j.id = o.job_id AND j.id = ANY (ARRAY(SELECT w.id FROM waiter w))
+      AND j.state = 'scheduled' AND j.waiting_for = o.name
+    RETURNING j.topic, j.state
+), looked AS (
+    UPDATE {job_signal} g
+    SET woke = true
+    FROM owed o
+    WHERE g.job_id = o.job_id AND g.name = o.name
+      AND (EXISTS (SELECT FROM waiter w WHERE w.id = o.job_id AND w.state <> 'processing')
+           OR NOT EXISTS (SELECT FROM {job} j WHERE j.id = o.job_id))
 ), woken AS (
     SELECT c.topic, c.state, count(*) AS n
-    FROM changed c
+    FROM (SELECT topic, state FROM changed UNION ALL SELECT topic, state FROM signalled) c
     WHERE c.state IN ('pending', 'scheduled')
     GROUP BY c.topic, c.state
 )

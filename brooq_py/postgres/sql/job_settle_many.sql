@@ -12,14 +12,17 @@
 -- runs once (an InitPlan), so a batch that ended jobs sends one NOTIFY on the results
 -- channel, not one per job; its column is not read. The claim token tells which outcome was
 -- written when a batch holds two of one job (a late outcome of an older claim beside the new).
+-- DS3, DS4: a scheduled outcome (a durable sleep, a wait for a signal, a Snooze) frees the
+-- claim like a pending one, and names the signal the job waits for (NULL for every other).
 UPDATE {job} j
 SET state = u.state,
     attempts = CASE WHEN u.give_back THEN greatest(j.attempts - 1, 0) ELSE j.attempts END,
-    available_at = CASE WHEN u.state IN ('failed', 'pending') THEN now() + make_interval(secs => u.delay)
-                        ELSE j.available_at END,
+    available_at = CASE WHEN u.state IN ('failed', 'pending', 'scheduled')
+                        THEN now() + make_interval(secs => u.delay) ELSE j.available_at END,
     last_error = coalesce(u.error, j.last_error),
-    locked_by = CASE WHEN u.state = 'pending' THEN NULL ELSE j.locked_by END,
-    locked_until = CASE WHEN u.state = 'pending' THEN NULL ELSE j.locked_until END,
+    locked_by = CASE WHEN u.state IN ('pending', 'scheduled') THEN NULL ELSE j.locked_by END,
+    locked_until = CASE WHEN u.state IN ('pending', 'scheduled') THEN NULL ELSE j.locked_until END,
+    waiting_for = u.waiting,
     result = CASE WHEN u.state = 'done' THEN u.result ELSE j.result END,
     errors = CASE WHEN u.state IN ('failed', 'dead') AND u.error IS NOT NULL
                   THEN jsonb_path_query_array(
@@ -31,8 +34,9 @@ SET state = u.state,
 FROM (
     SELECT o.*
     FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(states)s::text[], %(delays)s::float8[],
-                %(give_back)s::bool[], %(errors)s::text[], %(results)s::jsonb[], %(tracebacks)s::text[])
-        AS o(id, token, state, delay, give_back, error, result, traceback)
+                %(give_back)s::bool[], %(errors)s::text[], %(results)s::jsonb[], %(tracebacks)s::text[],
+                %(waits)s::text[])
+        AS o(id, token, state, delay, give_back, error, result, traceback, waiting)
     JOIN (
         SELECT f.id, f.claim_token
         FROM {job} f

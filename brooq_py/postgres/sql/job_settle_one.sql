@@ -27,6 +27,7 @@ WITH mine AS MATERIALIZED (
                               'traceback', %(traceback)s::text)),
                           '$[last - 19 to last]')
                       ELSE errors END,
+        waiting_for = NULL,
         updated_at = now()
     FROM mine
     WHERE j.id = mine.id

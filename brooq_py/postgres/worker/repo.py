@@ -9,7 +9,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -45,9 +45,13 @@ from brooq_py.queue.port import (
     HeldLease,
     LimitedClaim,
     Outcome,
+    RecordedStep,
     Renewal,
     Settled,
+    SignalRead,
     Staged,
+    StepLog,
+    StepWrite,
     TopicCount,
 )
 
@@ -56,7 +60,9 @@ GAUGE_CAP = 100_000
 # The reaper looks at no more expired rows than this a tick (the rest wait for the next).
 REAP_BATCH = 1000
 
-_SETTLE_STATES = frozenset({State.DONE, State.FAILED, State.DEAD, State.CANCELED, State.PENDING})
+_SETTLE_STATES = frozenset(
+    {State.DONE, State.FAILED, State.DEAD, State.CANCELED, State.PENDING, State.SCHEDULED}
+)
 _ENDS = (State.DONE, State.DEAD, State.CANCELED)
 _GAUGED = (State.PENDING, State.SCHEDULED, State.PROCESSING, State.FAILED, State.BLOCKED)
 _F4 = struct.Struct("f")
@@ -79,6 +85,29 @@ def claimed_jobs(rows: Rows, keyed: bool = False) -> list[ClaimedJob]:
     """The rows a claim statement returned (ClaimedJob's fields, in order), as ClaimedJob records;
     *keyed*: the eleventh column is the claim key's available_at (job_claim)."""
     return [ClaimedJob(*r[: 11 if keyed else 10]) for r in rows]
+
+
+def _until(recorded: Any) -> datetime | None:
+    """A sleep's or a wait's end, as its record holds it (``{"until": ISO text}``)."""
+    if isinstance(recorded, dict) and isinstance(recorded.get("until"), str):
+        return datetime.fromisoformat(recorded["until"])
+    return None
+
+
+def step_log(rows: Rows) -> StepLog:
+    """The rows of job_steps_load as a StepLog."""
+    steps: dict[int, RecordedStep] = {}
+    signals: dict[str, tuple[Any, datetime]] = {}
+    now: datetime | None = None
+    for what, seq, name, kind, result, at, clock in rows:
+        now = clock
+        if what == "step":
+            until = _until(result) if kind != "step" else None
+            steps[int(seq)] = RecordedStep(int(seq), name, kind, result, at, until)
+        elif what == "signal":
+            signals[name] = (result, at)
+    assert now is not None  # the statement always returns its clock row
+    return StepLog(steps, signals, now)
 
 
 def _maybe_text_array(values: Sequence[str | None]) -> str:
@@ -225,8 +254,54 @@ class WorkerRepo:
             # Most batches carry no result and no traceback: an array of NULLs costs no escaping.
             "results": _maybe_text_array([o.result for o in outcomes]),
             "tracebacks": _maybe_text_array([o.traceback for o in outcomes]),
+            "waits": _maybe_text_array([o.waiting_for for o in outcomes]),
             "notify": any(o.state in _ENDS for o in outcomes),
         }
+
+    def steps_load(self, job_id: str) -> StepLog:
+        """One statement (sql/job_steps_load.sql): the steps by position, the signals, the clock."""
+        rows = self.session.run("reading a job's steps", self._q["job_steps_load"], {"id": uuid.UUID(job_id)})
+        return step_log(rows)
+
+    def step_record(
+        self,
+        job_id: str,
+        claim_token: str,
+        seq: int,
+        name: str,
+        kind: str,
+        *,
+        result: str | None = None,
+        delay: timedelta | None = None,
+        tx: Tx | None = None,
+    ) -> StepWrite:
+        """One statement (sql/job_step_record.sql), fenced on the claim token; in *tx* when given."""
+        params = {
+            "id": uuid.UUID(job_id),
+            "token": uuid.UUID(claim_token),
+            "seq": seq,
+            "name": name,
+            "kind": kind,
+            "result": result,
+            "delay": delay or timedelta(0),
+        }
+        query = self._q["job_step_record"]
+        if tx is None:
+            rows = self.session.run("recording a step", query, params)
+        else:
+            with translated("recording a step", as_psycopg(tx)):
+                rows = on_tx(tx)(query, params)
+        ours, inserted, recorded, now = rows[0]
+        until_at = _until(recorded) if kind != "step" else None
+        return StepWrite(bool(ours), bool(inserted), recorded, until_at, now)
+
+    def signal_read(self, job_id: str, name: str) -> SignalRead:
+        """A primary-key probe (sql/job_signal_read.sql) with the clock."""
+        rows = self.session.run(
+            "reading a signal", self._q["job_signal_read"], {"id": uuid.UUID(job_id), "name": name}
+        )
+        payload, at, now, sent = rows[0]
+        return SignalRead(bool(sent), payload, at, now)
 
     def lock_own_tx(self, tx: Tx, outcome: Outcome) -> str:
         """Lock *outcome*'s row inside *tx* unless another transaction holds it (never waited for):
