@@ -24,6 +24,7 @@ from brooq_py.postgres.flow.limits import LIMIT_WAIT, checked_count, checked_top
 from brooq_py.postgres.session.connections import AsyncSession, delegate
 from brooq_py.postgres.session.errors import names_migration, translated
 from brooq_py.postgres.session.tx import AsyncWrapTx, async_connection_of, drive_async, on_async_connection
+from brooq_py.postgres.operator.actions import sequence_params
 from brooq_py.postgres.wait import DEFAULT_POLL, AsyncWatch
 from brooq_py.queue import EnqueueResult, GroupResult, Job, JobRow
 
@@ -103,6 +104,12 @@ class AsyncStore:
         """``Store.retry``, awaited."""
         return await self.session.drive("retrying a job", plans.retry(self._q, job_id))
 
+    async def resume_sequence(self, topic: str, sequence: str) -> bool:
+        """``Store.resume_sequence``, awaited."""
+        params = sequence_params(topic, sequence)
+        rows = await self.session.run("resuming a sequence", self._q["job_sequence_resume"], params)
+        return bool(rows and rows[0][0])
+
     async def list_jobs(
         self, topic: str | None = None, state: str | None = None, limit: int = 50, *, payload: Any = None
     ) -> list[JobRow]:
@@ -129,9 +136,11 @@ class AsyncStore:
                         break
                     await asyncio.sleep(0.01)
 
-    async def set_max_depth(self, topic: str, depth: int | None) -> None:
+    async def set_max_depth(self, topic: str, depth: int | None, *, park: bool = False) -> None:
         """``Store.set_max_depth``, awaited."""
-        params = {"topic": checked_topic(topic), "depth": checked_count(depth, "depth")}
+        if not isinstance(park, bool):
+            raise ValueError(f"park must be a bool, got {type(park).__name__}")
+        params = {"topic": checked_topic(topic), "depth": checked_count(depth, "depth"), "park": park}
         await self.session.run("setting a topic's depth cap", self._q["topic_set_depth"], params)
         self._caps.forget()
 

@@ -479,6 +479,9 @@ class FakeRepo:
         self._count("database_gauges")
         return self.database
 
+    def pass_dead(self, ids: Sequence[str]) -> None:
+        self.passed_dead = [*getattr(self, "passed_dead", []), *ids]
+
     def stage(self, topics: Sequence[str], batch: int, notify: bool = True) -> Staged:
         self._count("stage")
         with self.lock:

@@ -40,7 +40,13 @@ def validated(jobs: Sequence[Job]) -> list[str]:
 
 def _plain(job: Job) -> bool:
     """Whether *job* is a Job without keys and parents: one plain INSERT may create it."""
-    return isinstance(job, Job) and job.key is None and job.unique_key is None and not job.after
+    return (
+        isinstance(job, Job)
+        and job.key is None
+        and job.unique_key is None
+        and not job.after
+        and job.sequence is None
+    )
 
 
 def _plain_params(job: Job, job_id: str | uuid.UUID, payload: str | None = None) -> dict[str, Any]:
@@ -77,6 +83,7 @@ def unique_first(job: Job, caps: Mapping[str, int] | None) -> bool:
         and job.unique_key is not None
         and job.key is None
         and not job.after
+        and job.sequence is None
         and job.on_duplicate == "keep"
         and job.topic not in caps
     )

@@ -36,6 +36,7 @@ class TopicCaps:
         self.ttl = ttl
         self._monotonic = monotonic
         self._caps: Mapping[str, int] = {}
+        self.parking: frozenset[str] = frozenset()  # capped topics that park past the cap (SPEC F3)
         self._read_at = -float("inf")
         self._lock = threading.Lock()
         self._refused: Counter[str] = Counter()
@@ -52,6 +53,7 @@ class TopicCaps:
     def load(self, rows: list[tuple[object, ...]]) -> Mapping[str, int]:
         """Keep the rows of ``topic_caps`` (topic, max_depth); return them as a mapping."""
         caps = {str(r[0]): r[1] for r in rows if isinstance(r[1], int)}
+        self.parking = frozenset(str(r[0]) for r in rows if isinstance(r[1], int) and len(r) > 2 and r[2])
         self._caps, self._read_at = caps, self._monotonic()
         with self._lock:
             for kept in (self._anchors, self._last, self._checkpoints):

@@ -170,10 +170,14 @@ class Flow:
                 return
             time.sleep(0.01)
 
-    def set_max_depth(self, topic: str, depth: int | None) -> None:
+    def set_max_depth(self, topic: str, depth: int | None, *, park: bool = False) -> None:
         """Refuse enqueues of *topic* (QueueFull) while *depth* or more of its jobs wait; None removes
-        the cap. This Store obeys it at once, others within a second. ValueError out of 0..2**31-1."""
-        params = {"topic": checked_topic(topic), "depth": checked_count(depth, "depth")}
+        the cap. This Store obeys it at once, others within a second. ValueError out of 0..2**31-1.
+        *park*: past the cap, write the job ``parked`` instead of refusing it (SPEC F3); the stagers
+        release the oldest parked jobs as room appears."""
+        if not isinstance(park, bool):
+            raise ValueError(f"park must be a bool, got {type(park).__name__}")
+        params = {"topic": checked_topic(topic), "depth": checked_count(depth, "depth"), "park": park}
         self.session.run("setting a topic's depth cap", self._q["topic_set_depth"], params)
         self._caps.forget()
 

@@ -60,7 +60,21 @@ def _depth_seq(schema: str) -> sql.Composable:
 
 
 # The tables a statement names by their name: ``{job}`` stands for "<schema>"."job".
-_TABLES = ("job", "engine", "job_in_flight", "job_edge", "job_wait", "topic_setting", "schedule_tick")
+_TABLES = (
+    "job",
+    "engine",
+    "job_in_flight",
+    "job_edge",
+    "job_wait",
+    "topic_setting",
+    "schedule_tick",
+    # migration 0020: sequences' tables and functions, and the release of parked jobs
+    "job_sequence_due",
+    "job_sequence_halt",
+    "job_sequence_release",
+    "job_sequence_resume",
+    "job_parked_release",
+)
 
 
 def render(name: str, schema: str, *, rows: bool = True) -> Query:
@@ -221,7 +235,7 @@ _EPOCH = datetime.fromtimestamp(0, UTC)
 
 
 # job_get's columns, which every statement read into a JobRow selects (job_list too).
-JOB_ROW_COLUMNS = 21
+JOB_ROW_COLUMNS = 22
 
 
 def job_row(r: Any) -> JobRow:
@@ -231,6 +245,7 @@ def job_row(r: Any) -> JobRow:
         raise ValueError(f"a job row has {JOB_ROW_COLUMNS} columns (job_get's), got {len(r)}")
     parents = r[14]
     result, errors, progress, note, meta, crashes = r[15:21]
+    sequence = r[21]
     return JobRow(
         id=str(r[0]),
         topic=r[1],
@@ -252,6 +267,7 @@ def job_row(r: Any) -> JobRow:
         meta=meta or {},
         parents=tuple(str(p) for p in parents or ()),
         crashes=crashes or 0,
+        sequence=sequence,
     )
 
 

@@ -330,6 +330,13 @@ class WorkerRepo:
             rows = run(self._q["job_delete_terminal"], {"ids": uuid_array([str(r[0]) for r in locked])})
         return [(str(r[0]), r[1]) for r in rows]
 
+    def pass_dead(self, ids: Sequence[str]) -> None:
+        """The dead jobs *ids* no longer hold their sequences: the next member of each runs (SPEC Q5,
+        ``KindOptions(sequence_on_dead="continue")``); a job in no sequence changes nothing."""
+        if ids:
+            params = {"ids": uuid_array(list(ids))}
+            self.session.run("letting sequences pass dead members", self._q["job_sequence_pass"], params)
+
     def stage(self, topics: Sequence[str], batch: int, notify: bool = True) -> Staged:
         """Make up to *batch* due rows of *topics* pending in one statement, after releasing up to *batch*
         blocked children whose parents ended unseen."""
@@ -338,10 +345,11 @@ class WorkerRepo:
         # children of any topic (whichever stager runs first), counted as promoted: the dispatcher wakes
         params = {"topics": list(topics), "batch": batch, "notify": notify}
         released = self.session.run("releasing children of ended parents", self._q["job_release_due"], params)
+        parked = self.session.run("releasing sequences and parked jobs", self._q["job_sequence_release_due"], params)
         rows = self.session.run("staging due jobs", self._q["job_stage"], params)
         dues = [float(r[2]) for r in rows if r[2] is not None]
         promoted = {str(r[0]): int(r[1]) for r in rows if r[1]}
-        for topic, n, _ in released:
+        for topic, n, *_ in [*released, *parked]:
             promoted[str(topic)] = promoted.get(str(topic), 0) + int(n)
         return Staged(promoted, min(dues) if dues else None)
 
