@@ -19,14 +19,14 @@ from brooq_py.contrib.otel import traced_aenqueue
 from brooq_py.postgres.enqueue import jobs as enqueueing
 from brooq_py.postgres.enqueue import plans
 from brooq_py.postgres.enqueue.unique import FirstTries
-from brooq_py.postgres.flow.caps import TopicCaps
+from brooq_py.postgres.flow.caps import WAIT_FIRST_STEP, TopicCaps, checked_wait, next_step, no_wait_in_tx
 from brooq_py.postgres.flow.limits import LIMIT_WAIT, checked_count, checked_topic, rate_params, writers_left
+from brooq_py.postgres.operator.actions import sequence_params
 from brooq_py.postgres.session.connections import AsyncSession, delegate
 from brooq_py.postgres.session.errors import names_migration, translated
 from brooq_py.postgres.session.tx import AsyncWrapTx, async_connection_of, drive_async, on_async_connection
-from brooq_py.postgres.operator.actions import sequence_params
 from brooq_py.postgres.wait import DEFAULT_POLL, AsyncWatch
-from brooq_py.queue import EnqueueResult, GroupResult, Job, JobRow
+from brooq_py.queue import EnqueueResult, GroupResult, Job, JobRow, QueueFull
 
 AsyncTx = AsyncWrapTx | psycopg.AsyncConnection[Any]
 
@@ -49,16 +49,38 @@ class AsyncStore:
 
     @traced_aenqueue("job")
     @names_migration
-    async def enqueue(self, job: Job) -> EnqueueResult:
-        """``Store.enqueue``, awaited."""
+    async def enqueue(self, job: Job, *, wait: float | timedelta | None = None) -> EnqueueResult:
+        """``Store.enqueue``, awaited (its *wait* sleeps on the event loop)."""
+        seconds = None if wait is None else checked_wait(wait)
         plan = enqueueing.enqueue_own(self._q, job, self._caps, self._first_tries)
-        return await self.session.drive("enqueueing", plan)
+        if seconds is None:
+            return await self.session.drive("enqueueing", plan)
+        deadline, step = time.monotonic() + seconds, WAIT_FIRST_STEP
+        while True:
+            try:
+                return await self.session.drive("enqueueing", plan)
+            except QueueFull as full:
+                while True:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise full from None
+                    await asyncio.sleep(min(step, left))
+                    step = next_step(step)
+                    params = {"topic": full.topic, "cap": full.depth, "n": 1}
+                    if (await self.session.run("probing a topic's room", self._q["topic_room"], params))[0][
+                        0
+                    ]:
+                        break
+            plan = enqueueing.enqueue_own(self._q, job, self._caps, self._first_tries)
 
     @traced_aenqueue("job")
     @names_migration
-    async def enqueue_tx(self, tx: AsyncTx, job: Job) -> EnqueueResult:
+    async def enqueue_tx(
+        self, tx: AsyncTx, job: Job, *, wait: float | timedelta | None = None
+    ) -> EnqueueResult:
         """``Store.enqueue_tx`` in the caller's transaction *tx*: an AsyncWrapTx or a
         bare psycopg ``AsyncConnection``; a sync one raises TypeError naming Store."""
+        no_wait_in_tx(wait)
         conn = async_connection_of(tx)
         plan = enqueueing.enqueue_one(self._q, job, self._caps)
         with translated("enqueueing", conn):

@@ -236,12 +236,8 @@ BEGIN
 END $$"""
 
 _SEQUENCED = "NEW.sequence IS NOT NULL"
-_ENDED_WHEN = (
-    "NEW.sequence IS NOT NULL AND NEW.state IN ('done', 'dead', 'canceled') AND OLD.state IS DISTINCT FROM NEW.state"
-)
-_RETRIED_WHEN = (
-    "NEW.sequence IS NOT NULL AND OLD.state IN ('dead', 'canceled') AND NEW.state IN ('pending', 'scheduled', 'failed')"
-)
+_ENDED_WHEN = "NEW.sequence IS NOT NULL AND NEW.state IN ('done', 'dead', 'canceled') AND OLD.state IS DISTINCT FROM NEW.state"
+_RETRIED_WHEN = "NEW.sequence IS NOT NULL AND OLD.state IN ('dead', 'canceled') AND NEW.state IN ('pending', 'scheduled', 'failed')"
 
 
 def upgrade() -> None:

@@ -70,9 +70,15 @@ def test_q5_members_run_one_at_a_time_in_enqueue_order_under_two_engines_and_ret
 
     for _ in range(2):
         e = engines(workers=4, poll_interval=0.05)
-        e.register_kind("seq.order", handler, KindOptions(max_attempts=3, backoff_base=0.01, backoff_max=0.02))
+        e.register_kind(
+            "seq.order", handler, KindOptions(max_attempts=3, backoff_base=0.01, backoff_max=0.02)
+        )
         e.start()
-    jobs = [Job("seq.order", {"seq": f"s{s}", "n": s * 100 + n}, sequence=f"s{s}") for n in range(8) for s in range(6)]
+    jobs = [
+        Job("seq.order", {"seq": f"s{s}", "n": s * 100 + n}, sequence=f"s{s}")
+        for n in range(8)
+        for s in range(6)
+    ]
     with Sampler(pool, schema) as sampler:
         half = len(jobs) // 2
         ids = [r.id for r in store.enqueue_many(jobs[:half])]
@@ -83,7 +89,9 @@ def test_q5_members_run_one_at_a_time_in_enqueue_order_under_two_engines_and_ret
     for s in range(6):
         runs = starts[f"s{s}"]
         # each member once, the ones that failed twice in a row; never one before an earlier one ended
-        assert [n for i, n in enumerate(runs) if i == 0 or runs[i - 1] != n] == [s * 100 + n for n in range(8)]
+        assert [n for i, n in enumerate(runs) if i == 0 or runs[i - 1] != n] == [
+            s * 100 + n for n in range(8)
+        ]
 
 
 def test_q5_other_sequences_and_topics_are_not_held_up(store: Store, engines: Callable[..., Engine]) -> None:
@@ -109,7 +117,9 @@ def test_q5_other_sequences_and_topics_are_not_held_up(store: Store, engines: Ca
     wait_for(lambda: state(store, behind) is State.DONE, "the member behind")
 
 
-def test_q5_a_dead_member_halts_until_resume_and_stays_dead(store: Store, engines: Callable[..., Engine]) -> None:
+def test_q5_a_dead_member_halts_until_resume_and_stays_dead(
+    store: Store, engines: Callable[..., Engine]
+) -> None:
     def handler(ctx: Context, claim: Claim) -> None:
         if claim.payload == "die":
             raise RuntimeError("boom")
@@ -193,7 +203,9 @@ def test_q5_two_transactions_enqueue_one_sequence_without_waiting_and_never_run_
         early = store.enqueue_tx(tx_a, Job("seq.tx", "early", sequence="t")).id
         # a second transaction enqueues, commits and runs while the first is open: it waits on nothing
         late: list[str] = []
-        t = threading.Thread(target=lambda: late.append(store.enqueue(Job("seq.tx", "hold", sequence="t")).id))
+        t = threading.Thread(
+            target=lambda: late.append(store.enqueue(Job("seq.tx", "hold", sequence="t")).id)
+        )
         t.start()
         t.join(10)
         assert late, "the second enqueue waited for the first transaction"
@@ -264,6 +276,8 @@ def test_q5_members_without_an_engine_wait_blocked_and_the_stager_releases_the_f
     # a psql INSERT without a sequence is untouched; one with a sequence joins it
     q(pool, schema, "INSERT INTO {job} (topic, payload) VALUES ('seq.stage', '{{}}')")
     q(pool, schema, "INSERT INTO {job} (topic, payload, sequence) VALUES ('seq.stage', '{{}}', 'st')")
-    states = dict(q(pool, schema, "SELECT coalesce(sequence, '-'), array_agg(state ORDER BY id) FROM {job} GROUP BY 1"))
+    states = dict(
+        q(pool, schema, "SELECT coalesce(sequence, '-'), array_agg(state ORDER BY id) FROM {job} GROUP BY 1")
+    )
     assert states["-"] == ["pending"]
     assert states["st"] == ["pending", "blocked", "blocked", "blocked"]

@@ -158,13 +158,19 @@ class Handover:
     def _pass_dead(self, batch: Sequence[Outcome], written: set[str]) -> None:
         """SPEC Q5: dead jobs of kinds whose sequences go on past them; an error leaves the sequence
         halted, as with "halt" (``resume_sequence`` releases it)."""
-        dead = [o.id for o in batch if o.state is State.DEAD and was_written(written, o) and self.passes_dead(o.topic)]
+        dead = [
+            o.id
+            for o in batch
+            if o.state is State.DEAD and was_written(written, o) and self.passes_dead(o.topic)
+        ]
         if not dead:
             return
         try:
             self.repo.pass_dead(dead)
         except Exception:
-            self.log.exception("dead jobs %s: their sequences stay halted (resume_sequence releases them)", dead)
+            self.log.exception(
+                "dead jobs %s: their sequences stay halted (resume_sequence releases them)", dead
+            )
 
     def _close(self, a: Attempt, done: Outcome) -> None:
         """Done, chained enqueues and on_succeeded in one transaction, tried until written or not ours."""

@@ -195,7 +195,9 @@ def _repeat(
             return _again(results[first])
     (payload,) = validated([job])
     if job.sequence is not None or job.topic in caps.parking:
-        result: EnqueueResult = yield from _first(_enqueue_many(q, [job], [0], ([], {}), payload_list(job), caps))
+        result: EnqueueResult = yield from _first(
+            _enqueue_many(q, [job], [0], ([], {}), payload_list(job), caps)
+        )
     else:
         result = yield from enqueue_single(q, job, payload, caps)
     how[i] = "created" if result.created else "plan"
@@ -262,7 +264,11 @@ def _enqueue_many(
             query = q["job_enqueue_many_unique"]
         elif parents is not None:
             # jobs with parents wait blocked, never parked: a parking topic is not capped for them
-            params.update(_cap_params(jobs, todo, {t: c for t, c in known.items() if t not in caps.parking}, caps.parking))
+            params.update(
+                _cap_params(
+                    jobs, todo, {t: c for t, c in known.items() if t not in caps.parking}, caps.parking
+                )
+            )
             params.update(after_params([parents[i] for i in todo]))
             query = q["job_enqueue_after"]
         else:

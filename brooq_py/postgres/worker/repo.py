@@ -345,7 +345,9 @@ class WorkerRepo:
         # children of any topic (whichever stager runs first), counted as promoted: the dispatcher wakes
         params = {"topics": list(topics), "batch": batch, "notify": notify}
         released = self.session.run("releasing children of ended parents", self._q["job_release_due"], params)
-        parked = self.session.run("releasing sequences and parked jobs", self._q["job_sequence_release_due"], params)
+        parked = self.session.run(
+            "releasing sequences and parked jobs", self._q["job_sequence_release_due"], params
+        )
         rows = self.session.run("staging due jobs", self._q["job_stage"], params)
         dues = [float(r[2]) for r in rows if r[2] is not None]
         promoted = {str(r[0]): int(r[1]) for r in rows if r[1]}
