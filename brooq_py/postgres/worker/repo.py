@@ -58,7 +58,7 @@ REAP_BATCH = 1000
 
 _SETTLE_STATES = frozenset({State.DONE, State.FAILED, State.DEAD, State.CANCELED, State.PENDING})
 _ENDS = (State.DONE, State.DEAD, State.CANCELED)
-_GAUGED = (State.PENDING, State.SCHEDULED, State.PROCESSING, State.FAILED, State.BLOCKED)
+_GAUGED = (State.PENDING, State.SCHEDULED, State.PROCESSING, State.FAILED, State.BLOCKED, State.PARKED)
 _F4 = struct.Struct("f")
 
 
@@ -372,10 +372,11 @@ class WorkerRepo:
         params = {"topics": list(topics), "cap": GAUGE_CAP}
         counts: list[TopicCount] = []
         oldest: dict[str, float] = {}
-        for topic, pending, scheduled, processing, failed, age, blocked in self.session.run(
+        for topic, pending, scheduled, processing, failed, age, blocked, parked in self.session.run(
             "reading gauges", self._q["gauges_topics"], params
         ):
-            for state, n in zip(_GAUGED, (pending, scheduled, processing, failed, blocked), strict=True):
+            waiting = (pending, scheduled, processing, failed, blocked, parked)
+            for state, n in zip(_GAUGED, waiting, strict=True):
                 counts.append(TopicCount(topic, state, int(n)))
             oldest[topic] = max(0.0, float(age))
         return Gauges(counts=counts, oldest_ready_seconds=oldest)
