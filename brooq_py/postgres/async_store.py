@@ -7,6 +7,7 @@ E1-E6, X1, Q1, D3, D6, F1, F2); each method documents only what differs from the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -164,6 +165,11 @@ class AsyncStore:
             raise ValueError(f"park must be a bool, got {type(park).__name__}")
         params = {"topic": checked_topic(topic), "depth": checked_count(depth, "depth"), "park": park}
         await self.session.run("setting a topic's depth cap", self._q["topic_set_depth"], params)
+        if park:
+            await self.session.run("setting a topic's depth cap", self._q["topic_set_park"], params)
+        else:
+            with contextlib.suppress(psycopg.errors.UndefinedColumn):  # before migration 0020: nothing parks
+                await self.session.run("setting a topic's depth cap", self._q["topic_set_park"], params)
         self._caps.forget()
 
     def queue_full_refusals(self) -> dict[str, int]:

@@ -57,9 +57,10 @@ def enqueue_one(q: Queries, job: Job, caps: TopicCaps) -> Plan[EnqueueResult]:
 
 
 def _single(q: Queries, job: Job, payload: str, caps: TopicCaps) -> Plan[EnqueueResult]:
-    """``enqueue_single``, but a job of a parking topic (SPEC F3) by the batch statement, which parks."""
+    """``enqueue_single``, but a unique job of a parking topic (SPEC F3) by the batch statement, which
+    parks it past the cap."""
     yield from known_caps(q, caps)
-    if job.topic in caps.parking:
+    if job.topic in caps.parking and job.unique_key is not None:
         return (yield from _first(enqueue_many(q, [job], caps)))
     result: EnqueueResult = yield from enqueue_single(q, job, payload, caps)
     return result
@@ -194,7 +195,7 @@ def _repeat(
             how[i] = "unique"
             return _again(results[first])
     (payload,) = validated([job])
-    if job.sequence is not None or job.topic in caps.parking:
+    if job.sequence is not None or (job.topic in caps.parking and job.unique_key is not None):
         result: EnqueueResult = yield from _first(
             _enqueue_many(q, [job], [0], ([], {}), payload_list(job), caps)
         )

@@ -114,6 +114,7 @@ def capped_new(q: Queries, job: Job, known: Mapping[str, int] | None, caps: Topi
         "cap": known[job.topic],
         "base": anchor[0],
         "seq0": anchor[1],
+        "park": job.topic in caps.parking,
     }
     return q["job_enqueue_capped"], params, EnqueueResult(job_id, True)
 
@@ -145,6 +146,7 @@ def enqueue_single(q: Queries, job: Job, payload: str, caps: TopicCaps) -> Plan[
         return (yield from just(plain))
     params = {**_plain_params(job, uuid7(), payload), "key": job.key, "meta": job.meta_json()}
     params["cap"] = cap
+    params["park"] = job.topic in caps.parking
     sent = caps.depth_params(job.topic) if cap is not None else ({**NO_ANCHOR}, None)
     params.update(sent[0])
     for _ in range(ATTEMPTS):

@@ -4,9 +4,8 @@
 -- past any cap: every Store's anchor is then too far behind to admit a job, so
 -- the next capped enqueue of each counts again. Jobs written while the topic was
 -- uncapped took no value, and an anchor taken before is never trusted after.
--- SPEC F3: %(park)s: past the cap, enqueues park the job instead of refusing it.
-INSERT INTO {topic_setting} AS s (topic, max_depth, depth_park)
-SELECT %(topic)s::text, %(depth)s::int, %(park)s::bool
+INSERT INTO {topic_setting} AS s (topic, max_depth)
+SELECT %(topic)s::text, %(depth)s::int
 FROM (SELECT setval(to_regclass({depth_seq}), nextval(to_regclass({depth_seq})) + 2147483648)) AS jump
-ON CONFLICT (topic) DO UPDATE SET max_depth = excluded.max_depth, depth_park = excluded.depth_park, updated_at = now()
+ON CONFLICT (topic) DO UPDATE SET max_depth = excluded.max_depth, updated_at = now()
 RETURNING topic
