@@ -281,3 +281,43 @@ def test_q5_members_without_an_engine_wait_blocked_and_the_stager_releases_the_f
     )
     assert states["-"] == ["pending"]
     assert states["st"] == ["pending", "blocked", "blocked", "blocked"]
+
+
+def test_q5_a_next_member_locked_by_an_operator_is_released_once_the_lock_is_gone(
+    store: Store, pool: ConnectionPool[Any], schema: str, engines: Callable[..., Engine]
+) -> None:
+    release = threading.Event()
+
+    def handler(ctx: Context, claim: Claim) -> None:
+        if claim.payload == "hold":
+            assert release.wait(30)
+
+    e = engines(workers=2, poll_interval=0.05)
+    e.register_kind("seq.lock", handler)
+    e.start()
+    first = store.enqueue(Job("seq.lock", "hold", sequence="l")).id
+    nxt = store.enqueue(Job("seq.lock", "x", sequence="l")).id
+    wait_for(lambda: state(store, first) is State.PROCESSING, "the first member running")
+    with pool.connection() as conn, conn.transaction():
+        conn.execute(f'SELECT 1 FROM "{schema}".job WHERE id = %s FOR UPDATE', (nxt,))
+        release.set()
+        # the first member's done is written (never waiting on the lock); the release is owed
+        wait_for(lambda: state(store, first) is State.DONE, "the first member done beside the lock")
+        assert state(store, nxt) is State.BLOCKED
+        assert q(pool, schema, f'SELECT count(*) FROM "{schema}".job_sequence_due')[0][0] >= 1
+    wait_for(lambda: state(store, nxt) is State.DONE, "the next member after the lock is gone")
+
+
+def test_q5_run_once_drains_a_sequence_in_order(store: Store, engines: Callable[..., Engine]) -> None:
+    ran: list[int] = []
+    e = engines(workers=1)
+    e.register_kind("seq.once", lambda ctx, claim: ran.append(claim.payload))
+    with store.begin() as tx:
+        for n in range(3):
+            store.enqueue_tx(tx, Job("seq.once", n, sequence="o"))
+    store.enqueue_many([Job("seq.once", n, sequence="o") for n in range(3, 6)])
+    deadline = 0
+    while len(ran) < 6 and deadline < 100:
+        e.run_once()
+        deadline += 1
+    assert ran == list(range(6))
