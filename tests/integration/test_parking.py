@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -9,10 +10,10 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from psycopg_pool import ConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from brooq_py.engine import Engine
-from brooq_py.postgres import Store
+from brooq_py.postgres import AsyncStore, Store
 from brooq_py.queue import Claim, Context, InvalidJob, Job, QueueFull, State
 from tests.integration.conftest import q
 from tests.polling import wait_for
@@ -154,3 +155,41 @@ def test_f3_sequence_members_on_a_parking_topic_keep_their_order(
     wait_for(lambda: counts(pool, schema, "park.seq") == {"done": 10}, "every member done")
     assert ran == list(range(10))
     assert len(ids) == 10
+
+
+def test_f3_q5_async_store_parks_waits_and_resumes(dsn: str, schema: str, store: Store) -> None:
+    async def main() -> None:
+        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(dsn, min_size=1, max_size=4, open=False)
+        await pool.open()
+        try:
+            astore = AsyncStore(pool, schema=schema)
+            await astore.set_max_depth("apark", 1, park=True)
+            await astore.enqueue(Job("apark"))
+            parked = await astore.enqueue(Job("apark"))
+            assert (await astore.get(parked.id)).state is State.PARKED  # type: ignore[union-attr]
+            await astore.set_max_depth("afull", 1)
+            first = await astore.enqueue(Job("afull"))
+            with pytest.raises(QueueFull):
+                await astore.enqueue(Job("afull"), wait=0.1)
+            waiter = asyncio.ensure_future(astore.enqueue(Job("afull"), wait=30))
+            while astore.queue_full_refusals().get("afull", 0) < 2:
+                await asyncio.sleep(0.01)
+            assert store.cancel(first.id)
+            assert (await waiter).created
+            async with pool.connection() as conn:
+                with pytest.raises(InvalidJob):
+                    await astore.enqueue_tx(conn, Job("afull"), wait=1)
+            assert await astore.resume_sequence("apark", "none") is False
+        finally:
+            await pool.close()
+
+    asyncio.run(main())
+
+
+def test_f3_q5_a_unique_job_in_a_sequence_and_on_a_parking_topic(store: Store) -> None:
+    one = store.enqueue(Job("uq.seq", sequence="u", unique_key="k"))
+    assert store.enqueue(Job("uq.seq", sequence="u", unique_key="k")) == (one.id, False)
+    store.set_max_depth("uq.park", 1, park=True)
+    store.enqueue(Job("uq.park"))
+    parked = store.enqueue(Job("uq.park", unique_key="k"))
+    assert parked.created and store.get(parked.id).state is State.PARKED  # type: ignore[union-attr]
