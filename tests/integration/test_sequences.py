@@ -321,3 +321,10 @@ def test_q5_run_once_drains_a_sequence_in_order(store: Store, engines: Callable[
         e.run_once()
         deadline += 1
     assert ran == list(range(6))
+
+
+def test_q5_a_batch_mixing_parents_and_sequences_is_refused_whole(store: Store) -> None:
+    parent = store.enqueue(Job("seq.mix")).id
+    with pytest.raises(InvalidJob):
+        store.enqueue_many([Job("seq.mix", after=[parent]), Job("seq.mix", sequence="m")])
+    assert len(store.list_jobs("seq.mix")) == 1

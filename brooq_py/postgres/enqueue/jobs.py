@@ -160,6 +160,10 @@ def enqueue_many(q: Queries, jobs: Sequence[Job], caps: TopicCaps) -> Plan[list[
     payloads = encode_payloads([jobs[i].payload for i in todo])
     # A batch naming parents takes the statement that checks and links them.
     parents = parents_of(jobs) if has_parents(jobs) else None
+    if parents is not None and any(job.sequence is not None for job in jobs):
+        raise InvalidJob(
+            "a batch with jobs that wait for parents cannot hold jobs in a sequence: enqueue them apart"
+        )
     return _enqueue_many(q, jobs, todo, (repeats, first_of), payloads, caps, parents)
 
 
