@@ -47,6 +47,7 @@ import psycopg  # noqa: E402
 import results_cost  # noqa: E402
 import scale  # noqa: E402
 import scrape  # noqa: E402
+import sequences  # noqa: E402
 import w7  # noqa: E402
 import w8  # noqa: E402
 import web  # noqa: E402
@@ -84,6 +85,7 @@ WORKLOADS = (
     "CXL",
     "WF",
     "DS",
+    "SQ",
 )
 # Run only by --full or when named in --only: the 10,000,000-row table takes minutes to build.
 FULL_ONLY = frozenset({"W10"})
@@ -482,6 +484,8 @@ def evaluate(r: dict[str, Any]) -> list[dict[str, Any]]:
     rows.extend(flow_rows(r))
     if "WF" in r and "error" not in r["WF"]:
         rows.extend(workflows.wf_rows(r["WF"]))
+    if "SQ" in r and "error" not in r["SQ"]:
+        rows.extend(sequences.sq_rows(r["SQ"]))
     if "RES" in r:
         rows.extend(results_cost.rows(r["RES"]))
     if "DS" in r:
@@ -693,6 +697,7 @@ def main(argv: list[str] | None = None) -> int:
             },
             "WF": lambda: workflows.wf(db.dsn, sz["w3"], sz["wf_parents"]),
             "DS": lambda: durable.ds(db.dsn, sz),
+            "SQ": lambda: sequences.sq(db.dsn, sz["w1"], sz["w3"]),
         }
         for name in selected:
             ceiling = None

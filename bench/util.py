@@ -19,6 +19,12 @@ from brooq_py.postgres import Store, migrations
 # A pseudo revision: head with the workflows' release trigger dropped (what jobs would pay
 # without workflows; today's code needs head's schema, so an older revision cannot stand in).
 NO_RELEASE = "head-no-release"
+# Head without the sequences' triggers (migration 0018): what jobs without a sequence would pay without them.
+NO_SEQUENCES = "head-no-sequences"
+_DROPPED = {
+    NO_RELEASE: ("job_parent_ended",),
+    NO_SEQUENCES: ("job_sequence_enqueued", "job_sequence_retried", "job_sequence_ended"),
+}
 
 
 @contextlib.contextmanager
@@ -26,10 +32,17 @@ def fresh_schema(dsn: str, prefix: str, revision: str = "head") -> Iterator[str]
     """A schema migrated to *revision* (default head; NO_RELEASE: head without the release
     trigger) by the real migrations, dropped afterwards."""
     name = f"bench_{prefix}_{uuid.uuid4().hex[:10]}"
-    migrations.upgrade(dsn, schema=name, revision="head" if revision == NO_RELEASE else revision)
-    if revision == NO_RELEASE:
+    migrations.upgrade(
+        dsn, schema=name, revision="head" if revision in (NO_RELEASE, NO_SEQUENCES) else revision
+    )
+    if revision in (NO_RELEASE, NO_SEQUENCES):
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP TRIGGER job_parent_ended ON {}").format(sql.Identifier(name, "job")))
+            for trigger in _DROPPED[revision]:
+                conn.execute(
+                    sql.SQL("DROP TRIGGER {} ON {}").format(
+                        sql.Identifier(trigger), sql.Identifier(name, "job")
+                    )
+                )
     try:
         yield name
     finally:

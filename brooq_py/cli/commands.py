@@ -191,15 +191,15 @@ def format_stats(report: Any) -> str:
         width = max(5, *(len(t.topic) for t in report.topics))
         lines.append(
             f"{'topic':<{width}}  {'pending':>9}  {'scheduled':>9}  {'processing':>10}  {'failed':>9}  "
-            f"{'blocked':>9}  {'oldest ready':>12}"
+            f"{'blocked':>9}  {'parked':>9}  {'oldest ready':>12}"
         )
         for t in report.topics:
             lines.append(
                 f"{t.topic:<{width}}  {count(t.pending):>9}  {count(t.scheduled):>9}  {count(t.processing):>10}  "
-                f"{count(t.failed):>9}  {count(t.blocked):>9}  {_age(t.oldest_ready_seconds):>12}"
+                f"{count(t.failed):>9}  {count(t.blocked):>9}  {count(t.parked):>9}  {_age(t.oldest_ready_seconds):>12}"
             )
     else:
-        lines.append("no active jobs (pending, scheduled, processing, failed or blocked)")
+        lines.append("no active jobs (pending, scheduled, processing, failed, blocked or parked)")
     lines += ["", f"in flight: {len(report.in_flight)} shown"]
     for h in report.holders:
         lines.append(f"  holder {h.locked_by}  jobs {h.jobs}  next lease end {h.next_lease_end.isoformat()}")

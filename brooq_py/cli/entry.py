@@ -18,6 +18,7 @@ from brooq_py.cli.operator import (
     cmd_pause_or_resume,
     cmd_rate,
     cmd_retry,
+    cmd_sequence_resume,
     cmd_topics,
 )
 from brooq_py.cli.worker import cmd_worker
@@ -42,6 +43,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "topics": cmd_topics,
     "rate": cmd_rate,
     "depth": cmd_depth,
+    "sequence-resume": cmd_sequence_resume,
     "jobs": cmd_jobs,
 }
 

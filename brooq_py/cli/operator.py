@@ -1,5 +1,5 @@
 """The operator's commands: ``retry``, ``pause``, ``resume``, ``limit``, ``rate``, ``depth``,
-``topics`` and ``jobs`` (SPEC Q1-Q3, U3, F1, F2).
+``sequence-resume``, ``topics`` and ``jobs`` (SPEC Q1-Q3, Q5, U3, F1, F2, F3).
 
 Each prints JSON (``topics`` and ``jobs``: a table unless ``--json``). Status 1 for an unknown job,
 a wrong state or a bulk retry that skipped some; bad input is status 2 before anything connects.
@@ -18,7 +18,7 @@ from brooq_py.cli.common import Failure, check_id, open_store
 from brooq_py.postgres.flow import limits as flow
 from brooq_py.postgres.flow.limits import INT32_MAX, checked_topic
 from brooq_py.postgres.operator.actions import TopicOverview
-from brooq_py.queue import InvalidJob, State
+from brooq_py.queue import InvalidJob, Job, State
 from brooq_py.queue.job import encode_payload
 from brooq_py.settings import Settings
 
@@ -62,6 +62,18 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     depth.add_argument("topic", metavar="TOPIC")
     depth.add_argument("depth", metavar="N|none", help="a number from 0, or none to remove the cap")
+    depth.add_argument(
+        "--park",
+        action="store_true",
+        help="past the cap, park new jobs (released oldest first) instead of refusing",
+    )
+    seq = sub.add_parser(
+        "sequence-resume",
+        parents=[common],
+        help="let a sequence halted behind a dead job go on past it (the dead job stays dead)",
+    )
+    seq.add_argument("topic", metavar="TOPIC")
+    seq.add_argument("sequence", metavar="SEQUENCE")
     topics = sub.add_parser(
         "topics",
         parents=[common],
@@ -192,9 +204,22 @@ def cmd_depth(args: argparse.Namespace, settings: Settings) -> int:
     topic = check_topic(args.topic)
     depth = _usage(flow.parse_count, args.depth, "depth")
     with open_store(settings) as store:
-        store.set_max_depth(topic, depth)
-    print(json.dumps({"topic": topic, "max_depth": depth}))
+        store.set_max_depth(topic, depth, park=args.park)
+    print(json.dumps({"topic": topic, "max_depth": depth, "park": args.park}))
     return 0
+
+
+def cmd_sequence_resume(args: argparse.Namespace, settings: Settings) -> int:
+    """SPEC Q5: status 1 when the sequence was not halted."""
+    topic = check_topic(args.topic)
+    try:
+        Job(topic, sequence=args.sequence)
+    except InvalidJob as exc:
+        raise Failure(f"invalid sequence {args.sequence!r}: {exc}", status=2) from None
+    with open_store(settings) as store:
+        resumed = store.resume_sequence(topic, args.sequence)
+    print(json.dumps({"topic": topic, "sequence": args.sequence, "resumed": resumed}))
+    return 0 if resumed else 1
 
 
 def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:

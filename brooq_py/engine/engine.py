@@ -101,6 +101,7 @@ class Engine(Producing):
         self.hooks.let_go = self.inflight.drop
         self.hooks.drop_claim = self.inflight.dropping
         self.handover = Handover(repo, self.inflight, self.metrics, self.log)
+        self.handover.passes_dead = self._passes_dead
         self.runner = Runner(self.handover, self.metrics, self._async, self.log)
         self.runner.result_max_bytes = self.config.result_max_bytes
         self.supervisor = Supervisor(
@@ -163,6 +164,10 @@ class Engine(Producing):
     @property
     def running(self) -> bool:
         return self._state == "running"
+
+    def _passes_dead(self, topic: str) -> bool:
+        kind = self._kinds.get(topic)
+        return kind is not None and kind.options.sequence_on_dead == "continue"
 
     def register_kind(self, topic: str, handler: Handler, options: KindOptions | None = None) -> None:
         """Register *handler* for *topic*, before ``start()`` (``BrooqError`` after). Raise ``ConfigError``

@@ -13,7 +13,7 @@ from prometheus_client.registry import Collector
 from brooq_py.engine.services.refresher import GaugeView
 from brooq_py.queue import State
 
-ACTIVE = (State.PENDING, State.SCHEDULED, State.PROCESSING, State.FAILED, State.BLOCKED)
+ACTIVE = (State.PENDING, State.SCHEDULED, State.PROCESSING, State.FAILED, State.BLOCKED, State.PARKED)
 
 # Handler run times from a millisecond to the default max_execution_timeout (5 min) and past it.
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)

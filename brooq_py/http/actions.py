@@ -47,6 +47,7 @@ class Controls(Protocol):
     ) -> None: ...
     def set_max_depth(self, topic: str, depth: int | None) -> None: ...
     def signal(self, job_id: str, name: str, payload: Any = None) -> bool: ...
+    def resume_sequence(self, topic: str, sequence: str) -> bool: ...
 
 
 def job_id(raw: str) -> str:
@@ -157,6 +158,19 @@ class Operator:
         log.info("topic %r depth cap set to %s by an operator", topic, depth)
         self._changed()
         return depth
+
+    def resume_sequence(self, raw_topic: str, raw_sequence: str) -> bool:
+        """SPEC Q5: let the sequence halted behind a dead job go on; False when it was not halted."""
+        topic = topic_name(raw_topic)
+        if not raw_sequence or "\x00" in raw_sequence or len(raw_sequence) > 1024:
+            raise ActionError(400, "malformed sequence: expected text of 1 to 1024 characters")
+        resumed = bool(
+            self.guarded("resuming a sequence", self._controls().resume_sequence, topic, raw_sequence)
+        )
+        if resumed:
+            log.info("topic %r sequence %r resumed by an operator", topic, raw_sequence)
+        self._changed(activity=True)
+        return resumed
 
     def pause(self, raw_topic: str) -> None:
         topic = topic_name(raw_topic)

@@ -184,6 +184,10 @@ def _depth(op: Operator, raw: str, value: str) -> Reply:
     return Reply.json(200, {"topic": raw, "max_depth": op.set_depth(raw, value)})
 
 
+def _sequence_resume(op: Operator, raw: str, sequence: str) -> Reply:
+    return Reply.json(200, {"topic": raw, "sequence": sequence, "resumed": op.resume_sequence(raw, sequence)})
+
+
 def _pause(op: Operator, raw: str) -> Reply:
     op.pause(raw)
     return Reply.json(200, {"topic": raw, "paused": True})
@@ -213,6 +217,7 @@ ROUTES: tuple[tuple[re.Pattern[str], tuple[str, ...], Action], ...] = (
     (re.compile(r"/jobs/([^/]+)/signals/([^/]+)"), ("POST",), _signal),
     (re.compile(r"/jobs/([^/]+)"), READ_METHODS, _get),
     (re.compile(r"/topics()"), READ_METHODS, _topics),
+    (re.compile(r"/topics/(.+)/sequences/([^/]+)/resume", re.DOTALL), ("POST",), _sequence_resume),
     (re.compile(r"/topics/(.+)/pause", re.DOTALL), ("POST",), _pause),
     (re.compile(r"/topics/(.+)/resume", re.DOTALL), ("POST",), _resume),
     (re.compile(r"/topics/(.+)/rate/([^/]+(?:/[^/]+)?)", re.DOTALL), ("POST",), _rate),

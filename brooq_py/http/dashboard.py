@@ -412,6 +412,12 @@ def _retry_many(op: Operator, values: dict[str, list[str]]) -> str:
     return f"{message}; not retried: " + "; ".join(reasons)
 
 
+def _sequence_resume(op: Operator, values: dict[str, list[str]]) -> str:
+    if op.resume_sequence(_one(values, "topic"), _one(values, "sequence")):
+        return "Sequence resumed"
+    return "Sequence was not halted"
+
+
 def _pause(op: Operator, values: dict[str, list[str]]) -> str:
     op.pause(_one(values, "topic"))
     return "Topic paused"
@@ -447,6 +453,7 @@ _ACTIONS: dict[str, Callable[[Operator, dict[str, list[str]]], str]] = {
     "retry-many": _retry_many,
     "pause": _pause,
     "resume": _resume,
+    "sequence-resume": _sequence_resume,
 }
 
 

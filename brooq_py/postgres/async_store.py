@@ -7,6 +7,7 @@ E1-E6, X1, Q1, D3, D6, F1, F2); each method documents only what differs from the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -19,13 +20,14 @@ from brooq_py.contrib.otel import traced_aenqueue
 from brooq_py.postgres.enqueue import jobs as enqueueing
 from brooq_py.postgres.enqueue import plans
 from brooq_py.postgres.enqueue.unique import FirstTries
-from brooq_py.postgres.flow.caps import TopicCaps
+from brooq_py.postgres.flow.caps import WAIT_FIRST_STEP, TopicCaps, checked_wait, next_step, no_wait_in_tx
 from brooq_py.postgres.flow.limits import LIMIT_WAIT, checked_count, checked_topic, rate_params, writers_left
+from brooq_py.postgres.operator.actions import sequence_params
 from brooq_py.postgres.session.connections import AsyncSession, delegate
 from brooq_py.postgres.session.errors import names_migration, translated
 from brooq_py.postgres.session.tx import AsyncWrapTx, async_connection_of, drive_async, on_async_connection
 from brooq_py.postgres.wait import DEFAULT_POLL, AsyncWatch
-from brooq_py.queue import EnqueueResult, GroupResult, Job, JobRow
+from brooq_py.queue import EnqueueResult, GroupResult, Job, JobRow, QueueFull
 
 AsyncTx = AsyncWrapTx | psycopg.AsyncConnection[Any]
 
@@ -48,16 +50,38 @@ class AsyncStore:
 
     @traced_aenqueue("job")
     @names_migration
-    async def enqueue(self, job: Job) -> EnqueueResult:
-        """``Store.enqueue``, awaited."""
+    async def enqueue(self, job: Job, *, wait: float | timedelta | None = None) -> EnqueueResult:
+        """``Store.enqueue``, awaited (its *wait* sleeps on the event loop)."""
+        seconds = None if wait is None else checked_wait(wait)
         plan = enqueueing.enqueue_own(self._q, job, self._caps, self._first_tries)
-        return await self.session.drive("enqueueing", plan)
+        if seconds is None:
+            return await self.session.drive("enqueueing", plan)
+        deadline, step = time.monotonic() + seconds, WAIT_FIRST_STEP
+        while True:
+            try:
+                return await self.session.drive("enqueueing", plan)
+            except QueueFull as full:
+                while True:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise full from None
+                    await asyncio.sleep(min(step, left))
+                    step = next_step(step)
+                    params = {"topic": full.topic, "cap": full.depth, "n": 1}
+                    if (await self.session.run("probing a topic's room", self._q["topic_room"], params))[0][
+                        0
+                    ]:
+                        break
+            plan = enqueueing.enqueue_own(self._q, job, self._caps, self._first_tries)
 
     @traced_aenqueue("job")
     @names_migration
-    async def enqueue_tx(self, tx: AsyncTx, job: Job) -> EnqueueResult:
+    async def enqueue_tx(
+        self, tx: AsyncTx, job: Job, *, wait: float | timedelta | None = None
+    ) -> EnqueueResult:
         """``Store.enqueue_tx`` in the caller's transaction *tx*: an AsyncWrapTx or a
         bare psycopg ``AsyncConnection``; a sync one raises TypeError naming Store."""
+        no_wait_in_tx(wait)
         conn = async_connection_of(tx)
         plan = enqueueing.enqueue_one(self._q, job, self._caps)
         with translated("enqueueing", conn):
@@ -112,6 +136,12 @@ class AsyncStore:
         """``Store.retry``, awaited."""
         return await self.session.drive("retrying a job", plans.retry(self._q, job_id))
 
+    async def resume_sequence(self, topic: str, sequence: str) -> bool:
+        """``Store.resume_sequence``, awaited."""
+        params = sequence_params(topic, sequence)
+        rows = await self.session.run("resuming a sequence", self._q["job_sequence_resume"], params)
+        return bool(rows and rows[0][0])
+
     async def list_jobs(
         self, topic: str | None = None, state: str | None = None, limit: int = 50, *, payload: Any = None
     ) -> list[JobRow]:
@@ -138,10 +168,17 @@ class AsyncStore:
                         break
                     await asyncio.sleep(0.01)
 
-    async def set_max_depth(self, topic: str, depth: int | None) -> None:
+    async def set_max_depth(self, topic: str, depth: int | None, *, park: bool = False) -> None:
         """``Store.set_max_depth``, awaited."""
-        params = {"topic": checked_topic(topic), "depth": checked_count(depth, "depth")}
+        if not isinstance(park, bool):
+            raise ValueError(f"park must be a bool, got {type(park).__name__}")
+        params = {"topic": checked_topic(topic), "depth": checked_count(depth, "depth"), "park": park}
         await self.session.run("setting a topic's depth cap", self._q["topic_set_depth"], params)
+        if park:
+            await self.session.run("setting a topic's depth cap", self._q["topic_set_park"], params)
+        else:
+            with contextlib.suppress(psycopg.errors.UndefinedColumn):  # before migration 0018: nothing parks
+                await self.session.run("setting a topic's depth cap", self._q["topic_set_park"], params)
         self._caps.forget()
 
     def queue_full_refusals(self) -> dict[str, int]:

@@ -76,6 +76,7 @@ class Store:
 
     retry = delegate(Operator.retry, "operator")
     retry_refusal = delegate(Operator.retry_refusal, "operator")
+    resume_sequence = delegate(Operator.resume_sequence, "operator")
     list_jobs = delegate(Operator.list_jobs, "operator")
     topic_active = delegate(Operator.topic_active, "operator")
     pending_topics_besides = delegate(Operator.pending_topics_besides, "operator")

@@ -40,7 +40,9 @@ class State(enum.StrEnum):
 
     ``scheduled`` waits for its ``available_at`` and ``failed`` for its backoff (not a verdict);
     the stager makes both pending when due. ``blocked`` waits for its parents (``Job.after``):
-    the last one done releases it, one dead or canceled cancels it.
+    the last one done releases it, one dead or canceled cancels it; a member of a sequence
+    (``Job.sequence``) waits there for the member before it. ``parked`` waits for room under a
+    parking depth cap (``set_max_depth(..., park=True)``): the oldest are released as room appears.
     """
 
     PENDING = "pending"
@@ -51,6 +53,7 @@ class State(enum.StrEnum):
     DEAD = "dead"
     CANCELED = "canceled"
     BLOCKED = "blocked"
+    PARKED = "parked"
 
     @property
     def terminal(self) -> bool:
@@ -58,7 +61,9 @@ class State(enum.StrEnum):
 
 
 TERMINAL_STATES = frozenset({State.DONE, State.DEAD, State.CANCELED})
-ACTIVE_STATES = frozenset({State.PENDING, State.SCHEDULED, State.PROCESSING, State.FAILED, State.BLOCKED})
+ACTIVE_STATES = frozenset(
+    {State.PENDING, State.SCHEDULED, State.PROCESSING, State.FAILED, State.BLOCKED, State.PARKED}
+)
 
 
 def _reject_constant(name: str) -> Any:
@@ -179,6 +184,8 @@ class Job:
     """What an enqueue does to the active holder of ``unique_key``: see API.md."""
     after: Sequence[str] = ()
     """Ids of jobs that must end ``done`` before this one may run (the job is ``blocked`` until then)."""
+    sequence: str | None = None
+    """Jobs of one (topic, sequence) run one at a time, in enqueue order (SPEC Q5). ``""`` is refused."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.topic, str):
@@ -239,6 +246,17 @@ class Job:
                 uuid.UUID(parent)
             except ValueError:
                 raise InvalidJob(f"after holds {parent[:60]!r}, which is not a job id (a UUID)") from None
+
+        seq = self.sequence
+        if seq is not None:
+            if not isinstance(seq, str):
+                raise InvalidJob(f"sequence must be a str or None, got {type(seq).__name__}")
+            if not seq:
+                raise InvalidJob("sequence must not be empty (None: no sequence)")
+            check_text(seq, "sequence")
+            check_length(seq, MAX_KEY_BYTES, "sequence")
+            if self.after:
+                raise InvalidJob("a job in a sequence cannot also wait for parents (after=)")
 
     @property
     def key(self) -> str | None:
@@ -364,6 +382,8 @@ class JobRow:
     """The recorded steps, sleeps and waits, oldest first (``ctx.step``; SPEC DS5)."""
     waiting_for: str | None = None
     """The signal a scheduled job waits for (``ctx.wait_for``), or None."""
+    sequence: str | None = None
+    """``Job.sequence``: the jobs of one (topic, sequence) run one at a time."""
 
     def to_json(self) -> dict[str, Any]:
         """Return the row as a JSON-ready dict (datetimes in ISO 8601)."""
@@ -394,6 +414,7 @@ class JobRow:
             "crashes": self.crashes,
             "steps": [s.to_json() for s in self.steps],
             "waiting_for": self.waiting_for,
+            "sequence": self.sequence,
         }
 
 

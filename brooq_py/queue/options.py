@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from datetime import timedelta
+from typing import Literal
 
 from brooq_py.queue.durations import to_timedelta
 from brooq_py.queue.errors import ConfigError
@@ -69,6 +70,9 @@ class KindOptions:
     concurrency: int | None = None
     # Engines that may stop while running a job before it is dead: a crash gives its attempt back.
     max_crashes: int = 3
+    # A dead member of a sequence (Job.sequence): "halt" holds the members after it until it is retried
+    # or the sequence resumed; "continue" lets the next one run.
+    sequence_on_dead: Literal["halt", "continue"] = "halt"
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -80,6 +84,8 @@ class KindOptions:
         check_int(self, "max_crashes", 1, problems)
         if self.concurrency is not None:
             check_int(self, "concurrency", 1, problems)
+        if self.sequence_on_dead not in ("halt", "continue"):
+            problems.append(f"sequence_on_dead must be 'halt' or 'continue', got {self.sequence_on_dead!r}")
         normalise_durations(self, _DURATIONS, problems)
         check_positive(self, _DURATIONS, problems)
         check_timeouts(self, problems)

@@ -328,6 +328,9 @@ class Repo(Protocol):
     def stage(self, topics: Sequence[str], batch: int, notify: bool = True) -> Staged:
         """Make up to *batch* due scheduled/failed rows pending; *notify* wakes the engines elsewhere."""
 
+    def pass_dead(self, ids: Sequence[str]) -> None:
+        """The dead jobs *ids* no longer hold their sequences (``sequence_on_dead="continue"``)."""
+
     def next_due(self, topics: Sequence[str]) -> float | None:
         """Seconds until the earliest scheduled/failed row of *topics* is due (<= 0: due now; None: none)."""
 

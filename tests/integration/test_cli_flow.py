@@ -17,7 +17,7 @@ def test_f1_f2_cli_rate_and_depth_set_show_and_remove(
     code, out, _ = cli(dsn, schema, tmp_path, "rate", "api.call", "10/1m", "--burst", "3")
     assert code == 0 and json.loads(out) == {"topic": "api.call", "rate": 10, "per_seconds": 60.0, "burst": 3}
     code, out, _ = cli(dsn, schema, tmp_path, "depth", "api.call", "100")
-    assert code == 0 and json.loads(out) == {"topic": "api.call", "max_depth": 100}
+    assert code == 0 and json.loads(out) == {"topic": "api.call", "max_depth": 100, "park": False}
     (s,) = store.topic_settings()
     assert (s.rate_limit, s.rate_per, s.rate_burst, s.max_depth) == (10, 60.0, 3, 100)
     code, out, _ = cli(dsn, schema, tmp_path, "topics")
@@ -62,3 +62,22 @@ def test_u3_cli_retry_says_an_active_job_holds_the_unique_key(
     new = store.enqueue(Job("t", {}, unique_key="k")).id
     code, _, err = cli(dsn, schema, tmp_path, "retry", old)
     assert code == 1 and new in err and "unique key" in err
+
+
+def test_f3_q5_cli_depth_park_and_sequence_resume(
+    store: Store, dsn: str, schema: str, tmp_path: Path
+) -> None:
+    code, out, _ = cli(dsn, schema, tmp_path, "depth", "cli.park", "1", "--park")
+    assert code == 0 and json.loads(out) == {"topic": "cli.park", "max_depth": 1, "park": True}
+    store.enqueue(Job("cli.park"))
+    parked = store.enqueue(Job("cli.park")).id
+    assert str(store.get(parked).state) == "parked"  # type: ignore[union-attr]
+    code, out, _ = cli(dsn, schema, tmp_path, "topics", "--json")
+    (t,) = json.loads(out)
+    assert t["counts"] == {"pending": 1, "parked": 1}
+    code, out, _ = cli(dsn, schema, tmp_path, "stats", "--json")
+    assert code == 0 and json.loads(out)["topics"][0]["parked"] == 1
+    code, out, _ = cli(dsn, schema, tmp_path, "sequence-resume", "cli.park", "s1")
+    assert code == 1 and json.loads(out)["resumed"] is False
+    code, _, err = cli(dsn, schema, tmp_path, "sequence-resume", "cli.park", "")
+    assert code == 2 and "invalid" in err

@@ -95,6 +95,7 @@ def test_o1_z2_gauges_count_each_active_state_and_the_oldest_ready_age(
         (TOPIC, "processing", "-1 second", 2),
         (TOPIC, "failed", "30 seconds", 1),
         (TOPIC, "blocked", "-500 seconds", 6),
+        (TOPIC, "parked", "-600 seconds", 7),
         (TOPIC, "done", "-1 second", 5),
         (TOPIC, "dead", "-1 second", 1),
         (OTHER, "pending", "1 hour", 2),
@@ -118,16 +119,19 @@ def test_o1_z2_gauges_count_each_active_state_and_the_oldest_ready_age(
         (TOPIC, "processing"): 2,
         (TOPIC, "failed"): 1,
         (TOPIC, "blocked"): 6,
+        (TOPIC, "parked"): 7,
         (OTHER, "pending"): 2,
         (OTHER, "scheduled"): 0,
         (OTHER, "processing"): 0,
         (OTHER, "failed"): 0,
         (OTHER, "blocked"): 0,
+        (OTHER, "parked"): 0,
         ("gauge.none", "pending"): 0,
         ("gauge.none", "scheduled"): 0,
         ("gauge.none", "processing"): 0,
         ("gauge.none", "failed"): 0,
         ("gauge.none", "blocked"): 0,
+        ("gauge.none", "parked"): 0,
     }
     assert 100 <= g.oldest_ready_seconds[TOPIC] < 200
     assert g.oldest_ready_seconds[OTHER] == 0.0
@@ -144,12 +148,12 @@ def test_o1_gauge_counts_stop_at_the_cap(
         "INSERT INTO {job} (topic, payload, state, locked_by, locked_until) "
         "SELECT %(t)s, '{{}}', s, CASE WHEN s = 'processing' THEN 'w' END, "
         "CASE WHEN s = 'processing' THEN now() + interval '1 minute' END "
-        "FROM unnest(ARRAY['pending', 'processing', 'failed', 'blocked']) AS s, generate_series(1, 5)",
+        "FROM unnest(ARRAY['pending', 'processing', 'failed', 'blocked', 'parked']) AS s, generate_series(1, 5)",
         {"t": TOPIC},
     )
     monkeypatch.setattr(worker_side, "GAUGE_CAP", 3)
     counts = {str(c.state): c.count for c in store.worker.gauges([TOPIC]).counts}
-    assert counts == {"pending": 3, "scheduled": 0, "processing": 3, "failed": 3, "blocked": 3}
+    assert counts == {"pending": 3, "scheduled": 0, "processing": 3, "failed": 3, "blocked": 3, "parked": 3}
 
 
 @contextlib.contextmanager

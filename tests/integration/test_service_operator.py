@@ -167,3 +167,12 @@ def test_ui_is_the_dashboard_behind_the_same_token(engine: Engine, store: Store)
         for path in ("/ui", "/ui/"):
             status, body = call(srv, "GET", path)
             assert status == 404 and "web extra" in body["error"], path  # says why, not just "not found"
+
+
+def test_q5_sequence_resume_endpoint(server: Server, store: Store) -> None:
+    assert call(server, "POST", f"/topics/{TOPIC}/sequences/s1/resume") == (
+        200,
+        {"topic": TOPIC, "sequence": "s1", "resumed": False},
+    )
+    assert call(server, "POST", f"/topics/{TOPIC}/sequences/s1/resume", token=None)[0] == 401
+    assert call(server, "GET", f"/topics/{TOPIC}/sequences/s1/resume")[0] == 405

@@ -135,7 +135,7 @@ class FakeRepo:
         self.calls: dict[str, int] = {}
         self.settle_batches: list[int] = []
         self.closed = False
-        self.version: str | None = "0017"
+        self.version: str | None = "0018"
         self.locked: set[str] = set()  # job ids an "operator" holds row-locked: skipped, never waited on
         self.engines: dict[str, EngineRow] = {}  # the engine table (SPEC P1'')
         self.steps: dict[str, dict[int, RecordedStep]] = {}  # job_step, by job and position (DS1)
@@ -519,6 +519,9 @@ class FakeRepo:
     def database_gauges(self) -> DatabaseGauges:
         self._count("database_gauges")
         return self.database
+
+    def pass_dead(self, ids: Sequence[str]) -> None:
+        self.passed_dead = [*getattr(self, "passed_dead", []), *ids]
 
     def stage(self, topics: Sequence[str], batch: int, notify: bool = True) -> Staged:
         self._count("stage")

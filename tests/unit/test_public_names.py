@@ -74,3 +74,19 @@ def test_the_django_backend_imports() -> None:
     from brooq_py.contrib.django import BrooqBackend
 
     assert BrooqBackend.__name__ == "BrooqBackend"
+
+
+def test_q5_f3_names() -> None:
+    import brooq_py
+    from brooq_py.queue import ConfigError
+
+    assert brooq_py.State.PARKED == "parked"
+    assert brooq_py.KindOptions().sequence_on_dead == "halt"
+    assert brooq_py.KindOptions(sequence_on_dead="continue").sequence_on_dead == "continue"
+    with pytest.raises(ConfigError):
+        brooq_py.KindOptions(sequence_on_dead="skip")  # type: ignore[arg-type]
+    assert brooq_py.Job("t", sequence="s").sequence == "s"
+    from brooq_py.postgres import AsyncStore, Store
+
+    for cls in (Store, AsyncStore):
+        assert callable(cls.resume_sequence)

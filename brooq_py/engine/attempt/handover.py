@@ -96,6 +96,8 @@ class Handover:
         self.on_waiting: Callable[[], None] = lambda: None
         self.events: EventSink | None = None
         self.on_settled: Callable[[Iterable[str]], None] = lambda topics: None  # their topics' room
+        # Whether a dead job of the topic lets its sequence go on (KindOptions.sequence_on_dead).
+        self.passes_dead: Callable[[str], bool] = lambda topic: False
 
     def hand_over(self, a: Attempt, outcome: Outcome | None) -> None:
         """Take *a*'s answer where it is written; None: nothing to write (the attempt settled itself)."""
@@ -156,7 +158,25 @@ class Handover:
                 events.emit(EVENT_OF[o.state], o.id, o.topic, 0 if a is None else a.claim.attempt, error)
         for (topic, state), n in settled.items():  # one counter update per (topic, outcome) a batch
             self.metrics.child(self.metrics.settled, topic, state).inc(n)
+        self._pass_dead(batch, written)
         self.on_settled({o.topic for o in batch})
+
+    def _pass_dead(self, batch: Sequence[Outcome], written: set[str]) -> None:
+        """SPEC Q5: dead jobs of kinds whose sequences go on past them; an error leaves the sequence
+        halted, as with "halt" (``resume_sequence`` releases it)."""
+        dead = [
+            o.id
+            for o in batch
+            if o.state is State.DEAD and was_written(written, o) and self.passes_dead(o.topic)
+        ]
+        if not dead:
+            return
+        try:
+            self.repo.pass_dead(dead)
+        except Exception:
+            self.log.exception(
+                "dead jobs %s: their sequences stay halted (resume_sequence releases them)", dead
+            )
 
     def _close(self, a: Attempt, done: Outcome) -> None:
         """Done, chained enqueues and on_succeeded in one transaction, tried until written or not ours."""

@@ -49,10 +49,21 @@ def enqueue_one(q: Queries, job: Job, caps: TopicCaps) -> Plan[EnqueueResult]:
     plain = keyless(q, job, caps.fresh())
     if plain is not None:
         return just(plain)
-    if isinstance(job, Job) and job.after:
-        return _first(enqueue_many(q, [job], caps))  # the statement that checks and links parents
+    if isinstance(job, Job) and (job.after or job.sequence is not None):
+        # the statement that checks and links parents, or writes a sequence's member
+        return _first(enqueue_many(q, [job], caps))
     (payload,) = validated([job])
-    return enqueue_single(q, job, payload, caps)
+    return _single(q, job, payload, caps)
+
+
+def _single(q: Queries, job: Job, payload: str, caps: TopicCaps) -> Plan[EnqueueResult]:
+    """``enqueue_single``, but a unique job of a parking topic (SPEC F3) by the batch statement, which
+    parks it past the cap."""
+    yield from known_caps(q, caps)
+    if job.topic in caps.parking and job.unique_key is not None:
+        return (yield from _first(enqueue_many(q, [job], caps)))
+    result: EnqueueResult = yield from enqueue_single(q, job, payload, caps)
+    return result
 
 
 def enqueue_own(q: Queries, job: Job, caps: TopicCaps, tries: FirstTries) -> Plan[EnqueueResult]:
@@ -149,6 +160,10 @@ def enqueue_many(q: Queries, jobs: Sequence[Job], caps: TopicCaps) -> Plan[list[
     payloads = encode_payloads([jobs[i].payload for i in todo])
     # A batch naming parents takes the statement that checks and links them.
     parents = parents_of(jobs) if has_parents(jobs) else None
+    if parents is not None and any(job.sequence is not None for job in jobs):
+        raise InvalidJob(
+            "a batch with jobs that wait for parents cannot hold jobs in a sequence: enqueue them apart"
+        )
     return _enqueue_many(q, jobs, todo, (repeats, first_of), payloads, caps, parents)
 
 
@@ -184,7 +199,12 @@ def _repeat(
             how[i] = "unique"
             return _again(results[first])
     (payload,) = validated([job])
-    result: EnqueueResult = yield from enqueue_single(q, job, payload, caps)
+    if job.sequence is not None or (job.topic in caps.parking and job.unique_key is not None):
+        result: EnqueueResult = yield from _first(
+            _enqueue_many(q, [job], [0], ([], {}), payload_list(job), caps)
+        )
+    else:
+        result = yield from enqueue_single(q, job, payload, caps)
     how[i] = "created" if result.created else "plan"
     return result
 
@@ -194,10 +214,22 @@ def _again(first: EnqueueResult | None) -> EnqueueResult:
     return EnqueueResult(first.id, False)
 
 
-def _cap_params(jobs: Sequence[Job], todo: list[int], known: Mapping[str, int]) -> dict[str, str]:
-    """The batch's capped topics and their caps; the statement counts the jobs it would write."""
+def _cap_params(
+    jobs: Sequence[Job], todo: list[int], known: Mapping[str, int], parking: frozenset[str]
+) -> dict[str, str]:
+    """The batch's capped topics and their caps; the statement counts the jobs it would write. A
+    parking topic's jobs are parked past its cap instead of refused (SPEC F3)."""
     topics = list(dict.fromkeys(jobs[i].topic for i in todo if jobs[i].topic in known))
-    return {"cap_topics": text_array(topics), "caps": int_array(known[t] for t in topics)}
+    return {
+        "cap_topics": text_array(topics),
+        "caps": int_array(known[t] for t in topics),
+        "park_topics": text_array([t for t in topics if t in parking]),
+    }
+
+
+def payload_list(job: Job) -> str:
+    """One job's payload as the batch statement's JSON array."""
+    return encode_payloads([job.payload])
 
 
 def _enqueue_many(
@@ -228,13 +260,20 @@ def _enqueue_many(
             "keys": text_array([job.key for job in batch]),
             "available_at": timestamptz_array([job.available_at for job in batch]),
             "priorities": int_array([job.priority for job in batch]),
-            **_cap_params(jobs, todo, known),
+            **_cap_params(jobs, todo, known, caps.parking),
+            "sequences": text_array([job.sequence for job in batch]),
         }
         params["metas"] = "[" + ",".join([job.meta_json() or "null" for job in batch]) + "]"
         if unique:
             params["unique_keys"] = text_array([job.unique_key for job in batch])
             query = q["job_enqueue_many_unique"]
         elif parents is not None:
+            # jobs with parents wait blocked, never parked: a parking topic is not capped for them
+            params.update(
+                _cap_params(
+                    jobs, todo, {t: c for t, c in known.items() if t not in caps.parking}, caps.parking
+                )
+            )
             params.update(after_params([parents[i] for i in todo]))
             query = q["job_enqueue_after"]
         else:

@@ -40,7 +40,13 @@ def validated(jobs: Sequence[Job]) -> list[str]:
 
 def _plain(job: Job) -> bool:
     """Whether *job* is a Job without keys and parents: one plain INSERT may create it."""
-    return isinstance(job, Job) and job.key is None and job.unique_key is None and not job.after
+    return (
+        isinstance(job, Job)
+        and job.key is None
+        and job.unique_key is None
+        and not job.after
+        and job.sequence is None
+    )
 
 
 def _plain_params(job: Job, job_id: str | uuid.UUID, payload: str | None = None) -> dict[str, Any]:
@@ -77,6 +83,7 @@ def unique_first(job: Job, caps: Mapping[str, int] | None) -> bool:
         and job.unique_key is not None
         and job.key is None
         and not job.after
+        and job.sequence is None
         and job.on_duplicate == "keep"
         and job.topic not in caps
     )
@@ -107,6 +114,7 @@ def capped_new(q: Queries, job: Job, known: Mapping[str, int] | None, caps: Topi
         "cap": known[job.topic],
         "base": anchor[0],
         "seq0": anchor[1],
+        "park": job.topic in caps.parking,
     }
     return q["job_enqueue_capped"], params, EnqueueResult(job_id, True)
 
@@ -138,6 +146,7 @@ def enqueue_single(q: Queries, job: Job, payload: str, caps: TopicCaps) -> Plan[
         return (yield from just(plain))
     params = {**_plain_params(job, uuid7(), payload), "key": job.key, "meta": job.meta_json()}
     params["cap"] = cap
+    params["park"] = job.topic in caps.parking
     sent = caps.depth_params(job.topic) if cap is not None else ({**NO_ANCHOR}, None)
     params.update(sent[0])
     for _ in range(ATTEMPTS):

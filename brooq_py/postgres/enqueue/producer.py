@@ -3,20 +3,21 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from brooq_py.contrib.otel import traced_enqueue
 from brooq_py.postgres.enqueue import jobs as enqueueing
 from brooq_py.postgres.enqueue import plans
 from brooq_py.postgres.enqueue.unique import FirstTries
-from brooq_py.postgres.flow.caps import TopicCaps
+from brooq_py.postgres.flow.caps import WAIT_FIRST_STEP, TopicCaps, checked_wait, next_step, no_wait_in_tx
 from brooq_py.postgres.session.connections import Session
 from brooq_py.postgres.session.errors import names_migration, translated
 from brooq_py.postgres.session.tx import as_psycopg, drive, on_tx
-from brooq_py.queue import EnqueueResult, GroupResult, Job, JobRow, Tx
+from brooq_py.queue import EnqueueResult, GroupResult, Job, JobRow, QueueFull, Tx
 
 
 class Producer:
@@ -31,20 +32,40 @@ class Producer:
 
     @traced_enqueue("job")
     @names_migration
-    def enqueue(self, job: Job) -> EnqueueResult:
+    def enqueue(self, job: Job, *, wait: float | timedelta | None = None) -> EnqueueResult:
         """Enqueue *job* in its own autocommit statement; return its id and whether this call created
-        it. Idempotent on (topic, key) for the life of the row; InvalidJob before anything is written."""
+        it. Idempotent on (topic, key) for the life of the row; InvalidJob before anything is written.
+        *wait*: a full topic (QueueFull) is waited on up to this long, one bounded probe of its room
+        per step (SPEC F3), before QueueFull is raised."""
+        seconds = None if wait is None else checked_wait(wait)
         plan = enqueueing.enqueue_own(self._q, job, self._caps, self._first_tries)
-        return self.session.drive("enqueueing", plan)
+        if seconds is None:
+            return self.session.drive("enqueueing", plan)
+        deadline, step = time.monotonic() + seconds, WAIT_FIRST_STEP
+        while True:
+            try:
+                return self.session.drive("enqueueing", plan)
+            except QueueFull as full:
+                while True:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise full from None
+                    time.sleep(min(step, left))
+                    step = next_step(step)
+                    params = {"topic": full.topic, "cap": full.depth, "n": 1}
+                    if self.session.run("probing a topic's room", self._q["topic_room"], params)[0][0]:
+                        break
+            plan = enqueueing.enqueue_own(self._q, job, self._caps, self._first_tries)
 
     @traced_enqueue("job")
     @names_migration
-    def enqueue_tx(self, tx: Tx, job: Job) -> EnqueueResult:
+    def enqueue_tx(self, tx: Tx, job: Job, *, wait: float | timedelta | None = None) -> EnqueueResult:
         """Enqueue *job* inside the caller's transaction *tx* (a WrapTx, a psycopg Connection, or any
         object with ``execute(query, params)`` taking ``%(name)s`` parameters); the caller commits.
         A duplicate never aborts the transaction at READ COMMITTED (under REPEATABLE READ or
         SERIALIZABLE a concurrent one fails it, as any conflicting write does). An asyncio
-        connection raises TypeError naming AsyncStore."""
+        connection raises TypeError naming AsyncStore. *wait* is refused here (InvalidJob)."""
+        no_wait_in_tx(wait)
         plan = enqueueing.enqueue_one(self._q, job, self._caps)
         with translated("enqueueing", as_psycopg(tx)):
             return drive(plan, on_tx(tx))

@@ -17,16 +17,51 @@ sequence made anew) makes the Store count the topic afresh.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
+from datetime import timedelta
+from typing import Any
 
-from brooq_py.queue import QueueFull
+from brooq_py.queue import InvalidJob, QueueFull
 
 TTL = 1.0
 # The anchor and checkpoint parameters of a statement for an uncapped topic.
 NO_ANCHOR: dict[str, int | None] = {"base": None, "seq0": None, "cp_s": None, "cp_m": None}
+
+
+# enqueue(job, wait=...) (SPEC F3): the first wait step, and the longest; one bounded probe a step.
+WAIT_FIRST_STEP = 0.02
+WAIT_LONGEST_STEP = 0.5
+
+
+def checked_wait(wait: Any) -> float:
+    """*wait* (seconds or a timedelta, at least 0) in seconds; InvalidJob for anything else."""
+    if isinstance(wait, timedelta):
+        seconds = wait.total_seconds()
+    elif isinstance(wait, int | float) and not isinstance(wait, bool):
+        seconds = float(wait)
+    else:
+        raise InvalidJob(f"wait must be seconds or a timedelta, got {type(wait).__name__}")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise InvalidJob(f"wait must be a finite number of seconds from 0, got {wait!r}")
+    return seconds
+
+
+def no_wait_in_tx(wait: Any) -> None:
+    """``enqueue_tx(..., wait=...)``: refused (InvalidJob) before any statement; waiting there would
+    hold the caller's transaction open (SPEC F3)."""
+    if wait is not None:
+        raise InvalidJob(
+            "wait= is not allowed inside a caller's transaction: enqueue with Store.enqueue(job, wait=)"
+        )
+
+
+def next_step(step: float) -> float:
+    """The wait step after *step*: doubled, up to WAIT_LONGEST_STEP."""
+    return min(step * 2, WAIT_LONGEST_STEP)
 
 
 class TopicCaps:
@@ -36,6 +71,7 @@ class TopicCaps:
         self.ttl = ttl
         self._monotonic = monotonic
         self._caps: Mapping[str, int] = {}
+        self.parking: frozenset[str] = frozenset()  # capped topics that park past the cap (SPEC F3)
         self._read_at = -float("inf")
         self._lock = threading.Lock()
         self._refused: Counter[str] = Counter()
@@ -52,6 +88,7 @@ class TopicCaps:
     def load(self, rows: list[tuple[object, ...]]) -> Mapping[str, int]:
         """Keep the rows of ``topic_caps`` (topic, max_depth); return them as a mapping."""
         caps = {str(r[0]): r[1] for r in rows if isinstance(r[1], int)}
+        self.parking = frozenset(str(r[0]) for r in rows if isinstance(r[1], int) and len(r) > 2 and r[2])
         self._caps, self._read_at = caps, self._monotonic()
         with self._lock:
             for kept in (self._anchors, self._last, self._checkpoints):

@@ -7,6 +7,8 @@ import time
 from datetime import timedelta
 from typing import Any
 
+import psycopg
+
 from brooq_py.postgres.flow.caps import TopicCaps
 from brooq_py.postgres.session.connections import Session
 from brooq_py.postgres.session.tx import Runner, on_connection
@@ -170,16 +172,32 @@ class Flow:
                 return
             time.sleep(0.01)
 
-    def set_max_depth(self, topic: str, depth: int | None) -> None:
+    def set_max_depth(self, topic: str, depth: int | None, *, park: bool = False) -> None:
         """Refuse enqueues of *topic* (QueueFull) while *depth* or more of its jobs wait; None removes
-        the cap. This Store obeys it at once, others within a second. ValueError out of 0..2**31-1."""
-        params = {"topic": checked_topic(topic), "depth": checked_count(depth, "depth")}
+        the cap. This Store obeys it at once, others within a second. ValueError out of 0..2**31-1.
+        *park*: past the cap, write the job ``parked`` instead of refusing it (SPEC F3); the stagers
+        release the oldest parked jobs as room appears."""
+        if not isinstance(park, bool):
+            raise ValueError(f"park must be a bool, got {type(park).__name__}")
+        params = {"topic": checked_topic(topic), "depth": checked_count(depth, "depth"), "park": park}
         self.session.run("setting a topic's depth cap", self._q["topic_set_depth"], params)
+        set_park(self.session.run, self._q["topic_set_park"], params)
         self._caps.forget()
 
     def queue_full_refusals(self) -> dict[str, int]:
         """How many enqueues this Store refused with QueueFull, by topic."""
         return self._caps.refusals()
+
+
+def set_park(run: Any, query: Any, params: dict[str, Any]) -> Any:
+    """Run ``topic_set_park`` with *run* (a Session's, sync or async): on a schema before migration
+    0018 (no such column) nothing parks, and only ``park=True`` is an error."""
+    if not params["park"]:
+        try:
+            return run("setting a topic's depth cap", query, params)
+        except psycopg.errors.UndefinedColumn:
+            return None
+    return run("setting a topic's depth cap", query, params)
 
 
 def rate_params(topic: str, limit: Any, per: Any, burst: Any) -> dict[str, Any]:

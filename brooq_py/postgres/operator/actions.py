@@ -11,9 +11,15 @@ from brooq_py.postgres.enqueue.plans import retry
 from brooq_py.postgres.flow.limits import checked_topic, rate_text
 from brooq_py.postgres.session.connections import Session
 from brooq_py.postgres.session.statements import parse_id
-from brooq_py.queue import JobRow
+from brooq_py.queue import Job, JobRow
 
-__all__ = ["Operator", "TopicOverview"]
+__all__ = ["Operator", "TopicOverview", "sequence_params"]
+
+
+def sequence_params(topic: str, sequence: str) -> dict[str, str]:
+    """The parameters of ``job_sequence_resume``; InvalidJob for what no job could carry."""
+    Job(topic, sequence=sequence)  # the same checks as a job's (InvalidJob)
+    return {"topic": topic, "sequence": sequence}
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,13 @@ class Operator:
         """Put a dead or canceled job back to pending (attempts 0, due now, last_error kept) and wake
         the engines of its topic; False for any other state and for unknown or malformed ids."""
         return self.session.drive("retrying a job", retry(self._q, job_id))
+
+    def resume_sequence(self, topic: str, sequence: str) -> bool:
+        """Release the sequence halted behind a dead member (which stays dead): the next member runs
+        (SPEC Q5). False when it was not halted."""
+        params = sequence_params(topic, sequence)
+        rows = self.session.run("resuming a sequence", self._q["job_sequence_resume"], params)
+        return bool(rows and rows[0][0])
 
     def retry_refusal(self, job_id: str) -> str | None:
         """Say why ``retry(job_id)`` changes nothing now, or None when it would retry the job."""

@@ -30,10 +30,18 @@ MAX_TOPICS = 500
 # A payload search reads at most this many jobs of a listing, newest (or next to be claimed) first.
 SEARCH_SCAN = 1000
 MINUTES = 60
-WAITING = (State.PENDING, State.SCHEDULED, State.FAILED, State.BLOCKED)
+WAITING = (State.PENDING, State.SCHEDULED, State.FAILED, State.BLOCKED, State.PARKED)
 FINISHED = (State.DONE, State.DEAD, State.CANCELED)
 # The order of the topics page's columns.
-STATES = (State.PENDING, State.SCHEDULED, State.PROCESSING, State.FAILED, State.BLOCKED, *FINISHED)
+STATES = (
+    State.PENDING,
+    State.SCHEDULED,
+    State.PROCESSING,
+    State.FAILED,
+    State.BLOCKED,
+    State.PARKED,
+    *FINISHED,
+)
 
 
 class BadCursor(ValueError):

@@ -25,6 +25,7 @@ class TopicDepth:
     oldest_ready_seconds: float
     scheduled: int = 0
     blocked: int = 0
+    parked: int = 0  # SPEC F3: over a parking depth cap, not claimable
 
 
 @dataclass(frozen=True)
@@ -94,8 +95,8 @@ def collect(
             cur.execute(render("gauges_topics", schema).composed, {"topics": topic_names, "cap": cap})
             topics = sorted(
                 (
-                    TopicDepth(str(t), int(p), int(pr), int(f), float(age), int(s), int(b))
-                    for t, p, s, pr, f, age, b in cur.fetchall()
+                    TopicDepth(str(t), int(p), int(pr), int(f), float(age), int(s), int(b), int(k))
+                    for t, p, s, pr, f, age, b, k in cur.fetchall()
                 ),
                 key=lambda d: d.topic,
             )

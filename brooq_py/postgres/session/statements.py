@@ -74,6 +74,12 @@ _TABLES = (
     "job_signal",
     "topic_setting",
     "schedule_tick",
+    # migration 0018: sequences' tables and functions, and the release of parked jobs
+    "job_sequence_due",
+    "job_sequence_halt",
+    "job_sequence_release",
+    "job_sequence_resume",
+    "job_parked_release",
 )
 
 
@@ -235,7 +241,7 @@ _EPOCH = datetime.fromtimestamp(0, UTC)
 
 
 # job_get's columns, which every statement read into a JobRow selects (job_list too).
-JOB_ROW_COLUMNS = 23
+JOB_ROW_COLUMNS = 24
 
 
 def job_row(r: Any) -> JobRow:
@@ -246,6 +252,7 @@ def job_row(r: Any) -> JobRow:
     parents = r[14]
     result, errors, progress, note, meta, crashes = r[15:21]
     state = State(r[3])
+    sequence = r[23]
     return JobRow(
         id=str(r[0]),
         topic=r[1],
@@ -269,6 +276,7 @@ def job_row(r: Any) -> JobRow:
         crashes=crashes or 0,
         steps=step_records(r[22]),
         waiting_for=r[21] if state is State.SCHEDULED else None,
+        sequence=sequence,
     )
 
 

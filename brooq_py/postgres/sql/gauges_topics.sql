@@ -6,6 +6,7 @@
 --   pending              the claim index (topic, priority DESC, available_at, id);
 --   scheduled, failed,   job_waiting_idx (topic, state), partial on those three states;
 --   blocked
+--   parked               job_parked_idx (topic, id), partial on parked rows (SPEC F3);
 --   processing           one pass over the processing rows (job_lease_expiry_idx),
 --                        at most %(cap)s in all: they are bounded by the workers.
 -- Ready means pending with available_at <= now() (SPEC S5-S6). The oldest one
@@ -47,5 +48,7 @@ SELECT t.topic,
            ) AS first
        ))::float8, 0) AS oldest_ready_seconds,
        (SELECT count(*) FROM (SELECT 1 FROM {job} j WHERE j.topic = t.topic AND j.state = 'blocked'
-                              LIMIT %(cap)s) AS s) AS blocked
+                              LIMIT %(cap)s) AS s) AS blocked,
+       (SELECT count(*) FROM (SELECT 1 FROM {job} j WHERE j.topic = t.topic AND j.state = 'parked'
+                              LIMIT %(cap)s) AS s) AS parked
 FROM unnest(%(topics)s::text[]) AS t(topic)

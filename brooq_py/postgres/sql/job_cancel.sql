@@ -4,5 +4,5 @@
 -- V2: a cancel wakes the waiters on the results channel (once; the column is not read).
 UPDATE {job}
 SET state = 'canceled', updated_at = now()
-WHERE id = %(id)s AND state IN ('pending', 'scheduled', 'failed', 'processing', 'blocked')
+WHERE id = %(id)s AND state IN ('pending', 'scheduled', 'failed', 'processing', 'blocked', 'parked')
 RETURNING id, (SELECT pg_notify({settled_channel_literal}, ''))

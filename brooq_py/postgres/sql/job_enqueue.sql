@@ -22,15 +22,21 @@
 -- time, not the transaction's; a job due later than that is scheduled, and the
 -- stager makes it pending (SPEC S5).
 WITH {depth_room}
+), p AS (
+    -- SPEC F3: a parking topic's job is parked, never refused, when there is no room or
+    -- parked jobs wait already (it does not jump them): one probe of job_parked_idx.
+    SELECT %(park)s::bool
+           AND (NOT a.room OR EXISTS (SELECT FROM {job} WHERE topic = %(topic)s AND state = 'parked')) AS parked
+    FROM a
 ), ins AS (
     INSERT INTO {job} (id, topic, payload, idempotency_key, meta, available_at, priority, state)
     SELECT %(id)s, %(topic)s, %(payload)s::jsonb, %(key)s, %(meta)s::jsonb, a.at, %(priority)s,
-           CASE WHEN a.at > statement_timestamp() THEN 'scheduled' ELSE 'pending' END
-    FROM a
-    WHERE a.room
+           CASE WHEN p.parked THEN 'parked' WHEN a.at > statement_timestamp() THEN 'scheduled' ELSE 'pending' END
+    FROM a, p
+    WHERE a.room OR p.parked
     ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id
 )
 SELECT ins.id, true, a.seq, a.seen, a.anchor, a.horizon FROM ins, a
 UNION ALL
-SELECT NULL, false, a.seq, a.seen, a.anchor, a.horizon FROM a WHERE NOT a.room
+SELECT NULL, false, a.seq, a.seen, a.anchor, a.horizon FROM a, p WHERE NOT a.room AND NOT p.parked

@@ -18,4 +18,7 @@ WHERE CASE WHEN NOT coalesce(n.last >= %(seq0)s::bigint
                               AND %(base)s::bigint + (n.last - %(seq0)s::bigint) + 1 <= %(cap)s, false)
                 THEN false
            WHEN txid_current() IS NULL THEN false
+           -- SPEC F3: on a parking topic, not while parked jobs wait (they go first)
+           WHEN %(park)s::bool AND EXISTS (SELECT FROM {job} WHERE topic = %(topic)s AND state = 'parked')
+                THEN false
            ELSE nextval(to_regclass({depth_seq})) IS NOT NULL END

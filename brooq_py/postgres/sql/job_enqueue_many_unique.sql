@@ -15,8 +15,8 @@ WITH input AS (
                     jsonb_array_elements(%(payloads)s::jsonb), unnest(%(keys)s::text[]),
                     unnest(%(unique_keys)s::text[]),
                     unnest(%(available_at)s::timestamptz[]), unnest(%(priorities)s::int[]),
-                    jsonb_array_elements(%(metas)s::jsonb))
-         WITH ORDINALITY AS u(id, topic, payload, key, unique_key, available_at, priority, meta, ord)
+                    jsonb_array_elements(%(metas)s::jsonb), unnest(%(sequences)s::text[]))
+         WITH ORDINALITY AS u(id, topic, payload, key, unique_key, available_at, priority, meta, sequence, ord)
 ), fresh AS (
     -- Each new job of a capped topic takes a value of the depth sequence, after the
     -- transaction's id (migration 0014).
@@ -36,15 +36,28 @@ WITH input AS (
 ), too_deep AS (
     SELECT c.topic
     FROM fresh c
-    WHERE c.taken >= 0 AND c.n > 0
+    WHERE c.taken >= 0 AND c.n > 0 AND c.topic <> ALL (%(park_topics)s::text[])
       AND (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = c.topic AND state = 'pending' LIMIT c.cap) AS p)
         + (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = c.topic
                                      AND state IN ('scheduled', 'failed', 'blocked') LIMIT c.cap) AS w)
         + c.n > c.cap
+), parking AS (
+    -- SPEC F3: a parking topic's new jobs are written parked while parked jobs wait
+    -- (none jumps them) or when they would take it past its cap; never refused.
+    SELECT c.topic
+    FROM fresh c
+    WHERE c.n > 0 AND c.topic = ANY (%(park_topics)s::text[])
+      AND (EXISTS (SELECT FROM {job} WHERE topic = c.topic AND state = 'parked')
+           OR (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = c.topic AND state = 'pending' LIMIT c.cap) AS p)
+              + (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = c.topic
+                                           AND state IN ('scheduled', 'failed', 'blocked') LIMIT c.cap) AS w)
+              + c.n > c.cap)
 ), inserted AS (
-    INSERT INTO {job} (id, topic, payload, idempotency_key, unique_key, meta, available_at, priority, state)
+    INSERT INTO {job} (id, topic, payload, idempotency_key, unique_key, meta, available_at, priority, state, sequence)
     SELECT id, topic, payload, key, unique_key, nullif(meta, 'null'::jsonb), at, priority,
-           CASE WHEN at > statement_timestamp() THEN 'scheduled' ELSE 'pending' END
+           CASE WHEN topic IN (SELECT k.topic FROM parking k) THEN 'parked'
+                WHEN at > statement_timestamp() THEN 'scheduled' ELSE 'pending' END,
+           sequence
     FROM (SELECT *, coalesce(available_at, statement_timestamp()) AS at FROM input) AS i
     WHERE NOT EXISTS (SELECT FROM too_deep)
     -- In key order, not input order: a batch that meets a key another one holds uncommitted

@@ -4,4 +4,4 @@
 -- Blocked descendants are canceled with it by the trigger job_parent_ended (SPEC D3).
 UPDATE {job}
 SET state = 'canceled', updated_at = now()
-WHERE id = %(id)s AND state IN ('pending', 'scheduled', 'failed', 'processing', 'blocked')
+WHERE id = %(id)s AND state IN ('pending', 'scheduled', 'failed', 'processing', 'blocked', 'parked')

@@ -19,10 +19,19 @@ WITH RECURSIVE ready(topic) AS (
             ORDER BY j.topic LIMIT 1)
     FROM waiting w
     WHERE w.topic IS NOT NULL
+), parked(topic) AS (
+    -- SPEC F3: parked rows, by job_parked_idx (topic, id)
+    (SELECT topic FROM {job} WHERE state = 'parked' ORDER BY topic LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.topic FROM {job} j WHERE j.state = 'parked' AND j.topic > p.topic ORDER BY j.topic LIMIT 1)
+    FROM parked p
+    WHERE p.topic IS NOT NULL
 )
 SELECT topic FROM ready WHERE topic IS NOT NULL
 UNION
 SELECT topic FROM waiting WHERE topic IS NOT NULL
+UNION
+SELECT topic FROM parked WHERE topic IS NOT NULL
 UNION
 SELECT topic FROM {job} WHERE state = 'processing'
 ORDER BY topic

@@ -4,6 +4,6 @@
 -- to 0010 (no such column) there are no caps, and producers deployed before the
 -- migration keep enqueueing what they could before; the table holds one row per
 -- touched topic.
-SELECT s.topic, (to_jsonb(s) ->> 'max_depth')::int
+SELECT s.topic, (to_jsonb(s) ->> 'max_depth')::int, coalesce((to_jsonb(s) ->> 'depth_park')::bool, false)
 FROM {topic_setting} s
 WHERE to_jsonb(s) ->> 'max_depth' IS NOT NULL

@@ -64,7 +64,7 @@ _SETTLE_STATES = frozenset(
     {State.DONE, State.FAILED, State.DEAD, State.CANCELED, State.PENDING, State.SCHEDULED}
 )
 _ENDS = (State.DONE, State.DEAD, State.CANCELED)
-_GAUGED = (State.PENDING, State.SCHEDULED, State.PROCESSING, State.FAILED, State.BLOCKED)
+_GAUGED = (State.PENDING, State.SCHEDULED, State.PROCESSING, State.FAILED, State.BLOCKED, State.PARKED)
 _F4 = struct.Struct("f")
 
 
@@ -405,6 +405,13 @@ class WorkerRepo:
             rows = run(self._q["job_delete_terminal"], {"ids": uuid_array([str(r[0]) for r in locked])})
         return [(str(r[0]), r[1]) for r in rows]
 
+    def pass_dead(self, ids: Sequence[str]) -> None:
+        """The dead jobs *ids* no longer hold their sequences: the next member of each runs (SPEC Q5,
+        ``KindOptions(sequence_on_dead="continue")``); a job in no sequence changes nothing."""
+        if ids:
+            params = {"ids": uuid_array(list(ids))}
+            self.session.run("letting sequences pass dead members", self._q["job_sequence_pass"], params)
+
     def stage(self, topics: Sequence[str], batch: int, notify: bool = True) -> Staged:
         """Make up to *batch* due rows of *topics* pending in one statement, after releasing up to *batch*
         blocked children whose parents ended unseen."""
@@ -413,10 +420,13 @@ class WorkerRepo:
         # children of any topic (whichever stager runs first), counted as promoted: the dispatcher wakes
         params = {"topics": list(topics), "batch": batch, "notify": notify}
         released = self.session.run("releasing children of ended parents", self._q["job_release_due"], params)
+        parked = self.session.run(
+            "releasing sequences and parked jobs", self._q["job_sequence_release_due"], params
+        )
         rows = self.session.run("staging due jobs", self._q["job_stage"], params)
         dues = [float(r[2]) for r in rows if r[2] is not None]
         promoted = {str(r[0]): int(r[1]) for r in rows if r[1]}
-        for topic, n, _ in released:
+        for topic, n, *_ in [*released, *parked]:
             promoted[str(topic)] = promoted.get(str(topic), 0) + int(n)
         return Staged(promoted, min(dues) if dues else None)
 
@@ -437,10 +447,11 @@ class WorkerRepo:
         params = {"topics": list(topics), "cap": GAUGE_CAP}
         counts: list[TopicCount] = []
         oldest: dict[str, float] = {}
-        for topic, pending, scheduled, processing, failed, age, blocked in self.session.run(
+        for topic, pending, scheduled, processing, failed, age, blocked, parked in self.session.run(
             "reading gauges", self._q["gauges_topics"], params
         ):
-            for state, n in zip(_GAUGED, (pending, scheduled, processing, failed, blocked), strict=True):
+            waiting = (pending, scheduled, processing, failed, blocked, parked)
+            for state, n in zip(_GAUGED, waiting, strict=True):
                 counts.append(TopicCount(topic, state, int(n)))
             oldest[topic] = max(0.0, float(age))
         return Gauges(counts=counts, oldest_ready_seconds=oldest)
