@@ -20,7 +20,16 @@ from brooq_py.postgres.enqueue import jobs as enqueueing
 from brooq_py.postgres.enqueue import plans
 from brooq_py.postgres.enqueue.unique import FirstTries
 from brooq_py.postgres.flow.caps import TopicCaps
-from brooq_py.postgres.flow.limits import LIMIT_WAIT, checked_count, checked_topic, rate_params, writers_left
+from brooq_py.postgres.flow.limits import (
+    LIMIT_WAIT,
+    checked_count,
+    checked_topic,
+    rate_params,
+    tenant_limit_params,
+    tenant_rate_params,
+    tenant_weight_params,
+    writers_left,
+)
 from brooq_py.postgres.session.connections import AsyncSession, delegate
 from brooq_py.postgres.session.errors import names_migration, translated
 from brooq_py.postgres.session.tx import AsyncWrapTx, async_connection_of, drive_async, on_async_connection
@@ -134,6 +143,29 @@ class AsyncStore:
         params = {"topic": checked_topic(topic), "depth": checked_count(depth, "depth")}
         await self.session.run("setting a topic's depth cap", self._q["topic_set_depth"], params)
         self._caps.forget()
+
+    async def set_tenant_limit(self, topic: str, n: int | None, tenant: str | None = None) -> None:
+        """``Store.set_tenant_limit``, awaited."""
+        params = tenant_limit_params(topic, n, tenant)
+        await self.session.run("setting a tenant limit", self._q["tenant_set_limit"], params)
+
+    async def set_tenant_rate_limit(
+        self,
+        topic: str,
+        limit: int | None,
+        per: float | timedelta = 1,
+        *,
+        burst: int | None = None,
+        tenant: str | None = None,
+    ) -> None:
+        """``Store.set_tenant_rate_limit``, awaited."""
+        params = tenant_rate_params(topic, limit, per, burst, tenant)
+        await self.session.run("setting a tenant rate limit", self._q["tenant_set_rate"], params)
+
+    async def set_tenant_weight(self, topic: str, tenant: str, weight: int | None) -> None:
+        """``Store.set_tenant_weight``, awaited."""
+        params = tenant_weight_params(topic, tenant, weight)
+        await self.session.run("setting a tenant weight", self._q["tenant_set_weight"], params)
 
     def queue_full_refusals(self) -> dict[str, int]:
         """How many enqueues this AsyncStore refused with QueueFull, by topic."""

@@ -162,6 +162,20 @@ def check_length(value: str, limit: int, what: str) -> None:
         raise InvalidJob(f"{what} is {utf8_length(value)} bytes in UTF-8; at most {limit} are allowed")
 
 
+def check_tenant(tenant: Any) -> None:
+    """Raise ``InvalidJob`` unless *tenant* is None or a topic's kind of text: non-empty (``""`` is
+    refused, not read as None: a tenant named by mistake would share the tenant of no name), no NUL,
+    at most MAX_TOPIC_BYTES UTF-8 bytes."""
+    if tenant is None:
+        return
+    if not isinstance(tenant, str):
+        raise InvalidJob(f"tenant must be a str or None, got {type(tenant).__name__}")
+    if not tenant:
+        raise InvalidJob("tenant must not be empty (None is the tenant of no name)")
+    check_text(tenant, "tenant")
+    check_length(tenant, MAX_TOPIC_BYTES, "tenant")
+
+
 @dataclass(frozen=True)
 class Job:
     """A job to enqueue. Validated when built: bad input raises ``InvalidJob``."""
@@ -179,6 +193,10 @@ class Job:
     """What an enqueue does to the active holder of ``unique_key``: see API.md."""
     after: Sequence[str] = ()
     """Ids of jobs that must end ``done`` before this one may run (the job is ``blocked`` until then)."""
+    tenant: str | None = None
+    """Whose job this is (SPEC T1-T3): a topic's claims go round-robin across its tenants, each may have
+    a limit and a rate. Non-empty text as a topic is (no NUL, at most 255 UTF-8 bytes); None: the
+    tenant of every job that names none."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.topic, str):
@@ -207,6 +225,7 @@ class Job:
         if isinstance(self.payload, float) and not math.isfinite(self.payload):
             raise InvalidJob("payload: NaN and Infinity are not valid JSON")
         self._check_round_three_fields()
+        check_tenant(self.tenant)
 
     def _check_round_three_fields(self) -> None:
         meta = self.meta
@@ -339,6 +358,8 @@ class JobRow:
     """``Job.after``: the jobs this one waits for."""
     crashes: int = 0
     """How many engines stopped while running it; ``KindOptions.max_crashes`` of them make it dead."""
+    tenant: str | None = None
+    """``Job.tenant``."""
 
     def to_json(self) -> dict[str, Any]:
         """Return the row as a JSON-ready dict (datetimes in ISO 8601)."""
@@ -367,6 +388,7 @@ class JobRow:
             "meta": dict(self.meta),
             "parents": list(self.parents),
             "crashes": self.crashes,
+            "tenant": self.tenant,
         }
 
 

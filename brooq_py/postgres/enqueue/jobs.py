@@ -228,6 +228,10 @@ def _enqueue_many(
             "keys": text_array([job.key for job in batch]),
             "available_at": timestamptz_array([job.available_at for job in batch]),
             "priorities": int_array([job.priority for job in batch]),
+            # none named: NULL, no array to bind (ROWS FROM pads a shorter column with NULLs)
+            "tenants": text_array([job.tenant for job in batch])
+            if any(job.tenant for job in batch)
+            else None,
             **_cap_params(jobs, todo, known),
         }
         params["metas"] = "[" + ",".join([job.meta_json() or "null" for job in batch]) + "]"

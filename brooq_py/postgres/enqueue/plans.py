@@ -51,6 +51,7 @@ def _plain_params(job: Job, job_id: str | uuid.UUID, payload: str | None = None)
         "payload": job.payload_json() if payload is None else payload,
         "available_at": job.available_at,
         "priority": job.priority,
+        "tenant": job.tenant,
     }
 
 

@@ -34,6 +34,7 @@ def unique_params(job: Job, payload: str, cap: int | None) -> dict[str, Any]:
         "meta": meta_json(job),
         "available_at": job.available_at,
         "priority": job.priority,
+        "tenant": job.tenant,
         "cap": cap,
         **NO_ANCHOR,
         "mode": job.on_duplicate,

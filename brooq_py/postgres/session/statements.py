@@ -60,7 +60,16 @@ def _depth_seq(schema: str) -> sql.Composable:
 
 
 # The tables a statement names by their name: ``{job}`` stands for "<schema>"."job".
-_TABLES = ("job", "engine", "job_in_flight", "job_edge", "job_wait", "topic_setting", "schedule_tick")
+_TABLES = (
+    "job",
+    "engine",
+    "job_in_flight",
+    "job_edge",
+    "job_wait",
+    "topic_setting",
+    "tenant_setting",
+    "schedule_tick",
+)
 
 
 def render(name: str, schema: str, *, rows: bool = True) -> Query:
@@ -221,7 +230,7 @@ _EPOCH = datetime.fromtimestamp(0, UTC)
 
 
 # job_get's columns, which every statement read into a JobRow selects (job_list too).
-JOB_ROW_COLUMNS = 21
+JOB_ROW_COLUMNS = 22
 
 
 def job_row(r: Any) -> JobRow:
@@ -230,7 +239,7 @@ def job_row(r: Any) -> JobRow:
     if len(r) != JOB_ROW_COLUMNS:
         raise ValueError(f"a job row has {JOB_ROW_COLUMNS} columns (job_get's), got {len(r)}")
     parents = r[14]
-    result, errors, progress, note, meta, crashes = r[15:21]
+    result, errors, progress, note, meta, crashes, tenant = r[15:22]
     return JobRow(
         id=str(r[0]),
         topic=r[1],
@@ -252,6 +261,7 @@ def job_row(r: Any) -> JobRow:
         meta=meta or {},
         parents=tuple(str(p) for p in parents or ()),
         crashes=crashes or 0,
+        tenant=tenant,
     )
 
 

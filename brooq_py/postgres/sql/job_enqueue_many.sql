@@ -17,8 +17,9 @@ WITH input AS (
     FROM ROWS FROM (unnest(%(ids)s::uuid[]), unnest(%(topics)s::text[]),
                     jsonb_array_elements(%(payloads)s::jsonb), unnest(%(keys)s::text[]),
                     unnest(%(available_at)s::timestamptz[]), unnest(%(priorities)s::int[]),
-                    jsonb_array_elements(%(metas)s::jsonb))
-         WITH ORDINALITY AS u(id, topic, payload, key, available_at, priority, meta, ord)
+                    jsonb_array_elements(%(metas)s::jsonb),
+                    unnest(%(tenants)s::text[]))
+         WITH ORDINALITY AS u(id, topic, payload, key, available_at, priority, meta, tenant, ord)
 ), fresh AS (
     -- Each new job of a capped topic takes a value of the depth sequence, after the
     -- transaction's id (migration 0014).
@@ -41,9 +42,9 @@ WITH input AS (
                                      AND state IN ('scheduled', 'failed', 'blocked') LIMIT c.cap) AS w)
         + c.n > c.cap
 ), inserted AS (
-    INSERT INTO {job} (id, topic, payload, idempotency_key, meta, available_at, priority, state)
+    INSERT INTO {job} (id, topic, payload, idempotency_key, meta, available_at, priority, state, tenant)
     SELECT id, topic, payload, key, nullif(meta, 'null'::jsonb), at, priority,
-           CASE WHEN at > statement_timestamp() THEN 'scheduled' ELSE 'pending' END
+           CASE WHEN at > statement_timestamp() THEN 'scheduled' ELSE 'pending' END, tenant
     FROM (SELECT *, coalesce(available_at, statement_timestamp()) AS at FROM input) AS i
     WHERE NOT EXISTS (SELECT FROM too_deep)
     -- In key order, not input order: two batches of the same keys never deadlock

@@ -10,4 +10,5 @@ j.locked_until, j.last_error, j.idempotency_key, j.created_at, j.updated_at,
 NULL::text AS unique_key, r.doc -> 'parents' AS parents,
 r.doc -> 'result' AS result, r.doc -> 'errors' AS errors, r.doc -> 'progress' AS progress,
 r.doc ->> 'progress_note' AS progress_note, r.doc -> 'meta' AS meta,
-(r.doc ->> 'crashes')::int AS crashes
+(r.doc ->> 'crashes')::int AS crashes,
+r.doc ->> 'tenant' AS tenant

@@ -49,12 +49,15 @@ from brooq_py.queue.port import (
     Settled,
     Staged,
     TopicCount,
+    TopicSetting,
 )
 
 # Each gauge count reads at most this many index entries.
 GAUGE_CAP = 100_000
 # The reaper looks at no more expired rows than this a tick (the rest wait for the next).
 REAP_BATCH = 1000
+# A fair claim reads at most this many entries of its order past four per job it may take (SPEC T5).
+FAIR_WINDOW = 64
 
 _SETTLE_STATES = frozenset({State.DONE, State.FAILED, State.DEAD, State.CANCELED, State.PENDING})
 _ENDS = (State.DONE, State.DEAD, State.CANCELED)
@@ -109,6 +112,7 @@ class WorkerRepo:
         self._listeners: set[PgListener] = set()
         self._listeners_lock = threading.Lock()
         self._heads = ClaimHeads()
+        self._fair: set[str] = set()  # topics whose jobs name tenants (SPEC T1), as last read
         self.ping_timeout = 2.0
         self.listen_probe_timeout: float | None = PROBE_TIMEOUT
 
@@ -120,7 +124,13 @@ class WorkerRepo:
     cancel = delegate(Producer.cancel, "producer")
     get = delegate(Producer.get, "producer")
     begin = delegate(Session.begin, "session")
-    topic_settings = delegate(Flow.topic_settings, "flow")
+
+    def topic_settings(self) -> list[TopicSetting]:
+        """Every topic an operator has touched or whose jobs name tenants; the latter are claimed by
+        ``job_claim_fair`` from now on (a topic once marked stays so: the mark is never removed)."""
+        settings = self.flow.topic_settings()
+        self._fair.update(s.topic for s in settings if s.tenants)
+        return settings
 
     def bound_waits(self, lease: timedelta) -> None:
         """Bound the own connections opened from now on by *lease*, reused after ``close()`` (at start)."""
@@ -160,7 +170,12 @@ class WorkerRepo:
         tried (``busy`` while another holds it), then the claim (sql/job_claim_limited.sql)."""
         if limit < 1:
             return LimitedClaim()
-        params = {"topic": topic, "limit": limit, "worker": worker, "lease": lease}
+        params: dict[str, Any] = {"topic": topic, "limit": limit, "worker": worker, "lease": lease}
+        statement = self._q["job_claim_limited"]
+        if (
+            topic in self._fair
+        ):  # SPEC T1-T3: the first FAIR_WINDOW entries of its order, whatever its tenants
+            statement, params["window"] = self._q["job_claim_fair"], limit * 4 + FAIR_WINDOW
         with self.session.autocommit("claiming a limited topic") as conn, _read_committed(conn):
             run = on_connection(conn)
             with conn.transaction():
@@ -168,7 +183,7 @@ class WorkerRepo:
                     busy = LimitedClaim()  # another claim of the topic holds the lock: nothing this time
                     busy.busy = True
                     return busy
-                rows = run(self._q["job_claim_limited"], params)
+                rows = run(statement, params)
         got = LimitedClaim(claimed_jobs([r for r in rows if r[0] is not None]))
         got.next_token_in = rows[0][10] if rows else None
         return got
