@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from brooq_py.cli import dashboard
+from brooq_py.cli import dashboard, tenants
 from brooq_py.cli.commands import cmd_cancel, cmd_enqueue, cmd_get, cmd_migrate, cmd_stats
 from brooq_py.cli.common import PROG, Failure, first_line, scrub
 from brooq_py.cli.operator import add_parsers as add_operator_parsers
@@ -42,6 +42,10 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "rate": cmd_rate,
     "depth": cmd_depth,
     "jobs": cmd_jobs,
+    "tenant-limit": tenants.cmd_tenant_limit,
+    "tenant-rate": tenants.cmd_tenant_rate,
+    "tenant-weight": tenants.cmd_tenant_weight,
+    "tenants": tenants.cmd_tenants,
 }
 
 
@@ -113,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("--json", action="store_true", help="print the report as JSON")
     dashboard.add_parser(sub, common)
     add_operator_parsers(sub, common)
+    tenants.add_parsers(sub, common)
     return parser
 
 

@@ -35,6 +35,7 @@ from brooq_py.postgres.session.errors import names_migration, translated
 from brooq_py.postgres.session.tx import AsyncWrapTx, async_connection_of, drive_async, on_async_connection
 from brooq_py.postgres.wait import DEFAULT_POLL, AsyncWatch
 from brooq_py.queue import EnqueueResult, GroupResult, Job, JobRow
+from brooq_py.queue.job import check_tenant
 
 AsyncTx = AsyncWrapTx | psycopg.AsyncConnection[Any]
 
@@ -113,11 +114,18 @@ class AsyncStore:
         return await self.session.drive("retrying a job", plans.retry(self._q, job_id))
 
     async def list_jobs(
-        self, topic: str | None = None, state: str | None = None, limit: int = 50, *, payload: Any = None
+        self,
+        topic: str | None = None,
+        state: str | None = None,
+        limit: int = 50,
+        *,
+        payload: Any = None,
+        tenant: str | None = None,
     ) -> list[JobRow]:
         """``Store.list_jobs``, awaited."""
+        check_tenant(tenant)
         return await self.session.drive(
-            "listing jobs", plans.list_jobs(self._q, topic, state, limit, payload)
+            "listing jobs", plans.list_jobs(self._q, topic, state, limit, payload, tenant)
         )
 
     async def set_rate_limit(

@@ -72,14 +72,28 @@ _TABLES = (
 )
 
 
+# An enqueue statement named with this suffix writes the job's tenant (SPEC T1): its {tenant_*}
+# fragments are filled. Without it they are empty, so a job that names no tenant is written by the
+# statement of a schema before migration 0019 (a producer of this release on a schema not yet migrated).
+TENANT = "+tenant"
+_TENANT_FRAGMENTS = {"tenant_col": ", tenant", "tenant_param": ", %(tenant)s", "tenant_input": ", tenant"}
+
+
+def tenanted(name: str, tenant: bool) -> str:
+    """*name*, or its variant that writes the tenant when *tenant*."""
+    return name + TENANT if tenant else name
+
+
 def render(name: str, schema: str, *, rows: bool = True) -> Query:
-    """Render ``sql/<name>.sql`` for *schema* (*rows*: see ``Query``)."""
-    template = sql.SQL(load(name))
+    """Render ``sql/<name>.sql`` for *schema* (*rows*: see ``Query``); ``<name>+tenant``: see TENANT."""
+    base, suffix, _ = name.partition(TENANT)
+    template = sql.SQL(load(base))
     args: dict[str, sql.Composable] = {
         f: _fragment(f, schema) if "{" + f + "}" in template.as_string(None) else sql.SQL("")
         for f in _FRAGMENTS
     }
     args.update({t: sql.Identifier(schema, t) for t in _TABLES})
+    args.update({k: sql.SQL(v if suffix else "") for k, v in _TENANT_FRAGMENTS.items()})
     args.update(depth_seq=_depth_seq(schema), version_table=sql.Identifier(schema, "brooq_alembic_version"))
     for key, channel in (
         ("channel", channel_for),
@@ -91,7 +105,7 @@ def render(name: str, schema: str, *, rows: bool = True) -> Query:
     composed = template.format(**args)
     # A foreign Tx gets the text with plain %(name)s placeholders: binary ones are psycopg's own.
     text = _BINARY_PLACEHOLDER.sub(r"%(\1)s", composed.as_string(None))
-    return Query(name, composed.as_bytes(None), text, rows)
+    return Query(base, composed.as_bytes(None), text, rows)
 
 
 # Statements without RETURNING: their row count is their answer (session/tx.py).
@@ -109,7 +123,8 @@ class Queries:
         """Return ``sql/<name>.sql`` rendered for this schema."""
         query = self._rendered.get(name)
         if query is None:
-            query = self._rendered[name] = render(name, self.schema, rows=name not in _COUNTED)
+            counted = name.partition(TENANT)[0] in _COUNTED
+            query = self._rendered[name] = render(name, self.schema, rows=not counted)
         return query
 
 

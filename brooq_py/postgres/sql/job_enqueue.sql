@@ -23,9 +23,9 @@
 -- stager makes it pending (SPEC S5).
 WITH {depth_room}
 ), ins AS (
-    INSERT INTO {job} (id, topic, payload, idempotency_key, meta, available_at, priority, state, tenant)
+    INSERT INTO {job} (id, topic, payload, idempotency_key, meta, available_at, priority, state{tenant_col})
     SELECT %(id)s, %(topic)s, %(payload)s::jsonb, %(key)s, %(meta)s::jsonb, a.at, %(priority)s,
-           CASE WHEN a.at > statement_timestamp() THEN 'scheduled' ELSE 'pending' END, %(tenant)s
+           CASE WHEN a.at > statement_timestamp() THEN 'scheduled' ELSE 'pending' END{tenant_param}
     FROM a
     WHERE a.room
     ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING

@@ -42,9 +42,9 @@ WITH input AS (
                                      AND state IN ('scheduled', 'failed', 'blocked') LIMIT c.cap) AS w)
         + c.n > c.cap
 ), inserted AS (
-    INSERT INTO {job} (id, topic, payload, idempotency_key, meta, available_at, priority, state, tenant)
+    INSERT INTO {job} (id, topic, payload, idempotency_key, meta, available_at, priority, state{tenant_col})
     SELECT id, topic, payload, key, nullif(meta, 'null'::jsonb), at, priority,
-           CASE WHEN at > statement_timestamp() THEN 'scheduled' ELSE 'pending' END, tenant
+           CASE WHEN at > statement_timestamp() THEN 'scheduled' ELSE 'pending' END{tenant_input}
     FROM (SELECT *, coalesce(available_at, statement_timestamp()) AS at FROM input) AS i
     WHERE NOT EXISTS (SELECT FROM too_deep)
     -- In key order, not input order: two batches of the same keys never deadlock
