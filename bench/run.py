@@ -45,6 +45,7 @@ import psycopg  # noqa: E402
 import results_cost  # noqa: E402
 import scale  # noqa: E402
 import scrape  # noqa: E402
+import tenants  # noqa: E402
 import w7  # noqa: E402
 import w8  # noqa: E402
 import web  # noqa: E402
@@ -81,6 +82,7 @@ WORKLOADS = (
     "W10",
     "CXL",
     "WF",
+    "TEN",
 )
 # Run only by --full or when named in --only: the 10,000,000-row table takes minutes to build.
 FULL_ONLY = frozenset({"W10"})
@@ -110,6 +112,8 @@ _DEFAULT: dict[str, Any] = dict(
     cxl_w3=10_000,
     cxl_latency=200,
     wf_parents=10_000,
+    ten_tenants=10_000,
+    ten_a=100_000,
 )
 
 SIZES: dict[str, dict[str, Any]] = {
@@ -138,6 +142,8 @@ SIZES: dict[str, dict[str, Any]] = {
         cxl_w3=1000,
         cxl_latency=20,
         wf_parents=1000,
+        ten_tenants=2000,
+        ten_a=10_000,
     ),
     "default": _DEFAULT,
     # the long variants: a 200k-job memory drain, a bigger W7, longer ceilings
@@ -479,6 +485,8 @@ def evaluate(r: dict[str, Any]) -> list[dict[str, Any]]:
         rows.extend(workflows.wf_rows(r["WF"]))
     if "RES" in r:
         rows.extend(results_cost.rows(r["RES"]))
+    if "TEN" in r and "error" not in r["TEN"]:
+        rows.extend(tenants.ten_rows(r["TEN"]))
     return rows
 
 
@@ -685,6 +693,12 @@ def main(argv: list[str] | None = None) -> int:
                 "latency": cancel.cancel_latency(db.dsn, sz["cxl_latency"]),
             },
             "WF": lambda: workflows.wf(db.dsn, sz["w3"], sz["wf_parents"]),
+            "TEN": lambda: {
+                "cost": tenants.schema_cost(db.dsn, sz["cxl_w1"], sz["cxl_w3"]),
+                "drain": tenants.fair_drain(db.dsn, sz["w3"] // 2),
+                "claim": tenants.claim_cost(db.dsn, tenants=sz["ten_tenants"]),
+                "fair": tenants.fairness(db.dsn, a=sz["ten_a"]),
+            },
         }
         for name in selected:
             ceiling = None
