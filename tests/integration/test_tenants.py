@@ -354,3 +354,34 @@ def test_t1_engine_runs_a_tenant_topic_to_the_end(store: Store, engines: Callabl
     store.enqueue_many([Job("t", f"{t}{i}", tenant=t) for t in "AB" for i in range(20)] + [Job("t", "none")])
     e.start()
     wait_for(lambda: len(ran) == 41, "41 ran", timeout=30)
+
+
+def test_t1_t3_cli_tenant_commands(store: Store, dsn: str, schema: str, tmp_path: Any) -> None:
+    import json
+
+    from tests.integration.test_cli_operator import cli
+
+    store.enqueue_many([Job("t", {}, tenant="acme"), Job("t", {}, tenant="beta"), Job("t", {})])
+    assert cli(dsn, schema, tmp_path, "tenant-limit", "t", "2")[0] == 0
+    code, out, err = cli(dsn, schema, tmp_path, "tenant-limit", "t", "5", "--tenant", "acme")
+    assert code == 0, err
+    assert json.loads(out) == {"topic": "t", "tenant": "acme", "limit": 5}
+    assert cli(dsn, schema, tmp_path, "tenant-rate", "t", "10/1m", "--tenant", "acme")[0] == 0
+    assert cli(dsn, schema, tmp_path, "tenant-weight", "t", "acme", "3")[0] == 0
+    assert cli(dsn, schema, tmp_path, "tenant-weight", "t", "acme", "0")[0] == 2
+    assert cli(dsn, schema, tmp_path, "tenant-limit", "t", "x")[0] == 2
+    code, out, _ = cli(dsn, schema, tmp_path, "tenants", "t", "--json")
+    by = {r["tenant"]: r for r in json.loads(out)}
+    assert by["acme"] == {
+        "tenant": "acme",
+        "waiting": 1,
+        "running": 0,
+        "limit": 5,
+        "rate": "10/1m",
+        "weight": 3,
+    }
+    code, out, _ = cli(dsn, schema, tmp_path, "jobs", "--topic", "t", "--tenant", "beta", "--json")
+    assert [json.loads(line)["tenant"] for line in out.splitlines()] == ["beta"]
+    code, out, _ = cli(dsn, schema, tmp_path, "topics", "--json")
+    (topic,) = [t for t in json.loads(out) if t["topic"] == "t"]
+    assert topic["tenants_waiting"] == 3  # acme, beta and the tenant of no name

@@ -171,15 +171,14 @@ class WorkerRepo:
         if limit < 1:
             return LimitedClaim()
         params: dict[str, Any] = {"topic": topic, "limit": limit, "worker": worker, "lease": lease}
-        statement = self._q["job_claim_limited"]
-        if (
-            topic in self._fair
-        ):  # SPEC T1-T3: the first FAIR_WINDOW entries of its order, whatever its tenants
-            statement, params["window"] = self._q["job_claim_fair"], limit * 4 + FAIR_WINDOW
+        lock, statement = self._q["topic_claim_lock"], self._q["job_claim_limited"]
+        if topic in self._fair:  # SPEC T1-T3: a window of its order, whatever the number of its tenants
+            lock, statement = self._q["topic_claim_lock_fair"], self._q["job_claim_fair"]
+            params["window"] = limit * 4 + FAIR_WINDOW
         with self.session.autocommit("claiming a limited topic") as conn, _read_committed(conn):
             run = on_connection(conn)
             with conn.transaction():
-                if not run(self._q["topic_claim_lock"], {"topic": topic})[0][0]:
+                if not run(lock, {"topic": topic})[0][0]:
                     busy = LimitedClaim()  # another claim of the topic holds the lock: nothing this time
                     busy.busy = True
                     return busy
