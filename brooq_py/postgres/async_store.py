@@ -155,7 +155,14 @@ class AsyncStore:
     async def set_tenant_limit(self, topic: str, n: int | None, tenant: str | None = None) -> None:
         """``Store.set_tenant_limit``, awaited."""
         params = tenant_limit_params(topic, n, tenant)
-        await self.session.run("setting a tenant limit", self._q["tenant_set_limit"], params)
+        if params["limit"] is None:
+            await self.session.run("setting a tenant limit", self._q["tenant_set_limit"], params)
+            return
+        async with self.session.autocommit("setting a tenant limit") as conn:  # held at 0 meanwhile
+            run = on_async_connection(conn)
+            await run(self._q["tenant_set_limit"], {**params, "limit": 0})
+            await self._after_writers(run)
+            await run(self._q["tenant_set_limit"], params)
 
     async def set_tenant_rate_limit(
         self,
@@ -168,7 +175,20 @@ class AsyncStore:
     ) -> None:
         """``Store.set_tenant_rate_limit``, awaited."""
         params = tenant_rate_params(topic, limit, per, burst, tenant)
-        await self.session.run("setting a tenant rate limit", self._q["tenant_set_rate"], params)
+        async with self.session.autocommit("setting a tenant rate limit") as conn:
+            run = on_async_connection(conn)
+            await run(self._q["tenant_set_rate"], params)
+            if params["limit"] is not None:
+                await self._after_writers(run)
+
+    async def _after_writers(self, run: Any) -> None:
+        """Wait, at most LIMIT_WAIT, until the job table's writers begun before now have ended."""
+        writers = await run(self._q["topic_limit_writers"], {"schema": self._q.schema})
+        left, deadline = writers_left(writers), time.monotonic() + LIMIT_WAIT
+        while writers and time.monotonic() < deadline:
+            if (await run(self._q["topic_limit_writers_left"], left))[0][0] == 0:
+                break
+            await asyncio.sleep(0.01)
 
     async def set_tenant_weight(self, topic: str, tenant: str, weight: int | None) -> None:
         """``Store.set_tenant_weight``, awaited."""

@@ -141,6 +141,9 @@ class TopicSetting:
     max_depth: int | None = None
     tenants: bool = False
     """Some job of the topic named a tenant: its claims go round-robin across tenants (SPEC T1)."""
+    tenants_free: bool = False
+    """A tenant topic that nothing limits (no limit or rate of its own or of a tenant): its claim
+    runs without the topic's lock."""
 
     @property
     def limited(self) -> bool:

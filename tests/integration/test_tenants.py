@@ -314,6 +314,28 @@ def test_t2_never_over_with_two_engines_and_the_limit_changed_under_load(
     assert limited_peak <= 2
 
 
+def test_t2_a_limit_set_while_an_engine_claims_without_the_lock_holds_at_once(store: Store) -> None:
+    """A topic nothing limits is claimed without its lock; a limit set after the engine last read the
+    settings is seen by the next claim's own snapshot (which then claims under the lock)."""
+    store.enqueue_many([Job("t", {"i": i}, tenant="A") for i in range(10)])
+    (setting,) = store.worker.topic_settings()
+    assert setting.tenants and setting.tenants_free
+    assert len(store.worker.claim_limited("t", 3, "w", LEASE)) == 3
+    store.set_tenant_limit("t", 4, tenant="A")  # the repo still thinks the topic free
+    assert len(store.worker.claim_limited("t", 10, "w", LEASE)) == 1
+    assert store.worker.claim_limited("t", 10, "w", LEASE) == []
+    (setting,) = store.worker.topic_settings()
+    assert setting.tenants and not setting.tenants_free
+    store.set_tenant_rate_limit("t", 1, 60, tenant="B")  # another tenant's rate: still not free
+    store.set_tenant_limit("t", None, tenant="A")
+    (setting,) = store.worker.topic_settings()
+    assert not setting.tenants_free
+    store.set_tenant_rate_limit("t", None, tenant="B")
+    (setting,) = store.worker.topic_settings()
+    assert setting.tenants_free
+    assert len(store.worker.claim_limited("t", 10, "w", LEASE)) == 6
+
+
 # --- T3: per-tenant rates --------------------------------------------------------------------------
 
 

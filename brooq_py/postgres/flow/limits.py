@@ -93,7 +93,7 @@ def rate_text(limit: int | None, per: float | None, burst: int | None) -> str | 
 
 def setting_of(r: tuple[Any, ...]) -> TopicSetting:
     """A row of ``topic_settings`` (TopicSetting's fields, in order) as a TopicSetting."""
-    return TopicSetting(*(*r[:7], None if r[7] is None else float(r[7]), r[8], bool(r[9])))
+    return TopicSetting(*(*r[:7], None if r[7] is None else float(r[7]), r[8], bool(r[9]), bool(r[10])))
 
 
 # --- a topic's settings, read and written ---------------------------------------------------------
@@ -186,7 +186,16 @@ class Flow:
         """At most *n* processing jobs per tenant of *topic* across every engine (SPEC T2); tenant=None:
         the default of every tenant, a named tenant's own value overrides it; None removes."""
         params = tenant_limit_params(topic, n, tenant)
-        self.session.run("setting a tenant limit", self._q["tenant_set_limit"], params)
+        if params["limit"] is None:
+            self.session.run("setting a tenant limit", self._q["tenant_set_limit"], params)
+            return
+        # A claim that ran without the topic's lock (nothing limited it in its snapshot) may still be
+        # writing: the limit holds at 0 until the writers begun before it end, as a topic's first limit.
+        with self.session.autocommit("setting a tenant limit") as conn:
+            run = on_connection(conn)
+            run(self._q["tenant_set_limit"], {**params, "limit": 0})
+            self._after_writers(run)
+            run(self._q["tenant_set_limit"], params)
 
     def set_tenant_rate_limit(
         self,
@@ -200,7 +209,11 @@ class Flow:
         """A token bucket per tenant of *topic* (SPEC T3): *limit* claims per *per*, *burst* saved up
         (default: *limit*); tenant=None: the default of every tenant; None removes."""
         params = tenant_rate_params(topic, limit, per, burst, tenant)
-        self.session.run("setting a tenant rate limit", self._q["tenant_set_rate"], params)
+        with self.session.autocommit("setting a tenant rate limit") as conn:
+            run = on_connection(conn)
+            run(self._q["tenant_set_rate"], params)
+            if params["limit"] is not None:  # as set_tenant_limit: the claims begun unlocked end first
+                self._after_writers(run)
 
     def set_tenant_weight(self, topic: str, tenant: str, weight: int | None) -> None:
         """*tenant*'s share of *topic*'s claims while backlogged (SPEC T1; default 1, None restores it),

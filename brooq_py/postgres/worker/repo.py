@@ -56,8 +56,8 @@ from brooq_py.queue.port import (
 GAUGE_CAP = 100_000
 # The reaper looks at no more expired rows than this a tick (the rest wait for the next).
 REAP_BATCH = 1000
-# A fair claim reads at most this many entries of its order past four per job it may take (SPEC T5).
-FAIR_WINDOW = 64
+# A fair claim reads at most this many entries of its order past two per job it may take (SPEC T5).
+FAIR_WINDOW = 16
 
 _SETTLE_STATES = frozenset({State.DONE, State.FAILED, State.DEAD, State.CANCELED, State.PENDING})
 _ENDS = (State.DONE, State.DEAD, State.CANCELED)
@@ -113,6 +113,7 @@ class WorkerRepo:
         self._listeners_lock = threading.Lock()
         self._heads = ClaimHeads()
         self._fair: set[str] = set()  # topics whose jobs name tenants (SPEC T1), as last read
+        self._fair_free: set[str] = set()  # of those, the ones nothing limits, as last read
         self.ping_timeout = 2.0
         self.listen_probe_timeout: float | None = PROBE_TIMEOUT
 
@@ -130,6 +131,7 @@ class WorkerRepo:
         ``job_claim_fair`` from now on (a topic once marked stays so: the mark is never removed)."""
         settings = self.flow.topic_settings()
         self._fair.update(s.topic for s in settings if s.tenants)
+        self._fair_free = {s.topic for s in settings if s.tenants_free}
         return settings
 
     def bound_waits(self, lease: timedelta) -> None:
@@ -174,7 +176,12 @@ class WorkerRepo:
         lock, statement = self._q["topic_claim_lock"], self._q["job_claim_limited"]
         if topic in self._fair:  # SPEC T1-T3: a window of its order, whatever the number of its tenants
             lock, statement = self._q["topic_claim_lock_fair"], self._q["job_claim_fair"]
-            params["window"] = limit * 4 + FAIR_WINDOW
+            params.update(window=limit * 2 + FAIR_WINDOW, free=True)
+            if topic in self._fair_free:  # alone, one round trip; no row: limited after all
+                rows = self._own_or_pool(self._claimer, "claiming jobs", statement, params)
+                if rows:
+                    return _limited_claim(rows)
+            params["free"] = False
         with self.session.autocommit("claiming a limited topic") as conn, _read_committed(conn):
             run = on_connection(conn)
             with conn.transaction():
@@ -183,9 +190,7 @@ class WorkerRepo:
                     busy.busy = True
                     return busy
                 rows = run(statement, params)
-        got = LimitedClaim(claimed_jobs([r for r in rows if r[0] is not None]))
-        got.next_token_in = rows[0][10] if rows else None
-        return got
+        return _limited_claim(rows)
 
     def settle_many(self, outcomes: Sequence[Outcome]) -> Settled:
         """Write many outcomes in one guarded statement; rows locked elsewhere and rows written already
@@ -436,6 +441,13 @@ class WorkerRepo:
             listeners = list(self._listeners)
         for listener in listeners:
             listener.close()
+
+
+def _limited_claim(rows: Rows) -> LimitedClaim:
+    """The rows of job_claim_limited or job_claim_fair (a row of NULLs: nothing taken) as a LimitedClaim."""
+    got = LimitedClaim(claimed_jobs([r for r in rows if r[0] is not None]))
+    got.next_token_in = rows[0][10] if rows else None
+    return got
 
 
 @contextmanager
