@@ -101,7 +101,7 @@ def cmd_tenant_weight(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_tenants(args: argparse.Namespace, settings: Settings) -> int:
     topic = check_topic(args.topic)
     with open_store(settings) as store:
-        rows = store.tenants(topic)
+        rows = store.flow.tenants(topic)
     if args.json:
         print(json.dumps([r.to_json() for r in rows], indent=2, ensure_ascii=False))
     else:

@@ -56,7 +56,6 @@ class Controls(Protocol):
         tenant: str | None = None,
     ) -> None: ...
     def set_tenant_weight(self, topic: str, tenant: str, weight: int | None) -> None: ...
-    def tenants(self, topic: str, limit: int = 100) -> list[TenantRow]: ...
 
 
 def job_id(raw: str) -> str:
@@ -152,7 +151,10 @@ class Operator:
     def tenants(self, raw_topic: str) -> list[TenantRow]:
         """The topic's tenants: jobs waiting and running, their own limit, rate and weight (SPEC T1-T3)."""
         topic = topic_name(raw_topic)
-        rows: list[TenantRow] = self.guarded("reading tenants", self._controls().tenants, topic)
+        flow = getattr(self._controls(), "flow", None)  # a Store's flow part reads them
+        if flow is None:
+            raise ActionError(404, "not found")
+        rows: list[TenantRow] = self.guarded("reading tenants", flow.tenants, topic)
         return rows
 
     def set_tenant(self, raw_topic: str, raw_tenant: str | None, what: str, raw_value: str) -> Any:

@@ -74,7 +74,6 @@ class Store:
     set_tenant_limit = delegate(Flow.set_tenant_limit, "flow")
     set_tenant_rate_limit = delegate(Flow.set_tenant_rate_limit, "flow")
     set_tenant_weight = delegate(Flow.set_tenant_weight, "flow")
-    tenants = delegate(Flow.tenants, "flow")
     queue_full_refusals = delegate(Flow.queue_full_refusals, "flow")
 
     retry = delegate(Operator.retry, "operator")

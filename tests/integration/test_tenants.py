@@ -107,7 +107,7 @@ def test_t1_the_async_store_writes_tenants_and_their_settings(pool: Any, schema:
 
     assert asyncio.run(go()) == "acme"
     store = Store(pool, schema=schema)
-    (acme,) = store.tenants("t")
+    (acme,) = store.flow.tenants("t")
     assert (acme.tenant, acme.limit, acme.rate, acme.weight, acme.waiting) == ("acme", 5, "3/1s", 4, 1)
 
 
