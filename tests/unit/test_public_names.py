@@ -69,7 +69,8 @@ def test_the_store_methods_api_md_lists() -> None:
 
 
 def test_the_tenant_fields_api_md_lists() -> None:
-    from brooq_py import Job, JobRow
+    from brooq_py import Job
+    from brooq_py.queue import JobRow
 
     assert Job("t", tenant="acme").tenant == "acme" and Job("t").tenant is None
     assert "tenant" in JobRow.__dataclass_fields__
