@@ -48,6 +48,7 @@ import results_cost  # noqa: E402
 import scale  # noqa: E402
 import scrape  # noqa: E402
 import sequences  # noqa: E402
+import tenants  # noqa: E402
 import w7  # noqa: E402
 import w8  # noqa: E402
 import web  # noqa: E402
@@ -86,6 +87,7 @@ WORKLOADS = (
     "WF",
     "DS",
     "SQ",
+    "TEN",
 )
 # Run only by --full or when named in --only: the 10,000,000-row table takes minutes to build.
 FULL_ONLY = frozenset({"W10"})
@@ -116,6 +118,8 @@ _DEFAULT: dict[str, Any] = dict(
     cxl_latency=200,
     wf_parents=10_000,
     ds_signals=200,
+    ten_tenants=10_000,
+    ten_a=100_000,
 )
 
 SIZES: dict[str, dict[str, Any]] = {
@@ -145,6 +149,8 @@ SIZES: dict[str, dict[str, Any]] = {
         cxl_latency=20,
         wf_parents=1000,
         ds_signals=30,
+        ten_tenants=2000,
+        ten_a=10_000,
     ),
     "default": _DEFAULT,
     # the long variants: a 200k-job memory drain, a bigger W7, longer ceilings
@@ -490,6 +496,8 @@ def evaluate(r: dict[str, Any]) -> list[dict[str, Any]]:
         rows.extend(results_cost.rows(r["RES"]))
     if "DS" in r:
         rows.extend(durable.ds_rows(r["DS"]))
+    if "TEN" in r and "error" not in r["TEN"]:
+        rows.extend(tenants.ten_rows(r["TEN"]))
     return rows
 
 
@@ -698,6 +706,12 @@ def main(argv: list[str] | None = None) -> int:
             "WF": lambda: workflows.wf(db.dsn, sz["w3"], sz["wf_parents"]),
             "DS": lambda: durable.ds(db.dsn, sz),
             "SQ": lambda: sequences.sq(db.dsn, sz["w1"], sz["w3"]),
+            "TEN": lambda: {
+                "cost": tenants.schema_cost(db.dsn, sz["cxl_w1"], sz["cxl_w3"]),
+                "drain": tenants.fair_drain(db.dsn, sz["w3"] // 2),
+                "claim": tenants.claim_cost(db.dsn, tenants=sz["ten_tenants"]),
+                "fair": tenants.fairness(db.dsn, a=sz["ten_a"]),
+            },
         }
         for name in selected:
             ceiling = None

@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from brooq_py.cli import dashboard
+from brooq_py.cli import dashboard, tenants
 from brooq_py.cli.commands import cmd_cancel, cmd_enqueue, cmd_get, cmd_migrate, cmd_signal, cmd_stats
 from brooq_py.cli.common import PROG, Failure, first_line, scrub
 from brooq_py.cli.operator import add_parsers as add_operator_parsers
@@ -45,6 +45,10 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "depth": cmd_depth,
     "sequence-resume": cmd_sequence_resume,
     "jobs": cmd_jobs,
+    "tenant-limit": tenants.cmd_tenant_limit,
+    "tenant-rate": tenants.cmd_tenant_rate,
+    "tenant-weight": tenants.cmd_tenant_weight,
+    "tenants": tenants.cmd_tenants,
 }
 
 
@@ -126,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("--json", action="store_true", help="print the report as JSON")
     dashboard.add_parser(sub, common)
     add_operator_parsers(sub, common)
+    tenants.add_parsers(sub, common)
     return parser
 
 

@@ -88,6 +88,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     jobs = sub.add_parser("jobs", parents=[common], help="the newest jobs first")
     jobs.add_argument("--topic", default=None, help="only jobs of this topic")
     jobs.add_argument("--state", default=None, choices=STATES, help="only jobs in this state")
+    jobs.add_argument("--tenant", default=None, help="only jobs of this tenant")
     jobs.add_argument("--limit", type=int, default=20, help="at most this many (default 20)")
     jobs.add_argument(
         "--payload",
@@ -224,6 +225,9 @@ def cmd_sequence_resume(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
     topic = None if args.topic is None else check_topic(args.topic)
+    tenant = getattr(args, "tenant", None)
+    if tenant is not None and not tenant:
+        raise Failure("invalid --tenant '': expected non-empty text", status=2)
     if not 0 <= args.limit <= 10_000:
         raise Failure(f"invalid --limit {args.limit}: expected a number from 0 to 10000", status=2)
     payload: Any = None
@@ -234,7 +238,7 @@ def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
         except (ValueError, RecursionError) as exc:  # InvalidJob is a ValueError too
             raise Failure(f"--payload is not valid JSON: {exc}", status=2) from None
     with open_store(settings) as store:
-        rows = store.list_jobs(topic, args.state, args.limit, payload=payload)
+        rows = store.list_jobs(topic, args.state, args.limit, payload=payload, tenant=tenant)
     if args.json:
         for r in rows:
             print(json.dumps(r.to_json(), ensure_ascii=False))
@@ -276,6 +280,7 @@ def format_topics(topics: list[TopicOverview]) -> str:
     lines = [
         head
         + f"  {'oldest ready':>12}  {'paused':>6}  {'limit':>5}  {'rate':>10}  {'tokens':>7}  {'depth':>5}"
+        + f"  {'tenants':>7}"
     ]
     for t in topics:
         counts = "  ".join(f"{t.counts.get(s, 0):>10}" for s in STATES)
@@ -284,8 +289,9 @@ def format_topics(topics: list[TopicOverview]) -> str:
         rate = t.rate or "-"
         tokens = "-" if t.tokens is None else f"{t.tokens:.1f}"
         depth = "-" if t.max_depth is None else str(t.max_depth)
+        tenants = "-" if t.tenants_waiting is None else str(t.tenants_waiting)
         lines.append(
             f"{t.topic:<{width}}  {counts}  {_age(t.oldest_ready_seconds):>12}  {paused:>6}  {limit:>5}"
-            f"  {rate:>10}  {tokens:>7}  {depth:>5}"
+            f"  {rate:>10}  {tokens:>7}  {depth:>5}  {tenants:>7}"
         )
     return "\n".join(lines)

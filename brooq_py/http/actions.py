@@ -11,7 +11,7 @@ import logging
 import re
 from typing import TYPE_CHECKING, Any, Protocol
 
-from brooq_py.postgres.flow.limits import parse_count, parse_rate
+from brooq_py.postgres.flow.limits import TenantRow, parse_count, parse_rate
 from brooq_py.queue import InvalidJob, JobRow, StoreUnavailable
 
 if TYPE_CHECKING:
@@ -48,6 +48,17 @@ class Controls(Protocol):
     def set_max_depth(self, topic: str, depth: int | None) -> None: ...
     def signal(self, job_id: str, name: str, payload: Any = None) -> bool: ...
     def resume_sequence(self, topic: str, sequence: str) -> bool: ...
+    def set_tenant_limit(self, topic: str, n: int | None, tenant: str | None = None) -> None: ...
+    def set_tenant_rate_limit(
+        self,
+        topic: str,
+        limit: int | None,
+        per: float = 1,
+        *,
+        burst: int | None = None,
+        tenant: str | None = None,
+    ) -> None: ...
+    def set_tenant_weight(self, topic: str, tenant: str, weight: int | None) -> None: ...
 
 
 def job_id(raw: str) -> str:
@@ -171,6 +182,45 @@ class Operator:
             log.info("topic %r sequence %r resumed by an operator", topic, raw_sequence)
         self._changed(activity=True)
         return resumed
+
+    def tenants(self, raw_topic: str) -> list[TenantRow]:
+        """The topic's tenants: jobs waiting and running, their own limit, rate and weight (SPEC T1-T3)."""
+        topic = topic_name(raw_topic)
+        flow = getattr(self._controls(), "flow", None)  # a Store's flow part reads them
+        if flow is None:
+            raise ActionError(404, "not found")
+        rows: list[TenantRow] = self.guarded("reading tenants", flow.tenants, topic)
+        return rows
+
+    def set_tenant(self, raw_topic: str, raw_tenant: str | None, what: str, raw_value: str) -> Any:
+        """Set a tenant's (None: every tenant's) ``limit`` or ``rate`` or (a named one's) ``weight``
+        from ``N|none`` (``N[/DURATION]|none`` for a rate); return the value set."""
+        topic = topic_name(raw_topic)
+        tenant = None if raw_tenant is None else topic_name(raw_tenant)
+        controls = self._controls()
+        try:
+            if what == "rate":
+                limit, per = parse_rate(raw_value)
+                self.guarded(
+                    "setting a tenant rate",
+                    lambda: controls.set_tenant_rate_limit(topic, limit, per, tenant=tenant),
+                )
+                value: Any = {"rate": limit, "per_seconds": per if limit else None}
+            elif what == "weight" and tenant is not None:
+                weight = parse_count(raw_value, "weight", least=1)
+                self.guarded("setting a tenant weight", controls.set_tenant_weight, topic, tenant, weight)
+                value = {"weight": weight}
+            elif what == "limit":
+                n = parse_count(raw_value, "limit")
+                self.guarded("setting a tenant limit", controls.set_tenant_limit, topic, n, tenant)
+                value = {"limit": n}
+            else:
+                raise ActionError(404, "not found")
+        except ValueError as exc:
+            raise ActionError(400, str(exc)) from None
+        log.info("topic %r tenant %r %s set to %s by an operator", topic, tenant, what, raw_value)
+        self._changed()
+        return value
 
     def pause(self, raw_topic: str) -> None:
         topic = topic_name(raw_topic)

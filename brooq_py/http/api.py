@@ -210,6 +210,18 @@ def _topics(op: Operator, _raw: str) -> Reply:
     )
 
 
+def _tenants(op: Operator, raw: str) -> Reply:
+    return Reply.json(200, {"topic": raw, "tenants": [t.to_json() for t in op.tenants(raw)]})
+
+
+def _tenant_default(op: Operator, raw: str, what: str, value: str) -> Reply:
+    return Reply.json(200, {"topic": raw, "tenant": None, **op.set_tenant(raw, None, what, value)})
+
+
+def _tenant_own(op: Operator, raw: str, tenant: str, what: str, value: str) -> Reply:
+    return Reply.json(200, {"topic": raw, "tenant": tenant, **op.set_tenant(raw, tenant, what, value)})
+
+
 # The token-guarded routes: (pattern, allowed methods, action). The first match wins.
 ROUTES: tuple[tuple[re.Pattern[str], tuple[str, ...], Action], ...] = (
     (re.compile(r"/jobs/([^/]+)/cancel"), ("POST",), _cancel),
@@ -217,6 +229,18 @@ ROUTES: tuple[tuple[re.Pattern[str], tuple[str, ...], Action], ...] = (
     (re.compile(r"/jobs/([^/]+)/signals/([^/]+)"), ("POST",), _signal),
     (re.compile(r"/jobs/([^/]+)"), READ_METHODS, _get),
     (re.compile(r"/topics()"), READ_METHODS, _topics),
+    # before the topic's own routes: a topic's name may hold slashes, which their (.+) would take
+    (re.compile(r"/topics/(.+)/tenants", re.DOTALL), READ_METHODS, _tenants),
+    (
+        re.compile(r"/topics/(.+)/tenants/([^/]+)/(limit|rate|weight)/([^/]+(?:/[^/]+)?)", re.DOTALL),
+        ("POST",),
+        _tenant_own,
+    ),
+    (
+        re.compile(r"/topics/(.+)/tenants/(limit|rate)/([^/]+(?:/[^/]+)?)", re.DOTALL),
+        ("POST",),
+        _tenant_default,
+    ),
     (re.compile(r"/topics/(.+)/sequences/([^/]+)/resume", re.DOTALL), ("POST",), _sequence_resume),
     (re.compile(r"/topics/(.+)/pause", re.DOTALL), ("POST",), _pause),
     (re.compile(r"/topics/(.+)/resume", re.DOTALL), ("POST",), _resume),

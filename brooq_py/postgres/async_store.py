@@ -21,13 +21,23 @@ from brooq_py.postgres.enqueue import jobs as enqueueing
 from brooq_py.postgres.enqueue import plans
 from brooq_py.postgres.enqueue.unique import FirstTries
 from brooq_py.postgres.flow.caps import WAIT_FIRST_STEP, TopicCaps, checked_wait, next_step, no_wait_in_tx
-from brooq_py.postgres.flow.limits import LIMIT_WAIT, checked_count, checked_topic, rate_params, writers_left
+from brooq_py.postgres.flow.limits import (
+    LIMIT_WAIT,
+    checked_count,
+    checked_topic,
+    rate_params,
+    tenant_limit_params,
+    tenant_rate_params,
+    tenant_weight_params,
+    writers_left,
+)
 from brooq_py.postgres.operator.actions import sequence_params
 from brooq_py.postgres.session.connections import AsyncSession, delegate
 from brooq_py.postgres.session.errors import names_migration, translated
 from brooq_py.postgres.session.tx import AsyncWrapTx, async_connection_of, drive_async, on_async_connection
 from brooq_py.postgres.wait import DEFAULT_POLL, AsyncWatch
 from brooq_py.queue import EnqueueResult, GroupResult, Job, JobRow, QueueFull
+from brooq_py.queue.job import check_tenant
 
 AsyncTx = AsyncWrapTx | psycopg.AsyncConnection[Any]
 
@@ -143,11 +153,18 @@ class AsyncStore:
         return bool(rows and rows[0][0])
 
     async def list_jobs(
-        self, topic: str | None = None, state: str | None = None, limit: int = 50, *, payload: Any = None
+        self,
+        topic: str | None = None,
+        state: str | None = None,
+        limit: int = 50,
+        *,
+        payload: Any = None,
+        tenant: str | None = None,
     ) -> list[JobRow]:
         """``Store.list_jobs``, awaited."""
+        check_tenant(tenant)
         return await self.session.drive(
-            "listing jobs", plans.list_jobs(self._q, topic, state, limit, payload)
+            "listing jobs", plans.list_jobs(self._q, topic, state, limit, payload, tenant)
         )
 
     async def set_rate_limit(
@@ -180,6 +197,49 @@ class AsyncStore:
             with contextlib.suppress(psycopg.errors.UndefinedColumn):  # before migration 0018: nothing parks
                 await self.session.run("setting a topic's depth cap", self._q["topic_set_park"], params)
         self._caps.forget()
+
+    async def set_tenant_limit(self, topic: str, n: int | None, tenant: str | None = None) -> None:
+        """``Store.set_tenant_limit``, awaited."""
+        params = tenant_limit_params(topic, n, tenant)
+        if params["limit"] is None:
+            await self.session.run("setting a tenant limit", self._q["tenant_set_limit"], params)
+            return
+        async with self.session.autocommit("setting a tenant limit") as conn:  # held at 0 meanwhile
+            run = on_async_connection(conn)
+            await run(self._q["tenant_set_limit"], {**params, "limit": 0})
+            await self._after_writers(run)
+            await run(self._q["tenant_set_limit"], params)
+
+    async def set_tenant_rate_limit(
+        self,
+        topic: str,
+        limit: int | None,
+        per: float | timedelta = 1,
+        *,
+        burst: int | None = None,
+        tenant: str | None = None,
+    ) -> None:
+        """``Store.set_tenant_rate_limit``, awaited."""
+        params = tenant_rate_params(topic, limit, per, burst, tenant)
+        async with self.session.autocommit("setting a tenant rate limit") as conn:
+            run = on_async_connection(conn)
+            await run(self._q["tenant_set_rate"], params)
+            if params["limit"] is not None:
+                await self._after_writers(run)
+
+    async def _after_writers(self, run: Any) -> None:
+        """Wait, at most LIMIT_WAIT, until the job table's writers begun before now have ended."""
+        writers = await run(self._q["topic_limit_writers"], {"schema": self._q.schema})
+        left, deadline = writers_left(writers), time.monotonic() + LIMIT_WAIT
+        while writers and time.monotonic() < deadline:
+            if (await run(self._q["topic_limit_writers_left"], left))[0][0] == 0:
+                break
+            await asyncio.sleep(0.01)
+
+    async def set_tenant_weight(self, topic: str, tenant: str, weight: int | None) -> None:
+        """``Store.set_tenant_weight``, awaited."""
+        params = tenant_weight_params(topic, tenant, weight)
+        await self.session.run("setting a tenant weight", self._q["tenant_set_weight"], params)
 
     def queue_full_refusals(self) -> dict[str, int]:
         """How many enqueues this AsyncStore refused with QueueFull, by topic."""

@@ -72,6 +72,9 @@ class Store:
     set_limit = delegate(Flow.set_limit, "flow")
     set_rate_limit = delegate(Flow.set_rate_limit, "flow")
     set_max_depth = delegate(Flow.set_max_depth, "flow")
+    set_tenant_limit = delegate(Flow.set_tenant_limit, "flow")
+    set_tenant_rate_limit = delegate(Flow.set_tenant_rate_limit, "flow")
+    set_tenant_weight = delegate(Flow.set_tenant_weight, "flow")
     queue_full_refusals = delegate(Flow.queue_full_refusals, "flow")
 
     retry = delegate(Operator.retry, "operator")

@@ -167,6 +167,20 @@ def check_length(value: str, limit: int, what: str) -> None:
         raise InvalidJob(f"{what} is {utf8_length(value)} bytes in UTF-8; at most {limit} are allowed")
 
 
+def check_tenant(tenant: Any) -> None:
+    """Raise ``InvalidJob`` unless *tenant* is None or a topic's kind of text: non-empty (``""`` is
+    refused, not read as None: a tenant named by mistake would share the tenant of no name), no NUL,
+    at most MAX_TOPIC_BYTES UTF-8 bytes."""
+    if tenant is None:
+        return
+    if not isinstance(tenant, str):
+        raise InvalidJob(f"tenant must be a str or None, got {type(tenant).__name__}")
+    if not tenant:
+        raise InvalidJob("tenant must not be empty (None is the tenant of no name)")
+    check_text(tenant, "tenant")
+    check_length(tenant, MAX_TOPIC_BYTES, "tenant")
+
+
 @dataclass(frozen=True)
 class Job:
     """A job to enqueue. Validated when built: bad input raises ``InvalidJob``."""
@@ -186,6 +200,10 @@ class Job:
     """Ids of jobs that must end ``done`` before this one may run (the job is ``blocked`` until then)."""
     sequence: str | None = None
     """Jobs of one (topic, sequence) run one at a time, in enqueue order (SPEC Q5). ``""`` is refused."""
+    tenant: str | None = None
+    """Whose job this is (SPEC T1-T3): a topic's claims go round-robin across its tenants, each may have
+    a limit and a rate. Non-empty text as a topic is (no NUL, at most 255 UTF-8 bytes); None: the
+    tenant of every job that names none."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.topic, str):
@@ -214,6 +232,7 @@ class Job:
         if isinstance(self.payload, float) and not math.isfinite(self.payload):
             raise InvalidJob("payload: NaN and Infinity are not valid JSON")
         self._check_round_three_fields()
+        check_tenant(self.tenant)
 
     def _check_round_three_fields(self) -> None:
         meta = self.meta
@@ -384,6 +403,8 @@ class JobRow:
     """The signal a scheduled job waits for (``ctx.wait_for``), or None."""
     sequence: str | None = None
     """``Job.sequence``: the jobs of one (topic, sequence) run one at a time."""
+    tenant: str | None = None
+    """``Job.tenant``."""
 
     def to_json(self) -> dict[str, Any]:
         """Return the row as a JSON-ready dict (datetimes in ISO 8601)."""
@@ -415,6 +436,7 @@ class JobRow:
             "steps": [s.to_json() for s in self.steps],
             "waiting_for": self.waiting_for,
             "sequence": self.sequence,
+            "tenant": self.tenant,
         }
 
 

@@ -212,11 +212,16 @@ class TopicSetting:
     rate_burst: int | None = None
     tokens: float | None = None
     max_depth: int | None = None
+    tenants: bool = False
+    """Some job of the topic named a tenant: its claims go round-robin across tenants (SPEC T1)."""
+    tenants_free: bool = False
+    """A tenant topic that nothing limits (no limit or rate of its own or of a tenant): its claim
+    runs without the topic's lock."""
 
     @property
     def limited(self) -> bool:
-        """Claimed on the limited path, under its topic's lock (a global or a rate limit)."""
-        return self.limit is not None or self.rate_limit is not None
+        """Claimed on the limited path, under its topic's lock (a global or a rate limit, tenants)."""
+        return self.limit is not None or self.rate_limit is not None or self.tenants
 
 
 class LimitedClaim(list[ClaimedJob]):

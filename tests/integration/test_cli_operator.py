@@ -117,6 +117,7 @@ def test_cli_topics_lists_counts_per_state_oldest_ready_paused_and_limit(
         "rate": None,
         "tokens": None,
         "max_depth": None,
+        "tenants_waiting": None,
     }
     code, out, _ = cli(dsn, schema, tmp_path, "topics")
     assert code == 0
@@ -131,14 +132,15 @@ def test_cli_topics_lists_counts_per_state_oldest_ready_paused_and_limit(
         "dead",
         "canceled",
     ]
-    assert line_a.split()[:8] == ["a", "2", "0", "0", "0", "0", "1", "0"] and line_a.split()[-5:] == [
+    assert line_a.split()[:8] == ["a", "2", "0", "0", "0", "0", "1", "0"] and line_a.split()[-6:] == [
         "yes",
         "-",
         "-",
         "-",
         "-",
+        "-",
     ]
-    assert line_b.split()[-5:] == ["no", "2", "-", "-", "-"]
+    assert line_b.split()[-6:] == ["no", "2", "-", "-", "-", "-"]
 
 
 def test_cli_operator_commands_on_an_unmigrated_schema_or_an_unreachable_database_fail_clearly(

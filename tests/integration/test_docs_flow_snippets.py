@@ -1,4 +1,5 @@
-"""The complete programs of docs/unique-jobs.md and docs/rate-limits.md run against real PostgreSQL."""
+"""The complete programs of docs/unique-jobs.md, docs/rate-limits.md and docs/tenants.md run against
+real PostgreSQL."""
 
 from __future__ import annotations
 
@@ -17,16 +18,16 @@ MARK = re.compile(r"<!-- docs-snippet: ([\w-]+) -->\n```python\n(.*?)```", re.S)
 
 def snippets() -> dict[str, str]:
     found: dict[str, str] = {}
-    for page in ("unique-jobs.md", "rate-limits.md"):
+    for page in ("unique-jobs.md", "rate-limits.md", "tenants.md"):
         found.update(MARK.findall((DOCS / page).read_text(encoding="utf-8")))
     return found
 
 
 def test_the_pages_have_their_snippets() -> None:
-    assert set(snippets()) == {"unique-debounce", "rate-and-depth"}
+    assert set(snippets()) == {"unique-debounce", "rate-and-depth", "tenants-saas"}
 
 
-@pytest.mark.parametrize("name", ["unique-debounce", "rate-and-depth"])
+@pytest.mark.parametrize("name", ["unique-debounce", "rate-and-depth", "tenants-saas"])
 def test_docs_snippet_runs(name: str, dsn: str, schema: str, tmp_path: Path) -> None:
     script = tmp_path / f"snippet_{name.replace('-', '_')}.py"
     script.write_text(snippets()[name], encoding="utf-8")

@@ -42,3 +42,35 @@ def test_u3_retry_endpoint_says_why(server: Server, store: Store) -> None:
     new = store.enqueue(Job("u", {}, unique_key="k")).id
     status, body = call(server, "POST", f"/jobs/{old}/retry")
     assert status == 200 and body["retried"] is False and new in body["reason"]
+
+
+def test_t1_t3_tenant_endpoints(server: Server, store: Store, engine: Engine) -> None:
+    """SPEC T1-T3 over HTTP: a topic's tenants read, their limit, rate and weight set (token-guarded)."""
+    store.enqueue_many([Job("hook", {}, tenant="acme"), Job("hook", {}, tenant="beta")])
+    assert call(server, "POST", "/topics/hook/tenants/limit/2") == (
+        200,
+        {"topic": "hook", "tenant": None, "limit": 2},
+    )
+    assert call(server, "POST", "/topics/hook/tenants/acme/limit/5")[0] == 200
+    assert call(server, "POST", "/topics/hook/tenants/acme/rate/10/1s") == (
+        200,
+        {"topic": "hook", "tenant": "acme", "rate": 10, "per_seconds": 1.0},
+    )
+    assert call(server, "POST", "/topics/hook/tenants/acme/weight/3")[0] == 200
+    assert call(server, "POST", "/topics/hook/tenants/weight/3")[0] == 404  # a weight names its tenant
+    assert call(server, "POST", "/topics/hook/tenants/acme/weight/0")[0] == 400
+    assert call(server, "POST", "/topics/hook/tenants/acme/limit/5", token=None)[0] == 401
+    status, body = call(server, "GET", "/topics/hook/tenants")
+    assert status == 200
+    by = {t["tenant"]: t for t in body["tenants"]}
+    assert by["acme"] == {
+        "tenant": "acme",
+        "waiting": 1,
+        "running": 0,
+        "limit": 5,
+        "rate": "10/1s",
+        "weight": 3,
+    }
+    assert by["beta"]["limit"] is None and by["beta"]["waiting"] == 1
+    (s,) = store.topic_settings()
+    assert s.tenants

@@ -66,6 +66,17 @@ def test_the_store_methods_api_md_lists() -> None:
             assert callable(getattr(cls, method)), (cls, method)
     for method in ("pause", "resume", "paused", "set_limit"):
         assert callable(getattr(Store, method)), method
+    for cls in (Store, AsyncStore):  # fourth round: tenants (SPEC T1-T3)
+        for method in ("set_tenant_limit", "set_tenant_rate_limit", "set_tenant_weight"):
+            assert callable(getattr(cls, method)), (cls, method)
+
+
+def test_the_tenant_fields_api_md_lists() -> None:
+    from brooq_py import Job
+    from brooq_py.queue import JobRow
+
+    assert Job("t", tenant="acme").tenant == "acme" and Job("t").tenant is None
+    assert "tenant" in JobRow.__dataclass_fields__
 
 
 @pytest.mark.skipif(sys.version_info < (3, 12), reason="Django 6 needs Python >= 3.12")

@@ -34,6 +34,7 @@ from brooq_py.postgres.session.statements import (
     Queries,
     int_array,
     own_uuid_array,
+    tenanted,
     text_array,
     timestamptz_array,
 )
@@ -253,6 +254,7 @@ def _enqueue_many(
         batch = [jobs[i] for i in todo]
         if payloads is None:  # a later attempt, for fewer jobs
             payloads = encode_payloads([job.payload for job in batch])
+        named = any(job.tenant is not None for job in batch)  # SPEC T1: else the statement of old
         params = {
             "ids": own_uuid_array([ids[i] for i in todo]),
             "topics": text_array([job.topic for job in batch]),
@@ -262,11 +264,13 @@ def _enqueue_many(
             "priorities": int_array([job.priority for job in batch]),
             **_cap_params(jobs, todo, known, caps.parking),
             "sequences": text_array([job.sequence for job in batch]),
+            # none named: NULL, no array to bind (ROWS FROM pads a shorter column with NULLs)
+            "tenants": text_array([job.tenant for job in batch]) if named else None,
         }
         params["metas"] = "[" + ",".join([job.meta_json() or "null" for job in batch]) + "]"
         if unique:
             params["unique_keys"] = text_array([job.unique_key for job in batch])
-            query = q["job_enqueue_many_unique"]
+            query = q[tenanted("job_enqueue_many_unique", named)]
         elif parents is not None:
             # jobs with parents wait blocked, never parked: a parking topic is not capped for them
             params.update(
@@ -275,9 +279,9 @@ def _enqueue_many(
                 )
             )
             params.update(after_params([parents[i] for i in todo]))
-            query = q["job_enqueue_after"]
+            query = q[tenanted("job_enqueue_after", named)]
         else:
-            query = q["job_enqueue_many"]
+            query = q[tenanted("job_enqueue_many", named)]
         # Rows come back only for jobs whose key was taken (position in todo from 1), and for
         # capped topics that would go past their cap (then nothing was written).
         rows = yield query, params

@@ -14,7 +14,7 @@ import psycopg
 from brooq_py.postgres.enqueue.unique import FirstTries, enqueue_unique
 from brooq_py.postgres.enqueue.unique import meta_json as unique_meta_json
 from brooq_py.postgres.flow.caps import NO_ANCHOR, TopicCaps
-from brooq_py.postgres.session.statements import Queries, Query, job_row, parse_id
+from brooq_py.postgres.session.statements import Queries, Query, job_row, parse_id, tenanted
 from brooq_py.postgres.session.tx import Plan
 from brooq_py.queue import BrooqError, EnqueueResult, InvalidJob, Job, JobRow, State
 from brooq_py.queue.ids import uuid7, uuid7_text
@@ -57,6 +57,7 @@ def _plain_params(job: Job, job_id: str | uuid.UUID, payload: str | None = None)
         "payload": job.payload_json() if payload is None else payload,
         "available_at": job.available_at,
         "priority": job.priority,
+        "tenant": job.tenant,
     }
 
 
@@ -71,7 +72,7 @@ def keyless(q: Queries, job: Job, caps: Mapping[str, int] | None) -> Fast | None
         return None
     job_id = uuid7_text()
     params = {**_plain_params(job, job_id), "meta": job.meta_json()}
-    return q["job_enqueue_plain"], params, EnqueueResult(job_id, True)
+    return q[tenanted("job_enqueue_plain", job.tenant is not None)], params, EnqueueResult(job_id, True)
 
 
 def unique_first(job: Job, caps: Mapping[str, int] | None) -> bool:
@@ -96,7 +97,7 @@ def unique_new(q: Queries, job: Job, caps: Mapping[str, int] | None, tries: Firs
         return None
     job_id = uuid7_text()
     params = {**_plain_params(job, job_id), "unique_key": job.unique_key, "meta": unique_meta_json(job)}
-    return q["job_enqueue_unique_new"], params, EnqueueResult(job_id, True)
+    return q[tenanted("job_enqueue_unique_new", job.tenant is not None)], params, EnqueueResult(job_id, True)
 
 
 def capped_new(q: Queries, job: Job, known: Mapping[str, int] | None, caps: TopicCaps) -> Fast | None:
@@ -116,7 +117,7 @@ def capped_new(q: Queries, job: Job, known: Mapping[str, int] | None, caps: Topi
         "seq0": anchor[1],
         "park": job.topic in caps.parking,
     }
-    return q["job_enqueue_capped"], params, EnqueueResult(job_id, True)
+    return q[tenanted("job_enqueue_capped", job.tenant is not None)], params, EnqueueResult(job_id, True)
 
 
 def known_caps(q: Queries, caps: TopicCaps) -> Plan[Mapping[str, int]]:
@@ -150,7 +151,7 @@ def enqueue_single(q: Queries, job: Job, payload: str, caps: TopicCaps) -> Plan[
     sent = caps.depth_params(job.topic) if cap is not None else ({**NO_ANCHOR}, None)
     params.update(sent[0])
     for _ in range(ATTEMPTS):
-        rows = yield q["job_enqueue"], params
+        rows = yield q[tenanted("job_enqueue", job.tenant is not None)], params
         if rows and cap is not None:
             caps.answered(job.topic, cap, sent, rows[0], bool(rows[0][1]))
         if rows and rows[0][1]:
@@ -215,13 +216,18 @@ def get(q: Queries, job_id: Any) -> Plan[JobRow | None]:
 
 
 def list_jobs(
-    q: Queries, topic: str | None, state: str | None, limit: int, payload: Any = None
+    q: Queries,
+    topic: str | None,
+    state: str | None,
+    limit: int,
+    payload: Any = None,
+    tenant: str | None = None,
 ) -> Plan[list[JobRow]]:
     """Read the newest jobs first, of one topic and/or state (all when None), at most *limit*, whose
-    payload contains *payload* (jsonb ``@>``; None: any; not JSON: InvalidJob)."""
+    payload contains *payload* (jsonb ``@>``; None: any; not JSON: InvalidJob), of *tenant* when given."""
     if state is not None:
         state = str(State(state))  # an unknown state is a ValueError here, not an empty answer
-    params: dict[str, Any] = {"topic": topic, "state": state, "limit": max(0, int(limit))}
+    params: dict[str, Any] = {"topic": topic, "state": state, "limit": max(0, int(limit)), "tenant": tenant}
     if payload is None:
         rows = yield q["job_list"], params
     else:

@@ -11,7 +11,7 @@ import threading
 from typing import Any
 
 from brooq_py.postgres.flow.caps import NO_ANCHOR, TopicCaps
-from brooq_py.postgres.session.statements import Queries
+from brooq_py.postgres.session.statements import Queries, tenanted
 from brooq_py.postgres.session.tx import Rows
 from brooq_py.queue import BrooqError, EnqueueResult, Job
 from brooq_py.queue.ids import uuid7
@@ -34,6 +34,7 @@ def unique_params(job: Job, payload: str, cap: int | None) -> dict[str, Any]:
         "meta": meta_json(job),
         "available_at": job.available_at,
         "priority": job.priority,
+        "tenant": job.tenant,
         "cap": cap,
         **NO_ANCHOR,
         "mode": job.on_duplicate,
@@ -55,7 +56,8 @@ def enqueue_unique(q: Queries, job: Job, payload: str, cap: int | None, caps: To
     sent = caps.depth_params(job.topic) if cap is not None else ({**NO_ANCHOR}, None)
     params.update(sent[0])
     changes = job.on_duplicate != "keep"
-    query = q["job_enqueue_unique_update"] if changes and job.key is None else q["job_enqueue_unique"]
+    name = "job_enqueue_unique_update" if changes and job.key is None else "job_enqueue_unique"
+    query = q[tenanted(name, job.tenant is not None)]
     for _ in range(_ATTEMPTS):
         rows = yield query, params
         if rows and cap is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -14,7 +15,7 @@ from brooq_py.postgres.session.connections import Session
 from brooq_py.postgres.session.tx import Runner, on_connection
 from brooq_py.queue import InvalidJob
 from brooq_py.queue.durations import parse_go_duration
-from brooq_py.queue.job import MAX_TOPIC_BYTES, check_length, check_text
+from brooq_py.queue.job import MAX_TOPIC_BYTES, check_length, check_tenant, check_text
 from brooq_py.queue.port import TopicSetting
 
 INT32_MAX = 2**31 - 1
@@ -94,7 +95,7 @@ def rate_text(limit: int | None, per: float | None, burst: int | None) -> str | 
 
 def setting_of(r: tuple[Any, ...]) -> TopicSetting:
     """A row of ``topic_settings`` (TopicSetting's fields, in order) as a TopicSetting."""
-    return TopicSetting(*(*r[:7], None if r[7] is None else float(r[7]), r[8]))
+    return TopicSetting(*(*r[:7], None if r[7] is None else float(r[7]), r[8], bool(r[9]), bool(r[10])))
 
 
 # --- a topic's settings, read and written ---------------------------------------------------------
@@ -187,6 +188,113 @@ class Flow:
     def queue_full_refusals(self) -> dict[str, int]:
         """How many enqueues this Store refused with QueueFull, by topic."""
         return self._caps.refusals()
+
+    def set_tenant_limit(self, topic: str, n: int | None, tenant: str | None = None) -> None:
+        """At most *n* processing jobs per tenant of *topic* across every engine (SPEC T2); tenant=None:
+        the default of every tenant, a named tenant's own value overrides it; None removes."""
+        params = tenant_limit_params(topic, n, tenant)
+        if params["limit"] is None:
+            self.session.run("setting a tenant limit", self._q["tenant_set_limit"], params)
+            return
+        # A claim that ran without the topic's lock (nothing limited it in its snapshot) may still be
+        # writing: the limit holds at 0 until the writers begun before it end, as a topic's first limit.
+        with self.session.autocommit("setting a tenant limit") as conn:
+            run = on_connection(conn)
+            run(self._q["tenant_set_limit"], {**params, "limit": 0})
+            self._after_writers(run)
+            run(self._q["tenant_set_limit"], params)
+
+    def set_tenant_rate_limit(
+        self,
+        topic: str,
+        limit: int | None,
+        per: float | timedelta = 1,
+        *,
+        burst: int | None = None,
+        tenant: str | None = None,
+    ) -> None:
+        """A token bucket per tenant of *topic* (SPEC T3): *limit* claims per *per*, *burst* saved up
+        (default: *limit*); tenant=None: the default of every tenant; None removes."""
+        params = tenant_rate_params(topic, limit, per, burst, tenant)
+        with self.session.autocommit("setting a tenant rate limit") as conn:
+            run = on_connection(conn)
+            run(self._q["tenant_set_rate"], params)
+            if params["limit"] is not None:  # as set_tenant_limit: the claims begun unlocked end first
+                self._after_writers(run)
+
+    def set_tenant_weight(self, topic: str, tenant: str, weight: int | None) -> None:
+        """*tenant*'s share of *topic*'s claims while backlogged (SPEC T1; default 1, None restores it),
+        for its jobs enqueued from now on."""
+        params = tenant_weight_params(topic, tenant, weight)
+        self.session.run("setting a tenant weight", self._q["tenant_set_weight"], params)
+
+    def tenants(self, topic: str, limit: int = 100) -> list[TenantRow]:
+        """*topic*'s tenants with jobs waiting or running, or settings of their own (at most *limit*)."""
+        params = {"topic": checked_topic(topic), "limit": limit, "cap": TENANT_COUNT_CAP}
+        return [tenant_row(r) for r in self.session.run("reading tenants", self._q["tenant_list"], params)]
+
+
+# --- tenants (SPEC T1-T3) --------------------------------------------------------------------------
+
+# Each tenant's waiting count reads at most this many index entries.
+TENANT_COUNT_CAP = 100_000
+
+
+@dataclass(frozen=True)
+class TenantRow:
+    """A tenant of a topic as an operator sees it: its jobs waiting and running, its own settings."""
+
+    tenant: str
+    waiting: int
+    running: int
+    limit: int | None
+    rate: str | None
+    weight: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tenant": self.tenant,
+            "waiting": self.waiting,
+            "running": self.running,
+            "limit": self.limit,
+            "rate": self.rate,
+            "weight": self.weight,
+        }
+
+
+def tenant_row(r: tuple[Any, ...]) -> TenantRow:
+    """A row of ``tenant_list`` as a TenantRow."""
+    return TenantRow(r[0], r[1], r[2], r[3], rate_text(r[4], r[5], r[6]), r[7])
+
+
+def checked_tenant(tenant: Any, default: bool = True) -> str | None:
+    """Return *tenant* (None allowed when *default*), or raise InvalidJob as ``Job.tenant`` does."""
+    if tenant is None and default:
+        return None
+    if tenant is None:
+        raise InvalidJob("tenant must be a str, got None")
+    check_tenant(tenant)
+    return str(tenant)
+
+
+def tenant_limit_params(topic: Any, n: Any, tenant: Any) -> dict[str, Any]:
+    """The parameters of ``tenant_set_limit`` (InvalidJob for a bad topic or tenant, ValueError for *n*)."""
+    return {"topic": checked_topic(topic), "tenant": checked_tenant(tenant), "limit": checked_count(n, "n")}
+
+
+def tenant_rate_params(topic: Any, limit: Any, per: Any, burst: Any, tenant: Any) -> dict[str, Any]:
+    """The parameters of ``tenant_set_rate`` (raise InvalidJob or ValueError as ``set_rate_limit``)."""
+    return {**rate_params(topic, limit, per, burst), "tenant": checked_tenant(tenant)}
+
+
+def tenant_weight_params(topic: Any, tenant: Any, weight: Any) -> dict[str, Any]:
+    """The parameters of ``tenant_set_weight``: a weight from 1 to 2**31-1 or None (ValueError)."""
+    checked = {"topic": checked_topic(topic), "tenant": checked_tenant(tenant, default=False)}
+    if weight is not None and (
+        isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= INT32_MAX
+    ):
+        raise ValueError(f"weight must be None or an integer from 1 to {INT32_MAX}, got {weight!r}")
+    return {**checked, "weight": weight}
 
 
 def set_park(run: Any, query: Any, params: dict[str, Any]) -> Any:

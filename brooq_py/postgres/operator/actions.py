@@ -12,6 +12,7 @@ from brooq_py.postgres.flow.limits import checked_topic, rate_text
 from brooq_py.postgres.session.connections import Session
 from brooq_py.postgres.session.statements import parse_id
 from brooq_py.queue import Job, JobRow
+from brooq_py.queue.job import check_tenant
 
 __all__ = ["Operator", "TopicOverview", "sequence_params"]
 
@@ -34,6 +35,7 @@ class TopicOverview:
     rate: str | None = None  # "10/1s (burst 10)"; None: no rate limit
     tokens: float | None = None  # rate tokens left now
     max_depth: int | None = None
+    tenants_waiting: int | None = None  # SPEC T1; None: no job of the topic names a tenant
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -67,11 +69,21 @@ class Operator:
         return refusal_text(job_id, rows)
 
     def list_jobs(
-        self, topic: str | None = None, state: str | None = None, limit: int = 50, *, payload: Any = None
+        self,
+        topic: str | None = None,
+        state: str | None = None,
+        limit: int = 50,
+        *,
+        payload: Any = None,
+        tenant: str | None = None,
     ) -> list[JobRow]:
         """The newest jobs first, of *topic* and in *state* when given, at most *limit*, whose payload
-        contains *payload* (jsonb ``@>``, a subset match; None: any; not JSON: ``InvalidJob``)."""
-        plan = list_plan(self._q, None if topic is None else checked_topic(topic), state, limit, payload)
+        contains *payload* (jsonb ``@>``, a subset match; None: any; not JSON: ``InvalidJob``), of *tenant*
+        when given (SPEC T1)."""
+        check_tenant(tenant)
+        plan = list_plan(
+            self._q, None if topic is None else checked_topic(topic), state, limit, payload, tenant
+        )
         return self.session.drive("listing jobs", plan)
 
     def topic_active(self, topic: str) -> bool:
@@ -99,6 +111,7 @@ class Operator:
                 rate=rate_text(r[5], r[6], r[7]),
                 tokens=None if r[8] is None else float(r[8]),
                 max_depth=r[9],
+                tenants_waiting=r[10],
             )
             for r in rows
         ]

@@ -73,6 +73,7 @@ _TABLES = (
     "job_step",
     "job_signal",
     "topic_setting",
+    "tenant_setting",
     "schedule_tick",
     # migration 0018: sequences' tables and functions, and the release of parked jobs
     "job_sequence_due",
@@ -83,14 +84,28 @@ _TABLES = (
 )
 
 
+# An enqueue statement named with this suffix writes the job's tenant (SPEC T1): its {tenant_*}
+# fragments are filled. Without it they are empty, so a job that names no tenant is written by the
+# statement of a schema before migration 0019 (a producer of this release on a schema not yet migrated).
+TENANT = "+tenant"
+_TENANT_FRAGMENTS = {"tenant_col": ", tenant", "tenant_param": ", %(tenant)s", "tenant_input": ", tenant"}
+
+
+def tenanted(name: str, tenant: bool) -> str:
+    """*name*, or its variant that writes the tenant when *tenant*."""
+    return name + TENANT if tenant else name
+
+
 def render(name: str, schema: str, *, rows: bool = True) -> Query:
-    """Render ``sql/<name>.sql`` for *schema* (*rows*: see ``Query``)."""
-    template = sql.SQL(load(name))
+    """Render ``sql/<name>.sql`` for *schema* (*rows*: see ``Query``); ``<name>+tenant``: see TENANT."""
+    base, suffix, _ = name.partition(TENANT)
+    template = sql.SQL(load(base))
     args: dict[str, sql.Composable] = {
         f: _fragment(f, schema) if "{" + f + "}" in template.as_string(None) else sql.SQL("")
         for f in _FRAGMENTS
     }
     args.update({t: sql.Identifier(schema, t) for t in _TABLES})
+    args.update({k: sql.SQL(v if suffix else "") for k, v in _TENANT_FRAGMENTS.items()})
     args.update(depth_seq=_depth_seq(schema), version_table=sql.Identifier(schema, "brooq_alembic_version"))
     for key, channel in (
         ("channel", channel_for),
@@ -102,7 +117,7 @@ def render(name: str, schema: str, *, rows: bool = True) -> Query:
     composed = template.format(**args)
     # A foreign Tx gets the text with plain %(name)s placeholders: binary ones are psycopg's own.
     text = _BINARY_PLACEHOLDER.sub(r"%(\1)s", composed.as_string(None))
-    return Query(name, composed.as_bytes(None), text, rows)
+    return Query(base, composed.as_bytes(None), text, rows)
 
 
 # Statements without RETURNING: their row count is their answer (session/tx.py).
@@ -120,7 +135,8 @@ class Queries:
         """Return ``sql/<name>.sql`` rendered for this schema."""
         query = self._rendered.get(name)
         if query is None:
-            query = self._rendered[name] = render(name, self.schema, rows=name not in _COUNTED)
+            counted = name.partition(TENANT)[0] in _COUNTED
+            query = self._rendered[name] = render(name, self.schema, rows=not counted)
         return query
 
 
@@ -241,7 +257,7 @@ _EPOCH = datetime.fromtimestamp(0, UTC)
 
 
 # job_get's columns, which every statement read into a JobRow selects (job_list too).
-JOB_ROW_COLUMNS = 24
+JOB_ROW_COLUMNS = 25
 
 
 def job_row(r: Any) -> JobRow:
@@ -253,6 +269,7 @@ def job_row(r: Any) -> JobRow:
     result, errors, progress, note, meta, crashes = r[15:21]
     state = State(r[3])
     sequence = r[23]
+    tenant = r[24]
     return JobRow(
         id=str(r[0]),
         topic=r[1],
@@ -277,6 +294,7 @@ def job_row(r: Any) -> JobRow:
         steps=step_records(r[22]),
         waiting_for=r[21] if state is State.SCHEDULED else None,
         sequence=sequence,
+        tenant=tenant,
     )
 
 

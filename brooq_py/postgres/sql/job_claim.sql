@@ -7,14 +7,16 @@
 -- Higher priorities are read from their start, lower ones only when that one had too few; a
 -- topic sent without a priority is read whole (postgres/worker/heads.py).
 -- Paused, globally limited and rate-limited topics are left out in this statement's snapshot (SPEC
--- Q2, Q3, F1; job_claim_limited claims them). An engine whose proof of life is older than lease -
+-- Q2, Q3, F1; job_claim_limited claims them), and so are topics whose jobs name tenants (T1:
+-- job_claim_fair; a job that names one marks its topic in its own transaction). An engine whose proof of life is older than lease -
 -- margin on the database clock claims nothing (F0, P1''); no engine row (run_once) claims under
 -- the row's own locked_until.
 WITH topics AS MATERIALIZED (
     SELECT t.topic, t.priority, t.after
     FROM unnest(%(topics)s::text[], %(priority)s::smallint[], %(after)s::timestamptz[]) AS t(topic, priority, after)
     WHERE t.topic <> ALL (coalesce(
-        (SELECT array_agg(s.topic) FROM {topic_setting} s WHERE s.paused OR s.concurrency_limit IS NOT NULL OR s.rate_limit IS NOT NULL),
+        (SELECT array_agg(s.topic) FROM {topic_setting} s WHERE s.paused OR s.concurrency_limit IS NOT NULL OR s.rate_limit IS NOT NULL
+                                                    OR s.tenants),
         '{{}}'
     ))
     AND NOT EXISTS (SELECT FROM {engine} e

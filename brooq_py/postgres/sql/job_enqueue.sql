@@ -29,9 +29,9 @@ WITH {depth_room}
            AND (NOT a.room OR EXISTS (SELECT FROM {job} WHERE topic = %(topic)s AND state = 'parked')) AS parked
     FROM a
 ), ins AS (
-    INSERT INTO {job} (id, topic, payload, idempotency_key, meta, available_at, priority, state)
+    INSERT INTO {job} (id, topic, payload, idempotency_key, meta, available_at, priority, state{tenant_col})
     SELECT %(id)s, %(topic)s, %(payload)s::jsonb, %(key)s, %(meta)s::jsonb, a.at, %(priority)s,
-           CASE WHEN p.parked THEN 'parked' WHEN a.at > statement_timestamp() THEN 'scheduled' ELSE 'pending' END
+           CASE WHEN p.parked THEN 'parked' WHEN a.at > statement_timestamp() THEN 'scheduled' ELSE 'pending' END{tenant_param}
     FROM a, p
     WHERE a.room OR p.parked
     ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING

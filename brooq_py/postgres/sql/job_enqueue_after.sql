@@ -22,8 +22,9 @@ WITH input AS (
     FROM ROWS FROM (unnest(%(ids)s::uuid[]), unnest(%(topics)s::text[]),
                     jsonb_array_elements(%(payloads)s::jsonb), unnest(%(keys)s::text[]),
                     unnest(%(available_at)s::timestamptz[]), unnest(%(priorities)s::int[]),
-                    jsonb_array_elements(%(after)s::jsonb), jsonb_array_elements(%(metas)s::jsonb))
-         WITH ORDINALITY AS u(id, topic, payload, key, available_at, priority, after, meta, ord)
+                    jsonb_array_elements(%(after)s::jsonb), jsonb_array_elements(%(metas)s::jsonb),
+                    unnest(%(tenants)s::text[]))
+         WITH ORDINALITY AS u(id, topic, payload, key, available_at, priority, after, meta, tenant, ord)
 ), fresh AS (
     -- Each new job of a capped topic takes a value of the depth sequence, after the
     -- transaction's id (migration 0014).
@@ -75,7 +76,7 @@ WITH input AS (
     GROUP BY e.ord
 ), inserted AS (
     INSERT INTO {job} (id, topic, payload, idempotency_key, meta, available_at, priority, state,
-                       parents, waiting_parents, last_error)
+                       parents, waiting_parents, last_error{tenant_col})
     SELECT i.id, i.topic, i.payload, i.key, nullif(i.meta, 'null'::jsonb), i.at, i.priority,
            CASE WHEN v.doomed_by IS NOT NULL THEN 'canceled'
                 WHEN coalesce(v.waiting, 0) > 0 THEN 'blocked'
@@ -84,7 +85,7 @@ WITH input AS (
            CASE WHEN jsonb_array_length(i.after) > 0
                 THEN ARRAY(SELECT jsonb_array_elements_text(i.after)::uuid) END,
            CASE WHEN v.doomed_by IS NOT NULL THEN 0 ELSE coalesce(v.waiting, 0) END,
-           CASE WHEN v.doomed_by IS NOT NULL THEN 'canceled: parent ' || v.doomed_by END
+           CASE WHEN v.doomed_by IS NOT NULL THEN 'canceled: parent ' || v.doomed_by END{tenant_input}
     FROM (SELECT *, coalesce(available_at, statement_timestamp()) AS at FROM input) AS i
     LEFT JOIN verdict v ON v.ord = i.ord
     WHERE NOT EXISTS (SELECT FROM unknown) AND NOT EXISTS (SELECT FROM too_deep)

@@ -9,10 +9,10 @@
 -- written takes neither. Not inserted: the caller runs job_enqueue, which counts.
 -- A sequence with no value yet (created again by migration 0014 after a downgrade:
 -- its last value is NULL) proves nothing: not inserted.
-INSERT INTO {job} (id, topic, payload, meta, priority, available_at, state)
+INSERT INTO {job} (id, topic, payload, meta, priority, available_at, state{tenant_col})
 SELECT %(id)s, %(topic)s, %(payload)s::jsonb, %(meta)s::jsonb, %(priority)s,
        coalesce(%(available_at)s::timestamptz, statement_timestamp()),
-       CASE WHEN %(available_at)s::timestamptz > statement_timestamp() THEN 'scheduled' ELSE 'pending' END
+       CASE WHEN %(available_at)s::timestamptz > statement_timestamp() THEN 'scheduled' ELSE 'pending' END{tenant_param}
 FROM (SELECT pg_sequence_last_value(to_regclass({depth_seq})) AS last) AS n
 WHERE CASE WHEN NOT coalesce(n.last >= %(seq0)s::bigint
                               AND %(base)s::bigint + (n.last - %(seq0)s::bigint) + 1 <= %(cap)s, false)

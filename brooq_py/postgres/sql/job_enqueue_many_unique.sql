@@ -15,8 +15,9 @@ WITH input AS (
                     jsonb_array_elements(%(payloads)s::jsonb), unnest(%(keys)s::text[]),
                     unnest(%(unique_keys)s::text[]),
                     unnest(%(available_at)s::timestamptz[]), unnest(%(priorities)s::int[]),
-                    jsonb_array_elements(%(metas)s::jsonb), unnest(%(sequences)s::text[]))
-         WITH ORDINALITY AS u(id, topic, payload, key, unique_key, available_at, priority, meta, sequence, ord)
+                    jsonb_array_elements(%(metas)s::jsonb), unnest(%(sequences)s::text[]),
+                    unnest(%(tenants)s::text[]))
+         WITH ORDINALITY AS u(id, topic, payload, key, unique_key, available_at, priority, meta, sequence, tenant, ord)
 ), fresh AS (
     -- Each new job of a capped topic takes a value of the depth sequence, after the
     -- transaction's id (migration 0014).
@@ -53,11 +54,11 @@ WITH input AS (
                                            AND state IN ('scheduled', 'failed', 'blocked') LIMIT c.cap) AS w)
               + c.n > c.cap)
 ), inserted AS (
-    INSERT INTO {job} (id, topic, payload, idempotency_key, unique_key, meta, available_at, priority, state, sequence)
+    INSERT INTO {job} (id, topic, payload, idempotency_key, unique_key, meta, available_at, priority, state, sequence{tenant_col})
     SELECT id, topic, payload, key, unique_key, nullif(meta, 'null'::jsonb), at, priority,
            CASE WHEN topic IN (SELECT k.topic FROM parking k) THEN 'parked'
                 WHEN at > statement_timestamp() THEN 'scheduled' ELSE 'pending' END,
-           sequence
+           sequence{tenant_input}
     FROM (SELECT *, coalesce(available_at, statement_timestamp()) AS at FROM input) AS i
     WHERE NOT EXISTS (SELECT FROM too_deep)
     -- In key order, not input order: a batch that meets a key another one holds uncommitted

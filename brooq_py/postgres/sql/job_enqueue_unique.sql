@@ -11,9 +11,9 @@
 -- all: a holder committed while we waited on it, or ended meanwhile (ask again).
 WITH {depth_room}
 ), ins AS (
-    INSERT INTO {job} (id, topic, payload, idempotency_key, unique_key, meta, available_at, priority, state)
+    INSERT INTO {job} (id, topic, payload, idempotency_key, unique_key, meta, available_at, priority, state{tenant_col})
     SELECT %(id)s, %(topic)s, %(payload)s::jsonb, %(key)s, %(unique_key)s, %(meta)s::jsonb, a.at, %(priority)s,
-           CASE WHEN a.at > statement_timestamp() THEN 'scheduled' ELSE 'pending' END
+           CASE WHEN a.at > statement_timestamp() THEN 'scheduled' ELSE 'pending' END{tenant_param}
     FROM a
     WHERE a.room
     ON CONFLICT DO NOTHING

@@ -21,9 +21,9 @@
 -- row ends with job_enqueue's four columns. No row: ask again.
 WITH {depth_room}
 ), ins AS (
-    INSERT INTO {job} AS j (id, topic, payload, unique_key, meta, available_at, priority, state)
+    INSERT INTO {job} AS j (id, topic, payload, unique_key, meta, available_at, priority, state{tenant_col})
     SELECT %(id)s, %(topic)s, %(payload)s::jsonb, %(unique_key)s, %(meta)s::jsonb, a.at, %(priority)s,
-           CASE WHEN a.at > statement_timestamp() THEN 'scheduled' ELSE 'pending' END
+           CASE WHEN a.at > statement_timestamp() THEN 'scheduled' ELSE 'pending' END{tenant_param}
     FROM a
     WHERE a.room
       AND NOT EXISTS (SELECT FROM {job} p

@@ -9,6 +9,7 @@ FROM {job} j
 CROSS JOIN LATERAL (SELECT to_jsonb(j) AS doc) AS r
 WHERE (%(topic)s::text IS NULL OR j.topic = %(topic)s)
   AND (%(state)s::text IS NULL OR j.state = %(state)s)
+  AND (%(tenant)s::text IS NULL OR r.doc ->> 'tenant' = %(tenant)s)
   AND j.payload @> %(payload)s::jsonb
 ORDER BY j.id DESC
 LIMIT %(limit)s

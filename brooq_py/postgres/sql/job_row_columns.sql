@@ -14,4 +14,5 @@ r.doc ->> 'progress_note' AS progress_note, r.doc -> 'meta' AS meta,
 (r.doc ->> 'crashes')::int AS crashes, r.doc ->> 'waiting_for' AS waiting_for,
 (SELECT jsonb_agg(jsonb_build_array(s.name, s.at, s.kind, s.result -> 'until') ORDER BY s.seq)
  FROM {job_step} s WHERE s.job_id = j.id) AS steps,
-r.doc ->> 'sequence' AS sequence
+r.doc ->> 'sequence' AS sequence,
+r.doc ->> 'tenant' AS tenant

@@ -1,7 +1,7 @@
 -- name: topic_overview
 -- Every topic with jobs or settings: jobs per state, the oldest ready job's age,
 -- paused, the global limit, the rate limit with its tokens left now, the depth cap
--- (the `topics` command). One grouped scan of the table.
+-- and the tenants waiting (the `topics` command). One grouped scan of the table.
 WITH counts AS (
     SELECT topic, jsonb_object_agg(state, n) AS counts
     FROM (SELECT topic, state, count(*) AS n FROM {job} GROUP BY topic, state) AS c
@@ -11,6 +11,13 @@ WITH counts AS (
     FROM {job}
     WHERE state = 'pending' AND available_at <= now()
     GROUP BY topic
+), tenants AS (
+    -- SPEC T1: the tenants with jobs waiting, in the topics whose jobs name one (none: the tenant of no name)
+    SELECT j.topic, count(DISTINCT coalesce(j.tenant, '')) AS n
+    FROM {job} j
+    JOIN {topic_setting} ts ON ts.topic = j.topic AND ts.tenants
+    WHERE j.state = 'pending'
+    GROUP BY j.topic
 )
 SELECT coalesce(c.topic, s.topic) AS topic,
        coalesce(c.counts, '{{}}'::jsonb),
@@ -24,8 +31,10 @@ SELECT coalesce(c.topic, s.topic) AS topic,
                  + greatest(0, extract(epoch FROM clock_timestamp() - coalesce(s.rate_at, clock_timestamp())))::float8
                    * s.rate_limit / s.rate_per)
        END AS tokens,
-       s.max_depth
+       s.max_depth,
+       t.n AS tenants_waiting
 FROM counts c
 FULL JOIN {topic_setting} s ON s.topic = c.topic
 LEFT JOIN ready r ON r.topic = coalesce(c.topic, s.topic)
+LEFT JOIN tenants t ON t.topic = coalesce(c.topic, s.topic)
 ORDER BY 1

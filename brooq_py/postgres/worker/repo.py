@@ -53,12 +53,15 @@ from brooq_py.queue.port import (
     StepLog,
     StepWrite,
     TopicCount,
+    TopicSetting,
 )
 
 # Each gauge count reads at most this many index entries.
 GAUGE_CAP = 100_000
 # The reaper looks at no more expired rows than this a tick (the rest wait for the next).
 REAP_BATCH = 1000
+# A fair claim reads at most this many entries of its order past two per job it may take (SPEC T5).
+FAIR_WINDOW = 16
 
 _SETTLE_STATES = frozenset(
     {State.DONE, State.FAILED, State.DEAD, State.CANCELED, State.PENDING, State.SCHEDULED}
@@ -138,6 +141,8 @@ class WorkerRepo:
         self._listeners: set[PgListener] = set()
         self._listeners_lock = threading.Lock()
         self._heads = ClaimHeads()
+        self._fair: set[str] = set()  # topics whose jobs name tenants (SPEC T1), as last read
+        self._fair_free: set[str] = set()  # of those, the ones nothing limits, as last read
         self.ping_timeout = 2.0
         self.listen_probe_timeout: float | None = PROBE_TIMEOUT
 
@@ -149,7 +154,14 @@ class WorkerRepo:
     cancel = delegate(Producer.cancel, "producer")
     get = delegate(Producer.get, "producer")
     begin = delegate(Session.begin, "session")
-    topic_settings = delegate(Flow.topic_settings, "flow")
+
+    def topic_settings(self) -> list[TopicSetting]:
+        """Every topic an operator has touched or whose jobs name tenants; the latter are claimed by
+        ``job_claim_fair`` from now on (a topic once marked stays so: the mark is never removed)."""
+        settings = self.flow.topic_settings()
+        self._fair.update(s.topic for s in settings if s.tenants)
+        self._fair_free = {s.topic for s in settings if s.tenants_free}
+        return settings
 
     def bound_waits(self, lease: timedelta) -> None:
         """Bound the own connections opened from now on by *lease*, reused after ``close()`` (at start)."""
@@ -189,18 +201,25 @@ class WorkerRepo:
         tried (``busy`` while another holds it), then the claim (sql/job_claim_limited.sql)."""
         if limit < 1:
             return LimitedClaim()
-        params = {"topic": topic, "limit": limit, "worker": worker, "lease": lease}
+        params: dict[str, Any] = {"topic": topic, "limit": limit, "worker": worker, "lease": lease}
+        lock, statement = self._q["topic_claim_lock"], self._q["job_claim_limited"]
+        if topic in self._fair:  # SPEC T1-T3: a window of its order, whatever the number of its tenants
+            lock, statement = self._q["topic_claim_lock_fair"], self._q["job_claim_fair"]
+            params.update(window=limit * 2 + FAIR_WINDOW, free=True)
+            if topic in self._fair_free:  # alone, one round trip; no row: limited after all
+                rows = self._own_or_pool(self._claimer, "claiming jobs", statement, params)
+                if rows:
+                    return _limited_claim(rows)
+            params["free"] = False
         with self.session.autocommit("claiming a limited topic") as conn, _read_committed(conn):
             run = on_connection(conn)
             with conn.transaction():
-                if not run(self._q["topic_claim_lock"], {"topic": topic})[0][0]:
+                if not run(lock, {"topic": topic})[0][0]:
                     busy = LimitedClaim()  # another claim of the topic holds the lock: nothing this time
                     busy.busy = True
                     return busy
-                rows = run(self._q["job_claim_limited"], params)
-        got = LimitedClaim(claimed_jobs([r for r in rows if r[0] is not None]))
-        got.next_token_in = rows[0][10] if rows else None
-        return got
+                rows = run(statement, params)
+        return _limited_claim(rows)
 
     def settle_many(self, outcomes: Sequence[Outcome]) -> Settled:
         """Write many outcomes in one guarded statement; rows locked elsewhere and rows written already
@@ -508,6 +527,13 @@ class WorkerRepo:
             listeners = list(self._listeners)
         for listener in listeners:
             listener.close()
+
+
+def _limited_claim(rows: Rows) -> LimitedClaim:
+    """The rows of job_claim_limited or job_claim_fair (a row of NULLs: nothing taken) as a LimitedClaim."""
+    got = LimitedClaim(claimed_jobs([r for r in rows if r[0] is not None]))
+    got.next_token_in = rows[0][10] if rows else None
+    return got
 
 
 @contextmanager

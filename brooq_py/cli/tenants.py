@@ -1,0 +1,126 @@
+"""The tenant commands (SPEC T1-T3): ``tenant-limit``, ``tenant-rate``, ``tenant-weight`` and
+``tenants``, each printing JSON (``tenants``: a table unless ``--json``); bad input is status 2 before
+anything connects."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from brooq_py.cli.common import Failure, open_store
+from brooq_py.cli.operator import _usage, check_topic
+from brooq_py.postgres.flow import limits as flow
+from brooq_py.postgres.flow.limits import INT32_MAX, TenantRow
+from brooq_py.queue import InvalidJob
+from brooq_py.queue.job import check_tenant
+from brooq_py.settings import Settings
+
+
+def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
+    limit = sub.add_parser(
+        "tenant-limit",
+        parents=[common],
+        help="at most N jobs of each tenant of TOPIC processing at once (--tenant: that tenant's own)",
+    )
+    limit.add_argument("topic", metavar="TOPIC")
+    limit.add_argument("limit", metavar="N|none", help="a number from 0, or none to remove it")
+    limit.add_argument("--tenant", default=None, help="this tenant's own limit (default: every tenant's)")
+    rate = sub.add_parser(
+        "tenant-rate",
+        parents=[common],
+        help="let each tenant of TOPIC start at most N jobs per DURATION (--tenant: that tenant's own)",
+    )
+    rate.add_argument("topic", metavar="TOPIC")
+    rate.add_argument("rate", metavar="N[/DURATION]|none", help="e.g. 10/1s, 600/1m, 5 (per second), or none")
+    rate.add_argument("--burst", type=int, default=None, help="the most claims at once (default: N)")
+    rate.add_argument("--tenant", default=None, help="this tenant's own rate (default: every tenant's)")
+    weight = sub.add_parser(
+        "tenant-weight",
+        parents=[common],
+        help="TENANT's share of TOPIC's claims while backlogged (default 1)",
+    )
+    weight.add_argument("topic", metavar="TOPIC")
+    weight.add_argument("tenant", metavar="TENANT")
+    weight.add_argument("weight", metavar="N|none", help="a number from 1, or none for the default")
+    tenants = sub.add_parser(
+        "tenants", parents=[common], help="TOPIC's tenants: jobs waiting and running, limit, rate, weight"
+    )
+    tenants.add_argument("topic", metavar="TOPIC")
+    tenants.add_argument("--json", action="store_true", help="print the tenants as JSON")
+
+
+def check_tenant_arg(tenant: str | None) -> str | None:
+    try:
+        check_tenant(tenant)
+    except InvalidJob as exc:
+        raise Failure(f"invalid tenant {tenant!r}: {exc}", status=2) from None
+    return tenant
+
+
+def cmd_tenant_limit(args: argparse.Namespace, settings: Settings) -> int:
+    topic, tenant = check_topic(args.topic), check_tenant_arg(args.tenant)
+    limit = _usage(flow.parse_count, args.limit, "limit")
+    with open_store(settings) as store:
+        store.set_tenant_limit(topic, limit, tenant=tenant)
+    print(json.dumps({"topic": topic, "tenant": tenant, "limit": limit}))
+    return 0
+
+
+def cmd_tenant_rate(args: argparse.Namespace, settings: Settings) -> int:
+    topic, tenant = check_topic(args.topic), check_tenant_arg(args.tenant)
+    limit, per = _usage(flow.parse_rate, args.rate)
+    if args.burst is not None and not 1 <= args.burst <= INT32_MAX:
+        raise Failure(f"invalid burst {args.burst}: expected a number from 1 to {INT32_MAX}", status=2)
+    with open_store(settings) as store:
+        store.set_tenant_rate_limit(topic, limit, per, burst=args.burst, tenant=tenant)
+    burst = None if limit is None else (args.burst or limit)
+    print(
+        json.dumps(
+            {
+                "topic": topic,
+                "tenant": tenant,
+                "rate": limit,
+                "per_seconds": per if limit else None,
+                "burst": burst,
+            }
+        )
+    )
+    return 0
+
+
+def cmd_tenant_weight(args: argparse.Namespace, settings: Settings) -> int:
+    topic, tenant = check_topic(args.topic), check_tenant_arg(args.tenant)
+    weight = _usage(flow.parse_count, args.weight, "weight", 1)
+    with open_store(settings) as store:
+        store.set_tenant_weight(topic, str(tenant), weight)
+    print(json.dumps({"topic": topic, "tenant": tenant, "weight": weight}))
+    return 0
+
+
+def cmd_tenants(args: argparse.Namespace, settings: Settings) -> int:
+    topic = check_topic(args.topic)
+    with open_store(settings) as store:
+        rows = store.flow.tenants(topic)
+    if args.json:
+        print(json.dumps([r.to_json() for r in rows], indent=2, ensure_ascii=False))
+    else:
+        print(format_tenants(rows))
+    return 0
+
+
+def format_tenants(rows: list[TenantRow]) -> str:
+    """One line per tenant: waiting, running, its own limit, rate and weight (- for the default)."""
+    if not rows:
+        return "no tenants (no job of the topic names one)"
+    width = max(6, *(len(r.tenant) for r in rows))
+    lines = [
+        f"{'tenant':<{width}}  {'waiting':>8}  {'running':>8}  {'limit':>5}  {'rate':>10}  {'weight':>6}"
+    ]
+    for r in rows:
+        limit = "-" if r.limit is None else str(r.limit)
+        weight = "-" if r.weight is None else str(r.weight)
+        lines.append(
+            f"{r.tenant:<{width}}  {r.waiting:>8}  {r.running:>8}  {limit:>5}  {r.rate or '-':>10}  {weight:>6}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,153 @@
+-- name: job_claim_fair
+-- SPEC T1-T3: claim a topic whose jobs name tenants, after topic_claim_lock in the same
+-- transaction (as job_claim_limited: this statement's snapshot sees every claim committed
+-- before, so the counts below are exact across engines). The order is the fair index's:
+-- priority, then turn (each job's place in its tenant's round-robin, given at its insert by
+-- migration 0019's trigger), so the claim reads the first %(window)s entries whatever the number
+-- of tenants. Jobs of the topic without a tenant are one more tenant: the first %(window)s
+-- entries of the claim index that have no turn, taken at the front's turn, one a turn.
+-- Of those candidates a tenant gives at most its limit less its processing jobs and at
+-- most floor(tokens) of its bucket (its own setting, else the topic's tenant defaults; a bucket
+-- is read only for the tenants among the candidates, and written only for those that took a
+-- job). The topic's own pause, global limit and rate limit hold as in job_claim_limited; the
+-- last column is the seconds until the topic's next token, as there.
+-- With %(free)s the statement runs alone, without the lock (one round trip on the claimer's own
+-- connection), for a topic whose last-read settings limit nothing: it takes nothing and returns no
+-- row at all when its snapshot sees a limit after all, and the claim is made again under the lock.
+-- A limit set meanwhile waits for the writers begun before it (Flow.set_tenant_limit), so no
+-- claim under the lock counts beside a free claim it cannot see.
+WITH clock AS (
+    SELECT clock_timestamp() AS t
+), setting AS (
+    SELECT s.topic, s.concurrency_limit, s.rate_limit, s.rate_per, s.tenant_limit,
+           s.tenant_rate_limit, s.tenant_rate_per, s.tenant_rate_burst,
+           CASE WHEN s.rate_limit IS NOT NULL THEN
+               least(s.rate_burst::float8,
+                     coalesce(s.rate_tokens, s.rate_burst)
+                     + greatest(0, extract(epoch FROM c.t - coalesce(s.rate_at, c.t)))::float8
+                       * s.rate_limit / s.rate_per)
+           END AS tokens
+    FROM {topic_setting} s, clock c
+    WHERE s.topic = %(topic)s AND NOT s.paused AND s.tenants
+      -- %(free)s: run alone, without the topic's lock, so only while nothing needs exact counts
+      AND (NOT %(free)s OR (s.concurrency_limit IS NULL AND s.rate_limit IS NULL AND s.tenant_limit IS NULL
+                            AND s.tenant_rate_limit IS NULL
+                            AND NOT EXISTS (SELECT FROM {tenant_setting} t
+                                            WHERE t.topic = s.topic
+                                              AND (t.concurrency_limit IS NOT NULL OR t.rate_limit IS NOT NULL))))
+      AND NOT EXISTS (SELECT FROM {engine} e
+                      WHERE e.id = %(worker)s AND e.seen_at + e.lease - e.margin <= now())
+), room AS (
+    SELECT greatest(0, least(
+        %(limit)s,
+        CASE WHEN s.concurrency_limit IS NULL THEN %(limit)s
+             ELSE s.concurrency_limit - (
+                 SELECT count(*) FROM {job} p WHERE p.state = 'processing' AND p.topic = s.topic)
+        END,
+        CASE WHEN s.rate_limit IS NULL THEN %(limit)s ELSE floor(s.tokens)::bigint END
+    )) AS n
+    FROM setting s
+), turned AS (
+    SELECT j.id, j.tenant, j.priority, j.turn
+    FROM {job} j
+    WHERE j.topic = %(topic)s AND j.state = 'pending' AND j.turn IS NOT NULL AND j.available_at <= now()
+      AND coalesce((SELECT n FROM room), 0) > 0
+    ORDER BY j.priority DESC, j.turn, j.id
+    LIMIT %(window)s
+), unnamed AS (
+    SELECT w.id, NULL::text AS tenant, w.priority,
+           coalesce((SELECT min(t.turn) FROM turned t WHERE t.priority = w.priority), 0)
+             + row_number() OVER (PARTITION BY w.priority ORDER BY w.available_at, w.id) - 1 AS turn
+    FROM (
+        SELECT j.id, j.priority, j.available_at, j.turn
+        FROM {job} j
+        WHERE j.topic = %(topic)s AND j.state = 'pending' AND j.available_at <= now()
+          AND coalesce((SELECT n FROM room), 0) > 0
+        ORDER BY j.priority DESC, j.available_at, j.id
+        LIMIT %(window)s
+    ) AS w
+    WHERE w.turn IS NULL
+), cand AS (
+    SELECT c.*, row_number() OVER (PARTITION BY c.tenant ORDER BY c.priority DESC, c.turn, c.id) AS k
+    FROM (SELECT * FROM turned UNION ALL SELECT * FROM unnamed) AS c
+), tenants AS (
+    SELECT d.tenant,
+           coalesce(ts.concurrency_limit, s.tenant_limit) AS lim,
+           coalesce(ts.rate_limit, s.tenant_rate_limit) AS rate,
+           CASE WHEN ts.rate_limit IS NOT NULL THEN ts.rate_per ELSE s.tenant_rate_per END AS per,
+           CASE WHEN ts.rate_limit IS NOT NULL THEN ts.rate_burst ELSE s.tenant_rate_burst END AS burst,
+           ts.rate_tokens, ts.rate_at
+    FROM (SELECT DISTINCT tenant FROM cand) AS d
+    CROSS JOIN setting s
+    LEFT JOIN {tenant_setting} ts ON ts.topic = %(topic)s AND ts.tenant = coalesce(d.tenant, '')
+), counted AS (
+    SELECT t.*,
+           CASE WHEN t.lim IS NULL THEN NULL
+                WHEN t.tenant IS NULL THEN (
+                    SELECT count(*) FROM {job} p
+                    WHERE p.topic = %(topic)s AND p.state = 'processing' AND p.tenant IS NULL)
+                ELSE (
+                    SELECT count(*) FROM {job} p
+                    WHERE p.topic = %(topic)s AND p.tenant = t.tenant AND p.state = 'processing'
+                      AND p.turn IS NOT NULL)
+           END AS running,
+           CASE WHEN t.rate IS NOT NULL THEN
+               least(t.burst::float8,
+                     coalesce(t.rate_tokens, t.burst)
+                     + greatest(0, extract(epoch FROM c.t - coalesce(t.rate_at, c.t)))::float8 * t.rate / t.per)
+           END AS tokens
+    FROM tenants t, clock c
+), picked AS (
+    SELECT c.id
+    FROM cand c
+    JOIN counted t ON t.tenant IS NOT DISTINCT FROM c.tenant
+    WHERE (t.lim IS NULL OR c.k <= t.lim - t.running)
+      AND (t.rate IS NULL OR c.k <= floor(t.tokens))
+    ORDER BY c.priority DESC, c.turn, c.id
+    LIMIT coalesce((SELECT n FROM room), 0)
+), locked AS (
+    -- Only the rows taken are locked; one locked elsewhere (an operator) is skipped, never waited on.
+    SELECT j.id FROM {job} j
+    WHERE j.id = ANY (ARRAY(SELECT id FROM picked)) AND j.state = 'pending'
+    FOR NO KEY UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE {job} j
+    SET state = 'processing',
+        locked_by = %(worker)s,
+        locked_until = now() + %(lease)s::interval,
+        attempts = j.attempts + 1,
+        claim_token = gen_random_uuid(),
+        updated_at = (SELECT t FROM clock)
+    FROM locked l
+    WHERE j.id = l.id
+    RETURNING j.id, j.topic, j.payload, j.attempts, j.priority, j.claim_token, j.locked_by,
+              j.locked_until, j.available_at, j.meta, j.crashes, j.tenant, j.turn
+), spent AS (
+    UPDATE {topic_setting} t
+    SET rate_tokens = s.tokens - (SELECT count(*) FROM claimed),
+        rate_at = greatest(t.rate_at, c.t)
+    FROM setting s, clock c
+    WHERE t.topic = s.topic AND s.rate_limit IS NOT NULL AND EXISTS (SELECT FROM claimed)
+    RETURNING t.topic
+), spent_tenants AS (
+    INSERT INTO {tenant_setting} AS ts (topic, tenant, rate_tokens, rate_at)
+    SELECT %(topic)s, coalesce(t.tenant, ''), t.tokens - g.n, c.t
+    FROM counted t
+    JOIN (SELECT tenant, count(*) AS n FROM claimed GROUP BY tenant) AS g
+        ON g.tenant IS NOT DISTINCT FROM t.tenant
+    CROSS JOIN clock c
+    WHERE t.rate IS NOT NULL
+    ON CONFLICT (topic, tenant) DO UPDATE
+    SET rate_tokens = excluded.rate_tokens, rate_at = greatest(ts.rate_at, excluded.rate_at)
+    RETURNING ts.tenant
+), left_after AS (
+    SELECT s.rate_limit, s.rate_per, s.tokens - (SELECT count(*) FROM claimed) AS tokens
+    FROM setting s
+)
+SELECT c.id::text, c.topic, c.payload, c.attempts, c.priority, c.claim_token::text, c.locked_by,
+       c.locked_until, c.meta, c.crashes,
+       CASE WHEN l.rate_limit IS NOT NULL AND l.tokens < 1
+            THEN (1 - l.tokens) * l.rate_per / l.rate_limit END AS next_token_in
+FROM left_after l
+LEFT JOIN claimed c ON true
+ORDER BY c.priority DESC, c.turn, c.id
