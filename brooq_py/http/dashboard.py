@@ -202,15 +202,16 @@ class Dashboard:
         return self.guard(request) or self._topics(request, "topics.html")
 
     def topics_rows(self, request: Request) -> Response:
-        """The topics table's rows alone: what the live refresh swaps in."""
-        return self.guard(request) or self._topics(request, "_topics_rows.html")
+        """The topics table's rows alone: what the live refresh swaps in. Their forms come back to
+        the topics page, not to this fragment."""
+        return self.guard(request) or self._topics(request, "_topics_rows.html", here="/")
 
-    def _topics(self, request: Request, template: str) -> Response:
+    def _topics(self, request: Request, template: str, **context: Any) -> Response:
         try:
             topics = self.op.topics()
         except ActionError as exc:
             return self._error(request, exc.status, exc.message)
-        return self._page(request, template, {"overview": topics, "title": "Topics"})
+        return self._page(request, template, {"overview": topics, "title": "Topics", **context})
 
     def jobs_page(self, request: Request) -> Response:
         refused = self.guard(request)

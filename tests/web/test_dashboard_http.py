@@ -417,3 +417,13 @@ def test_d3_the_job_page_lists_parents_and_children_with_states_and_links(board:
     page = board.request("GET", f"/jobs/{child}", token=TOKEN)
     assert "because a job it waited for ended without success" in page.body
     assert f"canceled: parent {parent} ended canceled" in page.body
+
+
+def test_the_live_refreshs_rows_send_their_actions_back_to_the_topics_page(board: Board, store: Store) -> None:
+    """The rows the live refresh swaps in carry forms too: their answer must come back to the topics
+    page, not to the fragment (seen in a browser as a bare rows page after a rate set from a menu)."""
+    store.enqueue(Job(TOPIC, {"a": 1}))
+    for page in ("/", "/topics.rows"):
+        body = board.request("GET", page, token=TOKEN).body
+        backs = set(re.findall(r'name="back" value="([^"]*)"', body))
+        assert backs == {"/"}, (page, backs)
