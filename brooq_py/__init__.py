@@ -35,6 +35,7 @@ _LAZY = {
     "GroupResult": ("brooq_py.queue", "GroupResult"),
     "Tasks": ("brooq_py.tasks", "Tasks"),
     "Task": ("brooq_py.tasks", "Task"),
+    "BatchTask": ("brooq_py.tasks", "BatchTask"),
     "JobNotFound": ("brooq_py.queue", "JobNotFound"),
 }
 
@@ -64,6 +65,7 @@ if TYPE_CHECKING:
     from brooq_py.queue import QueueFull as QueueFull
     from brooq_py.queue import State as State
     from brooq_py.queue import WaitTimeout as WaitTimeout
+    from brooq_py.tasks import BatchTask as BatchTask
     from brooq_py.tasks import Task as Task
     from brooq_py.tasks import Tasks as Tasks
 

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from brooq_py.queue import EnqueueResult, Job, JobRow, State, StoreUnavailable, Tx
+from brooq_py.queue.claim import Parent
 from brooq_py.queue.ids import uuid7
 from brooq_py.queue.port import (
     ClaimedJob,
@@ -227,8 +228,8 @@ class FakeRepo:
                 self.rows = snapshot
                 raise
 
-    def parent_results(self, job_id: str) -> dict[str, Any]:
-        return {}
+    def parents(self, job_id: str) -> list[Parent]:
+        return []
 
     def cancel(self, job_id: str) -> bool:
         with self.lock:

@@ -255,7 +255,7 @@ class Intake:
             return None
         ctx = Context(deadline=self.clock.now() + kind.options.td("attempt_timeout"))
         a = Attempt(
-            row, kind, self.clock.monotonic(), ctx, parents=self.repo.parent_results, hooks=self.hooks
+            row, kind, self.clock.monotonic(), ctx, parents=self.repo.parents, hooks=self.hooks
         )
         older = self.inflight.latest(row.id)
         if older is not None and older.row.claim_token != row.claim_token:
