@@ -114,7 +114,9 @@ class Task(Generic[P, R]):
         self._name_set = frozenset(p.name for p in params if p.kind is not p.VAR_KEYWORD)
         self._required = frozenset(p.name for p in params if p.default is p.empty)
         self._plain = not any(p.kind is p.VAR_KEYWORD for p in params)
-        self._needed = frozenset(p.name for p in params if p.default is p.empty and p.kind is not p.VAR_KEYWORD)
+        self._needed = frozenset(
+            p.name for p in params if p.default is p.empty and p.kind is not p.VAR_KEYWORD
+        )
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:

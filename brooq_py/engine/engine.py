@@ -180,7 +180,9 @@ class Engine(Producing):
     def _register(self, topic: str, handler: Any, options: KindOptions | None, *, batch: bool) -> None:
         with self._lock:
             if self._state != "new":
-                raise BrooqError(f"{'register_batch' if batch else 'register_kind'}() must be called before start()")
+                raise BrooqError(
+                    f"{'register_batch' if batch else 'register_kind'}() must be called before start()"
+                )
             problems: list[str] = []
             if not isinstance(topic, str) or not topic or "\x00" in topic:
                 problems.append(f"topic must be non-empty text without NUL, got {topic!r}")
@@ -191,8 +193,10 @@ class Engine(Producing):
             elif not isinstance(options, KindOptions):
                 problems.append(f"options must be a KindOptions, got {type(options).__name__}")
             elif options.batch_size is not None and not batch:
-                problems.append("batch_size is for Engine.register_batch (a handler of one claim has no batch)")
-            elif batch and options.batch_size is None:
+                problems.append(
+                    "batch_size is for Engine.register_batch (a handler of one claim has no batch)"
+                )
+            if batch and isinstance(options, KindOptions) and options.batch_size is None:
                 options = dataclasses.replace(options, batch_size=self.config.workers)
             kind: Kind | None = None
             if not problems:

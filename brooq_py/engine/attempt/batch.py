@@ -17,20 +17,50 @@ import inspect
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from brooq_py.engine.attempt.attempt import Attempt
 from brooq_py.queue import BrooqError, Context
 
-if TYPE_CHECKING:
-    from brooq_py.engine.attempt.runner import Runner
+
+class _Threads(Protocol):
+    def run(self, fn: Callable[[], None]) -> None: ...
+
+
+class _Loop(Protocol):
+    def spawn_many(
+        self, handlers: Sequence[tuple[Callable[[], Any], Callable[[BaseException | None], None]]]
+    ) -> None: ...
+
+    def wait(self, awaitable: Any) -> Any: ...
+
+
+class Runner(Protocol):
+    """What the batcher uses of ``runner.Runner`` (which imports this module)."""
+
+    @property
+    def threads(self) -> _Threads: ...
+
+    @property
+    def settlers(self) -> _Threads: ...
+
+    @property
+    def loop(self) -> _Loop: ...
+
+    def encode(self, value: Any) -> str | None: ...
+
+    def finish_batch(
+        self, batch: Sequence[Attempt], errors: Sequence[BaseException | None], t0: float
+    ) -> None: ...
 
 
 class BatchAnswerMismatch(BrooqError, TypeError):
     """A batch handler's answer is not one result or exception per claim: every job of it failed."""
 
 
-def spread(batch: Sequence[Attempt], answer: Any, encode: Callable[[Any], str | None]) -> list[BaseException | None]:
+def spread(
+    batch: Sequence[Attempt], answer: Any, encode: Callable[[Any], str | None]
+) -> list[BaseException | None]:
     """Set each attempt's result from *answer*; return each one's error (None: it returned)."""
     n = len(batch)
     if isinstance(answer, str | bytes | dict) or not isinstance(answer, Sequence):
@@ -135,9 +165,7 @@ class Batcher:
         runner.loop.spawn_many([(call, on_done)])
 
     def _encode(self, value: Any) -> str | None:
-        from brooq_py.engine.attempt.runner import encode_result  # the runner imports this module
-
-        return encode_result(value, self._runner.result_max_bytes)
+        return self._runner.encode(value)
 
     def _run_thread(self, batch: list[Attempt], t0: float) -> None:
         try:

@@ -254,9 +254,7 @@ class Intake:
             self.hand_back([row])
             return None
         ctx = Context(deadline=self.clock.now() + kind.options.td("attempt_timeout"))
-        a = Attempt(
-            row, kind, self.clock.monotonic(), ctx, parents=self.repo.parents, hooks=self.hooks
-        )
+        a = Attempt(row, kind, self.clock.monotonic(), ctx, parents=self.repo.parents, hooks=self.hooks)
         older = self.inflight.latest(row.id)
         if older is not None and older.row.claim_token != row.claim_token:
             # Claimed again under a new token: the older attempt is no longer the row's; tell it now.

@@ -269,7 +269,13 @@ class Runner:
         if batched:
             self.batcher.add(batched)
 
-    def finish_batch(self, batch: Sequence[Attempt], errors: Sequence[BaseException | None], t0: float) -> None:
+    def encode(self, value: Any) -> str | None:
+        """A handler's return value as the row's result text (``encode_result``)."""
+        return encode_result(value, self.result_max_bytes)
+
+    def finish_batch(
+        self, batch: Sequence[Attempt], errors: Sequence[BaseException | None], t0: float
+    ) -> None:
         """A batch handler's call ended: each attempt's answer handed over together (one settle), each
         slot freed."""
         answers = []

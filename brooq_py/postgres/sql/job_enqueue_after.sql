@@ -92,7 +92,7 @@ WITH input AS (
            CASE WHEN v.doomed_by IS NOT NULL THEN 0 ELSE coalesce(v.waiting, 0) END,
            CASE WHEN v.doomed_by IS NOT NULL THEN 'canceled: parent ' || v.doomed_by END,
            CASE WHEN jsonb_typeof(i.names) = 'array'
-                THEN ARRAY(SELECT x.value #>> '{}' FROM jsonb_array_elements(i.names) WITH ORDINALITY AS x(value, n)
+                THEN ARRAY(SELECT x.name FROM jsonb_array_elements_text(i.names) WITH ORDINALITY AS x(name, n)
                            ORDER BY x.n) END,
            CASE WHEN i.any_end THEN true END
     FROM (SELECT *, coalesce(available_at, statement_timestamp()) AS at FROM input) AS i

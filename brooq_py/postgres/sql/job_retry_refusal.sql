@@ -13,7 +13,7 @@ SELECT j.state,
         FROM unnest(j.parents) AS x(id)
         LEFT JOIN {job} p ON p.id = x.id
         WHERE p.state IS DISTINCT FROM 'done'
-          AND NOT (j.parents_any_end AND p.state IN ('dead', 'canceled'))
+          AND (j.parents_any_end AND p.state IN ('dead', 'canceled')) IS NOT TRUE
         LIMIT 1)
 FROM {job} j
 WHERE j.id = %(id)s
