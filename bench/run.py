@@ -37,6 +37,7 @@ sys.path.insert(0, str(HERE))
 
 import async_producer  # noqa: E402
 import baselines  # noqa: E402
+import batches  # noqa: E402
 import big_table  # noqa: E402
 import cancel  # noqa: E402
 import flow  # noqa: E402
@@ -81,6 +82,7 @@ WORKLOADS = (
     "W10",
     "CXL",
     "WF",
+    "BATCH",
 )
 # Run only by --full or when named in --only: the 10,000,000-row table takes minutes to build.
 FULL_ONLY = frozenset({"W10"})
@@ -477,6 +479,8 @@ def evaluate(r: dict[str, Any]) -> list[dict[str, Any]]:
     rows.extend(flow_rows(r))
     if "WF" in r and "error" not in r["WF"]:
         rows.extend(workflows.wf_rows(r["WF"]))
+    if "BATCH" in r:
+        rows.extend(batches.batch_rows(r["BATCH"]))
     if "RES" in r:
         rows.extend(results_cost.rows(r["RES"]))
     return rows
@@ -685,6 +689,7 @@ def main(argv: list[str] | None = None) -> int:
                 "latency": cancel.cancel_latency(db.dsn, sz["cxl_latency"]),
             },
             "WF": lambda: workflows.wf(db.dsn, sz["w3"], sz["wf_parents"]),
+            "BATCH": lambda: batches.batch(db.dsn, sz["w3"]),
         }
         for name in selected:
             ceiling = None

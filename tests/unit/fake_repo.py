@@ -132,7 +132,7 @@ class FakeRepo:
         self.calls: dict[str, int] = {}
         self.settle_batches: list[int] = []
         self.closed = False
-        self.version: str | None = "0016"
+        self.version: str | None = "0018"
         self.locked: set[str] = set()  # job ids an "operator" holds row-locked: skipped, never waited on
         self.engines: dict[str, EngineRow] = {}  # the engine table (SPEC P1'')
         self.fail_close = 0  # closing transactions whose COMMIT fails with StoreUnavailable
