@@ -357,6 +357,7 @@ class Engine(Producing):
         slots, dispatcher, completer = self._slots, self._dispatcher, self._completer
         assert slots is not None and dispatcher is not None and completer is not None
         dispatcher.stop(timeout=1.0)  # a claim stuck on a silent socket hands its rows back later
+        self.runner.batcher.stop()  # batches still gathering claims (batch_wait) start now
         if not slots.wait_idle(wait):
             for a in self.inflight.running():
                 self.supervisor.stopping_cancel(a)

@@ -337,3 +337,47 @@ def test_a_task_payload_that_does_not_bind_ends_dead_at_once(
     assert "must be a JSON object" in got[ids[2]].last_error
     own_row = store.get(own)
     assert own_row is not None and own_row.attempts == 2
+
+
+def test_bd1_two_engines_run_each_job_of_a_batch_topic_once(
+    store: Store, engines: Callable[..., Engine], pool: Any
+) -> None:
+    calls = Calls()
+
+    def handler(ctx: Context, claims: list[Claim]) -> list[Any]:
+        calls.add(claims)
+        return [c.payload for c in claims]
+
+    made = [
+        engines(workers=16, poll_interval=0.02),
+        engines(Store(pool, schema=store.schema), workers=16, poll_interval=0.02),
+    ]
+    for e in made:
+        e.register_batch("b.two", handler, KindOptions(batch_size=16, batch_wait=0.05))
+    ids = [r.id for r in store.enqueue_many([Job("b.two", i) for i in range(300)])]
+    for e in made:
+        e.start()
+    wait_for(all_in(store, ids, State.DONE), "every job", timeout=60)
+    ran = [j for b in calls.batches for j in b]
+    assert sorted(ran) == sorted(ids)  # each exactly once, over both engines
+    got = rows(store, ids)
+    assert all(got[i].attempts == 1 and got[i].result == n for n, i in enumerate(ids))
+
+
+def test_bd1_a_stop_starts_a_batch_still_waiting_for_more_claims(
+    store: Store, engines: Callable[..., Engine]
+) -> None:
+    calls = Calls()
+
+    def handler(ctx: Context, claims: list[Claim]) -> list[None]:
+        calls.add(claims)
+        return [None] * len(claims)
+
+    e = engines(workers=10, poll_interval=0.05)
+    e.register_batch("b.stop", handler, KindOptions(batch_size=10, batch_wait=300))
+    job_id = store.enqueue(Job("b.stop")).id
+    e.start()
+    wait_for(all_in(store, [job_id], State.PROCESSING), "the job claimed, its batch waiting")
+    e.stop(timeout=5)
+    row = store.get(job_id)
+    assert row is not None and row.state is State.DONE and calls.batches == [[job_id]]

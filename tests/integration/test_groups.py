@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -9,9 +10,10 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg_pool import AsyncConnectionPool
 
 from brooq_py.engine import Engine
-from brooq_py.postgres import Store
+from brooq_py.postgres import AsyncStore, Store
 from brooq_py.queue import Claim, Context, InvalidJob, Job, KindOptions, State
 from tests.polling import wait_for
 
@@ -337,3 +339,36 @@ def test_s1_the_psql_insert_still_enqueues_after_0018(store: Store, dsn: str) ->
         )
     (row,) = store.list_jobs(topic="g.psql")
     assert row.state is State.PENDING
+
+
+def test_bd2_bd3_asyncstore_enqueues_a_named_group_with_a_finally(
+    dsn: str, schema: str, store: Store, engines: Callable[..., Engine]
+) -> None:
+    seen = Seen()
+
+    async def enqueue() -> Any:
+        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False)
+        await pool.open()
+        try:
+            astore = AsyncStore(pool, schema=schema)
+            async with astore.begin() as tx:
+                return await astore.enqueue_group(
+                    {"x": Job("g.step", "X"), "y": Job("g.step", "fail")},
+                    then=Job("g.join"),
+                    tx=tx,
+                    finally_=Job("g.join"),
+                )
+        finally:
+            await pool.close()
+
+    group = asyncio.run(enqueue())
+    e = engines(poll_interval=0.05)
+    e.register_kind("g.step", echo, KindOptions(max_attempts=1))
+    e.register_kind("g.join", seen.handler)
+    e.start()
+    wait_for(ends(store, group.finally_id, State.DONE), "the finally")
+    assert state_of(store, group.then_id) is State.CANCELED
+    x, y = group.ids
+    assert seen.by[group.finally_id]["name"] == {"x": "X", "y": None}
+    assert seen.by[group.finally_id]["order"] == ["X", None]
+    assert seen.by[group.finally_id]["states"] == {x: State.DONE, y: State.DEAD}
