@@ -16,7 +16,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from brooq_py.engine.attempt.attempt import Hooks, Kind
+from brooq_py.engine.attempt.attempt import Attempt, Hooks, Kind
 from brooq_py.engine.attempt.handover import Handover, Supervisor
 from brooq_py.engine.attempt.inflight import CountingInFlight
 from brooq_py.engine.attempt.intake import Capacity, Intake
@@ -433,10 +433,15 @@ class Engine(Producing):
         if read_whole is not None:
             read_whole()  # a script's claim sees every ready row, not only those past the head
         rows = self.intake.claim(min(self.config.workers, self.config.claim_batch))
+        batched: list[Attempt] = []  # a batch kind's attempts: one call per batch, in this thread too
         for row in rows:
             a = self.intake.open(row)
             if a is not None:
-                self.runner.run_here(a)
+                if a.kind.batch:
+                    batched.append(a)
+                else:
+                    self.runner.run_here(a)
+        self.runner.run_batches_here(batched)
         return len(rows)
 
     def _defer(self, fn: Callable[[], None]) -> bool:

@@ -381,3 +381,25 @@ def test_bd1_a_stop_starts_a_batch_still_waiting_for_more_claims(
     e.stop(timeout=5)
     row = store.get(job_id)
     assert row is not None and row.state is State.DONE and calls.batches == [[job_id]]
+
+
+def test_bd1_run_once_and_the_testing_kit_call_a_batch_handler_with_a_list(
+    store: Store, engines: Callable[..., Engine]
+) -> None:
+    from brooq_py.testing import drain
+
+    calls = Calls()
+
+    def handler(ctx: Context, claims: list[Claim]) -> list[Any]:
+        calls.add(claims)
+        return [c.payload + 1 for c in claims]
+
+    e = engines(workers=8)
+    e.register_batch("b.once", handler, KindOptions(batch_size=3))
+    ids = [r.id for r in store.enqueue_many([Job("b.once", i) for i in range(7)])]
+    assert e.run_once() == 7
+    assert [len(b) for b in calls.batches] == [3, 3, 1]
+    assert [store.get(i).result for i in ids] == list(range(1, 8))  # type: ignore[union-attr]
+    more = store.enqueue(Job("b.once", 10)).id
+    drain(e)
+    assert store.get(more).result == 11  # type: ignore[union-attr]

@@ -135,6 +135,16 @@ class Batcher:
             timer.start()
         return out
 
+    def run_here(self, attempts: Sequence[Attempt]) -> None:
+        """Run *attempts* (of batch kinds) in this thread, in batches by topic (``Engine.run_once``)."""
+        by_topic: dict[str, list[Attempt]] = {}
+        for a in attempts:
+            by_topic.setdefault(a.topic, []).append(a)
+        for waiting in by_topic.values():
+            size = waiting[0].kind.options.batch_size or len(waiting)
+            for i in range(0, len(waiting), size):
+                self._run_thread(waiting[i : i + size], time.monotonic())
+
     def _due(self, topic: str) -> None:
         with self._lock:
             self._timers.pop(topic, None)

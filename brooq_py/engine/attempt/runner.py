@@ -327,6 +327,12 @@ class Runner:
         finally:
             a.free_slot()
 
+    def run_batches_here(self, attempts: Sequence[Attempt]) -> None:
+        """Run the attempts of batch kinds in this thread, one call per batch (``Engine.run_once``)."""
+        for a in attempts:
+            self._busy(a, +1)
+        self.batcher.run_here(attempts)
+
     def run_here(self, a: Attempt) -> None:
         """Run *a*'s handler in this thread and settle it (``Engine.run_once``)."""
         self._busy(a, +1)
