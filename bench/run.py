@@ -38,6 +38,7 @@ sys.path.insert(0, str(HERE))
 
 import async_producer  # noqa: E402
 import baselines  # noqa: E402
+import batches  # noqa: E402
 import big_table  # noqa: E402
 import cancel  # noqa: E402
 import durable  # noqa: E402
@@ -88,6 +89,7 @@ WORKLOADS = (
     "DS",
     "SQ",
     "TEN",
+    "BATCH",
 )
 # Run only by --full or when named in --only: the 10,000,000-row table takes minutes to build.
 FULL_ONLY = frozenset({"W10"})
@@ -492,6 +494,8 @@ def evaluate(r: dict[str, Any]) -> list[dict[str, Any]]:
         rows.extend(workflows.wf_rows(r["WF"]))
     if "SQ" in r and "error" not in r["SQ"]:
         rows.extend(sequences.sq_rows(r["SQ"]))
+    if "BATCH" in r:
+        rows.extend(batches.batch_rows(r["BATCH"]))
     if "RES" in r:
         rows.extend(results_cost.rows(r["RES"]))
     if "DS" in r:
@@ -712,6 +716,7 @@ def main(argv: list[str] | None = None) -> int:
                 "claim": tenants.claim_cost(db.dsn, tenants=sz["ten_tenants"]),
                 "fair": tenants.fairness(db.dsn, a=sz["ten_a"]),
             },
+            "BATCH": lambda: batches.batch(db.dsn, sz["w3"]),
         }
         for name in selected:
             ceiling = None

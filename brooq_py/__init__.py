@@ -35,6 +35,7 @@ _LAZY = {
     "GroupResult": ("brooq_py.queue", "GroupResult"),
     "Tasks": ("brooq_py.tasks", "Tasks"),
     "Task": ("brooq_py.tasks", "Task"),
+    "BatchTask": ("brooq_py.tasks", "BatchTask"),
     "JobNotFound": ("brooq_py.queue", "JobNotFound"),
     "StepRecord": ("brooq_py.queue", "StepRecord"),
     "Snooze": ("brooq_py.queue", "Snooze"),
@@ -70,6 +71,7 @@ if TYPE_CHECKING:
     from brooq_py.queue import State as State
     from brooq_py.queue import StepRecord as StepRecord
     from brooq_py.queue import WaitTimeout as WaitTimeout
+    from brooq_py.tasks import BatchTask as BatchTask
     from brooq_py.tasks import Task as Task
     from brooq_py.tasks import Tasks as Tasks
 

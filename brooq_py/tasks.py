@@ -29,9 +29,15 @@ from brooq_py.queue.job import encode_payload
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 _UNSET: Any = object()
 _KIND_FIELDS = frozenset(f.name for f in dataclasses.fields(KindOptions))
+
+
+class UnboundPayload(InvalidJob):
+    """A claimed job's payload does not bind to its task function's signature: the job is dead at
+    once, never retried (every run would fail the same way)."""
 
 
 class _Store(Protocol):
@@ -108,6 +114,9 @@ class Task(Generic[P, R]):
         self._name_set = frozenset(p.name for p in params if p.kind is not p.VAR_KEYWORD)
         self._required = frozenset(p.name for p in params if p.default is p.empty)
         self._plain = not any(p.kind is p.VAR_KEYWORD for p in params)
+        self._needed = frozenset(
+            p.name for p in params if p.default is p.empty and p.kind is not p.VAR_KEYWORD
+        )
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -120,8 +129,10 @@ class Task(Generic[P, R]):
         return f"Task({self.topic!r})"
 
     def kind_options(self, defaults: KindOptions) -> KindOptions:
-        """Return *defaults* with this task's own options over them."""
-        return dataclasses.replace(defaults, **self.options)
+        """Return *defaults* with this task's own options over them; a payload that does not bind
+        to the function's signature ends its job dead at once (``dead_on``)."""
+        options = dataclasses.replace(defaults, **self.options)
+        return dataclasses.replace(options, dead_on=(*options.dead_on, UnboundPayload))
 
     def payload(self, *args: P.args, **kwargs: P.kwargs) -> dict[str, Any]:
         """Bind the arguments to the signature; return them by name (defaults left to the function).
@@ -218,20 +229,32 @@ class Task(Generic[P, R]):
         result: EnqueueResult = await self._tasks._bound(asynchronous=True).enqueue_tx(tx, job)
         return result
 
+    def _arguments(self, claim: Claim) -> dict[str, Any]:
+        """The claim's payload as the function's keyword arguments; UnboundPayload (the job dead at
+        once, never retried) for a payload that does not bind: one written by psql or the CLI, or
+        by an older version of the function."""
+        payload = claim.payload
+        if payload is None:
+            payload = {}
+        if not isinstance(payload, dict):
+            raise UnboundPayload(
+                f"task {self.topic!r}: payload must be a JSON object, got {type(payload).__name__}"
+            )
+        keys = payload.keys()
+        if not self._needed <= keys or (self._plain and not keys <= self._name_set):
+            try:  # the slow bind only for a payload the sets refuse: it says what is wrong
+                self._signature.bind(**payload)
+            except TypeError as exc:
+                raise UnboundPayload(
+                    f"task {self.topic!r}: the payload does not bind to the function's signature: {exc}"
+                ) from None
+        return payload
+
     def handler(self) -> Callable[[Context, Claim], Any]:
         """Return the kind's handler: the function called with ``**payload``, its return value kept."""
         fn: Callable[..., Any] = self.fn
-        takes_context, topic = self.takes_context, self.topic
-
-        def arguments(claim: Claim) -> dict[str, Any]:
-            payload = claim.payload
-            if payload is None:
-                return {}
-            if not isinstance(payload, dict):
-                raise InvalidJob(
-                    f"task {topic!r}: payload must be a JSON object, got {type(payload).__name__}"
-                )
-            return payload
+        takes_context = self.takes_context
+        arguments = self._arguments
 
         if self.is_async:
 
@@ -254,7 +277,7 @@ class Tasks:
 
     def __init__(self, store: _Store | None = None) -> None:
         self.store = store
-        self._tasks: dict[str, Task[Any, Any]] = {}
+        self._tasks: dict[str, Task[Any, Any] | BatchTask[Any, Any]] = {}
         self._kind_of: tuple[Any, bool] | None = None
 
     def task(self, topic: str | None = None, **options: Any) -> _Decorator:
@@ -276,22 +299,54 @@ class Tasks:
         KindOptions(**options)  # ConfigError for bad values, at once
         return _Decorator(self, topic, options)
 
-    def register(self, register_kind: Callable[[str, Any, KindOptions], None], defaults: KindOptions) -> None:
-        """Register every task as a kind with ``register_kind``, its options over *defaults*
-        (``Engine.register_tasks`` does); raise ConfigError naming the task, and as register_kind does."""
+    def batch_task(
+        self, topic: str | None = None, *, batch_size: int, batch_wait: float = 0, **options: Any
+    ) -> _BatchDecorator:
+        """Return a decorator making ``fn(items)`` (or ``fn(ctx, items)``) a BatchTask of this registry
+        (SPEC BD1): it gets the payloads of up to *batch_size* jobs at once, waiting at most
+        *batch_wait* seconds for a fuller batch, and returns one result or exception per item in
+        order. *options* as ``task``."""
+        if callable(topic):
+            raise TypeError("use @tasks.batch_task(batch_size=N) with parentheses")
+        if topic is not None and (not isinstance(topic, str) or not topic):
+            raise InvalidJob(f"topic must be non-empty text, got {topic!r}")
+        options = {**options, "batch_size": batch_size, "batch_wait": batch_wait}
+        unknown = sorted(set(options) - _KIND_FIELDS)
+        if unknown:
+            raise TypeError(
+                f"unknown task option(s) {', '.join(unknown)}; KindOptions has {sorted(_KIND_FIELDS)}"
+            )
+        KindOptions(**options)  # ConfigError for bad values, at once
+        return _BatchDecorator(self, topic, options)
+
+    def register(
+        self,
+        register_kind: Callable[[str, Any, KindOptions], None],
+        defaults: KindOptions,
+        *,
+        register_batch: Callable[[str, Any, KindOptions], None] | None = None,
+    ) -> None:
+        """Register every task as a kind with ``register_kind`` (a batch task with ``register_batch``),
+        its options over *defaults* (``Engine.register_tasks`` does); raise ConfigError naming the
+        task, and as register_kind does."""
         for task in self:
             try:
                 options = task.kind_options(defaults)
             except ConfigError as exc:
                 raise ConfigError([f"task {task.topic!r}: {p}" for p in exc.problems]) from None
-            register_kind(task.topic, task.handler(), options)
+            if isinstance(task, BatchTask):
+                if register_batch is None:
+                    raise ConfigError([f"task {task.topic!r}: a batch task needs Engine.register_tasks"])
+                register_batch(task.topic, task.handler(), options)
+            else:
+                register_kind(task.topic, task.handler(), options)
 
-    def _add(self, task: Task[Any, Any]) -> None:
+    def _add(self, task: Task[Any, Any] | BatchTask[Any, Any]) -> None:
         if task.topic in self._tasks:
             raise ValueError(f"a task with topic {task.topic!r} is already registered")
         self._tasks[task.topic] = task
 
-    def __iter__(self) -> Iterator[Task[Any, Any]]:
+    def __iter__(self) -> Iterator[Task[Any, Any] | BatchTask[Any, Any]]:
         return iter(list(self._tasks.values()))
 
     def __len__(self) -> int:
@@ -300,7 +355,7 @@ class Tasks:
     def __contains__(self, topic: object) -> bool:
         return topic in self._tasks
 
-    def get(self, topic: str) -> Task[Any, Any] | None:
+    def get(self, topic: str) -> Task[Any, Any] | BatchTask[Any, Any] | None:
         """Return the task of *topic*, or None."""
         return self._tasks.get(topic)
 
@@ -319,6 +374,81 @@ class Tasks:
                 raise BrooqError("this Tasks is bound to a sync Store: use enqueue/enqueue_tx")
             raise BrooqError("this Tasks is bound to an AsyncStore: use aenqueue/aenqueue_tx")
         return store
+
+
+class BatchTask(Generic[T, R]):
+    """A batch task function (SPEC BD1): ``fn(items)`` or ``fn(ctx, items)`` takes the payloads of up
+    to ``batch_size`` jobs at once and returns one result or exception per item, in order;
+    ``.job(item)`` makes one job whose payload is *item*."""
+
+    def __init__(self, fn: Callable[..., Any], topic: str, options: Mapping[str, Any], tasks: Tasks) -> None:
+        self.fn = fn
+        self.topic = topic
+        self.options: dict[str, Any] = dict(options)
+        self.takes_context = _takes_context(fn)
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self._tasks = tasks
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, items: list[T]) -> Any:
+        """Run the function here on *items* (tests, scripts); a ``Context`` parameter gets a fresh one."""
+        return self.fn(Context(), items) if self.takes_context else self.fn(items)
+
+    def __repr__(self) -> str:
+        return f"BatchTask({self.topic!r})"
+
+    def kind_options(self, defaults: KindOptions) -> KindOptions:
+        """Return *defaults* with this task's own options over them."""
+        return dataclasses.replace(defaults, **self.options)
+
+    def job(self, item: T, **fields: Any) -> Job:
+        """One job of this task carrying *item* as its payload; *fields* are Job's other fields
+        (``idempotency_key``, ``priority``, ``after``, ...). InvalidJob for what JSON cannot hold."""
+        job = Job(self.topic, item, **fields)
+        job.payload_json()  # InvalidJob now, not at enqueue
+        return job
+
+    def enqueue(self, item: T, **fields: Any) -> EnqueueResult:
+        """Enqueue ``job(item)`` on the bound Store."""
+        result: EnqueueResult = self._tasks._bound(asynchronous=False).enqueue(self.job(item, **fields))
+        return result
+
+    async def aenqueue(self, item: T, **fields: Any) -> EnqueueResult:
+        """Enqueue ``job(item)`` on the bound AsyncStore."""
+        result: EnqueueResult = await self._tasks._bound(asynchronous=True).enqueue(self.job(item, **fields))
+        return result
+
+    def handler(self) -> Callable[[Context, list[Claim]], Any]:
+        """The batch kind's handler: the function called with the claims' payloads."""
+        fn, takes_context = self.fn, self.takes_context
+        if self.is_async:
+
+            async def run_async(ctx: Context, claims: list[Claim]) -> Any:
+                items = [c.payload for c in claims]
+                return await (fn(ctx, items) if takes_context else fn(items))
+
+            return run_async
+
+        def run(ctx: Context, claims: list[Claim]) -> Any:
+            items = [c.payload for c in claims]
+            return fn(ctx, items) if takes_context else fn(items)
+
+        return run
+
+
+class _BatchDecorator:
+    """What ``Tasks.batch_task(...)`` returns: turns a function into a BatchTask."""
+
+    def __init__(self, tasks: Tasks, topic: str | None, options: Mapping[str, Any]) -> None:
+        self._tasks = tasks
+        self._topic = topic
+        self._options = options
+
+    def __call__(self, fn: Callable[..., Any]) -> BatchTask[Any, Any]:
+        topic = self._topic or f"{fn.__module__}.{fn.__qualname__}"
+        task: BatchTask[Any, Any] = BatchTask(fn, topic, self._options, self._tasks)
+        self._tasks._add(task)
+        return task
 
 
 class _Decorator:
@@ -342,4 +472,4 @@ class _Decorator:
         return task
 
 
-__all__ = ["Task", "Tasks"]
+__all__ = ["BatchTask", "Task", "Tasks"]

@@ -133,8 +133,8 @@ def _traced_arguments(
         if isinstance(value, Job):
             jobs.append(value)
             where.append((name, None))
-        elif isinstance(value, list | tuple):
-            for i, job in enumerate(value):
+        elif isinstance(value, list | tuple | Mapping):
+            for i, job in enumerate(value.values() if isinstance(value, Mapping) else value):
                 if isinstance(job, Job):
                     jobs.append(job)
                     where.append((name, i))
@@ -145,6 +145,10 @@ def _put_back(bound: inspect.BoundArguments, where: list[tuple[str, int | None]]
     for (name, i), job in zip(where, jobs, strict=True):
         if i is None:
             bound.arguments[name] = job
+        elif isinstance(bound.arguments[name], Mapping):  # named jobs keep their names
+            named = dict(bound.arguments[name])
+            named[list(named)[i]] = job
+            bound.arguments[name] = named
         else:
             value = list(bound.arguments[name])
             value[i] = job

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import random
@@ -15,7 +16,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from brooq_py.engine.attempt.attempt import Hooks, Kind
+from brooq_py.engine.attempt.attempt import Attempt, Hooks, Kind
 from brooq_py.engine.attempt.handover import Handover, Supervisor
 from brooq_py.engine.attempt.inflight import CountingInFlight
 from brooq_py.engine.attempt.intake import Capacity, Intake
@@ -172,9 +173,21 @@ class Engine(Producing):
     def register_kind(self, topic: str, handler: Handler, options: KindOptions | None = None) -> None:
         """Register *handler* for *topic*, before ``start()`` (``BrooqError`` after). Raise ``ConfigError``
         for invalid options, a bad topic or handler, or a topic registered twice."""
+        self._register(topic, handler, options, batch=False)
+
+    def register_batch(self, topic: str, handler: Any, options: KindOptions | None = None) -> None:
+        """Register *handler* for *topic* as a batch handler (SPEC BD1): ``handler(ctx, claims)`` gets
+        up to ``options.batch_size`` claims of the topic at once (the engine's ``workers`` when None;
+        each claim takes a slot), waiting at most ``options.batch_wait`` for a fuller batch, and
+        returns one result or exception per claim, in claim order. As ``register_kind`` otherwise."""
+        self._register(topic, handler, options, batch=True)
+
+    def _register(self, topic: str, handler: Any, options: KindOptions | None, *, batch: bool) -> None:
         with self._lock:
             if self._state != "new":
-                raise BrooqError("register_kind() must be called before start()")
+                raise BrooqError(
+                    f"{'register_batch' if batch else 'register_kind'}() must be called before start()"
+                )
             problems: list[str] = []
             if not isinstance(topic, str) or not topic or "\x00" in topic:
                 problems.append(f"topic must be non-empty text without NUL, got {topic!r}")
@@ -184,10 +197,16 @@ class Engine(Producing):
                 options = self.config.kind_defaults()
             elif not isinstance(options, KindOptions):
                 problems.append(f"options must be a KindOptions, got {type(options).__name__}")
+            elif options.batch_size is not None and not batch:
+                problems.append(
+                    "batch_size is for Engine.register_batch (a handler of one claim has no batch)"
+                )
+            if batch and isinstance(options, KindOptions) and options.batch_size is None:
+                options = dataclasses.replace(options, batch_size=self.config.workers)
             kind: Kind | None = None
             if not problems:
                 try:
-                    kind = Kind.build(topic, handler, options)
+                    kind = Kind.build(topic, handler, options, batch=batch)
                 except TypeError as exc:
                     problems.append(str(exc))
             if problems or kind is None:
@@ -198,7 +217,7 @@ class Engine(Producing):
 
     def register_tasks(self, tasks: Tasks) -> None:
         """Register each task of *tasks* as a kind, before ``start()`` (see ``Tasks.register``)."""
-        tasks.register(self.register_kind, self.config.kind_defaults())
+        tasks.register(self.register_kind, self.config.kind_defaults(), register_batch=self.register_batch)
 
     def on_event(self, fn: Callable[[Event], None]) -> None:
         """Call *fn* once per event after its commit (before ``start()``; see docs/events.md)."""
@@ -343,6 +362,7 @@ class Engine(Producing):
         slots, dispatcher, completer = self._slots, self._dispatcher, self._completer
         assert slots is not None and dispatcher is not None and completer is not None
         dispatcher.stop(timeout=1.0)  # a claim stuck on a silent socket hands its rows back later
+        self.runner.batcher.stop()  # batches still gathering claims (batch_wait) start now
         if not slots.wait_idle(wait):
             for a in self.inflight.running():
                 self.supervisor.stopping_cancel(a)
@@ -418,10 +438,15 @@ class Engine(Producing):
         if read_whole is not None:
             read_whole()  # a script's claim sees every ready row, not only those past the head
         rows = self.intake.claim(min(self.config.workers, self.config.claim_batch))
+        batched: list[Attempt] = []  # a batch kind's attempts: one call per batch, in this thread too
         for row in rows:
             a = self.intake.open(row)
             if a is not None:
-                self.runner.run_here(a)
+                if a.kind.batch:
+                    batched.append(a)
+                else:
+                    self.runner.run_here(a)
+        self.runner.run_batches_here(batched)
         return len(rows)
 
     def _defer(self, fn: Callable[[], None]) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -110,13 +110,18 @@ class AsyncStore:
         with translated("enqueueing a batch", conn):
             return await drive_async(plan, on_async_connection(conn))
 
-    @traced_aenqueue("jobs", "then")
+    @traced_aenqueue("jobs", "then", "finally_")
     async def enqueue_group(
-        self, jobs: Sequence[Job], then: Job | None = None, tx: AsyncTx | None = None
+        self,
+        jobs: Sequence[Job] | Mapping[str, Job],
+        then: Job | None = None,
+        tx: AsyncTx | None = None,
+        *,
+        finally_: Job | None = None,
     ) -> GroupResult:
         """``Store.enqueue_group``, awaited, in *tx* when given."""
         conn = async_connection_of(tx) if tx is not None else None
-        plan = enqueueing.enqueue_group(self._q, jobs, then, self._caps)
+        plan = enqueueing.enqueue_group(self._q, jobs, then, self._caps, finally_)
         with translated("enqueueing a group"):
             if conn is not None:
                 return await drive_async(plan, on_async_connection(conn))

@@ -1,13 +1,23 @@
-"""Claim: a claimed job as its handler sees it (SPEC D4)."""
+"""Claim: a claimed job as its handler sees it (SPEC D4, BD2, BD3)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 from brooq_py.queue.errors import BrooqError
-from brooq_py.queue.job import Job, Lease
+from brooq_py.queue.job import Job, Lease, State
 from brooq_py.queue.tx import Tx
+
+
+class Parent(NamedTuple):
+    """One parent of a job as read for its handler: id, the name its group gave it (None for
+    none), its state and its result."""
+
+    id: str
+    name: str | None
+    state: State
+    result: Any
 
 
 class Claim:
@@ -43,7 +53,7 @@ class Claim:
         lease: Lease,
         claim_token: str = "",
         priority: int = 0,
-        parents: Callable[[str], dict[str, Any]] | None = None,
+        parents: Callable[[str], list[Parent]] | None = None,
         meta: Mapping[str, str] | None = None,
     ) -> None:
         self.id = id
@@ -60,11 +70,30 @@ class Claim:
         self.meta: Mapping[str, str] = meta or {}
         """``Job.meta`` as enqueued (tracing's ``traceparent`` among it); empty when none."""
 
-    def parent_results(self) -> dict[str, Any]:
-        """Each parent's result (``Job.after``) by parent id, in one statement; empty without parents.
+    def parent_results(self, by: Literal["id", "name", "order"] = "id") -> dict[str, Any] | list[Any]:
+        """Each parent's result (``Job.after`` and its group), in one statement; empty without parents.
 
-        Raise BrooqError for a Claim made without a store to read from.
+        ``by="id"``: a dict by parent id; ``by="name"``: a dict by the names ``enqueue_group`` was
+        given (a parent without a name, such as one of the job's own ``after``, under its id);
+        ``by="order"``: a list in the order the job names its parents (its own ``after``, then
+        its group in group order). Raise ValueError for another *by*, BrooqError for a Claim made
+        without a store to read from.
         """
+        if by not in ("id", "name", "order"):
+            raise ValueError(f"parent_results: by must be 'id', 'name' or 'order', got {by!r}")
+        parents = self._read_parents()
+        if by == "order":
+            return [p.result for p in parents]
+        if by == "name":
+            return {p.id if p.name is None else p.name: p.result for p in parents}
+        return {p.id: p.result for p in parents}
+
+    def parent_states(self) -> dict[str, State]:
+        """Each parent's state by parent id, in one statement: for a group's ``finally_``, how each
+        job of the group ended (done, dead or canceled)."""
+        return {p.id: p.state for p in self._read_parents()}
+
+    def _read_parents(self) -> list[Parent]:
         if self._parents is None:
             raise BrooqError("this Claim has no store to read its parents' results from")
         return self._parents(self.id)

@@ -292,10 +292,12 @@ class Job:
 
 
 class GroupResult(NamedTuple):
-    """What ``enqueue_group`` returns: the group's ids in input order and the fan-in job's id."""
+    """What ``enqueue_group`` returns: the group's ids in input order, the fan-in job's id and the
+    ``finally_`` job's id (None when not asked for)."""
 
     ids: list[str]
     then_id: str | None
+    finally_id: str | None = None
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,19 @@ def check_timeouts(obj: object, problems: list[str]) -> None:
         )
 
 
+def check_dead_on(obj: object, problems: list[str]) -> None:
+    """``dead_on``: a tuple (or list) of exception classes, held as a tuple."""
+    value = getattr(obj, "dead_on")
+    if isinstance(value, type):
+        value = (value,)
+    if not isinstance(value, tuple | list) or not all(
+        isinstance(t, type) and issubclass(t, BaseException) for t in value
+    ):
+        problems.append(f"dead_on: expected a tuple of exception classes, got {value!r}")
+        return
+    object.__setattr__(obj, "dead_on", tuple(value))
+
+
 @dataclass(frozen=True)
 class KindOptions:
     """Per-topic settings; durations take ``timedelta`` or seconds and are held as ``timedelta``.
@@ -73,6 +86,12 @@ class KindOptions:
     # A dead member of a sequence (Job.sequence): "halt" holds the members after it until it is retried
     # or the sequence resumed; "continue" lets the next one run.
     sequence_on_dead: Literal["halt", "continue"] = "halt"
+    # A handler raising one of these ends its job dead at once, with no retry (its other attempts unspent).
+    dead_on: tuple[type[BaseException], ...] = ()
+    # Engine.register_batch: at most this many claims per call of the handler (None: the engine's
+    # workers), and how long to wait at most for a fuller batch (0: what one claim brought).
+    batch_size: int | None = None
+    batch_wait: timedelta | float = 0
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -89,6 +108,13 @@ class KindOptions:
         normalise_durations(self, _DURATIONS, problems)
         check_positive(self, _DURATIONS, problems)
         check_timeouts(self, problems)
+        check_dead_on(self, problems)
+        if self.batch_size is not None:
+            check_int(self, "batch_size", 1, problems)
+        normalise_durations(self, ("batch_wait",), problems)
+        wait = self.batch_wait
+        if isinstance(wait, timedelta) and wait < timedelta(0):
+            problems.append(f"batch_wait must be >= 0, got {wait.total_seconds():g}s")
         if problems:
             raise ConfigError(problems)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
+from brooq_py.queue.claim import Parent
 from brooq_py.queue.job import EnqueueResult, Job, JobRow, State
 from brooq_py.queue.tx import Tx
 
@@ -275,8 +276,8 @@ class Repo(Protocol):
 
     def cancel(self, job_id: str) -> bool: ...
     def get(self, job_id: str) -> JobRow | None: ...
-    def parent_results(self, job_id: str) -> dict[str, Any]:
-        """Each parent's result of *job_id* by parent id (``Job.after``), in one statement."""
+    def parents(self, job_id: str) -> list[Parent]:
+        """Each parent of *job_id* in its order, with result, state and name, in one statement."""
 
     # durable steps (a StepPort)
     def steps_load(self, job_id: str) -> StepLog: ...

@@ -18,6 +18,10 @@ With the setting ``workflow``, the topic ``wf`` runs jobs of a workflow (``Job.a
 execution is recorded as above, waits ``sleep`` seconds, reads ``claim.parent_results()`` and
 ends with ``how`` = ``ok:<number of parents whose result it read>``.
 
+With the setting ``batch`` (a batch size), the topic ``chaos.batch`` is a batch kind: each call
+records every claim's execution, waits the first payload's ``sleep`` seconds and ends them all
+``ok:batch:<size of the call>``.
+
 Settings: dsn, schema, label, workers, lease, reaper_period, poll_interval, max_attempts, max_crashes, async,
 attempt_timeout, workflow, bouncer (bool: the pool without prepared statements, for PgBouncer),
 check (bool: pool check=ConnectionPool.check_connection), skew (seconds added to this
@@ -26,6 +30,7 @@ process's time.time() and datetime.now(): the Python clock of another host).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import faulthandler
 import json
@@ -248,6 +253,20 @@ def main() -> None:
         out.append(ctx.step("three", called, "three"))
         return out
 
+    def handle_batch(ctx: Any, claims: Any) -> list[None]:
+        # Every claim of the call recorded, then one wait for the whole batch (SPEC BD1).
+        for claim in claims:
+            recorder.start(claim.id, claim.claim_token, worker_id, claim.attempt)
+        p = claims[0].payload if isinstance(claims[0].payload, dict) else {}
+        time.sleep(float(p.get("sleep", 0.0)))
+        for claim in claims:
+            recorder.end(claim.claim_token, f"ok:batch:{len(claims)}")
+        return [None] * len(claims)
+
+    if settings.get("batch"):
+        engine.register_batch(
+            "chaos.batch", handle_batch, dataclasses.replace(opts, batch_size=int(settings["batch"]))
+        )
     if settings.get("workflow"):
         engine.register_kind("wf", handle_workflow, opts)
     engine.register_kind("chaos.steps", handle_steps, opts)

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from brooq_py.queue import EnqueueResult, Job, JobRow, State, StoreUnavailable, Tx
+from brooq_py.queue.claim import Parent
 from brooq_py.queue.ids import uuid7
 from brooq_py.queue.port import (
     ClaimedJob,
@@ -135,7 +136,7 @@ class FakeRepo:
         self.calls: dict[str, int] = {}
         self.settle_batches: list[int] = []
         self.closed = False
-        self.version: str | None = "0019"
+        self.version: str | None = "0020"
         self.locked: set[str] = set()  # job ids an "operator" holds row-locked: skipped, never waited on
         self.engines: dict[str, EngineRow] = {}  # the engine table (SPEC P1'')
         self.steps: dict[str, dict[int, RecordedStep]] = {}  # job_step, by job and position (DS1)
@@ -232,8 +233,8 @@ class FakeRepo:
                 self.rows = snapshot
                 raise
 
-    def parent_results(self, job_id: str) -> dict[str, Any]:
-        return {}
+    def parents(self, job_id: str) -> list[Parent]:
+        return []
 
     def cancel(self, job_id: str) -> bool:
         with self.lock:

@@ -13,6 +13,7 @@ PUBLIC: dict[str, list[str]] = {
         *("queue", "engine", "postgres"),
         *("Engine", "Config", "Job", "Claim", "Context", "KindOptions", "EnqueueResult", "State"),
         *("StepRecord", "Snooze", "SignalTimeout"),
+        *("Tasks", "Task", "BatchTask", "GroupResult"),
     ],
     "brooq_py.queue": [
         *("State", "Job", "EnqueueResult", "Lease", "Claim", "Context", "Handler", "KindOptions"),
@@ -54,6 +55,7 @@ def test_the_engine_methods_api_md_lists() -> None:
     for method in (
         *("register_kind", "schedule", "enqueue", "enqueue_tx", "enqueue_many", "begin", "cancel"),
         *("get", "start", "stop", "close", "run_once", "health", "__enter__", "__exit__"),
+        "register_batch",
     ):
         assert callable(getattr(Engine, method)), method
 

@@ -419,7 +419,9 @@ def test_d3_the_job_page_lists_parents_and_children_with_states_and_links(board:
     assert f"canceled: parent {parent} ended canceled" in page.body
 
 
-def test_the_live_refreshs_rows_send_their_actions_back_to_the_topics_page(board: Board, store: Store) -> None:
+def test_the_live_refreshs_rows_send_their_actions_back_to_the_topics_page(
+    board: Board, store: Store
+) -> None:
     """The rows the live refresh swaps in carry forms too: their answer must come back to the topics
     page, not to the fragment (seen in a browser as a bare rows page after a rate set from a menu)."""
     store.enqueue(Job(TOPIC, {"a": 1}))

@@ -54,6 +54,7 @@ from brooq_py.queue import (
     MustPreserveAttempt,
     Snooze,
 )
+from brooq_py.queue.claim import Parent
 from brooq_py.queue.errors import find_signal
 from brooq_py.queue.port import ClaimedJob, Outcome, StepPort
 
@@ -69,9 +70,11 @@ class Kind:
     handler: Callable[[Context, Claim], Any]
     options: KindOptions
     is_async: bool
+    # Engine.register_batch: the handler takes a list of claims and answers one result each (BD1).
+    batch: bool = False
 
     @classmethod
-    def build(cls, topic: str, handler: object, options: KindOptions) -> Kind:
+    def build(cls, topic: str, handler: object, options: KindOptions, *, batch: bool = False) -> Kind:
         """Resolve *handler* (a function, an async function or an object with ``.handle``)."""
         fn: Any = handler
         if not inspect.isroutine(handler) and callable(getattr(handler, "handle", None)):
@@ -81,7 +84,7 @@ class Kind:
         is_async = inspect.iscoroutinefunction(fn) or (
             not inspect.isroutine(fn) and inspect.iscoroutinefunction(type(fn).__call__)
         )
-        return cls(topic=topic, handler=fn, options=options, is_async=is_async)
+        return cls(topic=topic, handler=fn, options=options, is_async=is_async, batch=batch)
 
 
 class Poisoned(Exception):
@@ -116,7 +119,7 @@ class Attempt:
         kind: Kind,
         started: float,
         ctx: Context,
-        parents: Callable[[str], dict[str, Any]] | None = None,
+        parents: Callable[[str], list[Parent]] | None = None,
         hooks: Hooks | None = None,
         steps: StepPort | None = None,
     ) -> None:

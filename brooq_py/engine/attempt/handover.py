@@ -56,6 +56,8 @@ class OutcomeSink(Protocol):
 
     def has_room(self) -> bool: ...
 
+    def put_many(self, outcomes: Sequence[Outcome]) -> bool: ...
+
     def offer(self, outcome: Outcome) -> bool: ...
 
     def put(self, outcome: Outcome) -> bool: ...
@@ -107,6 +109,23 @@ class Handover:
             self._close(a, outcome)
             return
         self.write(outcome)
+
+    def hand_over_many(self, answers: Sequence[tuple[Attempt, Outcome | None]]) -> None:
+        """``hand_over`` for a batch's attempts: the plain outcomes reach the completer together, so
+        one statement writes them (SPEC BD1)."""
+        plain = []
+        for a, outcome in answers:
+            if outcome is None:
+                continue
+            if outcome.state is State.DONE and a.claim.has_closing_work:
+                self._close(a, outcome)
+            else:
+                plain.append(outcome)
+        completer = self.completer
+        if plain and completer is not None and completer.put_many(plain):
+            return
+        for outcome in plain:
+            self.write(outcome)
 
     def offer(self, outcome: Outcome) -> bool:
         """Give *outcome* to the completer without waiting; False when that cannot be done now."""

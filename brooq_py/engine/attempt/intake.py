@@ -259,7 +259,7 @@ class Intake:
             kind,
             self.clock.monotonic(),
             ctx,
-            parents=self.repo.parent_results,
+            parents=self.repo.parents,
             hooks=self.hooks,
             steps=self.repo,
         )

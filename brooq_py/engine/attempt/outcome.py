@@ -227,7 +227,7 @@ def decide(
         return outcome(State.PENDING, give_back=True, last_error=last_error)
     if find_signal(error, MustPreserveAttempt) is not None:
         return outcome(State.FAILED, delay=backoff(), give_back=True, last_error=last_error, traceback=tb())
-    if attempt >= options.max_attempts:
+    if attempt >= options.max_attempts or (options.dead_on and isinstance(error, options.dead_on)):
         return outcome(State.DEAD, last_error=last_error, traceback=tb())
     if delay_signal is not None:
         delay = min(delay_signal.delay, cap)

@@ -20,6 +20,7 @@ from typing import Any
 
 from brooq_py.contrib.otel import run_span
 from brooq_py.engine.attempt.attempt import Attempt
+from brooq_py.engine.attempt.batch import Batcher
 from brooq_py.engine.attempt.handover import Handover
 from brooq_py.engine.metrics import Metrics
 from brooq_py.queue import BrooqError, InvalidJob
@@ -248,18 +249,44 @@ class Runner:
         self.threads = Threads("worker", log)
         self.settlers = Threads("settler", log, max_threads=4)
         self.result_max_bytes = 1024 * 1024  # the largest result a handler may return
+        self.batcher = Batcher(self)
 
     def launch_many(self, attempts: Sequence[Attempt]) -> None:
-        """Start each attempt's handler; the async ones reach the loop in one hand-over."""
+        """Start each attempt's handler; the async ones reach the loop in one hand-over, those of a
+        batch kind go to the batcher (``batch.py``)."""
         tasks = []
+        batched = []
         for a in attempts:
             self._busy(a, +1)
-            if a.kind.is_async:
+            if a.kind.batch:
+                batched.append(a)
+            elif a.kind.is_async:
                 tasks.append((functools.partial(run_async, a, self.result_max_bytes), self._on_task_done(a)))
             else:
                 self.threads.run(functools.partial(self._run_thread, a, time.monotonic()))
         if tasks:
             self.loop.spawn_many(tasks)
+        if batched:
+            self.batcher.add(batched)
+
+    def encode(self, value: Any) -> str | None:
+        """A handler's return value as the row's result text (``encode_result``)."""
+        return encode_result(value, self.result_max_bytes)
+
+    def finish_batch(
+        self, batch: Sequence[Attempt], errors: Sequence[BaseException | None], t0: float
+    ) -> None:
+        """A batch handler's call ended: each attempt's answer handed over together (one settle), each
+        slot freed."""
+        answers = []
+        try:
+            for a, error in zip(batch, errors, strict=True):
+                self._observe(a, t0)
+                answers.append((a, a.returned() if error is None else a.raised(error)))
+            self.handover.hand_over_many(answers)
+        finally:
+            for a in batch:
+                a.free_slot()
 
     def _run_thread(self, a: Attempt, t0: float) -> None:
         error = self._call_here(a)
@@ -299,6 +326,12 @@ class Runner:
             self.handover.write(outcome)
         finally:
             a.free_slot()
+
+    def run_batches_here(self, attempts: Sequence[Attempt]) -> None:
+        """Run the attempts of batch kinds in this thread, one call per batch (``Engine.run_once``)."""
+        for a in attempts:
+            self._busy(a, +1)
+        self.batcher.run_here(attempts)
 
     def run_here(self, a: Attempt) -> None:
         """Run *a*'s handler in this thread and settle it (``Engine.run_once``)."""

@@ -69,6 +69,18 @@ class Completer:
             self._buffer(outcome)
             return True
 
+    def put_many(self, outcomes: Sequence[Outcome]) -> bool:
+        """Buffer *outcomes* at once, waiting for room, so one flush takes them together; False once
+        ``stop()`` began (the caller writes them)."""
+        with self._cond:
+            if self._stopping and self._thread is None:
+                return False
+            while len(self._buf) >= self._max_buffer and self._thread is not None and not self._stopping:
+                self._cond.wait(0.5)
+            self._buf.extend(outcomes)
+            self._cond.notify_all()
+            return True
+
     def has_room(self) -> bool:
         """Whether ``offer`` would take an outcome now (running, buffer not full)."""
         with self._cond:

@@ -87,55 +87,81 @@ def _first(plan: Plan[list[EnqueueResult]]) -> Plan[EnqueueResult]:
     return results[0]
 
 
-def enqueue_group(q: Queries, jobs: Sequence[Job], then: Job | None, caps: TopicCaps) -> Plan[GroupResult]:
-    """``enqueue_many(jobs)``, then *then* with ``after`` = every id of the group, in one
-    transaction (the caller's). Everything is validated when the plan is made."""
+def enqueue_group(
+    q: Queries,
+    jobs: Sequence[Job] | Mapping[str, Job],
+    then: Job | None,
+    caps: TopicCaps,
+    finally_: Job | None = None,
+) -> Plan[GroupResult]:
+    """``enqueue_many(jobs)``, then *then* with ``after`` = every id of the group, and *finally_*
+    waiting for every end of the group whatever its state, in one transaction (the caller's). A
+    mapping names the group's jobs (SPEC BD3). Everything is validated when the plan is made."""
+    names: list[str] | None = None
+    if isinstance(jobs, Mapping):
+        names = list(jobs)
+        for name in names:
+            if not isinstance(name, str) or not name:
+                raise InvalidJob(f"enqueue_group: a parent's name must be a non-empty str, got {name!r}")
+        jobs = list(jobs.values())
+    elif isinstance(jobs, str | bytes) or not isinstance(jobs, Sequence):
+        raise InvalidJob(f"enqueue_group takes a sequence or a mapping of Jobs, got {type(jobs).__name__}")
+    fan_ins: list[tuple[Job, bool]] = []
     own_parents: list[str] = []
-    if then is not None:
-        if not isinstance(then, Job):
-            raise InvalidJob(f"then is not a Job: {type(then).__name__}")
-        then.payload_json()
-        (own_parents,) = parents_of([with_parents(then, [])])
-        if jobs and then.unique_key is not None:  # refused now, not once the group is written
+    for label, fan_in, any_end in (("then", then, False), ("finally_", finally_, True)):
+        if fan_in is None:
+            continue
+        if not isinstance(fan_in, Job):
+            raise InvalidJob(f"{label} is not a Job: {type(fan_in).__name__}")
+        fan_in.payload_json()
+        (parents,) = parents_of([with_parents(fan_in, [])])
+        own_parents.extend(p for p in parents if p not in own_parents)
+        if jobs and fan_in.unique_key is not None:  # refused now, not once the group is written
             raise InvalidJob(
-                "then: a job that waits for the group cannot carry a unique_key (use an idempotency_key)"
+                f"{label}: a job that waits for the group cannot carry a unique_key (use an idempotency_key)"
             )
+        fan_ins.append((fan_in, any_end))
     many = enqueue_many(q, jobs, caps) if jobs else None
-    beside = sum(1 for job in jobs if then is not None and job.topic == then.topic)
-    return _group(q, many, then, own_parents, caps, beside)
+    return _group(q, many, fan_ins, names, own_parents, caps, [job.topic for job in jobs])
 
 
 def _group(
     q: Queries,
     many: Plan[list[EnqueueResult]] | None,
-    then: Job | None,
+    fan_ins: list[tuple[Job, bool]],
+    names: list[str] | None,
     own_parents: list[str],
     caps: TopicCaps,
-    beside: int,
+    group_topics: list[str],
 ) -> Plan[GroupResult]:
-    # Whatever would refuse the `then` is checked before the group is written, not after it: in
+    # Whatever would refuse a fan-in is checked before the group is written, not after it: in
     # the caller's transaction a refusal must leave nothing of the call.
     if own_parents:
         missing = yield q["job_parents_missing"], {"parents": own_uuid_array(own_parents)}
         if missing:
             raise unknown_parent(missing[0][0])
-    then_caps = caps
-    if then is not None and many is not None:
-        cap = (yield from known_caps(q, caps)).get(then.topic)
-        if cap is not None:
-            # Room for the `then` and the group's jobs of its topic: the `then` is then written under
-            # a cap it cannot reach, yet takes its depth-sequence value, so every Store's bound counts it.
-            (room,) = yield q["topic_room"], {"topic": then.topic, "cap": cap, "n": beside + 1}
+    fan_caps = caps
+    if fan_ins and many is not None:
+        known = yield from known_caps(q, caps)
+        capped = list(dict.fromkeys(job.topic for job, _ in fan_ins if known.get(job.topic) is not None))
+        for topic in capped:
+            # Room for the fan-ins and the group's jobs of their topic: the fan-ins are then written
+            # under a cap they cannot reach, yet take their depth-sequence values, so every Store's
+            # bound counts them.
+            n = group_topics.count(topic) + sum(1 for job, _ in fan_ins if job.topic == topic)
+            (room,) = yield q["topic_room"], {"topic": topic, "cap": known[topic], "n": n}
             if not room[0]:
-                raise caps.refused(then.topic, cap)
-            then_caps = TopicCaps(ttl=math.inf)  # never read again, however long the group takes
-            then_caps.load([(then.topic, INT32_MAX)])
+                raise caps.refused(topic, known[topic])
+        if capped:
+            fan_caps = TopicCaps(ttl=math.inf)  # never read again, however long the group takes
+            fan_caps.load([(topic, INT32_MAX) for topic in capped])
     results = (yield from many) if many is not None else []
     ids = [r.id for r in results]
-    if then is None:
-        return GroupResult(ids, None)
-    fan_in = yield from enqueue_one(q, with_parents(then, ids), then_caps)
-    return GroupResult(ids, fan_in.id)
+    fan_in_ids: list[str | None] = [None, None]
+    for job, any_end in fan_ins:
+        made = yield from enqueue_one(q, with_parents(job, ids, names, any_end=any_end), fan_caps)
+        fan_in_ids[int(any_end)] = made.id
+    return GroupResult(ids, fan_in_ids[0], fan_in_ids[1])
 
 
 def enqueue_many(q: Queries, jobs: Sequence[Job], caps: TopicCaps) -> Plan[list[EnqueueResult]]:
@@ -278,7 +304,7 @@ def _enqueue_many(
                     jobs, todo, {t: c for t, c in known.items() if t not in caps.parking}, caps.parking
                 )
             )
-            params.update(after_params([parents[i] for i in todo]))
+            params.update(after_params([parents[i] for i in todo], batch))
             query = q[tenanted("job_enqueue_after", named)]
         else:
             query = q[tenanted("job_enqueue_many", named)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -17,7 +17,8 @@ from brooq_py.postgres.flow.caps import WAIT_FIRST_STEP, TopicCaps, checked_wait
 from brooq_py.postgres.session.connections import Session
 from brooq_py.postgres.session.errors import names_migration, translated
 from brooq_py.postgres.session.tx import as_psycopg, drive, on_tx
-from brooq_py.queue import EnqueueResult, GroupResult, Job, JobRow, QueueFull, Tx
+from brooq_py.queue import EnqueueResult, GroupResult, Job, JobRow, QueueFull, State, Tx
+from brooq_py.queue.claim import Parent
 
 
 class Producer:
@@ -84,14 +85,21 @@ class Producer:
         with translated("enqueueing a batch", as_psycopg(tx)):
             return drive(plan, run)
 
-    @traced_enqueue("jobs", "then")
+    @traced_enqueue("jobs", "then", "finally_")
     def enqueue_group(
-        self, jobs: Sequence[Job], then: Job | None = None, tx: Tx | None = None
+        self,
+        jobs: Sequence[Job] | Mapping[str, Job],
+        then: Job | None = None,
+        tx: Tx | None = None,
+        *,
+        finally_: Job | None = None,
     ) -> GroupResult:
-        """Enqueue *jobs*, then *then* waiting for every one of them (and its own parents), in one
-        transaction: *tx*, else one of its own on the pool. InvalidJob before anything is written."""
+        """Enqueue *jobs*, then *then* waiting for every one of them (and its own parents), and
+        *finally_* waiting for every one of them to end in any state, in one transaction: *tx*, else
+        one of its own on the pool. A mapping names the jobs (``Claim.parent_results(by="name")``).
+        InvalidJob before anything is written."""
         run = on_tx(tx) if tx is not None else None
-        plan = enqueueing.enqueue_group(self._q, jobs, then, self._caps)
+        plan = enqueueing.enqueue_group(self._q, jobs, then, self._caps, finally_)
         with translated("enqueueing a group"):
             if run is not None:
                 return drive(plan, run)
@@ -108,12 +116,17 @@ class Producer:
                 return None
             return drive(plan, run)
 
-    def parent_results(self, job_id: str) -> dict[str, Any]:
-        """Each parent's result of *job_id* by parent id, in one statement (``Claim.parent_results``)."""
+    def parents(self, job_id: str) -> list[Parent]:
+        """Each parent of *job_id* in the order it names them, with its result, state and name, in
+        one statement (``Claim.parent_results``, ``Claim.parent_states``)."""
         rows = self.session.run(
             "reading parent results", self._q["job_parent_results"], {"id": uuid.UUID(job_id)}
         )
-        return {str(r[0]): r[1] for r in rows}
+        return [Parent(str(r[0]), r[3], State(r[2]), r[1]) for r in rows]
+
+    def parent_results(self, job_id: str) -> dict[str, Any]:
+        """Each parent's result of *job_id* by parent id, in one statement."""
+        return {p.id: p.result for p in self.parents(job_id)}
 
     def cancel(self, job_id: str) -> bool:
         """Cancel a pending, scheduled, failed, blocked or processing job, and its blocked descendants;

@@ -48,18 +48,32 @@ def parents_of(jobs: Sequence[Job]) -> list[list[str]]:
     return out
 
 
-def after_params(batch_parents: Sequence[list[str]]) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class FanIn(Job):
+    """A group's ``then`` or ``finally_``: a Job with the names its parents were given (parent id,
+    name) and whether its parents' ends release it whatever their state (``finally_``, SPEC BD2)."""
+
+    parent_names: tuple[tuple[str, str], ...] = ()
+    any_end: bool = False
+
+
+def after_params(batch_parents: Sequence[list[str]], batch: Sequence[Job]) -> dict[str, Any]:
     """The parent columns of ``job_enqueue_after`` for a batch (each job's parents in input order)."""
     ords: list[int] = []
     edges: list[str] = []
-    for position, parents in enumerate(batch_parents, start=1):
+    names: list[list[str | None] | None] = []
+    for position, (parents, job) in enumerate(zip(batch_parents, batch, strict=True), start=1):
         ords.extend([position] * len(parents))
         edges.extend(parents)
+        named = dict(job.parent_names) if isinstance(job, FanIn) else {}
+        names.append([named.get(p) for p in parents] if named else None)
     return {
         "parents": own_uuid_array(list(dict.fromkeys(edges))),
         "edge_ords": int_array(ords),
         "edge_parents": own_uuid_array(edges),
         "after": json.dumps(batch_parents, separators=(",", ":")),
+        "names": json.dumps(names, separators=(",", ":")),
+        "any_end": "{" + ",".join("t" if isinstance(j, FanIn) and j.any_end else "f" for j in batch) + "}",
     }
 
 
@@ -69,6 +83,12 @@ def unknown_parent(parent_id: Any) -> InvalidJob:
     )
 
 
-def with_parents(then: Job, ids: Sequence[str]) -> Job:
-    """*then* waiting for *ids* as well as the parents it names itself."""
-    return dataclasses.replace(then, after=[*then.after, *ids])
+def with_parents(
+    then: Job, ids: Sequence[str], names: Sequence[str] | None = None, *, any_end: bool = False
+) -> Job:
+    """*then* waiting for *ids* as well as the parents it names itself; *names*, beside *ids*, the
+    names the group gave them; *any_end*: any end of theirs releases it (a ``finally_``)."""
+    fields = {f.name: getattr(then, f.name) for f in dataclasses.fields(Job)}
+    fields["after"] = [*then.after, *ids]
+    named = tuple(zip(ids, names, strict=True)) if names is not None else ()
+    return FanIn(**fields, parent_names=named, any_end=any_end)

@@ -2,7 +2,10 @@
 -- A batch of jobs of which some name parents (Job.after), in one statement
 -- (SPEC D1, E5). As job_enqueue_many, plus the parents: %(parents)s is every
 -- distinct parent id of the batch, %(edge_ords)s/%(edge_parents)s one pair per
--- (job's position from 1, parent), %(after)s each job's parents as one jsonb array.
+-- (job's position from 1, parent), %(after)s each job's parents as one jsonb array,
+-- %(names)s each job's parent names (an array beside its parents, null entries for a parent
+-- without one; null for none) and %(any_end)s whether each job takes its parents' ends
+-- whatever their state (a group's finally_: never canceled by a parent's failure, BD2).
 -- A parent must be visible to this statement (jobs enqueued earlier in the same
 -- transaction are). If one is not, nothing is written and the statement returns
 -- (-1, that id): the caller raises InvalidJob with its transaction still usable.
@@ -23,8 +26,9 @@ WITH input AS (
                     jsonb_array_elements(%(payloads)s::jsonb), unnest(%(keys)s::text[]),
                     unnest(%(available_at)s::timestamptz[]), unnest(%(priorities)s::int[]),
                     jsonb_array_elements(%(after)s::jsonb), jsonb_array_elements(%(metas)s::jsonb),
-                    unnest(%(tenants)s::text[]))
-         WITH ORDINALITY AS u(id, topic, payload, key, available_at, priority, after, meta, tenant, ord)
+                    unnest(%(tenants)s::text[]),
+                    jsonb_array_elements(%(names)s::jsonb), unnest(%(any_end)s::boolean[]))
+         WITH ORDINALITY AS u(id, topic, payload, key, available_at, priority, after, meta, tenant, names, any_end, ord)
 ), fresh AS (
     -- Each new job of a capped topic takes a value of the depth sequence, after the
     -- transaction's id (migration 0014).
@@ -68,15 +72,17 @@ WITH input AS (
     LIMIT 1
 ), verdict AS (
     SELECT e.ord,
-           count(*) FILTER (WHERE p.state <> 'done') AS waiting,
+           count(*) FILTER (WHERE p.state <> 'done'
+                              AND NOT (i.any_end AND p.state IN ('dead', 'canceled'))) AS waiting,
            (array_agg(p.id::text || ' ended ' || p.state ORDER BY p.id)
-                FILTER (WHERE p.state IN ('dead', 'canceled')))[1] AS doomed_by
+                FILTER (WHERE p.state IN ('dead', 'canceled') AND NOT i.any_end))[1] AS doomed_by
     FROM edge e
     JOIN parent p ON p.id = e.parent
+    JOIN input i ON i.ord = e.ord
     GROUP BY e.ord
 ), inserted AS (
     INSERT INTO {job} (id, topic, payload, idempotency_key, meta, available_at, priority, state,
-                       parents, waiting_parents, last_error{tenant_col})
+                       parents, waiting_parents, last_error, parent_names, parents_any_end{tenant_col})
     SELECT i.id, i.topic, i.payload, i.key, nullif(i.meta, 'null'::jsonb), i.at, i.priority,
            CASE WHEN v.doomed_by IS NOT NULL THEN 'canceled'
                 WHEN coalesce(v.waiting, 0) > 0 THEN 'blocked'
@@ -85,7 +91,11 @@ WITH input AS (
            CASE WHEN jsonb_array_length(i.after) > 0
                 THEN ARRAY(SELECT jsonb_array_elements_text(i.after)::uuid) END,
            CASE WHEN v.doomed_by IS NOT NULL THEN 0 ELSE coalesce(v.waiting, 0) END,
-           CASE WHEN v.doomed_by IS NOT NULL THEN 'canceled: parent ' || v.doomed_by END{tenant_input}
+           CASE WHEN v.doomed_by IS NOT NULL THEN 'canceled: parent ' || v.doomed_by END,
+           CASE WHEN jsonb_typeof(i.names) = 'array'
+                THEN ARRAY(SELECT x.name FROM jsonb_array_elements_text(i.names) WITH ORDINALITY AS x(name, n)
+                           ORDER BY x.n) END,
+           CASE WHEN i.any_end THEN true END{tenant_input}
     FROM (SELECT *, coalesce(available_at, statement_timestamp()) AS at FROM input) AS i
     LEFT JOIN verdict v ON v.ord = i.ord
     WHERE NOT EXISTS (SELECT FROM unknown) AND NOT EXISTS (SELECT FROM too_deep)
@@ -109,6 +119,7 @@ WITH input AS (
     JOIN parent p ON p.id = e.parent
     LEFT JOIN verdict v ON v.ord = e.ord
     WHERE i.id IN (SELECT id FROM inserted) AND p.state <> 'done' AND v.doomed_by IS NULL
+      AND NOT (i.any_end AND p.state IN ('dead', 'canceled'))
 )
 SELECT -1::bigint, u.id, NULL::text AS too_deep FROM unknown u WHERE NOT EXISTS (SELECT FROM too_deep)
 UNION ALL

@@ -7,7 +7,9 @@
 -- apply one row twice nor wait on each other. A child is released (pending, or scheduled
 -- while its time is ahead) when no parent it waits for is left, or canceled, named after
 -- a parent that ended dead or canceled; a parent no longer there (deleted by hand) leaves
--- its child blocked, as its end would have. One row per topic woken: how many jobs became
+-- its child blocked, as its end would have. A child that takes any end (a group's
+-- finally_, parents_any_end, migration 0020) counts a dead or canceled parent as ended,
+-- never as doomed. One row per topic woken: how many jobs became
 -- pending or scheduled; a wake-up per topic when %(notify)s.
 -- SPEC DS4: it also applies the signals owed (job_signal rows not yet looked at, oldest
 -- first, their jobs not running): a job scheduled waiting for one becomes pending; the
@@ -21,17 +23,17 @@ WITH due AS (
     LIMIT %(batch)s
     FOR UPDATE OF w SKIP LOCKED
 ), free AS (
-    SELECT c.id
+    SELECT c.id, coalesce(c.parents_any_end, false) AS any_end
     FROM {job} c
     WHERE c.id = ANY (ARRAY(SELECT DISTINCT d.child FROM due d))
     FOR UPDATE SKIP LOCKED
 ), verdict AS (
     SELECT d.child,
-           count(*) FILTER (WHERE d.parent_state = 'done') AS done,
+           count(*) FILTER (WHERE d.parent_state = 'done' OR (f.any_end AND d.parent_state IS NOT NULL)) AS done,
            min(d.parent::text || ' ended ' || d.parent_state)
-               FILTER (WHERE d.parent_state IN ('dead', 'canceled')) AS doomed_by
+               FILTER (WHERE d.parent_state IN ('dead', 'canceled') AND NOT f.any_end) AS doomed_by
     FROM due d
-    WHERE d.child = ANY (ARRAY(SELECT f.id FROM free f))
+    JOIN free f ON f.id = d.child
     GROUP BY d.child
 ), changed AS (
     UPDATE {job} c

@@ -6,7 +6,8 @@
 -- parent's death runs again only with its branch: docs/workflows.md; a parent retention
 -- deleted may have died, and parent_results could not find it). The done parents are
 -- key-share locked, as an enqueue naming them locks them, so retention cannot delete one
--- before this commit.
+-- before this commit. A group's finally_ (parents_any_end) needs its parents ended, in
+-- any state, as its first run did.
 -- The notification wakes the engines of its topic.
 WITH retried AS (
     UPDATE {job} j
@@ -18,7 +19,8 @@ WITH retried AS (
           WHERE h.topic = j.topic AND h.unique_key = j.unique_key
             AND h.state IN ('scheduled', 'pending', 'processing', 'failed', 'blocked')))
       AND (j.parents IS NULL
-           OR (SELECT count(*) FROM (SELECT FROM {job} p WHERE p.id = ANY (j.parents) AND p.state = 'done'
+           OR (SELECT count(*) FROM (SELECT FROM {job} p WHERE p.id = ANY (j.parents)
+                                       AND (p.state = 'done' OR (j.parents_any_end AND p.state IN ('dead', 'canceled')))
                                      FOR KEY SHARE) AS done)
               = (SELECT count(DISTINCT x.id) FROM unnest(j.parents) AS x(id)))
     RETURNING j.id, j.topic

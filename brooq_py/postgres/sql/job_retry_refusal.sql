@@ -1,7 +1,7 @@
 -- name: job_retry_refusal
 -- Why a retry changed nothing: the job's state, and the active job holding its
 -- unique key (SPEC U3), if any, and a parent not done with its state, or one no longer
--- there (SPEC D2, D4), if any.
+-- there (SPEC D2, D4), if any (for a group's finally_: a parent not ended).
 -- No row: no such job.
 SELECT j.state,
        (SELECT h.id::text FROM {job} h
@@ -12,6 +12,8 @@ SELECT j.state,
        (SELECT x.id::text || coalesce(' is ' || p.state, ' no longer exists')
         FROM unnest(j.parents) AS x(id)
         LEFT JOIN {job} p ON p.id = x.id
-        WHERE p.state IS DISTINCT FROM 'done' LIMIT 1)
+        WHERE p.state IS DISTINCT FROM 'done'
+          AND (j.parents_any_end AND p.state IN ('dead', 'canceled')) IS NOT TRUE
+        LIMIT 1)
 FROM {job} j
 WHERE j.id = %(id)s

@@ -14,6 +14,9 @@
 -- written when a batch holds two of one job (a late outcome of an older claim beside the new).
 -- DS3, DS4: a scheduled outcome (a durable sleep, a wait for a signal, a Snooze) frees the
 -- claim like a pending one, and names the signal the job waits for (NULL for every other).
+-- The outcomes are unnested once, in the subquery that locks their rows: joined to them
+-- after the lock instead, the planner took a nested loop that unnested every array once
+-- per outcome (O(n^2): 270 ms for a batch of 500, SPEC BD1).
 UPDATE {job} j
 SET state = u.state,
     attempts = CASE WHEN u.give_back THEN greatest(j.attempts - 1, 0) ELSE j.attempts END,
@@ -33,19 +36,16 @@ SET state = u.state,
     updated_at = now()
 FROM (
     SELECT o.*
-    FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(states)s::text[], %(delays)s::float8[],
-                %(give_back)s::bool[], %(errors)s::text[], %(results)s::jsonb[], %(tracebacks)s::text[],
-                %(waits)s::text[])
-        AS o(id, token, state, delay, give_back, error, result, traceback, waiting)
-    JOIN (
-        SELECT f.id, f.claim_token
-        FROM {job} f
-        JOIN (SELECT x.id, x.token, 'processing'::text AS guard
-              FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) AS x(id, token) OFFSET 0) g ON f.id = g.id
-        WHERE f.id = ANY (%(ids)s::uuid[]) AND f.state = g.guard AND f.claim_token = g.token
-        FOR NO KEY UPDATE OF f SKIP LOCKED
-    ) AS free ON free.id = o.id AND free.claim_token = o.token
+    FROM {job} f
+    JOIN (SELECT x.*, 'processing'::text AS guard
+          FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(states)s::text[], %(delays)s::float8[],
+                      %(give_back)s::bool[], %(errors)s::text[], %(results)s::jsonb[], %(tracebacks)s::text[],
+                      %(waits)s::text[])
+              AS x(id, token, state, delay, give_back, error, result, traceback, waiting)
+          OFFSET 0) o ON f.id = o.id
+    WHERE f.id = ANY (%(ids)s::uuid[]) AND f.state = o.guard AND f.claim_token = o.token
+    FOR NO KEY UPDATE OF f SKIP LOCKED
 ) AS u
-WHERE j.id = ANY (%(ids)s::uuid[]) AND j.id = u.id
+WHERE j.id = u.id
 RETURNING j.id::text, (SELECT pg_notify({settled_channel_literal}, '') WHERE %(notify)s::bool),
     j.claim_token::text

@@ -150,7 +150,7 @@ class WorkerRepo:
     enqueue_tx = delegate(Producer.enqueue_tx, "producer")
     enqueue_many = delegate(Producer.enqueue_many, "producer")
     enqueue_tick = delegate(Producer.enqueue_tick, "producer")
-    parent_results = delegate(Producer.parent_results, "producer")
+    parents = delegate(Producer.parents, "producer")
     cancel = delegate(Producer.cancel, "producer")
     get = delegate(Producer.get, "producer")
     begin = delegate(Session.begin, "session")
