@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+from psycopg import sql
 
 from brooq_py.engine import Config, Engine
 from brooq_py.http.api import READ_METHODS, ROUTES
@@ -51,14 +52,28 @@ def server(store: Store, request: pytest.FixtureRequest) -> Iterator[Server]:
 
 
 def jobs(store: Store, pool: Any) -> dict[str, str]:
-    """A pending job (cancelable) and a dead one (retryable)."""
+    """A pending job (cancelable), a dead one (retryable), one to signal and a dead member halting
+    its sequence (resumable)."""
     dead = store.enqueue(Job(TOPIC, {"n": 1})).id
-    kill(pool, store.schema, [dead])
-    return {"pending": store.enqueue(Job(TOPIC, {"n": 2})).id, "dead": dead}
+    halting = store.enqueue(Job(TOPIC, {"n": 3}, sequence="s1")).id
+    store.enqueue(Job(TOPIC, {"n": 4}, sequence="s1"))
+    kill(pool, store.schema, [dead, halting])
+    return {
+        "pending": store.enqueue(Job(TOPIC, {"n": 2})).id,
+        "dead": dead,
+        "signalled": store.enqueue(Job(TOPIC, {"n": 5})).id,
+    }
+
+
+def count(pool: Any, schema: str, query: str, *args: Any) -> int:
+    """One count, *query*'s ``{s}`` being the test's schema."""
+    with pool.connection() as conn:
+        row = conn.execute(sql.SQL(query).format(s=sql.Identifier(schema)), args).fetchone()
+    return int(row[0])
 
 
 # Every action route of the surface, and how to see it took effect: (path, did it act?).
-def surface_actions(store: Store, ids: dict[str, str]) -> list[tuple[str, Callable[[], bool]]]:
+def surface_actions(store: Store, ids: dict[str, str], pool: Any) -> list[tuple[str, Callable[[], bool]]]:
     def state(job_id: str) -> State:
         row = store.get(job_id)
         assert row is not None
@@ -71,6 +86,41 @@ def surface_actions(store: Store, ids: dict[str, str]) -> list[tuple[str, Callab
         (f"/topics/{TOPIC}/resume", lambda: TOPIC not in store.paused() and setting(store) is not None),
         (f"/topics/{TOPIC}/rate/10/1s", lambda: getattr(setting(store), "rate_limit", None) == 10),
         (f"/topics/{TOPIC}/depth/5", lambda: getattr(setting(store), "max_depth", None) == 5),
+        (
+            f"/jobs/{ids['signalled']}/signals/approve",
+            lambda: (
+                count(
+                    pool,
+                    store.schema,
+                    "SELECT count(*) FROM {s}.job_signal WHERE job_id = %s",
+                    ids["signalled"],
+                )
+                == 1
+            ),
+        ),
+        (
+            f"/topics/{TOPIC}/tenants/acme/limit/3",
+            lambda: any(t.tenant == "acme" and t.limit == 3 for t in store.flow.tenants(TOPIC)),
+        ),
+        (
+            f"/topics/{TOPIC}/tenants/limit/2",
+            lambda: (
+                count(
+                    pool,
+                    store.schema,
+                    "SELECT count(*) FROM {s}.topic_setting WHERE topic = %s AND tenant_limit = 2",
+                    TOPIC,
+                )
+                == 1
+            ),
+        ),
+        (
+            f"/topics/{TOPIC}/sequences/s1/resume",
+            lambda: (
+                count(pool, store.schema, "SELECT count(*) FROM {s}.job_sequence_halt WHERE sequence = 's1'")
+                == 0
+            ),
+        ),
     ]
 
 
@@ -85,6 +135,10 @@ def test_k5_every_action_route_of_the_surface_is_covered_here() -> None:
     assert actions == [
         r"/jobs/([^/]+)/cancel",
         r"/jobs/([^/]+)/retry",
+        r"/jobs/([^/]+)/signals/([^/]+)",
+        r"/topics/(.+)/tenants/([^/]+)/(limit|rate|weight)/([^/]+(?:/[^/]+)?)",
+        r"/topics/(.+)/tenants/(limit|rate)/([^/]+(?:/[^/]+)?)",
+        r"/topics/(.+)/sequences/([^/]+)/resume",
         "/topics/(.+)/pause",
         "/topics/(.+)/resume",
         r"/topics/(.+)/rate/([^/]+(?:/[^/]+)?)",
@@ -101,7 +155,7 @@ def test_k5_viewer_reads_the_surface_and_is_refused_every_action(
             assert client.get(f"/jobs/{ids['pending']}", headers=bearer(token)).json()["state"] == "pending"
             assert client.get("/topics", headers=bearer(token)).status_code == 200
             assert client.head("/topics", headers=bearer(token)).status_code == 200
-        for path, acted in surface_actions(store, ids):
+        for path, acted in surface_actions(store, ids, pool):
             refused = client.post(path, headers=bearer(VIEWER))
             assert refused.status_code == 403, path
             assert "read" in refused.json()["error"]
