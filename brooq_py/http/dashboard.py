@@ -349,7 +349,7 @@ class Dashboard:
         act = _ACTIONS.get(name)
         if act is None:
             return self._error(request, 404, "No such action.")
-        values = {k: [str(v) for v in form.getlist(k)] for k in ("id", "topic", "value")}
+        values = {k: [str(v) for v in form.getlist(k)] for k in ("id", "topic", "value", "sequence")}
         try:
             message = await run_in_threadpool(act, self.op, values)
         except ActionError as exc:

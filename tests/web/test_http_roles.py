@@ -196,6 +196,7 @@ def ui_actions(ids: dict[str, str]) -> list[tuple[str, dict[str, str]]]:
         ("resume", {"topic": TOPIC}),
         ("rate", {"topic": TOPIC, "value": "10/1s"}),
         ("depth", {"topic": TOPIC, "value": "5"}),
+        ("sequence-resume", {"topic": TOPIC, "sequence": "s1"}),
     ]
 
 
@@ -219,6 +220,7 @@ def check_dashboard(client: httpx.Client, store: Store, ids: dict[str, str], pre
         assert reply.status_code == 303, name
     acted = setting(store)
     assert acted is not None and acted.rate_limit == 10 and acted.max_depth == 5
+    assert store.resume_sequence(TOPIC, "s1") is False  # the dashboard's resume let it go on
 
 
 def test_k5_ui_on_the_surface_reads_for_the_viewer_and_acts_for_the_operator(store: Store, pool: Any) -> None:
