@@ -295,7 +295,7 @@ def test_l2_async_handlers_under_sigkill_p1_p2_p3(
     """Async handlers (tasks on the engine's loop) in worker processes SIGKILLed mid-job: every job
     settles once, attempts = failures + reaps + 1, children exactly for done parents."""
     rng = random.Random(11)
-    jobs = 300
+    jobs = 160
     ids = enqueue_parents(dsn, chaos_schema, make_payloads(jobs, rng, sleep=(0.3, 1.5)))
     settings = {"workers": 8, "lease": 2.0, "reaper_period": 0.5, "async": True}
     live = [spawn(dsn, chaos_schema, **settings) for _ in range(2)]
