@@ -278,7 +278,11 @@ def main() -> None:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # a stop that hangs shows where (Worker.stop)
     engine.start()
     print(f"ready {worker_id}", flush=True)
-    stop.wait()
+    # A timed wait: the kernel may deliver SIGTERM to any thread, and then the handler runs only
+    # when the main thread next returns to the interpreter; blocked in an untimed wait, it never
+    # did (seen as a worker ignoring SIGTERM for 30 s under load, every service thread idle).
+    while not stop.wait(0.2):
+        pass
     engine.close()
     pool.close()
     print("stopped", flush=True)

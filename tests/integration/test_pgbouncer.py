@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -47,8 +47,11 @@ def bounced_pool(bouncer: str) -> Iterator[ConnectionPool[Any]]:
         p.close()
 
 
-def run_jobs(store: Store, config: Config, n: int) -> None:
-    """Enqueue n ready jobs (one inside a transaction) and 3 scheduled ones; an engine runs them all."""
+def run_jobs(
+    store: Store, config: Config, n: int, until: tuple[Callable[[], object], str] | None = None
+) -> None:
+    """Enqueue n ready jobs (one inside a transaction) and 3 scheduled ones; an engine runs them all
+    (and runs on until *until*'s condition holds, when given)."""
     done: list[int] = []
     lock = threading.Lock()
 
@@ -66,6 +69,8 @@ def run_jobs(store: Store, config: Config, n: int) -> None:
         soon = datetime.now(UTC) + timedelta(seconds=1)
         ids += [store.enqueue(Job("z5", n + 1 + i, available_at=soon)).id for i in range(3)]
         wait_for(lambda: len(done) == n + 4, "every job ran", 60)
+        if until is not None:
+            wait_for(until[0], until[1], 60)
     finally:
         engine.stop(5)
     for job_id in ids:
@@ -94,12 +99,13 @@ def test_z5_z3_listen_through_pgbouncer_is_refused_once_and_polling_carries_on(
     store.worker.listen_probe_timeout = 1.0
     try:
         with caplog.at_level(logging.ERROR, logger="brooq_py.postgres"):
-            run_jobs(store, Config(workers=4, poll_interval=0.2, lease=6), 40)
-            wait_for(
+            # The engine runs on until its LISTEN was refused: on a loaded machine the jobs may all
+            # be done before the probe's answer is due.
+            refused = (
                 lambda: [r for r in caplog.records if "delivers no notifications" in r.getMessage()],
                 "the refusal",
-                30,
             )
+            run_jobs(store, Config(workers=4, poll_interval=0.2, lease=6), 40, until=refused)
         refusals = [r for r in caplog.records if "delivers no notifications" in r.getMessage()]
         assert len(refusals) == 1 and refusals[0].levelno == logging.ERROR
     finally:
