@@ -68,6 +68,9 @@ class MustPreserveAttempt(Exception):
     """Retry with backoff and give the attempt back; such a failure never makes a job dead."""
 
 
+MAX_SNOOZE = timedelta(days=36_525)
+
+
 class Snooze(Exception):
     """Move the job back to scheduled for *delay*, the attempt given back, nothing recorded (SPEC DS3).
 
@@ -79,6 +82,8 @@ class Snooze(Exception):
         self.delay: timedelta = to_timedelta(delay, "delay")
         if self.delay < timedelta(0):
             raise ValueError("Snooze: delay must not be negative")
+        if self.delay > MAX_SNOOZE:  # the wake-up must be a time PostgreSQL can store
+            raise ValueError("Snooze: delay must be at most 100 years")
         self.waiting_for: str | None = None
         super().__init__(f"snoozed for {self.delay.total_seconds():g}s")
 

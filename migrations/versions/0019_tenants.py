@@ -71,6 +71,12 @@ $$
 
 def upgrade() -> None:
     op.execute("ALTER TABLE job ADD COLUMN tenant text, ADD COLUMN turn double precision")
+    # A tenant is non-empty text, as Job.tenant checks: the empty name keys the settings of jobs
+    # that name none, so a psql INSERT with '' would share their bucket. NOT VALID: every row so
+    # far has NULL, nothing to scan.
+    op.execute(
+        "ALTER TABLE job ADD CONSTRAINT job_tenant_check CHECK (tenant <> '' AND octet_length(tenant) <= 255) NOT VALID"
+    )
     op.execute(
         "CREATE INDEX job_fair_idx ON job (topic, priority DESC, turn, id) "
         "WHERE state = 'pending' AND turn IS NOT NULL"

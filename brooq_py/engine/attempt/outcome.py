@@ -210,7 +210,9 @@ def decide(
         return outcome(State.DONE, result=ending.result)
     if phase is not Phase.RAISED or error is None:
         raise ValueError(f"no outcome for ending {phase} (error={error!r})")
-    snooze = find_signal(error, Snooze)
+    # Only a Snooze raised (or re-raised as the cause) ends the attempt so: one that merely was being
+    # handled when another error arose (its __context__) leaves that failure to spend the attempt.
+    snooze = next((e for e in (error, error.__cause__) if isinstance(e, Snooze)), None)
     if snooze is not None:  # DS3, DS4: back to scheduled (waiting for a signal), the attempt given back
         return outcome(State.SCHEDULED, delay=snooze.delay, give_back=True, waiting_for=snooze.waiting_for)
     if find_signal(error, MustCancelTask) is not None:
