@@ -1,4 +1,5 @@
-"""The README's "Enqueue inside your own transaction" snippets are complete programs: each runs
+"""The README's "Enqueue inside your own transaction" snippets (their asyncio forms in
+docs/enqueueing.md) are complete programs: each runs
 against real PostgreSQL and its order commits with its job (SPEC E3, A1). So do the complete
 programs (``<!-- program: name -->``) and test modules (``<!-- pytest-module: name -->``) of the
 README and of every page in docs/."""
@@ -39,7 +40,9 @@ def marked(kind: str) -> dict[str, str]:
 
 
 def snippets() -> dict[str, str]:
-    return dict(MARK.findall(README.read_text(encoding="utf-8")))
+    """The README's programs, and their asyncio forms in docs/enqueueing.md."""
+    pages = (README, ROOT / "docs" / "enqueueing.md")
+    return {k: v for page in pages for k, v in MARK.findall(page.read_text(encoding="utf-8"))}
 
 
 def counts(dsn: str, schema: str) -> tuple[int, int]:
