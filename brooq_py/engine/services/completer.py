@@ -61,24 +61,18 @@ class Completer:
 
     def put(self, outcome: Outcome) -> bool:
         """Buffer *outcome*, waiting for room; False once ``stop()`` began (the caller writes it)."""
-        with self._cond:
-            if self._stopping and self._thread is None:
-                return False
-            while len(self._buf) >= self._max_buffer and self._thread is not None and not self._stopping:
-                self._cond.wait(0.5)
-            self._buffer(outcome)
-            return True
+        return self.put_many((outcome,))
 
     def put_many(self, outcomes: Sequence[Outcome]) -> bool:
-        """Buffer *outcomes* at once, waiting for room, so one flush takes them together; False once
-        ``stop()`` began (the caller writes them)."""
+        """Buffer *outcomes* at once (one flush takes a batch's together), waiting for room; False
+        once ``stop()`` began (the caller writes them)."""
         with self._cond:
             if self._stopping and self._thread is None:
                 return False
             while len(self._buf) >= self._max_buffer and self._thread is not None and not self._stopping:
                 self._cond.wait(0.5)
-            self._buf.extend(outcomes)
-            self._cond.notify_all()
+            for outcome in outcomes:
+                self._buffer(outcome)
             return True
 
     def has_room(self) -> bool:
