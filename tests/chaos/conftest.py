@@ -25,9 +25,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from brooq_py.postgres import migrations
 from tests.chaos import invariants
-from tests.conftest import ddl_dsn, drop_schema, own_server
+from tests.conftest import drop_schema, migrate, own_server
 
 WORKER = Path(__file__).with_name("worker_proc.py")
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -50,7 +49,7 @@ def dsn() -> str:
 
 def make_chaos_schema(dsn: str) -> str:
     name = "chaos_" + uuid.uuid4().hex[:16]
-    migrations.upgrade(ddl_dsn(dsn), schema=name)
+    migrate(dsn, name)
     invariants.install(dsn, name)
     return name
 

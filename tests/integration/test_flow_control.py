@@ -15,10 +15,10 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from brooq_py.engine import Engine
-from brooq_py.postgres import AsyncStore, Store, WrapTx, migrations
+from brooq_py.postgres import AsyncStore, Store, WrapTx
 from brooq_py.queue import Job, QueueFull, State
 from brooq_py.queue.port import Outcome
-from tests.conftest import ddl_dsn, drop_schema, own_server
+from tests.conftest import ddl_dsn, drop_schema, migrate, own_server
 from tests.integration.conftest import q
 from tests.polling import wait_for
 
@@ -303,7 +303,7 @@ def test_f2_on_a_schema_without_the_depth_sequence_every_capped_enqueue_counts(
     the statements find it by name) caps hold as before (each enqueue counts). The schema is at head
     otherwise: this release's enqueue writes columns of later migrations."""
     name = "t_" + uuid.uuid4().hex
-    migrations.upgrade(ddl_dsn(dsn), schema=name)
+    migrate(dsn, name)
     with psycopg.connect(ddl_dsn(dsn), autocommit=True) as conn:
         conn.execute(sql.SQL("DROP SEQUENCE {}").format(sql.Identifier(name, "job_depth_seq")))
     store = Store(pool, schema=name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from collections.abc import Iterator
@@ -275,3 +276,25 @@ def test_s3_concurrent_upgrades_in_processes_apply_once(dsn: str, bare_schema: s
     procs = [subprocess.Popen([sys.executable, "-c", code, dsn, bare_schema]) for _ in range(3)]
     assert [p.wait(60) for p in procs] == [0, 0, 0]
     assert migrations.current(dsn, schema=bare_schema) == REVISIONS[-1]
+
+
+def test_a_test_schema_is_the_schema_the_migrations_build(dsn: str, schema: str, bare_schema: str) -> None:
+    """The suite's schemas are a pg_dump of one migrated schema replayed (tests/conftest.py): each
+    must equal, object for object, the schema the migrations build, function bodies included."""
+    migrations.upgrade(dsn, schema=bare_schema)
+
+    def shape(name: str) -> dict[str, Any]:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            bodies = conn.execute(
+                "SELECT p.proname, p.prosrc, p.proconfig::text, pg_get_function_arguments(p.oid) "
+                "FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = %s "
+                "ORDER BY 1",
+                (name,),
+            ).fetchall()
+            version = conn.execute(
+                sql.SQL("SELECT version_num FROM {}").format(sql.Identifier(name, migrations.VERSION_TABLE))
+            ).fetchall()
+        found = {**snapshot(dsn, name), "bodies": bodies, "version": version}
+        return json.loads(json.dumps(found, default=str).replace(name, "<schema>"))
+
+    assert shape(schema) == shape(bare_schema)

@@ -64,10 +64,11 @@ def test_s7_stager_promotes_due_rows_and_wakes_the_dispatcher(repo: FakeRepo) ->
 
 def test_s7_a_full_batch_is_repeated_in_the_same_tick(repo: FakeRepo) -> None:
     woken = Woken()
-    at = later(0.01)  # one due time: next_due is the earliest, and every row must be due
-    for i in range(25):
-        repo.enqueue(Job("a", i, available_at=at))
-    wait_for(lambda: (repo.next_due(["a"]) or 1) <= 0, "the jobs are due")
+    for i in range(25):  # scheduled, each of them (a due time near enough could pass mid-loop)
+        repo.enqueue(Job("a", i, available_at=later(60)))
+    due = repo.now() - 1.0
+    for r in repo.rows.values():  # then due, at one time
+        r.available_at = due
     s = stager(repo, woken, batch=10)
     s.run_once()
     assert repo.calls["stage"] == 3  # 10, 10, 5: the short batch ends the tick
