@@ -15,7 +15,7 @@ from psycopg_pool import ConnectionPool
 
 from brooq_py.engine import Engine
 from brooq_py.postgres import Store
-from brooq_py.queue import Claim, Context, Job, State
+from brooq_py.queue import Claim, Context, Job, QueueFull, State
 from tests.integration.conftest import q
 from tests.polling import wait_for
 
@@ -103,10 +103,6 @@ def test_t2_tenant_limit_and_sequences_and_parking_with_two_engines(
         assert ns == sorted(ns), (s, ns)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="enqueue_many past a parking cap parks the whole batch, even the jobs that fit under the cap of an empty topic",
-)
 def test_f3_a_batch_past_a_parking_cap_parks_only_the_jobs_past_it(
     store: Store, pool: ConnectionPool[Any], schema: str
 ) -> None:
@@ -116,6 +112,69 @@ def test_f3_a_batch_past_a_parking_cap_parks_only_the_jobs_past_it(
     states = [r[0] for r in q(pool, schema, "SELECT state FROM {job} WHERE topic = %s ORDER BY id", topic)]
     # the topic was empty: the first three fit under the cap and are runnable, the last three are parked
     assert states == ["pending"] * 3 + ["parked"] * 3
+
+
+def test_f3_a_batch_takes_the_room_left_in_order_and_parks_behind_parked_jobs(
+    store: Store, pool: ConnectionPool[Any], schema: str
+) -> None:
+    topic = "park.room"
+    store.set_max_depth(topic, 3, park=True)
+    store.enqueue(Job(topic, "first"))
+    store.enqueue_many([Job(topic, n, sequence="s" if n % 2 else None) for n in range(4)])
+    rows = q(pool, schema, "SELECT payload, state FROM {job} WHERE topic = %s ORDER BY id", topic)
+    # one waits already: two fit (a member of a sequence waits blocked, counted), the other two park
+    assert [r[1] for r in rows] == ["pending", "pending", "blocked", "parked", "parked"]
+    # parked jobs wait: a later batch parks whole, though the cap has room after a cancel
+    store.cancel(str(q(pool, schema, "SELECT id FROM {job} WHERE topic = %s AND payload = '0'", topic)[0][0]))
+    store.enqueue_many([Job(topic, "late")])
+    assert q(pool, schema, "SELECT state FROM {job} WHERE topic = %s AND payload = '\"late\"'", topic) == [
+        ("parked",)
+    ]
+
+
+def _halt(store: Store, pool: ConnectionPool[Any], schema: str, topic: str, members: int) -> str:
+    """A sequence "s" of *topic* halted behind a dead first member, *members* more blocked behind it."""
+    m1 = store.enqueue(Job(topic, "m1", sequence="s"))
+    q(pool, schema, "UPDATE {job} SET state = 'dead' WHERE id = %s", m1.id)
+    for n in range(members):
+        store.enqueue(Job(topic, f"m{n + 2}", sequence="s"))
+    return m1.id
+
+
+@pytest.mark.parametrize("how", ["resume", "retry"])
+def test_q5_f2_a_halted_sequence_released_counts_again_toward_the_cap(
+    store: Store, pool: ConnectionPool[Any], schema: str, how: str
+) -> None:
+    """The members behind a halted sequence are not in the depth; once it is resumed (or its dead
+    member retried) they are again at once: no Store's bound of the depth may still leave them out."""
+    topic = f"cap.{how}"
+    store.set_max_depth(topic, 10)
+    dead = _halt(store, pool, schema, topic, 6)
+    for n in range(5):  # the halted members are not counted: five fit under ten (and the Store anchors)
+        store.enqueue(Job(topic, n))
+    if how == "resume":
+        assert store.resume_sequence(topic, "s")
+    else:
+        assert store.retry(dead)
+    # eleven or twelve waiting now: the Store's bound (made while they were left out) admits nothing
+    with pytest.raises(QueueFull):
+        store.enqueue(Job(topic, "over"))
+    with pytest.raises(QueueFull):
+        store.enqueue_many([Job(topic, "over")])
+
+
+def test_q5_f3_a_resumed_sequence_on_a_parking_topic_is_released_only_up_to_the_cap(
+    store: Store, pool: ConnectionPool[Any], schema: str
+) -> None:
+    topic = "park.resume"
+    store.set_max_depth(topic, 3, park=True)
+    _halt(store, pool, schema, topic, 2)
+    store.enqueue_many([Job(topic, n) for n in range(5)])  # three fit, two parked
+    assert store.resume_sequence(topic, "s")  # the two members count again: five waiting
+    for _ in range(3):
+        store.worker.stage([topic], 100)
+    states = sorted(r[0] for r in q(pool, schema, "SELECT state FROM {job} WHERE topic = %s", topic))
+    assert states.count("parked") == 2, states
 
 
 def test_t2_a_topics_first_tenant_jobs_while_engines_claim_it(
@@ -151,10 +210,6 @@ def test_t2_a_topics_first_tenant_jobs_while_engines_claim_it(
     assert over == []
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="the blocked members behind a halted sequence fill a parking topic's depth cap, so no other job of the topic is ever released",
-)
 def test_q5_f3_a_halted_sequence_on_a_parking_topic_holds_up_the_topics_other_jobs(
     store: Store, engines: Callable[..., Engine]
 ) -> None:
@@ -203,10 +258,6 @@ def test_t2_a_batch_handler_on_a_limited_tenant_topic(store: Store, engines: Cal
     assert max(seen) <= 1, seen
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="the blocked members behind a halted sequence count toward a topic's depth cap, so every other enqueue of the topic is refused QueueFull",
-)
 def test_q5_f2_a_halted_sequence_on_a_capped_topic_refuses_the_topics_other_jobs(
     store: Store, engines: Callable[..., Engine]
 ) -> None:

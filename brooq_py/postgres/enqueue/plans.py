@@ -124,7 +124,10 @@ def known_caps(q: Queries, caps: TopicCaps) -> Plan[Mapping[str, int]]:
     """The depth caps, read again (one small statement) when the cached ones are older than a second."""
     known = caps.fresh()
     if known is None:
-        known = caps.load((yield q["topic_caps"], {}))
+        rows = yield q["topic_caps"], {}
+        if rows:  # whether the depth count may read job_sequence_halt (Queries.halts)
+            q.halts = bool(rows[0][-1])
+        known = caps.load(rows)
     return known
 
 

@@ -45,18 +45,24 @@ class Query:
     rows: bool = True
 
 
-def _fragment(name: str, schema: str) -> sql.Composed:
-    """``sql/<name>.sql`` rendered for *schema*, without its comment lines, to stand inside a statement."""
-    text = "\n".join(line for line in load(name).splitlines() if not line.lstrip().startswith("--"))
+def _fragment(name: str, schema: str, halts: bool = True) -> sql.Composed:
+    """``sql/<name>.sql`` rendered for *schema*, without its comment lines, to stand inside a statement
+    (*halts*: see ``Queries.halts``)."""
+    source = name if halts or name != "depth_waiting" else "depth_waiting_0017"
+    text = "\n".join(line for line in load(source).splitlines() if not line.lstrip().startswith("--"))
+    inner = {f: _fragment(f, schema, halts) for f in _FRAGMENTS if f != name and "{" + f + "}" in text}
     return sql.SQL(text).format(
         job=sql.Identifier(schema, "job"),
         job_step=sql.Identifier(schema, "job_step"),
+        job_sequence_halt=sql.Identifier(schema, "job_sequence_halt"),
         depth_seq=_depth_seq(schema),
+        **inner,
     )
 
 
-# Files that are parts of statements, not statements: ``{name}`` in a statement stands for one.
-_FRAGMENTS = ("depth_room", "job_row_columns")
+# Files that are parts of statements, not statements: ``{name}`` in a statement (or in another
+# fragment) stands for one.
+_FRAGMENTS = ("depth_room", "depth_waiting", "job_row_columns")
 
 
 def _depth_seq(schema: str) -> sql.Composable:
@@ -75,12 +81,12 @@ _TABLES = (
     "topic_setting",
     "tenant_setting",
     "schedule_tick",
-    # migration 0018: sequences' tables and functions, and the release of parked jobs
+    # migration 0018: sequences' tables and functions (its job_parked_release() is not called:
+    # topic_parked_release counts as depth_waiting does)
     "job_sequence_due",
     "job_sequence_halt",
     "job_sequence_release",
     "job_sequence_resume",
-    "job_parked_release",
 )
 
 
@@ -96,17 +102,22 @@ def tenanted(name: str, tenant: bool) -> str:
     return name + TENANT if tenant else name
 
 
-def render(name: str, schema: str, *, rows: bool = True) -> Query:
-    """Render ``sql/<name>.sql`` for *schema* (*rows*: see ``Query``); ``<name>+tenant``: see TENANT."""
+def render(name: str, schema: str, *, rows: bool = True, halts: bool = True) -> Query:
+    """Render ``sql/<name>.sql`` for *schema* (*rows*: see ``Query``; *halts*: see ``Queries.halts``);
+    ``<name>+tenant``: see TENANT."""
     base, suffix, _ = name.partition(TENANT)
     template = sql.SQL(load(base))
     args: dict[str, sql.Composable] = {
-        f: _fragment(f, schema) if "{" + f + "}" in template.as_string(None) else sql.SQL("")
+        f: _fragment(f, schema, halts) if "{" + f + "}" in template.as_string(None) else sql.SQL("")
         for f in _FRAGMENTS
     }
     args.update({t: sql.Identifier(schema, t) for t in _TABLES})
     args.update({k: sql.SQL(v if suffix else "") for k, v in _TENANT_FRAGMENTS.items()})
-    args.update(depth_seq=_depth_seq(schema), version_table=sql.Identifier(schema, "brooq_alembic_version"))
+    args.update(
+        depth_seq=_depth_seq(schema),
+        version_table=sql.Identifier(schema, "brooq_alembic_version"),
+        halt_table=sql.Literal(sql.Identifier(schema, "job_sequence_halt").as_string(None)),
+    )
     for key, channel in (
         ("channel", channel_for),
         ("stage_channel", stage_channel_for),
@@ -125,18 +136,25 @@ _COUNTED = frozenset({"job_enqueue_plain", "job_enqueue_unique_new", "job_enqueu
 
 
 class Queries:
-    """Every statement a store runs, by name, rendered for one schema once, on first use."""
+    """Every statement a store runs, by name, rendered for one schema once, on first use.
+
+    ``halts``: whether the schema has ``job_sequence_halt`` (migration 0018), as the last read of the
+    depth caps said (``topic_caps``). The depth count leaves out the members held behind a halted
+    sequence (``depth_waiting``); on an older schema, where a producer of this release still writes
+    capped jobs, it counts as before (``depth_waiting_0017``)."""
 
     def __init__(self, schema: str) -> None:
         self.schema = schema
-        self._rendered: dict[str, Query] = {}
+        self.halts = True
+        self._rendered: dict[tuple[str, bool], Query] = {}
 
     def __getitem__(self, name: str) -> Query:
         """Return ``sql/<name>.sql`` rendered for this schema."""
-        query = self._rendered.get(name)
+        key = (name, self.halts)
+        query = self._rendered.get(key)
         if query is None:
             counted = name.partition(TENANT)[0] in _COUNTED
-            query = self._rendered[name] = render(name, self.schema, rows=not counted)
+            query = self._rendered[key] = render(name, self.schema, rows=not counted, halts=self.halts)
         return query
 
 

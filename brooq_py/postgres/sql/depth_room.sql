@@ -3,7 +3,7 @@
 -- ({depth_room} in them; they follow with ")" and their own CTEs): n, the depth sequence's
 -- last value; r, the job's time and, unless the Store's bound (%(base)s waiting jobs at
 -- sequence %(seq0)s, migration 0014) proves room, the topic's waiting jobs counted up to
--- %(cap)s; a, whether there is room, the new anchor and horizon for the Store's bound, and
+-- %(cap)s (depth_waiting.sql); a, whether there is room, the new anchor and horizon for the Store's bound, and
 -- the sequence value a job to write takes (after its transaction's id). A count anchors only
 -- in a transaction that had written nothing before it (r.wrote): one that had may have claimed,
 -- canceled or deleted waiting jobs of the topic, which its count does not see and which come
@@ -16,11 +16,8 @@ n AS (
            CASE WHEN %(cap)s::int IS NULL
                   OR (n.last >= %(seq0)s::bigint AND %(base)s::bigint + (n.last - %(seq0)s::bigint) + 1 <= %(cap)s)
                 THEN NULL
-                ELSE (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = %(topic)s AND state = 'pending'
-                                            LIMIT %(cap)s) AS p)
-                   + (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = %(topic)s
-                                                AND state IN ('scheduled', 'failed', 'blocked')
-                                            LIMIT %(cap)s) AS w)
+                ELSE (SELECT d.waiting FROM (SELECT %(topic)s::text AS topic, %(cap)s::int AS cap) AS dt,
+                                            LATERAL ({depth_waiting}) AS d)
            END AS seen
     FROM n
 ), a AS (

@@ -46,10 +46,7 @@ WITH input AS (
     SELECT c.topic
     FROM fresh c
     WHERE c.taken >= 0 AND c.n > 0
-      AND (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = c.topic AND state = 'pending' LIMIT c.cap) AS p)
-        + (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = c.topic
-                                     AND state IN ('scheduled', 'failed', 'blocked') LIMIT c.cap) AS w)
-        + c.n > c.cap
+      AND (SELECT d.waiting FROM (SELECT c.topic, c.cap) AS dt, LATERAL ({depth_waiting}) AS d) + c.n > c.cap
 ), edge AS (
     SELECT *
     FROM ROWS FROM (unnest(%(edge_ords)s::int[]), unnest(%(edge_parents)s::uuid[])) AS e(ord, parent)

@@ -8,7 +8,7 @@
 -- the statement's snapshot sees them (both NULL: a holder committed meanwhile,
 -- ask again). The caller repeats nothing within the batch (each key once).
 -- Depth caps as in job_enqueue_many (a new job: neither key held, as the
--- snapshot sees it): (NULL, NULL, NULL, NULL, topic) rows.
+-- snapshot sees it): (NULL, NULL, NULL, NULL, topic) rows, or parked past a parking cap.
 WITH input AS (
     SELECT *
     FROM ROWS FROM (unnest(%(ids)s::uuid[]), unnest(%(topics)s::text[]),
@@ -38,25 +38,31 @@ WITH input AS (
     SELECT c.topic
     FROM fresh c
     WHERE c.taken >= 0 AND c.n > 0 AND c.topic <> ALL (%(park_topics)s::text[])
-      AND (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = c.topic AND state = 'pending' LIMIT c.cap) AS p)
-        + (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = c.topic
-                                     AND state IN ('scheduled', 'failed', 'blocked') LIMIT c.cap) AS w)
-        + c.n > c.cap
+      AND (SELECT d.waiting FROM (SELECT c.topic, c.cap) AS dt, LATERAL ({depth_waiting}) AS d) + c.n > c.cap
 ), parking AS (
-    -- SPEC F3: a parking topic's new jobs are written parked while parked jobs wait
-    -- (none jumps them) or when they would take it past its cap; never refused.
-    SELECT c.topic
+    -- SPEC F3: how many of a parking topic's new jobs fit under its cap: none while parked
+    -- jobs wait (none jumps them), else the room left. Its new jobs take that room in
+    -- enqueue order (ord); the ones past it are written parked, never refused.
+    SELECT c.topic,
+           CASE WHEN EXISTS (SELECT FROM {job} WHERE topic = c.topic AND state = 'parked') THEN 0
+                ELSE (SELECT c.cap - d.waiting FROM (SELECT c.topic, c.cap) AS dt, LATERAL ({depth_waiting}) AS d)
+           END AS fits
     FROM fresh c
     WHERE c.n > 0 AND c.topic = ANY (%(park_topics)s::text[])
-      AND (EXISTS (SELECT FROM {job} WHERE topic = c.topic AND state = 'parked')
-           OR (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = c.topic AND state = 'pending' LIMIT c.cap) AS p)
-              + (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = c.topic
-                                           AND state IN ('scheduled', 'failed', 'blocked') LIMIT c.cap) AS w)
-              + c.n > c.cap)
+), parked AS (
+    SELECT n.ord
+    FROM (SELECT i.ord, k.fits, row_number() OVER (PARTITION BY i.topic ORDER BY i.ord) AS turn
+          FROM input i
+          JOIN parking k ON k.topic = i.topic
+          WHERE NOT EXISTS (SELECT FROM {job} e WHERE e.topic = i.topic AND e.idempotency_key = i.key)
+            AND NOT EXISTS (SELECT FROM {job} e
+                            WHERE e.topic = i.topic AND e.unique_key = i.unique_key
+                              AND e.state IN ('scheduled', 'pending', 'processing', 'failed', 'blocked'))) AS n
+    WHERE n.turn > n.fits
 ), inserted AS (
     INSERT INTO {job} (id, topic, payload, idempotency_key, unique_key, meta, available_at, priority, state, sequence{tenant_col})
     SELECT id, topic, payload, key, unique_key, nullif(meta, 'null'::jsonb), at, priority,
-           CASE WHEN topic IN (SELECT k.topic FROM parking k) THEN 'parked'
+           CASE WHEN ord IN (SELECT p.ord FROM parked p) THEN 'parked'
                 WHEN at > statement_timestamp() THEN 'scheduled' ELSE 'pending' END,
            sequence{tenant_input}
     FROM (SELECT *, coalesce(available_at, statement_timestamp()) AS at FROM input) AS i

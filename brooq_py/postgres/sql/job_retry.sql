@@ -23,6 +23,13 @@ WITH retried AS (
                                        AND (p.state = 'done' OR (j.parents_any_end AND p.state IN ('dead', 'canceled')))
                                      FOR KEY SHARE) AS done)
               = (SELECT count(DISTINCT x.id) FROM unnest(j.parents) AS x(id)))
-    RETURNING j.id, j.topic
+    RETURNING j.id, j.topic, j.sequence
 )
-SELECT id, pg_notify({channel_literal}, topic) FROM retried
+SELECT id, pg_notify({channel_literal}, topic),
+       -- SPEC F2, Q5: a member of a sequence retried may end its sequence's halt, whose members
+       -- were not in the topic's depth (depth_waiting.sql): on a capped topic the depth sequence
+       -- moves past every Store's anchor (as topic_set_depth moves it), after this transaction's id.
+       CASE WHEN sequence IS NOT NULL
+                 AND EXISTS (SELECT FROM {topic_setting} s WHERE s.topic = retried.topic AND s.max_depth IS NOT NULL)
+            THEN setval(to_regclass({depth_seq}), nextval(to_regclass({depth_seq})) + 2147483648) END
+FROM retried

@@ -439,15 +439,27 @@ class WorkerRepo:
         # children of any topic (whichever stager runs first), counted as promoted: the dispatcher wakes
         params = {"topics": list(topics), "batch": batch, "notify": notify}
         released = self.session.run("releasing children of ended parents", self._q["job_release_due"], params)
-        parked = self.session.run(
-            "releasing sequences and parked jobs", self._q["job_sequence_release_due"], params
-        )
+        parking = self.session.run("releasing sequences", self._q["job_sequence_release_due"], params)
+        parked = self.release_parked([str(r[0]) for r in parking])
         rows = self.session.run("staging due jobs", self._q["job_stage"], params)
         dues = [float(r[2]) for r in rows if r[2] is not None]
         promoted = {str(r[0]): int(r[1]) for r in rows if r[1]}
         for topic, n, *_ in [*released, *parked]:
             promoted[str(topic)] = promoted.get(str(topic), 0) + int(n)
         return Staged(promoted, min(dues) if dues else None)
+
+    def release_parked(self, topics: Sequence[str]) -> Rows:
+        """Release the oldest parked jobs of *topics* up to the room under each one's cap (SPEC F3): lock
+        them (skipping those another stager holds), then count and release in a snapshot taken after
+        the locks; (topic, released, ...) for each topic that released jobs."""
+        if not topics:
+            return []
+        with self.session.autocommit("releasing parked jobs") as conn, conn.transaction():
+            run = on_connection(conn)
+            locked = run(self._q["topic_parked_lock"], {"topics": list(topics)})
+            if not locked:
+                return []
+            return run(self._q["topic_parked_release"], {"topics": [str(r[0]) for r in locked]})
 
     def next_due(self, topics: Sequence[str]) -> float | None:
         """Seconds until the earliest scheduled/failed row of *topics* is due (<= 0: due; None: none)."""
