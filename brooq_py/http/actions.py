@@ -11,8 +11,9 @@ import logging
 import re
 from typing import TYPE_CHECKING, Any, Protocol
 
-from brooq_py.postgres.flow.limits import TenantRow, parse_count, parse_rate
+from brooq_py.postgres.flow.limits import TenantPage, TenantRow, parse_count, parse_rate
 from brooq_py.queue import InvalidJob, JobRow, StoreUnavailable
+from brooq_py.queue.job import check_tenant
 
 if TYPE_CHECKING:
     from brooq_py.postgres.operator.overview import Overview, Topics
@@ -72,6 +73,15 @@ def topic_name(raw: str) -> str:
     """Return *raw* as a topic name, or raise ActionError(400)."""
     if not raw or "\x00" in raw or len(raw) > MAX_TOPIC or not raw.isprintable():
         raise ActionError(400, f"malformed topic: expected printable text of 1 to {MAX_TOPIC} characters")
+    return raw
+
+
+def tenant_name(raw: str) -> str:
+    """Return *raw* as a tenant's name (a job's kind of tenant), or raise ActionError(400)."""
+    try:
+        check_tenant(raw)
+    except InvalidJob as exc:
+        raise ActionError(400, f"malformed tenant: {exc}") from None
     return raw
 
 
@@ -192,11 +202,20 @@ class Operator:
         rows: list[TenantRow] = self.guarded("reading tenants", flow.tenants, topic)
         return rows
 
+    def tenant_page(self, raw_topic: str, limit: int) -> TenantPage:
+        """The topic's busiest *limit* tenants, its tenant defaults and its tenant of no name."""
+        topic = topic_name(raw_topic)
+        flow = getattr(self._controls(), "flow", None)
+        if flow is None:
+            raise ActionError(404, "not found")
+        page: TenantPage = self.guarded("reading tenants", flow.tenant_page, topic, limit)
+        return page
+
     def set_tenant(self, raw_topic: str, raw_tenant: str | None, what: str, raw_value: str) -> Any:
         """Set a tenant's (None: every tenant's) ``limit`` or ``rate`` or (a named one's) ``weight``
         from ``N|none`` (``N[/DURATION]|none`` for a rate); return the value set."""
         topic = topic_name(raw_topic)
-        tenant = None if raw_tenant is None else topic_name(raw_tenant)
+        tenant = None if raw_tenant is None else tenant_name(raw_tenant)
         controls = self._controls()
         try:
             if what == "rate":

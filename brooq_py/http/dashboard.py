@@ -31,8 +31,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from brooq_py.http.actions import ActionError, Operator
 from brooq_py.http.api import Gate, Gated, check_body
 from brooq_py.http.auth import SESSION_SECONDS, Role, Roles, is_loopback, loopback_name
-from brooq_py.http.render import jinja_env, job_view
+from brooq_py.http.render import jinja_env, job_view, tenants_path
 from brooq_py.postgres.async_store import AsyncStore
+from brooq_py.postgres.flow.limits import TENANT_COUNT_CAP, TENANT_SCAN
 from brooq_py.postgres.operator.overview import (
     FINISHED,
     SEARCH_SCAN,
@@ -50,6 +51,7 @@ log = logging.getLogger("brooq_py.web")
 
 COOKIE = "brooq_session"
 PAGE_SIZE = 50
+TENANTS_SHOWN = 100  # tenants on a topic's tenants page, the busiest first
 MAX_FILTER = 2000  # characters of a payload filter
 MAX_MESSAGE = 4000  # characters of an action's message, carried in the redirect's query
 RETRYABLE = (State.DEAD, State.CANCELED)
@@ -82,6 +84,7 @@ class Dashboard:
             Route("/jobs/{job_id}", self.job_page, name="job"),
             Route("/job/{job_id}", self.old_job_page, name="old_job"),
             Route("/dead", self.dead_page, name="dead"),
+            Route("/topics/{topic:path}/tenants", self.tenants_page, name="tenants"),
             Route("/login", self.login_page, methods=["GET", "POST"], name="login"),
             Route("/logout", self.logout, methods=["POST"], name="logout"),
             Route("/action/{action}", self.action, methods=["POST"], name="action"),
@@ -271,6 +274,29 @@ class Dashboard:
         }
         return self._page(request, template, context, 400 if filter_error else 200)
 
+    def tenants_page(self, request: Request) -> Response:
+        """A topic's tenants (SPEC T1-T3): the busiest first, bounded, with the forms that set the
+        defaults and a tenant's own limit, rate and weight."""
+        refused = self.guard(request)
+        if refused:
+            return refused
+        topic = request.path_params["topic"]
+        if not _possible_topic(topic):
+            return self._error(request, 400, "No job can have that topic.")
+        try:
+            page = self.op.tenant_page(topic, TENANTS_SHOWN)
+        except ActionError as exc:
+            return self._error(request, exc.status, exc.message)
+        context = {
+            "topic": topic,
+            "page": page,
+            "cap": TENANT_COUNT_CAP,
+            "scan": TENANT_SCAN,
+            "here": tenants_path(topic),
+            "title": f"{topic} · tenants",
+        }
+        return self._page(request, "tenants.html", context)
+
     def job_page(self, request: Request) -> Response:
         refused = self.guard(request)
         if refused:
@@ -349,7 +375,10 @@ class Dashboard:
         act = _ACTIONS.get(name)
         if act is None:
             return self._error(request, 404, "No such action.")
-        values = {k: [str(v) for v in form.getlist(k)] for k in ("id", "topic", "value", "sequence")}
+        values = {
+            k: [str(v) for v in form.getlist(k)]
+            for k in ("id", "topic", "value", "sequence", "tenant", "what")
+        }
         try:
             message = await run_in_threadpool(act, self.op, values)
         except ActionError as exc:
@@ -446,6 +475,22 @@ def _depth(op: Operator, values: dict[str, list[str]]) -> str:
     return "Depth cap removed" if depth is None else "Depth cap set"
 
 
+def _tenant(op: Operator, values: dict[str, list[str]]) -> str:
+    """Set a tenant's own limit, rate or weight (``what``; the ``tenant`` field names it), or,
+    without a tenant field, the limit or rate every tenant of the topic has by default."""
+    what = _one(values, "what")
+    label = {"limit": "Limit", "rate": "Rate limit", "weight": "Weight"}.get(what)
+    if label is None:
+        raise ActionError(400, "expected what=limit, rate or weight")
+    tenant = _one(values, "tenant") if values.get("tenant") else None
+    if tenant is None and what == "weight":
+        raise ActionError(400, "expected one tenant: a weight is a named tenant's own")
+    value = op.set_tenant(_one(values, "topic"), tenant, what, _one(values, "value").strip() or "none")
+    removed = next(iter(value.values())) is None
+    whose = "every tenant's default" if tenant is None else f"tenant {tenant!r}"
+    return f"{label} of {whose} " + ("removed" if removed else "set")
+
+
 _ACTIONS: dict[str, Callable[[Operator, dict[str, list[str]]], str]] = {
     "cancel": lambda op, v: "Job canceled" if op.cancel(_one(v, "id")) else "Job was not cancelable",
     "retry": _retry,
@@ -455,6 +500,7 @@ _ACTIONS: dict[str, Callable[[Operator, dict[str, list[str]]], str]] = {
     "pause": _pause,
     "resume": _resume,
     "sequence-resume": _sequence_resume,
+    "tenant": _tenant,
 }
 
 

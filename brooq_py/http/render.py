@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
 import jinja2
 
@@ -76,6 +77,12 @@ def count(value: int | None, cap: int) -> str:
     return text + "+" if value >= cap else text
 
 
+def tenants_path(topic: str) -> str:
+    """The tenants page of *topic* inside the dashboard (every character of the name quoted, a
+    ``/`` too, so that no browser reads a name's ``..`` or ``?`` as part of the address)."""
+    return "/topics/" + quote(topic, safe="") + "/tenants"
+
+
 def jinja_env() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("brooq_py.http", "templates"),
@@ -85,7 +92,7 @@ def jinja_env() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
     )
     env.filters.update(age=age, when=when, ago=ago, bars=bars, count=count, ids_field=lambda v: ("id", v))
-    env.globals.update(BAR_WIDTH=BAR_WIDTH, CHART_HEIGHT=CHART_HEIGHT)
+    env.globals.update(BAR_WIDTH=BAR_WIDTH, CHART_HEIGHT=CHART_HEIGHT, tenants_path=tenants_path)
     return env
 
 

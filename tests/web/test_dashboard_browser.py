@@ -308,6 +308,7 @@ def test_no_page_is_wider_than_the_window(
     job_id = fill_a_realistic_queue(store, pool)
     canceled = store.enqueue(Job("email.send", {"to": "a@example.com"})).id
     store.cancel(canceled)
+    tenants(store)
     login(browser, board)
     browser.set_window_size(width, 900)
     try:
@@ -319,6 +320,7 @@ def test_no_page_is_wider_than_the_window(
             "/jobs?topic=email.send&state=pending",
             '/jobs?topic=email.send&state=pending&payload={"n": 3}',
             "/dead?payload={nope",
+            f"/topics/{TENANT_TOPIC}/tenants",
         ):
             browser.get(board.url + path)
             wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "main"), path)
@@ -427,8 +429,9 @@ def test_topics_controls_fit_unclipped_and_unobscured_menus_open_too(
                 menu = open_menu(browser, topic)
                 try:
                     panel = menu.find_element(By.CLASS_NAME, "menu-panel")
-                    # Pause or Resume, the rate and depth fields and their Set buttons, and the summary.
-                    assert assert_controls_fit(browser, f"{width} {topic} menu", menu) == 6
+                    # Pause or Resume, the rate and depth fields and their Set buttons, the link
+                    # to the topic's tenants, and the summary.
+                    assert assert_controls_fit(browser, f"{width} {topic} menu", menu) == 7
                     assert panel.is_displayed()
                 except StaleElementReferenceException:
                     return None
@@ -441,6 +444,55 @@ def test_topics_controls_fit_unclipped_and_unobscured_menus_open_too(
             assert browser.execute_script("return window.__menu.isConnected && window.__menu.open")
             browser.find_element(By.TAG_NAME, "body").send_keys("\ue00c")  # Escape closes it
             wait_for(lambda: not browser.execute_script("return window.__menu.open"), "the menu to close")
+    finally:
+        browser.set_window_size(1440, 900)
+
+
+TENANT_TOPIC = "reports.render"
+LONG_TENANT = "customer-" + "w" * 246  # the longest a tenant may be: 255 bytes
+
+
+def tenants(store: Store) -> None:
+    """A tenant topic: a few tenants (one with the longest name), jobs of no tenant, settings."""
+    for i, tenant in enumerate(("acme", "globex", LONG_TENANT, None)):
+        store.enqueue_many([Job(TENANT_TOPIC, {"n": n}, tenant=tenant) for n in range(3 + i)])
+    store.set_tenant_limit(TENANT_TOPIC, 4)
+    store.set_tenant_rate_limit(TENANT_TOPIC, 30, 60, tenant="acme")
+
+
+@pytest.mark.parametrize("width", [1280, 420])
+def test_tenants_page_controls_fit_and_a_limit_is_set_by_clicking(
+    width: int, browser: WebDriver, board: Board, store: Store
+) -> None:
+    tenants(store)
+    login(browser, board)
+    browser.set_window_size(width, 800 if width > 500 else 900)
+    try:
+        browser.get(board.url + "/")
+        link = f'tr[data-topic="{TENANT_TOPIC}"] a.tenants-link'
+        wait_for(lambda: shown(browser, link), "the topic's tenants link")
+        browser.find_element(By.CSS_SELECTOR, link).click()
+        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "table#tenants"), "the tenants page")
+        seen = browser.execute_script(OVERFLOW)
+        assert seen["scroll"] <= seen["inner"] and seen["clipped"] == [], (width, seen)
+        # The defaults' two fields and buttons, a summary per tenant, the by-name form's four.
+        assert assert_controls_fit(browser, f"{width} tenants") >= 4 + 3 + 4
+        for tenant in ("acme", LONG_TENANT):
+            menu = browser.find_element(By.CSS_SELECTOR, f'details.menu[data-menu="{tenant}"]')
+            menu.find_element(By.TAG_NAME, "summary").click()
+            wait_for(lambda menu=menu: menu.get_attribute("open") is not None, "the tenant's menu")
+            # Its limit, rate and weight fields, their Set buttons, and the summary.
+            assert assert_controls_fit(browser, f"{width} {tenant[:20]} menu", menu) == 7
+            if tenant == LONG_TENANT:
+                field = menu.find_element(By.CSS_SELECTOR, 'input[name="value"][id$="-limit"]')
+                field.clear()
+                field.send_keys("2")
+                click_action(browser, f'details.menu[data-menu="{tenant}"]', "tenant-limit")
+            else:
+                menu.find_element(By.TAG_NAME, "summary").click()
+        answer_page(browser, "Limit of tenant")
+        assert [t.limit for t in store.flow.tenants(TENANT_TOPIC) if t.tenant == LONG_TENANT] == [2]
+        assert browser.current_url.split("?")[0].endswith(f"/topics/{TENANT_TOPIC}/tenants")
     finally:
         browser.set_window_size(1440, 900)
 

@@ -18,6 +18,7 @@ from psycopg_pool import ConnectionPool
 from brooq_py.http.server import ThreadedUvicorn
 from brooq_py.postgres import Store
 from brooq_py.postgres.operator.overview import SEARCH_SCAN, Overview
+from brooq_py.queue import Job
 from brooq_py.web import dashboard
 from tests.polling import wait_for
 from tests.web.conftest import TOKEN, Board
@@ -118,3 +119,30 @@ def test_z2_a_page_view_costs_a_bounded_number_of_index_scans(
     # margin of 2 is for a late statistics flush of the page before, as the settling allows).
     for page in ("pending search", "dead search"):
         assert 2 <= costs[page][1] <= 1 + SEARCH_SCAN + 2, costs
+
+
+def test_the_tenants_page_costs_index_scans_bounded_by_its_tenants(
+    dsn: str, schema: str, one_conn_store: tuple[Store, ConnectionPool[Any]]
+) -> None:
+    """SPEC T1-T3: a topic's tenants page reads the tenant index a few times a tenant (a skip scan,
+    two counts), never the 30,000 rows nor the 6,000 jobs of the tenants: no sequential scan."""
+    store, pool = one_conn_store
+    tenants = 20
+    with pool.connection() as conn:
+        fill(conn, schema)
+    store.enqueue_many([Job("cost.t", {"n": n}, tenant=f"t{n % tenants}") for n in range(6000)])
+    store.enqueue_many([Job("cost.t", {"n": n}) for n in range(50)])  # the tenant of no name
+    with pool.connection() as conn:
+        conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(schema, "job")))
+    server = ThreadedUvicorn(dashboard(store, token=TOKEN), "127.0.0.1", 0)
+    try:
+        board = Board(f"http://127.0.0.1:{server.address[1]}", server.address[1])
+        before = settled(dsn, schema, pool)
+        reply = board.request("GET", "/topics/cost.t/tenants", token=TOKEN)
+        assert reply.status == 200 and reply.body.count("<tr data-tenant=") == tenants + 1, reply.body[:500]
+        after = settled(dsn, schema, pool)
+    finally:
+        server.close()
+    seq, idx = after[0] - before[0], after[1] - before[1]
+    assert seq == 0, (seq, idx)
+    assert 1 <= idx <= 8 + 3 * tenants, (seq, idx)

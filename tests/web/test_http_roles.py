@@ -197,10 +197,20 @@ def ui_actions(ids: dict[str, str]) -> list[tuple[str, dict[str, str]]]:
         ("rate", {"topic": TOPIC, "value": "10/1s"}),
         ("depth", {"topic": TOPIC, "value": "5"}),
         ("sequence-resume", {"topic": TOPIC, "sequence": "s1"}),
+        ("tenant", {"topic": TOPIC, "tenant": "acme", "what": "limit", "value": "3"}),
+        ("tenant", {"topic": TOPIC, "tenant": "acme", "what": "weight", "value": "2"}),
+        ("tenant", {"topic": TOPIC, "what": "rate", "value": "4/1s"}),
     ]
 
 
-PAGES = ["/", "/topics.rows", f"/jobs?topic={TOPIC}&state=pending", "/dead"]
+def test_k5_every_action_of_the_dashboard_is_covered_here() -> None:
+    """An action added to the dashboard must be in ui_actions (and so refused to a viewer here)."""
+    from brooq_py.http.dashboard import _ACTIONS
+
+    assert set(_ACTIONS) == {name for name, _ in ui_actions({"pending": "", "dead": ""})}
+
+
+PAGES = ["/", "/topics.rows", f"/jobs?topic={TOPIC}&state=pending", "/dead", f"/topics/{TOPIC}/tenants"]
 
 
 def check_dashboard(client: httpx.Client, store: Store, ids: dict[str, str], prefix: str) -> None:
@@ -220,6 +230,8 @@ def check_dashboard(client: httpx.Client, store: Store, ids: dict[str, str], pre
         assert reply.status_code == 303, name
     acted = setting(store)
     assert acted is not None and acted.rate_limit == 10 and acted.max_depth == 5
+    assert [(t.tenant, t.limit, t.weight) for t in store.flow.tenants(TOPIC)] == [("acme", 3, 2)]
+    assert store.flow.tenant_page(TOPIC).default_rate == "4/1s"
     assert store.resume_sequence(TOPIC, "s1") is False  # the dashboard's resume let it go on
 
 
@@ -272,7 +284,7 @@ def test_k5_dashboard_login_with_the_viewer_token_reads_and_never_acts(
         for name, form in ui_actions(ids):
             reply = viewer.post(f"/action/{name}", data={**form, "csrf": csrf, "back": "/"})
             assert reply.status_code == 403, name
-        assert store.topic_settings() == []
+        assert store.topic_settings() == [] and store.flow.tenants(TOPIC) == []
         row = store.get(ids["pending"])
         assert row is not None and row.state == State.PENDING
         assert viewer.post("/logout", data={"csrf": csrf}).status_code == 303  # a viewer may log out

@@ -233,6 +233,17 @@ class Flow:
         params = {"topic": checked_topic(topic), "limit": limit, "cap": TENANT_COUNT_CAP}
         return [tenant_row(r) for r in self.session.run("reading tenants", self._q["tenant_list"], params)]
 
+    def tenant_page(self, topic: str, limit: int = 100) -> TenantPage:
+        """*topic*'s busiest *limit* tenants, its tenant defaults and its tenant of no name (the
+        dashboard's tenants page); bounded: at most TENANT_SCAN tenants with jobs are looked at."""
+        checked = checked_topic(topic)
+        base = {"topic": checked, "cap": TENANT_COUNT_CAP}
+        with self.session.autocommit("reading tenants") as conn, conn.transaction():
+            run = on_connection(conn)
+            rows = run(self._q["tenant_busiest"], {**base, "limit": limit, "seen": TENANT_SCAN + 1})
+            defaults = run(self._q["tenant_defaults"], base)
+        return tenant_page(checked, rows, defaults[0] if defaults else None)
+
 
 # --- tenants (SPEC T1-T3) --------------------------------------------------------------------------
 
@@ -260,6 +271,53 @@ class TenantRow:
             "rate": self.rate,
             "weight": self.weight,
         }
+
+
+# The tenants with jobs the dashboard's tenants page looks at, in name order, before it ranks them.
+TENANT_SCAN = 10_000
+
+
+@dataclass(frozen=True)
+class TenantPage:
+    """A topic's tenants as the dashboard shows them: the busiest first (``rows``), how many are
+    not shown (``hidden``; with ``more`` True, the topic has over TENANT_SCAN tenants with jobs and
+    only the first TENANT_SCAN by name were looked at), the defaults of every tenant, and the
+    tenant of no name (``unnamed``, None when no job of the topic is without a tenant; its
+    ``waiting`` is -1 when the topic has more than TENANT_COUNT_CAP pending jobs, not counted)."""
+
+    topic: str
+    tenants: bool
+    rows: list[TenantRow]
+    hidden: int
+    more: bool
+    default_limit: int | None
+    default_rate: str | None
+    unnamed: TenantRow | None
+
+
+def tenant_page(topic: str, rows: list[tuple[Any, ...]], defaults: tuple[Any, ...] | None) -> TenantPage:
+    """A TenantPage from the rows of ``tenant_busiest`` and the row of ``tenant_defaults`` (if any)."""
+    listed = int(rows[0][8]) if rows else 0
+    more = bool(rows) and int(rows[0][9]) > TENANT_SCAN
+    tenants, limit, rate, unnamed = False, None, None, None
+    if defaults is not None:
+        tenants, limit = bool(defaults[0]), defaults[1]
+        rate = rate_text(defaults[2], defaults[3], defaults[4])
+        if tenants:
+            pending, named, running = int(defaults[5]), int(defaults[6]), int(defaults[7])
+            waiting = pending - named if pending < TENANT_COUNT_CAP else -1
+            if waiting or running:
+                unnamed = TenantRow("", waiting, running, None, None, None)
+    return TenantPage(
+        topic=topic,
+        tenants=tenants,
+        rows=[tenant_row(r) for r in rows],
+        hidden=listed - len(rows),
+        more=more,
+        default_limit=limit,
+        default_rate=rate,
+        unnamed=unnamed,
+    )
 
 
 def tenant_row(r: tuple[Any, ...]) -> TenantRow:

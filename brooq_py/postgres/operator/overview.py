@@ -62,6 +62,7 @@ class TopicView:
     rate: str | None = None  # "10/1s", None: no rate limit
     tokens: float | None = None  # rate tokens left when read
     max_depth: int | None = None
+    tenants: bool = False  # some job of the topic named a tenant (SPEC T1)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -255,6 +256,7 @@ class Overview:
                     rate=rate_text(s.rate_limit, s.rate_per, s.rate_burst) if s else None,
                     tokens=s.tokens if s else None,
                     max_depth=s.max_depth if s else None,
+                    tenants=bool(s and s.tenants),
                 )
             )
         return Topics(views, self.cap, datetime.now(UTC))
