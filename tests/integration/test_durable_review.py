@@ -156,11 +156,6 @@ def test_ds3_a_snooze_beyond_the_databases_calendar_neither_sticks_nor_holds_oth
     assert row.state in (State.SCHEDULED, State.FAILED, State.DEAD)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="a second signal of one name sent in a REPEATABLE READ transaction whose snapshot predates the "
-    "first signal's commit aborts the caller's transaction (serialization failure) instead of returning False",
-)
 def test_ds4_a_later_signal_in_a_repeatable_read_transaction_returns_false(
     store: Store, engines: Callable[..., Engine]
 ) -> None:
@@ -178,5 +173,83 @@ def test_ds4_a_later_signal_in_a_repeatable_read_transaction_returns_false(
         # DS4: a later signal of the name returns False and never aborts the caller's transaction.
         assert store.signal(jid, "go", "second", tx=caller) is False
         caller.execute("SELECT 1").fetchone()
+        # the caller's own write in the same transaction commits with it
+        caller.execute(f'UPDATE "{store.schema}".job SET priority = 7 WHERE id = %s', (jid,))
+    row = store.get(jid)
+    assert row is not None and row.priority == 7
     e.start()
     assert ended(store, jid).result == "first"
+
+
+class _Foreign:
+    """A caller's transaction known only by its execute method (as a framework's cursor is)."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def execute(self, text: str, params: dict[str, Any]) -> Any:
+        return self.conn.execute(text, params)
+
+
+@pytest.mark.parametrize("isolation", ["REPEATABLE READ", "SERIALIZABLE"])
+@pytest.mark.parametrize("how", ["connection", "foreign"])
+def test_ds4_a_later_signal_in_a_snapshot_transaction_returns_false_whatever_the_tx(
+    store: Store, isolation: str, how: str
+) -> None:
+    import psycopg
+
+    jid = store.enqueue(Job("r.wait", {})).id
+    pool = store.session.pool
+    assert pool is not None
+    with psycopg.connect(str(pool.conninfo), autocommit=True) as caller, caller.transaction():
+        caller.execute(f"SET TRANSACTION ISOLATION LEVEL {isolation}")
+        caller.execute("SELECT 1").fetchone()
+        assert store.signal(jid, "go", "first") is True
+        tx: Any = caller if how == "connection" else _Foreign(caller)
+        assert store.signal(jid, "go", "second", tx=tx) is False
+        assert store.signal(jid, "other", "kept", tx=tx) is True  # the transaction goes on
+    with store.session.pool.connection() as conn:  # type: ignore[union-attr]
+        rows = conn.execute(
+            f'SELECT name, payload FROM "{store.schema}".job_signal WHERE job_id = %s ORDER BY name', (jid,)
+        ).fetchall()
+    assert rows == [("go", "first"), ("other", "kept")]
+
+
+@pytest.mark.parametrize("how", ["connection", "foreign"])
+def test_ds4_a_signal_on_an_autocommit_connection_needs_no_transaction_block(store: Store, how: str) -> None:
+    import psycopg
+
+    jid = store.enqueue(Job("r.wait", {})).id
+    pool = store.session.pool
+    assert pool is not None
+    with psycopg.connect(str(pool.conninfo), autocommit=True) as caller:
+        tx: Any = caller if how == "connection" else _Foreign(caller)
+        assert store.signal(jid, "go", 1, tx=tx) is True
+        assert store.signal(jid, "go", 2, tx=tx) is False
+    assert _count(store, "job_signal", jid) == 1
+
+
+def test_ds4_async_a_later_signal_in_a_repeatable_read_transaction_returns_false(store: Store, dsn: str) -> None:
+    import asyncio
+
+    import psycopg
+    import psycopg_pool
+
+    from brooq_py.postgres import AsyncStore
+
+    jid = store.enqueue(Job("r.wait", {})).id
+
+    async def main() -> list[bool]:
+        async with psycopg_pool.AsyncConnectionPool(dsn, min_size=1, max_size=2) as pool:
+            astore = AsyncStore(pool, schema=store.schema)
+            caller = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+            async with caller, caller.transaction():
+                await caller.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                await caller.execute("SELECT 1")
+                first = await astore.signal(jid, "go", "first")
+                second = await astore.signal(jid, "go", "second", tx=caller)
+                third = await astore.signal(jid, "more", None, tx=caller)
+            return [first, second, third]
+
+    assert asyncio.run(main()) == [True, False, True]
+    assert _count(store, "job_signal", jid) == 2

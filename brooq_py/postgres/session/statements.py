@@ -121,7 +121,16 @@ def render(name: str, schema: str, *, rows: bool = True) -> Query:
 
 
 # Statements without RETURNING: their row count is their answer (session/tx.py).
-_COUNTED = frozenset({"job_enqueue_plain", "job_enqueue_unique_new", "job_enqueue_capped"})
+_COUNTED = frozenset(
+    {
+        "job_enqueue_plain",
+        "job_enqueue_unique_new",
+        "job_enqueue_capped",
+        "signal_savepoint",
+        "signal_savepoint_release",
+        "signal_savepoint_rollback",
+    }
+)
 
 
 class Queries:
