@@ -298,7 +298,7 @@ def job_row(r: Any) -> JobRow:
         progress=None if progress is None else float(progress),
         progress_note=note,
         meta=meta or {},
-        parents=tuple(str(p) for p in parents or ()),
+        parents=tuple(dict.fromkeys(str(p) for p in parents or ())),  # a group's job given twice: once
         crashes=crashes or 0,
         steps=step_records(r[22]),
         waiting_for=r[21] if state is State.SCHEDULED else None,
