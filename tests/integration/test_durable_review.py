@@ -404,3 +404,31 @@ def test_ds5_retentions_look_for_signals_of_deleted_jobs_reads_only_the_unlooked
         assert all(n.get("Actual Rows", 0) <= 1 for n in signal_scans), signal_scans
     assert store.delete_terminal(timedelta(days=1), 100) == []
     assert _count(store, "job_signal", orphan) == 0
+
+
+@pytest.mark.parametrize("which", ["then", "finally_", "both"])
+def test_bd2_a_fan_in_sharing_an_idempotency_key_with_its_group_is_refused_before_anything_is_written(
+    store: Store, which: str
+) -> None:
+    """A ``then`` or ``finally_`` whose key a job of the same call carries would be that job (E2), so
+    it would wait for nothing: InvalidJob, nothing written. A key a job from before the call holds
+    is that job, as any enqueue (a group sent again finds its fan-in)."""
+    from brooq_py.queue import InvalidJob
+
+    group: dict[str, Job] = {"a": Job("g", 1, idempotency_key="k" if which != "both" else "other")}
+    then = Job("g", 2, idempotency_key="k")
+    finally_ = Job("g", 3, idempotency_key="k" if which != "then" else None)
+    with pytest.raises(InvalidJob, match="idempotency_key 'k'"):
+        if which == "then":
+            store.enqueue_group(group, then=then)
+        elif which == "finally_":
+            store.enqueue_group(group, finally_=finally_)
+        else:
+            store.enqueue_group(group, then=then, finally_=finally_)
+    with store.session.pool.connection() as conn:  # type: ignore[union-attr]
+        row = conn.execute(f'SELECT count(*) FROM "{store.schema}".job').fetchone()
+    assert row == (0,)
+    # sent twice, a group with keys finds the same jobs and the same fan-in
+    first = store.enqueue_group({"a": Job("g", 1, idempotency_key="a")}, then=then)
+    again = store.enqueue_group({"a": Job("g", 1, idempotency_key="a")}, then=then)
+    assert again == first
