@@ -432,3 +432,44 @@ def test_bd2_a_fan_in_sharing_an_idempotency_key_with_its_group_is_refused_befor
     first = store.enqueue_group({"a": Job("g", 1, idempotency_key="a")}, then=then)
     again = store.enqueue_group({"a": Job("g", 1, idempotency_key="a")}, then=then)
     assert again == first
+
+
+def test_ds4_a_signal_of_its_own_under_repeatable_read_that_waited_for_an_earlier_one_returns_false(
+    store: Store, dsn: str
+) -> None:
+    """On a server (or pool) whose transactions are REPEATABLE READ, a signal of its own (no tx) that
+    waits for a first signal of the name still being committed answers False once that commits."""
+    import psycopg
+    import psycopg_pool
+
+    from tests.polling import wait_for
+
+    jid = store.enqueue(Job("r.wait", {})).id
+    answers: list[bool] = []
+    with (
+        psycopg_pool.ConnectionPool(
+            dsn,
+            min_size=1,
+            max_size=1,
+            kwargs={"options": "-c default_transaction_isolation=repeatable\\ read"},
+        ) as pool,
+        psycopg.connect(dsn) as first,
+        psycopg.connect(dsn, autocommit=True) as watch,
+    ):
+        rr = Store(pool, schema=store.schema)
+        assert store.signal(jid, "go", "first", tx=first) is True  # not committed yet
+        sender = threading.Thread(target=lambda: answers.append(rr.signal(jid, "go", "second")))
+        sender.start()
+
+        def waiting_on_the_first() -> bool:
+            row = watch.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE '-- name: job_signal_send%%' AND datname = current_database()"
+            ).fetchone()
+            return row is not None and row[0] == 1
+
+        wait_for(waiting_on_the_first, "the second signal to wait for the first's commit")
+        first.commit()
+        sender.join(30)
+        assert answers == [False]
+    assert _count(store, "job_signal", jid) == 1
