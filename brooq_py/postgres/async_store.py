@@ -34,7 +34,13 @@ from brooq_py.postgres.flow.limits import (
 from brooq_py.postgres.operator.actions import sequence_params
 from brooq_py.postgres.session.connections import AsyncSession, delegate
 from brooq_py.postgres.session.errors import names_migration, translated
-from brooq_py.postgres.session.tx import AsyncWrapTx, async_connection_of, drive_async, on_async_connection
+from brooq_py.postgres.session.tx import (
+    AsyncWrapTx,
+    async_connection_of,
+    drive_async,
+    in_block,
+    on_async_connection,
+)
 from brooq_py.postgres.wait import DEFAULT_POLL, AsyncWatch
 from brooq_py.queue import EnqueueResult, GroupResult, Job, JobRow, QueueFull
 from brooq_py.queue.job import check_tenant
@@ -132,10 +138,10 @@ class AsyncStore:
 
     async def signal(self, job_id: str, name: str, payload: Any = None, tx: AsyncTx | None = None) -> bool:
         """``Store.signal``, awaited, in *tx* when given."""
-        plan = plans.signal(self._q, job_id, name, payload)
         if tx is None:
-            return await self.session.drive("signalling a job", plan)
+            return await self.session.drive("signalling a job", plans.signal(self._q, job_id, name, payload))
         conn = async_connection_of(tx)
+        plan = plans.signal(self._q, job_id, name, payload, savepoint=in_block(conn))
         with translated("signalling a job", conn):
             return await drive_async(plan, on_async_connection(conn))
 

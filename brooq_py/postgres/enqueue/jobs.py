@@ -108,11 +108,21 @@ def enqueue_group(
         raise InvalidJob(f"enqueue_group takes a sequence or a mapping of Jobs, got {type(jobs).__name__}")
     fan_ins: list[tuple[Job, bool]] = []
     own_parents: list[str] = []
+    # A fan-in whose idempotency key a job of this call carries would be that job (E2), not one
+    # waiting for the group: refused now (a key held by a job from before the call is not).
+    keys = {(job.topic, job.key): "the group" for job in jobs if isinstance(job, Job) and job.key is not None}
     for label, fan_in, any_end in (("then", then, False), ("finally_", finally_, True)):
         if fan_in is None:
             continue
         if not isinstance(fan_in, Job):
             raise InvalidJob(f"{label} is not a Job: {type(fan_in).__name__}")
+        if fan_in.key is not None:
+            holder = keys.setdefault((fan_in.topic, fan_in.key), label)
+            if holder != label:
+                raise InvalidJob(
+                    f"{label}: its idempotency_key {fan_in.key!r} on topic {fan_in.topic!r} is also a job's of "
+                    f"{holder}: it would be that job, not one waiting for the group"
+                )
         fan_in.payload_json()
         (parents,) = parents_of([with_parents(fan_in, [])])
         own_parents.extend(p for p in parents if p not in own_parents)

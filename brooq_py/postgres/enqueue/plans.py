@@ -193,10 +193,16 @@ def retry(q: Queries, job_id: Any) -> Plan[bool]:
         return False
 
 
-def signal(q: Queries, job_id: Any, name: Any, payload: Any) -> Plan[bool]:
+def signal(q: Queries, job_id: Any, name: Any, payload: Any, savepoint: bool = False) -> Plan[bool]:
     """Record the signal *name* for the job (SPEC DS4); False for a repeated name, an ended, unknown
     or malformed job. ValueError for a name that is not a non-empty str, InvalidJob for a payload
-    JSON cannot hold: both before any statement."""
+    JSON cannot hold: both before any statement.
+
+    *savepoint*: in a caller's transaction, the statement runs inside a savepoint. In REPEATABLE
+    READ or SERIALIZABLE, the insert of a name whose first signal committed after the transaction's
+    snapshot fails (40001: the row it would conflict with is invisible to it); that failure means
+    a later signal, so it answers False and the caller's transaction goes on as if it was not sent.
+    """
     if not isinstance(name, str) or not name:
         raise ValueError("signal: name must be a non-empty str")
     if "\x00" in name:
@@ -205,8 +211,56 @@ def signal(q: Queries, job_id: Any, name: Any, payload: Any) -> Plan[bool]:
     parsed = parse_id(job_id)
     if parsed is None:
         return False
-    rows = yield q["job_signal_send"], {"id": parsed, "name": name, "payload": text}
+    if savepoint:
+        try:
+            yield q["signal_savepoint"], {}
+        except Exception as exc:
+            if _sqlstate(exc) != NO_TRANSACTION:
+                raise
+            savepoint = False  # no transaction block: the statement is a transaction of its own
+    try:
+        rows = yield q["job_signal_send"], {"id": parsed, "name": name, "payload": text}
+    except Exception as exc:
+        if savepoint:
+            yield q["signal_savepoint_rollback"], {}
+        if _lost_to_an_earlier_signal(exc):
+            return False
+        raise
+    if savepoint:
+        yield q["signal_savepoint_release"], {}
     return bool(rows and rows[0][0])
+
+
+# SAVEPOINT outside a transaction block (a caller's connection in autocommit).
+NO_TRANSACTION = "25P01"
+SERIALIZATION_FAILURE = "40001"
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE of *exc* or of the database error it wraps (a foreign Tx's driver or framework
+    may wrap psycopg's error in its own: Django's, SQLAlchemy's)."""
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            return None
+        state = getattr(seen, "sqlstate", None) or getattr(seen, "pgcode", None)
+        if isinstance(state, str):
+            return state
+        seen = seen.__cause__ or getattr(seen, "orig", None) or seen.__context__
+    return None
+
+
+def _lost_to_an_earlier_signal(exc: BaseException) -> bool:
+    """Whether the signal's insert failed on a row of its name committed after the snapshot: a
+    serialization failure raised by the insert's conflict check, not by SERIALIZABLE's dependency
+    tracking (predicate.c), which the caller's transaction must see and retry as any other."""
+    if _sqlstate(exc) != SERIALIZATION_FAILURE:
+        return False
+    seen: BaseException | None = exc
+    while seen is not None and getattr(seen, "diag", None) is None:
+        seen = seen.__cause__ or getattr(seen, "orig", None)
+    source = getattr(getattr(seen, "diag", None), "source_file", None)
+    return source != "predicate.c"
 
 
 def get(q: Queries, job_id: Any) -> Plan[JobRow | None]:

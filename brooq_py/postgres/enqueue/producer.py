@@ -16,7 +16,7 @@ from brooq_py.postgres.enqueue.unique import FirstTries
 from brooq_py.postgres.flow.caps import WAIT_FIRST_STEP, TopicCaps, checked_wait, next_step, no_wait_in_tx
 from brooq_py.postgres.session.connections import Session
 from brooq_py.postgres.session.errors import names_migration, translated
-from brooq_py.postgres.session.tx import as_psycopg, drive, on_tx
+from brooq_py.postgres.session.tx import as_psycopg, drive, in_block, on_tx
 from brooq_py.queue import EnqueueResult, GroupResult, Job, JobRow, QueueFull, State, Tx
 from brooq_py.queue.claim import Parent
 
@@ -136,11 +136,13 @@ class Producer:
     def signal(self, job_id: str, name: str, payload: Any = None, tx: Tx | None = None) -> bool:
         """Record the signal *name* for the job, in *tx* when given, and wake it if it waits for it
         (SPEC DS4); False when that name was signalled already or the job has ended. Its row is
-        read, never locked: the caller's transaction never waits on it nor aborts for it."""
-        plan = plans.signal(self._q, job_id, name, payload)
+        read, never locked: the caller's transaction never waits on it nor aborts for it (in a
+        transaction block the insert runs in a savepoint, see ``plans.signal``)."""
         if tx is None:
-            return self.session.drive("signalling a job", plan)
-        with translated("signalling a job", as_psycopg(tx)):
+            return self.session.drive("signalling a job", plans.signal(self._q, job_id, name, payload))
+        conn = as_psycopg(tx)
+        plan = plans.signal(self._q, job_id, name, payload, savepoint=in_block(conn))
+        with translated("signalling a job", conn):
             return drive(plan, on_tx(tx))
 
     def get(self, job_id: str) -> JobRow | None:

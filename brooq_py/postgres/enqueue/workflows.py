@@ -50,28 +50,52 @@ def parents_of(jobs: Sequence[Job]) -> list[list[str]]:
 
 @dataclasses.dataclass(frozen=True)
 class FanIn(Job):
-    """A group's ``then`` or ``finally_``: a Job with the names its parents were given (parent id,
-    name) and whether its parents' ends release it whatever their state (``finally_``, SPEC BD2)."""
+    """A group's ``then`` or ``finally_``: a Job whose ``after`` ends with its group's ids, ``group``
+    (in group order, one per job given: two jobs that found one row by their key give its id
+    twice), the names the group gave them beside them (``group_names``, None for a sequence), and
+    whether its parents' ends release it whatever their state (``any_end``: ``finally_``, SPEC BD2)."""
 
-    parent_names: tuple[tuple[str, str], ...] = ()
+    group: tuple[str, ...] = ()
+    group_names: tuple[str, ...] | None = None
     any_end: bool = False
+
+
+def _canonical(job_id: str) -> str:
+    return str(uuid.UUID(str(job_id)))
+
+
+def parents_column(parents: list[str], job: Job) -> tuple[list[str], list[str | None] | None]:
+    """What the row keeps of *job*'s *parents* (its distinct parents, the ones it waits for): its
+    ``parents`` array, and its ``parent_names`` beside it (None: no names). A fan-in's array is its
+    own ``after`` then its group, one entry per job of the group (SPEC BD3): a row two of its jobs
+    share is there once for each, under each one's name, so ``parent_results(by="name")`` finds
+    every name and ``by="order"`` gives one result per job of the group."""
+    if not isinstance(job, FanIn) or not job.group:
+        return parents, None
+    own = list(dict.fromkeys(_canonical(p) for p in job.after[: len(job.after) - len(job.group)]))
+    column = own + [_canonical(p) for p in job.group]
+    if job.group_names is None:
+        return column, None
+    return column, [None] * len(own) + list(job.group_names)
 
 
 def after_params(batch_parents: Sequence[list[str]], batch: Sequence[Job]) -> dict[str, Any]:
     """The parent columns of ``job_enqueue_after`` for a batch (each job's parents in input order)."""
     ords: list[int] = []
     edges: list[str] = []
+    columns: list[list[str]] = []
     names: list[list[str | None] | None] = []
     for position, (parents, job) in enumerate(zip(batch_parents, batch, strict=True), start=1):
         ords.extend([position] * len(parents))
         edges.extend(parents)
-        named = dict(job.parent_names) if isinstance(job, FanIn) else {}
-        names.append([named.get(p) for p in parents] if named else None)
+        column, named = parents_column(parents, job)
+        columns.append(column)
+        names.append(named)
     return {
         "parents": own_uuid_array(list(dict.fromkeys(edges))),
         "edge_ords": int_array(ords),
         "edge_parents": own_uuid_array(edges),
-        "after": json.dumps(batch_parents, separators=(",", ":")),
+        "after": json.dumps(columns, separators=(",", ":")),
         "names": json.dumps(names, separators=(",", ":")),
         "any_end": "{" + ",".join("t" if isinstance(j, FanIn) and j.any_end else "f" for j in batch) + "}",
     }
@@ -90,5 +114,8 @@ def with_parents(
     names the group gave them; *any_end*: any end of theirs releases it (a ``finally_``)."""
     fields = {f.name: getattr(then, f.name) for f in dataclasses.fields(Job)}
     fields["after"] = [*then.after, *ids]
-    named = tuple(zip(ids, names, strict=True)) if names is not None else ()
-    return FanIn(**fields, parent_names=named, any_end=any_end)
+    if names is not None and len(names) != len(ids):
+        raise ValueError("with_parents: one name per id")
+    return FanIn(
+        **fields, group=tuple(ids), group_names=tuple(names) if names is not None else None, any_end=any_end
+    )

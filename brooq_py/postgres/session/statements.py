@@ -132,7 +132,16 @@ def render(name: str, schema: str, *, rows: bool = True, halts: bool = True) -> 
 
 
 # Statements without RETURNING: their row count is their answer (session/tx.py).
-_COUNTED = frozenset({"job_enqueue_plain", "job_enqueue_unique_new", "job_enqueue_capped"})
+_COUNTED = frozenset(
+    {
+        "job_enqueue_plain",
+        "job_enqueue_unique_new",
+        "job_enqueue_capped",
+        "signal_savepoint",
+        "signal_savepoint_release",
+        "signal_savepoint_rollback",
+    }
+)
 
 
 class Queries:
@@ -307,7 +316,7 @@ def job_row(r: Any) -> JobRow:
         progress=None if progress is None else float(progress),
         progress_note=note,
         meta=meta or {},
-        parents=tuple(str(p) for p in parents or ()),
+        parents=tuple(dict.fromkeys(str(p) for p in parents or ())),  # a group's job given twice: once
         crashes=crashes or 0,
         steps=step_records(r[22]),
         waiting_for=r[21] if state is State.SCHEDULED else None,

@@ -13,8 +13,12 @@
 -- pending or scheduled; a wake-up per topic when %(notify)s.
 -- SPEC DS4: it also applies the signals owed (job_signal rows not yet looked at, oldest
 -- first, their jobs not running): a job scheduled waiting for one becomes pending; the
--- signal is then looked at (woke) once its job is seen not running, or gone. A running
--- job's signal is found by its handler's wait_for, or here once its attempt ended waiting.
+-- signal is then looked at (woke) once its job is seen not running. A running job's signal
+-- is found by its handler's wait_for, or here once its attempt ended waiting.
+-- SPEC DS5: a signal whose job is gone is deleted: one committed after retention deleted
+-- its job (it reads the job's row without a lock, so retention cannot wait for it) would
+-- otherwise stay behind. A committed signal's job was committed before it (or with it), so
+-- a snapshot that sees the signal and not the job sees a deleted job.
 WITH due AS (
     SELECT w.parent, w.child, p.state AS parent_state
     FROM {job_wait} w
@@ -83,8 +87,12 @@ WITH due AS (
     SET woke = true
     FROM owed o
     WHERE g.job_id = o.job_id AND g.name = o.name
-      AND (EXISTS (SELECT FROM waiter w WHERE w.id = o.job_id AND w.state <> 'processing')
-           OR NOT EXISTS (SELECT FROM {job} j WHERE j.id = o.job_id))
+      AND EXISTS (SELECT FROM waiter w WHERE w.id = o.job_id AND w.state <> 'processing')
+), orphaned AS (
+    DELETE FROM {job_signal} g
+    USING owed o
+    WHERE g.job_id = o.job_id AND g.name = o.name
+      AND NOT EXISTS (SELECT FROM {job} j WHERE j.id = o.job_id)
 ), woken AS (
     SELECT c.topic, c.state, count(*) AS n
     FROM (SELECT topic, state FROM changed UNION ALL SELECT topic, state FROM signalled) c
