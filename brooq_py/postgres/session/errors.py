@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar, cast
@@ -116,17 +117,45 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 _MISSING = (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName)
 
 
-def _missing_tables(exc: BaseException) -> bool:
-    """Whether *exc* or what it wraps (SQLAlchemy's ``orig``, a cause) says a table or schema is missing."""
+def _missing(exc: BaseException) -> BaseException | None:
+    """The error in *exc* or what it wraps (SQLAlchemy's ``orig``, a cause) saying a table or schema
+    is missing, or None."""
     seen: BaseException | None = exc
     for _ in range(6):
         if seen is None:
-            return False
+            return None
         if isinstance(seen, _MISSING):
-            return True
+            return seen
         orig = getattr(seen, "orig", None)
         seen = orig if isinstance(orig, BaseException) else (seen.__cause__ or seen.__context__)
-    return False
+    return None
+
+
+def _missing_tables(exc: BaseException) -> bool:
+    return _missing(exc) is not None
+
+
+# Tables of the migrations after 0010: one missing says the schema is behind, not unmigrated.
+_LATER_TABLES = frozenset(
+    {
+        "job_wait",
+        "engine",
+        "job_step",
+        "job_signal",
+        "job_sequence_due",
+        "job_sequence_halt",
+        "tenant_setting",
+    }
+)
+
+
+def _a_later_table(exc: BaseException) -> bool:
+    """Whether the missing relation is a table of a migration after 0010."""
+    missing = _missing(exc)
+    if not isinstance(missing, psycopg.errors.UndefinedTable):
+        return False
+    found = re.search(r'relation "([^"]+)" does not exist', missing.diag.message_primary or "")
+    return found is not None and found.group(1).rsplit(".", 1)[-1] in _LATER_TABLES
 
 
 def not_migrated(schema: str) -> BrooqError:
@@ -147,7 +176,7 @@ def _schema_error(schema: str, exc: BaseException) -> BrooqError | None:
     """The error naming ``migrate up`` for a schema without brooq's tables, or older than this code
     (a column missing); None for any other error."""
     if _missing_tables(exc):
-        return not_migrated(schema)
+        return behind(schema) if _a_later_table(exc) else not_migrated(schema)
     if isinstance(exc, psycopg.errors.UndefinedColumn) or isinstance(
         exc.__cause__ or exc.__context__, psycopg.errors.UndefinedColumn
     ):
