@@ -6,7 +6,9 @@ job row's every change on the database clock, and chaos_exec, every handler exec
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import threading
 import time
 from collections import defaultdict
@@ -57,7 +59,9 @@ def sequence_problems(dsn: str, schema: str) -> list[str]:
     """Q5 from the audit: for each sequence, the members' claims (a token handed out) come in id
     order, each member's claims one block; a member is released (blocked -> pending) and first
     claimed only after the member before it ended (done), and every execution of a member starts
-    after the last execution of the member before it ended; each member succeeded exactly once."""
+    after the last execution of the member before it ended; each member succeeded exactly once.
+    An execution whose claim was reaped (its process killed, or stalled past lease + margin and
+    fenced when it woke) is left out: its engine was gone when the claim was taken back."""
     s = sql.Identifier(schema)
     with psycopg.connect(dsn, autocommit=True) as conn:
         members = conn.execute(
@@ -65,13 +69,15 @@ def sequence_problems(dsn: str, schema: str) -> list[str]:
         ).fetchall()
         audit = conn.execute(
             sql.SQL(
-                "SELECT job_id::text, at, old_state, new_state, old_token, new_token FROM {}.chaos_audit"
+                "SELECT job_id::text, at, old_state, new_state, old_token, new_token, old_crashes, new_crashes"
+                " FROM {}.chaos_audit"
                 " ORDER BY seq"
             ).format(s)
         ).fetchall()
         execs = conn.execute(
             sql.SQL(
-                "SELECT job_id::text, started_at, ended_at, how FROM {}.chaos_exec ORDER BY started_at"
+                "SELECT job_id::text, started_at, ended_at, how, claim_token::text FROM {}.chaos_exec"
+                " ORDER BY started_at"
             ).format(s)
         ).fetchall()
     order: dict[str, list[str]] = defaultdict(list)
@@ -82,9 +88,12 @@ def sequence_problems(dsn: str, schema: str) -> list[str]:
     claims: dict[str, list[tuple[str, Any]]] = defaultdict(list)  # sequence -> (job, at) per claim
     released: dict[str, Any] = {}  # job -> when it left blocked
     ended: dict[str, Any] = {}  # job -> when it became done
-    for job_id, at, old_s, new_s, old_t, new_t in audit:
+    reaped: set[str] = set()  # claims taken back from an engine gone (killed or stalled: P1'')
+    for job_id, at, old_s, new_s, old_t, new_t, old_c, new_c in audit:
         if job_id not in sequence_of:
             continue
+        if old_s == "processing" and new_s == "pending" and new_c == old_c + 1:
+            reaped.add(str(old_t))
         if new_s == "processing" and (old_s != "processing" or old_t != new_t):
             claims[sequence_of[job_id]].append((job_id, at))
         if old_s == "blocked" and new_s != "blocked":
@@ -92,7 +101,9 @@ def sequence_problems(dsn: str, schema: str) -> list[str]:
         if new_s in invariants.TERMINAL:
             ended[job_id] = at
     runs: dict[str, list[tuple[Any, Any, Any]]] = defaultdict(list)
-    for job_id, started, end, how in execs:
+    for job_id, started, end, how, token in execs:
+        if token in reaped:
+            continue  # a run whose claim was taken back: its process was gone or fenced (F0)
         runs[job_id].append((started, end, how))
     problems: list[str] = []
     for seq, ids in order.items():
@@ -184,4 +195,40 @@ def test_q5_sequence_members_keep_order_and_one_at_a_time_while_workers_are_sigk
     assert report.reaps >= 1, "no killed member was reaped"
     assert sampler.samples > 10
     assert sampler.seen == []
+    assert sequence_problems(dsn, chaos_schema) == []
+
+
+def test_q5_a_worker_stopped_past_its_lease_mid_member_is_fenced_and_the_sequence_keeps_its_order(
+    dsn: str, chaos_schema: str, spawn: Callable[..., Worker]
+) -> None:
+    """SIGSTOP freezes a worker process holding members for twice the lease (SPEC F0): the others
+    rerun its members only once its proof of life is older than lease + margin, the members behind
+    them wait, and the sequences keep their order, one member at a time, each done once."""
+    rng = random.Random(9)
+    jobs = [
+        Job("chaos", {"n": n, "sleep": round(rng.uniform(0.2, 0.6), 3)}, sequence=f"s{s}")
+        for n in range(5)
+        for s in range(SEQUENCES)
+    ]
+    with ConnectionPool(dsn, min_size=1, max_size=2, open=True) as pool:
+        store = Store(pool, schema=chaos_schema)
+        ids = {r.id for r in store.enqueue_many(jobs)}
+        store.close()
+    settings = {"workers": 3, "lease": 2.0, "reaper_period": 0.3, "max_attempts": 1}
+    frozen = spawn(dsn, chaos_schema, **settings)
+    frozen_id = f"chaos-{frozen.label}:{frozen.proc.pid}"
+    other = spawn(dsn, chaos_schema, **settings)
+    wait_for(lambda: held_by(dsn, chaos_schema, frozen_id) > 0, "the worker to be frozen holding members", 30)
+    os.killpg(frozen.proc.pid, signal.SIGSTOP)
+    try:
+        time.sleep(4.0)
+    finally:
+        os.killpg(frozen.proc.pid, signal.SIGCONT)
+    wait_for(lambda: settled(dsn, chaos_schema, ids), "every member to settle after the stall", timeout=150)
+    assert frozen.stop() == 0, frozen.log_tail()
+    assert other.stop() == 0, other.log_tail()
+    report = invariants.check(dsn, chaos_schema, ids)
+    report.assert_ok()
+    assert report.states == {"done": len(jobs)}, report.states  # max_attempts=1: a stall is no failure
+    assert report.reaps >= 1, "the stall did not outlast lease + margin"
     assert sequence_problems(dsn, chaos_schema) == []
