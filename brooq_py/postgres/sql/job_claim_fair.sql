@@ -98,18 +98,23 @@ WITH clock AS (
            END AS tokens
     FROM tenants t, clock c
 ), picked AS (
-    SELECT c.id
+    SELECT c.id, c.priority, c.turn
     FROM cand c
     JOIN counted t ON t.tenant IS NOT DISTINCT FROM c.tenant
     WHERE (t.lim IS NULL OR c.k <= t.lim - t.running)
       AND (t.rate IS NULL OR c.k <= floor(t.tokens))
-    ORDER BY c.priority DESC, c.turn, c.id
-    LIMIT coalesce((SELECT n FROM room), 0)
 ), locked AS (
-    -- Only the rows taken are locked; one locked elsewhere (an operator) is skipped, never waited on.
+    -- The room's worth of the eligible candidates, in the fair order, locked as they are taken: one
+    -- locked elsewhere (an operator's SELECT ... FOR UPDATE) is skipped, never waited on, and the
+    -- next one taken in its place (the limit is applied above the row locks, as in job_claim_limited),
+    -- so a held row never stops its topic. A tenant's candidates keep the numbers k given before
+    -- the skip: a skipped row can only leave its tenant under its limit or bucket, never over.
     SELECT j.id FROM {job} j
-    WHERE j.id = ANY (ARRAY(SELECT id FROM picked)) AND j.state = 'pending'
-    FOR NO KEY UPDATE SKIP LOCKED
+    JOIN picked p ON p.id = j.id
+    WHERE j.state = 'pending'
+    ORDER BY p.priority DESC, p.turn, p.id
+    LIMIT coalesce((SELECT n FROM room), 0)
+    FOR NO KEY UPDATE OF j SKIP LOCKED
 ), claimed AS (
     UPDATE {job} j
     SET state = 'processing',

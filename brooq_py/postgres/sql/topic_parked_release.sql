@@ -4,7 +4,11 @@
 -- counted as an enqueue counts them (depth_waiting.sql), with this statement's snapshot, taken
 -- after the lock. A topic that parks no more (its cap removed, or set without park) releases
 -- a thousand a tick. A released job is pending (scheduled when due later); a member of a
--- sequence is blocked and owes its release (job_sequence_due), keeping its turn. Each job
+-- sequence is blocked and owes its release (job_sequence_due), keeping its turn. A parked job
+-- holds no unique key (SPEC U1's index covers the active states), so two of one key may be parked,
+-- or its key taken meanwhile (a retry, a job with parents): only the oldest parked job of a key is
+-- released, once no active job holds it, the others waiting parked (releasing a second holder
+-- would fail the whole statement on job_unique_idx, each tick). Each job
 -- released takes a value of the depth sequence, after the transaction's id (it is back among
 -- the waiting jobs: migration 0014). Rows: (topic, released) for each topic that released
 -- jobs; each notifies its topic's engines and stagers.
@@ -29,6 +33,14 @@ WITH t AS MATERIALIZED (
                    FROM room r
                    CROSS JOIN LATERAL (SELECT l.id FROM {job} l
                                        WHERE l.topic = r.topic AND l.state = 'parked'
+                                         AND (l.unique_key IS NULL
+                                              OR (NOT EXISTS (SELECT FROM {job} h
+                                                              WHERE h.topic = l.topic AND h.unique_key = l.unique_key
+                                                                AND h.state IN ('scheduled', 'pending', 'processing',
+                                                                                'failed', 'blocked'))
+                                                  AND NOT EXISTS (SELECT FROM {job} o
+                                                                  WHERE o.topic = l.topic AND o.state = 'parked'
+                                                                    AND o.unique_key = l.unique_key AND o.id < l.id)))
                                        ORDER BY l.id LIMIT r.n FOR UPDATE SKIP LOCKED) AS l
                    WHERE r.n > 0)
     RETURNING j.topic, j.sequence
