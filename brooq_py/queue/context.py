@@ -253,10 +253,16 @@ class Context:
             until = rec.until
         if until is None:
             until = now
+        timed_out = f"no signal {name!r} arrived before {until.isoformat()} (wait_for's timeout)"
+        if rec is not None and isinstance(rec.result, dict) and rec.result.get("timed_out") is True:
+            raise SignalTimeout(timed_out)  # decided by an earlier run: a signal seen since changes nothing
         if sent is not None and sent[1] <= until:
             return sent[0]
         if now >= until:
-            raise SignalTimeout(f"no signal {name!r} arrived before {until.isoformat()} (wait_for's timeout)")
+            # Recorded before it is acted on: a signal's time is its transaction's start, so one that
+            # commits after this run may still be dated before the timeout; every replay sees this.
+            j.time_out(seq, identity)
+            raise SignalTimeout(timed_out)
         raise self._suspend(until - now, waiting_for=name)
 
     def progress(self, value: float | None = None, note: str | None = None) -> None:
@@ -469,6 +475,15 @@ class _Journal:
                 "(canceled, reaped or taken over)"
             )
         return write
+
+    def time_out(self, seq: int, identity: str) -> None:
+        """Record that the wait at *seq* timed out; LeaseLost when the job is no longer this attempt's."""
+        claim = self.claim
+        if not self.port.step_time_out(claim.id, claim.claim_token, seq):
+            raise LeaseLost(
+                f"wait {identity!r}: its timeout not recorded: the job is no longer this attempt's "
+                "(canceled, reaped or taken over)"
+            )
 
     def record_result(self, seq: int, identity: str, value: Any) -> Any:
         """Record a step's *value* and return it as a replay will (decoded JSON)."""

@@ -125,6 +125,10 @@ class StepPort(Protocol):
         """Record a step (*result*: JSON text), a sleep or a wait (its end: the database's now +
         *delay*) at *seq*, only while the row is processing under *claim_token* (in *tx* when given)."""
 
+    def step_time_out(self, job_id: str, claim_token: str, seq: int) -> bool:
+        """Mark the wait recorded at *seq* timed out (every later run raises SignalTimeout), only while
+        the row is processing under *claim_token*; False when it is not (nothing written)."""
+
     def signal_read(self, job_id: str, name: str) -> SignalRead:
         """Look up the signal *name* of the job."""
 
@@ -293,6 +297,7 @@ class Repo(Protocol):
         delay: timedelta | None = None,
         tx: Tx | None = None,
     ) -> StepWrite: ...
+    def step_time_out(self, job_id: str, claim_token: str, seq: int) -> bool: ...
     def signal_read(self, job_id: str, name: str) -> SignalRead: ...
 
     # worker side

@@ -18,6 +18,10 @@ With the setting ``workflow``, the topic ``wf`` runs jobs of a workflow (``Job.a
 execution is recorded as above, waits ``sleep`` seconds, reads ``claim.parent_results()`` and
 ends with ``how`` = ``ok:<number of parents whose result it read>``.
 
+The topic ``chaos.txstep`` runs one transaction step (settings ``txstep_hold``, ``txstep_after``,
+``txstep_record_hold`` with ``txstep_dir``: pauses inside its transaction, after its commit, and
+between its record and its commit, each announced by a file; see handle_txstep).
+
 With the setting ``batch`` (a batch size), the topic ``chaos.batch`` is a batch kind: each call
 records every claim's execution, waits the first payload's ``sleep`` seconds and ends them all
 ``ok:batch:<size of the call>``.
@@ -163,6 +167,22 @@ def main() -> None:
         backoff_max=0.2,
     )
     engine = Engine(store, config, worker_id=worker_id)
+    if settings.get("txstep_record_hold"):
+        # A pause between a transaction step's record and its commit (the record's FOR SHARE held),
+        # after touching ``recorded.<pid>`` in ``txstep_dir``, where a test stops the process.
+        from brooq_py.postgres.worker.repo import WorkerRepo
+
+        record = WorkerRepo.step_record
+
+        def held_record(self: Any, *args: Any, **kwargs: Any) -> Any:
+            write = record(self, *args, **kwargs)
+            if kwargs.get("tx") is not None:
+                with open(os.path.join(settings["txstep_dir"], f"recorded.{os.getpid()}"), "w"):
+                    pass
+                time.sleep(float(settings["txstep_record_hold"]))
+            return write
+
+        WorkerRepo.step_record = held_record  # type: ignore[method-assign]
 
     def closing(token: str, hold: float) -> Any:
         def callback(tx: Any) -> None:
@@ -253,6 +273,42 @@ def main() -> None:
         out.append(ctx.step("three", called, "three"))
         return out
 
+    def handle_txstep(ctx: Any, claim: Any) -> str:
+        # One transaction step whose fn writes a row, touches ``in_tx.<pid>`` in the payload's ``dir``
+        # and then holds its transaction open ``txstep_hold`` seconds (where a test kills or stops the
+        # process before the step's record); ``committed.<pid>`` once the step returned, then a pause
+        # of ``txstep_after`` seconds (where a test kills it after the commit). How the step ended
+        # is written to step_calls on the recorder's connection (SPEC DS2).
+        directory = claim.payload["dir"]
+        pid = os.getpid()
+
+        def touch(name: str) -> None:
+            with open(os.path.join(directory, f"{name}.{pid}"), "w"):
+                pass
+
+        def book(tx: Any) -> str:
+            tx.execute(
+                sql.SQL("INSERT INTO {}.step_calls (job, step, pid) VALUES (%(j)s, 'book', %(p)s)").format(
+                    sql.Identifier(schema)
+                ),
+                {"j": claim.id, "p": pid},
+            )
+            touch("in_tx")
+            time.sleep(float(settings.get("txstep_hold", 0.0)))
+            return f"book@{pid}"
+
+        try:
+            out = ctx.transaction_step("book", book)
+        except BaseException as exc:
+            recorder.run(
+                "INSERT INTO {s}.step_calls (job, step, pid) VALUES (%(j)s, %(n)s, %(p)s)",
+                {"j": claim.id, "n": "raised:" + type(exc).__name__, "p": pid},
+            )
+            raise
+        touch("committed")
+        ctx.wait(float(settings.get("txstep_after", 0.0)))
+        return str(out)
+
     def handle_batch(ctx: Any, claims: Any) -> list[None]:
         # Every claim of the call recorded, then one wait for the whole batch (SPEC BD1).
         for claim in claims:
@@ -270,6 +326,7 @@ def main() -> None:
     if settings.get("workflow"):
         engine.register_kind("wf", handle_workflow, opts)
     engine.register_kind("chaos.steps", handle_steps, opts)
+    engine.register_kind("chaos.txstep", handle_txstep, opts)
     engine.register_kind("chaos", handle_async if settings.get("async") else handle, opts)
     engine.register_kind("chaos.child", handle_child, opts)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -398,6 +399,17 @@ class FakeRepo:
                 recorded[seq] = RecordedStep(seq, name, kind, value, now, end)
             rec = recorded[seq]
             return StepWrite(True, inserted, rec.result, rec.until, now)
+
+    def step_time_out(self, job_id: str, claim_token: str, seq: int) -> bool:
+        self._count("step_time_out")
+        with self.lock:
+            r = self.rows.get(job_id)
+            if r is None or r.state is not State.PROCESSING or r.claim_token != claim_token:
+                return False
+            rec = self.steps.get(job_id, {}).get(seq)
+            if rec is not None and rec.kind == "wait" and isinstance(rec.result, dict):
+                self.steps[job_id][seq] = dataclasses.replace(rec, result={**rec.result, "timed_out": True})
+            return True
 
     def signal_read(self, job_id: str, name: str) -> SignalRead:
         return SignalRead(False, None, None, datetime.now(UTC))

@@ -314,6 +314,13 @@ class WorkerRepo:
         until_at = _until(recorded) if kind != "step" else None
         return StepWrite(bool(ours), bool(inserted), recorded, until_at, now)
 
+    def step_time_out(self, job_id: str, claim_token: str, seq: int) -> bool:
+        """One statement (sql/job_step_time_out.sql): mark the wait at *seq* timed out, fenced on the
+        claim token; False when the job is no longer this attempt's (nothing written)."""
+        params = {"id": uuid.UUID(job_id), "token": uuid.UUID(claim_token), "seq": seq}
+        rows = self.session.run("recording a wait's timeout", self._q["job_step_time_out"], params)
+        return bool(rows[0][0])
+
     def signal_read(self, job_id: str, name: str) -> SignalRead:
         """A primary-key probe (sql/job_signal_read.sql) with the clock."""
         rows = self.session.run(
