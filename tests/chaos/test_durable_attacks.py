@@ -17,16 +17,9 @@ from psycopg import sql
 from psycopg_pool import ConnectionPool
 
 from brooq_py import Job
-from brooq_py.devdb import DevDatabase
 from brooq_py.postgres import Store
 from tests.chaos.conftest import Worker
 from tests.polling import wait_for
-
-
-@pytest.fixture(scope="module")
-def dsn(devdb: DevDatabase) -> str:
-    """The session's database: these tests run two worker processes at most."""
-    return devdb.dsn
 
 
 @pytest.fixture
