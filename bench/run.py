@@ -781,6 +781,9 @@ def main(argv: list[str] | None = None) -> int:
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(results, indent=2, default=str) + "\n")
             print(f"wrote {out}")
+            fair = results.get("TEN", {}).get("fair") if isinstance(results.get("TEN"), dict) else None
+            if fair and (drawn := tenants.plot_fairness(fair, str(out.parent / "tenants-fairness.png"))):
+                print(f"wrote {drawn}")
     finally:
         db.close()
     return 0

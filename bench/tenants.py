@@ -180,6 +180,56 @@ def _run_recording(store: Any, workers: int, until: Any, during: Any = None) -> 
     return started
 
 
+def _series(started: list[tuple[str, float]], t0: float) -> dict[str, list[list[float]]]:
+    """Each tenant's starts since *t0* over time from *t0* (s), one point per 10 ms step at most."""
+    out: dict[str, list[list[float]]] = {}
+    counts: dict[str, int] = {}
+    for tenant, at in sorted(started, key=lambda x: x[1]):
+        if at < t0:
+            continue  # counted from t0
+        counts[tenant] = counts.get(tenant, 0) + 1
+        points = out.setdefault(tenant, [])
+        x = round(at - t0, 2)
+        if points and points[-1][0] == x:
+            points[-1][1] = counts[tenant]
+        else:
+            points.append([x, counts[tenant]])
+    return out
+
+
+def plot_fairness(r: dict[str, Any], path: str) -> str | None:
+    """Draw T4's starts per tenant over time (both runs) into *path*; None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install -e '.[bench]'): no plot", flush=True)
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    titles = {
+        "backlog_series": f"B's {r['b']} jobs enqueued behind A's backlog of {r['a']:,}",
+        "weighted_series": "A and B backlogged, weights 3:1",
+    }
+    for ax, (key, title) in zip(axes, titles.items(), strict=True):
+        for tenant, points in sorted(r.get(key, {}).items()):
+            ax.plot([p[0] for p in points], [p[1] for p in points], label=f"tenant {tenant}")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("seconds" + (" since B's enqueue" if key == "backlog_series" else ""))
+        ax.set_ylabel("jobs started")
+        ax.legend()
+        ax.grid(alpha=0.3)
+    if "backlog_series" in r:  # B's jobs against A's over the time B's jobs took
+        b_end = r["backlog_series"].get("B", [[0.0, 0]])[-1][0]
+        axes[0].set_xlim(0, max(0.05, b_end * 2))
+        axes[0].set_ylim(0, max(r["b"] * 2, r["a_started_before_b_done"] * 2))
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def fairness(
     dsn: str, a: int = 100_000, b: int = 100, workers: int = 4, weighted: int = 4000
 ) -> dict[str, Any]:
@@ -202,6 +252,7 @@ def fairness(
         last_b = max(at for t, at in started if t == "B")
         a_between = sum(1 for t, at in started if t == "A" and marks["b"] <= at <= last_b)
         out["a_started_before_b_done"] = a_between
+        out["backlog_series"] = _series(started, marks["b"])
     with fresh_schema(dsn, "tenw") as schema, store_on(dsn, schema, max_size=4) as store:
         store.set_tenant_weight(TOPIC, "A", 3)
         for start in range(0, weighted, 1000):
@@ -215,6 +266,7 @@ def fairness(
             window = order[lo : lo + 1000]
             ratios.append(window.count("A") / max(1, window.count("B")))
         out["weighted_starts"] = len(order)
+        out["weighted_series"] = _series(started, min(at for _, at in started))
         out["ratio_min"], out["ratio_max"] = min(ratios), max(ratios)
     return out
 

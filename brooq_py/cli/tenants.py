@@ -102,25 +102,47 @@ def cmd_tenants(args: argparse.Namespace, settings: Settings) -> int:
     topic = check_topic(args.topic)
     with open_store(settings) as store:
         rows = store.flow.tenants(topic)
+        limit, rate = store.flow.tenant_defaults(topic)
     if args.json:
-        print(json.dumps([r.to_json() for r in rows], indent=2, ensure_ascii=False))
+        shown = {
+            "topic": topic,
+            "default_limit": limit,
+            "default_rate": rate,
+            "tenants": [r.to_json() for r in rows],
+        }
+        print(json.dumps(shown, indent=2, ensure_ascii=False))
     else:
-        print(format_tenants(rows))
+        print(format_tenants(rows, limit, rate))
     return 0
 
 
-def format_tenants(rows: list[TenantRow]) -> str:
-    """One line per tenant: waiting, running, its own limit, rate and weight (- for the default)."""
+def format_tenants(
+    rows: list[TenantRow], default_limit: int | None = None, default_rate: str | None = None
+) -> str:
+    """The defaults of every tenant, then one line per tenant: waiting, running, its limit, rate and
+    weight; a value a tenant takes from the defaults is shown in parentheses, none as -."""
+    head = (
+        f"every tenant without its own: limit {'-' if default_limit is None else default_limit}, "
+        f"rate {default_rate or '-'}"
+    )
     if not rows:
-        return "no tenants (no job of the topic names one)"
+        return f"{head}\nno tenants (no job of the topic names one)"
     width = max(6, *(len(r.tenant) for r in rows))
     lines = [
-        f"{'tenant':<{width}}  {'waiting':>8}  {'running':>8}  {'limit':>5}  {'rate':>10}  {'weight':>6}"
+        head,
+        f"{'tenant':<{width}}  {'waiting':>8}  {'running':>8}  {'limit':>5}  {'rate':>10}  {'weight':>6}",
     ]
     for r in rows:
-        limit = "-" if r.limit is None else str(r.limit)
+        limit = _own(r.limit, default_limit)
+        rate = _own(r.rate, default_rate)
         weight = "-" if r.weight is None else str(r.weight)
         lines.append(
-            f"{r.tenant:<{width}}  {r.waiting:>8}  {r.running:>8}  {limit:>5}  {r.rate or '-':>10}  {weight:>6}"
+            f"{r.tenant:<{width}}  {r.waiting:>8}  {r.running:>8}  {limit:>5}  {rate:>10}  {weight:>6}"
         )
     return "\n".join(lines)
+
+
+def _own(value: object, default: object) -> str:
+    if value is not None:
+        return str(value)
+    return "-" if default is None else f"({default})"

@@ -193,14 +193,16 @@ class Operator:
         self._changed(activity=True)
         return resumed
 
-    def tenants(self, raw_topic: str) -> list[TenantRow]:
-        """The topic's tenants: jobs waiting and running, their own limit, rate and weight (SPEC T1-T3)."""
+    def tenants(self, raw_topic: str) -> tuple[list[TenantRow], tuple[int | None, str | None]]:
+        """The topic's tenants (jobs waiting and running, their own limit, rate and weight) and the
+        limit and rate of every tenant without its own (SPEC T1-T3)."""
         topic = topic_name(raw_topic)
         flow = getattr(self._controls(), "flow", None)  # a Store's flow part reads them
         if flow is None:
             raise ActionError(404, "not found")
         rows: list[TenantRow] = self.guarded("reading tenants", flow.tenants, topic)
-        return rows
+        defaults: tuple[int | None, str | None] = self.guarded("reading tenants", flow.tenant_defaults, topic)
+        return rows, defaults
 
     def tenant_page(self, raw_topic: str, limit: int) -> TenantPage:
         """The topic's busiest *limit* tenants, its tenant defaults and its tenant of no name."""

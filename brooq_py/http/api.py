@@ -211,7 +211,14 @@ def _topics(op: Operator, _raw: str) -> Reply:
 
 
 def _tenants(op: Operator, raw: str) -> Reply:
-    return Reply.json(200, {"topic": raw, "tenants": [t.to_json() for t in op.tenants(raw)]})
+    rows, (limit, rate) = op.tenants(raw)
+    shown = {
+        "topic": raw,
+        "default_limit": limit,
+        "default_rate": rate,
+        "tenants": [t.to_json() for t in rows],
+    }
+    return Reply.json(200, shown)
 
 
 def _tenant_default(op: Operator, raw: str, what: str, value: str) -> Reply:

@@ -72,5 +72,6 @@ def test_t1_t3_tenant_endpoints(server: Server, store: Store, engine: Engine) ->
         "weight": 3,
     }
     assert by["beta"]["limit"] is None and by["beta"]["waiting"] == 1
+    assert (body["default_limit"], body["default_rate"]) == (2, None)  # what beta's None means
     (s,) = store.topic_settings()
     assert s.tenants

@@ -393,7 +393,14 @@ def test_t1_t3_cli_tenant_commands(store: Store, dsn: str, schema: str, tmp_path
     assert cli(dsn, schema, tmp_path, "tenant-weight", "t", "acme", "0")[0] == 2
     assert cli(dsn, schema, tmp_path, "tenant-limit", "t", "x")[0] == 2
     code, out, _ = cli(dsn, schema, tmp_path, "tenants", "t", "--json")
-    by = {r["tenant"]: r for r in json.loads(out)}
+    shown = json.loads(out)
+    assert (shown["default_limit"], shown["default_rate"]) == (2, None)  # beta's limit, not its own
+    by = {r["tenant"]: r for r in shown["tenants"]}
+    assert by["beta"]["limit"] is None
+    code, text, _ = cli(dsn, schema, tmp_path, "tenants", "t")
+    assert text.splitlines()[0] == "every tenant without its own: limit 2, rate -"
+    (beta,) = [line.split() for line in text.splitlines() if line.startswith("beta ")]
+    assert beta[3] == "(2)"  # the default it takes, shown as such
     assert by["acme"] == {
         "tenant": "acme",
         "waiting": 1,

@@ -233,6 +233,16 @@ class Flow:
         params = {"topic": checked_topic(topic), "limit": limit, "cap": TENANT_COUNT_CAP}
         return [tenant_row(r) for r in self.session.run("reading tenants", self._q["tenant_list"], params)]
 
+    def tenant_defaults(self, topic: str) -> tuple[int | None, str | None]:
+        """*topic*'s limit and rate of every tenant without its own (``set_tenant_limit`` and
+        ``set_tenant_rate_limit`` with no tenant): (None, None) when neither is set."""
+        rows = self.session.run(
+            "reading tenant defaults", self._q["tenant_defaults"], {"topic": checked_topic(topic), "cap": 1}
+        )
+        if not rows:
+            return None, None
+        return rows[0][1], rate_text(rows[0][2], rows[0][3], rows[0][4])
+
     def tenant_page(self, topic: str, limit: int = 100) -> TenantPage:
         """*topic*'s busiest *limit* tenants, its tenant defaults and its tenant of no name (the
         dashboard's tenants page); bounded: at most TENANT_SCAN tenants with jobs are looked at."""
