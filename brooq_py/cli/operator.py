@@ -220,6 +220,10 @@ def cmd_sequence_resume(args: argparse.Namespace, settings: Settings) -> int:
     with open_store(settings) as store:
         resumed = store.resume_sequence(topic, args.sequence)
     print(json.dumps({"topic": topic, "sequence": args.sequence, "resumed": resumed}))
+    if not resumed:
+        print(
+            f"sequence {args.sequence!r} of topic {topic!r} is not halted: nothing to resume", file=sys.stderr
+        )
     return 0 if resumed else 1
 
 

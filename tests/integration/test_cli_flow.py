@@ -77,7 +77,8 @@ def test_f3_q5_cli_depth_park_and_sequence_resume(
     assert t["counts"] == {"pending": 1, "parked": 1}
     code, out, _ = cli(dsn, schema, tmp_path, "stats", "--json")
     assert code == 0 and json.loads(out)["topics"][0]["parked"] == 1
-    code, out, _ = cli(dsn, schema, tmp_path, "sequence-resume", "cli.park", "s1")
+    code, out, err = cli(dsn, schema, tmp_path, "sequence-resume", "cli.park", "s1")
     assert code == 1 and json.loads(out)["resumed"] is False
+    assert "is not halted" in err  # why nothing was done
     code, _, err = cli(dsn, schema, tmp_path, "sequence-resume", "cli.park", "")
     assert code == 2 and "invalid" in err

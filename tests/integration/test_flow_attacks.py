@@ -461,6 +461,9 @@ def test_f1_f2_cli_refuses_malformed_rates_and_depths(
             parse_count(text, "depth")
     code, _, err = cli("rate", "t", "10/")
     assert code == 2 and "invalid rate '10/'" in err and "Traceback" not in err
+    for text in ("abc", "abc/1s"):  # the error names the form a rate takes, whatever part is wrong
+        code, _, err = cli("rate", "t", text)
+        assert code == 2 and f"invalid rate '{text}'" in err and "N[/DURATION]" in err, err
     assert store.topic_settings() == []
     code, out, _ = cli("rate", "t", "3/1us")
     assert code == 0 and json.loads(out)["per_seconds"] == 1e-06

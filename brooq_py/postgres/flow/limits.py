@@ -65,7 +65,12 @@ def parse_count(text: str, what: str, least: int = 0) -> int | None:
 def parse_rate(text: str) -> tuple[int | None, float]:
     """``N[/DURATION]|none`` as (limit, per seconds): ``10/1s``, ``600/1m``, ``5`` (per second)."""
     count, slash, per = text.partition("/")
-    limit = parse_count(count, "rate", least=1)
+    try:
+        limit = parse_count(count, "rate", least=1)
+    except ValueError:
+        raise ValueError(
+            f"invalid rate {text!r}: expected N[/DURATION] (N from 1 to {INT32_MAX}) such as 10/1s or 600/1m, or none"
+        ) from None
     if limit is None or not slash:
         return limit, 1.0
     try:
