@@ -352,7 +352,13 @@ class WorkerRepo:
         """``settle_own_tx(tx, outcome) == "ours"``."""
         return self.settle_own_tx(tx, outcome) == "ours"
 
-    def beat(self, proof: EngineProof, leases: Sequence[HeldLease], orphans: bool = False) -> Renewal:
+    def beat(
+        self,
+        proof: EngineProof,
+        leases: Sequence[HeldLease],
+        orphans: bool = False,
+        running: Sequence[str] | None = None,
+    ) -> Renewal:
         """One statement on the heartbeat's own connection, needing no session state (a pooler in
         transaction mode works); BrooqError when another live engine holds *proof*'s id."""
         params = {
@@ -364,6 +370,9 @@ class WorkerRepo:
             "margin": proof.margin,
             "orphans": orphans,
             "instance": proof.instance,
+            "running": uuid_array(
+                [h.claim_token for h in leases if not h.dropped] if running is None else list(running)
+            ),
         }
         rows = self._own_or_pool(
             self._heartbeat, "renewing the engine's proof of life", self._q["engine_beat"], params
