@@ -370,10 +370,9 @@ class WorkerRepo:
             "margin": proof.margin,
             "orphans": orphans,
             "instance": proof.instance,
-            "running": uuid_array(
-                [h.claim_token for h in leases if not h.dropped] if running is None else list(running)
-            ),
         }
+        if running is not None:
+            params["running"] = uuid_array(list(running))
         rows = self._own_or_pool(
             self._heartbeat, "renewing the engine's proof of life", self._q["engine_beat"], params
         )
@@ -403,6 +402,8 @@ class WorkerRepo:
             "progress": _real_array([h.progress for h in leases]),
             "notes": _maybe_text_array([h.progress_note for h in leases]),
             "dropped": bool_array([h.dropped for h in leases]),
+            # the handlers still running here (Repo.beat's *running*): by default the claims held
+            "running": uuid_array([h.claim_token for h in leases if not h.dropped]),
         }
 
     def schema_version(self) -> str | None:
