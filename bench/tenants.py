@@ -35,6 +35,7 @@ _DROPS = (
     "DROP INDEX {fair}",
     "DROP INDEX {tenant}",
     "DROP INDEX {front}",
+    "DROP INDEX {unnamed}",  # 0021: the jobs without a tenant of a tenant topic
 )
 
 
@@ -44,6 +45,7 @@ def _drop_tenants(dsn: str, schema: str) -> None:
         "fair": sql.Identifier(schema, "job_fair_idx"),
         "tenant": sql.Identifier(schema, "job_tenant_idx"),
         "front": sql.Identifier(schema, "job_turn_front_idx"),
+        "unnamed": sql.Identifier(schema, "job_unnamed_idx"),
     }
     with psycopg.connect(dsn, autocommit=True) as conn:
         for drop in _DROPS:
@@ -66,7 +68,7 @@ def _w3(dsn: str, n: int, tenants: bool) -> float:
 
 
 def schema_cost(dsn: str, n_w1: int, n_w3: int, rounds: int = 3) -> dict[str, Any]:
-    """W1 and W3 of jobs without a tenant, with and without 0019's trigger and indexes."""
+    """W1 and W3 of jobs without a tenant, with and without the tenants' trigger and indexes (0019, 0021)."""
     out: dict[str, Any] = {"rounds": rounds, "w1_n": n_w1, "w3_n": n_w3}
     for name, run, n in (("w1", _w1, n_w1), ("w3", _w3, n_w3)):
         pairs: list[tuple[float, float]] = []

@@ -320,6 +320,7 @@ class Engine(Producing):
             )
             heartbeat = next(s for s in self._services if isinstance(s, Heartbeat))
             self._recheck = heartbeat.wake  # look at the held claims now
+            self.inflight.on_unheld_end = heartbeat.wake  # a canceled handler ended: say so now
             self._may_claim = heartbeat.fence.may_claim  # not before a heartbeat proved the engine
             heartbeat.fence.on_proven = self._dispatcher.wake
             self.capacity.wake = self._dispatcher.wake

@@ -323,9 +323,17 @@ class Repo(Protocol):
     def settle_tx(self, tx: Tx, outcome: Outcome) -> bool:
         """Write one guarded outcome inside *tx*; return whether it was written."""
 
-    def beat(self, proof: EngineProof, leases: Sequence[HeldLease], orphans: bool = False) -> Renewal:
+    def beat(
+        self,
+        proof: EngineProof,
+        leases: Sequence[HeldLease],
+        orphans: bool = False,
+        running: Sequence[str] | None = None,
+    ) -> Renewal:
         """Renew the engine's row, write *leases*' progress and read their fate (with *orphans*, our
-        unsent claims too), never waiting on a job row."""
+        unsent claims too), never waiting on a job row. *running*: the claim tokens whose handlers
+        still run here, held or not (None: the leases not dropped); a canceled sequence member's hold
+        ends once its claim is not among them (SPEC Q5, X1)."""
 
     def leave(self, engine_id: str, instance: str | None = None) -> None:
         """Remove a stopping engine's row; the reaper returns what it still holds."""

@@ -232,3 +232,52 @@ def test_q5_a_worker_stopped_past_its_lease_mid_member_is_fenced_and_the_sequenc
     assert report.states == {"done": len(jobs)}, report.states  # max_attempts=1: a stall is no failure
     assert report.reaps >= 1, "the stall did not outlast lease + margin"
     assert sequence_problems(dsn, chaos_schema) == []
+
+
+def test_q5_a_canceled_running_member_holds_the_next_until_its_sigkilled_engine_is_reaped(
+    dsn: str, chaos_schema: str, spawn: Callable[..., Worker]
+) -> None:
+    """A member whose handler ignores its cancel (it hangs) keeps the next member blocked while its
+    engine lives, however long after the cancel (its hung verdict is far off); its process is
+    SIGKILLed before it let go: once the engine's proof of life is older than lease + margin, another
+    engine's reaper ends the hold and the next member runs there, after the kill."""
+    s = sql.Identifier(chaos_schema)
+    with ConnectionPool(dsn, min_size=1, max_size=2, open=True) as pool:
+        store = Store(pool, schema=chaos_schema)
+        first = store.enqueue(Job("chaos", {"hang": True}, sequence="k")).id
+        nxt = store.enqueue(Job("chaos", {"sleep": 0}, sequence="k")).id
+        store.close()
+    # A lease long enough that a loaded host does not stall the living engine past lease + margin
+    # (it would be gone then, by P1'', and its hold with it).
+    settings = {"workers": 2, "lease": 6.0, "reaper_period": 0.5, "watchdog_grace": 600}
+    victim = spawn(dsn, chaos_schema, **settings)
+
+    def one(query: str, *params: Any) -> Any:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            row = conn.execute(sql.SQL(query).format(s=s), params or None).fetchone()
+        assert row is not None
+        return row[0]
+
+    wait_for(
+        lambda: one("SELECT state FROM {s}.job WHERE id = %s", first) == "processing", "the first member"
+    )
+    wait_for(lambda: one("SELECT count(*) FROM {s}.chaos_exec WHERE job_id = %s", first) == 1, "its handler")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("UPDATE {s}.job SET state = 'canceled' WHERE id = %s").format(s=s), (first,))
+    assert one("SELECT count(*) FROM {s}.job_sequence_hold WHERE job = %s", first) == 1
+    time.sleep(4.0)  # a few heartbeats and many stager ticks of the living engine: the cancel was read
+    assert one("SELECT state FROM {s}.job WHERE id = %s", nxt) == "blocked"
+    assert one("SELECT count(*) FROM {s}.job_sequence_hold WHERE job = %s", first) == 1
+    victim.kill()
+    killed_at = one("SELECT clock_timestamp()")
+    other = spawn(dsn, chaos_schema, **settings)
+    wait_for(
+        lambda: one("SELECT state FROM {s}.job WHERE id = %s", nxt) == "done",
+        "the next member after the reap",
+        timeout=60,
+    )
+    assert one("SELECT min(started_at) FROM {s}.chaos_exec WHERE job_id = %s", nxt) > killed_at
+    assert one("SELECT state FROM {s}.job WHERE id = %s", first) == "canceled"
+    # the stagers pass a hold whose engine is gone; the reaper deletes it
+    wait_for(lambda: one("SELECT count(*) FROM {s}.job_sequence_hold") == 0, "the hold reaped", timeout=30)
+    assert other.stop() == 0, other.log_tail()

@@ -298,10 +298,10 @@ def test_v1_o4_a_done_whose_write_failed_for_several_leases_is_written_late_with
                 raise StoreUnavailable("the store is down (test)")
             return super().settle_many(outcomes)
 
-        def beat(self, proof: Any, leases: Any, orphans: bool = False) -> Any:
+        def beat(self, proof: Any, leases: Any, orphans: bool = False, running: Any = None) -> Any:
             if self.down:
                 raise StoreUnavailable("the store is down (test)")
-            return super().beat(proof, leases, orphans)
+            return super().beat(proof, leases, orphans, running)
 
     flaky = Flaky(store.session, store.producer, store.flow)
     release = threading.Event()

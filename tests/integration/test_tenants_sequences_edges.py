@@ -8,7 +8,6 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-import pytest
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
@@ -29,6 +28,16 @@ ACTIVE_HOLDERS = (
 def claim(store: Store, topic: str, n: int) -> list[Any]:
     store.worker.topic_settings()
     return list(store.worker.claim_limited(topic, n, "w", LEASE))
+
+
+def holds(pool: ConnectionPool[Any], schema: str) -> int:
+    """The canceled sequence members whose handlers may still run (migration 0021)."""
+    with pool.connection() as conn:
+        row = conn.execute(
+            sql.SQL("SELECT count(*) FROM {}.job_sequence_hold").format(sql.Identifier(schema))
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def state(store: Store, job_id: str) -> State:
@@ -91,14 +100,6 @@ def test_f3_u1_a_parked_job_whose_key_a_retried_job_holds_waits_and_the_rest_is_
 # --- T1: jobs without a tenant behind a named tenant's backlog --------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="SPEC T1 (None is one shared tenant): job_claim_fair.sql finds the jobs without a tenant only"
-    " among the first 2n+16 pending jobs of the topic in enqueue order (the claim index), so behind a"
-    " named backlog longer than that they get no claim until it is worked down (docs/tenants.md says so)."
-    " Filtering turn IS NULL in that scan would read the whole named backlog at every claim (T5); the fix"
-    " needs a migration: a partial index of pending jobs without a turn, or a turn for them at insert.",
-)
 def test_t1_jobs_without_a_tenant_get_their_turn_behind_a_large_named_backlog(store: Store) -> None:
     """Jobs without a tenant are one more tenant of a tenant topic (job_claim_fair.sql): enqueued
     after tenant A's backlog of 200, they get every other claim, as tenant B's jobs would."""
@@ -181,14 +182,6 @@ def test_q5_a_running_member_locked_by_an_operator_ends_after_the_lock_and_the_n
     assert ran == [("start", 0), ("end", 0), ("start", 1), ("end", 1)]
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="SPEC Q5 (one at a time) with X1: a cancel writes a processing member canceled at once, and"
-    " job_sequence_ended (migration 0018) releases the next member in the cancel's own transaction, while"
-    " the canceled handler still runs until its engine delivers the cancel (up to lease/3) and the handler"
-    " looks; holding the release until the engine has let go of the claim (its ended attempt, or its proof"
-    " of life gone) needs that trigger function changed: a migration.",
-)
 def test_q5_a_running_member_canceled_lets_the_next_run_only_after_its_handler_returned(
     store: Store, engines: Callable[..., Engine]
 ) -> None:
@@ -226,3 +219,43 @@ def test_q5_a_running_member_canceled_lets_the_next_run_only_after_its_handler_r
     wait_for(lambda: state(store, nxt) is State.DONE, "the next member", timeout=20)
     assert state(store, first) is State.CANCELED
     assert beside == []
+
+
+def test_q5_a_canceled_member_whose_handler_ignores_the_cancel_holds_the_next_until_declared_hung(
+    store: Store, pool: ConnectionPool[Any], schema: str, engines: Callable[..., Engine]
+) -> None:
+    """The canceled member's handler ignores its cancel past max_execution_timeout: the next member
+    waits while the engine still waits for that handler, and runs once the engine gave it up (its
+    hung verdict, watchdog_grace after the cancel), the ignored handler still stuck."""
+    import threading
+
+    saw_cancel = threading.Event()
+    free = threading.Event()
+    ran: list[int] = []
+
+    def handler(ctx: Context, claim: Claim) -> None:
+        ran.append(claim.payload)
+        if claim.payload == 0:
+            while not free.wait(0.02):  # never looks at its cancel but to report it
+                if ctx.done():
+                    saw_cancel.set()
+
+    e = engines(workers=2, poll_interval=0.05, watchdog_grace=4)
+    e.register_kind("seq.hung", handler, KindOptions(max_execution_timeout=1, attempt_timeout=0.5))
+    e.start()
+    try:
+        first = store.enqueue(Job("seq.hung", 0, sequence="h")).id
+        nxt = store.enqueue(Job("seq.hung", 1, sequence="h")).id
+        wait_for(lambda: ran == [0], "the first member running")
+        store.cancel(first)
+        assert saw_cancel.wait(20), "the cancel never reached the handler"
+        assert state(store, nxt) is State.BLOCKED
+        assert holds(pool, schema) == 1
+        wait_for(
+            lambda: state(store, nxt) is State.DONE, "the next member after the hung verdict", timeout=30
+        )
+        assert not free.is_set() and ran == [0, 1]
+        assert state(store, first) is State.CANCELED
+        wait_for(lambda: holds(pool, schema) == 0, "no hold left")
+    finally:
+        free.set()

@@ -137,7 +137,7 @@ class FakeRepo:
         self.calls: dict[str, int] = {}
         self.settle_batches: list[int] = []
         self.closed = False
-        self.version: str | None = "0020"
+        self.version: str | None = "0021"
         self.locked: set[str] = set()  # job ids an "operator" holds row-locked: skipped, never waited on
         self.engines: dict[str, EngineRow] = {}  # the engine table (SPEC P1'')
         self.steps: dict[str, dict[int, RecordedStep]] = {}  # job_step, by job and position (DS1)
@@ -451,7 +451,13 @@ class FakeRepo:
     def settle_tx(self, tx: Tx, outcome: Outcome) -> bool:
         return self.settle_own_tx(tx, outcome) == "ours"
 
-    def beat(self, proof: EngineProof, leases: Sequence[HeldLease], orphans: bool = False) -> Renewal:
+    def beat(
+        self,
+        proof: EngineProof,
+        leases: Sequence[HeldLease],
+        orphans: bool = False,
+        running: Sequence[str] | None = None,
+    ) -> Renewal:
         """engine_beat.sql: the engine's row renewed, the held claims read (progress: not kept here)."""
         self._count("renew")
         self.renew_hang.wait()

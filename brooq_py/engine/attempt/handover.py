@@ -286,6 +286,7 @@ class Supervisor:
         self, inflight: InFlight, handover: Handover, grace_seconds: float, fence_after: float
     ) -> None:
         self.handover = handover
+        self.inflight = inflight
         self.grace = grace_seconds
         self.fence_after = fence_after  # lease - margin
 
@@ -312,8 +313,9 @@ class Supervisor:
         self.handover.hand_over(a, a.given_up())
 
     def declare_hung(self, a: Attempt) -> None:
-        """Still running watchdog_grace after its cancel."""
+        """Still running watchdog_grace after its cancel: its claim let go, the heartbeat says so now."""
         self.handover.hand_over(a, a.declared_hung(self.grace))
+        self.inflight.on_unheld_end()
 
     def release_at_stop(self, a: Attempt) -> None:
         """At stop, hand back the row of a handler hung before the stop: the reaper's work, done early."""

@@ -17,6 +17,9 @@ class InFlight:
 
     def __init__(self, on_end: Callable[[str], None] = lambda topic: None) -> None:
         self._on_end = on_end
+        # A handler ended after its claim was let go (canceled, taken back): the heartbeat, woken,
+        # tells at once that it no longer runs (a canceled sequence member's hold ends, SPEC Q5).
+        self.on_unheld_end: Callable[[], None] = lambda: None
         self._lock = threading.Lock()
         self._held: dict[str, Attempt] = {}
         self._running: set[Attempt] = set()
@@ -36,6 +39,12 @@ class InFlight:
     def running(self) -> list[Attempt]:
         with self._lock:
             return list(self._running)
+
+    def running_tokens(self) -> list[str]:
+        """The claim tokens of the handlers still running, held or not, but for those declared hung
+        (given up: their claims are let go)."""
+        with self._lock:
+            return [a.row.claim_token for a in self._running if a.handler is not HandlerState.HUNG]
 
     def by_token(self, claim_token: str) -> Attempt | None:
         """The held attempt of the claim *claim_token*, if any."""
@@ -93,8 +102,11 @@ class InFlight:
         with self._lock:  # told once per attempt, however often its end is recorded
             was = a in self._running
             self._running.discard(a)
+            unheld = self._held.get(a.row.claim_token) is not a
         if was:
             self._on_end(a.topic)
+            if unheld:
+                self.on_unheld_end()
 
     def hung_count(self) -> int:
         with self._lock:

@@ -83,7 +83,7 @@ class Heartbeat(Ticker):
         period: float,
         proof: EngineProof,
         inflight: InFlight,
-        beat: Callable[[EngineProof, Sequence[HeldLease], bool], Renewal],
+        beat: Callable[[EngineProof, Sequence[HeldLease], bool, Sequence[str]], Renewal],
         fence: Fence,
         on_lost: Callable[[Attempt], None],
         on_canceled: Callable[[Attempt], None],
@@ -109,12 +109,14 @@ class Heartbeat(Ticker):
     def tick(self) -> None:
         attempts = self._inflight.held()
         dropped = self._inflight.dropped()
+        # taken before the claims: a handler that ends in between is still named, never the reverse
+        running = self._inflight.running_tokens()
         sent = self._clock.monotonic()
         leases, taken = self._leases(attempts)
         leases += [HeldLease(job_id, token, dropped=True) for token, job_id in dropped.items()]
         self._beats += 1
         try:
-            renewal = self._beat(self.proof, leases, self._beats % ORPHAN_LOOK == 1)
+            renewal = self._beat(self.proof, leases, self._beats % ORPHAN_LOOK == 1, running)
         except BaseException:
             for a, progress in taken:  # kept for the next beat, unless newer values came meanwhile
                 a.ctx.give_back_progress(progress)

@@ -144,6 +144,7 @@ _LATER_TABLES = frozenset(
         "job_signal",
         "job_sequence_due",
         "job_sequence_halt",
+        "job_sequence_hold",
         "tenant_setting",
     }
 )

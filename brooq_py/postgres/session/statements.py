@@ -85,6 +85,8 @@ _TABLES = (
     # topic_parked_release counts as depth_waiting does)
     "job_sequence_due",
     "job_sequence_halt",
+    # migration 0021: canceled members whose handlers may still run
+    "job_sequence_hold",
     "job_sequence_release",
     "job_sequence_resume",
 )

@@ -8,15 +8,23 @@
 -- with %(orphans)s (once a lease), one 'orphan' row (with its job id) per claim of this engine
 -- older than a lease that it did not send: a claim whose answer never reached it (a connection
 -- lost at the commit), to be dropped. That look reads every processing row.
+-- SPEC Q5 with X1 (migration 0021): %(running)s names the claims whose handlers still run here (not
+-- declared hung), held or not (a canceled claim is no longer held, its handler may run on); a hold
+-- of a canceled sequence member this engine ran ends once its claim is not among them, which owes
+-- the release of the sequence's next member. `lets_go` tells the cancel that this engine does so.
 WITH proof AS (
-    INSERT INTO {engine} AS e (id, instance, host, pid, lease, margin, dropped)
+    INSERT INTO {engine} AS e (id, instance, host, pid, lease, margin, dropped, lets_go)
     VALUES (%(engine)s, %(instance)s::uuid, %(host)s, %(pid)s, %(lease)s, %(margin)s,
-            ARRAY(SELECT t FROM unnest(%(tokens)s::uuid[], %(dropped)s::bool[]) AS d(t, dropped) WHERE dropped))
+            ARRAY(SELECT t FROM unnest(%(tokens)s::uuid[], %(dropped)s::bool[]) AS d(t, dropped) WHERE dropped),
+            true)
     ON CONFLICT (id) DO UPDATE
     SET seen_at = now(), instance = excluded.instance, host = excluded.host, pid = excluded.pid,
-        lease = excluded.lease, margin = excluded.margin, dropped = excluded.dropped
+        lease = excluded.lease, margin = excluded.margin, dropped = excluded.dropped, lets_go = true
     WHERE e.instance IS NOT DISTINCT FROM excluded.instance OR e.seen_at + e.lease + e.margin < now()
     RETURNING e.id
+), let_go AS (
+    DELETE FROM {job_sequence_hold} h
+    WHERE h.engine = %(engine)s AND h.token <> ALL (%(running)s::uuid[]) AND EXISTS (SELECT FROM proof)
 ), sent AS MATERIALIZED (
     SELECT h.id, h.token, h.progress, h.note, 'processing'::text AS guard
     FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(progress)s::real[], %(notes)s::text[])

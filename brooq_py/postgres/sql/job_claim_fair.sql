@@ -5,7 +5,8 @@
 -- priority, then turn (each job's place in its tenant's round-robin, given at its insert by
 -- migration 0019's trigger), so the claim reads the first %(window)s entries whatever the number
 -- of tenants. Jobs of the topic without a tenant are one more tenant: the first %(window)s
--- entries of the claim index that have no turn, taken at the front's turn, one a turn.
+-- of them in the claim order, read from their own index (job_unnamed_idx, migration 0021) whatever
+-- the named backlog ahead of them, taken at the front's turn, one a turn.
 -- Of those candidates a tenant gives at most its limit less its processing jobs and at
 -- most floor(tokens) of its bucket (its own setting, else the topic's tenant defaults; a bucket
 -- is read only for the tenants among the candidates, and written only for those that took a
@@ -59,14 +60,13 @@ WITH clock AS (
            coalesce((SELECT min(t.turn) FROM turned t WHERE t.priority = w.priority), 0)
              + row_number() OVER (PARTITION BY w.priority ORDER BY w.available_at, w.id) - 1 AS turn
     FROM (
-        SELECT j.id, j.priority, j.available_at, j.turn
+        SELECT j.id, j.priority, j.available_at
         FROM {job} j
-        WHERE j.topic = %(topic)s AND j.state = 'pending' AND j.available_at <= now()
+        WHERE j.topic = %(topic)s AND j.state = 'pending' AND j.turn IS NULL AND j.available_at <= now()
           AND coalesce((SELECT n FROM room), 0) > 0
         ORDER BY j.priority DESC, j.available_at, j.id
         LIMIT %(window)s
     ) AS w
-    WHERE w.turn IS NULL
 ), cand AS (
     SELECT c.*, row_number() OVER (PARTITION BY c.tenant ORDER BY c.priority DESC, c.turn, c.id) AS k
     FROM (SELECT * FROM turned UNION ALL SELECT * FROM unnamed) AS c

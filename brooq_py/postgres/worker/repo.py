@@ -359,7 +359,13 @@ class WorkerRepo:
         """``settle_own_tx(tx, outcome) == "ours"``."""
         return self.settle_own_tx(tx, outcome) == "ours"
 
-    def beat(self, proof: EngineProof, leases: Sequence[HeldLease], orphans: bool = False) -> Renewal:
+    def beat(
+        self,
+        proof: EngineProof,
+        leases: Sequence[HeldLease],
+        orphans: bool = False,
+        running: Sequence[str] | None = None,
+    ) -> Renewal:
         """One statement on the heartbeat's own connection, needing no session state (a pooler in
         transaction mode works); BrooqError when another live engine holds *proof*'s id."""
         params = {
@@ -372,6 +378,8 @@ class WorkerRepo:
             "orphans": orphans,
             "instance": proof.instance,
         }
+        if running is not None:
+            params["running"] = uuid_array(list(running))
         rows = self._own_or_pool(
             self._heartbeat, "renewing the engine's proof of life", self._q["engine_beat"], params
         )
@@ -401,6 +409,8 @@ class WorkerRepo:
             "progress": _real_array([h.progress for h in leases]),
             "notes": _maybe_text_array([h.progress_note for h in leases]),
             "dropped": bool_array([h.dropped for h in leases]),
+            # the handlers still running here (Repo.beat's *running*): by default the claims held
+            "running": uuid_array([h.claim_token for h in leases if not h.dropped]),
         }
 
     def schema_version(self) -> str | None:
