@@ -47,11 +47,11 @@ def test_p1_f0_a_stalled_heartbeat_fences_before_another_engine_claims_and_the_j
     store_a = Store(pool, schema=store.schema)
     beat = store_a.worker.beat
 
-    def stalled_beat(proof: EngineProof, leases: Sequence[HeldLease], orphans: bool = False) -> Renewal:
+    def stalled_beat(proof: EngineProof, leases: Sequence[HeldLease], *rest: Any) -> Renewal:
         if stall.is_set():
             stall.clear()
             time.sleep(6)  # one statement that does not come back for two leases
-        return beat(proof, leases, orphans)
+        return beat(proof, leases, *rest)
 
     store_a.worker.beat = stalled_beat  # type: ignore[method-assign]
     times: dict[str, float] = {}
