@@ -124,7 +124,7 @@ def test_l2_500_concurrent_async_handlers_with_fewer_than_64_threads(
 def test_l3_a_psql_row_lock_held_three_leases_costs_no_other_lease(
     store: Store, pool: ConnectionPool[Any], schema: str, dsn: str, engines: Callable[..., Engine]
 ) -> None:
-    lease = 1.5
+    lease = 2.5  # a shorter one lapses on a machine busy enough to starve the heartbeat, lock or not
     e = engines(lease=lease, workers=2, watchdog_grace=30)
     causes: dict[str, BaseException | None] = {}
 
@@ -315,8 +315,13 @@ def test_p3_l1_a_hung_handler_returning_after_its_row_was_claimed_again_writes_n
     time.sleep(0.5)  # a write it wrongly made would land now
     r = store.get(jid)
     # Taken back by the reaper, the hung claim was a crash (its attempt given back, L5'); handed
-    # back at the stop, its attempt stays counted (C5).
-    assert r is not None and r.state is State.DONE and r.attempts == (1 if claimer == "same engine" else 2)
+    # back at the stop, its attempt stays counted (C5). With another engine either can come first:
+    # the reaper may take the given-up claim before this thread gets to stop engine A.
+    assert r is not None and r.state is State.DONE
+    if claimer == "same engine":
+        assert (r.attempts, r.crashes) == (1, 1)
+    else:
+        assert (r.attempts, r.crashes) in ((2, 0), (1, 1))
     assert children(pool, schema) == [{"run": 2}]
     assert callbacks == [2]
 
