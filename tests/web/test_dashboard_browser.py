@@ -471,8 +471,16 @@ def test_tenants_page_controls_fit_and_a_limit_is_set_by_clicking(
         browser.get(board.url + "/")
         link = f'tr[data-topic="{TENANT_TOPIC}"] a.tenants-link'
         wait_for(lambda: shown(browser, link), "the topic's tenants link")
-        browser.find_element(By.CSS_SELECTOR, link).click()
-        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "table#tenants"), "the tenants page")
+
+        def follow() -> bool:  # again if the live refresh swapped the row out under the click
+            try:
+                if not browser.find_elements(By.CSS_SELECTOR, "table#tenants"):
+                    browser.find_element(By.CSS_SELECTOR, link).click()
+                return bool(browser.find_elements(By.CSS_SELECTOR, "table#tenants"))
+            except WebDriverException:  # stale, or gone mid-navigation: look again
+                return False
+
+        wait_for(follow, "the tenants page")
         seen = browser.execute_script(OVERFLOW)
         assert seen["scroll"] <= seen["inner"] and seen["clipped"] == [], (width, seen)
         # The defaults' two fields and buttons, a summary per tenant, the by-name form's four.

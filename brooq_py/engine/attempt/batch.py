@@ -100,6 +100,7 @@ class Batcher:
         self._lock = threading.Lock()
         self._waiting: dict[str, list[Attempt]] = {}
         self._timers: dict[str, threading.Timer] = {}
+        self._stopped = False  # from stop() on, nothing waits for a fuller batch
 
     def add(self, attempts: Sequence[Attempt]) -> None:
         """Take a claim's attempts of batch kinds: full batches start now, the rest after
@@ -121,6 +122,7 @@ class Batcher:
         options = waiting[0].kind.options
         size = options.batch_size or len(waiting)
         wait = options.td("batch_wait").total_seconds()
+        flush = flush or self._stopped  # a claim taken in while the engine stops runs now
         out = []
         while len(waiting) >= size:
             out.append(waiting[:size])
@@ -190,6 +192,7 @@ class Batcher:
     def stop(self) -> None:
         """Start every batch still waiting (the engine stops: its attempts end as the engine says)."""
         with self._lock:
+            self._stopped = True
             topics = list(self._waiting)
             for timer in self._timers.values():
                 timer.cancel()

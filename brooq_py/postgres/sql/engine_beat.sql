@@ -11,7 +11,10 @@
 -- SPEC Q5 with X1 (migration 0021): %(running)s names the claims whose handlers still run here (not
 -- declared hung), held or not (a canceled claim is no longer held, its handler may run on); a hold
 -- of a canceled sequence member this engine ran ends once its claim is not among them, which owes
--- the release of the sequence's next member. `lets_go` tells the cancel that this engine does so.
+-- the release of the sequence's next member, and once the claim is older than a lease (its row's
+-- locked_until passed), as for an orphan: a claim committed but not yet taken in by the engine
+-- when it listed its handlers is not mistaken for one ended. `lets_go` tells the cancel that
+-- this engine does so.
 WITH proof AS (
     INSERT INTO {engine} AS e (id, instance, host, pid, lease, margin, dropped, lets_go)
     VALUES (%(engine)s, %(instance)s::uuid, %(host)s, %(pid)s, %(lease)s, %(margin)s,
@@ -24,7 +27,8 @@ WITH proof AS (
     RETURNING e.id
 ), let_go AS (
     DELETE FROM {job_sequence_hold} h
-    WHERE h.engine = %(engine)s AND h.token <> ALL (%(running)s::uuid[]) AND EXISTS (SELECT FROM proof)
+    WHERE h.engine = %(engine)s AND h.token <> ALL (%(running)s::uuid[]) AND h.until < now()
+      AND EXISTS (SELECT FROM proof)
 ), sent AS MATERIALIZED (
     SELECT h.id, h.token, h.progress, h.note, 'processing'::text AS guard
     FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(progress)s::real[], %(notes)s::text[])
