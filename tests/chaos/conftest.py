@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import select
 import signal
 import socket
@@ -169,6 +170,52 @@ def enqueue_parents(dsn: str, schema: str, payloads: list[dict[str, Any]]) -> se
         results = store.enqueue_many([Job("chaos", p) for p in payloads])
         store.close()
     return {r.id for r in results}
+
+
+def held_by(dsn: str, schema: str, worker_id: str) -> int:
+    """How many jobs the engine *worker_id* holds (processing under its id)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            sql.SQL("SELECT count(*) FROM {}.job WHERE state = 'processing' AND locked_by = %s").format(
+                sql.Identifier(schema)
+            ),
+            [worker_id],
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def kill_mid_job(
+    dsn: str,
+    schema: str,
+    spawn: Callable[..., Worker],
+    live: list[tuple[Worker, str]],
+    settings: dict[str, Any],
+    rng: random.Random,
+    *,
+    kills: int,
+    pause: tuple[float, float],
+    wait: float = 30.0,
+) -> int:
+    """SIGKILL *kills* worker processes of *live* in turn, each replaced by a new one (*settings*):
+    a victim holding a job when one does within *wait* seconds (a worker starting on a busy machine
+    takes a while), then a pause. Return how many kills hit a worker holding a job."""
+    mid_job = 0
+    for _ in range(kills):
+        deadline = time.monotonic() + wait
+        busy: list[tuple[Worker, str]] = []
+        while not busy and time.monotonic() < deadline:
+            busy = [(w, wid) for w, wid in live if held_by(dsn, schema, wid) > 0]
+            if not busy:
+                time.sleep(0.05)
+        victim = rng.choice(busy or live)
+        mid_job += bool(held_by(dsn, schema, victim[1]))
+        victim[0].kill()
+        live.remove(victim)
+        w = spawn(dsn, schema, **settings)
+        live.append((w, f"chaos-{w.label}:{w.proc.pid}"))
+        time.sleep(rng.uniform(*pause))
+    return mid_job
 
 
 def settled(dsn: str, schema: str, ids: set[str]) -> bool:

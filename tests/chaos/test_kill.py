@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import os
 import random
-import time
 from collections.abc import Callable
 from typing import Any
 
-import psycopg
 import pytest
-from psycopg import sql
 
 from tests.chaos import invariants
-from tests.chaos.conftest import Worker, enqueue_parents, settled
+from tests.chaos.conftest import Worker, enqueue_parents, kill_mid_job, settled
 from tests.polling import wait_for
 
 
@@ -31,18 +28,6 @@ def make_payloads(
     ]
 
 
-def held_by(dsn: str, schema: str, worker_id: str) -> int:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(
-            sql.SQL("SELECT count(*) FROM {}.job WHERE state = 'processing' AND locked_by = %s").format(
-                sql.Identifier(schema)
-            ),
-            [worker_id],
-        ).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
 def run_kills(
     dsn: str, schema: str, spawn: Callable[..., Worker], *, jobs: int, kills: int, processes: int, seed: int
 ) -> tuple[invariants.Report, int, int]:
@@ -56,27 +41,8 @@ def run_kills(
     for _ in range(processes):
         w = spawn(dsn, schema, **settings)
         live.append((w, f"chaos-{w.label}:{w.proc.pid}"))
-    done_kills = mid_job = 0
-    while done_kills < kills:
-        # kill a process while it holds jobs (mid-job); give up waiting after a while
-        victim = None
-        deadline = time.monotonic() + 5
-        while victim is None and time.monotonic() < deadline:
-            busy = [(w, wid) for w, wid in live if held_by(dsn, schema, wid) > 0]
-            if busy:
-                victim = rng.choice(busy)
-            else:
-                time.sleep(0.05)
-        if victim is None:
-            victim = rng.choice(live)
-        if held_by(dsn, schema, victim[1]):
-            mid_job += 1
-        victim[0].kill()
-        done_kills += 1
-        live.remove(victim)
-        w = spawn(dsn, schema, **settings)
-        live.append((w, f"chaos-{w.label}:{w.proc.pid}"))
-        time.sleep(rng.uniform(0.3, 1.0))
+    mid_job = kill_mid_job(dsn, schema, spawn, live, settings, rng, kills=kills, pause=(0.3, 1.0), wait=5)
+    done_kills = kills
     wait_for(lambda: settled(dsn, schema, ids), "every job to settle after the kills", timeout=120)
     for w, _ in live:
         assert w.stop() == 0, w.log_tail()

@@ -25,8 +25,8 @@ from brooq_py.engine import Config, Engine
 from brooq_py.postgres import Store
 from brooq_py.queue import Claim, Context, KindOptions, LeaseLost
 from tests.chaos import invariants
-from tests.chaos.conftest import Worker, enqueue_parents, settled
-from tests.chaos.test_kill import held_by, make_payloads
+from tests.chaos.conftest import Worker, enqueue_parents, held_by, settled
+from tests.chaos.test_kill import make_payloads
 from tests.polling import wait_for
 
 

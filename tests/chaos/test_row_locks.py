@@ -26,8 +26,7 @@ from psycopg_pool import ConnectionPool
 
 from brooq_py.postgres import Store
 from tests.chaos import invariants, overlaps
-from tests.chaos.conftest import Worker, enqueue_parents, settled
-from tests.chaos.test_kill import held_by
+from tests.chaos.conftest import Worker, enqueue_parents, held_by, settled
 from tests.polling import wait_for
 
 LEASE = 3.0

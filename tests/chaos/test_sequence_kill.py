@@ -23,8 +23,7 @@ from psycopg_pool import ConnectionPool
 from brooq_py import Job
 from brooq_py.postgres import Store
 from tests.chaos import invariants
-from tests.chaos.conftest import Worker, settled
-from tests.chaos.test_kill import held_by
+from tests.chaos.conftest import Worker, held_by, kill_mid_job, settled
 from tests.polling import wait_for
 
 SEQUENCES = 6
@@ -166,20 +165,7 @@ def test_q5_sequence_members_keep_order_and_one_at_a_time_while_workers_are_sigk
         for _ in range(3):
             w = spawn(dsn, chaos_schema, **settings)
             live.append((w, f"chaos-{w.label}:{w.proc.pid}"))
-        mid_job = 0
-        for _ in range(2):  # two kills: no member can reach max_crashes (3) and end dead
-            deadline = time.monotonic() + 5
-            busy: list[tuple[Worker, str]] = []
-            while not busy and time.monotonic() < deadline:
-                busy = [(w, wid) for w, wid in live if held_by(dsn, chaos_schema, wid) > 0]
-                time.sleep(0.05)
-            victim = rng.choice(busy or live)
-            mid_job += bool(held_by(dsn, chaos_schema, victim[1]))
-            victim[0].kill()
-            live.remove(victim)
-            w = spawn(dsn, chaos_schema, **settings)
-            live.append((w, f"chaos-{w.label}:{w.proc.pid}"))
-            time.sleep(rng.uniform(0.5, 1.0))
+        mid_job = kill_mid_job(dsn, chaos_schema, spawn, live, settings, rng, kills=2, pause=(0.5, 1.0))
         wait_for(
             lambda: settled(dsn, chaos_schema, ids), "every member to settle after the kills", timeout=150
         )

@@ -17,8 +17,8 @@ from collections.abc import Callable
 import pytest
 
 from tests.chaos import invariants
-from tests.chaos.conftest import Worker, enqueue_parents, settled
-from tests.chaos.test_kill import held_by, make_payloads
+from tests.chaos.conftest import Worker, enqueue_parents, held_by, settled
+from tests.chaos.test_kill import make_payloads
 from tests.integration.pgbouncer import pgbouncer, pgbouncer_binary
 from tests.polling import wait_for
 
