@@ -377,7 +377,8 @@ def test_bd1_a_stop_starts_a_batch_still_waiting_for_more_claims(
     e.register_batch("b.stop", handler, KindOptions(batch_size=10, batch_wait=300))
     job_id = store.enqueue(Job("b.stop")).id
     e.start()
-    wait_for(all_in(store, [job_id], State.PROCESSING), "the job claimed, its batch waiting")
+    # Claimed, and in the batcher (a claim still on its way when the stop begins is handed back).
+    wait_for(lambda: e.runner.batcher.waiting("b.stop") == 1, "the job claimed, its batch waiting")
     e.stop(timeout=5)
     row = store.get(job_id)
     assert row is not None and row.state is State.DONE and calls.batches == [[job_id]]

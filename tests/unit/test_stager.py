@@ -175,8 +175,10 @@ def test_z3_the_listener_wakes_only_for_its_topics(repo: FakeRepo) -> None:
 
 def test_s7_a_failing_database_is_retried_every_period_not_in_a_busy_loop(repo: FakeRepo) -> None:
     s = stager(repo, Woken(), period=7.0)
-    repo.enqueue(Job("a", 1, available_at=later(0.01)))
+    repo.enqueue(Job("a", 1, available_at=later(60)))
     s.run_once()
+    assert 0 < s.next_delay() <= 7.0  # the job is a minute away
+    s._learn(0.0)  # as if it were due now (a near due time could pass before the enqueue, here)
     wait_for(lambda: s.next_delay() == 0.0, "the job is due")
 
     def broken(topics: Sequence[str], batch: int) -> Staged:

@@ -137,6 +137,11 @@ class Batcher:
             timer.start()
         return out
 
+    def waiting(self, topic: str) -> int:
+        """How many attempts of *topic* wait for a fuller batch."""
+        with self._lock:
+            return len(self._waiting.get(topic, ()))
+
     def run_here(self, attempts: Sequence[Attempt]) -> None:
         """Run *attempts* (of batch kinds) in this thread, in batches by topic (``Engine.run_once``)."""
         by_topic: dict[str, list[Attempt]] = {}
