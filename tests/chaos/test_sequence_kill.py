@@ -152,11 +152,6 @@ def test_q5_sequence_members_keep_order_and_one_at_a_time_while_workers_are_sigk
         for n in range(MEMBERS)
         for s in range(SEQUENCES)
     ]
-    with ConnectionPool(dsn, min_size=1, max_size=2, open=True) as pool:
-        store = Store(pool, schema=chaos_schema)
-        ids = {r.id for r in store.enqueue_many(jobs[: len(jobs) // 2])}
-        ids |= {store.enqueue(job).id for job in jobs[len(jobs) // 2 :]}
-        store.close()
     settings = {"workers": 3, "lease": 2.0, "reaper_period": 0.5}
     sampler = SequenceSampler(dsn, chaos_schema)
     sampler.start()
@@ -165,6 +160,12 @@ def test_q5_sequence_members_keep_order_and_one_at_a_time_while_workers_are_sigk
         for _ in range(3):
             w = spawn(dsn, chaos_schema, **settings)
             live.append((w, f"chaos-{w.label}:{w.proc.pid}"))
+        # Enqueued once the workers run: on a busy machine the drain could end while they start.
+        with ConnectionPool(dsn, min_size=1, max_size=2, open=True) as pool:
+            store = Store(pool, schema=chaos_schema)
+            ids = {r.id for r in store.enqueue_many(jobs[: len(jobs) // 2])}
+            ids |= {store.enqueue(job).id for job in jobs[len(jobs) // 2 :]}
+            store.close()
         mid_job = kill_mid_job(dsn, chaos_schema, spawn, live, settings, rng, kills=2, pause=(0.5, 1.0))
         wait_for(
             lambda: settled(dsn, chaos_schema, ids), "every member to settle after the kills", timeout=150
