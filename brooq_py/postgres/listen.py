@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 
 from brooq_py.postgres.session.connections import deadline, statement_budget
-from brooq_py.postgres.session.errors import is_outage, translated, unavailable
+from brooq_py.postgres.session.errors import is_own_outage, translated, unavailable
 from brooq_py.postgres.session.statements import Queries, cancel_channel_for, channel_for, stage_channel_for
 
 log = logging.getLogger("brooq_py.postgres")
@@ -74,7 +74,7 @@ class PgListener:
                     self._probe_deadline = time.monotonic() + probe_timeout
             except BaseException as exc:
                 # A standby refuses LISTEN during recovery (25006): an outage, retried with backoff.
-                outage = isinstance(exc, psycopg.Error) and is_outage(exc, self._conn)
+                outage = isinstance(exc, psycopg.Error) and is_own_outage(exc)
                 self._conn.close()
                 if outage:
                     raise unavailable(exc, "opening the LISTEN connection") from exc
@@ -130,7 +130,7 @@ class PgListener:
             self._backlog.extend(self._conn.notifies(timeout=timeout, stop_after=1))
             return self._backlog.popleft() if self._backlog else None
         except psycopg.Error as exc:
-            if not is_outage(exc, self._conn):
+            if not is_own_outage(exc):
                 raise
             raise unavailable(exc, "waiting for notifications") from exc
 
@@ -142,7 +142,7 @@ class PgListener:
             with deadline(self._conn, statement_budget(lease)):
                 self._conn.execute(self._listen.composed)
         except psycopg.Error as exc:
-            if not is_outage(exc, self._conn):
+            if not is_own_outage(exc):
                 raise
             raise unavailable(exc, "pinging the LISTEN connection") from exc
         self._pinged = time.monotonic()

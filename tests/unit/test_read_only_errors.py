@@ -12,6 +12,7 @@ from brooq_py.postgres.session.errors import (
     dropped_if_read_only,
     is_connection_error,
     is_outage,
+    is_own_outage,
     is_read_only_refusal,
     on_read_only_server,
     server_is_read_only,
@@ -125,3 +126,20 @@ def test_dropped_if_read_only_leaves_other_errors_and_the_primary_alone(exc: Exc
     with pytest.raises(type(exc)), dropped_if_read_only(conn, "enqueueing"):
         raise exc
     assert not conn.closed
+
+
+def test_the_librarys_own_statement_refused_by_a_server_promoted_meanwhile_is_an_outage() -> None:
+    """A standby refuses the heartbeat's statement, then is promoted before the error is looked at:
+    its connection already reports read-write. The library never makes its own transactions
+    read-only, so the refusal is still the server's: an outage, logged as such, never a crash."""
+    promoted: Any = FakeConn(**PRIMARY)
+    assert is_own_outage(refusal("cannot execute SELECT FOR NO KEY UPDATE in a read-only transaction"))
+    assert not is_outage(refusal(), promoted)  # the caller's-transaction rule would pass it through
+    with (
+        pytest.raises(StoreUnavailable),
+        dropped_if_read_only(promoted, "renewing the engine's proof of life", own=True),
+    ):
+        raise refusal()
+    assert promoted.closed
+    assert not is_own_outage(errors.UndefinedTable("no such table"))
+    assert not is_own_outage(None)

@@ -26,7 +26,7 @@ import psycopg_pool
 from brooq_py.postgres.session.errors import (
     dropped_if_read_only,
     is_connection_error,
-    is_outage,
+    is_own_outage,
     refused_by_read_only,
     translated,
     unavailable,
@@ -107,7 +107,7 @@ class Session:
                 if not saved:
                     conn.autocommit = True
                 try:
-                    with dropped_if_read_only(conn, doing):
+                    with dropped_if_read_only(conn, doing, own=True):
                         yield conn
                 finally:
                     if not saved and not conn.closed:
@@ -178,7 +178,7 @@ class AsyncSession:
                 if not saved:
                     await conn.set_autocommit(True)
                 try:
-                    async with _dropped_if_read_only(conn, doing):
+                    async with _dropped_if_read_only(conn, doing, own=True):
                         yield conn
                 finally:
                     if not saved and not conn.closed:
@@ -231,12 +231,14 @@ class AsyncSession:
 
 
 @asynccontextmanager
-async def _dropped_if_read_only(conn: psycopg.AsyncConnection[Any], doing: str) -> AsyncIterator[None]:
+async def _dropped_if_read_only(
+    conn: psycopg.AsyncConnection[Any], doing: str, own: bool = False
+) -> AsyncIterator[None]:
     """errors.dropped_if_read_only for an asyncio connection: close it on a read-only server's refusal."""
     try:
         yield
     except Exception as exc:
-        if not refused_by_read_only(exc, conn):
+        if not refused_by_read_only(exc, conn, own):
             raise
         await conn.close()
         if isinstance(exc, StoreUnavailable):
@@ -306,7 +308,7 @@ class OwnConnection:
                 return on_connection(conn)(query, params)
         except psycopg.Error as exc:
             # broken, or on a standby: closed, so the next reopens where target_session_attrs says
-            if not is_outage(exc, conn):
+            if not is_own_outage(exc):
                 raise
             self._close_locked()
             raise unavailable(exc, doing) from exc

@@ -67,6 +67,13 @@ def is_outage(exc: BaseException, conn: Any = None) -> bool:
     return is_connection_error(exc) or on_read_only_server(exc, conn)
 
 
+def is_own_outage(exc: BaseException | None) -> bool:
+    """``is_outage`` for a statement in a transaction the library opened itself, never read-only by
+    choice: any 25006 is the server's refusal, whatever the server reports by the time it is asked (a
+    standby promoted meanwhile already reports read-write)."""
+    return exc is not None and (is_connection_error(exc) or is_read_only_refusal(exc))
+
+
 def unavailable(exc: BaseException, doing: str) -> StoreUnavailable | InvalidUsage:
     """Return a StoreUnavailable for *exc* (the caller raises it ``from exc``); InvalidUsage for a pool
     never opened, the calling code's mistake."""
@@ -92,20 +99,24 @@ def translated(doing: str, conn: Any = None) -> Iterator[None]:
         raise unavailable(exc, doing) from exc
 
 
-def refused_by_read_only(exc: BaseException, conn: Any) -> bool:
-    """Whether *exc* (a psycopg error, or a StoreUnavailable raised from one) is a read-only server's refusal."""
+def refused_by_read_only(exc: BaseException, conn: Any, own: bool = False) -> bool:
+    """Whether *exc* (a psycopg error, or a StoreUnavailable raised from one) is a read-only server's
+    refusal; *own*: in a transaction the library opened itself (any 25006 is then the server's)."""
     cause = exc.__cause__ if isinstance(exc, StoreUnavailable) else exc
+    if own:
+        return is_read_only_refusal(cause)
     return on_read_only_server(cause, conn)
 
 
 @contextmanager
-def dropped_if_read_only(conn: psycopg.Connection[Any], doing: str) -> Iterator[None]:
+def dropped_if_read_only(conn: psycopg.Connection[Any], doing: str, own: bool = False) -> Iterator[None]:
     """Close *conn* when the block was refused by a read-only server, and raise StoreUnavailable: the
-    pool's next connection goes where ``target_session_attrs`` says (the server accepting writes)."""
+    pool's next connection goes where ``target_session_attrs`` says (the server accepting writes).
+    *own*: the block's statements are the library's alone (see ``refused_by_read_only``)."""
     try:
         yield
     except Exception as exc:
-        if not refused_by_read_only(exc, conn):
+        if not refused_by_read_only(exc, conn, own):
             raise
         conn.close()
         if isinstance(exc, StoreUnavailable):
