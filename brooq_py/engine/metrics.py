@@ -101,7 +101,7 @@ class SnapshotCollector(Collector):
         self._view = view
 
     @staticmethod
-    def _families() -> dict[str, GaugeMetricFamily]:
+    def _families() -> dict[str, GaugeMetricFamily | CounterMetricFamily]:
         return {
             "jobs": GaugeMetricFamily(
                 "brooq_jobs",
@@ -119,6 +119,10 @@ class SnapshotCollector(Collector):
             ),
             "dead": GaugeMetricFamily("brooq_job_dead_tuples", "Dead row versions in the job table."),
             "live": GaugeMetricFamily("brooq_job_live_tuples", "Live rows in the job table (estimate)."),
+            "inserted": CounterMetricFamily(
+                "brooq_job_inserted",
+                "Rows inserted into the job table by any process (the statistics system's count).",
+            ),
             "age": GaugeMetricFamily("brooq_gauges_age_seconds", "Seconds since these gauges were read."),
             "up": GaugeMetricFamily("brooq_up", "1 when the latest gauge refresh reached the database."),
         }
@@ -145,6 +149,7 @@ class SnapshotCollector(Collector):
         f["xact"].add_metric([], db.oldest_transaction_seconds)
         f["dead"].add_metric([], float(db.job_dead_tuples))
         f["live"].add_metric([], float(db.job_live_tuples))
+        f["inserted"].add_metric([], float(db.job_inserted))
         f["age"].add_metric([], view.age or 0.0)
         return list(f.values())
 

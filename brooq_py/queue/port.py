@@ -251,11 +251,13 @@ class Staged:
 
 @dataclass(frozen=True)
 class DatabaseGauges:
-    """What keeps VACUUM from cleaning the job table: the oldest open transaction and the tuple counts."""
+    """What keeps VACUUM from cleaning the job table: the oldest open transaction and the tuple counts;
+    and the rows ever inserted into it (every producer's enqueues, whatever the process)."""
 
     oldest_transaction_seconds: float
     job_dead_tuples: int
     job_live_tuples: int
+    job_inserted: int = 0
 
 
 class Listener(Protocol):

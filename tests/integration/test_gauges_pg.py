@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import json
 import logging
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -222,6 +224,46 @@ def test_z2_dead_tuples_of_the_job_table(dsn: str, schema: str, store: Store) ->
     wait_for(lambda: store.worker.database_gauges().job_dead_tuples >= 300, "300 dead tuples")
     # (Whether a VACUUM now clears them depends on every other session of the shared server:
     # one transaction open anywhere on the database keeps them. That is the point of the gauge.)
+
+
+def test_z2_jobs_enqueued_by_another_process_count_in_the_engines_inserted_total(
+    dsn: str, schema: str, store: Store
+) -> None:
+    """brooq_enqueued_total counts what passes through the engine; brooq_job_inserted_total sees
+    every producer: here the CLI, a process of its own with no engine."""
+    engine = Engine(store, Config(workers=1, gauges_period=3600))
+    try:
+        engine.refresher.run_once()
+        before = engine.registry.get_sample_value("brooq_job_inserted_total")
+        assert before is not None
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("QUEUE_", "BROOQ_"))}
+        env["DATABASE_URL"] = dsn
+        for n in range(3):
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "brooq_py",
+                    "enqueue",
+                    OTHER,
+                    json.dumps({"n": n}),
+                    "--schema",
+                    schema,
+                ],
+                env=env,
+                check=True,
+                capture_output=True,
+                timeout=120,
+            )
+
+        def inserted() -> float:
+            engine.refresher.run_once()
+            return engine.registry.get_sample_value("brooq_job_inserted_total") or 0.0
+
+        wait_for(lambda: inserted() >= before + 3, "the CLI's 3 jobs counted", 30, 0.2)
+        assert engine.registry.get_sample_value("brooq_enqueued_total", {"topic": OTHER}) is None
+    finally:
+        engine.close()
 
 
 # --- the cost of a scrape -------------------------------------------------------------------------

@@ -63,7 +63,9 @@ def test_z2_scrapes_read_the_snapshot_and_never_the_repo(engine: Engine, clock: 
     engine.enqueue(Job("b"))
     repo.row(ids[0]).state = State.SCHEDULED
     repo.row(ids[1]).state = State.FAILED
-    repo.database = DatabaseGauges(oldest_transaction_seconds=42.5, job_dead_tuples=7, job_live_tuples=9)
+    repo.database = DatabaseGauges(
+        oldest_transaction_seconds=42.5, job_dead_tuples=7, job_live_tuples=9, job_inserted=1234
+    )
     engine.refresher.run_once()
     calls = dict(repo.calls)
     assert calls["gauges"] == 1 and calls["database_gauges"] == 1
@@ -85,6 +87,7 @@ def test_z2_scrapes_read_the_snapshot_and_never_the_repo(engine: Engine, clock: 
     assert scrape(engine, "brooq_oldest_transaction_age_seconds") == 42.5
     assert scrape(engine, "brooq_job_dead_tuples") == 7
     assert scrape(engine, "brooq_job_live_tuples") == 9
+    assert scrape(engine, "brooq_job_inserted_total") == 1234
     assert scrape(engine, "brooq_ready_oldest_age_seconds", {"topic": "a"}) == 0.0
     assert scrape(engine, "brooq_gauges_age_seconds") == 3.0
     assert scrape(engine, "brooq_up") == 1.0

@@ -507,10 +507,10 @@ class WorkerRepo:
     def database_gauges(self) -> DatabaseGauges:
         """One statement on the statistics views (sql/gauges_database.sql): no table is scanned."""
         job = sql.Identifier(self._q.schema, "job").as_string(None)
-        ((age, dead, live),) = self.session.run(
+        ((age, dead, live, inserted),) = self.session.run(
             "reading database gauges", self._q["gauges_database"], {"job": job}
         )
-        return DatabaseGauges(max(0.0, float(age)), int(dead), int(live))
+        return DatabaseGauges(max(0.0, float(age)), int(dead), int(live), int(inserted))
 
     def listen(
         self,
