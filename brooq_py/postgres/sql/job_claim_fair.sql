@@ -12,11 +12,9 @@
 -- is read only for the tenants among the candidates, and written only for those that took a
 -- job). The topic's own pause, global limit and rate limit hold as in job_claim_limited; the
 -- last column is the seconds until the topic's next token, as there.
--- With %(free)s the statement runs alone, without the lock (one round trip on the claimer's own
--- connection), for a topic whose last-read settings limit nothing: it takes nothing and returns no
--- row at all when its snapshot sees a limit after all, and the claim is made again under the lock.
--- A limit set meanwhile waits for the writers begun before it (Flow.set_tenant_limit), so no
--- claim under the lock counts beside a free claim it cannot see.
+-- A topic that nothing limits is claimed without the lock by job_claim_fair_free first. A limit set
+-- meanwhile waits for the writers begun before it (Flow.set_tenant_limit), so no claim under the
+-- lock counts beside a free claim it cannot see.
 WITH clock AS (
     SELECT clock_timestamp() AS t
 ), setting AS (
@@ -30,12 +28,6 @@ WITH clock AS (
            END AS tokens
     FROM {topic_setting} s, clock c
     WHERE s.topic = %(topic)s AND NOT s.paused AND s.tenants
-      -- %(free)s: run alone, without the topic's lock, so only while nothing needs exact counts
-      AND (NOT %(free)s OR (s.concurrency_limit IS NULL AND s.rate_limit IS NULL AND s.tenant_limit IS NULL
-                            AND s.tenant_rate_limit IS NULL
-                            AND NOT EXISTS (SELECT FROM {tenant_setting} t
-                                            WHERE t.topic = s.topic
-                                              AND (t.concurrency_limit IS NOT NULL OR t.rate_limit IS NOT NULL))))
       AND NOT EXISTS (SELECT FROM {engine} e
                       WHERE e.id = %(worker)s AND e.seen_at + e.lease - e.margin <= now())
 ), room AS (

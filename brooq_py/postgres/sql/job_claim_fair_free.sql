@@ -1,0 +1,60 @@
+-- name: job_claim_fair_free
+-- SPEC T1: job_claim_fair for a tenant topic that nothing limits, alone on the claimer's connection
+-- (one round trip, no lock): no count and no bucket to read, so only the fair order is left. The
+-- first %(limit)s ready entries of job_fair_idx in (priority, turn) order, and the first %(limit)s
+-- jobs without a tenant (job_unnamed_idx) at the front's turn, one a turn, as in job_claim_fair.
+-- No row at all when this statement's snapshot sees a limit after all (or the engine is stale):
+-- the claim is made again by job_claim_fair under the topic's lock. A row of NULLs: nothing taken.
+WITH setting AS (
+    SELECT s.topic
+    FROM {topic_setting} s
+    WHERE s.topic = %(topic)s AND NOT s.paused AND s.tenants
+      AND s.concurrency_limit IS NULL AND s.rate_limit IS NULL AND s.tenant_limit IS NULL
+      AND s.tenant_rate_limit IS NULL
+      AND NOT EXISTS (SELECT FROM {tenant_setting} t
+                      WHERE t.topic = s.topic AND (t.concurrency_limit IS NOT NULL OR t.rate_limit IS NOT NULL))
+      AND NOT EXISTS (SELECT FROM {engine} e
+                      WHERE e.id = %(worker)s AND e.seen_at + e.lease - e.margin <= now())
+), turned AS (
+    SELECT j.id, j.priority, j.turn
+    FROM {job} j
+    WHERE j.topic = %(topic)s AND j.state = 'pending' AND j.turn IS NOT NULL AND j.available_at <= now()
+      AND EXISTS (SELECT FROM setting)
+    ORDER BY j.priority DESC, j.turn, j.id
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE OF j SKIP LOCKED
+), unnamed AS (
+    SELECT w.id, w.priority,
+           coalesce((SELECT min(t.turn) FROM turned t WHERE t.priority = w.priority), 0)
+             + row_number() OVER (PARTITION BY w.priority ORDER BY w.available_at, w.id) - 1 AS turn
+    FROM (
+        SELECT j.id, j.priority, j.available_at
+        FROM {job} j
+        WHERE j.topic = %(topic)s AND j.state = 'pending' AND j.turn IS NULL AND j.available_at <= now()
+          AND EXISTS (SELECT FROM setting)
+        ORDER BY j.priority DESC, j.available_at, j.id
+        LIMIT %(limit)s
+        FOR NO KEY UPDATE OF j SKIP LOCKED
+    ) AS w
+), cand AS (
+    SELECT id, priority, turn FROM turned
+    UNION ALL SELECT id, priority, turn FROM unnamed
+    ORDER BY priority DESC, turn, id
+    LIMIT %(limit)s
+), claimed AS (
+    UPDATE {job} j
+    SET state = 'processing',
+        locked_by = %(worker)s,
+        locked_until = now() + %(lease)s::interval,
+        attempts = j.attempts + 1,
+        claim_token = gen_random_uuid(),
+        updated_at = clock_timestamp()
+    WHERE j.id = ANY (ARRAY(SELECT id FROM cand))
+    RETURNING j.id, j.topic, j.payload, j.attempts, j.priority, j.claim_token, j.locked_by,
+              j.locked_until, j.meta, j.crashes, j.turn
+)
+SELECT c.id::text, c.topic, c.payload, c.attempts, c.priority, c.claim_token::text, c.locked_by,
+       c.locked_until, c.meta, c.crashes, NULL::float8 AS next_token_in
+FROM setting s
+LEFT JOIN claimed c ON true
+ORDER BY c.priority DESC, c.turn, c.id
