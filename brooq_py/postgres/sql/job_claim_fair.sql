@@ -20,27 +20,12 @@ WITH clock AS (
 ), setting AS (
     SELECT s.topic, s.concurrency_limit, s.rate_limit, s.rate_per, s.tenant_limit,
            s.tenant_rate_limit, s.tenant_rate_per, s.tenant_rate_burst,
-           CASE WHEN s.rate_limit IS NOT NULL THEN
-               least(s.rate_burst::float8,
-                     coalesce(s.rate_tokens, s.rate_burst)
-                     + greatest(0, extract(epoch FROM c.t - coalesce(s.rate_at, c.t)))::float8
-                       * s.rate_limit / s.rate_per)
-           END AS tokens
+           {topic_tokens} AS tokens
     FROM {topic_setting} s, clock c
     WHERE s.topic = %(topic)s AND NOT s.paused AND s.tenants
       AND NOT EXISTS (SELECT FROM {engine} e
                       WHERE e.id = %(worker)s AND e.seen_at + e.lease - e.margin <= now())
-), room AS (
-    SELECT greatest(0, least(
-        %(limit)s,
-        CASE WHEN s.concurrency_limit IS NULL THEN %(limit)s
-             ELSE s.concurrency_limit - (
-                 SELECT count(*) FROM {job} p WHERE p.state = 'processing' AND p.topic = s.topic)
-        END,
-        CASE WHEN s.rate_limit IS NULL THEN %(limit)s ELSE floor(s.tokens)::bigint END
-    )) AS n
-    FROM setting s
-), turned AS (
+), {topic_room}, turned AS (
     SELECT j.id, j.tenant, j.priority, j.turn
     FROM {job} j
     WHERE j.topic = %(topic)s AND j.state = 'pending' AND j.turn IS NOT NULL AND j.available_at <= now()

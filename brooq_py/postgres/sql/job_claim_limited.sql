@@ -16,26 +16,11 @@ WITH clock AS (
     SELECT clock_timestamp() AS t
 ), setting AS (
     SELECT s.topic, s.concurrency_limit, s.rate_limit, s.rate_per,
-           CASE WHEN s.rate_limit IS NOT NULL THEN
-               least(s.rate_burst::float8,
-                     coalesce(s.rate_tokens, s.rate_burst)
-                     + greatest(0, extract(epoch FROM c.t - coalesce(s.rate_at, c.t)))::float8
-                       * s.rate_limit / s.rate_per)
-           END AS tokens
+           {topic_tokens} AS tokens
     FROM {topic_setting} s, clock c
     WHERE s.topic = %(topic)s AND NOT s.paused
       AND (s.concurrency_limit IS NOT NULL OR s.rate_limit IS NOT NULL)
-), room AS (
-    SELECT greatest(0, least(
-        %(limit)s,
-        CASE WHEN s.concurrency_limit IS NULL THEN %(limit)s
-             ELSE s.concurrency_limit - (
-                 SELECT count(*) FROM {job} p WHERE p.state = 'processing' AND p.topic = s.topic)
-        END,
-        CASE WHEN s.rate_limit IS NULL THEN %(limit)s ELSE floor(s.tokens)::bigint END
-    )) AS n
-    FROM setting s
-), cand AS (
+), {topic_room}, cand AS (
     SELECT id
     FROM {job}
     WHERE topic = %(topic)s AND state = 'pending' AND available_at <= now()
