@@ -205,9 +205,13 @@ def test_v2_closing_the_store_ends_its_listen_connection(store: Store) -> None:
     assert conn is not None and conn.closed
 
 
-async def _async_pool(dsn: str, size: int, app: str | None = None) -> AsyncConnectionPool[Any]:
+async def _async_pool(
+    dsn: str, size: int, app: str | None = None, timeout: float = 30.0
+) -> AsyncConnectionPool[Any]:
     conninfo = dsn if app is None else make_conninfo(dsn, application_name=app)
-    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(conninfo, min_size=size, max_size=size, open=False)
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        conninfo, min_size=size, max_size=size, open=False, timeout=timeout
+    )
     await pool.open(wait=True)
     return pool
 
@@ -215,22 +219,27 @@ async def _async_pool(dsn: str, size: int, app: str | None = None) -> AsyncConne
 def test_v2_async_wait_result_and_a_thousand_waiters(dsn: str, schema: str, store: Store) -> None:
     async def main() -> None:
         app = f"await-{uuid.uuid4().hex[:12]}"
-        pool = await _async_pool(dsn, 4, app)
+        # 1,000 first reads share 4 connections: on a busy machine that outlasts the pool's 30 s.
+        pool = await _async_pool(dsn, 4, app, timeout=300)
         astore = AsyncStore(pool, schema=schema)
-        astore.wait_poll_interval = 10.0
+        astore.wait_poll_interval = 600.0  # no fallback check: only the notification can wake them
         try:
             ids = [r.id for r in store.enqueue_many([Job("amany", {"i": i}) for i in range(1000)])]
             before = backends(dsn, app)
-            tasks = [asyncio.create_task(astore.result(jid, timeout=120)) for jid in ids]
+            tasks = [asyncio.create_task(astore.result(jid, timeout=600)) for jid in ids]
+            deadline = time.monotonic() + 300
             watch = astore.waits
             while watch is None or len(watch._waiting) < 1000:
+                failed = [t.exception() for t in tasks if t.done()]
+                assert not failed, f"a waiter ended before its job: {failed[:3]}"
+                assert time.monotonic() < deadline, "1,000 waiters not registered in 300 s"
                 await asyncio.sleep(0.05)
                 watch = astore.waits
             assert backends(dsn, app) - before <= 1
             rows = store.worker.claim(["amany"], 1000, "test", LEASE)
             outcomes = [Outcome(r.id, r.claim_token, State.DONE, result=str(r.payload["i"])) for r in rows]
             await asyncio.to_thread(store.worker.settle_many, outcomes)  # one batch: one notification
-            got = await asyncio.wait_for(asyncio.gather(*tasks), 8)  # far below the 10 s fallback
+            got = await asyncio.wait_for(asyncio.gather(*tasks), 300)
             assert sorted(got) == list(range(1000))
 
             dead = store.enqueue(Job("adead")).id
