@@ -261,7 +261,8 @@ def test_v2_async_wait_result_and_a_thousand_waiters(dsn: str, schema: str, stor
             await astore.close()
             await pool.close()
 
-    asyncio.run(main())
+    # bounded: a hang fails with the traceback of the await it hung in
+    asyncio.run(asyncio.wait_for(main(), 420))
 
 
 def test_v2_engine_outcomes_wake_waiters(store: Store, engines: Callable[..., Engine]) -> None:
