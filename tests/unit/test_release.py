@@ -47,3 +47,10 @@ def test_no_placeholder_url_where_users_read() -> None:
     pages = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
     found = [p.name for p in pages if re.search(r"OWNER|<repo URL>", p.read_text(encoding="utf-8"))]
     assert not found
+
+
+def test_the_package_says_its_own_version() -> None:
+    """``brooq_py.__version__`` is the version the wheel is built with (it said 0.1.0 in 0.4.0)."""
+    import brooq_py
+
+    assert brooq_py.__version__ == project()["version"]
