@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+__version__ = "0.4.0"  # as pyproject.toml says (tests/unit/test_release.py)
 
 _LAZY = {
     "queue": ("brooq_py.queue", None),

@@ -32,6 +32,15 @@ NO_RESULT = {
 }
 
 
+def _no_result(row: JobRow) -> str:
+    """What the Result card says of a row without a result: why, by its state (a wait for a signal
+    is a scheduled row whose available time is the wait's timeout)."""
+    waiting_for = getattr(row, "waiting_for", None)
+    if row.state is State.SCHEDULED and waiting_for:
+        return f"Waiting for the signal {waiting_for!r}: no result yet (its wait times out at its available time)."
+    return NO_RESULT.get(row.state, f"{row.state}: no result.")
+
+
 def age(seconds: float | None) -> str:
     """Return *seconds* as a short age: ``0s``, ``42s``, ``3m 12s``, ``5h 03m``, ``2d 4h``."""
     if not seconds or seconds < 0:
@@ -107,7 +116,7 @@ def job_view(op: Operator, overview: Overview, raw_id: str) -> dict[str, Any]:
         "payload": shown(row.payload),
         "result": shown(row.result) if row.result is not None else None,
         "errors": list(reversed(row.errors)),  # each failed attempt, the latest first
-        "no_result": NO_RESULT.get(row.state, f"{row.state}: no result."),
+        "no_result": _no_result(row),
         "parents": [r for r in relatives if r.side == "parent"],
         "children": [r for r in relatives if r.side == "child"],
         "graph_side": GRAPH_SIDE,

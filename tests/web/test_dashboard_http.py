@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from brooq_py.engine import Config, Engine
 from brooq_py.postgres import Store
 from brooq_py.queue import Job, State
 from brooq_py.web import dashboard
@@ -130,7 +131,15 @@ def test_the_result_card_says_honestly_why_there_is_no_result(board: Board, stor
     pending = store.enqueue(Job(TOPIC, {"n": 3})).id
     scheduled = store.enqueue(Job(TOPIC, {"n": 4}, available_at=datetime.now(UTC) + timedelta(hours=1))).id
     blocked = store.enqueue(Job(TOPIC, {"n": 5}, after=[pending])).id
+    waiting = store.enqueue(Job("approvals", {"n": 6})).id
+    engine = Engine(store, Config(workers=1))
+    engine.register_kind("approvals", lambda ctx, claim: ctx.wait_for("approve", 3600))
+    try:
+        engine.run_once()  # the handler waits: the job is scheduled until the signal or the timeout
+    finally:
+        engine.close()
     expected = {
+        waiting: "Waiting for the signal &#39;approve&#39;: no result yet",
         dead: "Ended dead: no result.",
         canceled: "Canceled: no result.",
         pending: "Pending: no result yet",
