@@ -25,7 +25,7 @@ WITH clock AS (
     WHERE s.topic = %(topic)s AND NOT s.paused AND s.tenants
       AND NOT EXISTS (SELECT FROM {engine} e
                       WHERE e.id = %(worker)s AND e.seen_at + e.lease - e.margin <= now())
-), {topic_room}, turned AS (
+), {claim_room}, turned AS (
     SELECT j.id, j.tenant, j.priority, j.turn
     FROM {job} j
     WHERE j.topic = %(topic)s AND j.state = 'pending' AND j.turn IS NOT NULL AND j.available_at <= now()

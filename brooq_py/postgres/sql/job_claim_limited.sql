@@ -20,7 +20,7 @@ WITH clock AS (
     FROM {topic_setting} s, clock c
     WHERE s.topic = %(topic)s AND NOT s.paused
       AND (s.concurrency_limit IS NOT NULL OR s.rate_limit IS NOT NULL)
-), {topic_room}, cand AS (
+), {claim_room}, cand AS (
     SELECT id
     FROM {job}
     WHERE topic = %(topic)s AND state = 'pending' AND available_at <= now()

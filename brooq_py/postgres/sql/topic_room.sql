@@ -1,16 +1,7 @@
 -- name: topic_room
--- SPEC Q3, F1: the claim's room under a topic's global and rate limits, shared by job_claim_limited
--- and job_claim_fair ({topic_room} in them): the CTE setting (s, with the bucket's tokens as
--- topic_tokens computes them) and room (n: at most %(limit)s, the limit less the topic's
--- processing rows, floor(tokens)).
-room AS (
-    SELECT greatest(0, least(
-        %(limit)s,
-        CASE WHEN s.concurrency_limit IS NULL THEN %(limit)s
-             ELSE s.concurrency_limit - (
-                 SELECT count(*) FROM {job} p WHERE p.state = 'processing' AND p.topic = s.topic)
-        END,
-        CASE WHEN s.rate_limit IS NULL THEN %(limit)s ELSE floor(s.tokens)::bigint END
-    )) AS n
-    FROM setting s
-)
+-- SPEC F2 for a group's `then` (enqueue_group): whether %(n)s more waiting jobs of a topic
+-- capped at %(cap)s fit, counted as job_enqueue counts (depth_waiting.sql), so
+-- that a `then` that would not fit is refused before the group is written, not after it.
+SELECT (SELECT d.waiting FROM (SELECT %(topic)s::text AS topic, %(cap)s::int AS cap) AS dt,
+                              LATERAL ({depth_waiting}) AS d)
+     + %(n)s <= %(cap)s
