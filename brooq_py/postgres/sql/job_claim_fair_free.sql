@@ -1,8 +1,11 @@
 -- name: job_claim_fair_free
 -- SPEC T1: job_claim_fair for a tenant topic that nothing limits, alone on the claimer's connection
 -- (one round trip, no lock): no count and no bucket to read, so only the fair order is left. The
--- first %(limit)s ready entries of job_fair_idx in (priority, turn) order, and the first %(limit)s
--- jobs without a tenant (job_unnamed_idx) at the front's turn, one a turn, as in job_claim_fair.
+-- first %(window)s ready entries of job_fair_idx in (priority, turn) order, and the first %(window)s
+-- jobs without a tenant (job_unnamed_idx) at the front's turn, one a turn, as in job_claim_fair;
+-- of those, the first %(limit)s that no other claim holds, locked as they are taken and only
+-- those: a job read but not taken is never left locked, so a claim beside this one (another
+-- engine's) never passes over it to take one behind it of the same tenant (FIFO within a tenant).
 -- No row at all when this statement's snapshot sees a limit after all (or the engine is stale):
 -- the claim is made again by job_claim_fair under the topic's lock. A row of NULLs: nothing taken.
 WITH setting AS (
@@ -21,8 +24,7 @@ WITH setting AS (
     WHERE j.topic = %(topic)s AND j.state = 'pending' AND j.turn IS NOT NULL AND j.available_at <= now()
       AND EXISTS (SELECT FROM setting)
     ORDER BY j.priority DESC, j.turn, j.id
-    LIMIT %(limit)s
-    FOR NO KEY UPDATE OF j SKIP LOCKED
+    LIMIT %(window)s
 ), unnamed AS (
     SELECT w.id, w.priority,
            coalesce((SELECT min(t.turn) FROM turned t WHERE t.priority = w.priority), 0)
@@ -33,14 +35,24 @@ WITH setting AS (
         WHERE j.topic = %(topic)s AND j.state = 'pending' AND j.turn IS NULL AND j.available_at <= now()
           AND EXISTS (SELECT FROM setting)
         ORDER BY j.priority DESC, j.available_at, j.id
-        LIMIT %(limit)s
-        FOR NO KEY UPDATE OF j SKIP LOCKED
+        LIMIT %(window)s
     ) AS w
 ), cand AS (
-    SELECT id, priority, turn FROM turned
-    UNION ALL SELECT id, priority, turn FROM unnamed
-    ORDER BY priority DESC, turn, id
+    -- The candidates' ids in the fair order, one array: the lock below and the update find them by
+    -- primary key whatever the plan's guess of the window (a generic plan guesses a join too large).
+    SELECT ARRAY(SELECT c.id
+                 FROM (SELECT id, priority, turn FROM turned
+                       UNION ALL SELECT id, priority, turn FROM unnamed) AS c
+                 ORDER BY c.priority DESC, c.turn, c.id) AS ids
+), locked AS (
+    -- As job_claim_fair's: the first %(limit)s candidates in the fair order that are still pending,
+    -- each locked as it is taken; one locked elsewhere (another claim in flight, an operator's
+    -- SELECT ... FOR UPDATE) is skipped, never waited on, and the next one taken in its place.
+    SELECT j.id FROM {job} j
+    WHERE j.id = ANY ((SELECT ids FROM cand)::uuid[]) AND j.state = 'pending'
+    ORDER BY array_position((SELECT ids FROM cand), j.id)
     LIMIT %(limit)s
+    FOR NO KEY UPDATE OF j SKIP LOCKED
 ), claimed AS (
     UPDATE {job} j
     SET state = 'processing',
@@ -49,7 +61,7 @@ WITH setting AS (
         attempts = j.attempts + 1,
         claim_token = gen_random_uuid(),
         updated_at = clock_timestamp()
-    WHERE j.id = ANY (ARRAY(SELECT id FROM cand))
+    WHERE j.id = ANY (ARRAY(SELECT id FROM locked))
     RETURNING j.id, j.topic, j.payload, j.attempts, j.priority, j.claim_token, j.locked_by,
               j.locked_until, j.meta, j.crashes, j.turn
 )
