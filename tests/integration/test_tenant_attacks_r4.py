@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
@@ -335,3 +336,126 @@ def test_q2_a_pause_during_free_claims_on_two_engines_stops_them(
     wait_for(
         lambda: count_state(pool, schema, topic, "done") == 450, "all done after the resume", timeout=120
     )
+
+
+# --- Q5: the hold of a canceled running member ---------------------------------------------------------
+
+
+def test_q5_a_canceled_member_running_past_its_lease_holds_the_next_on_two_engines(
+    store: Store, pool: ConnectionPool[Any], schema: str, engines: Callable[..., Engine]
+) -> None:
+    """Two engines of a 2 s lease; the running member is canceled and its handler runs on for 3 leases
+    (it looks at its cancel only then, well within watchdog_grace): the hold's time (the claim's
+    locked_until) and the reaper's ticks pass, the heartbeats go on, and the next member, on either
+    engine, starts only after that handler ended; both end, none beside the other."""
+    lock = threading.Lock()
+    spans: dict[int, list[float]] = {}
+    started = threading.Event()
+
+    def handler(ctx: Context, c: Claim) -> None:
+        with lock:
+            spans[c.payload] = [time.monotonic()]
+        try:
+            if c.payload == 0:
+                started.set()
+                time.sleep(6.0)
+                ctx.raise_if_done()
+        finally:
+            with lock:
+                spans[c.payload].append(time.monotonic())
+
+    es = [engines(workers=2, poll_interval=0.05, lease=2, watchdog_grace=20) for _ in range(2)]
+    for e in es:
+        e.register_kind("seq.r4", handler)
+        e.start()
+    first = store.enqueue(Job("seq.r4", 0, sequence="s", tenant="A")).id
+    store.enqueue(Job("seq.r4", 1, sequence="s", tenant="A"))
+    assert started.wait(30)
+    store.cancel(first)
+    wait_for(lambda: len(spans.get(0, [])) == 2, "the canceled handler to end", timeout=30)
+    wait_for(lambda: len(spans.get(1, [])) == 2, "the next member", timeout=30)
+    wait_for(lambda: by_payload(pool, schema, "seq.r4") == {0: "canceled", 1: "done"}, "the next done")
+    assert spans[1][0] >= spans[0][1], spans
+
+
+def test_q5_a_cancel_racing_the_claim_of_a_tenant_members_holds_the_next(
+    store: Store, dsn: str, pool: ConnectionPool[Any], schema: str
+) -> None:
+    """The cancel of a sequence member lands while the free claim that takes it is in flight (the
+    claim's row lock held until its commit): the cancel waits, then finds the member running and holds
+    the sequence (an engine-less claim: until the claim's locked_until); the next member stays blocked
+    through the stager's and the reaper's ticks meanwhile, and is released once the hold is over."""
+    topic = "seq.race"
+    first = store.enqueue(Job(topic, 0, sequence="s", tenant="A")).id
+    store.enqueue(Job(topic, 1, sequence="s", tenant="A"))
+    store.enqueue(Job(topic, 2, tenant="B"))
+    store.worker.stage([topic], 100)
+    wait_for(
+        lambda: by_payload(pool, schema, topic) == {0: "pending", 1: "blocked", 2: "pending"}, "released"
+    )
+    store.worker.topic_settings()
+    free = store.worker._q["job_claim_fair_free"]
+    lease = timedelta(seconds=3)
+    params = {"topic": topic, "limit": 1, "window": 2 + FAIR_WINDOW, "worker": "gone", "lease": lease}
+    done = threading.Event()
+    with psycopg.connect(dsn) as slow:
+        got = [r[2] for r in on_connection(slow)(free, params) if r[0] is not None]
+        assert got == [0]
+        canceler = threading.Thread(target=lambda: (store.cancel(first), done.set()), daemon=True)
+        canceler.start()
+        assert not done.wait(0.5)  # waits for the claim's row lock
+        slow.commit()
+    assert done.wait(10)
+    assert by_payload(pool, schema, topic)[0] == "canceled"
+    with pool.connection() as conn:
+        hold = conn.execute(
+            sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, "job_sequence_hold"))
+        )
+        assert hold.fetchone() == (1,)
+    store.worker.stage([topic], 100)
+    store.worker.reap()
+    assert by_payload(pool, schema, topic)[1] == "blocked"
+    assert [r.payload for r in claim(store, topic, 5)] == [2]
+
+    def released() -> bool:
+        store.worker.reap()
+        store.worker.stage([topic], 100)
+        return by_payload(pool, schema, topic)[1] == "pending"
+
+    wait_for(released, "the next member once the hold is over", timeout=20, interval=0.2)
+
+
+# --- rows held by an operator -------------------------------------------------------------------------
+
+
+UNDER_THE_LOCK_WINDOW = (
+    "job_claim_fair reads a window of the order (2 x limit + FAIR_WINDOW entries) unlocked and skips "
+    "only within it: an operator holding the whole window stops a limited tenant topic (proposed: its "
+    "turned and unnamed scans FOR NO KEY UPDATE SKIP LOCKED, harmless under the topic's lock, or a look "
+    "past the window as job_claim_fair_free's past_window)"
+)
+
+
+@pytest.mark.parametrize(
+    "limited",
+    [False, pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=UNDER_THE_LOCK_WINDOW))],
+    ids=["free", "under the lock"],
+)
+def test_t1_an_operator_holding_the_head_of_a_tenant_topic_does_not_stop_it(
+    store: Store, pool: ConnectionPool[Any], schema: str, limited: bool
+) -> None:
+    """psql holds `SELECT ... FOR UPDATE` on the first 60 jobs of a tenant topic's order (one statement
+    over two tenants' oldest jobs): a claim still takes the jobs behind them, as the claim of a topic
+    without tenants would, whether nothing limits the topic (the free claim) or a limit no tenant
+    reaches does (the claim under the topic's lock)."""
+    topic = "fr.oplock"
+    if limited:
+        store.set_tenant_limit(topic, 1000)
+    jobs = store.enqueue_many([Job(topic, {"t": t, "i": i}, tenant=t) for i in range(100) for t in "AB"])
+    head = [r.id for r in jobs[:60]]
+    with pool.connection() as conn, conn.transaction():
+        conn.execute(
+            sql.SQL("SELECT 1 FROM {} WHERE id = ANY(%s) FOR UPDATE").format(job_table(schema)), (head,)
+        )
+        got = [(r.payload["t"], r.payload["i"]) for r in claim(store, topic, 4)]
+        assert got == [("A", 30), ("B", 30), ("A", 31), ("B", 31)], got

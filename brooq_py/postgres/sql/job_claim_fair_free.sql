@@ -53,6 +53,41 @@ WITH setting AS (
     ORDER BY array_position((SELECT ids FROM cand), j.id)
     LIMIT %(limit)s
     FOR NO KEY UPDATE OF j SKIP LOCKED
+), got AS (
+    SELECT count(*) AS n FROM locked
+), past_window AS (
+    -- Fewer than %(limit)s taken although the window was full: every entry of it is held elsewhere (an
+    -- operator's SELECT ... FOR UPDATE over the head of the order). Look past it as the topic's
+    -- common claim would, the entries locked as the scans meet them; only here can an entry be
+    -- locked and not taken (the first of the jobs without a tenant beside the first named ones).
+    SELECT (SELECT n FROM got) < %(limit)s
+           AND ((SELECT count(*) FROM turned) >= %(window)s OR (SELECT count(*) FROM unnamed) >= %(window)s) AS go
+), turned_past AS (
+    SELECT j.id, j.priority, j.turn
+    FROM {job} j
+    WHERE j.topic = %(topic)s AND j.state = 'pending' AND j.turn IS NOT NULL AND j.available_at <= now()
+      AND (SELECT go FROM past_window) AND j.id <> ALL ((SELECT ids FROM cand)::uuid[])
+    ORDER BY j.priority DESC, j.turn, j.id
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE OF j SKIP LOCKED
+), unnamed_past AS (
+    SELECT w.id, w.priority,
+           coalesce((SELECT min(t.turn) FROM turned_past t WHERE t.priority = w.priority), 0)
+             + row_number() OVER (PARTITION BY w.priority ORDER BY w.available_at, w.id) - 1 AS turn
+    FROM (
+        SELECT j.id, j.priority, j.available_at
+        FROM {job} j
+        WHERE j.topic = %(topic)s AND j.state = 'pending' AND j.turn IS NULL AND j.available_at <= now()
+          AND (SELECT go FROM past_window) AND j.id <> ALL ((SELECT ids FROM cand)::uuid[])
+        ORDER BY j.priority DESC, j.available_at, j.id
+        LIMIT %(limit)s
+        FOR NO KEY UPDATE OF j SKIP LOCKED
+    ) AS w
+), past AS (
+    SELECT c.id
+    FROM (SELECT id, priority, turn FROM turned_past UNION ALL SELECT id, priority, turn FROM unnamed_past) AS c
+    ORDER BY c.priority DESC, c.turn, c.id
+    LIMIT %(limit)s - (SELECT n FROM got)
 ), claimed AS (
     UPDATE {job} j
     SET state = 'processing',
@@ -61,7 +96,7 @@ WITH setting AS (
         attempts = j.attempts + 1,
         claim_token = gen_random_uuid(),
         updated_at = clock_timestamp()
-    WHERE j.id = ANY (ARRAY(SELECT id FROM locked))
+    WHERE j.id = ANY (ARRAY(SELECT id FROM locked UNION ALL SELECT id FROM past))
     RETURNING j.id, j.topic, j.payload, j.attempts, j.priority, j.claim_token, j.locked_by,
               j.locked_until, j.meta, j.crashes, j.turn
 )
