@@ -4,8 +4,9 @@
 -- first %(window)s ready entries of job_fair_idx in (priority, turn) order, and the first %(window)s
 -- jobs without a tenant (job_unnamed_idx) at the front's turn, one a turn, as in job_claim_fair;
 -- of those, the first %(limit)s that no other claim holds, locked as they are taken and only
--- those: a job read but not taken is never left locked, so a claim beside this one (another
+-- those: a job read but not taken is not left locked, so a claim beside this one (another
 -- engine's) never passes over it to take one behind it of the same tenant (FIFO within a tenant).
+-- A window whose every entry is held elsewhere is looked past (past_window).
 -- No row at all when this statement's snapshot sees a limit after all (or the engine is stale):
 -- the claim is made again by job_claim_fair under the topic's lock. A row of NULLs: nothing taken.
 WITH setting AS (
@@ -60,7 +61,7 @@ WITH setting AS (
     -- operator's SELECT ... FOR UPDATE over the head of the order). Look past it as the topic's
     -- common claim would, the entries locked as the scans meet them; only here can an entry be
     -- locked and not taken (the first of the jobs without a tenant beside the first named ones).
-    SELECT (SELECT n FROM got) < %(limit)s
+    SELECT EXISTS (SELECT FROM setting) AND (SELECT n FROM got) < %(limit)s
            AND ((SELECT count(*) FROM turned) >= %(window)s OR (SELECT count(*) FROM unnamed) >= %(window)s) AS go
 ), turned_past AS (
     SELECT j.id, j.priority, j.turn
