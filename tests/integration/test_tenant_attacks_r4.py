@@ -459,3 +459,32 @@ def test_t1_an_operator_holding_the_head_of_a_tenant_topic_does_not_stop_it(
         )
         got = [(r.payload["t"], r.payload["i"]) for r in claim(store, topic, 4)]
         assert got == [("A", 30), ("B", 30), ("A", 31), ("B", 31)], got
+
+
+def test_t2_a_default_tenant_limit_holds_the_shared_tenant_of_a_topic_without_named_tenants(
+    store: Store, engines: Callable[..., Engine], dsn: str, schema: str, pool: ConnectionPool[Any]
+) -> None:
+    """T1: the jobs without a tenant are one shared tenant; T2: tenant=None sets the limit of every
+    tenant. On a topic whose jobs name no tenant, set_tenant_limit(topic, 2) leaves at most 2 of them
+    processing, as it does for the jobs without a tenant of a topic whose other jobs name one."""
+    topic = "sh.none"
+    store.enqueue_many([Job(topic, i) for i in range(16)])
+    store.set_tenant_limit(topic, 2)
+    e = engines(workers=6, poll_interval=0.05)
+    e.register_kind(topic, lambda ctx, c: time.sleep(0.1))
+    running = sql.SQL("SELECT count(*) FROM {} WHERE topic = %s AND state = 'processing'").format(
+        job_table(schema)
+    )
+    with Sampler(dsn, running, (topic,)) as sampler:
+        e.start()
+        wait_for(lambda: count_state(pool, schema, topic, "done") == 16, "all done", timeout=60)
+    assert max(sampler.samples) <= 2
+
+
+def test_t3_a_default_tenant_rate_holds_the_shared_tenant_of_a_topic_without_named_tenants(
+    store: Store,
+) -> None:
+    store.enqueue_many([Job("sh.rate", i) for i in range(10)])
+    store.set_tenant_rate_limit("sh.rate", 1, 60, burst=3)
+    assert [r.payload for r in claim(store, "sh.rate", 10)] == [0, 1, 2]
+    assert claim(store, "sh.rate", 10) == []
