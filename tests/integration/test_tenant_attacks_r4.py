@@ -428,17 +428,9 @@ def test_q5_a_cancel_racing_the_claim_of_a_tenant_members_holds_the_next(
 # --- rows held by an operator -------------------------------------------------------------------------
 
 
-UNDER_THE_LOCK_WINDOW = (
-    "job_claim_fair reads a window of the order (2 x limit + FAIR_WINDOW entries) unlocked and skips "
-    "only within it: an operator holding the whole window stops a limited tenant topic (proposed: its "
-    "turned and unnamed scans FOR NO KEY UPDATE SKIP LOCKED, harmless under the topic's lock, or a look "
-    "past the window as job_claim_fair_free's past_window)"
-)
-
-
 @pytest.mark.parametrize(
     "limited",
-    [False, pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=UNDER_THE_LOCK_WINDOW))],
+    [False, True],
     ids=["free", "under the lock"],
 )
 def test_t1_an_operator_holding_the_head_of_a_tenant_topic_does_not_stop_it(

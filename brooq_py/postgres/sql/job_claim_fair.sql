@@ -12,6 +12,9 @@
 -- is read only for the tenants among the candidates, and written only for those that took a
 -- job). The topic's own pause, global limit and rate limit hold as in job_claim_limited; the
 -- last column is the seconds until the topic's next token, as there.
+-- The window's entries are locked as the scans meet them, those held elsewhere (an operator's
+-- SELECT ... FOR UPDATE over the head of the order) skipped, so the window lies past them: under
+-- the topic's lock no other claim of the topic waits on the entries read and not taken.
 -- A topic that nothing limits is claimed without the lock by job_claim_fair_free first. A limit set
 -- meanwhile waits for the writers begun before it (Flow.set_tenant_limit), so no claim under the
 -- lock counts beside a free claim it cannot see.
@@ -47,6 +50,7 @@ WITH clock AS (
       AND coalesce((SELECT n FROM room), 0) > 0
     ORDER BY j.priority DESC, j.turn, j.id
     LIMIT %(window)s
+    FOR NO KEY UPDATE OF j SKIP LOCKED
 ), unnamed AS (
     SELECT w.id, NULL::text AS tenant, w.priority,
            coalesce((SELECT min(t.turn) FROM turned t WHERE t.priority = w.priority), 0)
@@ -58,6 +62,7 @@ WITH clock AS (
           AND coalesce((SELECT n FROM room), 0) > 0
         ORDER BY j.priority DESC, j.available_at, j.id
         LIMIT %(window)s
+        FOR NO KEY UPDATE OF j SKIP LOCKED
     ) AS w
 ), cand AS (
     SELECT c.*, row_number() OVER (PARTITION BY c.tenant ORDER BY c.priority DESC, c.turn, c.id) AS k
