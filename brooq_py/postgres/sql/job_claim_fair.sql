@@ -100,6 +100,10 @@ WITH clock AS (
     JOIN counted t ON t.tenant IS NOT DISTINCT FROM c.tenant
     WHERE (t.lim IS NULL OR c.k <= t.lim - t.running)
       AND (t.rate IS NULL OR c.k <= floor(t.tokens))
+), ordered AS (
+    -- The eligible candidates' ids in the fair order, one array: the lock below and the update find
+    -- them by primary key whatever the generic plan's guess of the window (a hash of the job table).
+    SELECT ARRAY(SELECT p.id FROM picked p ORDER BY p.priority DESC, p.turn, p.id) AS ids
 ), locked AS (
     -- The room's worth of the eligible candidates, in the fair order, locked as they are taken: one
     -- locked elsewhere (an operator's SELECT ... FOR UPDATE) is skipped, never waited on, and the
@@ -107,9 +111,8 @@ WITH clock AS (
     -- so a held row never stops its topic. A tenant's candidates keep the numbers k given before
     -- the skip: a skipped row can only leave its tenant under its limit or bucket, never over.
     SELECT j.id FROM {job} j
-    JOIN picked p ON p.id = j.id
-    WHERE j.state = 'pending'
-    ORDER BY p.priority DESC, p.turn, p.id
+    WHERE j.id = ANY ((SELECT ids FROM ordered)::uuid[]) AND j.state = 'pending'
+    ORDER BY array_position((SELECT ids FROM ordered), j.id)
     LIMIT coalesce((SELECT n FROM room), 0)
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ), claimed AS (
@@ -120,8 +123,7 @@ WITH clock AS (
         attempts = j.attempts + 1,
         claim_token = gen_random_uuid(),
         updated_at = (SELECT t FROM clock)
-    FROM locked l
-    WHERE j.id = l.id
+    WHERE j.id = ANY (ARRAY(SELECT id FROM locked))
     RETURNING j.id, j.topic, j.payload, j.attempts, j.priority, j.claim_token, j.locked_by,
               j.locked_until, j.available_at, j.meta, j.crashes, j.tenant, j.turn
 ), spent AS (
