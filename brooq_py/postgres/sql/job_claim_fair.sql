@@ -12,6 +12,9 @@
 -- is read only for the tenants among the candidates, and written only for those that took a
 -- job). The topic's own pause, global limit and rate limit hold as in job_claim_limited; the
 -- last column is the seconds until the topic's next token, as there.
+-- The window's entries are locked as the scans meet them, those held elsewhere (an operator's
+-- SELECT ... FOR UPDATE over the head of the order) skipped, so the window lies past them: under
+-- the topic's lock no other claim of the topic waits on the entries read and not taken.
 -- A topic that nothing limits is claimed without the lock by job_claim_fair_free first. A limit set
 -- meanwhile waits for the writers begun before it (Flow.set_tenant_limit), so no claim under the
 -- lock counts beside a free claim it cannot see.
@@ -32,6 +35,7 @@ WITH clock AS (
       AND coalesce((SELECT n FROM room), 0) > 0
     ORDER BY j.priority DESC, j.turn, j.id
     LIMIT %(window)s
+    FOR NO KEY UPDATE OF j SKIP LOCKED
 ), unnamed AS (
     SELECT w.id, NULL::text AS tenant, w.priority,
            coalesce((SELECT min(t.turn) FROM turned t WHERE t.priority = w.priority), 0)
@@ -43,6 +47,7 @@ WITH clock AS (
           AND coalesce((SELECT n FROM room), 0) > 0
         ORDER BY j.priority DESC, j.available_at, j.id
         LIMIT %(window)s
+        FOR NO KEY UPDATE OF j SKIP LOCKED
     ) AS w
 ), cand AS (
     SELECT c.*, row_number() OVER (PARTITION BY c.tenant ORDER BY c.priority DESC, c.turn, c.id) AS k
@@ -80,6 +85,10 @@ WITH clock AS (
     JOIN counted t ON t.tenant IS NOT DISTINCT FROM c.tenant
     WHERE (t.lim IS NULL OR c.k <= t.lim - t.running)
       AND (t.rate IS NULL OR c.k <= floor(t.tokens))
+), ordered AS (
+    -- The eligible candidates' ids in the fair order, one array: the lock below and the update find
+    -- them by primary key whatever the generic plan's guess of the window (a hash of the job table).
+    SELECT ARRAY(SELECT p.id FROM picked p ORDER BY p.priority DESC, p.turn, p.id) AS ids
 ), locked AS (
     -- The room's worth of the eligible candidates, in the fair order, locked as they are taken: one
     -- locked elsewhere (an operator's SELECT ... FOR UPDATE) is skipped, never waited on, and the
@@ -87,9 +96,8 @@ WITH clock AS (
     -- so a held row never stops its topic. A tenant's candidates keep the numbers k given before
     -- the skip: a skipped row can only leave its tenant under its limit or bucket, never over.
     SELECT j.id FROM {job} j
-    JOIN picked p ON p.id = j.id
-    WHERE j.state = 'pending'
-    ORDER BY p.priority DESC, p.turn, p.id
+    WHERE j.id = ANY ((SELECT ids FROM ordered)::uuid[]) AND j.state = 'pending'
+    ORDER BY array_position((SELECT ids FROM ordered), j.id)
     LIMIT coalesce((SELECT n FROM room), 0)
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ), claimed AS (
@@ -100,8 +108,7 @@ WITH clock AS (
         attempts = j.attempts + 1,
         claim_token = gen_random_uuid(),
         updated_at = (SELECT t FROM clock)
-    FROM locked l
-    WHERE j.id = l.id
+    WHERE j.id = ANY (ARRAY(SELECT id FROM locked))
     RETURNING j.id, j.topic, j.payload, j.attempts, j.priority, j.claim_token, j.locked_by,
               j.locked_until, j.available_at, j.meta, j.crashes, j.tenant, j.turn
 ), spent AS (

@@ -3,11 +3,14 @@
 -- %(burst)s saved (NULL limit: none). Without a tenant, the default of every tenant (in the topic's
 -- row); a named tenant's own (its row) overrides it. The buckets themselves are tenant_setting rows
 -- the claim writes for the tenants it took jobs of (a bucket never written starts full); a changed
--- rate keeps what a bucket holds, at most the new burst.
+-- rate keeps what a bucket holds, at most the new burst. A default marks the topic a tenant topic,
+-- as tenant_set_limit's does (the jobs that name no tenant share one bucket).
 WITH topic_default AS (
-    INSERT INTO {topic_setting} AS s (topic, tenant_rate_limit, tenant_rate_per, tenant_rate_burst)
-    SELECT %(topic)s, %(limit)s::int, %(per)s::float8, %(burst)s::int WHERE %(tenant)s::text IS NULL
+    INSERT INTO {topic_setting} AS s (topic, tenant_rate_limit, tenant_rate_per, tenant_rate_burst, tenants)
+    SELECT %(topic)s, %(limit)s::int, %(per)s::float8, %(burst)s::int, %(limit)s::int IS NOT NULL
+    WHERE %(tenant)s::text IS NULL
     ON CONFLICT (topic) DO UPDATE SET
+        tenants = s.tenants OR excluded.tenants,
         tenant_rate_limit = excluded.tenant_rate_limit,
         tenant_rate_per = excluded.tenant_rate_per,
         tenant_rate_burst = excluded.tenant_rate_burst,

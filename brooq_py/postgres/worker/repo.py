@@ -204,13 +204,13 @@ class WorkerRepo:
         params: dict[str, Any] = {"topic": topic, "limit": limit, "worker": worker, "lease": lease}
         lock, statement = self._q["topic_claim_lock"], self._q["job_claim_limited"]
         if topic in self._fair:  # SPEC T1-T3: a window of its order, whatever the number of its tenants
+            params.update(window=limit * 2 + FAIR_WINDOW)
             if topic in self._fair_free:  # alone, one round trip; no row: limited after all
                 free = self._q["job_claim_fair_free"]
                 rows = self._own_or_pool(self._claimer, "claiming jobs", free, params)
                 if rows:
                     return _limited_claim(rows)
             lock, statement = self._q["topic_claim_lock_fair"], self._q["job_claim_fair"]
-            params.update(window=limit * 2 + FAIR_WINDOW)
         with self.session.autocommit("claiming a limited topic") as conn, _read_committed(conn):
             run = on_connection(conn)
             with conn.transaction():
