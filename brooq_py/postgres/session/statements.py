@@ -62,7 +62,7 @@ def _fragment(name: str, schema: str, halts: bool = True) -> sql.Composed:
 
 # Files that are parts of statements, not statements: ``{name}`` in a statement (or in another
 # fragment) stands for one.
-_FRAGMENTS = ("depth_room", "depth_waiting", "job_row_columns", "claim_room", "topic_tokens")
+_FRAGMENTS = ("depth_room", "depth_waiting", "job_row_columns", "claim_room", "claim_set", "topic_tokens")
 
 
 def _depth_seq(schema: str) -> sql.Composable:

@@ -79,12 +79,8 @@ WITH topics AS MATERIALIZED (
     LIMIT %(limit)s
 ), claimed AS (
     UPDATE {job} j
-    SET state = 'processing',
-        locked_by = %(worker)s,
-        locked_until = now() + %(lease)s::interval,
-        attempts = j.attempts + 1,
-        claim_token = gen_random_uuid(),
-        updated_at = now()
+    SET updated_at = now(),
+        {claim_set}
     WHERE j.id = ANY (ARRAY(SELECT id FROM cand))
     RETURNING j.id, j.topic, j.payload, j.attempts, j.priority, j.claim_token, j.locked_by,
               j.locked_until, j.available_at, j.meta, j.crashes

@@ -102,12 +102,8 @@ WITH clock AS (
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ), claimed AS (
     UPDATE {job} j
-    SET state = 'processing',
-        locked_by = %(worker)s,
-        locked_until = now() + %(lease)s::interval,
-        attempts = j.attempts + 1,
-        claim_token = gen_random_uuid(),
-        updated_at = (SELECT t FROM clock)
+    SET updated_at = (SELECT t FROM clock),
+        {claim_set}
     WHERE j.id = ANY (ARRAY(SELECT id FROM locked))
     RETURNING j.id, j.topic, j.payload, j.attempts, j.priority, j.claim_token, j.locked_by,
               j.locked_until, j.available_at, j.meta, j.crashes, j.tenant, j.turn

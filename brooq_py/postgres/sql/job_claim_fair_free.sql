@@ -91,12 +91,8 @@ WITH setting AS (
     LIMIT %(limit)s - (SELECT n FROM got)
 ), claimed AS (
     UPDATE {job} j
-    SET state = 'processing',
-        locked_by = %(worker)s,
-        locked_until = now() + %(lease)s::interval,
-        attempts = j.attempts + 1,
-        claim_token = gen_random_uuid(),
-        updated_at = clock_timestamp()
+    SET updated_at = clock_timestamp(),
+        {claim_set}
     WHERE j.id = ANY (ARRAY(SELECT id FROM locked UNION ALL SELECT id FROM past))
     RETURNING j.id, j.topic, j.payload, j.attempts, j.priority, j.claim_token, j.locked_by,
               j.locked_until, j.meta, j.crashes, j.turn

@@ -31,12 +31,8 @@ WITH clock AS (
     FOR NO KEY UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE {job} j
-    SET state = 'processing',
-        locked_by = %(worker)s,
-        locked_until = now() + %(lease)s::interval,
-        attempts = j.attempts + 1,
-        claim_token = gen_random_uuid(),
-        updated_at = (SELECT t FROM clock)  -- the time the bucket counted this claim at
+    SET updated_at = (SELECT t FROM clock),  -- the time the bucket counted this claim at
+        {claim_set}
     FROM cand
     WHERE j.id = cand.id
     RETURNING j.id, j.topic, j.payload, j.attempts, j.priority, j.claim_token, j.locked_by,
