@@ -17,6 +17,7 @@ from brooq_py.postgres.session.statements import channel_for
 from brooq_py.queue import Claim, Context, Job, KindOptions, State
 from tests.integration.conftest import FAST
 from tests.polling import wait_for
+from tests.sampling import processing
 
 
 def states(dsn: str, schema: str, topic: str) -> dict[str, int]:
@@ -46,34 +47,6 @@ class Peak:
     def __exit__(self, *exc: object) -> None:
         with self.lock:
             self.now -= 1
-
-
-class Sampler:
-    """Samples the topic's processing rows from the database, continuously, on its own connection."""
-
-    def __init__(self, dsn: str, schema: str, topic: str) -> None:
-        self.query = sql.SQL("SELECT count(*) FROM {} WHERE topic = %s AND state = 'processing'").format(
-            sql.Identifier(schema, "job")
-        )
-        self.dsn, self.topic = dsn, topic
-        self.samples: list[int] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.run, daemon=True)
-
-    def run(self) -> None:
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            while not self.stop.is_set():
-                row = conn.execute(self.query, (self.topic,)).fetchone()
-                assert row is not None
-                self.samples.append(int(row[0]))
-
-    def __enter__(self) -> Sampler:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(10)
 
 
 def claims_seen(dsn: str, schema: str, topic: str) -> tuple[Callable[..., list[int]], Callable[[], None]]:
@@ -130,7 +103,7 @@ def test_q3_global_limit_never_exceeded_while_8_slots_of_3_engines_compete_for_3
         e.register_kind("lim", handler)
         e.register_kind("free", lambda ctx, claim: None)
     store.enqueue_many([Job("lim", {"n": n}) for n in range(30)] + [Job("free", {"n": n}) for n in range(30)])
-    with Sampler(dsn, schema, "lim") as sampler:
+    with processing(dsn, schema, "lim") as sampler:
         for e in es:
             e.start()
         wait_for(lambda: states(dsn, schema, "lim").get("done") == 30, "30 limited jobs done", timeout=60)

@@ -25,6 +25,7 @@ from brooq_py.queue import Claim, Context, Job, State
 from brooq_py.queue.port import Outcome
 from tests.integration.conftest import q
 from tests.polling import wait_for
+from tests.sampling import Sampler
 
 LEASE = timedelta(seconds=30)
 
@@ -146,35 +147,6 @@ def test_t1_a_stale_engine_claims_nothing_of_a_free_tenant_topic(
 
 
 # --- limits, rates and pauses set while two engines claim free --------------------------------------
-
-
-class Sampler:
-    """One statement a sample (an int), on its own connection, until stopped."""
-
-    def __init__(self, dsn: str, query: sql.Composable, params: tuple[Any, ...]) -> None:
-        self.dsn, self.query, self.params = dsn, query, params
-        self.samples: list[int] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.run, daemon=True)
-
-    def run(self) -> None:
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            while not self.stop.is_set():
-                row = conn.execute(self.query, self.params).fetchone()
-                assert row is not None
-                self.samples.append(int(row[0]))
-
-    def mark(self) -> int:
-        """The index from which every sample began after this call (the one in flight is left out)."""
-        return len(self.samples) + 1
-
-    def __enter__(self) -> Sampler:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(10)
 
 
 def per_tenant_peak(schema: str) -> sql.Composable:

@@ -19,6 +19,7 @@ from brooq_py.postgres import AsyncStore, Store
 from brooq_py.queue import Claim, Context, InvalidJob, Job, State
 from brooq_py.queue.port import ClaimedJob, Outcome
 from tests.polling import wait_for
+from tests.sampling import tenant_peak
 
 LEASE = timedelta(seconds=30)
 
@@ -233,35 +234,6 @@ def test_t2_limit_zero_holds_a_tenant_and_others_still_run(store: Store) -> None
     assert tenants_of(store, got) == ["B"] * 3
 
 
-class TenantSampler:
-    """Samples the processing rows of each tenant of a topic, one statement a sample."""
-
-    def __init__(self, dsn: str, schema: str, topic: str) -> None:
-        self.query = sql.SQL(
-            "SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n FROM {} "
-            "WHERE topic = %s AND state = 'processing' GROUP BY tenant) AS t"
-        ).format(sql.Identifier(schema, "job"))
-        self.dsn, self.topic = dsn, topic
-        self.samples: list[int] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.run, daemon=True)
-
-    def run(self) -> None:
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            while not self.stop.is_set():
-                row = conn.execute(self.query, (self.topic,)).fetchone()
-                assert row is not None
-                self.samples.append(int(row[0]))
-
-    def __enter__(self) -> TenantSampler:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(10)
-
-
 def states(dsn: str, schema: str, topic: str) -> dict[str, int]:
     with psycopg.connect(dsn) as conn:
         rows = conn.execute(
@@ -297,7 +269,7 @@ def test_t2_never_over_with_two_engines_and_the_limit_changed_under_load(
         e.register_kind("t", handler)
     for tenant in "ABC":
         store.enqueue_many([Job("t", {"t": tenant, "i": i}, tenant=tenant) for i in range(40)])
-    with TenantSampler(dsn, schema, "t") as sampler:
+    with tenant_peak(dsn, schema, "t") as sampler:
         for e in es:
             e.start()
         wait_for(lambda: states(dsn, schema, "t").get("done", 0) >= 30, "30 done", timeout=60)
