@@ -56,10 +56,23 @@ def _split_top(text: str) -> list[str]:
     return [*parts, cur]
 
 
+def _expanded(path: Path) -> str:
+    """*path*'s text with the fragments it names (``{claim_set}``: sql/claim_set.sql) put in place."""
+    return re.sub(
+        r"\{(\w+)\}",
+        lambda m: (
+            _strip_comments(SQL_DIR.joinpath(f"{m.group(1)}.sql").read_text())
+            if SQL_DIR.joinpath(f"{m.group(1)}.sql").exists()
+            else m.group(0)
+        ),
+        path.read_text(),
+    )
+
+
 def _sql_update_assignments() -> list[tuple[str, str, str]]:
     found = []
     for path in sorted(SQL_DIR.glob("*.sql")):
-        body = " ".join(_strip_comments(path.read_text()).split())
+        body = " ".join(_strip_comments(_expanded(path)).split())
         for m in re.finditer(r"\bSET\b(.+?)(?=\bFROM\b|\bWHERE\b|\bRETURNING\b|$)", body, re.IGNORECASE):
             for item in _split_top(m.group(1)):
                 col, _, expr = item.partition("=")
