@@ -48,13 +48,15 @@ def test_s5_a_future_enqueue_is_scheduled_and_not_claimed(repo: FakeRepo) -> Non
 
 def test_s7_stager_promotes_due_rows_and_wakes_the_dispatcher(repo: FakeRepo) -> None:
     woken = Woken()
-    due = repo.enqueue(Job("a", 1, available_at=later(0.05))).id
+    # scheduled far ahead, then made due: a due time near enough could pass before the enqueue
+    due = repo.enqueue(Job("a", 1, available_at=later(60))).id
     waiting = repo.enqueue(Job("a", 2, available_at=later(60))).id
-    other = repo.enqueue(Job("b", 3, available_at=later(0.05))).id
+    other = repo.enqueue(Job("b", 3, available_at=later(60))).id
     s = stager(repo, woken)
     s.run_once()
     assert woken.count == 0 and repo.row(due).state is State.SCHEDULED
-    wait_for(lambda: repo.next_due(["a"]) is not None and (repo.next_due(["a"]) or 1) <= 0, "the job is due")
+    repo.row(due).available_at = repo.row(other).available_at = repo.now() - 1.0
+    assert (repo.next_due(["a"]) or 1) < 0
     s.run_once()
     assert repo.row(due).state is State.PENDING and woken.count == 1
     assert repo.row(waiting).state is State.SCHEDULED
@@ -89,14 +91,14 @@ def test_s7_next_delay_is_the_earliest_due_time_at_most_the_period(repo: FakeRep
 
 
 def test_s7_a_wake_reads_the_due_time_without_staging(repo: FakeRepo) -> None:
-    s = stager(repo, Woken(), period=30.0)
+    s = stager(repo, Woken(), period=3600.0)
     s.run_once()
     stages = repo.calls["stage"]
-    repo.enqueue(Job("a", 1, available_at=later(0.5)))
+    repo.enqueue(Job("a", 1, available_at=later(60)))  # far enough ahead to stay scheduled here
     s.wake()
     s.run_once()
     assert repo.calls["stage"] == stages and repo.calls["next_due"] == 1
-    assert s.next_delay() <= 0.6
+    assert 30 < s.next_delay() <= 60.1  # the due time, not the period
 
 
 def test_s7_a_sleeping_stager_is_woken_by_wake_and_stopped_by_stop(repo: FakeRepo) -> None:
@@ -142,8 +144,9 @@ def test_s7_an_idle_engine_runs_a_scheduled_job_at_its_time(repo: FakeRepo, star
 
 def test_s7_run_once_stages_due_rows_before_claiming(repo: FakeRepo) -> None:
     seen: list[int] = []
-    job = repo.enqueue(Job("a", 1, available_at=later(0.02))).id
-    wait_for(lambda: (repo.next_due(["a"]) or 1) <= 0, "the job is due")
+    job = repo.enqueue(Job("a", 1, available_at=later(60))).id  # scheduled, then due
+    assert repo.row(job).state is State.SCHEDULED
+    repo.row(job).available_at = repo.now() - 1.0
     e = Engine(repo, Config(workers=1, lease=3))
     e.register_kind("a", lambda ctx, claim: seen.append(claim.payload))
     assert e.run_once() == 1 and seen == [1] and repo.row(job).state is State.DONE
