@@ -209,8 +209,10 @@ def kill_mid_job(
             if not busy:
                 time.sleep(0.05)
         victim = rng.choice(busy or live)
-        mid_job += bool(held_by(dsn, schema, victim[1]))
         victim[0].kill()
+        # looked at once it is dead: its rows stay processing until the reaper (a lease later), where
+        # a look before the kill could see a job it then finished before the signal
+        mid_job += bool(held_by(dsn, schema, victim[1]))
         live.remove(victim)
         w = spawn(dsn, schema, **settings)
         live.append((w, f"chaos-{w.label}:{w.proc.pid}"))
