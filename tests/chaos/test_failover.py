@@ -366,7 +366,20 @@ def refusals_logged(records: list[logging.LogRecord]) -> int:
 def standby() -> Iterator[tuple[ReplicaPair, str]]:
     """A pair whose standby stays read-only, and a schema migrated on the primary (replicated)."""
     with start_pair() as p:
-        yield p, prepare(p.primary.dsn)
+        schema = prepare(p.primary.dsn)
+        # A synchronous commit waits for the standby's flush, not its replay: read it once replayed.
+        with psycopg.connect(p.primary.dsn, autocommit=True) as conn:
+            lsn = conn.execute("SELECT pg_current_wal_lsn()").fetchone()
+        with psycopg.connect(p.standby.dsn, autocommit=True) as conn:
+            wait_for(
+                lambda: (
+                    conn.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", lsn).fetchone() == (True,)
+                ),
+                "the standby to replay the schema",
+                60,
+                0.05,
+            )
+        yield p, schema
 
 
 def test_every_engine_statement_refused_by_the_standby_is_store_unavailable_H1(
