@@ -106,22 +106,26 @@ COMMIT_WINDOW = 1.0
 
 
 def _reap_unjustified(
-    beats: list[tuple[Any, ...]], engine: str, token: str, locked_until: Any, now: Any
+    beats: list[tuple[Any, ...]], engine: str, token: str, locked_until: Any, now: Any, wrote: Any
 ) -> str:
-    """Why a reap at *now* (the reaper's statement time) of *token*, held by *engine*, was not
-    justified by the engine table, or "" when it was (SPEC P1'').
+    """Why a reap of *token*, held by *engine*, was not justified by the engine table, or "" when it
+    was (SPEC P1'').
 
-    A beat is (engine, seen_at, grace, dropped, at): ``at`` is the clock when its statement wrote
-    the row (a removal has no seen_at). A beat written at or after *now* was not visible to the
-    reaper; the engine's last beat written before *now* may not have committed yet (within
-    COMMIT_WINDOW), the one before it had (one heartbeat at a time). So the reaper saw one of those two (or no row), and
-    the reap is justified when what either showed justifies it."""
-    before = [b for b in beats if b[0] == engine and b[4] < now]
-    if any(b[3] and token in {str(t) for t in b[3]} for b in before):
+    *now* is the reaper's statement time and *wrote* the clock when it changed the row: its snapshot
+    was taken in between (after the statement's start, planning included, and before its write). A
+    beat is (engine, seen_at, grace, dropped, at): ``at`` is the clock when its statement wrote the
+    row (a removal has no seen_at). The engine's last beat written before *now* may not have
+    committed yet (within COMMIT_WINDOW), the one before it had (one heartbeat at a time); a beat
+    written between *now* and *wrote* may have committed before the snapshot. So the reaper saw one
+    of those (or no row), and the reap is justified when what any of them showed justifies it."""
+    mine = [b for b in beats if b[0] == engine]
+    if any(b[3] and token in {str(t) for t in b[3]} for b in mine if b[4] < wrote):
         return ""  # the engine named the claim as dropped
+    before = [b for b in mine if b[4] < now]
     seen: list[tuple[Any, ...] | None] = [None, *before][-2:]
     if before and (now - before[-1][4]).total_seconds() > COMMIT_WINDOW:
         seen = seen[-1:]  # written long enough before the reap to have committed: the reaper saw it
+    seen += [b for b in mine if now <= b[4] < wrote]
     why = ""
     for b in seen:
         if b is None or b[1] is None:  # no row (yet, or removed)
@@ -250,9 +254,17 @@ def check(
                 reaped_tokens.add(str(old_t))
                 if new_a != max(old_a - 1, 0):
                     r.fail(f"L5': reap of {j} set attempts {old_a} -> {new_a} (a crash gives it back)")
-                why = _reap_unjustified(beats, by, str(old_t), old_lu, now)
+                why = _reap_unjustified(beats, by, str(old_t), old_lu, now, at)
                 if why:
-                    r.fail(f"P1'': {j} returned to pending at {now} from {by}: {why}")
+                    near = [
+                        f"(seen {b[1]}, dropped {len(b[3] or [])}, at {b[4]})"
+                        for b in beats
+                        if b[0] == by and abs((b[4] - now).total_seconds()) < 3
+                    ]
+                    r.fail(
+                        f"P1'': {j} returned to pending at {now} (written {at}) from {by}: {why}; "
+                        f"its beats then: {' '.join(near)}"
+                    )
             elif new_a == old_a - 1:
                 counts[j]["given_back"] += 1
             if new_s == "failed":
