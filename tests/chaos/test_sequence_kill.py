@@ -197,15 +197,18 @@ def test_q5_a_worker_stopped_past_its_lease_mid_member_is_fenced_and_the_sequenc
         for n in range(5)
         for s in range(SEQUENCES)
     ]
-    with ConnectionPool(dsn, min_size=1, max_size=2, open=True) as pool:
-        store = Store(pool, schema=chaos_schema)
-        ids = {r.id for r in store.enqueue_many(jobs)}
-        store.close()
     settings = {"workers": 3, "lease": 2.0, "reaper_period": 0.3, "max_attempts": 1}
     frozen = spawn(dsn, chaos_schema, **settings)
     frozen_id = f"chaos-{frozen.label}:{frozen.proc.pid}"
     other = spawn(dsn, chaos_schema, **settings)
-    wait_for(lambda: held_by(dsn, chaos_schema, frozen_id) > 0, "the worker to be frozen holding members", 30)
+    # Enqueued once both run: one that started early would not drain them alone while the other starts.
+    with ConnectionPool(dsn, min_size=1, max_size=2, open=True) as pool:
+        store = Store(pool, schema=chaos_schema)
+        ids = {r.id for r in store.enqueue_many(jobs)}
+        store.close()
+    wait_for(
+        lambda: held_by(dsn, chaos_schema, frozen_id) > 0, "the worker to be frozen holding members", 120
+    )
     os.killpg(frozen.proc.pid, signal.SIGSTOP)
     try:
         time.sleep(4.0)
