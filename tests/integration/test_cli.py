@@ -78,6 +78,12 @@ def fresh_schema(dsn: str) -> Iterator[str]:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
 
 
+# Seconds a worker subprocess may take to listen: a fresh interpreter imports the package (about a
+# second of CPU), connects and starts its engine; a loaded 2-core machine took 10 to 16 s for that,
+# and over 30 s beside a busy test run.
+WORKER_STARTUP = 90.0
+
+
 class Worker:
     """A worker subprocess whose stderr is collected line by line."""
 
@@ -105,7 +111,11 @@ class Worker:
 
     def url(self) -> str:
         marker = "listening on "
-        wait_for(lambda: marker in self.output or self.proc.poll() is not None, "the worker to listen")
+        wait_for(
+            lambda: marker in self.output or self.proc.poll() is not None,
+            "the worker to listen",
+            WORKER_STARTUP,
+        )
         for line in self.lines:
             if marker in line:
                 return line.split(marker, 1)[1].split()[0]

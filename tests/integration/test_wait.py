@@ -284,6 +284,12 @@ def test_v2_engine_outcomes_wake_waiters(store: Store, engines: Callable[..., En
     assert failed.value.row.errors[0].error == "RuntimeError: no"
 
 
+# Seconds a wait connection may take to read _flood's backlog: 200,000 notifications, some 13 MB,
+# read a socket's worth per round of the watch's loop. That is 3 to 7 s on an idle 2-core machine and
+# up to 20 s on a loaded one; a connection left unread never gets there (its backend stays in ClientWrite).
+DRAIN = 40.0
+
+
 def _flood(dsn: str, channel: str, n: int = 200_000) -> None:
     """Send *n* notifications on *channel*, distinct (so none are folded), as many outcome batches would."""
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -314,6 +320,7 @@ def test_v2_an_idle_wait_connection_is_still_read_then_closed(
     # No waiter left, outcome batches go on: a LISTEN connection left unread blocks its server
     # process once the socket is full (ClientWrite), and that pins the cluster's NOTIFY queue,
     # which then grows until every NOTIFY - every outcome write and enqueue - fails.
+    monkeypatch.setattr(waiting_module, "IDLE_CLOSE", 2 * DRAIN)  # open till the backlog is seen read
     jid = store.enqueue(Job("w")).id
     t, box = waiting(store, lambda: store.wait(jid, timeout=60))  # a waiter that really waits opens it
     watch = store.waits
@@ -324,13 +331,20 @@ def test_v2_an_idle_wait_connection_is_still_read_then_closed(
     assert not t.is_alive() and not box, box
     pid = _listening(dsn, watch._conn)
     _flood(dsn, settled_channel_for(store.schema))
-    wait_for(lambda: (b := _backend(dsn, pid)) is not None and b[1] == "ClientRead", "the backlog read", 10)
+    wait_for(
+        lambda: (b := _backend(dsn, pid)) is not None and b[1] == "ClientRead", "the backlog read", DRAIN
+    )
     monkeypatch.setattr(waiting_module, "IDLE_CLOSE", 0.3)
     wait_for(lambda: _backend(dsn, pid) is None, "the idle LISTEN connection closed", 10)
     assert store.wait(jid, timeout=5).state is State.CANCELED  # the next wait opens it again
 
 
-def test_v2_an_idle_async_wait_connection_is_still_read(dsn: str, schema: str, store: Store) -> None:
+def test_v2_an_idle_async_wait_connection_is_still_read(
+    dsn: str, schema: str, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Kept open till its backlog is seen read: a connection closed meanwhile would prove nothing.
+    monkeypatch.setattr(waiting_module, "IDLE_CLOSE", 2 * DRAIN)
+
     async def main() -> None:
         pool = await _async_pool(dsn, 2)
         astore = AsyncStore(pool, schema=schema)
@@ -345,8 +359,9 @@ def test_v2_an_idle_async_wait_connection_is_still_read(dsn: str, schema: str, s
             assert (await waiter).state is State.CANCELED
             pid = await asyncio.to_thread(_listening, dsn, watch._conn)
             await asyncio.to_thread(_flood, dsn, settled_channel_for(schema))
-            deadline = time.monotonic() + 10
-            while (b := await asyncio.to_thread(_backend, dsn, pid)) is not None and b[1] != "ClientRead":
+            deadline = time.monotonic() + DRAIN
+            while (b := await asyncio.to_thread(_backend, dsn, pid)) is None or b[1] != "ClientRead":
+                assert b is not None, "the wait connection closed before its backlog was seen read"
                 assert time.monotonic() < deadline, f"the backlog is still unread: {b}"
                 await asyncio.sleep(0.05)
         finally:
