@@ -140,10 +140,37 @@ def _drain(environ: Environ, reply: Reply) -> None:
         stream.read(length)
 
 
+class _EndSeen:
+    """The request's stream, noting whether a line read came back empty (the client closed)."""
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+        self.ended = False
+
+    def readline(self, size: int = -1) -> bytes:
+        line: bytes = self._raw.readline(size)
+        self.ended = self.ended or not line
+        return line
+
+
 class _Handler(WSGIRequestHandler):
     timeout = REQUEST_TIMEOUT
     server_version = "brooq"
     sys_version = ""
+
+    def parse_request(self) -> bool:
+        # The standard library takes the end of the stream for the blank line that ends the headers:
+        # a request cut off by a client that went away would run (a cancel among them). Refused.
+        raw = self.rfile
+        self.rfile = seen = _EndSeen(raw)  # type: ignore[assignment]
+        try:
+            parsed = super().parse_request()
+        finally:
+            self.rfile = raw
+        if parsed and seen.ended:
+            self.close_connection = True
+            return False
+        return parsed
 
     def log_message(self, format: str, *args: Any) -> None:
         # Malformed requests land here (400, 414, 431); requests themselves are logged by the app.

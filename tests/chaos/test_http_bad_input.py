@@ -117,3 +117,36 @@ def test_http_bad_requests_are_4xx_never_5xx(
     good_auth = auth in (f"Bearer {TOKEN}", f"bearer {TOKEN}")  # the scheme is case-insensitive (RFC 7235)
     if path.startswith(("/jobs/", "/topics")) and not good_auth:
         assert resp.status == 401, (method, path, resp.status)
+
+
+def test_a_request_cut_off_in_its_headers_by_a_client_that_left_does_nothing(
+    surface: tuple[int, str], store: Store
+) -> None:
+    """A cancel whose header section never ended (no blank line: the client closed the socket) is
+    not a request: the job stays pending, on either backend; the same cancel sent whole cancels it."""
+    import socket
+
+    from tests.polling import wait_for
+
+    port, job_id = surface
+    head = f"POST /jobs/{job_id}/cancel HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(head.encode())
+        s.shutdown(socket.SHUT_WR)  # the end of the stream, where the blank line should be
+        s.recv(4096)  # whatever the server says (or nothing), it has read the request by then
+
+    def status(method: str, path: str, headers: dict[str, str]) -> int:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            conn.request(method, path, headers=headers)
+            response = conn.getresponse()
+            response.read()
+            return response.status
+        finally:
+            conn.close()
+
+    assert status("GET", "/metrics", {}) == 200  # a request after it is answered: the cut one was dealt with
+    row = store.get(job_id)
+    assert row is not None and row.state.value == "pending", row
+    assert status("POST", f"/jobs/{job_id}/cancel", {"Authorization": f"Bearer {TOKEN}"}) == 200
+    wait_for(lambda: (r := store.get(job_id)) is not None and r.state.value == "canceled", "the cancel")
