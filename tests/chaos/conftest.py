@@ -196,12 +196,17 @@ def kill_mid_job(
     kills: int,
     pause: tuple[float, float],
     wait: float = 30.0,
+    hits: int = 0,
+    most: int = 0,
 ) -> int:
     """SIGKILL *kills* worker processes of *live* in turn, each replaced by a new one (*settings*):
     a victim holding a job when one does within *wait* seconds (a worker starting on a busy machine
-    takes a while), then a pause. Return how many kills hit a worker holding a job."""
+    takes a while), then a pause. While fewer than *hits* kills hit a worker holding a job, go on
+    killing, up to *most* kills in all (a victim seen busy may have finished its jobs before the
+    signal). Return how many kills hit a worker holding a job."""
     mid_job = 0
-    for _ in range(kills):
+    done = 0
+    while done < kills or (mid_job < hits and done < most):
         deadline = time.monotonic() + wait
         busy: list[tuple[Worker, str]] = []
         while not busy and time.monotonic() < deadline:
@@ -210,6 +215,7 @@ def kill_mid_job(
                 time.sleep(0.05)
         victim = rng.choice(busy or live)
         victim[0].kill()
+        done += 1
         # looked at once it is dead: its rows stay processing until the reaper (a lease later), where
         # a look before the kill could see a job it then finished before the signal
         mid_job += bool(held_by(dsn, schema, victim[1]))

@@ -1,10 +1,12 @@
 """A second process that cancels running jobs and retries them at once, as the dashboard's two buttons do.
 
 Run as ``python tests/chaos/storm_proc.py '<json settings>'`` (dsn, schema,
-seconds, seed, pause). For *seconds* it picks running jobs of the schema at
-random and, for each, calls ``Store.cancel`` and, when that cancelled it,
-``Store.retry`` right after. It prints ``storms N`` (the cancel-and-retry
-pairs that both succeeded) and exits.
+seconds, seed, pause, storms, cap). Once connected it prints ``ready`` and waits
+for a line on stdin (the test's go, once handlers run). Then, for at least
+*seconds* and until it has made *storms* cancel-and-retry pairs (at most *cap*
+seconds in all), it picks running jobs of the schema at random and, for each,
+calls ``Store.cancel`` and, when that cancelled it, ``Store.retry`` right after.
+It prints ``storms N`` (the cancel-and-retry pairs that both succeeded) and exits.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ def main() -> None:
 
     dsn, schema = settings["dsn"], settings["schema"]
     rng = random.Random(settings.get("seed", 0))
-    deadline = time.monotonic() + float(settings["seconds"])
     pause = float(settings.get("pause", 0.2))
+    wanted = int(settings.get("storms", 0))
     storms = 0
     running = sql.SQL("SELECT id::text FROM {}.job WHERE state = 'processing'").format(sql.Identifier(schema))
     with (
@@ -35,7 +37,12 @@ def main() -> None:
         psycopg.connect(dsn, autocommit=True) as conn,
     ):
         store = Store(pool, schema=schema)
-        while time.monotonic() < deadline:
+        print("ready", flush=True)
+        sys.stdin.readline()
+        began = time.monotonic()
+        least = began + float(settings["seconds"])
+        cap = began + float(settings.get("cap", settings["seconds"]))
+        while time.monotonic() < least or (storms < wanted and time.monotonic() < cap):
             ids = [r[0] for r in conn.execute(running).fetchall()]
             for job_id in rng.sample(ids, min(2, len(ids))):
                 if store.cancel(job_id) and store.retry(job_id):

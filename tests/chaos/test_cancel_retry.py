@@ -30,6 +30,7 @@ from tests.polling import wait_for
 LEASE = 3.0
 TOLD_WITHIN = timedelta(seconds=1)  # X2': a cancel reaches the running handler within 1 s
 STORM = Path(__file__).with_name("storm_proc.py")
+STORMS = 10  # cancel-and-retry pairs the storm goes on to (up to its cap), fewer tell nothing
 
 
 def counts(dsn: str, schema: str) -> dict[str, int]:
@@ -60,25 +61,40 @@ def test_cancel_and_retry_storm_never_runs_two_handlers_of_one_job_at_once_P1_X2
 ) -> None:
     began = time.monotonic()
     rng = random.Random(23)
-    # More slots than jobs: a retried job is claimed at once (no backlog ahead of it), as on a quiet queue.
-    payloads = [{"n": i, "sleep": round(rng.uniform(2.0, 4.0), 3)} for i in range(30)]
-    ids = enqueue_parents(dsn, chaos_schema, payloads)
     workers = [spawn(dsn, chaos_schema, workers=12, lease=LEASE, watchdog_grace=LEASE) for _ in range(3)]
-    wait_for(lambda: counts(dsn, chaos_schema).get("processing", 0) >= 6, "handlers running", 30)
-    storm = subprocess.run(
+    # The storm process is up (imported and connected) before any job runs: a job runs 2 to 4 s, and a
+    # process started after them may find every job done already (on a busy machine it did).
+    storm = subprocess.Popen(
         [
             sys.executable,
             str(STORM),
-            json.dumps({"dsn": dsn, "schema": chaos_schema, "seconds": 8, "seed": 7}),
+            json.dumps(
+                {"dsn": dsn, "schema": chaos_schema, "seconds": 8, "storms": STORMS, "cap": 60, "seed": 7}
+            ),
         ],
-        capture_output=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=60,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
         cwd=str(REPO_ROOT),
     )
-    assert storm.returncode == 0, storm.stderr
-    storms = int(storm.stdout.split()[-1])
+    try:
+        assert storm.stdout is not None and storm.stdin is not None
+        assert storm.stdout.readline() == "ready\n", storm.communicate()[1]
+        # More slots than jobs: a retried job is claimed at once (no backlog ahead of it), as on a quiet queue.
+        payloads = [{"n": i, "sleep": round(rng.uniform(2.0, 4.0), 3)} for i in range(30)]
+        ids = enqueue_parents(dsn, chaos_schema, payloads)
+        wait_for(lambda: counts(dsn, chaos_schema).get("processing", 0) >= 6, "handlers running", 30)
+        storm.stdin.write("go\n")
+        storm.stdin.flush()
+        out, err = storm.communicate(timeout=120)
+    finally:
+        if storm.poll() is None:
+            storm.kill()
+            storm.communicate()
+    assert storm.returncode == 0, err
+    storms = int(out.split()[-1])
     wait_for(
         lambda: set(counts(dsn, chaos_schema)) <= {"done", "canceled"},
         "every job to settle after the storm",
@@ -98,6 +114,6 @@ def test_cancel_and_retry_storm_never_runs_two_handlers_of_one_job_at_once_P1_X2
             f"\n[chaos] cancel-and-retry storm: jobs={len(ids)} storms={storms} states={final} "
             f"problems={len(problems)} {time.monotonic() - began:.1f}s"
         )
-    assert storms >= 10, "the storm hit too few running jobs to tell anything"
+    assert storms >= STORMS, "the storm hit too few running jobs to tell anything"
     assert not problems, "cancel and retry put one job on two handlers:\n" + "\n".join(problems[:20])
     assert final == {"done": len(ids)}, "a retried job did not end done"

@@ -51,7 +51,6 @@ def test_t2_a_tenant_limit_holds_while_workers_are_sigkilled(
     with ConnectionPool(dsn, min_size=1, max_size=2, open=True) as pool:
         store = Store(pool, schema=chaos_schema)
         store.set_tenant_limit("chaos", 2)
-        ids = {r.id for r in store.enqueue_many([Job("chaos", p, tenant=f"t{p['n'] % 4}") for p in payloads])}
         store.close()
     settings = {"workers": 3, "lease": 2.0, "reaper_period": 0.5}
     sampler = TenantSampler(dsn, chaos_schema)
@@ -61,7 +60,16 @@ def test_t2_a_tenant_limit_holds_while_workers_are_sigkilled(
         for _ in range(3):
             w = spawn(dsn, chaos_schema, **settings)
             live.append((w, f"chaos-{w.label}:{w.proc.pid}"))
-        mid_job = kill_mid_job(dsn, chaos_schema, spawn, live, settings, rng, kills=2, pause=(0.3, 0.8))
+        # Enqueued once the workers run: on a busy machine the first drained the queue while the
+        # others started, and no kill found a job to interrupt.
+        with ConnectionPool(dsn, min_size=1, max_size=2, open=True) as pool:
+            store = Store(pool, schema=chaos_schema)
+            jobs = [Job("chaos", p, tenant=f"t{p['n'] % 4}") for p in payloads]
+            ids = {r.id for r in store.enqueue_many(jobs)}
+            store.close()
+        mid_job = kill_mid_job(
+            dsn, chaos_schema, spawn, live, settings, rng, kills=2, pause=(0.3, 0.8), hits=1, most=5
+        )
         wait_for(lambda: settled(dsn, chaos_schema, ids), "every job to settle after the kills", timeout=120)
         for w, _ in live:
             assert w.stop() == 0, w.log_tail()
