@@ -18,6 +18,7 @@ import pytest
 from psycopg import sql
 from psycopg.types.json import Jsonb
 from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
+from selenium.webdriver.common.actions.action_builder import ActionBuilder
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
@@ -45,20 +46,58 @@ def login(browser: WebDriver, board: Board, token: str = TOKEN, *, accepted: boo
 
 
 def cell(browser: WebDriver, topic: str, state: str) -> str:
-    """The text of one count, or "" while the live refresh is swapping the rows."""
+    """The text of one count, "" while its row is not there."""
     return shown(browser, f'tr[data-topic="{topic}"] td[data-state="{state}"]')
+
+
+SHOWN = """
+const e = document.querySelector(arguments[0]);
+if (!e) return '';
+return arguments[1] === null ? e.innerText.trim() : (e.getAttribute(arguments[1]) || '');
+"""
 
 
 def shown(browser: WebDriver, css: str, attribute: str | None = None) -> str:
     """The text (or *attribute*) of the first element *css* finds, "" while none is there (a page
-    still loading, rows the live refresh is swapping)."""
-    try:
-        found = browser.find_elements(By.CSS_SELECTOR, css)
-        if not found:
-            return ""
-        return str(found[0].text if attribute is None else found[0].get_attribute(attribute))
-    except StaleElementReferenceException:
-        return ""
+    still loading). Found and read in one script: the live refresh swaps the rows every 0.5 s, and
+    on a busy machine a find and a read as two commands had a swap between them nearly every time."""
+    return str(browser.execute_script(SHOWN, css, attribute))
+
+
+# The centre of the first element arguments[0] finds, scrolled into view when it is not (as a
+# WebDriver click scrolls it); null when none is there, or what is drawn on top of it there.
+CENTRE = """
+const e = document.querySelector(arguments[0]);
+if (!e) return null;
+const vw = document.documentElement.clientWidth, vh = document.documentElement.clientHeight;
+let r = e.getBoundingClientRect();
+if (r.left < 0 || r.top < 0 || r.right > vw || r.bottom > vh) {
+  e.scrollIntoView({block: 'end', inline: 'nearest'});
+  r = e.getBoundingClientRect();
+}
+const x = Math.floor((r.left + r.right) / 2), y = Math.floor((r.top + r.bottom) / 2);
+const hit = document.elementFromPoint(x, y);
+if (!hit || !(hit === e || e.contains(hit)))
+  return {covered: hit ? hit.tagName + '.' + hit.className : 'nothing'};
+return {x: x, y: y};
+"""
+
+
+def click_at(browser: WebDriver, css: str) -> bool:
+    """Click where the first element *css* finds is drawn, as a mouse does; False when none is there.
+
+    The live refresh replaces the topics' rows every 0.5 s (here with the same rows in the same
+    places). A click on a found element fails as stale when a swap comes between the find and the
+    click, and on a busy machine one came nearly every time; a click at the element's place lands
+    on whichever row is drawn there then. It fails when something else covers the element there."""
+    where = browser.execute_script(CENTRE, css)
+    if where is None:
+        return False
+    assert "covered" not in where, f"{css} is covered by {where['covered']}"
+    actions = ActionBuilder(browser)
+    actions.pointer_action.move_to_location(where["x"], where["y"]).click()  # type: ignore[no-untyped-call]
+    actions.perform()
+    return True
 
 
 def answer_page(browser: WebDriver, message: str) -> None:
@@ -382,24 +421,20 @@ def assert_controls_fit(browser: WebDriver, where: str, root: Any = None) -> int
     return int(seen["seen"])
 
 
-def open_menu(browser: WebDriver, topic: str) -> Any:
-    """Open the topic's action menu by clicking it (again if the live refresh swapped the row); return it."""
-    found: list[Any] = []
+def open_menu(browser: WebDriver, name: str) -> Any:
+    """Open the action menu of a topic (or tenant) by clicking its summary, again until it is open
+    (a swap of the rows between the press and the release makes no click); return it. An open menu
+    holds the live refresh off, so the element returned stays the one shown."""
+    menu = f'details.menu[data-menu="{name}"]'
 
-    def opened() -> bool:
-        try:
-            menu = browser.find_element(By.CSS_SELECTOR, f'details.menu[data-menu="{topic}"]')
-            if menu.get_attribute("open") is None:
-                menu.find_element(By.TAG_NAME, "summary").click()
-            if menu.get_attribute("open") is None:
-                return False
-        except StaleElementReferenceException:
-            return False
-        found[:] = [menu]
-        return True
+    def opened() -> Any:
+        found = browser.find_elements(By.CSS_SELECTOR, menu + "[open]")
+        if found:
+            return found[0]
+        click_at(browser, menu + " > summary")  # only when closed: a click on an open one closes it
+        return None
 
-    wait_for(opened, f"the {topic} menu to open")
-    return found[0]
+    return wait_for(opened, f"the {name} menu to open", 60)
 
 
 @pytest.mark.parametrize("width", [1280, 420])
@@ -472,23 +507,22 @@ def test_tenants_page_controls_fit_and_a_limit_is_set_by_clicking(
         link = f'tr[data-topic="{TENANT_TOPIC}"] a.tenants-link'
         wait_for(lambda: shown(browser, link), "the topic's tenants link")
 
-        def follow() -> bool:  # again if the live refresh swapped the row out under the click
+        def follow() -> bool:  # again until the tenants page is shown
             try:
-                if not browser.find_elements(By.CSS_SELECTOR, "table#tenants"):
-                    browser.find_element(By.CSS_SELECTOR, link).click()
-                return bool(browser.find_elements(By.CSS_SELECTOR, "table#tenants"))
-            except WebDriverException:  # stale, or gone mid-navigation: look again
-                return False
+                if browser.find_elements(By.CSS_SELECTOR, "table#tenants"):
+                    return True
+                click_at(browser, link)
+            except WebDriverException:  # the document went away mid-navigation: look again
+                pass
+            return False
 
-        wait_for(follow, "the tenants page")
+        wait_for(follow, "the tenants page", 60)
         seen = browser.execute_script(OVERFLOW)
         assert seen["scroll"] <= seen["inner"] and seen["clipped"] == [], (width, seen)
         # The defaults' two fields and buttons, a summary per tenant, the by-name form's four.
         assert assert_controls_fit(browser, f"{width} tenants") >= 4 + 3 + 4
         for tenant in ("acme", LONG_TENANT):
-            menu = browser.find_element(By.CSS_SELECTOR, f'details.menu[data-menu="{tenant}"]')
-            menu.find_element(By.TAG_NAME, "summary").click()
-            wait_for(lambda menu=menu: menu.get_attribute("open") is not None, "the tenant's menu")
+            menu = open_menu(browser, tenant)
             # Its limit, rate and weight fields, their Set buttons, and the summary.
             assert assert_controls_fit(browser, f"{width} {tenant[:20]} menu", menu) == 7
             if tenant == LONG_TENANT:
