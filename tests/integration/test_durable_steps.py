@@ -208,27 +208,6 @@ def test_ds2_transaction_step_commits_writes_and_record_together_or_not_at_all(
     assert row.attempts == 3
 
 
-def test_ds1_a_record_alone_skips_the_flush_wait_in_its_own_transaction_only(dsn: str, schema: str) -> None:
-    """A record in a statement of its own commits without waiting for the WAL flush, and the setting
-    ends with it: the pool's connection keeps the server's; a transaction step's commit waits."""
-    from psycopg_pool import ConnectionPool
-
-    with ConnectionPool(dsn, min_size=1, max_size=1, open=True) as one:
-        store = Store(one, schema=schema)
-        with one.connection() as conn:
-            server = conn.execute("SHOW synchronous_commit").fetchone()
-        jid = store.enqueue(Job("quick")).id
-        (claimed,) = store.worker.claim(["quick"], 1, "w", timedelta(seconds=30))
-        with store.session.begin() as tx:
-            assert store.worker.step_record(jid, claimed.claim_token, 0, "a", "step", result="1", tx=tx).ours
-            assert tx.execute("SHOW synchronous_commit").fetchone() == server
-        assert store.worker.step_record(jid, claimed.claim_token, 1, "b", "step", result="2").inserted
-        with one.connection() as conn:
-            assert conn.execute("SHOW synchronous_commit").fetchone() == server
-        assert step_rows(store, jid) == [(0, "a", "step"), (1, "b", "step")]
-        store.close()
-
-
 def test_ds2_a_record_is_fenced_on_the_claim_token(store: Store) -> None:
     """A stale attempt (its claim no longer the row's) records nothing, in or out of a transaction."""
     jid = store.enqueue(Job("fence")).id

@@ -5,12 +5,7 @@
 -- between: a stale or fenced attempt records nothing (ours = false). A sleep or a wait records
 -- its end, now() + %(delay)s on the database clock. One row: ours, inserted (false
 -- when this position was recorded already), the recorded result, now().
--- A record in a statement of its own (%(quick)s) commits without waiting for the WAL flush:
--- a worker's crash loses nothing it recorded, a database server's crash may lose the last
--- fraction of a second of them, whose steps then run again (docs/durable.md).
-WITH quick AS MATERIALIZED (
-    SELECT set_config('synchronous_commit', 'off', true) WHERE %(quick)s
-), mine AS MATERIALIZED (
+WITH mine AS MATERIALIZED (
     SELECT id FROM {job}
     WHERE id = %(id)s AND state = 'processing' AND claim_token = %(token)s
     FOR SHARE
@@ -26,4 +21,4 @@ WITH quick AS MATERIALIZED (
 SELECT EXISTS (SELECT FROM mine), EXISTS (SELECT FROM recorded),
        coalesce((SELECT r.result FROM recorded r),
                 (SELECT s.result FROM {job_step} s WHERE s.job_id = %(id)s AND s.seq = %(seq)s)),
-       now(), (SELECT count(*) FROM quick)
+       now()

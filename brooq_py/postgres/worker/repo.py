@@ -294,8 +294,7 @@ class WorkerRepo:
         delay: timedelta | None = None,
         tx: Tx | None = None,
     ) -> StepWrite:
-        """One statement (sql/job_step_record.sql), fenced on the claim token; in *tx* when given, else
-        committed without waiting for the WAL flush (a record lost only with the server)."""
+        """One statement (sql/job_step_record.sql), fenced on the claim token; in *tx* when given."""
         params = {
             "id": uuid.UUID(job_id),
             "token": uuid.UUID(claim_token),
@@ -304,7 +303,6 @@ class WorkerRepo:
             "kind": kind,
             "result": result,
             "delay": delay or timedelta(0),
-            "quick": tx is None,
         }
         query = self._q["job_step_record"]
         if tx is None:
@@ -312,7 +310,7 @@ class WorkerRepo:
         else:
             with translated("recording a step", as_psycopg(tx)):
                 rows = on_tx(tx)(query, params)
-        ours, inserted, recorded, now, _ = rows[0]
+        ours, inserted, recorded, now = rows[0]
         until_at = _until(recorded) if kind != "step" else None
         return StepWrite(bool(ours), bool(inserted), recorded, until_at, now)
 
