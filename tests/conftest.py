@@ -20,7 +20,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from hypothesis import HealthCheck, settings
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool
@@ -34,8 +33,13 @@ budget.tag_connections()
 # Property tests keep hypothesis' examples and health checks but judge no timing: a busy machine
 # draws inputs slowly (too_slow fails once ten inputs take a second) and runs an example past the
 # 200 ms default deadline, neither of which says anything about the property.
-settings.register_profile("brooq", deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile("brooq")
+try:  # the Django tests' venv has no hypothesis (none of its tests use it)
+    from hypothesis import HealthCheck, settings
+except ImportError:
+    pass
+else:
+    settings.register_profile("brooq", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    settings.load_profile("brooq")
 
 _devdb: devdb_module.DevDatabase | None = None
 _own: dict[str, devdb_module.DevDatabase] = {}
