@@ -45,6 +45,8 @@ class SurfaceRoutes:
         method = str(scope["method"]).upper()
         path = str(scope["path"]) or "/"
         body = await _body(receive) if takes_body(method, path) else b""
+        if body is None:
+            return  # the client left before its body's end: not a request, no one to answer
         reply = await run_in_threadpool(self.surface.dispatch, Request(method, path, headers, body))
         await send_asgi(send, reply, head=method == "HEAD")
         log.debug(
@@ -52,15 +54,15 @@ class SurfaceRoutes:
         )
 
 
-async def _body(receive: Receive) -> bytes:
+async def _body(receive: Receive) -> bytes | None:
     """A small body the route needs: at most ``MAX_BODY`` bytes (more is cut, and refused by the
-    route's Content-Length check)."""
+    route's Content-Length check); None when the client left before its end."""
     chunks: list[bytes] = []
     size = 0
     while True:
         message = await receive()
         if message.get("type") != "http.request":
-            break
+            return None
         chunk = bytes(message.get("body", b""))
         size += len(chunk)
         if size <= MAX_BODY:

@@ -104,9 +104,12 @@ class SurfaceApp:
         if self.gate.enter():
             try:
                 body = _body(environ) if takes_body(method, path) else b""
-                reply = self.surface.dispatch(Request(method, path, _headers(environ), body))
-                if not body:
-                    _drain(environ, reply)
+                if body is None:
+                    reply = Reply.error(400, "the request's body ended before its Content-Length")
+                else:
+                    reply = self.surface.dispatch(Request(method, path, _headers(environ), body))
+                    if not body:
+                        _drain(environ, reply)
             finally:
                 self.gate.leave()
         else:
@@ -119,13 +122,15 @@ class SurfaceApp:
         return [b""] if method == "HEAD" else [reply.body]
 
 
-def _body(environ: Environ) -> bytes:
-    """A small body the route needs (at most ``MAX_BODY`` bytes; a longer one is refused unread)."""
+def _body(environ: Environ) -> bytes | None:
+    """A small body the route needs (at most ``MAX_BODY`` bytes; a longer one is refused unread), or
+    None when the stream ended before its Content-Length (a client that left: not a request)."""
     raw = str(environ.get("CONTENT_LENGTH") or "0").strip()
     length = int(raw) if raw.isascii() and raw.isdigit() else 0
     stream = environ.get("wsgi.input")
     if 0 < length <= MAX_BODY and stream is not None:
-        return bytes(stream.read(length))
+        body = bytes(stream.read(length))
+        return body if len(body) == length else None
     return b""
 
 

@@ -6,6 +6,8 @@ Bad ids, bad methods, oversized bodies, wrong or missing tokens, odd paths, prop
 from __future__ import annotations
 
 import http.client
+import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
@@ -17,6 +19,7 @@ from hypothesis import strategies as st
 from brooq_py import Engine, Job
 from brooq_py.postgres import Store
 from brooq_py.service import MAX_BODY, serve
+from tests.polling import wait_for
 
 TOKEN = "s3cret-token"
 
@@ -124,9 +127,6 @@ def test_a_request_cut_off_in_its_headers_by_a_client_that_left_does_nothing(
 ) -> None:
     """A cancel whose header section never ended (no blank line: the client closed the socket) is
     not a request: the job stays pending, on either backend; the same cancel sent whole cancels it."""
-    import socket
-
-    from tests.polling import wait_for
 
     port, job_id = surface
     head = f"POST /jobs/{job_id}/cancel HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
@@ -150,3 +150,35 @@ def test_a_request_cut_off_in_its_headers_by_a_client_that_left_does_nothing(
     assert row is not None and row.state.value == "pending", row
     assert status("POST", f"/jobs/{job_id}/cancel", {"Authorization": f"Bearer {TOKEN}"}) == 200
     wait_for(lambda: (r := store.get(job_id)) is not None and r.state.value == "canceled", "the cancel")
+
+
+def test_a_signal_whose_body_was_cut_off_by_a_client_that_left_is_not_sent(
+    surface: tuple[int, str], store: Store
+) -> None:
+    """A signal's payload shorter than its Content-Length (the client closed mid-body) is not a
+    request: no signal is recorded (a first signal of a name would win for good with a cut payload)."""
+    port, job_id = surface
+    head = (
+        f"POST /jobs/{job_id}/signals/go HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 5\r\n\r\n12"
+    )
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(head.encode())
+        s.shutdown(socket.SHUT_WR)
+        s.recv(4096)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", "/metrics")  # answered after the cut one was dealt with
+        response = conn.getresponse()
+        response.read()
+        assert response.status == 200
+    finally:
+        conn.close()
+    with store.session.pool.connection() as c:  # type: ignore[union-attr]
+        sent = c.execute(f'SELECT payload FROM "{store.schema}".job_signal WHERE job_id = %s', (job_id,))
+        assert sent.fetchall() == []
+    time.sleep(2)  # an absence: the asynchronous backend's late write would show by then
+    with store.session.pool.connection() as c:  # type: ignore[union-attr]
+        later = c.execute(f'SELECT payload FROM "{store.schema}".job_signal WHERE job_id = %s', (job_id,))
+        assert later.fetchall() == []
+    assert store.signal(job_id, "go", 12345)  # the name is still free
