@@ -34,6 +34,15 @@ def load(name: str) -> str:
     return text
 
 
+def compact(text: str, name: bool = True) -> str:
+    """*text* without blank lines, indentation and comment lines but its first, ``-- name: ...``
+    (kept for pg_stat_activity, unless not *name*): psycopg caches the parsing of a statement only
+    up to 4 KB long."""
+    lines = [line.strip() for line in text.splitlines()]
+    kept = [line for line in lines if line and not line.startswith("--")]
+    return "\n".join(lines[:1] + kept if name and lines[0].startswith("--") else kept)
+
+
 @dataclass(frozen=True)
 class Query:
     """One statement rendered for a schema: bytes for psycopg, text for a foreign Tx; ``rows`` False:
@@ -49,7 +58,7 @@ def _fragment(name: str, schema: str, halts: bool = True) -> sql.Composed:
     """``sql/<name>.sql`` rendered for *schema*, without its comment lines, to stand inside a statement
     (*halts*: see ``Queries.halts``)."""
     source = name if halts or name != "depth_waiting" else "depth_waiting_0017"
-    text = "\n".join(line for line in load(source).splitlines() if not line.lstrip().startswith("--"))
+    text = compact(load(source), name=False)
     inner = {f: _fragment(f, schema, halts) for f in _FRAGMENTS if f != name and "{" + f + "}" in text}
     return sql.SQL(text).format(
         job=sql.Identifier(schema, "job"),
@@ -108,7 +117,7 @@ def render(name: str, schema: str, *, rows: bool = True, halts: bool = True) -> 
     """Render ``sql/<name>.sql`` for *schema* (*rows*: see ``Query``; *halts*: see ``Queries.halts``);
     ``<name>+tenant``: see TENANT."""
     base, suffix, _ = name.partition(TENANT)
-    template = sql.SQL(load(base))
+    template = sql.SQL(compact(load(base)))
     args: dict[str, sql.Composable] = {
         f: _fragment(f, schema, halts) if "{" + f + "}" in template.as_string(None) else sql.SQL("")
         for f in _FRAGMENTS

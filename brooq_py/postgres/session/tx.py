@@ -34,6 +34,12 @@ def own_json(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> None:
         cur.adapters.register_loader("jsonb", JsonbBinaryLoader)
 
 
+def _has_rows(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
+    """Whether the statement returned rows (``description`` would build a Column per field to say so)."""
+    res = cur.pgresult
+    return res is not None and res.status == pq.ExecStatus.TUPLES_OK
+
+
 def on_connection(conn: psycopg.Connection[Any]) -> Runner:
     """Return a runner on *conn*, with tuple rows (and decoded jsonb) whatever the connection's
     settings; a statement without rows (``Query.rows``) answers ``[(its row count,)]``."""
@@ -46,7 +52,7 @@ def on_connection(conn: psycopg.Connection[Any]) -> Runner:
         with conn.cursor(row_factory=tuple_row) as cur:
             own_json(cur)
             cur.execute(query.composed, params)
-            return cur.fetchall() if cur.description is not None else []
+            return cur.fetchall() if _has_rows(cur) else []
 
     return run
 
@@ -267,7 +273,7 @@ def on_async_connection(conn: psycopg.AsyncConnection[Any]) -> AsyncRunner:
         async with conn.cursor(row_factory=tuple_row) as cur:
             own_json(cur)
             await cur.execute(query.composed, params)
-            return await cur.fetchall() if cur.description is not None else []
+            return await cur.fetchall() if _has_rows(cur) else []
 
     return run
 
