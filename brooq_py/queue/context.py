@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 from brooq_py.queue.durations import to_timedelta
 from brooq_py.queue.errors import BrooqError, LeaseLost, ReplayMismatch, SignalTimeout, Snooze
 from brooq_py.queue.job import encode_payload
+from brooq_py.queue.port import StepLog
 
 if TYPE_CHECKING:
     from brooq_py.queue.claim import Claim
-    from brooq_py.queue.port import RecordedStep, StepLog, StepPort, StepWrite
+    from brooq_py.queue.port import RecordedStep, StepPort, StepWrite
     from brooq_py.queue.tx import Tx
 
 P = ParamSpec("P")
@@ -48,6 +49,7 @@ class Context:
         "_progress",
         "_steps",
         "_suspended",
+        "_unrecorded",
     )
 
     def __init__(self, deadline: datetime | None = None) -> None:
@@ -65,6 +67,7 @@ class Context:
             None  # made on the first durable call: jobs without steps pay nothing
         )
         self._suspended: Snooze | None = None  # a sleep or a wait ended this attempt
+        self._unrecorded = False
 
     @property
     def claim(self) -> Claim:
@@ -74,11 +77,12 @@ class Context:
             raise BrooqError("this Context belongs to no attempt (it was made outside an engine)")
         return claim
 
-    def attach(self, claim: Claim, steps: StepPort | None = None) -> None:
+    def attach(self, claim: Claim, steps: StepPort | None = None, unrecorded: bool = False) -> None:
         """Give the Context its attempt's Claim, and the store its steps are recorded in (the engine
-        does, before the handler runs)."""
+        does, before the handler runs); *unrecorded*: the claim saw the job without a step record."""
         self._claim = claim
         self._steps = steps
+        self._unrecorded = unrecorded
 
     @property
     def suspended(self) -> Snooze | None:
@@ -98,7 +102,7 @@ class Context:
         """
         j = self._journal_for()
         seq, identity = j.position("step", name)
-        j.ensure_loaded()
+        j.ensure_loaded(clock=False)
         rec = j.recorded(seq, "step", identity)
         if rec is not None:
             return rec.result  # type: ignore[no-any-return]
@@ -115,8 +119,9 @@ class Context:
         a thread, never blocking the event loop."""
         j = self._journal_for()
         seq, identity = j.position("step", name)
-        if j.log is None:
-            await asyncio.to_thread(j.ensure_loaded)
+        if j.log is None and not j.unrecorded:
+            await asyncio.to_thread(j.ensure_loaded, False)
+        j.ensure_loaded(clock=False)
         rec = j.recorded(seq, "step", identity)
         if rec is not None:
             return rec.result  # type: ignore[no-any-return]
@@ -137,7 +142,7 @@ class Context:
         """
         j = self._journal_for()
         seq, identity = j.position("step", name)
-        j.ensure_loaded()
+        j.ensure_loaded(clock=False)
         rec = j.recorded(seq, "step", identity)
         if rec is not None:
             return rec.result  # type: ignore[no-any-return]
@@ -201,7 +206,7 @@ class Context:
             with self._lock:
                 j = self._journal
                 if j is None:
-                    j = self._journal = _Journal(steps, claim)
+                    j = self._journal = _Journal(steps, claim, self._unrecorded)
         return j
 
     def _suspend(self, delay: timedelta, waiting_for: str | None = None) -> Snooze:
@@ -213,7 +218,7 @@ class Context:
     def _sleep(self, delay: timedelta | None, until: datetime | None) -> None:
         j = self._journal_for()
         seq, identity = j.position("sleep", "sleep")
-        fresh = j.ensure_loaded()
+        fresh = j.ensure_loaded(clock=until is not None)  # a duration's end is the record's to say
         rec = j.recorded(seq, "sleep", identity)
         if rec is None:
             if delay is not None and delay <= timedelta(0):
@@ -391,12 +396,13 @@ class Context:
 class _Journal:
     """One attempt's durable record: read on its first durable call, each call's position counted."""
 
-    def __init__(self, port: StepPort, claim: Claim) -> None:
+    def __init__(self, port: StepPort, claim: Claim, unrecorded: bool = False) -> None:
         self.port = port
         self.claim = claim
+        self.unrecorded = unrecorded
         self.log: StepLog | None = None
         self._loaded_at = 0.0  # monotonic time of the read, to tell the database's now since
-        self._fresh = False  # read by the call that asks ensure_loaded next
+        self._assumed = False  # log is the empty one of an unrecorded job: no clock, no signals
         self._seq = 0
         self._uses: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
@@ -412,13 +418,20 @@ class _Journal:
             seq, self._seq = self._seq, self._seq + 1
         return seq, name if n == 1 else f"{name}#{n}"
 
-    def ensure_loaded(self) -> bool:
-        """Read the record once (one statement); True the first time, when the read is this call's."""
+    def ensure_loaded(self, clock: bool = True) -> bool:
+        """Read the record once (one statement); True when the read is this call's.
+
+        A step (no *clock*) of a job its claim found without a record reads nothing: only this attempt
+        can record one now (records are fenced on its claim token). A sleep or a wait, which needs the
+        clock and the signals, reads then."""
         with self._lock:
-            if self.log is not None:
-                fresh, self._fresh = self._fresh, False
-                return fresh
+            if self.log is not None and not (clock and self._assumed):
+                return False
+            if not clock and self.unrecorded:
+                self.log, self._assumed = StepLog({}, {}, datetime.min), True
+                return False
             self.log = self.port.steps_load(self.claim.id)
+            self._assumed = False
             self._loaded_at = time.monotonic()
             return True
 

@@ -34,6 +34,7 @@ class ClaimedJob:
     meta: Mapping[str, str] | None = None
     crashes: int = 0  # engines that stopped while running it: the poison rule reads it
     available_at: datetime | None = None  # the claim key's time (the claim heads read it)
+    unrecorded: bool = False  # the claim saw no step record: a first step needs no read (DS1)
 
 
 @dataclass(frozen=True)

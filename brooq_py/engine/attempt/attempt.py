@@ -139,7 +139,7 @@ class Attempt:
             parents=parents,
             meta=row.meta,
         )
-        ctx.attach(self.claim, steps)
+        ctx.attach(self.claim, steps, unrecorded=row.unrecorded)
         self.result: str | None = None  # the handler's return value as JSON text
         self.started = started
         self.soft_deadline = started + opts.td("attempt_timeout").total_seconds()

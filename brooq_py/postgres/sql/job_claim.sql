@@ -11,6 +11,8 @@
 -- job_claim_fair; a job that names one marks its topic in its own transaction). An engine whose proof of life is older than lease -
 -- margin on the database clock claims nothing (F0, P1''); no engine row (run_once) claims under
 -- the row's own locked_until.
+-- `unrecorded`: the job has no step record (DS1), read in this statement's snapshot, so true only
+-- when the row version locked is the one that snapshot holds (no claim came in between).
 WITH topics AS MATERIALIZED (
     SELECT t.topic, t.priority, t.after
     FROM unnest(%(topics)s::text[], %(priority)s::smallint[], %(after)s::timestamptz[]) AS t(topic, priority, after)
@@ -22,10 +24,10 @@ WITH topics AS MATERIALIZED (
     AND NOT EXISTS (SELECT FROM {engine} e
                     WHERE e.id = %(worker)s AND e.seen_at + e.lease - e.margin <= now())
 ), whole AS (
-    SELECT c.id, c.priority, c.available_at
+    SELECT c.id, c.priority, c.available_at, c.seen
     FROM topics t
     CROSS JOIN LATERAL (
-        SELECT id, priority, available_at
+        SELECT id, priority, available_at, ctid AS seen
         FROM {job}
         WHERE t.priority IS NULL AND topic = t.topic AND state = 'pending' AND available_at <= now()
         ORDER BY priority DESC, available_at, id
@@ -33,10 +35,10 @@ WITH topics AS MATERIALIZED (
         FOR NO KEY UPDATE SKIP LOCKED
     ) AS c
 ), higher AS (
-    SELECT c.id, c.priority, c.available_at, t.topic
+    SELECT c.id, c.priority, c.available_at, c.seen, t.topic
     FROM topics t
     CROSS JOIN LATERAL (
-        SELECT id, priority, available_at
+        SELECT id, priority, available_at, ctid AS seen
         FROM {job}
         WHERE t.priority IS NOT NULL AND topic = t.topic AND state = 'pending' AND priority > t.priority
             AND available_at <= now()
@@ -45,10 +47,10 @@ WITH topics AS MATERIALIZED (
         FOR NO KEY UPDATE SKIP LOCKED
     ) AS c
 ), level AS (
-    SELECT c.id, c.priority, c.available_at, t.topic
+    SELECT c.id, c.priority, c.available_at, c.seen, t.topic
     FROM topics t
     CROSS JOIN LATERAL (
-        SELECT id, priority, available_at
+        SELECT id, priority, available_at, ctid AS seen
         FROM {job}
         WHERE t.priority IS NOT NULL AND topic = t.topic AND state = 'pending' AND priority = t.priority
             AND available_at > coalesce(t.after, now() - %(slack)s::interval) AND available_at <= now()
@@ -57,10 +59,10 @@ WITH topics AS MATERIALIZED (
         FOR NO KEY UPDATE SKIP LOCKED
     ) AS c
 ), lower AS (
-    SELECT c.id, c.priority, c.available_at
+    SELECT c.id, c.priority, c.available_at, c.seen
     FROM topics t
     CROSS JOIN LATERAL (
-        SELECT id, priority, available_at
+        SELECT id, priority, available_at, ctid AS seen
         FROM {job}
         WHERE t.priority IS NOT NULL AND topic = t.topic AND state = 'pending' AND priority < t.priority
             AND available_at <= now()
@@ -71,10 +73,10 @@ WITH topics AS MATERIALIZED (
         FOR NO KEY UPDATE SKIP LOCKED
     ) AS c
 ), cand AS (
-    SELECT id, priority, available_at FROM whole
-    UNION ALL SELECT id, priority, available_at FROM higher
-    UNION ALL SELECT id, priority, available_at FROM level
-    UNION ALL SELECT id, priority, available_at FROM lower
+    SELECT id, priority, available_at, seen FROM whole
+    UNION ALL SELECT id, priority, available_at, seen FROM higher
+    UNION ALL SELECT id, priority, available_at, seen FROM level
+    UNION ALL SELECT id, priority, available_at, seen FROM lower
     ORDER BY priority DESC, available_at, id
     LIMIT %(limit)s
 ), claimed AS (
@@ -85,7 +87,10 @@ WITH topics AS MATERIALIZED (
     RETURNING j.id, j.topic, j.payload, j.attempts, j.priority, j.claim_token, j.locked_by,
               j.locked_until, j.available_at, j.meta, j.crashes
 )
-SELECT id::text, topic, payload, attempts, priority, claim_token::text, locked_by, locked_until, meta, crashes,
-       available_at
-FROM claimed
-ORDER BY priority DESC, available_at, id
+SELECT c.id::text, c.topic, c.payload, c.attempts, c.priority, c.claim_token::text, c.locked_by,
+       c.locked_until, c.meta, c.crashes, c.available_at,
+       k.seen = (SELECT o.ctid FROM {job} o WHERE o.id = c.id)
+           AND NOT EXISTS (SELECT FROM {job_step} s WHERE s.job_id = c.id) AS unrecorded
+FROM claimed c
+JOIN cand k ON k.id = c.id
+ORDER BY c.priority DESC, c.available_at, c.id

@@ -86,8 +86,11 @@ def _settle_state(outcome: Outcome) -> str:
 
 def claimed_jobs(rows: Rows, keyed: bool = False) -> list[ClaimedJob]:
     """The rows a claim statement returned (ClaimedJob's fields, in order), as ClaimedJob records;
-    *keyed*: the eleventh column is the claim key's available_at (job_claim)."""
-    return [ClaimedJob(*r[: 11 if keyed else 10]) for r in rows]
+    *keyed*: the eleventh and twelfth columns are the claim key's available_at and whether the job had
+    no step record (job_claim)."""
+    if keyed:
+        return [ClaimedJob(*r[:10], available_at=r[10], unrecorded=bool(r[11])) for r in rows]  # type: ignore[misc]
+    return [ClaimedJob(*r[:10]) for r in rows]
 
 
 def _until(recorded: Any) -> datetime | None:
