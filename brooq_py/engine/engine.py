@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from brooq_py.engine.attempt.attempt import Attempt, Hooks, Kind
 from brooq_py.engine.attempt.handover import Handover, Supervisor
-from brooq_py.engine.attempt.inflight import CountingInFlight
+from brooq_py.engine.attempt.inflight import InFlight
 from brooq_py.engine.attempt.intake import Capacity, Intake
 from brooq_py.engine.attempt.outcome import Phase
 from brooq_py.engine.attempt.runner import AsyncRunner, Runner, SlotPool
@@ -94,7 +94,7 @@ class Engine(Producing):
         self._kinds: dict[str, Kind] = {}
         self._lock = threading.RLock()
         self._state = "new"  # new -> running -> stopping -> stopped
-        self.inflight = CountingInFlight(lambda topic: self.capacity.ended(topic))
+        self.inflight = InFlight(lambda topic: self.capacity.ended(topic))
         self._async = AsyncRunner(self.log)
         self.hooks = Hooks(self.log, self.metrics, rng)
         self.hooks.stopping = lambda: self._state == "stopping"
@@ -244,7 +244,7 @@ class Engine(Producing):
         """The engine's state and its statements' record, from memory: no database round trip."""
         cfg = self.config
         status = self.statements.status(cfg.health_grace.total_seconds(), cfg.lease_td.total_seconds())
-        return Health.of(
+        return Health(
             database=status.ok,
             running=self.running,
             hung=self.inflight.hung_count(),

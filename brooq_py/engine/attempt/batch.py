@@ -169,7 +169,7 @@ class Batcher:
 
         async def call() -> None:
             answer = await batch[0].kind.handler(batch_context(batch), [a.claim for a in batch])  # type: ignore[arg-type]
-            spread_errors.append(spread(batch, answer, self._encode))
+            spread_errors.append(spread(batch, answer, self._runner.encode))
 
         def on_done(error: BaseException | None) -> None:
             # On the loop's thread: each end recorded at once (the watchdog never calls it hung), the
@@ -181,15 +181,12 @@ class Batcher:
 
         runner.loop.spawn_many([(call, on_done)])
 
-    def _encode(self, value: Any) -> str | None:
-        return self._runner.encode(value)
-
     def _run_thread(self, batch: list[Attempt], t0: float) -> None:
         try:
             answer = batch[0].kind.handler(batch_context(batch), [a.claim for a in batch])  # type: ignore[arg-type]
             if inspect.isawaitable(answer):
                 answer = self._runner.loop.wait(answer)
-            errors = spread(batch, answer, self._encode)
+            errors = spread(batch, answer, self._runner.encode)
         except BaseException as exc:  # raising fails every job of the batch
             errors = [exc] * len(batch)
         self._runner.finish_batch(batch, errors, t0)

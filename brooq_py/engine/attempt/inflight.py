@@ -111,7 +111,3 @@ class InFlight:
     def hung_count(self) -> int:
         with self._lock:
             return sum(1 for a in self._running if a.handler is HandlerState.HUNG)
-
-
-class CountingInFlight(InFlight):
-    """The engine's InFlight, made with the *on_end* that gives a topic's room back."""

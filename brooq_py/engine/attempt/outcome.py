@@ -80,18 +80,9 @@ _RNG = random.Random()
 
 
 def backoff_ceiling(attempt: int, base: timedelta, cap: timedelta) -> timedelta:
-    """Return d = min(base * 2^(attempt-1), cap), guarding overflow before the power."""
-    if attempt <= 1:
-        return min(base, cap)
-    base_s, cap_s = base.total_seconds(), cap.total_seconds()
-    if base_s <= 0:
-        return timedelta(0)
-    # 2^(attempt-1) >= cap/base already: answer the cap without computing the power.
-    ratio = cap_s / base_s
-    exp = attempt - 1
-    if exp >= 1024 or 2.0**exp >= ratio:
-        return cap
-    return timedelta(seconds=base_s * 2.0**exp)
+    """Return the ceiling d; a product too large for a float is inf, past any cap, not an error."""
+    seconds = base.total_seconds() * 2.0 ** min(max(attempt - 1, 0), 1023)
+    return cap if seconds >= cap.total_seconds() else timedelta(seconds=seconds)
 
 
 def backoff_delay(

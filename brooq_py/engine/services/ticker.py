@@ -20,15 +20,12 @@ class Ticker:
     backoff_base = 0.5
     backoff_max: float | None = None
 
-    def __init__(
-        self, period: timedelta | float, logger: logging.Logger, *, initial_tick: bool = True
-    ) -> None:
+    def __init__(self, period: timedelta | float, logger: logging.Logger) -> None:
         seconds = period.total_seconds() if isinstance(period, timedelta) else float(period)
         if seconds <= 0:
             raise ValueError(f"{self.name}: period must be > 0")
         self.period = seconds
         self.log = logger
-        self._initial_tick = initial_tick
         self._stop = threading.Event()
         self._poke = threading.Event()  # set by wake() and by halt()
         self._lock = threading.Lock()
@@ -80,7 +77,7 @@ class Ticker:
         return self._stop.is_set()
 
     def _loop(self) -> None:
-        if self._initial_tick and not self._stop.is_set():
+        if not self._stop.is_set():
             self._safe_tick()
         while not self._wait(self.failure_delay() if self._failures else self.next_delay()):
             self._safe_tick()

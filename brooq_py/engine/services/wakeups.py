@@ -173,8 +173,8 @@ def wake_services(
     topics: Sequence[str],
     wake: Callable[[], None],
     log: logging.Logger,
-    on_cancel: Callable[[str, str], None] | None = None,
-    on_listening: Callable[[], None] | None = None,
+    on_cancel: Callable[[str, str], None],
+    on_listening: Callable[[], None],
 ) -> list[Ticker]:
     """The stager, and with ``cfg.notify`` a listener for *topics* and the cancels of running jobs;
     *on_listening* each time LISTEN is up again, as a cancel notified while it was down is lost."""
@@ -193,8 +193,7 @@ def wake_services(
         sub = repo.listen(topics, stager.wake, on_cancel)
         # NOTIFYs sent while no LISTEN was up are lost: look again, once per connection (its backoff)
         stager.wake()
-        if on_listening is not None:
-            on_listening()
+        on_listening()
         return sub
 
     return [stager, WakeListener(listen, wake, log)]
@@ -218,14 +217,7 @@ def own_wakes(
     return stager.wake, enqueued
 
 
-def stage_now(repo: Repo, cfg: Config, topics: Sequence[str]) -> Staged:
+def stage_now(repo: Repo, cfg: Config, topics: Sequence[str]) -> None:
     """Promote every due row of *topics* now, batch after batch (``Engine.run_once``)."""
-    if not topics:
-        return Staged({}, None)
-    promoted: dict[str, int] = {}
-    while True:
-        staged = repo.stage(topics, STAGE_BATCH, cfg.notify)
-        for topic, n in staged.promoted.items():
-            promoted[topic] = promoted.get(topic, 0) + n
-        if staged.total < STAGE_BATCH:
-            return Staged(promoted, staged.next_due_in)
+    while topics and repo.stage(topics, STAGE_BATCH, cfg.notify).total >= STAGE_BATCH:
+        pass

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from brooq_py.engine.attempt.handover import Supervisor
-from brooq_py.engine.attempt.inflight import CountingInFlight
+from brooq_py.engine.attempt.inflight import InFlight
 from brooq_py.engine.clock import Clock
 from brooq_py.engine.config import Config
 from brooq_py.engine.metrics import Metrics
@@ -29,7 +29,7 @@ def background_services(
     repo: Repo,
     clock: Clock,
     metrics: Metrics,
-    inflight: CountingInFlight,
+    inflight: InFlight,
     supervisor: Supervisor,
     built: Sequence[Ticker],
     schedules: Sequence[Schedule],
@@ -51,22 +51,11 @@ def background_services(
             inflight,
             repo.beat,
             fence,
-            supervisor.lease_lost,
-            supervisor.canceled,
+            supervisor,
             log,
             clock,
         ),
-        Watchdog(
-            inflight.running,
-            inflight.held,
-            cfg.effective_watchdog_grace.total_seconds(),
-            fence,
-            clock,
-            supervisor.timeout,
-            supervisor.give_up,
-            supervisor.declare_hung,
-            log,
-        ),
+        Watchdog(inflight, supervisor, fence, clock, log),
         Reaper(
             cfg.effective_reaper_period,
             functools.partial(reap, repo, events),
