@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 from brooq_py.engine.attempt.intake import Capacity
 from brooq_py.engine.config import Config
 from brooq_py.engine.services.ticker import Ticker
-from brooq_py.queue import Job
 from brooq_py.queue.port import Listener, Repo, Staged, TopicSetting
 
 STAGE_BATCH = 1000
@@ -165,56 +164,6 @@ class TopicWatch(Ticker):
                 math.inf if limit is None else float(limit),
                 math.inf if tokens is None else tokens,
             )
-
-
-def wake_services(
-    repo: Repo,
-    cfg: Config,
-    topics: Sequence[str],
-    wake: Callable[[], None],
-    log: logging.Logger,
-    on_cancel: Callable[[str, str], None],
-    on_listening: Callable[[], None],
-) -> list[Ticker]:
-    """The stager, and with ``cfg.notify`` a listener for *topics* and the cancels of running jobs;
-    *on_listening* each time LISTEN is up again, as a cancel notified while it was down is lost."""
-    stager = Stager(
-        cfg.td("poll_interval").total_seconds(),
-        topics,
-        lambda t, batch: repo.stage(t, batch, cfg.notify),
-        repo.next_due,
-        wake,
-        log,
-    )
-    if not cfg.notify:
-        return [stager]
-
-    def listen() -> Listener:
-        sub = repo.listen(topics, stager.wake, on_cancel)
-        # NOTIFYs sent while no LISTEN was up are lost: look again, once per connection (its backoff)
-        stager.wake()
-        on_listening()
-        return sub
-
-    return [stager, WakeListener(listen, wake, log)]
-
-
-def own_wakes(
-    services: Sequence[Ticker], cfg: Config, topics: Sequence[str], wake: Callable[[], None]
-) -> tuple[Callable[[], None], Callable[[Job], None]]:
-    """The wakes no NOTIFY gives: the stager's for a failed attempt's retry time (the trigger announces
-    inserts only), and without ``cfg.notify`` those for a job the engine enqueued itself."""
-    stager = next(s for s in services if isinstance(s, Stager))
-    ours = frozenset(topics)
-
-    def enqueued(job: Job) -> None:
-        if cfg.notify or job.topic not in ours:
-            return
-        if job.available_at is not None:
-            stager.wake()
-        wake()
-
-    return stager.wake, enqueued
 
 
 def stage_now(repo: Repo, cfg: Config, topics: Sequence[str]) -> None:
