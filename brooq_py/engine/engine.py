@@ -49,10 +49,6 @@ COMPLETER_LINGER = 0.002
 STOP_AFTER = 4.0
 
 
-def default_worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
 class Engine(Producing):
     """Claims, runs and settles jobs of the registered topics through *repo*, from ``start()`` to
     ``stop()``."""
@@ -79,7 +75,7 @@ class Engine(Producing):
         self.statements = StatementTracker(self.clock)
         worker = repo.worker if isinstance(repo, Facade) else repo  # a Store's engine side (River's driver)
         self.repo = repo = tracked(worker, self.statements)
-        self.worker_id = worker_id or default_worker_id()
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.instance = str(uuid.uuid4())  # this engine, should another be given the same worker id
         self.metrics = Metrics(self.registry)
         self.refresher = Refresher(
@@ -310,9 +306,7 @@ class Engine(Producing):
         """The background services in the order they start (they stop in the reverse), wired to one
         another and to *wake*, the dispatcher's."""
         cfg, repo, metrics, log = self.config, self.repo, self.metrics, self.log
-        fence = Fence(
-            cfg.lease_td.total_seconds(), cfg.margin_td.total_seconds(), self.clock, self.supervisor.fence
-        )
+        fence = Fence(self.supervisor.fence_after, self.clock, self.supervisor.fence)
         fence.on_proven = wake
         self._may_claim = fence.may_claim  # not before a heartbeat proved the engine
         proof = EngineProof(
@@ -403,14 +397,12 @@ class Engine(Producing):
         if self._defer(lambda: self.stop(timeout)):
             return
         with self._lock:
-            if self._state == "stopping":
-                stopping = True
-            elif self._state != "running":
-                return
-            else:
-                stopping, self._state = False, "stopping"
-        if stopping:
+            state = self._state
+            if state == "running":
+                self._state = "stopping"
+        if state == "stopping":
             self._stopped.wait()
+        if state != "running":
             return
         cfg = self.config
         wait = cfg.lease_td.total_seconds() if timeout is None else max(0.0, float(timeout))

@@ -221,8 +221,6 @@ class Intake:
         self._canceled_lock = threading.Lock()
 
     def claim(self, limit: int) -> list[ClaimedJob]:
-        if not self.kinds:
-            return []
         rows = self.capacity.claim(self.repo, list(self.kinds), limit, self.worker_id, self.config.lease_td)
         for topic, n in Counter(r.topic for r in rows).items():  # one counter update per topic a claim
             self.metrics.child(self.metrics.claimed, topic).inc(n)
@@ -307,22 +305,21 @@ class Intake:
 
     def hand_back(self, rows: list[ClaimedJob]) -> None:
         """Give claimed rows back unrun (pending, attempt given back): the engine stops or cannot run them."""
-        outcomes = []
-        for row in rows:
-            kind = self.kinds.get(row.topic)
-            options = kind.options if kind is not None else self.config.kind_defaults()
-            outcome = decide(
-                id=row.id,
-                claim_token=row.claim_token,
-                topic=row.topic,
-                attempt=row.attempts,
+        options = self.config.kind_defaults()  # an unrun row's outcome takes nothing from its kind's
+        unrun = Ending(Phase.UNRUN)
+        outcomes = [
+            decide(
+                id=r.id,
+                claim_token=r.claim_token,
+                topic=r.topic,
+                attempt=r.attempts,
                 options=options,
-                ending=Ending(Phase.UNRUN),
+                ending=unrun,
             )
-            if outcome is not None:
-                outcomes.append(outcome)
+            for r in rows
+        ]
         try:
-            self.repo.settle_many(outcomes)
+            self.repo.settle_many([o for o in outcomes if o is not None])
         except Exception as exc:
             self.log.warning(
                 "engine: handing back %d claimed rows failed (%s); the reaper returns them", len(rows), exc

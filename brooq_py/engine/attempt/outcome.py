@@ -212,20 +212,19 @@ def decide(
     tb = functools.partial(format_traceback, error)  # formatted only for the outcomes that keep it
 
     delay_signal = find_signal(error, MustDelay)
+    delay = None if delay_signal is None else max(min(delay_signal.delay, cap), timedelta(0))
     if isinstance(cause, EngineStopping):
         # Stopping is not the job's failure; a MustDelay's "not before" still holds.
-        if delay_signal is not None:
-            delay = max(min(delay_signal.delay, cap), timedelta(0))
+        if delay is not None:
             return outcome(State.FAILED, delay=delay, give_back=True, last_error=last_error, traceback=tb())
         return outcome(State.PENDING, give_back=True, last_error=last_error)
     if find_signal(error, MustPreserveAttempt) is not None:
         return outcome(State.FAILED, delay=backoff(), give_back=True, last_error=last_error, traceback=tb())
     if attempt >= options.max_attempts or (options.dead_on and isinstance(error, options.dead_on)):
         return outcome(State.DEAD, last_error=last_error, traceback=tb())
-    if delay_signal is not None:
-        delay = min(delay_signal.delay, cap)
-        return outcome(State.FAILED, delay=max(delay, timedelta(0)), last_error=last_error, traceback=tb())
-    return outcome(State.FAILED, delay=backoff(), last_error=last_error, traceback=tb())
+    return outcome(
+        State.FAILED, delay=backoff() if delay is None else delay, last_error=last_error, traceback=tb()
+    )
 
 
 def what_then(outcome: Outcome) -> str:

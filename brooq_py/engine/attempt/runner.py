@@ -64,8 +64,7 @@ class SlotPool:
     def wait_free(self, timeout: float) -> int:
         """Wait up to *timeout* seconds for a free slot; return how many are free."""
         with self._cond:
-            if self._free <= 0:
-                self._cond.wait_for(lambda: self._free > 0, timeout)
+            self._cond.wait_for(lambda: self._free > 0, timeout)
             return self._free
 
     def wait_idle(self, timeout: float | None) -> bool:
@@ -163,8 +162,6 @@ class AsyncRunner:
         self, handlers: Sequence[tuple[Callable[[], Any], Callable[[BaseException | None], None]]]
     ) -> None:
         """Run each ``(make, on_done)`` as a task, then ``on_done(error or None)``; one wake-up a batch."""
-        if not handlers:
-            return
         batch = list(handlers)
 
         def create() -> None:

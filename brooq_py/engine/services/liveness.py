@@ -31,22 +31,14 @@ class Fence:
     """When this engine last proved itself alive (the send time of a good heartbeat), and its verdict
     past ``lease - margin``: attempts fenced, no claim until a heartbeat named their dropped claims."""
 
-    def __init__(
-        self, lease: float, margin: float, clock: Clock, on_fence: Callable[[Attempt], None]
-    ) -> None:
-        self.lease = lease
-        self.margin = margin
+    def __init__(self, within: float, clock: Clock, on_fence: Callable[[Attempt], None]) -> None:
+        self.within = within  # how long a heartbeat's proof holds after its send time: lease - margin
         self._clock = clock
         self._on_fence = on_fence
         self.proven_at = float("-inf")  # no claim before the first heartbeat wrote the engine's row
         self._lock = threading.Lock()
         self.fenced = False  # set by a fence: no claim until a heartbeat named every dropped claim
         self.on_proven: Callable[[], None] = lambda: None  # the dispatcher may claim again
-
-    @property
-    def within(self) -> float:
-        """How long after a heartbeat's send time its proof holds here: ``lease - margin``."""
-        return self.lease - self.margin
 
     def check(self, attempts: Sequence[Attempt], now: float) -> None:
         """Fence every running attempt of *attempts* when the proof is older than ``within``."""

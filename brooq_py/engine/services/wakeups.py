@@ -156,8 +156,7 @@ class TopicWatch(Ticker):
         self._capacity.set_limited(limited, ready)
         for t in mine:
             s = settings.get(t)
-            limit = s.limit if s is not None else None
-            tokens = s.tokens if s is not None else None
+            limit, tokens = (None, None) if s is None else (s.limit, s.tokens)
             self._gauges(
                 t,
                 bool(s and s.paused),
