@@ -97,7 +97,7 @@ class Engine(Producing):
         self.hooks.stopping = lambda: self._state == "stopping"
         self.hooks.left_running = self.inflight.end
         self.hooks.let_go = self.inflight.drop
-        self.hooks.drop_claim = self.inflight.dropping
+        self.hooks.drop_claim = lambda a: self.inflight.drop_claim(a.row.claim_token, a.id)
         self.handover = Handover(repo, self.inflight, self.metrics, self.log)
         self.handover.passes_dead = self._passes_dead
         self.runner = Runner(self.handover, self.metrics, self._async, self.log)
@@ -303,8 +303,7 @@ class Engine(Producing):
             )
 
     def _background(self, wake: Callable[[], None]) -> list[Ticker]:
-        """The background services in the order they start (they stop in the reverse), wired to one
-        another and to *wake*, the dispatcher's."""
+        """The background services in the order they start (they stop in the reverse)."""
         cfg, repo, metrics, log = self.config, self.repo, self.metrics, self.log
         fence = Fence(self.supervisor.fence_after, self.clock, self.supervisor.fence)
         fence.on_proven = wake

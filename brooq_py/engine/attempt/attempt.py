@@ -389,7 +389,7 @@ class Hooks:
         self.left_running: Callable[[Attempt], object] = _nothing
         # Nothing (more) is written for it (``InFlight.drop``): its claim is no longer reported on.
         self.let_go: Callable[[Attempt], object] = _nothing
-        # ... and its row is still ours (hung, fenced): named dropped for the reaper (``InFlight.dropping``).
+        # ... its row still ours (hung, fenced): named dropped for the reaper (``InFlight.drop_claim``).
         self.drop_claim: Callable[[Attempt], object] = _nothing
         self.release_slot: Callable[[], None] = _nothing  # the engine's slots, from start()
 

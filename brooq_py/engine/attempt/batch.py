@@ -104,8 +104,7 @@ class Batcher:
         self._stopped = False  # from stop() on, nothing waits for a fuller batch
 
     def add(self, attempts: Sequence[Attempt]) -> None:
-        """Take a claim's attempts of batch kinds: full batches start now, the rest after
-        ``batch_wait`` (at once without one)."""
+        """Take a claim's attempts: full batches start now, the rest after ``batch_wait``."""
         for batch in self._gather(attempts, flush=False):
             self._start(batch)
 

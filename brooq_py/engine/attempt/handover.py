@@ -106,8 +106,7 @@ class Handover:
         self.hand_over_many([(a, outcome)])
 
     def hand_over_many(self, answers: Sequence[tuple[Attempt, Outcome | None]]) -> None:
-        """``hand_over`` for several attempts: the plain outcomes reach the completer together, so one
-        statement writes a batch's (SPEC BD1)."""
+        """``hand_over`` for several attempts: the plain outcomes reach the completer together."""
         plain = []
         for a, outcome in answers:
             if outcome is None:

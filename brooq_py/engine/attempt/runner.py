@@ -249,8 +249,7 @@ class Runner:
         self.batcher = Batcher(self)
 
     def launch_many(self, attempts: Sequence[Attempt]) -> None:
-        """Start each attempt's handler; the async ones reach the loop in one hand-over, those of a
-        batch kind go to the batcher (``batch.py``)."""
+        """Start each attempt's handler; the async ones reach the loop in one hand-over."""
         tasks = []
         batched = []
         for a in attempts:
@@ -273,8 +272,7 @@ class Runner:
     def finish_batch(
         self, batch: Sequence[Attempt], errors: Sequence[BaseException | None], t0: float
     ) -> None:
-        """A batch handler's call ended: each attempt's answer handed over together (one settle), each
-        slot freed."""
+        """A batch handler's call ended: the answers are handed over together, for one settle."""
         answers = []
         try:
             for a, error in zip(batch, errors, strict=True):

@@ -62,8 +62,7 @@ class Completer:
         return self.put_many((outcome,))
 
     def put_many(self, outcomes: Sequence[Outcome]) -> bool:
-        """Buffer *outcomes* at once (one flush takes a batch's together), waiting for room; False
-        once ``stop()`` began (the caller writes them)."""
+        """``put`` for several outcomes, so that one flush takes them together."""
         with self._cond:
             if self._stopping and self._thread is None:
                 return False
