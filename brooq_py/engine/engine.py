@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import random
@@ -18,7 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from brooq_py.engine.attempt.attempt import Attempt, Hooks, Kind
 from brooq_py.engine.attempt.handover import Handover, Supervisor
-from brooq_py.engine.attempt.inflight import CountingInFlight
+from brooq_py.engine.attempt.inflight import InFlight
 from brooq_py.engine.attempt.intake import Capacity, Intake
 from brooq_py.engine.attempt.outcome import Phase
 from brooq_py.engine.attempt.runner import AsyncRunner, Runner, SlotPool
@@ -28,28 +29,24 @@ from brooq_py.engine.health import Health, StatementTracker, tracked
 from brooq_py.engine.metrics import EngineRegistry, Metrics, RefusalCollector, SnapshotCollector
 from brooq_py.engine.producing import Producing
 from brooq_py.engine.schema import check_schema
+from brooq_py.engine.services.cleanup import Reaper, Retention, reap
 from brooq_py.engine.services.completer import Completer
 from brooq_py.engine.services.dispatcher import Dispatcher
 from brooq_py.engine.services.events import EventBus
-from brooq_py.engine.services.liveness import Heartbeat
+from brooq_py.engine.services.liveness import Fence, Heartbeat, Watchdog
 from brooq_py.engine.services.refresher import Refresher
-from brooq_py.engine.services.scheduler import Schedule
-from brooq_py.engine.services.ticker import Ticker
-from brooq_py.engine.services.wakeups import TopicWatch, own_wakes, stage_now, wake_services
-from brooq_py.engine.services.wiring import background_services, stop_services
+from brooq_py.engine.services.scheduler import Schedule, Scheduler, tick_enqueuer
+from brooq_py.engine.services.ticker import Ticker, stop_services
+from brooq_py.engine.services.wakeups import Stager, TopicWatch, WakeListener, stage_now
 from brooq_py.queue import BrooqError, ConfigError, EngineStopping, Event, Job, KindOptions
 from brooq_py.queue.handler import Handler
-from brooq_py.queue.port import Facade, Repo
+from brooq_py.queue.port import EngineProof, Facade, Listener, Repo
 from brooq_py.tasks import Tasks
 
 # How long the completer lets outcomes gather before it writes them (SPEC C10: "within milliseconds").
 COMPLETER_LINGER = 0.002
 # How long a stop may take past its timeout and the watchdog's grace, whatever the database does.
 STOP_AFTER = 4.0
-
-
-def default_worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
 class Engine(Producing):
@@ -78,7 +75,7 @@ class Engine(Producing):
         self.statements = StatementTracker(self.clock)
         worker = repo.worker if isinstance(repo, Facade) else repo  # a Store's engine side (River's driver)
         self.repo = repo = tracked(worker, self.statements)
-        self.worker_id = worker_id or default_worker_id()
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.instance = str(uuid.uuid4())  # this engine, should another be given the same worker id
         self.metrics = Metrics(self.registry)
         self.refresher = Refresher(
@@ -94,13 +91,13 @@ class Engine(Producing):
         self._kinds: dict[str, Kind] = {}
         self._lock = threading.RLock()
         self._state = "new"  # new -> running -> stopping -> stopped
-        self.inflight = CountingInFlight(lambda topic: self.capacity.ended(topic))
+        self.inflight = InFlight(lambda topic: self.capacity.ended(topic))
         self._async = AsyncRunner(self.log)
         self.hooks = Hooks(self.log, self.metrics, rng)
         self.hooks.stopping = lambda: self._state == "stopping"
         self.hooks.left_running = self.inflight.end
         self.hooks.let_go = self.inflight.drop
-        self.hooks.drop_claim = self.inflight.dropping
+        self.hooks.drop_claim = lambda a: self.inflight.drop_claim(a.row.claim_token, a.id)
         self.handover = Handover(repo, self.inflight, self.metrics, self.log)
         self.handover.passes_dead = self._passes_dead
         self.runner = Runner(self.handover, self.metrics, self._async, self.log)
@@ -114,7 +111,6 @@ class Engine(Producing):
         self._slots: SlotPool | None = None
         self._dispatcher: Dispatcher | None = None
         self._enqueued: Callable[[Job], None] = lambda job: None  # poll-only: wake our own services
-        self._recheck: Callable[[], None] = lambda: None  # LISTEN is back: look at the held claims now
         self._may_claim: Callable[[], bool] = lambda: True  # the fence's verdict, from start()
         self._completer: Completer | None = None
         self._services: list[Ticker] = []
@@ -244,7 +240,7 @@ class Engine(Producing):
         """The engine's state and its statements' record, from memory: no database round trip."""
         cfg = self.config
         status = self.statements.status(cfg.health_grace.total_seconds(), cfg.lease_td.total_seconds())
-        return Health.of(
+        return Health(
             database=status.ok,
             running=self.running,
             hung=self.inflight.hung_count(),
@@ -291,39 +287,7 @@ class Engine(Producing):
                 batch=cfg.claim_batch,
                 next_due=self.capacity.next_due_in,
             )
-            wakers = wake_services(
-                self.repo,
-                cfg,
-                self.topics,
-                self._dispatcher.wake,
-                self.log,
-                on_cancel=self.intake.on_cancel,
-                on_listening=lambda: self._recheck(),  # bound below, once the heartbeat exists
-            )
-            self._services = background_services(
-                cfg,
-                self.repo,
-                self.clock,
-                self.metrics,
-                self.inflight,
-                self.supervisor,
-                [self.refresher, self._topic_watch, *wakers],
-                self._schedules,
-                lambda job: self._enqueued(job),  # bound below, once the wake-ups exist
-                self.log,
-                self.events,
-                self.worker_id,
-                self.instance,
-            )
-            self.handover.on_waiting, self._enqueued = own_wakes(
-                wakers, cfg, self.topics, self._dispatcher.wake
-            )
-            heartbeat = next(s for s in self._services if isinstance(s, Heartbeat))
-            self._recheck = heartbeat.wake  # look at the held claims now
-            self.inflight.on_unheld_end = heartbeat.wake  # a canceled handler ended: say so now
-            self._may_claim = heartbeat.fence.may_claim  # not before a heartbeat proved the engine
-            heartbeat.fence.on_proven = self._dispatcher.wake
-            self.capacity.wake = self._dispatcher.wake
+            self._services = self._background(self._dispatcher.wake)
             self.events.start()
             self._completer.start()
             for s in self._services:
@@ -338,6 +302,92 @@ class Engine(Producing):
                 cfg.lease_td.total_seconds(),
             )
 
+    def _background(self, wake: Callable[[], None]) -> list[Ticker]:
+        """The background services in the order they start (they stop in the reverse)."""
+        cfg, repo, metrics, log = self.config, self.repo, self.metrics, self.log
+        fence = Fence(self.supervisor.fence_after, self.clock, self.supervisor.fence)
+        fence.on_proven = wake
+        self._may_claim = fence.may_claim  # not before a heartbeat proved the engine
+        proof = EngineProof(
+            self.worker_id, socket.gethostname(), os.getpid(), cfg.lease_td, cfg.margin_td, self.instance
+        )
+        heartbeat = Heartbeat(
+            cfg.heartbeat_period.total_seconds(),
+            proof,
+            self.inflight,
+            repo.beat,
+            fence,
+            self.supervisor,
+            log,
+            self.clock,
+        )
+        self.inflight.on_unheld_end = heartbeat.wake  # a canceled handler ended: say so now
+        self.capacity.wake = wake
+        stager = Stager(
+            cfg.td("poll_interval").total_seconds(),
+            self.topics,
+            lambda topics, batch: repo.stage(topics, batch, cfg.notify),
+            repo.next_due,
+            wake,
+            log,
+        )
+        self.handover.on_waiting = stager.wake  # a retry time written: the trigger announces inserts only
+        services: list[Ticker] = [
+            heartbeat,
+            Watchdog(self.inflight, self.supervisor, fence, self.clock, log),
+            Reaper(
+                cfg.effective_reaper_period,
+                functools.partial(reap, repo, self.events),
+                lambda topic: metrics.child(metrics.reaped, topic).inc(),
+                log,
+            ),
+            self.refresher,
+            self._topic_watch,
+            stager,
+        ]
+        if cfg.notify:
+
+            def listen() -> Listener:
+                sub = repo.listen(self.topics, stager.wake, self.intake.on_cancel)
+                # NOTIFYs sent while no LISTEN was up are lost (a cancel among them): look again
+                stager.wake()
+                heartbeat.wake()
+                return sub
+
+            services.append(WakeListener(listen, wake, log))
+        else:
+            ours = frozenset(self.topics)
+
+            def enqueued(job: Job) -> None:  # no NOTIFY: the engine wakes itself for its own jobs
+                if job.topic in ours:
+                    if job.available_at is not None:
+                        stager.wake()
+                    wake()
+
+            self._enqueued = enqueued
+        if self._schedules:
+            services.append(
+                Scheduler(
+                    self._schedules,
+                    tick_enqueuer(repo, metrics, self._enqueued),
+                    self.clock.now,
+                    lambda topic, at: metrics.child(metrics.schedule_next, topic).set(at),
+                    log,
+                )
+            )
+        if cfg.retention_enabled:
+            services.append(
+                Retention(
+                    cfg.effective_retention_period,
+                    cfg.td("retention_ttl"),
+                    cfg.retention_batch,
+                    repo.delete_terminal,
+                    lambda topic, n: metrics.child(metrics.retention_deleted, topic).inc(n),
+                    log,
+                )
+            )
+        return services
+
     def stop(self, timeout: float | None = None) -> None:
         """Stop gracefully, safe before start() and twice: stop claiming, wait up to *timeout* seconds
         (None: the lease) for in-flight handlers, cancel the rest with ``EngineStopping`` and wait up to
@@ -346,14 +396,12 @@ class Engine(Producing):
         if self._defer(lambda: self.stop(timeout)):
             return
         with self._lock:
-            if self._state == "stopping":
-                stopping = True
-            elif self._state != "running":
-                return
-            else:
-                stopping, self._state = False, "stopping"
-        if stopping:
+            state = self._state
+            if state == "running":
+                self._state = "stopping"
+        if state == "stopping":
             self._stopped.wait()
+        if state != "running":
             return
         cfg = self.config
         wait = cfg.lease_td.total_seconds() if timeout is None else max(0.0, float(timeout))

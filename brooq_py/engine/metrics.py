@@ -78,7 +78,7 @@ class Metrics:
             self._children[key] = found
         return found
 
-    def topic_setting(self, topic: str, paused: bool, limit: float, tokens: float = float("inf")) -> None:
+    def topic_setting(self, topic: str, paused: bool, limit: float, tokens: float) -> None:
         self.child(self.topic_paused, topic).set(1.0 if paused else 0.0)
         self.child(self.topic_limit, topic).set(limit)
         self.child(self.rate_tokens, topic).set(tokens)

@@ -17,16 +17,14 @@ def _number(revision: str) -> int | None:
     return int(head) if head.isdigit() else None
 
 
-def check_schema(repo: Repo, log: logging.Logger | None = None) -> None:
+def check_schema(repo: Repo, log: logging.Logger) -> None:
     """Raise ``BrooqError`` naming ``migrate up --schema S`` when the repo's schema is missing or too old;
     an unknown revision passes (migrations only add), an unreachable database is no verdict."""
     schema = getattr(repo, "schema", "public")
     try:
         version = repo.schema_version()
     except StoreUnavailable as exc:
-        (log or logging.getLogger("brooq_py.engine")).warning(
-            "engine: cannot check schema %r now (%s); starting anyway", schema, exc
-        )
+        log.warning("engine: cannot check schema %r now (%s); starting anyway", schema, exc)
         return
     fix = f"run `{PROG} migrate up --schema {schema}`"
     if version is None:

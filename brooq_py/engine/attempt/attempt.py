@@ -94,25 +94,6 @@ class Poisoned(Exception):
 class Attempt:
     """The engine's record of one claim while it is ours (see the module's tables)."""
 
-    __slots__ = (
-        "_code_ended",
-        "_ending",
-        "_handler",
-        "_hooks",
-        "_lock",
-        "_owns_slot",
-        "_phase",
-        "cancelled_at",
-        "claim",
-        "ctx",
-        "hard_deadline",
-        "kind",
-        "result",
-        "row",
-        "soft_deadline",
-        "started",
-    )
-
     def __init__(
         self,
         row: ClaimedJob,
@@ -141,7 +122,6 @@ class Attempt:
         )
         ctx.attach(self.claim, steps, unrecorded=row.unrecorded)
         self.result: str | None = None  # the handler's return value as JSON text
-        self.started = started
         self.soft_deadline = started + opts.td("attempt_timeout").total_seconds()
         self.hard_deadline = started + opts.td("max_execution_timeout").total_seconds()
         self.cancelled_at: float | None = None
@@ -409,7 +389,7 @@ class Hooks:
         self.left_running: Callable[[Attempt], object] = _nothing
         # Nothing (more) is written for it (``InFlight.drop``): its claim is no longer reported on.
         self.let_go: Callable[[Attempt], object] = _nothing
-        # ... and its row is still ours (hung, fenced): named dropped for the reaper (``InFlight.dropping``).
+        # ... its row still ours (hung, fenced): named dropped for the reaper (``InFlight.drop_claim``).
         self.drop_claim: Callable[[Attempt], object] = _nothing
         self.release_slot: Callable[[], None] = _nothing  # the engine's slots, from start()
 

@@ -86,10 +86,11 @@ def spread(
     return errors
 
 
-def batch_context(batch: Sequence[Attempt]) -> Context:
-    """The handler's Context: the earliest deadline of the batch's attempts."""
+def call_handler(batch: Sequence[Attempt]) -> Any:
+    """Call the batch kind's handler with a Context of the earliest deadline of the batch's attempts."""
     deadlines = [a.ctx.deadline for a in batch if a.ctx.deadline is not None]
-    return Context(deadline=min(deadlines) if deadlines else None)
+    ctx = Context(deadline=min(deadlines) if deadlines else None)
+    return batch[0].kind.handler(ctx, [a.claim for a in batch])  # type: ignore[arg-type]
 
 
 class Batcher:
@@ -103,16 +104,20 @@ class Batcher:
         self._stopped = False  # from stop() on, nothing waits for a fuller batch
 
     def add(self, attempts: Sequence[Attempt]) -> None:
-        """Take a claim's attempts of batch kinds: full batches start now, the rest after
-        ``batch_wait`` (at once without one)."""
-        ready: list[list[Attempt]] = []
+        """Take a claim's attempts: full batches start now, the rest after ``batch_wait``."""
+        for batch in self._gather(attempts, flush=False):
+            self._start(batch)
+
+    def run_here(self, attempts: Sequence[Attempt]) -> None:
+        """Run *attempts* (of batch kinds) in this thread, in batches by topic (``Engine.run_once``)."""
+        for batch in self._gather(attempts, flush=True):
+            self._run_thread(batch, time.monotonic())
+
+    def _gather(self, attempts: Sequence[Attempt], *, flush: bool) -> list[list[Attempt]]:
         with self._lock:
             for a in attempts:
                 self._waiting.setdefault(a.topic, []).append(a)
-            for topic in {a.topic for a in attempts}:
-                ready.extend(self._take(topic, flush=False))
-        for batch in ready:
-            self._start(batch)
+            return [b for t in dict.fromkeys(a.topic for a in attempts) for b in self._take(t, flush=flush)]
 
     def _take(self, topic: str, *, flush: bool) -> list[list[Attempt]]:
         """The batches of *topic* to start now (the lock held); arms the wait for the rest."""
@@ -142,16 +147,6 @@ class Batcher:
         with self._lock:
             return len(self._waiting.get(topic, ()))
 
-    def run_here(self, attempts: Sequence[Attempt]) -> None:
-        """Run *attempts* (of batch kinds) in this thread, in batches by topic (``Engine.run_once``)."""
-        by_topic: dict[str, list[Attempt]] = {}
-        for a in attempts:
-            by_topic.setdefault(a.topic, []).append(a)
-        for waiting in by_topic.values():
-            size = waiting[0].kind.options.batch_size or len(waiting)
-            for i in range(0, len(waiting), size):
-                self._run_thread(waiting[i : i + size], time.monotonic())
-
     def _due(self, topic: str) -> None:
         with self._lock:
             self._timers.pop(topic, None)
@@ -168,8 +163,8 @@ class Batcher:
         spread_errors: list[list[BaseException | None]] = []
 
         async def call() -> None:
-            answer = await batch[0].kind.handler(batch_context(batch), [a.claim for a in batch])  # type: ignore[arg-type]
-            spread_errors.append(spread(batch, answer, self._encode))
+            answer = await call_handler(batch)
+            spread_errors.append(spread(batch, answer, self._runner.encode))
 
         def on_done(error: BaseException | None) -> None:
             # On the loop's thread: each end recorded at once (the watchdog never calls it hung), the
@@ -181,15 +176,12 @@ class Batcher:
 
         runner.loop.spawn_many([(call, on_done)])
 
-    def _encode(self, value: Any) -> str | None:
-        return self._runner.encode(value)
-
     def _run_thread(self, batch: list[Attempt], t0: float) -> None:
         try:
-            answer = batch[0].kind.handler(batch_context(batch), [a.claim for a in batch])  # type: ignore[arg-type]
+            answer = call_handler(batch)
             if inspect.isawaitable(answer):
                 answer = self._runner.loop.wait(answer)
-            errors = spread(batch, answer, self._encode)
+            errors = spread(batch, answer, self._runner.encode)
         except BaseException as exc:  # raising fails every job of the batch
             errors = [exc] * len(batch)
         self._runner.finish_batch(batch, errors, t0)

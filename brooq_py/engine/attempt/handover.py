@@ -103,16 +103,10 @@ class Handover:
 
     def hand_over(self, a: Attempt, outcome: Outcome | None) -> None:
         """Take *a*'s answer where it is written; None: nothing to write (the attempt settled itself)."""
-        if outcome is None:
-            return
-        if outcome.state is State.DONE and a.claim.has_closing_work:
-            self._close(a, outcome)
-            return
-        self.write(outcome)
+        self.hand_over_many([(a, outcome)])
 
     def hand_over_many(self, answers: Sequence[tuple[Attempt, Outcome | None]]) -> None:
-        """``hand_over`` for a batch's attempts: the plain outcomes reach the completer together, so
-        one statement writes them (SPEC BD1)."""
+        """``hand_over`` for several attempts: the plain outcomes reach the completer together."""
         plain = []
         for a, outcome in answers:
             if outcome is None:

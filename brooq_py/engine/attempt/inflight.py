@@ -41,8 +41,7 @@ class InFlight:
             return list(self._running)
 
     def running_tokens(self) -> list[str]:
-        """The claim tokens of the handlers still running, held or not, but for those declared hung
-        (given up: their claims are let go)."""
+        """The claim tokens of the handlers still running, held or not, but for those declared hung."""
         with self._lock:
             return [a.row.claim_token for a in self._running if a.handler is not HandlerState.HUNG]
 
@@ -59,10 +58,6 @@ class InFlight:
     def _forget(self, a: Attempt) -> None:
         if self._latest.get(a.id) is a:
             del self._latest[a.id]
-
-    def dropping(self, a: Attempt) -> None:
-        """*a*'s row may still be ours, with no outcome coming: named dropped until taken back."""
-        self.drop_claim(a.row.claim_token, a.id)
 
     def drop_claim(self, claim_token: str, job_id: str) -> None:
         """Name the claim *claim_token* of *job_id* dropped until taken back (no attempt runs it)."""
@@ -111,7 +106,3 @@ class InFlight:
     def hung_count(self) -> int:
         with self._lock:
             return sum(1 for a in self._running if a.handler is HandlerState.HUNG)
-
-
-class CountingInFlight(InFlight):
-    """The engine's InFlight, made with the *on_end* that gives a topic's room back."""

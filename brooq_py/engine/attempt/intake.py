@@ -18,7 +18,7 @@ from datetime import timedelta
 
 from brooq_py.engine.attempt.attempt import Attempt, Hooks, Kind
 from brooq_py.engine.attempt.handover import Handover, Supervisor
-from brooq_py.engine.attempt.inflight import CountingInFlight
+from brooq_py.engine.attempt.inflight import InFlight
 from brooq_py.engine.attempt.outcome import POISON_ERROR, Ending, Phase, decide
 from brooq_py.engine.attempt.runner import Runner, SlotPool
 from brooq_py.engine.clock import Clock
@@ -71,50 +71,39 @@ class Capacity:
         cannot starve them), then the rest in one common statement."""
         rows: list[ClaimedJob] = []
         try:
-            self._claim_into(rows, repo, topics, free, worker, lease)
+            common, capped, limited = self._plan(topics, free)
+            for topic, room in limited:
+                room = min(room, free - len(rows))
+                if room <= 0:
+                    break
+                got = repo.claim_limited(topic, room, worker, lease)
+                self._taken(got)
+                wait = got.next_token_in if isinstance(got, LimitedClaim) else None
+                busy = isinstance(got, LimitedClaim) and got.busy
+                with self._lock:
+                    if busy:  # another engine's claim of it holds the lock: look again shortly
+                        self._token_due[topic] = self._monotonic() + BUSY_RETRY
+                    elif wait is not None:  # out of tokens: again when the next one is due, not before
+                        self._token_due[topic] = self._monotonic() + wait
+                    elif len(got) < room:  # at its limit, empty or locked: after a while or a settle
+                        self._due[topic] = self._monotonic() + self._retry_after
+                        self._held.add(topic)
+                if wait is not None:
+                    self.on_rate_held(topic)
+                rows.extend(got)
+            for names, room in [*(([t], r) for t, r in capped), (common, free)]:  # the common claim last
+                room = min(room, free - len(rows))
+                if room <= 0:
+                    break
+                if names:
+                    got = repo.claim(names, room, worker, lease)
+                    self._taken(got)
+                    rows.extend(got)
         except Exception:
             if not rows:
                 raise
             # rows an earlier statement committed are ours and must run; the next claim reports it
         return rows
-
-    def _claim_into(
-        self,
-        rows: list[ClaimedJob],
-        repo: Repo,
-        topics: Sequence[str],
-        free: int,
-        worker: str,
-        lease: timedelta,
-    ) -> None:
-        common, capped, limited = self._plan(topics, free)
-        for topic, room in limited:
-            room = min(room, free - len(rows))
-            if room <= 0:
-                break
-            got = repo.claim_limited(topic, room, worker, lease)
-            self._taken(got)
-            wait = got.next_token_in if isinstance(got, LimitedClaim) else None
-            busy = isinstance(got, LimitedClaim) and got.busy
-            with self._lock:
-                if busy:  # another engine's claim of it holds the lock: look again shortly
-                    self._token_due[topic] = self._monotonic() + BUSY_RETRY
-                elif wait is not None:  # out of tokens: again when the next one is due, not before
-                    self._token_due[topic] = self._monotonic() + wait
-                elif len(got) < room:  # at its limit, empty or locked: again after a while, or on a settle
-                    self._due[topic] = self._monotonic() + self._retry_after
-                    self._held.add(topic)
-            if wait is not None:
-                self.on_rate_held(topic)
-            rows.extend(got)
-        for names, room in [*(([t], r) for t, r in capped), (common, free)]:  # the common claim last
-            room = min(room, free - len(rows))
-            if room <= 0:
-                break
-            if names:
-                got = repo.claim(names, room, worker, lease)
-                self._taken(got)
-                rows.extend(got)
 
     def _plan(
         self, topics: Sequence[str], free: int
@@ -203,7 +192,7 @@ class Intake:
         config: Config,
         kinds: dict[str, Kind],
         capacity: Capacity,
-        inflight: CountingInFlight,
+        inflight: InFlight,
         runner: Runner,
         handover: Handover,
         hooks: Hooks,
@@ -232,8 +221,6 @@ class Intake:
         self._canceled_lock = threading.Lock()
 
     def claim(self, limit: int) -> list[ClaimedJob]:
-        if not self.kinds:
-            return []
         rows = self.capacity.claim(self.repo, list(self.kinds), limit, self.worker_id, self.config.lease_td)
         for topic, n in Counter(r.topic for r in rows).items():  # one counter update per topic a claim
             self.metrics.child(self.metrics.claimed, topic).inc(n)
@@ -318,22 +305,21 @@ class Intake:
 
     def hand_back(self, rows: list[ClaimedJob]) -> None:
         """Give claimed rows back unrun (pending, attempt given back): the engine stops or cannot run them."""
-        outcomes = []
-        for row in rows:
-            kind = self.kinds.get(row.topic)
-            options = kind.options if kind is not None else self.config.kind_defaults()
-            outcome = decide(
-                id=row.id,
-                claim_token=row.claim_token,
-                topic=row.topic,
-                attempt=row.attempts,
+        options = self.config.kind_defaults()  # an unrun row's outcome takes nothing from its kind's
+        unrun = Ending(Phase.UNRUN)
+        outcomes = [
+            decide(
+                id=r.id,
+                claim_token=r.claim_token,
+                topic=r.topic,
+                attempt=r.attempts,
                 options=options,
-                ending=Ending(Phase.UNRUN),
+                ending=unrun,
             )
-            if outcome is not None:
-                outcomes.append(outcome)
+            for r in rows
+        ]
         try:
-            self.repo.settle_many(outcomes)
+            self.repo.settle_many([o for o in outcomes if o is not None])
         except Exception as exc:
             self.log.warning(
                 "engine: handing back %d claimed rows failed (%s); the reaper returns them", len(rows), exc

@@ -80,18 +80,9 @@ _RNG = random.Random()
 
 
 def backoff_ceiling(attempt: int, base: timedelta, cap: timedelta) -> timedelta:
-    """Return d = min(base * 2^(attempt-1), cap), guarding overflow before the power."""
-    if attempt <= 1:
-        return min(base, cap)
-    base_s, cap_s = base.total_seconds(), cap.total_seconds()
-    if base_s <= 0:
-        return timedelta(0)
-    # 2^(attempt-1) >= cap/base already: answer the cap without computing the power.
-    ratio = cap_s / base_s
-    exp = attempt - 1
-    if exp >= 1024 or 2.0**exp >= ratio:
-        return cap
-    return timedelta(seconds=base_s * 2.0**exp)
+    """Return the ceiling d; a product too large for a float is inf, past any cap, not an error."""
+    seconds = base.total_seconds() * 2.0 ** min(max(attempt - 1, 0), 1023)
+    return cap if seconds >= cap.total_seconds() else timedelta(seconds=seconds)
 
 
 def backoff_delay(
@@ -221,20 +212,19 @@ def decide(
     tb = functools.partial(format_traceback, error)  # formatted only for the outcomes that keep it
 
     delay_signal = find_signal(error, MustDelay)
+    delay = None if delay_signal is None else max(min(delay_signal.delay, cap), timedelta(0))
     if isinstance(cause, EngineStopping):
         # Stopping is not the job's failure; a MustDelay's "not before" still holds.
-        if delay_signal is not None:
-            delay = max(min(delay_signal.delay, cap), timedelta(0))
+        if delay is not None:
             return outcome(State.FAILED, delay=delay, give_back=True, last_error=last_error, traceback=tb())
         return outcome(State.PENDING, give_back=True, last_error=last_error)
     if find_signal(error, MustPreserveAttempt) is not None:
         return outcome(State.FAILED, delay=backoff(), give_back=True, last_error=last_error, traceback=tb())
     if attempt >= options.max_attempts or (options.dead_on and isinstance(error, options.dead_on)):
         return outcome(State.DEAD, last_error=last_error, traceback=tb())
-    if delay_signal is not None:
-        delay = min(delay_signal.delay, cap)
-        return outcome(State.FAILED, delay=max(delay, timedelta(0)), last_error=last_error, traceback=tb())
-    return outcome(State.FAILED, delay=backoff(), last_error=last_error, traceback=tb())
+    return outcome(
+        State.FAILED, delay=backoff() if delay is None else delay, last_error=last_error, traceback=tb()
+    )
 
 
 def what_then(outcome: Outcome) -> str:

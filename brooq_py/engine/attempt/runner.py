@@ -64,8 +64,7 @@ class SlotPool:
     def wait_free(self, timeout: float) -> int:
         """Wait up to *timeout* seconds for a free slot; return how many are free."""
         with self._cond:
-            if self._free <= 0:
-                self._cond.wait_for(lambda: self._free > 0, timeout)
+            self._cond.wait_for(lambda: self._free > 0, timeout)
             return self._free
 
     def wait_idle(self, timeout: float | None) -> bool:
@@ -163,8 +162,6 @@ class AsyncRunner:
         self, handlers: Sequence[tuple[Callable[[], Any], Callable[[BaseException | None], None]]]
     ) -> None:
         """Run each ``(make, on_done)`` as a task, then ``on_done(error or None)``; one wake-up a batch."""
-        if not handlers:
-            return
         batch = list(handlers)
 
         def create() -> None:
@@ -252,8 +249,7 @@ class Runner:
         self.batcher = Batcher(self)
 
     def launch_many(self, attempts: Sequence[Attempt]) -> None:
-        """Start each attempt's handler; the async ones reach the loop in one hand-over, those of a
-        batch kind go to the batcher (``batch.py``)."""
+        """Start each attempt's handler; the async ones reach the loop in one hand-over."""
         tasks = []
         batched = []
         for a in attempts:
@@ -276,8 +272,7 @@ class Runner:
     def finish_batch(
         self, batch: Sequence[Attempt], errors: Sequence[BaseException | None], t0: float
     ) -> None:
-        """A batch handler's call ended: each attempt's answer handed over together (one settle), each
-        slot freed."""
+        """A batch handler's call ended: the answers are handed over together, for one settle."""
         answers = []
         try:
             for a, error in zip(batch, errors, strict=True):

@@ -44,10 +44,9 @@ class Reaper(Ticker):
         rows = self._reap()
         if not rows:
             return
+        for _, topic in rows:
+            self._on_reaped(topic)
         by_topic = Counter(topic for _, topic in rows)
-        for topic, n in by_topic.items():
-            for _ in range(n):
-                self._on_reaped(topic)
         self.log.info(
             "reaper: returned %d jobs of gone engines to pending topics=%s",
             len(rows),

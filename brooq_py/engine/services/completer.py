@@ -29,14 +29,12 @@ class Completer:
         log: logging.Logger,
         *,
         max_buffer: int = 5000,
-        max_batch: int = MAX_BATCH,
         linger: float = 0.0,
     ) -> None:
         self._write = write
         self._on_written = on_written
         self._log = log
         self._max_buffer = max_buffer
-        self._max_batch = max_batch
         self._linger = linger
         self._buf: list[Outcome] = []
         self._later: list[Outcome] = []  # rows locked elsewhere: retried at _later_at
@@ -64,8 +62,7 @@ class Completer:
         return self.put_many((outcome,))
 
     def put_many(self, outcomes: Sequence[Outcome]) -> bool:
-        """Buffer *outcomes* at once (one flush takes a batch's together), waiting for room; False
-        once ``stop()`` began (the caller writes them)."""
+        """``put`` for several outcomes, so that one flush takes them together."""
         with self._cond:
             if self._stopping and self._thread is None:
                 return False
@@ -91,7 +88,7 @@ class Completer:
     def _buffer(self, outcome: Outcome) -> None:
         self._buf.append(outcome)
         # wake the writer only when idle or a batch is full: lingering, it needs no context switch
-        if self._idle or len(self._buf) >= self._max_batch:
+        if self._idle or len(self._buf) >= MAX_BATCH:
             self._cond.notify_all()
 
     def retry(self, fn: Callable[[], bool], abandon: Callable[[], None]) -> bool:
@@ -139,7 +136,7 @@ class Completer:
         # outcomes set aside for a locked row go last, alone: meeting the lock again costs others nothing
         again = [o for o in batch if o.claim_token in self._retrying]
         rest = [o for o in batch if o.claim_token not in self._retrying] if again else batch
-        parts = [rest[i : i + self._max_batch] for i in range(0, len(rest), self._max_batch)]
+        parts = [rest[i : i + MAX_BATCH] for i in range(0, len(rest), MAX_BATCH)]
         if again:
             parts.append(again)
             batch = rest + again
@@ -207,7 +204,7 @@ class Completer:
             with self._cond:
                 # fewer, larger writes leave the database more room for the claims (+10% at 4 workers)
                 until = time.monotonic() + self._linger
-                while not self._stopping and len(self._buf) < self._max_batch:
+                while not self._stopping and len(self._buf) < MAX_BATCH:
                     left = until - time.monotonic()
                     if left <= 0:
                         break

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from brooq_py.engine.attempt.attempt import Attempt
+from brooq_py.engine.attempt.handover import Supervisor
 from brooq_py.engine.attempt.inflight import InFlight
 from brooq_py.engine.attempt.outcome import HandlerState, Phase
 from brooq_py.engine.clock import Clock
@@ -30,11 +31,8 @@ class Fence:
     """When this engine last proved itself alive (the send time of a good heartbeat), and its verdict
     past ``lease - margin``: attempts fenced, no claim until a heartbeat named their dropped claims."""
 
-    def __init__(
-        self, lease: float, margin: float, clock: Clock, on_fence: Callable[[Attempt], None]
-    ) -> None:
-        self.lease = lease
-        self.margin = margin
+    def __init__(self, within: float, clock: Clock, on_fence: Callable[[Attempt], None]) -> None:
+        self.within = within  # how long a heartbeat's proof holds after its send time: lease - margin
         self._clock = clock
         self._on_fence = on_fence
         self.proven_at = float("-inf")  # no claim before the first heartbeat wrote the engine's row
@@ -42,14 +40,8 @@ class Fence:
         self.fenced = False  # set by a fence: no claim until a heartbeat named every dropped claim
         self.on_proven: Callable[[], None] = lambda: None  # the dispatcher may claim again
 
-    @property
-    def within(self) -> float:
-        """How long after a heartbeat's send time its proof holds here: ``lease - margin``."""
-        return self.lease - self.margin
-
-    def check(self, attempts: Sequence[Attempt], now: float | None = None) -> None:
+    def check(self, attempts: Sequence[Attempt], now: float) -> None:
         """Fence every running attempt of *attempts* when the proof is older than ``within``."""
-        now = self._clock.monotonic() if now is None else now
         if now - self.proven_at < self.within:
             return
         with self._lock:
@@ -85,8 +77,7 @@ class Heartbeat(Ticker):
         inflight: InFlight,
         beat: Callable[[EngineProof, Sequence[HeldLease], bool, Sequence[str]], Renewal],
         fence: Fence,
-        on_lost: Callable[[Attempt], None],
-        on_canceled: Callable[[Attempt], None],
+        supervisor: Supervisor,
         log: logging.Logger,
         clock: Clock,
     ) -> None:
@@ -96,8 +87,7 @@ class Heartbeat(Ticker):
         self._inflight = inflight
         self._beat = beat
         self.fence = fence
-        self._on_lost = on_lost
-        self._on_canceled = on_canceled
+        self._supervisor = supervisor
         self._clock = clock
         self._beats = 0  # every ORPHAN_LOOK-th beat also looks for claims whose answer was lost
 
@@ -122,7 +112,7 @@ class Heartbeat(Ticker):
                 a.ctx.give_back_progress(progress)
             raise
         # A stall between two good beats longer than the proof holds fences before anything else.
-        self.fence.check(attempts, now=sent)
+        self.fence.check(attempts, sent)
         self._inflight.forget_dropped(t for t in dropped if t not in renewal.held)
         for token, job_id in renewal.orphans:  # claimed here, its answer lost: no attempt runs it
             self.log.warning(
@@ -135,7 +125,8 @@ class Heartbeat(Ticker):
         for a in attempts:
             token = a.row.claim_token
             if token not in renewal.held and a.phase is Phase.RUNNING:
-                (self._on_canceled if token in renewal.canceled else self._on_lost)(a)
+                s = self._supervisor
+                (s.canceled if token in renewal.canceled else s.lease_lost)(a)
         # Claims fenced since the send are named by the next beat, at once, before any new claim.
         complete = self._inflight.dropped().keys() <= dropped.keys()
         self.fence.proven(sent, complete)
@@ -163,42 +154,28 @@ class Watchdog(Ticker):
     name = "watchdog"
 
     def __init__(
-        self,
-        running: Callable[[], Sequence[Attempt]],
-        held: Callable[[], Sequence[Attempt]],
-        grace: float,
-        fence: Fence,
-        clock: Clock,
-        on_timeout: Callable[[Attempt], None],
-        on_give_up: Callable[[Attempt], None],
-        on_hung: Callable[[Attempt], None],
-        log: logging.Logger,
-        *,
-        period: float = WATCHDOG_TICK,
+        self, inflight: InFlight, supervisor: Supervisor, fence: Fence, clock: Clock, log: logging.Logger
     ) -> None:
-        super().__init__(period, log)
-        self.grace = grace
+        super().__init__(WATCHDOG_TICK, log)
+        self._inflight = inflight
+        self._supervisor = supervisor
         self.fence = fence
-        self._running = running
-        self._held = held
         self._clock = clock
-        self._on_timeout = on_timeout
-        self._on_give_up = on_give_up
-        self._on_hung = on_hung
 
     def tick(self) -> None:
         now = self._clock.monotonic()
-        self.fence.check(self._held(), now)
-        for a in self._running():
+        self.fence.check(self._inflight.held(), now)
+        s = self._supervisor
+        for a in self._inflight.running():
             if a.phase is Phase.RUNNING:
                 if now >= a.hard_deadline:
-                    self._on_give_up(a)
+                    s.give_up(a)
                 elif not a.ctx.done() and now >= a.soft_deadline:
-                    self._on_timeout(a)
+                    s.timeout(a)
             cancelled = a.cancelled_at
             if (
                 a.handler in (HandlerState.RUNNING, HandlerState.ABANDONED)
                 and cancelled is not None
-                and now - cancelled >= self.grace
+                and now - cancelled >= s.grace
             ):
-                self._on_hung(a)
+                s.declare_hung(a)

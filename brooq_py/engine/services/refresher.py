@@ -33,8 +33,7 @@ class GaugeView:
 
 
 class Refresher(Ticker):
-    """Reads ``gauges(topics())`` and ``database()`` every *period* and keeps the result; a failed
-    refresh keeps the last snapshot, marked stale (brooq_up reads 0 while its age grows)."""
+    """Keeps the gauges read every *period*; a failed read keeps the last snapshot, marked stale."""
 
     name = "refresher"
 

@@ -49,7 +49,6 @@ class Schedule:
     def build(cls, topic: Any, cron: Any, payload: Any, timezone: Any, priority: Any) -> Schedule:
         """Validate everything now; raise ConfigError listing every problem."""
         problems: list[str] = []
-        tz: ZoneInfo | None = None
         try:
             tz = ZoneInfo(timezone) if isinstance(timezone, str) and timezone else None
         except (ZoneInfoNotFoundError, ValueError):

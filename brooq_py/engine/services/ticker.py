@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Sequence
 from datetime import timedelta
 
 
@@ -20,15 +22,12 @@ class Ticker:
     backoff_base = 0.5
     backoff_max: float | None = None
 
-    def __init__(
-        self, period: timedelta | float, logger: logging.Logger, *, initial_tick: bool = True
-    ) -> None:
+    def __init__(self, period: timedelta | float, logger: logging.Logger) -> None:
         seconds = period.total_seconds() if isinstance(period, timedelta) else float(period)
         if seconds <= 0:
             raise ValueError(f"{self.name}: period must be > 0")
         self.period = seconds
         self.log = logger
-        self._initial_tick = initial_tick
         self._stop = threading.Event()
         self._poke = threading.Event()  # set by wake() and by halt()
         self._lock = threading.Lock()
@@ -80,7 +79,7 @@ class Ticker:
         return self._stop.is_set()
 
     def _loop(self) -> None:
-        if self._initial_tick and not self._stop.is_set():
+        if not self._stop.is_set():
             self._safe_tick()
         while not self._wait(self.failure_delay() if self._failures else self.next_delay()):
             self._safe_tick()
@@ -121,3 +120,13 @@ class Ticker:
         if self._failures:
             self.log.info("%s works again after %d failures", self.name, self._failures)
         self._failures = 0
+
+
+def stop_services(services: Sequence[Ticker], timeout: float = 10.0) -> None:
+    """Halt every service at once, then wait for each, last started first, *timeout* seconds in
+    all: a service stuck in a statement the database never answers is left behind (a daemon)."""
+    for s in services:
+        s.halt()
+    deadline = time.monotonic() + timeout
+    for s in reversed(services):
+        s.stop(max(0.0, deadline - time.monotonic()))

@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 from brooq_py.engine.attempt.intake import Capacity
 from brooq_py.engine.config import Config
 from brooq_py.engine.services.ticker import Ticker
-from brooq_py.queue import Job
 from brooq_py.queue.port import Listener, Repo, Staged, TopicSetting
 
 STAGE_BATCH = 1000
@@ -157,8 +156,7 @@ class TopicWatch(Ticker):
         self._capacity.set_limited(limited, ready)
         for t in mine:
             s = settings.get(t)
-            limit = s.limit if s is not None else None
-            tokens = s.tokens if s is not None else None
+            limit, tokens = (None, None) if s is None else (s.limit, s.tokens)
             self._gauges(
                 t,
                 bool(s and s.paused),
@@ -167,65 +165,7 @@ class TopicWatch(Ticker):
             )
 
 
-def wake_services(
-    repo: Repo,
-    cfg: Config,
-    topics: Sequence[str],
-    wake: Callable[[], None],
-    log: logging.Logger,
-    on_cancel: Callable[[str, str], None] | None = None,
-    on_listening: Callable[[], None] | None = None,
-) -> list[Ticker]:
-    """The stager, and with ``cfg.notify`` a listener for *topics* and the cancels of running jobs;
-    *on_listening* each time LISTEN is up again, as a cancel notified while it was down is lost."""
-    stager = Stager(
-        cfg.td("poll_interval").total_seconds(),
-        topics,
-        lambda t, batch: repo.stage(t, batch, cfg.notify),
-        repo.next_due,
-        wake,
-        log,
-    )
-    if not cfg.notify:
-        return [stager]
-
-    def listen() -> Listener:
-        sub = repo.listen(topics, stager.wake, on_cancel)
-        # NOTIFYs sent while no LISTEN was up are lost: look again, once per connection (its backoff)
-        stager.wake()
-        if on_listening is not None:
-            on_listening()
-        return sub
-
-    return [stager, WakeListener(listen, wake, log)]
-
-
-def own_wakes(
-    services: Sequence[Ticker], cfg: Config, topics: Sequence[str], wake: Callable[[], None]
-) -> tuple[Callable[[], None], Callable[[Job], None]]:
-    """The wakes no NOTIFY gives: the stager's for a failed attempt's retry time (the trigger announces
-    inserts only), and without ``cfg.notify`` those for a job the engine enqueued itself."""
-    stager = next(s for s in services if isinstance(s, Stager))
-    ours = frozenset(topics)
-
-    def enqueued(job: Job) -> None:
-        if cfg.notify or job.topic not in ours:
-            return
-        if job.available_at is not None:
-            stager.wake()
-        wake()
-
-    return stager.wake, enqueued
-
-
-def stage_now(repo: Repo, cfg: Config, topics: Sequence[str]) -> Staged:
+def stage_now(repo: Repo, cfg: Config, topics: Sequence[str]) -> None:
     """Promote every due row of *topics* now, batch after batch (``Engine.run_once``)."""
-    if not topics:
-        return Staged({}, None)
-    promoted: dict[str, int] = {}
-    while True:
-        staged = repo.stage(topics, STAGE_BATCH, cfg.notify)
-        for topic, n in staged.promoted.items():
-            promoted[topic] = promoted.get(topic, 0) + n
-        if staged.total < STAGE_BATCH:
-            return Staged(promoted, staged.next_due_in)
+    while topics and repo.stage(topics, STAGE_BATCH, cfg.notify).total >= STAGE_BATCH:
+        pass
