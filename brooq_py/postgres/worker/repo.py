@@ -177,7 +177,7 @@ class WorkerRepo:
         """One statement on the claimer's own connection, read past each topic's head (worker/heads.py)."""
         if not topics or limit < 1:
             return []
-        topics = list(topics)
+        topics = list(dict.fromkeys(topics))  # a topic named twice would be read, and returned, twice
         priority, after = self._heads.params(topics)
         params = {
             "topics": topics,
