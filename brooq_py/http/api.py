@@ -153,7 +153,7 @@ def _cancel(op: Operator, raw: str) -> Reply:
     return Reply.json(200, {"canceled": op.cancel(raw)})
 
 
-def _signal(op: Operator, raw: str, name: str, body: bytes = b"") -> Reply:
+def _signal(op: Operator, raw: str, name: str, body: bytes) -> Reply:
     return Reply.json(200, {"signaled": op.signal(raw, unquote(name), body)})
 
 

@@ -58,6 +58,14 @@ RETRYABLE = (State.DEAD, State.CANCELED)
 CANCELABLE = (*ACTIVE_STATES, State.SCHEDULED)
 
 
+class Refused(Exception):
+    """A request answered before its endpoint's work: *response* (a redirect to the login) says why."""
+
+    def __init__(self, response: Response) -> None:
+        super().__init__("refused")
+        self.response = response
+
+
 class Dashboard:
     """The dashboard's endpoints over one Operator; ``app`` is the ASGI application. Raise
     ``ValueError`` when *token* and *viewer_token* are equal."""
@@ -95,8 +103,10 @@ class Dashboard:
             Route("/action/{action}", self.action, methods=["POST"], name="action"),
             Mount("/static", app=StaticFiles(directory=str(static)), name="static"),
         ]
-        # An action's refusal (ActionError) is an error page with its status, from any endpoint.
-        self.app = Starlette(routes=routes, exception_handlers={ActionError: self._refused})
+        # What an endpoint raises to refuse answers the request: an error page, or Refused's redirect.
+        self.app = Starlette(
+            routes=routes, exception_handlers={ActionError: self._refused, Refused: self._refused}
+        )
 
     def _session(self, request: Request) -> Role | None:
         return self.roles.session(request.cookies.get(COOKIE))
@@ -126,38 +136,33 @@ class Dashboard:
             secure=request.url.scheme == "https",
         )
 
-    def guard(self, request: Request) -> Response | None:
-        """Return the refusal for *request*, or None when it may see the dashboard."""
+    def guard(self, request: Request) -> None:
+        """Raise the refusal of *request* unless it may see the dashboard."""
         if not self.login:
             server = request.scope.get("server")
             if not is_loopback(server[0] if server else None) or not loopback_name(
                 request.headers.get("host")
             ):
-                return self._error(
-                    request,
-                    403,
-                    "This dashboard has no token: serve it on a loopback address or give it a token.",
+                raise ActionError(
+                    403, "This dashboard has no token: serve it on a loopback address or give it a token."
                 )
-            return None
-        if self._role(request) is not None:
-            return None
-        if request.method in ("GET", "HEAD"):
+        elif self._role(request) is None:
+            if request.method not in ("GET", "HEAD"):
+                raise ActionError(401, "Log in first.")
             target = self._url(
                 request, "/login", next=request.url.path[len(request.scope.get("root_path", "")) :] or "/"
             )
-            return RedirectResponse(target, status_code=303)
-        return self._error(request, 401, "Log in first.")
+            raise Refused(RedirectResponse(target, status_code=303))
 
-    def _csrf_refusal(self, request: Request, form: Any) -> Response | None:
+    def _check_csrf(self, request: Request, form: Any) -> None:
         if self._bearer(request):
-            return None  # a header a foreign page cannot set
+            return  # a header a foreign page cannot set
         session = request.cookies.get(COOKIE)
         role = self.roles.session(session)
         if session is None or role is None:
-            return self._error(request, 403, "Your session has expired: reload the page.")
+            raise ActionError(403, "Your session has expired: reload the page.")
         if not self.roles.guard(role).csrf_ok(session, form.get("csrf")):
-            return self._error(request, 403, "The form's CSRF token is missing or wrong: reload the page.")
-        return None
+            raise ActionError(403, "The form's CSRF token is missing or wrong: reload the page.")
 
     def _url(self, request: Request, path: str, **query: Any) -> str:
         base = str(request.scope.get("root_path", ""))
@@ -208,24 +213,26 @@ class Dashboard:
         )
 
     def _refused(self, request: Request, exc: Exception) -> Response:
+        if isinstance(exc, Refused):
+            return exc.response
         assert isinstance(exc, ActionError)
         return self._error(request, exc.status, exc.message)
 
     def topics_page(self, request: Request) -> Response:
-        return self.guard(request) or self._topics(request, "topics.html")
+        self.guard(request)
+        return self._topics(request, "topics.html")
 
     def topics_rows(self, request: Request) -> Response:
         """The topics table's rows alone: what the live refresh swaps in. Their forms come back to
         the topics page, not to this fragment."""
-        return self.guard(request) or self._topics(request, "_topics_rows.html", here="/")
+        self.guard(request)
+        return self._topics(request, "_topics_rows.html", here="/")
 
     def _topics(self, request: Request, template: str, **context: Any) -> Response:
         return self._page(request, template, {"overview": self.op.topics(), "title": "Topics", **context})
 
     def jobs_page(self, request: Request) -> Response:
-        refused = self.guard(request)
-        if refused:
-            return refused
+        self.guard(request)
         topic = request.query_params.get("topic") or None
         state = request.query_params.get("state", "")
         if state not in {str(s) for s in STATES} or (topic is None and state not in FINISHED):
@@ -235,7 +242,8 @@ class Dashboard:
         return self._listing(request, "jobs.html", topic, state)
 
     def dead_page(self, request: Request) -> Response:
-        return self.guard(request) or self._listing(request, "jobs.html", None, State.DEAD)
+        self.guard(request)
+        return self._listing(request, "jobs.html", None, State.DEAD)
 
     def _listing(self, request: Request, template: str, topic: str | None, state: str) -> Response:
         after = request.query_params.get("after")
@@ -281,9 +289,7 @@ class Dashboard:
     def tenants_page(self, request: Request) -> Response:
         """A topic's tenants (SPEC T1-T3): the busiest first, bounded, with the forms that set the
         defaults and a tenant's own limit, rate and weight."""
-        refused = self.guard(request)
-        if refused:
-            return refused
+        self.guard(request)
         topic = request.path_params["topic"]
         if not _possible_topic(topic):
             return self._error(request, 400, "No job can have that topic.")
@@ -298,9 +304,7 @@ class Dashboard:
         return self._page(request, "tenants.html", context)
 
     def job_page(self, request: Request) -> Response:
-        refused = self.guard(request)
-        if refused:
-            return refused
+        self.guard(request)
         view = job_view(self.op, self.overview, request.path_params["job_id"])
         state = view["job"].state
         context = {**view, "retryable": state in RETRYABLE, "cancelable": state in CANCELABLE}
@@ -318,8 +322,6 @@ class Dashboard:
         target = _local(request.query_params.get("next"))
         if request.method == "POST":
             form = await self._form(request)
-            if isinstance(form, Response):
-                return form
             target = _local(str(form.get("next") or ""))
             role = self.roles.matches(str(form.get("token") or ""))
             if role is not None:
@@ -331,35 +333,27 @@ class Dashboard:
         return self._page(request, "login.html", {"next": target, "failed": False, "title": "Log in"})
 
     async def logout(self, request: Request) -> Response:
-        form = await self._posted(request)
-        if isinstance(form, Response):
-            return form
+        await self._posted(request)
         response = RedirectResponse(self._url(request, "/login" if self.login else "/"), status_code=303)
         response.delete_cookie(COOKIE, path=request.scope.get("root_path") or "/")
         return response
 
-    async def _form(self, request: Request) -> FormData | Response:
+    async def _form(self, request: Request) -> FormData:
         """Read a small urlencoded form: never more than ``MAX_BODY`` bytes, never a chunked body."""
         problem = check_body(request.headers.get("content-length"), request.headers.get("transfer-encoding"))
         if problem is not None:
-            return self._error(request, problem.status, "That form is too large or malformed.")
+            raise ActionError(problem.status, "That form is too large or malformed.")
         return await request.form(max_files=0, max_fields=2 * PAGE_SIZE + 10)
 
-    async def _posted(self, request: Request) -> FormData | Response:
+    async def _posted(self, request: Request) -> FormData:
         """The form of a state-changing POST: token first, then a bounded body, then its CSRF token."""
-        refused = self.guard(request)
-        if refused:
-            return refused
+        self.guard(request)
         form = await self._form(request)
-        if isinstance(form, Response):
-            return form
-        refused = self._csrf_refusal(request, form)
-        return refused if refused else form
+        self._check_csrf(request, form)
+        return form
 
     async def action(self, request: Request) -> Response:
         form = await self._posted(request)
-        if isinstance(form, Response):
-            return form
         if self.read_only:
             return self._error(request, 403, "This dashboard is read-only.")
         if self._role(request) != "operator":
