@@ -224,8 +224,7 @@ class Operator:
 
 
 def for_repo(jobs: Jobs, repo: Any) -> Operator:
-    """Return the Operator of *jobs* over *repo* (what the engine was given): full controls when
-    *repo* is a postgres Store."""
+    """The Operator of *jobs*, with full controls only when *repo* (the engine's) is a postgres Store."""
     from brooq_py.postgres.operator.overview import Overview
     from brooq_py.postgres.store import Store
 

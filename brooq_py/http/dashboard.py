@@ -287,8 +287,7 @@ class Dashboard:
         return self._page(request, template, context, 400 if filter_error else 200)
 
     def tenants_page(self, request: Request) -> Response:
-        """A topic's tenants (SPEC T1-T3): the busiest first, bounded, with the forms that set the
-        defaults and a tenant's own limit, rate and weight."""
+        """A topic's busiest tenants, with the forms that set their limits, rates and weights (SPEC T1-T3)."""
         self.guard(request)
         topic = request.path_params["topic"]
         if not _possible_topic(topic):

@@ -128,8 +128,7 @@ def job_view(op: Operator, overview: Overview, raw_id: str) -> dict[str, Any]:
 
 
 def timeline(steps: tuple[Any, ...]) -> list[dict[str, Any]]:
-    """The job's recorded steps, sleeps and waits in the order its handler called them, each with
-    what it says (SPEC DS5): ``kind``, ``name``, ``at`` and ``what``."""
+    """Each recorded step, sleep and wait, in the handler's order, with what the page says (SPEC DS5)."""
     out = []
     for st in steps:
         kind = getattr(st, "kind", "step")
