@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from brooq_py.http.actions import UUID
 from brooq_py.queue.errors import iter_chain
 from brooq_py.redact import mask_dsn
 from brooq_py.settings import Settings
@@ -19,7 +19,6 @@ if TYPE_CHECKING:
 
 PROG = "brooq-py"
 CONNECT_TIMEOUT = 10
-_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 
 log = logging.getLogger("brooq_py.cli")
 
@@ -100,10 +99,10 @@ def open_pool(settings: Settings, max_size: int) -> ConnectionPool:
 
 
 @contextlib.contextmanager
-def open_store(settings: Settings) -> Iterator[Store]:
+def open_store(settings: Settings, max_size: int = 1) -> Iterator[Store]:
     from brooq_py.postgres import Store
 
-    pool = open_pool(settings, max_size=1)
+    pool = open_pool(settings, max_size)
     store = Store(pool, schema=settings.schema, conninfo=database_url(settings))
     try:
         yield store
@@ -154,6 +153,6 @@ def check_migrated(settings: Settings) -> None:
 
 
 def check_id(job_id: str) -> str:
-    if not _UUID.fullmatch(job_id):
+    if not UUID.fullmatch(job_id):
         raise Failure(f"malformed job id {job_id!r}: expected a UUID", status=2)
     return job_id.lower()

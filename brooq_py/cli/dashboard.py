@@ -8,7 +8,7 @@ import logging
 import signal
 from collections.abc import Iterator
 
-from brooq_py.cli.common import Failure, check_migrated, database_url, open_pool
+from brooq_py.cli.common import Failure, check_migrated, open_store
 from brooq_py.settings import Settings, parse_http_addr
 
 log = logging.getLogger("brooq_py.cli")
@@ -50,7 +50,6 @@ def cmd_dashboard(args: argparse.Namespace, settings: Settings) -> int:
         from brooq_py.http.auth import is_loopback
         from brooq_py.http.dashboard import dashboard
         from brooq_py.http.server import bound_socket
-        from brooq_py.postgres import Store
     except ImportError:
         raise Failure("the dashboard needs the web extra: pip install 'brooq-py[web]'", status=2) from None
     try:
@@ -69,9 +68,7 @@ def cmd_dashboard(args: argparse.Namespace, settings: Settings) -> int:
         sock = bound_socket(host, port, backlog=128)
     except OSError as exc:
         raise Failure(f"cannot listen on {host}:{port}: {exc.strerror}") from None
-    pool = open_pool(settings, max_size=4)
-    store = Store(pool, schema=settings.schema, conninfo=database_url(settings))
-    try:
+    with contextlib.closing(sock), open_store(settings, max_size=4) as store:
         app = dashboard(store, token=token, read_only=args.read_only, viewer_token=viewer_token)
         bound = sock.getsockname()
         shown = f"[{bound[0]}]" if ":" in str(bound[0]) else str(bound[0])
@@ -103,8 +100,3 @@ def cmd_dashboard(args: argparse.Namespace, settings: Settings) -> int:
         server.run(sockets=[sock])
         log.info("dashboard stopped")
         return 0
-    finally:
-        with contextlib.suppress(Exception):
-            store.close()
-        pool.close()
-        sock.close()

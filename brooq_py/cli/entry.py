@@ -7,46 +7,33 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from brooq_py.cli import dashboard, tenants
-from brooq_py.cli.commands import cmd_cancel, cmd_enqueue, cmd_get, cmd_migrate, cmd_signal, cmd_stats
+from brooq_py.cli import commands, dashboard, operator, tenants, worker
 from brooq_py.cli.common import PROG, Failure, first_line, scrub
-from brooq_py.cli.operator import add_parsers as add_operator_parsers
-from brooq_py.cli.operator import (
-    cmd_depth,
-    cmd_jobs,
-    cmd_limit,
-    cmd_pause_or_resume,
-    cmd_rate,
-    cmd_retry,
-    cmd_sequence_resume,
-    cmd_topics,
-)
-from brooq_py.cli.worker import cmd_worker
 from brooq_py.queue import ConfigError, StoreUnavailable
 from brooq_py.settings import Settings, load_settings
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
-    "worker": cmd_worker,
-    "migrate": cmd_migrate,
-    "enqueue": cmd_enqueue,
-    "cancel": cmd_cancel,
-    "get": cmd_get,
-    "signal": cmd_signal,
-    "stats": cmd_stats,
+    "worker": worker.cmd_worker,
+    "migrate": commands.cmd_migrate,
+    "enqueue": commands.cmd_enqueue,
+    "cancel": commands.cmd_cancel,
+    "get": commands.cmd_get,
+    "signal": commands.cmd_signal,
+    "stats": commands.cmd_stats,
     "dashboard": dashboard.cmd_dashboard,
-    "retry": cmd_retry,
-    "pause": cmd_pause_or_resume,
-    "resume": cmd_pause_or_resume,
-    "limit": cmd_limit,
-    "topics": cmd_topics,
-    "rate": cmd_rate,
-    "depth": cmd_depth,
-    "sequence-resume": cmd_sequence_resume,
-    "jobs": cmd_jobs,
-    "tenant-limit": tenants.cmd_tenant_limit,
-    "tenant-rate": tenants.cmd_tenant_rate,
+    "retry": operator.cmd_retry,
+    "pause": operator.cmd_pause_or_resume,
+    "resume": operator.cmd_pause_or_resume,
+    "limit": operator.cmd_limit,
+    "topics": operator.cmd_topics,
+    "rate": operator.cmd_rate,
+    "depth": operator.cmd_depth,
+    "sequence-resume": operator.cmd_sequence_resume,
+    "jobs": operator.cmd_jobs,
+    "tenant-limit": operator.cmd_limit,
+    "tenant-rate": operator.cmd_rate,
     "tenant-weight": tenants.cmd_tenant_weight,
     "tenants": tenants.cmd_tenants,
 }
@@ -66,13 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    worker = sub.add_parser("worker", parents=[common], help="run workers and the service surface")
-    which = worker.add_mutually_exclusive_group(required=True)
+    run = sub.add_parser("worker", parents=[common], help="run workers and the service surface")
+    which = run.add_mutually_exclusive_group(required=True)
     which.add_argument(
         "--app", metavar="MODULE:ATTR", help="an Engine, or a zero-argument callable returning one"
     )
     which.add_argument("--demo", action="store_true", help="run the built-in `demo` topic on DATABASE_URL")
-    worker.add_argument(
+    run.add_argument(
         "--stop-timeout",
         metavar="D",
         default=None,
@@ -129,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     stats.add_argument("--json", action="store_true", help="print the report as JSON")
     dashboard.add_parser(sub, common)
-    add_operator_parsers(sub, common)
+    operator.add_parsers(sub, common)
     tenants.add_parsers(sub, common)
     return parser
 

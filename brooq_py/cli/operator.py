@@ -19,7 +19,7 @@ from brooq_py.postgres.flow import limits as flow
 from brooq_py.postgres.flow.limits import INT32_MAX, checked_topic
 from brooq_py.postgres.operator.actions import TopicOverview
 from brooq_py.queue import InvalidJob, Job, State
-from brooq_py.queue.job import encode_payload
+from brooq_py.queue.job import check_tenant, encode_payload
 from brooq_py.settings import Settings
 
 if TYPE_CHECKING:
@@ -106,6 +106,14 @@ def check_topic(topic: str) -> str:
         raise Failure(f"invalid topic {topic!r}: expected non-empty text", status=2) from None
 
 
+def check_tenant_arg(tenant: str | None) -> str | None:
+    try:
+        check_tenant(tenant)
+    except InvalidJob as exc:
+        raise Failure(f"invalid tenant {tenant!r}: {exc}", status=2) from None
+    return tenant
+
+
 def _usage(parse: Callable[..., T], *args: Any) -> T:
     """Return ``parse(*args)``; its ValueError is bad usage (status 2)."""
     try:
@@ -169,13 +177,18 @@ def cmd_pause_or_resume(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_limit(args: argparse.Namespace, settings: Settings) -> int:
+    """``limit``, and ``tenant-limit`` (``--tenant``: that tenant's own, else every tenant's)."""
     topic = check_topic(args.topic)
+    whose = {"tenant": check_tenant_arg(args.tenant)} if args.command == "tenant-limit" else {}
     limit = _usage(flow.parse_count, args.limit, "limit")
     with open_store(settings) as store:
-        store.set_limit(topic, limit)
-        if limit is not None:
-            _warn_unknown(store, topic)
-    print(json.dumps({"topic": topic, "limit": limit}))
+        if whose:
+            store.set_tenant_limit(topic, limit, tenant=whose["tenant"])
+        else:
+            store.set_limit(topic, limit)
+            if limit is not None:
+                _warn_unknown(store, topic)
+    print(json.dumps({"topic": topic, **whose, "limit": limit}))
     return 0
 
 
@@ -190,14 +203,20 @@ def _warn_unknown(store: Store, topic: str) -> None:
 
 
 def cmd_rate(args: argparse.Namespace, settings: Settings) -> int:
+    """``rate``, and ``tenant-rate`` (``--tenant``: that tenant's own, else every tenant's)."""
     topic = check_topic(args.topic)
+    whose = {"tenant": check_tenant_arg(args.tenant)} if args.command == "tenant-rate" else {}
     limit, per = _usage(flow.parse_rate, args.rate)
     if args.burst is not None and not 1 <= args.burst <= INT32_MAX:
         raise Failure(f"invalid burst {args.burst}: expected a number from 1 to {INT32_MAX}", status=2)
     with open_store(settings) as store:
-        store.set_rate_limit(topic, limit, per, burst=args.burst)
+        if whose:
+            store.set_tenant_rate_limit(topic, limit, per, burst=args.burst, tenant=whose["tenant"])
+        else:
+            store.set_rate_limit(topic, limit, per, burst=args.burst)
     burst = None if limit is None else (args.burst or limit)
-    print(json.dumps({"topic": topic, "rate": limit, "per_seconds": per if limit else None, "burst": burst}))
+    shown = {"topic": topic, **whose, "rate": limit, "per_seconds": per if limit else None, "burst": burst}
+    print(json.dumps(shown))
     return 0
 
 
@@ -229,8 +248,7 @@ def cmd_sequence_resume(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
     topic = None if args.topic is None else check_topic(args.topic)
-    tenant = getattr(args, "tenant", None)
-    if tenant is not None and not tenant:
+    if args.tenant == "":
         raise Failure("invalid --tenant '': expected non-empty text", status=2)
     if not 0 <= args.limit <= 10_000:
         raise Failure(f"invalid --limit {args.limit}: expected a number from 0 to 10000", status=2)
@@ -242,7 +260,7 @@ def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
         except (ValueError, RecursionError) as exc:  # InvalidJob is a ValueError too
             raise Failure(f"--payload is not valid JSON: {exc}", status=2) from None
     with open_store(settings) as store:
-        rows = store.list_jobs(topic, args.state, args.limit, payload=payload, tenant=tenant)
+        rows = store.list_jobs(topic, args.state, args.limit, payload=payload, tenant=args.tenant)
     if args.json:
         for r in rows:
             print(json.dumps(r.to_json(), ensure_ascii=False))

@@ -1,6 +1,4 @@
-"""The tenant commands (SPEC T1-T3): ``tenant-limit``, ``tenant-rate``, ``tenant-weight`` and
-``tenants``, each printing JSON (``tenants``: a table unless ``--json``); bad input is status 2 before
-anything connects."""
+"""The tenant commands (SPEC T1-T3); ``tenant-limit`` and ``tenant-rate`` run as ``limit`` and ``rate`` do."""
 
 from __future__ import annotations
 
@@ -8,12 +6,10 @@ import argparse
 import json
 from typing import Any
 
-from brooq_py.cli.common import Failure, open_store
-from brooq_py.cli.operator import _usage, check_topic
+from brooq_py.cli.common import open_store
+from brooq_py.cli.operator import _usage, check_tenant_arg, check_topic
 from brooq_py.postgres.flow import limits as flow
-from brooq_py.postgres.flow.limits import INT32_MAX, TenantRow
-from brooq_py.queue import InvalidJob
-from brooq_py.queue.job import check_tenant
+from brooq_py.postgres.flow.limits import TenantRow
 from brooq_py.settings import Settings
 
 
@@ -48,45 +44,6 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     tenants.add_argument("topic", metavar="TOPIC")
     tenants.add_argument("--json", action="store_true", help="print the tenants as JSON")
-
-
-def check_tenant_arg(tenant: str | None) -> str | None:
-    try:
-        check_tenant(tenant)
-    except InvalidJob as exc:
-        raise Failure(f"invalid tenant {tenant!r}: {exc}", status=2) from None
-    return tenant
-
-
-def cmd_tenant_limit(args: argparse.Namespace, settings: Settings) -> int:
-    topic, tenant = check_topic(args.topic), check_tenant_arg(args.tenant)
-    limit = _usage(flow.parse_count, args.limit, "limit")
-    with open_store(settings) as store:
-        store.set_tenant_limit(topic, limit, tenant=tenant)
-    print(json.dumps({"topic": topic, "tenant": tenant, "limit": limit}))
-    return 0
-
-
-def cmd_tenant_rate(args: argparse.Namespace, settings: Settings) -> int:
-    topic, tenant = check_topic(args.topic), check_tenant_arg(args.tenant)
-    limit, per = _usage(flow.parse_rate, args.rate)
-    if args.burst is not None and not 1 <= args.burst <= INT32_MAX:
-        raise Failure(f"invalid burst {args.burst}: expected a number from 1 to {INT32_MAX}", status=2)
-    with open_store(settings) as store:
-        store.set_tenant_rate_limit(topic, limit, per, burst=args.burst, tenant=tenant)
-    burst = None if limit is None else (args.burst or limit)
-    print(
-        json.dumps(
-            {
-                "topic": topic,
-                "tenant": tenant,
-                "rate": limit,
-                "per_seconds": per if limit else None,
-                "burst": burst,
-            }
-        )
-    )
-    return 0
 
 
 def cmd_tenant_weight(args: argparse.Namespace, settings: Settings) -> int:

@@ -57,12 +57,10 @@ def _load_app(spec: str) -> tuple[Engine, Callable[[], None] | None]:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and module_name.startswith(exc.name):
-            raise Failure(f"--app {spec!r}: no module named {exc.name!r}", status=2) from None
-        log.exception("importing %s failed", module_name)
-        raise Failure(f"--app {spec!r}: importing {module_name} failed") from None
-    except Exception:
+    except Exception as exc:
+        missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+        if missing is not None and module_name.startswith(missing):
+            raise Failure(f"--app {spec!r}: no module named {missing!r}", status=2) from None
         log.exception("importing %s failed", module_name)
         raise Failure(f"--app {spec!r}: importing {module_name} failed") from None
     obj: Any = module

@@ -17,6 +17,7 @@ from brooq_py.queue.job import check_tenant
 
 if TYPE_CHECKING:
     from brooq_py.postgres.operator.overview import Overview, Topics
+    from brooq_py.postgres.store import Store
 
 log = logging.getLogger("brooq_py.service")
 
@@ -36,30 +37,6 @@ class ActionError(Exception):
 class Jobs(Protocol):
     def get(self, job_id: str) -> JobRow | None: ...
     def cancel(self, job_id: str) -> bool: ...
-
-
-class Controls(Protocol):
-    def retry(self, job_id: str) -> bool: ...
-    def retry_refusal(self, job_id: str) -> str | None: ...
-    def pause(self, topic: str) -> None: ...
-    def resume(self, topic: str) -> None: ...
-    def set_rate_limit(
-        self, topic: str, limit: int | None, per: float = 1, *, burst: int | None = None
-    ) -> None: ...
-    def set_max_depth(self, topic: str, depth: int | None) -> None: ...
-    def signal(self, job_id: str, name: str, payload: Any = None) -> bool: ...
-    def resume_sequence(self, topic: str, sequence: str) -> bool: ...
-    def set_tenant_limit(self, topic: str, n: int | None, tenant: str | None = None) -> None: ...
-    def set_tenant_rate_limit(
-        self,
-        topic: str,
-        limit: int | None,
-        per: float = 1,
-        *,
-        burst: int | None = None,
-        tenant: str | None = None,
-    ) -> None: ...
-    def set_tenant_weight(self, topic: str, tenant: str, weight: int | None) -> None: ...
 
 
 def job_id(raw: str) -> str:
@@ -89,7 +66,7 @@ class Operator:
     """The actions over *jobs* (engine or store); without *controls* and *overview* (a repo that is
     not a Store) the others answer 404."""
 
-    def __init__(self, jobs: Jobs, controls: Controls | None, overview: Overview | None) -> None:
+    def __init__(self, jobs: Jobs, controls: Store | None, overview: Overview | None) -> None:
         self.jobs = jobs
         self.controls = controls
         self.overview = overview
@@ -102,7 +79,7 @@ class Operator:
             log.error("database unavailable while %s", doing)
             raise ActionError(503, "database unavailable") from None
 
-    def _controls(self) -> Controls:
+    def _controls(self) -> Store:
         if self.controls is None:
             raise ActionError(404, "not found")
         return self.controls
@@ -116,20 +93,13 @@ class Operator:
     def cancel(self, raw_id: str) -> bool:
         # cancel() alone cannot tell "unknown" from "already terminal": look first.
         row = self.get(raw_id)
-        canceled = bool(self.guarded("canceling a job", self.jobs.cancel, row.id))
-        if canceled:
-            log.info("job %s canceled by an operator", row.id)
-        self._changed(activity=True)
-        return canceled
+        canceled = self.guarded("canceling a job", self.jobs.cancel, row.id)
+        return self._acted(canceled, "job %s canceled", row.id)
 
     def retry(self, raw_id: str) -> bool:
         controls = self._controls()
         row = self.get(raw_id)
-        retried = bool(self.guarded("retrying a job", controls.retry, row.id))
-        if retried:
-            log.info("job %s retried by an operator", row.id)
-        self._changed(activity=True)
-        return retried
+        return self._acted(self.guarded("retrying a job", controls.retry, row.id), "job %s retried", row.id)
 
     def signal(self, raw_id: str, name: str, body: bytes) -> bool:
         """Send the signal *name* (payload: the JSON *body*, empty for null) to the job (SPEC DS4)."""
@@ -142,13 +112,10 @@ class Operator:
             raise ActionError(400, "the signal's name must not be empty")
         row = self.get(raw_id)
         try:
-            sent = bool(self.guarded("signalling a job", controls.signal, row.id, name, payload))
+            sent = self.guarded("signalling a job", controls.signal, row.id, name, payload)
         except InvalidJob as exc:
             raise ActionError(400, str(exc)) from None
-        if sent:
-            log.info("job %s signalled %r by an operator", row.id, name)
-        self._changed(activity=True)
-        return sent
+        return self._acted(sent, "job %s signalled %r", row.id, name)
 
     def retry_refusal(self, raw_id: str) -> str | None:
         """Why a retry of the job changes nothing now (its state, or an active holder of its unique key)."""
@@ -185,31 +152,19 @@ class Operator:
         topic = topic_name(raw_topic)
         if not raw_sequence or "\x00" in raw_sequence or len(raw_sequence) > 1024:
             raise ActionError(400, "malformed sequence: expected text of 1 to 1024 characters")
-        resumed = bool(
-            self.guarded("resuming a sequence", self._controls().resume_sequence, topic, raw_sequence)
-        )
-        if resumed:
-            log.info("topic %r sequence %r resumed by an operator", topic, raw_sequence)
-        self._changed(activity=True)
-        return resumed
+        resumed = self.guarded("resuming a sequence", self._controls().resume_sequence, topic, raw_sequence)
+        return self._acted(resumed, "topic %r sequence %r resumed", topic, raw_sequence)
 
     def tenants(self, raw_topic: str) -> tuple[list[TenantRow], tuple[int | None, str | None]]:
-        """The topic's tenants (jobs waiting and running, their own limit, rate and weight) and the
-        limit and rate of every tenant without its own (SPEC T1-T3)."""
-        topic = topic_name(raw_topic)
-        flow = getattr(self._controls(), "flow", None)  # a Store's flow part reads them
-        if flow is None:
-            raise ActionError(404, "not found")
+        """The topic's tenants and the limit and rate of every tenant without its own (SPEC T1-T3)."""
+        topic, flow = topic_name(raw_topic), self._controls().flow
         rows: list[TenantRow] = self.guarded("reading tenants", flow.tenants, topic)
         defaults: tuple[int | None, str | None] = self.guarded("reading tenants", flow.tenant_defaults, topic)
         return rows, defaults
 
     def tenant_page(self, raw_topic: str, limit: int) -> TenantPage:
         """The topic's busiest *limit* tenants, its tenant defaults and its tenant of no name."""
-        topic = topic_name(raw_topic)
-        flow = getattr(self._controls(), "flow", None)
-        if flow is None:
-            raise ActionError(404, "not found")
+        topic, flow = topic_name(raw_topic), self._controls().flow
         page: TenantPage = self.guarded("reading tenants", flow.tenant_page, topic, limit)
         return page
 
@@ -243,16 +198,11 @@ class Operator:
         self._changed()
         return value
 
-    def pause(self, raw_topic: str) -> None:
-        topic = topic_name(raw_topic)
-        self.guarded("pausing a topic", self._controls().pause, topic)
-        log.info("topic %r paused by an operator", topic)
-        self._changed()
-
-    def resume(self, raw_topic: str) -> None:
-        topic = topic_name(raw_topic)
-        self.guarded("resuming a topic", self._controls().resume, topic)
-        log.info("topic %r resumed by an operator", topic)
+    def set_paused(self, raw_topic: str, paused: bool) -> None:
+        topic, controls = topic_name(raw_topic), self._controls()
+        doing, done = ("pausing", "paused") if paused else ("resuming", "resumed")
+        self.guarded(f"{doing} a topic", controls.pause if paused else controls.resume, topic)
+        log.info("topic %r %s by an operator", topic, done)
         self._changed()
 
     def topics(self) -> Topics:
@@ -261,14 +211,20 @@ class Operator:
         topics: Topics = self.guarded("reading the topics", self.overview.topics)
         return topics
 
+    def _acted(self, done: Any, what: str, *args: Any) -> bool:
+        """Log an action on a job or sequence that changed something; the counts are stale either way."""
+        if done:
+            log.info(what + " by an operator", *args)
+        self._changed(activity=True)
+        return bool(done)
+
     def _changed(self, activity: bool = False) -> None:
         if self.overview is not None:
             self.overview.forget(activity)
 
 
 def for_repo(jobs: Jobs, repo: Any) -> Operator:
-    """Return the Operator of *jobs* over *repo* (what the engine was given): full controls when
-    *repo* is a postgres Store."""
+    """The Operator of *jobs*, with full controls only when *repo* (the engine's) is a postgres Store."""
     from brooq_py.postgres.operator.overview import Overview
     from brooq_py.postgres.store import Store
 

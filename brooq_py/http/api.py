@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -32,19 +33,6 @@ NO_DASHBOARD = (
     "no dashboard here: /ui needs the web extra (pip install 'brooq-py[web]') "
     "and a token, or a loopback address"
 )
-
-REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    401: "Unauthorized",
-    403: "Forbidden",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    411: "Length Required",
-    413: "Content Too Large",
-    500: "Internal Server Error",
-    503: "Service Unavailable",
-}
 
 
 @dataclass
@@ -165,7 +153,7 @@ def _cancel(op: Operator, raw: str) -> Reply:
     return Reply.json(200, {"canceled": op.cancel(raw)})
 
 
-def _signal(op: Operator, raw: str, name: str, body: bytes = b"") -> Reply:
+def _signal(op: Operator, raw: str, name: str, body: bytes) -> Reply:
     return Reply.json(200, {"signaled": op.signal(raw, unquote(name), body)})
 
 
@@ -188,14 +176,9 @@ def _sequence_resume(op: Operator, raw: str, sequence: str) -> Reply:
     return Reply.json(200, {"topic": raw, "sequence": sequence, "resumed": op.resume_sequence(raw, sequence)})
 
 
-def _pause(op: Operator, raw: str) -> Reply:
-    op.pause(raw)
-    return Reply.json(200, {"topic": raw, "paused": True})
-
-
-def _resume(op: Operator, raw: str) -> Reply:
-    op.resume(raw)
-    return Reply.json(200, {"topic": raw, "paused": False})
+def _pause(op: Operator, raw: str, paused: bool = True) -> Reply:
+    op.set_paused(raw, paused)
+    return Reply.json(200, {"topic": raw, "paused": paused})
 
 
 def _topics(op: Operator, _raw: str) -> Reply:
@@ -250,7 +233,7 @@ ROUTES: tuple[tuple[re.Pattern[str], tuple[str, ...], Action], ...] = (
     ),
     (re.compile(r"/topics/(.+)/sequences/([^/]+)/resume", re.DOTALL), ("POST",), _sequence_resume),
     (re.compile(r"/topics/(.+)/pause", re.DOTALL), ("POST",), _pause),
-    (re.compile(r"/topics/(.+)/resume", re.DOTALL), ("POST",), _resume),
+    (re.compile(r"/topics/(.+)/resume", re.DOTALL), ("POST",), functools.partial(_pause, paused=False)),
     (re.compile(r"/topics/(.+)/rate/([^/]+(?:/[^/]+)?)", re.DOTALL), ("POST",), _rate),
     (re.compile(r"/topics/(.+)/depth/([^/]+)", re.DOTALL), ("POST",), _depth),
 )

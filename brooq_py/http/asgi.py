@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from brooq_py.http.api import MAX_BODY, Gate, Gated, Request, Surface, safe, send_asgi, takes_body
 from brooq_py.http.auth import is_loopback
-from brooq_py.http.dashboard import build
+from brooq_py.http.dashboard import Dashboard
 
 if TYPE_CHECKING:
     from brooq_py.engine import Engine
@@ -86,7 +86,9 @@ def surface_app(
     routes: list[BaseRoute] = []
     overview = surface.operator.overview
     if overview is not None and (surface.roles.configured or is_loopback(host)):
-        board = build(surface.operator, overview, token=token, read_only=read_only, viewer_token=viewer_token)
+        board = Dashboard(
+            surface.operator, overview, token=token, read_only=read_only, viewer_token=viewer_token
+        )
         # The mount answers only below /ui/: without this, the catch-all would take /ui itself.
         routes.append(Route("/ui", _to_ui_root, methods=["GET", "HEAD"]))
         routes.append(Mount("/ui", app=board.app))

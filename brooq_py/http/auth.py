@@ -47,12 +47,12 @@ class TokenGuard:
         assert self._token is not None
         return hmac.new(self._token, message.encode("utf-8"), hashlib.sha256).hexdigest()
 
-    def new_session(self, now: float | None = None) -> str:
+    def new_session(self) -> str:
         """Return a session cookie value: its issue time and an HMAC of it."""
-        issued = str(int(time.time() if now is None else now))
+        issued = str(int(time.time()))
         return f"{issued}.{self._mac('session:' + issued)}"
 
-    def session(self, value: str | None, now: float | None = None) -> bool:
+    def session(self, value: str | None) -> bool:
         """Return whether *value* is a session cookie of this token younger than ``SESSION_SECONDS``."""
         if self._token is None or not value:
             return False
@@ -61,7 +61,7 @@ class TokenGuard:
             return False
         if not hmac.compare_digest(mac.encode("ascii", "replace"), self._mac("session:" + issued).encode()):
             return False
-        age = (time.time() if now is None else now) - int(issued)
+        age = time.time() - int(issued)
         return 0 <= age < SESSION_SECONDS
 
     def csrf(self, session: str) -> str:

@@ -7,12 +7,12 @@ since a foreign page cannot set one.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import logging
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 from urllib.parse import urlencode
@@ -58,23 +58,36 @@ RETRYABLE = (State.DEAD, State.CANCELED)
 CANCELABLE = (*ACTIVE_STATES, State.SCHEDULED)
 
 
-@dataclass(frozen=True)
-class Settings:
-    """How one dashboard behaves; without a token (``login`` False) a random key signs its forms' sessions."""
+class Refused(Exception):
+    """A request answered before its endpoint's work: *response* (a redirect to the login) says why."""
 
-    roles: Roles
-    login: bool
-    read_only: bool
-    refresh_ms: int
+    def __init__(self, response: Response) -> None:
+        super().__init__("refused")
+        self.response = response
 
 
 class Dashboard:
-    """The dashboard's endpoints over one Operator; ``app`` is the ASGI application."""
+    """The dashboard's endpoints over one Operator; ``app`` is the ASGI application. Raise
+    ``ValueError`` when *token* and *viewer_token* are equal."""
 
-    def __init__(self, operator: Operator, overview: Overview, settings: Settings) -> None:
+    def __init__(
+        self,
+        operator: Operator,
+        overview: Overview,
+        *,
+        token: str | None,
+        read_only: bool,
+        refresh_ms: int = 2000,
+        viewer_token: str | None = None,
+    ) -> None:
         self.op = operator
         self.overview = overview
-        self.settings = settings
+        self.roles = Roles(token, viewer_token)
+        self.login = self.roles.configured
+        if not self.login:  # loopback only: a random key signs the sessions the forms' CSRF tokens need
+            self.roles = Roles(secrets.token_urlsafe(32))
+        self.read_only = read_only
+        self.refresh_ms = refresh_ms
         self.templates = Jinja2Templates(env=jinja_env())
         static = resources.files("brooq_py.http") / "static"
         routes = [
@@ -90,24 +103,27 @@ class Dashboard:
             Route("/action/{action}", self.action, methods=["POST"], name="action"),
             Mount("/static", app=StaticFiles(directory=str(static)), name="static"),
         ]
-        self.app = Starlette(routes=routes)
+        # What an endpoint raises to refuse answers the request: an error page, or Refused's redirect.
+        self.app = Starlette(
+            routes=routes, exception_handlers={ActionError: self._refused, Refused: self._refused}
+        )
 
     def _session(self, request: Request) -> Role | None:
-        return self.settings.roles.session(request.cookies.get(COOKIE))
+        return self.roles.session(request.cookies.get(COOKIE))
 
     def _bearer(self, request: Request) -> Role | None:
-        if not self.settings.login:
+        if not self.login:
             return None
-        return self.settings.roles.bearer(request.headers.get("authorization"))
+        return self.roles.bearer(request.headers.get("authorization"))
 
     def _role(self, request: Request) -> Role | None:
         """The role *request* authenticated as (after ``guard``: loopback without a token is the operator)."""
-        if not self.settings.login:
+        if not self.login:
             return "operator"
         return self._bearer(request) or self._session(request)
 
     def _may_act(self, request: Request) -> bool:
-        return not self.settings.read_only and self._role(request) == "operator"
+        return not self.read_only and self._role(request) == "operator"
 
     def _set_session(self, response: Response, request: Request, value: str) -> None:
         response.set_cookie(
@@ -120,38 +136,33 @@ class Dashboard:
             secure=request.url.scheme == "https",
         )
 
-    def guard(self, request: Request) -> Response | None:
-        """Return the refusal for *request*, or None when it may see the dashboard."""
-        if not self.settings.login:
+    def guard(self, request: Request) -> None:
+        """Raise the refusal of *request* unless it may see the dashboard."""
+        if not self.login:
             server = request.scope.get("server")
             if not is_loopback(server[0] if server else None) or not loopback_name(
                 request.headers.get("host")
             ):
-                return self._error(
-                    request,
-                    403,
-                    "This dashboard has no token: serve it on a loopback address or give it a token.",
+                raise ActionError(
+                    403, "This dashboard has no token: serve it on a loopback address or give it a token."
                 )
-            return None
-        if self._role(request) is not None:
-            return None
-        if request.method in ("GET", "HEAD"):
+        elif self._role(request) is None:
+            if request.method not in ("GET", "HEAD"):
+                raise ActionError(401, "Log in first.")
             target = self._url(
                 request, "/login", next=request.url.path[len(request.scope.get("root_path", "")) :] or "/"
             )
-            return RedirectResponse(target, status_code=303)
-        return self._error(request, 401, "Log in first.")
+            raise Refused(RedirectResponse(target, status_code=303))
 
-    def _csrf_refusal(self, request: Request, form: Any) -> Response | None:
+    def _check_csrf(self, request: Request, form: Any) -> None:
         if self._bearer(request):
-            return None  # a header a foreign page cannot set
+            return  # a header a foreign page cannot set
         session = request.cookies.get(COOKIE)
-        role = self.settings.roles.session(session)
+        role = self.roles.session(session)
         if session is None or role is None:
-            return self._error(request, 403, "Your session has expired: reload the page.")
-        if not self.settings.roles.guard(role).csrf_ok(session, form.get("csrf")):
-            return self._error(request, 403, "The form's CSRF token is missing or wrong: reload the page.")
-        return None
+            raise ActionError(403, "Your session has expired: reload the page.")
+        if not self.roles.guard(role).csrf_ok(session, form.get("csrf")):
+            raise ActionError(403, "The form's CSRF token is missing or wrong: reload the page.")
 
     def _url(self, request: Request, path: str, **query: Any) -> str:
         base = str(request.scope.get("root_path", ""))
@@ -159,12 +170,12 @@ class Dashboard:
         return base + path + ("?" + urlencode(params) if params else "")
 
     def _page(self, request: Request, name: str, context: dict[str, Any], status: int = 200) -> Response:
-        roles = self.settings.roles
+        roles = self.roles
         session = request.cookies.get(COOKIE)
         role = roles.session(session)
         valid = session if role is not None else None
         fresh = None
-        if valid is None and not self.settings.login and status < 400:  # never to a refused request
+        if valid is None and not self.login and status < 400:  # never to a refused request
             role, fresh = "operator", roles.operator.new_session()
             valid = fresh
         base = str(request.scope.get("root_path", ""))
@@ -177,9 +188,9 @@ class Dashboard:
             "read_only": not self._may_act(request),
             # The badge tells a signed-in reader why no button shows; before the login it says nothing.
             "signed_in": self._role(request) is not None,
-            "login": self.settings.login,
+            "login": self.login,
             "states": [str(s) for s in STATES],
-            "refresh_ms": self.settings.refresh_ms,
+            "refresh_ms": self.refresh_ms,
             "here": _here(request, base),
             **context,
         }
@@ -201,25 +212,27 @@ class Dashboard:
             request, "error.html", {"status": status, "message": message, "title": str(status)}, status
         )
 
+    def _refused(self, request: Request, exc: Exception) -> Response:
+        if isinstance(exc, Refused):
+            return exc.response
+        assert isinstance(exc, ActionError)
+        return self._error(request, exc.status, exc.message)
+
     def topics_page(self, request: Request) -> Response:
-        return self.guard(request) or self._topics(request, "topics.html")
+        self.guard(request)
+        return self._topics(request, "topics.html")
 
     def topics_rows(self, request: Request) -> Response:
         """The topics table's rows alone: what the live refresh swaps in. Their forms come back to
         the topics page, not to this fragment."""
-        return self.guard(request) or self._topics(request, "_topics_rows.html", here="/")
+        self.guard(request)
+        return self._topics(request, "_topics_rows.html", here="/")
 
     def _topics(self, request: Request, template: str, **context: Any) -> Response:
-        try:
-            topics = self.op.topics()
-        except ActionError as exc:
-            return self._error(request, exc.status, exc.message)
-        return self._page(request, template, {"overview": topics, "title": "Topics", **context})
+        return self._page(request, template, {"overview": self.op.topics(), "title": "Topics", **context})
 
     def jobs_page(self, request: Request) -> Response:
-        refused = self.guard(request)
-        if refused:
-            return refused
+        self.guard(request)
         topic = request.query_params.get("topic") or None
         state = request.query_params.get("state", "")
         if state not in {str(s) for s in STATES} or (topic is None and state not in FINISHED):
@@ -229,7 +242,8 @@ class Dashboard:
         return self._listing(request, "jobs.html", topic, state)
 
     def dead_page(self, request: Request) -> Response:
-        return self.guard(request) or self._listing(request, "jobs.html", None, State.DEAD)
+        self.guard(request)
+        return self._listing(request, "jobs.html", None, State.DEAD)
 
     def _listing(self, request: Request, template: str, topic: str | None, state: str) -> Response:
         after = request.query_params.get("after")
@@ -256,8 +270,6 @@ class Dashboard:
             filter_error = str(exc)
         except BadCursor:
             return self._error(request, 400, "That page link is not valid.")
-        except ActionError as exc:
-            return self._error(request, exc.status, exc.message)
         context = {
             "topic": topic,
             "state": state,
@@ -275,21 +287,14 @@ class Dashboard:
         return self._page(request, template, context, 400 if filter_error else 200)
 
     def tenants_page(self, request: Request) -> Response:
-        """A topic's tenants (SPEC T1-T3): the busiest first, bounded, with the forms that set the
-        defaults and a tenant's own limit, rate and weight."""
-        refused = self.guard(request)
-        if refused:
-            return refused
+        """A topic's busiest tenants, with the forms that set their limits, rates and weights (SPEC T1-T3)."""
+        self.guard(request)
         topic = request.path_params["topic"]
         if not _possible_topic(topic):
             return self._error(request, 400, "No job can have that topic.")
-        try:
-            page = self.op.tenant_page(topic, TENANTS_SHOWN)
-        except ActionError as exc:
-            return self._error(request, exc.status, exc.message)
         context = {
             "topic": topic,
-            "page": page,
+            "page": self.op.tenant_page(topic, TENANTS_SHOWN),
             "cap": TENANT_COUNT_CAP,
             "scan": TENANT_SCAN,
             "here": tenants_path(topic),
@@ -298,13 +303,8 @@ class Dashboard:
         return self._page(request, "tenants.html", context)
 
     def job_page(self, request: Request) -> Response:
-        refused = self.guard(request)
-        if refused:
-            return refused
-        try:
-            view = job_view(self.op, self.overview, request.path_params["job_id"])
-        except ActionError as exc:
-            return self._error(request, exc.status, exc.message)
+        self.guard(request)
+        view = job_view(self.op, self.overview, request.path_params["job_id"])
         state = view["job"].state
         context = {**view, "retryable": state in RETRYABLE, "cancelable": state in CANCELABLE}
         return self._page(request, "job.html", context)
@@ -316,56 +316,44 @@ class Dashboard:
         return RedirectResponse(target, status_code=308)
 
     async def login_page(self, request: Request) -> Response:
-        if not self.settings.login:
+        if not self.login:
             return RedirectResponse(self._url(request, "/"), status_code=303)
         target = _local(request.query_params.get("next"))
         if request.method == "POST":
             form = await self._form(request)
-            if isinstance(form, Response):
-                return form
             target = _local(str(form.get("next") or ""))
-            role = self.settings.roles.matches(str(form.get("token") or ""))
+            role = self.roles.matches(str(form.get("token") or ""))
             if role is not None:
                 response = RedirectResponse(self._url(request, target), status_code=303)
-                self._set_session(response, request, self.settings.roles.guard(role).new_session())
+                self._set_session(response, request, self.roles.guard(role).new_session())
                 return response
             log.info("dashboard login refused")
             return self._page(request, "login.html", {"next": target, "failed": True, "title": "Log in"}, 401)
         return self._page(request, "login.html", {"next": target, "failed": False, "title": "Log in"})
 
     async def logout(self, request: Request) -> Response:
-        form = await self._posted(request)
-        if isinstance(form, Response):
-            return form
-        response = RedirectResponse(
-            self._url(request, "/login" if self.settings.login else "/"), status_code=303
-        )
+        await self._posted(request)
+        response = RedirectResponse(self._url(request, "/login" if self.login else "/"), status_code=303)
         response.delete_cookie(COOKIE, path=request.scope.get("root_path") or "/")
         return response
 
-    async def _form(self, request: Request) -> FormData | Response:
+    async def _form(self, request: Request) -> FormData:
         """Read a small urlencoded form: never more than ``MAX_BODY`` bytes, never a chunked body."""
         problem = check_body(request.headers.get("content-length"), request.headers.get("transfer-encoding"))
         if problem is not None:
-            return self._error(request, problem.status, "That form is too large or malformed.")
+            raise ActionError(problem.status, "That form is too large or malformed.")
         return await request.form(max_files=0, max_fields=2 * PAGE_SIZE + 10)
 
-    async def _posted(self, request: Request) -> FormData | Response:
+    async def _posted(self, request: Request) -> FormData:
         """The form of a state-changing POST: token first, then a bounded body, then its CSRF token."""
-        refused = self.guard(request)
-        if refused:
-            return refused
+        self.guard(request)
         form = await self._form(request)
-        if isinstance(form, Response):
-            return form
-        refused = self._csrf_refusal(request, form)
-        return refused if refused else form
+        self._check_csrf(request, form)
+        return form
 
     async def action(self, request: Request) -> Response:
         form = await self._posted(request)
-        if isinstance(form, Response):
-            return form
-        if self.settings.read_only:
+        if self.read_only:
             return self._error(request, 403, "This dashboard is read-only.")
         if self._role(request) != "operator":
             return self._error(
@@ -379,10 +367,7 @@ class Dashboard:
             k: [str(v) for v in form.getlist(k)]
             for k in ("id", "topic", "value", "sequence", "tenant", "what")
         }
-        try:
-            message = await run_in_threadpool(act, self.op, values)
-        except ActionError as exc:
-            return self._error(request, exc.status, exc.message)
+        message = await run_in_threadpool(act, self.op, values)
         back = _local(str(form.get("back") or "/"))
         sep = "&" if "?" in back else "?"
         return RedirectResponse(
@@ -448,14 +433,9 @@ def _sequence_resume(op: Operator, values: dict[str, list[str]]) -> str:
     return "Sequence was not halted"
 
 
-def _pause(op: Operator, values: dict[str, list[str]]) -> str:
-    op.pause(_one(values, "topic"))
-    return "Topic paused"
-
-
-def _resume(op: Operator, values: dict[str, list[str]]) -> str:
-    op.resume(_one(values, "topic"))
-    return "Topic resumed"
+def _pause(op: Operator, values: dict[str, list[str]], paused: bool = True) -> str:
+    op.set_paused(_one(values, "topic"), paused)
+    return "Topic paused" if paused else "Topic resumed"
 
 
 def _retry(op: Operator, values: dict[str, list[str]]) -> str:
@@ -498,7 +478,7 @@ _ACTIONS: dict[str, Callable[[Operator, dict[str, list[str]]], str]] = {
     "depth": _depth,
     "retry-many": _retry_many,
     "pause": _pause,
-    "resume": _resume,
+    "resume": functools.partial(_pause, paused=False),
     "sequence-resume": _sequence_resume,
     "tenant": _tenant,
 }
@@ -525,24 +505,6 @@ def _local(target: str | None) -> str:
     if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
         return "/"
     return target
-
-
-def build(
-    operator: Operator,
-    overview: Overview,
-    *,
-    token: str | None,
-    read_only: bool,
-    refresh_ms: int = 2000,
-    viewer_token: str | None = None,
-) -> Dashboard:
-    """Return the Dashboard over *operator*; ``ValueError`` when *token* and *viewer_token* are equal."""
-    roles = Roles(token, viewer_token)
-    login = roles.configured
-    if not login:  # loopback only: a random key signs the sessions the forms' CSRF tokens need
-        roles = Roles(secrets.token_urlsafe(32))
-    settings = Settings(roles=roles, login=login, read_only=read_only, refresh_ms=refresh_ms)
-    return Dashboard(operator, overview, settings)
 
 
 # The sync pool a dashboard of an AsyncStore opens for itself: pages are few and short.
@@ -580,7 +542,7 @@ def dashboard(
             f"dashboard() needs a brooq_py.postgres.Store or AsyncStore, got {type(store).__name__}"
         )
     overview = Overview(store, ttl=cache_seconds)
-    board = build(
+    board = Dashboard(
         Operator(store, store, overview),
         overview,
         token=token,

@@ -30,14 +30,15 @@ NO_RESULT = {
     State.DEAD: "Ended dead: no result.",
     State.CANCELED: "Canceled: no result.",
 }
+# What the job page says of a sleep or a wait it recorded; a step is just "step recorded".
+WHAT_STEP = {"sleep": "slept until {} UTC", "wait": "waited for the signal, at most until {} UTC"}
 
 
 def _no_result(row: JobRow) -> str:
     """What the Result card says of a row without a result: why, by its state (a wait for a signal
     is a scheduled row whose available time is the wait's timeout)."""
-    waiting_for = getattr(row, "waiting_for", None)
-    if row.state is State.SCHEDULED and waiting_for:
-        return f"Waiting for the signal {waiting_for!r}: no result yet (its wait times out at its available time)."
+    if row.state is State.SCHEDULED and row.waiting_for:
+        return f"Waiting for the signal {row.waiting_for!r}: no result yet (its wait times out at its available time)."
     return NO_RESULT.get(row.state, f"{row.state}: no result.")
 
 
@@ -120,26 +121,18 @@ def job_view(op: Operator, overview: Overview, raw_id: str) -> dict[str, Any]:
         "parents": [r for r in relatives if r.side == "parent"],
         "children": [r for r in relatives if r.side == "child"],
         "graph_side": GRAPH_SIDE,
-        # Read through getattr: a row without durable steps (older code) renders as before.
-        "steps": timeline(tuple(getattr(row, "steps", None) or ())),
-        "waiting_for": getattr(row, "waiting_for", None),
+        "steps": timeline(row.steps),
+        "waiting_for": row.waiting_for,
         "title": f"Job {row.id}",
     }
 
 
 def timeline(steps: tuple[Any, ...]) -> list[dict[str, Any]]:
-    """The job's recorded steps, sleeps and waits in the order its handler called them, each with
-    what it says (SPEC DS5): ``kind``, ``name``, ``at`` and ``what``."""
+    """Each recorded step, sleep and wait, in the handler's order, with what the page says (SPEC DS5)."""
     out = []
     for st in steps:
         kind = getattr(st, "kind", "step")
-        until = getattr(st, "until", None)
-        if kind == "sleep":
-            what = f"slept until {when(until)} UTC"
-        elif kind == "wait":
-            what = f"waited for the signal, at most until {when(until)} UTC"
-        else:
-            what = "step recorded"
+        what = WHAT_STEP.get(kind, "step recorded").format(when(getattr(st, "until", None)))
         out.append({"kind": kind, "name": st.name, "at": st.at, "what": what})
     return out
 

@@ -11,6 +11,7 @@ import socketserver
 import threading
 import time
 from collections.abc import Callable, Iterable
+from http import HTTPStatus
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
@@ -19,7 +20,6 @@ from brooq_py.http.api import (
     BUSY,
     DEFAULT_CONCURRENCY,
     MAX_BODY,
-    REASONS,
     Gate,
     Reply,
     Request,
@@ -88,7 +88,6 @@ class SurfaceApp:
         viewer_token: str | None = None,
     ) -> None:
         self.surface = Surface(engine, token, viewer_token=viewer_token)
-        self.engine = engine
         self.gate = gate or Gate()
 
     def __repr__(self) -> str:
@@ -108,14 +107,15 @@ class SurfaceApp:
                     reply = Reply.error(400, "the request's body ended before its Content-Length")
                 else:
                     reply = self.surface.dispatch(Request(method, path, _headers(environ), body))
-                    if not body:
-                        _drain(environ, reply)
+                    if not body and reply.status not in (400, 411, 413):
+                        _body(environ)  # dropped: unread, it resets the connection before the answer
             finally:
                 self.gate.leave()
         else:
             reply = BUSY
-        status = f"{reply.status} {REASONS.get(reply.status, '')}".rstrip()
-        start_response(status, reply.all_headers())
+        # 413's name since RFC 9110; Python's table has it only from 3.13 on.
+        reason = "Content Too Large" if reply.status == 413 else HTTPStatus(reply.status).phrase
+        start_response(f"{reply.status} {reason}", reply.all_headers())
         log.debug(
             "%s %s -> %d (%.1f ms)", method, safe(path), reply.status, (time.monotonic() - started) * 1000
         )
@@ -123,8 +123,8 @@ class SurfaceApp:
 
 
 def _body(environ: Environ) -> bytes | None:
-    """A small body the route needs (at most ``MAX_BODY`` bytes; a longer one is refused unread), or
-    None when the stream ended before its Content-Length (a client that left: not a request)."""
+    """A small body (at most ``MAX_BODY`` bytes; a longer one is left unread, for the route to refuse),
+    or None when the stream ended before its Content-Length (a client that left: not a request)."""
     raw = str(environ.get("CONTENT_LENGTH") or "0").strip()
     length = int(raw) if raw.isascii() and raw.isdigit() else 0
     stream = environ.get("wsgi.input")
@@ -132,17 +132,6 @@ def _body(environ: Environ) -> bytes | None:
         body = bytes(stream.read(length))
         return body if len(body) == length else None
     return b""
-
-
-def _drain(environ: Environ, reply: Reply) -> None:
-    """Read a small body nobody needs, so the client reads the answer instead of a reset."""
-    if reply.status in (400, 411, 413):
-        return
-    raw = str(environ.get("CONTENT_LENGTH") or "0").strip()
-    length = int(raw) if raw.isascii() and raw.isdigit() else 0
-    stream = environ.get("wsgi.input")
-    if 0 < length <= MAX_BODY and stream is not None:
-        stream.read(length)
 
 
 class _EndSeen:
