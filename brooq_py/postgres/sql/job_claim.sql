@@ -12,7 +12,9 @@
 -- margin on the database clock claims nothing (F0, P1''); no engine row (run_once) claims under
 -- the row's own locked_until.
 -- `unrecorded`: the job has no step record (DS1), read in this statement's snapshot, so true only
--- when the row version locked is the one that snapshot holds (no claim came in between).
+-- when the row version locked is the one that snapshot holds (no claim came in between). Its
+-- ORDER BY keeps the probe on job_step's primary key even while the table is small (a cached
+-- plan would otherwise keep a scan of the whole table once it grew).
 WITH topics AS MATERIALIZED (
     SELECT t.topic, t.priority, t.after
     FROM unnest(%(topics)s::text[], %(priority)s::smallint[], %(after)s::timestamptz[]) AS t(topic, priority, after)
@@ -90,7 +92,7 @@ WITH topics AS MATERIALIZED (
 SELECT c.id::text, c.topic, c.payload, c.attempts, c.priority, c.claim_token::text, c.locked_by,
        c.locked_until, c.meta, c.crashes, c.available_at,
        k.seen = (SELECT o.ctid FROM {job} o WHERE o.id = c.id)
-           AND NOT EXISTS (SELECT FROM {job_step} s WHERE s.job_id = c.id) AS unrecorded
+           AND (SELECT s.seq FROM {job_step} s WHERE s.job_id = c.id ORDER BY s.seq LIMIT 1) IS NULL AS unrecorded
 FROM claimed c
 JOIN cand k ON k.id = c.id
 ORDER BY c.priority DESC, c.available_at, c.id
