@@ -168,17 +168,18 @@ def test_ds1_step_names_are_checked_before_anything_runs(
         Context().step("x", lambda: 1)
 
 
-def _ledger(store: Store) -> str:
+def ledger(store: Store, columns: str = "job uuid, amount int") -> str:
+    """Create the test's ledger table in the job's schema: the writes a transaction step makes."""
     table = f'"{store.schema}".ledger'
     with store.session.pool.connection() as conn:  # type: ignore[union-attr]
-        conn.execute(f"CREATE TABLE {table} (job uuid, amount int)")
+        conn.execute(f"CREATE TABLE {table} ({columns})")
     return table
 
 
 def test_ds2_transaction_step_commits_writes_and_record_together_or_not_at_all(
     store: Store, engines: Callable[..., Engine]
 ) -> None:
-    table = _ledger(store)
+    table = ledger(store)
     runs = Counter[str]()
 
     def book(tx: Tx, job_id: str, amount: int) -> int:

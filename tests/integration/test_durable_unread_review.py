@@ -25,7 +25,7 @@ from brooq_py.queue import Claim, Context, Job, KindOptions, State, Tx
 from brooq_py.queue.port import ClaimedJob
 from tests.integration.conftest import q
 from tests.integration.test_durable_first_read import counting_reads
-from tests.integration.test_durable_steps import OPTS, ended, step_rows
+from tests.integration.test_durable_steps import OPTS, ended, ledger, step_rows
 from tests.polling import wait_for
 
 LEASE = timedelta(seconds=60)
@@ -298,20 +298,13 @@ def test_unrecorded_agrees_with_the_log_after_records_were_deleted_or_left_behin
 # --- engines -----------------------------------------------------------------------------------
 
 
-def _ledger(store: Store) -> str:
-    table = f'"{store.schema}".ledger'
-    with store.session.pool.connection() as conn:  # type: ignore[union-attr]
-        conn.execute(f"CREATE TABLE {table} (job uuid, run int)")
-    return table
-
-
 def test_a_transaction_step_still_open_when_the_job_is_canceled_retried_and_run_again(
     store: Store, engines: Callable[..., Engine]
 ) -> None:
     """Run 1's transaction_step is inside fn (its write done, its record not yet) when an operator
     cancels the job and retries it: run 2 starts with an unrecorded claim, runs fn and records.
     Run 1's fn then returns: its record is refused and its write rolled back (DS2: once)."""
-    table = _ledger(store)
+    table = ledger(store, "job uuid, run int")
     seen = _claims_seen(store)
     runs = Counter[str]()
     started, release = threading.Event(), threading.Event()
