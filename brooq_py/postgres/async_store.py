@@ -7,7 +7,6 @@ E1-E6, X1, Q1, D3, D6, F1, F2); each method documents only what differs from the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
@@ -20,11 +19,11 @@ from brooq_py.contrib.otel import traced_aenqueue
 from brooq_py.postgres.enqueue import jobs as enqueueing
 from brooq_py.postgres.enqueue import plans
 from brooq_py.postgres.enqueue.unique import FirstTries
-from brooq_py.postgres.flow.caps import WAIT_FIRST_STEP, TopicCaps, checked_wait, next_step, no_wait_in_tx
+from brooq_py.postgres.flow.caps import RoomWait, TopicCaps, checked_wait, no_wait_in_tx
 from brooq_py.postgres.flow.limits import (
     LIMIT_WAIT,
-    checked_count,
-    checked_topic,
+    depth_params,
+    park_column,
     rate_params,
     tenant_limit_params,
     tenant_rate_params,
@@ -68,27 +67,18 @@ class AsyncStore:
     @names_migration
     async def enqueue(self, job: Job, *, wait: float | timedelta | None = None) -> EnqueueResult:
         """``Store.enqueue``, awaited (its *wait* sleeps on the event loop)."""
-        seconds = None if wait is None else checked_wait(wait)
-        plan = enqueueing.enqueue_own(self._q, job, self._caps, self._first_tries)
-        if seconds is None:
-            return await self.session.drive("enqueueing", plan)
-        deadline, step = time.monotonic() + seconds, WAIT_FIRST_STEP
+        room = RoomWait(None if wait is None else checked_wait(wait))
         while True:
+            plan = enqueueing.enqueue_own(self._q, job, self._caps, self._first_tries)
             try:
                 return await self.session.drive("enqueueing", plan)
             except QueueFull as full:
                 while True:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise full from None
-                    await asyncio.sleep(min(step, left))
-                    step = next_step(step)
+                    await asyncio.sleep(room.pause(full))
                     params = {"topic": full.topic, "cap": full.depth, "n": 1}
-                    if (await self.session.run("probing a topic's room", self._q["topic_room"], params))[0][
-                        0
-                    ]:
+                    rows = await self.session.run("probing a topic's room", self._q["topic_room"], params)
+                    if rows[0][0]:
                         break
-            plan = enqueueing.enqueue_own(self._q, job, self._caps, self._first_tries)
 
     @traced_aenqueue("job")
     @names_migration
@@ -189,24 +179,14 @@ class AsyncStore:
                 await run(self._q["topic_rate_lock"], {"topic": params["topic"]})
                 newly = bool((await run(self._q["topic_set_rate"], params))[0][0])
             if params["limit"] is not None and newly:
-                writers = await run(self._q["topic_limit_writers"], {"schema": self._q.schema})
-                left, deadline = writers_left(writers), time.monotonic() + LIMIT_WAIT
-                while writers and time.monotonic() < deadline:
-                    if (await run(self._q["topic_limit_writers_left"], left))[0][0] == 0:
-                        break
-                    await asyncio.sleep(0.01)
+                await self._after_writers(run)
 
     async def set_max_depth(self, topic: str, depth: int | None, *, park: bool = False) -> None:
         """``Store.set_max_depth``, awaited."""
-        if not isinstance(park, bool):
-            raise ValueError(f"park must be a bool, got {type(park).__name__}")
-        params = {"topic": checked_topic(topic), "depth": checked_count(depth, "depth"), "park": park}
+        params = depth_params(topic, depth, park)
         await self.session.run("setting a topic's depth cap", self._q["topic_set_depth"], params)
-        if park:
+        with park_column(park):
             await self.session.run("setting a topic's depth cap", self._q["topic_set_park"], params)
-        else:
-            with contextlib.suppress(psycopg.errors.UndefinedColumn):  # before migration 0018: nothing parks
-                await self.session.run("setting a topic's depth cap", self._q["topic_set_park"], params)
         self._caps.forget()
 
     async def set_tenant_limit(self, topic: str, n: int | None, tenant: str | None = None) -> None:

@@ -203,10 +203,7 @@ class Watch(_Waiters[threading.Event]):
             self._wake_all()
             thread, self._thread = self._thread, None
             self._cond.notify_all()
-        conn = self._conn
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.close()  # ends a notifies() in progress
+        self._drop_conn()  # ends a notifies() in progress
         if thread is not None and thread is not threading.current_thread():
             thread.join(5)
         self._drop_conn()

@@ -13,7 +13,7 @@ from brooq_py.contrib.otel import traced_enqueue
 from brooq_py.postgres.enqueue import jobs as enqueueing
 from brooq_py.postgres.enqueue import plans
 from brooq_py.postgres.enqueue.unique import FirstTries
-from brooq_py.postgres.flow.caps import WAIT_FIRST_STEP, TopicCaps, checked_wait, next_step, no_wait_in_tx
+from brooq_py.postgres.flow.caps import RoomWait, TopicCaps, checked_wait, no_wait_in_tx
 from brooq_py.postgres.session.connections import Session
 from brooq_py.postgres.session.errors import names_migration, translated
 from brooq_py.postgres.session.tx import as_psycopg, drive, in_block, on_tx
@@ -38,25 +38,17 @@ class Producer:
         it. Idempotent on (topic, key) for the life of the row; InvalidJob before anything is written.
         *wait*: a full topic (QueueFull) is waited on up to this long, one bounded probe of its room
         per step (SPEC F3), before QueueFull is raised."""
-        seconds = None if wait is None else checked_wait(wait)
-        plan = enqueueing.enqueue_own(self._q, job, self._caps, self._first_tries)
-        if seconds is None:
-            return self.session.drive("enqueueing", plan)
-        deadline, step = time.monotonic() + seconds, WAIT_FIRST_STEP
+        room = RoomWait(None if wait is None else checked_wait(wait))
         while True:
+            plan = enqueueing.enqueue_own(self._q, job, self._caps, self._first_tries)
             try:
                 return self.session.drive("enqueueing", plan)
             except QueueFull as full:
                 while True:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise full from None
-                    time.sleep(min(step, left))
-                    step = next_step(step)
+                    time.sleep(room.pause(full))
                     params = {"topic": full.topic, "cap": full.depth, "n": 1}
                     if self.session.run("probing a topic's room", self._q["topic_room"], params)[0][0]:
                         break
-            plan = enqueueing.enqueue_own(self._q, job, self._caps, self._first_tries)
 
     @traced_enqueue("job")
     @names_migration

@@ -59,9 +59,21 @@ def no_wait_in_tx(wait: Any) -> None:
         )
 
 
-def next_step(step: float) -> float:
-    """The wait step after *step*: doubled, up to WAIT_LONGEST_STEP."""
-    return min(step * 2, WAIT_LONGEST_STEP)
+class RoomWait:
+    """The sleeps of ``enqueue(job, wait=seconds)`` between the probes of a full topic's room, doubling
+    up to WAIT_LONGEST_STEP; no *seconds* (None): no wait."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.deadline = time.monotonic() + (seconds or 0.0)
+        self.step = WAIT_FIRST_STEP
+
+    def pause(self, full: QueueFull) -> float:
+        """Seconds to sleep before the next probe; raise *full* once the wait is over."""
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise full from None
+        pause, self.step = min(self.step, left), min(self.step * 2, WAIT_LONGEST_STEP)
+        return pause
 
 
 class TopicCaps:

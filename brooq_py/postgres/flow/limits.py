@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -183,11 +185,10 @@ class Flow:
         the cap. This Store obeys it at once, others within a second. ValueError out of 0..2**31-1.
         *park*: past the cap, write the job ``parked`` instead of refusing it (SPEC F3); the stagers
         release the oldest parked jobs as room appears."""
-        if not isinstance(park, bool):
-            raise ValueError(f"park must be a bool, got {type(park).__name__}")
-        params = {"topic": checked_topic(topic), "depth": checked_count(depth, "depth"), "park": park}
+        params = depth_params(topic, depth, park)
         self.session.run("setting a topic's depth cap", self._q["topic_set_depth"], params)
-        set_park(self.session.run, self._q["topic_set_park"], params)
+        with park_column(park):
+            self.session.run("setting a topic's depth cap", self._q["topic_set_park"], params)
         self._caps.forget()
 
     def queue_full_refusals(self) -> dict[str, int]:
@@ -370,15 +371,17 @@ def tenant_weight_params(topic: Any, tenant: Any, weight: Any) -> dict[str, Any]
     return {**checked, "weight": weight}
 
 
-def set_park(run: Any, query: Any, params: dict[str, Any]) -> Any:
-    """Run ``topic_set_park`` with *run* (a Session's, sync or async): on a schema before migration
-    0018 (no such column) nothing parks, and only ``park=True`` is an error."""
-    if not params["park"]:
-        try:
-            return run("setting a topic's depth cap", query, params)
-        except psycopg.errors.UndefinedColumn:
-            return None
-    return run("setting a topic's depth cap", query, params)
+def depth_params(topic: Any, depth: Any, park: Any) -> dict[str, Any]:
+    """The parameters of ``topic_set_depth`` and ``topic_set_park`` (InvalidJob or ValueError)."""
+    if not isinstance(park, bool):
+        raise ValueError(f"park must be a bool, got {type(park).__name__}")
+    return {"topic": checked_topic(topic), "depth": checked_count(depth, "depth"), "park": park}
+
+
+def park_column(park: bool) -> AbstractContextManager[None]:
+    """Around ``topic_set_park``: a schema before migration 0018 (no such column) parks nothing, and
+    only ``park=True`` is an error there."""
+    return contextlib.nullcontext() if park else contextlib.suppress(psycopg.errors.UndefinedColumn)
 
 
 def rate_params(topic: str, limit: Any, per: Any, burst: Any) -> dict[str, Any]:

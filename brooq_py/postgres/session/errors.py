@@ -142,10 +142,6 @@ def _missing(exc: BaseException) -> BaseException | None:
     return None
 
 
-def _missing_tables(exc: BaseException) -> bool:
-    return _missing(exc) is not None
-
-
 # Tables of the migrations after 0010: one missing says the schema is behind, not unmigrated.
 _LATER_TABLES = frozenset(
     {
@@ -187,7 +183,7 @@ def behind(schema: str) -> BrooqError:
 def _schema_error(schema: str, exc: BaseException) -> BrooqError | None:
     """The error naming ``migrate up`` for a schema without brooq's tables, or older than this code
     (a column missing); None for any other error."""
-    if _missing_tables(exc):
+    if _missing(exc) is not None:
         return behind(schema) if _a_later_table(exc) else not_migrated(schema)
     if isinstance(exc, psycopg.errors.UndefinedColumn) or isinstance(
         exc.__cause__ or exc.__context__, psycopg.errors.UndefinedColumn
