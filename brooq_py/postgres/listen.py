@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 
 from brooq_py.postgres.session.connections import deadline, statement_budget
-from brooq_py.postgres.session.errors import is_own_outage, translated, unavailable
+from brooq_py.postgres.session.errors import translated
 from brooq_py.postgres.session.statements import Queries, cancel_channel_for, channel_for, stage_channel_for
 
 log = logging.getLogger("brooq_py.postgres")
@@ -60,7 +60,8 @@ class PgListener:
         self._probe = f"brooq-probe:{uuid.uuid4()}"
         self._probe_deadline: float | None = None
         self._backlog: deque[psycopg.Notify] = deque()
-        with translated("opening the LISTEN connection"):
+        # A standby refuses LISTEN during recovery (25006): an outage, retried with backoff.
+        with translated("opening the LISTEN connection", own=True):
             self._conn = connect()
             try:
                 self._conn.execute(queries["listen"].composed)
@@ -72,12 +73,8 @@ class PgListener:
                     with connect() as other:
                         other.execute(queries["listen_probe"].composed, {"payload": self._probe})
                     self._probe_deadline = time.monotonic() + probe_timeout
-            except BaseException as exc:
-                # A standby refuses LISTEN during recovery (25006): an outage, retried with backoff.
-                outage = isinstance(exc, psycopg.Error) and is_own_outage(exc)
+            except BaseException:
                 self._conn.close()
-                if outage:
-                    raise unavailable(exc, "opening the LISTEN connection") from exc
                 raise
         self._channel = channel_for(queries.schema)
 
@@ -125,26 +122,20 @@ class PgListener:
     def _next(self, timeout: float) -> psycopg.Notify | None:
         if self._backlog:
             return self._backlog.popleft()
-        try:
+        with translated("waiting for notifications", own=True):
             # to its end: notifications of one packet come together, and leaving early drops the rest
             self._backlog.extend(self._conn.notifies(timeout=timeout, stop_after=1))
-            return self._backlog.popleft() if self._backlog else None
-        except psycopg.Error as exc:
-            if not is_own_outage(exc):
-                raise
-            raise unavailable(exc, "waiting for notifications") from exc
+        return self._backlog.popleft() if self._backlog else None
 
     def _ping_if_due(self) -> None:
         lease = self._ping_every
         if lease is None or time.monotonic() - self._pinged < max(lease.total_seconds() / 3, 1.0):
             return
-        try:
-            with deadline(self._conn, statement_budget(lease)):
-                self._conn.execute(self._listen.composed)
-        except psycopg.Error as exc:
-            if not is_own_outage(exc):
-                raise
-            raise unavailable(exc, "pinging the LISTEN connection") from exc
+        with (
+            translated("pinging the LISTEN connection", own=True),
+            deadline(self._conn, statement_budget(lease)),
+        ):
+            self._conn.execute(self._listen.composed)
         self._pinged = time.monotonic()
 
     def _refuse(self) -> None:

@@ -13,7 +13,7 @@ import psycopg
 
 from brooq_py.postgres.enqueue.unique import FirstTries, enqueue_unique
 from brooq_py.postgres.enqueue.unique import meta_json as unique_meta_json
-from brooq_py.postgres.flow.caps import NO_ANCHOR, TopicCaps
+from brooq_py.postgres.flow.caps import TopicCaps
 from brooq_py.postgres.session.statements import Queries, Query, job_row, parse_id, tenanted
 from brooq_py.postgres.session.tx import Plan
 from brooq_py.queue import BrooqError, EnqueueResult, InvalidJob, Job, JobRow, State
@@ -151,7 +151,7 @@ def enqueue_single(q: Queries, job: Job, payload: str, caps: TopicCaps) -> Plan[
     params = {**_plain_params(job, uuid7(), payload), "key": job.key, "meta": job.meta_json()}
     params["cap"] = cap
     params["park"] = job.topic in caps.parking
-    sent = caps.depth_params(job.topic) if cap is not None else ({**NO_ANCHOR}, None)
+    sent = caps.depth_params(job.topic, cap)
     params.update(sent[0])
     for _ in range(ATTEMPTS):
         rows = yield q[tenanted("job_enqueue", job.tenant is not None)], params

@@ -53,7 +53,7 @@ def enqueue_unique(q: Queries, job: Job, payload: str, cap: int | None, caps: To
     """Plan: insert *job* unless an active job holds its unique key (answered: its id, created=False,
     merged or replaced); QueueFull when the topic is at its cap and no holder answers."""
     params = unique_params(job, payload, cap)
-    sent = caps.depth_params(job.topic) if cap is not None else ({**NO_ANCHOR}, None)
+    sent = caps.depth_params(job.topic, cap)
     params.update(sent[0])
     changes = job.on_duplicate != "keep"
     name = "job_enqueue_unique_update" if changes and job.key is None else "job_enqueue_unique"

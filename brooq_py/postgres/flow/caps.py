@@ -108,9 +108,11 @@ class TopicCaps:
                     del kept[topic]
         return caps
 
-    def depth_params(self, topic: str) -> tuple[dict[str, int | None], int | None]:
-        """The parameters of a counting statement of *topic* (anchor and checkpoint), and the value of
-        this Store's last counting statement, for ``answered``."""
+    def depth_params(self, topic: str, cap: int | None) -> tuple[dict[str, int | None], int | None]:
+        """The parameters of a counting statement of *topic* (anchor and checkpoint; none for an
+        uncapped *cap*), and the value of this Store's last counting statement, for ``answered``."""
+        if cap is None:
+            return {**NO_ANCHOR}, None
         anchor = self._anchor(topic)
         base, seq0 = anchor if anchor is not None else (None, None)
         cp_s, cp_m = self._checkpoints.get(topic, (None, None))

@@ -88,13 +88,14 @@ def unavailable(exc: BaseException, doing: str) -> StoreUnavailable | InvalidUsa
 
 
 @contextmanager
-def translated(doing: str, conn: Any = None) -> Iterator[None]:
+def translated(doing: str, conn: Any = None, *, own: bool = False) -> Iterator[None]:
     """Raise StoreUnavailable (chained) for a psycopg connection error inside the block, and for a
-    read-only server's refusal on *conn* (the block's connection, when known; never closed here)."""
+    read-only server's refusal on *conn* (the block's connection, when known; never closed here);
+    *own*: the block runs on a connection of the library's own, where any 25006 is the server's."""
     try:
         yield
     except psycopg.Error as exc:
-        if not is_outage(exc, conn):
+        if not (is_own_outage(exc) if own else is_outage(exc, conn)):
             raise
         raise unavailable(exc, doing) from exc
 
