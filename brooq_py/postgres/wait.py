@@ -123,7 +123,8 @@ class Watch(_Waiters[threading.Event]):
                 if self.generation != generation:
                     raise _closed(w.key)
         finally:
-            self.unregister(w.key, event)
+            with self._cond:
+                self._remove(w.key, event)
 
     def result(self, job_id: str, timeout: float | timedelta | None = None) -> Any:
         """``wait()``, then return the result of a done job; raise JobFailed for a dead one,
@@ -140,10 +141,6 @@ class Watch(_Waiters[threading.Event]):
                 self._thread.start()
             self._cond.notify_all()
         return event
-
-    def unregister(self, job_id: str, event: threading.Event) -> None:
-        with self._cond:
-            self._remove(job_id, event)
 
     def _loop(self) -> None:
         while True:

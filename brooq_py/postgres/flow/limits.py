@@ -6,9 +6,9 @@ import contextlib
 import math
 import time
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeGuard
 
 import psycopg
 
@@ -29,23 +29,28 @@ def checked_rate(limit: Any, per: Any, burst: Any) -> tuple[int | None, float | 
     """Return (limit, per seconds, burst) for ``set_rate_limit``, or raise ValueError (see there)."""
     if limit is None:
         return None, None, None
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= INT32_MAX:
+    if not _int_from(limit, 1):
         raise ValueError(f"limit must be None or an integer from 1 to {INT32_MAX}, got {limit!r}")
     seconds = per.total_seconds() if isinstance(per, timedelta) else per
     if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not MIN_PER <= seconds < math.inf:
         raise ValueError(f"per must be seconds (one microsecond or more) or a timedelta, got {per!r}")
     if burst is None:
         burst = limit
-    if isinstance(burst, bool) or not isinstance(burst, int) or not 1 <= burst <= INT32_MAX:
+    if not _int_from(burst, 1):
         raise ValueError(f"burst must be None or an integer from 1 to {INT32_MAX}, got {burst!r}")
     return limit, float(seconds), burst
+
+
+def _int_from(value: Any, least: int) -> TypeGuard[int]:
+    """Whether *value* is an int (not a bool) from *least* to INT32_MAX."""
+    return isinstance(value, int) and not isinstance(value, bool) and least <= value <= INT32_MAX
 
 
 def checked_count(value: Any, what: str) -> int | None:
     """Return *value* (None or an int from 0 to 2**31-1: a limit, a depth), or raise ValueError naming *what*."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= INT32_MAX:
+    if not _int_from(value, 0):
         raise ValueError(f"{what} must be None or an integer from 0 to {INT32_MAX}, got {value!r}")
     return value
 
@@ -279,14 +284,7 @@ class TenantRow:
     weight: int | None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "tenant": self.tenant,
-            "waiting": self.waiting,
-            "running": self.running,
-            "limit": self.limit,
-            "rate": self.rate,
-            "weight": self.weight,
-        }
+        return asdict(self)
 
 
 # The tenants with jobs the dashboard's tenants page looks at, in name order, before it ranks them.
@@ -364,9 +362,7 @@ def tenant_rate_params(topic: Any, limit: Any, per: Any, burst: Any, tenant: Any
 def tenant_weight_params(topic: Any, tenant: Any, weight: Any) -> dict[str, Any]:
     """The parameters of ``tenant_set_weight``: a weight from 1 to 2**31-1 or None (ValueError)."""
     checked = {"topic": checked_topic(topic), "tenant": checked_tenant(tenant, default=False)}
-    if weight is not None and (
-        isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= INT32_MAX
-    ):
+    if weight is not None and not _int_from(weight, 1):
         raise ValueError(f"weight must be None or an integer from 1 to {INT32_MAX}, got {weight!r}")
     return {**checked, "weight": weight}
 

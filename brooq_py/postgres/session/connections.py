@@ -75,21 +75,20 @@ class Session:
         self.pool = pool
         self.q = Queries(check_schema(schema))
         self.conninfo = conninfo
-        # The pool's settings may be callables (evaluated per connection); so are ours.
-        self._pool_conninfo = pool.conninfo if pool is not None else None
-        self._pool_kwargs = pool.kwargs if pool is not None else None
         self.own_lease = DEFAULT_LEASE
 
     def connect_own(self, options: str = "") -> psycopg.Connection[Any]:
         """Open one of the Store's own autocommit connections, its waits bounded by ``own_lease``;
         *options*: server settings (``-c name=value``) for its session alone."""
+        pool = self.pool
         if self.conninfo is not None:
             conninfo, extra = self.conninfo, {}
-        elif self._pool_conninfo is None:
+        elif pool is None:
             raise no_pool("Store", "opening its own connection")
         else:
-            conninfo = self._pool_conninfo() if callable(self._pool_conninfo) else self._pool_conninfo
-            kwargs = self._pool_kwargs() if callable(self._pool_kwargs) else (self._pool_kwargs or {})
+            # The pool's settings may be callables (evaluated per connection); so are ours.
+            conninfo = pool.conninfo() if callable(pool.conninfo) else pool.conninfo
+            kwargs = pool.kwargs() if callable(pool.kwargs) else (pool.kwargs or {})
             extra = {k: v for k, v in kwargs.items() if k not in NOT_LIBPQ}
         return psycopg.connect(conninfo, autocommit=True, **merged(extra, self.own_lease, options))
 

@@ -181,10 +181,6 @@ class Queries:
 # --- the NOTIFY channels of a schema --------------------------------------------------------------
 
 
-_PREFIX = "brooq."
-_STAGE_PREFIX = "brooq_stage."
-_CANCEL_PREFIX = "brooq_cancel."
-_SETTLED_PREFIX = "brooq_settled."
 _MAX_IDENTIFIER_BYTES = 63
 
 
@@ -198,23 +194,23 @@ def _named(prefix: str, schema: str) -> str:
 def channel_for(schema: str) -> str:
     """``brooq.<schema>`` (``brooq.<md5(schema)>`` past 63 bytes, as every channel here): a topic has
     ready jobs; the payload is the topic (empty: every topic)."""
-    return _named(_PREFIX, schema)
+    return _named("brooq.", schema)
 
 
 def stage_channel_for(schema: str) -> str:
     """``brooq_stage.<schema>``: a job of the topic in the payload was scheduled."""
-    return _named(_STAGE_PREFIX, schema)
+    return _named("brooq_stage.", schema)
 
 
 def cancel_channel_for(schema: str) -> str:
     """``brooq_cancel.<schema>``: a processing job was canceled; the payload is ``"<id> <claim_token>"``."""
-    return _named(_CANCEL_PREFIX, schema)
+    return _named("brooq_cancel.", schema)
 
 
 def settled_channel_for(schema: str) -> str:
     """``brooq_settled.<schema>``: one per outcome batch (or closing transaction, or cancel) that
     ended a job, empty payload; waiters check their ids again (SPEC V2)."""
-    return _named(_SETTLED_PREFIX, schema)
+    return _named("brooq_settled.", schema)
 
 
 # --- parameters: array literals for the batch statements of the hot path --------------------------
@@ -303,11 +299,8 @@ def job_row(r: Any) -> JobRow:
     whose missing fields would be silently empty (SPEC R0)."""
     if len(r) != JOB_ROW_COLUMNS:
         raise ValueError(f"a job row has {JOB_ROW_COLUMNS} columns (job_get's), got {len(r)}")
-    parents = r[14]
     result, errors, progress, note, meta, crashes = r[15:21]
     state = State(r[3])
-    sequence = r[23]
-    tenant = r[24]
     return JobRow(
         id=str(r[0]),
         topic=r[1],
@@ -327,12 +320,12 @@ def job_row(r: Any) -> JobRow:
         progress=None if progress is None else float(progress),
         progress_note=note,
         meta=meta or {},
-        parents=tuple(dict.fromkeys(str(p) for p in parents or ())),  # a group's job given twice: once
+        parents=tuple(dict.fromkeys(str(p) for p in r[14] or ())),  # a group's job given twice: once
         crashes=crashes or 0,
         steps=step_records(r[22]),
         waiting_for=r[21] if state is State.SCHEDULED else None,
-        sequence=sequence,
-        tenant=tenant,
+        sequence=r[23],
+        tenant=r[24],
     )
 
 
@@ -340,17 +333,15 @@ def step_records(value: Any) -> tuple[StepRecord, ...]:
     """The row's recorded steps ([name, at, kind, until] each, in order) as StepRecord records."""
     if not isinstance(value, list):
         return ()
-    out = []
-    for name, at, kind, until in value:
-        out.append(
-            StepRecord(
-                name=name,
-                at=datetime.fromisoformat(at),
-                kind=kind,
-                until=datetime.fromisoformat(until) if isinstance(until, str) else None,
-            )
+    return tuple(
+        StepRecord(
+            name,
+            datetime.fromisoformat(at),
+            kind,
+            datetime.fromisoformat(until) if isinstance(until, str) else None,
         )
-    return tuple(out)
+        for name, at, kind, until in value
+    )
 
 
 def attempt_errors(value: Any) -> tuple[AttemptError, ...]:
