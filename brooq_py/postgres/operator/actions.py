@@ -126,8 +126,7 @@ def refusal_text(job_id: str, rows: list[tuple[Any, ...]]) -> str | None:
         return f"job {job_id} is {state}: only dead or canceled jobs can be retried"
     if holder is not None:
         return f"job {holder} is active with the same unique key {unique_key!r}: retry refused"
-    if parent is not None and parent.endswith(" no longer exists"):  # deleted: it cannot be retried
-        return f"its parent {parent}: a job runs only after its parents are done"
-    if parent is not None:
-        return f"its parent {parent}: a job runs only after its parents are done (retry the parent first)"
+    if parent is not None:  # a deleted parent cannot be retried
+        retry = "" if parent.endswith(" no longer exists") else " (retry the parent first)"
+        return f"its parent {parent}: a job runs only after its parents are done{retry}"
     return None

@@ -104,9 +104,7 @@ def refused_by_read_only(exc: BaseException, conn: Any, own: bool = False) -> bo
     """Whether *exc* (a psycopg error, or a StoreUnavailable raised from one) is a read-only server's
     refusal; *own*: in a transaction the library opened itself (any 25006 is then the server's)."""
     cause = exc.__cause__ if isinstance(exc, StoreUnavailable) else exc
-    if own:
-        return is_read_only_refusal(cause)
-    return on_read_only_server(cause, conn)
+    return is_read_only_refusal(cause) if own else on_read_only_server(cause, conn)
 
 
 @contextmanager
