@@ -225,15 +225,11 @@ def _repeat(
     """Answer *job*, the batch's *i*-th, whose key an earlier job carried, as a second enqueue would: by
     the earlier row when it holds the idempotency key (or, without one, the kept unique key), else by
     the one-job plan. *how*: what each answered job's row holds ("created", "key", "unique", "plan")."""
-    if job.key is not None:
-        first = first_of[("key", job.topic, job.key)]
-        if first != i and how[first] in ("created", "key"):
-            how[i] = "key"
-            return _again(results[first])
-    elif job.unique_key is not None and job.on_duplicate == "keep":
-        first = first_of[("unique", job.topic, job.unique_key)]
-        if first != i and how[first] in ("created", "unique"):
-            how[i] = "unique"
+    kind = "key" if job.key is not None else "unique" if job.on_duplicate == "keep" else None
+    if kind is not None:
+        first = first_of[_names(job)[0]]  # the key's name, else the unique key's
+        if first != i and how[first] in ("created", kind):
+            how[i] = kind
             return _again(results[first])
     (payload,) = validated([job])
     if job.sequence is not None or (job.topic in caps.parking and job.unique_key is not None):
@@ -282,6 +278,9 @@ def _enqueue_many(
     how: dict[int, str] = {}  # what each answered job's row holds (see _repeat)
     ids = dict(zip(todo, uuid7_texts(len(todo)), strict=True))
     known = yield from known_caps(q, caps)
+    if parents is not None:
+        # jobs with parents wait blocked, never parked: a parking topic is not capped for them
+        known = {t: c for t, c in known.items() if t not in caps.parking}
     unique = any(jobs[i].unique_key is not None for i in todo)
 
     for _ in range(ATTEMPTS):
@@ -308,12 +307,6 @@ def _enqueue_many(
             params["unique_keys"] = text_array([job.unique_key for job in batch])
             query = q[tenanted("job_enqueue_many_unique", named)]
         elif parents is not None:
-            # jobs with parents wait blocked, never parked: a parking topic is not capped for them
-            params.update(
-                _cap_params(
-                    jobs, todo, {t: c for t, c in known.items() if t not in caps.parking}, caps.parking
-                )
-            )
             params.update(after_params([parents[i] for i in todo], batch))
             query = q[tenanted("job_enqueue_after", named)]
         else:
