@@ -52,16 +52,6 @@ def _script() -> Any:
     return ScriptDirectory(str(migrations_dir()))
 
 
-def _config(schema: str, engine: Any) -> Any:
-    from alembic.config import Config
-
-    config = Config()
-    config.set_main_option("script_location", str(migrations_dir()))
-    config.attributes["schema"] = schema
-    config.attributes["engine"] = engine
-    return config
-
-
 def _engine(dsn: str) -> Any:
     import psycopg
     from sqlalchemy import create_engine
@@ -72,17 +62,20 @@ def _engine(dsn: str) -> Any:
 
 
 def _run(dsn: str, schema: str, revision: str, direction: str) -> None:
+    from alembic.config import Config
     from alembic.runtime.environment import EnvironmentContext
 
     check_schema(schema)
     script = _script()
     engine = _engine(dsn)
-    config = _config(schema, engine)
+    config = Config()
+    config.set_main_option("script_location", str(migrations_dir()))
+    config.attributes["schema"] = schema
+    config.attributes["engine"] = engine
+    revs = script._upgrade_revs if direction == "upgrade" else script._downgrade_revs
 
     def step(rev: Any, context: Any) -> Any:
-        if direction == "upgrade":
-            return script._upgrade_revs(revision, rev)
-        return script._downgrade_revs(revision, rev)
+        return revs(revision, rev)
 
     logger.info("migrations: %s schema %s to %s", direction, schema, revision)
     try:

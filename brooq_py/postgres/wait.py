@@ -183,7 +183,8 @@ class Watch(_Waiters[threading.Event]):
         if not ids:
             return
         with _logged(ids):
-            rows = self._session.run("checking waited jobs", self._session.q["job_wait_check"], _ids(ids))
+            params = {"ids": uuid_array(ids)}
+            rows = self._session.run("checking waited jobs", self._session.q["job_wait_check"], params)
         with self._cond:
             self._wake(ids, rows)
 
@@ -288,9 +289,8 @@ class AsyncWatch(_Waiters[asyncio.Event]):
         if not ids:
             return
         with _logged(ids):
-            rows = await self._session.run(
-                "checking waited jobs", self._session.q["job_wait_check"], _ids(ids)
-            )
+            params = {"ids": uuid_array(ids)}
+            rows = await self._session.run("checking waited jobs", self._session.q["job_wait_check"], params)
         self._wake(ids, rows)
 
     async def _drop_conn(self) -> None:
@@ -308,10 +308,6 @@ class AsyncWatch(_Waiters[asyncio.Event]):
             with contextlib.suppress(BaseException):
                 await task
         await self._drop_conn()
-
-
-def _ids(ids: list[str]) -> dict[str, Any]:
-    return {"ids": uuid_array(ids)}
 
 
 @contextlib.contextmanager

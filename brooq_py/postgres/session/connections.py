@@ -335,28 +335,26 @@ class OwnConnection:
 # --- bounded waits on the own connections ---------------------------------------------------------
 
 
-def own_connection_kwargs(lease: timedelta) -> dict[str, Any]:
-    """libpq settings for a connection that must notice trouble within *lease*/3."""
+def merged(kwargs: dict[str, Any], lease: timedelta, options: str = "") -> dict[str, Any]:
+    """*kwargs* with the libpq settings of a connection that must notice trouble within *lease*/3,
+    then *options*; the caller's ``options`` come first, so ours win."""
     third = max(lease.total_seconds() / 3, 1.0)
     ms = int(third * 1000)
+    ours = (
+        f"-c statement_timeout={ms} -c lock_timeout={max(ms // 2, 100)} "
+        f"-c idle_in_transaction_session_timeout={ms * 3} -c tcp_keepalives_idle={max(1, int(third / 2))} "
+        f"-c tcp_keepalives_interval={max(1, int(third / 6))} -c tcp_keepalives_count=3"
+    )
     return {
+        **kwargs,
         "connect_timeout": max(2, int(third)),
         "keepalives": 1,
         "keepalives_idle": max(1, int(third / 2)),
         "keepalives_interval": max(1, int(third / 6)),
         "keepalives_count": 3,
         "tcp_user_timeout": ms,
-        "options": f"-c statement_timeout={ms} -c lock_timeout={max(ms // 2, 100)} "
-        f"-c idle_in_transaction_session_timeout={ms * 3} -c tcp_keepalives_idle={max(1, int(third / 2))} "
-        f"-c tcp_keepalives_interval={max(1, int(third / 6))} -c tcp_keepalives_count=3",
+        "options": " ".join(o for o in (kwargs.get("options"), ours, options) if o),
     }
-
-
-def merged(kwargs: dict[str, Any], lease: timedelta, options: str = "") -> dict[str, Any]:
-    """*kwargs* with *lease*'s bounds, then *options*; the caller's ``options`` come first, so ours win."""
-    out = {**kwargs, **own_connection_kwargs(lease)}
-    out["options"] = " ".join(o for o in (kwargs.get("options"), out["options"], options) if o)
-    return out
 
 
 def statement_budget(lease: timedelta) -> float:
