@@ -233,9 +233,7 @@ def _repeat(
             return _again(results[first])
     (payload,) = validated([job])
     if job.sequence is not None or (job.topic in caps.parking and job.unique_key is not None):
-        result: EnqueueResult = yield from _first(
-            _enqueue_many(q, [job], [0], ([], {}), payload_list(job), caps)
-        )
+        result: EnqueueResult = yield from _first(_enqueue_many(q, [job], [0], ([], {}), None, caps))
     else:
         result = yield from enqueue_single(q, job, payload, caps)
     how[i] = "created" if result.created else "plan"
@@ -258,11 +256,6 @@ def _cap_params(
         "caps": int_array(known[t] for t in topics),
         "park_topics": text_array([t for t in topics if t in parking]),
     }
-
-
-def payload_list(job: Job) -> str:
-    """One job's payload as the batch statement's JSON array."""
-    return encode_payloads([job.payload])
 
 
 def _enqueue_many(

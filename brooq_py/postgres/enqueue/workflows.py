@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from brooq_py.postgres.session.statements import int_array, own_uuid_array
+from brooq_py.postgres.session.statements import bool_array, int_array, own_uuid_array
 from brooq_py.queue import InvalidJob, Job
 
 # How many parents one job may name: the enqueue's statement carries them as arrays.
@@ -97,7 +97,7 @@ def after_params(batch_parents: Sequence[list[str]], batch: Sequence[Job]) -> di
         "edge_parents": own_uuid_array(edges),
         "after": json.dumps(columns, separators=(",", ":")),
         "names": json.dumps(names, separators=(",", ":")),
-        "any_end": "{" + ",".join("t" if isinstance(j, FanIn) and j.any_end else "f" for j in batch) + "}",
+        "any_end": bool_array(isinstance(j, FanIn) and j.any_end for j in batch),
     }
 
 

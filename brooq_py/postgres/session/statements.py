@@ -221,12 +221,7 @@ _PLAIN = re.compile(r"[0-9a-fA-F-]{32,36}")
 
 def uuid_array(values: Iterable[str]) -> str:
     """Return ``{u1,u2,...}`` for UUID strings; raise ValueError for anything else (no injection)."""
-    out = []
-    for v in values:
-        if not _PLAIN.fullmatch(v):
-            v = str(uuid.UUID(v))  # raises ValueError for a malformed one
-        out.append(v)
-    return "{" + ",".join(out) + "}"
+    return "{" + ",".join([v if _PLAIN.fullmatch(v) else str(uuid.UUID(v)) for v in values]) + "}"
 
 
 def text_array(values: Sequence[str | None]) -> str:
