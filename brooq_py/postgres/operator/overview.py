@@ -17,6 +17,7 @@ from psycopg.types.json import Jsonb
 
 from brooq_py.postgres.flow.limits import rate_text, setting_of
 from brooq_py.postgres.session.connections import Session
+from brooq_py.postgres.session.statements import parse_id
 from brooq_py.queue import State
 
 DEFAULT_CAP = 10_000
@@ -263,9 +264,8 @@ class Overview:
 
     def relatives(self, job_id: str, limit: int = 100) -> list[Relative]:
         """Return the job's parents and (at most *limit* of) its children, in one statement."""
-        try:
-            parsed = uuid.UUID(job_id)
-        except ValueError:
+        parsed = parse_id(job_id)
+        if parsed is None:
             return []
         rows = self.store.session.run(
             "reading a job's parents and children",
