@@ -51,9 +51,7 @@ def server_is_read_only(conn: Any) -> bool:
     if info is None:
         return True
     reported = [info.parameter_status(name) for name in ("in_hot_standby", "default_transaction_read_only")]
-    if all(value is None for value in reported):
-        return True
-    return "on" in reported
+    return "on" in reported or all(value is None for value in reported)
 
 
 def on_read_only_server(exc: BaseException | None, conn: Any) -> bool:

@@ -196,9 +196,7 @@ def in_block(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any] | None
     """Whether a statement on *conn* runs inside a transaction block (a savepoint can be set there):
     a transaction is open, or the connection opens one at its next statement (not autocommit). A
     foreign Tx (None) may be in one: True (its SAVEPOINT outside one is answered, 25P01)."""
-    if conn is None:
-        return True
-    return not conn.autocommit or conn.info.transaction_status != pq.TransactionStatus.IDLE
+    return conn is None or not conn.autocommit or conn.info.transaction_status != pq.TransactionStatus.IDLE
 
 
 # --- a caller's asyncio transaction: AsyncWrapTx --------------------------------------------------
