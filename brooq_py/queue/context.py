@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 P = ParamSpec("P")
 R = TypeVar("R")
 
+_Progress = tuple[float | None, str | None]
 # A progress note is a short status line: longer ones are cut, so a renewal stays small.
 MAX_PROGRESS_NOTE = 1000
 
@@ -63,9 +64,8 @@ class Context:
         # What progress() recorded since the engine last took it: (value, note), None for "unchanged".
         self._progress: tuple[float | None, str | None] | None = None
         self._steps: StepPort | None = None  # where durable calls read and record (the engine's Repo)
-        self._journal: _Journal | None = (
-            None  # made on the first durable call: jobs without steps pay nothing
-        )
+        # Made on the first durable call: jobs without steps pay nothing.
+        self._journal: _Journal | None = None
         self._suspended: Snooze | None = None  # a sleep or a wait ended this attempt
         self._unrecorded = False
 
@@ -290,11 +290,7 @@ class Context:
         if value is None and note is None:
             return
         with self._lock:
-            old = self._progress
-            if old is not None:
-                value = old[0] if value is None else value
-                note = old[1] if note is None else note
-            self._progress = (value, note)
+            self._progress = _overlay((value, note), self._progress)
 
     def take_progress(self) -> tuple[float | None, str | None] | None:
         """Return what ``progress`` recorded since the last call and forget it (the engine's renewal)."""
@@ -305,14 +301,7 @@ class Context:
     def give_back_progress(self, taken: tuple[float | None, str | None]) -> None:
         """Keep *taken* for the next renewal (this one failed), unless newer values came meanwhile."""
         with self._lock:
-            newer = self._progress
-            if newer is None:
-                self._progress = taken
-            else:
-                self._progress = (
-                    taken[0] if newer[0] is None else newer[0],
-                    taken[1] if newer[1] is None else newer[1],
-                )
+            self._progress = _overlay(self._progress, taken)
 
     def done(self) -> bool:
         """Return True once the context was cancelled."""
@@ -530,6 +519,13 @@ def _storable(text: str) -> str:
     if text.isascii():
         return text
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _overlay(new: _Progress | None, old: _Progress | None) -> _Progress | None:
+    """*new*'s fields over *old*'s, a None field meaning unchanged."""
+    if new is None or old is None:
+        return old if new is None else new
+    return (old[0] if new[0] is None else new[0], old[1] if new[1] is None else new[1])
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:

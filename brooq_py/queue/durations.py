@@ -68,8 +68,3 @@ def parse_go_duration(text: str) -> timedelta:
             f"invalid duration {text!r}: shorter than 1µs, the smallest step durations have here"
         )
     return d
-
-
-def format_duration(d: timedelta) -> str:
-    """Format *d* compactly for logs and errors (``1.5s``)."""
-    return f"{d.total_seconds():g}s"

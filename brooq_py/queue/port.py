@@ -270,14 +270,13 @@ class Listener(Protocol):
     def close(self) -> None: ...
 
 
-class Repo(Protocol):
-    """The job store, as the engine uses it."""
+class Repo(StepPort, Protocol):
+    """The job store, as the engine uses it (its durable steps are the StepPort's)."""
 
     # producer side
     def enqueue(self, job: Job) -> EnqueueResult: ...
     def enqueue_tx(self, tx: Tx, job: Job) -> EnqueueResult: ...
     def enqueue_many(self, jobs: Sequence[Job], tx: Tx | None = None) -> list[EnqueueResult]: ...
-    def begin(self) -> AbstractContextManager[Tx]: ...
     def enqueue_tick(self, schedule: str, tick: datetime, job: Job) -> EnqueueResult | None:
         """Enqueue *job* as *tick* of *schedule*, with its last tick; None if that tick is past."""
 
@@ -285,23 +284,6 @@ class Repo(Protocol):
     def get(self, job_id: str) -> JobRow | None: ...
     def parents(self, job_id: str) -> list[Parent]:
         """Each parent of *job_id* in its order, with result, state and name, in one statement."""
-
-    # durable steps (a StepPort)
-    def steps_load(self, job_id: str) -> StepLog: ...
-    def step_record(
-        self,
-        job_id: str,
-        claim_token: str,
-        seq: int,
-        name: str,
-        kind: str,
-        *,
-        result: str | None = None,
-        delay: timedelta | None = None,
-        tx: Tx | None = None,
-    ) -> StepWrite: ...
-    def step_time_out(self, job_id: str, claim_token: str, seq: int) -> bool: ...
-    def signal_read(self, job_id: str, name: str) -> SignalRead: ...
 
     # worker side
     def claim(self, topics: Sequence[str], limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:
