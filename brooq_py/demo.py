@@ -58,9 +58,6 @@ def show(pool: ConnectionPool[Any], title: str, name: str, **params: Any) -> Non
 class _NoTraceback(logging.Formatter):
     """The demo shows the engine's log lines without their stacks, to keep the story readable."""
 
-    def formatException(self, ei: Any) -> str:
-        return ""
-
     def format(self, record: logging.LogRecord) -> str:
         record.exc_text = ""
         saved, record.exc_info = record.exc_info, None

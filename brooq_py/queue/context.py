@@ -165,19 +165,13 @@ class Context:
         delay = to_timedelta(duration, "duration")
         if delay < timedelta(0):
             raise ValueError("sleep: duration must not be negative")
-        if _on_loop():
-            return asyncio.to_thread(self._sleep, delay, None)
-        self._sleep(delay, None)
-        return None
+        return _offload(self._sleep, delay, None)
 
     def sleep_until(self, when: datetime) -> Any:
         """``sleep`` until *when* (an aware datetime); ValueError for a naive one."""
         if not isinstance(when, datetime) or when.tzinfo is None:
             raise ValueError("sleep_until: when must be a timezone-aware datetime")
-        if _on_loop():
-            return asyncio.to_thread(self._sleep, None, when)
-        self._sleep(None, when)
-        return None
+        return _offload(self._sleep, None, when)
 
     def wait_for(self, name: str, timeout: float | timedelta) -> Any:
         """Return the payload of the signal *name* (``Store.signal``); while none was sent, end the
@@ -191,9 +185,7 @@ class Context:
         limit = to_timedelta(timeout, "timeout")
         if limit < timedelta(0):
             raise ValueError("wait_for: timeout must not be negative")
-        if _on_loop():
-            return asyncio.to_thread(self._wait_for, name, limit)
-        return self._wait_for(name, limit)
+        return _offload(self._wait_for, name, limit)
 
     def _journal_for(self) -> _Journal:
         if self._suspended is not None:
@@ -504,13 +496,14 @@ def _decoded(text: str) -> Any:
     return json.loads(text)
 
 
-def _on_loop() -> bool:
-    """Whether an event loop runs in this thread (an ``async def`` handler's call)."""
+def _offload(fn: Callable[..., Any], *args: Any) -> Any:
+    """Call *fn* here; in an ``async def`` handler (an event loop runs in this thread), return an
+    awaitable of it on a thread instead, so the store is never waited for on the loop."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return False
-    return True
+        return fn(*args)
+    return asyncio.to_thread(fn, *args)
 
 
 def _storable(text: str) -> str:

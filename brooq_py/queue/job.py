@@ -110,11 +110,10 @@ def encode_payload(payload: Any, what: str = "payload") -> str:
             text = _ENCODER.encode(payload)
         except (TypeError, ValueError, RecursionError) as exc:
             raise InvalidJob(f"{what} is not JSON-serialisable: {exc}") from None
-        if not text.isascii():  # ASCII text (the usual payload) holds no lone surrogate
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError:
-                raise InvalidJob(f"{what} holds a lone surrogate, which is not valid Unicode text") from None
+        if not text.isascii() and not _is_utf8(
+            text
+        ):  # ASCII text (the usual payload) holds no lone surrogate
+            raise InvalidJob(f"{what} holds a lone surrogate, which is not valid Unicode text")
     if "\x00" in text or ("\\u0000" in text and _NUL_ESCAPE.search(text)):
         raise InvalidJob(f"{what} contains \\u0000, which PostgreSQL jsonb cannot store")
     return text
@@ -148,12 +147,8 @@ def check_text(value: str, what: str) -> None:
     """Raise ``InvalidJob`` if *value* holds NUL or lone surrogates (PostgreSQL text cannot)."""
     if "\x00" in value:
         raise InvalidJob(f"{what} contains a NUL character")
-    if value.isascii():
-        return
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidJob(f"{what} is not valid Unicode text") from None
+    if not value.isascii() and not _is_utf8(value):
+        raise InvalidJob(f"{what} is not valid Unicode text")
 
 
 def utf8_length(value: str) -> int:
