@@ -152,9 +152,7 @@ def parse_http_addr(text: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
-def _read_token_file(
-    path_text: str, env: Mapping[str, str], problems: list[str], var: str = "BROOQ_HTTP_TOKEN_FILE"
-) -> str | None:
+def _read_token_file(path_text: str, env: Mapping[str, str], problems: list[str], var: str) -> str | None:
     path = Path(path_text)
     credentials = env.get("CREDENTIALS_DIRECTORY")
     if not path.is_absolute() and credentials:

@@ -235,26 +235,22 @@ class Task(_TaskBase, Generic[P, R]):
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> EnqueueResult:
         """Enqueue the job on the bound Store in its own statement."""
         job = self._job(self._bind(args, kwargs))  # the store refuses what JSON cannot hold, unwritten
-        result: EnqueueResult = self._tasks._bound(asynchronous=False).enqueue(job)
-        return result
+        return cast(EnqueueResult, self._tasks._bound(asynchronous=False).enqueue(job))
 
     def enqueue_tx(self, tx: Any, *args: P.args, **kwargs: P.kwargs) -> EnqueueResult:
         """Enqueue the job on the bound Store inside the caller's transaction *tx*."""
         store = self._tasks._bound(asynchronous=False)
-        result: EnqueueResult = store.enqueue_tx(tx, self._job(self._bind(args, kwargs)))
-        return result
+        return cast(EnqueueResult, store.enqueue_tx(tx, self._job(self._bind(args, kwargs))))
 
     async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> EnqueueResult:
         """Enqueue the job on the bound AsyncStore in its own statement."""
         job = self._job(self._bind(args, kwargs))
-        result: EnqueueResult = await self._tasks._bound(asynchronous=True).enqueue(job)
-        return result
+        return cast(EnqueueResult, await self._tasks._bound(asynchronous=True).enqueue(job))
 
     async def aenqueue_tx(self, tx: Any, *args: P.args, **kwargs: P.kwargs) -> EnqueueResult:
         """Enqueue the job on the bound AsyncStore inside the caller's transaction *tx*."""
         job = self._job(self._bind(args, kwargs))
-        result: EnqueueResult = await self._tasks._bound(asynchronous=True).enqueue_tx(tx, job)
-        return result
+        return cast(EnqueueResult, await self._tasks._bound(asynchronous=True).enqueue_tx(tx, job))
 
     def _arguments(self, claim: Claim) -> dict[str, Any]:
         """The claim's payload as the function's keyword arguments; UnboundPayload (the job dead at
@@ -410,13 +406,13 @@ class BatchTask(_TaskBase, Generic[T, R]):
 
     def enqueue(self, item: T, **fields: Any) -> EnqueueResult:
         """Enqueue ``job(item)`` on the bound Store."""
-        result: EnqueueResult = self._tasks._bound(asynchronous=False).enqueue(self.job(item, **fields))
-        return result
+        return cast(EnqueueResult, self._tasks._bound(asynchronous=False).enqueue(self.job(item, **fields)))
 
     async def aenqueue(self, item: T, **fields: Any) -> EnqueueResult:
         """Enqueue ``job(item)`` on the bound AsyncStore."""
-        result: EnqueueResult = await self._tasks._bound(asynchronous=True).enqueue(self.job(item, **fields))
-        return result
+        return cast(
+            EnqueueResult, await self._tasks._bound(asynchronous=True).enqueue(self.job(item, **fields))
+        )
 
     def handler(self) -> Callable[[Context, list[Claim]], Any]:
         """The batch kind's handler: the function called with the claims' payloads."""

@@ -41,10 +41,8 @@ def parse_go_duration(text: str) -> timedelta:
     s = text
     if s in ("0", "+0", "-0"):
         return timedelta(0)
-    sign = 1.0
-    if s[:1] in ("+", "-"):
-        sign = -1.0 if s[0] == "-" else 1.0
-        s = s[1:]
+    sign = -1.0 if s.startswith("-") else 1.0
+    s = s[1:] if s[:1] in ("+", "-") else s
     if not s:
         raise ValueError(f"invalid duration {text!r}")
     pos = 0

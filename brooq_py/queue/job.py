@@ -8,7 +8,7 @@ import math
 import re
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 from typing import Any, Literal, NamedTuple
 
@@ -297,12 +297,7 @@ class AttemptError:
     """The formatted traceback, at most 16 KiB (cut from the middle)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "attempt": self.attempt,
-            "at": self.at.isoformat(),
-            "error": self.error,
-            "traceback": self.traceback,
-        }
+        return {**asdict(self), "at": self.at.isoformat()}
 
 
 EventKind = Literal["claimed", "done", "failed", "dead", "canceled", "requeued"]
@@ -348,12 +343,8 @@ class StepRecord:
     """A sleep's wake-up time, or the end of a wait's timeout; None for a step."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "at": self.at.isoformat(),
-            "kind": self.kind,
-            "until": None if self.until is None else self.until.isoformat(),
-        }
+        until = None if self.until is None else self.until.isoformat()
+        return {**asdict(self), "at": self.at.isoformat(), "until": until}
 
 
 @dataclass(frozen=True)
