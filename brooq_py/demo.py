@@ -29,8 +29,7 @@ def say(text: str = "") -> None:
 
 
 def step(n: int, title: str) -> None:
-    say()
-    say(f"== {n}. {title}")
+    say(f"\n== {n}. {title}")
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 30.0) -> bool:

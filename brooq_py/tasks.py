@@ -94,6 +94,27 @@ class _TaskBase:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.topic!r})"
 
+    def _arguments(self, claim: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        raise NotImplementedError
+
+    def handler(self) -> Callable[[Context, Any], Any]:
+        """Return the kind's handler: the function called with the claim's payload (``**payload``,
+        or a batch's payloads as one list), its return value kept."""
+        fn, takes_context, arguments = self.fn, self.takes_context, self._arguments
+        if self.is_async:
+
+            async def run_async(ctx: Context, claim: Any) -> Any:
+                args, kwargs = arguments(claim)
+                return await (fn(ctx, *args, **kwargs) if takes_context else fn(*args, **kwargs))
+
+            return run_async
+
+        def run(ctx: Context, claim: Any) -> Any:
+            args, kwargs = arguments(claim)
+            return fn(ctx, *args, **kwargs) if takes_context else fn(*args, **kwargs)
+
+        return run
+
 
 def _check_task(topic: str | None, options: Mapping[str, Any], usage: str) -> None:
     """Refuse a decorator used without its parentheses, a bad topic, and unknown or bad options."""
@@ -224,8 +245,8 @@ class Task(_TaskBase, Generic[P, R]):
     ) -> Task[P, R]:
         """Return this task with per-job fields set (``delay``: seconds or a timedelta from now)."""
         given = {k: v for k, v in locals().items() if k != "self" and v is not _UNSET}
-        if "delay" in given and given["delay"] is not None and not isinstance(given["delay"], timedelta):
-            d = given["delay"]
+        d = given.get("delay")
+        if d is not None and not isinstance(d, timedelta):
             if isinstance(d, bool) or not isinstance(d, int | float):
                 raise InvalidJob(f"delay must be seconds or a timedelta, got {type(d).__name__}")
             given["delay"] = timedelta(seconds=d)
@@ -252,7 +273,7 @@ class Task(_TaskBase, Generic[P, R]):
         job = self._job(self._bind(args, kwargs))
         return cast(EnqueueResult, await self._tasks._bound(asynchronous=True).enqueue_tx(tx, job))
 
-    def _arguments(self, claim: Claim) -> dict[str, Any]:
+    def _arguments(self, claim: Claim) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The claim's payload as the function's keyword arguments; UnboundPayload (the job dead at
         once, never retried) for a payload that does not bind: one written by psql or the CLI, or
         by an older version of the function."""
@@ -271,27 +292,7 @@ class Task(_TaskBase, Generic[P, R]):
                 raise UnboundPayload(
                     f"task {self.topic!r}: the payload does not bind to the function's signature: {exc}"
                 ) from None
-        return payload
-
-    def handler(self) -> Callable[[Context, Claim], Any]:
-        """Return the kind's handler: the function called with ``**payload``, its return value kept."""
-        fn: Callable[..., Any] = self.fn
-        takes_context = self.takes_context
-        arguments = self._arguments
-
-        if self.is_async:
-
-            async def run_async(ctx: Context, claim: Claim) -> Any:
-                kwargs = arguments(claim)
-                return await (fn(ctx, **kwargs) if takes_context else fn(**kwargs))
-
-            return run_async
-
-        def run(ctx: Context, claim: Claim) -> Any:
-            kwargs = arguments(claim)
-            return fn(ctx, **kwargs) if takes_context else fn(**kwargs)
-
-        return run
+        return (), payload
 
 
 class Tasks:
@@ -410,26 +411,11 @@ class BatchTask(_TaskBase, Generic[T, R]):
 
     async def aenqueue(self, item: T, **fields: Any) -> EnqueueResult:
         """Enqueue ``job(item)`` on the bound AsyncStore."""
-        return cast(
-            EnqueueResult, await self._tasks._bound(asynchronous=True).enqueue(self.job(item, **fields))
-        )
+        store = self._tasks._bound(asynchronous=True)
+        return cast(EnqueueResult, await store.enqueue(self.job(item, **fields)))
 
-    def handler(self) -> Callable[[Context, list[Claim]], Any]:
-        """The batch kind's handler: the function called with the claims' payloads."""
-        fn, takes_context = self.fn, self.takes_context
-        if self.is_async:
-
-            async def run_async(ctx: Context, claims: list[Claim]) -> Any:
-                items = [c.payload for c in claims]
-                return await (fn(ctx, items) if takes_context else fn(items))
-
-            return run_async
-
-        def run(ctx: Context, claims: list[Claim]) -> Any:
-            items = [c.payload for c in claims]
-            return fn(ctx, items) if takes_context else fn(items)
-
-        return run
+    def _arguments(self, claims: list[Claim]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return ([c.payload for c in claims],), {}
 
 
 class _Decorator:
