@@ -331,9 +331,8 @@ class Context:
 
         self.add_callback(wake)
         try:
-            await asyncio.wait_for(asyncio.shield(fut), timeout)
-        except TimeoutError:
-            pass
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(fut), timeout)
         finally:
             self.remove_callback(wake)
         return self._cause is not None

@@ -61,9 +61,7 @@ class State(enum.StrEnum):
 
 
 TERMINAL_STATES = frozenset({State.DONE, State.DEAD, State.CANCELED})
-ACTIVE_STATES = frozenset(
-    {State.PENDING, State.SCHEDULED, State.PROCESSING, State.FAILED, State.BLOCKED, State.PARKED}
-)
+ACTIVE_STATES = frozenset(State) - TERMINAL_STATES
 
 
 def _reject_constant(name: str) -> Any:

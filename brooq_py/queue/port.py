@@ -108,8 +108,7 @@ class StepPort(Protocol):
 
     def begin(self) -> AbstractContextManager[Tx]: ...
 
-    def steps_load(self, job_id: str) -> StepLog:
-        """Read the job's recorded steps and signals."""
+    def steps_load(self, job_id: str) -> StepLog: ...
 
     def step_record(
         self,
@@ -130,8 +129,7 @@ class StepPort(Protocol):
         """Mark the wait recorded at *seq* timed out (every later run raises SignalTimeout), only while
         the row is processing under *claim_token*; False when it is not (nothing written)."""
 
-    def signal_read(self, job_id: str, name: str) -> SignalRead:
-        """Look up the signal *name* of the job."""
+    def signal_read(self, job_id: str, name: str) -> SignalRead: ...
 
 
 @dataclass(frozen=True)
@@ -353,8 +351,7 @@ class Repo(StepPort, Protocol):
         """LISTEN on the wake-up channel: *topics* filters ``wait()``; *on_scheduled* and
         *on_cancel* (id, claim token) are called from ``wait()``."""
 
-    def ping(self) -> bool:
-        """Return True if the database answers."""
+    def ping(self) -> bool: ...
 
     def schema_version(self) -> str | None:
         """Return the migration revision the store's schema is at; None when it was never migrated."""
