@@ -50,18 +50,13 @@ def enqueue_span(jobs: Sequence[Job]) -> Iterator[list[Job]]:
         carrier: dict[str, str] = {}
         TraceContextTextMapPropagator().inject(carrier)
         parent = carrier.get(TRACEPARENT)
-        if parent is None:
-            yield list(jobs)
-            return
-        yield [_with_parent(j, parent) for j in jobs]
+        yield list(jobs) if parent is None else [_with_parent(j, parent) for j in jobs]
 
 
 def _with_parent(job: Job, parent: str) -> Job:
-    meta = dict(job.meta or {})
-    if TRACEPARENT in meta:  # the caller chose the parent
+    if job.meta and TRACEPARENT in job.meta:  # the caller chose the parent
         return job
-    meta[TRACEPARENT] = parent
-    return dataclasses.replace(job, meta=meta)
+    return dataclasses.replace(job, meta={**(job.meta or {}), TRACEPARENT: parent})
 
 
 class _Run:
