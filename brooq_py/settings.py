@@ -159,12 +159,10 @@ def _read_token_file(path_text: str, env: Mapping[str, str], problems: list[str]
         # systemd LoadCredential=: a bare name refers to $CREDENTIALS_DIRECTORY/name.
         path = Path(credentials) / path
     try:
-        data = path.read_bytes()
+        text = path.read_bytes().decode("utf-8")
     except OSError as exc:
         problems.append(f"{var}: cannot read {str(path)!r}: {exc.strerror or exc}")
         return None
-    try:
-        text = data.decode("utf-8")
     except UnicodeDecodeError:
         problems.append(f"{var}: {str(path)!r} is not UTF-8 text")
         return None

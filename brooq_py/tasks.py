@@ -418,13 +418,13 @@ class BatchTask(_TaskBase, Generic[T, R]):
         return ([c.payload for c in claims],), {}
 
 
+@dataclasses.dataclass(frozen=True)
 class _Decorator:
     """What ``Tasks.task(...)`` returns: turns a function into a Task (a leading Context left out)."""
 
-    def __init__(self, tasks: Tasks, topic: str | None, options: Mapping[str, Any]) -> None:
-        self._tasks = tasks
-        self._topic = topic
-        self._options = options
+    _tasks: Tasks
+    _topic: str | None
+    _options: Mapping[str, Any]
 
     @overload
     def __call__(self, fn: Callable[Concatenate[Context, P], R]) -> Task[P, R]: ...
