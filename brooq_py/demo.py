@@ -29,8 +29,7 @@ def say(text: str = "") -> None:
 
 
 def step(n: int, title: str) -> None:
-    say()
-    say(f"== {n}. {title}")
+    say(f"\n== {n}. {title}")
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 30.0) -> bool:
@@ -57,9 +56,6 @@ def show(pool: ConnectionPool[Any], title: str, name: str, **params: Any) -> Non
 
 class _NoTraceback(logging.Formatter):
     """The demo shows the engine's log lines without their stacks, to keep the story readable."""
-
-    def formatException(self, ei: Any) -> str:
-        return ""
 
     def format(self, record: logging.LogRecord) -> str:
         record.exc_text = ""

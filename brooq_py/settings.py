@@ -24,6 +24,9 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _MAX_IDENTIFIER_BYTES = 63
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TOKEN_CHARS = frozenset(string.ascii_letters + string.digits + string.punctuation)
+# A double-quoted value up to its first unescaped quote, and one backslash escape in it.
+_DOUBLE_QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"', re.DOTALL)
+_ESCAPE = re.compile(r"\\(.)", re.DOTALL)
 _DOUBLE_QUOTE_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", '"': '"', "\\": "\\", "$": "$"}
 
 
@@ -61,20 +64,10 @@ def _parse_value(value: str) -> str | None:
             return None
         return value[1:end]
     if quote == '"':
-        out: list[str] = []
-        i = 1
-        while i < len(value):
-            ch = value[i]
-            if ch == "\\" and i + 1 < len(value):
-                nxt = value[i + 1]
-                out.append(_DOUBLE_QUOTE_ESCAPES.get(nxt, "\\" + nxt))
-                i += 2
-                continue
-            if ch == '"':
-                return "".join(out) if _only_comment(value[i + 1 :]) else None
-            out.append(ch)
-            i += 1
-        return None
+        match = _DOUBLE_QUOTED.match(value)
+        if match is None or not _only_comment(value[match.end() :]):
+            return None
+        return _ESCAPE.sub(lambda e: _DOUBLE_QUOTE_ESCAPES.get(e[1], e[0]), match[1])
     comment = re.search(r"\s#", value)
     return (value[: comment.start()] if comment else value).rstrip()
 
@@ -159,21 +152,17 @@ def parse_http_addr(text: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
-def _read_token_file(
-    path_text: str, env: Mapping[str, str], problems: list[str], var: str = "BROOQ_HTTP_TOKEN_FILE"
-) -> str | None:
+def _read_token_file(path_text: str, env: Mapping[str, str], problems: list[str], var: str) -> str | None:
     path = Path(path_text)
     credentials = env.get("CREDENTIALS_DIRECTORY")
     if not path.is_absolute() and credentials:
         # systemd LoadCredential=: a bare name refers to $CREDENTIALS_DIRECTORY/name.
         path = Path(credentials) / path
     try:
-        data = path.read_bytes()
+        text = path.read_bytes().decode("utf-8")
     except OSError as exc:
         problems.append(f"{var}: cannot read {str(path)!r}: {exc.strerror or exc}")
         return None
-    try:
-        text = data.decode("utf-8")
     except UnicodeDecodeError:
         problems.append(f"{var}: {str(path)!r} is not UTF-8 text")
         return None

@@ -13,7 +13,7 @@ import inspect
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, Concatenate, Generic, Literal, ParamSpec, Protocol, TypeVar, overload
+from typing import Any, Concatenate, Generic, Literal, ParamSpec, Protocol, TypeVar, cast, overload
 
 from brooq_py.queue import (
     BrooqError,
@@ -30,6 +30,7 @@ from brooq_py.queue.job import encode_payload
 P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
+_T = TypeVar("_T", bound="Task[Any, Any] | BatchTask[Any, Any]")
 
 _UNSET: Any = object()
 _KIND_FIELDS = frozenset(f.name for f in dataclasses.fields(KindOptions))
@@ -78,12 +79,69 @@ def _takes_context(fn: Callable[..., Any]) -> bool:
     return False
 
 
-class Task(Generic[P, R]):
+class _TaskBase:
+    """What a Task and a BatchTask share: the function, its topic and options, its registry."""
+
+    def __init__(self, fn: Callable[..., Any], topic: str, options: Mapping[str, Any], tasks: Tasks) -> None:
+        self.fn = fn
+        self.topic = topic
+        self.options: dict[str, Any] = dict(options)
+        self.takes_context = _takes_context(fn)
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self._tasks = tasks
+        functools.update_wrapper(cast(Callable[..., Any], self), fn)  # each subclass is callable
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.topic!r})"
+
+    def _arguments(self, claim: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        raise NotImplementedError
+
+    def handler(self) -> Callable[[Context, Any], Any]:
+        """Return the kind's handler: the function called with the claim's payload (``**payload``,
+        or a batch's payloads as one list), its return value kept."""
+        fn, takes_context, arguments = self.fn, self.takes_context, self._arguments
+        if self.is_async:
+
+            async def run_async(ctx: Context, claim: Any) -> Any:
+                args, kwargs = arguments(claim)
+                return await (fn(ctx, *args, **kwargs) if takes_context else fn(*args, **kwargs))
+
+            return run_async
+
+        def run(ctx: Context, claim: Any) -> Any:
+            args, kwargs = arguments(claim)
+            return fn(ctx, *args, **kwargs) if takes_context else fn(*args, **kwargs)
+
+        return run
+
+
+def _check_task(topic: str | None, options: Mapping[str, Any], usage: str) -> None:
+    """Refuse a decorator used without its parentheses, a bad topic, and unknown or bad options."""
+    if callable(topic):
+        raise TypeError(f"use {usage} with parentheses")
+    if topic is not None and (not isinstance(topic, str) or not topic):
+        raise InvalidJob(f"topic must be non-empty text, got {topic!r}")
+    unknown = sorted(set(options) - _KIND_FIELDS)
+    if unknown:
+        raise TypeError(
+            f"unknown task option(s) {', '.join(unknown)}; KindOptions has {sorted(_KIND_FIELDS)}"
+        )
+    KindOptions(**options)  # ConfigError for bad values, at once
+
+
+def _default_topic(fn: Callable[..., Any]) -> str:
+    return f"{fn.__module__}.{fn.__qualname__}"
+
+
+class Task(_TaskBase, Generic[P, R]):
     """A task function: call it to run it here, ``.job(...)`` to make its Job.
 
     Generic in the function's parameters (without a leading ``Context``) and its
     return type, so ``mypy --strict`` checks ``.job(...)`` and the shortcuts.
     """
+
+    fn: Callable[..., R]
 
     def __init__(
         self,
@@ -93,12 +151,7 @@ class Task(Generic[P, R]):
         tasks: Tasks,
         fields: _JobFields | None = None,
     ) -> None:
-        self.fn = fn
-        self.topic = topic
-        self.options: dict[str, Any] = dict(options)
-        self.takes_context = _takes_context(fn)
-        self.is_async = inspect.iscoroutinefunction(fn)
-        self._tasks = tasks
+        super().__init__(fn, topic, options, tasks)
         self._fields = fields or _JobFields()
         sig = inspect.signature(fn)
         params = list(sig.parameters.values())[1 if self.takes_context else 0 :]
@@ -112,21 +165,16 @@ class Task(Generic[P, R]):
         # Most calls bind by these, without Signature.bind: several times slower, on the enqueue path.
         self._names = tuple(p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD)  # by position
         self._name_set = frozenset(p.name for p in params if p.kind is not p.VAR_KEYWORD)
-        self._required = frozenset(p.name for p in params if p.default is p.empty)
         self._plain = not any(p.kind is p.VAR_KEYWORD for p in params)
         self._needed = frozenset(
             p.name for p in params if p.default is p.empty and p.kind is not p.VAR_KEYWORD
         )
-        functools.update_wrapper(self, fn)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Run the function here (tests, scripts); a ``Context`` parameter gets a fresh one."""
         if self.takes_context:
             return self.fn(Context(), *args, **kwargs)
         return self.fn(*args, **kwargs)
-
-    def __repr__(self) -> str:
-        return f"Task({self.topic!r})"
 
     def kind_options(self, defaults: KindOptions) -> KindOptions:
         """Return *defaults* with this task's own options over them; a payload that does not bind
@@ -148,7 +196,7 @@ class Task(Generic[P, R]):
             fast = dict(zip(names, args, strict=False))
             if not kwargs.keys() & fast.keys() and kwargs.keys() <= self._name_set:
                 fast.update(kwargs)
-                if self._required <= fast.keys():
+                if self._needed <= fast.keys():
                     return fast
         try:  # the slow path, whose error says what is wrong
             bound = self._signature.bind(*args, **kwargs)
@@ -197,8 +245,8 @@ class Task(Generic[P, R]):
     ) -> Task[P, R]:
         """Return this task with per-job fields set (``delay``: seconds or a timedelta from now)."""
         given = {k: v for k, v in locals().items() if k != "self" and v is not _UNSET}
-        if "delay" in given and given["delay"] is not None and not isinstance(given["delay"], timedelta):
-            d = given["delay"]
+        d = given.get("delay")
+        if d is not None and not isinstance(d, timedelta):
             if isinstance(d, bool) or not isinstance(d, int | float):
                 raise InvalidJob(f"delay must be seconds or a timedelta, got {type(d).__name__}")
             given["delay"] = timedelta(seconds=d)
@@ -208,28 +256,24 @@ class Task(Generic[P, R]):
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> EnqueueResult:
         """Enqueue the job on the bound Store in its own statement."""
         job = self._job(self._bind(args, kwargs))  # the store refuses what JSON cannot hold, unwritten
-        result: EnqueueResult = self._tasks._bound(asynchronous=False).enqueue(job)
-        return result
+        return cast(EnqueueResult, self._tasks._bound(asynchronous=False).enqueue(job))
 
     def enqueue_tx(self, tx: Any, *args: P.args, **kwargs: P.kwargs) -> EnqueueResult:
         """Enqueue the job on the bound Store inside the caller's transaction *tx*."""
         store = self._tasks._bound(asynchronous=False)
-        result: EnqueueResult = store.enqueue_tx(tx, self._job(self._bind(args, kwargs)))
-        return result
+        return cast(EnqueueResult, store.enqueue_tx(tx, self._job(self._bind(args, kwargs))))
 
     async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> EnqueueResult:
         """Enqueue the job on the bound AsyncStore in its own statement."""
         job = self._job(self._bind(args, kwargs))
-        result: EnqueueResult = await self._tasks._bound(asynchronous=True).enqueue(job)
-        return result
+        return cast(EnqueueResult, await self._tasks._bound(asynchronous=True).enqueue(job))
 
     async def aenqueue_tx(self, tx: Any, *args: P.args, **kwargs: P.kwargs) -> EnqueueResult:
         """Enqueue the job on the bound AsyncStore inside the caller's transaction *tx*."""
         job = self._job(self._bind(args, kwargs))
-        result: EnqueueResult = await self._tasks._bound(asynchronous=True).enqueue_tx(tx, job)
-        return result
+        return cast(EnqueueResult, await self._tasks._bound(asynchronous=True).enqueue_tx(tx, job))
 
-    def _arguments(self, claim: Claim) -> dict[str, Any]:
+    def _arguments(self, claim: Claim) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The claim's payload as the function's keyword arguments; UnboundPayload (the job dead at
         once, never retried) for a payload that does not bind: one written by psql or the CLI, or
         by an older version of the function."""
@@ -248,27 +292,7 @@ class Task(Generic[P, R]):
                 raise UnboundPayload(
                     f"task {self.topic!r}: the payload does not bind to the function's signature: {exc}"
                 ) from None
-        return payload
-
-    def handler(self) -> Callable[[Context, Claim], Any]:
-        """Return the kind's handler: the function called with ``**payload``, its return value kept."""
-        fn: Callable[..., Any] = self.fn
-        takes_context = self.takes_context
-        arguments = self._arguments
-
-        if self.is_async:
-
-            async def run_async(ctx: Context, claim: Claim) -> Any:
-                kwargs = arguments(claim)
-                return await (fn(ctx, **kwargs) if takes_context else fn(**kwargs))
-
-            return run_async
-
-        def run(ctx: Context, claim: Claim) -> Any:
-            kwargs = arguments(claim)
-            return fn(ctx, **kwargs) if takes_context else fn(**kwargs)
-
-        return run
+        return (), payload
 
 
 class Tasks:
@@ -287,44 +311,30 @@ class Tasks:
         KindOptions fields (``max_attempts=5``, ``attempt_timeout=60``, ...), checked
         now (ConfigError, TypeError for an unknown name). A topic used twice raises ValueError.
         """
-        if callable(topic):
-            raise TypeError("use @tasks.task() with parentheses")
-        if topic is not None and (not isinstance(topic, str) or not topic):
-            raise InvalidJob(f"topic must be non-empty text, got {topic!r}")
-        unknown = sorted(set(options) - _KIND_FIELDS)
-        if unknown:
-            raise TypeError(
-                f"unknown task option(s) {', '.join(unknown)}; KindOptions has {sorted(_KIND_FIELDS)}"
-            )
-        KindOptions(**options)  # ConfigError for bad values, at once
+        _check_task(topic, options, "@tasks.task()")
         return _Decorator(self, topic, options)
 
     def batch_task(
         self, topic: str | None = None, *, batch_size: int, batch_wait: float = 0, **options: Any
-    ) -> _BatchDecorator:
+    ) -> Callable[[Callable[..., Any]], BatchTask[Any, Any]]:
         """Return a decorator making ``fn(items)`` (or ``fn(ctx, items)``) a BatchTask of this registry
         (SPEC BD1): it gets the payloads of up to *batch_size* jobs at once, waiting at most
         *batch_wait* seconds for a fuller batch, and returns one result or exception per item in
         order. *options* as ``task``."""
-        if callable(topic):
-            raise TypeError("use @tasks.batch_task(batch_size=N) with parentheses")
-        if topic is not None and (not isinstance(topic, str) or not topic):
-            raise InvalidJob(f"topic must be non-empty text, got {topic!r}")
         options = {**options, "batch_size": batch_size, "batch_wait": batch_wait}
-        unknown = sorted(set(options) - _KIND_FIELDS)
-        if unknown:
-            raise TypeError(
-                f"unknown task option(s) {', '.join(unknown)}; KindOptions has {sorted(_KIND_FIELDS)}"
-            )
-        KindOptions(**options)  # ConfigError for bad values, at once
-        return _BatchDecorator(self, topic, options)
+        _check_task(topic, options, "@tasks.batch_task(batch_size=N)")
+
+        def decorate(fn: Callable[..., Any]) -> BatchTask[Any, Any]:
+            return self._add(BatchTask(fn, topic or _default_topic(fn), options, self))
+
+        return decorate
 
     def register(
         self,
         register_kind: Callable[[str, Any, KindOptions], None],
         defaults: KindOptions,
         *,
-        register_batch: Callable[[str, Any, KindOptions], None] | None = None,
+        register_batch: Callable[[str, Any, KindOptions], None],
     ) -> None:
         """Register every task as a kind with ``register_kind`` (a batch task with ``register_batch``),
         its options over *defaults* (``Engine.register_tasks`` does); raise ConfigError naming the
@@ -335,16 +345,15 @@ class Tasks:
             except ConfigError as exc:
                 raise ConfigError([f"task {task.topic!r}: {p}" for p in exc.problems]) from None
             if isinstance(task, BatchTask):
-                if register_batch is None:
-                    raise ConfigError([f"task {task.topic!r}: a batch task needs Engine.register_tasks"])
                 register_batch(task.topic, task.handler(), options)
             else:
                 register_kind(task.topic, task.handler(), options)
 
-    def _add(self, task: Task[Any, Any] | BatchTask[Any, Any]) -> None:
+    def _add(self, task: _T) -> _T:
         if task.topic in self._tasks:
             raise ValueError(f"a task with topic {task.topic!r} is already registered")
         self._tasks[task.topic] = task
+        return task
 
     def __iter__(self) -> Iterator[Task[Any, Any] | BatchTask[Any, Any]]:
         return iter(list(self._tasks.values()))
@@ -376,26 +385,14 @@ class Tasks:
         return store
 
 
-class BatchTask(Generic[T, R]):
+class BatchTask(_TaskBase, Generic[T, R]):
     """A batch task function (SPEC BD1): ``fn(items)`` or ``fn(ctx, items)`` takes the payloads of up
     to ``batch_size`` jobs at once and returns one result or exception per item, in order;
     ``.job(item)`` makes one job whose payload is *item*."""
 
-    def __init__(self, fn: Callable[..., Any], topic: str, options: Mapping[str, Any], tasks: Tasks) -> None:
-        self.fn = fn
-        self.topic = topic
-        self.options: dict[str, Any] = dict(options)
-        self.takes_context = _takes_context(fn)
-        self.is_async = inspect.iscoroutinefunction(fn)
-        self._tasks = tasks
-        functools.update_wrapper(self, fn)
-
     def __call__(self, items: list[T]) -> Any:
         """Run the function here on *items* (tests, scripts); a ``Context`` parameter gets a fresh one."""
         return self.fn(Context(), items) if self.takes_context else self.fn(items)
-
-    def __repr__(self) -> str:
-        return f"BatchTask({self.topic!r})"
 
     def kind_options(self, defaults: KindOptions) -> KindOptions:
         """Return *defaults* with this task's own options over them."""
@@ -410,54 +407,24 @@ class BatchTask(Generic[T, R]):
 
     def enqueue(self, item: T, **fields: Any) -> EnqueueResult:
         """Enqueue ``job(item)`` on the bound Store."""
-        result: EnqueueResult = self._tasks._bound(asynchronous=False).enqueue(self.job(item, **fields))
-        return result
+        return cast(EnqueueResult, self._tasks._bound(asynchronous=False).enqueue(self.job(item, **fields)))
 
     async def aenqueue(self, item: T, **fields: Any) -> EnqueueResult:
         """Enqueue ``job(item)`` on the bound AsyncStore."""
-        result: EnqueueResult = await self._tasks._bound(asynchronous=True).enqueue(self.job(item, **fields))
-        return result
+        store = self._tasks._bound(asynchronous=True)
+        return cast(EnqueueResult, await store.enqueue(self.job(item, **fields)))
 
-    def handler(self) -> Callable[[Context, list[Claim]], Any]:
-        """The batch kind's handler: the function called with the claims' payloads."""
-        fn, takes_context = self.fn, self.takes_context
-        if self.is_async:
-
-            async def run_async(ctx: Context, claims: list[Claim]) -> Any:
-                items = [c.payload for c in claims]
-                return await (fn(ctx, items) if takes_context else fn(items))
-
-            return run_async
-
-        def run(ctx: Context, claims: list[Claim]) -> Any:
-            items = [c.payload for c in claims]
-            return fn(ctx, items) if takes_context else fn(items)
-
-        return run
+    def _arguments(self, claims: list[Claim]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return ([c.payload for c in claims],), {}
 
 
-class _BatchDecorator:
-    """What ``Tasks.batch_task(...)`` returns: turns a function into a BatchTask."""
-
-    def __init__(self, tasks: Tasks, topic: str | None, options: Mapping[str, Any]) -> None:
-        self._tasks = tasks
-        self._topic = topic
-        self._options = options
-
-    def __call__(self, fn: Callable[..., Any]) -> BatchTask[Any, Any]:
-        topic = self._topic or f"{fn.__module__}.{fn.__qualname__}"
-        task: BatchTask[Any, Any] = BatchTask(fn, topic, self._options, self._tasks)
-        self._tasks._add(task)
-        return task
-
-
+@dataclasses.dataclass(frozen=True)
 class _Decorator:
     """What ``Tasks.task(...)`` returns: turns a function into a Task (a leading Context left out)."""
 
-    def __init__(self, tasks: Tasks, topic: str | None, options: Mapping[str, Any]) -> None:
-        self._tasks = tasks
-        self._topic = topic
-        self._options = options
+    _tasks: Tasks
+    _topic: str | None
+    _options: Mapping[str, Any]
 
     @overload
     def __call__(self, fn: Callable[Concatenate[Context, P], R]) -> Task[P, R]: ...
@@ -466,10 +433,7 @@ class _Decorator:
     def __call__(self, fn: Callable[P, R]) -> Task[P, R]: ...
 
     def __call__(self, fn: Callable[..., Any]) -> Task[Any, Any]:
-        topic = self._topic or f"{fn.__module__}.{fn.__qualname__}"
-        task: Task[Any, Any] = Task(fn, topic, self._options, self._tasks)
-        self._tasks._add(task)
-        return task
+        return self._tasks._add(Task(fn, self._topic or _default_topic(fn), self._options, self._tasks))
 
 
 __all__ = ["BatchTask", "Task", "Tasks"]

@@ -77,13 +77,6 @@ def _settled(engine: Engine) -> Counter[str]:
     return counts
 
 
-def _store_of(engine: Engine) -> Store:
-    repo: Any = engine.store
-    if not isinstance(repo, Store):
-        raise BrooqError(f"drain() needs an engine on a brooq_py Store, not {type(repo).__name__}")
-    return repo
-
-
 def drain(
     engine: Engine, *, retries: Retries = "now", timeout: float = 60.0, max_runs: int = 10_000
 ) -> DrainReport:
@@ -99,7 +92,9 @@ def drain(
     """
     if retries not in ("now", "wait", "never"):
         raise ValueError(f"retries must be 'now', 'wait' or 'never', got {retries!r}")
-    store = _store_of(engine)
+    store: Any = engine.store
+    if not isinstance(store, Store):
+        raise BrooqError(f"drain() needs an engine on a brooq_py Store, not {type(store).__name__}")
     before = _settled(engine)
     deadline = time.monotonic() + timeout
     ran = 0

@@ -50,18 +50,13 @@ def enqueue_span(jobs: Sequence[Job]) -> Iterator[list[Job]]:
         carrier: dict[str, str] = {}
         TraceContextTextMapPropagator().inject(carrier)
         parent = carrier.get(TRACEPARENT)
-        if parent is None:
-            yield list(jobs)
-            return
-        yield [_with_parent(j, parent) for j in jobs]
+        yield list(jobs) if parent is None else [_with_parent(j, parent) for j in jobs]
 
 
 def _with_parent(job: Job, parent: str) -> Job:
-    meta = dict(job.meta or {})
-    if TRACEPARENT in meta:  # the caller chose the parent
+    if job.meta and TRACEPARENT in job.meta:  # the caller chose the parent
         return job
-    meta[TRACEPARENT] = parent
-    return dataclasses.replace(job, meta=meta)
+    return dataclasses.replace(job, meta={**(job.meta or {}), TRACEPARENT: parent})
 
 
 class _Run:
@@ -122,37 +117,32 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def _traced_arguments(
+def _jobs_in(value: Any) -> list[Job]:
+    if isinstance(value, Job):
+        return [value]
+    if isinstance(value, list | tuple | Mapping):
+        return [j for j in (value.values() if isinstance(value, Mapping) else value) if isinstance(j, Job)]
+    return []
+
+
+@contextlib.contextmanager
+def _traced(
     fn: Callable[..., Any], names: tuple[str, ...], args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[inspect.BoundArguments, list[Job], list[tuple[str, int | None]]]:
+) -> Iterator[inspect.BoundArguments]:
+    """Bind the call and yield it inside ``enqueue_span``, each Job of *names* replaced by its traced
+    copy (named jobs keep their names)."""
     bound = inspect.signature(fn).bind(*args, **kwargs)
-    jobs: list[Job] = []
-    where: list[tuple[str, int | None]] = []
-    for name in names:
-        value = bound.arguments.get(name)
-        if isinstance(value, Job):
-            jobs.append(value)
-            where.append((name, None))
-        elif isinstance(value, list | tuple | Mapping):
-            for i, job in enumerate(value.values() if isinstance(value, Mapping) else value):
-                if isinstance(job, Job):
-                    jobs.append(job)
-                    where.append((name, i))
-    return bound, jobs, where
-
-
-def _put_back(bound: inspect.BoundArguments, where: list[tuple[str, int | None]], jobs: list[Job]) -> None:
-    for (name, i), job in zip(where, jobs, strict=True):
-        if i is None:
-            bound.arguments[name] = job
-        elif isinstance(bound.arguments[name], Mapping):  # named jobs keep their names
-            named = dict(bound.arguments[name])
-            named[list(named)[i]] = job
-            bound.arguments[name] = named
-        else:
-            value = list(bound.arguments[name])
-            value[i] = job
-            bound.arguments[name] = value
+    values = {name: bound.arguments.get(name) for name in names}
+    with enqueue_span([j for v in values.values() for j in _jobs_in(v)]) as traced:
+        it = iter(traced)
+        for name, value in values.items():
+            if isinstance(value, Job):
+                bound.arguments[name] = next(it)
+            elif isinstance(value, Mapping):
+                bound.arguments[name] = {k: next(it) if isinstance(j, Job) else j for k, j in value.items()}
+            elif isinstance(value, list | tuple):
+                bound.arguments[name] = [next(it) if isinstance(j, Job) else j for j in value]
+        yield bound
 
 
 def traced_enqueue(*names: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
@@ -163,9 +153,7 @@ def traced_enqueue(*names: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
         def call(*args: P.args, **kwargs: P.kwargs) -> R:
             if _api() is None:
                 return fn(*args, **kwargs)
-            bound, jobs, where = _traced_arguments(fn, names, args, kwargs)
-            with enqueue_span(jobs) as traced:
-                _put_back(bound, where, traced)
+            with _traced(fn, names, args, kwargs) as bound:
                 return fn(*bound.args, **bound.kwargs)
 
         return call
@@ -183,9 +171,7 @@ def traced_aenqueue(
         async def call(*args: P.args, **kwargs: P.kwargs) -> R:
             if _api() is None:
                 return await fn(*args, **kwargs)
-            bound, jobs, where = _traced_arguments(fn, names, args, kwargs)
-            with enqueue_span(jobs) as traced:
-                _put_back(bound, where, traced)
+            with _traced(fn, names, args, kwargs) as bound:
                 return await fn(*bound.args, **bound.kwargs)
 
         return call

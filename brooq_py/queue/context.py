@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 P = ParamSpec("P")
 R = TypeVar("R")
 
+_Progress = tuple[float | None, str | None]
 # A progress note is a short status line: longer ones are cut, so a renewal stays small.
 MAX_PROGRESS_NOTE = 1000
 
@@ -63,9 +64,8 @@ class Context:
         # What progress() recorded since the engine last took it: (value, note), None for "unchanged".
         self._progress: tuple[float | None, str | None] | None = None
         self._steps: StepPort | None = None  # where durable calls read and record (the engine's Repo)
-        self._journal: _Journal | None = (
-            None  # made on the first durable call: jobs without steps pay nothing
-        )
+        # Made on the first durable call: jobs without steps pay nothing.
+        self._journal: _Journal | None = None
         self._suspended: Snooze | None = None  # a sleep or a wait ended this attempt
         self._unrecorded = False
 
@@ -165,19 +165,13 @@ class Context:
         delay = to_timedelta(duration, "duration")
         if delay < timedelta(0):
             raise ValueError("sleep: duration must not be negative")
-        if _on_loop():
-            return asyncio.to_thread(self._sleep, delay, None)
-        self._sleep(delay, None)
-        return None
+        return _offload(self._sleep, delay, None)
 
     def sleep_until(self, when: datetime) -> Any:
         """``sleep`` until *when* (an aware datetime); ValueError for a naive one."""
         if not isinstance(when, datetime) or when.tzinfo is None:
             raise ValueError("sleep_until: when must be a timezone-aware datetime")
-        if _on_loop():
-            return asyncio.to_thread(self._sleep, None, when)
-        self._sleep(None, when)
-        return None
+        return _offload(self._sleep, None, when)
 
     def wait_for(self, name: str, timeout: float | timedelta) -> Any:
         """Return the payload of the signal *name* (``Store.signal``); while none was sent, end the
@@ -191,9 +185,7 @@ class Context:
         limit = to_timedelta(timeout, "timeout")
         if limit < timedelta(0):
             raise ValueError("wait_for: timeout must not be negative")
-        if _on_loop():
-            return asyncio.to_thread(self._wait_for, name, limit)
-        return self._wait_for(name, limit)
+        return _offload(self._wait_for, name, limit)
 
     def _journal_for(self) -> _Journal:
         if self._suspended is not None:
@@ -290,11 +282,7 @@ class Context:
         if value is None and note is None:
             return
         with self._lock:
-            old = self._progress
-            if old is not None:
-                value = old[0] if value is None else value
-                note = old[1] if note is None else note
-            self._progress = (value, note)
+            self._progress = _overlay((value, note), self._progress)
 
     def take_progress(self) -> tuple[float | None, str | None] | None:
         """Return what ``progress`` recorded since the last call and forget it (the engine's renewal)."""
@@ -305,14 +293,7 @@ class Context:
     def give_back_progress(self, taken: tuple[float | None, str | None]) -> None:
         """Keep *taken* for the next renewal (this one failed), unless newer values came meanwhile."""
         with self._lock:
-            newer = self._progress
-            if newer is None:
-                self._progress = taken
-            else:
-                self._progress = (
-                    taken[0] if newer[0] is None else newer[0],
-                    taken[1] if newer[1] is None else newer[1],
-                )
+            self._progress = _overlay(self._progress, taken)
 
     def done(self) -> bool:
         """Return True once the context was cancelled."""
@@ -350,9 +331,8 @@ class Context:
 
         self.add_callback(wake)
         try:
-            await asyncio.wait_for(asyncio.shield(fut), timeout)
-        except TimeoutError:
-            pass
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(fut), timeout)
         finally:
             self.remove_callback(wake)
         return self._cause is not None
@@ -515,13 +495,14 @@ def _decoded(text: str) -> Any:
     return json.loads(text)
 
 
-def _on_loop() -> bool:
-    """Whether an event loop runs in this thread (an ``async def`` handler's call)."""
+def _offload(fn: Callable[..., Any], *args: Any) -> Any:
+    """Call *fn* here; in an ``async def`` handler (an event loop runs in this thread), return an
+    awaitable of it on a thread instead, so the store is never waited for on the loop."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return False
-    return True
+        return fn(*args)
+    return asyncio.to_thread(fn, *args)
 
 
 def _storable(text: str) -> str:
@@ -530,6 +511,13 @@ def _storable(text: str) -> str:
     if text.isascii():
         return text
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _overlay(new: _Progress | None, old: _Progress | None) -> _Progress | None:
+    """*new*'s fields over *old*'s, a None field meaning unchanged."""
+    if new is None or old is None:
+        return old if new is None else new
+    return (old[0] if new[0] is None else new[0], old[1] if new[1] is None else new[1])
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:

@@ -41,10 +41,8 @@ def parse_go_duration(text: str) -> timedelta:
     s = text
     if s in ("0", "+0", "-0"):
         return timedelta(0)
-    sign = 1.0
-    if s[:1] in ("+", "-"):
-        sign = -1.0 if s[0] == "-" else 1.0
-        s = s[1:]
+    sign = -1.0 if s.startswith("-") else 1.0
+    s = s[1:] if s[:1] in ("+", "-") else s
     if not s:
         raise ValueError(f"invalid duration {text!r}")
     pos = 0
@@ -68,8 +66,3 @@ def parse_go_duration(text: str) -> timedelta:
             f"invalid duration {text!r}: shorter than 1µs, the smallest step durations have here"
         )
     return d
-
-
-def format_duration(d: timedelta) -> str:
-    """Format *d* compactly for logs and errors (``1.5s``)."""
-    return f"{d.total_seconds():g}s"

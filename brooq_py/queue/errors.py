@@ -54,13 +54,18 @@ class WaitTimeout(BrooqError, TimeoutError):
     """``wait``/``result`` gave up before the job reached a terminal state."""
 
 
+def _delay(delay: timedelta | float, who: str) -> timedelta:
+    value = to_timedelta(delay, "delay")
+    if value < timedelta(0):
+        raise ValueError(f"{who}: delay must not be negative")
+    return value
+
+
 class MustDelay(Exception):
     """Retry after *delay* (clamped to the topic's backoff_max); the attempt stays spent."""
 
     def __init__(self, delay: timedelta | float) -> None:
-        self.delay: timedelta = to_timedelta(delay, "delay")
-        if self.delay < timedelta(0):
-            raise ValueError("MustDelay: delay must not be negative")
+        self.delay = _delay(delay, "MustDelay")
         super().__init__(f"retry requested in {self.delay.total_seconds():g}s")
 
 
@@ -79,9 +84,7 @@ class Snooze(Exception):
     """
 
     def __init__(self, delay: timedelta | float) -> None:
-        self.delay: timedelta = to_timedelta(delay, "delay")
-        if self.delay < timedelta(0):
-            raise ValueError("Snooze: delay must not be negative")
+        self.delay = _delay(delay, "Snooze")
         if self.delay > MAX_SNOOZE:  # the wake-up must be a time PostgreSQL can store
             raise ValueError("Snooze: delay must be at most 100 years")
         self.waiting_for: str | None = None

@@ -8,7 +8,7 @@ import math
 import re
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 from typing import Any, Literal, NamedTuple
 
@@ -61,9 +61,7 @@ class State(enum.StrEnum):
 
 
 TERMINAL_STATES = frozenset({State.DONE, State.DEAD, State.CANCELED})
-ACTIVE_STATES = frozenset(
-    {State.PENDING, State.SCHEDULED, State.PROCESSING, State.FAILED, State.BLOCKED, State.PARKED}
-)
+ACTIVE_STATES = frozenset(State) - TERMINAL_STATES
 
 
 def _reject_constant(name: str) -> Any:
@@ -110,11 +108,10 @@ def encode_payload(payload: Any, what: str = "payload") -> str:
             text = _ENCODER.encode(payload)
         except (TypeError, ValueError, RecursionError) as exc:
             raise InvalidJob(f"{what} is not JSON-serialisable: {exc}") from None
-        if not text.isascii():  # ASCII text (the usual payload) holds no lone surrogate
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError:
-                raise InvalidJob(f"{what} holds a lone surrogate, which is not valid Unicode text") from None
+        if not text.isascii() and not _is_utf8(
+            text
+        ):  # ASCII text (the usual payload) holds no lone surrogate
+            raise InvalidJob(f"{what} holds a lone surrogate, which is not valid Unicode text")
     if "\x00" in text or ("\\u0000" in text and _NUL_ESCAPE.search(text)):
         raise InvalidJob(f"{what} contains \\u0000, which PostgreSQL jsonb cannot store")
     return text
@@ -148,12 +145,8 @@ def check_text(value: str, what: str) -> None:
     """Raise ``InvalidJob`` if *value* holds NUL or lone surrogates (PostgreSQL text cannot)."""
     if "\x00" in value:
         raise InvalidJob(f"{what} contains a NUL character")
-    if value.isascii():
-        return
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidJob(f"{what} is not valid Unicode text") from None
+    if not value.isascii() and not _is_utf8(value):
+        raise InvalidJob(f"{what} is not valid Unicode text")
 
 
 def utf8_length(value: str) -> int:
@@ -171,14 +164,18 @@ def check_tenant(tenant: Any) -> None:
     """Raise ``InvalidJob`` unless *tenant* is None or a topic's kind of text: non-empty (``""`` is
     refused, not read as None: a tenant named by mistake would share the tenant of no name), no NUL,
     at most MAX_TOPIC_BYTES UTF-8 bytes."""
-    if tenant is None:
-        return
-    if not isinstance(tenant, str):
-        raise InvalidJob(f"tenant must be a str or None, got {type(tenant).__name__}")
-    if not tenant:
-        raise InvalidJob("tenant must not be empty (None is the tenant of no name)")
-    check_text(tenant, "tenant")
-    check_length(tenant, MAX_TOPIC_BYTES, "tenant")
+    if tenant is not None:
+        _check_str(tenant, "tenant", MAX_TOPIC_BYTES)
+        if not tenant:
+            raise InvalidJob("tenant must not be empty (None is the tenant of no name)")
+
+
+def _check_str(value: Any, what: str, limit: int) -> None:
+    """Raise ``InvalidJob`` unless *value* is text PostgreSQL holds, at most *limit* UTF-8 bytes."""
+    if not isinstance(value, str):
+        raise InvalidJob(f"{what} must be a str or None, got {type(value).__name__}")
+    check_text(value, what)
+    check_length(value, limit, what)
 
 
 @dataclass(frozen=True)
@@ -212,12 +209,8 @@ class Job:
             raise InvalidJob("topic must not be empty")
         check_text(self.topic, "topic")
         check_length(self.topic, MAX_TOPIC_BYTES, "topic")
-        key = self.idempotency_key
-        if key is not None:
-            if not isinstance(key, str):
-                raise InvalidJob(f"idempotency_key must be a str or None, got {type(key).__name__}")
-            check_text(key, "idempotency_key")
-            check_length(key, MAX_KEY_BYTES, "idempotency_key")
+        if self.idempotency_key is not None:
+            _check_str(self.idempotency_key, "idempotency_key", MAX_KEY_BYTES)
         at = self.available_at
         if at is not None:
             if not isinstance(at, datetime):
@@ -231,10 +224,6 @@ class Job:
             raise InvalidJob(f"priority must fit a 32-bit signed int, got {p}")
         if isinstance(self.payload, float) and not math.isfinite(self.payload):
             raise InvalidJob("payload: NaN and Infinity are not valid JSON")
-        self._check_round_three_fields()
-        check_tenant(self.tenant)
-
-    def _check_round_three_fields(self) -> None:
         meta = self.meta
         if meta is not None:
             if not isinstance(meta, Mapping):
@@ -247,10 +236,7 @@ class Job:
             check_length(_ENCODER.encode(dict(meta)), MAX_META_BYTES, "meta as JSON")
         uk = self.unique_key
         if uk is not None:
-            if not isinstance(uk, str):
-                raise InvalidJob(f"unique_key must be a str or None, got {type(uk).__name__}")
-            check_text(uk, "unique_key")
-            check_length(uk, MAX_KEY_BYTES, "unique_key")
+            _check_str(uk, "unique_key", MAX_KEY_BYTES)
             if not uk:  # "" means no key, as it does for idempotency_key
                 object.__setattr__(self, "unique_key", None)
         if self.on_duplicate not in ("keep", "merge", "replace"):
@@ -266,16 +252,13 @@ class Job:
             except ValueError:
                 raise InvalidJob(f"after holds {parent[:60]!r}, which is not a job id (a UUID)") from None
 
-        seq = self.sequence
-        if seq is not None:
-            if not isinstance(seq, str):
-                raise InvalidJob(f"sequence must be a str or None, got {type(seq).__name__}")
-            if not seq:
+        if self.sequence is not None:
+            _check_str(self.sequence, "sequence", MAX_KEY_BYTES)
+            if not self.sequence:
                 raise InvalidJob("sequence must not be empty (None: no sequence)")
-            check_text(seq, "sequence")
-            check_length(seq, MAX_KEY_BYTES, "sequence")
             if self.after:
                 raise InvalidJob("a job in a sequence cannot also wait for parents (after=)")
+        check_tenant(self.tenant)
 
     @property
     def key(self) -> str | None:
@@ -312,12 +295,7 @@ class AttemptError:
     """The formatted traceback, at most 16 KiB (cut from the middle)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "attempt": self.attempt,
-            "at": self.at.isoformat(),
-            "error": self.error,
-            "traceback": self.traceback,
-        }
+        return {**asdict(self), "at": self.at.isoformat()}
 
 
 EventKind = Literal["claimed", "done", "failed", "dead", "canceled", "requeued"]
@@ -363,12 +341,8 @@ class StepRecord:
     """A sleep's wake-up time, or the end of a wait's timeout; None for a step."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "at": self.at.isoformat(),
-            "kind": self.kind,
-            "until": None if self.until is None else self.until.isoformat(),
-        }
+        until = None if self.until is None else self.until.isoformat()
+        return {**asdict(self), "at": self.at.isoformat(), "until": until}
 
 
 @dataclass(frozen=True)
@@ -414,32 +388,19 @@ class JobRow:
         def iso(d: datetime | None) -> str | None:
             return None if d is None else d.isoformat()
 
-        return {
-            "id": self.id,
-            "topic": self.topic,
-            "payload": self.payload,
-            "state": str(self.state),
-            "attempts": self.attempts,
-            "priority": self.priority,
-            "available_at": iso(self.available_at),
-            "locked_by": self.locked_by,
-            "locked_until": iso(self.locked_until),
-            "last_error": self.last_error,
-            "idempotency_key": self.idempotency_key,
-            "created_at": iso(self.created_at),
-            "updated_at": iso(self.updated_at),
-            "result": self.result,
-            "errors": [e.to_json() for e in self.errors],
-            "progress": self.progress,
-            "progress_note": self.progress_note,
-            "meta": dict(self.meta),
-            "parents": list(self.parents),
-            "crashes": self.crashes,
-            "steps": [s.to_json() for s in self.steps],
-            "waiting_for": self.waiting_for,
-            "sequence": self.sequence,
-            "tenant": self.tenant,
-        }
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out.update(
+            state=str(self.state),
+            available_at=iso(self.available_at),
+            locked_until=iso(self.locked_until),
+            created_at=iso(self.created_at),
+            updated_at=iso(self.updated_at),
+            errors=[e.to_json() for e in self.errors],
+            meta=dict(self.meta),
+            parents=list(self.parents),
+            steps=[s.to_json() for s in self.steps],
+        )
+        return out
 
 
 # The errors of ``result()`` carry the row, so they live beside it (errors.py stays a leaf).

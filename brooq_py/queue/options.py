@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Literal
 
@@ -92,10 +92,6 @@ class KindOptions:
     # workers), and how long to wait at most for a fuller batch (0: what one claim brought).
     batch_size: int | None = None
     batch_wait: timedelta | float = 0
-
-    @classmethod
-    def field_names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
 
     def __post_init__(self) -> None:
         problems: list[str] = []

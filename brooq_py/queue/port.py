@@ -108,8 +108,7 @@ class StepPort(Protocol):
 
     def begin(self) -> AbstractContextManager[Tx]: ...
 
-    def steps_load(self, job_id: str) -> StepLog:
-        """Read the job's recorded steps and signals."""
+    def steps_load(self, job_id: str) -> StepLog: ...
 
     def step_record(
         self,
@@ -130,8 +129,7 @@ class StepPort(Protocol):
         """Mark the wait recorded at *seq* timed out (every later run raises SignalTimeout), only while
         the row is processing under *claim_token*; False when it is not (nothing written)."""
 
-    def signal_read(self, job_id: str, name: str) -> SignalRead:
-        """Look up the signal *name* of the job."""
+    def signal_read(self, job_id: str, name: str) -> SignalRead: ...
 
 
 @dataclass(frozen=True)
@@ -270,14 +268,13 @@ class Listener(Protocol):
     def close(self) -> None: ...
 
 
-class Repo(Protocol):
-    """The job store, as the engine uses it."""
+class Repo(StepPort, Protocol):
+    """The job store, as the engine uses it (its durable steps are the StepPort's)."""
 
     # producer side
     def enqueue(self, job: Job) -> EnqueueResult: ...
     def enqueue_tx(self, tx: Tx, job: Job) -> EnqueueResult: ...
     def enqueue_many(self, jobs: Sequence[Job], tx: Tx | None = None) -> list[EnqueueResult]: ...
-    def begin(self) -> AbstractContextManager[Tx]: ...
     def enqueue_tick(self, schedule: str, tick: datetime, job: Job) -> EnqueueResult | None:
         """Enqueue *job* as *tick* of *schedule*, with its last tick; None if that tick is past."""
 
@@ -285,23 +282,6 @@ class Repo(Protocol):
     def get(self, job_id: str) -> JobRow | None: ...
     def parents(self, job_id: str) -> list[Parent]:
         """Each parent of *job_id* in its order, with result, state and name, in one statement."""
-
-    # durable steps (a StepPort)
-    def steps_load(self, job_id: str) -> StepLog: ...
-    def step_record(
-        self,
-        job_id: str,
-        claim_token: str,
-        seq: int,
-        name: str,
-        kind: str,
-        *,
-        result: str | None = None,
-        delay: timedelta | None = None,
-        tx: Tx | None = None,
-    ) -> StepWrite: ...
-    def step_time_out(self, job_id: str, claim_token: str, seq: int) -> bool: ...
-    def signal_read(self, job_id: str, name: str) -> SignalRead: ...
 
     # worker side
     def claim(self, topics: Sequence[str], limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:
@@ -371,8 +351,7 @@ class Repo(Protocol):
         """LISTEN on the wake-up channel: *topics* filters ``wait()``; *on_scheduled* and
         *on_cancel* (id, claim token) are called from ``wait()``."""
 
-    def ping(self) -> bool:
-        """Return True if the database answers."""
+    def ping(self) -> bool: ...
 
     def schema_version(self) -> str | None:
         """Return the migration revision the store's schema is at; None when it was never migrated."""

@@ -114,7 +114,6 @@ class BrooqBackend(BaseTaskBackend):
         if row is None or task is None:
             raise TaskResultDoesNotExist(result_id)
         payload = row.payload
-        terminal = row.state in (State.DONE, State.DEAD, State.CANCELED)
         attempted = row.updated_at if row.attempts else None
         result = TaskResult(
             task=task,
@@ -123,7 +122,7 @@ class BrooqBackend(BaseTaskBackend):
             enqueued_at=row.created_at,
             started_at=attempted,
             last_attempted_at=attempted,
-            finished_at=row.updated_at if terminal else None,
+            finished_at=row.updated_at if row.state.terminal else None,
             args=payload.get("args", []),
             kwargs=payload.get("kwargs", {}),
             backend=self.alias,

@@ -92,6 +92,6 @@ def handler_for(task: Any, backend: BrooqBackend, worker_id: str) -> Any:
     return handle
 
 
-def topics(backend: BrooqBackend, tasks: list[Any], queues: Iterable[str]) -> dict[str, Any]:
+def topics(tasks: list[Any], queues: Iterable[str]) -> dict[str, Any]:
     """Return {topic: task} for every task on every queue."""
     return {topic_for(queue, task.module_path): task for queue in sorted(set(queues)) for task in tasks}

@@ -51,7 +51,7 @@ class Command(BaseCommand):
         config = Config.from_env()
         if options["workers"] is not None:
             config = dataclasses.replace(config, workers=options["workers"])
-        kinds = topics(backend, tasks, options["queues"] or backend.queues)
+        kinds = topics(tasks, options["queues"] or backend.queues)
         with ConnectionPool(
             dsn_of(connections[backend.database]), min_size=1, max_size=config.workers + 2
         ) as pool:
