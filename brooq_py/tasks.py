@@ -334,7 +334,7 @@ class Tasks:
         register_kind: Callable[[str, Any, KindOptions], None],
         defaults: KindOptions,
         *,
-        register_batch: Callable[[str, Any, KindOptions], None],
+        register_batch: Callable[[str, Any, KindOptions], None] | None = None,
     ) -> None:
         """Register every task as a kind with ``register_kind`` (a batch task with ``register_batch``),
         its options over *defaults* (``Engine.register_tasks`` does); raise ConfigError naming the
@@ -345,6 +345,8 @@ class Tasks:
             except ConfigError as exc:
                 raise ConfigError([f"task {task.topic!r}: {p}" for p in exc.problems]) from None
             if isinstance(task, BatchTask):
+                if register_batch is None:
+                    raise ConfigError([f"task {task.topic!r}: a batch task needs Engine.register_tasks"])
                 register_batch(task.topic, task.handler(), options)
             else:
                 register_kind(task.topic, task.handler(), options)

@@ -240,7 +240,7 @@ class Engine(Producing):
         """The engine's state and its statements' record, from memory: no database round trip."""
         cfg = self.config
         status = self.statements.status(cfg.health_grace.total_seconds(), cfg.lease_td.total_seconds())
-        return Health(
+        return Health.of(
             database=status.ok,
             running=self.running,
             hung=self.inflight.hung_count(),

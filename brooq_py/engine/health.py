@@ -28,6 +28,7 @@ class Health:
     """ok when the engine's statements succeed (``StatementTracker.status``), the engine runs and hung
     handlers do not outnumber the workers; ages in seconds, error names the statement and its type."""
 
+    ok: bool
     database: bool
     running: bool
     hung: int
@@ -36,9 +37,20 @@ class Health:
     failing_for: float | None = None
     error: str | None = None
 
-    @property
-    def ok(self) -> bool:
-        return self.database and self.running and self.hung <= self.workers
+    @classmethod
+    def of(
+        cls,
+        *,
+        database: bool,
+        running: bool,
+        hung: int,
+        workers: int,
+        last_success_age: float | None = None,
+        failing_for: float | None = None,
+        error: str | None = None,
+    ) -> Health:
+        ok = database and running and hung <= workers
+        return cls(ok, database, running, hung, workers, last_success_age, failing_for, error)
 
     def to_json(self) -> dict[str, Any]:
         def rounded(value: float | None) -> float | None:

@@ -67,7 +67,10 @@ class AsyncStore:
     @names_migration
     async def enqueue(self, job: Job, *, wait: float | timedelta | None = None) -> EnqueueResult:
         """``Store.enqueue``, awaited (its *wait* sleeps on the event loop)."""
-        room = RoomWait(None if wait is None else checked_wait(wait))
+        if wait is None:  # QueueFull raised as the statement raised it, the caller's context kept
+            plan = enqueueing.enqueue_own(self._q, job, self._caps, self._first_tries)
+            return await self.session.drive("enqueueing", plan)
+        room = RoomWait(checked_wait(wait))
         while True:
             plan = enqueueing.enqueue_own(self._q, job, self._caps, self._first_tries)
             try:

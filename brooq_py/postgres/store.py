@@ -98,7 +98,7 @@ class Store:
     settle_tx = delegate(WorkerRepo.settle_tx, "worker")
     beat = delegate(WorkerRepo.beat, "worker")
     leave = delegate(WorkerRepo.leave, "worker")
-    reap = delegate(WorkerRepo.reap, "worker")
+    reap = reap_expired = delegate(WorkerRepo.reap, "worker")
     delete_terminal = delegate(WorkerRepo.delete_terminal, "worker")
     stage = delegate(WorkerRepo.stage, "worker")
     next_due = delegate(WorkerRepo.next_due, "worker")

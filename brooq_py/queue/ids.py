@@ -28,24 +28,29 @@ def _stamps(n: int) -> int:
 
 
 def uuid7() -> uuid.UUID:
-    return uuid.UUID(uuid7_text())
+    stamp = _stamps(1)
+    # High 64 bits: the milliseconds, version 7, the fraction; low 64: variant 0b10, 62 random bits.
+    high = ((stamp >> 12) << 16) | 0x7000 | (stamp & 0xFFF)
+    low = (int.from_bytes(os.urandom(8), "big") >> 2) | (1 << 63)
+    return uuid.UUID(int=(high << 64) | low)
 
 
 # A UUIDv7's text from a stamp s and random bits r: milliseconds, 7 and the fraction, variant 0b10, random.
 _TEXT = "%08x-%04x-7%03x-%04x-%012x"
 
 
-def _text(s: int, r: int) -> str:
-    return _TEXT % (s >> 28, (s >> 12) & 0xFFFF, s & 0xFFF, 0x8000 | (r >> 50), r & 0xFFFF_FFFF_FFFF)
-
-
 def uuid7_text() -> str:
     """Return a new UUIDv7 as text (``str(uuid7())`` without the UUID object)."""
-    return _text(_stamps(1), int.from_bytes(os.urandom(8), "big"))
+    s = _stamps(1)
+    r = int.from_bytes(os.urandom(8), "big")
+    return _TEXT % (s >> 28, (s >> 12) & 0xFFFF, s & 0xFFF, 0x8000 | (r >> 50), r & 0xFFFF_FFFF_FFFF)
 
 
 def uuid7_texts(n: int) -> list[str]:
     """Return *n* new UUIDv7s as text, increasing, made in one go (a batch's ids)."""
     stamp = _stamps(n)
     randoms = struct.unpack(f">{n}Q", os.urandom(8 * n))
-    return [_text(s, r) for s, r in zip(range(stamp, stamp + n), randoms, strict=True)]
+    return [
+        _TEXT % (s >> 28, (s >> 12) & 0xFFFF, s & 0xFFF, 0x8000 | (r >> 50), r & 0xFFFF_FFFF_FFFF)
+        for s, r in zip(range(stamp, stamp + n), randoms, strict=True)
+    ]

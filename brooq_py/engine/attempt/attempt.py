@@ -94,6 +94,24 @@ class Poisoned(Exception):
 class Attempt:
     """The engine's record of one claim while it is ours (see the module's tables)."""
 
+    __slots__ = (
+        "_code_ended",
+        "_ending",
+        "_handler",
+        "_hooks",
+        "_lock",
+        "_owns_slot",
+        "_phase",
+        "cancelled_at",
+        "claim",
+        "ctx",
+        "hard_deadline",
+        "kind",
+        "result",
+        "row",
+        "soft_deadline",
+    )
+
     def __init__(
         self,
         row: ClaimedJob,

@@ -38,7 +38,11 @@ class Producer:
         it. Idempotent on (topic, key) for the life of the row; InvalidJob before anything is written.
         *wait*: a full topic (QueueFull) is waited on up to this long, one bounded probe of its room
         per step (SPEC F3), before QueueFull is raised."""
-        room = RoomWait(None if wait is None else checked_wait(wait))
+        if wait is None:  # QueueFull raised as the statement raised it, the caller's context kept
+            return self.session.drive(
+                "enqueueing", enqueueing.enqueue_own(self._q, job, self._caps, self._first_tries)
+            )
+        room = RoomWait(checked_wait(wait))
         while True:
             plan = enqueueing.enqueue_own(self._q, job, self._caps, self._first_tries)
             try:

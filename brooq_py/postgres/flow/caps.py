@@ -61,10 +61,10 @@ def no_wait_in_tx(wait: Any) -> None:
 
 class RoomWait:
     """The sleeps of ``enqueue(job, wait=seconds)`` between the probes of a full topic's room, doubling
-    up to WAIT_LONGEST_STEP; no *seconds* (None): no wait."""
+    up to WAIT_LONGEST_STEP."""
 
-    def __init__(self, seconds: float | None) -> None:
-        self.deadline = time.monotonic() + (seconds or 0.0)
+    def __init__(self, seconds: float) -> None:
+        self.deadline = time.monotonic() + seconds
         self.step = WAIT_FIRST_STEP
 
     def pause(self, full: QueueFull) -> float:
