@@ -213,12 +213,13 @@ def test_claims_racing_other_runs_that_record_and_an_operator_putting_jobs_back(
         return run
 
     fresh = threading.Event()
+    took = [0.1]  # how long Y's last claim took: X comes in at a random point of the next one
 
     def other_runs() -> None:
         while not stop.is_set():
             if fresh.wait(0.05):  # a job Y's claim is after: come in while its claim runs
                 fresh.clear()
-                time.sleep(random.uniform(0.005, 0.09))
+                time.sleep(random.uniform(0.0, took[0]))
             for r in x_store.worker.claim(["churn"], 8, "X", LEASE):
                 x_store.worker.step_record(r.id, r.claim_token, 0, "a", "step", result="1")
                 q(
@@ -233,7 +234,10 @@ def test_claims_racing_other_runs_that_record_and_an_operator_putting_jobs_back(
             store.enqueue(Job("churn", {}))  # fresh, no record: X races this claim to record one
             fresh.set()
             before = datetime.now(UTC)  # before the claim's snapshot (one host, one clock)
-            for r in y_store.worker.claim([*dummies, "churn"], 4, "Y", LEASE):
+            started = time.monotonic()
+            got = y_store.worker.claim([*dummies, "churn"], 4, "Y", LEASE)
+            took[0] = time.monotonic() - started
+            for r in got:
                 n = _records(pool, store.schema, r.id)
                 said[f"{r.unrecorded}/{n > 0}"] += 1
                 with pool.connection() as conn:
@@ -257,8 +261,11 @@ def test_claims_racing_other_runs_that_record_and_an_operator_putting_jobs_back(
         threads = [threading.Thread(target=guarded(f)) for f in (other_runs, claims, vacuum)]
         for t in threads:
             t.start()
-        deadline = time.monotonic() + 8
-        while time.monotonic() < deadline and not stop.is_set():
+        # until a few claims raced a record (not a fixed time: a loaded machine claims slowly)
+        deadline = time.monotonic() + 120
+        while (
+            time.monotonic() < deadline and not stop.is_set() and said["recorded after the claim began"] < 5
+        ):
             time.sleep(0.1)
         stop.set()
         for t in threads:
@@ -411,6 +418,12 @@ def test_run_once_a_first_run_unread_and_its_retry_replays(
     assert ran == {"a": 1} and reads[jid] == 1
 
 
+def _positions(ctx: Context) -> int:
+    """How many durable calls of this run took their position so far."""
+    journal = ctx._journal
+    return 0 if journal is None else journal._seq
+
+
 def test_steps_from_many_threads_with_a_wait_and_a_sleep_until_reading_mid_run(
     store: Store, engines: Callable[..., Engine]
 ) -> None:
@@ -443,7 +456,8 @@ def test_steps_from_many_threads_with_a_wait_and_a_sleep_until_reading_mid_run(
             t.start()
         for i in range(8):
             turns[i].set()
-            time.sleep(0.03)  # thread i took its position
+            # thread i took its position (positions 4 and 5 are the sleep's and the wait's)
+            wait_for(lambda i=i: _positions(ctx) >= (i + 1 if i < 4 else i + 3), f"thread {i}'s position")
             if i == 3:
                 ctx.sleep_until(datetime.now(UTC) - timedelta(seconds=1))  # passed: reads, records nothing
                 results[100] = ctx.wait_for("go", 60)  # sent before the run: found by that read
