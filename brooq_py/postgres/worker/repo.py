@@ -88,9 +88,7 @@ def claimed_jobs(rows: Rows, keyed: bool = False) -> list[ClaimedJob]:
     """The rows a claim statement returned (ClaimedJob's fields, in order), as ClaimedJob records;
     *keyed*: the eleventh and twelfth columns are the claim key's available_at and whether the job had
     no step record (job_claim)."""
-    if keyed:
-        return [ClaimedJob(*r[:10], available_at=r[10], unrecorded=bool(r[11])) for r in rows]  # type: ignore[misc]
-    return [ClaimedJob(*r[:10]) for r in rows]
+    return [ClaimedJob(*r[: 12 if keyed else 10]) for r in rows]
 
 
 def _until(recorded: Any) -> datetime | None:
