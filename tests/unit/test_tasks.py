@@ -13,7 +13,17 @@ from typing import Any
 import pytest
 
 from brooq_py import Task, Tasks
-from brooq_py.queue import BrooqError, Claim, ConfigError, Context, EnqueueResult, InvalidJob, Job, Lease
+from brooq_py.queue import (
+    BrooqError,
+    Claim,
+    ConfigError,
+    Context,
+    EnqueueResult,
+    InvalidJob,
+    Job,
+    KindOptions,
+    Lease,
+)
 from brooq_py.tasks import _takes_context
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -279,3 +289,25 @@ def test_mypy_strict_checks_job_calls_against_the_function(tmp_path: Path) -> No
     assert lines == [15, 16, 17], proc.stdout
     assert 'incompatible type "str"; expected "int"' in proc.stdout
     assert 'Unexpected keyword argument "colour"' in proc.stdout
+
+
+def test_register_without_a_batch_registrar_registers_plain_tasks_and_refuses_a_batch_task() -> None:
+    """``Tasks.register`` called outside an engine (only ``register_kind`` given): plain tasks register,
+    a batch task is refused by name with a ConfigError, not a TypeError about a missing argument."""
+
+    tasks = Tasks()
+
+    @tasks.task("plain")
+    def plain(n: int) -> int:
+        return n
+
+    registered: list[str] = []
+    tasks.register(lambda topic, handler, options: registered.append(topic), KindOptions())
+    assert registered == ["plain"]
+
+    @tasks.batch_task("bulk", batch_size=10)
+    def bulk(items: list[int]) -> list[int]:
+        return items
+
+    with pytest.raises(ConfigError, match=r"'bulk': a batch task needs Engine\.register_tasks"):
+        tasks.register(lambda topic, handler, options: None, KindOptions())
