@@ -33,6 +33,12 @@ def overlapping_runs(dsn: str, schema: str, tolerance: timedelta = timedelta(0))
         " FROM {s}.chaos_exec ORDER BY job_id, started_at",
         schema,
     )
+    return overlapping(execs, tolerance)
+
+
+def overlapping(execs: list[tuple[Any, ...]], tolerance: timedelta = timedelta(0)) -> list[str]:
+    """``overlapping_runs`` over rows (job_id, worker, attempt, claim_token, started_at, ended_at, how)
+    ordered by job and start."""
     by_job: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
     for e in execs:
         by_job[str(e[0])].append(e)
@@ -40,11 +46,12 @@ def overlapping_runs(dsn: str, schema: str, tolerance: timedelta = timedelta(0))
     for job, es in by_job.items():
         for i, first in enumerate(es):
             for second in es[i + 1 :]:
-                overlap = first[5] - second[4]
+                # from the second's start to whichever ended first (the second may end before the first)
+                overlap = min(first[5], second[5]) - second[4]
                 if overlap > tolerance:
                     found.append(
                         f"job {job}: {first[1]} attempt {first[2]} [{first[4]} .. {first[5]}, {first[6]}] and "
-                        f"{second[1]} attempt {second[2]} from {second[4]} ({second[6]}) overlap by "
+                        f"{second[1]} attempt {second[2]} [{second[4]} .. {second[5]}, {second[6]}] overlap by "
                         f"{overlap.total_seconds():.3f}s"
                     )
     return found
