@@ -16,7 +16,7 @@ from psycopg import sql
 
 from brooq_py.engine import Engine
 from brooq_py.postgres import AsyncStore, Store
-from brooq_py.queue import Claim, Context, InvalidJob, Job, State
+from brooq_py.queue import Claim, Context, InvalidJob, Job, QueueFull, State
 from brooq_py.queue.port import ClaimedJob, Outcome
 from tests.polling import wait_for
 from tests.sampling import tenant_peak
@@ -110,6 +110,37 @@ def test_t1_the_async_store_writes_tenants_and_their_settings(pool: Any, schema:
     store = Store(pool, schema=schema)
     (acme,) = store.flow.tenants("t")
     assert (acme.tenant, acme.limit, acme.rate, acme.weight, acme.waiting) == ("acme", 5, "3/1s", 4, 1)
+
+
+def test_t1_f2_tenant_jobs_on_a_capped_topic_keep_their_tenant_and_the_cap(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A keyless job on a capped topic is first tried by the one INSERT that reads nothing back; with
+    a tenant it is that INSERT's tenant variant, which must write the tenant (and so its turn) and
+    still stop at the cap."""
+    from brooq_py.postgres.enqueue import jobs
+
+    tried: list[str] = []
+    first_try = jobs.capped_new
+
+    def spy(*args: Any) -> Any:
+        got = first_try(*args)
+        if got is not None:
+            tried.append(got[0].name + ("+tenant" if "tenant" in got[0].text else ""))
+        return got
+
+    monkeypatch.setattr(jobs, "capped_new", spy)
+    store.set_max_depth("c", 6)
+    tenants = ["A", "B"] * 3
+    ids = [store.enqueue(Job("c", i, tenant=t)).id for i, t in enumerate(tenants)]
+    # the first enqueues count the depth; once the Store holds an anchor, the first try applies
+    assert "job_enqueue_capped+tenant" in tried
+    with pytest.raises(QueueFull):
+        store.enqueue(Job("c", 6, tenant="B"))
+    assert [store.get(i).tenant for i in ids] == tenants  # type: ignore[union-attr]
+    order = [fair_claim(store, "c", 1)[0] for _ in range(6)]
+    assert tenants_of(store, order) == tenants  # a turn each, in the order they came
+    assert [r.payload for r in order] == list(range(6))
 
 
 # --- T1, T4: the order of claims ---------------------------------------------------------------
