@@ -16,7 +16,7 @@ from psycopg import sql
 
 from brooq_py.engine import Engine
 from brooq_py.postgres import AsyncStore, Store
-from brooq_py.queue import Claim, Context, InvalidJob, Job, QueueFull, State
+from brooq_py.queue import Claim, Context, InvalidJob, Job, State
 from brooq_py.queue.port import ClaimedJob, Outcome
 from tests.polling import wait_for
 from tests.sampling import tenant_peak
@@ -112,35 +112,40 @@ def test_t1_the_async_store_writes_tenants_and_their_settings(pool: Any, schema:
     assert (acme.tenant, acme.limit, acme.rate, acme.weight, acme.waiting) == ("acme", 5, "3/1s", 4, 1)
 
 
-def test_t1_f2_tenant_jobs_on_a_capped_topic_keep_their_tenant_and_the_cap(
-    store: Store, monkeypatch: pytest.MonkeyPatch
+def test_t1_f2_the_capped_first_try_writes_the_tenant_and_stops_at_the_cap(
+    store: Store, dsn: str, schema: str
 ) -> None:
-    """A keyless job on a capped topic is first tried by the one INSERT that reads nothing back; with
-    a tenant it is that INSERT's tenant variant, which must write the tenant (and so its turn) and
-    still stop at the cap."""
-    from brooq_py.postgres.enqueue import jobs
+    """A keyless job on a capped topic is first tried by one INSERT that reads nothing back, while the
+    Store's anchor (a count and the depth sequence's value then) bounds the depth below the cap. Its
+    tenant variant must write the tenant (and so the turn) and stop at the bound. Run here with an
+    anchor set by hand: a Store takes one only while no other transaction is in flight."""
+    import json
 
-    tried: list[str] = []
-    first_try = jobs.capped_new
+    from brooq_py.postgres.session.statements import Queries
+    from brooq_py.queue.ids import uuid7_text
 
-    def spy(*args: Any) -> Any:
-        got = first_try(*args)
-        if got is not None:
-            tried.append(got[0].name + ("+tenant" if "tenant" in got[0].text else ""))
-        return got
+    store.set_max_depth("c", 3)
+    first = store.enqueue(Job("c", 0, tenant="A")).id  # counted: takes a value of the depth sequence
+    query = Queries(schema)["job_enqueue_capped+tenant"]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        seq = sql.Literal(sql.Identifier(schema, "job_depth_seq").as_string(None))
+        (seq0,) = conn.execute(sql.SQL("SELECT pg_sequence_last_value({}::regclass)").format(seq)).fetchone()  # type: ignore[misc]
 
-    monkeypatch.setattr(jobs, "capped_new", spy)
-    store.set_max_depth("c", 6)
-    tenants = ["A", "B"] * 3
-    ids = [store.enqueue(Job("c", i, tenant=t)).id for i, t in enumerate(tenants)]
-    # the first enqueues count the depth; once the Store holds an anchor, the first try applies
-    assert "job_enqueue_capped+tenant" in tried
-    with pytest.raises(QueueFull):
-        store.enqueue(Job("c", 6, tenant="B"))
-    assert [store.get(i).tenant for i in ids] == tenants  # type: ignore[union-attr]
-    order = [fair_claim(store, "c", 1)[0] for _ in range(6)]
-    assert tenants_of(store, order) == tenants  # a turn each, in the order they came
-    assert [r.payload for r in order] == list(range(6))
+        def first_try(payload: int, tenant: str) -> tuple[int, str]:
+            job_id = uuid7_text()
+            params = {
+                **{"id": job_id, "topic": "c", "payload": json.dumps(payload), "available_at": None},
+                **{"priority": 0, "tenant": tenant, "meta": None, "park": False},
+                **{"cap": 3, "base": 1, "seq0": seq0},  # the anchor: 1 waiting at seq0
+            }
+            return conn.execute(query.composed, params).rowcount, job_id
+
+        (one, a1), (two, b1) = first_try(1, "A"), first_try(2, "B")
+        assert (one, two) == (1, 1)
+        assert first_try(3, "B")[0] == 0  # 1 + the 2 values taken since + this one > 3
+    assert [store.get(i).tenant for i in (first, a1, b1)] == ["A", "A", "B"]  # type: ignore[union-attr]
+    order = [fair_claim(store, "c", 1)[0] for _ in range(3)]
+    assert [r.payload for r in order] == [0, 2, 1]  # a turn each: B's job comes second
 
 
 # --- T1, T4: the order of claims ---------------------------------------------------------------
