@@ -1,6 +1,6 @@
 """Where the claim's time goes under a held transaction horizon (SPEC B1, measure first).
 
-    .venv/bin/python bench/horizon_claim.py [--steps 10000,50000,100000,200000] [--batch 500]
+    .venv/bin/python bench/horizon_claim.py [--steps 10000,50000,100000,200000] [--batch 500] [--tenants]
 
 On a throwaway server of its own (never the shared one): one session holds an xid
 (``BEGIN; SELECT txid_current()``, then idle), and jobs of one topic are cycled through the
@@ -11,6 +11,10 @@ range in ``job_claim_idx``) and of the same scan started past the head the claim
 (``priority = p AND (available_at, id) > (a, id)`` of the last claimed row): the buffers and
 milliseconds say whether the time goes to the dead index entries at the head. A control run
 without the held xid (``--no-hold``, autovacuum free to clean) gives the clean baseline.
+
+``--tenants``: the same for a tenant topic (its jobs name 8 tenants, claimed by the fair claim):
+the scan of ``job_fair_idx`` in (priority, turn) order from the start of the topic's range, and
+started at the turn of the last claimed row (``priority = p AND turn >= t``).
 
 Prints one row per step and writes bench/results/horizon_claim.json.
 """
@@ -46,6 +50,20 @@ SELECT id FROM job WHERE topic = 't' AND state = 'pending' AND available_at <= n
 ORDER BY priority DESC, available_at, id LIMIT 10 FOR NO KEY UPDATE SKIP LOCKED"""
 
 
+FAIR_FROM_HEAD = """EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)
+SELECT id FROM job WHERE topic = 't' AND state = 'pending' AND turn IS NOT NULL AND available_at <= now()
+ORDER BY priority DESC, turn, id LIMIT 10"""
+
+FAIR_PAST_HEAD = """EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)
+SELECT id FROM job WHERE topic = 't' AND state = 'pending' AND turn IS NOT NULL AND available_at <= now()
+    AND priority = %s AND turn >= %s
+ORDER BY turn, id LIMIT 10"""
+
+
+def jobs(n: int, tenants: bool) -> list[Job]:
+    return [Job("t", {"i": i}, tenant=f"c{i % 8}" if tenants else None) for i in range(n)]
+
+
 def explain(conn: psycopg.Connection[Any], query: str, params: Any = None) -> tuple[float, int]:
     """(milliseconds, shared buffers hit+read) of one run of *query*, rolled back."""
     with conn.transaction(force_rollback=True):
@@ -55,23 +73,24 @@ def explain(conn: psycopg.Connection[Any], query: str, params: Any = None) -> tu
     return float(top["Execution Time"]), int(buffers)
 
 
-def cycle(store: Store, pool: ConnectionPool[Any], n: int, batch: int) -> tuple[Any, ...]:
-    """Enqueue, claim and finish *n* jobs; return the last claimed row's claim key."""
+def cycle(store: Store, pool: ConnectionPool[Any], n: int, batch: int, tenants: bool) -> tuple[Any, ...]:
+    """Enqueue, claim and finish *n* jobs; return the last claimed row's claim key (priority and
+    available_at and id; of a tenant topic, priority and turn)."""
     last: tuple[Any, ...] = ()
     done = 0
+    key = "priority, turn" if tenants else "priority, available_at, id"
     while done < n:
-        store.enqueue_many([Job("t", {"i": i}) for i in range(batch)])
-        rows = store.claim(["t"], batch, "bench", timedelta(seconds=600))
+        store.enqueue_many(jobs(batch, tenants))
+        if tenants:
+            store.worker.topic_settings()
+            rows = list(store.worker.claim_limited("t", batch, "bench", timedelta(seconds=600)))
+        else:
+            rows = store.claim(["t"], batch, "bench", timedelta(seconds=600))
         store.settle_many([Outcome(r.id, r.claim_token, State.DONE) for r in rows])
         done += len(rows)
         if rows:
             with pool.connection() as c:
-                last = (
-                    c.execute(
-                        "SELECT priority, available_at, id FROM job WHERE id = %s", (rows[-1].id,)
-                    ).fetchone()
-                    or last
-                )
+                last = c.execute(f"SELECT {key} FROM job WHERE id = %s", (rows[-1].id,)).fetchone() or last
     return last
 
 
@@ -82,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", default="10000,50000,100000,200000")
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--no-hold", action="store_true", help="the control: no held xid")
+    parser.add_argument("--tenants", action="store_true", help="a tenant topic and its fair claim")
     args = parser.parse_args(argv)
     steps = [int(s) for s in re.split(r"[, ]+", args.steps) if s]
     db = devdb.start_throwaway()
@@ -99,18 +119,21 @@ def main(argv: list[str] | None = None) -> int:
                 f" {'past head ms':>13} {'buffers':>8}"
             )
             for step in steps:
-                last = cycle(store, pool, step - cycled, args.batch)
+                last = cycle(store, pool, step - cycled, args.batch, args.tenants)
                 cycled = step
-                store.enqueue_many([Job("t", {"i": i}) for i in range(100)])
+                store.enqueue_many(jobs(100, args.tenants))
+                from_head, past_head = (
+                    (FAIR_FROM_HEAD, FAIR_PAST_HEAD) if args.tenants else (FROM_HEAD, PAST_HEAD)
+                )
                 with pool.connection() as conn:
                     conn.execute("SELECT pg_stat_force_next_flush()")
                     time.sleep(0.5)
                     dead = conn.execute(
                         "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'job'"
                     ).fetchone()
-                    explain(conn, FROM_HEAD)  # warm
-                    head_ms, head_buf = explain(conn, FROM_HEAD)
-                    past_ms, past_buf = explain(conn, PAST_HEAD, last)
+                    explain(conn, from_head)  # warm
+                    head_ms, head_buf = explain(conn, from_head)
+                    past_ms, past_buf = explain(conn, past_head, last)
                 row = {
                     "cycled": step,
                     "dead": dead[0] if dead else None,
@@ -127,8 +150,10 @@ def main(argv: list[str] | None = None) -> int:
         hold.close()
     finally:
         db.close()
-    out = HERE / "results" / f"horizon_claim{'_nohold' if args.no_hold else ''}.json"
-    out.write_text(json.dumps({"held": not args.no_hold, "batch": args.batch, "rows": rows}, indent=2))
+    name = "horizon_claim" + ("_tenants" if args.tenants else "") + ("_nohold" if args.no_hold else "")
+    out = HERE / "results" / f"{name}.json"
+    doc = {"held": not args.no_hold, "tenants": args.tenants, "batch": args.batch, "rows": rows}
+    out.write_text(json.dumps(doc, indent=2))
     print(f"wrote {out.relative_to(HERE.parent)}")
     return 0
 

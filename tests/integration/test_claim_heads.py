@@ -11,7 +11,7 @@ import pytest
 
 from brooq_py.engine import Config, Engine
 from brooq_py.postgres import Store
-from brooq_py.postgres.worker.heads import RESCAN, ClaimHeads
+from brooq_py.postgres.worker.heads import FULL_RESCAN, RESCAN, ClaimHeads
 from brooq_py.queue import Job, State
 from brooq_py.queue.port import Outcome
 from tests.integration.test_store_worker import db  # noqa: F401 - the fixture: the test schema's raw connection
@@ -29,7 +29,8 @@ class Clock:
 
 @pytest.fixture
 def clock(store: Store) -> Clock:
-    """The Store's claim heads on a clock the test moves (RESCAN: when a topic is read whole)."""
+    """The Store's claim heads on a clock the test moves (RESCAN: when a topic is read from a minute
+    before its head; FULL_RESCAN: from its start)."""
     c = Clock()
     store.worker._heads = ClaimHeads(clock=c)
     return c
@@ -91,16 +92,20 @@ def test_b1_past_its_head_a_claim_reads_none_of_the_dead_entries_a_held_horizon_
     assert costs["whole"] >= 5 * costs["past the head"], costs
 
 
-def test_b1_a_job_that_sorts_before_the_head_is_claimed_at_the_next_whole_read(
+def test_b1_a_job_that_sorts_before_the_head_is_claimed_by_the_next_wide_or_whole_read(
     store: Store, clock: Clock
 ) -> None:
     store.enqueue_many([Job("t", i) for i in range(3)])
     assert claim(store) == [0, 1, 2]  # read whole: the head is set
-    store.enqueue(Job("t", "back-dated", available_at=datetime.now(UTC) - timedelta(hours=1)))
+    now = datetime.now(UTC)
+    store.enqueue(Job("t", "an hour back", available_at=now - timedelta(hours=1)))
+    store.enqueue(Job("t", "30 s back", available_at=now - timedelta(seconds=30)))
     store.enqueue(Job("t", "new"))
-    assert claim(store) == ["new"]  # past the head: the back-dated row is not read
+    assert claim(store) == ["new"]  # past the head: the back-dated rows are not read
     clock.now += RESCAN
-    assert claim(store) == ["back-dated"]  # read whole again
+    assert claim(store) == ["30 s back"]  # read from a minute before the head
+    clock.now += FULL_RESCAN
+    assert claim(store) == ["an hour back"]  # read from the start
 
 
 def test_b1_c1_a_higher_priority_enqueued_after_the_head_still_goes_first(store: Store, clock: Clock) -> None:
@@ -125,7 +130,7 @@ def test_b1_a_row_locked_when_a_claim_passed_it_is_claimed_once_unlocked(
     clock: Clock,
 ) -> None:
     """An operator's lock made the claim skip a row, and the next claims read past it: the next
-    whole read takes it, nothing is left behind."""
+    read from the start takes it, nothing is left behind."""
     hour_ago = datetime.now(UTC) - timedelta(hours=1)
     locked = store.enqueue(Job("t", 0, available_at=hour_ago)).id  # sorts before the head, by more than SLACK
     store.enqueue_many([Job("t", i) for i in (1, 2)])
@@ -135,6 +140,8 @@ def test_b1_a_row_locked_when_a_claim_passed_it_is_claimed_once_unlocked(
     store.enqueue(Job("t", 3))
     assert claim(store) == [3]
     clock.now += RESCAN
+    assert claim(store) == []  # an hour before the head: beyond the wide reads
+    clock.now += FULL_RESCAN
     assert claim(store) == [0]
 
 

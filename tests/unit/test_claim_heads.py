@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from brooq_py.postgres.worker.heads import RESCAN, SLACK, ClaimHeads
+from brooq_py.postgres.worker.heads import FULL_RESCAN, RESCAN, SLACK, WIDE, ClaimHeads
 from brooq_py.queue.port import ClaimedJob
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -22,16 +22,20 @@ class Clock:
         return self.now
 
 
-def test_a_topic_without_a_head_is_read_whole_then_past_its_head_until_rescan() -> None:
+def test_a_topic_is_read_whole_then_past_its_head_wider_each_rescan_and_whole_each_full_rescan() -> None:
     clock = Clock()
     heads = ClaimHeads(clock)
     assert heads.params(["a"]) == ([None], [None])
-    heads.advance(["a"], [None], [row("a", 0, T0), row("a", 0, T0 + timedelta(seconds=1))])
+    head = T0 + timedelta(seconds=1)
+    heads.advance(["a"], [None], [row("a", 0, T0), row("a", 0, head)])
     clock.now += RESCAN / 2
-    assert heads.params(["a"]) == ([0], [T0 + timedelta(seconds=1) - SLACK])
+    assert heads.params(["a"]) == ([0], [head - SLACK])
     clock.now += RESCAN / 2
-    assert heads.params(["a"]) == ([None], [None])
-    assert heads.params(["a"]) == ([0], [T0 + timedelta(seconds=1) - SLACK])
+    assert heads.params(["a"]) == ([0], [head - WIDE])  # a read from WIDE before the head
+    assert heads.params(["a"]) == ([0], [head - SLACK])
+    clock.now = FULL_RESCAN
+    assert heads.params(["a"]) == ([None], [None])  # from the start: the only read of every dead entry
+    assert heads.params(["a"]) == ([0], [head - SLACK])
 
 
 def test_an_empty_claim_keeps_the_head_and_topics_are_apart() -> None:
@@ -60,12 +64,25 @@ def test_a_whole_read_of_older_rows_never_moves_the_head_back_and_reads_whole_ag
     heads.params(["a"])
     heads.advance(["a"], [None], [row("a", 0, T0)])
     heads.params(["a"])  # past the head now
-    clock.now += RESCAN
+    clock.now += FULL_RESCAN
     assert heads.params(["a"]) == ([None], [None])
     heads.advance(["a"], [None], [row("a", 0, T0 - timedelta(hours=1))])  # behind the head
     assert heads.params(["a"]) == ([None], [None])  # so whole again, until a whole read takes none
     heads.advance(["a"], [None], [row("a", 3, T0 - timedelta(hours=1))])  # another priority's row
     assert heads.params(["a"]) == ([0], [T0 - SLACK])  # the head keeps its priority and its place
+
+
+def test_a_wide_read_that_took_rows_behind_the_head_reads_wide_again() -> None:
+    clock = Clock()
+    heads = ClaimHeads(clock)
+    heads.params(["a"])
+    heads.advance(["a"], [None], [row("a", 0, T0)])
+    clock.now += RESCAN
+    assert heads.params(["a"]) == ([0], [T0 - WIDE])
+    heads.advance(["a"], [0], [row("a", 0, T0 - timedelta(seconds=30))])  # 30 s behind: a late commit
+    assert heads.params(["a"]) == ([0], [T0 - WIDE])  # wide again, until a wide read takes none
+    heads.advance(["a"], [0], [])
+    assert heads.params(["a"]) == ([0], [T0 - SLACK])
 
 
 def test_the_first_head_takes_the_priority_most_rows_of_a_whole_read_had() -> None:

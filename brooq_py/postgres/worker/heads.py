@@ -1,8 +1,10 @@
 """Where each topic's claims stopped, so the next claim reads past it (SPEC B1; docs/performance.md).
 
 While a transaction holds the horizon, a claim read from a topic's start walks the dead index entry of
-every job claimed since, each claim slower than the last. Rows that sort before the head are claimed by
-the whole read each topic gets at least every RESCAN seconds; kept in memory, losing it costs one read.
+every job claimed since, each claim slower than the last. Rows that sort before the head (a back-dated
+time, a commit late, a row an operator held) are claimed by a read from WIDE before the head each topic
+gets at least every RESCAN seconds, and by a read from its start at least every FULL_RESCAN seconds:
+only that one walks every dead entry a long hold left. Kept in memory: losing it costs one read.
 """
 
 from __future__ import annotations
@@ -17,8 +19,11 @@ from brooq_py.queue.port import ClaimedJob
 
 # How far before the head a claim still looks: producers whose transactions stay open this long.
 SLACK = timedelta(seconds=2)
-# A topic is read from its start at least this often (seconds), for the rows before its head.
+# A topic is read from WIDE before its head at least every RESCAN seconds, for the rows behind it ...
 RESCAN = 1.0
+WIDE = timedelta(seconds=60)
+# ... and from its start at least every FULL_RESCAN seconds, for the rows behind even that.
+FULL_RESCAN = 60.0
 
 
 class ClaimHeads:
@@ -28,6 +33,7 @@ class ClaimHeads:
         self._clock = clock
         self._heads: dict[str, tuple[int, datetime]] = {}
         self._whole_at: dict[str, float] = {}
+        self._wide_at: dict[str, float] = {}
         self._lock = threading.Lock()
 
     def params(self, topics: Sequence[str]) -> tuple[list[int | None], list[datetime | None]]:
@@ -40,16 +46,19 @@ class ClaimHeads:
             for topic in topics:
                 head = self._heads.get(topic)
                 whole_at = self._whole_at.get(topic)
-                if whole_at is None or now - whole_at >= RESCAN:
-                    self._whole_at[topic] = now
+                wide = now - self._wide_at.get(topic, -RESCAN) >= RESCAN
+                if whole_at is None or now - whole_at >= FULL_RESCAN or (wide and head is None):
+                    self._whole_at[topic] = self._wide_at[topic] = now
                     priority.append(None)
                     after.append(None)
                 elif head is None:
                     priority.append(0)  # read whole and found empty: what comes next is new
                     after.append(None)
                 else:
+                    if wide:
+                        self._wide_at[topic] = now
                     priority.append(head[0])
-                    after.append(head[1] - SLACK)
+                    after.append(head[1] - (WIDE if wide else SLACK))
         return priority, after
 
     def forget(self) -> None:
@@ -57,11 +66,12 @@ class ClaimHeads:
         with self._lock:
             self._heads.clear()
             self._whole_at.clear()
+            self._wide_at.clear()
 
     def advance(self, topics: Sequence[str], sent: Sequence[int | None], rows: Sequence[ClaimedJob]) -> None:
-        """Move the heads past *rows* that a claim sent *sent* took. A whole read that took rows behind
-        the head keeps the topic on whole reads until one takes none, so they drain at the claims' pace,
-        not one batch a RESCAN; the head keeps the priority most of its first whole read's rows had."""
+        """Move the heads past *rows* that a claim sent *sent* took. A wide or whole read that took rows
+        behind the head keeps the topic on such reads until one takes none, so they drain at the claims'
+        pace, not one batch a RESCAN; the head keeps the priority most of its first whole read's rows had."""
         level = dict(zip(topics, sent, strict=True))
         keys: dict[str, list[tuple[int, datetime]]] = {}
         for row in rows:
@@ -75,8 +85,10 @@ class ClaimHeads:
                 else:
                     priority = head[0]
                     behind = [at for p, at in got if p == priority and at < head[1] - SLACK]
-                    if behind and level.get(topic) is None:
-                        self._whole_at.pop(topic, None)  # a whole read took rows behind the head: again
+                    if behind:  # only a wide or a whole read reaches them: the same again
+                        self._wide_at.pop(topic, None)
+                        if level.get(topic) is None:
+                            self._whole_at.pop(topic, None)
                 times = [at for p, at in got if p == priority]
                 if times and (head is None or head[1] < max(times)):
                     self._heads[topic] = (priority, max(times))
