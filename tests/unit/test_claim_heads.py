@@ -90,3 +90,20 @@ def test_the_first_head_takes_the_priority_most_rows_of_a_whole_read_had() -> No
     heads.params(["a"])
     heads.advance(["a"], [None], [row("a", 9, T0), row("a", 0, T0), row("a", 0, T0 + timedelta(seconds=1))])
     assert heads.params(["a"]) == ([0], [T0 + timedelta(seconds=1) - SLACK])
+
+
+def test_a_wide_or_whole_read_whose_claim_failed_is_still_owed() -> None:
+    clock = Clock()
+    heads = ClaimHeads(clock)
+    sent, _ = heads.params(["a"])
+    heads.advance(["a"], sent, [row("a", 0, T0)])
+    clock.now += RESCAN
+    sent, _ = heads.params(["a"])  # wide: its statement fails
+    heads.missed(["a"], sent)
+    assert heads.params(["a"]) == ([0], [T0 - WIDE])
+    clock.now += FULL_RESCAN
+    sent, _ = heads.params(["a"])  # from the start: its statement fails
+    assert sent == [None]
+    heads.missed(["a"], sent)
+    assert heads.params(["a"]) == ([None], [None])
+    assert heads.params(["a"]) == ([0], [T0 - SLACK])

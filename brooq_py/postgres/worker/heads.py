@@ -61,6 +61,15 @@ class ClaimHeads:
                     after.append(head[1] - (WIDE if wide else SLACK))
         return priority, after
 
+    def missed(self, topics: Sequence[str], sent: Sequence[int | None]) -> None:
+        """The claim sent *sent* failed: the next one reads wide, and whole where this one was to, so
+        no read the rows behind the heads wait for is lost with it."""
+        with self._lock:
+            for topic, level in zip(topics, sent, strict=True):
+                self._wide_at.pop(topic, None)
+                if level is None:
+                    self._whole_at.pop(topic, None)
+
     def forget(self) -> None:
         """Read every topic whole at the next claim."""
         with self._lock:

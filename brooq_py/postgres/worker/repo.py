@@ -186,11 +186,14 @@ class WorkerRepo:
             "worker": worker,
             "lease": lease,
         }
-        rows = claimed_jobs(
-            self._own_or_pool(self._claimer, "claiming jobs", self._q["job_claim"], params), keyed=True
-        )
-        self._heads.advance(topics, priority, rows)
-        return rows
+        try:
+            rows = self._own_or_pool(self._claimer, "claiming jobs", self._q["job_claim"], params)
+        except BaseException:
+            self._heads.missed(topics, priority)
+            raise
+        claimed = claimed_jobs(rows, keyed=True)
+        self._heads.advance(topics, priority, claimed)
+        return claimed
 
     def read_whole(self) -> None:
         """Have the next claim read every topic from its start, rows before its head too (the claim
