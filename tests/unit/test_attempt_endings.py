@@ -130,3 +130,16 @@ def test_c4_an_async_handler_given_up_that_returns_later_is_settled(
     assert r.history == [State.PROCESSING, State.FAILED, State.PENDING, State.PROCESSING, State.DONE]
     assert "MaxExecutionExceeded" in (r.last_error or "")
     wait_for(lambda: not e.inflight.held(), what="the lease let go")
+
+
+def test_c5_a_handler_returning_as_it_is_called_hung_writes_nothing() -> None:
+    """The verdict is one move: a return told while the watchdog reports it (the handler released
+    the moment it was counted hung) finds the attempt ended, and writes no done."""
+    r = Recorded()
+    a = r.attempt()
+    answers: list[object] = []
+    told = r.hooks.tell_hung
+    r.hooks.tell_hung = lambda at, grace: (answers.append(at.returned()), told(at, grace))  # type: ignore[method-assign]
+    assert a.declared_hung(0.5) is None
+    assert answers == [None] and a.ending is Phase.HUNG
+    assert r.freed == 1

@@ -299,14 +299,23 @@ class Attempt:
         return None
 
     def declared_hung(self, grace: float) -> Outcome | None:
-        """Still running *grace* seconds after its cancel: count it, free the slot, end without done."""
-        was = self.handler_to(HandlerState.HUNG)
-        if was is None:
-            return None
+        """Still running *grace* seconds after its cancel: count it, free the slot, end without done.
+        The hung handler and the ending in one move: a handler that returns once it is called hung
+        finds the attempt ended (it used to find it still running, between the two, and write done)."""
+        with self._lock:
+            was = self._handler
+            if HandlerState.HUNG not in HANDLER[was]:
+                return None
+            if Phase.HUNG not in PHASES[self._phase] and self._phase in (Phase.CLAIMED, Phase.RUNNING):
+                raise IllegalTransition(f"attempt {self.id}: {self._phase} -> {Phase.HUNG}")
+            self._handler = HandlerState.HUNG
+            ended = Phase.HUNG in PHASES[self._phase]
+            if ended:
+                self._phase = self._ending = Phase.HUNG
         self._hooks.tell_hung(self, grace)
         if was is HandlerState.RUNNING:
             self._hooks.release_slot()
-        if self.end(Phase.HUNG):
+        if ended:
             return self._answer(None)
         return self._given_up_failure() if self._ending is Phase.GAVE_UP else None
 
