@@ -210,8 +210,8 @@ def test_killed_parent_leaves_no_orphan_server(tmp_path: Path) -> None:
             child.stdout.close()
 
     _wait_until(lambda: _gone(pid), f"orphaned server pid {pid} is gone")
-    # A killed parent cannot remove its directory: any next start does (whatever the chain picks).
-    assert tmpdir.exists()
+    # A killed parent cannot remove its directory: any next start does (whatever the chain picks),
+    # this one's or another process's on this machine (a suite running beside this one) before it.
     devdb.acquire().close()
     assert not tmpdir.exists()
 
