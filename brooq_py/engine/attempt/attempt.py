@@ -193,12 +193,15 @@ class Attempt:
         if ending not in ENDINGS:
             raise IllegalTransition(f"attempt {self.id}: {ending} is not an ending")
         with self._lock:
-            if ending not in PHASES[self._phase]:
-                if self._phase in (Phase.CLAIMED, Phase.RUNNING):
-                    raise IllegalTransition(f"attempt {self.id}: {self._phase} -> {ending}")
-                return False
-            self._phase = self._ending = ending
-            return True
+            return self._end_locked(ending)
+
+    def _end_locked(self, ending: Phase) -> bool:
+        if ending not in PHASES[self._phase]:
+            if self._phase in (Phase.CLAIMED, Phase.RUNNING):
+                raise IllegalTransition(f"attempt {self.id}: {self._phase} -> {ending}")
+            return False
+        self._phase = self._ending = ending
+        return True
 
     def settling(self) -> Phase:
         """Ending -> SETTLING; return the ending being settled. Raise if there is none (a second settle)."""
@@ -306,12 +309,8 @@ class Attempt:
             was = self._handler
             if HandlerState.HUNG not in HANDLER[was]:
                 return None
-            if Phase.HUNG not in PHASES[self._phase] and self._phase in (Phase.CLAIMED, Phase.RUNNING):
-                raise IllegalTransition(f"attempt {self.id}: {self._phase} -> {Phase.HUNG}")
+            ended = self._end_locked(Phase.HUNG)
             self._handler = HandlerState.HUNG
-            ended = Phase.HUNG in PHASES[self._phase]
-            if ended:
-                self._phase = self._ending = Phase.HUNG
         self._hooks.tell_hung(self, grace)
         if was is HandlerState.RUNNING:
             self._hooks.release_slot()
