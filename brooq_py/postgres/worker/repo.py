@@ -176,23 +176,19 @@ class WorkerRepo:
         if not topics or limit < 1:
             return []
         topics = list(dict.fromkeys(topics))  # a topic named twice would be read, and returned, twice
-        priority, after = self._heads.params(topics)
+        reads = self._heads.plan(topics)
         params = {
             "topics": topics,
-            "priority": priority,
-            "after": after,
+            "priority": reads.priority,
+            "after": reads.after,
             "slack": SLACK,
             "limit": limit,
             "worker": worker,
             "lease": lease,
         }
-        try:
-            rows = self._own_or_pool(self._claimer, "claiming jobs", self._q["job_claim"], params)
-        except BaseException:
-            self._heads.missed(topics, priority)
-            raise
+        rows = self._own_or_pool(self._claimer, "claiming jobs", self._q["job_claim"], params)
         claimed = claimed_jobs(rows, keyed=True)
-        self._heads.advance(topics, priority, claimed)
+        self._heads.advance(reads, claimed)
         return claimed
 
     def read_whole(self) -> None:
