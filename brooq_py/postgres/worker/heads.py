@@ -14,7 +14,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import NamedTuple
 
 from brooq_py.queue.port import ClaimedJob
 
@@ -27,22 +26,8 @@ WIDE = timedelta(seconds=60)
 FULL_RESCAN = 60.0
 
 
-class Reads(NamedTuple):
-    """One claim's reads: the statement's per-topic ``priority`` and ``after`` (no priority, read it
-    whole; a priority and no time, read it past the database's now() less SLACK: it was empty), which
-    topics it reads wide and whole, and when it was planned."""
-
-    topics: list[str]
-    priority: list[int | None]
-    after: list[datetime | None]
-    wide: frozenset[str]
-    whole: frozenset[str]
-    at: float
-
-
 class ClaimHeads:
-    """Per topic: the head the claims reached, and when the topic was last read wide and whole.
-    A read counts as made once its claim has returned (``advance``): a claim that failed leaves it due."""
+    """Per topic: the head the claims reached, and when the topic was last read whole."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -51,30 +36,39 @@ class ClaimHeads:
         self._wide_at: dict[str, float] = {}
         self._lock = threading.Lock()
 
-    def plan(self, topics: Sequence[str]) -> Reads:
-        """How the next claim reads *topics*."""
+    def params(self, topics: Sequence[str]) -> tuple[list[int | None], list[datetime | None]]:
+        """The claim statement's per-topic ``priority`` and ``after``: no priority, read it whole;
+        a priority and no time, read it past the database's now() less SLACK (it was empty)."""
         now = self._clock()
-        reads = Reads(list(topics), [], [], frozenset(), frozenset(), now)
-        wide: set[str] = set()
-        whole: set[str] = set()
+        priority: list[int | None] = []
+        after: list[datetime | None] = []
         with self._lock:
             for topic in topics:
                 head = self._heads.get(topic)
                 whole_at = self._whole_at.get(topic)
-                due = now - self._wide_at.get(topic, -RESCAN) >= RESCAN
-                if whole_at is None or now - whole_at >= FULL_RESCAN or (due and head is None):
-                    whole.add(topic)
-                    reads.priority.append(None)
-                    reads.after.append(None)
+                wide = now - self._wide_at.get(topic, -RESCAN) >= RESCAN
+                if whole_at is None or now - whole_at >= FULL_RESCAN or (wide and head is None):
+                    self._whole_at[topic] = self._wide_at[topic] = now
+                    priority.append(None)
+                    after.append(None)
                 elif head is None:
-                    reads.priority.append(0)  # read whole and found empty: what comes next is new
-                    reads.after.append(None)
+                    priority.append(0)  # read whole and found empty: what comes next is new
+                    after.append(None)
                 else:
-                    if due:
-                        wide.add(topic)
-                    reads.priority.append(head[0])
-                    reads.after.append(head[1] - (WIDE if due else SLACK))
-        return reads._replace(wide=frozenset(wide | whole), whole=frozenset(whole))
+                    if wide:
+                        self._wide_at[topic] = now
+                    priority.append(head[0])
+                    after.append(head[1] - (WIDE if wide else SLACK))
+        return priority, after
+
+    def missed(self, topics: Sequence[str], sent: Sequence[int | None]) -> None:
+        """The claim sent *sent* failed: the next one reads wide, and whole where this one was to, so
+        no read the rows behind the heads wait for is lost with it."""
+        with self._lock:
+            for topic, level in zip(topics, sent, strict=True):
+                self._wide_at.pop(topic, None)
+                if level is None:
+                    self._whole_at.pop(topic, None)
 
     def forget(self) -> None:
         """Read every topic whole at the next claim."""
@@ -83,29 +77,27 @@ class ClaimHeads:
             self._whole_at.clear()
             self._wide_at.clear()
 
-    def advance(self, reads: Reads, rows: Sequence[ClaimedJob]) -> None:
-        """Move the heads past *rows* that the claim planned as *reads* took, and count its wide and
-        whole reads as made, except where they took rows behind the head: then the topic stays on such
-        reads until one takes none, so those rows drain at the claims' pace, not one batch a RESCAN.
-        The head keeps the priority most of its first whole read's rows had."""
+    def advance(self, topics: Sequence[str], sent: Sequence[int | None], rows: Sequence[ClaimedJob]) -> None:
+        """Move the heads past *rows* that a claim sent *sent* took. A wide or whole read that took rows
+        behind the head keeps the topic on such reads until one takes none, so they drain at the claims'
+        pace, not one batch a RESCAN; the head keeps the priority most of its first whole read's rows had."""
+        level = dict(zip(topics, sent, strict=True))
         keys: dict[str, list[tuple[int, datetime]]] = {}
         for row in rows:
             if row.available_at is not None:
                 keys.setdefault(row.topic, []).append((row.priority, row.available_at))
         with self._lock:
-            behind: set[str] = set()
             for topic, got in keys.items():
                 head = self._heads.get(topic)
                 if head is None:
                     priority = Counter(p for p, _ in got).most_common(1)[0][0]
                 else:
                     priority = head[0]
-                    if any(p == priority and at < head[1] - SLACK for p, at in got):
-                        behind.add(topic)  # only a wide or a whole read reaches them: the same again
+                    behind = [at for p, at in got if p == priority and at < head[1] - SLACK]
+                    if behind:  # only a wide or a whole read reaches them: the same again
+                        self._wide_at.pop(topic, None)
+                        if level.get(topic) is None:
+                            self._whole_at.pop(topic, None)
                 times = [at for p, at in got if p == priority]
                 if times and (head is None or head[1] < max(times)):
                     self._heads[topic] = (priority, max(times))
-            for topic in reads.wide - behind:
-                self._wide_at[topic] = reads.at
-            for topic in reads.whole - behind:
-                self._whole_at[topic] = reads.at

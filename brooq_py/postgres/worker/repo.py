@@ -176,19 +176,23 @@ class WorkerRepo:
         if not topics or limit < 1:
             return []
         topics = list(dict.fromkeys(topics))  # a topic named twice would be read, and returned, twice
-        reads = self._heads.plan(topics)
+        priority, after = self._heads.params(topics)
         params = {
             "topics": topics,
-            "priority": reads.priority,
-            "after": reads.after,
+            "priority": priority,
+            "after": after,
             "slack": SLACK,
             "limit": limit,
             "worker": worker,
             "lease": lease,
         }
-        rows = self._own_or_pool(self._claimer, "claiming jobs", self._q["job_claim"], params)
+        try:
+            rows = self._own_or_pool(self._claimer, "claiming jobs", self._q["job_claim"], params)
+        except BaseException:
+            self._heads.missed(topics, priority)
+            raise
         claimed = claimed_jobs(rows, keyed=True)
-        self._heads.advance(reads, claimed)
+        self._heads.advance(topics, priority, claimed)
         return claimed
 
     def read_whole(self) -> None:
