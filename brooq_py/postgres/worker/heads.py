@@ -27,7 +27,9 @@ FULL_RESCAN = 60.0
 
 
 class ClaimHeads:
-    """Per topic: the head the claims reached, and when the topic was last read whole."""
+    """Per topic: the head the claims reached, and when the topic was last read wide and whole. A wide
+    or whole read counts from when a claim planned it, so claims that overlap do not repeat it; a claim
+    that failed gives it back (``missed``)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
