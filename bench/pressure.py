@@ -46,6 +46,7 @@ import logging
 import multiprocessing as mp
 import os
 import platform
+import signal
 import sys
 import tempfile
 import threading
@@ -273,7 +274,7 @@ def run_system(name: str, args: argparse.Namespace) -> dict[str, Any]:
             stop = threading.Event()
             helpers: list[threading.Thread] = []
             if phase == "hold":
-                helpers.append(threading.Thread(target=hold_xid, args=(dsn, stop)))
+                helpers.append(threading.Thread(target=hold_xid, args=(dsn, stop), daemon=True))
             elif phase == "rr":
                 for i in range(4):
                     helpers.append(
@@ -287,6 +288,7 @@ def run_system(name: str, args: argparse.Namespace) -> dict[str, Any]:
                                 args.rr_pause,
                                 stop,
                             ),
+                            daemon=True,
                         )
                     )
             for h in helpers:
@@ -329,6 +331,10 @@ def run_system(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 # --- main ----------------------------------------------------------------------------------------
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -396,15 +402,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  data directories under {args.datadir_base} ({fs})", flush=True)
     if fs in ("tmpfs", "ramfs"):
         print("  warning: on tmpfs a commit's fsync costs nothing; use --datadir-base on a disk", flush=True)
-    results: list[dict[str, Any]] = []
-    for name in names:
-        print(f"  {name}", flush=True)
-        try:
-            results.append(run_system(name, args))
-        except Exception as exc:  # the server would not start, say: report it and go on
-            results.append({"system": name, "error": f"{type(exc).__name__}: {exc}"})
-            print(f"    {name} not run: {results[-1]['error']}", flush=True)
-    doc = {
+    signal.signal(signal.SIGTERM, _terminated)  # a kill runs the finally blocks: children and servers stop
+    doc: dict[str, Any] = {
         "mode": mode,
         "args": {k: v for k, v in vars(args).items() if k != "out"},
         "machine": {
@@ -415,19 +414,27 @@ def main(argv: list[str] | None = None) -> int:
             "datadir_filesystem": fs,
             "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         },
-        "results": results,
+        "results": [],
     }
-    lines = summary_lines(results)
-    doc["summary"] = lines
-    json_path = prefix.with_suffix(".json")
-    json_path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    results: list[dict[str, Any]] = doc["results"]
+    json_path, png = prefix.with_suffix(".json"), prefix.with_suffix(".png")
     title = (
         f"pressure bench ({mode}): clean {args.clean:g} s, hold {args.hold:g} s, recovery {args.recovery:g} s"
     )
-    png = prefix.with_suffix(".png")
-    drew = plot(results, png, title)
+    drew = False
+    for name in names:
+        print(f"  {name}", flush=True)
+        try:
+            results.append(run_system(name, args))
+        except Exception as exc:  # the server would not start, say: report it and go on
+            results.append({"system": name, "error": f"{type(exc).__name__}: {exc}"})
+            print(f"    {name} not run: {results[-1]['error']}", flush=True)
+        # written after each system, so a run cut short keeps the systems it finished
+        doc["summary"] = summary_lines(results)
+        json_path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        drew = plot(results, png, title)
     print()
-    print("\n".join(lines))
+    print("\n".join(doc["summary"]))
     print(f"wrote {json_path}" + (f" and {png}" if drew else ""))
     return 0
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -368,11 +369,19 @@ class Procrastinate:
 SYSTEMS: dict[str, Any] = {s.name: s for s in (Brooq, PgQueuer, Procrastinate)}
 
 
+def _exit_with_parent(parent: int) -> None:
+    """A bench killed outright (SIGKILL, a closed terminal) takes its producer and consumers with it."""
+    while os.getppid() == parent:
+        time.sleep(1)
+    os._exit(1)
+
+
 def run_role(system: str, role: str, dsn: str, arg: float, stop: Any, out: Any) -> None:
     """A child process's entry: *role* ``produce`` (arg: the rate) or ``consume`` (arg: workers)."""
     import logging
 
     logging.basicConfig(level=logging.WARNING, format=f"{system} {role}: %(levelname)s %(name)s: %(message)s")
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     s = SYSTEMS[system]
     try:
         if role == "produce":
