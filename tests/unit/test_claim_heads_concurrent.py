@@ -37,6 +37,15 @@ def claim(heads: ClaimHeads, topics: list[str], *rows: ClaimedJob) -> Plan:
     return p
 
 
+def headed_at_t0(later: float) -> tuple[Clock, ClaimHeads]:
+    """Heads whose topic a was read whole and has its head at T0, *later* seconds on."""
+    clock = Clock()
+    heads = ClaimHeads(clock)
+    claim(heads, ["a"], row("a", 0, T0))
+    clock.now += later
+    return clock, heads
+
+
 # -- forget() (Engine.run_once -> read_whole) beside a claim in flight -----------------------------------
 
 
@@ -44,10 +53,7 @@ def test_overlapping_forget_is_kept_by_a_whole_read_in_flight_that_took_nothing(
     """Engine.run_once calls read_whole() (forget) so that its claim sees every ready row. A whole read
     another engine planned before it, returning empty between the forget and run_once's claim, does
     not stand for run_once's read: run_once still reads the topic whole."""
-    clock = Clock()
-    heads = ClaimHeads(clock)
-    claim(heads, ["a"], row("a", 0, T0))
-    clock.now += FULL_RESCAN
+    _, heads = headed_at_t0(FULL_RESCAN)
     in_flight = plan(heads, ["a"])  # the other engine's whole read
     assert sent(in_flight) == ([None], [None])
     heads.forget()  # run_once
@@ -57,10 +63,7 @@ def test_overlapping_forget_is_kept_by_a_whole_read_in_flight_that_took_nothing(
 
 def test_overlapping_forget_is_kept_by_a_whole_read_in_flight_that_took_rows() -> None:
     """The same, the read in flight taking a row: the head it sets does not make run_once read past it."""
-    clock = Clock()
-    heads = ClaimHeads(clock)
-    claim(heads, ["a"], row("a", 0, T0))
-    clock.now += FULL_RESCAN
+    _, heads = headed_at_t0(FULL_RESCAN)
     in_flight = plan(heads, ["a"])
     heads.forget()
     advance(heads, in_flight, [row("a", 0, T0 + timedelta(seconds=5))])
@@ -73,10 +76,7 @@ def test_overlapping_forget_is_kept_by_a_whole_read_in_flight_that_took_rows() -
 def test_overlapping_a_claim_planned_while_a_whole_read_is_in_flight_reads_whole_too() -> None:
     """SPEC B1: only the whole read walks every dead entry a held horizon left, so a topic gets one a
     FULL_RESCAN however many claims overlap: the one in flight counts for the claims planned beside it."""
-    clock = Clock()
-    heads = ClaimHeads(clock)
-    claim(heads, ["a"], row("a", 0, T0))
-    clock.now += FULL_RESCAN
+    clock, heads = headed_at_t0(FULL_RESCAN)
     first = plan(heads, ["a"])  # engine 1: whole, walking the dead entries
     assert sent(first) == ([None], [None])
     clock.now += 0.01
@@ -85,10 +85,7 @@ def test_overlapping_a_claim_planned_while_a_whole_read_is_in_flight_reads_whole
 
 
 def test_overlapping_a_claim_planned_while_a_wide_read_is_in_flight_reads_wide_too() -> None:
-    clock = Clock()
-    heads = ClaimHeads(clock)
-    claim(heads, ["a"], row("a", 0, T0))
-    clock.now += RESCAN
+    clock, heads = headed_at_t0(RESCAN)
     first = plan(heads, ["a"])
     assert sent(first) == ([0], [T0 - WIDE])
     clock.now += 0.01
@@ -100,10 +97,7 @@ def test_overlapping_a_newer_read_that_took_nothing_ends_the_drain_an_older_one_
     whatever another claim planned beside it found. A plans whole at t=60.00; B, 10 ms later, reads
     past the head (A's read is reserved); 100 rows an hour back commit; A takes 10 of them. The next
     claim reads whole again: the other 90 drain at the claims' pace, not one batch a FULL_RESCAN."""
-    clock = Clock()
-    heads = ClaimHeads(clock)
-    claim(heads, ["a"], row("a", 0, T0))
-    clock.now += FULL_RESCAN
+    clock, heads = headed_at_t0(FULL_RESCAN)
     a = plan(heads, ["a"])
     clock.now += 0.01
     b = plan(heads, ["a"])
@@ -114,10 +108,7 @@ def test_overlapping_a_newer_read_that_took_nothing_ends_the_drain_an_older_one_
 
 def test_overlapping_a_newer_read_that_took_nothing_ends_the_drain_an_older_one_started_wide() -> None:
     """The same with wide reads (a row 30 s behind the head): the next claim reads wide again."""
-    clock = Clock()
-    heads = ClaimHeads(clock)
-    claim(heads, ["a"], row("a", 0, T0))
-    clock.now += RESCAN
+    clock, heads = headed_at_t0(RESCAN)
     a = plan(heads, ["a"])
     clock.now += 0.01
     b = plan(heads, ["a"])
@@ -128,10 +119,7 @@ def test_overlapping_a_newer_read_that_took_nothing_ends_the_drain_an_older_one_
 
 def test_overlapping_the_drain_ends_whichever_returns_first() -> None:
     """As above, B (planned second, took nothing) returning after A."""
-    clock = Clock()
-    heads = ClaimHeads(clock)
-    claim(heads, ["a"], row("a", 0, T0))
-    clock.now += FULL_RESCAN
+    clock, heads = headed_at_t0(FULL_RESCAN)
     a = plan(heads, ["a"])
     clock.now += 0.01
     b = plan(heads, ["a"])
@@ -140,7 +128,7 @@ def test_overlapping_the_drain_ends_whichever_returns_first() -> None:
     assert sent(plan(heads, ["a"])) == ([None], [None]), "the drain stops: the rest wait one FULL_RESCAN"
 
 
-# -- tried and held -------------------------------------------------------------------------------
+# -- one claim at a time -----------------------------------------------------------------------------------
 
 
 def test_a_failed_claim_leaves_every_read_it_carried_due_for_every_topic() -> None:
@@ -154,16 +142,13 @@ def test_a_failed_claim_leaves_every_read_it_carried_due_for_every_topic() -> No
     assert sent(plan(heads, ["b", "c", "a"])) == ([0, None, 0], [T0 - WIDE, None, T0 - WIDE])
 
 
-def test_an_older_plan_recorded_after_a_newer_one_only_makes_the_next_read_sooner() -> None:
-    clock = Clock()
-    heads = ClaimHeads(clock)
-    claim(heads, ["a"], row("a", 0, T0))
-    clock.now += FULL_RESCAN
+def test_a_whole_read_comes_due_full_rescan_after_the_one_planned_whatever_the_claims_found() -> None:
+    clock, heads = headed_at_t0(FULL_RESCAN)
     a = plan(heads, ["a"])
     clock.now += 0.5
     b = plan(heads, ["a"])
     advance(heads, b, [])
-    advance(heads, a, [])  # whole_at goes back from 60.5 to 60: never later than a read made
+    advance(heads, a, [])  # the whole read, planned at 60
     clock.now = 2 * FULL_RESCAN
     assert sent(plan(heads, ["a"])) == ([None], [None])
 
