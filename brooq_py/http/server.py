@@ -59,15 +59,7 @@ def family(host: str) -> socket.AddressFamily:
 
 def bound_socket(host: str, port: int, backlog: int = LISTEN_BACKLOG) -> socket.socket:
     """Return a TCP socket listening on (*host*, *port*); raise ``OSError``, the socket closed, if it cannot."""
-    sock = socket.socket(family(host), socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(backlog)
-    except OSError:
-        sock.close()
-        raise
-    return sock
+    return socket.create_server((host, port), family=family(host), backlog=backlog)
 
 
 def _headers(environ: Environ) -> dict[str, str]:

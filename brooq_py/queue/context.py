@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from brooq_py.queue.durations import to_timedelta
-from brooq_py.queue.errors import BrooqError, LeaseLost, ReplayMismatch, SignalTimeout, Snooze
+from brooq_py.queue.errors import BrooqError, LeaseLost, ReplayMismatch, SignalTimeout, Snooze, storable
 from brooq_py.queue.job import encode_payload
 from brooq_py.queue.port import StepLog
 
@@ -278,7 +278,7 @@ class Context:
         if note is not None:
             if not isinstance(note, str):
                 raise TypeError(f"note must be a str, got {type(note).__name__}")
-            note = _storable(note[:MAX_PROGRESS_NOTE])
+            note = storable(note[:MAX_PROGRESS_NOTE])
         if value is None and note is None:
             return
         with self._lock:
@@ -503,14 +503,6 @@ def _offload(fn: Callable[..., Any], *args: Any) -> Any:
     except RuntimeError:
         return fn(*args)
     return asyncio.to_thread(fn, *args)
-
-
-def _storable(text: str) -> str:
-    """Return *text* as PostgreSQL text holds it: NUL and lone surrogates escaped."""
-    text = text.replace("\x00", "\\x00")
-    if text.isascii():
-        return text
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _overlay(new: _Progress | None, old: _Progress | None) -> _Progress | None:

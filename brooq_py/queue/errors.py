@@ -156,3 +156,12 @@ def delay_of(exc: BaseException) -> timedelta | None:
     """Return the delay of the ``MustDelay`` in *exc*'s chain, or ``None``."""
     found = find_signal(exc, MustDelay)
     return None if found is None else found.delay
+
+
+def storable(text: str) -> str:
+    """Return *text* as PostgreSQL text holds it: NUL and lone surrogates (a surrogateescape'd file
+    name) escaped, so writing it never fails."""
+    text = text.replace("\x00", "\\x00")
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")

@@ -25,7 +25,7 @@ from brooq_py.queue import (
     Snooze,
     State,
 )
-from brooq_py.queue.errors import find_signal
+from brooq_py.queue.errors import find_signal, storable
 from brooq_py.queue.port import Outcome
 
 
@@ -107,9 +107,7 @@ def describe_error(exc: BaseException) -> str:
     except Exception:
         message = "<unprintable message>"
     text = f"{name}: {message}" if message else name
-    text = text.replace("\x00", "\\x00")
-    # a lone surrogate (a surrogateescape'd filename) would make the UTF-8 outcome write fail
-    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    text = storable(text)
     if len(text) > MAX_ERROR_CHARS:
         text = text[: MAX_ERROR_CHARS - 20] + " ...[truncated]"
     return text
@@ -126,10 +124,10 @@ def format_traceback(exc: BaseException, limit: int = MAX_TRACEBACK_BYTES) -> st
         text = "".join(traceback.format_exception(exc))
     except Exception:
         return None
-    text = text.replace("\x00", "\\x00")
-    data = text.encode("utf-8", "backslashreplace")
+    text = storable(text)
+    data = text.encode()
     if len(data) <= limit:
-        return data.decode("utf-8") if not text.isascii() else text
+        return text
     marker = f"\n... [{len(data) - limit} bytes cut] ...\n".encode()
     keep = max(limit - len(marker), 0)
     head = data[: keep // 2].decode("utf-8", "ignore")
