@@ -157,24 +157,25 @@ def _count_writes(db: psycopg.Connection[Any], schema: str) -> None:
 def test_w0_a_job_claimed_once_that_succeeds_writes_three_row_versions_whatever_its_heartbeats(
     store: Store, db: psycopg.Connection[Any], engines: Callable[..., Engine], schema: str
 ) -> None:
-    """Lease 1.2 s (a heartbeat every 0.3 s), handlers of 1.5 s: five heartbeats each, and still
-    enqueue, claim, done; a handler that reports progress once writes one version more."""
+    """Lease 3 s (a heartbeat every 0.75 s), handlers of 4 s: five heartbeats each, and still
+    enqueue, claim, done; a handler that reports progress once writes one version more. (A shorter
+    lease fenced its jobs on a machine busy enough to hold the heartbeat up for 0.8 s.)"""
     _count_writes(db, schema)
 
     def slow(ctx: Context, claim: Claim) -> None:
-        time.sleep(1.5)
+        time.sleep(4)
         if claim.payload == "progress":
             ctx.progress(0.5)
-            time.sleep(0.8)
+            time.sleep(1)
 
-    e = engines(workers=8, lease=1.2)
+    e = engines(workers=8, lease=3)
     e.register_kind("w", slow, KindOptions(attempt_timeout=30, max_execution_timeout=60, **FAST))
     ids = [e.enqueue(Job("w", None)).id for _ in range(6)]
     with_progress = e.enqueue(Job("w", "progress")).id
     e.start()
     wait_for(
         lambda: db.execute("SELECT count(*) FROM job WHERE state = 'done'").fetchone() == (7,),
-        timeout=30,
+        timeout=60,
     )
     counts = dict(db.execute("SELECT id::text, count(*) FROM job_writes GROUP BY id").fetchall())
     assert {i: counts[i] for i in ids} == {i: 3 for i in ids}

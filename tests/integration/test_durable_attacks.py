@@ -79,7 +79,7 @@ def test_ds1_p1_an_operators_row_lock_past_the_lease_delays_a_steps_record_never
         value = ctx.step("a", lambda: calls.append(claim.claim_token) or len(calls))
         return value
 
-    e = engines(workers=1, lease=1.0)
+    e = engines(workers=1, lease=2.5)  # 1 s fenced it once when a busy machine held its heartbeat up
     e.register_kind("held.step", handler, OPTS)
     jid = e.enqueue(Job("held.step")).id
     e.start()
@@ -90,9 +90,9 @@ def test_ds1_p1_an_operators_row_lock_past_the_lease_delays_a_steps_record_never
         conn.execute(f'SELECT id FROM "{store.schema}".job WHERE id = %s FOR UPDATE', (jid,)).fetchall()
         go.set()
         wait_for(lambda: calls, "the step's fn to run", timeout=30)
-        # held three leases: the record waits, the engine keeps its claim (its proof of life is its own)
+        # held two leases: the record waits, the engine keeps its claim (its proof of life is its own)
         deadline = threading.Event()
-        deadline.wait(3.0)
+        deadline.wait(5.0)
         assert _q(store, "SELECT count(*) FROM {s}.job_step WHERE job_id = %s", jid) == [(0,)]
         row = store.get(jid)
         assert row is not None and row.state is State.PROCESSING and row.crashes == 0

@@ -130,6 +130,7 @@ def _race(store: Store, second: Store, pool: Any) -> None:
         wait_for(
             lambda e=early, r=racer: not r.is_alive() or not q(pool, store.schema, LOCKED, e),
             "the racing claim to run (early's job locked)",
+            timeout=120,  # a claim of 400,000 topics and more: long on a busy machine
         )
         other = second.worker.claim(["raced"], 1, "other", LEASE) if racer.is_alive() else []
         if other:
