@@ -108,8 +108,8 @@ def verdicts(res: dict[str, Any], events: Events, samples: list[dict[str, Any]])
 
     triples = (("clean", "hold", "recovery"), ("clean2", "rr", "recovery2"), ("clean", "rr", "recovery"))
     for clean_name, phase, rec_name in triples:
-        if not {clean_name, phase, rec_name} <= ph.keys():
-            continue  # a run of one pressure phase (--pressure hold or rr)
+        if phase in out or not {clean_name, phase, rec_name} <= ph.keys():
+            continue  # a run of one pressure phase (--pressure hold or rr); rr of a run of both: its own
         clean, p, rec = ph[clean_name], ph[phase], ph[rec_name]
         c_ws = in_range(clean["t0"], clean["t1"])
         _, c_lat = events.between("done", clean["t0"], clean["t1"])
