@@ -285,7 +285,7 @@ class Engine(Producing):
                 self.log,
                 hand_back=self.intake.hand_back,
                 batch=cfg.claim_batch,
-                next_due=self.capacity.next_due_in,
+                next_due=self._next_claim_due,
             )
             self._services = self._background(self._dispatcher.wake)
             self.events.start()
@@ -301,6 +301,13 @@ class Engine(Producing):
                 ",".join(self._kinds) or "-",
                 cfg.lease_td.total_seconds(),
             )
+
+    def _next_claim_due(self) -> float | None:
+        """Seconds until the dispatcher claims without a wake-up: a rate-limited topic's next token,
+        or a wider read that the claim heads owe (a Repo of brooq_py's, SPEC B1), if sooner than a poll."""
+        owed_in = getattr(self.repo, "owed_in", None)
+        dues = [self.capacity.next_due_in(), owed_in(self.topics) if owed_in is not None else None]
+        return min((d for d in dues if d is not None), default=None)
 
     def _background(self, wake: Callable[[], None]) -> list[Ticker]:
         """The background services in the order they start (they stop in the reverse)."""

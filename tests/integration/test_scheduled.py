@@ -18,6 +18,7 @@ from psycopg_pool import ConnectionPool
 from brooq_py.engine import Config, Engine
 from brooq_py.postgres import Store, channel_for, migrations
 from brooq_py.postgres.session.statements import render, stage_channel_for
+from brooq_py.postgres.worker.heads import RESCAN
 from brooq_py.postgres.worker.repo import WorkerRepo
 from brooq_py.queue import Claim, Context, Job, State
 from brooq_py.queue.port import ClaimedJob
@@ -279,6 +280,25 @@ def test_s7_the_stager_wakes_engines_elsewhere(
     assert ran.wait(30)
 
 
+def test_s7_b1_a_row_promoted_long_after_it_was_due_runs_on_an_idle_engine(
+    store: Store, pool: ConnectionPool[Any], engines: Callable[..., Engine], db: psycopg.Connection[Any]
+) -> None:
+    """A retry due 10 s ago and promoted now sorts behind what the claim woken by the promotion reads
+    (the database's now() less the slack: its topic was empty). The read that owes it comes on its
+    own, poll interval or not (worker/heads.py): before, it waited for the poll, an hour here."""
+    ran = threading.Event()
+    e = engines(poll_interval=3600)
+    e.register_kind("a", lambda ctx, claim: ran.set())
+    e.start()
+    wait_listening(pool, store.schema)
+    db.execute(
+        "INSERT INTO job (topic, payload, state, available_at)"
+        " VALUES ('a', '1', 'failed', now() - interval '10 seconds')"
+    )
+    store.worker.stage(["a"], 10)
+    assert ran.wait(30)
+
+
 # --- Z3 ------------------------------------------------------------------------------------------
 
 
@@ -356,8 +376,11 @@ def test_z3_an_engine_is_not_woken_by_another_topics_insert(
     e = engines(counting, poll_interval=3600)
     e.register_kind("a", lambda ctx, claim: ran.set())
     e.start()
-    time.sleep(1.0)  # the start-up claims and wake-ups are over
-    before = counting.claims
+    # the start-up claims and wake-ups are over, and the wider read they owe (RESCAN later) is made
+    before, settled = -1, time.monotonic() + 60
+    while counting.claims != before and time.monotonic() < settled:
+        before = counting.claims
+        time.sleep(RESCAN + 0.5)
     for i in range(5):
         counting.enqueue(Job("b", i))
     time.sleep(1.0)

@@ -107,3 +107,54 @@ def test_a_wide_or_whole_read_whose_claim_failed_is_still_owed() -> None:
     heads.missed(["a"], sent)
     assert heads.params(["a"]) == ([None], [None])
     assert heads.params(["a"]) == ([0], [T0 - SLACK])
+
+
+def test_a_narrower_read_owes_the_wide_one_then_the_whole_one_and_each_is_asked_for_once() -> None:
+    clock = Clock()
+    heads = ClaimHeads(clock)
+    assert heads.params(["a"]) == ([None], [None])
+    assert heads.owed_in(["a"]) is None  # a whole read owes nothing
+    head = T0 + timedelta(seconds=1)
+    heads.advance(["a"], [None], [row("a", 0, head)])
+    clock.now = 0.25
+    assert heads.params(["a"]) == ([0], [head - SLACK])
+    assert heads.owed_in(["a"]) == RESCAN - 0.25  # the wide read, RESCAN after the last one
+    clock.now = RESCAN
+    assert heads.owed_in(["a"]) == 0.0  # due: asked for once ...
+    assert heads.owed_in(["a"]) is None  # ... and not again until a claim reads the topic
+    assert heads.params(["a"]) == ([0], [head - WIDE])
+    assert heads.owed_in(["a"]) == FULL_RESCAN - RESCAN  # a wide read owes only the whole one
+    clock.now = FULL_RESCAN
+    assert heads.owed_in(["a"]) == 0.0
+    assert heads.params(["a"]) == ([None], [None])
+    assert heads.owed_in(["a"]) is None
+
+
+def test_a_read_past_an_empty_topics_now_owes_a_whole_read_a_rescan_later() -> None:
+    """The row the read past now() less the slack cannot see (a retry promoted long after it was due)
+    is found within RESCAN by an idle engine too: the dispatcher claims when ``owed_in`` says."""
+    clock = Clock()
+    heads = ClaimHeads(clock)
+    heads.params(["a"])  # whole, empty
+    clock.now = 0.5
+    assert heads.params(["a"]) == ([0], [None])
+    assert heads.owed_in(["a"]) == RESCAN - 0.5
+    clock.now = RESCAN
+    assert heads.owed_in(["a"]) == 0.0
+    assert heads.params(["a"]) == ([None], [None])
+
+
+def test_what_is_owed_is_per_topic_and_a_failed_claim_is_owed_at_once() -> None:
+    clock = Clock()
+    heads = ClaimHeads(clock)
+    heads.params(["a", "b"])
+    clock.now = 0.5
+    sent, _ = heads.params(["a", "b"])
+    assert heads.owed_in(["b"]) == RESCAN - 0.5
+    heads.missed(["a", "b"], sent)
+    assert heads.owed_in(["c"]) is None
+    assert heads.owed_in(["a"]) == 0.0  # a's taken: b's still owed, to the engine that claims b
+    assert heads.owed_in(["a", "b"]) == 0.0
+    assert heads.owed_in(["a", "b"]) is None
+    heads.forget()
+    assert heads.owed_in(["a", "b"]) is None

@@ -4,7 +4,9 @@ While a transaction holds the horizon, a claim read from a topic's start walks t
 every job claimed since, each claim slower than the last. Rows that sort before the head (a back-dated
 time, a commit late, a row an operator held) are claimed by a read from WIDE before the head each topic
 gets at least every RESCAN seconds, and by a read from its start at least every FULL_RESCAN seconds:
-only that one walks every dead entry a long hold left. Kept in memory: losing it costs one read.
+only that one walks every dead entry a long hold left. Those reads are owed by the narrower reads
+before them, whether or not a claim comes for another reason: ``owed_in`` tells the dispatcher when the
+next one is due, so an idle engine makes it too. Kept in memory: losing it costs one read.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class ClaimHeads:
         self._heads: dict[str, tuple[int, datetime]] = {}
         self._whole_at: dict[str, float] = {}
         self._wide_at: dict[str, float] = {}
+        self._owed: dict[str, float] = {}  # when a wider read is owed, by a narrower one made
         self._lock = threading.Lock()
 
     def params(self, topics: Sequence[str]) -> tuple[list[int | None], list[datetime | None]]:
@@ -51,9 +54,11 @@ class ClaimHeads:
                 wide = now - self._wide_at.get(topic, -RESCAN) >= RESCAN
                 if whole_at is None or now - whole_at >= FULL_RESCAN or (wide and head is None):
                     self._whole_at[topic] = self._wide_at[topic] = now
+                    self._owed.pop(topic, None)
                     priority.append(None)
                     after.append(None)
-                elif head is None:
+                    continue
+                if head is None:
                     priority.append(0)  # read whole and found empty: what comes next is new
                     after.append(None)
                 else:
@@ -61,7 +66,23 @@ class ClaimHeads:
                         self._wide_at[topic] = now
                     priority.append(head[0])
                     after.append(head[1] - (WIDE if wide else SLACK))
+                # this read owes the whole one, and a narrow one the wide one too
+                owed = self._whole_at[topic] + FULL_RESCAN
+                self._owed[topic] = owed if wide else min(owed, self._wide_at[topic] + RESCAN)
         return priority, after
+
+    def owed_in(self, topics: Sequence[str]) -> float | None:
+        """Seconds until a read of *topics* wider than the last is owed (None: none is): 0 when one
+        is due, which is then taken as asked for (a claim of those topics follows and makes it)."""
+        now = self._clock()
+        with self._lock:
+            due = [t for t in topics if self._owed.get(t, now + 1) <= now]
+            for topic in due:
+                del self._owed[topic]
+            if due:
+                return 0.0
+            left = [self._owed[t] - now for t in topics if t in self._owed]
+        return min(left) if left else None
 
     def missed(self, topics: Sequence[str], sent: Sequence[int | None]) -> None:
         """The claim sent *sent* failed: the next one reads wide, and whole where this one was to, so
@@ -69,6 +90,7 @@ class ClaimHeads:
         with self._lock:
             for topic, level in zip(topics, sent, strict=True):
                 self._wide_at.pop(topic, None)
+                self._owed[topic] = self._clock()
                 if level is None:
                     self._whole_at.pop(topic, None)
 
@@ -78,6 +100,7 @@ class ClaimHeads:
             self._heads.clear()
             self._whole_at.clear()
             self._wide_at.clear()
+            self._owed.clear()
 
     def advance(self, topics: Sequence[str], sent: Sequence[int | None], rows: Sequence[ClaimedJob]) -> None:
         """Move the heads past *rows* that a claim sent *sent* took. A wide or whole read that took rows
@@ -98,6 +121,7 @@ class ClaimHeads:
                     behind = [at for p, at in got if p == priority and at < head[1] - SLACK]
                     if behind:  # only a wide or a whole read reaches them: the same again
                         self._wide_at.pop(topic, None)
+                        self._owed[topic] = self._clock()
                         if level.get(topic) is None:
                             self._whole_at.pop(topic, None)
                 times = [at for p, at in got if p == priority]

@@ -200,6 +200,10 @@ class WorkerRepo:
         of a script or a test, ``Engine.run_once``, sees every ready row; SPEC B1)."""
         self._heads.forget()
 
+    def owed_in(self, topics: Sequence[str]) -> float | None:
+        """Seconds until a wider read of *topics* than their last is owed (worker/heads.py)."""
+        return self._heads.owed_in(topics)
+
     def claim_limited(self, topic: str, limit: int, worker: str, lease: timedelta) -> LimitedClaim:
         """Claim up to *limit* jobs of a limited *topic* in one READ COMMITTED transaction: its lock
         tried (``busy`` while another holds it), then the claim (sql/job_claim_limited.sql)."""
