@@ -286,6 +286,8 @@ class Engine(Producing):
                 hand_back=self.intake.hand_back,
                 batch=cfg.claim_batch,
                 next_due=self._next_claim_due,
+                owed=self._owed_topics,
+                claim_only=lambda n, only: self.intake.claim(n, only) if self._may_claim() else [],
             )
             self._services = self._background(self._dispatcher.wake)
             self.events.start()
@@ -308,6 +310,11 @@ class Engine(Producing):
         owed_in = getattr(self.repo, "owed_in", None)
         dues = [self.capacity.next_due_in(), owed_in(self.topics) if owed_in is not None else None]
         return min((d for d in dues if d is not None), default=None)
+
+    def _owed_topics(self) -> list[str]:
+        """The topics whose owed read fell due, taken: the dispatcher claims them alone."""
+        take_owed = getattr(self.repo, "take_owed", None)
+        return take_owed(self.topics) if take_owed is not None else []
 
     def _background(self, wake: Callable[[], None]) -> list[Ticker]:
         """The background services in the order they start (they stop in the reverse)."""

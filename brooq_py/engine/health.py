@@ -13,7 +13,9 @@ from brooq_py.engine.clock import Clock
 from brooq_py.queue.port import Repo
 
 # Not the engine's statements: own backoff, the caller's transaction, teardown, reads of memory.
-UNTRACKED = frozenset({"listen", "begin", "close", "ping", "queue_full_refusals", "read_whole", "owed_in"})
+UNTRACKED = frozenset(
+    {"listen", "begin", "close", "ping", "queue_full_refusals", "read_whole", "owed_in", "take_owed"}
+)
 # Errors that say the caller passed something wrong, not that the database failed.
 CALLER_ERRORS = (ValueError, TypeError, LookupError)
 # Calls an application makes through the engine: their success says the database answers, but their

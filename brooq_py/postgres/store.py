@@ -93,6 +93,7 @@ class Store:
     claim_limited = delegate(WorkerRepo.claim_limited, "worker")
     read_whole = delegate(WorkerRepo.read_whole, "worker")
     owed_in = delegate(WorkerRepo.owed_in, "worker")
+    take_owed = delegate(WorkerRepo.take_owed, "worker")
     settle_many = delegate(WorkerRepo.settle_many, "worker")
     lock_own_tx = delegate(WorkerRepo.lock_own_tx, "worker")
     settle_own_tx = delegate(WorkerRepo.settle_own_tx, "worker")

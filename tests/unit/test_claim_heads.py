@@ -109,7 +109,7 @@ def test_a_wide_or_whole_read_whose_claim_failed_is_still_owed() -> None:
     assert heads.params(["a"]) == ([0], [T0 - SLACK])
 
 
-def test_a_narrower_read_owes_the_wide_one_then_the_whole_one_and_each_is_asked_for_once() -> None:
+def test_a_narrower_read_owes_the_wide_one_then_the_whole_one_and_each_is_taken_once() -> None:
     clock = Clock()
     heads = ClaimHeads(clock)
     assert heads.params(["a"]) == ([None], [None])
@@ -119,13 +119,15 @@ def test_a_narrower_read_owes_the_wide_one_then_the_whole_one_and_each_is_asked_
     clock.now = 0.25
     assert heads.params(["a"]) == ([0], [head - SLACK])
     assert heads.owed_in(["a"]) == RESCAN - 0.25  # the wide read, RESCAN after the last one
+    assert heads.take_owed(["a"]) == []  # not due yet
     clock.now = RESCAN
-    assert heads.owed_in(["a"]) == 0.0  # due: asked for once ...
-    assert heads.owed_in(["a"]) is None  # ... and not again until a claim reads the topic
+    assert heads.owed_in(["a"]) == 0.0
+    assert heads.take_owed(["a"]) == ["a"]  # taken once ...
+    assert heads.owed_in(["a"]) is None and heads.take_owed(["a"]) == []  # ... until a claim reads it
     assert heads.params(["a"]) == ([0], [head - WIDE])
     assert heads.owed_in(["a"]) == FULL_RESCAN - RESCAN  # a wide read owes only the whole one
     clock.now = FULL_RESCAN
-    assert heads.owed_in(["a"]) == 0.0
+    assert heads.take_owed(["a"]) == ["a"]
     assert heads.params(["a"]) == ([None], [None])
     assert heads.owed_in(["a"]) is None
 
@@ -140,7 +142,7 @@ def test_a_read_past_an_empty_topics_now_owes_a_whole_read_a_rescan_later() -> N
     assert heads.params(["a"]) == ([0], [None])
     assert heads.owed_in(["a"]) == RESCAN - 0.5
     clock.now = RESCAN
-    assert heads.owed_in(["a"]) == 0.0
+    assert heads.take_owed(["a"]) == ["a"]
     assert heads.params(["a"]) == ([None], [None])
 
 
@@ -153,8 +155,45 @@ def test_what_is_owed_is_per_topic_and_a_failed_claim_is_owed_at_once() -> None:
     assert heads.owed_in(["b"]) == RESCAN - 0.5
     heads.missed(["a", "b"], sent)
     assert heads.owed_in(["c"]) is None
-    assert heads.owed_in(["a"]) == 0.0  # a's taken: b's still owed, to the engine that claims b
+    assert heads.take_owed(["a"]) == ["a"]  # a's taken: b's still owed, to the engine that claims b
     assert heads.owed_in(["a", "b"]) == 0.0
+    assert heads.take_owed(["a", "b"]) == ["b"]
     assert heads.owed_in(["a", "b"]) is None
+
+
+def test_topics_read_at_other_times_each_owe_a_read_of_their_own_and_then_nothing() -> None:
+    """Claims of the owed topics alone (what the dispatcher makes) pay each topic's debt without
+    making another's: two topics whose reads drifted apart settle after at most two claims each."""
+    clock = Clock()
+    heads = ClaimHeads(clock)
+    head = T0 + timedelta(seconds=1)
+    heads.params(["a"])
+    heads.advance(["a"], [None], [row("a", 0, head)])
+    clock.now = 0.3
+    heads.params(["b"])  # b first read here (a capped topic, claimed alone)
+    heads.advance(["b"], [None], [row("b", 0, head)])
+    clock.now = 0.5
+    heads.params(["a"]), heads.params(["b"])  # a burst: both read narrow, a few ms apart
+    claims = 0
+    for _ in range(10_000):
+        due = heads.owed_in(["a", "b"])
+        if due is None:
+            break
+        clock.now += due
+        only = heads.take_owed(["a", "b"])
+        assert only
+        heads.params(only)
+        claims += 1
+    assert heads.owed_in(["a", "b"]) is None
+    assert claims <= 4  # a wide read and a whole one, for each topic
+
+
+def test_forget_owes_the_whole_read_of_every_topic_it_knew_now() -> None:
+    clock = Clock()
+    heads = ClaimHeads(clock)
+    heads.params(["a", "b"])
+    clock.now = 5.0
     heads.forget()
-    assert heads.owed_in(["a", "b"]) is None
+    assert heads.owed_in(["a"]) == 0.0
+    assert sorted(heads.take_owed(["a", "b", "c"])) == ["a", "b"]
+    assert heads.params(["a"]) == ([None], [None])

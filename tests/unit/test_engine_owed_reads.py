@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from datetime import timedelta
 
 import pytest
 
 from brooq_py.engine import Config, Engine
 from brooq_py.queue import Job, State
+from brooq_py.queue.port import ClaimedJob
 from tests.polling import wait_for
 from tests.unit.conftest import FAST
 from tests.unit.fake_repo import FakeRepo
@@ -23,6 +25,7 @@ class OwingRepo(FakeRepo):
         self.silent = False
         self.owe_at: float | None = None
         self.asked: list[tuple[str, ...]] = []
+        self.claimed: list[tuple[str, ...]] = []
 
     def _notify(self, kind: str, topic: str) -> None:
         if not self.silent:
@@ -31,13 +34,18 @@ class OwingRepo(FakeRepo):
     def owed_in(self, topics: Sequence[str]) -> float | None:
         with self.lock:
             self.asked.append(tuple(topics))
-            if self.owe_at is None:
-                return None
-            left = self.owe_at - time.monotonic()
-            if left > 0:
-                return left
+            return None if self.owe_at is None else max(0.0, self.owe_at - time.monotonic())
+
+    def take_owed(self, topics: Sequence[str]) -> list[str]:
+        with self.lock:
+            if self.owe_at is None or self.owe_at > time.monotonic():
+                return []
             self.owe_at = None
-            return 0.0
+            return ["t"]
+
+    def claim(self, topics: Sequence[str], limit: int, worker: str, lease: timedelta) -> list[ClaimedJob]:
+        self.claimed.append(tuple(topics))
+        return super().claim(topics, limit, worker, lease)
 
 
 @pytest.fixture
@@ -48,6 +56,7 @@ def owing() -> Iterator[OwingRepo]:
 def test_an_owed_read_brings_in_a_row_nothing_woke_the_engine_for(owing: OwingRepo) -> None:
     e = Engine(owing, Config(workers=2, poll_interval=3600, lease=3, **FAST))  # type: ignore[arg-type]
     e.register_kind("t", lambda ctx, claim: None)
+    e.register_kind("u", lambda ctx, claim: None)
     try:
         owing.silent = True
         owing.owe_at = time.monotonic() + 1.0  # as a claim past the heads leaves it
@@ -55,7 +64,8 @@ def test_an_owed_read_brings_in_a_row_nothing_woke_the_engine_for(owing: OwingRe
         wait_for(lambda: owing.asked, "the dispatcher's first wait")  # its start-up claim is made
         jid = owing.enqueue(Job("t")).id  # only the owed read can bring it in
         wait_for(lambda: owing.row(jid).state is State.DONE, "the row the owed read claims", 30)
-        assert ("t",) in owing.asked  # asked for the engine's own topics
+        assert ("t", "u") in owing.asked  # asked for the engine's own topics
+        assert owing.claimed[-1] == ("t",)  # the owed topic claimed alone, not with "u"
     finally:
         e.stop(timeout=1)
 

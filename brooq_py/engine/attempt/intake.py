@@ -85,9 +85,11 @@ class Capacity:
                         self._token_due[topic] = self._monotonic() + BUSY_RETRY
                     elif wait is not None:  # out of tokens: again when the next one is due, not before
                         self._token_due[topic] = self._monotonic() + wait
-                    elif len(got) < room:  # at its limit, empty or locked: after a while or a settle
-                        self._due[topic] = self._monotonic() + self._retry_after
-                        self._held.add(topic)
+                    else:  # a token's wait, if any, is over: no claim is due for it any more
+                        self._token_due.pop(topic, None)
+                        if len(got) < room:  # at its limit, empty or locked: after a while or a settle
+                            self._due[topic] = self._monotonic() + self._retry_after
+                            self._held.add(topic)
                 if wait is not None:
                     self.on_rate_held(topic)
                 rows.extend(got)
@@ -132,11 +134,13 @@ class Capacity:
         return common, capped, limited
 
     def next_due_in(self) -> float | None:
-        """Seconds until the earliest next token of a rate-limited topic (None: none awaited)."""
+        """Seconds until a rate-limited topic's next token lets it be claimed (None: none awaited);
+        not before the topic's own next claim is due (``_plan`` claims it only then)."""
         with self._lock:
             if not self._token_due:
                 return None
-            return max(0.0, min(self._token_due.values()) - self._monotonic())
+            at = min(max(due, self._due.get(t, 0.0)) for t, due in self._token_due.items())
+            return max(0.0, at - self._monotonic())
 
     def _taken(self, rows: Sequence[ClaimedJob]) -> None:
         if rows:
@@ -220,8 +224,10 @@ class Intake:
         self._canceled: dict[str, float] = {}
         self._canceled_lock = threading.Lock()
 
-    def claim(self, limit: int) -> list[ClaimedJob]:
-        rows = self.capacity.claim(self.repo, list(self.kinds), limit, self.worker_id, self.config.lease_td)
+    def claim(self, limit: int, only: Sequence[str] | None = None) -> list[ClaimedJob]:
+        """Claim up to *limit* jobs of the registered topics (of those in *only*, when given)."""
+        topics = list(self.kinds) if only is None else [t for t in only if t in self.kinds]
+        rows = self.capacity.claim(self.repo, topics, limit, self.worker_id, self.config.lease_td)
         for topic, n in Counter(r.topic for r in rows).items():  # one counter update per topic a claim
             self.metrics.child(self.metrics.claimed, topic).inc(n)
         events = self.handover.events

@@ -14,7 +14,9 @@ from brooq_py.queue.port import ClaimedJob
 
 class Dispatcher:
     """One thread: wait for a free slot and a wake-up (or the poll interval), claim at most *batch*
-    rows and launch them; the next claim follows at once while claims come back full."""
+    rows and launch them; the next claim follows at once while claims come back full. *next_due*:
+    seconds until a claim is due sooner than the poll; when the wait for it ends with no wake-up,
+    *owed* names the topics whose owed read it was, and *claim_only* claims those alone."""
 
     def __init__(
         self,
@@ -26,6 +28,8 @@ class Dispatcher:
         hand_back: Callable[[list[ClaimedJob]], None] | None = None,
         batch: int | None = None,
         next_due: Callable[[], float | None] | None = None,
+        owed: Callable[[], list[str]] | None = None,
+        claim_only: Callable[[int, list[str]], list[ClaimedJob]] | None = None,
     ) -> None:
         self._claim = claim
         self._slots = slots
@@ -35,6 +39,8 @@ class Dispatcher:
         self._hand_back = hand_back
         self._batch = batch
         self._next_due = next_due or (lambda: None)
+        self._owed = owed if claim_only is not None else None
+        self._claim_only = claim_only
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -62,9 +68,12 @@ class Dispatcher:
         while not self._stop.is_set():
             if self._slots.wait_free(0.25) == 0:
                 continue
+            only: list[str] = []
             if not backlog:
                 due = self._next_due()
-                self._wake.wait(self._poll if due is None else min(self._poll, due))
+                woken = self._wake.wait(self._poll if due is None else min(self._poll, due))
+                if not woken and self._owed is not None:
+                    only = self._owed()
             if self._stop.is_set():
                 return
             self._wake.clear()
@@ -75,7 +84,7 @@ class Dispatcher:
                 backlog = True
                 continue
             try:
-                rows = self._claim(free)
+                rows = self._claim_only(free, only) if only and self._claim_only else self._claim(free)
             except Exception as exc:
                 failures += 1
                 delay = min(self._poll, 0.1 * 2 ** min(failures, 8))

@@ -6,7 +6,8 @@ time, a commit late, a row an operator held) are claimed by a read from WIDE bef
 gets at least every RESCAN seconds, and by a read from its start at least every FULL_RESCAN seconds:
 only that one walks every dead entry a long hold left. Those reads are owed by the narrower reads
 before them, whether or not a claim comes for another reason: ``owed_in`` tells the dispatcher when the
-next one is due, so an idle engine makes it too. Kept in memory: losing it costs one read.
+next one is due and ``take_owed`` which topics a claim of its own then reads, so an idle engine makes
+it too. Kept in memory: losing it costs one read.
 """
 
 from __future__ import annotations
@@ -72,17 +73,21 @@ class ClaimHeads:
         return priority, after
 
     def owed_in(self, topics: Sequence[str]) -> float | None:
-        """Seconds until a read of *topics* wider than the last is owed (None: none is): 0 when one
-        is due, which is then taken as asked for (a claim of those topics follows and makes it)."""
+        """Seconds until a read of one of *topics* wider than its last is owed (None: none is)."""
+        now = self._clock()
+        with self._lock:
+            left = [self._owed[t] - now for t in topics if t in self._owed]
+        return max(0.0, min(left)) if left else None
+
+    def take_owed(self, topics: Sequence[str]) -> list[str]:
+        """Those of *topics* whose owed read is due, taken as asked for: a claim of them alone follows
+        and makes it (read with the others, it would owe theirs at other times, and so on)."""
         now = self._clock()
         with self._lock:
             due = [t for t in topics if self._owed.get(t, now + 1) <= now]
             for topic in due:
                 del self._owed[topic]
-            if due:
-                return 0.0
-            left = [self._owed[t] - now for t in topics if t in self._owed]
-        return min(left) if left else None
+        return due
 
     def missed(self, topics: Sequence[str], sent: Sequence[int | None]) -> None:
         """The claim sent *sent* failed: the next one reads wide, and whole where this one was to, so
@@ -95,12 +100,14 @@ class ClaimHeads:
                     self._whole_at.pop(topic, None)
 
     def forget(self) -> None:
-        """Read every topic whole at the next claim."""
+        """Read every topic whole at the next claim, and owe that read now (an engine sharing the
+        Store makes it even if nothing else wakes it)."""
         with self._lock:
+            now = self._clock()
+            self._owed.update(dict.fromkeys([*self._whole_at, *self._owed], now))
             self._heads.clear()
             self._whole_at.clear()
             self._wide_at.clear()
-            self._owed.clear()
 
     def advance(self, topics: Sequence[str], sent: Sequence[int | None], rows: Sequence[ClaimedJob]) -> None:
         """Move the heads past *rows* that a claim sent *sent* took. A wide or whole read that took rows

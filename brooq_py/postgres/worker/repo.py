@@ -201,8 +201,12 @@ class WorkerRepo:
         self._heads.forget()
 
     def owed_in(self, topics: Sequence[str]) -> float | None:
-        """Seconds until a wider read of *topics* than their last is owed (worker/heads.py)."""
+        """Seconds until a wider read of one of *topics* than its last is owed (worker/heads.py)."""
         return self._heads.owed_in(topics)
+
+    def take_owed(self, topics: Sequence[str]) -> list[str]:
+        """Those of *topics* whose owed read is due, for a claim of them alone (worker/heads.py)."""
+        return self._heads.take_owed(topics)
 
     def claim_limited(self, topic: str, limit: int, worker: str, lease: timedelta) -> LimitedClaim:
         """Claim up to *limit* jobs of a limited *topic* in one READ COMMITTED transaction: its lock
