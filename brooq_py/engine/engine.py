@@ -368,7 +368,7 @@ class Engine(Producing):
                 heartbeat.wake()
                 return sub
 
-            services.append(WakeListener(listen, wake, log))
+            services.append(WakeListener(listen, wake, log, self.capacity.notified))
         else:
             ours = frozenset(self.topics)
 
@@ -376,6 +376,7 @@ class Engine(Producing):
                 if job.topic in ours:
                     if job.available_at is not None:
                         stager.wake()
+                    self.capacity.notified((job.topic,))
                     wake()
 
             self._enqueued = enqueued

@@ -60,6 +60,7 @@ class PgListener:
         self._probe = f"brooq-probe:{uuid.uuid4()}"
         self._probe_deadline: float | None = None
         self._backlog: deque[psycopg.Notify] = deque()
+        self._woken: set[str] = set()  # the wanted payloads since ``woken()`` (''; any topic)
         # A standby refuses LISTEN during recovery (25006): an outage, retried with backoff.
         with translated("opening the LISTEN connection", own=True):
             self._conn = connect()
@@ -117,7 +118,14 @@ class PgListener:
                     self._on_scheduled()
                 continue
             if self._wanted(note.payload):
+                self._woken.add(note.payload)
                 return True
+
+    def woken(self) -> set[str]:
+        """The topics ``wait()`` returned True for since the last call ('' when a topic's name was too
+        long for its notification: any of ours); from the thread that waits."""
+        woken, self._woken = self._woken, set()
+        return woken
 
     def _next(self, timeout: float) -> psycopg.Notify | None:
         if self._backlog:

@@ -234,6 +234,7 @@ class LimitedClaim(list[ClaimedJob]):
 
     next_token_in: float | None = None
     busy: bool = False  # another claim of the topic held its lock: nothing was tried
+    drained: bool = False  # it took fewer rows than its room: the topic had no more ready
 
 
 @dataclass(frozen=True)

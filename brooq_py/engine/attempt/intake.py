@@ -46,6 +46,7 @@ class Capacity:
         self._due: dict[str, float] = {}  # limited topic -> when its next claim is due
         self._held: set[str] = set()  # topics a cap held back: their end wakes the dispatcher
         self._token_due: dict[str, float] = {}  # rate-limited topic -> when its next token is due
+        self._drained: set[str] = set()  # limited topics whose last claim found no more ready rows
         self.wake: Callable[[], None] = lambda: None
         self.on_rate_held: Callable[[str], None] = lambda topic: None  # a claim found no token left
 
@@ -90,6 +91,10 @@ class Capacity:
                         if len(got) < room:  # at its limit, empty or locked: after a while or a settle
                             self._due[topic] = self._monotonic() + self._retry_after
                             self._held.add(topic)
+                    if isinstance(got, LimitedClaim) and got.drained:  # a new job's NOTIFY: again
+                        self._drained.add(topic)
+                    else:
+                        self._drained.discard(topic)
                 if wait is not None:
                     self.on_rate_held(topic)
                 rows.extend(got)
@@ -135,12 +140,15 @@ class Capacity:
 
     def next_due_in(self) -> float | None:
         """Seconds until a rate-limited topic's next token lets it be claimed (None: none awaited);
-        not before the topic's own next claim is due (``_plan`` claims it only then)."""
+        not before the topic's own next claim is due (``_plan`` claims it only then), and not while
+        its local cap is reached (the end of one of its jobs wakes the dispatcher)."""
         with self._lock:
-            if not self._token_due:
-                return None
-            at = min(max(due, self._due.get(t, 0.0)) for t, due in self._token_due.items())
-            return max(0.0, at - self._monotonic())
+            ats = [
+                max(due, self._due.get(t, 0.0))
+                for t, due in self._token_due.items()
+                if (cap := self._caps.get(t)) is None or self._active[t] < cap
+            ]
+        return max(0.0, min(ats) - self._monotonic()) if ats else None
 
     def _taken(self, rows: Sequence[ClaimedJob]) -> None:
         if rows:
@@ -159,6 +167,15 @@ class Capacity:
                 self._held.discard(topic)
         if wake:
             self.wake()
+
+    def notified(self, topics: Collection[str]) -> None:
+        """New ready jobs of *topics* were announced ('' names any topic): a limited topic whose last
+        claim found no more ready rows is claimed again now, not after ``retry_after``."""
+        with self._lock:
+            ready = set(self._drained) if "" in topics else self._drained & set(topics)
+            for topic in ready:
+                self._drained.discard(topic)
+                self._due.pop(topic, None)
 
     def settled(self, topics: Iterable[str]) -> None:
         """Outcomes of *topics* were written: a limited topic held back may have room again."""

@@ -72,11 +72,16 @@ class Dispatcher:
             if not backlog:
                 due = self._next_due()
                 woken = self._wake.wait(self._poll if due is None else min(self._poll, due))
-                if not woken and self._owed is not None:
-                    only = self._owed()
+                self._wake.clear()  # a wake-up from here on is kept for the next turn
+                if not woken and due is not None and due < self._poll:  # the due time came
+                    only = self._owed() if self._owed is not None else []
+                    again = None if only else self._next_due()
+                    if not only and (again is None or again > 0):
+                        continue  # what fell due was made elsewhere (an engine sharing the Store)
+            else:
+                self._wake.clear()
             if self._stop.is_set():
                 return
-            self._wake.clear()
             free = self._slots.free
             if self._batch is not None:
                 free = min(free, self._batch)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from brooq_py.engine.attempt.intake import Capacity
 from brooq_py.engine.config import Config
@@ -100,10 +100,17 @@ class WakeListener(Ticker):
     backoff_base = 0.5
     backoff_max = RECONNECT_MAX
 
-    def __init__(self, listen: Callable[[], Listener], wake: Callable[[], None], log: logging.Logger) -> None:
+    def __init__(
+        self,
+        listen: Callable[[], Listener],
+        wake: Callable[[], None],
+        log: logging.Logger,
+        notified: Callable[[Collection[str]], None] | None = None,
+    ) -> None:
         super().__init__(1.0, log)
         self._listen = listen
         self._wake = wake
+        self._notified = notified  # the topics each wake-up was for, when the subscription says
 
     def next_delay(self) -> float:
         return 0.0  # a connection closed at our request (stop) or cleanly: reconnect at once
@@ -118,6 +125,9 @@ class WakeListener(Ticker):
             self._wake()
             while not self._stop.is_set():
                 if sub.wait(WAIT_SLICE):
+                    woken = getattr(sub, "woken", None)  # a subscription of brooq_py's (listen.py)
+                    if self._notified is not None and woken is not None:
+                        self._notified(woken())
                     self._wake()
                 self.recovered()  # once the connection has answered: a flapping one keeps backing off
         except Exception:

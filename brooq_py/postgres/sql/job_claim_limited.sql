@@ -8,7 +8,8 @@
 -- seconds since rate_at, at most rate_burst), the claim takes at most
 -- floor(tokens) rows and spends one per row it took, in this statement. Its
 -- last column (on every row, and on a row of NULLs when nothing was taken)
--- is the seconds until the next token when fewer than one is left, else NULL.
+-- is the seconds until the next token when fewer than one is left, else NULL;
+-- then the room the claim had (fewer rows taken: the topic had no more ready).
 -- A paused or no longer limited topic takes nothing here (and returns no row).
 -- F0, P1'': nothing is taken by an engine whose proof of life is older than lease - margin
 -- (see job_claim.sql).
@@ -52,7 +53,8 @@ WITH clock AS (
 SELECT c.id::text, c.topic, c.payload, c.attempts, c.priority, c.claim_token::text, c.locked_by,
        c.locked_until, c.meta, c.crashes,
        CASE WHEN l.rate_limit IS NOT NULL AND l.tokens < 1
-            THEN (1 - l.tokens) * l.rate_per / l.rate_limit END AS next_token_in
+            THEN (1 - l.tokens) * l.rate_per / l.rate_limit END AS next_token_in,
+       (SELECT n FROM room) AS room
 FROM left_after l
 LEFT JOIN claimed c ON true
 ORDER BY c.priority DESC, c.available_at, c.id
