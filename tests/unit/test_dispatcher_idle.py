@@ -5,6 +5,7 @@ whose wait is over is no longer due, and an owed read survives a claim that fail
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -103,3 +104,57 @@ def test_an_owed_read_outlives_a_claim_that_failed_before_reaching_its_topic() -
     with pytest.raises(OSError):
         cap.claim(repo, ["r", "a"], 4, "w", LEASE)  # type: ignore[arg-type]
     assert repo.heads.take_owed(["r", "a"]) == ["a"]
+
+
+def test_a_wake_up_while_the_owed_topics_are_taken_is_kept_for_a_full_claim() -> None:
+    """A NOTIFY that lands after the wait for an owed read timed out, while the owed topics are
+    taken: the claim of them alone must not swallow it (the new job would wait for the poll)."""
+    full = threading.Event()
+    owed_due: list[float | None] = [0.5]
+    d: Dispatcher
+
+    def owed() -> list[str]:
+        owed_due[0] = None
+        d.wake()  # the NOTIFY of a new job of another topic lands here
+        return ["a"]
+
+    d = Dispatcher(
+        lambda n: (full.set(), [])[1],
+        SlotPool(4),
+        lambda rows: None,
+        3600.0,
+        logging.getLogger("t"),
+        next_due=lambda: owed_due[0],
+        owed=owed,
+        claim_only=lambda n, only: [],
+    )
+    d.start()
+    try:
+        time.sleep(0.2)  # the start-up full claim
+        full.clear()
+        assert full.wait(5.0), "the wake-up was swallowed: no full claim until the poll interval"
+    finally:
+        d.stop()
+
+
+def drained(rows: int) -> LimitedClaim:
+    got = LimitedClaim([None] * rows)  # type: ignore[list-item]
+    got.drained = True
+    return got
+
+
+def test_a_notify_has_a_drained_limited_topic_claimed_again_and_no_other() -> None:
+    clock = Clock()
+    cap = Capacity({}, 3600.0, clock)
+    cap.set_limited(["r", "l"])
+    repo = Repo([drained(0), LimitedClaim()])  # r: no more ready rows; l: at its limit
+    cap.claim(repo, ["r", "l"], 4, "w", LEASE)  # type: ignore[arg-type]
+    assert cap._plan(["r", "l"], 4)[2] == []  # both wait retry_after
+    cap.notified(["l"])
+    assert cap._plan(["r", "l"], 4)[2] == []  # at its limit: a NOTIFY changes nothing
+    cap.notified(["r"])
+    assert cap._plan(["r", "l"], 4)[2] == [("r", 4)]  # drained: claimed again at once
+    repo.answers = [LimitedClaim()]
+    cap.claim(repo, ["r"], 4, "w", LEASE)  # type: ignore[arg-type]  # not drained this time
+    cap.notified([""])  # a topic whose name was too long for its notification: any
+    assert cap._plan(["r", "l"], 4)[2] == []
