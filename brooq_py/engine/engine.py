@@ -11,7 +11,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -40,7 +40,7 @@ from brooq_py.engine.services.ticker import Ticker, stop_services
 from brooq_py.engine.services.wakeups import Stager, TopicWatch, WakeListener, stage_now
 from brooq_py.queue import BrooqError, ConfigError, EngineStopping, Event, Job, KindOptions
 from brooq_py.queue.handler import Handler
-from brooq_py.queue.port import EngineProof, Facade, Listener, Repo
+from brooq_py.queue.port import EngineProof, Facade, Listener, Repo, Staged
 from brooq_py.tasks import Tasks
 
 # How long the completer lets outcomes gather before it writes them (SPEC C10: "within milliseconds").
@@ -337,10 +337,17 @@ class Engine(Producing):
         )
         self.inflight.on_unheld_end = heartbeat.wake  # a canceled handler ended: say so now
         self.capacity.wake = wake
+
+        def stage(topics: Sequence[str], batch: int) -> Staged:
+            staged = repo.stage(topics, batch, cfg.notify)
+            if not cfg.notify:  # no NOTIFY announces what it made ready: this engine's stager does
+                self.capacity.notified([t for t, n in staged.promoted.items() if n])
+            return staged
+
         stager = Stager(
             cfg.td("poll_interval").total_seconds(),
             self.topics,
-            lambda topics, batch: repo.stage(topics, batch, cfg.notify),
+            stage,
             repo.next_due,
             wake,
             log,

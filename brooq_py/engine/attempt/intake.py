@@ -47,6 +47,10 @@ class Capacity:
         self._held: set[str] = set()  # topics a cap held back: their end wakes the dispatcher
         self._token_due: dict[str, float] = {}  # rate-limited topic -> when its next token is due
         self._drained: set[str] = set()  # limited topics whose last claim found no more ready rows
+        # Limited topics announced (a NOTIFY) or settled here while a claim of them was running: that
+        # claim's snapshot may predate it, so what it found does not put the topic off.
+        self._announced: set[str] = set()
+        self._freed: set[str] = set()
         self.wake: Callable[[], None] = lambda: None
         self.on_rate_held: Callable[[str], None] = lambda topic: None  # a claim found no token left
 
@@ -77,6 +81,9 @@ class Capacity:
                 room = min(room, free - len(rows))
                 if room <= 0:
                     break
+                with self._lock:
+                    self._announced.discard(topic)
+                    self._freed.discard(topic)
                 got = repo.claim_limited(topic, room, worker, lease)
                 self._taken(got)
                 wait = got.next_token_in if isinstance(got, LimitedClaim) else None
@@ -91,7 +98,11 @@ class Capacity:
                         if len(got) < room:  # at its limit, empty or locked: after a while or a settle
                             self._due[topic] = self._monotonic() + self._retry_after
                             self._held.add(topic)
-                    if isinstance(got, LimitedClaim) and got.drained:  # a new job's NOTIFY: again
+                    drained = isinstance(got, LimitedClaim) and got.drained
+                    if topic in self._freed or (drained and topic in self._announced):
+                        self._due.pop(topic, None)  # what came meanwhile may be claimable: again now
+                        drained = False
+                    if drained:  # a new job's NOTIFY has it claimed again
                         self._drained.add(topic)
                     else:
                         self._drained.discard(topic)
@@ -172,14 +183,16 @@ class Capacity:
         """New ready jobs of *topics* were announced ('' names any topic): a limited topic whose last
         claim found no more ready rows is claimed again now, not after ``retry_after``."""
         with self._lock:
-            ready = set(self._drained) if "" in topics else self._drained & set(topics)
-            for topic in ready:
+            named = set(self._limited) if "" in topics else self._limited & set(topics)
+            self._announced |= named
+            for topic in named & self._drained:
                 self._drained.discard(topic)
                 self._due.pop(topic, None)
 
     def settled(self, topics: Iterable[str]) -> None:
         """Outcomes of *topics* were written: a limited topic held back may have room again."""
         with self._lock:
+            self._freed |= self._limited & set(topics)
             ready = self._held & self._limited & set(topics)
             for topic in ready:
                 self._held.discard(topic)

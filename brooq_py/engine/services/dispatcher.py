@@ -72,7 +72,8 @@ class Dispatcher:
             if not backlog:
                 due = self._next_due()
                 woken = self._wake.wait(self._poll if due is None else min(self._poll, due))
-                self._wake.clear()  # a wake-up from here on is kept for the next turn
+                if woken:  # one that comes after a timeout, even before this line, is kept
+                    self._wake.clear()
                 if not woken and due is not None and due < self._poll:  # the due time came
                     only = self._owed() if self._owed is not None else []
                     again = None if only else self._next_due()

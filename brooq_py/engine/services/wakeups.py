@@ -122,6 +122,8 @@ class WakeListener(Ticker):
             self._wake()
             raise
         try:
+            if self._notified is not None:  # NOTIFYs sent while no LISTEN was up: of any topic
+                self._notified({""})
             self._wake()
             while not self._stop.is_set():
                 if sub.wait(WAIT_SLICE):
