@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -158,3 +158,77 @@ def test_a_notify_has_a_drained_limited_topic_claimed_again_and_no_other() -> No
     cap.claim(repo, ["r"], 4, "w", LEASE)  # type: ignore[arg-type]  # not drained this time
     cap.notified([""])  # a topic whose name was too long for its notification: any
     assert cap._plan(["r", "l"], 4)[2] == []
+
+
+class Racing(Repo):
+    """The limited topic's statement ran; *meanwhile* (before the engine books its answer) runs."""
+
+    def __init__(self, answer: LimitedClaim, meanwhile: Callable[[], None]) -> None:
+        super().__init__([])
+        self.answer = answer
+        self.meanwhile = meanwhile
+
+    def claim_limited(self, topic: str, limit: int, worker: str, lease: timedelta) -> LimitedClaim:
+        self.meanwhile()
+        return self.answer
+
+
+def test_a_notify_landing_while_a_drained_topics_claim_runs_has_it_claimed_again() -> None:
+    cap = Capacity({}, 3600.0, Clock())
+    cap.set_limited(["r"])
+    cap.claim(Racing(drained(0), lambda: cap.notified(["r"])), ["r"], 4, "w", LEASE)  # type: ignore[arg-type]
+    assert cap._plan(["r"], 4)[2] == [("r", 4)]
+
+
+def test_a_settle_landing_while_a_claim_at_the_limit_runs_has_it_claimed_again() -> None:
+    cap = Capacity({}, 3600.0, Clock())
+    cap.set_limited(["r"])
+    cap.claim(Racing(LimitedClaim(), lambda: cap.settled(["r"])), ["r"], 4, "w", LEASE)  # type: ignore[arg-type]
+    assert cap._plan(["r"], 4)[2] == [("r", 4)]
+
+
+def test_a_notify_landing_while_a_claim_at_the_limit_runs_changes_nothing() -> None:
+    cap = Capacity({}, 3600.0, Clock())
+    cap.set_limited(["r"])
+    cap.claim(Racing(LimitedClaim(), lambda: cap.notified(["r"])), ["r"], 4, "w", LEASE)  # type: ignore[arg-type]
+    assert cap._plan(["r"], 4)[2] == []
+
+
+class RacyEvent(threading.Event):
+    """Its wait times out, and a set() lands before the dispatcher's next line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        woken = super().wait(timeout)
+        if not woken and self.armed:
+            self.armed = False
+            self.set()
+        return woken
+
+
+def test_a_wake_up_just_after_a_due_wait_timed_out_is_kept() -> None:
+    full = threading.Event()
+    dues = iter([0.3])  # one due wait of 0.3 s; then the next is 5 s off (made elsewhere)
+    d = Dispatcher(
+        lambda n: (full.set(), [])[1],
+        SlotPool(4),
+        lambda rows: None,
+        3600.0,
+        logging.getLogger("t"),
+        next_due=lambda: next(dues, 5.0),
+        owed=lambda: [],
+        claim_only=lambda n, only: [],
+    )
+    event = RacyEvent()
+    d._wake = event
+    d.start()
+    try:
+        time.sleep(0.1)  # the start-up claim
+        full.clear()
+        event.armed = True
+        assert full.wait(2.0), "the wake-up set just after the due wait timed out was lost"
+    finally:
+        d.stop()
