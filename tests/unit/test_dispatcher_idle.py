@@ -183,8 +183,11 @@ def test_a_notify_landing_while_a_drained_topics_claim_runs_has_it_claimed_again
 def test_a_settle_landing_while_a_claim_at_the_limit_runs_has_it_claimed_again() -> None:
     cap = Capacity({}, 3600.0, Clock())
     cap.set_limited(["r"])
+    woken: list[int] = []
+    cap.wake = lambda: woken.append(1)
     cap.claim(Racing(LimitedClaim(), lambda: cap.settled(["r"])), ["r"], 4, "w", LEASE)  # type: ignore[arg-type]
     assert cap._plan(["r"], 4)[2] == [("r", 4)]
+    assert woken  # the dispatcher turns again (the settle found r not held yet: it woke no one)
 
 
 def test_a_notify_landing_while_a_claim_at_the_limit_runs_changes_nothing() -> None:

@@ -99,8 +99,9 @@ class Capacity:
                             self._due[topic] = self._monotonic() + self._retry_after
                             self._held.add(topic)
                     drained = isinstance(got, LimitedClaim) and got.drained
-                    if topic in self._freed or (drained and topic in self._announced):
-                        self._due.pop(topic, None)  # what came meanwhile may be claimable: again now
+                    again = topic in self._freed or (drained and topic in self._announced)
+                    if again:  # what came meanwhile may be claimable: at the next turn
+                        self._due.pop(topic, None)
                         drained = False
                     if drained:  # a new job's NOTIFY has it claimed again
                         self._drained.add(topic)
@@ -108,6 +109,8 @@ class Capacity:
                         self._drained.discard(topic)
                 if wait is not None:
                     self.on_rate_held(topic)
+                if again:
+                    self.wake()
                 rows.extend(got)
             for names, room in [*(([t], r) for t, r in capped), (common, free)]:  # the common claim last
                 room = min(room, free - len(rows))
