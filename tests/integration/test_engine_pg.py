@@ -240,11 +240,15 @@ def test_two_engines_race_over_2000_jobs_p1_p3(
     assert overlaps == []
     assert len(runs) == 2000 and set(runs.values()) == {1}
     assert q(pool, schema, "SELECT count(*), min(attempts), max(attempts) FROM {job}") == [(2000, 1, 1)]
-    settled = sum(
-        e.registry.get_sample_value("brooq_settle_total", {"topic": "race", "outcome": "done"}) or 0
-        for e in (a, b)
-    )
-    assert settled == 2000
+
+    def settled() -> float:  # counted by each engine once its statement returned: after the commit
+        return sum(
+            e.registry.get_sample_value("brooq_settle_total", {"topic": "race", "outcome": "done"}) or 0
+            for e in (a, b)
+        )
+
+    wait_for(lambda: settled() >= 2000, timeout=60, what="2000 outcomes counted")
+    assert settled() == 2000
     assert set(ids) == {r[0] for r in q(pool, schema, "SELECT id::text FROM {job}")}
 
 
