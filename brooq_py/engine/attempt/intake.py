@@ -60,6 +60,9 @@ class Capacity:
         with self._lock:
             new = frozenset(topics) - self._limited
             self._limited = frozenset(topics)
+            for t in new:  # put off as it was before a spell without limit: not any more
+                self._due.pop(t, None)
+                self._drained.discard(t)
             for gone in set(self._token_due) - self._limited:
                 del self._token_due[gone]
             now = self._monotonic()
@@ -109,7 +112,7 @@ class Capacity:
                         self._drained.discard(topic)
                 if wait is not None:
                     self.on_rate_held(topic)
-                if again:
+                if again and not busy and wait is None:  # else nothing more is claimable now
                     self.wake()
                 rows.extend(got)
             for names, room in [*(([t], r) for t, r in capped), (common, free)]:  # the common claim last

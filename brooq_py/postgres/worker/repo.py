@@ -574,8 +574,9 @@ def _limited_claim(rows: Rows) -> LimitedClaim:
     """The rows of job_claim_limited or job_claim_fair (a row of NULLs: nothing taken) as a LimitedClaim."""
     got = LimitedClaim(claimed_jobs([r for r in rows if r[0] is not None]))
     got.next_token_in = rows[0][10] if rows else None
-    room = rows[0][11] if rows and len(rows[0]) > 11 else None  # job_claim_limited's only
-    got.drained = room is not None and len(got) < room
+    # Fewer rows than its room: none more ready. No row at all: paused, or no longer limited; its
+    # NOTIFY (a resume's, a job's) has it claimed again as well.
+    got.drained = not rows or len(got) < rows[0][11]
     return got
 
 
