@@ -141,3 +141,77 @@ def test_q3_a_scheduled_job_of_a_drained_limited_topic_starts_on_time(
     e.enqueue(Job("r", 1, available_at=datetime.now(UTC) + timedelta(seconds=2)))
     assert done.acquire(timeout=30), "the scheduled job of r did not start"
     assert started[-1] - t0 < 15.0  # on time, give or take a loaded machine; not an hour
+
+
+def started_engine(
+    engines: Callable[..., Engine], pool: ConnectionPool[Any], store: Store, topic: str, h: Callable[..., Any]
+) -> Engine:
+    e = engines(poll_interval=3600, workers=4)
+    e.register_kind(topic, h)
+    e.start()
+    wait_listening(pool, store.schema)
+    return e
+
+
+@pytest.mark.parametrize("tenant_limit", [None, 1])
+def test_t1_a_tenant_topics_new_job_starts_at_its_notify(
+    store: Store, pool: ConnectionPool[Any], engines: Callable[..., Engine], tenant_limit: int | None
+) -> None:
+    """A topic whose jobs name tenants is claimed as a limited one (job_claim_fair): its statements
+    said no room, so it was never drained and its next job waited for the poll."""
+    if tenant_limit is not None:
+        store.set_tenant_limit("t", tenant_limit)
+    done = threading.Semaphore(0)
+    store.enqueue(Job("t", 0, tenant="A"))
+    started_engine(engines, pool, store, "t", lambda ctx, claim: done.release())
+    assert done.acquire(timeout=30)
+    time.sleep(1.5)  # t's last claim found nothing
+    store.enqueue(Job("t", 1, tenant="B"))
+    assert done.acquire(timeout=30), "the tenant topic's new job waits for the poll"
+
+
+def test_q2_a_paused_limited_topic_resumed_starts_its_jobs(
+    store: Store, pool: ConnectionPool[Any], engines: Callable[..., Engine]
+) -> None:
+    """A paused topic's limited claim returns no row: it was put off for the poll, and the resume's
+    NOTIFY changed nothing."""
+    store.set_limit("r", 2)
+    done = threading.Semaphore(0)
+    started_engine(engines, pool, store, "r", lambda ctx, claim: done.release())
+    store.enqueue(Job("r", 0))
+    assert done.acquire(timeout=30)
+    time.sleep(1.0)
+    store.pause("r")
+    store.enqueue(Job("r", 1))  # its NOTIFY has the paused topic claimed: nothing
+    time.sleep(1.0)
+    store.resume("r")  # NOTIFYs r
+    assert done.acquire(timeout=30), "the resumed limited topic's job waits for the poll"
+
+
+def test_q3_a_topic_limited_again_after_a_spell_unlimited_starts_its_jobs(
+    store: Store, pool: ConnectionPool[Any], engines: Callable[..., Engine]
+) -> None:
+    """The putting-off of a claim at its limit outlived a spell without limit."""
+    store.set_limit("r", 2)
+    done = threading.Semaphore(0)
+    gate = threading.Event()
+
+    def h(ctx: Any, claim: Any) -> None:
+        if claim.payload == "slow":
+            gate.wait(30)
+        done.release()
+
+    e = started_engine(engines, pool, store, "r", h)
+    store.enqueue_many([Job("r", "slow"), Job("r", "slow"), Job("r", "slow")])  # 2 taken: at its limit
+    time.sleep(1.0)
+    store.set_limit("r", None)
+    e._topic_watch.wake()  # as its poll would, sooner
+    time.sleep(1.0)
+    gate.set()
+    for _ in range(3):
+        assert done.acquire(timeout=30)
+    store.set_limit("r", 2)
+    e._topic_watch.wake()
+    time.sleep(1.0)
+    store.enqueue(Job("r", "x"))
+    assert done.acquire(timeout=30), "the topic limited again waits for the poll"
