@@ -69,6 +69,17 @@ def job_table(schema: str) -> sql.Composed:
     return sql.SQL("{}").format(sql.Identifier(schema, "job"))
 
 
+def raw_insert(conn: psycopg.Connection[Any], schema: str) -> sql.Composed:
+    """W1's baseline: a table LIKE *schema*'s job table (defaults, constraints and indexes, no
+    trigger) made on *conn*, and the INSERT of one job row into it (parameters: id, topic, payload)."""
+    like = sql.Identifier(schema, "raw_job")
+    conn.execute(sql.SQL("CREATE TABLE {} (LIKE {} INCLUDING ALL)").format(like, job_table(schema)))
+    return sql.SQL(
+        "INSERT INTO {} (id, topic, payload, idempotency_key, available_at, priority, state)"
+        " VALUES (%s, %s, %s::jsonb, NULL, statement_timestamp(), 0, 'pending')"
+    ).format(like)
+
+
 def count_not_done(conn: psycopg.Connection[Any], schema: str) -> int:
     q = sql.SQL("SELECT count(*) FROM {} WHERE state <> 'done'").format(job_table(schema))
     row = conn.execute(q).fetchone()

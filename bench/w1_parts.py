@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 from psycopg_pool import ConnectionPool
-from util import fresh_schema, job_table
+from util import fresh_schema, job_table, raw_insert
 
 from brooq_py.postgres import Store
 from brooq_py.queue import Job
@@ -59,12 +59,7 @@ def main() -> None:
         psycopg.connect(args.dsn, autocommit=True) as conn,
     ):
         conn.execute(sql.SQL("ALTER TABLE {} DISABLE TRIGGER job_notify").format(job_table(without)))
-        like = sql.Identifier(with_trigger, "raw_job")
-        conn.execute(sql.SQL("CREATE TABLE {} (LIKE {} INCLUDING ALL)").format(like, job_table(with_trigger)))
-        raw = sql.SQL(
-            "INSERT INTO {} (id, topic, payload, idempotency_key, available_at, priority, state)"
-            " VALUES (%s, %s, %s::jsonb, NULL, statement_timestamp(), 0, 'pending')"
-        ).format(like)
+        raw = raw_insert(conn, with_trigger)
         size = {"min_size": args.pool, "max_size": args.pool, "open": True}
         pool: ConnectionPool[Any] = ConnectionPool(args.dsn, **size)
         bare: ConnectionPool[Any] = ConnectionPool(args.dsn, kwargs={"autocommit": True}, **size)

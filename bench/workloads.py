@@ -19,6 +19,7 @@ from util import (
     job_counters,
     job_table,
     pct,
+    raw_insert,
     rss_mb,
     settled_counters,
     store_on,
@@ -59,12 +60,7 @@ def w1_enqueue_one(dsn: str, n: int, rounds: int = 10) -> dict[str, Any]:
     with fresh_schema(dsn, "w1") as schema, psycopg.connect(dsn, autocommit=True) as stats:
         before = job_counters(stats, schema)
         with store_on(dsn, schema, max_size=2) as store, psycopg.connect(dsn, autocommit=True) as conn:
-            like = sql.Identifier(schema, "raw_job")
-            conn.execute(sql.SQL("CREATE TABLE {} (LIKE {} INCLUDING ALL)").format(like, job_table(schema)))
-            insert = sql.SQL(
-                "INSERT INTO {} (id, topic, payload, idempotency_key, available_at, priority, state)"
-                " VALUES (%s, %s, %s::jsonb, NULL, statement_timestamp(), 0, 'pending')"
-            ).format(like)
+            insert = raw_insert(conn, schema)
             payload = json.dumps(PAYLOAD)
             for _ in range(5):  # warm up both paths: connections, prepared statements
                 store.enqueue(Job(TOPIC, PAYLOAD))

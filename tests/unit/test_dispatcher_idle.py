@@ -106,6 +106,23 @@ def test_an_owed_read_outlives_a_claim_that_failed_before_reaching_its_topic() -
     assert repo.heads.take_owed(["r", "a"]) == ["a"]
 
 
+def full_claims_counted(
+    full: threading.Event, next_due: Callable[[], float | None], owed: Callable[[], list[str]]
+) -> Dispatcher:
+    """A dispatcher polling once an hour whose full claims set *full* (its claims of owed topics
+    alone take nothing)."""
+    return Dispatcher(
+        lambda n: (full.set(), [])[1],
+        SlotPool(4),
+        lambda rows: None,
+        3600.0,
+        logging.getLogger("t"),
+        next_due=next_due,
+        owed=owed,
+        claim_only=lambda n, only: [],
+    )
+
+
 def test_a_wake_up_while_the_owed_topics_are_taken_is_kept_for_a_full_claim() -> None:
     """A NOTIFY that lands after the wait for an owed read timed out, while the owed topics are
     taken: the claim of them alone must not swallow it (the new job would wait for the poll)."""
@@ -118,16 +135,7 @@ def test_a_wake_up_while_the_owed_topics_are_taken_is_kept_for_a_full_claim() ->
         d.wake()  # the NOTIFY of a new job of another topic lands here
         return ["a"]
 
-    d = Dispatcher(
-        lambda n: (full.set(), [])[1],
-        SlotPool(4),
-        lambda rows: None,
-        3600.0,
-        logging.getLogger("t"),
-        next_due=lambda: owed_due[0],
-        owed=owed,
-        claim_only=lambda n, only: [],
-    )
+    d = full_claims_counted(full, lambda: owed_due[0], owed)
     d.start()
     try:
         time.sleep(0.2)  # the start-up full claim
@@ -215,16 +223,7 @@ class RacyEvent(threading.Event):
 def test_a_wake_up_just_after_a_due_wait_timed_out_is_kept() -> None:
     full = threading.Event()
     dues = iter([0.3])  # one due wait of 0.3 s; then the next is 5 s off (made elsewhere)
-    d = Dispatcher(
-        lambda n: (full.set(), [])[1],
-        SlotPool(4),
-        lambda rows: None,
-        3600.0,
-        logging.getLogger("t"),
-        next_due=lambda: next(dues, 5.0),
-        owed=lambda: [],
-        claim_only=lambda n, only: [],
-    )
+    d = full_claims_counted(full, lambda: next(dues, 5.0), lambda: [])
     event = RacyEvent()
     d._wake = event
     d.start()
