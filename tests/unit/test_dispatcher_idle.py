@@ -234,3 +234,22 @@ def test_a_wake_up_just_after_a_due_wait_timed_out_is_kept() -> None:
         assert full.wait(2.0), "the wake-up set just after the due wait timed out was lost"
     finally:
         d.stop()
+
+
+@pytest.mark.parametrize("answer", ["busy", "out_of_tokens"])
+def test_a_settle_landing_while_a_claim_that_can_take_nothing_now_runs_wakes_no_one(answer: str) -> None:
+    """The lock held by another engine's claim, or no token left: a turn now would claim nothing
+    of the topic, so the settle that outran the claim does not bring one (only the BUSY_RETRY or
+    the token's time does)."""
+    cap = Capacity({}, 3600.0, Clock())
+    cap.set_limited(["r"])
+    got = LimitedClaim()
+    if answer == "busy":
+        got.busy = True
+    else:
+        got.next_token_in = 0.5
+    woken: list[int] = []
+    cap.wake = lambda: woken.append(1)
+    cap.claim(Racing(got, lambda: cap.settled(["r"])), ["r"], 4, "w", LEASE)  # type: ignore[arg-type]
+    assert woken == []
+    assert cap.next_due_in() is not None  # its own time brings the next claim
