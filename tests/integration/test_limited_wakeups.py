@@ -205,13 +205,13 @@ def test_q3_a_topic_limited_again_after_a_spell_unlimited_starts_its_jobs(
     store.enqueue_many([Job("r", "slow"), Job("r", "slow"), Job("r", "slow")])  # 2 taken: at its limit
     time.sleep(1.0)
     store.set_limit("r", None)
-    e._topic_watch.wake()  # as its poll would, sooner
+    e._topic_watch.run_once()  # as its poll would, sooner
     time.sleep(1.0)
     gate.set()
     for _ in range(3):
         assert done.acquire(timeout=30)
     store.set_limit("r", 2)
-    e._topic_watch.wake()
+    e._topic_watch.run_once()
     time.sleep(1.0)
     store.enqueue(Job("r", "x"))
     assert done.acquire(timeout=30), "the topic limited again waits for the poll"
