@@ -463,6 +463,40 @@ def test_ticker_logs_a_failing_tick_once_then_goes_on(caplog: pytest.LogCaptureF
         Failing(1, logging.getLogger("x")).run_once()
 
 
+def test_a_woken_ticker_ticks_once_early_then_keeps_its_period() -> None:
+    """Ticker base: one wake() is one early tick. The wake-up used to stay set, so every wait
+    after it returned at once and the service ticked without pause until stopped."""
+    from brooq_py.engine.services.ticker import Ticker
+
+    ticks: list[float] = []
+    woken: list[bool] = []
+
+    class Counting(Ticker):
+        name = "counting"
+
+        def tick(self) -> None:
+            ticks.append(time.monotonic())
+            woken.append(self.take_wake())
+
+    t = Counting(3600, logging.getLogger("test.ticker"))
+    t.start()
+    try:
+        wait_for(lambda: len(ticks) == 1)  # the first tick, at start
+        t.wake()
+        t.wake()  # once, however many calls come before the tick
+        wait_for(lambda: len(ticks) >= 2)
+        time.sleep(0.3)
+        assert len(ticks) == 2, f"{len(ticks)} ticks after one wake-up"
+        assert woken == [False, True]  # the tick after the wake-up can tell it was woken
+        t.wake()
+        wait_for(lambda: len(ticks) >= 3)
+        time.sleep(0.3)
+        assert len(ticks) == 3
+    finally:
+        t.stop()
+    assert not t.running
+
+
 def test_z1_retention_tick_ending_on_its_cap_is_followed_at_once(caplog: pytest.LogCaptureFixture) -> None:
     from datetime import timedelta
 

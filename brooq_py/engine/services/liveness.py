@@ -91,11 +91,6 @@ class Heartbeat(Ticker):
         self._clock = clock
         self._beats = 0  # every ORPHAN_LOOK-th beat also looks for claims whose answer was lost
 
-    def _wait(self, seconds: float) -> bool:
-        self._poke.wait(seconds)
-        self._poke.clear()  # a wake() after this is seen by the beat that follows
-        return self._stop.is_set()
-
     def tick(self) -> None:
         attempts = self._inflight.held()
         dropped = self._inflight.dropped()

@@ -30,6 +30,7 @@ class Ticker:
         self.log = logger
         self._stop = threading.Event()
         self._poke = threading.Event()  # set by wake() and by halt()
+        self._poked = False  # a wake-up the loop's wait ended on, not yet taken by a tick
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._failures = 0
@@ -72,10 +73,20 @@ class Ticker:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
 
+    def take_wake(self) -> bool:
+        """Whether ``wake()`` was called since the last tick that asked (a tick that cares calls it)."""
+        poked = self._poked or self._poke.is_set()
+        self._poked = False
+        self._poke.clear()
+        return poked
+
     def _wait(self, seconds: float) -> bool:
-        """Sleep up to *seconds*, or until woken; return True if asked to stop."""
-        if not self._stop.is_set():  # a wake-up a tick consumed may have been halt()'s
-            self._poke.wait(seconds)
+        """Sleep up to *seconds*, or until woken; return True if asked to stop. The wake-up is
+        consumed here (kept for ``take_wake``): one ``wake()`` is one early tick, never a loop."""
+        # a wake-up a tick consumed may have been halt()'s: the stop flag is read first
+        if not self._stop.is_set() and self._poke.wait(seconds):
+            self._poke.clear()
+            self._poked = True
         return self._stop.is_set()
 
     def _loop(self) -> None:

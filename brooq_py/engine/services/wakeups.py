@@ -53,8 +53,7 @@ class Stager(Ticker):
     def tick(self) -> None:
         if not self.topics:
             return
-        poked = self._poke.is_set()
-        self._poke.clear()
+        poked = self.take_wake()
         due = self._due()
         # forgotten until a statement succeeds: a failing database is retried each poll, never busily
         self._due_at = None
