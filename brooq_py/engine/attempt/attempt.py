@@ -105,6 +105,7 @@ class Attempt:
         "cancelled_at",
         "claim",
         "ctx",
+        "ctx_cancelled_at",
         "hard_deadline",
         "kind",
         "result",
@@ -142,7 +143,11 @@ class Attempt:
         self.result: str | None = None  # the handler's return value as JSON text
         self.soft_deadline = started + opts.td("attempt_timeout").total_seconds()
         self.hard_deadline = started + opts.td("max_execution_timeout").total_seconds()
+        # When its handler was told to stop (the watchdog's grace counts from it) and when its own
+        # context was cancelled: the same for a single handler; a batch call is told only once every
+        # job of the call is cancelled (batch.call_handler), the last of these times.
         self.cancelled_at: float | None = None
+        self.ctx_cancelled_at: float | None = None
         self._lock = threading.Lock()
         self._phase = Phase.CLAIMED
         self._ending: Phase | None = None

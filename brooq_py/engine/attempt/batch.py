@@ -87,9 +87,27 @@ def spread(
 
 
 def call_handler(batch: Sequence[Attempt]) -> Any:
-    """Call the batch kind's handler with a Context of the earliest deadline of the batch's attempts."""
+    """Call the batch kind's handler with a Context of the earliest deadline of the batch's attempts,
+    cancelled once every attempt's own context is (a stop; each job canceled or timed out), never
+    by one alone: the call cannot tell which job a cancel was for, so a job canceled while it runs
+    keeps its slot and its claim (a sequence's turn) until the call returns, and the watchdog's
+    grace of each job starts when the call is told."""
     deadlines = [a.ctx.deadline for a in batch if a.ctx.deadline is not None]
     ctx = Context(deadline=min(deadlines) if deadlines else None)
+
+    def told(_cause: BaseException) -> None:
+        at = max(a.ctx_cancelled_at or 0.0 for a in batch)
+        for a in batch:
+            if a.cancelled_at is None:
+                a.cancelled_at = at
+
+    def one_cancelled(cause: BaseException) -> None:
+        if all(a.ctx.done() for a in batch):
+            ctx.cancel(cause)
+
+    ctx.add_callback(told)
+    for a in batch:
+        a.ctx.add_callback(one_cancelled)
     return batch[0].kind.handler(ctx, [a.claim for a in batch])  # type: ignore[arg-type]
 
 

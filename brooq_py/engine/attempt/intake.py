@@ -305,7 +305,9 @@ class Intake:
         clock = self.clock
 
         def mark(_cause: BaseException) -> None:
-            a.cancelled_at = clock.monotonic()
+            a.ctx_cancelled_at = clock.monotonic()
+            if not kind.batch:  # a batch call cannot see one job's cancel: see batch.call_handler
+                a.cancelled_at = a.ctx_cancelled_at
 
         ctx.add_callback(mark)
         a.start()
