@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from brooq_py.engine.clock import Clock
 from brooq_py.postgres import Store
 from tests import budget
 from tests.budget import APP, MINE
+from tests.integration.engine_procs import Proc
 from tests.polling import wait_for
 
 # Backoff short enough that a retried job comes back within a test's patience.
@@ -77,3 +79,20 @@ def engines(store: Store) -> Iterator[Callable[..., Engine]]:
     finally:
         for lock in locks:
             lock.close()
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Callable[..., Proc]]:
+    """Start real engine processes (tests/integration/engine_proc.py); each is stopped after the test."""
+    made: list[Proc] = []
+
+    def spawn(**settings: Any) -> Proc:
+        p = Proc({"dir": str(tmp_path), **settings}, tmp_path / f"proc{len(made)}.log")
+        made.append(p)
+        return p
+
+    try:
+        yield spawn
+    finally:
+        for p in made:
+            p.stop()

@@ -20,6 +20,10 @@ from brooq_py.postgres.session.tx import as_psycopg, drive, in_block, on_tx
 from brooq_py.queue import EnqueueResult, GroupResult, Job, JobRow, QueueFull, State, Tx
 from brooq_py.queue.claim import Parent
 
+# The bounds of a periodic tick's transaction (sql/schedule_tick_bounds.sql): a session that stops
+# between the advance and the commit holds the schedule's row 5 s at most, and an advance waits 1 s.
+TICK_BOUNDS = {"lock": "1s", "statement": "10s", "idle": "5s"}
+
 
 class Producer:
     """Enqueue, read and cancel jobs through *session*; *caps*: the depth caps its Store caches."""
@@ -108,6 +112,7 @@ class Producer:
         plan = enqueueing.enqueue_one(self._q, job, self._caps)
         with self.session.begin() as tx:
             run = on_tx(tx)
+            run(self._q["schedule_tick_bounds"], TICK_BOUNDS)
             if not run(self._q["schedule_tick_advance"], {"name": schedule, "tick": tick}):
                 return None
             return drive(plan, run)

@@ -13,6 +13,9 @@
 -- signal was never looked at by a stager (woke is false until one sees its job), so the
 -- partial index of those (a few rows: the signals of running jobs) finds it; each is
 -- probed by the job's primary key. The stagers delete them too (job_release_due).
+-- SPEC Q5: a dead member that halts its sequence is kept while it does (a probe of
+-- job_sequence_halt's primary key for the rows of a sequence only): the operator's retry of it
+-- stays possible and its id, named on the next member, stays readable; a resume lets it go.
 -- Steps need no such pass: job_step_record holds its job's row (FOR SHARE) until it
 -- commits, and only a processing row takes a step, so no step outlives its job.
 WITH orphans AS (
@@ -29,6 +32,9 @@ FROM {job} j
 WHERE j.state IN ('done', 'dead', 'canceled') AND j.updated_at < now() - %(ttl)s::interval
   AND NOT EXISTS (SELECT FROM {job_edge} e JOIN {job} c ON c.id = e.child
                   WHERE e.parent = j.id AND c.state NOT IN ('done', 'dead', 'canceled'))
+  AND NOT (j.sequence IS NOT NULL AND j.state = 'dead'
+           AND EXISTS (SELECT FROM {job_sequence_halt} h
+                       WHERE h.topic = j.topic AND h.sequence = j.sequence AND h.job = j.id))
 ORDER BY j.updated_at
 LIMIT %(batch)s
 FOR UPDATE SKIP LOCKED
