@@ -338,7 +338,14 @@ class Engine(Producing):
         self.inflight.on_unheld_end = heartbeat.wake  # a canceled handler ended: say so now
         self.capacity.wake = wake
 
+        continuing = [t for t in self.topics if self._passes_dead(t)]
+
         def stage(topics: Sequence[str], batch: int) -> Staged:
+            if continuing:  # SPEC Q5: a pass after a dead outcome that never ran is made here
+                try:
+                    repo.pass_dead((), continuing)
+                except Exception as exc:
+                    log.debug("stager: letting sequences pass dead members failed (%s)", exc)
             staged = repo.stage(topics, batch, cfg.notify)
             if not cfg.notify:  # no NOTIFY announces what it made ready: this engine's stager does
                 self.capacity.notified([t for t, n in staged.promoted.items() if n])

@@ -331,8 +331,9 @@ class Repo(StepPort, Protocol):
     def stage(self, topics: Sequence[str], batch: int, notify: bool = True) -> Staged:
         """Make up to *batch* due scheduled/failed rows pending; *notify* wakes the engines elsewhere."""
 
-    def pass_dead(self, ids: Sequence[str]) -> None:
-        """The dead jobs *ids* no longer hold their sequences (``sequence_on_dead="continue"``)."""
+    def pass_dead(self, ids: Sequence[str], topics: Sequence[str] = ()) -> None:
+        """The dead jobs *ids*, and every dead member of *topics*, no longer hold their sequences
+        (``sequence_on_dead="continue"``)."""
 
     def next_due(self, topics: Sequence[str]) -> float | None:
         """Seconds until the earliest scheduled/failed row of *topics* is due (<= 0: due now; None: none)."""

@@ -187,6 +187,38 @@ def test_q5_continue_lets_the_next_member_run_past_a_dead_one(
     assert store.resume_sequence("seq.go", "c") is False
 
 
+def test_q5_continue_passes_a_dead_member_whose_pass_never_ran_and_one_made_dead_by_psql(
+    store: Store, pool: ConnectionPool[Any], schema: str, engines: Callable[..., Engine]
+) -> None:
+    """The pass after a dead outcome is a statement of its own: an engine killed between the two
+    (here: the statement fails) left the sequence halted for good, and so did a member an operator
+    made dead by psql. The stagers of engines that run the topic with "continue" pass them."""
+    real = store.worker.pass_dead
+
+    def lost(ids: Any, topics: Any = ()) -> None:
+        if ids:  # the pass right after the outcome: lost, as if the engine died there
+            raise ConnectionError("the engine died")
+        real(ids, topics)
+
+    store.worker.pass_dead = lost  # type: ignore[method-assign]
+
+    def handler(ctx: Context, claim: Claim) -> None:
+        if claim.payload == "die":
+            raise RuntimeError("boom")
+
+    by_psql = store.enqueue(Job("seq.lost", "made dead", sequence="p")).id
+    after_psql = store.enqueue(Job("seq.lost", "ok", sequence="p")).id
+    q(pool, schema, "UPDATE {job} SET state = 'dead' WHERE id = %s", by_psql)
+    dead = store.enqueue(Job("seq.lost", "die", sequence="c")).id
+    nxt = store.enqueue(Job("seq.lost", "ok", sequence="c")).id
+    e = engines(workers=2, poll_interval=0.05)
+    e.register_kind("seq.lost", handler, KindOptions(max_attempts=1, sequence_on_dead="continue"))
+    e.start()
+    wait_for(lambda: state(store, nxt) is State.DONE, "the member after the dead one")
+    wait_for(lambda: state(store, after_psql) is State.DONE, "the member after the one made dead by psql")
+    assert state(store, dead) is State.DEAD and state(store, by_psql) is State.DEAD
+
+
 def test_q5_two_transactions_enqueue_one_sequence_without_waiting_and_never_run_together(
     store: Store, engines: Callable[..., Engine]
 ) -> None:

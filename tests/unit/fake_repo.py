@@ -539,8 +539,9 @@ class FakeRepo:
         self._count("database_gauges")
         return self.database
 
-    def pass_dead(self, ids: Sequence[str]) -> None:
+    def pass_dead(self, ids: Sequence[str], topics: Sequence[str] = ()) -> None:
         self.passed_dead = [*getattr(self, "passed_dead", []), *ids]
+        self.passed_topics = [*getattr(self, "passed_topics", []), *topics]
 
     def stage(self, topics: Sequence[str], batch: int, notify: bool = True) -> Staged:
         self._count("stage")

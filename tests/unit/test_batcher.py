@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from brooq_py.engine.attempt.batch import Batcher
+from brooq_py.queue import Context
 
 
 class Here:
@@ -41,8 +42,10 @@ def attempt(job_id: str, calls: list[list[str]]) -> Any:
         topic="b",
         kind=kind,
         claim=SimpleNamespace(id=job_id),
-        ctx=SimpleNamespace(deadline=None),
+        ctx=Context(),
         result=None,
+        cancelled_at=None,
+        ctx_cancelled_at=None,
     )
 
 
@@ -63,3 +66,27 @@ def test_bd1_c11_a_claim_taken_in_after_the_stop_runs_at_once() -> None:
     b.stop()
     b.add([attempt("j2", calls)])
     assert calls == [["j2"]] and runner.batches == [["j2"]]
+
+
+def test_bd1_the_call_is_told_once_every_job_of_it_is_cancelled_and_its_grace_starts_then() -> None:
+    """One job's cancel reaches neither the call's context nor the watchdog's grace (the call cannot
+    see it); the last one's does both, the grace counted from that cancel."""
+    from brooq_py.engine.attempt.batch import call_handler
+
+    seen: list[Any] = []
+    a, b = attempt("j1", []), attempt("j2", [])
+
+    def handler(ctx: Any, claims: list[Any]) -> list[None]:
+        seen.append(ctx)
+        return [None] * len(claims)
+
+    a.kind.handler = handler
+    call_handler([a, b])
+    [ctx] = seen
+    a.ctx_cancelled_at = 10.0
+    a.ctx.cancel(RuntimeError("canceled by an operator"))
+    assert not ctx.done() and a.cancelled_at is None and b.cancelled_at is None
+    b.ctx_cancelled_at = 12.5
+    b.ctx.cancel(RuntimeError("the engine is stopping"))
+    assert ctx.done() and str(ctx.cause) == "the engine is stopping"
+    assert (a.cancelled_at, b.cancelled_at) == (12.5, 12.5)

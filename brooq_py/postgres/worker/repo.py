@@ -453,11 +453,12 @@ class WorkerRepo:
             rows = run(self._q["job_delete_terminal"], {"ids": uuid_array([str(r[0]) for r in locked])})
         return [(str(r[0]), r[1]) for r in rows]
 
-    def pass_dead(self, ids: Sequence[str]) -> None:
-        """The dead jobs *ids* no longer hold their sequences: the next member of each runs (SPEC Q5,
+    def pass_dead(self, ids: Sequence[str], topics: Sequence[str] = ()) -> None:
+        """The dead jobs *ids*, and every dead member of *topics* that halts its sequence, no longer
+        hold their sequences: the next member of each runs (SPEC Q5,
         ``KindOptions(sequence_on_dead="continue")``); a job in no sequence changes nothing."""
-        if ids:
-            params = {"ids": uuid_array(list(ids))}
+        if ids or topics:
+            params = {"ids": uuid_array(list(ids)), "topics": list(topics)}
             self.session.run("letting sequences pass dead members", self._q["job_sequence_pass"], params)
 
     def stage(self, topics: Sequence[str], batch: int, notify: bool = True) -> Staged:
