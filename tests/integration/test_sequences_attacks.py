@@ -162,7 +162,7 @@ def test_q5_bd1_a_canceled_member_in_a_running_batch_call_holds_the_next_until_t
         with lock:
             calls.append(call)
         if "slow" in call[0]:
-            release.wait(12)  # a long call: a bulk request, say
+            release.wait(10)  # a long call (a bulk request, say), past the grace (3 s)
         call[2] = time.monotonic()
         return [None] * len(claims)
 
@@ -170,7 +170,9 @@ def test_q5_bd1_a_canceled_member_in_a_running_batch_call_holds_the_next_until_t
     store.enqueue(Job(topic, "beside"))  # in the same call, in no sequence
     nxt = store.enqueue(Job(topic, "next", sequence="s")).id
     e = engines(workers=4, poll_interval=0.05)  # watchdog_grace unset: the lease (3 s here)
-    e.register_batch(topic, handler, KindOptions(batch_size=4))
+    store.stage([topic], 100)  # one stager tick: the first member is ready beside "beside"
+    assert state(store, first) is State.PENDING
+    e.register_batch(topic, handler, KindOptions(batch_size=2))
     e.start()
     wait_for(lambda: len(calls) == 1, "the call running the first member")
     assert sorted(calls[0][0]) == ["beside", "slow"]
