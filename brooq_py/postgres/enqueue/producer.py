@@ -64,7 +64,8 @@ class Producer:
         """Enqueue *job* inside the caller's transaction *tx* (a WrapTx, a psycopg Connection, or any
         object with ``execute(query, params)`` taking ``%(name)s`` parameters); the caller commits.
         A duplicate never aborts the transaction at READ COMMITTED (under REPEATABLE READ or
-        SERIALIZABLE a concurrent one fails it, as any conflicting write does). An asyncio
+        SERIALIZABLE one whose key's row was written after the snapshot, by a concurrent enqueue or
+        an engine's claim or settle of it, fails it, as any conflicting write does: retry it). An asyncio
         connection raises TypeError naming AsyncStore. *wait* is refused here (InvalidJob)."""
         no_wait_in_tx(wait)
         plan = enqueueing.enqueue_one(self._q, job, self._caps)

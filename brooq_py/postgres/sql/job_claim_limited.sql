@@ -10,7 +10,9 @@
 -- last column (on every row, and on a row of NULLs when nothing was taken)
 -- is the seconds until the next token when fewer than one is left, else NULL;
 -- then the room the claim had (fewer rows taken: the topic had no more ready).
--- A paused or no longer limited topic takes nothing here (and returns no row).
+-- A paused or no longer limited topic takes nothing here (and returns no row), and so does a topic
+-- whose jobs name tenants (T2, T3: its tenants' limits and order are job_claim_fair's; the Store
+-- that sent this one had not seen the mark yet, and makes its claim again there).
 -- F0, P1'': nothing is taken by an engine whose proof of life is older than lease - margin
 -- (see job_claim.sql).
 WITH clock AS (
@@ -19,7 +21,7 @@ WITH clock AS (
     SELECT s.topic, s.concurrency_limit, s.rate_limit, s.rate_per,
            {topic_tokens} AS tokens
     FROM {topic_setting} s, clock c
-    WHERE s.topic = %(topic)s AND NOT s.paused
+    WHERE s.topic = %(topic)s AND NOT s.paused AND NOT s.tenants
       AND (s.concurrency_limit IS NOT NULL OR s.rate_limit IS NOT NULL)
 ), {claim_room}, cand AS (
     SELECT id

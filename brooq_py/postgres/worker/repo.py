@@ -231,6 +231,12 @@ class WorkerRepo:
                     busy.busy = True
                     return busy
                 rows = run(statement, params)
+        if not rows and topic not in self._fair:
+            # No row: paused, no longer limited, or its jobs name tenants since this Store last read
+            # the settings (their limits are job_claim_fair's): read them again, and claim there.
+            self.topic_settings()
+            if topic in self._fair:
+                return self.claim_limited(topic, limit, worker, lease)
         return _limited_claim(rows)
 
     def settle_many(self, outcomes: Sequence[Outcome]) -> Settled:
