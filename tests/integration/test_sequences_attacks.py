@@ -9,6 +9,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from psycopg_pool import ConnectionPool
 
 from brooq_py.engine import Engine
@@ -45,6 +46,7 @@ class Order:
 # --- Q5 x F3: a parked member is passed by a later one -----------------------------------------
 
 
+@pytest.mark.xfail(strict=True, reason="known: docs/sequences.md, a parked member does not keep its turn")
 def test_q5_f3_removing_the_cap_lets_a_later_member_run_before_a_parked_earlier_one(
     store: Store, pool: ConnectionPool[Any], schema: str, engines: Callable[..., Engine]
 ) -> None:
@@ -74,6 +76,7 @@ def test_q5_f3_removing_the_cap_lets_a_later_member_run_before_a_parked_earlier_
     assert order.started() == ["first", "second"]
 
 
+@pytest.mark.xfail(strict=True, reason="known: docs/sequences.md, a parked member does not keep its turn")
 def test_q5_f3_an_operator_lock_on_a_parked_member_lets_the_next_member_jump_it(
     store: Store, pool: ConnectionPool[Any], schema: str, engines: Callable[..., Engine]
 ) -> None:
@@ -107,6 +110,7 @@ def test_q5_f3_an_operator_lock_on_a_parked_member_lets_the_next_member_jump_it(
     assert order.started() == ["m1", "m2", "m3"], f"states while m2 was locked: {states_in_lock}"
 
 
+@pytest.mark.xfail(strict=True, reason="known: docs/sequences.md, a parked member does not keep its turn")
 def test_q5_f3_a_parked_member_whose_unique_key_is_held_is_jumped_by_the_next_member(
     store: Store, pool: ConnectionPool[Any], schema: str, engines: Callable[..., Engine]
 ) -> None:

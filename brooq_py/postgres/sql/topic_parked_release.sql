@@ -8,10 +8,7 @@
 -- holds no unique key (SPEC U1's index covers the active states), so two of one key may be parked,
 -- or its key taken meanwhile (a retry, a job with parents): only the oldest parked job of a key is
 -- released, once no active job holds it, the others waiting parked (releasing a second holder
--- would fail the whole statement on job_unique_idx, each tick). A member of a sequence is released
--- only with every earlier parked member of its sequence (SPEC Q5: one left parked, locked by an
--- operator or its key held, keeps its turn, and the members after it stay parked, counted apart
--- from the depth that would otherwise leave it no room). Each job
+-- would fail the whole statement on job_unique_idx, each tick). Each job
 -- released takes a value of the depth sequence, after the transaction's id (it is back among
 -- the waiting jobs: migration 0014). Rows: (topic, released) for each topic that released
 -- jobs; each notifies its topic's engines and stagers.
@@ -26,32 +23,26 @@ WITH t AS MATERIALIZED (
                                                                    LATERAL ({depth_waiting}) AS d)
            END AS n
     FROM t
-), cand AS MATERIALIZED (
-    SELECT l.id, l.topic, l.sequence
-    FROM room r
-    CROSS JOIN LATERAL (SELECT l.id, l.topic, l.sequence FROM {job} l
-                       WHERE l.topic = r.topic AND l.state = 'parked'
-                         AND (l.unique_key IS NULL
-                              OR (NOT EXISTS (SELECT FROM {job} h
-                                              WHERE h.topic = l.topic AND h.unique_key = l.unique_key
-                                                AND h.state IN ('scheduled', 'pending', 'processing',
-                                                                'failed', 'blocked'))
-                                  AND NOT EXISTS (SELECT FROM {job} o
-                                                  WHERE o.topic = l.topic AND o.state = 'parked'
-                                                    AND o.unique_key = l.unique_key AND o.id < l.id)))
-                       ORDER BY l.id LIMIT r.n FOR UPDATE SKIP LOCKED) AS l
-    WHERE r.n > 0
 ), freed AS (
     UPDATE {job} j
     SET state = CASE WHEN j.sequence IS NOT NULL THEN 'blocked'
                      WHEN j.available_at > clock_timestamp() THEN 'scheduled' ELSE 'pending' END,
         available_at = greatest(j.available_at, clock_timestamp()),
         updated_at = now()
-    WHERE j.id IN (SELECT c.id FROM cand c
-                   WHERE c.sequence IS NULL
-                      OR NOT EXISTS (SELECT FROM {job} o
-                                     WHERE o.topic = c.topic AND o.sequence = c.sequence AND o.state = 'parked'
-                                       AND o.id < c.id AND o.id NOT IN (SELECT x.id FROM cand x)))
+    WHERE j.id IN (SELECT l.id
+                   FROM room r
+                   CROSS JOIN LATERAL (SELECT l.id FROM {job} l
+                                       WHERE l.topic = r.topic AND l.state = 'parked'
+                                         AND (l.unique_key IS NULL
+                                              OR (NOT EXISTS (SELECT FROM {job} h
+                                                              WHERE h.topic = l.topic AND h.unique_key = l.unique_key
+                                                                AND h.state IN ('scheduled', 'pending', 'processing',
+                                                                                'failed', 'blocked'))
+                                                  AND NOT EXISTS (SELECT FROM {job} o
+                                                                  WHERE o.topic = l.topic AND o.state = 'parked'
+                                                                    AND o.unique_key = l.unique_key AND o.id < l.id)))
+                                       ORDER BY l.id LIMIT r.n FOR UPDATE SKIP LOCKED) AS l
+                   WHERE r.n > 0)
     RETURNING j.topic, j.sequence
 ), owed AS (
     INSERT INTO {job_sequence_due} (topic, sequence)
