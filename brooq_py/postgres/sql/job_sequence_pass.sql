@@ -1,15 +1,13 @@
 -- name: job_sequence_pass
 -- SPEC Q5: KindOptions(sequence_on_dead="continue"): the members an engine wrote dead
--- no longer hold their sequences (migration 0018); jobs in no sequence match nothing. Also
--- every halt of %(topics)s, the topics an engine runs with "continue" (its stager's sweep): a
--- pass that never ran (its engine killed between the dead outcome and this statement, the
--- statement failed) or a member made dead elsewhere (the reaper, psql).
+-- no longer hold their sequences (migration 0018); jobs in no sequence match nothing. The
+-- stager's sweep sends those job_sequence_halts found.
 -- SPEC F2: as job_sequence_resume, the depth sequence moves past every Store's anchor
 -- when a sequence of a capped topic was released (its members count again).
 WITH r AS MATERIALIZED (
     SELECT h.topic, {job_sequence_resume}(h.topic, h.sequence, h.job) AS resumed
     FROM {job_sequence_halt} h
-    WHERE h.job = ANY (%(ids)s::uuid[]) OR h.topic = ANY (%(topics)s::text[])
+    WHERE h.job = ANY (%(ids)s::uuid[])
 ), capped AS (
     -- every row of r, each resume made, before the one move
     SELECT count(*) FILTER (WHERE r.resumed AND EXISTS (SELECT FROM {topic_setting} s

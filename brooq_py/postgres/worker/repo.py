@@ -463,8 +463,13 @@ class WorkerRepo:
         """The dead jobs *ids*, and every dead member of *topics* that halts its sequence, no longer
         hold their sequences: the next member of each runs (SPEC Q5,
         ``KindOptions(sequence_on_dead="continue")``); a job in no sequence changes nothing."""
-        if ids or topics:
-            params = {"ids": uuid_array(list(ids)), "topics": list(topics)}
+        if topics:  # the stager's sweep: a pass lost to a crash or a failure, a dead made elsewhere
+            found = self.session.run(
+                "reading halted sequences", self._q["job_sequence_halts"], {"topics": list(topics)}
+            )
+            ids = [*ids, *(str(r[0]) for r in found)]
+        if ids:
+            params = {"ids": uuid_array(list(ids))}
             self.session.run("letting sequences pass dead members", self._q["job_sequence_pass"], params)
 
     def stage(self, topics: Sequence[str], batch: int, notify: bool = True) -> Staged:
