@@ -87,9 +87,11 @@ def test_a_rate_limited_topic_whose_token_came_to_nothing_leaves_the_dispatcher_
     assert cap.next_due_in() is None
 
 
-def test_an_owed_read_outlives_a_claim_that_failed_before_reaching_its_topic() -> None:
-    """A claim woken for other reasons fails in the limited topic's statement, before the common
-    one: the common topic's owed read is still owed (only a claim of it alone takes it)."""
+def test_a_limited_topics_failed_claim_leaves_the_others_claimed_and_is_reported() -> None:
+    """A claim woken for other reasons fails in the limited topic's statement (a row lock waited
+    out, a lost connection): the common topics are claimed all the same (their owed read taken by
+    that claim), the limited one is put off, and the failure reaches the dispatcher when nothing
+    was claimed."""
     clock = Clock()
     cap = Capacity({}, 3600.0, clock)
     cap.set_limited(["r"])
@@ -101,9 +103,12 @@ def test_an_owed_read_outlives_a_claim_that_failed_before_reaching_its_topic() -
     assert repo.heads.owed_in(["r", "a"]) == 0.0
     repo.fail_limited = True
     cap._due["r"] = 0.0  # r is due too
+    before = repo.claims
     with pytest.raises(OSError):
         cap.claim(repo, ["r", "a"], 4, "w", LEASE)  # type: ignore[arg-type]
-    assert repo.heads.take_owed(["r", "a"]) == ["a"]
+    assert repo.claims == before + 2  # r failed, a claimed after it
+    assert repo.heads.take_owed(["r", "a"]) == []
+    assert cap._due["r"] > clock.now  # put off as a topic at its limit
 
 
 def full_claims_counted(

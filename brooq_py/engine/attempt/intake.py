@@ -78,6 +78,7 @@ class Capacity:
         """Claim up to *free* jobs: limited topics due, then capped ones (alone, so others' backlog
         cannot starve them), then the rest in one common statement."""
         rows: list[ClaimedJob] = []
+        failed: Exception | None = None
         try:
             common, capped, limited = self._plan(topics, free)
             for topic, room in limited:
@@ -87,7 +88,13 @@ class Capacity:
                 with self._lock:
                     self._announced.discard(topic)
                     self._freed.discard(topic)
-                got = repo.claim_limited(topic, room, worker, lease)
+                try:
+                    got = repo.claim_limited(topic, room, worker, lease)
+                except Exception as exc:  # a row lock waited out (SPEC L3'): the other topics go on
+                    failed = exc
+                    with self._lock:  # tried again after a while, as a topic at its limit
+                        self._due[topic] = self._monotonic() + self._retry_after
+                    continue
                 self._taken(got)
                 wait = got.next_token_in if isinstance(got, LimitedClaim) else None
                 busy = isinstance(got, LimitedClaim) and got.busy
@@ -127,6 +134,10 @@ class Capacity:
             if not rows:
                 raise
             # rows an earlier statement committed are ours and must run; the next claim reports it
+        if failed is not None and not rows:
+            raise failed  # the dispatcher logs it and backs off
+        if failed is not None:
+            logging.getLogger("brooq_py.engine").warning("claiming a limited topic failed (%s)", failed)
         return rows
 
     def _plan(

@@ -126,8 +126,10 @@ def known_caps(q: Queries, caps: TopicCaps) -> Plan[Mapping[str, int]]:
     if known is None:
         rows = yield q["topic_caps"], {}
         if rows:  # whether the depth count may read job_sequence_halt (Queries.halts)
-            q.halts = bool(rows[0][-1])
-        known = caps.load(rows)
+            q.halts = bool(rows[0][-2])
+        capped = [r for r in rows if r[0] is not None]
+        # a caller's older snapshot (REPEATABLE READ) answers for this enqueue only
+        known = caps.load(capped) if not rows or rows[0][-1] else caps.parse(capped)
     return known
 
 

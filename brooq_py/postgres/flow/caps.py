@@ -97,9 +97,14 @@ class TopicCaps:
             return None
         return self._caps
 
+    @staticmethod
+    def parse(rows: list[tuple[object, ...]]) -> Mapping[str, int]:
+        """The rows of ``topic_caps`` (topic, max_depth, ...) as a mapping, kept nowhere."""
+        return {str(r[0]): r[1] for r in rows if isinstance(r[1], int)}
+
     def load(self, rows: list[tuple[object, ...]]) -> Mapping[str, int]:
-        """Keep the rows of ``topic_caps`` (topic, max_depth); return them as a mapping."""
-        caps = {str(r[0]): r[1] for r in rows if isinstance(r[1], int)}
+        """Keep the rows of ``topic_caps`` (topic, max_depth, ...); return them as a mapping."""
+        caps = self.parse(rows)
         self.parking = frozenset(str(r[0]) for r in rows if isinstance(r[1], int) and len(r) > 2 and r[2])
         self._caps, self._read_at = caps, self._monotonic()
         with self._lock:

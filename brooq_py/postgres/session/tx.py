@@ -40,18 +40,32 @@ def _has_rows(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
     return res is not None and res.status == pq.ExecStatus.TUPLES_OK
 
 
+def _pipelined(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Whether *conn* is in psycopg's pipeline mode, where a statement's result comes at a sync."""
+    return bool(conn.pgconn.pipeline_status)
+
+
 def on_connection(conn: psycopg.Connection[Any]) -> Runner:
     """Return a runner on *conn*, with tuple rows (and decoded jsonb) whatever the connection's
-    settings; a statement without rows (``Query.rows``) answers ``[(its row count,)]``."""
+    settings; a statement without rows (``Query.rows``) answers ``[(its row count,)]``. On a
+    connection in pipeline mode each statement is synced (a nested pipeline block) before its
+    result is read: the answer may decide the next statement."""
+
+    def execute(cur: psycopg.Cursor[Any], query: Query, params: dict[str, Any]) -> None:
+        if _pipelined(conn):
+            with conn.pipeline():
+                cur.execute(query.composed, params)
+        else:
+            cur.execute(query.composed, params)
 
     def run(query: Query, params: dict[str, Any]) -> Rows:
         if not query.rows:
             with conn.cursor() as cur:
-                cur.execute(query.composed, params)
+                execute(cur, query, params)
                 return [(cur.rowcount,)]
         with conn.cursor(row_factory=tuple_row) as cur:
             own_json(cur)
-            cur.execute(query.composed, params)
+            execute(cur, query, params)
             return cur.fetchall() if _has_rows(cur) else []
 
     return run
@@ -263,14 +277,21 @@ class AsyncWrapTx:
 def on_async_connection(conn: psycopg.AsyncConnection[Any]) -> AsyncRunner:
     """``on_connection`` for an asyncio connection: an awaitable runner."""
 
+    async def execute(cur: psycopg.AsyncCursor[Any], query: Query, params: dict[str, Any]) -> None:
+        if _pipelined(conn):
+            async with conn.pipeline():
+                await cur.execute(query.composed, params)
+        else:
+            await cur.execute(query.composed, params)
+
     async def run(query: Query, params: dict[str, Any]) -> Rows:
         if not query.rows:
             async with conn.cursor() as cur:
-                await cur.execute(query.composed, params)
+                await execute(cur, query, params)
                 return [(cur.rowcount,)]
         async with conn.cursor(row_factory=tuple_row) as cur:
             own_json(cur)
-            await cur.execute(query.composed, params)
+            await execute(cur, query, params)
             return await cur.fetchall() if _has_rows(cur) else []
 
     return run

@@ -69,8 +69,11 @@ WITH input AS (
     WHERE NOT EXISTS (SELECT FROM too_deep)
     -- In key order, not input order: a batch that meets a key another one holds uncommitted
     -- waits for it holding only keys that sort before it, so two batches of the same keys in
-    -- other orders never deadlock (which would abort the caller's transaction).
-    ORDER BY topic COLLATE "C", unique_key COLLATE "C", key COLLATE "C", ord
+    -- other orders never deadlock (which would abort the caller's transaction). Idempotency keys
+    -- first, as job_enqueue_many orders them, so a batch of this statement and one of that never
+    -- deadlock on them; the unique keys of the jobs without one after them, in their order. Two
+    -- batches whose jobs carry both keys, paired differently, can still meet in two orders.
+    ORDER BY topic COLLATE "C", key COLLATE "C", unique_key COLLATE "C", ord
     ON CONFLICT DO NOTHING
     RETURNING id
 )

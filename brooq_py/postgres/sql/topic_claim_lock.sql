@@ -3,4 +3,9 @@
 -- time per topic and schema; the lock ends with the transaction. A try: a claim
 -- that finds it taken (another engine claiming, or a session holding it) takes
 -- nothing this time rather than wait, so the dispatcher never blocks on it.
-SELECT pg_try_advisory_xact_lock(hashtextextended({channel_literal} || ':' || %(topic)s, 0))
+-- SPEC L3': the claim that follows waits at most %(lock_timeout)s for a row lock (the topic's
+-- settings row, which a caller's transaction holds from its topic's first job naming a tenant
+-- until it commits) and runs at most %(statement_timeout)s: set_config(..., true) is SET LOCAL.
+SELECT pg_try_advisory_xact_lock(hashtextextended({channel_literal} || ':' || %(topic)s, 0)),
+       set_config('lock_timeout', %(lock_timeout)s, true),
+       set_config('statement_timeout', %(statement_timeout)s, true)

@@ -226,7 +226,12 @@ class WorkerRepo:
         with self.session.autocommit("claiming a limited topic") as conn, _read_committed(conn):
             run = on_connection(conn)
             with conn.transaction():
-                if not run(lock, {"topic": topic})[0][0]:
+                bounds = {
+                    "topic": topic,
+                    "lock_timeout": SETTLE_LOCK_WAIT,
+                    "statement_timeout": f"{max(int(lease.total_seconds() * 1000 / 3), 100)}ms",
+                }
+                if not run(lock, bounds)[0][0]:
                     busy = LimitedClaim()  # another claim of the topic holds the lock: nothing this time
                     busy.busy = True
                     return busy
