@@ -330,7 +330,8 @@ def test_f1_a_claim_that_rolls_back_spends_no_token(store: Store, dsn: str) -> N
     params = {"topic": "r", "limit": 10, "worker": "w", "lease": LEASE}
     with psycopg.connect(dsn) as conn:
         conn.execute(f'SET search_path TO "{store.session.q.schema}"')
-        assert conn.execute(store.session.q["topic_claim_lock"].text, {"topic": "r"}).fetchone() == (True,)
+        bounds = {"topic": "r", "lock_timeout": "250ms", "statement_timeout": "10s"}
+        assert conn.execute(store.session.q["topic_claim_lock"].text, bounds).fetchone()[0] is True  # type: ignore[index]
         rows = conn.execute(store.session.q["job_claim_limited"].text, params).fetchall()
         assert len([r for r in rows if r[0] is not None]) == 3
         conn.rollback()

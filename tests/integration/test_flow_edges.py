@@ -151,7 +151,8 @@ def test_f1_a_rate_change_waits_for_a_claim_of_its_topic(
     lock = store.session.q["topic_claim_lock"]  # the very statement a limited claim takes first
     changed = threading.Event()
     with psycopg.connect(dsn) as claimer:
-        assert claimer.execute(lock.text, {"topic": "r"}).fetchone()[0]  # type: ignore[index, union-attr]
+        bounds = {"topic": "r", "lock_timeout": "250ms", "statement_timeout": "10s"}
+        assert claimer.execute(lock.text, bounds).fetchone()[0]  # type: ignore[index, union-attr]
         t = threading.Thread(target=lambda: (store.set_rate_limit("r", 1, 60), changed.set()))
         t.start()
         blocked = "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY (pg_blocking_pids(pid))"
