@@ -154,7 +154,6 @@ def test_q5_f3_parked_sequence_backlog_released_promptly(
     e.start()
     wait_for(lambda: len(ran) == 200, "200 members", timeout=120)  # not one a poll: 100 s
     assert ran == list(range(200))
-    print("backlog took", took)
 
 
 def test_q5_f3_parked_sequences_and_plain_jobs_cap_kept_order_kept(
