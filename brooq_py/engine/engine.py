@@ -322,6 +322,8 @@ class Engine(Producing):
         fence = Fence(self.supervisor.fence_after, self.clock, self.supervisor.fence)
         fence.on_proven = wake
         self._may_claim = fence.may_claim  # not before a heartbeat proved the engine
+        clock = self.clock
+        self.runner.before_start = lambda a: fence.check([a], clock.monotonic())  # F0 at the start too
         proof = EngineProof(
             self.worker_id, socket.gethostname(), os.getpid(), cfg.lease_td, cfg.margin_td, self.instance
         )
@@ -510,6 +512,7 @@ class Engine(Producing):
             if self._state == "running":
                 raise BrooqError("run_once() is for an engine that was not started")
         self.events.start()  # its events are delivered as a started engine's are; close() ends it
+        self.runner.before_start = lambda a: None  # no heartbeat here: no fence either
         stage_now(self.repo, self.config, self.topics)
         self._topic_watch.run_once()
         read_whole = getattr(self.repo, "read_whole", None)  # a Repo of brooq_py's (claim heads, SPEC B1)

@@ -90,3 +90,44 @@ def test_f0_an_operator_lock_on_the_engine_row_fences_before_a_reap_and_the_engi
     assert len(spans) >= 2 and spans[0][1] <= spans[1][0], "the fenced handler still ran (P1)"
     assert during < 60, f"the heartbeat spun: {during} beats in {3 * LEASE:g}s"
     assert back < 2 * LEASE
+
+
+def test_f0_p1_a_handler_whose_engine_lost_its_proof_before_the_start_never_runs(
+    dsn: str, schema: str, store: Store, pool: ConnectionPool[Any], engines: Callable[..., Engine]
+) -> None:
+    """An engine stopped between its claim and the handler's start (a SIGSTOP, a frozen VM: here the
+    handler's thread held back and the engine row locked, so no beat proves it) resumes with a stale
+    proof: its claim may have been reaped and run elsewhere. The handler must not start: it did, at
+    once, beside the other engine's run (a double execution seen by the chaos invariants)."""
+    own = Store(pool, schema=schema)
+    runs: list[str] = []
+    go = threading.Event()
+
+    def handler(ctx: Context, claim: Claim) -> str:
+        runs.append("stalled engine")
+        return "stale"
+
+    e = engines(repo=own, lease=LEASE, workers=1)
+    e.register_kind("ra.start", handler)
+    real = e.runner.threads.run
+    e.runner.threads.run = lambda fn: real(lambda: (go.wait(60), fn()))  # type: ignore[method-assign]
+    e.start()
+    job = store.enqueue(Job("ra.start", {"n": 0})).id
+    wait_for(lambda: (r := store.get(job)) is not None and r.state is State.PROCESSING, "claimed")
+    with psycopg.connect(dsn) as operator:
+        operator.execute(
+            sql.SQL("SELECT 1 FROM {} WHERE id = %s FOR UPDATE").format(sql.Identifier(schema, "engine")),
+            (e.worker_id,),
+        )
+        wait_for(lambda: not e._may_claim(), "the engine's proof to run out", timeout=30)
+        go.set()  # the handler's thread goes on, the proof still gone
+        wait_for(lambda: e.inflight.running_tokens() == [], "the attempt ended", timeout=30)
+        operator.rollback()
+    assert runs == [], runs
+    e.stop()
+    other = engines(lease=LEASE)
+    other.register_kind("ra.start", lambda ctx, claim: "fresh")
+    other.start()
+    wait_for(lambda: (r := store.get(job)) is not None and r.state is State.DONE, "run elsewhere", timeout=60)
+    assert store.get(job).result == "fresh"  # type: ignore[union-attr]
+    assert runs == [], runs

@@ -23,6 +23,7 @@ class FakeRunner:
         self.settlers = Here()
         self.loop = None
         self.batches: list[list[str]] = []
+        self.before_start = lambda a: None
 
     def encode(self, value: Any) -> str | None:
         return None if value is None else str(value)

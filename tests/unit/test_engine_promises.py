@@ -167,15 +167,17 @@ def test_x2_a_cancel_tells_the_handler_an_operator_canceled_it(
     notify = told_by == "the cancel notification"
     e = make_engine(lease=120 if notify else 3, notify=notify)
     seen: list[BaseException | None] = []
+    started = threading.Event()
 
     def handler(ctx: Context, claim: Claim) -> None:
+        started.set()
         ctx.wait(30)
         seen.append(ctx.cause)
 
     e.register_kind("t", handler)
     jid = e.enqueue(Job("t")).id
     e.start()
-    wait_for(lambda: repo.row(jid).state is State.PROCESSING)
+    assert started.wait(10)  # running (a job canceled before its handler starts never starts)
     assert repo.cancel(jid)
     wait_for(lambda: seen, what="the handler told", timeout=10)
     assert isinstance(seen[0], JobCanceledByOperator)

@@ -47,6 +47,9 @@ class Runner(Protocol):
     @property
     def loop(self) -> _Loop: ...
 
+    @property
+    def before_start(self) -> Callable[[Attempt], None]: ...
+
     def encode(self, value: Any) -> str | None: ...
 
     def finish_batch(
@@ -181,7 +184,9 @@ class Batcher:
         spread_errors: list[list[BaseException | None]] = []
 
         async def call() -> None:
-            answer = await call_handler(batch)
+            answer = self._call(batch)
+            if inspect.isawaitable(answer):
+                answer = await answer
             spread_errors.append(spread(batch, answer, self._runner.encode))
 
         def on_done(error: BaseException | None) -> None:
@@ -196,13 +201,23 @@ class Batcher:
 
     def _run_thread(self, batch: list[Attempt], t0: float) -> None:
         try:
-            answer = call_handler(batch)
+            answer = self._call(batch)
             if inspect.isawaitable(answer):
                 answer = self._runner.loop.wait(answer)
             errors = spread(batch, answer, self._runner.encode)
         except BaseException as exc:  # raising fails every job of the batch
             errors = [exc] * len(batch)
         self._runner.finish_batch(batch, errors, t0)
+
+    def _call(self, batch: list[Attempt]) -> Any:
+        """The engine's fence check on each attempt first (``Runner.before_start``); a batch whose
+        every attempt was cancelled before the call (fenced, lost, canceled) is never called."""
+        for a in batch:
+            self._runner.before_start(a)
+        causes = [a.ctx.cause for a in batch]
+        if all(c is not None for c in causes):
+            return [*causes]
+        return call_handler(batch)
 
     def stop(self) -> None:
         """Start every batch still waiting (the engine stops: its attempts end as the engine says)."""

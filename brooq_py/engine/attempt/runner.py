@@ -230,8 +230,18 @@ def encode_result(value: Any, max_bytes: int) -> str | None:
     return text
 
 
-async def run_async(a: Attempt, max_bytes: int) -> None:
-    """Await an async handler and encode its return value on the loop, where it ran."""
+def unstarted(a: Attempt) -> BaseException | None:
+    """Why *a*'s handler must not start (its context cancelled before it ran: fenced, its claim lost
+    or canceled), or None."""
+    return a.ctx.cause
+
+
+async def run_async(a: Attempt, max_bytes: int, before: Callable[[Attempt], None] = lambda a: None) -> None:
+    """Await an async handler and encode its return value on the loop, where it ran; *before* first
+    (the engine's fence check), and a cancelled attempt's handler never starts."""
+    before(a)
+    if (cause := unstarted(a)) is not None:
+        raise cause
     with run_span(a.topic, a.id, a.claim.attempt, a.claim.meta):  # a no-op without OpenTelemetry
         a.result = encode_result(await a.kind.handler(a.ctx, a.claim), max_bytes)
 
@@ -246,6 +256,10 @@ class Runner:
         self.threads = Threads("worker", log)
         self.settlers = Threads("settler", log, max_threads=4)
         self.result_max_bytes = 1024 * 1024  # the largest result a handler may return
+        # SPEC F0, P1: called on each attempt right before its handler starts (the engine's fence
+        # check): an engine stopped between its claim and the start (SIGSTOP, a frozen VM) may find
+        # its proof of life gone and the claim reaped; the attempt is then fenced and never run.
+        self.before_start: Callable[[Attempt], None] = lambda a: None
         self.batcher = Batcher(self)
 
     def launch_many(self, attempts: Sequence[Attempt]) -> None:
@@ -257,7 +271,12 @@ class Runner:
             if a.kind.batch:
                 batched.append(a)
             elif a.kind.is_async:
-                tasks.append((functools.partial(run_async, a, self.result_max_bytes), self._on_task_done(a)))
+                tasks.append(
+                    (
+                        functools.partial(run_async, a, self.result_max_bytes, self.before_start),
+                        self._on_task_done(a),
+                    )
+                )
             else:
                 self.threads.run(functools.partial(self._run_thread, a, time.monotonic()))
         if tasks:
@@ -337,8 +356,11 @@ class Runner:
         """Run the handler in this thread (an async one awaited on the loop); return what it raised."""
         try:
             if a.kind.is_async:
-                self.loop.wait(run_async(a, self.result_max_bytes))
+                self.loop.wait(run_async(a, self.result_max_bytes, self.before_start))
                 return None
+            self.before_start(a)
+            if (cause := unstarted(a)) is not None:
+                return cause
             with run_span(a.topic, a.id, a.claim.attempt, a.claim.meta):  # a no-op without OpenTelemetry
                 result = a.kind.handler(a.ctx, a.claim)
                 if inspect.isawaitable(result):
