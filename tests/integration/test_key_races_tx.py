@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -149,38 +148,6 @@ def test_two_batches_of_the_same_keys_never_deadlock(store: Store, dsn: str, sch
     assert not errors, errors
 
 
-def test_two_batches_of_the_same_keys_never_deadlock_repeated(store: Store, dsn: str, schema: str) -> None:
-    """As above, repeated with fresh keys, both batches started together."""
-    failures = []
-    for round_ in range(20):
-        a, b = f"a{round_}", f"b{round_}"
-        b1 = [Job("t", 1, idempotency_key=a, unique_key=f"x{round_}"), Job("t", 2, idempotency_key=b)]
-        b2 = [Job("t", 3, idempotency_key=b, unique_key=f"y{round_}"), Job("t", 4, idempotency_key=a)]
-        barrier = threading.Barrier(2)
-        results: dict[int, Any] = {}
-
-        def run(
-            n: int, batch: list[Job], barrier: threading.Barrier = barrier, results: dict[int, Any] = results
-        ) -> None:
-            with psycopg.connect(dsn) as c:
-                try:
-                    c.execute("SELECT 1")
-                    barrier.wait(10)
-                    results[n] = store.enqueue_many(batch, tx=c)
-                    time.sleep(0.05)  # hold the transaction a moment: the other batch meets our keys
-                    c.commit()
-                except BaseException as exc:
-                    results[n] = exc
-
-        ts = [threading.Thread(target=run, args=(n, bb)) for n, bb in ((1, b1), (2, b2))]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join(60)
-        failures += [r for r in results.values() if isinstance(r, BaseException)]
-    assert not failures, failures[:3]
-
-
 @pytest.mark.parametrize("level", ["REPEATABLE READ", "SERIALIZABLE"])
 def test_snapshot_isolation_duplicate_committed_after_snapshot_then_retry(
     store: Store, dsn: str, level: str
@@ -198,42 +165,3 @@ def test_snapshot_isolation_duplicate_committed_after_snapshot_then_retry(
         again = store.enqueue_tx(conn, Job("t", 1, idempotency_key="dup"))
         conn.commit()
     assert (again.id, again.created) == (holder, False)
-
-
-@pytest.mark.parametrize("shape", ["reversed", "one-unique-job"])
-def test_two_big_batches_of_the_same_keys_never_deadlock(
-    store: Store, dsn: str, schema: str, shape: str
-) -> None:
-    """Two batches carrying the same 3,000 idempotency keys, committed concurrently: one is a plain
-    batch (written in key order), the other also holds unique jobs (written in unique-key order,
-    job_enqueue_many_unique.sql:73), whose keys come in reverse. E1/E2: both succeed, one row per key."""
-    n = 3000
-    keys = [f"k{i:05d}" for i in range(n)]
-    plain = [Job("t", i, idempotency_key=k) for i, k in enumerate(keys)]
-    # unique keys ascend while the idempotency keys descend
-    if shape == "reversed":
-        uniq = [Job("t", i, idempotency_key=k, unique_key=f"u{i:05d}") for i, k in enumerate(reversed(keys))]
-    else:  # the same batch, but its last job also carries a unique key: it is written first
-        uniq = [Job("t", i, idempotency_key=k) for i, k in enumerate(keys)]
-        uniq[-1] = Job("t", n - 1, idempotency_key=keys[-1], unique_key="only-one")
-    barrier = threading.Barrier(2)
-    results: dict[str, Any] = {}
-
-    def run(name: str, batch: list[Job]) -> None:
-        with psycopg.connect(dsn) as c:
-            try:
-                c.execute("SELECT 1")
-                barrier.wait(10)
-                results[name] = store.enqueue_many(batch, tx=c)
-                c.commit()
-            except BaseException as exc:
-                results[name] = exc
-
-    ts = [threading.Thread(target=run, args=a) for a in (("plain", plain), ("unique", uniq))]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(120)
-    errors = {k: v for k, v in results.items() if isinstance(v, BaseException)}
-    assert not errors, errors
-    assert _count(dsn, schema) == n

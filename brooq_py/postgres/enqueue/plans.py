@@ -129,7 +129,7 @@ def known_caps(q: Queries, caps: TopicCaps) -> Plan[Mapping[str, int]]:
             q.halts = bool(rows[0][-2])
         capped = [r for r in rows if r[0] is not None]
         # a caller's older snapshot (REPEATABLE READ) answers for this enqueue only
-        known = caps.load(capped) if not rows or rows[0][-1] else caps.parse(capped)
+        known = caps.load(capped) if not rows or rows[0][-1] else caps.peek(capped)
     return known
 
 

@@ -99,8 +99,17 @@ class TopicCaps:
 
     @staticmethod
     def parse(rows: list[tuple[object, ...]]) -> Mapping[str, int]:
-        """The rows of ``topic_caps`` (topic, max_depth, ...) as a mapping, kept nowhere."""
+        """The rows of ``topic_caps`` (topic, max_depth, ...) as a mapping."""
         return {str(r[0]): r[1] for r in rows if isinstance(r[1], int)}
+
+    def peek(self, rows: list[tuple[object, ...]]) -> Mapping[str, int]:
+        """``parse`` for rows read in an older snapshot (a caller's REPEATABLE READ transaction): the
+        caps are not kept; the topics that park are added to those known (a topic taken for parking
+        parks a job another snapshot would refuse: nothing is lost), never removed."""
+        self.parking = self.parking | {
+            str(r[0]) for r in rows if isinstance(r[1], int) and len(r) > 2 and r[2]
+        }
+        return self.parse(rows)
 
     def load(self, rows: list[tuple[object, ...]]) -> Mapping[str, int]:
         """Keep the rows of ``topic_caps`` (topic, max_depth, ...); return them as a mapping."""

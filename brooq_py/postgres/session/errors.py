@@ -179,7 +179,9 @@ def behind(schema: str) -> BrooqError:
 
 def _schema_error(schema: str, exc: BaseException) -> BrooqError | None:
     """The error naming ``migrate up`` for a schema without brooq's tables, or older than this code
-    (a column missing); None for any other error."""
+    (a column missing); None for any other error, and for one of the caller's own statements."""
+    if getattr(exc, "brooq_callers", False):
+        return None
     if _missing(exc) is not None:
         return behind(schema) if _a_later_table(exc) else not_migrated(schema)
     if isinstance(exc, psycopg.errors.UndefinedColumn) or isinstance(

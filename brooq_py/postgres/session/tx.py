@@ -6,6 +6,7 @@ rows back, run by ``drive`` or ``drive_async``, so the rules cannot drift apart 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import sys
 import uuid
@@ -40,6 +41,13 @@ def _has_rows(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
     return res is not None and res.status == pq.ExecStatus.TUPLES_OK
 
 
+def callers(exc: psycopg.Error) -> psycopg.Error:
+    """Mark *exc* as raised by a statement of the caller's (queued in its pipeline before ours): it
+    is passed on as it is, never read as a sign of an unmigrated schema (``errors.names_migration``)."""
+    exc.brooq_callers = True  # type: ignore[attr-defined]
+    return exc
+
+
 def _pipelined(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
     """Whether *conn* is in psycopg's pipeline mode, where a statement's result comes at a sync."""
     return bool(conn.pgconn.pipeline_status)
@@ -52,10 +60,14 @@ def on_connection(conn: psycopg.Connection[Any]) -> Runner:
     result is read: the answer may decide the next statement."""
 
     def execute(cur: psycopg.Cursor[Any], query: Query, params: dict[str, Any]) -> None:
-        if _pipelined(conn):
-            with conn.pipeline():
-                cur.execute(query.composed, params)
-        else:
+        if not _pipelined(conn):
+            cur.execute(query.composed, params)
+            return
+        with contextlib.ExitStack() as stack:
+            try:  # entering syncs what the caller queued before: an error there is the caller's own
+                stack.enter_context(conn.pipeline())
+            except psycopg.Error as exc:
+                raise callers(exc) from None
             cur.execute(query.composed, params)
 
     def run(query: Query, params: dict[str, Any]) -> Rows:
@@ -278,10 +290,14 @@ def on_async_connection(conn: psycopg.AsyncConnection[Any]) -> AsyncRunner:
     """``on_connection`` for an asyncio connection: an awaitable runner."""
 
     async def execute(cur: psycopg.AsyncCursor[Any], query: Query, params: dict[str, Any]) -> None:
-        if _pipelined(conn):
-            async with conn.pipeline():
-                await cur.execute(query.composed, params)
-        else:
+        if not _pipelined(conn):
+            await cur.execute(query.composed, params)
+            return
+        async with contextlib.AsyncExitStack() as stack:
+            try:  # entering syncs what the caller queued before: an error there is the caller's own
+                await stack.enter_async_context(conn.pipeline())
+            except psycopg.Error as exc:
+                raise callers(exc) from None
             await cur.execute(query.composed, params)
 
     async def run(query: Query, params: dict[str, Any]) -> Rows:

@@ -69,11 +69,12 @@ WITH input AS (
     WHERE NOT EXISTS (SELECT FROM too_deep)
     -- In key order, not input order: a batch that meets a key another one holds uncommitted
     -- waits for it holding only keys that sort before it, so two batches of the same keys in
-    -- other orders never deadlock (which would abort the caller's transaction). Idempotency keys
-    -- first, as job_enqueue_many orders them, so a batch of this statement and one of that never
-    -- deadlock on them; the unique keys of the jobs without one after them, in their order. Two
-    -- batches whose jobs carry both keys, paired differently, can still meet in two orders.
-    ORDER BY topic COLLATE "C", key COLLATE "C", unique_key COLLATE "C", ord
+    -- other orders never deadlock (which would abort the caller's transaction). Unique keys first:
+    -- batches of this statement meet on them. A batch of job_enqueue_many (idempotency keys only)
+    -- and one of this statement sharing idempotency keys can meet in two orders (PostgreSQL then
+    -- aborts one: docs/unique-jobs.md); ordering by idempotency keys first would move that hazard to
+    -- two unique batches of the same keys where some jobs also carry an idempotency key.
+    ORDER BY topic COLLATE "C", unique_key COLLATE "C", key COLLATE "C", ord
     ON CONFLICT DO NOTHING
     RETURNING id
 )

@@ -121,6 +121,13 @@ def _maybe_text_array(values: Sequence[str | None]) -> str:
     return "{" + ",".join(["NULL"] * len(values)) + "}"
 
 
+# How long a limited topic's claim waits for a row lock (its settings row, held by a caller's
+# transaction that marks the topic's first tenant job, or by a settings change): the claims of
+# the engine's other topics wait behind it, so little; a claim that waits it out is tried again
+# after the poll interval (engine/attempt/intake.py).
+CLAIM_LOCK_WAIT = "50ms"
+
+
 class WorkerRepo:
     """The engine's Repo on a Store's *session*; the heartbeat has a connection of its own (handlers
     holding pool connections cannot starve it), and so have claims and outcome batches."""
@@ -228,7 +235,7 @@ class WorkerRepo:
             with conn.transaction():
                 bounds = {
                     "topic": topic,
-                    "lock_timeout": SETTLE_LOCK_WAIT,
+                    "lock_timeout": CLAIM_LOCK_WAIT,
                     "statement_timeout": f"{max(int(lease.total_seconds() * 1000 / 3), 100)}ms",
                 }
                 if not run(lock, bounds)[0][0]:
