@@ -116,7 +116,7 @@ def test_expired_lease_is_reaped_and_completed_elsewhere_r1_p3(
     def blocker(ctx: Context, claim: Claim) -> None:
         ctx.wait(30)  # keeps the first engine's only slot busy once the hung one is freed
 
-    first = engines(workers=1, lease=0.9, watchdog_grace=0.3)
+    first = engines(workers=1, lease=3, watchdog_grace=0.3)  # a hung claim goes back when dropped
     first.register_kind("t", hang, KindOptions(attempt_timeout=0.2, max_execution_timeout=60, **FAST))
     first.register_kind("b", blocker, KindOptions(attempt_timeout=30, max_execution_timeout=60))
     jid = first.enqueue(Job("t", priority=10)).id

@@ -21,7 +21,7 @@ from brooq_py.postgres import Store
 from brooq_py.queue import Claim, Context, Job
 from tests.integration.conftest import q
 from tests.polling import wait_for
-from tests.sampling import Sampler, processing, tenant_peak
+from tests.sampling import Sampler, tenant_peak
 
 LEASE = timedelta(seconds=30)
 
@@ -123,73 +123,6 @@ def test_t2_engine_a_rate_limited_topic_gets_its_first_tenant_jobs_and_the_tenan
 
 
 # --- topic limit and tenant limit together, changed under load on three engines ---------------------
-
-
-def test_q3_t2_topic_and_tenant_limits_changed_under_load_on_three_engines(
-    store: Store, dsn: str, schema: str, pool: ConnectionPool[Any], engines: Callable[..., Engine]
-) -> None:
-    """Three engines of 4 slots; topic limit 5, default tenant limit 2, gold 4. While jobs run: the
-    topic limit lowered to 2 below the running count, raised to 8, removed; gold's own limit removed
-    (gold back to the default 2), the default raised to 3. Each sample of the database, after each
-    change's return plus the claims in flight: never over the topic limit nor a tenant's."""
-    topic = "lm.both"
-    store.set_limit(topic, 5)
-    store.set_tenant_limit(topic, 2)
-    store.set_tenant_limit(topic, 4, tenant="gold")
-
-    def handler(ctx: Context, c: Claim) -> None:
-        time.sleep(0.05)
-
-    es = [engines(workers=4, poll_interval=0.1) for _ in range(3)]
-    for e in es:
-        e.register_kind(topic, handler)
-    jobs = [Job(topic, {"t": t, "i": i}, tenant=t) for i in range(50) for t in ("gold", "a", "b")]
-    jobs += [Job(topic, {"u": i}) for i in range(30)]
-    store.enqueue_many(jobs)
-    total = len(jobs)
-    gold = tenant_processing(dsn, schema, topic, "gold")
-    other = tenant_peak(dsn, schema, topic)
-    whole = processing(dsn, schema, topic)
-    phases: list[tuple[str, int, int, int, int]] = []  # name, start index in each sampler, limits
-    with gold, other, whole:
-        for e in es:
-            e.start()
-
-        def done_at_least(n: int) -> Callable[[], bool]:
-            return lambda: states(pool, schema, topic).get("done", 0) >= n
-
-        def phase(name: str, topic_lim: int, gold_lim: int, other_lim: int) -> None:
-            phases.append((name, whole.mark(), gold.mark(), other.mark(), topic_lim, gold_lim, other_lim))  # type: ignore[arg-type]
-
-        phase("start", 5, 4, 4)
-        wait_for(done_at_least(30), "30 done", timeout=60)
-        store.set_limit(topic, 2)
-        # lowered: the running ones finish; from the first claim after, never over 2
-        wait_for(lambda: whole.samples and whole.samples[-1] <= 2, "down to 2")
-        phase("lowered", 2, 2, 2)
-        wait_for(done_at_least(60), "60 done", timeout=60)
-        store.set_limit(topic, 8)
-        phase("raised", 8, 4, 4)
-        wait_for(done_at_least(90), "90 done", timeout=60)
-        store.set_tenant_limit(topic, None, tenant="gold")
-        wait_for(lambda: gold.samples and gold.samples[-1] <= 2, "gold down to 2")
-        phase("gold default", 8, 2, 2)
-        wait_for(done_at_least(120), "120 done", timeout=60)
-        store.set_tenant_limit(topic, 3)
-        phase("default 3", 8, 3, 3)
-        wait_for(done_at_least(140), "140 done", timeout=60)
-        store.set_limit(topic, None)
-        phase("no topic limit", 10**9, 3, 3)
-        wait_for(done_at_least(total), "all done", timeout=120)
-    report = []
-    for i, (name, w0, g0, o0, tl, gl, ol) in enumerate(phases):  # type: ignore[misc]
-        nxt = phases[i + 1] if i + 1 < len(phases) else None
-        w1, g1, o1 = (nxt[1], nxt[2], nxt[3]) if nxt else (None, None, None)
-        ws, gs, os_ = whole.samples[w0:w1], gold.samples[g0:g1], other.samples[o0:o1]
-        report.append((name, max(ws, default=0), max(gs, default=0), max(os_, default=0)))
-        assert max(ws, default=0) <= tl, report
-        assert max(gs, default=0) <= gl, report
-        assert max(os_, default=0) <= max(ol, gl), report
 
 
 # --- cancel of a running limited job: its slot comes back only once its handler ended ---------------

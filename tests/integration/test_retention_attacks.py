@@ -247,7 +247,7 @@ def test_t1_an_operators_lock_on_an_expired_terminal_row_delays_only_that_row(
         )
         t0 = time.monotonic()
         gone = store.worker.delete_terminal(timedelta(seconds=1), 100)
-        assert time.monotonic() - t0 < 5
+        assert time.monotonic() - t0 < 30  # not waiting for the operator (it holds the row until after)
         assert {i for i, _ in gone} == set(ids[1:])
         # the operator retries the row it holds, in its transaction (the documented psql way: UPDATE)
         op.execute(
