@@ -484,3 +484,11 @@ class Hooks:
             then,
             exc_info=error,
         )
+
+
+def unstarted(a: Attempt) -> BaseException | None:
+    """Why *a*'s handler must not start, or None: its claim is no longer this engine's (fenced, lost,
+    canceled by an operator: ``LeaseLost``) before the handler ran. Any other cancel (a timeout, the
+    engine stopping) is the handler's to see, as before."""
+    cause = a.ctx.cause
+    return cause if isinstance(cause, LeaseLost) else None

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from brooq_py.engine.attempt.attempt import Attempt
+from brooq_py.engine.attempt.attempt import Attempt, unstarted
 from brooq_py.queue import BrooqError, Context
 
 
@@ -87,6 +87,17 @@ def spread(
             continue
         errors.append(None)
     return errors
+
+
+def _merge(
+    batch: Sequence[Attempt], live: Sequence[Attempt], left_out: dict[int, BaseException], answer: Any
+) -> Any:
+    """*answer* to the call of *live* as an answer to *batch*: each left-out claim's cause in its place.
+    An answer that does not fit *live* is passed on as it is (``spread`` reports it for every job)."""
+    if isinstance(answer, str | bytes | dict) or not isinstance(answer, Sequence) or len(answer) != len(live):
+        return answer
+    given = {id(a): item for a, item in zip(live, answer, strict=True)}
+    return [left_out[id(a)] if id(a) in left_out else given[id(a)] for a in batch]
 
 
 def call_handler(batch: Sequence[Attempt]) -> Any:
@@ -210,14 +221,27 @@ class Batcher:
         self._runner.finish_batch(batch, errors, t0)
 
     def _call(self, batch: list[Attempt]) -> Any:
-        """The engine's fence check on each attempt first (``Runner.before_start``); a batch whose
-        every attempt was cancelled before the call (fenced, lost, canceled) is never called."""
+        """The engine's fence check on each attempt first (``Runner.before_start``); the call gets
+        only the claims still this engine's (``unstarted``: not fenced, lost or canceled), and is not
+        made when none is. The answer comes back in *batch*'s order, each left-out claim's cause in
+        its place (an awaitable for an async handler)."""
         for a in batch:
             self._runner.before_start(a)
-        causes = [a.ctx.cause for a in batch]
-        if all(c is not None for c in causes):
-            return [*causes]
-        return call_handler(batch)
+        left_out = {id(a): cause for a in batch if (cause := unstarted(a)) is not None}
+        if not left_out:
+            return call_handler(batch)
+        live = [a for a in batch if id(a) not in left_out]
+        if not live:
+            return [left_out[id(a)] for a in batch]
+        answer = call_handler(live)
+        if inspect.isawaitable(answer):
+            pending = answer
+
+            async def merged() -> Any:
+                return _merge(batch, live, left_out, await pending)
+
+            return merged()
+        return _merge(batch, live, left_out, answer)
 
     def stop(self) -> None:
         """Start every batch still waiting (the engine stops: its attempts end as the engine says)."""

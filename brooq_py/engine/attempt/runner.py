@@ -19,7 +19,7 @@ from queue import SimpleQueue
 from typing import Any
 
 from brooq_py.contrib.otel import run_span
-from brooq_py.engine.attempt.attempt import Attempt
+from brooq_py.engine.attempt.attempt import Attempt, unstarted
 from brooq_py.engine.attempt.batch import Batcher
 from brooq_py.engine.attempt.handover import Handover
 from brooq_py.engine.metrics import Metrics
@@ -228,12 +228,6 @@ def encode_result(value: Any, max_bytes: int) -> str | None:
             f"the handler's return value is {size} bytes of JSON, more than result_max_bytes ({max_bytes})"
         )
     return text
-
-
-def unstarted(a: Attempt) -> BaseException | None:
-    """Why *a*'s handler must not start (its context cancelled before it ran: fenced, its claim lost
-    or canceled), or None."""
-    return a.ctx.cause
 
 
 async def run_async(a: Attempt, max_bytes: int, before: Callable[[Attempt], None] = lambda a: None) -> None:
