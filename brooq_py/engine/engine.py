@@ -322,6 +322,7 @@ class Engine(Producing):
         fence = Fence(self.supervisor.fence_after, self.clock, self.supervisor.fence)
         fence.on_proven = wake
         self._may_claim = fence.may_claim  # not before a heartbeat proved the engine
+        self.intake.proof = lambda: fence.proven_at  # each claim's attempts hold the proof it was made under
         clock = self.clock
         self.runner.before_start = lambda a: fence.check([a], clock.monotonic())  # F0 at the start too
         proof = EngineProof(

@@ -131,3 +131,54 @@ def test_f0_p1_a_handler_whose_engine_lost_its_proof_before_the_start_never_runs
     wait_for(lambda: (r := store.get(job)) is not None and r.state is State.DONE, "run elsewhere", timeout=60)
     assert store.get(job).result == "fresh"  # type: ignore[union-attr]
     assert runs == [], runs
+
+
+def test_f0_p1_a_claim_taken_in_after_the_proof_came_back_is_not_covered_by_it(
+    dsn: str, schema: str, store: Store, pool: ConnectionPool[Any], engines: Callable[..., Engine]
+) -> None:
+    """An engine stalls between its claim's answer and taking the claim in (a SIGSTOP there). Its
+    proof runs out, the claim is reaped and run by another engine; then the engine comes back and a
+    beat proves it alive again *before* the stalled claim is taken in, so that beat could not name
+    it. The proof of life is the engine's, not the claim's: the claim was made under the old proof
+    and the chain of proofs broke since. The handler must not start (it did: the beat's fresh
+    proof covered it, a run of a job another engine had run)."""
+    own = Store(pool, schema=schema)
+    runs: list[str] = []
+    go = threading.Event()
+    stalled = threading.Event()
+
+    def handler(ctx: Context, claim: Claim) -> str:
+        runs.append("stalled engine")
+        return "stale"
+
+    e = engines(repo=own, lease=LEASE, workers=1)
+    e.register_kind("ra.takein", handler)
+    real = e.intake.launch_all
+
+    def held_back(rows: Any) -> None:
+        stalled.set()
+        go.wait(60)
+        real(rows)
+
+    e.intake.launch_all = held_back  # type: ignore[method-assign]
+    e.start()
+    job = store.enqueue(Job("ra.takein", {"n": 0})).id
+    wait_for(stalled.is_set, "the claim's answer", timeout=30)
+    with psycopg.connect(dsn) as operator:  # no beat proves the engine: its claim is reaped
+        operator.execute(
+            sql.SQL("SELECT 1 FROM {} WHERE id = %s FOR UPDATE").format(sql.Identifier(schema, "engine")),
+            (e.worker_id,),
+        )
+        other = engines(lease=LEASE)
+        other.register_kind("ra.takein", lambda ctx, claim: "fresh")
+        other.start()
+        wait_for(
+            lambda: (r := store.get(job)) is not None and r.state is State.DONE, "run elsewhere", timeout=60
+        )
+        operator.rollback()
+    wait_for(e._may_claim, "a beat to prove the engine again", timeout=30)
+    go.set()  # the stalled claim is taken in under the new proof
+    wait_for(lambda: e.inflight.held() == [], "the stale attempt ended", timeout=30)
+    e.stop()
+    assert runs == [], runs
+    assert store.get(job).result == "fresh"  # type: ignore[union-attr]

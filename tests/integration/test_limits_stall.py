@@ -77,10 +77,6 @@ def overlap(dsn: str, schema: str) -> list[tuple[Any, ...]]:
         return conn.execute(query).fetchall()
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="open: a stopped engine may still start a reaped claim's handler (P1), see the closing note",
-)
 def test_t2_a_tenant_limit_holds_while_engines_are_sigstopped_fenced_and_reaped(
     dsn: str, schema: str, workers: Any
 ) -> None:

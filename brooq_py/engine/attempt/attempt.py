@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import random
 import threading
 from collections.abc import Callable
@@ -108,6 +109,7 @@ class Attempt:
         "ctx_cancelled_at",
         "hard_deadline",
         "kind",
+        "proven_at",
         "result",
         "row",
         "soft_deadline",
@@ -148,6 +150,9 @@ class Attempt:
         # job of the call is cancelled (batch.call_handler), the last of these times.
         self.cancelled_at: float | None = None
         self.ctx_cancelled_at: float | None = None
+        # The send time of the engine's proof of life the claim was made under, or of the last beat
+        # that found the claim held (SPEC F0, P1; liveness.Fence.proof_of); inf: no fence here.
+        self.proven_at = math.inf
         self._lock = threading.Lock()
         self._phase = Phase.CLAIMED
         self._ending: Phase | None = None

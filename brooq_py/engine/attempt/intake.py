@@ -11,6 +11,7 @@ lock (``Repo.claim_limited``) and the database decides (a stale view only delays
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -270,10 +271,16 @@ class Intake:
         # Claim tokens canceled before their attempt existed (the NOTIFY comes on another connection).
         self._canceled: dict[str, float] = {}
         self._canceled_lock = threading.Lock()
+        # The engine's proof of life now (its fence's, from start()), read before each claim: the
+        # attempts of the claim's rows hold it (``Attempt.proven_at``). A claim and the opening of
+        # its rows run on one thread (the dispatcher's, run_once's), one claim after the other.
+        self.proof: Callable[[], float] = lambda: math.inf
+        self._claimed_under = math.inf
 
     def claim(self, limit: int, only: Sequence[str] | None = None) -> list[ClaimedJob]:
         """Claim up to *limit* jobs of the registered topics (of those in *only*, when given)."""
         topics = list(self.kinds) if only is None else [t for t in only if t in self.kinds]
+        self._claimed_under = self.proof()
         rows = self.capacity.claim(self.repo, topics, limit, self.worker_id, self.config.lease_td)
         for topic, n in Counter(r.topic for r in rows).items():  # one counter update per topic a claim
             self.metrics.child(self.metrics.claimed, topic).inc(n)
@@ -303,6 +310,7 @@ class Intake:
             hooks=self.hooks,
             steps=self.repo,
         )
+        a.proven_at = self._claimed_under
         older = self.inflight.latest(row.id)
         if older is not None and older.row.claim_token != row.claim_token:
             # Claimed again under a new token: the older attempt is no longer the row's; tell it now.

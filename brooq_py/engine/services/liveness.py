@@ -4,7 +4,9 @@ The heartbeat writes the engine's own row each period (which nothing done to job
 rows can block) and reads what became of its claims. The claims stay the engine's
 while its row is younger than ``lease + margin`` on the database clock; the engine
 fences itself ``lease - margin`` after its last good heartbeat's send time, so a
-stalled engine stops its handlers before another may take their jobs. The watchdog
+stalled engine stops its handlers before another may take their jobs. A proof covers a
+claim along an unbroken chain of beats only (``Fence.proof_of``): a beat answered after the
+proof before it ran out proves the engine, not the claims it did not name. The watchdog
 checks the fence too, so a heartbeat stuck on a silent socket fences all the same.
 """
 
@@ -36,24 +38,35 @@ class Fence:
         self._clock = clock
         self._on_fence = on_fence
         self.proven_at = float("-inf")  # no claim before the first heartbeat wrote the engine's row
+        # The send time of the first beat of the unbroken chain of proofs that ends in proven_at:
+        # each answer came while the proof before it held, so the engine's row never went stale.
+        self.chain_since = float("-inf")
         self._lock = threading.Lock()
         self.fenced = False  # set by a fence: no claim until a heartbeat named every dropped claim
         self.on_proven: Callable[[], None] = lambda: None  # the dispatcher may claim again
 
+    def proof_of(self, a: Attempt) -> float:
+        """The proof of life that covers *a*'s claim: the engine's latest, when the claim was made
+        under a proof of the current chain or a beat of it found the claim held; else its own."""
+        return self.proven_at if a.proven_at >= self.chain_since else a.proven_at
+
     def check(self, attempts: Sequence[Attempt], now: float) -> None:
-        """Fence every running attempt of *attempts* when the proof is older than ``within``."""
-        if now - self.proven_at < self.within:
-            return
-        with self._lock:
-            self.fenced = True
+        """Fence every running attempt of *attempts* whose proof is older than ``within``."""
+        if now - self.proven_at >= self.within:
+            with self._lock:
+                self.fenced = True
         for a in attempts:
-            if a.phase is Phase.RUNNING:
+            if a.phase is Phase.RUNNING and now - self.proof_of(a) >= self.within:
                 self._on_fence(a)
 
     def proven(self, sent: float, complete: bool) -> None:
-        """A heartbeat sent at *sent* succeeded; *complete*: it named every claim dropped so far."""
+        """A heartbeat sent at *sent* succeeded; *complete*: it named every claim dropped so far.
+        An answer that comes once the proof before it ran out starts a new chain at *sent*: a claim
+        made under an older proof may have been reaped meanwhile, and this beat did not name it."""
         with self._lock:
             was = not self.may_claim()
+            if self._clock.monotonic() - self.proven_at >= self.within:
+                self.chain_since = sent
             self.proven_at = max(self.proven_at, sent)
             if complete:
                 self.fenced = False
@@ -114,6 +127,9 @@ class Heartbeat(Ticker):
                 "job id=%s: claimed by this engine but never run here; dropped for the reaper", job_id
             )
             self._inflight.drop_claim(token, job_id)
+        for a in attempts:  # found held by a beat sent at *sent*: the claim is proven from then
+            if a.row.claim_token in renewal.held:
+                a.proven_at = max(a.proven_at, sent)
         for a, progress in taken:
             if a.row.claim_token in renewal.locked:  # not written this time: sent again
                 a.ctx.give_back_progress(progress)
