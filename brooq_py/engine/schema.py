@@ -8,7 +8,7 @@ from brooq_py.queue import BrooqError, StoreUnavailable
 from brooq_py.queue.port import Repo
 
 # The oldest migration whose tables and columns this code's statements use.
-SCHEMA_NEEDED = "0021"
+SCHEMA_NEEDED = "0022"
 PROG = "brooq-py"
 
 

@@ -65,7 +65,6 @@ def test_snapshot_isolation_enqueue_kinds_commit(store: Store, dsn: str, schema:
         assert store.get(i) is not None
 
 
-@pytest.mark.xfail(strict=True, reason="known: docs/tenants.md, the first tenant job marks the topic")
 @pytest.mark.parametrize("level", ["REPEATABLE READ", "SERIALIZABLE"])
 def test_first_tenant_job_of_a_topic_vs_a_concurrent_setting_write(
     store: Store, dsn: str, level: str
@@ -309,7 +308,6 @@ def test_pipeline_mode_signal_recorded_but_answered_false(store: Store, dsn: str
     assert (answered, recorded) == (True, 1)
 
 
-@pytest.mark.xfail(strict=True, reason="known: docs/tenants.md, the first tenant job marks the topic")
 @pytest.mark.parametrize("level", ["REPEATABLE READ", "SERIALIZABLE"])
 def test_first_tenant_job_vs_an_engines_claim_of_a_rate_limited_topic(
     store: Store, dsn: str, engines: Any, level: str

@@ -137,7 +137,7 @@ class FakeRepo:
         self.calls: dict[str, int] = {}
         self.settle_batches: list[int] = []
         self.closed = False
-        self.version: str | None = "0021"
+        self.version: str | None = "0022"
         self.locked: set[str] = set()  # job ids an "operator" holds row-locked: skipped, never waited on
         self.engines: dict[str, EngineRow] = {}  # the engine table (SPEC P1'')
         self.steps: dict[str, dict[int, RecordedStep]] = {}  # job_step, by job and position (DS1)

@@ -150,6 +150,7 @@ _LATER_TABLES = frozenset(
         "job_sequence_halt",
         "job_sequence_hold",
         "tenant_setting",
+        "tenant_topic",
     }
 )
 

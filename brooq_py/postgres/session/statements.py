@@ -89,6 +89,7 @@ _TABLES = (
     "job_signal",
     "topic_setting",
     "tenant_setting",
+    "tenant_topic",  # migration 0022
     "schedule_tick",
     # migration 0018: sequences' tables and functions (its job_parked_release() is not called:
     # topic_parked_release counts as depth_waiting does)

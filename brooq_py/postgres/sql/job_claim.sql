@@ -20,7 +20,7 @@ WITH topics AS MATERIALIZED (
     FROM unnest(%(topics)s::text[], %(priority)s::smallint[], %(after)s::timestamptz[]) AS t(topic, priority, after)
     WHERE t.topic <> ALL (coalesce(
         (SELECT array_agg(s.topic) FROM {topic_setting} s WHERE s.paused OR s.concurrency_limit IS NOT NULL OR s.rate_limit IS NOT NULL
-                                                    OR s.tenants),
+                                                    OR EXISTS (SELECT FROM {tenant_topic} m WHERE m.topic = s.topic)),
         '{{}}'
     ))
     AND NOT EXISTS (SELECT FROM {engine} e

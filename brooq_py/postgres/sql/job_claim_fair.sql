@@ -25,7 +25,7 @@ WITH clock AS (
            s.tenant_rate_limit, s.tenant_rate_per, s.tenant_rate_burst,
            {topic_tokens} AS tokens
     FROM {topic_setting} s, clock c
-    WHERE s.topic = %(topic)s AND NOT s.paused AND s.tenants
+    WHERE s.topic = %(topic)s AND NOT s.paused AND EXISTS (SELECT FROM {tenant_topic} m WHERE m.topic = s.topic)
       AND NOT EXISTS (SELECT FROM {engine} e
                       WHERE e.id = %(worker)s AND e.seen_at + e.lease - e.margin <= now())
 ), {claim_room}, turned AS (

@@ -12,7 +12,7 @@
 WITH setting AS (
     SELECT s.topic
     FROM {topic_setting} s
-    WHERE s.topic = %(topic)s AND NOT s.paused AND s.tenants
+    WHERE s.topic = %(topic)s AND NOT s.paused AND EXISTS (SELECT FROM {tenant_topic} m WHERE m.topic = s.topic)
       AND s.concurrency_limit IS NULL AND s.rate_limit IS NULL AND s.tenant_limit IS NULL
       AND s.tenant_rate_limit IS NULL
       AND NOT EXISTS (SELECT FROM {tenant_setting} t

@@ -21,7 +21,7 @@ WITH clock AS (
     SELECT s.topic, s.concurrency_limit, s.rate_limit, s.rate_per,
            {topic_tokens} AS tokens
     FROM {topic_setting} s, clock c
-    WHERE s.topic = %(topic)s AND NOT s.paused AND NOT s.tenants
+    WHERE s.topic = %(topic)s AND NOT s.paused AND NOT EXISTS (SELECT FROM {tenant_topic} m WHERE m.topic = s.topic)
       AND (s.concurrency_limit IS NOT NULL OR s.rate_limit IS NOT NULL)
 ), {claim_room}, cand AS (
     SELECT id

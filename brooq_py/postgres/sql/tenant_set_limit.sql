@@ -7,11 +7,15 @@
 -- under the topic's lock (job_claim_fair), so a limit holds from the next claim; a raised one
 -- wakes the topic's engines.
 WITH topic_default AS (
-    INSERT INTO {topic_setting} AS s (topic, tenant_limit, tenants)
-    SELECT %(topic)s, %(limit)s::int, %(limit)s::int IS NOT NULL WHERE %(tenant)s::text IS NULL
+    INSERT INTO {topic_setting} AS s (topic, tenant_limit)
+    SELECT %(topic)s, %(limit)s::int WHERE %(tenant)s::text IS NULL
     ON CONFLICT (topic) DO UPDATE
-    SET tenant_limit = excluded.tenant_limit, tenants = s.tenants OR excluded.tenants, updated_at = now()
+    SET tenant_limit = excluded.tenant_limit, updated_at = now()
     RETURNING topic
+), mark AS (
+    INSERT INTO {tenant_topic} (topic)
+    SELECT %(topic)s WHERE %(tenant)s::text IS NULL AND %(limit)s::int IS NOT NULL
+    ON CONFLICT (topic) DO NOTHING
 ), own AS (
     INSERT INTO {tenant_setting} AS t (topic, tenant, concurrency_limit)
     SELECT %(topic)s, %(tenant)s::text, %(limit)s::int WHERE %(tenant)s::text IS NOT NULL

@@ -6,16 +6,19 @@
 -- rate keeps what a bucket holds, at most the new burst. A default marks the topic a tenant topic,
 -- as tenant_set_limit's does (the jobs that name no tenant share one bucket).
 WITH topic_default AS (
-    INSERT INTO {topic_setting} AS s (topic, tenant_rate_limit, tenant_rate_per, tenant_rate_burst, tenants)
-    SELECT %(topic)s, %(limit)s::int, %(per)s::float8, %(burst)s::int, %(limit)s::int IS NOT NULL
+    INSERT INTO {topic_setting} AS s (topic, tenant_rate_limit, tenant_rate_per, tenant_rate_burst)
+    SELECT %(topic)s, %(limit)s::int, %(per)s::float8, %(burst)s::int
     WHERE %(tenant)s::text IS NULL
     ON CONFLICT (topic) DO UPDATE SET
-        tenants = s.tenants OR excluded.tenants,
         tenant_rate_limit = excluded.tenant_rate_limit,
         tenant_rate_per = excluded.tenant_rate_per,
         tenant_rate_burst = excluded.tenant_rate_burst,
         updated_at = now()
     RETURNING topic
+), mark AS (
+    INSERT INTO {tenant_topic} (topic)
+    SELECT %(topic)s WHERE %(tenant)s::text IS NULL AND %(limit)s::int IS NOT NULL
+    ON CONFLICT (topic) DO NOTHING
 ), own AS (
     INSERT INTO {tenant_setting} AS t (topic, tenant, rate_limit, rate_per, rate_burst)
     SELECT %(topic)s, %(tenant)s::text, %(limit)s::int, %(per)s::float8, %(burst)s::int

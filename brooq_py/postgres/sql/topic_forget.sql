@@ -4,13 +4,13 @@
 -- A topic whose jobs name tenants keeps its row, its settings cleared: the mark sends its
 -- claims to job_claim_fair (SPEC T1), and its tenants' own settings stay.
 WITH gone AS (
-    DELETE FROM {topic_setting} WHERE topic = %(topic)s AND NOT tenants RETURNING topic
+    DELETE FROM {topic_setting} WHERE topic = %(topic)s AND NOT EXISTS (SELECT FROM {tenant_topic} m WHERE m.topic = %(topic)s) RETURNING topic
 ), cleared AS (
     UPDATE {topic_setting}
     SET paused = false, concurrency_limit = NULL, rate_limit = NULL, rate_per = NULL, rate_burst = NULL,
         rate_tokens = NULL, rate_at = NULL, max_depth = NULL, tenant_limit = NULL, tenant_rate_limit = NULL,
         tenant_rate_per = NULL, tenant_rate_burst = NULL, updated_at = now()
-    WHERE topic = %(topic)s AND tenants
+    WHERE topic = %(topic)s AND EXISTS (SELECT FROM {tenant_topic} m WHERE m.topic = %(topic)s)
       AND (paused OR concurrency_limit IS NOT NULL OR rate_limit IS NOT NULL OR max_depth IS NOT NULL
            OR tenant_limit IS NOT NULL OR tenant_rate_limit IS NOT NULL)
     RETURNING topic

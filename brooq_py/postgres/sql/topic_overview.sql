@@ -15,7 +15,7 @@ WITH counts AS (
     -- SPEC T1: the tenants with jobs waiting, in the topics whose jobs name one (none: the tenant of no name)
     SELECT j.topic, count(DISTINCT coalesce(j.tenant, '')) AS n
     FROM {job} j
-    JOIN {topic_setting} ts ON ts.topic = j.topic AND ts.tenants
+    JOIN {tenant_topic} m ON m.topic = j.topic
     WHERE j.state = 'pending'
     GROUP BY j.topic
 )

@@ -10,8 +10,8 @@ SELECT topic, paused, concurrency_limit, updated_at, rate_limit, rate_per, rate_
                  + greatest(0, extract(epoch FROM clock_timestamp() - coalesce(rate_at, clock_timestamp())))::float8
                    * rate_limit / rate_per)
        END AS tokens,
-       max_depth, tenants,
-       tenants AND concurrency_limit IS NULL AND rate_limit IS NULL AND tenant_limit IS NULL
+       max_depth, EXISTS (SELECT FROM {tenant_topic} m WHERE m.topic = s.topic) AS tenants,
+       EXISTS (SELECT FROM {tenant_topic} m WHERE m.topic = s.topic) AND concurrency_limit IS NULL AND rate_limit IS NULL AND tenant_limit IS NULL
            AND tenant_rate_limit IS NULL
            AND NOT EXISTS (SELECT FROM {tenant_setting} t
                            WHERE t.topic = s.topic AND (t.concurrency_limit IS NOT NULL OR t.rate_limit IS NOT NULL))
