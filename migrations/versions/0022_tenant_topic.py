@@ -9,11 +9,11 @@ with a serialization failure when the row had changed since the caller's snapsho
 
 From this revision the mark is a row of ``tenant_topic``, inserted by the topic's
 first tenant job (``job_tenant_turn``) or by a tenant default (``set_tenant_limit``,
-``set_tenant_rate_limit`` with no tenant), and never updated. The trigger still
-creates the topic's settings row when it has none (a tenant topic's claim reads and
-locks it), but never writes one that exists. Only two first tenant jobs of one
-topic in flight at once meet: the second waits for the first's transaction (and
-under REPEATABLE READ fails when the first committed after its snapshot).
+``set_tenant_rate_limit`` with no tenant), and never updated; a tenant topic needs no
+settings row (its claims read the mark, the settings row's values where it has one).
+Only two marks of one topic in flight at once meet (two first tenant jobs, or one and
+a tenant default): the second waits for the first's transaction, and under
+REPEATABLE READ fails when the first committed after its snapshot.
 
 The downgrade writes the marks back into the settings rows.
 """
@@ -50,14 +50,11 @@ _MARK_0019 = """
         ON CONFLICT (topic) DO UPDATE SET tenants = true;
     END IF;
 """
-# Read first: after the topic's first tenant job this writes nothing, and a settings row that
-# exists (others write it) is never written here.
+# Read first: after the topic's first tenant job this writes nothing. The topic's settings row is
+# neither read nor written (a tenant topic needs none: its claims read the mark).
 _MARK = """
     IF NOT EXISTS (SELECT FROM tenant_topic m WHERE m.topic = NEW.topic) THEN
         INSERT INTO tenant_topic (topic) VALUES (NEW.topic) ON CONFLICT (topic) DO NOTHING;
-        IF NOT EXISTS (SELECT FROM topic_setting s WHERE s.topic = NEW.topic) THEN
-            INSERT INTO topic_setting (topic) VALUES (NEW.topic) ON CONFLICT (topic) DO NOTHING;
-        END IF;
     END IF;
 """
 assert _MARK_0019 in _FUNCTION_0019
@@ -69,7 +66,9 @@ def upgrade() -> None:
         "CREATE TABLE tenant_topic (topic text PRIMARY KEY, marked_at timestamptz NOT NULL DEFAULT now())"
     )
     op.execute("LOCK TABLE topic_setting IN SHARE ROW EXCLUSIVE MODE")  # no mark written meanwhile
-    op.execute("INSERT INTO tenant_topic (topic) SELECT topic FROM topic_setting WHERE tenants")
+    op.execute(
+        "INSERT INTO tenant_topic (topic, marked_at) SELECT topic, updated_at FROM topic_setting WHERE tenants"
+    )
     op.execute(_FUNCTION)
     op.execute("ALTER TABLE topic_setting DROP COLUMN tenants")
 

@@ -8,7 +8,7 @@
 -- topic sent without a priority is read whole (postgres/worker/heads.py).
 -- Paused, globally limited and rate-limited topics are left out in this statement's snapshot (SPEC
 -- Q2, Q3, F1; job_claim_limited claims them), and so are topics whose jobs name tenants (T1:
--- job_claim_fair; a job that names one marks its topic in its own transaction). An engine whose proof of life is older than lease -
+-- job_claim_fair; a job that names one marks its topic in tenant_topic, in its own transaction). An engine whose proof of life is older than lease -
 -- margin on the database clock claims nothing (F0, P1''); no engine row (run_once) claims under
 -- the row's own locked_until.
 -- `unrecorded`: the job has no step record (DS1), read in this statement's snapshot, so true only
@@ -20,9 +20,10 @@ WITH topics AS MATERIALIZED (
     FROM unnest(%(topics)s::text[], %(priority)s::smallint[], %(after)s::timestamptz[]) AS t(topic, priority, after)
     WHERE t.topic <> ALL (coalesce(
         (SELECT array_agg(s.topic) FROM {topic_setting} s WHERE s.paused OR s.concurrency_limit IS NOT NULL OR s.rate_limit IS NOT NULL
-                                                    OR EXISTS (SELECT FROM {tenant_topic} m WHERE m.topic = s.topic)),
+                                                    ),
         '{{}}'
     ))
+    AND NOT EXISTS (SELECT FROM {tenant_topic} m WHERE m.topic = t.topic)
     AND NOT EXISTS (SELECT FROM {engine} e
                     WHERE e.id = %(worker)s AND e.seen_at + e.lease - e.margin <= now())
 ), whole AS (

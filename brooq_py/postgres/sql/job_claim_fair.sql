@@ -21,11 +21,11 @@
 WITH clock AS (
     SELECT clock_timestamp() AS t
 ), setting AS (
-    SELECT s.topic, s.concurrency_limit, s.rate_limit, s.rate_per, s.tenant_limit,
+    SELECT m.topic, s.concurrency_limit, s.rate_limit, s.rate_per, s.tenant_limit,
            s.tenant_rate_limit, s.tenant_rate_per, s.tenant_rate_burst,
            {topic_tokens} AS tokens
-    FROM {topic_setting} s, clock c
-    WHERE s.topic = %(topic)s AND NOT s.paused AND EXISTS (SELECT FROM {tenant_topic} m WHERE m.topic = s.topic)
+    FROM {tenant_topic} m LEFT JOIN {topic_setting} s ON s.topic = m.topic, clock c
+    WHERE m.topic = %(topic)s AND NOT coalesce(s.paused, false)
       AND NOT EXISTS (SELECT FROM {engine} e
                       WHERE e.id = %(worker)s AND e.seen_at + e.lease - e.margin <= now())
 ), {claim_room}, turned AS (

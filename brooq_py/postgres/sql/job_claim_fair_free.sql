@@ -10,13 +10,13 @@
 -- No row at all when this statement's snapshot sees a limit after all (or the engine is stale):
 -- the claim is made again by job_claim_fair under the topic's lock. A row of NULLs: nothing taken.
 WITH setting AS (
-    SELECT s.topic
-    FROM {topic_setting} s
-    WHERE s.topic = %(topic)s AND NOT s.paused AND EXISTS (SELECT FROM {tenant_topic} m WHERE m.topic = s.topic)
+    SELECT m.topic
+    FROM {tenant_topic} m LEFT JOIN {topic_setting} s ON s.topic = m.topic
+    WHERE m.topic = %(topic)s AND NOT coalesce(s.paused, false)
       AND s.concurrency_limit IS NULL AND s.rate_limit IS NULL AND s.tenant_limit IS NULL
       AND s.tenant_rate_limit IS NULL
       AND NOT EXISTS (SELECT FROM {tenant_setting} t
-                      WHERE t.topic = s.topic AND (t.concurrency_limit IS NOT NULL OR t.rate_limit IS NOT NULL))
+                      WHERE t.topic = m.topic AND (t.concurrency_limit IS NOT NULL OR t.rate_limit IS NOT NULL))
       AND NOT EXISTS (SELECT FROM {engine} e
                       WHERE e.id = %(worker)s AND e.seen_at + e.lease - e.margin <= now())
 ), turned AS (
