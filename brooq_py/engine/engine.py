@@ -38,7 +38,7 @@ from brooq_py.engine.services.refresher import Refresher
 from brooq_py.engine.services.scheduler import Schedule, Scheduler, tick_enqueuer
 from brooq_py.engine.services.ticker import Ticker, stop_services
 from brooq_py.engine.services.wakeups import Stager, TopicWatch, WakeListener, stage_now
-from brooq_py.queue import BrooqError, ConfigError, EngineStopping, Event, Job, KindOptions
+from brooq_py.queue import BrooqError, ConfigError, EngineStopping, Event, Job, KindOptions, LeaseLost
 from brooq_py.queue.handler import Handler
 from brooq_py.queue.port import EngineProof, Facade, Listener, Repo, Staged
 from brooq_py.tasks import Tasks
@@ -513,7 +513,11 @@ class Engine(Producing):
             if self._state == "running":
                 raise BrooqError("run_once() is for an engine that was not started")
         self.events.start()  # its events are delivered as a started engine's are; close() ends it
-        self.runner.before_start = lambda a: None  # no heartbeat here: no fence either
+        # No heartbeat here: a claim's proof is its own send time, its row's lease ends a lease after
+        # it (locked_until). A handler run after others of the batch, once lease - margin is past,
+        # may find its job reaped and run elsewhere: it is not started (SPEC P1).
+        self.intake.proof = self.clock.monotonic
+        self.runner.before_start = self._expired_before_start
         stage_now(self.repo, self.config, self.topics)
         self._topic_watch.run_once()
         read_whole = getattr(self.repo, "read_whole", None)  # a Repo of brooq_py's (claim heads, SPEC B1)
@@ -530,6 +534,15 @@ class Engine(Producing):
                     self.runner.run_here(a)
         self.runner.run_batches_here(batched)
         return len(rows)
+
+    def _expired_before_start(self, a: Attempt) -> None:
+        """run_once's check at a handler's start: the claim's lease (never renewed) about to end."""
+        within = self.supervisor.fence_after
+        if self.clock.monotonic() - a.proven_at >= within:
+            cause = LeaseLost(
+                f"its claim was {within:g}s old at its handler's start (run_once renews no lease)"
+            )
+            self.handover.hand_over(a, a.lost(cause))
 
     def _defer(self, fn: Callable[[], None]) -> bool:
         """Run *fn* on a thread of its own when called from a handler thread, which it would wait for."""

@@ -26,11 +26,16 @@ class InFlight:
         self._latest: dict[str, Attempt] = {}  # job id -> its newest held attempt (each tells the one before)
         self._dropped: dict[str, str] = {}  # claim token -> job id
 
-    def add(self, a: Attempt) -> None:
+    def add(self, a: Attempt) -> bool:
+        """Hold *a*'s claim; False, holding nothing, when the claim was dropped before (the orphan
+        look of a beat found it unsent: named for the reaper, it may run elsewhere already)."""
         with self._lock:
+            if a.row.claim_token in self._dropped:
+                return False
             self._held[a.row.claim_token] = a
             self._latest[a.id] = a
             self._running.add(a)
+            return True
 
     def held(self) -> list[Attempt]:
         with self._lock:
@@ -63,6 +68,16 @@ class InFlight:
         """Name the claim *claim_token* of *job_id* dropped until taken back (no attempt runs it)."""
         with self._lock:
             self._dropped[claim_token] = job_id
+
+    def drop_orphan(self, claim_token: str, job_id: str) -> bool:
+        """As ``drop_claim`` for a claim a beat did not send, unless an attempt holds it since (taken
+        in after the beat's list was made: the next beat names it); True when dropped. With ``add``
+        under one lock: a claim is either run here or given to the reaper, never both."""
+        with self._lock:
+            if claim_token in self._held:
+                return False
+            self._dropped[claim_token] = job_id
+            return True
 
     def drop(self, a: Attempt) -> bool:
         """Stop holding *a*'s claim; return False if it was no longer held."""

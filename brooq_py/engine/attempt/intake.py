@@ -276,10 +276,12 @@ class Intake:
         # its rows run on one thread (the dispatcher's, run_once's), one claim after the other.
         self.proof: Callable[[], float] = lambda: math.inf
         self._claimed_under = math.inf
+        self._claimed_at = math.inf  # when the last claim round began (monotonic)
 
     def claim(self, limit: int, only: Sequence[str] | None = None) -> list[ClaimedJob]:
         """Claim up to *limit* jobs of the registered topics (of those in *only*, when given)."""
         topics = list(self.kinds) if only is None else [t for t in only if t in self.kinds]
+        self._claimed_at = self.clock.monotonic()
         self._claimed_under = self.proof()
         rows = self.capacity.claim(self.repo, topics, limit, self.worker_id, self.config.lease_td)
         for topic, n in Counter(r.topic for r in rows).items():  # one counter update per topic a claim
@@ -300,6 +302,19 @@ class Intake:
             )
             self.hand_back([row])
             return None
+        late = self.clock.monotonic() - self._claimed_at
+        if late >= self.supervisor.fence_after:
+            # A beat's orphan look names a claim older than a lease it did not send as never received,
+            # for the reaper (SPEC P1''): one taken in this late (a claim round of slow statements, a
+            # stalled thread) may be run elsewhere already. Handed back (a no-op if it was taken back).
+            self.log.warning(
+                "job id=%s topic=%s: claim taken in %.1fs after its claim began; handed back unrun",
+                row.id,
+                row.topic,
+                late,
+            )
+            self.hand_back([row])
+            return None
         ctx = Context(deadline=self.clock.now() + kind.options.td("attempt_timeout"))
         a = Attempt(
             row,
@@ -315,7 +330,14 @@ class Intake:
         if older is not None and older.row.claim_token != row.claim_token:
             # Claimed again under a new token: the older attempt is no longer the row's; tell it now.
             self.supervisor.lease_lost(older)
-        self.inflight.add(a)
+        if not self.inflight.add(a):
+            self.log.warning(
+                "job id=%s topic=%s: claim taken in after a beat gave it to the reaper as never "
+                "received (the claim round took over a lease); not run here",
+                row.id,
+                row.topic,
+            )
+            return None
         why = poison(row, kind.options.max_crashes, kind.options.max_attempts)
         if why is not None:
             self.log.error("job id=%s topic=%s: %s (L5')", row.id, row.topic, why)

@@ -38,9 +38,10 @@ class Fence:
         self._clock = clock
         self._on_fence = on_fence
         self.proven_at = float("-inf")  # no claim before the first heartbeat wrote the engine's row
-        # The send time of the first beat of the unbroken chain of proofs that ends in proven_at:
-        # each answer came while the proof before it held, so the engine's row never went stale.
-        self.chain_since = float("-inf")
+        # (chain_since, proven_at), one value so that a reader on another thread sees both of one
+        # beat: chain_since is the send time of the first beat of the unbroken chain of proofs that
+        # ends in proven_at (each answer came while the proof before it held: the row never went stale).
+        self.chain = (float("-inf"), float("-inf"))
         self._lock = threading.Lock()
         self.fenced = False  # set by a fence: no claim until a heartbeat named every dropped claim
         self.on_proven: Callable[[], None] = lambda: None  # the dispatcher may claim again
@@ -48,7 +49,8 @@ class Fence:
     def proof_of(self, a: Attempt) -> float:
         """The proof of life that covers *a*'s claim: the engine's latest, when the claim was made
         under a proof of the current chain or a beat of it found the claim held; else its own."""
-        return self.proven_at if a.proven_at >= self.chain_since else a.proven_at
+        since, proven = self.chain
+        return proven if a.proven_at >= since else a.proven_at
 
     def check(self, attempts: Sequence[Attempt], now: float) -> None:
         """Fence every running attempt of *attempts* whose proof is older than ``within``."""
@@ -65,9 +67,9 @@ class Fence:
         made under an older proof may have been reaped meanwhile, and this beat did not name it."""
         with self._lock:
             was = not self.may_claim()
-            if self._clock.monotonic() - self.proven_at >= self.within:
-                self.chain_since = sent
+            since = sent if self._clock.monotonic() - self.proven_at >= self.within else self.chain[0]
             self.proven_at = max(self.proven_at, sent)
+            self.chain = (since, self.proven_at)
             if complete:
                 self.fenced = False
         if was and self.may_claim():
@@ -123,10 +125,10 @@ class Heartbeat(Ticker):
         self.fence.check(attempts, sent)
         self._inflight.forget_dropped(t for t in dropped if t not in renewal.held)
         for token, job_id in renewal.orphans:  # claimed here, its answer lost: no attempt runs it
-            self.log.warning(
-                "job id=%s: claimed by this engine but never run here; dropped for the reaper", job_id
-            )
-            self._inflight.drop_claim(token, job_id)
+            if self._inflight.drop_orphan(token, job_id):
+                self.log.warning(
+                    "job id=%s: claimed by this engine but never run here; dropped for the reaper", job_id
+                )
         for a in attempts:  # found held by a beat sent at *sent*: the claim is proven from then
             if a.row.claim_token in renewal.held:
                 a.proven_at = max(a.proven_at, sent)
