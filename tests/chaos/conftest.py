@@ -7,14 +7,10 @@ are killed as a group in teardown, whatever the test did.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import random
 import select
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -28,9 +24,9 @@ from psycopg import sql
 
 from tests.chaos import invariants
 from tests.conftest import drop_schema, migrate, own_server
+from tests.processes import Process
 
 WORKER = Path(__file__).with_name("worker_proc.py")
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -69,70 +65,12 @@ def chaos_schema(dsn: str) -> Iterator[str]:
         drop(dsn, name)
 
 
-class Worker:
-    """One worker process (its own engine and pool)."""
+class Worker(Process):
+    """One worker process (its own engine and pool: worker_proc.py)."""
 
     def __init__(self, settings: dict[str, Any], log_path: Path) -> None:
-        self.settings = settings
+        super().__init__(WORKER, settings, log_path)
         self.label = settings["label"]
-        self.log_path = log_path
-        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in kill()/stop()
-        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-        self.proc = subprocess.Popen(
-            [sys.executable, str(WORKER), json.dumps(settings)],
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env=env,
-            cwd=str(REPO_ROOT),
-        )
-
-    def wait_ready(self, timeout: float = 30.0) -> str:
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + timeout
-        line = self.proc.stdout.readline().decode()
-        if not line.startswith("ready ") or time.monotonic() > deadline:
-            raise AssertionError(f"worker {self.label} did not start: {line!r}\n{self.log_tail()}")
-        return line.split()[1]
-
-    @property
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def kill(self) -> None:
-        """SIGKILL the whole process group (no cleanup of any kind in the worker)."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
-        self._close()
-
-    def stop(self, timeout: float = 30.0) -> int:
-        """SIGTERM (graceful stop); SIGKILL the group if it does not exit in time."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:  # where is it stuck? every thread's stack into its log
-                with contextlib.suppress(ProcessLookupError):
-                    self.proc.send_signal(signal.SIGUSR1)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self.proc.wait(2)
-                self.kill()
-        self._close()
-        return self.proc.returncode
-
-    def _close(self) -> None:
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-        self._log.close()
-
-    def log_tail(self, n: int = 80) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
 
 
 @pytest.fixture

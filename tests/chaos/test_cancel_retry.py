@@ -24,8 +24,9 @@ import pytest
 from psycopg import sql
 
 from tests.chaos import overlaps
-from tests.chaos.conftest import REPO_ROOT, Worker, enqueue_parents
+from tests.chaos.conftest import Worker, enqueue_parents
 from tests.polling import wait_for
+from tests.processes import REPO_ROOT
 
 LEASE = 3.0
 TOLD_WITHIN = timedelta(seconds=1)  # X2': a cancel reaches the running handler within 1 s

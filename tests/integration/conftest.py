@@ -15,8 +15,9 @@ from brooq_py.engine.clock import Clock
 from brooq_py.postgres import Store
 from tests import budget
 from tests.budget import APP, MINE
-from tests.integration.engine_procs import Proc
+from tests.integration.engine_procs import PROC
 from tests.polling import wait_for
+from tests.processes import Process
 
 # Backoff short enough that a retried job comes back within a test's patience.
 FAST = {"backoff_base": 0.01, "backoff_max": 0.02}
@@ -82,12 +83,12 @@ def engines(store: Store) -> Iterator[Callable[..., Engine]]:
 
 
 @pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Callable[..., Proc]]:
+def procs(tmp_path: Path) -> Iterator[Callable[..., Process]]:
     """Start real engine processes (tests/integration/engine_proc.py); each is stopped after the test."""
-    made: list[Proc] = []
+    made: list[Process] = []
 
-    def spawn(**settings: Any) -> Proc:
-        p = Proc({"dir": str(tmp_path), **settings}, tmp_path / f"proc{len(made)}.log")
+    def spawn(**settings: Any) -> Process:
+        p = Process(PROC, {"dir": str(tmp_path), **settings}, tmp_path / f"proc{len(made)}.log")
         made.append(p)
         return p
 

@@ -19,8 +19,9 @@ from brooq_py.engine import Engine
 from brooq_py.postgres import Store
 from brooq_py.queue import Claim, Context, InvalidJob, Job, State
 from tests.integration.conftest import q
-from tests.integration.engine_procs import Proc, proc_state
+from tests.integration.engine_procs import proc_state
 from tests.polling import wait_for
+from tests.processes import Process
 
 
 def age(dsn: str, schema: str, ids: list[str], seconds: int = 3600) -> None:
@@ -49,7 +50,7 @@ def test_t1_p3_a_late_outcome_from_a_frozen_engine_after_retention_deleted_the_j
     store: Store,
     pool: ConnectionPool[Any],
     tmp_path: Path,
-    procs: Callable[..., Proc],
+    procs: Callable[..., Process],
     engines: Callable[..., Engine],
 ) -> None:
     """Engine W (a real process, lease 2 s) runs a handler that ignores its ctx; W is frozen by
@@ -57,7 +58,7 @@ def test_t1_p3_a_late_outcome_from_a_frozen_engine_after_retention_deleted_the_j
     (ttl 1 s) deletes it. Then W is resumed: its handler returns "late". Nothing may come back: no
     row, no second outcome; and while the row still existed, the late outcome never overwrote done."""
     w = procs(dsn=dsn, schema=schema, mode="late", lease=2.0, hold=6.0)
-    w.ready()
+    w.wait_ready()
     job_id = store.enqueue(Job("late", {"n": 1})).id
     wait_for(lambda: (tmp_path / f"started.{job_id}").exists(), "W to start the job", 60)
     w.proc.send_signal(__import__("signal").SIGSTOP)
@@ -87,13 +88,13 @@ def test_t1_p3_a_late_outcome_from_a_frozen_engine_before_retention_never_overwr
     store: Store,
     pool: ConnectionPool[Any],
     tmp_path: Path,
-    procs: Callable[..., Proc],
+    procs: Callable[..., Process],
     engines: Callable[..., Engine],
 ) -> None:
     """As above, W resumed while the done row is still there (ttl 1 h): it stays E's done, result
     "fresh", and retention later deletes it (as ttl 2 s engine F)."""
     w = procs(dsn=dsn, schema=schema, mode="late", lease=2.0, hold=4.0)
-    w.ready()
+    w.wait_ready()
     job_id = store.enqueue(Job("late", {"n": 1})).id
     wait_for(lambda: (tmp_path / f"started.{job_id}").exists(), "W to start the job", 60)
     w.proc.send_signal(__import__("signal").SIGSTOP)

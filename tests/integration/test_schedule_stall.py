@@ -14,19 +14,20 @@ from pathlib import Path
 from brooq_py.engine import Engine
 from brooq_py.postgres import Store
 from brooq_py.queue import Claim, Context
-from tests.integration.engine_procs import Proc, proc_state, rows
+from tests.integration.engine_procs import proc_state, rows
 from tests.polling import wait_for
+from tests.processes import Process
 
 
 def test_q4_a_stalled_engine_inside_a_ticks_transaction_stops_no_other_engine_from_enqueueing_ticks(
-    dsn: str, schema: str, tmp_path: Path, procs: Callable[..., Proc], engines: Callable[..., Engine]
+    dsn: str, schema: str, tmp_path: Path, procs: Callable[..., Process], engines: Callable[..., Engine]
 ) -> None:
     """Q4': exactly one job per tick with a stalled engine. Engine A (a real process) is frozen by
     SIGSTOP inside its scheduler's enqueue_tick transaction (after schedule_tick_advance, before the
     insert and commit): a stall at an unlucky instant. Engine B, healthy, schedules the same cron
     (every second). Ticks keep coming while A is frozen: B must enqueue them."""
     a = procs(dsn=dsn, schema=schema, mode="tick_stall", lease=2.0)
-    a.ready()
+    a.wait_ready()
     wait_for(lambda: (tmp_path / "tick_stalling").exists(), "A to reach its first tick", 60)
     wait_for(lambda: proc_state(a.proc.pid) == "T", "A to be stopped", 30)
     ran: list[str] = []
@@ -64,13 +65,13 @@ def test_q4_two_engines_one_frozen_across_ticks_with_a_tiny_ttl_run_each_tick_on
     schema: str,
     store: Store,
     tmp_path: Path,
-    procs: Callable[..., Proc],
+    procs: Callable[..., Process],
     engines: Callable[..., Engine],
 ) -> None:
     """Q4': A (a process) and B schedule the same cron (every 2 s), retention_ttl 1 s on both; A is
     frozen for 5 s across two ticks, then resumed. Every tick from B's start on runs exactly once."""
     a = procs(dsn=dsn, schema=schema, mode="tick", cron="*/2 * * * * *", lease=2.0, retention_ttl=1)
-    a.ready()
+    a.wait_ready()
     keys: list[str] = []
 
     def handler(ctx: Context, claim: Claim) -> None:
