@@ -15,11 +15,8 @@ from brooq_py.postgres import Store, migrations
 from brooq_py.queue import Job, State
 from tests.conftest import ddl_dsn
 from tests.integration.conftest import q
+from tests.integration.marks import marked
 from tests.polling import wait_for
-
-
-def marked(store: Store) -> set[str]:
-    return {s.topic for s in store.worker.topic_settings() if s.tenants}
 
 
 def test_an_open_first_tenant_enqueue_holds_no_lock_a_rate_limited_claim_of_its_topic_waits_for(

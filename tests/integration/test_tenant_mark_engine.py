@@ -13,20 +13,9 @@ from psycopg import sql
 from brooq_py.engine import Engine
 from brooq_py.postgres import Store
 from brooq_py.queue import Claim, Context, Job
+from tests.integration.marks import done
 from tests.polling import wait_for
 from tests.sampling import Sampler
-
-
-def done(dsn: str, schema: str, topic: str) -> int:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        row = c.execute(
-            sql.SQL("SELECT count(*) FROM {} WHERE topic = %s AND state = 'done'").format(
-                sql.Identifier(schema, "job")
-            ),
-            (topic,),
-        ).fetchone()
-        assert row is not None
-        return int(row[0])
 
 
 def test_a_stale_engine_never_runs_a_limited_tenant_over_its_limit_on_a_newly_marked_topic(

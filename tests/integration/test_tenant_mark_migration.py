@@ -3,7 +3,6 @@ tenant enqueue; the marks must be kept (SPEC T1) and the in-flight jobs settle a
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from datetime import timedelta
 from typing import Any
@@ -16,13 +15,10 @@ from brooq_py.postgres import Store, migrations
 from brooq_py.queue import Job, State
 from brooq_py.queue.port import Outcome
 from tests.conftest import ddl_dsn
+from tests.integration.marks import blocked_by, in_thread, marked
 from tests.polling import wait_for
 
 LEASE = timedelta(seconds=30)
-
-
-def marked(store: Store) -> set[str]:
-    return {s.topic for s in store.worker.topic_settings() if s.tenants}
 
 
 def raw(dsn: str, schema: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
@@ -76,30 +72,13 @@ def test_upgrade_waits_for_an_open_first_tenant_enqueue_at_0021_and_keeps_its_ma
     store: Store, dsn: str, schema: str
 ) -> None:
     migrations.downgrade(ddl_dsn(dsn), schema=schema, revision="0021")
-    errors: list[BaseException] = []
     with psycopg.connect(dsn) as app:
         app.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
         app.execute("INSERT INTO job (topic, payload, tenant) VALUES ('up', '1', 'A')")  # the old mark, open
 
-        def up() -> None:
-            try:
-                migrations.upgrade(ddl_dsn(dsn), schema=schema)
-            except BaseException as exc:
-                errors.append(exc)
-
-        t = threading.Thread(target=up, daemon=True)
-        t.start()
-        pid = app.info.backend_pid
+        t, _, errors = in_thread(lambda: migrations.upgrade(ddl_dsn(dsn), schema=schema))
         wait_for(
-            lambda: (
-                not t.is_alive()
-                or raw(
-                    dsn,
-                    schema,
-                    "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY (pg_blocking_pids(pid))",
-                    pid,
-                )[0][0]
-            ),
+            lambda: not t.is_alive() or blocked_by(dsn, app.info.backend_pid) > 0,
             "the upgrade waiting on the app or done",
             timeout=60,
         )
@@ -112,29 +91,12 @@ def test_upgrade_waits_for_an_open_first_tenant_enqueue_at_0021_and_keeps_its_ma
 def test_downgrade_waits_for_an_open_first_tenant_enqueue_and_keeps_its_mark(
     store: Store, dsn: str, schema: str
 ) -> None:
-    errors: list[BaseException] = []
     with psycopg.connect(dsn) as app:
         store.enqueue_tx(app, Job("down", 1, tenant="A"))  # the 0022 mark, open
 
-        def down() -> None:
-            try:
-                migrations.downgrade(ddl_dsn(dsn), schema=schema, revision="0021")
-            except BaseException as exc:
-                errors.append(exc)
-
-        t = threading.Thread(target=down, daemon=True)
-        t.start()
-        pid = app.info.backend_pid
+        t, _, errors = in_thread(lambda: migrations.downgrade(ddl_dsn(dsn), schema=schema, revision="0021"))
         wait_for(
-            lambda: (
-                not t.is_alive()
-                or raw(
-                    dsn,
-                    schema,
-                    "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY (pg_blocking_pids(pid))",
-                    pid,
-                )[0][0]
-            ),
+            lambda: not t.is_alive() or blocked_by(dsn, app.info.backend_pid) > 0,
             "the downgrade waiting on the app or done",
             timeout=60,
         )

@@ -7,11 +7,9 @@ the SPEC promises."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
 
 import psycopg
 import pytest
@@ -21,39 +19,11 @@ from brooq_py.engine import Engine
 from brooq_py.postgres import Store
 from brooq_py.queue import Claim, Context, Job
 from brooq_py.queue.port import ClaimedJob
+from tests.integration.marks import done, in_thread, marked, waiting_locks
 from tests.polling import wait_for
 from tests.sampling import Sampler
 
 LEASE = timedelta(seconds=30)
-
-
-def marked(store: Store) -> set[str]:
-    return {s.topic for s in store.worker.topic_settings() if s.tenants}
-
-
-def waiting_locks(dsn: str) -> int:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        row = c.execute(
-            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-            "WHERE NOT l.granted AND a.datname = current_database()"
-        ).fetchone()
-        assert row is not None
-        return int(row[0])
-
-
-def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any], list[BaseException]]:
-    out: list[Any] = []
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            out.append(fn())
-        except BaseException as exc:
-            errors.append(exc)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t, out, errors
 
 
 def tenants_of(store: Store, rows: list[ClaimedJob]) -> list[str | None]:
@@ -153,20 +123,8 @@ def test_forget_race_then_a_tenants_own_limit_holds_with_an_engine(
     query = sql.SQL("SELECT count(*) FROM {} WHERE topic = 'fl' AND tenant = 'A' AND state = 'processing'")
     with Sampler(dsn, query.format(sql.Identifier(schema, "job")), ()) as sampler:
         e.start()
-        wait_for(lambda: _done(dsn, schema, "fl") == 12, "12 done", timeout=60)
+        wait_for(lambda: done(dsn, schema, "fl") == 12, "12 done", timeout=60)
     assert sampler.samples and max(sampler.samples) <= 1, f"A ran {max(sampler.samples)} at once, limit 1"
-
-
-def _done(dsn: str, schema: str, topic: str) -> int:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        row = c.execute(
-            sql.SQL("SELECT count(*) FROM {} WHERE topic = %s AND state = 'done'").format(
-                sql.Identifier(schema, "job")
-            ),
-            (topic,),
-        ).fetchone()
-        assert row is not None
-        return int(row[0])
 
 
 def test_forget_race_the_tenants_view_still_shows_a_tenant_topic(store: Store, dsn: str) -> None:

@@ -6,7 +6,6 @@ flight at once meet"."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -17,48 +16,10 @@ from psycopg import sql
 
 from brooq_py.postgres import Store
 from brooq_py.queue import Job
+from tests.integration.marks import blocked_by, in_thread, marked, waiting_locks
 from tests.polling import wait_for
 
 LEASE = timedelta(seconds=30)
-
-
-def marked(store: Store) -> set[str]:
-    return {s.topic for s in store.worker.topic_settings() if s.tenants}
-
-
-def waiting_locks(dsn: str) -> int:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        row = c.execute(
-            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-            "WHERE NOT l.granted AND a.datname = current_database()"
-        ).fetchone()
-        assert row is not None
-        return int(row[0])
-
-
-def blocked_by(dsn: str, pid: int) -> int:
-    """How many backends wait on a lock *pid* holds."""
-    with psycopg.connect(dsn, autocommit=True) as c:
-        row = c.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY (pg_blocking_pids(pid))", (pid,)
-        ).fetchone()
-        assert row is not None
-        return int(row[0])
-
-
-def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any], list[BaseException]]:
-    out: list[Any] = []
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            out.append(fn())
-        except BaseException as exc:
-            errors.append(exc)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t, out, errors
 
 
 def count(dsn: str, schema: str, table: str, topic: str) -> int:
@@ -88,39 +49,19 @@ MARKS = pytest.mark.xfail(strict=True, reason="known: docs/tenants.md, two marks
 SETTER_PARAMS = [pytest.param(k, marks=MARKS) if k.startswith("set_tenant") else k for k in sorted(SETTERS)]
 
 
+@pytest.mark.parametrize("had_settings", [False, True])
 @pytest.mark.parametrize("setter", SETTER_PARAMS)
-def test_an_open_first_tenant_enqueue_of_a_fresh_topic_holds_up_no_settings_change(
-    store: Store, dsn: str, setter: str
+def test_an_open_first_tenant_enqueue_holds_up_no_settings_change(
+    store: Store, dsn: str, setter: str, had_settings: bool
 ) -> None:
-    """The caller's transaction holds the first tenant job of a topic that has no settings row yet;
-    an operator's settings call on that topic must not wait for it (docs/tenants.md)."""
+    """The caller's transaction holds the first tenant job of a topic, with a settings row before (a
+    depth cap) or none: an operator's settings call on that topic must not wait for it."""
+    if had_settings:
+        store.set_max_depth("t", 100_000)
     with psycopg.connect(dsn) as conn:
-        store.enqueue_tx(conn, Job("fresh", 1, tenant="acme"))  # open
+        store.enqueue_tx(conn, Job("t", 1, tenant="acme"))  # open
         pid = conn.info.backend_pid
-        t, _, errors = in_thread(lambda: SETTERS[setter](store, "fresh"))
-        # (a first limit or rate polls, at most 10 s, for the job table's writers begun before it: by
-        # design and bounded; only a lock wait on the caller's transaction counts here)
-        seen = wait_for(
-            lambda: "done" if not t.is_alive() else ("waiting" if blocked_by(dsn, pid) > 0 else None),
-            "the settings call done, or waiting on the caller's lock",
-            timeout=60,
-        )
-        conn.commit()
-    t.join(60)
-    assert errors == []
-    assert seen == "done", f"{setter} waited for the caller's open transaction"
-
-
-@pytest.mark.parametrize("setter", SETTER_PARAMS)
-def test_an_open_first_tenant_enqueue_of_a_topic_with_settings_holds_up_no_settings_change(
-    store: Store, dsn: str, setter: str
-) -> None:
-    """The same with a settings row there before (a depth cap): the change's own case."""
-    store.set_max_depth("had", 100_000)
-    with psycopg.connect(dsn) as conn:
-        store.enqueue_tx(conn, Job("had", 1, tenant="acme"))  # open
-        pid = conn.info.backend_pid
-        t, _, errors = in_thread(lambda: SETTERS[setter](store, "had"))
+        t, _, errors = in_thread(lambda: SETTERS[setter](store, "t"))
         # (a first limit or rate polls, at most 10 s, for the job table's writers begun before it: by
         # design and bounded; only a lock wait on the caller's transaction counts here)
         seen = wait_for(

@@ -1,0 +1,67 @@
+"""Helpers of the tests of tenant marks and of a caller's open transaction (test_tenant_mark*.py)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from brooq_py.postgres import Store
+
+
+def marked(store: Store) -> set[str]:
+    """The topics the engine's view calls tenant topics (SPEC T1)."""
+    return {s.topic for s in store.worker.topic_settings() if s.tenants}
+
+
+def waiting_locks(dsn: str) -> int:
+    """How many backends of this database wait for a lock now."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        row = c.execute(
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+            "WHERE NOT l.granted AND a.datname = current_database()"
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+def blocked_by(dsn: str, pid: int) -> int:
+    """How many backends wait on a lock *pid* holds."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        row = c.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY (pg_blocking_pids(pid))", (pid,)
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any], list[BaseException]]:
+    """Run *fn* on a thread of its own: the thread, what it returned, what it raised."""
+    out: list[Any] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, out, errors
+
+
+def done(dsn: str, schema: str, topic: str) -> int:
+    """How many jobs of *topic* are done."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        row = c.execute(
+            sql.SQL("SELECT count(*) FROM {} WHERE topic = %s AND state = 'done'").format(
+                sql.Identifier(schema, "job")
+            ),
+            (topic,),
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
