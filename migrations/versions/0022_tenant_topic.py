@@ -8,7 +8,8 @@ claims waited on it), and under REPEATABLE READ or SERIALIZABLE the mark failed
 with a serialization failure when the row had changed since the caller's snapshot.
 
 From this revision the mark is a row of ``tenant_topic``, inserted by the topic's
-first tenant job (``job_tenant_turn``) or by a tenant default (``set_tenant_limit``,
+first tenant job (the trigger ``job_tenant_mark``, after the row's insert: a tenant
+job refused as a duplicate marks nothing) or by a tenant default (``set_tenant_limit``,
 ``set_tenant_rate_limit`` with no tenant), and never updated; a tenant topic needs no
 settings row (its claims read the mark, the settings row's values where it has one).
 Only two marks of one topic in flight at once meet (two first tenant jobs, or one and
@@ -50,15 +51,23 @@ _MARK_0019 = """
         ON CONFLICT (topic) DO UPDATE SET tenants = true;
     END IF;
 """
-# Read first: after the topic's first tenant job this writes nothing. The topic's settings row is
-# neither read nor written (a tenant topic needs none: its claims read the mark).
-_MARK = """
+# The turn stays 0019's (BEFORE INSERT); the mark moves to a trigger of its own AFTER INSERT, which
+# fires for a row inserted only: a tenant job refused as a duplicate (ON CONFLICT DO NOTHING) marks
+# nothing. Read first: after the topic's first tenant job it writes nothing; the topic's settings
+# row is neither read nor written (a tenant topic needs none: its claims read the mark).
+assert _MARK_0019 in _FUNCTION_0019
+_FUNCTION = _FUNCTION_0019.replace(_MARK_0019, "\n")
+_MARK_FUNCTION = """
+CREATE FUNCTION job_tenant_mark() RETURNS trigger LANGUAGE plpgsql
+SET search_path FROM CURRENT SET jit = off AS $$
+BEGIN
     IF NOT EXISTS (SELECT FROM tenant_topic m WHERE m.topic = NEW.topic) THEN
         INSERT INTO tenant_topic (topic) VALUES (NEW.topic) ON CONFLICT (topic) DO NOTHING;
     END IF;
+    RETURN NULL;
+END
+$$
 """
-assert _MARK_0019 in _FUNCTION_0019
-_FUNCTION = _FUNCTION_0019.replace(_MARK_0019, _MARK)
 
 
 def upgrade() -> None:
@@ -70,10 +79,17 @@ def upgrade() -> None:
         "INSERT INTO tenant_topic (topic, marked_at) SELECT topic, updated_at FROM topic_setting WHERE tenants"
     )
     op.execute(_FUNCTION)
+    op.execute(_MARK_FUNCTION)
+    op.execute(
+        "CREATE TRIGGER job_tenant_mark AFTER INSERT ON job FOR EACH ROW "
+        "WHEN (NEW.tenant IS NOT NULL) EXECUTE FUNCTION job_tenant_mark()"
+    )
     op.execute("ALTER TABLE topic_setting DROP COLUMN tenants")
 
 
 def downgrade() -> None:
+    op.execute("DROP TRIGGER job_tenant_mark ON job")
+    op.execute("DROP FUNCTION job_tenant_mark()")
     op.execute("ALTER TABLE topic_setting ADD COLUMN tenants boolean NOT NULL DEFAULT false")
     op.execute("LOCK TABLE tenant_topic IN SHARE ROW EXCLUSIVE MODE")
     op.execute(

@@ -194,7 +194,6 @@ def test_enqueue_many_mixed_tenants_and_keys_on_a_fresh_topic(store: Store, dsn:
     assert len(got) == count(dsn, schema, "job", "mix") and again is not None
 
 
-@pytest.mark.xfail(strict=True, reason="known: docs/tenants.md, a tenant job refused as a duplicate marks")
 def test_a_deduplicated_tenant_enqueue_does_not_mark_a_plain_topic(store: Store) -> None:
     """docs/tenants.md: a topic whose jobs never name a tenant (and that has no tenant default) is
     never marked. A tenant job refused as a duplicate of a plain job's unique or idempotency key
