@@ -44,6 +44,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -95,11 +96,14 @@ class Recorder:
             self.local.conn = conn
         return conn
 
-    def run(self, query: str, params: dict[str, Any]) -> None:
+    def run(self, query: str, params: dict[str, Any] | Callable[[], dict[str, Any]]) -> None:
+        """*params*, or a function of none giving them, called right before each try."""
         deadline = time.monotonic() + 120
         while True:
             try:
-                self._conn().execute(sql.SQL(query).format(s=self.schema), params)  # type: ignore[arg-type]
+                conn = self._conn()
+                values = params() if callable(params) else params
+                conn.execute(sql.SQL(query).format(s=self.schema), values)  # type: ignore[arg-type]
                 return
             except psycopg.OperationalError:
                 conn = getattr(self.local, "conn", None)
@@ -109,11 +113,17 @@ class Recorder:
                     raise
                 time.sleep(0.2)
 
-    def start(self, job_id: str, token: str, worker: str, attempt: int) -> None:
+    def start(self, job_id: str, token: str, worker: str, attempt: int, entered: float | None = None) -> None:
+        """The execution's start: when the handler was *entered* (time.monotonic()), on the database
+        clock: the insert's clock less the seconds since. A process stopped between the handler's
+        entry and this write (a connection opened first) resumes with the engine's own verdict on
+        that handler still to come; its start is the entry, not the write after the stop."""
+        since = time.monotonic() if entered is None else entered
         self.run(
-            "INSERT INTO {s}.chaos_exec (claim_token, job_id, worker, attempt)"
-            " VALUES (%(t)s, %(j)s, %(w)s, %(a)s) ON CONFLICT (claim_token) DO NOTHING",
-            {"t": token, "j": job_id, "w": worker, "a": attempt},
+            "INSERT INTO {s}.chaos_exec (claim_token, job_id, worker, attempt, started_at)"
+            " VALUES (%(t)s, %(j)s, %(w)s, %(a)s, clock_timestamp() - make_interval(secs => %(late)s))"
+            " ON CONFLICT (claim_token) DO NOTHING",
+            lambda: {"t": token, "j": job_id, "w": worker, "a": attempt, "late": time.monotonic() - since},
         )
 
     def mark(self, token: str, how: str) -> None:
@@ -141,6 +151,7 @@ def main() -> None:
     dsn, schema, label = settings["dsn"], settings["schema"], settings["label"]
     worker_id = f"chaos-{label}:{os.getpid()}"
     recorder = Recorder(dsn, schema)
+    checked: dict[str, float] = {}  # when the engine let each handler start, by claim token (below)
     conninfo = psycopg.conninfo.make_conninfo(dsn, application_name=app_name(f"chaos-engine-{label}"))
     kwargs: dict[str, Any] = {"min_size": 1, "max_size": 6, "open": True, "timeout": 5}
     if settings.get("check"):
@@ -192,8 +203,9 @@ def main() -> None:
         return callback
 
     def handle(ctx: Any, claim: Any) -> None:
+        entered = checked.pop(claim.claim_token, time.monotonic())
         p = claim.payload if isinstance(claim.payload, dict) else {}
-        recorder.start(claim.id, claim.claim_token, worker_id, claim.attempt)
+        recorder.start(claim.id, claim.claim_token, worker_id, claim.attempt, entered)
         if p.get("poison"):
             os.kill(os.getpid(), signal.SIGKILL)  # a job that takes its process down with it
         if p.get("hang"):
@@ -211,11 +223,14 @@ def main() -> None:
         recorder.end(claim.claim_token, "ok")
 
     async def handle_async(ctx: Any, claim: Any) -> None:
+        entered = checked.pop(claim.claim_token, time.monotonic())
         # The same steps as a task on the engine's loop; the recorder's blocking calls off the loop.
         import asyncio
 
         p = claim.payload if isinstance(claim.payload, dict) else {}
-        await asyncio.to_thread(recorder.start, claim.id, claim.claim_token, worker_id, claim.attempt)
+        await asyncio.to_thread(
+            recorder.start, claim.id, claim.claim_token, worker_id, claim.attempt, entered
+        )
         if p.get("poison"):
             os.kill(os.getpid(), signal.SIGKILL)  # a job that takes its process down with it
         if p.get("hang"):
@@ -234,8 +249,9 @@ def main() -> None:
         return None
 
     def handle_workflow(ctx: Any, claim: Any) -> int:
+        entered = checked.pop(claim.claim_token, time.monotonic())
         p = claim.payload if isinstance(claim.payload, dict) else {}
-        recorder.start(claim.id, claim.claim_token, worker_id, claim.attempt)
+        recorder.start(claim.id, claim.claim_token, worker_id, claim.attempt, entered)
         if ctx.wait(float(p.get("sleep", 0.0))):
             recorder.end(claim.claim_token, "cancelled:" + type(ctx.cause).__name__)
             ctx.raise_if_done()
@@ -310,9 +326,11 @@ def main() -> None:
         return str(out)
 
     def handle_batch(ctx: Any, claims: Any) -> list[None]:
+        entered = time.monotonic()
         # Every claim of the call recorded, then one wait for the whole batch (SPEC BD1).
         for claim in claims:
-            recorder.start(claim.id, claim.claim_token, worker_id, claim.attempt)
+            since = checked.pop(claim.claim_token, entered)
+            recorder.start(claim.id, claim.claim_token, worker_id, claim.attempt, since)
         p = claims[0].payload if isinstance(claims[0].payload, dict) else {}
         time.sleep(float(p.get("sleep", 0.0)))
         for claim in claims:
@@ -334,6 +352,17 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # a stop that hangs shows where (Worker.stop)
     engine.start()
+    # When the engine let each handler start (its fence checked, SPEC F0), by claim token: a handler's
+    # execution starts then. A process stopped between that check and the handler's first line (a
+    # thread waiting for the GIL) resumes inside a handler the engine started in time.
+    check = engine.runner.before_start
+
+    def noted_check(a: Any) -> None:
+        t0 = time.monotonic()
+        check(a)
+        checked[a.row.claim_token] = t0
+
+    engine.runner.before_start = noted_check
     print(f"ready {worker_id}", flush=True)
     # A timed wait: the kernel may deliver SIGTERM to any thread, and then the handler runs only
     # when the main thread next returns to the interpreter; blocked in an untimed wait, it never
