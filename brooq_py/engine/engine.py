@@ -120,6 +120,7 @@ class Engine(Producing):
             self._caps, self.config.td("poll_interval").total_seconds(), self.clock.monotonic
         )
         self.handover.on_settled = self.capacity.settled  # a limited topic may have room again
+        self.capacity.on_received = lambda rows: self.inflight.receive(r.claim_token for r in rows)
         self.capacity.on_rate_held = lambda topic: self.metrics.child(self.metrics.rate_held, topic).inc()
         self._topic_watch = TopicWatch(
             self.config.td("poll_interval").total_seconds(),
@@ -542,7 +543,8 @@ class Engine(Producing):
             cause = LeaseLost(
                 f"its claim was {within:g}s old at its handler's start (run_once renews no lease)"
             )
-            self.handover.hand_over(a, a.lost(cause))
+            self.handover.hand_over(a, a.lost(cause))  # never started, nothing written for it ...
+            self.intake.give_back([a.row])  # ... but the row, still this claim's: no crash counted
 
     def _defer(self, fn: Callable[[], None]) -> bool:
         """Run *fn* on a thread of its own when called from a handler thread, which it would wait for."""

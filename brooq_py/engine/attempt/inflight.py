@@ -25,11 +25,25 @@ class InFlight:
         self._running: set[Attempt] = set()
         self._latest: dict[str, Attempt] = {}  # job id -> its newest held attempt (each tells the one before)
         self._dropped: dict[str, str] = {}  # claim token -> job id
+        # Claims whose answer came, not taken in yet (a claim of several statements goes on): no
+        # beat names them, and none may call them never received (``drop_orphan``).
+        self._received: set[str] = set()
+
+    def receive(self, tokens: Iterable[str]) -> None:
+        """A claim statement answered with these claims: ours, to be taken in or handed back."""
+        with self._lock:
+            self._received.update(tokens)
+
+    def unreceive(self, tokens: Iterable[str]) -> None:
+        """These answered claims are handed back unrun."""
+        with self._lock:
+            self._received.difference_update(tokens)
 
     def add(self, a: Attempt) -> bool:
         """Hold *a*'s claim; False, holding nothing, when the claim was dropped before (the orphan
         look of a beat found it unsent: named for the reaper, it may run elsewhere already)."""
         with self._lock:
+            self._received.discard(a.row.claim_token)
             if a.row.claim_token in self._dropped:
                 return False
             self._held[a.row.claim_token] = a
@@ -70,11 +84,11 @@ class InFlight:
             self._dropped[claim_token] = job_id
 
     def drop_orphan(self, claim_token: str, job_id: str) -> bool:
-        """As ``drop_claim`` for a claim a beat did not send, unless an attempt holds it since (taken
-        in after the beat's list was made: the next beat names it); True when dropped. With ``add``
-        under one lock: a claim is either run here or given to the reaper, never both."""
+        """As ``drop_claim`` for a claim a beat did not send, unless its answer came (taken in since
+        the beat's list was made, or still to be: a later beat names it); True when dropped. With
+        ``receive`` and ``add`` under one lock: a claim is either run here or given to the reaper."""
         with self._lock:
-            if claim_token in self._held:
+            if claim_token in self._held or claim_token in self._received:
                 return False
             self._dropped[claim_token] = job_id
             return True

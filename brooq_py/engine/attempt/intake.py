@@ -54,6 +54,9 @@ class Capacity:
         self._freed: set[str] = set()
         self.wake: Callable[[], None] = lambda: None
         self.on_rate_held: Callable[[str], None] = lambda topic: None  # a claim found no token left
+        # Each statement's claims as its answer comes, before the claim's other statements run
+        # (``InFlight.receive``: no beat calls them never received meanwhile, SPEC P1'').
+        self.on_received: Callable[[Sequence[ClaimedJob]], None] = lambda rows: None
 
     def set_limited(self, topics: Collection[str], ready: Collection[str] = ()) -> None:
         """The topics with a global or a rate limit, as last read; *ready*: those with a rate token left
@@ -181,6 +184,7 @@ class Capacity:
 
     def _taken(self, rows: Sequence[ClaimedJob]) -> None:
         if rows:
+            self.on_received(rows)
             with self._lock:
                 self._active.update(r.topic for r in rows)
 
@@ -276,12 +280,10 @@ class Intake:
         # its rows run on one thread (the dispatcher's, run_once's), one claim after the other.
         self.proof: Callable[[], float] = lambda: math.inf
         self._claimed_under = math.inf
-        self._claimed_at = math.inf  # when the last claim round began (monotonic)
 
     def claim(self, limit: int, only: Sequence[str] | None = None) -> list[ClaimedJob]:
         """Claim up to *limit* jobs of the registered topics (of those in *only*, when given)."""
         topics = list(self.kinds) if only is None else [t for t in only if t in self.kinds]
-        self._claimed_at = self.clock.monotonic()
         self._claimed_under = self.proof()
         rows = self.capacity.claim(self.repo, topics, limit, self.worker_id, self.config.lease_td)
         for topic, n in Counter(r.topic for r in rows).items():  # one counter update per topic a claim
@@ -302,19 +304,6 @@ class Intake:
             )
             self.hand_back([row])
             return None
-        late = self.clock.monotonic() - self._claimed_at
-        if late >= self.supervisor.fence_after:
-            # A beat's orphan look names a claim older than a lease it did not send as never received,
-            # for the reaper (SPEC P1''): one taken in this late (a claim round of slow statements, a
-            # stalled thread) may be run elsewhere already. Handed back (a no-op if it was taken back).
-            self.log.warning(
-                "job id=%s topic=%s: claim taken in %.1fs after its claim began; handed back unrun",
-                row.id,
-                row.topic,
-                late,
-            )
-            self.hand_back([row])
-            return None
         ctx = Context(deadline=self.clock.now() + kind.options.td("attempt_timeout"))
         a = Attempt(
             row,
@@ -332,11 +321,12 @@ class Intake:
             self.supervisor.lease_lost(older)
         if not self.inflight.add(a):
             self.log.warning(
-                "job id=%s topic=%s: claim taken in after a beat gave it to the reaper as never "
-                "received (the claim round took over a lease); not run here",
+                "job id=%s topic=%s: claim answered after a beat gave it to the reaper as never "
+                "received (its answer came over a lease late); not run here",
                 row.id,
                 row.topic,
             )
+            self.capacity.ended(row.topic)
             return None
         why = poison(row, kind.options.max_crashes, kind.options.max_attempts)
         if why is not None:
@@ -389,7 +379,15 @@ class Intake:
         self.runner.launch_many(attempts)
 
     def hand_back(self, rows: list[ClaimedJob]) -> None:
-        """Give claimed rows back unrun (pending, attempt given back): the engine stops or cannot run them."""
+        """Give claimed rows never taken in back unrun (pending, attempt given back): the engine stops
+        or cannot run them; their topics' room here comes back."""
+        self.inflight.unreceive(r.claim_token for r in rows)
+        for r in rows:
+            self.capacity.ended(r.topic)
+        self.give_back(rows)
+
+    def give_back(self, rows: Sequence[ClaimedJob]) -> None:
+        """Write claimed rows back unrun, each only while still processing under its claim."""
         options = self.config.kind_defaults()  # an unrun row's outcome takes nothing from its kind's
         unrun = Ending(Phase.UNRUN)
         outcomes = [
