@@ -200,3 +200,28 @@ def test_claims_answered_within_their_statement_budget_still_run(
     finally:
         rows = [_row(pool, schema, j) for j in jobs]
     assert all(r[2] == 0 for r in rows), rows
+
+
+def test_a_row_that_fails_to_be_taken_in_is_given_back_and_runs_later(
+    pool: ConnectionPool[Any], schema: str, store: Store, engines: Callable[..., Engine]
+) -> None:
+    """Taking a claimed row in raises (a bug, here injected once): the row must not wait, answered and
+    never named lost, for the engine's end; it is given back (no attempt spent, no crash) and runs."""
+    e = engines(lease=3, workers=2)
+    ran: list[str] = []
+    e.register_kind("late.bug", lambda ctx, claim: ran.append(claim.id) or "ok")
+    real = e.intake.open
+    failed: list[str] = []
+
+    def open_once_failing(row: Any) -> Any:
+        if not failed:
+            failed.append(row.id)
+            raise RuntimeError("injected")
+        return real(row)
+
+    e.intake.open = open_once_failing  # type: ignore[method-assign]
+    job = store.enqueue(Job("late.bug", {"n": 0})).id
+    e.start()
+    wait_for(lambda: (r := store.get(job)) is not None and r.state is State.DONE, "the job run after all", 30)
+    assert failed == [job] and ran == [job]
+    assert _row(pool, schema, job)[1:] == (1, 0)

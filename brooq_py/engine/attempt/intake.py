@@ -372,7 +372,13 @@ class Intake:
         assert self.slots is not None
         attempts = []
         for row in rows:
-            a = self.open(row)
+            try:
+                a = self.open(row)
+            except Exception:  # a bug: the row goes back rather than wait, answered, for this engine's end
+                self.log.exception("engine: taking in job id=%s failed", row.id)
+                if self.inflight.by_token(row.claim_token) is None:
+                    self.hand_back([row])
+                continue
             if a is not None:
                 self.slots.take()
                 attempts.append(a)
