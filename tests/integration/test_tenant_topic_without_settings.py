@@ -163,3 +163,16 @@ def test_views_of_a_tenant_topic_without_settings_row(store: Store, dsn: str, sc
     (s,) = [s for s in store.topic_settings() if s.topic == topic]
     assert s.tenants and s.tenants_free
     assert not store.forget_topic(topic)  # nothing left to forget
+
+
+def test_topics_lists_a_tenant_topic_with_no_jobs_and_no_settings(
+    store: Store, dsn: str, schema: str
+) -> None:
+    """The `topics` view lists every topic with jobs, settings or a tenant mark."""
+    store.enqueue(Job("norow.listed", {"a": 1}, tenant="A"))
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(
+            sql.SQL("DELETE FROM {} WHERE topic = 'norow.listed'").format(sql.Identifier(schema, "job"))
+        )
+    (o,) = [o for o in store.topic_overview() if o.topic == "norow.listed"]
+    assert o.counts == {} and not o.paused

@@ -1,5 +1,5 @@
 -- name: topic_overview
--- Every topic with jobs or settings: jobs per state, the oldest ready job's age,
+-- Every topic with jobs, settings or a tenant mark: jobs per state, the oldest ready job's age,
 -- paused, the global limit, the rate limit with its tokens left now, the depth cap
 -- and the tenants waiting (the `topics` command). One grouped scan of the table.
 WITH counts AS (
@@ -18,8 +18,10 @@ WITH counts AS (
     JOIN {tenant_topic} m ON m.topic = j.topic
     WHERE j.state = 'pending'
     GROUP BY j.topic
+), named AS (
+    SELECT topic FROM counts UNION SELECT topic FROM {topic_setting} UNION SELECT topic FROM {tenant_topic}
 )
-SELECT coalesce(c.topic, s.topic) AS topic,
+SELECT n.topic,
        coalesce(c.counts, '{{}}'::jsonb),
        coalesce(r.age, 0),
        coalesce(s.paused, false),
@@ -33,8 +35,9 @@ SELECT coalesce(c.topic, s.topic) AS topic,
        END AS tokens,
        s.max_depth,
        t.n AS tenants_waiting
-FROM counts c
-FULL JOIN {topic_setting} s ON s.topic = c.topic
-LEFT JOIN ready r ON r.topic = coalesce(c.topic, s.topic)
-LEFT JOIN tenants t ON t.topic = coalesce(c.topic, s.topic)
+FROM named n
+LEFT JOIN counts c ON c.topic = n.topic
+LEFT JOIN {topic_setting} s ON s.topic = n.topic
+LEFT JOIN ready r ON r.topic = n.topic
+LEFT JOIN tenants t ON t.topic = n.topic
 ORDER BY 1
