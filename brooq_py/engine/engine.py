@@ -527,7 +527,7 @@ class Engine(Producing):
         rows = self.intake.claim(min(self.config.workers, self.config.claim_batch))
         batched: list[Attempt] = []  # a batch kind's attempts: one call per batch, in this thread too
         for row in rows:
-            a = self.intake.open(row)
+            a = self.intake.take_in(row)
             if a is not None:
                 if a.kind.batch:
                     batched.append(a)

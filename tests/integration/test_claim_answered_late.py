@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg
 from psycopg_pool import ConnectionPool
 
 from brooq_py.engine import Engine
@@ -28,6 +29,11 @@ class Shifted:
 
     def now(self) -> datetime:
         return datetime.now(UTC) + timedelta(seconds=self.offset)
+
+
+def _done(store: Store, job: str) -> bool:
+    r = store.get(job)
+    return r is not None and r.state is State.DONE
 
 
 def _row(pool: ConnectionPool[Any], schema: str, job: str) -> tuple[Any, ...]:
@@ -225,3 +231,174 @@ def test_a_row_that_fails_to_be_taken_in_is_given_back_and_runs_later(
     wait_for(lambda: (r := store.get(job)) is not None and r.state is State.DONE, "the job run after all", 30)
     assert failed == [job] and ran == [job]
     assert _row(pool, schema, job)[1:] == (1, 0)
+
+
+def test_lost_claim_answer_is_still_found_by_the_orphan_look_and_run(
+    pool: ConnectionPool[Any], schema: str, store: Store, engines: Callable[..., Engine]
+) -> None:
+    """P1'': the claim commits, its answer is lost (the connection breaks at the commit). The row never
+    reached Capacity, so it is not 'received': the orphan look must still name it, the reaper take it
+    back, and the engine (the only one) run it, once, while it lives."""
+    own = Store(pool, schema=schema)
+    e = engines(repo=own, lease=3, workers=2)
+    ran: list[str] = []
+    e.register_kind("late.lost", lambda ctx, claim: ran.append(claim.id) or "ok")
+    real = own.worker.claim
+    lost: list[str] = []
+
+    def lossy(names: Sequence[str], *rest: Any) -> Any:
+        rows = real(names, *rest)
+        if rows and not lost:
+            lost.extend(r.id for r in rows)
+            raise psycopg.OperationalError("injected: connection lost at the claim's commit")
+        return rows
+
+    own.worker.claim = lossy  # type: ignore[method-assign]
+    job = store.enqueue(Job("late.lost", {"n": 0})).id
+    e.start()
+    wait_for(lambda: lost, "the lost claim", 30)
+    wait_for(lambda: _done(store, job), f"the orphan run (row {_row(pool, schema, job)})", 60)
+    assert ran == [job]
+    assert e.inflight._received == set(), e.inflight._received
+
+
+def test_lost_answer_of_a_later_statement_after_an_earlier_one_answered(
+    pool: ConnectionPool[Any], schema: str, store: Store, engines: Callable[..., Engine]
+) -> None:
+    """A claim round: the capped topic's statement answers (its row received, run), then the common
+    statement commits and its answer is lost. Capacity.claim keeps the earlier rows; the lost rows
+    must come back through the orphan look and run, each job once; no room left held."""
+    own = Store(pool, schema=schema)
+    e = engines(repo=own, lease=3, workers=4)
+    ran: list[str] = []
+    e.register_kind("late.cap", lambda ctx, claim: ran.append(claim.id) or "ok", KindOptions(concurrency=1))
+    e.register_kind("late.free", lambda ctx, claim: ran.append(claim.id) or "ok")
+    real = own.worker.claim
+    lost: list[str] = []
+
+    def lossy(names: Sequence[str], *rest: Any) -> Any:
+        rows = real(names, *rest)
+        if rows and not lost and list(names) == ["late.free"]:
+            lost.extend(r.id for r in rows)
+            raise psycopg.OperationalError("injected: connection lost at the claim's commit")
+        return rows
+
+    own.worker.claim = lossy  # type: ignore[method-assign]
+    a = store.enqueue(Job("late.cap", {"n": 0})).id
+    b = store.enqueue(Job("late.free", {"n": 1})).id
+    e.start()
+    wait_for(lambda: lost, "the lost common claim", 30)
+    wait_for(lambda: _done(store, a) and _done(store, b), "both jobs done", 60)
+    assert sorted(ran) == sorted([a, b]), ran
+    assert e.inflight._received == set(), e.inflight._received
+    wait_for(lambda: not e.capacity._active, f"room given back ({e.capacity._active})", 10)
+
+
+def test_poisoned_row_gives_its_capped_topics_room_back(
+    pool: ConnectionPool[Any], schema: str, store: Store, engines: Callable[..., Engine]
+) -> None:
+    """Q3/T2: a poisoned row of a topic of concurrency=1 ends dead; the next job of the topic runs."""
+    e = engines(lease=3, workers=2)
+    ran: list[str] = []
+    e.register_kind(
+        "late.poison",
+        lambda ctx, claim: ran.append(claim.id) or "ok",
+        KindOptions(concurrency=1, max_crashes=1),
+    )
+    a = store.enqueue(Job("late.poison", {"n": 0})).id
+    q(pool, schema, "UPDATE {job} SET crashes = 1 WHERE id = %s", a)
+    e.start()
+    wait_for(lambda: _row(pool, schema, a)[0] == "dead", "the poisoned row dead", 30)
+    b = store.enqueue(Job("late.poison", {"n": 1})).id
+    wait_for(lambda: _done(store, b), f"the next job run (active={dict(e.capacity._active)})", 30)
+    assert ran == [b]
+    wait_for(lambda: not e.capacity._active, f"room given back ({e.capacity._active})", 10)
+    assert e.inflight._received == set()
+
+
+def test_run_once_give_back_keeps_an_operator_cancel(
+    pool: ConnectionPool[Any], schema: str, store: Store, engines: Callable[..., Engine]
+) -> None:
+    """run_once: the first handler cancels the second job and is slow (past lease - margin): the second
+    handler is not started and its row given back. The operator's cancel must stand (not pending
+    again), nothing spent for it; the next run_once must not run it."""
+    clock = Shifted()
+    e = engines(clock=clock, lease=3, workers=2, claim_batch=2)
+    ran: list[str] = []
+    jobs: list[str] = []
+
+    def handler(ctx: Context, claim: Claim) -> str:
+        ran.append(claim.id)
+        if claim.id == jobs[0]:
+            assert store.cancel(jobs[1])
+            clock.offset += 10.0
+        return "ok"
+
+    e.register_kind("late.once", handler)
+    jobs.append(store.enqueue(Job("late.once", {"n": 0})).id)
+    jobs.append(store.enqueue(Job("late.once", {"n": 1})).id)
+    assert e.run_once() == 2
+    assert ran == [jobs[0]], ran
+    assert _row(pool, schema, jobs[1])[0] == "canceled", _row(pool, schema, jobs[1])
+    e.run_once()
+    assert ran == [jobs[0]], ran
+    assert _row(pool, schema, jobs[1])[0] == "canceled"
+    assert _row(pool, schema, jobs[1])[2] == 0
+
+
+def test_run_once_give_back_pending_unspent(
+    pool: ConnectionPool[Any], schema: str, store: Store, engines: Callable[..., Engine]
+) -> None:
+    """run_once: the second handler is not started (its claim lease - margin old): pending again,
+    attempts and crashes as before the claim (0, 0); the room of its capped topic given back; a later
+    run_once runs it, attempts 1."""
+    clock = Shifted()
+    e = engines(clock=clock, lease=3, workers=2, claim_batch=2)
+    ran: list[str] = []
+    jobs: list[str] = []
+
+    def handler(ctx: Context, claim: Claim) -> str:
+        ran.append(claim.id)
+        if claim.id == jobs[0]:
+            clock.offset += 10.0
+        return "ok"
+
+    e.register_kind("late.once2", handler, KindOptions(concurrency=2))
+    jobs.append(store.enqueue(Job("late.once2", {"n": 0})).id)
+    jobs.append(store.enqueue(Job("late.once2", {"n": 1})).id)
+    assert e.run_once() == 2
+    assert ran == [jobs[0]]
+    assert _row(pool, schema, jobs[1]) == ("pending", 0, 0)
+    assert not e.capacity._active, e.capacity._active
+    assert e.inflight._received == set()
+    e.run_once()
+    assert ran == jobs
+    assert _row(pool, schema, jobs[1]) == ("done", 1, 0)
+
+
+def test_run_once_gives_back_a_row_whose_taking_in_raises(
+    pool: ConnectionPool[Any], schema: str, store: Store, engines: Callable[..., Engine]
+) -> None:
+    """run_once claims two rows and taking the first in raises (a bug, injected once): the row is given
+    back, unspent, the other runs, and the next run_once runs the first; nothing is left noted as
+    answered (a started engine's look for lost answers would never name it)."""
+    e = engines(lease=3, workers=2, claim_batch=2)
+    ran: list[str] = []
+    e.register_kind("late.ro", lambda ctx, claim: ran.append(claim.id) or "ok")
+    real = e.intake.open
+    failed: list[str] = []
+
+    def open_once_failing(row: Any) -> Any:
+        if not failed:
+            failed.append(row.id)
+            raise RuntimeError("injected")
+        return real(row)
+
+    e.intake.open = open_once_failing  # type: ignore[method-assign]
+    jobs = [store.enqueue(Job("late.ro", {"n": i})).id for i in range(2)]
+    assert e.run_once() == 2
+    (bad,) = failed
+    assert _row(pool, schema, bad) == ("pending", 0, 0)
+    assert e.inflight._received == set()
+    e.run_once()
+    assert sorted(ran) == sorted(jobs) and all(_row(pool, schema, j) == ("done", 1, 0) for j in jobs)

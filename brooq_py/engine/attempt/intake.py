@@ -372,17 +372,22 @@ class Intake:
         assert self.slots is not None
         attempts = []
         for row in rows:
-            try:
-                a = self.open(row)
-            except Exception:  # a bug: the row goes back rather than wait, answered, for this engine's end
-                self.log.exception("engine: taking in job id=%s failed", row.id)
-                if self.inflight.by_token(row.claim_token) is None:
-                    self.hand_back([row])
-                continue
+            a = self.take_in(row)
             if a is not None:
                 self.slots.take()
                 attempts.append(a)
         self.runner.launch_many(attempts)
+
+    def take_in(self, row: ClaimedJob) -> Attempt | None:
+        """``open``; a row whose taking in raises (a bug) is logged and, unless held by then, given
+        back rather than left answered, never named lost, until the engine's end."""
+        try:
+            return self.open(row)
+        except Exception:
+            self.log.exception("engine: taking in job id=%s failed", row.id)
+            if self.inflight.by_token(row.claim_token) is None:
+                self.hand_back([row])
+            return None
 
     def hand_back(self, rows: list[ClaimedJob]) -> None:
         """Give claimed rows never taken in back unrun (pending, attempt given back): the engine stops
