@@ -49,13 +49,36 @@ def tag_connections() -> None:
     os.environ["PGAPPNAME"] = APP
 
 
+class _Heavy:
+    """The lock's hold by one fixture: ``close`` ends it (the lock goes with the process's last)."""
+
+    def close(self) -> None:
+        global _heavy_file, _heavy_holds
+        with _heavy_guard:
+            _heavy_holds -= 1
+            if _heavy_holds == 0 and _heavy_file is not None:
+                _heavy_file.close()  # unlocks
+                _heavy_file = None
+
+
+_heavy_guard = threading.Lock()
+_heavy_file: Any = None
+_heavy_holds = 0
+
+
 def heavy_lock() -> Any:
     """An exclusive lock across this run's xdist workers, for a test about to go past its worker's
-    share (a second engine of its own): one such test at a time keeps the run within SUITE_BUDGET.
-    Held until the returned file is closed."""
-    f = open(os.path.join(tempfile.gettempdir(), f"{PREFIX}heavy.lock"), "a")  # noqa: SIM115
-    fcntl.flock(f, fcntl.LOCK_EX)
-    return f
+    share (a second engine or engine process of its own): one such test at a time keeps the run
+    within SUITE_BUDGET. Held until the returned object is closed; taken again by the same process
+    (two fixtures of one test), it is shared, never waited for."""
+    global _heavy_file, _heavy_holds
+    with _heavy_guard:
+        if _heavy_file is None:
+            f = open(os.path.join(tempfile.gettempdir(), f"{PREFIX}heavy.lock"), "a")  # noqa: SIM115
+            fcntl.flock(f, fcntl.LOCK_EX)
+            _heavy_file = f
+        _heavy_holds += 1
+    return _Heavy()
 
 
 def worker_budget(workers: int) -> int:

@@ -153,7 +153,12 @@ def main() -> None:
     recorder = Recorder(dsn, schema)
     checked: dict[str, float] = {}  # when the engine let each handler start, by claim token (below)
     conninfo = psycopg.conninfo.make_conninfo(dsn, application_name=app_name(f"chaos-engine-{label}"))
-    kwargs: dict[str, Any] = {"min_size": 1, "max_size": 6, "open": True, "timeout": 5}
+    kwargs: dict[str, Any] = {
+        "min_size": 1,
+        "max_size": int(settings.get("pool_max", 6)),
+        "open": True,
+        "timeout": 5,
+    }
     if settings.get("check"):
         kwargs["check"] = ConnectionPool.check_connection
     if settings.get("bouncer"):  # PgBouncer in transaction mode: no prepared statements (docs/operating.md)

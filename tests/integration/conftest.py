@@ -86,8 +86,11 @@ def engines(store: Store) -> Iterator[Callable[..., Engine]]:
 def procs(tmp_path: Path) -> Iterator[Callable[..., Process]]:
     """Start real engine processes (tests/integration/engine_proc.py); each is stopped after the test."""
     made: list[Process] = []
+    locks: list[Any] = []
 
     def spawn(**settings: Any) -> Process:
+        if len(made) == 1:
+            locks.append(budget.heavy_lock())  # a second engine process passes the share
         p = Process(PROC, {"dir": str(tmp_path), **settings}, tmp_path / f"proc{len(made)}.log")
         made.append(p)
         return p
@@ -97,3 +100,5 @@ def procs(tmp_path: Path) -> Iterator[Callable[..., Process]]:
     finally:
         for p in made:
             p.stop()
+        for lock in locks:
+            lock.close()

@@ -1,19 +1,16 @@
 """Engines SIGSTOPped holding jobs of a limited tenant (SPEC T2, Q3, F0, P1''): real worker
-processes (tests/chaos/worker_proc.py) on the test's own schema, a tight database sampler of each
-tenant's processing rows and of the topic's."""
+processes (worker_proc.py) on the chaos server, a tight database sampler of each tenant's processing
+rows and of the topic's."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
-import pytest
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
@@ -23,30 +20,6 @@ from tests.chaos import invariants
 from tests.chaos.conftest import Worker, held_by, settled
 from tests.polling import wait_for
 from tests.sampling import Sampler
-
-
-@pytest.fixture
-def workers(tmp_path: Path) -> Iterator[Any]:
-    made: list[Worker] = []
-    n = iter(range(100))
-
-    def spawn(dsn: str, schema: str, **settings: Any) -> Worker:
-        label = f"lmw{next(n)}"
-        w = Worker({"dsn": dsn, "schema": schema, "label": label, **settings}, tmp_path / f"{label}.log")
-        made.append(w)
-        w.wait_ready()
-        return w
-
-    try:
-        yield spawn
-    finally:
-        for w in made:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(w.proc.pid, signal.SIGCONT)
-            if w.alive:
-                w.stop(10)
-            else:
-                w._close()
 
 
 def peak_sampler(dsn: str, schema: str) -> Sampler:
@@ -78,19 +51,19 @@ def overlap(dsn: str, schema: str) -> list[tuple[Any, ...]]:
 
 
 def test_t2_a_tenant_limit_holds_while_engines_are_sigstopped_fenced_and_reaped(
-    dsn: str, schema: str, workers: Any
+    dsn: str, chaos_schema: str, spawn: Callable[..., Worker]
 ) -> None:
     """Three worker processes of 3 slots, lease 2 s; 4 tenants of a topic limited to 2 each. Twice, a
     worker holding jobs is SIGSTOPped, its jobs reaped and run by the others, then SIGCONTed (it fences
     itself and gives its claims back). No database sample ever has a tenant with more than 2 processing,
     every job ends done, and P1-P3 hold (tests/chaos/invariants.py)."""
-    invariants.install(dsn, schema)
+    schema = chaos_schema
     with ConnectionPool(dsn, min_size=1, max_size=2, open=True) as pool:
         store = Store(pool, schema=schema)
         store.set_tenant_limit("chaos", 2)
         store.close()
     settings = {"workers": 3, "lease": 2.0, "reaper_period": 0.3, "poll_interval": 0.1}
-    live = [workers(dsn, schema, **settings) for _ in range(3)]
+    live = [spawn(dsn, schema, label=f"lmw{i}", **settings) for i in range(3)]
     wids = [f"chaos-{w.label}:{w.proc.pid}" for w in live]
     with ConnectionPool(dsn, min_size=1, max_size=2, open=True) as pool:
         store = Store(pool, schema=schema)
