@@ -17,17 +17,6 @@ def marked(store: Store) -> set[str]:
     return {s.topic for s in store.worker.topic_settings() if s.tenants}
 
 
-def waiting_locks(dsn: str) -> int:
-    """How many backends of this database wait for a lock now."""
-    with psycopg.connect(dsn, autocommit=True) as c:
-        row = c.execute(
-            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-            "WHERE NOT l.granted AND a.datname = current_database()"
-        ).fetchone()
-        assert row is not None
-        return int(row[0])
-
-
 def blocked_by(dsn: str, pid: int) -> int:
     """How many backends wait on a lock *pid* holds."""
     with psycopg.connect(dsn, autocommit=True) as c:

@@ -15,7 +15,7 @@ from brooq_py.postgres import Store, migrations
 from brooq_py.queue import Job, State
 from tests.conftest import ddl_dsn
 from tests.integration.conftest import q
-from tests.integration.marks import marked
+from tests.integration.marks import blocked_by, marked
 from tests.polling import wait_for
 
 
@@ -32,12 +32,7 @@ def test_an_open_first_tenant_enqueue_holds_no_lock_a_rate_limited_claim_of_its_
         store.enqueue_tx(conn, Job("rl", 99, tenant="acme"))  # open: the mark not committed
         e.start()
         wait_for(lambda: all(store.get(i).state is State.DONE for i in ids), "the others run", timeout=60)  # type: ignore[union-attr]
-        with psycopg.connect(dsn, autocommit=True) as c:
-            waiting = c.execute(
-                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-                "WHERE NOT l.granted AND a.datname = current_database()"
-            ).fetchone()[0]
-        assert waiting == 0
+        assert blocked_by(dsn, conn.info.backend_pid) == 0  # no claim, nothing else waits on it
         conn.commit()
     assert "rl" in marked(store)
 

@@ -19,7 +19,7 @@ from brooq_py.engine import Engine
 from brooq_py.postgres import Store
 from brooq_py.queue import Claim, Context, Job
 from brooq_py.queue.port import ClaimedJob
-from tests.integration.marks import done, in_thread, marked, waiting_locks
+from tests.integration.marks import blocked_by, done, in_thread, marked
 from tests.polling import wait_for
 from tests.sampling import Sampler
 
@@ -66,7 +66,11 @@ def test_forget_during_an_open_first_tenant_enqueue_keeps_the_topic_marked_and_f
         store.enqueue_many(a_first("fr"), tx=conn)  # open: the mark not committed yet
         t, _, errors = in_thread(lambda: store.forget_topic("fr"))
         # the forget may wait on the caller's transaction or not: either way the topic stays marked
-        wait_for(lambda: not t.is_alive() or waiting_locks(dsn) > 0, "forget done or waiting", timeout=60)
+        wait_for(
+            lambda: not t.is_alive() or blocked_by(dsn, conn.info.backend_pid) > 0,
+            "forget done or waiting",
+            timeout=60,
+        )
         conn.commit()
     t.join(60)
     assert not t.is_alive() and errors == []
@@ -91,7 +95,11 @@ def test_an_open_forget_then_a_first_tenant_enqueue_keeps_the_topic_marked_and_f
                 conn.commit()
 
         t, _, errors = in_thread(enqueue)
-        wait_for(lambda: not t.is_alive() or waiting_locks(dsn) > 0, "enqueue done or waiting", timeout=60)
+        wait_for(
+            lambda: not t.is_alive() or blocked_by(dsn, op.info.backend_pid) > 0,
+            "enqueue done or waiting",
+            timeout=60,
+        )
         op.commit()
     t.join(60)
     assert not t.is_alive() and errors == []
@@ -109,7 +117,11 @@ def test_forget_race_then_a_tenants_own_limit_holds_with_an_engine(
     with psycopg.connect(dsn) as conn:
         store.enqueue_many([Job("fl", {"i": i}, tenant="A") for i in range(12)], tx=conn)
         t, _, errors = in_thread(lambda: store.forget_topic("fl"))
-        wait_for(lambda: not t.is_alive() or waiting_locks(dsn) > 0, "forget done or waiting", timeout=60)
+        wait_for(
+            lambda: not t.is_alive() or blocked_by(dsn, conn.info.backend_pid) > 0,
+            "forget done or waiting",
+            timeout=60,
+        )
         conn.commit()
     t.join(60)
     assert errors == []
@@ -133,7 +145,11 @@ def test_forget_race_the_tenants_view_still_shows_a_tenant_topic(store: Store, d
     with psycopg.connect(dsn) as conn:
         store.enqueue_many(a_first("fv"), tx=conn)
         t, _, errors = in_thread(lambda: store.forget_topic("fv"))
-        wait_for(lambda: not t.is_alive() or waiting_locks(dsn) > 0, "forget done or waiting", timeout=60)
+        wait_for(
+            lambda: not t.is_alive() or blocked_by(dsn, conn.info.backend_pid) > 0,
+            "forget done or waiting",
+            timeout=60,
+        )
         conn.commit()
     t.join(60)
     assert errors == []
@@ -171,7 +187,11 @@ def test_forget_racing_a_tenant_default_keeps_the_mark_and_its_row(store: Store,
     with psycopg.connect(dsn) as op:
         op.execute(limit, {"topic": "ep", "tenant": None, "limit": 0}).fetchall()
         t, _, errors = in_thread(lambda: store.forget_topic("ep"))
-        wait_for(lambda: not t.is_alive() or waiting_locks(dsn) > 0, "forget waiting or done", timeout=60)
+        wait_for(
+            lambda: not t.is_alive() or blocked_by(dsn, op.info.backend_pid) > 0,
+            "forget waiting or done",
+            timeout=60,
+        )
         op.commit()
     t.join(60)
     assert not t.is_alive() and errors == []

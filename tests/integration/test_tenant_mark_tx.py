@@ -16,7 +16,7 @@ from psycopg import sql
 
 from brooq_py.postgres import Store
 from brooq_py.queue import Job
-from tests.integration.marks import blocked_by, in_thread, marked, waiting_locks
+from tests.integration.marks import blocked_by, in_thread, marked
 from tests.polling import wait_for
 
 LEASE = timedelta(seconds=30)
@@ -140,7 +140,11 @@ def test_the_second_first_tenant_enqueue_marks_when_the_first_rolls_back(store: 
                 conn.commit()
 
         t, _, errors = in_thread(second)
-        wait_for(lambda: not t.is_alive() or waiting_locks(dsn) > 0, "second waiting or done", timeout=60)
+        wait_for(
+            lambda: not t.is_alive() or blocked_by(dsn, first.info.backend_pid) > 0,
+            "second waiting or done",
+            timeout=60,
+        )
         first.rollback()
     t.join(60)
     assert errors == []
@@ -167,7 +171,11 @@ def test_two_first_tenant_enqueues_meet_as_documented(store: Store, dsn: str, le
                 conn.commit()
 
         t, _, errors = in_thread(second)
-        wait_for(lambda: not t.is_alive() or waiting_locks(dsn) > 0, "second waiting or done", timeout=60)
+        wait_for(
+            lambda: not t.is_alive() or blocked_by(dsn, first.info.backend_pid) > 0,
+            "second waiting or done",
+            timeout=60,
+        )
         first.commit()
     t.join(60)
     assert "two" in marked(store)
