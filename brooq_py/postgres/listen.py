@@ -78,6 +78,9 @@ class PgListener:
                 self._conn.close()
                 raise
         self._channel = channel_for(queries.schema)
+        # Only a notification of these proves LISTEN works here: behind a transaction-pooling proxy a
+        # server connection another client LISTENed on delivers that client's channels to this one.
+        self._channels = frozenset((self._channel, self._stage_channel, self._cancel_channel))
 
     @property
     def refused(self) -> bool:
@@ -105,6 +108,8 @@ class PgListener:
                 else:
                     self._ping_if_due()
                 return False
+            if note.channel not in self._channels:
+                continue  # another session's LISTEN, met through a proxy: no proof, no wake-up
             self._probe_deadline = None  # something arrived: LISTEN works here
             if note.payload == self._probe:
                 continue
