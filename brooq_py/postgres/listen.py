@@ -142,6 +142,11 @@ class PgListener:
 
     def _ping_if_due(self) -> None:
         lease = self._ping_every
+        if self._probe_deadline is not None:
+            # The probe is judged on a silent connection: behind a transaction-pooling proxy a
+            # statement of ours may land on the server connection that LISTENs, and bring its
+            # notifications here as if LISTEN worked.
+            return
         if lease is None or time.monotonic() - self._pinged < max(lease.total_seconds() / 3, 1.0):
             return
         with (
