@@ -68,11 +68,11 @@ def test_p1_a_claim_held_between_its_answer_and_its_start_is_never_given_to_the_
 
     own.worker.beat = counted  # type: ignore[method-assign]
     e.start()
+    job = store.enqueue(Job("ti.held", {"n": 0})).id
+    wait_for(stalled.is_set, "the claim's answer", timeout=30)
     other = engines(lease=LEASE)
     other.register_kind("ti.held", _runs_elsewhere(elsewhere))
     other.start()  # its reaper and its claims would take the job at once if it were let go
-    job = store.enqueue(Job("ti.held", {"n": 0})).id
-    wait_for(stalled.is_set, "the claim's answer", timeout=30)
     first = beats[0]
     wait_for(lambda: beats[0] >= first + 10, "ten beats (over two leases, two looks for lost answers)", 60)
     assert q(pool, schema, "SELECT state, crashes FROM {job} WHERE id = %s", job)[0] == ("processing", 0)
@@ -131,12 +131,12 @@ def test_p1_a_claim_answered_before_slow_claims_of_other_topics_runs_here_once(
     e.intake.launch_all = launch  # type: ignore[method-assign]
     e.start()
     wait_for(e._may_claim, "the engine proven", 30)
-    other = engines(lease=LEASE)
-    other.register_kind(topics[0], _runs_elsewhere(elsewhere))
-    other.start()
     job = store.enqueue(Job(topics[0], {"n": 0})).id
     wait_for(lambda: first_rows, "the first capped topic's row", 30)
     assert first_rows == [job]
+    other = engines(lease=LEASE)
+    other.register_kind(topics[0], _runs_elsewhere(elsewhere))
+    other.start()  # its reaper and its claims would take the job at once if it were let go
     assert taken_in.wait(60), "the claim's rows taken in"
     wait_for(lambda: (r := store.get(job)) is not None and r.state is State.DONE, "the job done", 60)
     e.stop()
