@@ -19,6 +19,7 @@ _DURATIONS = (
     "watchdog_grace",
     "retention_ttl",
     "retention_period",
+    "history_after",
     "attempt_timeout",
     "max_execution_timeout",
     "backoff_base",
@@ -26,7 +27,7 @@ _DURATIONS = (
     "gauges_period",
 )
 # Zero is meaningful for these two (disabled / computed); every other period must be > 0.
-_MAY_BE_ZERO = ("retention_ttl", "retention_period")
+_MAY_BE_ZERO = ("retention_ttl", "retention_period", "history_after")
 
 ENV_VARS: dict[str, tuple[str, str]] = {
     "QUEUE_WORKERS": ("workers", "int"),
@@ -43,6 +44,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "QUEUE_RETENTION_TTL": ("retention_ttl", "duration"),
     "QUEUE_RETENTION_BATCH": ("retention_batch", "int"),
     "QUEUE_RETENTION_PERIOD": ("retention_period", "duration"),
+    "QUEUE_HISTORY_AFTER": ("history_after", "duration"),
     "QUEUE_NOTIFY": ("notify", "bool"),
     "QUEUE_GAUGES_PERIOD": ("gauges_period", "duration"),
     "QUEUE_RESULT_MAX_BYTES": ("result_max_bytes", "int"),
@@ -64,6 +66,10 @@ class Config:
     retention_ttl: timedelta | float = 30 * 86400
     retention_batch: int = 1000
     retention_period: timedelta | float = 0
+    # SPEC B2: > 0: terminal jobs move to a table of their day this long after they end, and
+    # retention drops a day whole once it is older than retention_ttl. 0: they stay in job until
+    # retention deletes them one by one.
+    history_after: timedelta | float = 0
     max_attempts: int = 5
     attempt_timeout: timedelta | float = 60
     max_execution_timeout: timedelta | float = 300
@@ -94,6 +100,14 @@ class Config:
             if isinstance(value, timedelta) and value < timedelta(0):
                 problems.append(f"{name} must not be negative, got {value.total_seconds():g}s")
         check_timeouts(self, problems)
+        after, ttl = self.history_after, self.retention_ttl
+        if isinstance(after, timedelta) and isinstance(ttl, timedelta) and after > timedelta(0):
+            if ttl <= timedelta(0):
+                problems.append(
+                    "history_after needs retention (retention_ttl > 0): retention moves and drops"
+                )
+            elif after >= ttl:
+                problems.append(f"history_after must be less than retention_ttl, got {after} >= {ttl}")
         if problems:
             raise ConfigError(problems)
 

@@ -12,6 +12,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from types import TracebackType
 from typing import Any
 
@@ -409,6 +410,13 @@ class Engine(Producing):
                 )
             )
         if cfg.retention_enabled:
+            history: dict[str, Any] = {}
+            if cfg.td("history_after") > timedelta(0):
+                history = {
+                    "history": cfg.td("history_after"),
+                    "move": repo.move_terminal,
+                    "drop": repo.drop_history,
+                }
             services.append(
                 Retention(
                     cfg.effective_retention_period,
@@ -417,6 +425,7 @@ class Engine(Producing):
                     repo.delete_terminal,
                     lambda topic, n: metrics.child(metrics.retention_deleted, topic).inc(n),
                     log,
+                    **history,
                 )
             )
         return services

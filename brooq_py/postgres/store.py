@@ -102,6 +102,8 @@ class Store:
     leave = delegate(WorkerRepo.leave, "worker")
     reap = reap_expired = delegate(WorkerRepo.reap, "worker")
     delete_terminal = delegate(WorkerRepo.delete_terminal, "worker")
+    move_terminal = delegate(WorkerRepo.move_terminal, "worker")
+    drop_history = delegate(WorkerRepo.drop_history, "worker")
     stage = delegate(WorkerRepo.stage, "worker")
     next_due = delegate(WorkerRepo.next_due, "worker")
     gauges = delegate(WorkerRepo.gauges, "worker")

@@ -232,6 +232,7 @@ FULL_ENV = {
     "QUEUE_RETENTION_TTL": "72h",
     "QUEUE_RETENTION_BATCH": "500",
     "QUEUE_RETENTION_PERIOD": "5m",
+    "QUEUE_HISTORY_AFTER": "1h",
     "QUEUE_NOTIFY": "off",
     "QUEUE_GAUGES_PERIOD": "15s",
     "QUEUE_CLAIM_BATCH": "64",
@@ -256,11 +257,22 @@ def test_k2_from_env_reads_every_queue_variable() -> None:
         retention_ttl=timedelta(hours=72),
         retention_batch=500,
         retention_period=300,
+        history_after=3600,
         notify=False,
         gauges_period=15,
         claim_batch=64,
         result_max_bytes=2048,
     )
+
+
+def test_b2_history_after_needs_retention_and_a_shorter_time_than_its_ttl() -> None:
+    assert Config(history_after=3600).history_after == timedelta(hours=1)
+    with pytest.raises(ConfigError, match="less than retention_ttl"):
+        Config(history_after=86400, retention_ttl=3600)
+    with pytest.raises(ConfigError, match="needs retention"):
+        Config(history_after=60, retention_ttl=0)
+    with pytest.raises(ConfigError, match="history_after must not be negative"):
+        Config(history_after=-1)
 
 
 def test_z3_notify_switch_from_env_takes_booleans_only() -> None:

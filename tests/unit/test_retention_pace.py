@@ -78,3 +78,57 @@ def test_z1_statements_slow_at_random_still_keep_the_ratio() -> None:
         assert took / (took + paused) <= 0.1 + 1e-9
     busy = sum(b.busy)
     assert busy / (busy + sum(b.pauses)) <= 0.1 + 1e-9
+
+
+class History(Backlog):
+    """Backlog's clock and costs, with a mover whose backlog ends after *moves* full statements."""
+
+    def __init__(self, moves: int) -> None:
+        super().__init__(overhead=0.002, per_row=2e-5)
+        self.moves_left = moves
+        self.calls: list[str] = []
+
+    def move(self, after: timedelta, ttl: timedelta, batch: int) -> list[tuple[str, str]]:
+        self.calls.append("move")
+        rows = self.delete(ttl, batch)
+        self.moves_left -= 1
+        return rows if self.moves_left >= 0 else rows[: batch // 2]
+
+    def drop(self, ttl: timedelta) -> list[tuple[str, int]]:
+        self.calls.append("drop")
+        return [("20260101", 5)]
+
+    def delete_few(self, ttl: timedelta, batch: int) -> list[tuple[str, str]]:
+        self.calls.append("delete")
+        return [("id", "t")] * 3
+
+
+def test_b2_z1_retention_moves_drops_and_deletes_each_tick_paced_to_a_tenth() -> None:
+    """A mover's backlog never holds off the deletes of rows past the ttl (they run every tick), and
+    moves are paced as deletes are."""
+    h = History(moves=100)
+    r = Retention(
+        3600, timedelta(days=1), 1000, h.delete_few, lambda t, n: None, logging.getLogger("r"),
+        monotonic=lambda: h.now, pause=h.pause,
+        history=timedelta(hours=1), move=h.move, drop=h.drop,
+    )  # fmt: skip
+    for _ in range(4):
+        r.run_once()
+    assert r.behind  # the mover's backlog: the next tick at once
+    assert h.calls.count("drop") == 4 and h.calls.count("delete") == 4
+    assert [c for c in h.calls if c != "move"] == ["drop", "delete"] * 4
+    busy = sum(h.busy)
+    assert busy / (busy + sum(h.pauses)) <= 0.1 + 1e-9
+    while r.behind:
+        r.run_once()
+    assert h.moves_left < 0
+
+
+def test_b2_retention_without_a_history_never_moves() -> None:
+    h = History(moves=5)
+    r = Retention(
+        3600, timedelta(days=1), 1000, h.delete_few, lambda t, n: None, logging.getLogger("r"),
+        monotonic=lambda: h.now, pause=h.pause,
+    )  # fmt: skip
+    r.run_once()
+    assert h.calls == ["delete"] and not r.behind

@@ -78,7 +78,10 @@ FIRST_ROWS = 1000
 
 
 class Retention(Ticker):
-    """Deletes batches while they come back full, paced, with no period's wait while a backlog lasts."""
+    """Deletes batches while they come back full, paced, with no period's wait while a backlog lasts.
+    With a history (SPEC B2: *history* > 0 and *move*, *drop* given), each tick first moves the
+    terminal rows ended more than *history* ago to their days' tables, paced the same way, and drops
+    the days older than the ttl whole; what stays in the job table is deleted as before."""
 
     name = "retention"
 
@@ -92,6 +95,9 @@ class Retention(Ticker):
         log: logging.Logger,
         monotonic: Callable[[], float] = time.monotonic,
         pause: Callable[[float], object] | None = None,
+        history: timedelta = timedelta(0),
+        move: Callable[[timedelta, timedelta, int], list[tuple[str, str]]] | None = None,
+        drop: Callable[[timedelta], list[tuple[str, int]]] | None = None,
     ) -> None:
         super().__init__(period, log)
         self._monotonic = monotonic
@@ -102,9 +108,13 @@ class Retention(Ticker):
         self.batch = batch
         self._delete = delete
         self._on_deleted = on_deleted
+        self.history = history if move is not None and drop is not None else timedelta(0)
+        self._move = move
+        self._drop = drop
         self.behind = False  # the last tick ended on its cap: more expired rows remain
         self.rows = min(batch, FIRST_ROWS)  # the next statement's size: see size_next()
         self._drained: Counter[str] = Counter()  # deleted since the last tick that was not behind
+        self._moved: Counter[str] = Counter()  # moved since the last tick that was not behind
 
     def size_next(self, rows: int, busy: float) -> None:
         """Size the next statement to take ``BUSY_TARGET`` at the speed of the last (*rows* in *busy*
@@ -116,26 +126,43 @@ class Retention(Ticker):
     def next_delay(self) -> float:
         return 0.0 if self.behind else self.period
 
-    def tick(self) -> None:
-        self.behind = False  # a failing delete waits a period, never loops at once
-        total: Counter[str] = Counter()
+    def _batches(self, run: Callable[[int], list[tuple[str, str]]], total: Counter[str]) -> bool:
+        """Run statements of ``self.rows`` rows while they come back full (at most
+        ``MAX_BATCHES_PER_TICK``), paced; count each row's topic in *total*; whether the last was full."""
         full = False
-        first = not self._drained  # no backlog reported yet
+        for _ in range(MAX_BATCHES_PER_TICK):
+            if self._stop.is_set():
+                break
+            asked = self.rows
+            started = self._monotonic()
+            rows = run(asked)
+            busy = max(0.0, self._monotonic() - started)
+            for _, topic in rows:
+                total[topic] += 1
+            full = len(rows) >= asked
+            if not full:
+                break
+            self.size_next(asked, busy)
+            self._pause(PACE * busy)
+        return full
+
+    def tick(self) -> None:
+        self.behind = False  # a failing statement waits a period, never loops at once
+        first = not self._drained and not self._moved  # no backlog reported yet
+        moving = False
+        if self._move is not None and self._drop is not None and self.history > timedelta(0):
+            move = self._move
+            moved: Counter[str] = Counter()
+            try:
+                moving = self._batches(lambda n: move(self.history, self.ttl, n), moved)
+            finally:
+                self._moved.update(moved)
+            for day, jobs in self._drop(self.ttl):
+                self.log.info("retention: dropped the history of %s whole (%d jobs)", day, jobs)
+        # every tick, whatever the mover's backlog: rows past the ttl never wait for the moves
+        total: Counter[str] = Counter()
         try:
-            for _ in range(MAX_BATCHES_PER_TICK):
-                if self._stop.is_set():
-                    break
-                asked = self.rows
-                started = self._monotonic()
-                rows = self._delete(self.ttl, asked)
-                busy = max(0.0, self._monotonic() - started)
-                for _, topic in rows:
-                    total[topic] += 1
-                full = len(rows) >= asked
-                if not full:
-                    break
-                self.size_next(asked, busy)
-                self._pause(PACE * busy)
+            full = self._batches(lambda n: self._delete(self.ttl, n), total) or moving
         finally:  # batches committed before a failing one are counted and reported too
             for topic, n in total.items():
                 self._on_deleted(topic, n)
@@ -143,6 +170,14 @@ class Retention(Ticker):
         if full and first:
             self.log.info("retention: a backlog of expired terminal jobs; deleting batch after batch")
         self.behind = full
+        if not full and self._moved:
+            self.log.info(
+                "retention: moved %d terminal jobs ended more than %gs ago to history topics=%s",
+                sum(self._moved.values()),
+                self.history.total_seconds(),
+                ",".join(f"{t}:{n}" for t, n in sorted(self._moved.items())),
+            )
+            self._moved.clear()
         if not full and self._drained:
             self.log.info(
                 "retention: deleted %d terminal jobs older than %gs topics=%s",

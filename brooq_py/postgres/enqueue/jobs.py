@@ -307,6 +307,10 @@ def _enqueue_many(
         # Rows come back only for jobs whose key was taken (position in todo from 1), and for
         # capped topics that would go past their cap (then nothing was written).
         rows = yield query, params
+        if rows and rows[0][0] == -1 and parents:
+            # A parent moved to the terminal history while the statement waited for its lock (SPEC
+            # B2): nothing was written; a second statement finds it there.
+            rows = yield query, params
         too_deep = [r[-1] for r in rows if r[-1] is not None]
         if too_deep:
             raise caps.refused(too_deep[0], known[too_deep[0]])

@@ -188,11 +188,19 @@ def by_id(query: Query, job_id: Any) -> Plan[bool]:
 
 def retry(q: Queries, job_id: Any) -> Plan[bool]:
     """Put a dead or canceled job back to pending; False as ``by_id``, and when an active holder of its
-    unique key committed meanwhile."""
-    try:
-        return (yield from by_id(q["job_retry"], job_id))
-    except psycopg.errors.UniqueViolation:
+    unique key committed meanwhile. A job in the terminal history goes back to the job table first
+    (SPEC B2); one that moved there while the retry waited for its row is looked for once more."""
+    parsed = parse_id(job_id)
+    if parsed is None:
         return False
+    try:
+        for _ in range(2):
+            yield q["job_history_back"], {"id": parsed}
+            if (yield q["job_retry"], {"id": parsed}):
+                return True
+    except psycopg.errors.UniqueViolation:
+        pass
+    return False
 
 
 def signal(q: Queries, job_id: Any, name: Any, payload: Any, savepoint: bool = False) -> Plan[bool]:

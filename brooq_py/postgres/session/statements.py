@@ -62,6 +62,8 @@ def _fragment(name: str, schema: str, halts: bool = True) -> sql.Composed:
     inner = {f: _fragment(f, schema, halts) for f in _FRAGMENTS if f != name and "{" + f + "}" in text}
     return sql.SQL(text).format(
         job=sql.Identifier(schema, "job"),
+        live=_live(schema),
+        job_edge=sql.Identifier(schema, "job_edge"),
         job_step=sql.Identifier(schema, "job_step"),
         job_sequence_halt=sql.Identifier(schema, "job_sequence_halt"),
         depth_seq=_depth_seq(schema),
@@ -71,7 +73,21 @@ def _fragment(name: str, schema: str, halts: bool = True) -> sql.Composed:
 
 # Files that are parts of statements, not statements: ``{name}`` in a statement (or in another
 # fragment) stands for one.
-_FRAGMENTS = ("depth_room", "depth_waiting", "job_row_columns", "claim_room", "claim_set", "topic_tokens")
+_FRAGMENTS = (
+    "depth_room",
+    "depth_waiting",
+    "job_row_columns",
+    "claim_room",
+    "claim_set",
+    "topic_tokens",
+    "terminal_kept",
+)
+
+
+def _live(schema: str) -> sql.Composable:
+    """``{live}``: the job table without its history (SPEC B2: the tables of terminal history inherit
+    from it; a statement of the hot path reads and writes the table itself, never opening them)."""
+    return sql.SQL("ONLY {}").format(sql.Identifier(schema, "job"))
 
 
 def _depth_seq(schema: str) -> sql.Composable:
@@ -114,9 +130,22 @@ def tenanted(name: str, tenant: bool) -> str:
     return name + TENANT if tenant else name
 
 
+# A statement named ``<name>@<day>`` names one table of terminal history as ``{history}``
+# (``job_history_<day>``, the day as YYYYMMDD: SPEC B2, postgres/worker/history.py).
+HISTORY = "@"
+
+
+def history_table(day: str) -> str:
+    """The name of the table of terminal history for *day* (YYYYMMDD)."""
+    if len(day) != 8 or not day.isdigit():
+        raise ValueError(f"not a day (YYYYMMDD): {day!r}")
+    return "job_history_" + day
+
+
 def render(name: str, schema: str, *, rows: bool = True, halts: bool = True) -> Query:
     """Render ``sql/<name>.sql`` for *schema* (*rows*: see ``Query``; *halts*: see ``Queries.halts``);
-    ``<name>+tenant``: see TENANT."""
+    ``<name>+tenant``: see TENANT; ``<name>@<day>``: see HISTORY."""
+    name, _, day = name.partition(HISTORY)
     base, suffix, _ = name.partition(TENANT)
     template = sql.SQL(compact(load(base)))
     args: dict[str, sql.Composable] = {
@@ -124,6 +153,12 @@ def render(name: str, schema: str, *, rows: bool = True, halts: bool = True) -> 
         for f in _FRAGMENTS
     }
     args.update({t: sql.Identifier(schema, t) for t in _TABLES})
+    args.update(
+        live=_live(schema),
+        job_literal=sql.Literal(sql.Identifier(schema, "job").as_string(None)),
+        history=sql.Identifier(schema, history_table(day) if day else "job_history"),
+        history_index=sql.Identifier((history_table(day) if day else "job_history") + "_ended"),
+    )
     args.update({k: sql.SQL(v if suffix else "") for k, v in _TENANT_FRAGMENTS.items()})
     args.update(
         depth_seq=_depth_seq(schema),
@@ -152,6 +187,11 @@ _COUNTED = frozenset(
         "signal_savepoint",
         "signal_savepoint_release",
         "signal_savepoint_rollback",
+        "history_create",
+        "history_index",
+        "history_lock_table",
+        "history_lock_wait",
+        "history_drop",
     }
 )
 
@@ -174,7 +214,7 @@ class Queries:
         key = (name, self.halts)
         query = self._rendered.get(key)
         if query is None:
-            counted = name.partition(TENANT)[0] in _COUNTED
+            counted = name.partition(HISTORY)[0].partition(TENANT)[0] in _COUNTED
             query = self._rendered[key] = render(name, self.schema, rows=not counted, halts=self.halts)
         return query
 

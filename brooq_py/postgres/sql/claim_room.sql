@@ -8,7 +8,7 @@ room AS (
         %(limit)s,
         CASE WHEN s.concurrency_limit IS NULL THEN %(limit)s
              ELSE s.concurrency_limit - (
-                 SELECT count(*) FROM {job} p WHERE p.state = 'processing' AND p.topic = s.topic)
+                 SELECT count(*) FROM {live} p WHERE p.state = 'processing' AND p.topic = s.topic)
         END,
         CASE WHEN s.rate_limit IS NULL THEN %(limit)s ELSE floor(s.tokens)::bigint END
     )) AS n

@@ -12,14 +12,14 @@
 -- join that could read the topic's other members). Taking them back into the count (a retry, a
 -- resume) moves the depth sequence past every Store's anchor (job_retry, job_sequence_resume,
 -- job_sequence_pass).
-SELECT (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = dt.topic AND state = 'pending'
+SELECT (SELECT count(*) FROM (SELECT FROM {live} WHERE topic = dt.topic AND state = 'pending'
                               LIMIT dt.cap) AS p)
-     + (SELECT count(*) FROM (SELECT FROM {job} WHERE topic = dt.topic
+     + (SELECT count(*) FROM (SELECT FROM {live} WHERE topic = dt.topic
                                   AND state IN ('scheduled', 'failed', 'blocked')
                               LIMIT dt.cap + s.held) AS w)
      - s.held AS waiting
 FROM (SELECT count(*) AS held
       FROM (SELECT DISTINCT h.sequence FROM {job_sequence_halt} h WHERE h.topic = dt.topic) AS h
-      CROSS JOIN LATERAL (SELECT FROM {job} m
+      CROSS JOIN LATERAL (SELECT FROM {live} m
                           WHERE m.topic = dt.topic AND m.sequence = h.sequence AND m.state = 'blocked'
                           OFFSET 0) AS m) AS s

@@ -35,13 +35,13 @@ WITH proof AS (
         AS h(id, token, progress, note)
 ), reported AS MATERIALIZED (
     SELECT j.id, s.progress, s.note
-    FROM {job} j
+    FROM {live} j
     JOIN sent s ON j.id = s.id
     WHERE j.id = ANY (%(ids)s::uuid[]) AND (s.progress IS NOT NULL OR s.note IS NOT NULL)
         AND j.state = s.guard AND j.claim_token = s.token
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ), written AS (
-    UPDATE {job} j
+    UPDATE {live} j
     SET progress = coalesce(r.progress, j.progress), progress_note = coalesce(r.note, j.progress_note)
     FROM reported r
     WHERE j.id = r.id
@@ -55,11 +55,11 @@ SELECT s.token::text,
          ELSE 'held' END,
     NULL::text
 FROM sent s
-LEFT JOIN {job} j ON j.id = s.id AND j.id = ANY (%(ids)s::uuid[])
+LEFT JOIN {live} j ON j.id = s.id AND j.id = ANY (%(ids)s::uuid[])
 WHERE EXISTS (SELECT FROM proof)
 UNION ALL
 SELECT o.claim_token::text, 'orphan', o.id::text
-FROM {job} o
+FROM {live} o
 WHERE %(orphans)s::bool AND EXISTS (SELECT FROM proof) AND o.state = 'processing' AND o.locked_by = %(engine)s
     AND o.claim_token <> ALL (%(tokens)s::uuid[]) AND o.updated_at < now() - %(lease)s::interval
 UNION ALL

@@ -31,7 +31,7 @@ WITH topics AS MATERIALIZED (
     FROM topics t
     CROSS JOIN LATERAL (
         SELECT id, priority, available_at, ctid AS seen
-        FROM {job}
+        FROM {live}
         WHERE t.priority IS NULL AND topic = t.topic AND state = 'pending' AND available_at <= now()
         ORDER BY priority DESC, available_at, id
         LIMIT %(limit)s
@@ -42,7 +42,7 @@ WITH topics AS MATERIALIZED (
     FROM topics t
     CROSS JOIN LATERAL (
         SELECT id, priority, available_at, ctid AS seen
-        FROM {job}
+        FROM {live}
         WHERE t.priority IS NOT NULL AND topic = t.topic AND state = 'pending' AND priority > t.priority
             AND available_at <= now()
         ORDER BY priority DESC, available_at, id
@@ -54,7 +54,7 @@ WITH topics AS MATERIALIZED (
     FROM topics t
     CROSS JOIN LATERAL (
         SELECT id, priority, available_at, ctid AS seen
-        FROM {job}
+        FROM {live}
         WHERE t.priority IS NOT NULL AND topic = t.topic AND state = 'pending' AND priority = t.priority
             AND available_at > coalesce(t.after, now() - %(slack)s::interval) AND available_at <= now()
         ORDER BY available_at, id
@@ -66,7 +66,7 @@ WITH topics AS MATERIALIZED (
     FROM topics t
     CROSS JOIN LATERAL (
         SELECT id, priority, available_at, ctid AS seen
-        FROM {job}
+        FROM {live}
         WHERE t.priority IS NOT NULL AND topic = t.topic AND state = 'pending' AND priority < t.priority
             AND available_at <= now()
             AND (SELECT count(*) FROM higher h WHERE h.topic = t.topic)
@@ -83,7 +83,7 @@ WITH topics AS MATERIALIZED (
     ORDER BY priority DESC, available_at, id
     LIMIT %(limit)s
 ), claimed AS (
-    UPDATE {job} j
+    UPDATE {live} j
     SET updated_at = now(),
         {claim_set}
     WHERE j.id = ANY (ARRAY(SELECT id FROM cand))
@@ -92,7 +92,7 @@ WITH topics AS MATERIALIZED (
 )
 SELECT c.id::text, c.topic, c.payload, c.attempts, c.priority, c.claim_token::text, c.locked_by,
        c.locked_until, c.meta, c.crashes, c.available_at,
-       k.seen = (SELECT o.ctid FROM {job} o WHERE o.id = c.id)
+       k.seen = (SELECT o.ctid FROM {live} o WHERE o.id = c.id)
            AND (SELECT s.seq FROM {job_step} s WHERE s.job_id = c.id ORDER BY s.seq LIMIT 1) IS NULL AS unrecorded
 FROM claimed c
 JOIN cand k ON k.id = c.id

@@ -30,7 +30,7 @@ WITH clock AS (
                       WHERE e.id = %(worker)s AND e.seen_at + e.lease - e.margin <= now())
 ), {claim_room}, turned AS (
     SELECT j.id, j.tenant, j.priority, j.turn
-    FROM {job} j
+    FROM {live} j
     WHERE j.topic = %(topic)s AND j.state = 'pending' AND j.turn IS NOT NULL AND j.available_at <= now()
       AND coalesce((SELECT n FROM room), 0) > 0
     ORDER BY j.priority DESC, j.turn, j.id
@@ -42,7 +42,7 @@ WITH clock AS (
              + row_number() OVER (PARTITION BY w.priority ORDER BY w.available_at, w.id) - 1 AS turn
     FROM (
         SELECT j.id, j.priority, j.available_at
-        FROM {job} j
+        FROM {live} j
         WHERE j.topic = %(topic)s AND j.state = 'pending' AND j.turn IS NULL AND j.available_at <= now()
           AND coalesce((SELECT n FROM room), 0) > 0
         ORDER BY j.priority DESC, j.available_at, j.id
@@ -66,10 +66,10 @@ WITH clock AS (
     SELECT t.*,
            CASE WHEN t.lim IS NULL THEN NULL
                 WHEN t.tenant IS NULL THEN (
-                    SELECT count(*) FROM {job} p
+                    SELECT count(*) FROM {live} p
                     WHERE p.topic = %(topic)s AND p.state = 'processing' AND p.tenant IS NULL)
                 ELSE (
-                    SELECT count(*) FROM {job} p
+                    SELECT count(*) FROM {live} p
                     WHERE p.topic = %(topic)s AND p.tenant = t.tenant AND p.state = 'processing'
                       AND p.turn IS NOT NULL)
            END AS running,
@@ -95,13 +95,13 @@ WITH clock AS (
     -- next one taken in its place (the limit is applied above the row locks, as in job_claim_limited),
     -- so a held row never stops its topic. A tenant's candidates keep the numbers k given before
     -- the skip: a skipped row can only leave its tenant under its limit or bucket, never over.
-    SELECT j.id FROM {job} j
+    SELECT j.id FROM {live} j
     WHERE j.id = ANY ((SELECT ids FROM ordered)::uuid[]) AND j.state = 'pending'
     ORDER BY array_position((SELECT ids FROM ordered), j.id)
     LIMIT coalesce((SELECT n FROM room), 0)
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ), claimed AS (
-    UPDATE {job} j
+    UPDATE {live} j
     SET updated_at = (SELECT t FROM clock),
         {claim_set}
     WHERE j.id = ANY (ARRAY(SELECT id FROM locked))

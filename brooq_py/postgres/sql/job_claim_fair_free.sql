@@ -21,7 +21,7 @@ WITH setting AS (
                       WHERE e.id = %(worker)s AND e.seen_at + e.lease - e.margin <= now())
 ), turned AS (
     SELECT j.id, j.priority, j.turn
-    FROM {job} j
+    FROM {live} j
     WHERE j.topic = %(topic)s AND j.state = 'pending' AND j.turn IS NOT NULL AND j.available_at <= now()
       AND EXISTS (SELECT FROM setting)
     ORDER BY j.priority DESC, j.turn, j.id
@@ -32,7 +32,7 @@ WITH setting AS (
              + row_number() OVER (PARTITION BY w.priority ORDER BY w.available_at, w.id) - 1 AS turn
     FROM (
         SELECT j.id, j.priority, j.available_at
-        FROM {job} j
+        FROM {live} j
         WHERE j.topic = %(topic)s AND j.state = 'pending' AND j.turn IS NULL AND j.available_at <= now()
           AND EXISTS (SELECT FROM setting)
         ORDER BY j.priority DESC, j.available_at, j.id
@@ -49,7 +49,7 @@ WITH setting AS (
     -- As job_claim_fair's: the first %(limit)s candidates in the fair order that are still pending,
     -- each locked as it is taken; one locked elsewhere (another claim in flight, an operator's
     -- SELECT ... FOR UPDATE) is skipped, never waited on, and the next one taken in its place.
-    SELECT j.id FROM {job} j
+    SELECT j.id FROM {live} j
     WHERE j.id = ANY ((SELECT ids FROM cand)::uuid[]) AND j.state = 'pending'
     ORDER BY array_position((SELECT ids FROM cand), j.id)
     LIMIT %(limit)s
@@ -65,7 +65,7 @@ WITH setting AS (
            AND ((SELECT count(*) FROM turned) >= %(window)s OR (SELECT count(*) FROM unnamed) >= %(window)s) AS go
 ), turned_past AS (
     SELECT j.id, j.priority, j.turn
-    FROM {job} j
+    FROM {live} j
     WHERE j.topic = %(topic)s AND j.state = 'pending' AND j.turn IS NOT NULL AND j.available_at <= now()
       AND (SELECT go FROM past_window) AND j.id <> ALL ((SELECT ids FROM cand)::uuid[])
     ORDER BY j.priority DESC, j.turn, j.id
@@ -77,7 +77,7 @@ WITH setting AS (
              + row_number() OVER (PARTITION BY w.priority ORDER BY w.available_at, w.id) - 1 AS turn
     FROM (
         SELECT j.id, j.priority, j.available_at
-        FROM {job} j
+        FROM {live} j
         WHERE j.topic = %(topic)s AND j.state = 'pending' AND j.turn IS NULL AND j.available_at <= now()
           AND (SELECT go FROM past_window) AND j.id <> ALL ((SELECT ids FROM cand)::uuid[])
         ORDER BY j.priority DESC, j.available_at, j.id
@@ -90,7 +90,7 @@ WITH setting AS (
     ORDER BY c.priority DESC, c.turn, c.id
     LIMIT %(limit)s - (SELECT n FROM got)
 ), claimed AS (
-    UPDATE {job} j
+    UPDATE {live} j
     SET updated_at = clock_timestamp(),
         {claim_set}
     WHERE j.id = ANY (ARRAY(SELECT id FROM locked UNION ALL SELECT id FROM past))

@@ -25,7 +25,7 @@ WITH clock AS (
       AND (s.concurrency_limit IS NOT NULL OR s.rate_limit IS NOT NULL)
 ), {claim_room}, cand AS (
     SELECT id
-    FROM {job}
+    FROM {live}
     WHERE topic = %(topic)s AND state = 'pending' AND available_at <= now()
         AND NOT EXISTS (SELECT FROM {engine} e
                         WHERE e.id = %(worker)s AND e.seen_at + e.lease - e.margin <= now())
@@ -33,7 +33,7 @@ WITH clock AS (
     LIMIT coalesce((SELECT n FROM room), 0)
     FOR NO KEY UPDATE SKIP LOCKED
 ), claimed AS (
-    UPDATE {job} j
+    UPDATE {live} j
     SET updated_at = (SELECT t FROM clock),  -- the time the bucket counted this claim at
         {claim_set}
     FROM cand

@@ -7,7 +7,7 @@
 -- through the primary key, to its parents through job_edge_child_idx). DS5: its recorded steps
 -- and its signals too (their primary keys lead by the job; no foreign key, so no cascade locks).
 WITH deleted AS (
-    DELETE FROM {job} j
+    DELETE FROM {live} j
     WHERE j.id = ANY (%(ids)s::uuid[])
       AND NOT EXISTS (SELECT FROM {job_edge} e JOIN {job} c ON c.id = e.child
                       WHERE e.parent = j.id AND c.state NOT IN ('done', 'dead', 'canceled'))

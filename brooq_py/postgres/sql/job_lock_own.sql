@@ -7,12 +7,12 @@
 -- back and is tried again from the completer's queue); 'gone': no longer the claim's
 -- (canceled, reaped, claimed again). The second probe reads without a lock.
 WITH mine AS MATERIALIZED (
-    SELECT id FROM {job}
+    SELECT id FROM {live}
     WHERE id = %(id)s AND state = 'processing' AND claim_token = %(token)s
     FOR NO KEY UPDATE SKIP LOCKED
 )
 SELECT CASE WHEN EXISTS (SELECT 1 FROM mine) THEN 'ours'
-            WHEN EXISTS (SELECT 1 FROM {job}
+            WHEN EXISTS (SELECT 1 FROM {live}
                          WHERE id = %(id)s AND state = 'processing' AND claim_token = %(token)s)
             THEN 'locked'
             ELSE 'gone' END

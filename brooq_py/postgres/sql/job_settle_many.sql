@@ -17,7 +17,7 @@
 -- The outcomes are unnested once, in the subquery that locks their rows: joined to them
 -- after the lock instead, the planner took a nested loop that unnested every array once
 -- per outcome (O(n^2): 270 ms for a batch of 500, SPEC BD1).
-UPDATE {job} j
+UPDATE {live} j
 SET state = u.state,
     attempts = CASE WHEN u.give_back THEN greatest(j.attempts - 1, 0) ELSE j.attempts END,
     available_at = CASE WHEN u.state IN ('failed', 'pending', 'scheduled')
@@ -36,7 +36,7 @@ SET state = u.state,
     updated_at = now()
 FROM (
     SELECT o.*
-    FROM {job} f
+    FROM {live} f
     JOIN (SELECT x.*, 'processing'::text AS guard
           FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(states)s::text[], %(delays)s::float8[],
                       %(give_back)s::bool[], %(errors)s::text[], %(results)s::jsonb[], %(tracebacks)s::text[],

@@ -7,11 +7,11 @@
 -- answers: 'ours' (written), 'locked' (still the claim's, another transaction holds
 -- it: nothing written); none: no longer the claim's (canceled, reaped, claimed again).
 WITH mine AS MATERIALIZED (
-    SELECT id FROM {job}
+    SELECT id FROM {live}
     WHERE id = %(id)s AND state = 'processing' AND claim_token = %(token)s
     FOR NO KEY UPDATE SKIP LOCKED
 ), written AS (
-    UPDATE {job} j
+    UPDATE {live} j
     SET state = %(state)s,
         attempts = CASE WHEN %(give_back)s THEN greatest(attempts - 1, 0) ELSE attempts END,
         available_at = CASE WHEN %(state)s IN ('failed', 'pending') THEN now() + %(delay)s::interval
@@ -35,5 +35,5 @@ WITH mine AS MATERIALIZED (
 )
 SELECT 'ours' FROM written
 UNION ALL
-SELECT 'locked' FROM {job}
+SELECT 'locked' FROM {live}
 WHERE id = %(id)s AND state = 'processing' AND claim_token = %(token)s AND NOT EXISTS (SELECT FROM mine)

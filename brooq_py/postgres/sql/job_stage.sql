@@ -11,7 +11,7 @@ WITH due AS (
     FROM unnest(%(topics)s::text[]) AS t(topic)
     CROSS JOIN LATERAL (
         SELECT id
-        FROM {job}
+        FROM {live}
         WHERE topic = t.topic AND state IN ('scheduled', 'failed') AND available_at <= now()
         ORDER BY available_at
         LIMIT %(batch)s
@@ -19,7 +19,7 @@ WITH due AS (
     ) AS c
     LIMIT %(batch)s
 ), promoted AS (
-    UPDATE {job} j
+    UPDATE {live} j
     SET state = 'pending', updated_at = now()
     FROM due
     WHERE j.id = due.id
@@ -34,7 +34,7 @@ WITH due AS (
 )
 SELECT t.topic,
        coalesce(w.n, 0)::int AS promoted,
-       extract(epoch FROM (SELECT min(j.available_at) FROM {job} j
+       extract(epoch FROM (SELECT min(j.available_at) FROM {live} j
                            WHERE j.topic = t.topic AND j.state IN ('scheduled', 'failed')
                              AND j.available_at > now()) - clock_timestamp())::float8 AS next_due_in
 FROM unnest(%(topics)s::text[]) AS t(topic)

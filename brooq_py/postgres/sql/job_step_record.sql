@@ -6,7 +6,7 @@
 -- its end, now() + %(delay)s on the database clock. One row: ours, inserted (false
 -- when this position was recorded already), the recorded result, now().
 WITH mine AS MATERIALIZED (
-    SELECT id FROM {job}
+    SELECT id FROM {live}
     WHERE id = %(id)s AND state = 'processing' AND claim_token = %(token)s
     FOR SHARE
 ), recorded AS (

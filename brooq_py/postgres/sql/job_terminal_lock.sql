@@ -1,9 +1,8 @@
 -- name: job_terminal_lock
 -- SPEC T1, T2: retention's first statement, in the transaction of job_delete_terminal: one
--- batch of terminal rows older than the ttl, oldest first, locked.
--- SPEC D4: a parent only once every child naming it is terminal (one probe of job_edge's
--- primary key per candidate: a child may name a parent that had already ended, which is
--- never written, so the row itself cannot tell). This snapshot may miss a child committed
+-- batch of terminal rows older than the ttl, oldest first, locked; of the job table alone (SPEC
+-- B2: a day of history goes whole once all of it is older than the ttl, never row by row).
+-- SPEC D4, Q5: not a row that terminal_kept.sql keeps. This snapshot may miss a child committed
 -- after it was taken and before the lock below: job_delete_terminal looks again, in a
 -- snapshot taken after the lock.
 -- A parent locked by an enqueue naming it is skipped (SKIP LOCKED); an enqueue that locks it
@@ -13,9 +12,6 @@
 -- signal was never looked at by a stager (woke is false until one sees its job), so the
 -- partial index of those (a few rows: the signals of running jobs) finds it; each is
 -- probed by the job's primary key. The stagers delete them too (job_release_due).
--- SPEC Q5: a dead member that halts its sequence is kept while it does (a probe of
--- job_sequence_halt's primary key for the rows of a sequence only): the operator's retry of it
--- stays possible and its id, named on the next member, stays readable; a resume lets it go.
 -- Steps need no such pass: job_step_record holds its job's row (FOR SHARE) until it
 -- commits, and only a processing row takes a step, so no step outlives its job.
 WITH orphans AS (
@@ -28,13 +24,9 @@ WITH orphans AS (
         FOR UPDATE SKIP LOCKED)
 )
 SELECT j.id
-FROM {job} j
+FROM {live} j
 WHERE j.state IN ('done', 'dead', 'canceled') AND j.updated_at < now() - %(ttl)s::interval
-  AND NOT EXISTS (SELECT FROM {job_edge} e JOIN {job} c ON c.id = e.child
-                  WHERE e.parent = j.id AND c.state NOT IN ('done', 'dead', 'canceled'))
-  AND NOT (j.sequence IS NOT NULL AND j.state = 'dead'
-           AND EXISTS (SELECT FROM {job_sequence_halt} h
-                       WHERE h.topic = j.topic AND h.sequence = j.sequence AND h.job = j.id))
+  AND NOT {terminal_kept}
 ORDER BY j.updated_at
 LIMIT %(batch)s
 FOR UPDATE SKIP LOCKED

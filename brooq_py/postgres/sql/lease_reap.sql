@@ -10,7 +10,7 @@
 -- each sequence's next member (the handler cannot run any more, as a reaped job's cannot).
 WITH gone AS MATERIALIZED (
     SELECT j.id
-    FROM {job} j
+    FROM {live} j
     LEFT JOIN {engine} e ON e.id = j.locked_by
     WHERE j.state = 'processing'
         AND CASE WHEN e.id IS NULL THEN j.locked_until < now()
@@ -26,10 +26,10 @@ WITH gone AS MATERIALIZED (
 ), forgotten AS (
     DELETE FROM {engine} e
     WHERE e.seen_at < now() - interval '1 hour'
-        AND NOT EXISTS (SELECT FROM {job} j WHERE j.state = 'processing' AND j.locked_by = e.id)
+        AND NOT EXISTS (SELECT FROM {live} j WHERE j.state = 'processing' AND j.locked_by = e.id)
         AND NOT EXISTS (SELECT FROM {job_sequence_hold} h WHERE h.engine = e.id)
 )
-UPDATE {job} j
+UPDATE {live} j
 SET state = 'pending', locked_by = NULL, locked_until = NULL, available_at = now(),
     attempts = greatest(j.attempts - 1, 0), crashes = j.crashes + 1, updated_at = now()
 FROM gone

@@ -36,6 +36,7 @@ from brooq_py.postgres.session.statements import (
 )
 from brooq_py.postgres.session.tx import Rows, as_psycopg, on_connection, on_tx
 from brooq_py.postgres.worker.heads import SLACK, ClaimHeads
+from brooq_py.postgres.worker.history import History
 from brooq_py.queue import BrooqError, State, StoreUnavailable, Tx
 from brooq_py.queue.port import (
     ClaimedJob,
@@ -149,6 +150,7 @@ class WorkerRepo:
         self._listeners: set[PgListener] = set()
         self._listeners_lock = threading.Lock()
         self._heads = ClaimHeads()
+        self.history = History(session)
         self._fair: set[str] = set()  # topics whose jobs name tenants (SPEC T1), as last read
         self._fair_free: set[str] = set()  # of those, the ones nothing limits, as last read
         self.ping_timeout = 2.0
@@ -470,6 +472,15 @@ class WorkerRepo:
                 return []
             rows = run(self._q["job_delete_terminal"], {"ids": uuid_array([str(r[0]) for r in locked])})
         return [(str(r[0]), r[1]) for r in rows]
+
+    def move_terminal(self, after: timedelta, ttl: timedelta, batch: int) -> list[tuple[str, str]]:
+        """Move at most *batch* terminal rows ended more than *after* ago to their days' tables of
+        history (worker/history.py); (id, topic) of each."""
+        return self.history.move(after, ttl, batch)
+
+    def drop_history(self, ttl: timedelta) -> list[tuple[str, int]]:
+        """Drop the days of history older than *ttl* whole; (day, jobs) of each."""
+        return [(d.day, d.jobs) for d in self.history.drop(ttl)]
 
     def pass_dead(self, ids: Sequence[str], topics: Sequence[str] = ()) -> None:
         """The dead jobs *ids*, and every dead member of *topics* that halts its sequence, no longer

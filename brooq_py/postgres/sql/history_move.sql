@@ -1,0 +1,22 @@
+-- name: history_move
+-- SPEC B2: moves the rows history_lock locked (of one day) into that day's table, in the same
+-- transaction: a DELETE from the job table and an INSERT, one statement. A reader sees the row in
+-- one table or the other, never both, never neither. A statement waiting on the row (a cancel
+-- UPDATE, FOR UPDATE) finds it gone when this commits and takes nothing: the row was terminal,
+-- which it would have left alone (job_retry.sql looks for it again).
+-- SPEC D4 as job_delete_terminal.sql: this statement's snapshot, taken after the locks, sees every
+-- child committed before them; a row that became the parent of an active child stays.
+-- Its edges, steps and signals stay where they are: they name the job by id, wherever it is.
+WITH moved AS (
+    -- By the primary key alone: the rows are locked, ended, since history_lock (with "state IN" here,
+    -- statistics behind the moves had the planner walk the retention index instead, 0.5 s a batch).
+    DELETE FROM {live} j
+    WHERE j.id = ANY (%(ids)s::uuid[])
+      AND NOT EXISTS (SELECT FROM {job_edge} e
+                      WHERE e.parent = j.id
+                        AND (SELECT c.state FROM {live} c WHERE c.id = e.child) NOT IN ('done', 'dead', 'canceled'))
+    RETURNING j.*
+)
+INSERT INTO {history}
+SELECT * FROM moved
+RETURNING id, topic

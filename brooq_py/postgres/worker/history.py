@@ -1,0 +1,128 @@
+"""Terminal history (SPEC B2): ended jobs leave the job table for a table of their day, dropped whole.
+
+A day's table (``job_history_YYYYMMDD``, UTC) inherits ``job``: ``SELECT … FROM job`` reads every job
+wherever it is (SPEC B3; ``store.get``, ``wait``, ``result``, ``parent_results``, the dashboard and the
+CLI read through it), while the statements of the hot path name the job table alone (``{live}``), so
+claims, settles and heartbeats cost the same whatever the history holds.
+
+- ``move``: retention's mover takes a batch of terminal rows that ended more than ``after`` ago, as
+  retention would delete them (``sql/history_lock.sql`` says which it leaves), and moves them in one
+  statement (``sql/history_move.sql``): a DELETE from ``job`` and an INSERT into the day's table.
+  Each row is written once more, off the hot path, where retention deleted it before.
+- ``drop``: a day's table whose every row is older than the ttl is dropped whole (no dead row version
+  per job); first its rows that retention would keep go back to ``job`` and the rows naming its jobs
+  (edges, steps, signals) are deleted, under the table's lock.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import psycopg
+
+from brooq_py.postgres.session.connections import Session
+from brooq_py.postgres.session.statements import HISTORY, uuid_array
+from brooq_py.postgres.session.tx import Runner, on_connection
+
+log = logging.getLogger("brooq_py.history")
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """A day of history dropped: its day (YYYYMMDD), the jobs it held, those that went back to job."""
+
+    day: str
+    jobs: int
+    kept: int
+
+
+class History:
+    """The mover and the drop of one Store (module docstring)."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self._q = session.q
+        self._tables: set[str] = set()  # the days whose table is known to exist
+        # The mover's mark: the end of the newest row it locked. Rows that ended before it and were
+        # left (see history_lock.sql) are not read again; retention deletes them at the ttl.
+        self._since: datetime | None = None
+
+    def move(self, after: timedelta, ttl: timedelta, batch: int) -> list[tuple[str, str]]:
+        """Move at most *batch* terminal rows that ended between *ttl* and *after* ago into their
+        days' tables, creating those first; (id, topic) of each row moved."""
+        if after <= timedelta(0) or batch < 1:
+            return []
+        for _ in range(3):  # a day without its table: create it outside the batch's transaction
+            try:
+                with self.session.autocommit("moving terminal jobs to history") as conn, conn.transaction():
+                    run = on_connection(conn)
+                    params = {"after": after, "ttl": ttl, "since": self._since or "-infinity", "batch": batch}
+                    locked = run(self._q["history_lock"], params)
+                    if not locked:
+                        return []
+                    days = sorted({str(r[1]) for r in locked})
+                    missing = [d for d in days if d not in self._tables]
+                    if not missing:
+                        moved: list[tuple[str, str]] = []
+                        for day in days:
+                            ids = uuid_array([str(r[0]) for r in locked if r[1] == day])
+                            rows = run(self._q["history_move" + HISTORY + day], {"ids": ids})
+                            moved.extend((str(r[0]), str(r[1])) for r in rows)
+                        self._since = max(r[2] for r in locked)
+                        return moved
+            except psycopg.errors.UndefinedTable:  # dropped since it was seen (a downgrade, an operator):
+                self._tables.clear()  # what was known of the tables and of the rows left is forgotten
+                self._since = None
+                continue
+            self.create(missing)
+        return []
+
+    def create(self, days: list[str]) -> None:
+        """Create the tables of history of *days* (YYYYMMDD) that do not exist yet."""
+        self._tables.update(self.tables())
+        for day in days:
+            if day in self._tables:
+                continue
+            try:
+                with self.session.autocommit("creating a table of history") as conn, conn.transaction():
+                    run = on_connection(conn)
+                    run(self._q["history_lock_wait"], {})
+                    run(self._q["history_create" + HISTORY + day], {})
+                    run(self._q["history_index" + HISTORY + day], {})
+            except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
+                pass  # another engine created it meanwhile
+            self._tables.add(day)
+            log.info("history: created the table of %s", day)
+
+    def tables(self) -> list[str]:
+        """The days (YYYYMMDD) that have a table of history."""
+        rows = self.session.run("reading the tables of history", self._q["history_tables"], {"ttl": "0"})
+        return [str(r[0]) for r in rows]
+
+    def drop(self, ttl: timedelta) -> list[Dropped]:
+        """Drop every day's table whose rows all ended more than *ttl* ago; one that cannot be locked
+        within a second (a long reader of job) is left for the next pass."""
+        if ttl <= timedelta(0):
+            return []
+        rows = self.session.run("reading the tables of history", self._q["history_tables"], {"ttl": ttl})
+        self._tables = {str(r[0]) for r in rows}
+        dropped = []
+        for day in (str(r[0]) for r in rows if r[1]):
+            try:
+                with self.session.autocommit("dropping a day of history") as conn, conn.transaction():
+                    dropped.append(self._drop(on_connection(conn), day))
+            except psycopg.errors.LockNotAvailable:
+                log.info("history: the table of %s is in use; dropping it at the next pass", day)
+                continue
+            self._tables.discard(day)
+        return dropped
+
+    def _drop(self, run: Runner, day: str) -> Dropped:
+        run(self._q["history_lock_wait"], {})
+        run(self._q["history_lock_table" + HISTORY + day], {})
+        kept = run(self._q["history_keep" + HISTORY + day], {})
+        ((jobs,),) = run(self._q["history_forget" + HISTORY + day], {})
+        run(self._q["history_drop" + HISTORY + day], {})
+        return Dropped(day, int(jobs), len(kept))
