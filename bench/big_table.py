@@ -52,6 +52,43 @@ def _ms(fn: Any) -> float:
     return 1000 * (time.perf_counter() - t0)
 
 
+def interleaved(
+    stores: dict[str, Any], n: int, worker: str, topic: str = TOPIC
+) -> dict[str, dict[str, float]]:
+    """Claim one job, settle it and renew 100 leases, *n* times on each store in turn (the order
+    swapped every round, so that a load that comes and goes weighs on each); p50 and p99 in ms by
+    store. Each store's 100 warm-up claims are held for the renewals, then settled."""
+    times: dict[str, dict[str, list[float]]] = {k: {"claim": [], "settle": [], "renew": []} for k in stores}
+    held: dict[str, list[HeldLease]] = {}
+    for label, store in stores.items():
+        claimed = store.worker.claim([topic], 100, worker, LEASE)
+        held[label] = [HeldLease(c.id, c.claim_token) for c in claimed]
+    labels = list(stores)
+    for i in range(n):
+        for label in labels if i % 2 == 0 else labels[::-1]:
+            store = stores[label]
+            got: list[Any] = []
+            times[label]["claim"].append(
+                _ms(lambda s=store, g=got: g.extend(s.worker.claim([topic], 1, worker, LEASE)))
+            )
+            outcome = [Outcome(c.id, c.claim_token, State.DONE) for c in got]
+            times[label]["settle"].append(_ms(lambda s=store, o=outcome: s.worker.settle_many(o)))
+            times[label]["renew"].append(
+                _ms(
+                    lambda s=store, h=held[label]: s.worker.beat(
+                        EngineProof("bench", "bench", 1, LEASE, LEASE / 3), h
+                    )
+                )
+            )
+    for label, store in stores.items():
+        store.worker.settle_many([Outcome(h.id, h.claim_token, State.DONE) for h in held[label]])
+    out: dict[str, dict[str, float]] = {}
+    for label in stores:
+        out[label] = {f"{what}_p50_ms": pct(v, 50) for what, v in times[label].items()}
+        out[label].update({f"{what}_p99_ms": pct(v, 99) for what, v in times[label].items()})
+    return out
+
+
 def w10_big_table(dsn: str, terminal: int, active: int, n: int = 300) -> dict[str, Any]:
     out: dict[str, Any] = {"terminal": terminal, "active": active, "ops": n}
     worker = "bench:w10"
@@ -65,33 +102,7 @@ def w10_big_table(dsn: str, terminal: int, active: int, n: int = 300) -> dict[st
         _fill(dsn, fresh_s, 0, active)
         _fill(dsn, big_s, terminal, active)
         out["fill_s"] = round(time.perf_counter() - t0, 1)
-        stores = {"fresh": fresh, "big": big}
-        times: dict[str, dict[str, list[float]]] = {
-            k: {"claim": [], "settle": [], "renew": []} for k in stores
-        }
-        held: dict[str, list[HeldLease]] = {}
-        for label, store in stores.items():  # warm up; 100 leases held for the heartbeat
-            claimed = store.worker.claim([TOPIC], 100, worker, LEASE)
-            held[label] = [HeldLease(c.id, c.claim_token) for c in claimed]
-        for i in range(n):
-            for label in ("fresh", "big") if i % 2 == 0 else ("big", "fresh"):
-                store = stores[label]
-                got: list[Any] = []
-                times[label]["claim"].append(
-                    _ms(lambda s=store, g=got: g.extend(s.worker.claim([TOPIC], 1, worker, LEASE)))
-                )
-                outcome = [Outcome(c.id, c.claim_token, State.DONE) for c in got]
-                times[label]["settle"].append(_ms(lambda s=store, o=outcome: s.worker.settle_many(o)))
-                times[label]["renew"].append(
-                    _ms(
-                        lambda s=store, h=held[label]: s.worker.beat(
-                            EngineProof("bench", "bench", 1, LEASE, LEASE / 3), h
-                        )
-                    )
-                )
-    for label in stores:
-        out[label] = {f"{what}_p50_ms": pct(v, 50) for what, v in times[label].items()}
-        out[label].update({f"{what}_p99_ms": pct(v, 99) for what, v in times[label].items()})
+        out.update(interleaved({"fresh": fresh, "big": big}, n, worker))
     out["ratios_p50"] = {
         what: out["big"][f"{what}_p50_ms"] / out["fresh"][f"{what}_p50_ms"]
         for what in ("claim", "settle", "renew")

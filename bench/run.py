@@ -43,6 +43,7 @@ import big_table  # noqa: E402
 import cancel  # noqa: E402
 import durable  # noqa: E402
 import flow  # noqa: E402
+import history  # noqa: E402
 import limits  # noqa: E402
 import psycopg  # noqa: E402
 import results_cost  # noqa: E402
@@ -84,6 +85,7 @@ WORKLOADS = (
     "RATE",
     "RES",
     "W10",
+    "W10H",
     "CXL",
     "WF",
     "DS",
@@ -92,7 +94,7 @@ WORKLOADS = (
     "BATCH",
 )
 # Run only by --full or when named in --only: the 10,000,000-row table takes minutes to build.
-FULL_ONLY = frozenset({"W10"})
+FULL_ONLY = frozenset({"W10", "W10H"})
 
 _DEFAULT: dict[str, Any] = dict(
     raw=20_000,
@@ -453,6 +455,44 @@ def evaluate(r: dict[str, Any]) -> list[dict[str, Any]]:
             worst,
             worst <= 2.0,
         )
+    if "W10H" in r:
+        w = r["W10H"]
+        ratios = w["ratios_p50"]
+        worst = max(ratios.values())
+        add(
+            f"W10H beside {w['terminal']:,} ended jobs in {w['history_tables']} days of history",
+            " / ".join(
+                f"{k} {w['hist'][k + '_p50_ms']:.2f} (none {w['fresh'][k + '_p50_ms']:.2f})" for k in ratios
+            )
+            + " ms p50",
+            "<= 1.1 x no history",
+            worst,
+            worst <= 1.1,
+        )
+        add(
+            "W10H drain beside the history",
+            f"{w['drain_per_s']['hist']:,.0f} jobs/s (none {w['drain_per_s']['fresh']:,.0f})",
+            ">= 0.9 x no history",
+            w["drain_ratio"],
+            w["drain_ratio"] >= 0.9,
+        )
+        d = w["drop"]
+        jobs = sum(n for _, n in d["days"])
+        add(
+            f"W10H retention drops a day of {jobs:,} jobs",
+            f"{d['seconds']:.2f} s, {d['job_rows_deleted']} row versions deleted in job",
+            "seconds, none per job",
+            None,
+            d["seconds"] < 10 and d["job_rows_deleted"] == 0,
+        )
+        m = w["move"]
+        add(
+            f"W10H mover, {m['rows']:,} ended jobs to their day",
+            f"{m['per_s']:,} rows/s",
+            "(off the hot path)",
+            None,
+            None,
+        )
     if "DASH" in r:
         m = r["DASH"]["overview_read"]
         add(
@@ -703,6 +743,7 @@ def main(argv: list[str] | None = None) -> int:
             },
             "RES": lambda: results_cost.res(db.dsn, sz),
             "W10": lambda: big_table.w10_big_table(db.dsn, sz["w10_terminal"], sz["w10_active"]),
+            "W10H": lambda: history.w10_history(db.dsn, sz["w10_terminal"], sz["w10_active"]),
             "CXL": lambda: {
                 "cost": cancel.trigger_cost(db.dsn, sz["cxl_w1"], sz["cxl_w3"]),
                 "latency": cancel.cancel_latency(db.dsn, sz["cxl_latency"]),
