@@ -149,24 +149,24 @@ class Retention(Ticker):
     def tick(self) -> None:
         self.behind = False  # a failing statement waits a period, never loops at once
         first = not self._drained and not self._moved  # no backlog reported yet
-        moving = False
-        if self._move is not None and self._drop is not None and self.history > timedelta(0):
-            move = self._move
-            moved: Counter[str] = Counter()
-            try:
-                moving = self._batches(lambda n: move(self.history, self.ttl, n), moved)
-            finally:
-                self._moved.update(moved)
-            for day, jobs in self._drop(self.ttl):
-                self.log.info("retention: dropped the history of %s whole (%d jobs)", day, jobs)
-        # every tick, whatever the mover's backlog: rows past the ttl never wait for the moves
+        # First, whatever the history does: rows past the ttl never wait for the moves (nor for a
+        # move or a drop that fails)
         total: Counter[str] = Counter()
         try:
-            full = self._batches(lambda n: self._delete(self.ttl, n), total) or moving
+            full = self._batches(lambda n: self._delete(self.ttl, n), total)
         finally:  # batches committed before a failing one are counted and reported too
             for topic, n in total.items():
                 self._on_deleted(topic, n)
             self._drained.update(total)
+        if self._move is not None and self._drop is not None and self.history > timedelta(0):
+            move = self._move
+            moved: Counter[str] = Counter()
+            try:
+                full = self._batches(lambda n: move(self.history, self.ttl, n), moved) or full
+            finally:
+                self._moved.update(moved)
+            for day, jobs in self._drop(self.ttl):
+                self.log.info("retention: dropped the history of %s whole (%d jobs)", day, jobs)
         if full and first:
             self.log.info("retention: a backlog of expired terminal jobs; deleting batch after batch")
         self.behind = full

@@ -39,7 +39,7 @@ WITH input AS (
         SELECT c.topic, c.cap,
                (SELECT count(*) FROM input i
                 WHERE i.topic = c.topic
-                  AND NOT EXISTS (SELECT FROM {job} e WHERE e.topic = i.topic AND e.idempotency_key = i.key)) AS n
+                  AND NOT EXISTS (SELECT FROM {live} e WHERE e.topic = i.topic AND e.idempotency_key = i.key)) AS n
         FROM unnest(%(cap_topics)s::text[], %(caps)s::int[]) AS c(topic, cap)
     ) AS c
 ), too_deep AS (
@@ -120,7 +120,7 @@ WITH input AS (
 )
 SELECT -1::bigint, u.id, NULL::text AS too_deep FROM unknown u WHERE NOT EXISTS (SELECT FROM too_deep)
 UNION ALL
-SELECT i.ord, (SELECT e.id FROM {job} e WHERE e.topic = i.topic AND e.idempotency_key = i.key), NULL
+SELECT i.ord, (SELECT e.id FROM {live} e WHERE e.topic = i.topic AND e.idempotency_key = i.key), NULL
 FROM input i
 WHERE i.key IS NOT NULL AND NOT EXISTS (SELECT FROM inserted ins WHERE ins.id = i.id)
   AND NOT EXISTS (SELECT FROM unknown) AND NOT EXISTS (SELECT FROM too_deep)

@@ -32,7 +32,7 @@ WITH input AS (
         SELECT c.topic, c.cap,
                (SELECT count(*) FROM input i
                 WHERE i.topic = c.topic
-                  AND NOT EXISTS (SELECT FROM {job} e WHERE e.topic = i.topic AND e.idempotency_key = i.key)) AS n
+                  AND NOT EXISTS (SELECT FROM {live} e WHERE e.topic = i.topic AND e.idempotency_key = i.key)) AS n
         FROM unnest(%(cap_topics)s::text[], %(caps)s::int[]) AS c(topic, cap)
     ) AS c
 ), too_deep AS (
@@ -55,7 +55,7 @@ WITH input AS (
     FROM (SELECT i.ord, k.fits, row_number() OVER (PARTITION BY i.topic ORDER BY i.ord) AS turn
           FROM input i
           JOIN parking k ON k.topic = i.topic
-          WHERE NOT EXISTS (SELECT FROM {job} e WHERE e.topic = i.topic AND e.idempotency_key = i.key)) AS n
+          WHERE NOT EXISTS (SELECT FROM {live} e WHERE e.topic = i.topic AND e.idempotency_key = i.key)) AS n
     WHERE n.turn > n.fits
 ), inserted AS (
     INSERT INTO {job} (id, topic, payload, idempotency_key, meta, available_at, priority, state, sequence{tenant_col})
@@ -71,7 +71,7 @@ WITH input AS (
     ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id
 )
-SELECT i.ord, (SELECT e.id FROM {job} e WHERE e.topic = i.topic AND e.idempotency_key = i.key) AS id,
+SELECT i.ord, (SELECT e.id FROM {live} e WHERE e.topic = i.topic AND e.idempotency_key = i.key) AS id,
        NULL::text AS too_deep
 FROM input i
 WHERE i.key IS NOT NULL AND NOT EXISTS (SELECT FROM inserted ins WHERE ins.id = i.id)

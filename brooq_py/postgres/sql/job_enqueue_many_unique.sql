@@ -28,7 +28,7 @@ WITH input AS (
         SELECT c.topic, c.cap,
                (SELECT count(*) FROM input i
                 WHERE i.topic = c.topic
-                  AND NOT EXISTS (SELECT FROM {job} e WHERE e.topic = i.topic AND e.idempotency_key = i.key)
+                  AND NOT EXISTS (SELECT FROM {live} e WHERE e.topic = i.topic AND e.idempotency_key = i.key)
                   AND NOT EXISTS (SELECT FROM {job} e
                                   WHERE e.topic = i.topic AND e.unique_key = i.unique_key
                                     AND e.state IN ('scheduled', 'pending', 'processing', 'failed', 'blocked'))) AS n
@@ -54,7 +54,7 @@ WITH input AS (
     FROM (SELECT i.ord, k.fits, row_number() OVER (PARTITION BY i.topic ORDER BY i.ord) AS turn
           FROM input i
           JOIN parking k ON k.topic = i.topic
-          WHERE NOT EXISTS (SELECT FROM {job} e WHERE e.topic = i.topic AND e.idempotency_key = i.key)
+          WHERE NOT EXISTS (SELECT FROM {live} e WHERE e.topic = i.topic AND e.idempotency_key = i.key)
             AND NOT EXISTS (SELECT FROM {job} e
                             WHERE e.topic = i.topic AND e.unique_key = i.unique_key
                               AND e.state IN ('scheduled', 'pending', 'processing', 'failed', 'blocked'))) AS n
@@ -79,7 +79,7 @@ WITH input AS (
     RETURNING id
 )
 SELECT i.ord,
-       (SELECT e.id FROM {job} e WHERE e.topic = i.topic AND e.idempotency_key = i.key) AS key_holder,
+       (SELECT e.id FROM {live} e WHERE e.topic = i.topic AND e.idempotency_key = i.key) AS key_holder,
        h.id AS holder, h.state AS holder_state, NULL::text AS too_deep
 FROM input i
 LEFT JOIN LATERAL (

@@ -25,7 +25,7 @@ SELECT 'created' AS kind, id, NULL::text AS state FROM ins
 UNION ALL
 SELECT h.kind, h.id, h.state
 FROM (
-    SELECT 'key' AS kind, id, state FROM {job}
+    SELECT 'key' AS kind, id, state FROM {live}
     WHERE topic = %(topic)s AND idempotency_key = %(key)s
     UNION ALL
     SELECT 'unique', id, state FROM {job}

@@ -11,12 +11,15 @@ claims, settles and heartbeats cost the same whatever the history holds.
   Each row is written once more, off the hot path, where retention deleted it before.
 - ``drop``: a day's table whose every row is older than the ttl is dropped whole (no dead row version
   per job); first its rows that retention would keep go back to ``job`` and the rows naming its jobs
-  (edges, steps, signals) are deleted, under the table's lock.
+  (edges, steps, signals) are deleted; then the table's lock, asked for without waiting (a waiting
+  ACCESS EXCLUSIVE lock would hold up every reader of job behind it), a last look for rows to keep,
+  and the DROP.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -24,9 +27,13 @@ import psycopg
 
 from brooq_py.postgres.session.connections import Session
 from brooq_py.postgres.session.statements import HISTORY, uuid_array
-from brooq_py.postgres.session.tx import Runner, on_connection
+from brooq_py.postgres.session.tx import on_connection
 
 log = logging.getLogger("brooq_py.history")
+
+# A day's drop asks for its table's lock without waiting, this many times, this many seconds apart.
+LOCK_TRIES = 20
+LOCK_PAUSE = 0.05
 
 
 @dataclass(frozen=True)
@@ -76,11 +83,14 @@ class History:
                 self._tables.clear()  # what was known of the tables and of the rows left is forgotten
                 self._since = None
                 continue
-            self.create(missing)
+            if not self.create(missing):
+                return []
         return []
 
-    def create(self, days: list[str]) -> None:
-        """Create the tables of history of *days* (YYYYMMDD) that do not exist yet."""
+    def create(self, days: list[str]) -> bool:
+        """Create the tables of history of *days* (YYYYMMDD) that do not exist yet; False when one
+        could not be made now (its lock on job, shared with VACUUM and ANALYZE, not had within a
+        second): the rows wait for the next pass."""
         self._tables.update(self.tables())
         for day in days:
             if day in self._tables:
@@ -93,8 +103,12 @@ class History:
                     run(self._q["history_index" + HISTORY + day], {})
             except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
                 pass  # another engine created it meanwhile
+            except psycopg.errors.LockNotAvailable:
+                log.info("history: the table of %s could not be created now (job is locked); next pass", day)
+                return False
             self._tables.add(day)
             log.info("history: created the table of %s", day)
+        return True
 
     def tables(self) -> list[str]:
         """The days (YYYYMMDD) that have a table of history."""
@@ -102,8 +116,10 @@ class History:
         return [str(r[0]) for r in rows]
 
     def drop(self, ttl: timedelta) -> list[Dropped]:
-        """Drop every day's table whose rows all ended more than *ttl* ago; one that cannot be locked
-        within a second (a long reader of job) is left for the next pass."""
+        """Drop every day's table whose rows all ended more than *ttl* ago. Its rows that retention
+        keeps go back to job and what names its jobs is deleted first, without the table's lock; the
+        lock is then asked for without waiting, for about a second: a table in use (a long reader of
+        job) is left for the next pass."""
         if ttl <= timedelta(0):
             return []
         rows = self.session.run("reading the tables of history", self._q["history_tables"], {"ttl": ttl})
@@ -111,18 +127,37 @@ class History:
         dropped = []
         for day in (str(r[0]) for r in rows if r[1]):
             try:
-                with self.session.autocommit("dropping a day of history") as conn, conn.transaction():
-                    dropped.append(self._drop(on_connection(conn), day))
-            except psycopg.errors.LockNotAvailable:
+                with self.session.autocommit("emptying a day of history") as conn, conn.transaction():
+                    run = on_connection(conn)
+                    run(self._q["history_lock_wait"], {})  # another engine's drop of the day: a second
+                    kept = len(run(self._q["history_keep" + HISTORY + day], {}))
+                    ((jobs,),) = run(self._q["history_forget" + HISTORY + day], {})
+                done = self._drop(day, int(jobs), kept)
+            except psycopg.errors.UndefinedTable:  # another engine dropped it meanwhile
+                done = Dropped(day, 0, 0)
+            except psycopg.errors.LockNotAvailable:  # another engine is dropping it
+                done = None
+            if done is None:
                 log.info("history: the table of %s is in use; dropping it at the next pass", day)
                 continue
             self._tables.discard(day)
+            if done.jobs or done.kept:
+                dropped.append(done)
         return dropped
 
-    def _drop(self, run: Runner, day: str) -> Dropped:
-        run(self._q["history_lock_wait"], {})
-        run(self._q["history_lock_table" + HISTORY + day], {})
-        kept = run(self._q["history_keep" + HISTORY + day], {})
-        ((jobs,),) = run(self._q["history_forget" + HISTORY + day], {})
-        run(self._q["history_drop" + HISTORY + day], {})
-        return Dropped(day, int(jobs), len(kept))
+    def _drop(self, day: str, jobs: int, kept: int) -> Dropped | None:
+        """The table's lock, asked for without waiting (LOCK_TRIES times, LOCK_PAUSE apart), then what
+        an enqueue made a kept row since goes back, and the table goes; None when never locked."""
+        for attempt in range(LOCK_TRIES):
+            if attempt:
+                time.sleep(LOCK_PAUSE)
+            try:
+                with self.session.autocommit("dropping a day of history") as conn, conn.transaction():
+                    run = on_connection(conn)
+                    run(self._q["history_lock_table" + HISTORY + day], {})
+                    again = len(run(self._q["history_keep" + HISTORY + day], {}))
+                    run(self._q["history_drop" + HISTORY + day], {})
+                return Dropped(day, jobs - again, kept + again)
+            except psycopg.errors.LockNotAvailable:
+                continue
+        return None
