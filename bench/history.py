@@ -24,16 +24,17 @@ from brooq_py.engine import Config, Engine
 from brooq_py.postgres import Store
 
 TOPIC = "w10h"
+DRAIN = "w10h.drain"  # the drains' own topic: the rows of TOPIC left by the interleaved loop wait
 
 
-def _fill_active(conn: psycopg.Connection[Any], schema: str, active: int) -> None:
+def _fill_active(conn: psycopg.Connection[Any], schema: str, active: int, topic: str = TOPIC) -> None:
     conn.execute(
         sql.SQL(
             "INSERT INTO {} (topic, payload, state, available_at)"
             " SELECT %s, '{{\"n\": 1}}', 'pending', now() - interval '1 minute' + i * interval '1 microsecond'"
             " FROM generate_series(1, %s) AS i"
         ).format(job_table(schema)),
-        (TOPIC, active),
+        (topic, active),
     )
 
 
@@ -69,16 +70,16 @@ def _noop(ctx: Any, claim: Any) -> None:
 
 
 def _drain(store: Store, conn: psycopg.Connection[Any], schema: str, n: int) -> float:
-    """Jobs a second of one engine (4 workers) draining the *n* pending rows of TOPIC."""
+    """Jobs a second of one engine (4 workers) draining the *n* pending rows of DRAIN."""
     engine = Engine(store, Config(workers=4, lease=LEASE))
-    engine.register_kind(TOPIC, _noop)
+    engine.register_kind(DRAIN, _noop)
     query = sql.SQL("SELECT count(*) FROM ONLY {} WHERE topic = %s AND state <> 'done'").format(
         job_table(schema)
     )
     t0 = time.perf_counter()
     engine.start()
     try:
-        while (conn.execute(query, (TOPIC,)).fetchone() or (0,))[0] > 0:
+        while (conn.execute(query, (DRAIN,)).fetchone() or (0,))[0] > 0:
             if time.perf_counter() - t0 > max(120.0, n / 100):
                 raise RuntimeError("W10H: not drained in time")
             time.sleep(0.05)
@@ -130,7 +131,7 @@ def w10_history(
         rates: dict[str, list[float]] = {"fresh": [], "hist": []}
         schemas = {"fresh": fresh_s, "hist": hist_s}
         for label in ("fresh", "hist", "hist", "fresh"):
-            _fill_active(conn, schemas[label], drain_n // 2)
+            _fill_active(conn, schemas[label], drain_n // 2, DRAIN)
             rates[label].append(_drain(stores[label], conn, schemas[label], drain_n // 2))
         drains = {label: sum(r) / len(r) for label, r in rates.items()}
         out["drain_per_s"] = drains
