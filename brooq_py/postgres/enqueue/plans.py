@@ -189,18 +189,23 @@ def by_id(query: Query, job_id: Any) -> Plan[bool]:
 def retry(q: Queries, job_id: Any) -> Plan[bool]:
     """Put a dead or canceled job back to pending; False as ``by_id``, and when an active holder of its
     unique key committed meanwhile. A job in the terminal history goes back to the job table first
-    (SPEC B2); one that moved there while the retry waited for its row is looked for once more."""
+    (SPEC B2); one that moved there while the retry waited for its row is looked for again, up to RETRY_PASSES times."""
     parsed = parse_id(job_id)
     if parsed is None:
         return False
     try:
-        for _ in range(2):
+        for _ in range(RETRY_PASSES):
             yield q["job_history_back"], {"id": parsed}
             if (yield q["job_retry"], {"id": parsed}):
                 return True
     except psycopg.errors.UniqueViolation:
         pass
     return False
+
+
+# A retry's passes (bring back from the history, retry): a job the mover moves between the two
+# statements of a pass is looked for again.
+RETRY_PASSES = 3
 
 
 def signal(q: Queries, job_id: Any, name: Any, payload: Any, savepoint: bool = False) -> Plan[bool]:

@@ -5,8 +5,10 @@
 WITH back AS (
     DELETE FROM {job} j
     WHERE j.id = %(id)s AND j.state IN ('dead', 'canceled') AND j.tableoid <> to_regclass({job_literal})
-    RETURNING j.*
+    RETURNING j AS r
 )
+-- Its end is now: the mover does not take it back before the retry's UPDATE has had it.
 INSERT INTO {job}
-SELECT * FROM back
+SELECT (jsonb_populate_record(b.r, jsonb_build_object('updated_at', now()))).*
+FROM back b
 RETURNING id

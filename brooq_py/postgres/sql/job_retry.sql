@@ -9,8 +9,10 @@
 -- before this commit. A group's finally_ (parents_any_end) needs its parents ended, in
 -- any state, as its first run did.
 -- The notification wakes the engines of its topic.
+-- SPEC B2: the job table alone (job_history_back.sql brings a moved job back first); a job moved
+-- since changes nothing here, and the retry looks again.
 WITH retried AS (
-    UPDATE {job} j
+    UPDATE {live} j
     SET state = 'pending', attempts = 0, crashes = 0, available_at = now(), locked_by = NULL,
         locked_until = NULL, updated_at = now()
     WHERE j.id = %(id)s AND j.state IN ('dead', 'canceled')

@@ -116,27 +116,17 @@ class History:
         return [str(r[0]) for r in rows]
 
     def drop(self, ttl: timedelta) -> list[Dropped]:
-        """Drop every day's table whose rows all ended more than *ttl* ago. Its rows that retention
-        keeps go back to job and what names its jobs is deleted first, without the table's lock; the
-        lock is then asked for without waiting, for about a second: a table in use (a long reader of
-        job) is left for the next pass."""
+        """Drop every day's table whose rows all ended more than *ttl* ago: under the table's lock,
+        asked for without waiting (LOCK_TRIES times, LOCK_PAUSE apart), its rows that retention keeps
+        go back to job, what names its other jobs is deleted, and the table goes. A table in use (a
+        long reader of job) is left for the next pass."""
         if ttl <= timedelta(0):
             return []
         rows = self.session.run("reading the tables of history", self._q["history_tables"], {"ttl": ttl})
         self._tables = {str(r[0]) for r in rows}
         dropped = []
         for day in (str(r[0]) for r in rows if r[1]):
-            try:
-                with self.session.autocommit("emptying a day of history") as conn, conn.transaction():
-                    run = on_connection(conn)
-                    run(self._q["history_lock_wait"], {})  # another engine's drop of the day: a second
-                    kept = len(run(self._q["history_keep" + HISTORY + day], {}))
-                    ((jobs,),) = run(self._q["history_forget" + HISTORY + day], {})
-                done = self._drop(day, int(jobs), kept)
-            except psycopg.errors.UndefinedTable:  # another engine dropped it meanwhile
-                done = Dropped(day, 0, 0)
-            except psycopg.errors.LockNotAvailable:  # another engine is dropping it
-                done = None
+            done = self._drop(day)
             if done is None:
                 log.info("history: the table of %s is in use; dropping it at the next pass", day)
                 continue
@@ -145,9 +135,8 @@ class History:
                 dropped.append(done)
         return dropped
 
-    def _drop(self, day: str, jobs: int, kept: int) -> Dropped | None:
-        """The table's lock, asked for without waiting (LOCK_TRIES times, LOCK_PAUSE apart), then what
-        an enqueue made a kept row since goes back, and the table goes; None when never locked."""
+    def _drop(self, day: str) -> Dropped | None:
+        """One day's drop (``drop``); None when its table was never locked."""
         for attempt in range(LOCK_TRIES):
             if attempt:
                 time.sleep(LOCK_PAUSE)
@@ -155,9 +144,14 @@ class History:
                 with self.session.autocommit("dropping a day of history") as conn, conn.transaction():
                     run = on_connection(conn)
                     run(self._q["history_lock_table" + HISTORY + day], {})
-                    again = len(run(self._q["history_keep" + HISTORY + day], {}))
+                    # Everything after the lock: an enqueue naming one of its rows as a parent, a retry
+                    # of one, has committed (it held the table), and nothing reads the day meanwhile.
+                    kept = len(run(self._q["history_keep" + HISTORY + day], {}))
+                    ((jobs,),) = run(self._q["history_forget" + HISTORY + day], {})
                     run(self._q["history_drop" + HISTORY + day], {})
-                return Dropped(day, jobs - again, kept + again)
+                return Dropped(day, int(jobs), kept)
             except psycopg.errors.LockNotAvailable:
                 continue
+            except psycopg.errors.UndefinedTable:  # another engine dropped it meanwhile
+                return Dropped(day, 0, 0)
         return None
