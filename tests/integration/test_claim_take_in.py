@@ -187,14 +187,7 @@ def test_p1_run_once_never_starts_a_handler_whose_claim_expired_before_its_start
 @pytest.mark.parametrize(
     "shape",
     [
-        pytest.param(
-            "async",
-            marks=pytest.mark.xfail(
-                strict=False,
-                reason="open (P1): an async handler was once seen to start for a claim taken in after "
-                "a broken chain of beats (fenced 2 s later; 1 of 6 full runs on 2026-12-06)",
-            ),
-        ),
+        "async",
         "batch",
         "batch-async",
         "batch-wait",

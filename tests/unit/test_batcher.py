@@ -47,6 +47,7 @@ def attempt(job_id: str, calls: list[list[str]]) -> Any:
         result=None,
         cancelled_at=None,
         ctx_cancelled_at=None,
+        ending=None,
     )
 
 

@@ -493,7 +493,14 @@ class Hooks:
 
 def unstarted(a: Attempt) -> BaseException | None:
     """Why *a*'s handler must not start, or None: its claim is no longer this engine's (fenced, lost,
-    canceled by an operator: ``LeaseLost``) before the handler ran. Any other cancel (a timeout, the
-    engine stopping) is the handler's to see, as before."""
+    canceled by an operator: ``LeaseLost``) before the handler ran, or the attempt has an ending at
+    all. An ending is recorded before its context is cancelled (it is told first, then cancelled):
+    a start on another thread in between sees the ending, never a handler run for a claim let go.
+    Any other cancel (a timeout, the engine stopping) is the handler's to see, as before."""
     cause = a.ctx.cause
-    return cause if isinstance(cause, LeaseLost) else None
+    if isinstance(cause, LeaseLost):
+        return cause
+    ending = a.ending
+    if ending is not None:
+        return LeaseLost(f"the attempt ended ({ending}) before its handler started")
+    return None
