@@ -4,17 +4,15 @@
 -- one table or the other, never both, never neither. A statement waiting on the row (a cancel
 -- UPDATE, FOR UPDATE) finds it gone when this commits and takes nothing: the row was terminal,
 -- which it would have left alone (job_retry.sql looks for it again).
--- SPEC D4 as job_delete_terminal.sql: this statement's snapshot, taken after the locks, sees every
--- child committed before them; a row that became the parent of an active child stays.
+-- SPEC D4, Q5 as job_delete_terminal.sql: terminal_kept.sql again in this statement's snapshot,
+-- taken after the locks, which sees every child committed before them.
 -- Its edges, steps and signals stay where they are: they name the job by id, wherever it is.
 WITH moved AS (
     -- By the primary key alone: the rows are locked, ended, since history_lock (with "state IN" here,
     -- statistics behind the moves had the planner walk the retention index instead, 0.5 s a batch).
     DELETE FROM {live} j
     WHERE j.id = ANY (%(ids)s::uuid[])
-      AND NOT EXISTS (SELECT FROM {job_edge} e
-                      WHERE e.parent = j.id
-                        AND (SELECT c.state FROM {live} c WHERE c.id = e.child) NOT IN ('done', 'dead', 'canceled'))
+      AND NOT {terminal_kept}
     RETURNING j.*
 )
 INSERT INTO {history}
