@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from psycopg import sql
 from psycopg_pool import ConnectionPool
@@ -102,3 +103,19 @@ def procs(tmp_path: Path) -> Iterator[Callable[..., Process]]:
             p.stop()
         for lock in locks:
             lock.close()
+
+
+@pytest.fixture
+def day_table(dsn: str, schema: str, store: Store, pool: ConnectionPool[Any]) -> str:
+    """Today's table of terminal history (SPEC B2), made by a move of a job ended a second ago."""
+    from tests.integration.history import made_day  # it reads jobs with q, of this module
+
+    return made_day(dsn, schema, store, pool)
+
+
+@pytest.fixture
+def mover(dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    """A connection that moves rows to the history by hand (``history.move_open``), its transaction
+    left open."""
+    with psycopg.connect(dsn) as conn:
+        yield conn

@@ -9,49 +9,13 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
 from psycopg_pool import ConnectionPool
 
 from brooq_py.postgres import Store
 from brooq_py.queue import Job, State
 from tests.integration.conftest import q
+from tests.integration.history import days, ended, live_count, move, where
 from tests.polling import wait_for
-
-TTL = timedelta(days=30)
-NOW = timedelta(0)
-
-
-def ended(dsn: str, schema: str, ids: list[str], state: str, days_ago: float = 0.0) -> None:
-    """Make *ids* ended in *state*, *days_ago* days ago (the psql way: the test's own write)."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL(
-                "UPDATE {} SET state = %s, updated_at = now() - make_interval(secs => %s) - interval '1 second'"
-                " WHERE id = ANY(%s::uuid[])"
-            ).format(sql.Identifier(schema, "job")),
-            (state, days_ago * 86400, ids),
-        )
-
-
-def where(pool: ConnectionPool[Any], schema: str, job_id: str) -> str | None:
-    """The table that holds *job_id*: ``job``, ``job_history_YYYYMMDD``, or None."""
-    rows = q(pool, schema, "SELECT tableoid::regclass::text FROM {job} WHERE id = %s", job_id)
-    return str(rows[0][0]).split(".")[-1].strip('"') if rows else None
-
-
-def days(pool: ConnectionPool[Any], schema: str) -> list[str]:
-    """The tables of history of the schema."""
-    rows = q(
-        pool,
-        schema,
-        "SELECT inhrelid::regclass::text FROM pg_inherits WHERE inhparent = %s::regclass ORDER BY 1",
-        f'"{schema}".job',
-    )
-    return [str(r[0]) for r in rows]
-
-
-def live_count(pool: ConnectionPool[Any], schema: str) -> int:
-    return int(q(pool, schema, "SELECT count(*) FROM ONLY {job}")[0][0])
 
 
 def test_b2_b3_ended_jobs_move_to_their_day_and_every_reader_still_finds_them(
@@ -64,7 +28,7 @@ def test_b2_b3_ended_jobs_move_to_their_day_and_every_reader_still_finds_them(
     ended(dsn, schema, [dead], "dead")
     q(pool, schema, "UPDATE {job} SET result = '\"r\"' WHERE id = ANY(%s::uuid[])", done)
 
-    moved = store.move_terminal(timedelta(seconds=0.5), TTL, 100)
+    moved = move(store, 100)
 
     assert sorted(i for i, _ in moved) == sorted([*done, dead])
     assert where(pool, schema, active) == "job"
@@ -79,7 +43,7 @@ def test_b2_b3_ended_jobs_move_to_their_day_and_every_reader_still_finds_them(
     assert store.result(done[1]) == "r"
     assert [r.id for r in store.list_jobs(topic="h", state="done")] == sorted(done, reverse=True)
     # moving again moves nothing: the rows are gone from job
-    assert store.move_terminal(timedelta(seconds=0.5), TTL, 100) == []
+    assert move(store, 100) == []
 
 
 def test_b2_a_table_of_history_holds_ended_jobs_only(
@@ -89,7 +53,7 @@ def test_b2_a_table_of_history_holds_ended_jobs_only(
     claim reads; the seed's cancel UPDATE of a moved job changes nothing, without an error."""
     job_id = store.enqueue(Job("h", {})).id
     ended(dsn, schema, [job_id], "dead")
-    assert store.move_terminal(timedelta(seconds=0.5), TTL, 10)
+    assert move(store)
     with pytest.raises(psycopg.errors.CheckViolation):
         q(pool, schema, "UPDATE {job} SET state = 'pending' WHERE id = %s", job_id)
     q(
@@ -107,7 +71,7 @@ def test_b2_e2_a_job_with_an_idempotency_key_stays_and_its_key_holds(
     first = store.enqueue(Job("h", {"n": 1}, idempotency_key="k1"))
     plain = store.enqueue(Job("h", {"n": 2})).id
     ended(dsn, schema, [first.id, plain], "done")
-    moved = store.move_terminal(timedelta(seconds=0.5), TTL, 10)
+    moved = move(store)
     assert [i for i, _ in moved] == [plain]
     assert where(pool, schema, first.id) == "job"
     again = store.enqueue(Job("h", {"n": 3}, idempotency_key="k1"))
@@ -119,7 +83,7 @@ def test_b2_q1_a_dead_job_in_history_is_retried_and_runs_again(
 ) -> None:
     job_id = store.enqueue(Job("h", {})).id
     ended(dsn, schema, [job_id], "dead")
-    assert store.move_terminal(timedelta(seconds=0.5), TTL, 10)
+    assert move(store)
     assert where(pool, schema, job_id) != "job"
 
     assert store.retry(job_id)
@@ -133,7 +97,7 @@ def test_b2_q1_a_dead_job_in_history_is_retried_and_runs_again(
     # a done job in history is not retried, and stays where it is
     other = store.enqueue(Job("h", {})).id
     ended(dsn, schema, [other], "done")
-    assert store.move_terminal(timedelta(seconds=0.5), TTL, 10)
+    assert move(store)
     assert not store.retry(other)
     assert where(pool, schema, other) != "job"
 
@@ -144,7 +108,7 @@ def test_b2_d1_a_parent_in_history_is_named_by_a_new_child_which_reads_its_resul
     parent = store.enqueue(Job("h", {})).id
     ended(dsn, schema, [parent], "done")
     q(pool, schema, "UPDATE {job} SET result = '7' WHERE id = %s", parent)
-    assert store.move_terminal(timedelta(seconds=0.5), TTL, 10)
+    assert move(store)
 
     child = store.enqueue(Job("c", {}, after=[parent])).id
 
@@ -161,7 +125,7 @@ def test_b2_t1_d4_a_day_older_than_the_ttl_is_dropped_whole_keeping_a_parent_of_
     recent = store.enqueue(Job("h", {"n": "r"})).id
     ended(dsn, schema, [*old, parent], "done", days_ago=15)
     ended(dsn, schema, [recent], "done", days_ago=2)
-    assert len(store.move_terminal(timedelta(seconds=0.5), TTL, 100)) == 7
+    assert len(move(store, 100)) == 7
     assert len(days(pool, schema)) == 2
     # a child enqueued after its parent moved (it names an ended parent): its edge and the parent stay
     child = store.enqueue(Job("c", {}, after=[parent])).id
@@ -204,7 +168,7 @@ def test_b2_s3_the_downgrade_puts_the_history_back_into_job_and_the_upgrade_move
     active = store.enqueue(Job("h", {"n": 4})).id
     ended(dsn, schema, ids[:2], "done")
     ended(dsn, schema, ids[2:], "canceled", days_ago=3)
-    assert len(store.move_terminal(timedelta(seconds=0.5), TTL, 10)) == 4
+    assert len(move(store)) == 4
     assert len(days(pool, schema)) == 2
     before = q(pool, schema, "SELECT to_jsonb(j) FROM {job} j ORDER BY id")
 
@@ -214,7 +178,7 @@ def test_b2_s3_the_downgrade_puts_the_history_back_into_job_and_the_upgrade_move
     assert q(pool, schema, "SELECT to_jsonb(j) FROM ONLY {job} j ORDER BY id") == before
     assert where(pool, schema, active) == "job"
     migrations.upgrade(dsn, schema=schema)
-    assert len(store.move_terminal(timedelta(seconds=0.5), TTL, 10)) == 4
+    assert len(move(store)) == 4
     assert q(pool, schema, "SELECT to_jsonb(j) FROM {job} j ORDER BY id") == before
     migrations.downgrade(dsn, schema=schema, revision="base")  # nothing of the schema holds it back
 
@@ -226,7 +190,7 @@ def test_b2_t1_retention_deletes_no_row_of_the_history_one_by_one(
     hot = store.enqueue(Job("h", {"n": 1})).id
     moved = store.enqueue(Job("h", {"n": 2})).id
     ended(dsn, schema, [moved], "done", days_ago=5)
-    assert [i for i, _ in store.move_terminal(timedelta(seconds=0.5), TTL, 10)] == [moved]
+    assert [i for i, _ in move(store)] == [moved]
     ended(dsn, schema, [hot, moved], "done", days_ago=5)  # the moved row's day is still within 4 days
     q(pool, schema, "UPDATE {job} SET updated_at = now() - interval '4 days 1 hour' WHERE id = %s", moved)
 

@@ -20,12 +20,11 @@ from brooq_py.postgres import Store
 from brooq_py.queue import Job, State
 from brooq_py.queue.port import Outcome
 from tests.integration.conftest import q
+from tests.integration.history import AFTER, TTL, days, ended, live_count, move, where
 from tests.integration.marks import blocked_by, in_thread
-from tests.integration.test_history import TTL, days, ended, live_count, where
 from tests.integration.test_workflows import finish, state
 from tests.polling import wait_for
 
-AFTER = timedelta(seconds=0.5)
 LEASE = timedelta(seconds=30)
 
 
@@ -129,12 +128,12 @@ def test_b2_the_movers_mark_leaves_a_job_settled_in_a_long_transaction(
         quick = store.enqueue(Job("quick", {})).id
         finish(store, "quick")
         time.sleep(0.6)
-        assert [i for i, _ in store.move_terminal(AFTER, TTL, 10)] == [quick]
+        assert [i for i, _ in move(store)] == [quick]
         assert store.worker.settle_tx(tx, Outcome(c.id, c.claim_token, State.DONE, topic="slow"))
         tx.commit()
     time.sleep(0.6)
     assert state(store, slow) is State.DONE
-    again = [i for i, _ in store.move_terminal(AFTER, TTL, 10)]
+    again = [i for i, _ in move(store)]
     fresh = Store(pool, schema=schema)
     by_fresh = [i for i, _ in fresh.move_terminal(AFTER, TTL, 10)]
     fresh.close()
@@ -149,7 +148,7 @@ def test_b2_sequence_halt_resume_move_retry(
     store.stage(["seq"], 100)
     assert finish(store, "seq", State.DEAD) == [a]
     time.sleep(0.6)
-    assert store.move_terminal(AFTER, TTL, 10) == []  # a halts its sequence: kept
+    assert move(store) == []  # a halts its sequence: kept
     assert where(pool, schema, a) == "job"
     assert store.resume_sequence("seq", "s")
     store.stage(["seq"], 100)
@@ -174,7 +173,7 @@ def test_b2_unique_key_around_a_move_and_a_refused_retry(
     a = store.enqueue(Job("u", {"n": 1}, unique_key="k")).id
     finish(store, "u", State.DEAD)
     time.sleep(0.6)
-    assert store.move_terminal(AFTER, TTL, 10)
+    assert move(store)
     b = store.enqueue(Job("u", {"n": 2}, unique_key="k"))
     assert b.created
     assert not store.retry(a)  # b holds the key
@@ -194,7 +193,7 @@ def test_b2_group_and_multi_parent_child_naming_moved_parents_across_a_drop(
     finish(store, "p1")
     q(pool, schema, "UPDATE {job} SET result = '1' WHERE id = %s", p1)
     ended(dsn, schema, [p1], "done", days_ago=15)
-    assert store.move_terminal(AFTER, TTL, 10)
+    assert move(store)
     p2 = store.enqueue(Job("p2", {})).id
     child = store.enqueue(Job("c", {}, after=[p1, p2])).id
     group = store.enqueue_group({"x": Job("g", {}, after=[p1])}, then=Job("t", {}))
@@ -217,7 +216,7 @@ def test_b2_retry_waiting_for_a_drop_of_its_day(
 ) -> None:
     x = store.enqueue(Job("h", {})).id
     ended(dsn, schema, [x], "dead", days_ago=15)
-    assert store.move_terminal(AFTER, TTL, 10)
+    assert move(store)
     (table,) = days(pool, schema)
     with psycopg.connect(dsn) as dropper:
         dropper.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(sql.SQL(table)))

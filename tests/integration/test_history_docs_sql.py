@@ -5,15 +5,14 @@
 from __future__ import annotations
 
 import time
-from datetime import timedelta
 from typing import Any
 
 from psycopg_pool import ConnectionPool
 
 from brooq_py.postgres import Store
 from brooq_py.queue import Job, State
+from tests.integration.history import move, where
 from tests.integration.test_docs_workflows import OPERATOR_PAGE, PSQL_RETRY, RETRY, page, run_documented
-from tests.integration.test_history import TTL, where
 from tests.integration.test_workflows import finish, state
 
 
@@ -30,7 +29,7 @@ def test_b2_the_documented_branch_sql_after_the_branch_moved_to_history(
     finish(store, "root", State.DEAD)
     assert state(store, grandchild) is State.CANCELED
     time.sleep(0.6)
-    moved = {i for i, _ in store.move_terminal(timedelta(seconds=0.5), TTL, 100)}
+    moved = {i for i, _ in move(store, 100)}
     assert {root, child, grandchild} <= moved
     assert store.retry(root)  # moves the root back first
     (text,) = RETRY.findall(page())
@@ -49,6 +48,6 @@ def test_b2_the_documented_psql_retry_of_a_job_in_history(
     root = store.enqueue(Job("root")).id
     finish(store, "root", State.DEAD)
     time.sleep(0.6)
-    assert store.move_terminal(timedelta(seconds=0.5), TTL, 100)
+    assert move(store, 100)
     run_documented(text, dsn, schema, root)
     assert state(store, root) is State.PENDING

@@ -18,10 +18,9 @@ from psycopg_pool import ConnectionPool
 from brooq_py.postgres import Store
 from brooq_py.queue import Job, State
 from tests.integration.conftest import q
-from tests.integration.test_history import TTL, days, ended, where
+from tests.integration.history import days, ended, move, where
 from tests.integration.test_workflows import finish, state
 
-AFTER = timedelta(seconds=0.5)
 TEN = timedelta(days=10)
 
 
@@ -75,7 +74,7 @@ def old_parent_with_canceled_child(dsn: str, schema: str, store: Store) -> tuple
     assert state(store, child) is State.PENDING
     assert store.cancel(child)
     ended(dsn, schema, [parent], "done", days_ago=15)
-    assert [i for i, _ in store.move_terminal(AFTER, TTL, 10)] == [parent]
+    assert [i for i, _ in move(store)] == [parent]
     return parent, child
 
 
@@ -89,7 +88,7 @@ def test_b2_enqueue_between_phases_keeps_the_parent_and_its_new_edge(
     finish(store, "p")
     q(pool, schema, "UPDATE {job} SET result = '7' WHERE id = %s", parent)
     ended(dsn, schema, [parent], "done", days_ago=15)
-    assert store.move_terminal(AFTER, TTL, 10)
+    assert move(store)
     made: list[str] = []
     with between_phases(store, lambda: made.append(store.enqueue(Job("c", {}, after=[parent])).id)):
         dropped = store.drop_history(TEN)
@@ -159,7 +158,7 @@ def test_b2_job_retried_between_phases_keeps_its_steps_and_signals(
             (job_id,),
         )
     ended(dsn, schema, [job_id], "dead", days_ago=15)
-    assert store.move_terminal(AFTER, TTL, 10)
+    assert move(store)
     row = store.get(job_id)
     assert row is not None and len(row.steps) == 1
     retried: list[bool] = []
@@ -186,7 +185,7 @@ def test_b2_parent_kept_in_phase2_lost_its_own_edges(
     earlier = store.enqueue(Job("c", {}, after=[parent])).id
     finish(store, "c")
     ended(dsn, schema, [parent, earlier], "done", days_ago=15)
-    assert len(store.move_terminal(AFTER, TTL, 10)) == 2
+    assert len(move(store)) == 2
     made: list[str] = []
     with between_phases(store, lambda: made.append(store.enqueue(Job("c2", {}, after=[parent])).id)):
         store.drop_history(TEN)
@@ -208,7 +207,7 @@ def test_b2_parent_kept_by_phase2_keeps_its_parent_role_for_an_older_child(
     older = store.enqueue(Job("e", {}, after=[parent])).id
     assert finish(store, "e", State.DEAD) == [older]
     ended(dsn, schema, [parent], "done", days_ago=15)
-    assert [i for i, _ in store.move_terminal(AFTER, TTL, 10)] == [parent]
+    assert [i for i, _ in move(store)] == [parent]
     made: list[str] = []
     with between_phases(store, lambda: made.append(store.enqueue(Job("c2", {}, after=[parent])).id)):
         store.drop_history(TEN)

@@ -16,10 +16,9 @@ from psycopg_pool import ConnectionPool
 from brooq_py.postgres import Store
 from brooq_py.queue import Job, State
 from brooq_py.queue.port import Outcome
+from tests.integration.history import days, ended, move
 from tests.integration.marks import in_thread
-from tests.integration.test_history import TTL, days, ended
 
-AFTER = timedelta(seconds=0.5)
 TEN = timedelta(days=10)
 LEASE = timedelta(seconds=60)
 PASSES = 10
@@ -28,7 +27,7 @@ PASSES = 10
 def old_day(dsn: str, schema: str, store: Store) -> str:
     old = store.enqueue(Job("old", {})).id
     ended(dsn, schema, [old], "done", days_ago=15)
-    assert store.move_terminal(AFTER, TTL, 10)
+    assert move(store)
     return old
 
 

@@ -16,8 +16,8 @@ from psycopg import sql
 from brooq_py.postgres import Store
 from brooq_py.queue import Job, State
 from brooq_py.queue.port import Outcome
+from tests.integration.history import ended, move
 from tests.integration.marks import in_thread
-from tests.integration.test_history import TTL, ended
 
 LEASE = timedelta(seconds=60)
 
@@ -29,7 +29,7 @@ def dropping(dsn: str, schema: str, store: Store) -> Iterator[Callable[[Callable
     each run of *op* returned; the drop must have given way (dropped nothing)."""
     old = store.enqueue(Job("old", {})).id
     ended(dsn, schema, [old], "done", days_ago=15)
-    assert store.move_terminal(timedelta(seconds=0.5), TTL, 10)
+    assert move(store)
     with psycopg.connect(dsn) as reader:
         reader.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         reader.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, "job")))

@@ -3,8 +3,6 @@ for its lock. On a capped topic (SPEC F2), in a caller's transaction, with a tru
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -15,28 +13,8 @@ from brooq_py.postgres import Store
 from brooq_py.queue import Job, State
 from brooq_py.queue.errors import InvalidJob, QueueFull
 from tests.integration.conftest import q
-from tests.integration.marks import blocked_by, in_thread
-from tests.integration.test_history import TTL, days, ended, where
-from tests.integration.test_history_races import move_open
+from tests.integration.history import move_open, short, where, while_moving
 from tests.integration.test_workflows import finish
-from tests.polling import wait_for
-
-AFTER = timedelta(seconds=0.5)
-
-
-@pytest.fixture
-def day_table(dsn: str, schema: str, store: Store, pool: ConnectionPool[Any]) -> str:
-    first = store.enqueue(Job("h", {})).id
-    ended(dsn, schema, [first], "done")
-    assert store.move_terminal(AFTER, TTL, 10)
-    (table,) = days(pool, schema)
-    return table
-
-
-@pytest.fixture
-def mover(dsn: str) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(dsn) as conn:
-        yield conn
 
 
 def count_topic(pool: ConnectionPool[Any], schema: str, topic: str) -> int:
@@ -55,19 +33,15 @@ def test_b2_capped_child_of_a_parent_moving_meanwhile_is_written_once_within_the
     parent = store.enqueue(Job("p", {})).id
     finish(store, "p")
     move_open(mover, schema, day_table, parent)
-    t, out, errors = in_thread(
-        lambda: store.enqueue_many([Job("capped", {"n": i}, after=[parent]) for i in range(2)])
-    )
-    wait_for(lambda: blocked_by(dsn, mover.info.backend_pid) > 0, "the enqueue to wait for the parent", 30)
-    mover.commit()
-    t.join(30)
+    jobs = [Job("capped", {"n": i}, after=[parent]) for i in range(2)]
+    out, errors = while_moving(dsn, mover, lambda: store.enqueue_many(jobs), "the enqueue")
     assert not errors, errors
     assert [r.created for r in out[0]] == [True, True]
     assert count_topic(pool, schema, "capped") == 2
     with pytest.raises(QueueFull):
         store.enqueue(Job("capped", {"n": 9}))
     assert count_topic(pool, schema, "capped") == 2
-    assert where(pool, schema, parent) == day_table.split(".")[-1].strip('"')
+    assert where(pool, schema, parent) == short(day_table)
 
 
 def test_b2_capped_child_of_a_moving_parent_past_the_cap_is_refused_not_written(
@@ -84,14 +58,16 @@ def test_b2_capped_child_of_a_moving_parent_past_the_cap_is_refused_not_written(
     parent = store.enqueue(Job("p", {})).id
     finish(store, "p")
     move_open(mover, schema, day_table, parent)
-    t, out, errors = in_thread(lambda: store.enqueue(Job("capped", {"n": 1}, after=[parent])))
-    wait_for(lambda: blocked_by(dsn, mover.info.backend_pid) > 0, "the enqueue to wait for the parent", 30)
-    other = Store(pool, schema=schema)
-    filler = other.enqueue(Job("capped", {"n": 0}))  # takes the last place meanwhile
-    other.close()
-    mover.commit()
-    t.join(30)
-    assert filler.created
+    filled = []
+
+    def fill() -> None:  # takes the last place meanwhile
+        other = Store(pool, schema=schema)
+        filled.append(other.enqueue(Job("capped", {"n": 0})).created)
+        other.close()
+
+    child = Job("capped", {"n": 1}, after=[parent])
+    out, errors = while_moving(dsn, mover, lambda: store.enqueue(child), "the enqueue", meanwhile=fill)
+    assert filled == [True]
     assert len(errors) == 1 and isinstance(errors[0], QueueFull), (out, errors)
     assert count_topic(pool, schema, "capped") == 1
 
@@ -128,10 +104,7 @@ def test_b2_enqueue_tx_naming_a_parent_moving_meanwhile_in_the_callers_transacti
             child = store.enqueue_tx(conn, Job("c", {}, after=[parent])).id
             return before, child
 
-    t, out, errors = in_thread(caller)
-    wait_for(lambda: blocked_by(dsn, mover.info.backend_pid) > 0, "the enqueue to wait for the parent", 30)
-    mover.commit()
-    t.join(30)
+    out, errors = while_moving(dsn, mover, caller, "the enqueue")
     assert not errors, errors
     before, child = out[0]
     row = store.get(child)

@@ -13,9 +13,8 @@ from psycopg_pool import ConnectionPool
 
 from brooq_py.postgres import Store
 from brooq_py.queue import Job
-from tests.integration.test_history import TTL, ended, where
+from tests.integration.history import AFTER, TTL, ended, move, where
 
-AFTER = timedelta(seconds=0.5)
 LEASE = timedelta(seconds=60)
 
 
@@ -24,7 +23,7 @@ def test_b2_a_keyed_job_retried_and_ended_again_never_moves_and_its_key_holds(
 ) -> None:
     first = store.enqueue(Job("k", {"n": 1}, idempotency_key="key"))
     ended(dsn, schema, [first.id], "dead", days_ago=1)
-    assert store.move_terminal(AFTER, TTL, 10) == []
+    assert move(store) == []
     assert store.retry(first.id)
     ended(dsn, schema, [first.id], "done", days_ago=1)
     fresh = Store(pool, schema=schema)
@@ -42,7 +41,7 @@ def test_b2_psql_cannot_put_a_key_on_a_row_of_the_history(
 ) -> None:
     moved = store.enqueue(Job("k", {})).id
     ended(dsn, schema, [moved], "done", days_ago=1)
-    assert store.move_terminal(AFTER, TTL, 10)
+    assert move(store)
     with psycopg.connect(dsn, autocommit=True) as conn, pytest.raises(psycopg.errors.CheckViolation):
         conn.execute(
             sql.SQL("UPDATE {} SET idempotency_key = 'k' WHERE id = %s").format(

@@ -4,7 +4,6 @@ also uses to leave them out of a psql lookup by key)."""
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -14,7 +13,7 @@ from psycopg_pool import ConnectionPool
 
 from brooq_py.postgres import Store
 from brooq_py.queue import Job
-from tests.integration.test_history import TTL, days, ended
+from tests.integration.history import days, ended, move
 
 ROWS = 20_000
 
@@ -23,7 +22,7 @@ def fill_history(dsn: str, schema: str, store: Store, pool: ConnectionPool[Any])
     """One day of history of ROWS ended jobs without keys, analyzed; its table's name."""
     seed = store.enqueue(Job("h", {})).id
     ended(dsn, schema, [seed], "done", days_ago=1)
-    assert store.move_terminal(timedelta(seconds=0.5), TTL, 10)
+    assert move(store)
     (table,) = days(pool, schema)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(

@@ -15,8 +15,8 @@ from psycopg_pool import ConnectionPool
 from brooq_py.engine.services.cleanup import Retention
 from brooq_py.postgres import Store
 from brooq_py.queue import Job
+from tests.integration.history import TTL, days, ended, move, where
 from tests.integration.marks import blocked_by, in_thread
-from tests.integration.test_history import TTL, days, ended, where
 from tests.polling import wait_for
 
 log = logging.getLogger("test_attack_history_retention")
@@ -73,7 +73,7 @@ def test_b2_a_drop_that_waited_for_another_engines_drop_of_the_same_day_finds_no
     old = store.enqueue(Job("h", {})).id
     expired = store.enqueue(Job("h", {"n": "x"})).id
     ended(dsn, schema, [old], "done", days_ago=15)
-    assert store.move_terminal(timedelta(seconds=0.5), TTL, 10)
+    assert move(store)
     ended(dsn, schema, [expired], "done", days_ago=12)  # in job, past the 10-day ttl below
     (table,) = days(pool, schema)
     with psycopg.connect(dsn) as other:
@@ -95,7 +95,7 @@ def test_b2_store_drop_history_alone_after_a_concurrent_drop(
     lock without waiting while the first holds it, then finds the table gone, or no longer listed)."""
     old = store.enqueue(Job("h", {})).id
     ended(dsn, schema, [old], "done", days_ago=15)
-    assert store.move_terminal(timedelta(seconds=0.5), TTL, 10)
+    assert move(store)
     (table,) = days(pool, schema)
     with psycopg.connect(dsn) as other:
         other.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(sql.SQL(table)))

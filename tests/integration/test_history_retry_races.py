@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -14,11 +13,9 @@ from psycopg_pool import ConnectionPool
 import brooq_py.postgres.session.connections as connections
 from brooq_py.postgres import Store
 from brooq_py.queue import Job, State
+from tests.integration.history import AFTER, TTL, days, ended, move, where
 from tests.integration.marks import in_thread
-from tests.integration.test_history import TTL, days, ended, where
 from tests.integration.test_workflows import state
-
-AFTER = timedelta(seconds=0.5)
 
 
 def before_statement(monkeypatch: pytest.MonkeyPatch, name: str, hook: Callable[[], None]) -> list[int]:
@@ -81,7 +78,7 @@ def test_b2_retry_of_a_job_in_history_moved_again_before_job_retry(
     and the retry answered False or raised)."""
     job_id = store.enqueue(Job("h", {})).id
     ended(dsn, schema, [job_id], "dead", days_ago=1)
-    assert store.move_terminal(AFTER, TTL, 10)
+    assert move(store)
     assert where(pool, schema, job_id) != "job"
     moved: list[list[str]] = []
     before_statement(monkeypatch, "job_retry", lambda: moved.append(move_with_fresh_store(pool, schema)))
@@ -99,7 +96,7 @@ def test_b2_two_retries_of_one_job_in_history_at_once(
 ) -> None:
     ids = [r.id for r in store.enqueue_many([Job("h", {"n": i}) for i in range(15)])]
     ended(dsn, schema, ids, "dead", days_ago=1)
-    assert len(store.move_terminal(AFTER, TTL, 100)) == 15
+    assert len(move(store, 100)) == 15
     other = Store(pool, schema=schema)
     for job_id in ids:
         go = threading.Barrier(2)
@@ -213,7 +210,7 @@ def test_b2_retry_from_history_against_an_uncommitted_holder_of_its_unique_key(
     a = store.enqueue(Job("u", {"n": 1}, unique_key="k")).id
     finish(store, "u", State.DEAD)
     ended(dsn, schema, [a], "dead", days_ago=1)
-    assert store.move_terminal(AFTER, TTL, 10)
+    assert move(store)
     with psycopg.connect(dsn) as holder:
         b = store.enqueue_tx(holder, Job("u", {"n": 2}, unique_key="k")).id
         t, out, errors = in_thread(lambda: store.retry(a))

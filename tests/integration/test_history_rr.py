@@ -5,7 +5,6 @@ stayed in `job` until the ttl, now it moves after `history_after`)."""
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -15,7 +14,7 @@ from psycopg_pool import ConnectionPool
 
 from brooq_py.postgres import Store
 from brooq_py.queue import Job, State
-from tests.integration.test_history import TTL, ended, where
+from tests.integration.history import ended, move, where
 
 
 def _snapshot(conn: psycopg.Connection[Any], schema: str) -> None:
@@ -23,53 +22,34 @@ def _snapshot(conn: psycopg.Connection[Any], schema: str) -> None:
     conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, "topic_setting")))
 
 
-@pytest.mark.xfail(
+# A known limit (docs/workflows.md): under REPEATABLE READ, naming a parent moved after the snapshot
+# fails as naming one deleted does ("could not serialize access due to concurrent delete"): the
+# caller's transaction is aborted, to be retried.
+RR_LIMIT = pytest.mark.xfail(
     strict=True,
     raises=psycopg.errors.SerializationFailure,
     reason="known limit (docs/workflows.md): under REPEATABLE READ, naming a parent moved after the "
     "snapshot fails as naming one deleted does; retry the transaction",
 )
-def test_b2_rr_enqueue_naming_a_parent_moved_after_the_snapshot(
-    dsn: str, schema: str, store: Store, pool: ConnectionPool[Any]
+
+
+@pytest.mark.parametrize(
+    "moved", [pytest.param("after the snapshot", marks=RR_LIMIT), "never", "before the snapshot"]
+)
+def test_b2_rr_enqueue_naming_a_parent_in_a_repeatable_read_transaction(
+    moved: str, dsn: str, schema: str, store: Store, pool: ConnectionPool[Any]
 ) -> None:
-    """A SerializationFailure ('could not serialize access due to concurrent delete') aborts the
-    caller's transaction, as when retention deleted the parent; the child would be enqueued (the
-    parent is done and still exists, in history), as it is when the parent did not move."""
+    """The child would be enqueued whenever the parent moved (it is done and still exists, in
+    history), as it is when the parent is left in job or moved before the caller's snapshot."""
     parent = store.enqueue(Job("h", {})).id
     ended(dsn, schema, [parent], "done")
+    if moved == "before the snapshot":
+        assert move(store)
     with psycopg.connect(dsn) as conn:
-        _snapshot(conn, schema)  # the caller's snapshot: the parent is in job
-        assert [i for i, _ in store.move_terminal(timedelta(seconds=0.5), TTL, 10)] == [parent]
-        assert where(pool, schema, parent) != "job"
-        child = store.enqueue_tx(conn, Job("c", {}, after=[parent])).id
-        conn.commit()
-    row = store.get(child)
-    assert row is not None and row.state is State.PENDING
-
-
-def test_b2_rr_control_parent_not_moved(
-    dsn: str, schema: str, store: Store, pool: ConnectionPool[Any]
-) -> None:
-    """Control: the same transaction, the parent left in job: the enqueue works."""
-    parent = store.enqueue(Job("h", {})).id
-    ended(dsn, schema, [parent], "done")
-    with psycopg.connect(dsn) as conn:
-        _snapshot(conn, schema)
-        child = store.enqueue_tx(conn, Job("c", {}, after=[parent])).id
-        conn.commit()
-    row = store.get(child)
-    assert row is not None and row.state is State.PENDING
-
-
-def test_b2_rr_control_parent_in_history_before_the_snapshot(
-    dsn: str, schema: str, store: Store, pool: ConnectionPool[Any]
-) -> None:
-    """Control: the parent moved before the snapshot: the enqueue works."""
-    parent = store.enqueue(Job("h", {})).id
-    ended(dsn, schema, [parent], "done")
-    assert store.move_terminal(timedelta(seconds=0.5), TTL, 10)
-    with psycopg.connect(dsn) as conn:
-        _snapshot(conn, schema)
+        _snapshot(conn, schema)  # the caller's snapshot
+        if moved == "after the snapshot":
+            assert [i for i, _ in move(store)] == [parent]
+            assert where(pool, schema, parent) != "job"
         child = store.enqueue_tx(conn, Job("c", {}, after=[parent])).id
         conn.commit()
     row = store.get(child)
@@ -77,12 +57,7 @@ def test_b2_rr_control_parent_in_history_before_the_snapshot(
     assert store.parent_results(child) == {parent: None}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=psycopg.errors.SerializationFailure,
-    reason="known limit (docs/workflows.md): under REPEATABLE READ, naming a parent moved after the "
-    "snapshot fails as naming one deleted does; retry the transaction",
-)
+@RR_LIMIT
 def test_b2_rr_enqueue_group_naming_a_parent_moved_after_the_snapshot(
     dsn: str, schema: str, store: Store, pool: ConnectionPool[Any]
 ) -> None:
@@ -91,6 +66,6 @@ def test_b2_rr_enqueue_group_naming_a_parent_moved_after_the_snapshot(
     ended(dsn, schema, [parent], "done")
     with psycopg.connect(dsn) as conn:
         _snapshot(conn, schema)
-        assert store.move_terminal(timedelta(seconds=0.5), TTL, 10)
+        assert move(store)
         store.enqueue_group({"a": Job("g", {}, after=[parent])}, then=Job("t", {}), tx=conn)
         conn.commit()

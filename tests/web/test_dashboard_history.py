@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from brooq_py.postgres import Store
 from brooq_py.queue import Job, State
 from tests.integration.conftest import q
+from tests.integration.history import ended, move, where
 from tests.integration.test_cli import run_cli
-from tests.integration.test_history import TTL, ended, where
 from tests.web.conftest import TOKEN, Board
 from tests.web.test_dashboard_http import csrf_of
 from tests.web.test_dashboard_pages import facts
@@ -23,7 +22,7 @@ def moved_dead(dsn: str, store: Store, pool: Any) -> str:
     job_id = store.enqueue(Job("web.hist", {"a": 1})).id
     ended(dsn, store.schema, [job_id], "dead")
     q(pool, store.schema, "UPDATE {job} SET last_error = 'boom' WHERE id = %s", job_id)
-    assert [i for i, _ in store.move_terminal(timedelta(seconds=0.5), TTL, 10)] == [job_id]
+    assert [i for i, _ in move(store)] == [job_id]
     assert where(pool, store.schema, job_id) != "job"
     return job_id
 

@@ -1,0 +1,101 @@
+"""What the tests of the terminal history share (SPEC B2, B3): jobs ended by the test's own write,
+where a job is, the day tables, a day made by a move, and a move held open while another statement
+waits for its row."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg_pool import ConnectionPool
+
+from brooq_py.postgres import Store
+from brooq_py.queue import Job
+from tests.integration.conftest import q
+from tests.integration.marks import blocked_by, in_thread
+from tests.polling import wait_for
+
+TTL = timedelta(days=30)
+AFTER = timedelta(seconds=0.5)
+
+
+def ended(dsn: str, schema: str, ids: list[str], state: str, days_ago: float = 0.0) -> None:
+    """Make *ids* ended in *state*, *days_ago* days ago (the psql way: the test's own write)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "UPDATE {} SET state = %s, updated_at = now() - make_interval(secs => %s) - interval '1 second'"
+                " WHERE id = ANY(%s::uuid[])"
+            ).format(sql.Identifier(schema, "job")),
+            (state, days_ago * 86400, ids),
+        )
+
+
+def where(pool: ConnectionPool[Any], schema: str, job_id: str) -> str | None:
+    """The table that holds *job_id*: ``job``, ``job_history_YYYYMMDD``, or None."""
+    rows = q(pool, schema, "SELECT tableoid::regclass::text FROM {job} WHERE id = %s", job_id)
+    return str(rows[0][0]).split(".")[-1].strip('"') if rows else None
+
+
+def days(pool: ConnectionPool[Any], schema: str) -> list[str]:
+    """The tables of history of the schema."""
+    rows = q(
+        pool,
+        schema,
+        "SELECT inhrelid::regclass::text FROM pg_inherits WHERE inhparent = %s::regclass ORDER BY 1",
+        f'"{schema}".job',
+    )
+    return [str(r[0]) for r in rows]
+
+
+def live_count(pool: ConnectionPool[Any], schema: str) -> int:
+    return int(q(pool, schema, "SELECT count(*) FROM ONLY {job}")[0][0])
+
+
+def move(store: Store, batch: int = 10) -> list[tuple[str, str]]:
+    """The mover's batch (``Store.move_terminal``) of jobs ended over AFTER ago: (id, topic) moved."""
+    return store.move_terminal(AFTER, TTL, batch)
+
+
+def short(table: str) -> str:
+    """A day table's own name, without its schema."""
+    return table.split(".")[-1].strip('"')
+
+
+def made_day(dsn: str, schema: str, store: Store, pool: ConnectionPool[Any]) -> str:
+    """Today's table of history, made by a move of a job ended a second ago (the ``day_table``
+    fixture)."""
+    first = store.enqueue(Job("h", {})).id
+    ended(dsn, schema, [first], "done")
+    assert move(store)
+    (table,) = days(pool, schema)
+    return table
+
+
+def move_open(conn: psycopg.Connection[Any], schema: str, table: str, job_id: str) -> None:
+    conn.execute(
+        sql.SQL(
+            "WITH m AS (DELETE FROM ONLY {} WHERE id = %s RETURNING *) INSERT INTO {} SELECT * FROM m"
+        ).format(sql.Identifier(schema, "job"), sql.SQL(table)),
+        (job_id,),
+    )
+
+
+def while_moving(
+    dsn: str,
+    mover: psycopg.Connection[Any],
+    fn: Callable[[], Any],
+    what: str,
+    meanwhile: Callable[[], Any] = lambda: None,
+) -> tuple[list[Any], list[BaseException]]:
+    """Run *fn* on a thread until it waits for the row *mover* holds, call *meanwhile*, commit the
+    move, and wait for *fn*: what it returned and what it raised."""
+    t, out, errors = in_thread(fn)
+    wait_for(lambda: blocked_by(dsn, mover.info.backend_pid) > 0, f"{what} to wait for the row", 30)
+    meanwhile()
+    mover.commit()
+    t.join(30)
+    return out, errors
