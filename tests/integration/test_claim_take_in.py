@@ -17,7 +17,7 @@ from psycopg_pool import ConnectionPool
 from brooq_py.engine import Engine
 from brooq_py.postgres import Store
 from brooq_py.queue import Claim, Context, Job, KindOptions, State
-from tests.integration.conftest import q
+from tests.integration.conftest import q, wait_listening
 from tests.polling import wait_for
 
 LEASE = 3.0
@@ -256,3 +256,195 @@ def test_p1_a_claim_taken_in_after_a_broken_chain_never_runs_whatever_the_kind(
     e.stop()
     assert runs == [], runs
     assert store.get(job).result == "fresh"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("shape", ["sync", "async", "batch"])
+def test_p1_a_claim_answered_over_a_lease_late_is_never_run_here(
+    shape: str, schema: str, store: Store, pool: ConnectionPool[Any], engines: Callable[..., Engine]
+) -> None:
+    """The claim commits, its answer comes over a lease later (a network stall, a commit waiting for a
+    synchronous standby). Meanwhile a beat's look for lost answers named it never received, the
+    reaper took it back, another engine ran it, and a beat forgot the dropped claim. The engine's
+    chain of proofs never broke: only the answer's own lateness tells that it must not run."""
+    own = Store(pool, schema=schema)
+    runs: list[str] = []
+    topic = f"ti.late.{shape}"
+    answered = threading.Event()
+    go = threading.Event()
+    claims = [0]
+
+    def one(ctx: Context, claim: Claim) -> str:
+        runs.append(claim.id)
+        return "stale"
+
+    async def one_async(ctx: Context, claim: Claim) -> str:
+        runs.append(claim.id)
+        return "stale"
+
+    def many(ctx: Context, claims: list[Claim]) -> list[str]:
+        runs.extend(c.id for c in claims)
+        return ["stale"] * len(claims)
+
+    e = engines(repo=own, lease=LEASE, workers=1)
+    if shape == "sync":
+        e.register_kind(topic, one)
+    elif shape == "async":
+        e.register_kind(topic, one_async)
+    else:
+        e.register_batch(topic, many, KindOptions(batch_size=1))
+    real_claim = own.worker.claim
+
+    def late(names: Sequence[str], *rest: Any) -> Any:
+        claims[0] += 1
+        rows = real_claim(names, *rest)
+        if rows and not answered.is_set():
+            answered.set()
+            go.wait(90)  # the answer is on its way: committed, not back yet
+        return rows
+
+    own.worker.claim = late  # type: ignore[method-assign]
+    e.start()
+    job = store.enqueue(Job(topic, {"n": 0})).id
+    wait_for(answered.is_set, "the claim committed", 30)
+    other = engines(lease=LEASE)
+    if shape == "batch":
+        other.register_batch(topic, lambda ctx, claims: ["fresh"] * len(claims), KindOptions(batch_size=1))
+    else:
+        other.register_kind(topic, lambda ctx, claim: "fresh")
+    other.start()
+    try:
+        wait_for(
+            lambda: (r := store.get(job)) is not None and r.state is State.DONE,
+            "the claim named never received, reaped, run by the other engine",
+            60,
+        )
+        wait_for(lambda: not e.inflight.dropped(), "the dropped claim forgotten by a beat", 30)
+        assert e._may_claim(), "the engine's chain of proofs never broke"
+    finally:
+        go.set()  # the answer comes now
+    first = claims[0]
+    wait_for(lambda: claims[0] > first, "the dispatcher past the late answer (its next claim)", 30)
+    wait_for(lambda: e.inflight.held() == [] and e.inflight.running() == [], "the stale attempt ended", 30)
+    e.stop()
+    other.stop()
+    assert store.get(job).result == "fresh"  # type: ignore[union-attr]
+    row = q(pool, schema, "SELECT state, attempts FROM {job} WHERE id = %s", job)[0]
+    assert runs == [], f"P1: the handler ran here for a claim reaped and run elsewhere (row {row})"
+
+
+@pytest.mark.parametrize("shape", ["sync", "async", "batch"])
+def test_x2_a_cancel_heard_between_holding_and_starting_an_attempt_keeps_its_handler_from_starting(
+    shape: str, schema: str, store: Store, pool: ConnectionPool[Any], engines: Callable[..., Engine]
+) -> None:
+    """The cancel's NOTIFY is handled while the dispatcher holds the attempt (InFlight.add) and has
+    not started it (CLAIMED): it must be kept for the start (it raised IllegalTransition on the
+    listener's thread and was lost, the handler then ran)."""
+    runs: list[str] = []
+    topic = f"ti.cw.{shape}"
+    handled = threading.Event()
+    errors: list[BaseException] = []
+
+    def one(ctx: Context, claim: Claim) -> str:
+        runs.append(claim.id)
+        return "ran"
+
+    async def one_async(ctx: Context, claim: Claim) -> str:
+        runs.append(claim.id)
+        return "ran"
+
+    def many(ctx: Context, claims: list[Claim]) -> list[str]:
+        runs.extend(c.id for c in claims)
+        return ["ran"] * len(claims)
+
+    e = engines(lease=6, workers=1)
+    if shape == "sync":
+        e.register_kind(topic, one)
+    elif shape == "async":
+        e.register_kind(topic, one_async)
+    else:
+        e.register_batch(topic, many, KindOptions(batch_size=1))
+    real_cancel = e.intake.on_cancel
+
+    def on_cancel(job_id: str, token: str) -> None:
+        try:
+            real_cancel(job_id, token)
+        except BaseException as exc:
+            errors.append(exc)
+            raise
+        finally:
+            handled.set()
+
+    e.intake.on_cancel = on_cancel  # type: ignore[method-assign]
+    real_add = e.inflight.add
+    jobs: list[str] = []
+
+    def add(a: Any) -> bool:
+        held = real_add(a)
+        if held and a.id in jobs:  # held, not RUNNING yet: the operator cancels now
+            assert store.cancel(a.id)
+            handled.wait(30)
+        return held
+
+    e.inflight.add = add  # type: ignore[method-assign]
+    e.start()
+    wait_listening(pool, schema)
+    jobs.append(store.enqueue(Job(topic, {"n": 0})).id)
+    wait_for(handled.is_set, "the cancel handled", 30)
+    wait_for(lambda: e.inflight.held() == [] and e.inflight.running() == [], "the attempt ended", 30)
+    e.stop()
+    row = q(pool, schema, "SELECT state FROM {job} WHERE id = %s", jobs[0])[0]
+    assert row == ("canceled",), row
+    assert runs == [], (
+        f"the handler started for a job canceled before its start (on_cancel raised {errors!r})"
+    )
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the loop left behind
+def test_p1_a_handler_queued_behind_a_blocked_loop_never_starts_after_stop_let_its_claim_go(
+    schema: str, store: Store, pool: ConnectionPool[Any], engines: Callable[..., Engine]
+) -> None:
+    """Two async jobs claimed together; the first handler blocks the event loop (a sync wait in an
+    ``async def``), so the second's task never reaches its start. stop() cancels both
+    (EngineStopping), declares both hung after the grace, lets their claims go and removes the
+    engine's row: another engine runs the second job. Once the loop runs again, the second handler
+    must not start: its attempt has an ending (hung), its context's cause is not a LeaseLost."""
+    release = threading.Event()
+    blocking = threading.Event()
+    started: list[int] = []
+    topic = "ti.stop.loop"
+
+    async def handler(ctx: Context, claim: Claim) -> str:
+        n = claim.payload["n"]
+        started.append(n)
+        if n == 0:
+            blocking.set()
+            release.wait(90)  # blocks the loop: the other task's start waits
+        return "here"
+
+    e = engines(lease=3, workers=2, claim_batch=2, watchdog_grace=0.3)
+    e.register_kind(topic, handler)
+    a = store.enqueue(Job(topic, {"n": 0}, priority=1)).id
+    b = store.enqueue(Job(topic, {"n": 1})).id
+    e.start()
+    try:
+        wait_for(blocking.is_set, "the first handler blocking the loop", 30)
+        assert started == [0]
+        stopper = threading.Thread(target=lambda: e.stop(timeout=0.2), daemon=True)
+        stopper.start()
+        stopper.join(60)
+        assert not stopper.is_alive()
+        other = engines(lease=3)
+        other.register_kind(topic, lambda ctx, claim: "elsewhere")
+        other.start()
+        wait_for(
+            lambda: (r := store.get(b)) is not None and r.state is State.DONE,
+            "the second job taken back and run elsewhere",
+            60,
+        )
+    finally:
+        release.set()
+    wait_for(lambda: (r := store.get(a)) is not None and r.state is State.DONE, "the first job run again", 60)
+    # the loop ran its queued steps once released (the stop only asked it to stop)
+    assert started[:1] == [0]
+    assert 1 not in started, f"the second handler started after its claim was let go: {started}"
+    assert store.get(b).result == "elsewhere"  # type: ignore[union-attr]

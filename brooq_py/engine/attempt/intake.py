@@ -54,9 +54,11 @@ class Capacity:
         self._freed: set[str] = set()
         self.wake: Callable[[], None] = lambda: None
         self.on_rate_held: Callable[[str], None] = lambda topic: None  # a claim found no token left
-        # Each statement's claims as its answer comes, before the claim's other statements run
-        # (``InFlight.receive``: no beat calls them never received meanwhile, SPEC P1'').
-        self.on_received: Callable[[Sequence[ClaimedJob]], None] = lambda rows: None
+        # Each statement's claims as its answer comes, with the statement's send time, before the
+        # claim's other statements run: those to take in (``Engine._received``, SPEC P1'').
+        self.on_received: Callable[[Sequence[ClaimedJob], float], list[ClaimedJob]] = lambda rows, sent: list(
+            rows
+        )
 
     def set_limited(self, topics: Collection[str], ready: Collection[str] = ()) -> None:
         """The topics with a global or a rate limit, as last read; *ready*: those with a rate token left
@@ -92,6 +94,7 @@ class Capacity:
                 with self._lock:
                     self._announced.discard(topic)
                     self._freed.discard(topic)
+                sent = self._monotonic()
                 try:
                     got = repo.claim_limited(topic, room, worker, lease)
                 except Exception as exc:  # a row lock waited out (SPEC L3'): the other topics go on
@@ -99,7 +102,7 @@ class Capacity:
                     with self._lock:  # tried again after a while, as a topic at its limit
                         self._due[topic] = self._monotonic() + self._retry_after
                     continue
-                self._taken(got)
+                kept = self._taken(got, sent)
                 wait = got.next_token_in if isinstance(got, LimitedClaim) else None
                 busy = isinstance(got, LimitedClaim) and got.busy
                 with self._lock:
@@ -125,15 +128,14 @@ class Capacity:
                     self.on_rate_held(topic)
                 if again and not busy and wait is None:  # else nothing more is claimable now
                     self.wake()
-                rows.extend(got)
+                rows.extend(kept)
             for names, room in [*(([t], r) for t, r in capped), (common, free)]:  # the common claim last
                 room = min(room, free - len(rows))
                 if room <= 0:
                     break
                 if names:
-                    got = repo.claim(names, room, worker, lease)
-                    self._taken(got)
-                    rows.extend(got)
+                    sent = self._monotonic()
+                    rows.extend(self._taken(repo.claim(names, room, worker, lease), sent))
         except Exception:
             if not rows:
                 raise
@@ -182,11 +184,14 @@ class Capacity:
             ]
         return max(0.0, min(ats) - self._monotonic()) if ats else None
 
-    def _taken(self, rows: Sequence[ClaimedJob]) -> None:
-        if rows:
-            self.on_received(rows)
-            with self._lock:
-                self._active.update(r.topic for r in rows)
+    def _taken(self, rows: Sequence[ClaimedJob], sent: float) -> list[ClaimedJob]:
+        """The rows of a statement sent at *sent* that are taken in (``on_received``), counted active."""
+        if not rows:
+            return []
+        kept = self.on_received(rows, sent)
+        with self._lock:
+            self._active.update(r.topic for r in kept)
+        return kept
 
     def ended(self, topic: str) -> None:
         """A claimed job of *topic* ended here: a topic its local cap held back is claimed again at
@@ -341,31 +346,28 @@ class Intake:
                 a.cancelled_at = a.ctx_cancelled_at
 
         ctx.add_callback(mark)
-        a.start()
-        if self._was_canceled(row.claim_token):
+        with self._canceled_lock:  # on_cancel keeps a cancel of a held attempt not started yet
+            a.start()
+            canceled = self._canceled.pop(row.claim_token, None) is not None
+        if canceled:
             self.supervisor.canceled(a)
         return a
 
     def on_cancel(self, job_id: str, claim_token: str) -> None:
         """A processing job was canceled (the cancel channel's NOTIFY): tell the attempt holding that
-        claim at once with ``JobCanceledByOperator``; remember a claim not held yet."""
+        claim at once with ``JobCanceledByOperator``; remember a claim not held yet, or held and not
+        started yet (``open`` reads it as it starts the attempt, under the same lock)."""
         a = self.inflight.by_token(claim_token) if claim_token else self.inflight.latest(job_id)
-        if a is not None:
+        token = a.row.claim_token if a is not None else claim_token
+        with self._canceled_lock:
+            later = bool(token) and (a is None or a.phase is Phase.CLAIMED)
+            if later:
+                now = self.clock.monotonic()
+                self._canceled[token] = now
+                if len(self._canceled) > 1000:
+                    self._canceled = {t: at for t, at in self._canceled.items() if now - at < CANCEL_MEMORY}
+        if a is not None and not later:
             self.supervisor.canceled(a)
-            return
-        if not claim_token:
-            return
-        now = self.clock.monotonic()
-        with self._canceled_lock:
-            self._canceled[claim_token] = now
-            if len(self._canceled) > 1000:
-                self._canceled = {t: at for t, at in self._canceled.items() if now - at < CANCEL_MEMORY}
-
-    def _was_canceled(self, claim_token: str) -> bool:
-        if not self._canceled:
-            return False
-        with self._canceled_lock:
-            return self._canceled.pop(claim_token, None) is not None
 
     def launch_all(self, rows: Sequence[ClaimedJob]) -> None:
         """Start the attempts of a claim's rows, each on a slot the dispatcher counted free."""
