@@ -41,7 +41,7 @@ from brooq_py.engine.services.ticker import Ticker, stop_services
 from brooq_py.engine.services.wakeups import Stager, TopicWatch, WakeListener, stage_now
 from brooq_py.queue import BrooqError, ConfigError, EngineStopping, Event, Job, KindOptions, LeaseLost
 from brooq_py.queue.handler import Handler
-from brooq_py.queue.port import ClaimedJob, EngineProof, Facade, Listener, Repo, Staged
+from brooq_py.queue.port import EngineProof, Facade, Listener, Repo, Staged
 from brooq_py.tasks import Tasks
 
 # How long the completer lets outcomes gather before it writes them (SPEC C10: "within milliseconds").
@@ -121,7 +121,7 @@ class Engine(Producing):
             self._caps, self.config.td("poll_interval").total_seconds(), self.clock.monotonic
         )
         self.handover.on_settled = self.capacity.settled  # a limited topic may have room again
-        self.capacity.on_received = self._received
+        self.capacity.on_received = lambda rows: self.inflight.receive(r.claim_token for r in rows)
         self.capacity.on_rate_held = lambda topic: self.metrics.child(self.metrics.rate_held, topic).inc()
         self._topic_watch = TopicWatch(
             self.config.td("poll_interval").total_seconds(),
@@ -546,27 +546,6 @@ class Engine(Producing):
                     self.runner.run_here(a)
         self.runner.run_batches_here(batched)
         return len(rows)
-
-    def _received(self, rows: Sequence[ClaimedJob], sent: float) -> list[ClaimedJob]:
-        """A claim statement's answer, the statement sent at *sent*: its claims are this engine's to
-        run (``InFlight.receive``: from now on no beat names them never received), unless the answer
-        came ``lease - margin`` or more after the send (SPEC P1'', F0). A beat's look for lost answers
-        names for the reaper the claims over a lease old that it did not send: by then it may have
-        named these, and another engine may run them. They are handed back unrun, each only while
-        still processing under its claim."""
-        late = self.clock.monotonic() - sent
-        if late < self.supervisor.fence_after:
-            self.inflight.receive(r.claim_token for r in rows)
-            return list(rows)
-        self.log.warning(
-            "engine: a claim's answer came %.1fs after it was sent (lease - margin is %gs); its %d "
-            "job(s) are handed back unrun, never run here (another engine may run them already)",
-            late,
-            self.supervisor.fence_after,
-            len(rows),
-        )
-        self.intake.give_back(rows)
-        return []
 
     def _expired_before_start(self, a: Attempt) -> None:
         """run_once's check at a handler's start: the claim's lease (never renewed) about to end."""

@@ -28,6 +28,11 @@ class InFlight:
         # Claims whose answer came, not taken in yet (a claim of several statements goes on): no
         # beat names them, and none may call them never received (``drop_orphan``).
         self._received: set[str] = set()
+        # Claims a beat named never received (``drop_orphan``), for the engine's life: the reaper may
+        # have given the job to another engine, so an answer that comes after all (late, not lost) is
+        # never taken in, however long after; ``forget_dropped`` leaves them here. Only claims whose
+        # answer was lost or came over a lease late land here: a few in an engine's life.
+        self._orphaned: set[str] = set()
 
     def receive(self, tokens: Iterable[str]) -> None:
         """A claim statement answered with these claims: ours, to be taken in or handed back."""
@@ -40,11 +45,11 @@ class InFlight:
             self._received.difference_update(tokens)
 
     def add(self, a: Attempt) -> bool:
-        """Hold *a*'s claim; False, holding nothing, when the claim was dropped before (the orphan
-        look of a beat found it unsent: named for the reaper, it may run elsewhere already)."""
+        """Hold *a*'s claim; False, holding nothing, when the claim was dropped before or named never
+        received by a beat's orphan look (named for the reaper, it may run elsewhere already)."""
         with self._lock:
             self._received.discard(a.row.claim_token)
-            if a.row.claim_token in self._dropped:
+            if a.row.claim_token in self._dropped or a.row.claim_token in self._orphaned:
                 return False
             self._held[a.row.claim_token] = a
             self._latest[a.id] = a
@@ -91,6 +96,7 @@ class InFlight:
             if claim_token in self._held or claim_token in self._received:
                 return False
             self._dropped[claim_token] = job_id
+            self._orphaned.add(claim_token)
             return True
 
     def drop(self, a: Attempt) -> bool:

@@ -54,11 +54,9 @@ class Capacity:
         self._freed: set[str] = set()
         self.wake: Callable[[], None] = lambda: None
         self.on_rate_held: Callable[[str], None] = lambda topic: None  # a claim found no token left
-        # Each statement's claims as its answer comes, with the statement's send time, before the
-        # claim's other statements run: those to take in (``Engine._received``, SPEC P1'').
-        self.on_received: Callable[[Sequence[ClaimedJob], float], list[ClaimedJob]] = lambda rows, sent: list(
-            rows
-        )
+        # Each statement's claims as its answer comes, before the claim's other statements run
+        # (``InFlight.receive``: no beat calls them never received meanwhile, SPEC P1'').
+        self.on_received: Callable[[Sequence[ClaimedJob]], None] = lambda rows: None
 
     def set_limited(self, topics: Collection[str], ready: Collection[str] = ()) -> None:
         """The topics with a global or a rate limit, as last read; *ready*: those with a rate token left
@@ -94,7 +92,6 @@ class Capacity:
                 with self._lock:
                     self._announced.discard(topic)
                     self._freed.discard(topic)
-                sent = self._monotonic()
                 try:
                     got = repo.claim_limited(topic, room, worker, lease)
                 except Exception as exc:  # a row lock waited out (SPEC L3'): the other topics go on
@@ -102,7 +99,7 @@ class Capacity:
                     with self._lock:  # tried again after a while, as a topic at its limit
                         self._due[topic] = self._monotonic() + self._retry_after
                     continue
-                kept = self._taken(got, sent)
+                self._taken(got)
                 wait = got.next_token_in if isinstance(got, LimitedClaim) else None
                 busy = isinstance(got, LimitedClaim) and got.busy
                 with self._lock:
@@ -128,14 +125,15 @@ class Capacity:
                     self.on_rate_held(topic)
                 if again and not busy and wait is None:  # else nothing more is claimable now
                     self.wake()
-                rows.extend(kept)
+                rows.extend(got)
             for names, room in [*(([t], r) for t, r in capped), (common, free)]:  # the common claim last
                 room = min(room, free - len(rows))
                 if room <= 0:
                     break
                 if names:
-                    sent = self._monotonic()
-                    rows.extend(self._taken(repo.claim(names, room, worker, lease), sent))
+                    got = repo.claim(names, room, worker, lease)
+                    self._taken(got)
+                    rows.extend(got)
         except Exception:
             if not rows:
                 raise
@@ -184,14 +182,11 @@ class Capacity:
             ]
         return max(0.0, min(ats) - self._monotonic()) if ats else None
 
-    def _taken(self, rows: Sequence[ClaimedJob], sent: float) -> list[ClaimedJob]:
-        """The rows of a statement sent at *sent* that are taken in (``on_received``), counted active."""
-        if not rows:
-            return []
-        kept = self.on_received(rows, sent)
-        with self._lock:
-            self._active.update(r.topic for r in kept)
-        return kept
+    def _taken(self, rows: Sequence[ClaimedJob]) -> None:
+        if rows:
+            self.on_received(rows)
+            with self._lock:
+                self._active.update(r.topic for r in rows)
 
     def ended(self, topic: str) -> None:
         """A claimed job of *topic* ended here: a topic its local cap held back is claimed again at

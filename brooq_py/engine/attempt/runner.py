@@ -151,6 +151,7 @@ class AsyncRunner:
                     asyncio.set_event_loop(loop)
                     loop.call_soon(ready.set)
                     loop.run_forever()
+                    loop.close()  # stopped by close(), however late a hung handler let it: closed here
 
                 self._thread = threading.Thread(target=run, name="brooq-async", daemon=True)
                 self._thread.start()
@@ -195,7 +196,8 @@ class AsyncRunner:
         return self._thread is not None and threading.current_thread() is self._thread
 
     def close(self) -> None:
-        """Stop the loop; a hung handler's task is left behind with it (it cannot be killed)."""
+        """Stop the loop, which its thread closes once it stops; a hung handler's task is left behind
+        with it (it cannot be killed), pending, never resumed."""
         with self._lock:
             loop, self._loop = self._loop, None
             thread, self._thread = self._thread, None
@@ -203,8 +205,6 @@ class AsyncRunner:
             loop.call_soon_threadsafe(loop.stop)
             if thread is not None:
                 thread.join(5)
-            if not loop.is_running():
-                loop.close()  # a hung handler's task stays pending, never resumed
 
 
 class ResultRejected(BrooqError, ValueError):
