@@ -399,52 +399,54 @@ def test_x2_a_cancel_heard_between_holding_and_starting_an_attempt_keeps_its_han
     )
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the loop left behind
-def test_p1_a_handler_queued_behind_a_blocked_loop_never_starts_after_stop_let_its_claim_go(
+def test_x2_a_cancel_looked_up_just_before_the_attempt_is_held_still_keeps_its_handler_from_starting(
     schema: str, store: Store, pool: ConnectionPool[Any], engines: Callable[..., Engine]
 ) -> None:
-    """Two async jobs claimed together; the first handler blocks the event loop (a sync wait in an
-    ``async def``), so the second's task never reaches its start. stop() cancels both
-    (EngineStopping), declares both hung after the grace, lets their claims go and removes the
-    engine's row: another engine runs the second job. Once the loop runs again, the second handler
-    must not start: its attempt has an ending (hung), its context's cause is not a LeaseLost."""
-    release = threading.Event()
-    blocking = threading.Event()
-    started: list[int] = []
-    topic = "ti.stop.loop"
+    """The listener's on_cancel looks the claim up (InFlight.by_token) outside _canceled_lock. The
+    dispatcher holds the claim's answer, not yet held; the operator cancels the processing row; the
+    listener's lookup finds no attempt; then (the listener thread preempted between its lookup and
+    its lock) the dispatcher holds, starts and checks the memory (nothing there yet); only then the
+    listener remembers the token, for a start that already happened. The job was canceled before
+    its handler started: the handler must not start (X2')."""
+    topic = "ti.cancel.lookup"
+    runs: list[str] = []
+    started = threading.Event()
+    claimed = threading.Event()
+    looked_up = threading.Event()
+    jobs: list[str] = []
 
-    async def handler(ctx: Context, claim: Claim) -> str:
-        n = claim.payload["n"]
-        started.append(n)
-        if n == 0:
-            blocking.set()
-            release.wait(90)  # blocks the loop: the other task's start waits
-        return "here"
+    def handler(ctx: Context, claim: Claim) -> str:
+        runs.append(claim.id)
+        started.set()
+        return "ran"
 
-    e = engines(lease=3, workers=2, claim_batch=2, watchdog_grace=0.3)
+    e = engines(lease=6, workers=1)
     e.register_kind(topic, handler)
-    a = store.enqueue(Job(topic, {"n": 0}, priority=1)).id
-    b = store.enqueue(Job(topic, {"n": 1})).id
+    real_add = e.inflight.add
+    real_by_token = e.inflight.by_token
+
+    def add(a: Any) -> bool:
+        if a.id in jobs and not claimed.is_set():
+            claimed.set()
+            assert store.cancel(a.id)  # the operator's cancel: the row is processing, not held yet
+            looked_up.wait(30)  # the listener's lookup found nothing
+        return real_add(a)
+
+    def by_token(token: str) -> Any:
+        got = real_by_token(token)
+        if "listener" in threading.current_thread().name and got is None and claimed.is_set():
+            looked_up.set()
+            started.wait(3)  # preempted here, between the lookup and _canceled_lock
+        return got
+
+    e.inflight.add = add  # type: ignore[method-assign]
+    e.inflight.by_token = by_token  # type: ignore[method-assign]
     e.start()
-    try:
-        wait_for(blocking.is_set, "the first handler blocking the loop", 30)
-        assert started == [0]
-        stopper = threading.Thread(target=lambda: e.stop(timeout=0.2), daemon=True)
-        stopper.start()
-        stopper.join(60)
-        assert not stopper.is_alive()
-        other = engines(lease=3)
-        other.register_kind(topic, lambda ctx, claim: "elsewhere")
-        other.start()
-        wait_for(
-            lambda: (r := store.get(b)) is not None and r.state is State.DONE,
-            "the second job taken back and run elsewhere",
-            60,
-        )
-    finally:
-        release.set()
-    wait_for(lambda: (r := store.get(a)) is not None and r.state is State.DONE, "the first job run again", 60)
-    # the loop ran its queued steps once released (the stop only asked it to stop)
-    assert started[:1] == [0]
-    assert 1 not in started, f"the second handler started after its claim was let go: {started}"
-    assert store.get(b).result == "elsewhere"  # type: ignore[union-attr]
+    wait_listening(pool, schema)
+    jobs.append(store.enqueue(Job(topic, {"n": 0})).id)
+    wait_for(claimed.is_set, "the claim answered", 30)
+    assert looked_up.wait(30), "the listener looked the cancel up"
+    wait_for(lambda: e.inflight.held() == [] and e.inflight.running() == [], "the attempt ended", 30)
+    e.stop()
+    assert q(pool, schema, "SELECT state FROM {job} WHERE id = %s", jobs[0])[0] == ("canceled",)
+    assert runs == [], "X2': the handler started for a job canceled (and its cancel heard) before its start"

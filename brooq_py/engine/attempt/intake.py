@@ -352,9 +352,9 @@ class Intake:
         """A processing job was canceled (the cancel channel's NOTIFY): tell the attempt holding that
         claim at once with ``JobCanceledByOperator``; remember a claim not held yet, or held and not
         started yet (``open`` reads it as it starts the attempt, under the same lock)."""
-        a = self.inflight.by_token(claim_token) if claim_token else self.inflight.latest(job_id)
-        token = a.row.claim_token if a is not None else claim_token
-        with self._canceled_lock:
+        with self._canceled_lock:  # looked up under it too: never between a hold and its start's look
+            a = self.inflight.by_token(claim_token) if claim_token else self.inflight.latest(job_id)
+            token = a.row.claim_token if a is not None else claim_token
             later = bool(token) and (a is None or a.phase is Phase.CLAIMED)
             if later:
                 now = self.clock.monotonic()
