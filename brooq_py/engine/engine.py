@@ -445,6 +445,14 @@ class Engine(Producing):
             self._stopped.wait()
         if state != "running":
             return
+        try:
+            self._stop(timeout)
+        finally:  # whatever raised in it: the engine is stopped, a later or waiting stop() returns
+            self._state = "stopped"
+            self._stopped.set()
+
+    def _stop(self, timeout: float | None) -> None:
+        """``stop``'s work, once the engine is "stopping"."""
         cfg = self.config
         wait = cfg.lease_td.total_seconds() if timeout is None else max(0.0, float(timeout))
         grace = cfg.effective_watchdog_grace.total_seconds()
@@ -488,8 +496,6 @@ class Engine(Producing):
         self.runner.settlers.stop()
         self._async.close()
         self.events.stop(max(0.1, deadline - time.monotonic()))  # after the last flush
-        self._state = "stopped"
-        self._stopped.set()
         if left[0]:
             self.log.error("engine: stopped with %d outcomes unwritten (database unreachable)", left[0])
         self.log.info("engine: stopped worker=%s", self.worker_id)

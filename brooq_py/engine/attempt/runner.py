@@ -8,6 +8,7 @@ on the engine's one event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import itertools
@@ -202,7 +203,8 @@ class AsyncRunner:
             loop, self._loop = self._loop, None
             thread, self._thread = self._thread, None
         if loop is not None:
-            loop.call_soon_threadsafe(loop.stop)
+            with contextlib.suppress(RuntimeError):  # stopped and closed already by its thread
+                loop.call_soon_threadsafe(loop.stop)
             if thread is not None:
                 thread.join(5)
 
