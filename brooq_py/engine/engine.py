@@ -467,6 +467,8 @@ class Engine(Producing):
                 self.supervisor.stopping_cancel(a)
             slots.wait_idle(grace)
         for a in self.inflight.running():
+            if a.phase is Phase.CLAIMED:  # held, not started yet: the dispatcher's, starting it now
+                continue
             if a.hung and a.ending is Phase.HUNG and not isinstance(a.ctx.cause, EngineStopping):
                 # hung before the stop, its lease let go: hand the row back now, not at the reaper
                 self.supervisor.release_at_stop(a)

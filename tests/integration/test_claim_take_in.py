@@ -425,11 +425,17 @@ def test_x2_a_cancel_looked_up_just_before_the_attempt_is_held_still_keeps_its_h
     real_add = e.inflight.add
     real_by_token = e.inflight.by_token
 
+    added = threading.Event()
+
     def add(a: Any) -> bool:
         if a.id in jobs and not claimed.is_set():
             claimed.set()
             assert store.cancel(a.id)  # the operator's cancel: the row is processing, not held yet
             looked_up.wait(30)  # the listener's lookup found nothing
+            try:
+                return real_add(a)
+            finally:
+                added.set()
         return real_add(a)
 
     def by_token(token: str) -> Any:
@@ -446,6 +452,7 @@ def test_x2_a_cancel_looked_up_just_before_the_attempt_is_held_still_keeps_its_h
     jobs.append(store.enqueue(Job(topic, {"n": 0})).id)
     wait_for(claimed.is_set, "the claim answered", 30)
     assert looked_up.wait(30), "the listener looked the cancel up"
+    assert added.wait(30), "the attempt held"
     wait_for(lambda: e.inflight.held() == [] and e.inflight.running() == [], "the attempt ended", 30)
     e.stop()
     assert q(pool, schema, "SELECT state FROM {job} WHERE id = %s", jobs[0])[0] == ("canceled",)
