@@ -8,7 +8,6 @@ on the engine's one event loop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import inspect
 import itertools
@@ -152,7 +151,6 @@ class AsyncRunner:
                     asyncio.set_event_loop(loop)
                     loop.call_soon(ready.set)
                     loop.run_forever()
-                    loop.close()  # stopped by close(), however late a hung handler let it: closed here
 
                 self._thread = threading.Thread(target=run, name="brooq-async", daemon=True)
                 self._thread.start()
@@ -197,16 +195,16 @@ class AsyncRunner:
         return self._thread is not None and threading.current_thread() is self._thread
 
     def close(self) -> None:
-        """Stop the loop, which its thread closes once it stops; a hung handler's task is left behind
-        with it (it cannot be killed), pending, never resumed."""
+        """Stop the loop; a hung handler's task is left behind with it (it cannot be killed)."""
         with self._lock:
             loop, self._loop = self._loop, None
             thread, self._thread = self._thread, None
         if loop is not None:
-            with contextlib.suppress(RuntimeError):  # stopped and closed already by its thread
-                loop.call_soon_threadsafe(loop.stop)
+            loop.call_soon_threadsafe(loop.stop)
             if thread is not None:
                 thread.join(5)
+            if not loop.is_running():
+                loop.close()  # a hung handler's task stays pending, never resumed
 
 
 class ResultRejected(BrooqError, ValueError):
