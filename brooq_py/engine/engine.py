@@ -92,7 +92,7 @@ class Engine(Producing):
         self._kinds: dict[str, Kind] = {}
         self._lock = threading.RLock()
         self._state = "new"  # new -> running -> stopping -> stopped
-        self.inflight = InFlight(lambda topic: self.capacity.ended(topic))
+        self.inflight = InFlight(lambda topic: self.capacity.ended(topic), self.clock.monotonic)
         self._async = AsyncRunner(self.log)
         self.hooks = Hooks(self.log, self.metrics, rng)
         self.hooks.stopping = lambda: self._state == "stopping"
@@ -467,8 +467,6 @@ class Engine(Producing):
                 self.supervisor.stopping_cancel(a)
             slots.wait_idle(grace)
         for a in self.inflight.running():
-            if a.phase is Phase.CLAIMED:  # held, not started yet: the dispatcher's, starting it now
-                continue
             if a.hung and a.ending is Phase.HUNG and not isinstance(a.ctx.cause, EngineStopping):
                 # hung before the stop, its lease let go: hand the row back now, not at the reaper
                 self.supervisor.release_at_stop(a)

@@ -31,6 +31,29 @@ def _runs_elsewhere(runs: list[str]) -> Callable[..., str]:
     return handler
 
 
+def _register(e: Engine, topic: str, shape: str, runs: list[str], result: str = "ran") -> None:
+    """Register on *e* a handler of *shape* (sync, async, or a batch of one) recording each job it runs."""
+
+    def one(ctx: Context, claim: Claim) -> str:
+        runs.append(claim.id)
+        return result
+
+    async def one_async(ctx: Context, claim: Claim) -> str:
+        runs.append(claim.id)
+        return result
+
+    def many(ctx: Context, claims: list[Claim]) -> list[str]:
+        runs.extend(c.id for c in claims)
+        return [result] * len(claims)
+
+    if shape == "sync":
+        e.register_kind(topic, one)
+    elif shape == "async":
+        e.register_kind(topic, one_async)
+    else:
+        e.register_batch(topic, many, KindOptions(batch_size=1))
+
+
 def test_p1_a_claim_held_between_its_answer_and_its_start_is_never_given_to_the_reaper(
     dsn: str, schema: str, store: Store, pool: ConnectionPool[Any], engines: Callable[..., Engine]
 ) -> None:
@@ -272,26 +295,8 @@ def test_p1_a_claim_answered_over_a_lease_late_is_never_run_here(
     answered = threading.Event()
     go = threading.Event()
     claims = [0]
-
-    def one(ctx: Context, claim: Claim) -> str:
-        runs.append(claim.id)
-        return "stale"
-
-    async def one_async(ctx: Context, claim: Claim) -> str:
-        runs.append(claim.id)
-        return "stale"
-
-    def many(ctx: Context, claims: list[Claim]) -> list[str]:
-        runs.extend(c.id for c in claims)
-        return ["stale"] * len(claims)
-
     e = engines(repo=own, lease=LEASE, workers=1)
-    if shape == "sync":
-        e.register_kind(topic, one)
-    elif shape == "async":
-        e.register_kind(topic, one_async)
-    else:
-        e.register_batch(topic, many, KindOptions(batch_size=1))
+    _register(e, topic, shape, runs, "stale")
     real_claim = own.worker.claim
 
     def late(names: Sequence[str], *rest: Any) -> Any:
@@ -333,36 +338,18 @@ def test_p1_a_claim_answered_over_a_lease_late_is_never_run_here(
 
 
 @pytest.mark.parametrize("shape", ["sync", "async", "batch"])
-def test_x2_a_cancel_heard_between_holding_and_starting_an_attempt_keeps_its_handler_from_starting(
+def test_x2_a_cancel_heard_after_the_hold_and_before_the_handler_keeps_it_from_starting(
     shape: str, schema: str, store: Store, pool: ConnectionPool[Any], engines: Callable[..., Engine]
 ) -> None:
-    """The cancel's NOTIFY is handled while the dispatcher holds the attempt (InFlight.add) and has
-    not started it (CLAIMED): it must be kept for the start (it raised IllegalTransition on the
-    listener's thread and was lost, the handler then ran)."""
+    """The cancel's NOTIFY is handled right after the dispatcher held (and started) the attempt, before
+    its handler is called: the handler must not start. (When the hold and the start were two moves, a
+    cancel between them raised IllegalTransition on the listener's thread and was lost.)"""
     runs: list[str] = []
     topic = f"ti.cw.{shape}"
     handled = threading.Event()
     errors: list[BaseException] = []
-
-    def one(ctx: Context, claim: Claim) -> str:
-        runs.append(claim.id)
-        return "ran"
-
-    async def one_async(ctx: Context, claim: Claim) -> str:
-        runs.append(claim.id)
-        return "ran"
-
-    def many(ctx: Context, claims: list[Claim]) -> list[str]:
-        runs.extend(c.id for c in claims)
-        return ["ran"] * len(claims)
-
     e = engines(lease=6, workers=1)
-    if shape == "sync":
-        e.register_kind(topic, one)
-    elif shape == "async":
-        e.register_kind(topic, one_async)
-    else:
-        e.register_batch(topic, many, KindOptions(batch_size=1))
+    _register(e, topic, shape, runs)
     real_cancel = e.intake.on_cancel
 
     def on_cancel(job_id: str, token: str) -> None:
@@ -380,7 +367,7 @@ def test_x2_a_cancel_heard_between_holding_and_starting_an_attempt_keeps_its_han
 
     def add(a: Any) -> bool:
         held = real_add(a)
-        if held and a.id in jobs:  # held, not RUNNING yet: the operator cancels now
+        if held and a.id in jobs:  # held, its handler not called yet: the operator cancels now
             assert store.cancel(a.id)
             handled.wait(30)
         return held
@@ -399,61 +386,83 @@ def test_x2_a_cancel_heard_between_holding_and_starting_an_attempt_keeps_its_han
     )
 
 
-def test_x2_a_cancel_looked_up_just_before_the_attempt_is_held_still_keeps_its_handler_from_starting(
-    schema: str, store: Store, pool: ConnectionPool[Any], engines: Callable[..., Engine]
+@pytest.mark.parametrize("shape", ["sync", "async", "batch"])
+def test_x2_a_cancel_heard_before_the_hold_keeps_the_handler_from_starting(
+    shape: str, schema: str, store: Store, pool: ConnectionPool[Any], engines: Callable[..., Engine]
 ) -> None:
-    """The listener's on_cancel looks the claim up (InFlight.by_token) outside _canceled_lock. The
-    dispatcher holds the claim's answer, not yet held; the operator cancels the processing row; the
-    listener's lookup finds no attempt; then (the listener thread preempted between its lookup and
-    its lock) the dispatcher holds, starts and checks the memory (nothing there yet); only then the
-    listener remembers the token, for a start that already happened. The job was canceled before
-    its handler started: the handler must not start (X2')."""
-    topic = "ti.cancel.lookup"
+    """The claim is answered; the operator cancels the processing row and the listener hears it before
+    the dispatcher holds the attempt (no attempt to tell yet): the cancel is kept, and the hold finds
+    it. The job was canceled before its handler started: the handler must not start (X2')."""
+    topic = f"ti.cancel.before.{shape}"
     runs: list[str] = []
-    started = threading.Event()
-    claimed = threading.Event()
-    looked_up = threading.Event()
+    handled = threading.Event()
     jobs: list[str] = []
-
-    def handler(ctx: Context, claim: Claim) -> str:
-        runs.append(claim.id)
-        started.set()
-        return "ran"
-
     e = engines(lease=6, workers=1)
-    e.register_kind(topic, handler)
-    real_add = e.inflight.add
-    real_by_token = e.inflight.by_token
+    _register(e, topic, shape, runs)
+    real_cancel = e.intake.on_cancel
 
-    added = threading.Event()
+    def on_cancel(job_id: str, token: str) -> None:
+        try:
+            real_cancel(job_id, token)
+        finally:
+            if job_id in jobs:
+                handled.set()
+
+    e.intake.on_cancel = on_cancel  # type: ignore[method-assign]
+    real_add = e.inflight.add
 
     def add(a: Any) -> bool:
-        if a.id in jobs and not claimed.is_set():
-            claimed.set()
-            assert store.cancel(a.id)  # the operator's cancel: the row is processing, not held yet
-            looked_up.wait(30)  # the listener's lookup found nothing
-            try:
-                return real_add(a)
-            finally:
-                added.set()
+        if a.id in jobs and not handled.is_set():
+            assert store.cancel(a.id)  # the row is processing under this claim, not held yet
+            assert handled.wait(30), "the listener heard the cancel"
         return real_add(a)
 
-    def by_token(token: str) -> Any:
-        got = real_by_token(token)
-        if "listener" in threading.current_thread().name and got is None and claimed.is_set():
-            looked_up.set()
-            started.wait(3)  # preempted here, between the lookup and _canceled_lock
-        return got
-
     e.inflight.add = add  # type: ignore[method-assign]
-    e.inflight.by_token = by_token  # type: ignore[method-assign]
     e.start()
     wait_listening(pool, schema)
     jobs.append(store.enqueue(Job(topic, {"n": 0})).id)
-    wait_for(claimed.is_set, "the claim answered", 30)
-    assert looked_up.wait(30), "the listener looked the cancel up"
-    assert added.wait(30), "the attempt held"
+    wait_for(handled.is_set, "the cancel heard", 30)
     wait_for(lambda: e.inflight.held() == [] and e.inflight.running() == [], "the attempt ended", 30)
     e.stop()
     assert q(pool, schema, "SELECT state FROM {job} WHERE id = %s", jobs[0])[0] == ("canceled",)
     assert runs == [], "X2': the handler started for a job canceled (and its cancel heard) before its start"
+
+
+@pytest.mark.parametrize("shape", ["sync", "async", "batch"])
+def test_c11_a_stop_while_a_claim_is_taken_in_never_starts_its_handler_after_the_stop(
+    shape: str, schema: str, store: Store, pool: ConnectionPool[Any], engines: Callable[..., Engine]
+) -> None:
+    """stop() comes while the dispatcher, stalled, holds an attempt it has not launched yet. stop()
+    waits its timeout, cancels it, declares it hung at stop and hands its row back (pending, its
+    attempt given back: stopping is not the job's failure, C11); the dispatcher, going on once stop()
+    returned, must not start the handler. (An attempt held and not started was skipped by stop(),
+    and the dispatcher then started its handler after the engine had stopped.)"""
+    topic = f"ti.stop.{shape}"
+    runs: list[str] = []
+    held = threading.Event()
+    go = threading.Event()
+    e = engines(lease=6, workers=1)
+    _register(e, topic, shape, runs)
+    real_add = e.inflight.add
+
+    def add(a: Any) -> bool:
+        got = real_add(a)
+        if got and a.topic == topic:
+            held.set()
+            go.wait(60)  # the dispatcher stalls between the hold and the launch
+        return got
+
+    e.inflight.add = add  # type: ignore[method-assign]
+    e.start()
+    job = store.enqueue(Job(topic, {"n": 0})).id
+    wait_for(held.is_set, "the claim held", 30)
+    try:
+        e.stop(timeout=0.5)
+    finally:
+        go.set()
+    assert e._state == "stopped"
+    for t in [t for t in threading.enumerate() if t.name == "brooq-dispatcher"]:
+        t.join(30)
+    wait_for(lambda: e.inflight.running() == [], "the launch after the stop ended the attempt", 30)
+    assert q(pool, schema, "SELECT state, attempts FROM {job} WHERE id = %s", job)[0] == ("pending", 0)
+    assert runs == [], "C11: a handler started after stop() returned"

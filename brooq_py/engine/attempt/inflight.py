@@ -3,20 +3,31 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable
 
 from brooq_py.engine.attempt.attempt import Attempt
 from brooq_py.engine.attempt.outcome import HandlerState
 from brooq_py.queue.port import Outcome
 
+# A cancel NOTIFY heard before its claim's attempt is held is kept this long.
+CANCEL_MEMORY = 60.0
+
 
 class InFlight:
     """Three views, one lock: ``held``, the claims the heartbeat reports on, by claim token (a job
     canceled and claimed again is two attempts); ``running``, handlers not ended, each end told once
-    to *on_end*; ``dropped``, claims let go while their row may still be ours (hung, fenced)."""
+    to *on_end*; ``dropped``, claims let go while their row may still be ours (hung, fenced). An
+    attempt is held and started in one move (``add``): no other thread ever finds one held and not
+    started, and a cancel is either told to the held attempt or kept for its hold (``cancel``)."""
 
-    def __init__(self, on_end: Callable[[str], None] = lambda topic: None) -> None:
+    def __init__(
+        self,
+        on_end: Callable[[str], None] = lambda topic: None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._on_end = on_end
+        self._monotonic = monotonic
         # A handler ended after its claim was let go (canceled, taken back): the heartbeat, woken,
         # tells at once that it no longer runs (a canceled sequence member's hold ends, SPEC Q5).
         self.on_unheld_end: Callable[[], None] = lambda: None
@@ -33,6 +44,9 @@ class InFlight:
         # never taken in, however long after; ``forget_dropped`` leaves them here. Only claims whose
         # answer was lost or came over a lease late land here: a few in an engine's life.
         self._orphaned: set[str] = set()
+        # Claim tokens canceled before their attempt was held (the NOTIFY comes on another
+        # connection, maybe before the claim's answer): the hold finds them (``canceled_before``).
+        self._canceled: dict[str, float] = {}
 
     def receive(self, tokens: Iterable[str]) -> None:
         """A claim statement answered with these claims: ours, to be taken in or handed back."""
@@ -45,16 +59,36 @@ class InFlight:
             self._received.difference_update(tokens)
 
     def add(self, a: Attempt) -> bool:
-        """Hold *a*'s claim; False, holding nothing, when the claim was dropped before or named never
-        received by a beat's orphan look (named for the reaper, it may run elsewhere already)."""
+        """Hold *a*'s claim and start it (CLAIMED -> RUNNING, unless it ended before: poisoned) in one
+        move; False, holding nothing, when the claim was dropped before or named never received by a
+        beat's orphan look (named for the reaper, it may run elsewhere already)."""
         with self._lock:
             self._received.discard(a.row.claim_token)
             if a.row.claim_token in self._dropped or a.row.claim_token in self._orphaned:
                 return False
+            if a.ending is None:
+                a.start()
             self._held[a.row.claim_token] = a
             self._latest[a.id] = a
             self._running.add(a)
             return True
+
+    def cancel(self, job_id: str, claim_token: str) -> Attempt | None:
+        """The held attempt an operator's cancel of *job_id* under *claim_token* is for (the newest of
+        the job without a token); None, keeping the token for a hold to come, when none is held."""
+        with self._lock:
+            a = self._held.get(claim_token) if claim_token else self._latest.get(job_id)
+            if a is None and claim_token:
+                now = self._monotonic()
+                self._canceled[claim_token] = now
+                if len(self._canceled) > 1000:  # cancels of other engines' claims: forgotten in time
+                    self._canceled = {t: at for t, at in self._canceled.items() if now - at < CANCEL_MEMORY}
+            return a
+
+    def canceled_before(self, a: Attempt) -> bool:
+        """Whether a cancel of *a*'s claim was heard before ``add`` held it (forgotten once asked)."""
+        with self._lock:
+            return self._canceled.pop(a.row.claim_token, None) is not None
 
     def held(self) -> list[Attempt]:
         with self._lock:

@@ -223,10 +223,6 @@ class Capacity:
             self.wake()
 
 
-# A cancel NOTIFY that arrives before its claim's attempt is built is kept this long.
-CANCEL_MEMORY = 60.0
-
-
 def poison(row: ClaimedJob, max_crashes: int, max_attempts: int) -> str | None:
     """Why *row* must not run again but end dead, or None. A crash gives its attempt
     back, so attempts past max_attempts come only from rows an older release reaped."""
@@ -272,9 +268,6 @@ class Intake:
         self.log = log
         self.slots: SlotPool | None = None  # the engine's, from start()
         self.supervisor = supervisor
-        # Claim tokens canceled before their attempt existed (the NOTIFY comes on another connection).
-        self._canceled: dict[str, float] = {}
-        self._canceled_lock = threading.Lock()
         # The engine's proof of life now (its fence's, from start()), read before each claim: the
         # attempts of the claim's rows hold it (``Attempt.proven_at``). A claim and the opening of
         # its rows run on one thread (the dispatcher's, run_once's), one claim after the other.
@@ -319,20 +312,9 @@ class Intake:
         if older is not None and older.row.claim_token != row.claim_token:
             # Claimed again under a new token: the older attempt is no longer the row's; tell it now.
             self.supervisor.lease_lost(older)
-        if not self.inflight.add(a):
-            self.log.warning(
-                "job id=%s topic=%s: claim answered after a beat gave it to the reaper as never "
-                "received (its answer came over a lease late); not run here",
-                row.id,
-                row.topic,
-            )
-            self.capacity.ended(row.topic)
-            return None
         why = poison(row, kind.options.max_crashes, kind.options.max_attempts)
         if why is not None:
-            self.log.error("job id=%s topic=%s: %s (L5')", row.id, row.topic, why)
-            self.handover.hand_over(a, a.poisoned(why))
-            return None
+            a.end(Phase.POISONED)  # before it is held: it never starts, whatever another thread does
         clock = self.clock
 
         def mark(_cause: BaseException) -> None:
@@ -341,27 +323,28 @@ class Intake:
                 a.cancelled_at = a.ctx_cancelled_at
 
         ctx.add_callback(mark)
-        with self._canceled_lock:  # on_cancel keeps a cancel of a held attempt not started yet
-            a.start()
-            canceled = self._canceled.pop(row.claim_token, None) is not None
-        if canceled:
+        if not self.inflight.add(a):  # held and started in one move
+            self.log.warning(
+                "job id=%s topic=%s: claim answered after a beat gave it to the reaper as never "
+                "received (its answer came over a lease late); not run here",
+                row.id,
+                row.topic,
+            )
+            self.capacity.ended(row.topic)
+            return None
+        if why is not None:
+            self.log.error("job id=%s topic=%s: %s (L5')", row.id, row.topic, why)
+            self.handover.hand_over(a, a.poisoned(why))
+            return None
+        if self.inflight.canceled_before(a):
             self.supervisor.canceled(a)
         return a
 
     def on_cancel(self, job_id: str, claim_token: str) -> None:
         """A processing job was canceled (the cancel channel's NOTIFY): tell the attempt holding that
-        claim at once with ``JobCanceledByOperator``; remember a claim not held yet, or held and not
-        started yet (``open`` reads it as it starts the attempt, under the same lock)."""
-        with self._canceled_lock:  # looked up under it too: never between a hold and its start's look
-            a = self.inflight.by_token(claim_token) if claim_token else self.inflight.latest(job_id)
-            token = a.row.claim_token if a is not None else claim_token
-            later = bool(token) and (a is None or a.phase is Phase.CLAIMED)
-            if later:
-                now = self.clock.monotonic()
-                self._canceled[token] = now
-                if len(self._canceled) > 1000:
-                    self._canceled = {t: at for t, at in self._canceled.items() if now - at < CANCEL_MEMORY}
-        if a is not None and not later:
+        claim at once with ``JobCanceledByOperator``, or have its hold, still to come, tell it."""
+        a = self.inflight.cancel(job_id, claim_token)
+        if a is not None:
             self.supervisor.canceled(a)
 
     def launch_all(self, rows: Sequence[ClaimedJob]) -> None:
@@ -369,9 +352,11 @@ class Intake:
         assert self.slots is not None
         attempts = []
         for row in rows:
+            self.slots.take()  # before the hold: a held attempt's slot is always taken
             a = self.take_in(row)
-            if a is not None:
-                self.slots.take()
+            if a is None:
+                self.slots.release()
+            else:
                 attempts.append(a)
         self.runner.launch_many(attempts)
 
