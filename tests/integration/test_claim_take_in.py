@@ -337,17 +337,27 @@ def test_p1_a_claim_answered_over_a_lease_late_is_never_run_here(
     assert runs == [], f"P1: the handler ran here for a claim reaped and run elsewhere (row {row})"
 
 
+@pytest.mark.parametrize("when", ["before", "after"])
 @pytest.mark.parametrize("shape", ["sync", "async", "batch"])
-def test_x2_a_cancel_heard_after_the_hold_and_before_the_handler_keeps_it_from_starting(
-    shape: str, schema: str, store: Store, pool: ConnectionPool[Any], engines: Callable[..., Engine]
+def test_x2_a_cancel_heard_before_or_after_the_hold_keeps_the_handler_from_starting(
+    shape: str,
+    when: str,
+    schema: str,
+    store: Store,
+    pool: ConnectionPool[Any],
+    engines: Callable[..., Engine],
 ) -> None:
-    """The cancel's NOTIFY is handled right after the dispatcher held (and started) the attempt, before
-    its handler is called: the handler must not start. (When the hold and the start were two moves, a
-    cancel between them raised IllegalTransition on the listener's thread and was lost.)"""
+    """The claim is answered; the operator cancels the processing row and the listener handles its
+    NOTIFY just *before* the dispatcher holds the attempt (no attempt to tell yet: the cancel is kept
+    for the hold) or just *after* (held and started, its handler not called yet). The job was
+    canceled before its handler started: the handler must not start (X2'). (When the hold and the
+    start were two moves, a cancel between them raised IllegalTransition on the listener's thread
+    and was lost.)"""
     runs: list[str] = []
-    topic = f"ti.cw.{shape}"
+    topic = f"ti.cancel.{when}.{shape}"
     handled = threading.Event()
     errors: list[BaseException] = []
+    jobs: list[str] = []
     e = engines(lease=6, workers=1)
     _register(e, topic, shape, runs)
     real_cancel = e.intake.on_cancel
@@ -359,17 +369,23 @@ def test_x2_a_cancel_heard_after_the_hold_and_before_the_handler_keeps_it_from_s
             errors.append(exc)
             raise
         finally:
-            handled.set()
+            if job_id in jobs:
+                handled.set()
 
     e.intake.on_cancel = on_cancel  # type: ignore[method-assign]
     real_add = e.inflight.add
-    jobs: list[str] = []
+
+    def cancel(a: Any) -> None:
+        if a.id in jobs and not handled.is_set():
+            assert store.cancel(a.id)  # the row is processing under this claim
+            assert handled.wait(30), "the listener handled the cancel"
 
     def add(a: Any) -> bool:
+        if when == "before":
+            cancel(a)
         held = real_add(a)
-        if held and a.id in jobs:  # held, its handler not called yet: the operator cancels now
-            assert store.cancel(a.id)
-            handled.wait(30)
+        if when == "after" and held:
+            cancel(a)
         return held
 
     e.inflight.add = add  # type: ignore[method-assign]
@@ -379,53 +395,8 @@ def test_x2_a_cancel_heard_after_the_hold_and_before_the_handler_keeps_it_from_s
     wait_for(handled.is_set, "the cancel handled", 30)
     wait_for(lambda: e.inflight.held() == [] and e.inflight.running() == [], "the attempt ended", 30)
     e.stop()
-    row = q(pool, schema, "SELECT state FROM {job} WHERE id = %s", jobs[0])[0]
-    assert row == ("canceled",), row
-    assert runs == [], (
-        f"the handler started for a job canceled before its start (on_cancel raised {errors!r})"
-    )
-
-
-@pytest.mark.parametrize("shape", ["sync", "async", "batch"])
-def test_x2_a_cancel_heard_before_the_hold_keeps_the_handler_from_starting(
-    shape: str, schema: str, store: Store, pool: ConnectionPool[Any], engines: Callable[..., Engine]
-) -> None:
-    """The claim is answered; the operator cancels the processing row and the listener hears it before
-    the dispatcher holds the attempt (no attempt to tell yet): the cancel is kept, and the hold finds
-    it. The job was canceled before its handler started: the handler must not start (X2')."""
-    topic = f"ti.cancel.before.{shape}"
-    runs: list[str] = []
-    handled = threading.Event()
-    jobs: list[str] = []
-    e = engines(lease=6, workers=1)
-    _register(e, topic, shape, runs)
-    real_cancel = e.intake.on_cancel
-
-    def on_cancel(job_id: str, token: str) -> None:
-        try:
-            real_cancel(job_id, token)
-        finally:
-            if job_id in jobs:
-                handled.set()
-
-    e.intake.on_cancel = on_cancel  # type: ignore[method-assign]
-    real_add = e.inflight.add
-
-    def add(a: Any) -> bool:
-        if a.id in jobs and not handled.is_set():
-            assert store.cancel(a.id)  # the row is processing under this claim, not held yet
-            assert handled.wait(30), "the listener heard the cancel"
-        return real_add(a)
-
-    e.inflight.add = add  # type: ignore[method-assign]
-    e.start()
-    wait_listening(pool, schema)
-    jobs.append(store.enqueue(Job(topic, {"n": 0})).id)
-    wait_for(handled.is_set, "the cancel heard", 30)
-    wait_for(lambda: e.inflight.held() == [] and e.inflight.running() == [], "the attempt ended", 30)
-    e.stop()
     assert q(pool, schema, "SELECT state FROM {job} WHERE id = %s", jobs[0])[0] == ("canceled",)
-    assert runs == [], "X2': the handler started for a job canceled (and its cancel heard) before its start"
+    assert runs == [], f"X2': the handler started for a job canceled before its start ({errors!r})"
 
 
 @pytest.mark.parametrize("shape", ["sync", "async", "batch"])
