@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 import uuid
 from collections.abc import Iterator
@@ -39,6 +40,7 @@ REVISIONS = [
     "0021",
     "0022",
     "0023",
+    "0024",
 ]
 
 
@@ -86,8 +88,9 @@ def snapshot(dsn: str, schema: str) -> dict[str, Any]:
                 "ORDER BY 1"
             ),
             "functions": rows(
-                "SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
-                "WHERE n.nspname = %(s)s ORDER BY 1"
+                # each function's text, its spaces as one (a downgrade may lay a text out anew)
+                "SELECT p.proname, regexp_replace(pg_get_functiondef(p.oid), '\\s+', ' ', 'g') "
+                "FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = %(s)s ORDER BY 1"
             ),
         }
 
@@ -162,6 +165,21 @@ def test_s3_concurrent_upgrades_apply_each_revision_once(dsn: str, bare_schema: 
             sql.SQL("SELECT version_num FROM {}").format(sql.Identifier(bare_schema, "brooq_alembic_version"))
         ).fetchall()
     assert versions == [(REVISIONS[-1],)]
+
+
+def test_b2_no_function_reads_the_tables_of_history(dsn: str, schema: str) -> None:
+    """B2: every function a trigger calls names ``ONLY job``; ``job`` alone would read (and probe the
+    indexes of) every day's table of history, which inherit it, while they touch active rows only."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        defs = conn.execute(
+            "SELECT p.proname, pg_get_functiondef(p.oid) FROM pg_proc p "
+            "JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = %s AND p.prokind = 'f'",
+            (schema,),
+        ).fetchall()
+    whole = re.compile(r"\b(FROM|JOIN|UPDATE)\s+job\b(?!_)", re.IGNORECASE)
+    reading = {name: whole.findall(text) for name, text in defs if whole.search(text)}
+    assert reading == {}, f"functions that read job with its tables of history: {sorted(reading)}"
+    assert sum(text.count("ONLY job") for _name, text in defs) >= 26
 
 
 def test_version_table_lives_in_the_target_schema_only(dsn: str, schema: str) -> None:
