@@ -461,6 +461,7 @@ class Engine(Producing):
         slots, dispatcher, completer = self._slots, self._dispatcher, self._completer
         assert slots is not None and dispatcher is not None and completer is not None
         dispatcher.stop(timeout=1.0)  # a claim stuck on a silent socket hands its rows back later
+        self.inflight.close()  # and so does a take-in stalled past that wait: held is the stop's to end
         self.runner.batcher.stop()  # batches still gathering claims (batch_wait) start now
         if not slots.wait_idle(wait):
             for a in self.inflight.running():

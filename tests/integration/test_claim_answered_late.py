@@ -219,11 +219,11 @@ def test_a_row_that_fails_to_be_taken_in_is_given_back_and_runs_later(
     real = e.intake.open
     failed: list[str] = []
 
-    def open_once_failing(row: Any) -> Any:
+    def open_once_failing(row: Any, *rest: Any) -> Any:
         if not failed:
             failed.append(row.id)
             raise RuntimeError("injected")
-        return real(row)
+        return real(row, *rest)
 
     e.intake.open = open_once_failing  # type: ignore[method-assign]
     job = store.enqueue(Job("late.bug", {"n": 0})).id
@@ -388,11 +388,11 @@ def test_run_once_gives_back_a_row_whose_taking_in_raises(
     real = e.intake.open
     failed: list[str] = []
 
-    def open_once_failing(row: Any) -> Any:
+    def open_once_failing(row: Any, *rest: Any) -> Any:
         if not failed:
             failed.append(row.id)
             raise RuntimeError("injected")
-        return real(row)
+        return real(row, *rest)
 
     e.intake.open = open_once_failing  # type: ignore[method-assign]
     jobs = [store.enqueue(Job("late.ro", {"n": i})).id for i in range(2)]

@@ -18,6 +18,7 @@ from brooq_py.engine import Engine
 from brooq_py.postgres import Store
 from brooq_py.queue import Claim, Context, Job, KindOptions, State
 from tests.integration.conftest import q, wait_listening
+from tests.integration.take_in import hear_cancels, register
 from tests.polling import wait_for
 
 LEASE = 3.0
@@ -29,29 +30,6 @@ def _runs_elsewhere(runs: list[str]) -> Callable[..., str]:
         return "elsewhere"
 
     return handler
-
-
-def _register(e: Engine, topic: str, shape: str, runs: list[str], result: str = "ran") -> None:
-    """Register on *e* a handler of *shape* (sync, async, or a batch of one) recording each job it runs."""
-
-    def one(ctx: Context, claim: Claim) -> str:
-        runs.append(claim.id)
-        return result
-
-    async def one_async(ctx: Context, claim: Claim) -> str:
-        runs.append(claim.id)
-        return result
-
-    def many(ctx: Context, claims: list[Claim]) -> list[str]:
-        runs.extend(c.id for c in claims)
-        return [result] * len(claims)
-
-    if shape == "sync":
-        e.register_kind(topic, one)
-    elif shape == "async":
-        e.register_kind(topic, one_async)
-    else:
-        e.register_batch(topic, many, KindOptions(batch_size=1))
 
 
 def test_p1_a_claim_held_between_its_answer_and_its_start_is_never_given_to_the_reaper(
@@ -290,13 +268,13 @@ def test_p1_a_claim_answered_over_a_lease_late_is_never_run_here(
     reaper took it back, another engine ran it, and a beat forgot the dropped claim. The engine's
     chain of proofs never broke: only the answer's own lateness tells that it must not run."""
     own = Store(pool, schema=schema)
-    runs: list[str] = []
+    runs: list[Any] = []
     topic = f"ti.late.{shape}"
     answered = threading.Event()
     go = threading.Event()
     claims = [0]
     e = engines(repo=own, lease=LEASE, workers=1)
-    _register(e, topic, shape, runs, "stale")
+    register(e, topic, shape, runs, result="stale")
     real_claim = own.worker.claim
 
     def late(names: Sequence[str], *rest: Any) -> Any:
@@ -353,26 +331,12 @@ def test_x2_a_cancel_heard_before_or_after_the_hold_keeps_the_handler_from_start
     canceled before its handler started: the handler must not start (X2'). (When the hold and the
     start were two moves, a cancel between them raised IllegalTransition on the listener's thread
     and was lost.)"""
-    runs: list[str] = []
+    runs: list[Any] = []
     topic = f"ti.cancel.{when}.{shape}"
-    handled = threading.Event()
-    errors: list[BaseException] = []
     jobs: list[str] = []
     e = engines(lease=6, workers=1)
-    _register(e, topic, shape, runs)
-    real_cancel = e.intake.on_cancel
-
-    def on_cancel(job_id: str, token: str) -> None:
-        try:
-            real_cancel(job_id, token)
-        except BaseException as exc:
-            errors.append(exc)
-            raise
-        finally:
-            if job_id in jobs:
-                handled.set()
-
-    e.intake.on_cancel = on_cancel  # type: ignore[method-assign]
+    register(e, topic, shape, runs)
+    handled, errors = hear_cancels(e, jobs)
     real_add = e.inflight.add
 
     def cancel(a: Any) -> None:
@@ -380,10 +344,10 @@ def test_x2_a_cancel_heard_before_or_after_the_hold_keeps_the_handler_from_start
             assert store.cancel(a.id)  # the row is processing under this claim
             assert handled.wait(30), "the listener handled the cancel"
 
-    def add(a: Any) -> bool:
+    def add(a: Any, *rest: Any) -> bool:
         if when == "before":
             cancel(a)
-        held = real_add(a)
+        held = real_add(a, *rest)
         if when == "after" and held:
             cancel(a)
         return held
@@ -409,15 +373,15 @@ def test_c11_a_stop_while_a_claim_is_taken_in_never_starts_its_handler_after_the
     returned, must not start the handler. (An attempt held and not started was skipped by stop(),
     and the dispatcher then started its handler after the engine had stopped.)"""
     topic = f"ti.stop.{shape}"
-    runs: list[str] = []
+    runs: list[Any] = []
     held = threading.Event()
     go = threading.Event()
     e = engines(lease=6, workers=1)
-    _register(e, topic, shape, runs)
+    register(e, topic, shape, runs)
     real_add = e.inflight.add
 
-    def add(a: Any) -> bool:
-        got = real_add(a)
+    def add(a: Any, *rest: Any) -> bool:
+        got = real_add(a, *rest)
         if got and a.topic == topic:
             held.set()
             go.wait(60)  # the dispatcher stalls between the hold and the launch

@@ -47,6 +47,7 @@ class InFlight:
         # Claim tokens canceled before their attempt was held (the NOTIFY comes on another
         # connection, maybe before the claim's answer): the hold finds them (``canceled_before``).
         self._canceled: dict[str, float] = {}
+        self._closed = False  # the engine stops: the dispatcher's take-ins hold nothing more (``close``)
 
     def receive(self, tokens: Iterable[str]) -> None:
         """A claim statement answered with these claims: ours, to be taken in or handed back."""
@@ -58,20 +59,33 @@ class InFlight:
         with self._lock:
             self._received.difference_update(tokens)
 
-    def add(self, a: Attempt) -> bool:
-        """Hold *a*'s claim and start it (CLAIMED -> RUNNING, unless it ended before: poisoned) in one
-        move; False, holding nothing, when the claim was dropped before or named never received by a
+    def add(self, a: Attempt, dispatched: bool = False) -> bool:
+        """Hold *a*'s claim and start it (CLAIMED -> RUNNING) in one move; an attempt ended before
+        (poisoned) is held, never started nor running. False, holding nothing, for the dispatcher's
+        take-in once ``close``d, or when the claim was dropped before or named never received by a
         beat's orphan look (named for the reaper, it may run elsewhere already)."""
         with self._lock:
             self._received.discard(a.row.claim_token)
-            if a.row.claim_token in self._dropped or a.row.claim_token in self._orphaned:
+            closed = dispatched and self._closed
+            if closed or a.row.claim_token in self._dropped or a.row.claim_token in self._orphaned:
                 return False
             if a.ending is None:
                 a.start()
+                self._running.add(a)
             self._held[a.row.claim_token] = a
             self._latest[a.id] = a
-            self._running.add(a)
             return True
+
+    def close(self) -> None:
+        """The engine stops: the dispatcher's ``add`` holds nothing from now on (a take-in stalled past
+        the stop's wait for it hands its row back); what is held already is the stop's to end.
+        ``run_once`` after a stop holds its own claims as before."""
+        with self._lock:
+            self._closed = True
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def cancel(self, job_id: str, claim_token: str) -> Attempt | None:
         """The held attempt an operator's cancel of *job_id* under *claim_token* is for (the newest of

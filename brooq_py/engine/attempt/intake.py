@@ -287,9 +287,10 @@ class Intake:
                 events.emit("claimed", r.id, r.topic, r.attempts)
         return rows
 
-    def open(self, row: ClaimedJob) -> Attempt | None:
+    def open(self, row: ClaimedJob, dispatched: bool = False) -> Attempt | None:
         """Build, hold and start the attempt of a claimed row; None when it must not run (a row of
-        an unregistered topic is handed back unrun, a poisoned one ends dead)."""
+        an unregistered topic, or the dispatcher's once the engine stops, is handed back unrun, a
+        poisoned one ends dead)."""
         kind = self.kinds.get(row.topic)
         if kind is None:
             self.log.error(
@@ -323,7 +324,10 @@ class Intake:
                 a.cancelled_at = a.ctx_cancelled_at
 
         ctx.add_callback(mark)
-        if not self.inflight.add(a):  # held and started in one move
+        if not self.inflight.add(a, dispatched):  # held and started in one move
+            if dispatched and self.inflight.closed:  # the engine stopped while this claim was taken in
+                self.hand_back([row])
+                return None
             self.log.warning(
                 "job id=%s topic=%s: claim answered after a beat gave it to the reaper as never "
                 "received (its answer came over a lease late); not run here",
@@ -332,8 +336,9 @@ class Intake:
             )
             self.capacity.ended(row.topic)
             return None
-        if why is not None:
+        if why is not None:  # held, never running: its room comes back now
             self.log.error("job id=%s topic=%s: %s (L5')", row.id, row.topic, why)
+            self.capacity.ended(row.topic)
             self.handover.hand_over(a, a.poisoned(why))
             return None
         if self.inflight.canceled_before(a):
@@ -353,22 +358,29 @@ class Intake:
         attempts = []
         for row in rows:
             self.slots.take()  # before the hold: a held attempt's slot is always taken
-            a = self.take_in(row)
+            a = self.take_in(row, dispatched=True)
             if a is None:
                 self.slots.release()
             else:
                 attempts.append(a)
         self.runner.launch_many(attempts)
 
-    def take_in(self, row: ClaimedJob) -> Attempt | None:
-        """``open``; a row whose taking in raises (a bug) is logged and, unless held by then, given
-        back rather than left answered, never named lost, until the engine's end."""
+    def take_in(self, row: ClaimedJob, dispatched: bool = False) -> Attempt | None:
+        """``open``; a row whose taking in raises (a bug) is logged and given back, or, held and
+        started by then, ended as if its handler had raised (retried, its slot the caller's to free)
+        rather than left held, never run, its lease renewed until the engine's end."""
         try:
-            return self.open(row)
-        except Exception:
+            return self.open(row, dispatched)
+        except Exception as exc:
             self.log.exception("engine: taking in job id=%s failed", row.id)
-            if self.inflight.by_token(row.claim_token) is None:
+            a = self.inflight.by_token(row.claim_token)
+            if a is None:
                 self.hand_back([row])
+            elif a.ending is None:
+                try:
+                    self.handover.hand_over(a, a.raised(exc))
+                except Exception:
+                    self.log.exception("engine: ending job id=%s failed; the reaper returns it", row.id)
             return None
 
     def hand_back(self, rows: list[ClaimedJob]) -> None:

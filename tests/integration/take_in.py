@@ -1,0 +1,91 @@
+"""Helpers of the take-in tests (test_claim_take_in.py, test_take_in_stop.py): a handler of each
+shape that records its runs, the cancels an engine hears, and a launch stalled after the hold."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+from brooq_py.engine import Engine
+from brooq_py.queue import Claim, Context, KindOptions
+
+
+def register(
+    e: Engine,
+    topic: str,
+    shape: str,
+    runs: list[Any],
+    options: KindOptions | None = None,
+    batch_wait: float = 5,
+    result: str = "ran",
+) -> None:
+    """A handler of *shape* (sync, async, batch: one a call, batch-wait: up to three, waiting
+    *batch_wait* s for them) on *topic*, recording (job id, claim token) of each job it runs."""
+
+    def one(ctx: Context, claim: Claim) -> str:
+        runs.append((claim.id, claim.claim_token))
+        return result
+
+    async def one_async(ctx: Context, claim: Claim) -> str:
+        runs.append((claim.id, claim.claim_token))
+        return result
+
+    def many(ctx: Context, claims: list[Claim]) -> list[str]:
+        runs.extend((c.id, c.claim_token) for c in claims)
+        return [result] * len(claims)
+
+    o = options or KindOptions()
+    if shape == "sync":
+        e.register_kind(topic, one, o)
+    elif shape == "async":
+        e.register_kind(topic, one_async, o)
+    elif shape == "batch":
+        e.register_batch(topic, many, dataclasses.replace(o, batch_size=1))
+    else:
+        e.register_batch(topic, many, dataclasses.replace(o, batch_size=3, batch_wait=batch_wait))
+
+
+def hear_cancels(e: Engine, jobs: list[str]) -> tuple[threading.Event, list[BaseException]]:
+    """Wrap *e*'s cancel listener: the event is set once a cancel of one of *jobs* was handled; the
+    list holds what handling a cancel raised."""
+    heard = threading.Event()
+    errors: list[BaseException] = []
+    real = e.intake.on_cancel
+
+    def on_cancel(job_id: str, token: str) -> None:
+        try:
+            real(job_id, token)
+        except BaseException as exc:
+            errors.append(exc)
+            raise
+        finally:
+            if job_id in jobs:
+                heard.set()
+
+    e.intake.on_cancel = on_cancel  # type: ignore[method-assign]
+    return heard, errors
+
+
+@dataclasses.dataclass
+class Stall:
+    """The first launch of a claim of the topic waits, its attempts held and started, until ``go``."""
+
+    held: threading.Event = dataclasses.field(default_factory=threading.Event)
+    go: threading.Event = dataclasses.field(default_factory=threading.Event)
+    first: list[Any] = dataclasses.field(default_factory=list)
+
+
+def stall_launch(e: Engine, topic: str) -> Stall:
+    stall = Stall()
+    real = e.runner.launch_many
+
+    def launch_many(attempts: Any) -> None:
+        if any(a.topic == topic for a in attempts) and not stall.held.is_set():
+            stall.first.extend(attempts)
+            stall.held.set()
+            stall.go.wait(60)
+        real(attempts)
+
+    e.runner.launch_many = launch_many  # type: ignore[method-assign]
+    return stall
