@@ -3,9 +3,11 @@
 Two schemas hold the same active (pending) rows; one also ``terminal`` ended rows spread over
 ``days`` tables of history (written by generate_series, as W10 writes its big table). Claim (one
 job), settle (one outcome) and heartbeat (100 leases) run interleaved on both, then an engine
-drains the active rows of each. Then retention's two writes at that scale: the drop of one day's
-table (seconds, and the job table's deleted row versions: none), and the mover's pace (rows of
-the job table ended an hour ago moved to their day, rows a second).
+drains the active rows of each, then workflows (a parent and a child after it: the release
+trigger's functions read the job table alone, migration 0024). Then retention's two writes at
+that scale: the drop of one day's table (seconds, and the job table's deleted row versions:
+none), and the mover's pace (rows of the job table ended an hour ago moved to their day, rows a
+second).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from workloads import LEASE
 
 from brooq_py.engine import Config, Engine
 from brooq_py.postgres import Store
+from brooq_py.queue import Job
 
 TOPIC = "w10h"
 DRAIN = "w10h.drain"  # the drains' own topic: the rows of TOPIC left by the interleaved loop wait
@@ -89,6 +92,32 @@ def _drain(store: Store, conn: psycopg.Connection[Any], schema: str, n: int) -> 
         engine.close()
 
 
+def _drain_workflows(
+    store: Store, conn: psycopg.Connection[Any], schema: str, pairs: int, topic: str
+) -> float:
+    """Jobs a second of one engine (4 workers) draining *pairs* parents, each with a child after it:
+    each parent's end runs the workflow's release trigger (job_parent_ended) on the job table."""
+    for i in range(pairs):
+        parent = store.enqueue(Job(topic, {"n": i}))
+        store.enqueue(Job(topic, {"n": i}, after=[parent.id]))
+    engine = Engine(store, Config(workers=4, lease=LEASE))
+    engine.register_kind(topic, _noop)
+    query = sql.SQL("SELECT count(*) FROM ONLY {} WHERE topic = %s AND state <> 'done'").format(
+        job_table(schema)
+    )
+    t0 = time.perf_counter()
+    engine.start()
+    try:
+        while (conn.execute(query, (topic,)).fetchone() or (0,))[0] > 0:
+            if time.perf_counter() - t0 > max(120.0, pairs / 50):
+                raise RuntimeError("W10H: the workflows not drained in time")
+            time.sleep(0.05)
+        return 2 * pairs / (time.perf_counter() - t0)
+    finally:
+        engine.stop()
+        engine.close()
+
+
 def _deleted(conn: psycopg.Connection[Any], schema: str) -> int:
     conn.execute("SELECT pg_stat_clear_snapshot()")
     row = conn.execute(
@@ -105,6 +134,7 @@ def w10_history(
     n: int = 300,
     drain_n: int = 20_000,
     move_n: int = 100_000,
+    flow_pairs: int = 1_000,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {"terminal": terminal, "days": days, "active": active, "ops": n}
     worker = "bench:w10h"
@@ -136,6 +166,14 @@ def w10_history(
         drains = {label: sum(r) / len(r) for label, r in rates.items()}
         out["drain_per_s"] = drains
         out["drain_ratio"] = drains["hist"] / drains["fresh"]
+        # workflows: a parent's end releases its child through the triggers' functions (ONLY job)
+        flows: dict[str, list[float]] = {"fresh": [], "hist": []}
+        for i, label in enumerate(("fresh", "hist", "hist", "fresh")):
+            flows[label].append(
+                _drain_workflows(stores[label], conn, schemas[label], flow_pairs, f"w10h.wf{i}")
+            )
+        out["workflow_per_s"] = {label: sum(r) / len(r) for label, r in flows.items()}
+        out["workflow_ratio"] = out["workflow_per_s"]["hist"] / out["workflow_per_s"]["fresh"]
         # the drop of the oldest day, as retention drops it
         before = _deleted(conn, hist_s)
         t0 = time.perf_counter()

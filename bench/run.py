@@ -476,6 +476,14 @@ def evaluate(r: dict[str, Any]) -> list[dict[str, Any]]:
             w["drain_ratio"],
             w["drain_ratio"] >= 0.9,
         )
+        if "workflow_ratio" in w:
+            add(
+                "W10H workflow drain (parent, child after it) beside the history",
+                f"{w['workflow_per_s']['hist']:,.0f} jobs/s (none {w['workflow_per_s']['fresh']:,.0f})",
+                ">= 0.9 x no history",
+                w["workflow_ratio"],
+                w["workflow_ratio"] >= 0.9,
+            )
         d = w["drop"]
         jobs = sum(n for _, n in d["days"])
         add(
