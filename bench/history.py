@@ -72,19 +72,19 @@ def _noop(ctx: Any, claim: Any) -> None:
     return None
 
 
-def _drain(store: Store, conn: psycopg.Connection[Any], schema: str, n: int) -> float:
-    """Jobs a second of one engine (4 workers) draining the *n* pending rows of DRAIN."""
+def _drain(store: Store, conn: psycopg.Connection[Any], schema: str, n: int, topic: str = DRAIN) -> float:
+    """Jobs a second of one engine (4 workers) draining the *n* pending rows of *topic*."""
     engine = Engine(store, Config(workers=4, lease=LEASE))
-    engine.register_kind(DRAIN, _noop)
+    engine.register_kind(topic, _noop)
     query = sql.SQL("SELECT count(*) FROM ONLY {} WHERE topic = %s AND state <> 'done'").format(
         job_table(schema)
     )
     t0 = time.perf_counter()
     engine.start()
     try:
-        while (conn.execute(query, (DRAIN,)).fetchone() or (0,))[0] > 0:
+        while (conn.execute(query, (topic,)).fetchone() or (0,))[0] > 0:
             if time.perf_counter() - t0 > max(120.0, n / 100):
-                raise RuntimeError("W10H: not drained in time")
+                raise RuntimeError(f"W10H: {topic} not drained in time")
             time.sleep(0.05)
         return n / (time.perf_counter() - t0)
     finally:
@@ -95,27 +95,12 @@ def _drain(store: Store, conn: psycopg.Connection[Any], schema: str, n: int) -> 
 def _drain_workflows(
     store: Store, conn: psycopg.Connection[Any], schema: str, pairs: int, topic: str
 ) -> float:
-    """Jobs a second of one engine (4 workers) draining *pairs* parents, each with a child after it:
-    each parent's end runs the workflow's release trigger (job_parent_ended) on the job table."""
+    """``_drain`` of *pairs* parents, each with a child after it: each parent's end runs the
+    workflow's release trigger (job_parent_ended) on the job table."""
     for i in range(pairs):
         parent = store.enqueue(Job(topic, {"n": i}))
         store.enqueue(Job(topic, {"n": i}, after=[parent.id]))
-    engine = Engine(store, Config(workers=4, lease=LEASE))
-    engine.register_kind(topic, _noop)
-    query = sql.SQL("SELECT count(*) FROM ONLY {} WHERE topic = %s AND state <> 'done'").format(
-        job_table(schema)
-    )
-    t0 = time.perf_counter()
-    engine.start()
-    try:
-        while (conn.execute(query, (topic,)).fetchone() or (0,))[0] > 0:
-            if time.perf_counter() - t0 > max(120.0, pairs / 50):
-                raise RuntimeError("W10H: the workflows not drained in time")
-            time.sleep(0.05)
-        return 2 * pairs / (time.perf_counter() - t0)
-    finally:
-        engine.stop()
-        engine.close()
+    return _drain(store, conn, schema, 2 * pairs, topic)
 
 
 def _deleted(conn: psycopg.Connection[Any], schema: str) -> int:
