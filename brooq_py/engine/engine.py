@@ -529,8 +529,8 @@ class Engine(Producing):
         while an earlier handler of the batch ran still runs, its outcome not written): for tests and
         scripts."""
         with self._lock:
-            if self._state == "running":
-                raise BrooqError("run_once() is for an engine that was not started")
+            if self._state in ("running", "stopping"):  # a stop's claims are its own to end
+                raise BrooqError(f"run_once() is for an engine that was not started (it is {self._state})")
         self.events.start()  # its events are delivered as a started engine's are; close() ends it
         # No heartbeat here: a claim's proof is its own send time, its row's lease ends a lease after
         # it (locked_until). A handler run after others of the batch, once lease - margin is past,

@@ -89,3 +89,19 @@ def stall_launch(e: Engine, topic: str) -> Stall:
 
     e.runner.launch_many = launch_many  # type: ignore[method-assign]
     return stall
+
+
+def fault_after_hold(e: Engine, topic: str | None = None) -> list[str]:
+    """Make *e*'s first take-in (of *topic*, when given) raise right after the hold, as a bug of the
+    engine would; the list gets the job's id once it did."""
+    faulted: list[str] = []
+    real = e.inflight.canceled_before
+
+    def canceled_before(a: Any) -> bool:
+        if not faulted and (topic is None or a.topic == topic):
+            faulted.append(a.id)
+            raise RuntimeError("injected: a bug in open() after the hold")
+        return real(a)
+
+    e.inflight.canceled_before = canceled_before  # type: ignore[method-assign]
+    return faulted

@@ -20,7 +20,7 @@ from brooq_py.engine.attempt.outcome import Phase
 from brooq_py.postgres import Store
 from brooq_py.queue import Claim, Context, Job, KindOptions, State
 from tests.integration.conftest import q, wait_listening
-from tests.integration.take_in import hear_cancels, register, stall_launch
+from tests.integration.take_in import fault_after_hold, hear_cancels, register, stall_launch
 from tests.polling import wait_for
 
 SHAPES = ["sync", "async", "batch", "batch-wait"]
@@ -358,16 +358,7 @@ def test_c1_a_take_in_raising_after_the_hold_frees_its_slot_once(
 
     e.register_kind(faulty, lambda ctx, claim: "ok", KindOptions(attempt_timeout=1, max_execution_timeout=1))
     e.register_kind(work, worker)
-    faulted: list[str] = []
-    real = e.inflight.canceled_before
-
-    def canceled_before(a: Any) -> bool:
-        if a.topic == faulty and not faulted:
-            faulted.append(a.id)
-            raise RuntimeError("injected: a bug in open() after the hold")
-        return bool(real(a))
-
-    e.inflight.canceled_before = canceled_before  # type: ignore[method-assign]
+    fault_after_hold(e, faulty)
     e.start()
     f = store.enqueue(Job(faulty, {})).id
     wait_for(lambda: _state(pool, schema, f)[0] == "done", "the faulted job retried and done", 30)
@@ -389,16 +380,7 @@ def test_a_take_in_raising_after_the_hold_never_leaves_the_row_processing_while_
     runs: list[Any] = []
     e = engines(lease=3, workers=2)
     _register(e, topic, "sync", runs, KindOptions(concurrency=1))
-    faulted: list[str] = []
-    real = e.inflight.canceled_before
-
-    def canceled_before(a: Any) -> bool:
-        if not faulted:
-            faulted.append(a.id)
-            raise RuntimeError("injected: a bug in open() after the hold")
-        return bool(real(a))
-
-    e.inflight.canceled_before = canceled_before  # type: ignore[method-assign]
+    faulted = fault_after_hold(e)
     e.start()
     f = store.enqueue(Job(topic, {"n": 0})).id
     wait_for(lambda: faulted, "the fault", 30)

@@ -55,7 +55,7 @@ def at(phase: Phase) -> Attempt:
     a = attempt()
     if phase is Phase.CLAIMED:
         return a
-    if phase in (Phase.POISONED, Phase.UNRUN):
+    if phase is Phase.POISONED:
         assert a.end(phase)
         return a
     a.start()

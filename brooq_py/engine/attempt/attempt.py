@@ -2,9 +2,9 @@
 
 Two machines share one lock. ``phase`` is the attempt's ending::
 
-    CLAIMED ──▶ RUNNING ──▶ RETURNED | RAISED | HUNG | LOST | GAVE_UP | FENCED
+    CLAIMED ──▶ RUNNING ──▶ RETURNED | RAISED | HUNG | LOST | GAVE_UP | FENCED | UNRUN
        │                               │
-       └──▶ POISONED | UNRUN           └──▶ SETTLING ──▶ SETTLED
+       └──▶ POISONED                   └──▶ SETTLING ──▶ SETTLED
 
 The first ending wins: a handler that returns after the watchdog called it hung
 finds the attempt ended and writes nothing. ``handler`` is the life of the
@@ -333,6 +333,13 @@ class Attempt:
         self.end(Phase.POISONED)
         self._hooks.left_running(self)
         return self._answer(Poisoned(why))
+
+    def unrun(self) -> Outcome | None:
+        """Its handler never ran and never will (its take-in failed): handed back, its attempt given
+        back; None when another ending came first (that one's outcome is written)."""
+        if not self.end(Phase.UNRUN):
+            return None
+        return self._answer(None)
 
     def closing_failed(self, error: BaseException) -> Outcome | None:
         """The closing transaction of a done raised: recorded as a raise of the handler."""

@@ -122,6 +122,13 @@ class InFlight:
         with self._lock:
             return self._held.get(claim_token)
 
+    def taken(self, claim_token: str) -> Attempt | None:
+        """The attempt of the claim *claim_token* held or still running, if any (one let go since its
+        take-in, by a cancel say, still runs until its handler's start is checked)."""
+        with self._lock:
+            a = self._held.get(claim_token)
+            return a or next((r for r in self._running if r.row.claim_token == claim_token), None)
+
     def latest(self, job_id: str) -> Attempt | None:
         """The newest held attempt of job *job_id*, if any."""
         with self._lock:

@@ -366,22 +366,28 @@ class Intake:
         self.runner.launch_many(attempts)
 
     def take_in(self, row: ClaimedJob, dispatched: bool = False) -> Attempt | None:
-        """``open``; a row whose taking in raises (a bug) is logged and given back, or, held and
-        started by then, ended as if its handler had raised (retried, its slot the caller's to free)
-        rather than left held, never run, its lease renewed until the engine's end."""
+        """``open``; a row whose taking in raises (a bug) is logged and handed back unrun (pending, its
+        attempt given back). Held by then, its attempt ends so (unless another ending came first)
+        and is returned all the same: the check at its handler's start finds it ended and frees its
+        slot once, as for any attempt ended before its start. A poisoned one whose dead outcome was
+        never handed over is let go, for the reaper to take back."""
         try:
             return self.open(row, dispatched)
-        except Exception as exc:
+        except Exception:
             self.log.exception("engine: taking in job id=%s failed", row.id)
-            a = self.inflight.by_token(row.claim_token)
-            if a is None:
-                self.hand_back([row])
-            elif a.ending is None:
-                try:
-                    self.handover.hand_over(a, a.raised(exc))
-                except Exception:
-                    self.log.exception("engine: ending job id=%s failed; the reaper returns it", row.id)
+        a = self.inflight.taken(row.claim_token)
+        if a is None:
+            self.hand_back([row])
             return None
+        if a.ending is Phase.POISONED:  # never running, no slot of its own to free
+            if a.phase is Phase.SETTLING:
+                a.let_go(unsettled=True)
+            return None
+        try:
+            self.handover.hand_over(a, a.unrun())
+        except Exception:
+            self.log.exception("engine: handing back job id=%s failed; the reaper returns it", row.id)
+        return a
 
     def hand_back(self, rows: list[ClaimedJob]) -> None:
         """Give claimed rows never taken in back unrun (pending, attempt given back): the engine stops

@@ -39,7 +39,7 @@ class Phase(StrEnum):
     GAVE_UP = "gave_up"  # max_execution_timeout
     FENCED = "fenced"  # renewals failed for a whole lease
     POISONED = "poisoned"  # claimed with attempts past max_attempts: never run
-    UNRUN = "unrun"  # claimed while the engine stopped: handed back unrun
+    UNRUN = "unrun"  # never run (claimed while the engine stopped, its take-in failed): handed back
     SETTLING = "settling"
     SETTLED = "settled"
 
@@ -54,8 +54,8 @@ class HandlerState(StrEnum):
 ENDINGS = frozenset(set(Phase) - {Phase.CLAIMED, Phase.RUNNING, Phase.SETTLING, Phase.SETTLED})
 
 PHASES: dict[Phase, frozenset[Phase]] = {
-    Phase.CLAIMED: frozenset({Phase.RUNNING, Phase.POISONED, Phase.UNRUN}),
-    Phase.RUNNING: frozenset(ENDINGS - {Phase.POISONED, Phase.UNRUN}),
+    Phase.CLAIMED: frozenset({Phase.RUNNING, Phase.POISONED}),
+    Phase.RUNNING: frozenset(ENDINGS - {Phase.POISONED}),
     **{e: frozenset({Phase.SETTLING}) for e in ENDINGS},
     Phase.SETTLING: frozenset({Phase.SETTLED}),
     Phase.SETTLED: frozenset(),
