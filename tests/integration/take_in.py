@@ -7,8 +7,12 @@ import dataclasses
 import threading
 from typing import Any
 
+from psycopg_pool import ConnectionPool
+
 from brooq_py.engine import Engine
-from brooq_py.queue import Claim, Context, KindOptions
+from brooq_py.postgres import Store
+from brooq_py.queue import Claim, Context, Job, KindOptions
+from tests.integration.conftest import q
 
 
 def register(
@@ -105,3 +109,10 @@ def fault_after_hold(e: Engine, topic: str | None = None) -> list[str]:
 
     e.inflight.canceled_before = canceled_before  # type: ignore[method-assign]
     return faulted
+
+
+def poisoned_job(store: Store, pool: ConnectionPool[Any], schema: str, topic: str) -> str:
+    """A job of *topic* whose row has crashed max_crashes (3) times: poisoned at its next claim."""
+    job = store.enqueue(Job(topic, {"n": 0})).id
+    q(pool, schema, "UPDATE {job} SET crashes = 3 WHERE id = %s", job)
+    return job

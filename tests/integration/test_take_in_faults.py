@@ -19,7 +19,7 @@ from brooq_py.engine.attempt.outcome import Phase
 from brooq_py.postgres import Store
 from brooq_py.queue import Claim, Context, Job, KindOptions, State
 from tests.integration.conftest import q, wait_listening
-from tests.integration.take_in import fault_after_hold, hear_cancels, register
+from tests.integration.take_in import fault_after_hold, hear_cancels, poisoned_job, register
 from tests.polling import wait_for
 
 
@@ -34,12 +34,6 @@ def _state(pool: ConnectionPool[Any], schema: str, job: str) -> tuple[Any, ...]:
 
 def _hung(e: Engine, topic: str) -> float:
     return float(e.metrics.child(e.metrics.hung, topic)._value.get())
-
-
-def _poisoned_job(store: Store, pool: ConnectionPool[Any], schema: str, topic: str) -> str:
-    job = store.enqueue(Job(topic, {"n": 0})).id
-    q(pool, schema, "UPDATE {job} SET crashes = 3 WHERE id = %s", job)  # max_crashes (3) reached
-    return job
 
 
 class Peak:
@@ -226,7 +220,7 @@ def test_l5_a_poisoned_rows_hand_over_raising_never_leaves_it_held_and_processin
     runs: list[Any] = []
     e = engines(lease=3, workers=1)
     register(e, topic, "sync", runs)
-    job = _poisoned_job(store, pool, schema, topic)
+    job = poisoned_job(store, pool, schema, topic)
     real = e.handover.hand_over
     faulted: list[str] = []
 
@@ -289,7 +283,7 @@ def test_l5_c11_a_poisoned_row_taken_in_after_stop_is_handed_back_once_and_ends_
 
     e.capacity.ended = capacity_ended  # type: ignore[method-assign]
     e.start()
-    job = _poisoned_job(store, pool, schema, topic)
+    job = poisoned_job(store, pool, schema, topic)
     try:
         assert entered.wait(30)
         t0 = time.monotonic()
@@ -410,7 +404,7 @@ def test_run_once_after_stop_holds_and_runs_its_claims(
     e.stop(timeout=1)  # a second stop is a no-op
     assert e.inflight.closed
     job = store.enqueue(Job(topic, {"n": 0})).id
-    poisoned = _poisoned_job(store, pool, schema, topic)
+    poisoned = poisoned_job(store, pool, schema, topic)
     assert e.run_once() == 2
     assert [j for j, _ in runs] == [job]
     assert _state(pool, schema, job)[0] == "done"
@@ -439,7 +433,7 @@ def test_q2_poisoned_rows_between_normal_ones_never_let_a_topic_past_its_concurr
     e.register_kind(topic, handler, KindOptions(concurrency=2))
     poisoned, normal = [], []
     for i in range(10):
-        poisoned.append(_poisoned_job(store, pool, schema, topic))
+        poisoned.append(poisoned_job(store, pool, schema, topic))
         normal.append(store.enqueue(Job(topic, {"n": i})).id)
     e.start()
     wait_for(
@@ -527,7 +521,7 @@ def test_q3_a_global_limit_comes_back_after_poisoned_rows_and_a_raised_take_in(
     poisoned, normal = [], []
     for i in range(5):
         normal.append(store.enqueue(Job(topic, {"n": i})).id)
-        poisoned.append(_poisoned_job(store, pool, schema, topic))
+        poisoned.append(poisoned_job(store, pool, schema, topic))
     e.start()
     wait_for(
         lambda: (

@@ -20,7 +20,7 @@ from brooq_py.engine.attempt.outcome import Phase
 from brooq_py.postgres import Store
 from brooq_py.queue import Claim, Context, Job, KindOptions, State
 from tests.integration.conftest import q, wait_listening
-from tests.integration.take_in import fault_after_hold, hear_cancels, register, stall_launch
+from tests.integration.take_in import fault_after_hold, hear_cancels, poisoned_job, register, stall_launch
 from tests.polling import wait_for
 
 SHAPES = ["sync", "async", "batch", "batch-wait"]
@@ -205,12 +205,6 @@ def test_c11_x2_stop_and_cancel_of_a_held_attempt_not_launched(
 # --- 2. poisoned rows ---------------------------------------------------------------------------
 
 
-def _poisoned_job(store: Store, pool: ConnectionPool[Any], schema: str, topic: str) -> str:
-    job = store.enqueue(Job(topic, {"n": 0})).id
-    q(pool, schema, "UPDATE {job} SET crashes = 3 WHERE id = %s", job)  # max_crashes (3) reached
-    return job
-
-
 def test_l5_stop_while_a_poisoned_row_is_held_releases_its_slot_once_and_counts_no_hung_handler(
     schema: str, store: Store, pool: ConnectionPool[Any], engines: Callable[..., Engine]
 ) -> None:
@@ -221,7 +215,7 @@ def test_l5_stop_while_a_poisoned_row_is_held_releases_its_slot_once_and_counts_
     runs: list[Any] = []
     e = engines(lease=6, workers=1, watchdog_grace=0.5)
     _register(e, topic, "sync", runs)
-    job = _poisoned_job(store, pool, schema, topic)
+    job = poisoned_job(store, pool, schema, topic)
     entered = threading.Event()
     go = threading.Event()
     real_add = e.inflight.add
@@ -264,7 +258,7 @@ def test_x2_l5_a_poisoned_row_canceled_while_taken_in(
     runs: list[Any] = []
     e = engines(lease=6, workers=1)
     _register(e, topic, "sync", runs)
-    job = _poisoned_job(store, pool, schema, topic)
+    job = poisoned_job(store, pool, schema, topic)
     heard, errors = hear_cancels(e, [job])
     real_add = e.inflight.add
 
@@ -311,7 +305,7 @@ def test_c1_poisoned_rows_and_normal_ones_leave_the_slots_as_they_were(
 
     e = engines(lease=6, workers=2)
     e.register_kind(topic, handler)
-    poisoned = [_poisoned_job(store, pool, schema, topic) for _ in range(8)]
+    poisoned = [poisoned_job(store, pool, schema, topic) for _ in range(8)]
     normal = [store.enqueue(Job(topic, {"n": i})).id for i in range(6)]
     e.start()
     wait_for(
@@ -528,7 +522,7 @@ def test_run_once_takes_in_poisoned_and_plain_rows_of_each_shape_without_slots(
     for shape in ("sync", "async", "batch"):
         _register(e, f"rv.once.{shape}", shape, runs)
     plain = [store.enqueue(Job(f"rv.once.{s}", {"n": 0})).id for s in ("sync", "async", "batch")]
-    poisoned = [_poisoned_job(store, pool, schema, f"rv.once.{s}") for s in ("sync", "async", "batch")]
+    poisoned = [poisoned_job(store, pool, schema, f"rv.once.{s}") for s in ("sync", "async", "batch")]
     assert e.run_once() == 6
     assert sorted(r[0] for r in runs) == sorted(plain)
     assert [_state(pool, schema, j)[0] for j in plain] == ["done"] * 3

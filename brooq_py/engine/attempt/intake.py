@@ -20,7 +20,7 @@ from datetime import timedelta
 from brooq_py.engine.attempt.attempt import Attempt, Hooks, Kind
 from brooq_py.engine.attempt.handover import Handover, Supervisor
 from brooq_py.engine.attempt.inflight import InFlight
-from brooq_py.engine.attempt.outcome import POISON_ERROR, Ending, Phase, decide
+from brooq_py.engine.attempt.outcome import ENDINGS, POISON_ERROR, Ending, Phase, decide
 from brooq_py.engine.attempt.runner import Runner, SlotPool
 from brooq_py.engine.clock import Clock
 from brooq_py.engine.config import Config
@@ -369,8 +369,8 @@ class Intake:
         """``open``; a row whose taking in raises (a bug) is logged and handed back unrun (pending, its
         attempt given back). Held by then, its attempt ends so (unless another ending came first)
         and is returned all the same: the check at its handler's start finds it ended and frees its
-        slot once, as for any attempt ended before its start. A poisoned one whose dead outcome was
-        never handed over is let go, for the reaper to take back."""
+        slot once, as for any attempt ended before its start. One whose outcome could not be handed
+        over (a poisoned one's dead outcome, the hand-back) is let go, for the reaper to take back."""
         try:
             return self.open(row, dispatched)
         except Exception:
@@ -379,15 +379,23 @@ class Intake:
         if a is None:
             self.hand_back([row])
             return None
-        if a.ending is Phase.POISONED:  # never running, no slot of its own to free
-            if a.phase is Phase.SETTLING:
-                a.let_go(unsettled=True)
+        if a.ending is Phase.POISONED:  # its dead outcome not handed over: never running, no slot
+            self._let_go(a)
             return None
         try:
             self.handover.hand_over(a, a.unrun())
         except Exception:
             self.log.exception("engine: handing back job id=%s failed; the reaper returns it", row.id)
+            self._let_go(a)
         return a
+
+    @staticmethod
+    def _let_go(a: Attempt) -> None:
+        """Nothing will write *a*'s outcome: its claim is let go, for the reaper to take back."""
+        if a.phase in ENDINGS:
+            a.settling()
+        if a.phase is Phase.SETTLING:
+            a.let_go(unsettled=True)
 
     def hand_back(self, rows: list[ClaimedJob]) -> None:
         """Give claimed rows never taken in back unrun (pending, attempt given back): the engine stops
