@@ -151,10 +151,12 @@ class StrayTopics:
 
 
 class _Signals:
-    """SIGTERM/SIGINT set ``stopping``; a second SIGINT during the stop exits at once."""
+    """SIGTERM/SIGINT ask for a stop; a second SIGINT during the stop exits at once. The handler only
+    sets a flag: one that took a lock (an Event's, logging's) could wait for ever on a lock the main
+    thread held when the signal came (seen: a process that ignored SIGTERM until killed)."""
 
     def __init__(self) -> None:
-        self.stopping = threading.Event()
+        self.requested: str | None = None  # the signal's name, once one came
 
     def install(self) -> None:
         if threading.current_thread() is threading.main_thread():
@@ -162,16 +164,20 @@ class _Signals:
             signal.signal(signal.SIGINT, self._handle)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        name = signal.Signals(signum).name
-        if not self.stopping.is_set():
-            log.info("%s received: stopping gracefully (a second SIGINT exits at once)", name)
-            self.stopping.set()
-            return
-        if signum == signal.SIGINT:
-            log.warning("second SIGINT: exiting now, without waiting for running handlers")
-            logging.shutdown()
+        if self.requested is None:
+            self.requested = signal.Signals(signum).name
+        elif signum == signal.SIGINT:
+            os.write(2, b"second SIGINT: exiting now, without waiting for running handlers\n")
             os._exit(130)
-        log.info("%s received again: already stopping", name)
+
+    def wait(self, timeout: float) -> bool:
+        """Whether a stop was asked for within *timeout* seconds (sleeps: no lock a handler could meet)."""
+        end = time.monotonic() + timeout
+        while self.requested is None and time.monotonic() < end:
+            time.sleep(0.05)
+        if self.requested is not None:
+            log.info("%s received: stopping gracefully (a second SIGINT exits at once)", self.requested)
+        return self.requested is not None
 
 
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
@@ -235,7 +241,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
             if checking is None or not checking.is_alive():
                 checking = threading.Thread(target=strays.check, name="brooq-strays", daemon=True)
                 checking.start()
-            if signals.stopping.wait(min(1.0, strays.every)):
+            if signals.wait(min(1.0, strays.every)):
                 break
         log.info("stopping: no new claims; waiting for running handlers")
         engine.stop(stop_timeout)

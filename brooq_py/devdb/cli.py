@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import sys
-import threading
+import time
 from collections.abc import Sequence
 from types import FrameType
 
@@ -98,14 +98,15 @@ def _run(cmd: list[str]) -> int:
 
 
 def _serve() -> int:
-    stop = threading.Event()
+    stop: list[int] = []  # the handler only appends: an Event's lock, held by this thread, would hang it
     db = start_throwaway()
     try:
         print(_describe(db), flush=True)
         print(f"export DATABASE_URL={db.dsn}\n(Ctrl-C to stop)", flush=True)
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGTERM, lambda signum, _frame: stop.append(signum))
         with contextlib.suppress(KeyboardInterrupt):
-            while not stop.wait(1.0):
+            while not stop:
+                time.sleep(1.0)
                 if db.pid is None:
                     print("brooq_py.devdb: the server exited", file=sys.stderr)
                     return 1

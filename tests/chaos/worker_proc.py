@@ -353,8 +353,8 @@ def main() -> None:
     engine.register_kind("chaos", handle_async if settings.get("async") else handle, opts)
     engine.register_kind("chaos.child", handle_child, opts)
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop: list[int] = []  # the handler only appends: an Event's lock, held by this thread, would hang it
+    signal.signal(signal.SIGTERM, lambda signum, _frame: stop.append(signum))
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # a stop that hangs shows where (Worker.stop)
     engine.start()
     # When the engine let each handler start (its fence checked, SPEC F0), by claim token: a handler's
@@ -369,11 +369,12 @@ def main() -> None:
 
     engine.runner.before_start = noted_check
     print(f"ready {worker_id}", flush=True)
-    # A timed wait: the kernel may deliver SIGTERM to any thread, and then the handler runs only
+    # A timed sleep: the kernel may deliver SIGTERM to any thread, and then the handler runs only
     # when the main thread next returns to the interpreter; blocked in an untimed wait, it never
-    # did (seen as a worker ignoring SIGTERM for 30 s under load, every service thread idle).
-    while not stop.wait(0.2):
-        pass
+    # did (seen as a worker ignoring SIGTERM for 30 s under load, every service thread idle). Not
+    # an Event's wait: a handler that set it while this thread held its lock hung for good.
+    while not stop:
+        time.sleep(0.2)
     engine.close()
     pool.close()
     print("stopped", flush=True)

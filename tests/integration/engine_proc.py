@@ -18,7 +18,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 import time
 from typing import Any
 
@@ -89,12 +88,12 @@ def main() -> None:
             return "late"
 
         engine.register_kind("late", late)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop: list[int] = []  # the handler only appends: an Event's lock, held by this thread, would hang it
+    signal.signal(signal.SIGTERM, lambda signum, _frame: stop.append(signum))
     engine.start()
     print(f"ready {engine.worker_id}", flush=True)
-    while not stop.wait(0.2):
-        pass
+    while not stop:
+        time.sleep(0.2)
     engine.close()
     pool.close()
     print("stopped", flush=True)
