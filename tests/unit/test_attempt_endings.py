@@ -137,6 +137,7 @@ def test_c5_a_handler_returning_as_it_is_called_hung_writes_nothing() -> None:
     the moment it was counted hung) finds the attempt ended, and writes no done."""
     r = Recorded()
     a = r.attempt()
+    a.called = True  # its handler runs
     answers: list[object] = []
     told = r.hooks.tell_hung
     r.hooks.tell_hung = lambda at, grace: (answers.append(at.returned()), told(at, grace))  # type: ignore[method-assign]

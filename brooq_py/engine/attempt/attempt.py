@@ -103,6 +103,7 @@ class Attempt:
         "_lock",
         "_owns_slot",
         "_phase",
+        "called",
         "cancelled_at",
         "claim",
         "ctx",
@@ -143,6 +144,7 @@ class Attempt:
         )
         ctx.attach(self.claim, steps, unrecorded=row.unrecorded)
         self.result: str | None = None  # the handler's return value as JSON text
+        self.called = False  # its handler was called (the runner sets it right before the call)
         self.soft_deadline = started + opts.td("attempt_timeout").total_seconds()
         self.hard_deadline = started + opts.td("max_execution_timeout").total_seconds()
         # When its handler was told to stop (the watchdog's grace counts from it) and when its own
@@ -321,7 +323,8 @@ class Attempt:
                 return None
             ended = self._end_locked(Phase.HUNG)
             self._handler = HandlerState.HUNG
-        self._hooks.tell_hung(self, grace)
+        if self.called:  # one never called (its launch stalled) hangs nowhere: not counted
+            self._hooks.tell_hung(self, grace)
         if was is HandlerState.RUNNING:
             self._hooks.release_slot()
         if ended:

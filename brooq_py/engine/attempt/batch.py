@@ -106,6 +106,8 @@ def call_handler(batch: Sequence[Attempt]) -> Any:
     by one alone: the call cannot tell which job a cancel was for, so a job canceled while it runs
     keeps its slot and its claim (a sequence's turn) until the call returns, and the watchdog's
     grace of each job starts when the call is told."""
+    for a in batch:
+        a.called = True
     deadlines = [a.ctx.deadline for a in batch if a.ctx.deadline is not None]
     ctx = Context(deadline=min(deadlines) if deadlines else None)
 

@@ -195,4 +195,4 @@ class InFlight:
 
     def hung_count(self) -> int:
         with self._lock:
-            return sum(1 for a in self._running if a.handler is HandlerState.HUNG)
+            return sum(1 for a in self._running if a.handler is HandlerState.HUNG and a.called)

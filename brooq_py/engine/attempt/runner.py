@@ -236,6 +236,7 @@ async def run_async(a: Attempt, max_bytes: int, before: Callable[[Attempt], None
     before(a)
     if (cause := unstarted(a)) is not None:
         raise cause
+    a.called = True
     with run_span(a.topic, a.id, a.claim.attempt, a.claim.meta):  # a no-op without OpenTelemetry
         a.result = encode_result(await a.kind.handler(a.ctx, a.claim), max_bytes)
 
@@ -355,6 +356,7 @@ class Runner:
             self.before_start(a)
             if (cause := unstarted(a)) is not None:
                 return cause
+            a.called = True
             with run_span(a.topic, a.id, a.claim.attempt, a.claim.meta):  # a no-op without OpenTelemetry
                 result = a.kind.handler(a.ctx, a.claim)
                 if inspect.isawaitable(result):
@@ -369,7 +371,8 @@ class Runner:
 
     def _observe(self, a: Attempt, t0: float) -> None:
         self._busy(a, -1)
-        self.metrics.child(self.metrics.duration, a.topic).observe(time.monotonic() - t0)
+        if a.called:  # an attempt ended before its start ran no handler
+            self.metrics.child(self.metrics.duration, a.topic).observe(time.monotonic() - t0)
 
     def finish(self, a: Attempt, error: BaseException | None) -> None:
         """The handler's code ended: report how to the attempt, hand its answer over, free the slot."""
