@@ -49,6 +49,8 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "QUEUE_GAUGES_PERIOD": ("gauges_period", "duration"),
     "QUEUE_RESULT_MAX_BYTES": ("result_max_bytes", "int"),
 }
+HISTORY_AFTER = timedelta(hours=1)
+HISTORY_MIN_TTL = timedelta(days=7)
 _BOOLS = dict.fromkeys(("true", "1", "on", "yes"), True) | dict.fromkeys(("false", "0", "off", "no"), False)
 _DIGITS = re.compile(r"[0-9]+")
 
@@ -68,8 +70,10 @@ class Config:
     retention_period: timedelta | float = 0
     # SPEC B2: > 0: terminal jobs move to a table of their day this long after they end, and
     # retention drops a day whole once it is older than retention_ttl. 0: they stay in job until
-    # retention deletes them one by one.
-    history_after: timedelta | float = 0
+    # retention deletes them one by one. None: HISTORY_AFTER if retention_ttl >= HISTORY_MIN_TTL,
+    # else 0 (a day's table goes once all of it is older than the ttl, so its rows outlive the ttl
+    # by up to a day: a seventh of a week's ttl, and the default ttl's thirtieth).
+    history_after: timedelta | float | None = None
     max_attempts: int = 5
     attempt_timeout: timedelta | float = 60
     max_execution_timeout: timedelta | float = 300
@@ -93,7 +97,11 @@ class Config:
         check_int(self, "result_max_bytes", 1, problems)
         if not isinstance(self.notify, bool):
             problems.append(f"notify must be a bool, got {type(self.notify).__name__}")
-        normalise_durations(self, _DURATIONS, problems, optional=("reaper_period", "watchdog_grace"))
+        optional = ("reaper_period", "watchdog_grace", "history_after")
+        normalise_durations(self, _DURATIONS, problems, optional=optional)
+        if self.history_after is None and isinstance(self.retention_ttl, timedelta):
+            on = self.retention_ttl >= HISTORY_MIN_TTL
+            object.__setattr__(self, "history_after", HISTORY_AFTER if on else timedelta(0))
         check_positive(self, tuple(n for n in _DURATIONS if n not in _MAY_BE_ZERO), problems)
         for name in _MAY_BE_ZERO:
             value = getattr(self, name)

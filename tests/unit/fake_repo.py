@@ -523,6 +523,15 @@ class FakeRepo:
                 del self.rows[r.id]
             return [(r.id, r.topic) for r in gone]
 
+    def move_terminal(self, after: timedelta, ttl: timedelta, batch: int) -> list[tuple[str, str]]:
+        """The fake keeps no terminal history (SPEC B2 is the real store's): nothing moves."""
+        self._count("move_terminal")
+        return []
+
+    def drop_history(self, ttl: timedelta) -> list[tuple[str, int]]:
+        self._count("drop_history")
+        return []
+
     def gauges(self, topics: Sequence[str]) -> Gauges:
         self._count("gauges")
         with self.lock:
