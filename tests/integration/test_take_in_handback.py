@@ -462,18 +462,13 @@ def test_q2_q3_unrun_batch_members_never_let_a_limited_topic_past_its_limit(
 # --- 10. a take-in stalled past attempt_timeout + grace, then raising ------------------------------
 
 
-@pytest.mark.xfail(
-    reason="known limit: an attempt whose launch stalls past attempt_timeout and the watchdog's grace ends hung, its claim dropped for the reaper (a crash counted), though its handler was never called",
-    strict=False,
-)
 def test_a_take_in_stalled_past_its_timeout_then_raising_counts_no_hung_handler(
     schema: str, store: Store, pool: ConnectionPool[Any], engines: Callable[..., Engine]
 ) -> None:
     """open() stalls after the hold past attempt_timeout and watchdog_grace, then raises. Its handler
-    never ran: no hung handler counted (metrics, health), no crash on its row. (Fails: the watchdog
-    times the held, "started" attempt out and calls it hung, the reaper takes the dropped claim back
-    with crashes+1. Not new in 5110dd3: a held attempt is RUNNING since "hold and start in one
-    move"; the same happens to a launch stalled after the hold.)"""
+    never ran: no hung handler counted (metrics, health), no crash on its row; the watchdog's verdict
+    hands it back unrun. (Failed before ``Attempt.call``: the watchdog called the held attempt hung
+    and the reaper took the dropped claim back with crashes+1.)"""
     topic = "r3.stall.hung"
     runs: list[Any] = []
     e = engines(lease=3, workers=1, watchdog_grace=0.3)

@@ -96,6 +96,7 @@ def test_c4_c5_a_given_up_attempt_is_answered_once_by_its_hung_verdict_or_its_en
 def test_c5_hung_while_running_answers_nothing_and_frees_the_slot() -> None:
     r = Recorded()
     a = r.attempt()
+    assert a.call() is None  # its handler runs
     assert a.declared_hung(0.5) is None
     assert a.hung and a.phase is Phase.SETTLED and r.let_go == [a] and r.freed == 1
     assert a.returned() is None
@@ -137,7 +138,7 @@ def test_c5_a_handler_returning_as_it_is_called_hung_writes_nothing() -> None:
     the moment it was counted hung) finds the attempt ended, and writes no done."""
     r = Recorded()
     a = r.attempt()
-    a.called = True  # its handler runs
+    assert a.call() is None  # its handler runs
     answers: list[object] = []
     told = r.hooks.tell_hung
     r.hooks.tell_hung = lambda at, grace: (answers.append(at.returned()), told(at, grace))  # type: ignore[method-assign]

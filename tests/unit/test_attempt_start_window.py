@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 import pytest
 
 from brooq_py.engine.attempt.attempt import Attempt, Hooks, Kind, unstarted
+from brooq_py.engine.attempt.outcome import Phase
 from brooq_py.queue import Claim, Context, KindOptions, LeaseLost
 from brooq_py.queue.port import ClaimedJob
 
@@ -87,3 +88,65 @@ def test_f0_a_running_attempt_with_no_ending_starts() -> None:
     assert unstarted(a) is None
     a.ctx.cancel(TimeoutError("a timeout is the handler's to see"))
     assert unstarted(a) is None
+
+
+class _Counting(Hooks):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hung: list[str] = []
+        self.unstarted: list[str] = []
+
+    def tell_hung(self, a: Attempt, grace: float) -> None:
+        self.hung.append(a.id)
+
+    def tell_unstarted(self, a: Attempt, grace: float) -> None:
+        self.unstarted.append(a.id)
+
+
+def test_c5_an_attempt_never_called_is_handed_back_unrun_not_hung() -> None:
+    """The watchdog's verdict on an attempt whose start stalled past its timeout and the grace: no
+    handler hangs, so none is counted; the row goes back pending with its attempt given back (not to
+    the reaper as a crash), and the start that comes later never calls the handler."""
+    hooks = _Counting()
+    a = _attempt(hooks)
+    a.start()
+    outcome = a.declared_hung(1.0)
+    assert outcome is not None and outcome.state == "pending" and outcome.give_back
+    assert (hooks.hung, hooks.unstarted) == ([], [a.id])
+    assert isinstance(a.call(), LeaseLost) and not a.called
+
+
+def test_c5_an_attempt_called_before_the_verdict_is_hung() -> None:
+    hooks = _Counting()
+    a = _attempt(hooks)
+    a.start()
+    assert a.call() is None and a.called
+    assert a.declared_hung(1.0) is None  # its claim dropped for the reaper, as before
+    assert (hooks.hung, hooks.unstarted) == ([a.id], [])
+
+
+def test_c5_p1_the_start_and_the_watchdogs_verdict_race_one_wins_whole() -> None:
+    """call() and declared_hung() on two threads, many times: either the handler was called and the
+    attempt ended hung, or it was never called and ended unrun; never a handler called for a row
+    handed back (another engine could run it at the same time)."""
+
+    def start(a: Attempt, go: threading.Barrier, answers: list[object]) -> None:
+        go.wait()
+        answers.append(a.call())
+
+    for _ in range(300):
+        hooks = _Counting()
+        a = _attempt(hooks)
+        a.start()
+        go = threading.Barrier(2)
+        answers: list[object] = []
+        starter = threading.Thread(target=start, args=(a, go, answers))
+        starter.start()
+        go.wait()
+        a.declared_hung(1.0)
+        starter.join(10)
+        (cause,) = answers
+        if a.called:
+            assert cause is None and a.ending is Phase.HUNG and hooks.hung == [a.id]
+        else:
+            assert isinstance(cause, LeaseLost) and a.ending is Phase.UNRUN and hooks.unstarted == [a.id]

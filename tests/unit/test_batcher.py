@@ -48,6 +48,7 @@ def attempt(job_id: str, calls: list[list[str]]) -> Any:
         cancelled_at=None,
         ctx_cancelled_at=None,
         ending=None,
+        call=lambda: None,  # Attempt.call: still this engine's, its handler about to be called
     )
 
 

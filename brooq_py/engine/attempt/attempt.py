@@ -144,7 +144,7 @@ class Attempt:
         )
         ctx.attach(self.claim, steps, unrecorded=row.unrecorded)
         self.result: str | None = None  # the handler's return value as JSON text
-        self.called = False  # its handler was called (the runner sets it right before the call)
+        self.called = False  # its handler was called (``call()``, right before the call)
         self.soft_deadline = started + opts.td("attempt_timeout").total_seconds()
         self.hard_deadline = started + opts.td("max_execution_timeout").total_seconds()
         # When its handler was told to stop (the watchdog's grace counts from it) and when its own
@@ -196,9 +196,19 @@ class Attempt:
         self._phase = to
 
     def start(self) -> None:
-        """CLAIMED -> RUNNING: the handler is about to be called."""
+        """CLAIMED -> RUNNING: held by the engine, its handler on its way (``InFlight.add``)."""
         with self._lock:
             self._move(Phase.RUNNING)
+
+    def call(self) -> BaseException | None:
+        """The handler is about to be called: mark it ``called`` and answer None, or answer why it
+        must not start (``unstarted``), in one move with the watchdog's verdict, which hands an
+        attempt never called back unrun (``declared_hung``)."""
+        with self._lock:
+            cause = unstarted(self)
+            if cause is None:
+                self.called = True
+            return cause
 
     def end(self, ending: Phase) -> bool:
         """Record how the attempt ended; False if another ending came first (a normal race)."""
@@ -316,15 +326,20 @@ class Attempt:
     def declared_hung(self, grace: float) -> Outcome | None:
         """Still running *grace* seconds after its cancel: count it, free the slot, end without done.
         The hung handler and the ending in one move: a handler that returns once it is called hung
-        finds the attempt ended (it used to find it still running, between the two, and write done)."""
+        finds the attempt ended (it used to find it still running, between the two, and write done).
+        A handler never called (its start stalled) hangs nowhere: the attempt ends UNRUN, handed
+        back with its attempt given back, and ``call()`` never lets it start."""
         with self._lock:
             was = self._handler
             if HandlerState.HUNG not in HANDLER[was]:
                 return None
-            ended = self._end_locked(Phase.HUNG)
+            called = self.called
+            ended = self._end_locked(Phase.HUNG if called else Phase.UNRUN)
             self._handler = HandlerState.HUNG
-        if self.called:  # one never called (its launch stalled) hangs nowhere: not counted
+        if called:
             self._hooks.tell_hung(self, grace)
+        elif ended:
+            self._hooks.tell_unstarted(self, grace)
         if was is HandlerState.RUNNING:
             self._hooks.release_slot()
         if ended:
@@ -474,6 +489,10 @@ class Hooks:
         self._count("hung", a)
         what = "handler hung: still running %gs after its context was cancelled (%s); its claim is dropped for the reaper"
         self._tell(logging.ERROR, a, what, grace, type(a.ctx.cause).__name__)
+
+    def tell_unstarted(self, a: Attempt, grace: float) -> None:
+        what = "handler not started %gs after its context was cancelled (%s); handing the job back unrun"
+        self._tell(logging.WARNING, a, what, grace, type(a.ctx.cause).__name__)
 
     def tell_late(self, a: Attempt, error: BaseException | None) -> None:
         how = "returned" if error is None else f"raised {describe_error(error)}"

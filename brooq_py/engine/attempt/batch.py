@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from brooq_py.engine.attempt.attempt import Attempt, unstarted
+from brooq_py.engine.attempt.attempt import Attempt
 from brooq_py.queue import BrooqError, Context
 
 
@@ -106,8 +106,6 @@ def call_handler(batch: Sequence[Attempt]) -> Any:
     by one alone: the call cannot tell which job a cancel was for, so a job canceled while it runs
     keeps its slot and its claim (a sequence's turn) until the call returns, and the watchdog's
     grace of each job starts when the call is told."""
-    for a in batch:
-        a.called = True
     deadlines = [a.ctx.deadline for a in batch if a.ctx.deadline is not None]
     ctx = Context(deadline=min(deadlines) if deadlines else None)
 
@@ -224,12 +222,12 @@ class Batcher:
 
     def _call(self, batch: list[Attempt]) -> Any:
         """The engine's fence check on each attempt first (``Runner.before_start``); the call gets
-        only the claims still this engine's (``unstarted``: not fenced, lost or canceled), and is not
+        only the claims still this engine's (``Attempt.call``: not fenced, lost or canceled), and is not
         made when none is. The answer comes back in *batch*'s order, each left-out claim's cause in
         its place (an awaitable for an async handler)."""
         for a in batch:
             self._runner.before_start(a)
-        left_out = {id(a): cause for a in batch if (cause := unstarted(a)) is not None}
+        left_out = {id(a): cause for a in batch if (cause := a.call()) is not None}
         if not left_out:
             return call_handler(batch)
         live = [a for a in batch if id(a) not in left_out]

@@ -19,7 +19,7 @@ from queue import SimpleQueue
 from typing import Any
 
 from brooq_py.contrib.otel import run_span
-from brooq_py.engine.attempt.attempt import Attempt, unstarted
+from brooq_py.engine.attempt.attempt import Attempt
 from brooq_py.engine.attempt.batch import Batcher
 from brooq_py.engine.attempt.handover import Handover
 from brooq_py.engine.metrics import Metrics
@@ -234,9 +234,8 @@ async def run_async(a: Attempt, max_bytes: int, before: Callable[[Attempt], None
     """Await an async handler and encode its return value on the loop, where it ran; *before* first
     (the engine's fence check), and a cancelled attempt's handler never starts."""
     before(a)
-    if (cause := unstarted(a)) is not None:
+    if (cause := a.call()) is not None:
         raise cause
-    a.called = True
     with run_span(a.topic, a.id, a.claim.attempt, a.claim.meta):  # a no-op without OpenTelemetry
         a.result = encode_result(await a.kind.handler(a.ctx, a.claim), max_bytes)
 
@@ -354,9 +353,8 @@ class Runner:
                 self.loop.wait(run_async(a, self.result_max_bytes, self.before_start))
                 return None
             self.before_start(a)
-            if (cause := unstarted(a)) is not None:
+            if (cause := a.call()) is not None:
                 return cause
-            a.called = True
             with run_span(a.topic, a.id, a.claim.attempt, a.claim.meta):  # a no-op without OpenTelemetry
                 result = a.kind.handler(a.ctx, a.claim)
                 if inspect.isawaitable(result):
