@@ -70,9 +70,7 @@ class Config:
     retention_period: timedelta | float = 0
     # SPEC B2: > 0: terminal jobs move to a table of their day this long after they end, and
     # retention drops a day whole once it is older than retention_ttl. 0: they stay in job until
-    # retention deletes them one by one. None: HISTORY_AFTER if retention_ttl >= HISTORY_MIN_TTL,
-    # else 0 (a day's table goes once all of it is older than the ttl, so its rows outlive the ttl
-    # by up to a day: a seventh of a week's ttl, and the default ttl's thirtieth).
+    # retention deletes them one by one. None: effective_history_after.
     history_after: timedelta | float | None = None
     max_attempts: int = 5
     attempt_timeout: timedelta | float = 60
@@ -99,9 +97,6 @@ class Config:
             problems.append(f"notify must be a bool, got {type(self.notify).__name__}")
         optional = ("reaper_period", "watchdog_grace", "history_after")
         normalise_durations(self, _DURATIONS, problems, optional=optional)
-        if self.history_after is None and isinstance(self.retention_ttl, timedelta):
-            on = self.retention_ttl >= HISTORY_MIN_TTL
-            object.__setattr__(self, "history_after", HISTORY_AFTER if on else timedelta(0))
         check_positive(self, tuple(n for n in _DURATIONS if n not in _MAY_BE_ZERO), problems)
         for name in _MAY_BE_ZERO:
             value = getattr(self, name)
@@ -165,6 +160,15 @@ class Config:
             return period
         computed = self.td("retention_ttl") / 100
         return min(max(computed, timedelta(minutes=1)), timedelta(hours=1))
+
+    @property
+    def effective_history_after(self) -> timedelta:
+        """history_after, or when unset HISTORY_AFTER if retention_ttl >= HISTORY_MIN_TTL, else 0: a
+        day's table goes once all of it is older than the ttl, so its rows outlive the ttl by up to a
+        day (a seventh of a week's ttl, the default ttl's thirtieth)."""
+        if self.history_after is not None:
+            return self.td("history_after")
+        return HISTORY_AFTER if self.td("retention_ttl") >= HISTORY_MIN_TTL else timedelta(0)
 
     @property
     def health_grace(self) -> timedelta:

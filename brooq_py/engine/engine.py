@@ -12,7 +12,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from datetime import timedelta
 from types import TracebackType
 from typing import Any
 
@@ -410,13 +409,6 @@ class Engine(Producing):
                 )
             )
         if cfg.retention_enabled:
-            history: dict[str, Any] = {}
-            if cfg.td("history_after") > timedelta(0):
-                history = {
-                    "history": cfg.td("history_after"),
-                    "move": repo.move_terminal,
-                    "drop": repo.drop_history,
-                }
             services.append(
                 Retention(
                     cfg.effective_retention_period,
@@ -425,7 +417,9 @@ class Engine(Producing):
                     repo.delete_terminal,
                     lambda topic, n: metrics.child(metrics.retention_deleted, topic).inc(n),
                     log,
-                    **history,
+                    history=cfg.effective_history_after,
+                    move=repo.move_terminal,
+                    drop=repo.drop_history,  # at the ttl, whether or not the mover still runs
                 )
             )
         return services

@@ -148,7 +148,7 @@ class AsyncStore:
 
     async def retry(self, job_id: str) -> bool:
         """``Store.retry``, awaited."""
-        return await self.session.drive("retrying a job", plans.retry(self._q, job_id))
+        return await self.session.drive("retrying a job", plans.retry(self._q, job_id), whole=True)
 
     async def resume_sequence(self, topic: str, sequence: str) -> bool:
         """``Store.resume_sequence``, awaited."""

@@ -332,8 +332,9 @@ class Repo(StepPort, Protocol):
         """Move one batch of terminal rows that ended more than *after* (and less than *ttl*) ago to
         the terminal history, off the hot path (SPEC B2); return (id, topic)."""
 
-    def drop_history(self, ttl: timedelta) -> list[tuple[str, int]]:
-        """Drop whole every day of terminal history older than *ttl* (SPEC B2); (day, jobs) of each."""
+    def drop_history(self, ttl: timedelta) -> list[tuple[str, dict[str, int]]]:
+        """Drop whole every day of terminal history older than *ttl* (SPEC B2); (day, jobs by topic)
+        of each."""
 
     def stage(self, topics: Sequence[str], batch: int, notify: bool = True) -> Staged:
         """Make up to *batch* due scheduled/failed rows pending; *notify* wakes the engines elsewhere."""

@@ -199,7 +199,7 @@ def test_b2_group_and_multi_parent_child_naming_moved_parents_across_a_drop(
     group = store.enqueue_group({"x": Job("g", {}, after=[p1])}, then=Job("t", {}))
     assert state(store, child) is State.BLOCKED
     dropped = store.drop_history(timedelta(days=10))
-    assert dropped and dropped[0][1] == 0  # p1 went back to job
+    assert dropped and dropped[0][1] == {}  # p1 went back to job
     assert where(pool, schema, p1) == "job"
     finish(store, "p2")
     (r,) = store.claim(["c"], 1, "w", LEASE)

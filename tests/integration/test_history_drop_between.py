@@ -92,7 +92,7 @@ def test_b2_enqueue_between_phases_keeps_the_parent_and_its_new_edge(
     made: list[str] = []
     with between_phases(store, lambda: made.append(store.enqueue(Job("c", {}, after=[parent])).id)):
         dropped = store.drop_history(TEN)
-    assert dropped and dropped[0][1] == 0, dropped
+    assert dropped and dropped[0][1] == {}, dropped
     (child,) = made
     assert where(pool, schema, parent) == "job"
     assert edges_of(pool, schema, parent) == [(parent, child)]

@@ -528,7 +528,7 @@ class FakeRepo:
         self._count("move_terminal")
         return []
 
-    def drop_history(self, ttl: timedelta) -> list[tuple[str, int]]:
+    def drop_history(self, ttl: timedelta) -> list[tuple[str, dict[str, int]]]:
         self._count("drop_history")
         return []
 

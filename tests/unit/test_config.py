@@ -278,14 +278,18 @@ def test_b2_history_after_needs_retention_and_a_shorter_time_than_its_ttl() -> N
 def test_b2_the_history_is_on_by_default_where_a_day_is_small_beside_the_ttl() -> None:
     """Unset, history_after is an hour when the ttl is at least a week (a day's table outlives the
     ttl by up to a day), and off below that or without retention; a value given is kept."""
-    assert Config().history_after == timedelta(hours=1)
-    assert Config(retention_ttl=timedelta(days=7)).history_after == timedelta(hours=1)
-    assert Config(retention_ttl=timedelta(days=6)).history_after == timedelta(0)
-    assert Config(retention_ttl=0).history_after == timedelta(0)
-    assert Config(history_after=0).history_after == timedelta(0)
-    assert Config(retention_ttl=60, history_after=30).history_after == timedelta(seconds=30)
-    assert Config.from_env({}).history_after == timedelta(hours=1)
-    assert Config.from_env({"QUEUE_HISTORY_AFTER": "0"}).history_after == timedelta(0)
+
+    def after(c: Config) -> timedelta:
+        return c.effective_history_after
+
+    assert after(Config()) == timedelta(hours=1)
+    assert after(Config(retention_ttl=timedelta(days=7))) == timedelta(hours=1)
+    assert after(Config(retention_ttl=timedelta(days=6))) == timedelta(0)
+    assert after(Config(retention_ttl=0)) == timedelta(0)
+    assert after(Config(history_after=0)) == timedelta(0)
+    assert after(Config(retention_ttl=60, history_after=30)) == timedelta(seconds=30)
+    assert after(Config.from_env({})) == timedelta(hours=1)
+    assert after(Config.from_env({"QUEUE_HISTORY_AFTER": "0"})) == timedelta(0)
 
 
 def test_z3_notify_switch_from_env_takes_booleans_only() -> None:

@@ -94,9 +94,9 @@ class History(Backlog):
         self.moves_left -= 1
         return rows if self.moves_left >= 0 else rows[: batch // 2]
 
-    def drop(self, ttl: timedelta) -> list[tuple[str, int]]:
+    def drop(self, ttl: timedelta) -> list[tuple[str, dict[str, int]]]:
         self.calls.append("drop")
-        return [("20260101", 5)]
+        return [("20260101", {"t": 3, "u": 2})]
 
     def delete_few(self, ttl: timedelta, batch: int) -> list[tuple[str, str]]:
         self.calls.append("delete")
@@ -132,3 +132,18 @@ def test_b2_retention_without_a_history_never_moves() -> None:
     )  # fmt: skip
     r.run_once()
     assert h.calls == ["delete"] and not r.behind
+
+
+def test_b2_t1_with_the_history_off_the_days_already_made_are_still_dropped_and_counted() -> None:
+    """history_after 0 (turned off, or a ttl under a week): nothing moves, and the days made while it
+    was on still go at the ttl; the jobs of a dropped day count as deleted, by topic."""
+    h = History(moves=5)
+    deleted: list[tuple[str, int]] = []
+    r = Retention(
+        3600, timedelta(days=1), 1000, h.delete_few, lambda t, n: deleted.append((t, n)),
+        logging.getLogger("r"), monotonic=lambda: h.now, pause=h.pause,
+        history=timedelta(0), move=h.move, drop=h.drop,
+    )  # fmt: skip
+    r.run_once()
+    assert h.calls == ["delete", "drop"] and not r.behind
+    assert deleted == [("t", 3), ("t", 3), ("u", 2)]

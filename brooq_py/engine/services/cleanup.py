@@ -79,9 +79,10 @@ FIRST_ROWS = 1000
 
 class Retention(Ticker):
     """Deletes batches while they come back full, paced, with no period's wait while a backlog lasts.
-    With a history (SPEC B2: *history* > 0 and *move*, *drop* given), each tick first moves the
-    terminal rows ended more than *history* ago to their days' tables, paced the same way, and drops
-    the days older than the ttl whole; what stays in the job table is deleted as before."""
+    With a history (SPEC B2: *history* > 0 and *move* given), each tick then moves the terminal rows
+    ended more than *history* ago to their days' tables, paced the same way. With *drop*, it drops
+    the days older than the ttl whole, the history on or not (days made while it was on go too);
+    each drop's jobs are counted as deleted."""
 
     name = "retention"
 
@@ -97,7 +98,7 @@ class Retention(Ticker):
         pause: Callable[[float], object] | None = None,
         history: timedelta = timedelta(0),
         move: Callable[[timedelta, timedelta, int], list[tuple[str, str]]] | None = None,
-        drop: Callable[[timedelta], list[tuple[str, int]]] | None = None,
+        drop: Callable[[timedelta], list[tuple[str, dict[str, int]]]] | None = None,
     ) -> None:
         super().__init__(period, log)
         self._monotonic = monotonic
@@ -108,7 +109,7 @@ class Retention(Ticker):
         self.batch = batch
         self._delete = delete
         self._on_deleted = on_deleted
-        self.history = history if move is not None and drop is not None else timedelta(0)
+        self.history = history if move is not None else timedelta(0)
         self._move = move
         self._drop = drop
         self.behind = False  # the last tick ended on its cap: more expired rows remain
@@ -158,15 +159,17 @@ class Retention(Ticker):
             for topic, n in total.items():
                 self._on_deleted(topic, n)
             self._drained.update(total)
-        if self._move is not None and self._drop is not None and self.history > timedelta(0):
+        if self._move is not None and self.history > timedelta(0):
             move = self._move
             moved: Counter[str] = Counter()
             try:
                 full = self._batches(lambda n: move(self.history, self.ttl, n), moved) or full
             finally:
                 self._moved.update(moved)
-            for day, jobs in self._drop(self.ttl):
-                self.log.info("retention: dropped the history of %s whole (%d jobs)", day, jobs)
+        for day, jobs in self._drop(self.ttl) if self._drop is not None else ():
+            for topic, n in jobs.items():
+                self._on_deleted(topic, n)
+            self.log.info("retention: dropped the history of %s whole (%d jobs)", day, sum(jobs.values()))
         if full and first:
             self.log.info("retention: a backlog of expired terminal jobs; deleting batch after batch")
         self.behind = full

@@ -189,7 +189,8 @@ def by_id(query: Query, job_id: Any) -> Plan[bool]:
 def retry(q: Queries, job_id: Any) -> Plan[bool]:
     """Put a dead or canceled job back to pending; False as ``by_id``, and when an active holder of its
     unique key committed meanwhile. A job in the terminal history goes back to the job table first
-    (SPEC B2); one that moved there while the retry waited for its row is looked for again, up to RETRY_PASSES times."""
+    (SPEC B2); one that moved there while the retry waited for its row is looked for again, up to
+    RETRY_PASSES times. Run whole (``drive(..., whole=True)``): a refused retry brings nothing back."""
     parsed = parse_id(job_id)
     if parsed is None:
         return False

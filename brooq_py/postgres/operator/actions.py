@@ -51,7 +51,7 @@ class Operator:
     def retry(self, job_id: str) -> bool:
         """Put a dead or canceled job back to pending (attempts 0, due now, last_error kept) and wake
         the engines of its topic; False for any other state and for unknown or malformed ids."""
-        return self.session.drive("retrying a job", retry(self._q, job_id))
+        return self.session.drive("retrying a job", retry(self._q, job_id), whole=True)
 
     def resume_sequence(self, topic: str, sequence: str) -> bool:
         """Release the sequence halted behind a dead member (which stays dead): the next member runs

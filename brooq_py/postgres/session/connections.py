@@ -127,13 +127,20 @@ class Session:
             run(self.q["session_bounds"], bounds)
             return run(query, params)
 
-    def drive(self, doing: str, plan: Plan[T]) -> T:
-        """Run *plan* in autocommit statements on a pool connection (none taken if it needs none)."""
+    def drive(self, doing: str, plan: Plan[T], whole: bool = False) -> T:
+        """Run *plan* in autocommit statements on a pool connection (none taken if it needs none);
+        *whole*: in one transaction, rolled back unless the plan answers a true value."""
         first, result = first_statement(plan)
         if first is None:
             return cast(T, result)  # a plan that needs no statement has ended
         with self.autocommit(doing) as conn:
-            return drive(plan, on_connection(conn), first)
+            if not whole:
+                return drive(plan, on_connection(conn), first)
+            with conn.transaction():
+                result = drive(plan, on_connection(conn), first)
+                if not result:
+                    raise psycopg.Rollback()
+            return result
 
     @contextmanager
     def begin(self) -> Iterator[WrapTx]:
@@ -190,13 +197,19 @@ class AsyncSession:
         async with self.autocommit(doing) as conn:
             return await on_async_connection(conn)(query, params)
 
-    async def drive(self, doing: str, plan: Plan[T]) -> T:
-        """Run *plan* in autocommit statements on a pool connection (none taken if it needs none)."""
+    async def drive(self, doing: str, plan: Plan[T], whole: bool = False) -> T:
+        """``Session.drive`` on the asyncio pool."""
         first, result = first_statement(plan)
         if first is None:
             return cast(T, result)  # a plan that needs no statement has ended
         async with self.autocommit(doing) as conn:
-            return await drive_async(plan, on_async_connection(conn), first)
+            if not whole:
+                return await drive_async(plan, on_async_connection(conn), first)
+            async with conn.transaction():
+                result = await drive_async(plan, on_async_connection(conn), first)
+                if not result:
+                    raise psycopg.Rollback()
+            return result
 
     @asynccontextmanager
     async def begin(self) -> AsyncIterator[AsyncWrapTx]:

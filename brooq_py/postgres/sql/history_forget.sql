@@ -12,4 +12,4 @@ WITH below AS (
 ), signals AS (
     DELETE FROM {job_signal} g USING {history} d WHERE g.job_id = d.id
 )
-SELECT count(*) FROM {history}
+SELECT topic, count(*) FROM {history} GROUP BY topic

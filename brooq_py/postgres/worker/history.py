@@ -38,10 +38,11 @@ LOCK_PAUSE = 0.05
 
 @dataclass(frozen=True)
 class Dropped:
-    """A day of history dropped: its day (YYYYMMDD), the jobs it held, those that went back to job."""
+    """A day of history dropped: its day (YYYYMMDD), the jobs it held by topic, how many went back
+    to job."""
 
     day: str
-    jobs: int
+    jobs: dict[str, int]
     kept: int
 
 
@@ -99,8 +100,7 @@ class History:
                 with self.session.autocommit("creating a table of history") as conn, conn.transaction():
                     run = on_connection(conn)
                     run(self._q["history_lock_wait"], {})
-                    run(self._q["history_create" + HISTORY + day], {})
-                    run(self._q["history_index" + HISTORY + day], {})
+                    run(self._q["history_create"], {"day": day})
             except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
                 pass  # another engine created it meanwhile
             except psycopg.errors.LockNotAvailable:
@@ -147,11 +147,11 @@ class History:
                     # Everything after the lock: an enqueue naming one of its rows as a parent, a retry
                     # of one, has committed (it held the table), and nothing reads the day meanwhile.
                     kept = len(run(self._q["history_keep" + HISTORY + day], {}))
-                    ((jobs,),) = run(self._q["history_forget" + HISTORY + day], {})
-                    run(self._q["history_drop" + HISTORY + day], {})
-                return Dropped(day, int(jobs), kept)
+                    jobs = {str(t): int(n) for t, n in run(self._q["history_forget" + HISTORY + day], {})}
+                    run(self._q["history_drop"], {"day": day})
+                return Dropped(day, jobs, kept)
             except psycopg.errors.LockNotAvailable:
                 continue
             except psycopg.errors.UndefinedTable:  # another engine dropped it meanwhile
-                return Dropped(day, 0, 0)
+                return Dropped(day, {}, 0)
         return None

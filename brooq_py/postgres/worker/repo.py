@@ -478,8 +478,8 @@ class WorkerRepo:
         history (worker/history.py); (id, topic) of each."""
         return self.history.move(after, ttl, batch)
 
-    def drop_history(self, ttl: timedelta) -> list[tuple[str, int]]:
-        """Drop the days of history older than *ttl* whole; (day, jobs) of each."""
+    def drop_history(self, ttl: timedelta) -> list[tuple[str, dict[str, int]]]:
+        """Drop the days of history older than *ttl* whole; (day, jobs by topic) of each."""
         return [(d.day, d.jobs) for d in self.history.drop(ttl)]
 
     def pass_dead(self, ids: Sequence[str], topics: Sequence[str] = ()) -> None:
