@@ -41,36 +41,13 @@ def _fill_active(conn: psycopg.Connection[Any], schema: str, active: int, topic:
     )
 
 
-def _has_create(conn: psycopg.Connection[Any], schema: str) -> bool:
-    """Whether the schema has migration 0025's job_history_create (bench/history_triggers.py's
-    other schema is at 0023)."""
-    found = conn.execute("SELECT to_regproc(%s)", (f'"{schema}".job_history_create',)).fetchone()
-    return found is not None and found[0] is not None
-
-
-def _create_0023(conn: psycopg.Connection[Any], schema: str, names: list[str]) -> None:
-    """The days' tables as 0023's engines made them (the bench runs as the owner of job)."""
-    for name in names:
-        table = sql.Identifier(schema, "job_history_" + name)
-        conn.execute(
-            sql.SQL(
-                "CREATE TABLE {} (CHECK (state IN ('done', 'dead', 'canceled')), CHECK (idempotency_key IS NULL),"
-                " PRIMARY KEY (id)) INHERITS ({})"
-            ).format(table, sql.Identifier(schema, "job"))
-        )
-        conn.execute(sql.SQL("CREATE INDEX ON {} (updated_at)").format(table))
-
-
 def _fill_history(
     store: Store, conn: psycopg.Connection[Any], schema: str, terminal: int, days: int
 ) -> list[str]:
     """*terminal* ended rows, as many a day over the *days* days before today (UTC)."""
     (today,) = conn.execute("SELECT (now() AT TIME ZONE 'UTC')::date").fetchone() or (None,)
     names = [(today - timedelta(days=d)).strftime("%Y%m%d") for d in range(1, days + 1)]
-    if _has_create(conn, schema):
-        store.worker.history.create(names)
-    else:
-        _create_0023(conn, schema, names)
+    store.worker.history.create(names)
     per_day = terminal // days
     for d, name in enumerate(names, start=1):
         conn.execute(

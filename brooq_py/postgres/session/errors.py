@@ -173,7 +173,7 @@ def not_migrated(schema: str) -> BrooqError:
 
 def behind(schema: str) -> BrooqError:
     return BrooqError(
-        f"schema {schema!r} is older than this brooq_py (a column or function it uses is missing): "
+        f"schema {schema!r} is older than this brooq_py (a column it writes is missing): "
         f"run `brooq-py migrate up --schema {schema}`"
     )
 
@@ -185,8 +185,9 @@ def _schema_error(schema: str, exc: BaseException) -> BrooqError | None:
         return None
     if _missing(exc) is not None:
         return behind(schema) if _a_later_table(exc) else not_migrated(schema)
-    later = (psycopg.errors.UndefinedColumn, psycopg.errors.UndefinedFunction)  # a function: 0025's
-    if isinstance(exc, later) or isinstance(exc.__cause__ or exc.__context__, later):
+    if isinstance(exc, psycopg.errors.UndefinedColumn) or isinstance(
+        exc.__cause__ or exc.__context__, psycopg.errors.UndefinedColumn
+    ):
         return behind(schema)
     return None
 

@@ -115,9 +115,6 @@ _TABLES = (
     "job_sequence_hold",
     "job_sequence_release",
     "job_sequence_resume",
-    # migration 0025: a day's table of history made and dropped as the owner of job
-    "job_history_create",
-    "job_history_drop",
 )
 
 
@@ -160,6 +157,7 @@ def render(name: str, schema: str, *, rows: bool = True, halts: bool = True) -> 
         live=_live(schema),
         job_literal=sql.Literal(sql.Identifier(schema, "job").as_string(None)),
         history=sql.Identifier(schema, history_table(day) if day else "job_history"),
+        history_index=sql.Identifier((history_table(day) if day else "job_history") + "_ended"),
     )
     args.update({k: sql.SQL(v if suffix else "") for k, v in _TENANT_FRAGMENTS.items()})
     args.update(
@@ -189,8 +187,11 @@ _COUNTED = frozenset(
         "signal_savepoint",
         "signal_savepoint_release",
         "signal_savepoint_rollback",
+        "history_create",
+        "history_index",
         "history_lock_table",
         "history_lock_wait",
+        "history_drop",
     }
 )
 

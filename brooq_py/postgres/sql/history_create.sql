@@ -1,12 +1,14 @@
 -- name: history_create
--- SPEC B2: the table of one day of terminal history (migration 0025's job_history_create, run as
--- the owner of job: engines may run as a role with DML grants only). It inherits job, so
--- `SELECT … FROM job` reads it (SPEC B3: every job, active or terminal, and a job's fate is one
--- SELECT of job) while the statements of the hot path name the job table alone ({live}: ONLY). Its
--- checks keep any other state out (an UPDATE of job that would make one of its rows active fails
--- instead of leaving it where no claim reads) and any idempotency key (a job with one never moves:
--- the key's lookups read the job table alone), and let a statement that asks for an active state or
--- a key skip it. Its primary key serves reads by id, its index on updated_at the lists of ended
--- jobs, newest first; it gets the grants job has. Idempotent: every engine may create the day's
--- table; one creates it, the others find it.
-SELECT {job_history_create}(%(day)s)
+-- SPEC B2: the table of one day of terminal history. It inherits job, so `SELECT … FROM job` reads
+-- it (SPEC B3: every job, active or terminal, and a job's fate is one SELECT of job) while the
+-- statements of the hot path name the job table alone ({live}: ONLY). Its checks keep any other
+-- state out (an UPDATE of job that would make one of its rows active fails instead of leaving it
+-- where no claim reads) and any idempotency key (a job with one never moves: the key's lookups read
+-- the job table alone), and let a statement that asks for an active state or a key skip it. Its primary key
+-- serves reads by id, its index on updated_at the lists of ended jobs, newest first.
+-- Idempotent: every engine may create the day's table; one creates it, the others find it.
+CREATE TABLE IF NOT EXISTS {history} (
+    CONSTRAINT job_history_terminal CHECK (state IN ('done', 'dead', 'canceled')),
+    CONSTRAINT job_history_keyless CHECK (idempotency_key IS NULL),
+    PRIMARY KEY (id)
+) INHERITS ({job})

@@ -14,6 +14,12 @@ claims, settles and heartbeats cost the same whatever the history holds.
   (edges, steps, signals) are deleted; then the table's lock, asked for without waiting (a waiting
   ACCESS EXCLUSIVE lock would hold up every reader of job behind it), a last look for rows to keep,
   and the DROP.
+
+A day's table is made and dropped by the engine, which PostgreSQL allows the owner of ``job`` alone
+(``CREATE TABLE … INHERITS``, ``DROP TABLE``). An engine running as another role (DML grants only)
+moves nothing and drops nothing: it says so in a warning each pass, and retention deletes the ended
+jobs from ``job`` at the ttl as it does with the history off. A table of a day's name that is not a
+child of ``job`` (made by hand or by another role) is never moved into.
 """
 
 from __future__ import annotations
@@ -26,10 +32,15 @@ from datetime import datetime, timedelta
 import psycopg
 
 from brooq_py.postgres.session.connections import Session
-from brooq_py.postgres.session.statements import HISTORY, uuid_array
+from brooq_py.postgres.session.statements import HISTORY, history_table, uuid_array
 from brooq_py.postgres.session.tx import on_connection
 
 log = logging.getLogger("brooq_py.history")
+
+NOT_OWNER = (
+    "history: %s: ended jobs stay in job until retention deletes them at the ttl (a day's table is "
+    "made and dropped by the owner of job: run the engines as that role, or set history_after to 0)"
+)
 
 # A day's drop asks for its table's lock without waiting, this many times, this many seconds apart.
 LOCK_TRIES = 20
@@ -59,9 +70,17 @@ class History:
 
     def move(self, after: timedelta, ttl: timedelta, batch: int) -> list[tuple[str, str]]:
         """Move at most *batch* terminal rows that ended between *ttl* and *after* ago into their
-        days' tables, creating those first; (id, topic) of each row moved."""
+        days' tables, creating those first; (id, topic) of each row moved. None for a role that may
+        not make a day's table or write it (the module's docstring)."""
         if after <= timedelta(0) or batch < 1:
             return []
+        try:
+            return self._move(after, ttl, batch)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            log.warning(NOT_OWNER, exc.diag.message_primary)
+            return []
+
+    def _move(self, after: timedelta, ttl: timedelta, batch: int) -> list[tuple[str, str]]:
         for _ in range(3):  # a day without its table: create it outside the batch's transaction
             try:
                 with self.session.autocommit("moving terminal jobs to history") as conn, conn.transaction():
@@ -100,13 +119,21 @@ class History:
                 with self.session.autocommit("creating a table of history") as conn, conn.transaction():
                     run = on_connection(conn)
                     run(self._q["history_lock_wait"], {})
-                    run(self._q["history_create"], {"day": day})
+                    run(self._q["history_create" + HISTORY + day], {})
+                    run(self._q["history_index" + HISTORY + day], {})
             except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
                 pass  # another engine created it meanwhile
             except psycopg.errors.LockNotAvailable:
                 log.info("history: the table of %s could not be created now (job is locked); next pass", day)
                 return False
-            self._tables.add(day)
+            self._tables.update(self.tables())  # the children of job: a table found of its name may be none
+            if day not in self._tables:
+                log.error(
+                    "history: a table named %s exists that is not a day of history (no child of job): "
+                    "the jobs of that day stay in job; drop or rename it",
+                    history_table(day),
+                )
+                return False
             log.info("history: created the table of %s", day)
         return True
 
@@ -126,7 +153,11 @@ class History:
         self._tables = {str(r[0]) for r in rows}
         dropped = []
         for day in (str(r[0]) for r in rows if r[1]):
-            done = self._drop(day)
+            try:
+                done = self._drop(day)
+            except psycopg.errors.InsufficientPrivilege as exc:
+                log.warning(NOT_OWNER, exc.diag.message_primary)
+                break
             if done is None:
                 log.info("history: the table of %s is in use; dropping it at the next pass", day)
                 continue
@@ -148,7 +179,7 @@ class History:
                     # of one, has committed (it held the table), and nothing reads the day meanwhile.
                     kept = len(run(self._q["history_keep" + HISTORY + day], {}))
                     jobs = {str(t): int(n) for t, n in run(self._q["history_forget" + HISTORY + day], {})}
-                    run(self._q["history_drop"], {"day": day})
+                    run(self._q["history_drop" + HISTORY + day], {})
                 return Dropped(day, jobs, kept)
             except psycopg.errors.LockNotAvailable:
                 continue
