@@ -16,10 +16,11 @@ claims, settles and heartbeats cost the same whatever the history holds.
   and the DROP.
 
 A day's table is made and dropped by the engine, which PostgreSQL allows the owner of ``job`` alone
-(``CREATE TABLE … INHERITS``, ``DROP TABLE``). An engine running as another role (DML grants only)
-moves nothing and drops nothing: it says so in a warning each pass, and retention deletes the ended
-jobs from ``job`` at the ttl as it does with the history off. A table of a day's name that is not a
-child of ``job`` (made by hand or by another role) is never moved into.
+(``CREATE TABLE … INHERITS``, ``DROP TABLE``). A day the engine cannot make, write or drop (its role
+does not own ``job``, nor the day; a table of the day's name that is no child of ``job``, made by
+hand or by another role, which is never touched) is refused for the Store's life, said once: its
+jobs stay in ``job`` and retention deletes them at the ttl as with the history off; the other days
+move and go as before.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ from brooq_py.postgres.session.tx import on_connection
 log = logging.getLogger("brooq_py.history")
 
 NOT_OWNER = (
-    "history: %s: ended jobs stay in job until retention deletes them at the ttl (a day's table is "
-    "made and dropped by the owner of job: run the engines as that role, or set history_after to 0)"
+    "history: the table of %s: %s; its ended jobs stay in job until retention deletes them at the "
+    "ttl (a day's table is made and dropped by the owner of job: run the engines as that role, or "
+    "set history_after to 0); said once a day"
 )
 
 # A day's drop asks for its table's lock without waiting, this many times, this many seconds apart.
@@ -57,6 +59,10 @@ class Dropped:
     kept: int
 
 
+class _NotADay(Exception):
+    """A table of a day's name that is no child of job."""
+
+
 class History:
     """The mover and the drop of one Store (module docstring)."""
 
@@ -64,24 +70,20 @@ class History:
         self.session = session
         self._q = session.q
         self._tables: set[str] = set()  # the days whose table is known to exist
+        self._refused: set[str] = set()  # days never moved into (the module's docstring)
+        self._undropped: set[str] = set()  # days this engine may not drop
         # The mover's mark: the end of the newest row it locked. Rows that ended before it and were
         # left (see history_lock.sql) are not read again; retention deletes them at the ttl.
         self._since: datetime | None = None
 
     def move(self, after: timedelta, ttl: timedelta, batch: int) -> list[tuple[str, str]]:
         """Move at most *batch* terminal rows that ended between *ttl* and *after* ago into their
-        days' tables, creating those first; (id, topic) of each row moved. None for a role that may
-        not make a day's table or write it (the module's docstring)."""
+        days' tables, creating those first; (id, topic) of each row moved. The rows of a refused day
+        stay in job (the module's docstring)."""
         if after <= timedelta(0) or batch < 1:
             return []
-        try:
-            return self._move(after, ttl, batch)
-        except psycopg.errors.InsufficientPrivilege as exc:
-            log.warning(NOT_OWNER, exc.diag.message_primary)
-            return []
-
-    def _move(self, after: timedelta, ttl: timedelta, batch: int) -> list[tuple[str, str]]:
-        for _ in range(3):  # a day without its table: create it outside the batch's transaction
+        for _ in range(4):  # a day without its table: create it outside the batch's transaction
+            day = ""
             try:
                 with self.session.autocommit("moving terminal jobs to history") as conn, conn.transaction():
                     run = on_connection(conn)
@@ -89,7 +91,7 @@ class History:
                     locked = run(self._q["history_lock"], params)
                     if not locked:
                         return []
-                    days = sorted({str(r[1]) for r in locked})
+                    days = sorted({str(r[1]) for r in locked} - self._refused)
                     missing = [d for d in days if d not in self._tables]
                     if not missing:
                         moved: list[tuple[str, str]] = []
@@ -103,14 +105,22 @@ class History:
                 self._tables.clear()  # what was known of the tables and of the rows left is forgotten
                 self._since = None
                 continue
+            except (psycopg.errors.InsufficientPrivilege, psycopg.errors.IntegrityError) as exc:
+                self._refuse(day, exc)  # a day this role may not write, or made by hand unlike ours
+                continue
             if not self.create(missing):
                 return []
         return []
 
+    def _refuse(self, day: str, exc: psycopg.Error) -> None:
+        """Never move into *day* again (the module's docstring), said once."""
+        self._refused.add(day)
+        log.warning(NOT_OWNER, day, exc.diag.message_primary)
+
     def create(self, days: list[str]) -> bool:
         """Create the tables of history of *days* (YYYYMMDD) that do not exist yet; False when one
         could not be made now (its lock on job, shared with VACUUM and ANALYZE, not had within a
-        second): the rows wait for the next pass."""
+        second): the rows wait for the next pass. A day it may not make is refused."""
         self._tables.update(self.tables())
         for day in days:
             if day in self._tables:
@@ -120,20 +130,27 @@ class History:
                     run = on_connection(conn)
                     run(self._q["history_lock_wait"], {})
                     run(self._q["history_create" + HISTORY + day], {})
+                    # the children of job: a table found of its name may be none, and is left as it is
+                    if day not in {str(r[0]) for r in run(self._q["history_tables"], {"ttl": "0"})}:
+                        raise _NotADay(history_table(day))
                     run(self._q["history_index" + HISTORY + day], {})
             except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
                 pass  # another engine created it meanwhile
             except psycopg.errors.LockNotAvailable:
                 log.info("history: the table of %s could not be created now (job is locked); next pass", day)
                 return False
-            self._tables.update(self.tables())  # the children of job: a table found of its name may be none
-            if day not in self._tables:
+            except psycopg.errors.InsufficientPrivilege as exc:
+                self._refuse(day, exc)
+                continue
+            except _NotADay as exc:
+                self._refused.add(day)
                 log.error(
                     "history: a table named %s exists that is not a day of history (no child of job): "
                     "the jobs of that day stay in job; drop or rename it",
-                    history_table(day),
+                    exc,
                 )
-                return False
+                continue
+            self._tables.add(day)
             log.info("history: created the table of %s", day)
         return True
 
@@ -152,12 +169,13 @@ class History:
         rows = self.session.run("reading the tables of history", self._q["history_tables"], {"ttl": ttl})
         self._tables = {str(r[0]) for r in rows}
         dropped = []
-        for day in (str(r[0]) for r in rows if r[1]):
+        for day in (str(r[0]) for r in rows if r[1] and str(r[0]) not in self._undropped):
             try:
                 done = self._drop(day)
             except psycopg.errors.InsufficientPrivilege as exc:
-                log.warning(NOT_OWNER, exc.diag.message_primary)
-                break
+                self._undropped.add(day)  # said once; its jobs stay until an engine that may drops it
+                log.warning(NOT_OWNER, day, exc.diag.message_primary)
+                continue
             if done is None:
                 log.info("history: the table of %s is in use; dropping it at the next pass", day)
                 continue
