@@ -150,8 +150,8 @@ class Retention(Ticker):
     def tick(self) -> None:
         self.behind = False  # a failing statement waits a period, never loops at once
         first = not self._drained and not self._moved  # no backlog reported yet
-        # First what is past the ttl, row by row and then by days: it never waits for the moves (nor
-        # for a move that fails)
+        # First what is past the ttl row by row: it never waits for the moves (nor for a move or a
+        # drop that fails)
         total: Counter[str] = Counter()
         try:
             full = self._batches(lambda n: self._delete(self.ttl, n), total)
@@ -159,17 +159,19 @@ class Retention(Ticker):
             for topic, n in total.items():
                 self._on_deleted(topic, n)
             self._drained.update(total)
-        for day, jobs in self._drop(self.ttl) if self._drop is not None else ():
-            for topic, n in jobs.items():
-                self._on_deleted(topic, n)
-            self.log.info("retention: dropped the history of %s whole (%d jobs)", day, sum(jobs.values()))
-        if self._move is not None and self.history > timedelta(0):
-            move = self._move
-            moved: Counter[str] = Counter()
-            try:
-                full = self._batches(lambda n: move(self.history, self.ttl, n), moved) or full
-            finally:
-                self._moved.update(moved)
+        try:
+            if self._move is not None and self.history > timedelta(0):
+                move = self._move
+                moved: Counter[str] = Counter()
+                try:
+                    full = self._batches(lambda n: move(self.history, self.ttl, n), moved) or full
+                finally:
+                    self._moved.update(moved)
+        finally:  # a failing move never keeps the days past the ttl, nor a failing drop the moves
+            for day, jobs in self._drop(self.ttl) if self._drop is not None else ():
+                for topic, n in jobs.items():
+                    self._on_deleted(topic, n)
+                self.log.info("retention: dropped the history of %s whole (%d jobs)", day, sum(jobs.values()))
         if full and first:
             self.log.info("retention: a backlog of expired terminal jobs; deleting batch after batch")
         self.behind = full

@@ -18,9 +18,10 @@ claims, settles and heartbeats cost the same whatever the history holds.
 A day's table is made and dropped by the engine, which PostgreSQL allows the owner of ``job`` alone
 (``CREATE TABLE … INHERITS``, ``DROP TABLE``). A day the engine cannot make, write or drop (its role
 does not own ``job``, nor the day; a table of the day's name that is no child of ``job``, made by
-hand or by another role, which is never touched) is refused for the Store's life, said once: its
-jobs stay in ``job`` and retention deletes them at the ttl as with the history off; the other days
-move and go as before.
+hand or by another role, which is never touched) is refused until the engine restarts, said once:
+its jobs stay in ``job`` and retention deletes them at the ttl as with the history off; the other
+days move and go as before. An engine whose role may not make a day's table at all (DML grants
+only) moves nothing from then on.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ log = logging.getLogger("brooq_py.history")
 NOT_OWNER = (
     "history: the table of %s: %s; its ended jobs stay in job until retention deletes them at the "
     "ttl (a day's table is made and dropped by the owner of job: run the engines as that role, or "
-    "set history_after to 0); said once a day"
+    "set history_after to 0); said once, until the engine restarts"
 )
 
 # A day's drop asks for its table's lock without waiting, this many times, this many seconds apart.
@@ -71,6 +72,7 @@ class History:
         self._q = session.q
         self._tables: set[str] = set()  # the days whose table is known to exist
         self._refused: set[str] = set()  # days never moved into (the module's docstring)
+        self._cannot_create = False  # its role may not make a day's table: it moves nothing
         self._undropped: set[str] = set()  # days this engine may not drop
         # The mover's mark: the end of the newest row it locked. Rows that ended before it and were
         # left (see history_lock.sql) are not read again; retention deletes them at the ttl.
@@ -80,18 +82,24 @@ class History:
         """Move at most *batch* terminal rows that ended between *ttl* and *after* ago into their
         days' tables, creating those first; (id, topic) of each row moved. The rows of a refused day
         stay in job (the module's docstring)."""
-        if after <= timedelta(0) or batch < 1:
+        if after <= timedelta(0) or batch < 1 or self._cannot_create:
             return []
         for _ in range(4):  # a day without its table: create it outside the batch's transaction
             day = ""
             try:
                 with self.session.autocommit("moving terminal jobs to history") as conn, conn.transaction():
                     run = on_connection(conn)
-                    params = {"after": after, "ttl": ttl, "since": self._since or "-infinity", "batch": batch}
+                    params = {
+                        "after": after,
+                        "ttl": ttl,
+                        "since": self._since or "-infinity",
+                        "batch": batch,
+                        "refused": sorted(self._refused),
+                    }
                     locked = run(self._q["history_lock"], params)
                     if not locked:
                         return []
-                    days = sorted({str(r[1]) for r in locked} - self._refused)
+                    days = sorted({str(r[1]) for r in locked})
                     missing = [d for d in days if d not in self._tables]
                     if not missing:
                         moved: list[tuple[str, str]] = []
@@ -105,7 +113,13 @@ class History:
                 self._tables.clear()  # what was known of the tables and of the rows left is forgotten
                 self._since = None
                 continue
-            except (psycopg.errors.InsufficientPrivilege, psycopg.errors.IntegrityError) as exc:
+            except (
+                psycopg.errors.InsufficientPrivilege,
+                psycopg.errors.NotNullViolation,
+                psycopg.errors.CheckViolation,
+            ) as exc:
+                if not day:  # not a day's: the batch's own statement (a grant missing elsewhere)
+                    raise
                 self._refuse(day, exc)  # a day this role may not write, or made by hand unlike ours
                 continue
             if not self.create(missing):
@@ -140,13 +154,14 @@ class History:
                 log.info("history: the table of %s could not be created now (job is locked); next pass", day)
                 return False
             except psycopg.errors.InsufficientPrivilege as exc:
-                self._refuse(day, exc)
-                continue
+                self._cannot_create = True  # no day can be made: nothing moves (said once)
+                log.warning(NOT_OWNER, day, exc.diag.message_primary)
+                return False
             except _NotADay as exc:
                 self._refused.add(day)
                 log.error(
                     "history: a table named %s exists that is not a day of history (no child of job): "
-                    "the jobs of that day stay in job; drop or rename it",
+                    "the jobs of that day stay in job; drop or rename it, then restart the engines",
                     exc,
                 )
                 continue
@@ -175,6 +190,9 @@ class History:
             except psycopg.errors.InsufficientPrivilege as exc:
                 self._undropped.add(day)  # said once; its jobs stay until an engine that may drops it
                 log.warning(NOT_OWNER, day, exc.diag.message_primary)
+                continue
+            except psycopg.Error as exc:  # this day's alone: the later days still go, it at the next pass
+                log.warning("history: dropping the table of %s failed (%s); next pass", day, exc)
                 continue
             if done is None:
                 log.info("history: the table of %s is in use; dropping it at the next pass", day)
