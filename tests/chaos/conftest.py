@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -110,14 +110,15 @@ def enqueue_parents(dsn: str, schema: str, payloads: list[dict[str, Any]]) -> se
     return {r.id for r in results}
 
 
-def held_by(dsn: str, schema: str, worker_id: str) -> int:
-    """How many jobs the engine *worker_id* holds (processing under its id)."""
+def held_by(dsn: str, schema: str, worker_id: str, among: Sequence[str] | None = None) -> int:
+    """How many jobs the engine *worker_id* holds (processing under its id), of *among* if given."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(
-            sql.SQL("SELECT count(*) FROM {}.job WHERE state = 'processing' AND locked_by = %s").format(
-                sql.Identifier(schema)
-            ),
-            [worker_id],
+            sql.SQL(
+                "SELECT count(*) FROM {}.job WHERE state = 'processing' AND locked_by = %s"
+                " AND (%s::uuid[] IS NULL OR id = ANY(%s::uuid[]))"
+            ).format(sql.Identifier(schema)),
+            [worker_id, among, among],
         ).fetchone()
     assert row is not None
     return int(row[0])

@@ -23,6 +23,7 @@ from tests.integration.pgbouncer import pgbouncer, pgbouncer_binary
 from tests.polling import wait_for
 
 LEASE = 2.0
+LONG_JOBS = 9  # more than the two engines' slots: the worker to be frozen gets some
 
 
 def test_f0_a_worker_stopped_for_two_leases_is_fenced_before_its_jobs_run_elsewhere_nothing_dead_or_twice(
@@ -30,12 +31,21 @@ def test_f0_a_worker_stopped_for_two_leases_is_fenced_before_its_jobs_run_elsewh
 ) -> None:
     rng = random.Random(11)
     payloads = [{**p, "fail_first": 0} for p in make_payloads(90, rng, sleep=(0.2, 0.6))]  # no failure
-    ids = enqueue_parents(dsn, chaos_schema, payloads)
+    for p in payloads[:LONG_JOBS]:  # first in claim order: still running when the worker wakes
+        p["sleep"] = 4 * LEASE
+    long_ids = enqueue_parents(dsn, chaos_schema, payloads[:LONG_JOBS])
+    ids = long_ids | enqueue_parents(dsn, chaos_schema, payloads[LONG_JOBS:])
     settings = {"workers": 3, "lease": LEASE, "reaper_period": 0.3, "max_attempts": 1}
     frozen = spawn(dsn, chaos_schema, **settings)
     frozen_id = f"chaos-{frozen.label}:{frozen.proc.pid}"
     other = spawn(dsn, chaos_schema, **settings)
-    wait_for(lambda: held_by(dsn, chaos_schema, frozen_id) > 0, "the worker to be frozen holding jobs", 30)
+    # A handler still running at the wake is fenced (the fence's log line); one whose job ended
+    # during the stall returns at the wake and its done is refused, whichever thread runs first.
+    wait_for(
+        lambda: held_by(dsn, chaos_schema, frozen_id, among=sorted(long_ids)) > 0,
+        "the worker to be frozen holding a long job",
+        30,
+    )
     os.killpg(frozen.proc.pid, signal.SIGSTOP)
     try:
         time.sleep(2 * LEASE)
