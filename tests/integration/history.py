@@ -4,12 +4,15 @@ waits for its row."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool
 
 from brooq_py.postgres import Store
@@ -99,3 +102,45 @@ def while_moving(
     mover.commit()
     t.join(30)
     return out, errors
+
+
+@contextmanager
+def app_role(dsn: str, schema: str, *, owner: bool = False, create: bool = False) -> Iterator[str]:
+    """A role of its own (unique name, dropped after) with DML on every object of *schema*, as an
+    application role gets where migrations run as the owner; *create*: CREATE on the schema too;
+    *owner*: it owns ``job`` as well, so it may make and drop the days of history."""
+    role = f"brooq_app_{uuid.uuid4().hex[:12]}"
+    s, r = sql.Identifier(schema), sql.Identifier(role)
+    statements = [
+        "CREATE ROLE {r} NOLOGIN",
+        "GRANT USAGE, CREATE ON SCHEMA {s} TO {r}" if create else "GRANT USAGE ON SCHEMA {s} TO {r}",
+        "GRANT ALL ON ALL TABLES IN SCHEMA {s} TO {r}",
+        "GRANT ALL ON ALL SEQUENCES IN SCHEMA {s} TO {r}",
+        "GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {s} TO {r}",
+    ]
+    if owner:
+        statements.append("ALTER TABLE {s}.job OWNER TO {r}")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for st in statements:
+            conn.execute(sql.SQL(st).format(s=s, r=r))
+    try:
+        yield role
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("REASSIGN OWNED BY {r} TO CURRENT_USER").format(r=r))
+            conn.execute(sql.SQL("DROP OWNED BY {r}").format(r=r))
+            conn.execute(sql.SQL("DROP ROLE {r}").format(r=r))
+
+
+@contextmanager
+def store_as(dsn: str, schema: str, role: str) -> Iterator[Store]:
+    """A Store whose pool's sessions run as *role* (SET ROLE from the test's superuser)."""
+    options = conninfo_to_dict(dsn).get("options") or ""
+    role_dsn = make_conninfo(dsn, options=f"{options} -c role={role}".strip())
+    p: ConnectionPool[Any] = ConnectionPool(role_dsn, min_size=1, max_size=4, open=True)
+    s = Store(p, schema=schema)
+    try:
+        yield s
+    finally:
+        s.close()
+        p.close()

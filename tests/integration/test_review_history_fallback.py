@@ -6,23 +6,20 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool
 
 from brooq_py.engine import Engine
 from brooq_py.postgres import Store
 from brooq_py.queue import Job
 from tests.integration.conftest import q
-from tests.integration.history import AFTER, TTL, days, ended, move, short, where
+from tests.integration.history import AFTER, TTL, app_role, days, ended, move, short, store_as, where
 from tests.polling import wait_for
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -53,48 +50,6 @@ def _same_end(dsn: str, schema: str, ids: list[str], like: str) -> None:
 def _exec(dsn: str, statement: sql.Composed, params: Any = None) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(statement, params)
-
-
-@contextmanager
-def _role(dsn: str, schema: str, owner: bool) -> Iterator[str]:
-    """A role of its own (unique name, dropped after): DML on every object of *schema*, as an
-    application role gets where migrations run as the owner; *owner*: it owns ``job`` as well, so
-    it may make and drop the days of history."""
-    role = f"brooq_rev3_{uuid.uuid4().hex[:12]}"
-    s, r = sql.Identifier(schema), sql.Identifier(role)
-    statements = [
-        "CREATE ROLE {r} NOLOGIN",
-        "GRANT USAGE, CREATE ON SCHEMA {s} TO {r}",
-        "GRANT ALL ON ALL TABLES IN SCHEMA {s} TO {r}",
-        "GRANT ALL ON ALL SEQUENCES IN SCHEMA {s} TO {r}",
-        "GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {s} TO {r}",
-    ]
-    if owner:
-        statements.append("ALTER TABLE {s}.job OWNER TO {r}")
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for st in statements:
-            conn.execute(sql.SQL(st).format(s=s, r=r))
-    try:
-        yield role
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("REASSIGN OWNED BY {r} TO CURRENT_USER").format(r=r))
-            conn.execute(sql.SQL("DROP OWNED BY {r}").format(r=r))
-            conn.execute(sql.SQL("DROP ROLE {r}").format(r=r))
-
-
-@contextmanager
-def _store_as(dsn: str, schema: str, role: str) -> Iterator[Store]:
-    """A Store whose pool's sessions run as *role* (SET ROLE from the test's superuser)."""
-    options = conninfo_to_dict(dsn).get("options") or ""
-    role_dsn = make_conninfo(dsn, options=f"{options} -c role={role}".strip())
-    p: ConnectionPool[Any] = ConnectionPool(role_dsn, min_size=1, max_size=4, open=True)
-    s = Store(p, schema=schema)
-    try:
-        yield s
-    finally:
-        s.close()
-        p.close()
 
 
 # -- B2: one day the mover may not write holds back every later day ---------------------------
@@ -133,7 +88,7 @@ def test_b2_a_day_the_owner_of_job_may_not_write_does_not_hold_back_the_moves_of
     catches InsufficientPrivilege, warns and returns [] for the whole batch. The batch is the
     oldest rows first and the mark is not advanced, so every pass takes that day's rows again and
     today's jobs, whose table the engine made itself, never leave job."""
-    with _role(dsn, schema, owner=True) as role, _store_as(dsn, schema, role) as engine_store:
+    with app_role(dsn, schema, owner=True, create=True) as role, store_as(dsn, schema, role) as engine_store:
         x = store.enqueue(Job("h", {"n": "x"})).id
         ended(dsn, schema, [x], "done", days_ago=2)
         assert [i for i, _ in move(store)] == [x]  # the other role's day (the test's superuser)
@@ -155,7 +110,7 @@ def test_t1_a_day_the_engine_may_not_drop_does_not_keep_the_days_it_made_itself(
     """History.drop catches InsufficientPrivilege and *breaks*: the days after the first refused
     one are never tried. An engine that owns job and made a day itself keeps it (and its jobs)
     forever once an older day made by another role sits before it, past the ttl (SPEC T1)."""
-    with _role(dsn, schema, owner=True) as role, _store_as(dsn, schema, role) as engine_store:
+    with app_role(dsn, schema, owner=True, create=True) as role, store_as(dsn, schema, role) as engine_store:
         a = store.enqueue(Job("h", {"n": "a"})).id
         ended(dsn, schema, [a], "done", days_ago=40)
         assert [i for i, _ in store.move_terminal(AFTER, timedelta(days=100), 10)] == [
@@ -228,7 +183,7 @@ def test_t1_an_engine_that_may_not_drop_a_day_still_removes_its_jobs_at_the_ttl(
     assert [i for i, _ in store.move_terminal(AFTER, timedelta(days=100), 10)] == [a]  # the owner's day
     marker = store.enqueue(Job("h", {"n": "m"})).id
     ended(dsn, schema, [marker], "done", days_ago=40)  # past the ttl, in job
-    with _role(dsn, schema, owner=False) as role, _store_as(dsn, schema, role) as app:
+    with app_role(dsn, schema, create=True) as role, store_as(dsn, schema, role) as app:
         e = engines(app, retention_period=0.2)  # the default ttl (30 days) and history (an hour)
         e.register_kind("x", lambda ctx, claim: None)
         e.start()
@@ -260,8 +215,8 @@ def test_b2_the_mover_leaves_a_strangers_table_as_it_was_and_names_it(
     with contextlib.ExitStack() as stack:
         mover = store  # the test's role made the table
         if made_by == "another-role":  # the engine's role owns job; the test's role made the table
-            role = stack.enter_context(_role(dsn, schema, owner=True))
-            mover = stack.enter_context(_store_as(dsn, schema, role))
+            role = stack.enter_context(app_role(dsn, schema, owner=True, create=True))
+            mover = stack.enter_context(store_as(dsn, schema, role))
         _exec(
             dsn,
             sql.SQL("CREATE TABLE {} (LIKE {})").format(
@@ -289,8 +244,8 @@ def test_b2_an_engine_that_may_not_make_days_says_so_without_a_line_every_pass(
     job_id = store.enqueue(Job("h", {"n": 1})).id
     ended(dsn, schema, [job_id], "done")
     with (
-        _role(dsn, schema, owner=False) as role,
-        _store_as(dsn, schema, role) as app,
+        app_role(dsn, schema, create=True) as role,
+        store_as(dsn, schema, role) as app,
         caplog.at_level(logging.WARNING, logger="brooq_py.history"),
     ):
         for _ in range(20):  # twenty passes of the mover

@@ -5,23 +5,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool
 
 from brooq_py.engine.services.cleanup import Retention
 from brooq_py.postgres import Store
 from brooq_py.queue import Job
 from tests.integration.conftest import q
-from tests.integration.history import AFTER, TTL, days, ended, move, short, where
+from tests.integration.history import AFTER, TTL, app_role, days, ended, move, short, store_as, where
 
 # -- helpers ------------------------------------------------------------------------------------
 
@@ -98,42 +94,6 @@ def _tick(r: Retention) -> None:
     """One pass, as the Ticker runs it: a failure is logged and the next pass comes."""
     with contextlib.suppress(Exception):
         r.tick()
-
-
-@contextmanager
-def _role(dsn: str, schema: str) -> Iterator[str]:
-    """An application role of its own (unique name, dropped after) with DML on the schema."""
-    role = f"brooq_rev4_{uuid.uuid4().hex[:12]}"
-    s, r = sql.Identifier(schema), sql.Identifier(role)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for st in (
-            "CREATE ROLE {r} NOLOGIN",
-            "GRANT USAGE ON SCHEMA {s} TO {r}",
-            "GRANT ALL ON ALL TABLES IN SCHEMA {s} TO {r}",
-            "GRANT ALL ON ALL SEQUENCES IN SCHEMA {s} TO {r}",
-            "GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {s} TO {r}",
-        ):
-            conn.execute(sql.SQL(st).format(s=s, r=r))
-    try:
-        yield role
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("REASSIGN OWNED BY {r} TO CURRENT_USER").format(r=r))
-            conn.execute(sql.SQL("DROP OWNED BY {r}").format(r=r))
-            conn.execute(sql.SQL("DROP ROLE {r}").format(r=r))
-
-
-@contextmanager
-def _store_as(dsn: str, schema: str, role: str) -> Iterator[Store]:
-    options = conninfo_to_dict(dsn).get("options") or ""
-    role_dsn = make_conninfo(dsn, options=f"{options} -c role={role}".strip())
-    p: ConnectionPool[Any] = ConnectionPool(role_dsn, min_size=1, max_size=4, open=True)
-    s = Store(p, schema=schema)
-    try:
-        yield s
-    finally:
-        s.close()
-        p.close()
 
 
 # -- B2: a refused day still holds back the later days -----------------------------------------
@@ -299,14 +259,14 @@ def test_b2_a_refusal_of_the_batchs_lock_is_said_once_and_names_a_day(
     times a pass, every pass (docs/operating.md: "said once", "a warning naming the day")."""
     j = store.enqueue(Job("h", {"n": 1})).id
     ended(dsn, schema, [j], "done")
-    with _role(dsn, schema) as role:
+    with app_role(dsn, schema) as role:
         _exec(
             dsn,
             sql.SQL("REVOKE ALL ON {} FROM {}").format(
                 sql.Identifier(schema, "job_sequence_halt"), sql.Identifier(role)
             ),
         )
-        with _store_as(dsn, schema, role) as app, caplog.at_level(logging.WARNING, logger="brooq_py.history"):
+        with store_as(dsn, schema, role) as app, caplog.at_level(logging.WARNING, logger="brooq_py.history"):
             for _ in range(5):  # five passes of the mover
                 with contextlib.suppress(psycopg.Error):
                     app.move_terminal(AFTER, TTL, 10)
