@@ -31,11 +31,11 @@ def between_phases(store: Store, hook: Callable[[], None]) -> Iterator[None]:
     original = history._drop
     fired: list[int] = []
 
-    def patched(day: str) -> Any:
+    def patched(day: str, statement: str) -> Any:
         if not fired:
             fired.append(1)
             hook()
-        return original(day)
+        return original(day, statement)
 
     history._drop = patched  # type: ignore[method-assign]
     try:

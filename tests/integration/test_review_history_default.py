@@ -230,7 +230,7 @@ def test_b2_an_engine_whose_role_does_not_own_job_stays_healthy_with_the_history
         e.register_kind("x", lambda ctx, claim: None)
         e.start()
         wait_for(lambda: store.get(expired) is None, "retention's first pass (its delete)", 60)
-        wait_for(lambda: "must be owner of table job" in caplog.text, "the mover's warning", 30)
+        wait_for(lambda: "may not make a day's table" in caplog.text, "the mover's warning", 30)
         deadline = time.monotonic() + 3  # a few more passes: never unhealthy meanwhile
         while time.monotonic() < deadline:
             h = e.health()

@@ -101,6 +101,37 @@ def test_b2_a_day_the_owner_of_job_may_not_write_does_not_hold_back_the_moves_of
         assert where(pool, schema, z) != "job", "today's job never left job"
 
 
+def test_b2_a_day_granted_later_moves_at_the_next_pass_and_was_said_once_meanwhile(
+    dsn: str, schema: str, store: Store, pool: ConnectionPool[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """What the role may do with a day is read from the catalog at every pass: a day it may not
+    write is passed (said once, however many passes) until an operator grants it, and moves at the
+    pass after the grant, without a restart."""
+    with app_role(dsn, schema, owner=True, create=True) as role, store_as(dsn, schema, role) as engine_store:
+        x = store.enqueue(Job("h", {"n": "x"})).id
+        ended(dsn, schema, [x], "done", days_ago=2)
+        assert [i for i, _ in move(store)] == [x]  # the test's role makes the day: no grant to *role*
+        table = where(pool, schema, x)
+        y = store.enqueue(Job("h", {"n": "y"})).id
+        _same_end(dsn, schema, [y], like=x)
+        with caplog.at_level(logging.WARNING, logger="brooq_py.history"):
+            for _ in range(5):
+                assert engine_store.move_terminal(AFTER, TTL, 10) == []
+        assert where(pool, schema, y) == "job"
+        said = [
+            r for r in caplog.records if r.name == "brooq_py.history" and "may not write" in r.getMessage()
+        ]
+        assert len(said) == 1, [r.getMessage() for r in caplog.records]
+        _exec(
+            dsn,
+            sql.SQL("GRANT INSERT, SELECT ON {} TO {}").format(
+                sql.Identifier(schema, str(table)), sql.Identifier(role)
+            ),
+        )
+        assert [i for i, _ in engine_store.move_terminal(AFTER, TTL, 10)] == [y]
+        assert where(pool, schema, y) == table
+
+
 # -- T1: one day that may not be dropped keeps every later day ---------------------------------
 
 
@@ -159,11 +190,6 @@ def test_t1_a_move_that_fails_does_not_keep_the_days_past_the_ttl(
     wait_for(lambda: expired not in days(pool, schema), "the day past the ttl to be dropped", 30)
 
 
-@pytest.mark.xfail(
-    reason="known limit (docs/operating.md, Terminal history): a day made while the engines ran as "
-    "the owner of job is dropped only by an engine running as the owner, or by hand",
-    strict=True,
-)
 def test_t1_an_engine_that_may_not_drop_a_day_still_removes_its_jobs_at_the_ttl(
     dsn: str,
     schema: str,
@@ -171,13 +197,9 @@ def test_t1_an_engine_that_may_not_drop_a_day_still_removes_its_jobs_at_the_ttl(
     pool: ConnectionPool[Any],
     engines: Callable[..., Engine],
 ) -> None:
-    """docs/operating.md: engines running as a role with DML grants only "move and drop nothing
-    ... and retention deletes ended jobs from job at the ttl, as with the history off". With the
-    history off a day already made is dropped at the ttl; here it is not, and the delete reads ONLY
-    job: the jobs of every day made before (the owner's engines of the default, before the switch to
-    an application role) outlive the ttl forever (SPEC T1), though this role may DELETE them (its
-    grants cover the day). Each pass it locks the day ACCESS EXCLUSIVE, does its keep and forget,
-    and rolls all back at the DROP."""
+    """SPEC T1: a day made while the engines ran as the owner of job (before the switch to an
+    application role with DML grants only) still loses its jobs at the ttl: this role may not drop
+    it, but may delete its rows, and does (the empty table stays for its owner to drop)."""
     a = store.enqueue(Job("h", {"n": "a"})).id
     ended(dsn, schema, [a], "done", days_ago=40)
     assert [i for i, _ in store.move_terminal(AFTER, timedelta(days=100), 10)] == [a]  # the owner's day

@@ -1,5 +1,5 @@
 """Review of "History: a day refused is refused alone, said once; drops before moves" (SPEC B2, T1).
-Each test here failed on the change as reviewed; two are known limits (expected failures)."""
+Each test here failed on the change as reviewed; one is a known limit (an expected failure)."""
 
 from __future__ import annotations
 
@@ -152,11 +152,9 @@ def test_b2_the_rows_of_a_refused_day_are_passed_a_batch_a_retention_period(
 def test_b2_one_row_already_in_a_days_table_does_not_refuse_the_whole_day(
     dsn: str, schema: str, store: Store, pool: ConnectionPool[Any]
 ) -> None:
-    """move() takes any IntegrityError as "a day made by hand unlike ours" and refuses the day for
-    the Store's life. One id in both job and the day's table (psql: a job copied back by hand)
-    makes a UniqueViolation, and every job that ends that day (today: all of them, for the
-    engine's life) stays in job, the hot path, until the ttl; the warning tells the operator to run
-    the engines as the owner of job, which they are."""
+    """One id in both job and the day's table (psql: a job copied back by hand) makes a
+    UniqueViolation of the day's move: the whole batch fails, pass after pass, and the jobs locked
+    with it (today's: the day the copy went back to) stay in job until the duplicate is removed."""
     a = store.enqueue(Job("h", {"n": "a"})).id
     ended(dsn, schema, [a], "done")
     assert [i for i, _ in move(store)] == [a]
@@ -176,16 +174,11 @@ def test_b2_one_row_already_in_a_days_table_does_not_refuse_the_whole_day(
     assert [where(pool, schema, i) for i in others] == [short(table)] * 3, "the whole day was refused"
 
 
-@pytest.mark.xfail(
-    reason="documented (docs/operating.md, the error's text): a refused day stays refused until the "
-    "engine restarts",
-    strict=True,
-)
 def test_b2_a_strangers_table_dropped_as_the_error_says_lets_its_day_move(
     dsn: str, schema: str, store: Store, pool: ConnectionPool[Any], caplog: Any
 ) -> None:
-    """The error says "drop or rename it"; once the operator has, the day stays refused for the
-    Store's life: its jobs stay in job until the engines restart (said nowhere) or the ttl."""
+    """The error says "drop or rename it"; once the operator has, the day moves at the next pass,
+    without a restart: what the role may do with a day is read from the catalog at every pass."""
     j = store.enqueue(Job("h", {"n": "j"})).id
     ended(dsn, schema, [j], "done")
     day = str(

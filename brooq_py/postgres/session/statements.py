@@ -192,6 +192,7 @@ _COUNTED = frozenset(
         "history_lock_table",
         "history_lock_wait",
         "history_drop",
+        "history_empty",
     }
 )
 

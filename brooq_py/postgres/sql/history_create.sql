@@ -6,8 +6,10 @@
 -- where no claim reads) and any idempotency key (a job with one never moves: the key's lookups read
 -- the job table alone), and let a statement that asks for an active state or a key skip it. Its primary key
 -- serves reads by id, its index on updated_at the lists of ended jobs, newest first.
--- Idempotent: every engine may create the day's table; one creates it, the others find it.
-CREATE TABLE IF NOT EXISTS {history} (
+-- Every engine may try to make the day's table: one makes it, the others fail (a duplicate table,
+-- or a unique violation of the catalog) and find it made. A table of the name found already, made
+-- by anyone, is left as it is (history_tables.sql says whether it is a day).
+CREATE TABLE {history} (
     CONSTRAINT job_history_terminal CHECK (state IN ('done', 'dead', 'canceled')),
     CONSTRAINT job_history_keyless CHECK (idempotency_key IS NULL),
     PRIMARY KEY (id)

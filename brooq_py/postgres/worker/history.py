@@ -16,12 +16,13 @@ claims, settles and heartbeats cost the same whatever the history holds.
   and the DROP.
 
 A day's table is made and dropped by the engine, which PostgreSQL allows the owner of ``job`` alone
-(``CREATE TABLE … INHERITS``, ``DROP TABLE``). A day the engine cannot make, write or drop (its role
-does not own ``job``, nor the day; a table of the day's name that is no child of ``job``, made by
-hand or by another role, which is never touched) is refused until the engine restarts, said once:
-its jobs stay in ``job`` and retention deletes them at the ttl as with the history off; the other
-days move and go as before. An engine whose role may not make a day's table at all (DML grants
-only) moves nothing from then on.
+(``CREATE TABLE … INHERITS``, ``DROP TABLE``). What the engine's role may do with each day is read
+from the catalog at every pass (``sql/history_tables.sql``), never remembered: the mover takes no
+row of a day it may not make or write (a table of the day's name that is no child of ``job``, made
+by hand or by another role, is never touched), and those rows stay in ``job``, deleted at the ttl as
+with the history off; a day past the ttl that it may not drop but may delete from (made while the
+engines ran as the owner) is emptied row by row. A grant, an owner or a table changed by an operator
+counts from the next pass; what stands in the way is logged once, and again if it comes back.
 """
 
 from __future__ import annotations
@@ -39,10 +40,9 @@ from brooq_py.postgres.session.tx import on_connection
 
 log = logging.getLogger("brooq_py.history")
 
-NOT_OWNER = (
-    "history: the table of %s: %s; its ended jobs stay in job until retention deletes them at the "
-    "ttl (a day's table is made and dropped by the owner of job: run the engines as that role, or "
-    "set history_after to 0); said once, until the engine restarts"
+CANNOT = (
+    "history: %s: its ended jobs stay in job until retention deletes them at the ttl (a day's table "
+    "is made and dropped by the owner of job: run the engines as that role, or set history_after to 0)"
 )
 
 # A day's drop asks for its table's lock without waiting, this many times, this many seconds apart.
@@ -51,17 +51,25 @@ LOCK_PAUSE = 0.05
 
 
 @dataclass(frozen=True)
+class Day:
+    """A table of a day's name and what this engine's role may do with it (sql/history_tables.sql)."""
+
+    day: str  # YYYYMMDD
+    ours: bool
+    writable: bool
+    owned: bool
+    emptiable: bool
+    past: bool
+
+
+@dataclass(frozen=True)
 class Dropped:
-    """A day of history dropped: its day (YYYYMMDD), the jobs it held by topic, how many went back
-    to job."""
+    """A day of history dropped (or emptied): its day (YYYYMMDD), the jobs it held by topic, how many
+    went back to job."""
 
     day: str
     jobs: dict[str, int]
     kept: int
-
-
-class _NotADay(Exception):
-    """A table of a day's name that is no child of job."""
 
 
 class History:
@@ -70,140 +78,135 @@ class History:
     def __init__(self, session: Session) -> None:
         self.session = session
         self._q = session.q
-        self._tables: set[str] = set()  # the days whose table is known to exist
-        self._refused: set[str] = set()  # days never moved into (the module's docstring)
-        self._cannot_create = False  # its role may not make a day's table: it moves nothing
-        self._undropped: set[str] = set()  # days this engine may not drop
+        self._said: set[tuple[str, str]] = set()  # what stands in the way, logged once while it lasts
         # The mover's mark: the end of the newest row it locked. Rows that ended before it and were
         # left (see history_lock.sql) are not read again; retention deletes them at the ttl.
         self._since: datetime | None = None
 
     def move(self, after: timedelta, ttl: timedelta, batch: int) -> list[tuple[str, str]]:
         """Move at most *batch* terminal rows that ended between *ttl* and *after* ago into their
-        days' tables, creating those first; (id, topic) of each row moved. The rows of a refused day
-        stay in job (the module's docstring)."""
-        if after <= timedelta(0) or batch < 1 or self._cannot_create:
+        days' tables, making those first; (id, topic) of each row moved. The rows of a day this role
+        may not make or write stay in job (the module's docstring)."""
+        if after <= timedelta(0) or batch < 1:
             return []
-        for _ in range(4):  # a day without its table: create it outside the batch's transaction
-            day = ""
+        for _ in range(4):  # a day without its table: make it outside the batch's transaction, look again
+            days, creatable = self._look(timedelta(0))
+            self._say(
+                ("create", ""), not creatable, logging.WARNING, CANNOT, "this role may not make a day's table"
+            )
+            made = {d.day for d in days}
+            params = {
+                "after": after,
+                "ttl": ttl,
+                "since": self._since or "-infinity",
+                "batch": batch,
+                "open": [d.day for d in days if d.ours and d.writable],
+                "made": sorted(made),
+                "creatable": creatable,
+            }
             try:
                 with self.session.autocommit("moving terminal jobs to history") as conn, conn.transaction():
                     run = on_connection(conn)
-                    params = {
-                        "after": after,
-                        "ttl": ttl,
-                        "since": self._since or "-infinity",
-                        "batch": batch,
-                        "refused": sorted(self._refused),
-                    }
                     locked = run(self._q["history_lock"], params)
                     if not locked:
                         return []
-                    days = sorted({str(r[1]) for r in locked})
-                    missing = [d for d in days if d not in self._tables]
+                    missing = sorted({str(r[1]) for r in locked} - made)
                     if not missing:
                         moved: list[tuple[str, str]] = []
-                        for day in days:
+                        for day in sorted({str(r[1]) for r in locked}):
                             ids = uuid_array([str(r[0]) for r in locked if r[1] == day])
                             rows = run(self._q["history_move" + HISTORY + day], {"ids": ids})
                             moved.extend((str(r[0]), str(r[1])) for r in rows)
                         self._since = max(r[2] for r in locked)
                         return moved
             except psycopg.errors.UndefinedTable:  # dropped since it was seen (a downgrade, an operator):
-                self._tables.clear()  # what was known of the tables and of the rows left is forgotten
-                self._since = None
-                continue
-            except (
-                psycopg.errors.InsufficientPrivilege,
-                psycopg.errors.NotNullViolation,
-                psycopg.errors.CheckViolation,
-            ) as exc:
-                if not day:  # not a day's: the batch's own statement (a grant missing elsewhere)
-                    raise
-                self._refuse(day, exc)  # a day this role may not write, or made by hand unlike ours
+                self._since = None  # the rows left before the mark are read again
                 continue
             if not self.create(missing):
                 return []
+            self._since = None  # a day without its table may hold rows put back before the mark (a downgrade)
         return []
 
-    def _refuse(self, day: str, exc: psycopg.Error) -> None:
-        """Never move into *day* again (the module's docstring), said once."""
-        self._refused.add(day)
-        log.warning(NOT_OWNER, day, exc.diag.message_primary)
-
     def create(self, days: list[str]) -> bool:
-        """Create the tables of history of *days* (YYYYMMDD) that do not exist yet; False when one
-        could not be made now (its lock on job, shared with VACUUM and ANALYZE, not had within a
-        second): the rows wait for the next pass. A day it may not make is refused."""
-        self._tables.update(self.tables())
+        """Make the tables of history of *days* (YYYYMMDD); False when one could not be made now (its
+        lock on job, shared with VACUUM and ANALYZE, not had within a second): the rows wait for the
+        next pass. A table of the name made meanwhile, by another engine or anyone, is left as it is."""
         for day in days:
-            if day in self._tables:
-                continue
             try:
                 with self.session.autocommit("creating a table of history") as conn, conn.transaction():
                     run = on_connection(conn)
                     run(self._q["history_lock_wait"], {})
                     run(self._q["history_create" + HISTORY + day], {})
-                    # the children of job: a table found of its name may be none, and is left as it is
-                    if day not in {str(r[0]) for r in run(self._q["history_tables"], {"ttl": "0"})}:
-                        raise _NotADay(history_table(day))
                     run(self._q["history_index" + HISTORY + day], {})
             except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
-                pass  # another engine created it meanwhile
+                continue  # the next look says whether it is a day
             except psycopg.errors.LockNotAvailable:
                 log.info("history: the table of %s could not be created now (job is locked); next pass", day)
                 return False
-            except psycopg.errors.InsufficientPrivilege as exc:
-                self._cannot_create = True  # no day can be made: nothing moves (said once)
-                log.warning(NOT_OWNER, day, exc.diag.message_primary)
-                return False
-            except _NotADay as exc:
-                self._refused.add(day)
-                log.error(
-                    "history: a table named %s exists that is not a day of history (no child of job): "
-                    "the jobs of that day stay in job; drop or rename it, then restart the engines",
-                    exc,
-                )
-                continue
-            self._tables.add(day)
             log.info("history: created the table of %s", day)
         return True
 
-    def tables(self) -> list[str]:
-        """The days (YYYYMMDD) that have a table of history."""
-        rows = self.session.run("reading the tables of history", self._q["history_tables"], {"ttl": "0"})
-        return [str(r[0]) for r in rows]
-
     def drop(self, ttl: timedelta) -> list[Dropped]:
-        """Drop every day's table whose rows all ended more than *ttl* ago: under the table's lock,
-        asked for without waiting (LOCK_TRIES times, LOCK_PAUSE apart), its rows that retention keeps
-        go back to job, what names its other jobs is deleted, and the table goes. A table in use (a
-        long reader of job) is left for the next pass."""
+        """Drop every day's table whose rows all ended more than *ttl* ago (empty it, when this role
+        may delete its rows but not drop it): under the table's lock, asked for without waiting
+        (LOCK_TRIES times, LOCK_PAUSE apart), its rows that retention keeps go back to job, what names
+        its other jobs is deleted, and the table goes. A table in use (a long reader of job) is left
+        for the next pass."""
         if ttl <= timedelta(0):
             return []
-        rows = self.session.run("reading the tables of history", self._q["history_tables"], {"ttl": ttl})
-        self._tables = {str(r[0]) for r in rows}
         dropped = []
-        for day in (str(r[0]) for r in rows if r[1] and str(r[0]) not in self._undropped):
-            try:
-                done = self._drop(day)
-            except psycopg.errors.InsufficientPrivilege as exc:
-                self._undropped.add(day)  # said once; its jobs stay until an engine that may drops it
-                log.warning(NOT_OWNER, day, exc.diag.message_primary)
+        for day in self._look(ttl)[0]:
+            if not (day.ours and day.past):
                 continue
+            stuck = not (day.owned or day.emptiable)
+            self._say(("drop", day.day), stuck, logging.WARNING, CANNOT, f"this role may not drop {day.day}")
+            if stuck:
+                continue
+            try:
+                done = self._drop(day.day, "history_drop" if day.owned else "history_empty")
             except psycopg.Error as exc:  # this day's alone: the later days still go, it at the next pass
-                log.warning("history: dropping the table of %s failed (%s); next pass", day, exc)
+                log.warning("history: dropping the table of %s failed (%s); next pass", day.day, exc)
                 continue
             if done is None:
-                log.info("history: the table of %s is in use; dropping it at the next pass", day)
-                continue
-            self._tables.discard(day)
-            if done.jobs or done.kept:
+                log.info("history: the table of %s is in use; dropping it at the next pass", day.day)
+            elif done.jobs or done.kept:
                 dropped.append(done)
         return dropped
 
-    def _drop(self, day: str) -> Dropped | None:
-        """One day's drop (``drop``); None when its table was never locked."""
+    def _look(self, ttl: timedelta) -> tuple[list[Day], bool]:
+        """The tables of days and whether this role may make one (sql/history_tables.sql); what stands
+        in the way of a day is logged once while it lasts."""
+        rows = self.session.run("reading the tables of history", self._q["history_tables"], {"ttl": ttl})
+        days = [Day(str(r[0]), *(bool(v) for v in r[1:6])) for r in rows if r[0] is not None]
+        for d in days:
+            self._say(
+                ("stranger", d.day),
+                not d.ours,
+                logging.ERROR,
+                "history: a table named %s exists that is not a day of history (no child of job as the "
+                "engine makes them): the jobs of that day stay in job until the ttl; drop or rename it",
+                history_table(d.day),
+            )
+            self._say(
+                ("write", d.day),
+                d.ours and not d.writable,
+                logging.WARNING,
+                CANNOT,
+                f"this role may not write {d.day}",
+            )
+        return days, bool(rows and rows[0][6])
+
+    def _say(self, what: tuple[str, str], stands: bool, level: int, msg: str, *args: object) -> None:
+        """Log *msg* once while *stands* holds; again if it holds again after it did not."""
+        if not stands:
+            self._said.discard(what)
+        elif what not in self._said:
+            self._said.add(what)
+            log.log(level, msg, *args)
+
+    def _drop(self, day: str, statement: str) -> Dropped | None:
+        """One day's drop (``drop``), by *statement* (history_drop, or history_empty); None when its
+        table was never locked."""
         for attempt in range(LOCK_TRIES):
             if attempt:
                 time.sleep(LOCK_PAUSE)
@@ -215,7 +218,7 @@ class History:
                     # of one, has committed (it held the table), and nothing reads the day meanwhile.
                     kept = len(run(self._q["history_keep" + HISTORY + day], {}))
                     jobs = {str(t): int(n) for t, n in run(self._q["history_forget" + HISTORY + day], {})}
-                    run(self._q["history_drop" + HISTORY + day], {})
+                    run(self._q[statement + HISTORY + day], {})
                 return Dropped(day, jobs, kept)
             except psycopg.errors.LockNotAvailable:
                 continue
