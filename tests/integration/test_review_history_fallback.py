@@ -274,3 +274,24 @@ def test_b2_an_engine_that_may_not_make_days_says_so_without_a_line_every_pass(
             assert app.move_terminal(AFTER, TTL, 10) == []
     warnings = [r for r in caplog.records if r.name == "brooq_py.history" and r.levelno == logging.WARNING]
     assert 1 <= len(warnings) <= 2, f"{len(warnings)} warnings in 20 passes"
+
+
+def test_b2_a_table_named_as_no_date_breaks_no_pass(
+    dsn: str, schema: str, store: Store, pool: ConnectionPool[Any]
+) -> None:
+    """Any role with CREATE on the schema may make job_history_20261399: the catalog's look reads
+    every table of a day's name, and must not fail on one whose name is no date."""
+    _exec(
+        dsn,
+        sql.SQL("CREATE TABLE {} (LIKE {})").format(
+            sql.Identifier(schema, "job_history_20261399"), sql.Identifier(schema, "job")
+        ),
+    )
+    old = store.enqueue(Job("h", {"n": "old"})).id
+    ended(dsn, schema, [old], "done", days_ago=40)
+    assert [i for i, _ in store.move_terminal(AFTER, timedelta(days=100), 10)] == [old]
+    store.drop_history(TTL)
+    assert store.get(old) is None
+    j = store.enqueue(Job("h", {"n": "j"})).id
+    ended(dsn, schema, [j], "done")
+    assert [i for i, _ in move(store)] == [j]

@@ -8,7 +8,8 @@
 --     is never written, emptied nor dropped;
 --   writable: the mover may insert into it and read back what it inserted;
 --   owned: the role may drop it (its owner's alone); emptiable: it may delete its rows instead;
---   past: its every row ended more than %(ttl)s ago (its day ended before; a ttl of 0: no).
+--   past: its every row ended more than %(ttl)s ago (its day ended before the day of now - ttl;
+--     a ttl of 0: no).
 -- And on every row, whether the role may make a day (CREATE TABLE … INHERITS is the owner's of
 -- job, in a schema it may create in): a row of its own, day NULL, when no table exists.
 SELECT t.day, t.ours, t.writable, t.owned, t.emptiable, t.past, p.creatable
@@ -29,9 +30,9 @@ LEFT JOIN LATERAL (
            has_table_privilege(c.oid, 'INSERT') AND has_table_privilege(c.oid, 'SELECT') AS writable,
            pg_has_role(c.relowner, 'USAGE') AS owned,
            has_table_privilege(c.oid, 'DELETE') AND has_table_privilege(c.oid, 'SELECT') AS emptiable,
+           -- compared as text: a name that is no date (job_history_20261399) is never an error
            %(ttl)s::interval > interval '0'
-           AND (to_date(substr(c.relname, 13), 'YYYYMMDD') + 1)::timestamp AT TIME ZONE 'UTC'
-               < now() - %(ttl)s::interval AS past
+           AND substr(c.relname, 13) < to_char((now() - %(ttl)s::interval) AT TIME ZONE 'UTC', 'YYYYMMDD') AS past
     FROM pg_class c
     WHERE c.relnamespace = p.relnamespace AND c.relname ~ '^job_history_[0-9]{{8}}$'
 ) AS t ON true
