@@ -10,6 +10,7 @@ import inspect
 import json
 import logging
 import os
+import select
 import signal
 import sys
 import threading
@@ -153,13 +154,20 @@ class StrayTopics:
 class _Signals:
     """SIGTERM/SIGINT ask for a stop; a second SIGINT during the stop exits at once. The handler only
     sets a flag: one that took a lock (an Event's, logging's) could wait for ever on a lock the main
-    thread held when the signal came (seen: a process that ignored SIGTERM until killed)."""
+    thread held when the signal came (seen: a process that ignored SIGTERM until killed). The wait
+    is woken by the interpreter itself, which writes a byte to a pipe as a signal comes
+    (``signal.set_wakeup_fd``), whichever thread it lands on."""
 
     def __init__(self) -> None:
         self.requested: str | None = None  # the signal's name, once one came
+        self._woken: int | None = None  # the pipe's end the interpreter's byte arrives at
 
     def install(self) -> None:
         if threading.current_thread() is threading.main_thread():
+            self._woken, wake = os.pipe()
+            for fd in (self._woken, wake):
+                os.set_blocking(fd, False)
+            signal.set_wakeup_fd(wake, warn_on_full_buffer=False)
             signal.signal(signal.SIGTERM, self._handle)
             signal.signal(signal.SIGINT, self._handle)
 
@@ -171,10 +179,13 @@ class _Signals:
             os._exit(130)
 
     def wait(self, timeout: float) -> bool:
-        """Whether a stop was asked for within *timeout* seconds (sleeps: no lock a handler could meet)."""
-        end = time.monotonic() + timeout
-        while self.requested is None and time.monotonic() < end:
-            time.sleep(0.05)
+        """Whether a stop was asked for within *timeout* seconds (no lock a handler could meet)."""
+        if self.requested is None:
+            if self._woken is None:  # not installed (not the main thread): no signal comes here
+                time.sleep(timeout)
+            elif select.select([self._woken], [], [], timeout)[0]:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self._woken, 64)  # the handler has run by now: it runs between bytecodes
         if self.requested is not None:
             log.info("%s received: stopping gracefully (a second SIGINT exits at once)", self.requested)
         return self.requested is not None
