@@ -1,10 +1,12 @@
-"""Helpers of the take-in tests (test_claim_take_in.py, test_take_in_stop.py): a handler of each
-shape that records its runs, the cancels an engine hears, and a launch stalled after the hold."""
+"""Helpers of the take-in tests (test_claim_take_in.py, test_take_in_*.py): a handler of each shape
+that records its runs, the cancels an engine hears, a take-in stalled before the hold and a launch
+stalled after it, a row's state, the dispatchers joined."""
 
 from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from psycopg_pool import ConnectionPool
@@ -69,6 +71,42 @@ def hear_cancels(e: Engine, jobs: list[str]) -> tuple[threading.Event, list[Base
 
     e.intake.on_cancel = on_cancel  # type: ignore[method-assign]
     return heard, errors
+
+
+def job_state(pool: ConnectionPool[Any], schema: str, job: str) -> tuple[Any, ...]:
+    """The row's state, attempts, crashes and last error."""
+    return q(pool, schema, "SELECT state, attempts, crashes, last_error FROM {job} WHERE id = %s", job)[0]
+
+
+def join_dispatchers() -> None:
+    """Wait for the dispatchers still running (a stalled take-in let go) to end."""
+    for t in [t for t in threading.enumerate() if t.name == "brooq-dispatcher"]:
+        t.join(30)
+
+
+@dataclasses.dataclass
+class Gate:
+    """A take-in stalled before the hold: ``entered`` once it waits, until ``go`` (or *seconds*)."""
+
+    entered: threading.Event = dataclasses.field(default_factory=threading.Event)
+    go: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+
+def stall_take_in(e: Engine, when: str | Callable[[Any], bool], seconds: float = 60) -> Gate:
+    """Make the first take-in of a row *when* names (a topic: its rows; else a test of the row) wait
+    before the hold until the gate's ``go``."""
+    gate = Gate()
+    real = e.intake.take_in
+    match = (lambda row: row.topic == when) if isinstance(when, str) else when
+
+    def take_in(row: Any, *rest: Any, **kw: Any) -> Any:
+        if not gate.entered.is_set() and match(row):
+            gate.entered.set()
+            gate.go.wait(seconds)
+        return real(row, *rest, **kw)
+
+    e.intake.take_in = take_in  # type: ignore[method-assign]
+    return gate
 
 
 @dataclasses.dataclass

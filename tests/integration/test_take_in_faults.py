@@ -18,18 +18,17 @@ from brooq_py.engine import Engine
 from brooq_py.engine.attempt.outcome import Phase
 from brooq_py.postgres import Store
 from brooq_py.queue import Claim, Context, Job, KindOptions, State
-from tests.integration.conftest import q, wait_listening
-from tests.integration.take_in import fault_after_hold, hear_cancels, poisoned_job, register
+from tests.integration.conftest import wait_listening
+from tests.integration.take_in import (
+    fault_after_hold,
+    hear_cancels,
+    job_state,
+    join_dispatchers,
+    poisoned_job,
+    register,
+    stall_take_in,
+)
 from tests.polling import wait_for
-
-
-def _join_dispatchers() -> None:
-    for t in [t for t in threading.enumerate() if t.name == "brooq-dispatcher"]:
-        t.join(30)
-
-
-def _state(pool: ConnectionPool[Any], schema: str, job: str) -> tuple[Any, ...]:
-    return q(pool, schema, "SELECT state, attempts, crashes, last_error FROM {job} WHERE id = %s", job)[0]
 
 
 def _hung(e: Engine, topic: str) -> float:
@@ -119,15 +118,17 @@ def test_c1_take_in_raising_after_a_cancel_reached_the_held_attempt(
         wait_listening(pool, schema)
         f = store.enqueue(Job(topic, {"n": 0})).id
         wait_for(lambda: faulted, "the fault", 30)
-        wait_for(lambda: _state(pool, schema, f)[0] == "canceled", "the canceled row written", 30)
+        wait_for(lambda: job_state(pool, schema, f)[0] == "canceled", "the canceled row written", 30)
         time.sleep(1.0)  # past the watchdog's grace (0.3 s): its verdict on the never-run attempt is in
         jobs2 = [store.enqueue(Job(work, {"n": i})).id for i in range(3)]
-        wait_for(lambda: all(_state(pool, schema, j)[0] == "done" for j in jobs2), "work done", 60)
+        wait_for(lambda: all(job_state(pool, schema, j)[0] == "done" for j in jobs2), "work done", 60)
         g = store.enqueue(Job(topic, {"n": 1})).id
         try:
-            wait_for(lambda: _state(pool, schema, g)[0] == "done", "the next job of the topic run", 15)
+            wait_for(lambda: job_state(pool, schema, g)[0] == "done", "the next job of the topic run", 15)
         except AssertionError as exc:
-            problems.append(f"Q2: {exc} (row {_state(pool, schema, g)}, capacity {dict(e.capacity._active)})")
+            problems.append(
+                f"Q2: {exc} (row {job_state(pool, schema, g)}, capacity {dict(e.capacity._active)})"
+            )
     finally:
         stop.set()
     if peak.peak > 1:
@@ -188,13 +189,15 @@ def test_c1_take_in_raising_after_the_watchdog_gave_the_held_attempt_up(
     try:
         f = store.enqueue(Job(faulty, {})).id
         wait_for(lambda: faulted, "the fault", 30)
-        wait_for(lambda: _state(pool, schema, f)[0] != "processing", "the given-up attempt written", 30)
+        wait_for(lambda: job_state(pool, schema, f)[0] != "processing", "the given-up attempt written", 30)
         jobs = [store.enqueue(Job(work, {"n": i})).id for i in range(3)]
-        wait_for(lambda: all(_state(pool, schema, j)[0] == "done" for j in jobs), "work done", 60)
+        wait_for(lambda: all(job_state(pool, schema, j)[0] == "done" for j in jobs), "work done", 60)
         try:
-            wait_for(lambda: _state(pool, schema, f)[0] == "done", "the faulted job retried and done", 20)
+            wait_for(lambda: job_state(pool, schema, f)[0] == "done", "the faulted job retried and done", 20)
         except AssertionError as exc:
-            problems.append(f"Q2: {exc} (row {_state(pool, schema, f)}, capacity {dict(e.capacity._active)})")
+            problems.append(
+                f"Q2: {exc} (row {job_state(pool, schema, f)}, capacity {dict(e.capacity._active)})"
+            )
     finally:
         stop.set()
     if peak.peak > 1:
@@ -235,32 +238,18 @@ def test_l5_a_poisoned_rows_hand_over_raising_never_leaves_it_held_and_processin
     wait_for(lambda: faulted, "the fault", 30)
     try:
         wait_for(
-            lambda: _state(pool, schema, job)[0] != "processing",
+            lambda: job_state(pool, schema, job)[0] != "processing",
             "the poisoned row out of processing (dead, or reaped and dead later)",
             20,  # over six leases
         )
     except AssertionError as exc:
         held = [(a.id, a.phase) for a in e.inflight.held()]
-        raise AssertionError(f"{exc}: row {_state(pool, schema, job)}, held {held}") from None
-    wait_for(lambda: _state(pool, schema, job)[0] == "dead", "dead in the end", 30)
+        raise AssertionError(f"{exc}: row {job_state(pool, schema, job)}, held {held}") from None
+    wait_for(lambda: job_state(pool, schema, job)[0] == "dead", "dead in the end", 30)
     assert runs == []
 
 
 # --- 3. the hold closed at stop ----------------------------------------------------------------------
-
-
-def _stall_take_in(e: Engine, topic: str) -> tuple[threading.Event, threading.Event]:
-    entered, go = threading.Event(), threading.Event()
-    real = e.intake.take_in
-
-    def take_in(row: Any, *rest: Any, **kw: Any) -> Any:
-        if row.topic == topic and not entered.is_set():
-            entered.set()
-            go.wait(60)  # stalled in the take-in, before the hold
-        return real(row, *rest, **kw)
-
-    e.intake.take_in = take_in  # type: ignore[method-assign]
-    return entered, go
 
 
 def test_l5_c11_a_poisoned_row_taken_in_after_stop_is_handed_back_once_and_ends_dead_unrun(
@@ -273,7 +262,7 @@ def test_l5_c11_a_poisoned_row_taken_in_after_stop_is_handed_back_once_and_ends_
     runs: list[Any] = []
     e = engines(lease=6, workers=2, watchdog_grace=0.3)
     register(e, topic, "sync", runs, KindOptions(concurrency=2))
-    entered, go = _stall_take_in(e, topic)
+    gate = stall_take_in(e, topic)
     ended: list[str] = []
     real_ended = e.capacity.ended
 
@@ -285,15 +274,15 @@ def test_l5_c11_a_poisoned_row_taken_in_after_stop_is_handed_back_once_and_ends_
     e.start()
     job = poisoned_job(store, pool, schema, topic)
     try:
-        assert entered.wait(30)
+        assert gate.entered.wait(30)
         t0 = time.monotonic()
         e.stop(timeout=0.5)
         took = time.monotonic() - t0
     finally:
-        go.set()
-    _join_dispatchers()
-    wait_for(lambda: _state(pool, schema, job)[0] != "processing", "handed back", 30)
-    row = _state(pool, schema, job)
+        gate.go.set()
+    join_dispatchers()
+    wait_for(lambda: job_state(pool, schema, job)[0] != "processing", "handed back", 30)
+    row = job_state(pool, schema, job)
     assert took <= 0.5 + 0.3 + 5, f"C11'': {took:.1f}s"
     assert row[:3] == ("pending", 0, 3), f"handed back unrun, attempt given back, no crash: {row}"
     assert ended == [topic], f"its room given back once: {ended}"
@@ -303,7 +292,7 @@ def test_l5_c11_a_poisoned_row_taken_in_after_stop_is_handed_back_once_and_ends_
     other = engines(lease=6)
     register(other, topic, "sync", other_runs)
     other.start()
-    wait_for(lambda: _state(pool, schema, job)[0] == "dead", "dead at its next claim", 30)
+    wait_for(lambda: job_state(pool, schema, job)[0] == "dead", "dead at its next claim", 30)
     assert runs == [] and other_runs == []
 
 
@@ -317,7 +306,7 @@ def test_c11_a_refused_take_ins_give_back_failing_leaves_the_row_to_the_reaper(
     runs: list[Any] = []
     e = engines(lease=3, workers=1, watchdog_grace=0.3)
     register(e, topic, "sync", runs)
-    entered, go = _stall_take_in(e, topic)
+    gate = stall_take_in(e, topic)
     real_repo = e.intake.repo
     failed: list[Any] = []
 
@@ -334,14 +323,14 @@ def test_c11_a_refused_take_ins_give_back_failing_leaves_the_row_to_the_reaper(
     e.start()
     job = store.enqueue(Job(topic, {"n": 0})).id
     try:
-        assert entered.wait(30)
+        assert gate.entered.wait(30)
         e.stop(timeout=0.5)
         e.intake.repo = FailingSettle()  # type: ignore[assignment]
     finally:
-        go.set()
-    _join_dispatchers()
+        gate.go.set()
+    join_dispatchers()
     assert failed, "the hand-back was tried"
-    assert _state(pool, schema, job)[0] == "processing"
+    assert job_state(pool, schema, job)[0] == "processing"
     elsewhere: list[Any] = []
     other = engines(lease=3)
     register(other, topic, "sync", elsewhere, result="elsewhere")
@@ -380,10 +369,10 @@ def test_c11_stop_while_the_dispatcher_is_stuck_in_its_claim_statement(
         took = time.monotonic() - t0
     finally:
         go.set()
-    _join_dispatchers()
-    wait_for(lambda: _state(pool, schema, job)[0] != "processing", "handed back", 30)
+    join_dispatchers()
+    wait_for(lambda: job_state(pool, schema, job)[0] != "processing", "handed back", 30)
     assert took <= 0.5 + 0.3 + 5, f"C11'': {took:.1f}s"
-    assert _state(pool, schema, job)[:3] == ("pending", 0, 0)
+    assert job_state(pool, schema, job)[:3] == ("pending", 0, 0)
     assert runs == []
     assert e._slots is not None and e._slots.free == e.config.workers
 
@@ -407,8 +396,8 @@ def test_run_once_after_stop_holds_and_runs_its_claims(
     poisoned = poisoned_job(store, pool, schema, topic)
     assert e.run_once() == 2
     assert [j for j, _ in runs] == [job]
-    assert _state(pool, schema, job)[0] == "done"
-    assert _state(pool, schema, poisoned)[0] == "dead"
+    assert job_state(pool, schema, job)[0] == "done"
+    assert job_state(pool, schema, poisoned)[0] == "dead"
     assert e.inflight.held() == [] and e.inflight.running() == []
 
 
@@ -438,8 +427,8 @@ def test_q2_poisoned_rows_between_normal_ones_never_let_a_topic_past_its_concurr
     e.start()
     wait_for(
         lambda: (
-            all(_state(pool, schema, j)[0] == "dead" for j in poisoned)
-            and all(_state(pool, schema, j)[0] == "done" for j in normal)
+            all(job_state(pool, schema, j)[0] == "dead" for j in poisoned)
+            and all(job_state(pool, schema, j)[0] == "done" for j in normal)
         ),
         "all settled",
         60,
@@ -490,10 +479,10 @@ def test_c11_take_in_raising_after_the_stops_cancel_gives_the_row_back(
     finally:
         go.set()
     stopper.join(30)
-    _join_dispatchers()
-    wait_for(lambda: _state(pool, schema, job)[0] != "processing", "written", 30)
+    join_dispatchers()
+    wait_for(lambda: job_state(pool, schema, job)[0] != "processing", "written", 30)
     assert took and took[0] <= 0.5 + 1.0 + 5, f"C11'': {took}"
-    assert _state(pool, schema, job)[:3] == ("pending", 0, 0), _state(pool, schema, job)
+    assert job_state(pool, schema, job)[:3] == ("pending", 0, 0), job_state(pool, schema, job)
     assert runs == []
 
 
@@ -525,15 +514,15 @@ def test_q3_a_global_limit_comes_back_after_poisoned_rows_and_a_raised_take_in(
     e.start()
     wait_for(
         lambda: (
-            all(_state(pool, schema, j)[0] == "dead" for j in poisoned)
-            and all(_state(pool, schema, j)[0] == "done" for j in normal)
+            all(job_state(pool, schema, j)[0] == "dead" for j in poisoned)
+            and all(job_state(pool, schema, j)[0] == "done" for j in normal)
         ),
         "all settled",
         60,
     )
     assert faulted
     more = [store.enqueue(Job(topic, {"n": 10 + i})).id for i in range(3)]
-    wait_for(lambda: all(_state(pool, schema, j)[0] == "done" for j in more), "still claiming", 30)
+    wait_for(lambda: all(job_state(pool, schema, j)[0] == "done" for j in more), "still claiming", 30)
     assert peak.peak <= 1, f"Q3: {peak.peak} at once under a limit of 1"
     assert e._slots is not None
     wait_for(lambda: e._slots is not None and e._slots.free == e.config.workers, "slots back", 10)
@@ -556,11 +545,11 @@ def test_a_take_in_raising_after_the_hold_never_kills_a_job_whose_handler_never_
     e.start()
     job = store.enqueue(Job(topic, {"n": 0})).id
     wait_for(lambda: faulted, "the fault", 30)
-    wait_for(lambda: _state(pool, schema, job)[0] != "processing", "written", 30)
+    wait_for(lambda: job_state(pool, schema, job)[0] != "processing", "written", 30)
     deadline = time.monotonic() + 10
     while not runs and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert runs, f"the job's handler never ran: row {_state(pool, schema, job)}"
+    assert runs, f"the job's handler never ran: row {job_state(pool, schema, job)}"
 
 
 # --- 9. a batch kind waiting in the batcher at stop, beside a take-in refused -------------------------
@@ -573,33 +562,24 @@ def test_c11_a_batch_waiting_at_stop_runs_while_a_later_take_in_is_handed_back(
     runs: list[Any] = []
     e = engines(lease=6, workers=3, watchdog_grace=0.5)
     register(e, topic, "batch-wait", runs, batch_wait=30)
-    entered, go = threading.Event(), threading.Event()
-    real = e.intake.take_in
     first: list[str] = []
-
-    def take_in(row: Any, *rest: Any, **kw: Any) -> Any:
-        if first and row.id != first[0] and not entered.is_set():
-            entered.set()
-            go.wait(60)
-        return real(row, *rest, **kw)
-
-    e.intake.take_in = take_in  # type: ignore[method-assign]
+    gate = stall_take_in(e, lambda row: bool(first) and row.id != first[0])
     e.start()
     first.append(store.enqueue(Job(topic, {"n": 0})).id)
     wait_for(lambda: e.runner.batcher.waiting(topic) == 1, "the first job waiting in the batcher", 30)
     second = store.enqueue(Job(topic, {"n": 1})).id
     try:
-        assert entered.wait(30)
+        assert gate.entered.wait(30)
         t0 = time.monotonic()
         e.stop(timeout=2)
         took = time.monotonic() - t0
     finally:
-        go.set()
-    _join_dispatchers()
-    wait_for(lambda: _state(pool, schema, second)[0] != "processing", "handed back", 30)
+        gate.go.set()
+    join_dispatchers()
+    wait_for(lambda: job_state(pool, schema, second)[0] != "processing", "handed back", 30)
     assert took <= 2 + 0.5 + 5, f"C11'': {took:.1f}s"
-    assert _state(pool, schema, first[0])[0] == "done"
-    assert _state(pool, schema, second)[:3] == ("pending", 0, 0)
+    assert job_state(pool, schema, first[0])[0] == "done"
+    assert job_state(pool, schema, second)[:3] == ("pending", 0, 0)
     assert [j for j, _ in runs] == [first[0]]
     assert e._slots is not None and e._slots.free == e.config.workers
 
@@ -648,7 +628,7 @@ def test_c11_run_once_during_a_stop_claims_nothing(
     finally:
         release.set()
     stopper.join(30)
-    row = _state(pool, schema, job)
+    row = job_state(pool, schema, job)
     assert (n, once_runs) == (0, []), (
         f"C11: run_once() claimed {n} and ran {once_runs} on a stopping engine (row now {row})"
     )

@@ -18,20 +18,20 @@ from brooq_py.engine import Engine
 from brooq_py.engine.attempt.outcome import Phase
 from brooq_py.postgres import Store
 from brooq_py.queue import Claim, Context, Event, Job, KindOptions, State
-from tests.integration.conftest import q, wait_listening
-from tests.integration.take_in import fault_after_hold, hear_cancels, poisoned_job, register, stall_launch
+from tests.integration.conftest import wait_listening
+from tests.integration.take_in import (
+    fault_after_hold,
+    hear_cancels,
+    job_state,
+    join_dispatchers,
+    poisoned_job,
+    register,
+    stall_launch,
+    stall_take_in,
+)
 from tests.polling import wait_for
 
 SHAPES = ["sync", "async", "batch", "batch-wait"]
-
-
-def _state(pool: ConnectionPool[Any], schema: str, job: str) -> tuple[Any, ...]:
-    return q(pool, schema, "SELECT state, attempts, crashes, last_error FROM {job} WHERE id = %s", job)[0]
-
-
-def _join_dispatchers() -> None:
-    for t in [t for t in threading.enumerate() if t.name == "brooq-dispatcher"]:
-        t.join(30)
 
 
 def _metric(e: Engine, name: str, *labels: str) -> float:
@@ -74,16 +74,16 @@ def test_a_give_back_whose_hand_over_fails_never_leaves_the_row_processing_while
     wait_for(lambda: failed, "the fault and the failed give-back", 30)
     try:
         wait_for(
-            lambda: _state(pool, schema, job)[0] != "processing",
+            lambda: job_state(pool, schema, job)[0] != "processing",
             "the row out of processing (given back, or reaped)",
             20,  # over six leases
         )
     except AssertionError as exc:
         held = [(a.id, a.phase, a.handler) for a in e.inflight.held()]
         raise AssertionError(
-            f"{exc}: row {_state(pool, schema, job)}, still held {held}, dropped {e.inflight.dropped()}"
+            f"{exc}: row {job_state(pool, schema, job)}, still held {held}, dropped {e.inflight.dropped()}"
         ) from None
-    wait_for(lambda: _state(pool, schema, job)[0] == "done", "run in the end", 30)
+    wait_for(lambda: job_state(pool, schema, job)[0] == "done", "run in the end", 30)
     assert [j for j, _ in runs] == [job]
 
 
@@ -116,14 +116,14 @@ def test_l5_poisoned_take_in_raising_before_its_dead_outcome_never_holds_the_row
     wait_for(lambda: faulted, "the fault", 30)
     try:
         wait_for(
-            lambda: _state(pool, schema, job)[0] != "processing",
+            lambda: job_state(pool, schema, job)[0] != "processing",
             "the poisoned row out of processing (dead, or reaped and dead later)",
             20,
         )
     except AssertionError as exc:
         held = [(a.id, a.phase) for a in e.inflight.held()]
-        raise AssertionError(f"{exc}: row {_state(pool, schema, job)}, held {held}") from None
-    wait_for(lambda: _state(pool, schema, job)[0] == "dead", "dead in the end", 30)
+        raise AssertionError(f"{exc}: row {job_state(pool, schema, job)}, held {held}") from None
+    wait_for(lambda: job_state(pool, schema, job)[0] == "dead", "dead in the end", 30)
     assert runs == []
 
 
@@ -162,7 +162,7 @@ def test_bd1_an_unrun_member_of_a_gathering_batch_is_left_out_and_the_others_run
 
     e.inflight.canceled_before = canceled_before  # type: ignore[method-assign]
     e.start()
-    wait_for(lambda: all(_state(pool, schema, j)[0] == "done" for j in jobs), "all three done", 60)
+    wait_for(lambda: all(job_state(pool, schema, j)[0] == "done" for j in jobs), "all three done", 60)
     wait_for(lambda: e.inflight.running() == [] and e.inflight.held() == [], "nothing left", 30)
     ran = [r for c in calls for r in c]
     assert faulted
@@ -172,7 +172,7 @@ def test_bd1_an_unrun_member_of_a_gathering_batch_is_left_out_and_the_others_run
     wait_for(lambda: e._slots is not None and e._slots.free == e.config.workers, "slots back", 10)
     assert dict(e.capacity._active) == {}
     assert _metric(e, "hung", topic) == 0 and e.health().hung == 0
-    assert _state(pool, schema, jobs[1])[:3] == ("done", 1, 0)
+    assert job_state(pool, schema, jobs[1])[:3] == ("done", 1, 0)
 
 
 # --- 4. every shape: what lands in the row, the events and the counters ---------------------------
@@ -194,11 +194,11 @@ def test_an_unrun_take_in_writes_a_requeue_once_and_counts_nothing_else(
     faulted = fault_after_hold(e, topic)
     e.start()
     job = store.enqueue(Job(topic, {"n": 0})).id
-    wait_for(lambda: _state(pool, schema, job)[0] == "done", "run in the end", 30)
+    wait_for(lambda: job_state(pool, schema, job)[0] == "done", "run in the end", 30)
     wait_for(lambda: e.inflight.running() == [] and e.inflight.held() == [], "nothing left", 30)
     wait_for(lambda: [ev.kind for ev in events if ev.job_id == job][-1:] == ["done"], "events delivered", 10)
     kinds = [ev.kind for ev in events if ev.job_id == job]
-    row = _state(pool, schema, job)
+    row = job_state(pool, schema, job)
     assert faulted == [job]
     assert [j for j, _ in runs] == [job]
     assert row[:3] == ("done", 1, 0), row
@@ -252,7 +252,7 @@ def test_x2_a_cancel_racing_the_unrun_give_back_wins(
     try:
         if stall is not None:
             assert stall.held.wait(30)
-            wait_for(lambda: _state(pool, schema, job)[0] == "pending", "the give-back written", 30)
+            wait_for(lambda: job_state(pool, schema, job)[0] == "pending", "the give-back written", 30)
             canceled.append(store.cancel(job))
     finally:
         if stall is not None:
@@ -260,7 +260,7 @@ def test_x2_a_cancel_racing_the_unrun_give_back_wins(
     wait_for(lambda: canceled, "the cancel", 30)
     wait_for(lambda: e.inflight.running() == [] and e.inflight.held() == [], "nothing left", 30)
     time.sleep(1.0)  # a stray give-back or re-claim would land within this
-    row = _state(pool, schema, job)
+    row = job_state(pool, schema, job)
     assert canceled == [True]
     assert row[0] == "canceled", f"the operator's cancel lost to the give-back: {row}"
     assert runs == []
@@ -297,7 +297,7 @@ def test_q5_a_sequence_member_handed_back_unrun_still_runs_first(
     jobs = [store.enqueue(Job(topic, {"n": i}, sequence="s1")).id for i in range(3)]
     faulted = fault_after_hold(e, topic)
     e.start()
-    wait_for(lambda: all(_state(pool, schema, j)[0] == "done" for j in jobs), "the sequence done", 60)
+    wait_for(lambda: all(job_state(pool, schema, j)[0] == "done" for j in jobs), "the sequence done", 60)
     assert faulted == [jobs[0]]
     assert order == jobs, f"Q5: run out of order or twice: {order}"
     assert peak[0] == 1
@@ -326,7 +326,7 @@ def test_a_unique_job_handed_back_unrun_keeps_its_key_and_runs_once(
     e.inflight.canceled_before = canceled_before  # type: ignore[method-assign]
     e.start()
     job = store.enqueue(Job(topic, {"n": 0}, unique_key="k1")).id
-    wait_for(lambda: _state(pool, schema, job)[0] == "done", "done", 30)
+    wait_for(lambda: job_state(pool, schema, job)[0] == "done", "done", 30)
     time.sleep(0.5)
     assert dup and dup[0].id == job and not dup[0].created, dup
     assert [j for j, _ in runs] == [job]
@@ -352,13 +352,13 @@ def test_run_once_with_a_take_in_raising_hands_the_row_back_unrun(
     assert len(faulted) == 1
     bad = faulted[0]
     good = other if bad == job else job
-    assert _state(pool, schema, bad)[:3] == ("pending", 0, 0), _state(pool, schema, bad)
-    assert _state(pool, schema, good)[0] == "done"
+    assert job_state(pool, schema, bad)[:3] == ("pending", 0, 0), job_state(pool, schema, bad)
+    assert job_state(pool, schema, good)[0] == "done"
     assert [j for j, _ in runs] == [good]
     assert e.inflight.held() == [] and e.inflight.running() == []
     assert e.run_once() == 1
     assert sorted(j for j, _ in runs) == sorted([job, other])
-    assert _state(pool, schema, bad)[:3] == ("done", 1, 0)
+    assert job_state(pool, schema, bad)[:3] == ("done", 1, 0)
 
 
 # --- 8. stop while an unrun attempt waits in the batcher -------------------------------------------
@@ -396,12 +396,12 @@ def test_c11_stop_while_an_unrun_attempt_waits_in_the_batcher(
     t0 = time.monotonic()
     e.stop(timeout=2)
     took = time.monotonic() - t0
-    _join_dispatchers()
+    join_dispatchers()
     bad = faulted[0].row.claim_token
     ran = [r for c in calls for r in c]
     assert took <= 2 + 0.5 + 5, f"C11'': {took:.1f}s"
     assert [r for r in ran if r[1] == bad] == [], calls
-    assert _state(pool, schema, first)[0] in ("done", "pending"), _state(pool, schema, first)
+    assert job_state(pool, schema, first)[0] in ("done", "pending"), job_state(pool, schema, first)
     assert len([r for r in ran if r[0] == first]) <= 1, calls
     assert e.inflight.running() == [] and e.inflight.held() == []
     assert e._slots is not None and e._slots.free == e.config.workers
@@ -448,10 +448,10 @@ def test_q2_q3_unrun_batch_members_never_let_a_limited_topic_past_its_limit(
     e.inflight.canceled_before = canceled_before  # type: ignore[method-assign]
     jobs = [store.enqueue(Job(topic, {"n": i})).id for i in range(12)]
     e.start()
-    wait_for(lambda: all(_state(pool, schema, j)[0] == "done" for j in jobs), "all done", 90)
+    wait_for(lambda: all(job_state(pool, schema, j)[0] == "done" for j in jobs), "all done", 90)
     e.inflight.canceled_before = real  # type: ignore[method-assign]
     more = [store.enqueue(Job(topic, {"n": 100 + i})).id for i in range(4)]
-    wait_for(lambda: all(_state(pool, schema, j)[0] == "done" for j in more), "room back", 60)
+    wait_for(lambda: all(job_state(pool, schema, j)[0] == "done" for j in more), "room back", 60)
     assert n[0] >= 3
     assert peak[0] <= 2, f"Q2/Q3: {peak[0]} claims of a topic limited to 2 at once"
     assert sorted(ran) == sorted(jobs + more), "each job run exactly once"
@@ -487,8 +487,8 @@ def test_a_take_in_stalled_past_its_timeout_then_raising_counts_no_hung_handler(
     e.inflight.canceled_before = canceled_before  # type: ignore[method-assign]
     e.start()
     job = store.enqueue(Job(topic, {"n": 0})).id
-    wait_for(lambda: _state(pool, schema, job)[0] == "done", "run in the end", 60)
-    row = _state(pool, schema, job)
+    wait_for(lambda: job_state(pool, schema, job)[0] == "done", "run in the end", 60)
+    row = job_state(pool, schema, job)
     problems = []
     if _metric(e, "hung", topic):
         problems.append(f"a handler that never ran counted hung: {_metric(e, 'hung', topic)}")
@@ -523,7 +523,7 @@ def test_an_unrun_attempt_is_not_observed_as_a_handler_run(
     fault_after_hold(e, topic)
     e.start()
     job = store.enqueue(Job(topic, {"n": 0})).id
-    wait_for(lambda: _state(pool, schema, job)[0] == "done", "run in the end", 30)
+    wait_for(lambda: job_state(pool, schema, job)[0] == "done", "run in the end", 30)
     wait_for(lambda: e.inflight.running() == [], "nothing running", 30)
     assert len(runs) == 1
     assert _duration_count(e, topic) == 1, f"{_duration_count(e, topic)} handler runs observed for one"
@@ -545,34 +545,26 @@ def test_c11_an_unrun_attempt_not_launched_at_stop_is_not_counted_hung(
     e = engines(lease=6, workers=2, claim_batch=2, watchdog_grace=0.3)
     register(e, topic, "sync", runs)
     faulted = fault_after_hold(e, topic)
-    entered, go = threading.Event(), threading.Event()
-    real = e.intake.take_in
-
-    def take_in(row: Any, *rest: Any, **kw: Any) -> Any:
-        if faulted and row.id not in faulted and not entered.is_set():
-            entered.set()
-            go.wait(60)  # the second row of the claim: the first's launch waits behind it
-        return real(row, *rest, **kw)
-
-    e.intake.take_in = take_in  # type: ignore[method-assign]
+    # the second row of the claim: the first's launch waits behind it
+    gate = stall_take_in(e, lambda row: bool(faulted) and row.id not in faulted)
     jobs = [store.enqueue(Job(topic, {"n": i})).id for i in range(2)]
     e.start()
     took = 0.0
     try:
-        assert entered.wait(30)
-        wait_for(lambda: _state(pool, schema, faulted[0])[0] == "pending", "the give-back written", 30)
+        assert gate.entered.wait(30)
+        wait_for(lambda: job_state(pool, schema, faulted[0])[0] == "pending", "the give-back written", 30)
         t0 = time.monotonic()
         e.stop(timeout=0.5)
         took = time.monotonic() - t0
     finally:
-        go.set()
-    _join_dispatchers()
+        gate.go.set()
+    join_dispatchers()
     wait_for(lambda: e.inflight.running() == [], "the launch ended the attempt", 30)
     for j in jobs:
-        wait_for(lambda j=j: _state(pool, schema, j)[0] != "processing", "handed back", 30)
+        wait_for(lambda j=j: job_state(pool, schema, j)[0] != "processing", "handed back", 30)
     assert took <= 0.5 + 0.3 + 5, f"C11'': {took:.1f}s"
     assert runs == []
-    assert [_state(pool, schema, j)[:3] for j in jobs] == [("pending", 0, 0)] * 2
+    assert [job_state(pool, schema, j)[:3] for j in jobs] == [("pending", 0, 0)] * 2
     assert e._slots is not None and e._slots.free == e.config.workers
     assert _metric(e, "hung", topic) == 0, (
         f"a never-run (unrun) attempt counted hung: {_metric(e, 'hung', topic)}"
@@ -622,12 +614,12 @@ def test_q5_x2_a_canceled_member_whose_take_in_raised_lets_its_sequence_go_on(
     try:
         if stall is not None:
             assert stall.held.wait(30)
-            wait_for(lambda: _state(pool, schema, a_id)[0] == "pending", "A given back", 30)
+            wait_for(lambda: job_state(pool, schema, a_id)[0] == "pending", "A given back", 30)
             assert store.cancel(a_id)
     finally:
         if stall is not None:
             stall.go.set()
-    wait_for(lambda: _state(pool, schema, b_id)[0] == "done", "B run after the canceled A", 30)
-    assert _state(pool, schema, a_id)[0] == "canceled"
+    wait_for(lambda: job_state(pool, schema, b_id)[0] == "done", "B run after the canceled A", 30)
+    assert job_state(pool, schema, a_id)[0] == "canceled"
     assert runs == [b_id]
     assert errors == []

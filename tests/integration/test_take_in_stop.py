@@ -20,26 +20,26 @@ from brooq_py.engine.attempt.outcome import Phase
 from brooq_py.postgres import Store
 from brooq_py.queue import Claim, Context, Job, KindOptions, State
 from tests.integration.conftest import q, wait_listening
-from tests.integration.take_in import fault_after_hold, hear_cancels, poisoned_job, register, stall_launch
+from tests.integration.take_in import (
+    fault_after_hold,
+    hear_cancels,
+    job_state,
+    join_dispatchers,
+    poisoned_job,
+    register,
+    stall_launch,
+    stall_take_in,
+)
 from tests.polling import wait_for
 
 SHAPES = ["sync", "async", "batch", "batch-wait"]
 _register = register
 
 
-def _join_dispatchers() -> None:
-    for t in [t for t in threading.enumerate() if t.name == "brooq-dispatcher"]:
-        t.join(30)
-
-
-def _state(pool: ConnectionPool[Any], schema: str, job: str) -> tuple[Any, ...]:
-    return q(pool, schema, "SELECT state, attempts, crashes, last_error FROM {job} WHERE id = %s", job)[0]
-
-
 def _settle(pool: ConnectionPool[Any], schema: str, job: str, timeout: float = 15) -> None:
     """Give the row *timeout* s to leave processing (not an assertion: the caller looks at it)."""
     deadline = time.monotonic() + timeout
-    while _state(pool, schema, job)[0] == "processing" and time.monotonic() < deadline:
+    while job_state(pool, schema, job)[0] == "processing" and time.monotonic() < deadline:
         time.sleep(0.05)
 
 
@@ -60,32 +60,22 @@ def test_c11_stop_while_take_in_stalls_before_the_hold_never_starts_the_handler_
     take-in before: the handler ran after the engine's row was removed.)"""
     topic = f"rv.stop.before.{shape}"
     runs: list[Any] = []
-    entered = threading.Event()
-    go = threading.Event()
     e = engines(lease=6, workers=1, watchdog_grace=0.5)
     _register(e, topic, shape, runs)
-    real = e.intake.take_in
-
-    def take_in(row: Any, *rest: Any, **kw: Any) -> Any:
-        if row.topic == topic and not entered.is_set():
-            entered.set()
-            go.wait(60)  # stalled in the take-in, before the hold
-        return real(row, *rest, **kw)
-
-    e.intake.take_in = take_in  # type: ignore[method-assign]
+    gate = stall_take_in(e, topic)
     e.start()
     job = store.enqueue(Job(topic, {"n": 0})).id
     try:
-        assert entered.wait(30), "the claim taken in"
+        assert gate.entered.wait(30), "the claim taken in"
         t0 = time.monotonic()
         e.stop(timeout=0.5)
         took = time.monotonic() - t0
     finally:
-        go.set()
-    _join_dispatchers()
+        gate.go.set()
+    join_dispatchers()
     wait_for(lambda: e.inflight.running() == [], "the attempt ended (run or not)", 30)
     _settle(pool, schema, job)
-    row = _state(pool, schema, job)
+    row = job_state(pool, schema, job)
     assert took <= 0.5 + 0.5 + 5, f"C11'': stop() took {took:.1f}s"
     assert runs == [], f"C11: the handler started after stop() returned (row {row})"
     assert row[0] in ("pending", "canceled"), f"C11: row {row}"
@@ -100,29 +90,19 @@ def test_p1_a_claim_taken_in_after_stop_never_runs_once_the_reaper_gave_it_to_an
     topic = "rv.p1.after.stop"
     runs: list[Any] = []
     elsewhere: list[str] = []
-    entered = threading.Event()
-    go = threading.Event()
     e = engines(lease=9, workers=1, watchdog_grace=0.3)
     _register(e, topic, "sync", runs)
-    real = e.intake.take_in
-
-    def take_in(row: Any, *rest: Any, **kw: Any) -> Any:
-        if row.topic == topic and not entered.is_set():
-            entered.set()
-            go.wait(90)
-        return real(row, *rest, **kw)
-
-    e.intake.take_in = take_in  # type: ignore[method-assign]
+    gate = stall_take_in(e, topic, seconds=90)
     e.start()
     job = store.enqueue(Job(topic, {"n": 0})).id
     try:
-        assert entered.wait(30)
+        assert gate.entered.wait(30)
         wait_for(
             lambda: q(pool, schema, "SELECT locked_until < now() FROM {job} WHERE id = %s", job)[0][0],
             "the claim's own locked_until past (the engine's beats keep it ours)",
             30,
         )
-        assert _state(pool, schema, job)[0] == "processing"
+        assert job_state(pool, schema, job)[0] == "processing"
 
         def fresh(ctx: Context, claim: Claim) -> str:
             elsewhere.append(claim.id)
@@ -135,8 +115,8 @@ def test_p1_a_claim_taken_in_after_stop_never_runs_once_the_reaper_gave_it_to_an
         wait_for(lambda: (r := store.get(job)) is not None and r.state is State.DONE, "run elsewhere", 30)
         other.stop()
     finally:
-        go.set()
-    _join_dispatchers()
+        gate.go.set()
+    join_dispatchers()
     wait_for(lambda: e.inflight.running() == [], "the stale attempt ended", 30)
     assert elsewhere == [job]
     assert runs == [], "P1: the handler started here for a claim reaped and run by another engine"
@@ -190,9 +170,9 @@ def test_c11_x2_stop_and_cancel_of_a_held_attempt_not_launched(
         assert not stopper.is_alive()
     finally:
         go.set()
-    _join_dispatchers()
+    join_dispatchers()
     wait_for(lambda: e.inflight.running() == [], "the attempt ended", 30)
-    row = _state(pool, schema, job)
+    row = job_state(pool, schema, job)
     assert errors == []
     assert took and took[0] <= 0.5 + 0.5 + 5, f"C11'': {took}"
     assert runs == [], f"the handler started after stop()/cancel (row {row})"
@@ -234,10 +214,10 @@ def test_l5_stop_while_a_poisoned_row_is_held_releases_its_slot_once_and_counts_
         e.stop(timeout=0.5)
     finally:
         go.set()
-    _join_dispatchers()
-    wait_for(lambda: _state(pool, schema, job)[0] != "processing", "the poisoned row written", 30)
+    join_dispatchers()
+    wait_for(lambda: job_state(pool, schema, job)[0] != "processing", "the poisoned row written", 30)
     problems = []
-    row = _state(pool, schema, job)
+    row = job_state(pool, schema, job)
     if row[0] != "dead":
         problems.append(f"L5': the poisoned row ended {row}")
     if runs:
@@ -280,7 +260,7 @@ def test_x2_l5_a_poisoned_row_canceled_while_taken_in(
     wait_for(lambda: e._slots is not None and e._slots.free == e.config.workers, "slots back", 30)
     assert errors == []
     assert runs == []
-    assert _state(pool, schema, job)[0] == "canceled"
+    assert job_state(pool, schema, job)[0] == "canceled"
 
 
 # --- 1. slot accounting -------------------------------------------------------------------------
@@ -310,8 +290,8 @@ def test_c1_poisoned_rows_and_normal_ones_leave_the_slots_as_they_were(
     e.start()
     wait_for(
         lambda: (
-            all(_state(pool, schema, j)[0] == "dead" for j in poisoned)
-            and all(_state(pool, schema, j)[0] == "done" for j in normal)
+            all(job_state(pool, schema, j)[0] == "dead" for j in poisoned)
+            and all(job_state(pool, schema, j)[0] == "done" for j in normal)
         ),
         "all settled",
         60,
@@ -320,7 +300,7 @@ def test_c1_poisoned_rows_and_normal_ones_leave_the_slots_as_they_were(
     assert e._slots is not None
     wait_for(lambda: e._slots is not None and e._slots.free == e.config.workers, "slots back", 10)
     more = [store.enqueue(Job(topic, {"n": 10 + i})).id for i in range(6)]
-    wait_for(lambda: all(_state(pool, schema, j)[0] == "done" for j in more), "still claiming", 60)
+    wait_for(lambda: all(job_state(pool, schema, j)[0] == "done" for j in more), "still claiming", 60)
     assert peak[0] <= e.config.workers
     assert e._slots.free == e.config.workers
 
@@ -355,9 +335,9 @@ def test_c1_a_take_in_raising_after_the_hold_frees_its_slot_once(
     fault_after_hold(e, faulty)
     e.start()
     f = store.enqueue(Job(faulty, {})).id
-    wait_for(lambda: _state(pool, schema, f)[0] == "done", "the faulted job retried and done", 30)
+    wait_for(lambda: job_state(pool, schema, f)[0] == "done", "the faulted job retried and done", 30)
     jobs = [store.enqueue(Job(work, {"n": i})).id for i in range(3)]
-    wait_for(lambda: all(_state(pool, schema, j)[0] == "done" for j in jobs), "work done", 60)
+    wait_for(lambda: all(job_state(pool, schema, j)[0] == "done" for j in jobs), "work done", 60)
     assert e._slots is not None
     assert (peak[0], e._slots.free) == (1, 1), (
         f"C1: {peak[0]} handlers at once with workers=1; slots free {e._slots.free}"
@@ -381,13 +361,13 @@ def test_a_take_in_raising_after_the_hold_never_leaves_the_row_processing_while_
     g = store.enqueue(Job(topic, {"n": 1})).id
     try:
         wait_for(
-            lambda: _state(pool, schema, f)[0] != "processing" and _state(pool, schema, g)[0] == "done",
+            lambda: job_state(pool, schema, f)[0] != "processing" and job_state(pool, schema, g)[0] == "done",
             "the faulted row back (or run) and the next job of its topic run",
             20,
         )
     except AssertionError as exc:
         raise AssertionError(
-            f"{exc}: faulted row {_state(pool, schema, f)}, next {_state(pool, schema, g)}, runs {runs}"
+            f"{exc}: faulted row {job_state(pool, schema, f)}, next {job_state(pool, schema, g)}, runs {runs}"
         ) from None
 
 
@@ -411,10 +391,10 @@ def test_watchdog_gives_up_an_attempt_held_whose_launch_stalls_then_it_never_run
         assert held.wait(30)
         wait_for(lambda: first[0].ending is Phase.GAVE_UP, "given up at max_execution_timeout", 30)
         if not shape.startswith("batch"):  # a batch's attempt is never called hung by the watchdog
-            wait_for(lambda: _state(pool, schema, job)[0] != "processing", "its failure written", 30)
+            wait_for(lambda: job_state(pool, schema, job)[0] != "processing", "its failure written", 30)
     finally:
         go.set()
-    wait_for(lambda: _state(pool, schema, job)[0] == "done", "the job run on a later attempt", 60)
+    wait_for(lambda: job_state(pool, schema, job)[0] == "done", "the job run on a later attempt", 60)
     wait_for(lambda: e.inflight.running() == [], "nothing running", 30)
     assert e._slots is not None
     wait_for(lambda: e._slots is not None and e._slots.free == e.config.workers, "slots back", 10)
@@ -441,7 +421,7 @@ def test_watchdog_hung_verdict_on_an_attempt_held_whose_launch_stalls(
         wait_for(lambda: first[0].hung, "declared hung", 30)
     finally:
         go.set()
-    wait_for(lambda: _state(pool, schema, job)[0] == "done", "reaped and run again", 60)
+    wait_for(lambda: job_state(pool, schema, job)[0] == "done", "reaped and run again", 60)
     wait_for(lambda: e._slots is not None and e._slots.free == e.config.workers, "slots back", 30)
     token = first[0].row.claim_token
     assert [r for r in runs if r[1] == token] == [], f"the hung attempt's handler ran: {runs}"
@@ -470,7 +450,7 @@ def test_x2_a_cancel_whose_notify_is_lost_is_found_by_the_heartbeat_before_the_l
         go.set()
     wait_for(lambda: e.inflight.running() == [] and e.inflight.held() == [], "ended", 30)
     assert runs == []
-    assert _state(pool, schema, job)[0] == "canceled"
+    assert job_state(pool, schema, job)[0] == "canceled"
     assert e._slots is not None and e._slots.free == e.config.workers
 
 
@@ -504,7 +484,7 @@ def test_x2_a_cancel_heard_for_the_old_claim_does_not_cancel_the_new_claim_of_th
     e.start()
     job = store.enqueue(Job(topic, {"n": 0})).id
     try:
-        wait_for(lambda: _state(pool, schema, job)[0] == "done", "run again and done", 60)
+        wait_for(lambda: job_state(pool, schema, job)[0] == "done", "run again and done", 60)
     finally:
         release.set()
     assert told == [None]
@@ -525,6 +505,6 @@ def test_run_once_takes_in_poisoned_and_plain_rows_of_each_shape_without_slots(
     poisoned = [poisoned_job(store, pool, schema, f"rv.once.{s}") for s in ("sync", "async", "batch")]
     assert e.run_once() == 6
     assert sorted(r[0] for r in runs) == sorted(plain)
-    assert [_state(pool, schema, j)[0] for j in plain] == ["done"] * 3
-    assert [_state(pool, schema, j)[0] for j in poisoned] == ["dead"] * 3
+    assert [job_state(pool, schema, j)[0] for j in plain] == ["done"] * 3
+    assert [job_state(pool, schema, j)[0] for j in poisoned] == ["dead"] * 3
     assert e.inflight.held() == [] and e.inflight.running() == []
