@@ -144,3 +144,63 @@ def store_as(dsn: str, schema: str, role: str) -> Iterator[Store]:
     finally:
         s.close()
         p.close()
+
+
+def foreign_day(dsn: str, schema: str, table: str) -> None:
+    """Make the day's *table* another role's (the test's): a day made by hand, or by an engine of a
+    release before the days went to the owner of job, which an engine's role may not write nor drop
+    without a grant."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("ALTER TABLE {} OWNER TO CURRENT_USER").format(sql.Identifier(schema, short(table)))
+        )
+
+
+def run_sql(dsn: str, statement: sql.Composable, params: Any = None) -> None:
+    """One statement of the test's own (an operator's), on a connection of its own."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(statement, params)
+
+
+def day_ago(pool: ConnectionPool[Any], schema: str, days_ago: int) -> str:
+    """The UTC day (YYYYMMDD) *days_ago* days ago."""
+    rows = q(
+        pool,
+        schema,
+        "SELECT to_char((now() AT TIME ZONE 'UTC') - make_interval(days => %s), 'YYYYMMDD')",
+        days_ago,
+    )
+    return str(rows[0][0])
+
+
+def day_of(pool: ConnectionPool[Any], schema: str, job_id: str) -> str:
+    """The UTC day (YYYYMMDD) *job_id* ended on, wherever it is."""
+    rows = q(
+        pool,
+        schema,
+        "SELECT to_char(updated_at AT TIME ZONE 'UTC', 'YYYYMMDD') FROM {job} WHERE id = %s",
+        job_id,
+    )
+    return str(rows[0][0])
+
+
+def same_end(dsn: str, schema: str, ids: list[str], like: str) -> None:
+    """Give *ids* (in job) the end (updated_at, state done) of *like*, wherever *like* is: its day."""
+    run_sql(
+        dsn,
+        sql.SQL(
+            "UPDATE ONLY {j} SET state = 'done', updated_at = (SELECT updated_at FROM {j} WHERE id = %s)"
+            " WHERE id = ANY(%s::uuid[])"
+        ).format(j=sql.Identifier(schema, "job")),
+        (like, ids),
+    )
+
+
+def stranger(dsn: str, schema: str, day: str) -> None:
+    """A table of the day's name that is no child of job (docs/operating.md: never moved into)."""
+    run_sql(
+        dsn,
+        sql.SQL("CREATE TABLE {} (LIKE {})").format(
+            sql.Identifier(schema, f"job_history_{day}"), sql.Identifier(schema, "job")
+        ),
+    )

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-import psycopg
 import pytest
 from psycopg import sql
 from psycopg_pool import ConnectionPool
@@ -19,37 +18,24 @@ from brooq_py.engine import Engine
 from brooq_py.postgres import Store
 from brooq_py.queue import Job
 from tests.integration.conftest import q
-from tests.integration.history import AFTER, TTL, app_role, days, ended, move, short, store_as, where
+from tests.integration.history import (
+    AFTER,
+    TTL,
+    app_role,
+    day_of,
+    days,
+    ended,
+    foreign_day,
+    move,
+    run_sql,
+    same_end,
+    short,
+    store_as,
+    where,
+)
 from tests.polling import wait_for
 
 # -- helpers ------------------------------------------------------------------------------------
-
-
-def _day_of(pool: ConnectionPool[Any], schema: str, job_id: str) -> str:
-    rows = q(
-        pool,
-        schema,
-        "SELECT to_char(updated_at AT TIME ZONE 'UTC', 'YYYYMMDD') FROM {job} WHERE id = %s",
-        job_id,
-    )
-    return str(rows[0][0])
-
-
-def _same_end(dsn: str, schema: str, ids: list[str], like: str) -> None:
-    """Give *ids* the end (updated_at, state) of *like*, wherever *like* is: the same UTC day."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL(
-                "UPDATE ONLY {j} SET state = 'done', updated_at = (SELECT updated_at FROM {j} WHERE id = %s)"
-                " WHERE id = ANY(%s::uuid[])"
-            ).format(j=sql.Identifier(schema, "job")),
-            (like, ids),
-        )
-
-
-def _exec(dsn: str, statement: sql.Composed, params: Any = None) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(statement, params)
 
 
 # -- B2: one day the mover may not write holds back every later day ---------------------------
@@ -65,8 +51,8 @@ def test_b2_a_strangers_table_of_one_day_does_not_hold_back_the_moves_of_later_d
     until the stranger's day is older than the ttl: up to 30 days with the default."""
     old = store.enqueue(Job("h", {"n": "old"})).id
     ended(dsn, schema, [old], "done", days_ago=2)
-    day = _day_of(pool, schema, old)
-    _exec(
+    day = day_of(pool, schema, old)
+    run_sql(
         dsn,
         sql.SQL("CREATE TABLE {} (LIKE {})").format(
             sql.Identifier(schema, f"job_history_{day}"), sql.Identifier(schema, "job")
@@ -77,7 +63,7 @@ def test_b2_a_strangers_table_of_one_day_does_not_hold_back_the_moves_of_later_d
     for _ in range(5):  # five passes of the mover
         move(store)
     assert where(pool, schema, old) == "job"  # as documented
-    assert [where(pool, schema, i) for i in new] == [f"job_history_{_day_of(pool, schema, new[0])}"] * 3
+    assert [where(pool, schema, i) for i in new] == [f"job_history_{day_of(pool, schema, new[0])}"] * 3
 
 
 def test_b2_a_day_the_owner_of_job_may_not_write_does_not_hold_back_the_moves_of_later_days(
@@ -91,9 +77,10 @@ def test_b2_a_day_the_owner_of_job_may_not_write_does_not_hold_back_the_moves_of
     with app_role(dsn, schema, owner=True, create=True) as role, store_as(dsn, schema, role) as engine_store:
         x = store.enqueue(Job("h", {"n": "x"})).id
         ended(dsn, schema, [x], "done", days_ago=2)
-        assert [i for i, _ in move(store)] == [x]  # the other role's day (the test's superuser)
+        assert [i for i, _ in move(store)] == [x]
+        foreign_day(dsn, schema, str(where(pool, schema, x)))  # the other role's day (the test's superuser)
         y = store.enqueue(Job("h", {"n": "y"})).id
-        _same_end(dsn, schema, [y], like=x)  # ended on that day too, still in job
+        same_end(dsn, schema, [y], like=x)  # ended on that day too, still in job
         z = store.enqueue(Job("h", {"n": "z"})).id
         ended(dsn, schema, [z], "done")  # today's
         for _ in range(5):
@@ -110,10 +97,11 @@ def test_b2_a_day_granted_later_moves_at_the_next_pass_and_was_said_once_meanwhi
     with app_role(dsn, schema, owner=True, create=True) as role, store_as(dsn, schema, role) as engine_store:
         x = store.enqueue(Job("h", {"n": "x"})).id
         ended(dsn, schema, [x], "done", days_ago=2)
-        assert [i for i, _ in move(store)] == [x]  # the test's role makes the day: no grant to *role*
+        assert [i for i, _ in move(store)] == [x]
         table = where(pool, schema, x)
+        foreign_day(dsn, schema, str(table))  # no grant to *role*
         y = store.enqueue(Job("h", {"n": "y"})).id
-        _same_end(dsn, schema, [y], like=x)
+        same_end(dsn, schema, [y], like=x)
         with caplog.at_level(logging.WARNING, logger="brooq_py.history"):
             for _ in range(5):
                 assert engine_store.move_terminal(AFTER, TTL, 10) == []
@@ -122,9 +110,9 @@ def test_b2_a_day_granted_later_moves_at_the_next_pass_and_was_said_once_meanwhi
             r for r in caplog.records if r.name == "brooq_py.history" and "may not write" in r.getMessage()
         ]
         assert len(said) == 1, [r.getMessage() for r in caplog.records]
-        _exec(
+        run_sql(
             dsn,
-            sql.SQL("GRANT INSERT, SELECT ON {} TO {}").format(
+            sql.SQL("GRANT INSERT, SELECT, DELETE ON {} TO {}").format(
                 sql.Identifier(schema, str(table)), sql.Identifier(role)
             ),
         )
@@ -144,13 +132,12 @@ def test_t1_a_day_the_engine_may_not_drop_does_not_keep_the_days_it_made_itself(
     with app_role(dsn, schema, owner=True, create=True) as role, store_as(dsn, schema, role) as engine_store:
         a = store.enqueue(Job("h", {"n": "a"})).id
         ended(dsn, schema, [a], "done", days_ago=40)
-        assert [i for i, _ in store.move_terminal(AFTER, timedelta(days=100), 10)] == [
-            a
-        ]  # another role's day
+        assert [i for i, _ in store.move_terminal(AFTER, timedelta(days=100), 10)] == [a]
+        foreign_day(dsn, schema, str(where(pool, schema, a)))  # another role's day
         b = store.enqueue(Job("h", {"n": "b"})).id
         ended(dsn, schema, [b], "done", days_ago=35)
         assert [i for i, _ in engine_store.move_terminal(AFTER, timedelta(days=100), 10)] == [b]  # its own
-        own = f"job_history_{_day_of(pool, schema, b)}"
+        own = f"job_history_{day_of(pool, schema, b)}"
         assert own in [short(t) for t in days(pool, schema)]
         for _ in range(3):  # three passes of retention, ttl 30 days
             engine_store.drop_history(TTL)
@@ -175,10 +162,10 @@ def test_t1_a_move_that_fails_does_not_keep_the_days_past_the_ttl(
     (expired,) = days(pool, schema)
     b = store.enqueue(Job("h", {"n": "b"})).id
     ended(dsn, schema, [b], "done", days_ago=2)
-    _exec(
+    run_sql(
         dsn,
         sql.SQL("CREATE TABLE {} (note text NOT NULL) INHERITS ({})").format(
-            sql.Identifier(schema, f"job_history_{_day_of(pool, schema, b)}"), sql.Identifier(schema, "job")
+            sql.Identifier(schema, f"job_history_{day_of(pool, schema, b)}"), sql.Identifier(schema, "job")
         ),
     )
     marker = store.enqueue(Job("h", {"n": "m"})).id
@@ -233,13 +220,13 @@ def test_b2_the_mover_leaves_a_strangers_table_as_it_was_and_names_it(
     owner of job", which they are), and the documented error is never logged."""
     job_id = store.enqueue(Job("h", {"n": 1})).id
     ended(dsn, schema, [job_id], "done")
-    table = f"job_history_{_day_of(pool, schema, job_id)}"
+    table = f"job_history_{day_of(pool, schema, job_id)}"
     with contextlib.ExitStack() as stack:
         mover = store  # the test's role made the table
         if made_by == "another-role":  # the engine's role owns job; the test's role made the table
             role = stack.enter_context(app_role(dsn, schema, owner=True, create=True))
             mover = stack.enter_context(store_as(dsn, schema, role))
-        _exec(
+        run_sql(
             dsn,
             sql.SQL("CREATE TABLE {} (LIKE {})").format(
                 sql.Identifier(schema, table), sql.Identifier(schema, "job")
@@ -281,7 +268,7 @@ def test_b2_a_table_named_as_no_date_breaks_no_pass(
 ) -> None:
     """Any role with CREATE on the schema may make job_history_20261399: the catalog's look reads
     every table of a day's name, and must not fail on one whose name is no date."""
-    _exec(
+    run_sql(
         dsn,
         sql.SQL("CREATE TABLE {} (LIKE {})").format(
             sql.Identifier(schema, "job_history_20261399"), sql.Identifier(schema, "job")

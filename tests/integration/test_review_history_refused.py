@@ -1,5 +1,5 @@
 """Review of "History: a day refused is refused alone, said once; drops before moves" (SPEC B2, T1).
-Each test here failed on the change as reviewed; one is a known limit (an expected failure)."""
+Each test here failed on the change as reviewed."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
-import pytest
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
@@ -17,25 +16,22 @@ from brooq_py.engine.services.cleanup import Retention
 from brooq_py.postgres import Store
 from brooq_py.queue import Job
 from tests.integration.conftest import q
-from tests.integration.history import AFTER, TTL, app_role, days, ended, move, short, store_as, where
+from tests.integration.history import (
+    AFTER,
+    TTL,
+    app_role,
+    day_ago,
+    days,
+    ended,
+    move,
+    run_sql,
+    short,
+    store_as,
+    stranger,
+    where,
+)
 
 # -- helpers ------------------------------------------------------------------------------------
-
-
-def _exec(dsn: str, statement: sql.Composable, params: Any = None) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(statement, params)
-
-
-def _day(pool: ConnectionPool[Any], schema: str, days_ago: int) -> str:
-    return str(
-        q(
-            pool,
-            schema,
-            "SELECT to_char((now() AT TIME ZONE 'UTC') - make_interval(days => %s), 'YYYYMMDD')",
-            days_ago,
-        )[0][0]
-    )
 
 
 def _end_at_noon(dsn: str, schema: str, ids: list[str], days_ago: int, apart: bool) -> None:
@@ -54,19 +50,9 @@ def _end_at_noon(dsn: str, schema: str, ids: list[str], days_ago: int, apart: bo
             )
 
 
-def _stranger(dsn: str, schema: str, day: str) -> None:
-    """A table of the day's name that is no child of job (docs/operating.md: never moved into)."""
-    _exec(
-        dsn,
-        sql.SQL("CREATE TABLE {} (LIKE {})").format(
-            sql.Identifier(schema, f"job_history_{day}"), sql.Identifier(schema, "job")
-        ),
-    )
-
-
 def _hand_made_child(dsn: str, schema: str, day: str) -> None:
     """A day made by hand, a child of job unlike ours (the commit's own example: a column of its own)."""
-    _exec(
+    run_sql(
         dsn,
         sql.SQL("CREATE TABLE {} (note text NOT NULL) INHERITS ({})").format(
             sql.Identifier(schema, f"job_history_{day}"), sql.Identifier(schema, "job")
@@ -107,8 +93,8 @@ def test_b2_a_refused_day_with_a_batch_of_jobs_ended_at_one_instant_holds_back_e
     share that end (one settle of a batch, a bulk cancel: one now()), the next lock takes the same
     rows again, and again: the mark never passes them and no later day moves until they pass the
     ttl (30 days with the default): the very hold-back the commit says it fixed."""
-    refused = _day(pool, schema, 2)
-    _stranger(dsn, schema, refused)
+    refused = day_ago(pool, schema, 2)
+    stranger(dsn, schema, refused)
     old = [store.enqueue(Job("h", {"n": i})).id for i in range(15)]
     _end_at_noon(dsn, schema, old, days_ago=2, apart=False)
     z = store.enqueue(Job("h", {"n": "z"})).id
@@ -127,8 +113,8 @@ def test_b2_the_rows_of_a_refused_day_are_passed_a_batch_a_retention_period(
     default ttl) before the next batch. The later days wait refused rows / batch periods: with the
     default 1,000 a batch, a refused day of 24,000 jobs holds every later day back a day, one of
     720,000 (8 a second) past the ttl, so that no later job ever moves (SPEC B2)."""
-    refused = _day(pool, schema, 2)
-    _stranger(dsn, schema, refused)
+    refused = day_ago(pool, schema, 2)
+    stranger(dsn, schema, refused)
     old = [store.enqueue(Job("h", {"n": i})).id for i in range(30)]
     _end_at_noon(dsn, schema, old, days_ago=2, apart=True)
     z = store.enqueue(Job("h", {"n": "z"})).id
@@ -143,23 +129,17 @@ def test_b2_the_rows_of_a_refused_day_are_passed_a_batch_a_retention_period(
     )
 
 
-@pytest.mark.xfail(
-    reason="known limit: a job id in both job and its day's table (psql alone makes one) fails the "
-    "mover's batch every pass, loudly (the retention tick fails, /healthz says so), until an operator "
-    "deletes one of the two rows",
-    strict=True,
-)
 def test_b2_one_row_already_in_a_days_table_does_not_refuse_the_whole_day(
     dsn: str, schema: str, store: Store, pool: ConnectionPool[Any]
 ) -> None:
     """One id in both job and the day's table (psql: a job copied back by hand) makes a
-    UniqueViolation of the day's move: the whole batch fails, pass after pass, and the jobs locked
-    with it (today's: the day the copy went back to) stay in job until the duplicate is removed."""
+    UniqueViolation of the day's move; the other jobs of the batch move, each in a savepoint of its
+    own, and the pass does not fail."""
     a = store.enqueue(Job("h", {"n": "a"})).id
     ended(dsn, schema, [a], "done")
     assert [i for i, _ in move(store)] == [a]
     (table,) = days(pool, schema)
-    _exec(
+    run_sql(
         dsn,
         sql.SQL("INSERT INTO {} SELECT * FROM {} WHERE id = %s").format(
             sql.Identifier(schema, "job"), sql.SQL(table)
@@ -189,11 +169,11 @@ def test_b2_a_strangers_table_dropped_as_the_error_says_lets_its_day_move(
             j,
         )[0][0]
     )
-    _stranger(dsn, schema, day)
+    stranger(dsn, schema, day)
     with caplog.at_level(logging.INFO, logger="brooq_py.history"):
         assert move(store) == []
     assert any("drop or rename it" in r.getMessage() for r in caplog.records)
-    _exec(dsn, sql.SQL("DROP TABLE {}").format(sql.Identifier(schema, f"job_history_{day}")))
+    run_sql(dsn, sql.SQL("DROP TABLE {}").format(sql.Identifier(schema, f"job_history_{day}")))
     k = store.enqueue(Job("h", {"n": "k"})).id
     ended(dsn, schema, [k], "done")
     for _ in range(3):
@@ -212,11 +192,11 @@ def test_t1_a_day_whose_drop_fails_does_not_keep_the_later_days_past_the_ttl(
     child unlike ours" (a column of its own) cannot be dropped: history_keep's INSERT INTO job
     SELECT * has more expressions than job has columns. Once it is past the ttl, every day after
     it, the engine's own, stays for ever (SPEC T1)."""
-    _hand_made_child(dsn, schema, _day(pool, schema, 40))
+    _hand_made_child(dsn, schema, day_ago(pool, schema, 40))
     b = store.enqueue(Job("h", {"n": "b"})).id
     ended(dsn, schema, [b], "done", days_ago=35)
     assert [i for i, _ in store.move_terminal(AFTER, timedelta(days=100), 10)] == [b]
-    own = f"job_history_{_day(pool, schema, 35)}"
+    own = f"job_history_{day_ago(pool, schema, 35)}"
     assert own in [short(t) for t in days(pool, schema)]
     for _ in range(3):  # three passes of retention's drop, ttl 30 days
         with contextlib.suppress(psycopg.Error):
@@ -231,7 +211,7 @@ def test_b2_a_drop_that_fails_does_not_stop_every_move(
     """Retention.tick now drops before it moves, in the same pass: a drop that raises (the day
     above, past the ttl) skips the moves of every day, pass after pass; before the change the moves
     ran first. No job leaves job again (SPEC B2) until that table is gone by hand."""
-    _hand_made_child(dsn, schema, _day(pool, schema, 40))
+    _hand_made_child(dsn, schema, day_ago(pool, schema, 40))
     y = store.enqueue(Job("h", {"n": "y"})).id
     ended(dsn, schema, [y], "done", days_ago=2)
     r = _retention(store)
@@ -253,7 +233,7 @@ def test_b2_a_refusal_of_the_batchs_lock_is_said_once_and_names_a_day(
     j = store.enqueue(Job("h", {"n": 1})).id
     ended(dsn, schema, [j], "done")
     with app_role(dsn, schema) as role:
-        _exec(
+        run_sql(
             dsn,
             sql.SQL("REVOKE ALL ON {} FROM {}").format(
                 sql.Identifier(schema, "job_sequence_halt"), sql.Identifier(role)

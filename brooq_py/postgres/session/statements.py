@@ -158,6 +158,9 @@ def render(name: str, schema: str, *, rows: bool = True, halts: bool = True) -> 
         job_literal=sql.Literal(sql.Identifier(schema, "job").as_string(None)),
         history=sql.Identifier(schema, history_table(day) if day else "job_history"),
         history_index=sql.Identifier((history_table(day) if day else "job_history") + "_ended"),
+        history_literal=sql.Literal(
+            sql.Identifier(schema, history_table(day) if day else "job_history").as_string(None)
+        ),
     )
     args.update({k: sql.SQL(v if suffix else "") for k, v in _TENANT_FRAGMENTS.items()})
     args.update(
@@ -193,6 +196,7 @@ _COUNTED = frozenset(
         "history_lock_wait",
         "history_drop",
         "history_empty",
+        "history_own",
     }
 )
 

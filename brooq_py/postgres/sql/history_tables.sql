@@ -1,39 +1,54 @@
 -- name: history_tables
 -- SPEC B2: the tables of the job table's schema named as days of terminal history
--- (job_history_YYYYMMDD) and what this engine's role may do with each, read from the catalog at
--- every pass and never remembered: a grant, an owner or a table an operator changes counts from
--- the next pass on.
---   ours: a child of job as history_create.sql makes it (its two checks, no column of its own);
---     any other table of such a name (made by hand, or by another role with CREATE on the schema)
---     is never written, emptied nor dropped;
+-- (job_history_YYYYMMDD), and the types of such a name that are no table's (a domain, an enum: the
+-- day's table cannot be made), with what this engine's role may do with each, read from the
+-- catalog at every pass and never remembered: a grant, an owner or a table an operator changes
+-- counts from the next pass on.
+--   ours: a child of job as history_create.sql makes it: its two checks and no other of its own,
+--     job's columns in job's order (the moves copy rows by position), no row-level security; any
+--     other table of such a name (made by hand, or by another role with CREATE on the schema) is
+--     never written, emptied nor dropped;
 --   writable: the mover may insert into it and read back what it inserted;
 --   owned: the role may drop it (its owner's alone); emptiable: it may delete its rows instead;
---   past: its every row ended more than %(ttl)s ago (its day ended before the day of now - ttl;
---     a ttl of 0: no).
+--   past: its every row ended more than %(ttl)s ago (its day ended before the day of now - ttl,
+--     compared as text: a name that is no date is never an error; a ttl of 0: no).
 -- And on every row, whether the role may make a day (CREATE TABLE … INHERITS is the owner's of
--- job, in a schema it may create in): a row of its own, day NULL, when no table exists.
-SELECT t.day, t.ours, t.writable, t.owned, t.emptiable, t.past, p.creatable
-FROM (
+-- job, in a schema it may create in): a row of its own, day NULL, when no day exists.
+WITH p AS (
     SELECT c.oid, c.relnamespace,
            pg_has_role(c.relowner, 'USAGE') AND has_schema_privilege(c.relnamespace, 'CREATE') AS creatable,
-           (SELECT count(*) FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped) AS columns
+           array(SELECT (a.attname, a.atttypid, a.atttypmod, a.attnotnull)::text FROM pg_attribute a
+                 WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum) AS columns
     FROM pg_class c
     WHERE c.oid = to_regclass({job_literal})
-) AS p
-LEFT JOIN LATERAL (
-    SELECT substr(c.relname, 13) AS day,
-           EXISTS (SELECT FROM pg_inherits i WHERE i.inhrelid = c.oid AND i.inhparent = p.oid)
-           AND (SELECT count(*) FROM pg_constraint k
-                WHERE k.conrelid = c.oid AND k.conname IN ('job_history_terminal', 'job_history_keyless')) = 2
-           AND (SELECT count(*) FROM pg_attribute a
-                WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped) = p.columns AS ours,
-           has_table_privilege(c.oid, 'INSERT') AND has_table_privilege(c.oid, 'SELECT') AS writable,
-           pg_has_role(c.relowner, 'USAGE') AS owned,
-           has_table_privilege(c.oid, 'DELETE') AND has_table_privilege(c.oid, 'SELECT') AS emptiable,
-           -- compared as text: a name that is no date (job_history_20261399) is never an error
-           %(ttl)s::interval > interval '0'
-           AND substr(c.relname, 13) < to_char((now() - %(ttl)s::interval) AT TIME ZONE 'UTC', 'YYYYMMDD') AS past
-    FROM pg_class c
+), named AS (
+    SELECT substr(c.relname, 13) AS day, c.oid, c.relowner, c.relrowsecurity
+    FROM pg_class c, p
     WHERE c.relnamespace = p.relnamespace AND c.relname ~ '^job_history_[0-9]{{8}}$'
+    UNION ALL
+    SELECT substr(t.typname, 13), NULL, NULL, NULL
+    FROM pg_type t, p
+    WHERE t.typnamespace = p.relnamespace AND t.typrelid = 0 AND t.typname ~ '^job_history_[0-9]{{8}}$'
+)
+SELECT t.day, t.ours, t.writable, t.owned, t.emptiable, t.past, p.creatable
+FROM p
+LEFT JOIN LATERAL (
+    SELECT n.day,
+           n.oid IS NOT NULL AND NOT n.relrowsecurity
+           AND EXISTS (SELECT FROM pg_inherits i WHERE i.inhrelid = n.oid AND i.inhparent = p.oid)
+           AND (SELECT array_agg(k.conname::text ORDER BY k.conname) FROM pg_constraint k
+                WHERE k.conrelid = n.oid AND k.contype = 'c' AND k.conislocal)
+               = ARRAY['job_history_keyless', 'job_history_terminal']
+           AND array(SELECT (a.attname, a.atttypid, a.atttypmod, a.attnotnull)::text FROM pg_attribute a
+                     WHERE a.attrelid = n.oid AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum)
+               = p.columns AS ours,
+           n.oid IS NOT NULL AND has_table_privilege(n.oid, 'INSERT') AND has_table_privilege(n.oid, 'SELECT')
+               AS writable,
+           n.oid IS NOT NULL AND pg_has_role(n.relowner, 'USAGE') AS owned,
+           n.oid IS NOT NULL AND has_table_privilege(n.oid, 'DELETE') AND has_table_privilege(n.oid, 'SELECT')
+               AS emptiable,
+           %(ttl)s::interval > interval '0'
+           AND n.day < to_char((now() - %(ttl)s::interval) AT TIME ZONE 'UTC', 'YYYYMMDD') AS past
+    FROM named n
 ) AS t ON true
 ORDER BY t.day

@@ -16,13 +16,16 @@ claims, settles and heartbeats cost the same whatever the history holds.
   and the DROP.
 
 A day's table is made and dropped by the engine, which PostgreSQL allows the owner of ``job`` alone
-(``CREATE TABLE … INHERITS``, ``DROP TABLE``). What the engine's role may do with each day is read
-from the catalog at every pass (``sql/history_tables.sql``), never remembered: the mover takes no
-row of a day it may not make or write (a table of the day's name that is no child of ``job``, made
-by hand or by another role, is never touched), and those rows stay in ``job``, deleted at the ttl as
-with the history off; a day past the ttl that it may not drop but may delete from (made while the
-engines ran as the owner) is emptied row by row. A grant, an owner or a table changed by an operator
-counts from the next pass; what stands in the way is logged once, and again if it comes back.
+(``CREATE TABLE … INHERITS``, ``DROP TABLE``); a day made by a member of that role is given to the
+role (``sql/history_own.sql``). What the engine's role may do with each day is read from the catalog
+at every pass (``sql/history_tables.sql``), never remembered: the mover takes no row of a day it may
+not make, write or later remove (a table of the day's name that is no day of ours, made by hand or
+by another role, is never touched), and those rows stay in ``job``, deleted at the ttl as with the
+history off; a day past the ttl that it may not drop but may delete from (made while the engines ran
+as the owner), or that a view keeps, is emptied row by row. A grant, an owner or a table changed by
+an operator counts from the next pass; what stands in the way is logged once, and again if it comes
+back. A row the day's table refuses for a reason the catalog cannot show (a trigger, an id it holds
+already) stays in ``job``; the rest of its batch moves.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 import psycopg
 
@@ -44,6 +48,13 @@ CANNOT = (
     "history: %s: its ended jobs stay in job until retention deletes them at the ttl (a day's table "
     "is made and dropped by the owner of job: run the engines as that role, or set history_after to 0)"
 )
+STRANGER = (
+    "history: %s exists and is no day of history (a child of job as the engine makes them: its "
+    "checks, job's columns in job's order, no row-level security): the jobs of that day stay in job "
+    "until the ttl; drop or rename it"
+)
+MOVE_FAILED = "history: moving jobs into %s failed (%s); they stay in job until the ttl"
+KEPT = "history: %s could not be dropped (%s); its rows are deleted one by one instead"
 
 # A day's drop asks for its table's lock without waiting, this many times, this many seconds apart.
 LOCK_TRIES = 20
@@ -80,65 +91,113 @@ class History:
         self._q = session.q
         self._said: set[tuple[str, str]] = set()  # what stands in the way, logged once while it lasts
         # The mover's mark: the end of the newest row it locked. Rows that ended before it and were
-        # left (see history_lock.sql) are not read again; retention deletes them at the ttl.
+        # left (see history_lock.sql) are not read again, unless a day opens (below); retention
+        # deletes them at the ttl.
         self._since: datetime | None = None
+        # What the last look found: the days open to the mover, every day's name, whether it may make one.
+        self._open: tuple[frozenset[str], frozenset[str], bool] = (frozenset(), frozenset(), False)
 
     def move(self, after: timedelta, ttl: timedelta, batch: int) -> list[tuple[str, str]]:
         """Move at most *batch* terminal rows that ended between *ttl* and *after* ago into their
         days' tables, making those first; (id, topic) of each row moved. The rows of a day this role
-        may not make or write stay in job (the module's docstring)."""
+        may not make, write or later remove stay in job (the module's docstring)."""
         if after <= timedelta(0) or batch < 1:
             return []
         for _ in range(4):  # a day without its table: make it outside the batch's transaction, look again
-            days, creatable = self._look(timedelta(0))
-            self._say(
-                ("create", ""), not creatable, logging.WARNING, CANNOT, "this role may not make a day's table"
-            )
-            made = {d.day for d in days}
-            params = {
-                "after": after,
-                "ttl": ttl,
-                "since": self._since or "-infinity",
-                "batch": batch,
-                "open": [d.day for d in days if d.ours and d.writable],
-                "made": sorted(made),
-                "creatable": creatable,
-            }
+            params = self._params(after, ttl, batch)
             try:
                 with self.session.autocommit("moving terminal jobs to history") as conn, conn.transaction():
-                    run = on_connection(conn)
-                    locked = run(self._q["history_lock"], params)
+                    locked = on_connection(conn)(self._q["history_lock"], params)
                     if not locked:
                         return []
-                    missing = sorted({str(r[1]) for r in locked} - made)
+                    days = sorted({str(r[1]) for r in locked})
+                    missing = [d for d in days if d not in params["made"]]
                     if not missing:
                         moved: list[tuple[str, str]] = []
-                        for day in sorted({str(r[1]) for r in locked}):
-                            ids = uuid_array([str(r[0]) for r in locked if r[1] == day])
-                            rows = run(self._q["history_move" + HISTORY + day], {"ids": ids})
-                            moved.extend((str(r[0]), str(r[1])) for r in rows)
+                        for day in days:
+                            moved.extend(
+                                self._move_day(conn, day, [str(r[0]) for r in locked if r[1] == day])
+                            )
                         self._since = max(r[2] for r in locked)
                         return moved
             except psycopg.errors.UndefinedTable:  # dropped since it was seen (a downgrade, an operator):
-                self._since = None  # the rows left before the mark are read again
-                continue
+                continue  # the next look finds it gone
             if not self.create(missing):
                 return []
-            self._since = None  # a day without its table may hold rows put back before the mark (a downgrade)
         return []
 
+    def _params(self, after: timedelta, ttl: timedelta, batch: int) -> dict[str, Any]:
+        """history_lock's parameters from a look at the catalog: the days open to the mover (ours, it
+        may write them and later drop or empty them), every day's name, whether it may make a day. A
+        day that opened since the last look (an operator's grant or fix, a table gone) resets the
+        mark: the rows it passed are read again."""
+        days, creatable = self._look(timedelta(0))
+        self._say(
+            ("create", ""), not creatable, logging.WARNING, CANNOT, "this role may not make a day's table"
+        )
+        made = frozenset(d.day for d in days)
+        writable = frozenset(d.day for d in days if d.ours and d.writable and (d.owned or d.emptiable))
+        was_writable, was_made, could_create = self._open
+        if writable - was_writable or was_made - made or (creatable and not could_create):
+            self._since = None
+        self._open = (writable, made, creatable)
+        return {
+            "after": after,
+            "ttl": ttl,
+            "since": self._since or "-infinity",
+            "batch": batch,
+            "open": sorted(writable),
+            "made": sorted(made),
+            "creatable": creatable,
+        }
+
+    def _move_day(self, conn: psycopg.Connection[Any], day: str, ids: list[str]) -> list[tuple[str, str]]:
+        """Move one day's part of the batch, in a savepoint. When the day's table refuses it for a
+        reason the catalog does not show (a trigger, a job id it holds already), each row is moved in
+        a savepoint of its own: the rows refused stay in job, passed by the mark (retention deletes
+        them at the ttl), said once while it lasts; the others move."""
+        try:
+            moved = self._move_rows(conn, day, ids)
+        except psycopg.errors.UndefinedTable:
+            raise
+        except psycopg.Error as exc:
+            self._say(("move", day), True, logging.WARNING, MOVE_FAILED, history_table(day), exc)
+        else:
+            self._said.discard(("move", day))
+            return moved
+        moved = []
+        for one in ids if len(ids) > 1 else []:
+            try:
+                moved.extend(self._move_rows(conn, day, [one]))
+            except (psycopg.errors.UndefinedTable, psycopg.OperationalError):
+                raise
+            except psycopg.Error:
+                continue
+        return moved
+
+    def _move_rows(self, conn: psycopg.Connection[Any], day: str, ids: list[str]) -> list[tuple[str, str]]:
+        with conn.transaction():
+            rows = on_connection(conn)(self._q["history_move" + HISTORY + day], {"ids": uuid_array(ids)})
+        return [(str(r[0]), str(r[1])) for r in rows]
+
     def create(self, days: list[str]) -> bool:
-        """Make the tables of history of *days* (YYYYMMDD); False when one could not be made now (its
-        lock on job, shared with VACUUM and ANALYZE, not had within a second): the rows wait for the
-        next pass. A table of the name made meanwhile, by another engine or anyone, is left as it is."""
+        """Make the tables of history of *days* (YYYYMMDD), each given to the owner of job; False when
+        one could not be made now (its lock on job, shared with VACUUM and ANALYZE, not had within a
+        second): the rows wait for the next pass. A table or a type of the name made meanwhile, by
+        another engine or anyone, is left as it is."""
         for day in days:
             try:
                 with self.session.autocommit("creating a table of history") as conn, conn.transaction():
                     run = on_connection(conn)
                     run(self._q["history_lock_wait"], {})
                     run(self._q["history_create" + HISTORY + day], {})
+                    run(self._q["history_own" + HISTORY + day], {})
                     run(self._q["history_index" + HISTORY + day], {})
-            except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
+            except (
+                psycopg.errors.UniqueViolation,
+                psycopg.errors.DuplicateTable,
+                psycopg.errors.DuplicateObject,
+            ):
                 continue  # the next look says whether it is a day
             except psycopg.errors.LockNotAvailable:
                 log.info("history: the table of %s could not be created now (job is locked); next pass", day)
@@ -163,7 +222,7 @@ class History:
             if stuck:
                 continue
             try:
-                done = self._drop(day.day, "history_drop" if day.owned else "history_empty")
+                done = self._remove(day)
             except psycopg.Error as exc:  # this day's alone: the later days still go, it at the next pass
                 log.warning("history: dropping the table of %s failed (%s); next pass", day.day, exc)
                 continue
@@ -173,27 +232,34 @@ class History:
                 dropped.append(done)
         return dropped
 
+    def _remove(self, day: Day) -> Dropped | None:
+        """Drop *day*'s table, or empty it while it holds rows when this role may not drop it or
+        something an operator made on it (a view) keeps it (said once while it lasts); None when its
+        table was never locked."""
+        if day.owned:
+            try:
+                done = self._drop(day.day, "history_drop")
+            except psycopg.errors.DependentObjectsStillExist as exc:
+                self._say(("kept", day.day), True, logging.WARNING, KEPT, history_table(day.day), exc)
+                if not day.emptiable:
+                    return None
+            else:
+                self._said.discard(("kept", day.day))
+                return done
+        rows = self.session.run("reading a day of history", self._q["history_any" + HISTORY + day.day], {})
+        return self._drop(day.day, "history_empty") if rows[0][0] else Dropped(day.day, {}, 0)
+
     def _look(self, ttl: timedelta) -> tuple[list[Day], bool]:
         """The tables of days and whether this role may make one (sql/history_tables.sql); what stands
         in the way of a day is logged once while it lasts."""
         rows = self.session.run("reading the tables of history", self._q["history_tables"], {"ttl": ttl})
         days = [Day(str(r[0]), *(bool(v) for v in r[1:6])) for r in rows if r[0] is not None]
+        names = {d.day for d in days}
+        self._said = {w for w in self._said if w[0] in ("create", "move") or w[1] in names}
         for d in days:
-            self._say(
-                ("stranger", d.day),
-                not d.ours,
-                logging.ERROR,
-                "history: a table named %s exists that is not a day of history (no child of job as the "
-                "engine makes them): the jobs of that day stay in job until the ttl; drop or rename it",
-                history_table(d.day),
-            )
-            self._say(
-                ("write", d.day),
-                d.ours and not d.writable,
-                logging.WARNING,
-                CANNOT,
-                f"this role may not write {d.day}",
-            )
+            self._say(("stranger", d.day), not d.ours, logging.ERROR, STRANGER, history_table(d.day))
+            cannot = d.ours and not (d.writable and (d.owned or d.emptiable))
+            self._say(("write", d.day), cannot, logging.WARNING, CANNOT, f"this role may not write {d.day}")
         return days, bool(rows and rows[0][6])
 
     def _say(self, what: tuple[str, str], stands: bool, level: int, msg: str, *args: object) -> None:
