@@ -133,10 +133,12 @@ def app_role(dsn: str, schema: str, *, owner: bool = False, create: bool = False
 
 
 @contextmanager
-def store_as(dsn: str, schema: str, role: str) -> Iterator[Store]:
-    """A Store whose pool's sessions run as *role* (SET ROLE from the test's superuser)."""
+def store_as(dsn: str, schema: str, role: str | None, settings: str = "") -> Iterator[Store]:
+    """A Store whose pool's sessions run as *role* (SET ROLE from the test's superuser; None: as
+    it), with *settings* (``-c name=value ...``) besides."""
     options = conninfo_to_dict(dsn).get("options") or ""
-    role_dsn = make_conninfo(dsn, options=f"{options} -c role={role}".strip())
+    extra = (f"-c role={role} " if role else "") + settings
+    role_dsn = make_conninfo(dsn, options=f"{options} {extra}".strip())
     p: ConnectionPool[Any] = ConnectionPool(role_dsn, min_size=1, max_size=4, open=True)
     s = Store(p, schema=schema)
     try:
@@ -204,3 +206,33 @@ def stranger(dsn: str, schema: str, day: str) -> None:
             sql.Identifier(schema, f"job_history_{day}"), sql.Identifier(schema, "job")
         ),
     )
+
+
+@contextmanager
+def owner_group(dsn: str, schema: str, members: int) -> Iterator[list[str]]:
+    """A group role that owns job (CREATE on the schema, DML on its tables) and *members* login-less
+    roles in it (INHERIT): per-instance engine credentials, as docs/operating.md describes them."""
+    tag = uuid.uuid4().hex[:10]
+    group = f"brooq_grp_{tag}"
+    names = [f"brooq_m{i}_{tag}" for i in range(members)]
+    s, g = sql.Identifier(schema), sql.Identifier(group)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(g))
+        for st in (
+            "GRANT USAGE, CREATE ON SCHEMA {s} TO {g}",
+            "GRANT ALL ON ALL TABLES IN SCHEMA {s} TO {g}",
+            "GRANT ALL ON ALL SEQUENCES IN SCHEMA {s} TO {g}",
+            "GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {s} TO {g}",
+            "ALTER TABLE {s}.job OWNER TO {g}",
+        ):
+            conn.execute(sql.SQL(st).format(s=s, g=g))
+        for n in names:
+            conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN INHERIT IN ROLE {}").format(sql.Identifier(n), g))
+    try:
+        yield names
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for n in [*names, group]:
+                conn.execute(sql.SQL("REASSIGN OWNED BY {} TO CURRENT_USER").format(sql.Identifier(n)))
+                conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(n)))
+                conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(n)))

@@ -4,7 +4,6 @@ security on a day the mover writes) passed on 503c00c, before it: regressions.""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from datetime import timedelta
 from typing import Any
@@ -24,6 +23,7 @@ from tests.integration.history import (
     ended,
     foreign_day,
     move,
+    owner_group,
     run_sql,
     same_end,
     store_as,
@@ -329,39 +329,6 @@ def test_t1_the_mover_moves_jobs_into_a_day_it_may_write_but_never_drop_nor_empt
 # -- T1: members of the role that owns job (per-instance roles) --------------------------------
 
 
-@contextlib.contextmanager
-def _owner_group(dsn: str, schema: str, members: int) -> Any:
-    """A group role that owns job (CREATE on the schema, DML on its tables) and *members* login-less
-    roles in it (INHERIT): engines each running as its own member of the owner, as per-instance or
-    rotated credentials (a Vault database secrets engine) make them."""
-    import uuid
-
-    tag = uuid.uuid4().hex[:10]
-    group = f"brooq_grp_{tag}"
-    names = [f"brooq_m{i}_{tag}" for i in range(members)]
-    s, g = sql.Identifier(schema), sql.Identifier(group)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(g))
-        for st in (
-            "GRANT USAGE, CREATE ON SCHEMA {s} TO {g}",
-            "GRANT ALL ON ALL TABLES IN SCHEMA {s} TO {g}",
-            "GRANT ALL ON ALL SEQUENCES IN SCHEMA {s} TO {g}",
-            "GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {s} TO {g}",
-            "ALTER TABLE {s}.job OWNER TO {g}",
-        ):
-            conn.execute(sql.SQL(st).format(s=s, g=g))
-        for n in names:
-            conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN INHERIT IN ROLE {}").format(sql.Identifier(n), g))
-    try:
-        yield names
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            for n in [*names, group]:
-                conn.execute(sql.SQL("REASSIGN OWNED BY {} TO CURRENT_USER").format(sql.Identifier(n)))
-                conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(n)))
-                conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(n)))
-
-
 def test_t1_an_engine_running_as_a_member_of_the_owner_of_job_may_not_remove_a_day_another_made(
     dsn: str, schema: str, store: Store, pool: ConnectionPool[Any]
 ) -> None:
@@ -372,7 +339,7 @@ def test_t1_an_engine_running_as_a_member_of_the_owner_of_job_may_not_remove_a_d
     is gone (its instance retired, its credentials rotated), the other engine keeps the day past the
     ttl for ever (SPEC T1), though it runs as the owner of job as documented."""
     with (
-        _owner_group(dsn, schema, 2) as (a, b),
+        owner_group(dsn, schema, 2) as (a, b),
         store_as(dsn, schema, a) as one,
         store_as(dsn, schema, b) as two,
     ):

@@ -1,11 +1,12 @@
 -- name: history_tables
--- SPEC B2: the tables of the job table's schema named as days of terminal history
+-- SPEC B2 (after history_scope, in its transaction): the tables of the job table's schema named as days of terminal history
 -- (job_history_YYYYMMDD), and the types of such a name that are no table's (a domain, an enum: the
 -- day's table cannot be made), with what this engine's role may do with each, read from the
 -- catalog at every pass and never remembered: a grant, an owner or a table an operator changes
 -- counts from the next pass on.
---   ours: a child of job as history_create.sql makes it: its two checks and no other of its own,
---     job's columns in job's order (the moves copy rows by position), no row-level security; any
+--   ours: a child of job as history_create.sql makes it: its two checks and its primary key and no
+--     other constraint of its own, job's columns in job's order (the moves copy rows by position),
+--     no trigger, rule nor row-level security (each could refuse, drop or hide a row moved); any
 --     other table of such a name (made by hand, or by another role with CREATE on the schema) is
 --     never written, emptied nor dropped;
 --   writable: the mover may insert into it and read back what it inserted;
@@ -22,11 +23,11 @@ WITH p AS (
     FROM pg_class c
     WHERE c.oid = to_regclass({job_literal})
 ), named AS (
-    SELECT substr(c.relname, 13) AS day, c.oid, c.relowner, c.relrowsecurity
+    SELECT substr(c.relname, 13) AS day, c.oid, c.relowner, c.relrowsecurity, c.relhasrules
     FROM pg_class c, p
     WHERE c.relnamespace = p.relnamespace AND c.relname ~ '^job_history_[0-9]{{8}}$'
     UNION ALL
-    SELECT substr(t.typname, 13), NULL, NULL, NULL
+    SELECT substr(t.typname, 13), NULL, NULL, NULL, NULL
     FROM pg_type t, p
     WHERE t.typnamespace = p.relnamespace AND t.typrelid = 0 AND t.typname ~ '^job_history_[0-9]{{8}}$'
 )
@@ -34,11 +35,13 @@ SELECT t.day, t.ours, t.writable, t.owned, t.emptiable, t.past, p.creatable
 FROM p
 LEFT JOIN LATERAL (
     SELECT n.day,
-           n.oid IS NOT NULL AND NOT n.relrowsecurity
+           n.oid IS NOT NULL AND NOT n.relrowsecurity AND NOT n.relhasrules
            AND EXISTS (SELECT FROM pg_inherits i WHERE i.inhrelid = n.oid AND i.inhparent = p.oid)
-           AND (SELECT array_agg(k.conname::text ORDER BY k.conname) FROM pg_constraint k
-                WHERE k.conrelid = n.oid AND k.contype = 'c' AND k.conislocal)
-               = ARRAY['job_history_keyless', 'job_history_terminal']
+           AND NOT EXISTS (SELECT FROM pg_trigger g WHERE g.tgrelid = n.oid AND NOT g.tgisinternal)
+           AND (SELECT array_agg(k.contype::text || CASE WHEN k.contype = 'c' THEN ' ' || k.conname ELSE '' END
+                                 ORDER BY k.contype, k.conname)
+                FROM pg_constraint k WHERE k.conrelid = n.oid AND k.conislocal)
+               = ARRAY['c job_history_keyless', 'c job_history_terminal', 'p']
            AND array(SELECT (a.attname, a.atttypid, a.atttypmod, a.attnotnull)::text FROM pg_attribute a
                      WHERE a.attrelid = n.oid AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum)
                = p.columns AS ours,

@@ -24,8 +24,9 @@ by another role, is never touched), and those rows stay in ``job``, deleted at t
 history off; a day past the ttl that it may not drop but may delete from (made while the engines ran
 as the owner), or that a view keeps, is emptied row by row. A grant, an owner or a table changed by
 an operator counts from the next pass; what stands in the way is logged once, and again if it comes
-back. A row the day's table refuses for a reason the catalog cannot show (a trigger, an id it holds
-already) stays in ``job``; the rest of its batch moves.
+back. A row the day's table refuses for a reason the catalog cannot show (an id it holds already)
+stays in ``job``; the rest of its batch moves. Every transaction here starts with
+``sql/history_scope.sql``: pg_catalog's functions and operators alone.
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ CANNOT = (
 )
 STRANGER = (
     "history: %s exists and is no day of history (a child of job as the engine makes them: its "
-    "checks, job's columns in job's order, no row-level security): the jobs of that day stay in job "
-    "until the ttl; drop or rename it"
+    "constraints, job's columns in job's order, no trigger, rule nor row-level security): the jobs of "
+    "that day stay in job until the ttl; drop or rename it (or drop what was added to it)"
 )
 MOVE_FAILED = "history: moving jobs into %s failed (%s); they stay in job until the ttl"
 KEPT = "history: %s could not be dropped (%s); its rows are deleted one by one instead"
@@ -83,6 +84,10 @@ class Dropped:
     kept: int
 
 
+class _Lost(Exception):
+    """A move put fewer rows into the day than it took from job: rolled back."""
+
+
 class History:
     """The mover and the drop of one Store (module docstring)."""
 
@@ -105,23 +110,20 @@ class History:
             return []
         for _ in range(4):  # a day without its table: make it outside the batch's transaction, look again
             params = self._params(after, ttl, batch)
-            try:
-                with self.session.autocommit("moving terminal jobs to history") as conn, conn.transaction():
-                    locked = on_connection(conn)(self._q["history_lock"], params)
-                    if not locked:
-                        return []
-                    days = sorted({str(r[1]) for r in locked})
-                    missing = [d for d in days if d not in params["made"]]
-                    if not missing:
-                        moved: list[tuple[str, str]] = []
-                        for day in days:
-                            moved.extend(
-                                self._move_day(conn, day, [str(r[0]) for r in locked if r[1] == day])
-                            )
-                        self._since = max(r[2] for r in locked)
-                        return moved
-            except psycopg.errors.UndefinedTable:  # dropped since it was seen (a downgrade, an operator):
-                continue  # the next look finds it gone
+            moved: list[tuple[str, str]] = []
+            with self.session.autocommit("moving terminal jobs to history") as conn, conn.transaction():
+                run = on_connection(conn)
+                run(self._q["history_scope"], {})
+                locked = run(self._q["history_lock"], params)
+                if not locked:
+                    return []
+                days = sorted({str(r[1]) for r in locked})
+                missing = [d for d in days if d not in params["made"]]
+                for day in days if not missing else []:
+                    moved.extend(self._move_day(conn, day, [str(r[0]) for r in locked if r[1] == day]))
+            if not missing:
+                self._since = max(r[2] for r in locked)  # once committed: a failed commit passes nothing
+                return moved
             if not self.create(missing):
                 return []
         return []
@@ -153,15 +155,17 @@ class History:
 
     def _move_day(self, conn: psycopg.Connection[Any], day: str, ids: list[str]) -> list[tuple[str, str]]:
         """Move one day's part of the batch, in a savepoint. When the day's table refuses it for a
-        reason the catalog does not show (a trigger, a job id it holds already), each row is moved in
+        reason the catalog does not show (a job id it holds already), each row is moved in
         a savepoint of its own: the rows refused stay in job, passed by the mark (retention deletes
         them at the ttl), said once while it lasts; the others move."""
         try:
             moved = self._move_rows(conn, day, ids)
-        except psycopg.errors.UndefinedTable:
+        except psycopg.OperationalError:
             raise
-        except psycopg.Error as exc:
+        except (psycopg.Error, _Lost) as exc:
             self._say(("move", day), True, logging.WARNING, MOVE_FAILED, history_table(day), exc)
+            if isinstance(exc, psycopg.errors.UndefinedTable):
+                return []  # gone since the look (a downgrade, an operator): the next look reads from the start
         else:
             self._said.discard(("move", day))
             return moved
@@ -169,16 +173,21 @@ class History:
         for one in ids if len(ids) > 1 else []:
             try:
                 moved.extend(self._move_rows(conn, day, [one]))
-            except (psycopg.errors.UndefinedTable, psycopg.OperationalError):
+            except psycopg.OperationalError:
                 raise
-            except psycopg.Error:
+            except (psycopg.Error, _Lost):
                 continue
         return moved
 
     def _move_rows(self, conn: psycopg.Connection[Any], day: str, ids: list[str]) -> list[tuple[str, str]]:
+        """history_move in a savepoint, rolled back when it put fewer rows than it took."""
         with conn.transaction():
-            rows = on_connection(conn)(self._q["history_move" + HISTORY + day], {"ids": uuid_array(ids)})
-        return [(str(r[0]), str(r[1])) for r in rows]
+            ((took, put, topics),) = on_connection(conn)(
+                self._q["history_move" + HISTORY + day], {"ids": uuid_array(ids)}
+            )
+            if took != len(put or []):
+                raise _Lost(f"{took} rows taken from job, {len(put or [])} put into the day")
+        return list(zip(put or [], topics or [], strict=True))
 
     def create(self, days: list[str]) -> bool:
         """Make the tables of history of *days* (YYYYMMDD), each given to the owner of job; False when
@@ -189,6 +198,7 @@ class History:
             try:
                 with self.session.autocommit("creating a table of history") as conn, conn.transaction():
                     run = on_connection(conn)
+                    run(self._q["history_scope"], {})
                     run(self._q["history_lock_wait"], {})
                     run(self._q["history_create" + HISTORY + day], {})
                     run(self._q["history_own" + HISTORY + day], {})
@@ -252,7 +262,10 @@ class History:
     def _look(self, ttl: timedelta) -> tuple[list[Day], bool]:
         """The tables of days and whether this role may make one (sql/history_tables.sql); what stands
         in the way of a day is logged once while it lasts."""
-        rows = self.session.run("reading the tables of history", self._q["history_tables"], {"ttl": ttl})
+        with self.session.autocommit("reading the tables of history") as conn, conn.transaction():
+            run = on_connection(conn)
+            run(self._q["history_scope"], {})
+            rows = run(self._q["history_tables"], {"ttl": ttl})
         days = [Day(str(r[0]), *(bool(v) for v in r[1:6])) for r in rows if r[0] is not None]
         names = {d.day for d in days}
         self._said = {w for w in self._said if w[0] in ("create", "move") or w[1] in names}
@@ -279,6 +292,7 @@ class History:
             try:
                 with self.session.autocommit("dropping a day of history") as conn, conn.transaction():
                     run = on_connection(conn)
+                    run(self._q["history_scope"], {})
                     run(self._q["history_lock_table" + HISTORY + day], {})
                     # Everything after the lock: an enqueue naming one of its rows as a parent, a retry
                     # of one, has committed (it held the table), and nothing reads the day meanwhile.
