@@ -6,7 +6,7 @@
 -- retry that named one of its rows as a parent has committed (it held the table while it read the
 -- row) and this statement's snapshot, taken after the lock, sees its child.
 WITH kept AS (
-    DELETE FROM {history} j
+    DELETE FROM ONLY {history} j
     WHERE j.id IN (SELECT e.parent FROM {job_edge} e JOIN {live} c ON c.id = e.child
                    WHERE c.state NOT IN ('done', 'dead', 'canceled'))
        OR (j.sequence IS NOT NULL AND j.state = 'dead'

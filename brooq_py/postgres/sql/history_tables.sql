@@ -4,8 +4,8 @@
 -- day's table cannot be made), with what this engine's role may do with each, read from the
 -- catalog at every pass and never remembered: a grant, an owner or a table an operator changes
 -- counts from the next pass on.
---   ours: a child of job as history_create.sql makes it: its two checks and its primary key and no
---     other constraint of its own, job's columns in job's order (the moves copy rows by position),
+--   ours: a child of job as history_create.sql makes it: its two checks and its primary key (none
+--     deferrable: a move must fail in its statement, not at the commit) and no other constraint of its own, job's columns in job's order (the moves copy rows by position),
 --     no trigger, rule nor row-level security (each could refuse, drop or hide a row moved); any
 --     other table of such a name (made by hand, or by another role with CREATE on the schema) is
 --     never written, emptied nor dropped;
@@ -39,6 +39,7 @@ LEFT JOIN LATERAL (
            AND EXISTS (SELECT FROM pg_inherits i WHERE i.inhrelid = n.oid AND i.inhparent = p.oid)
            AND NOT EXISTS (SELECT FROM pg_trigger g WHERE g.tgrelid = n.oid AND NOT g.tgisinternal)
            AND (SELECT array_agg(k.contype::text || CASE WHEN k.contype = 'c' THEN ' ' || k.conname ELSE '' END
+                                 || CASE WHEN k.condeferrable THEN ' deferrable' ELSE '' END
                                  ORDER BY k.contype, k.conname)
                 FROM pg_constraint k WHERE k.conrelid = n.oid AND k.conislocal)
                = ARRAY['c job_history_keyless', 'c job_history_terminal', 'p']
