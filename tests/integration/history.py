@@ -236,3 +236,41 @@ def owner_group(dsn: str, schema: str, members: int) -> Iterator[list[str]]:
                 conn.execute(sql.SQL("REASSIGN OWNED BY {} TO CURRENT_USER").format(sql.Identifier(n)))
                 conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(n)))
                 conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(n)))
+
+
+@contextmanager
+def attacker(dsn: str, schema: str) -> Iterator[str]:
+    """A role with USAGE and CREATE on the job table's schema and nothing on its tables: another
+    application sharing the schema (docs/operating.md: "another role with CREATE on the schema"),
+    or, on a database made before PostgreSQL 15 (pg_upgrade keeps it), any role at all in
+    ``public``."""
+    role = f"brooq_x_{uuid.uuid4().hex[:12]}"
+    s, r = sql.Identifier(schema), sql.Identifier(role)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(r))
+        conn.execute(sql.SQL("GRANT USAGE, CREATE ON SCHEMA {} TO {}").format(s, r))
+    try:
+        yield role
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("REASSIGN OWNED BY {} TO CURRENT_USER").format(r))
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(r))
+            conn.execute(sql.SQL("DROP ROLE {}").format(r))
+
+
+def run_sql_as(dsn: str, role: str, statement: sql.Composable) -> None:
+    """One statement run as *role* (SET ROLE from the test's superuser)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+        conn.execute(statement)
+
+
+def privileges_on_job(dsn: str, schema: str, role: str) -> list[str]:
+    """What *role* may do to job, of SELECT, INSERT, UPDATE, DELETE, TRUNCATE."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT p FROM unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE', 'TRUNCATE']) p"
+            " WHERE has_table_privilege(%s, %s::regclass, p)",
+            (role, f'"{schema}".job'),
+        ).fetchall()
+    return [str(r[0]) for r in rows]

@@ -3,12 +3,8 @@ Each test here fails on 1864fd8 for the reason its docstring gives."""
 
 from __future__ import annotations
 
-import contextlib
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
-import psycopg
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
@@ -18,11 +14,14 @@ from tests.integration.history import (
     AFTER,
     TTL,
     app_role,
+    attacker,
     day_of,
     ended,
     move,
     owner_group,
+    privileges_on_job,
     run_sql,
+    run_sql_as,
     same_end,
     store_as,
     where,
@@ -33,43 +32,6 @@ from tests.integration.history import (
 
 def _table(schema: str, day: str) -> sql.Identifier:
     return sql.Identifier(schema, f"job_history_{day}")
-
-
-@contextlib.contextmanager
-def _attacker(dsn: str, schema: str) -> Iterator[str]:
-    """A role with USAGE and CREATE on the job table's schema and nothing on its tables: another
-    application sharing the schema (docs/operating.md: "another role with CREATE on the schema"),
-    or, on a database made before PostgreSQL 15 (pg_upgrade keeps it), any role at all in
-    ``public``."""
-    role = f"brooq_x_{uuid.uuid4().hex[:12]}"
-    s, r = sql.Identifier(schema), sql.Identifier(role)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(r))
-        conn.execute(sql.SQL("GRANT USAGE, CREATE ON SCHEMA {} TO {}").format(s, r))
-    try:
-        yield role
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("REASSIGN OWNED BY {} TO CURRENT_USER").format(r))
-            conn.execute(sql.SQL("DROP OWNED BY {}").format(r))
-            conn.execute(sql.SQL("DROP ROLE {}").format(r))
-
-
-def _as(dsn: str, role: str, statement: sql.Composable) -> None:
-    """One statement run as *role* (SET ROLE from the test's superuser)."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
-        conn.execute(statement)
-
-
-def _privileges_on_job(dsn: str, schema: str, role: str) -> list[str]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT p FROM unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE', 'TRUNCATE']) p"
-            " WHERE has_table_privilege(%s, %s::regclass, p)",
-            (role, f'"{schema}".job'),
-        ).fetchall()
-    return [str(r[0]) for r in rows]
 
 
 # -- privilege surface: unqualified names resolved on the engine's search_path ------------------
@@ -86,23 +48,21 @@ def test_b2_history_own_runs_a_format_of_another_roles_making_as_the_engine(
     'GRANT ALL ON job TO <itself>'; the DO block EXECUTEs it as the engine's role, a member of the
     owner of job, when the engine makes its next day: the role now reads, rewrites and truncates
     every job."""
-    with owner_group(dsn, schema, 1) as (member,), _attacker(dsn, schema) as x:
+    with owner_group(dsn, schema, 1) as (member,), attacker(dsn, schema) as x:
         grant = f'GRANT ALL ON "{schema}".job TO "{x}"'
-        _as(
+        run_sql_as(
             dsn,
             x,
             sql.SQL("CREATE FUNCTION {}(text, text, name) RETURNS text LANGUAGE sql AS {}").format(
                 sql.Identifier(schema, "format"), sql.Literal("SELECT '" + grant.replace("'", "''") + "'")
             ),
         )
-        assert _privileges_on_job(dsn, schema, x) == []
+        assert privileges_on_job(dsn, schema, x) == []
         with store_as(dsn, schema, member, f"-c search_path={schema}") as engine:
             a = store.enqueue(Job("h", {})).id
             ended(dsn, schema, [a], "done")
             assert [i for i, _ in engine.move_terminal(AFTER, TTL, 10)] == [a]  # the engine made a day
-        assert _privileges_on_job(dsn, schema, x) == [], (
-            f"{x} was granted {_privileges_on_job(dsn, schema, x)}"
-        )
+        assert privileges_on_job(dsn, schema, x) == [], f"{x} was granted {privileges_on_job(dsn, schema, x)}"
 
 
 def test_b2_history_tables_runs_an_operator_of_another_roles_making_at_every_pass(
@@ -114,7 +74,7 @@ def test_b2_history_tables_runs_an_operator_of_another_roles_making_at_every_pas
     the job table's schema and no right on its tables makes that operator; the next pass of an engine running as the owner of job
     runs its function as the owner: here it grants itself every right on job (it could as well
     drop job). The comparison runs for each child of job named as a day: any day the engines made."""
-    with app_role(dsn, schema, owner=True, create=True) as owner, _attacker(dsn, schema) as x:
+    with app_role(dsn, schema, owner=True, create=True) as owner, attacker(dsn, schema) as x:
         body = (
             "BEGIN EXECUTE "
             + "'GRANT ALL ON "
@@ -122,14 +82,14 @@ def test_b2_history_tables_runs_an_operator_of_another_roles_making_at_every_pas
             + "'"
             + "; RETURN $1::text = $2::text; END"
         )
-        _as(
+        run_sql_as(
             dsn,
             x,
             sql.SQL("CREATE FUNCTION {}(text[], text[]) RETURNS boolean LANGUAGE plpgsql AS {}").format(
                 sql.Identifier(schema, "arr_eq"), sql.Literal(body)
             ),
         )
-        _as(
+        run_sql_as(
             dsn,
             x,
             sql.SQL("CREATE OPERATOR {}.= (leftarg = text[], rightarg = text[], function = {})").format(
@@ -139,12 +99,10 @@ def test_b2_history_tables_runs_an_operator_of_another_roles_making_at_every_pas
         a = store.enqueue(Job("h", {})).id
         ended(dsn, schema, [a], "done")
         assert [i for i, _ in move(store)] == [a]  # a day of the engine's, as any engine makes it
-        assert _privileges_on_job(dsn, schema, x) == []
+        assert privileges_on_job(dsn, schema, x) == []
         with store_as(dsn, schema, owner, f"-c search_path={schema}") as engine:
             engine.drop_history(TTL)  # one retention pass's look at the days
-        assert _privileges_on_job(dsn, schema, x) == [], (
-            f"{x} was granted {_privileges_on_job(dsn, schema, x)}"
-        )
+        assert privileges_on_job(dsn, schema, x) == [], f"{x} was granted {privileges_on_job(dsn, schema, x)}"
 
 
 # -- B2: a day's trigger whose error the mover takes for "the table is gone" --------------------

@@ -5,9 +5,6 @@ reason its docstring gives."""
 
 from __future__ import annotations
 
-import contextlib
-import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -19,10 +16,13 @@ from brooq_py.postgres import Store
 from brooq_py.queue import Job
 from tests.integration.history import (
     app_role,
+    attacker,
     day_of,
     ended,
     move,
+    privileges_on_job,
     run_sql,
+    run_sql_as,
     store_as,
     where,
 )
@@ -32,40 +32,6 @@ from tests.integration.history import (
 
 def _table(schema: str, day: str) -> sql.Identifier:
     return sql.Identifier(schema, f"job_history_{day}")
-
-
-@contextlib.contextmanager
-def _attacker(dsn: str, schema: str) -> Iterator[str]:
-    """A role with USAGE and CREATE on the job table's schema and nothing on its tables
-    (test_review_history_catalog2's)."""
-    role = f"brooq_x_{uuid.uuid4().hex[:12]}"
-    s, r = sql.Identifier(schema), sql.Identifier(role)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(r))
-        conn.execute(sql.SQL("GRANT USAGE, CREATE ON SCHEMA {} TO {}").format(s, r))
-    try:
-        yield role
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("REASSIGN OWNED BY {} TO CURRENT_USER").format(r))
-            conn.execute(sql.SQL("DROP OWNED BY {}").format(r))
-            conn.execute(sql.SQL("DROP ROLE {}").format(r))
-
-
-def _as(dsn: str, role: str, statement: sql.Composable) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
-        conn.execute(statement)
-
-
-def _privileges_on_job(dsn: str, schema: str, role: str) -> list[str]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT p FROM unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE', 'TRUNCATE']) p"
-            " WHERE has_table_privilege(%s, %s::regclass, p)",
-            (role, f'"{schema}".job'),
-        ).fetchall()
-    return [str(r[0]) for r in rows]
 
 
 def _count(dsn: str, statement: sql.Composable, params: Any = None) -> int:
@@ -87,32 +53,30 @@ def test_b2_store_retry_of_a_moved_job_runs_an_operator_of_another_roles_making(
     exact match and wins. A role with CREATE on the job table's schema and no right on its tables
     makes that operator; the owner of job retrying a moved dead job runs it: here it grants the
     stranger every right on job."""
-    with app_role(dsn, schema, owner=True, create=True) as owner, _attacker(dsn, schema) as x:
+    with app_role(dsn, schema, owner=True, create=True) as owner, attacker(dsn, schema) as x:
         a = store.enqueue(Job("h", {})).id
         ended(dsn, schema, [a], "dead")
         assert [i for i, _ in move(store)] == [a]
         grant = f'GRANT ALL ON "{schema}".job TO "{x}"'.replace("'", "''")
         body = f"BEGIN EXECUTE '{grant}'; RETURN $1 OPERATOR(pg_catalog.<>) $2::oid; END"
-        _as(
+        run_sql_as(
             dsn,
             x,
             sql.SQL("CREATE FUNCTION {}(oid, regclass) RETURNS boolean LANGUAGE plpgsql AS {}").format(
                 sql.Identifier(schema, "oid_ne"), sql.Literal(body)
             ),
         )
-        _as(
+        run_sql_as(
             dsn,
             x,
             sql.SQL("CREATE OPERATOR {}.<> (leftarg = oid, rightarg = regclass, function = {})").format(
                 sql.Identifier(schema), sql.Identifier(schema, "oid_ne")
             ),
         )
-        assert _privileges_on_job(dsn, schema, x) == []
+        assert privileges_on_job(dsn, schema, x) == []
         with store_as(dsn, schema, owner, f"-c search_path={schema}") as engine:
             assert engine.retry(a)
-        assert _privileges_on_job(dsn, schema, x) == [], (
-            f"{x} was granted {_privileges_on_job(dsn, schema, x)}"
-        )
+        assert privileges_on_job(dsn, schema, x) == [], f"{x} was granted {privileges_on_job(dsn, schema, x)}"
 
 
 # -- (3) what the catalog's look does not see: a day's own children, a deferred key --------------
