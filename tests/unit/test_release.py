@@ -45,7 +45,7 @@ def test_the_metadata_is_complete() -> None:
 
 def test_no_placeholder_url_where_users_read() -> None:
     pages = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
-    found = [p.name for p in pages if re.search(r"OWNER|<repo URL>", p.read_text(encoding="utf-8"))]
+    found = [p.name for p in pages if re.search(r"OWNER/|<repo URL>", p.read_text(encoding="utf-8"))]
     assert not found
 
 

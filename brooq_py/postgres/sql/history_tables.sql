@@ -12,7 +12,9 @@
 --   writable: the mover may insert into it and read back what it inserted;
 --   owned: the role may drop it (its owner's alone); emptiable: it may delete its rows instead;
 --   past: its every row ended more than %(ttl)s ago (its day ended before the day of now - ttl,
---     compared as text: a name that is no date is never an error; a ttl of 0: no).
+--     compared as text: a name that is no date is never an error; a ttl of 0: no); overdue: past
+--     a day ago (a role that may not drop it empties it then, once an owner's engine had a day to
+--     drop it whole).
 -- And on every row, whether the role may make a day (CREATE TABLE … INHERITS is the owner's of
 -- job, in a schema it may create in): a row of its own, day NULL, when no day exists.
 WITH p AS (
@@ -31,7 +33,7 @@ WITH p AS (
     FROM pg_type t, p
     WHERE t.typnamespace = p.relnamespace AND t.typrelid = 0 AND t.typname ~ '^job_history_[0-9]{{8}}$'
 )
-SELECT t.day, t.ours, t.writable, t.owned, t.emptiable, t.past, p.creatable
+SELECT t.day, t.ours, t.writable, t.owned, t.emptiable, t.past, t.overdue, p.creatable
 FROM p
 LEFT JOIN LATERAL (
     SELECT n.day,
@@ -52,7 +54,10 @@ LEFT JOIN LATERAL (
            n.oid IS NOT NULL AND has_table_privilege(n.oid, 'DELETE') AND has_table_privilege(n.oid, 'SELECT')
                AS emptiable,
            %(ttl)s::interval > interval '0'
-           AND n.day < to_char((now() - %(ttl)s::interval) AT TIME ZONE 'UTC', 'YYYYMMDD') AS past
+           AND n.day < to_char((now() - %(ttl)s::interval) AT TIME ZONE 'UTC', 'YYYYMMDD') AS past,
+           %(ttl)s::interval > interval '0'
+           AND n.day < to_char((now() - %(ttl)s::interval - interval '1 day') AT TIME ZONE 'UTC', 'YYYYMMDD')
+               AS overdue
     FROM named n
 ) AS t ON true
 ORDER BY t.day
