@@ -151,29 +151,57 @@ class StrayTopics:
                 )
 
 
+class _Interrupted(BaseException):
+    """SIGTERM or SIGINT before the engine started: what the main thread was doing (an --app
+    factory, a pool opening) is abandoned, as Python's own SIGINT would."""
+
+
 class _Signals:
-    """SIGTERM/SIGINT ask for a stop; a second SIGINT during the stop exits at once. The handler only
-    sets a flag: one that took a lock (an Event's, logging's) could wait for ever on a lock the main
-    thread held when the signal came (seen: a process that ignored SIGTERM until killed). The wait
-    is woken by the interpreter itself, which writes a byte to a pipe as a signal comes
-    (``signal.set_wakeup_fd``), whichever thread it lands on."""
+    """SIGTERM/SIGINT ask for a stop; a second SIGINT during the stop exits at once. Before the
+    engine started, the first one interrupts the main thread (``_Interrupted``): an --app factory
+    waiting for a dependency does not hold a SIGTERM up. After it, the handler only sets a flag: one
+    that took a lock (an Event's, logging's) could wait for ever on a lock the main thread held when
+    the signal came (seen: a process that ignored SIGTERM until killed). The wait is woken by the
+    interpreter itself, which writes a byte to a pipe as a signal comes (``signal.set_wakeup_fd``),
+    whichever thread it lands on; ``close`` puts back what was there before."""
 
     def __init__(self) -> None:
         self.requested: str | None = None  # the signal's name, once one came
+        self._armed = True  # the engine has not started: a signal interrupts
         self._woken: int | None = None  # the pipe's end the interpreter's byte arrives at
+        self._wake = -1
+        self._before: tuple[int, dict[signal.Signals, Any]] | None = None  # the wakeup fd, handlers replaced
 
     def install(self) -> None:
         if threading.current_thread() is threading.main_thread():
-            self._woken, wake = os.pipe()
-            for fd in (self._woken, wake):
+            self._woken, self._wake = os.pipe()
+            for fd in (self._woken, self._wake):
                 os.set_blocking(fd, False)
-            signal.set_wakeup_fd(wake, warn_on_full_buffer=False)
+            handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+            self._before = (signal.set_wakeup_fd(self._wake, warn_on_full_buffer=False), handlers)
             signal.signal(signal.SIGTERM, self._handle)
             signal.signal(signal.SIGINT, self._handle)
+
+    def started(self) -> None:
+        """The engine starts: a signal from now on asks for a graceful stop."""
+        self._armed = False
+
+    def close(self) -> None:
+        """Put back the wakeup fd and the handlers ``install`` replaced, and close the pipe."""
+        if self._before is not None and self._woken is not None:
+            fd, handlers = self._before
+            signal.set_wakeup_fd(fd)
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+            os.close(self._woken)
+            os.close(self._wake)
+            self._before = self._woken = None
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.requested is None:
             self.requested = signal.Signals(signum).name
+            if self._armed:
+                raise _Interrupted(self.requested)
         elif signum == signal.SIGINT:
             os.write(2, b"second SIGINT: exiting now, without waiting for running handlers\n")
             os._exit(130)
@@ -192,8 +220,6 @@ class _Signals:
 
 
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
-    from brooq_py.http.server import serve
-
     stop_timeout: float | None = None
     if args.stop_timeout is not None:
         try:
@@ -205,6 +231,20 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
     signals = _Signals()
     signals.install()
+    try:
+        return _work(args, settings, signals, stop_timeout)
+    except _Interrupted as stop:  # before the engine started: nothing of its work to wait for
+        log.info("%s received before the engine started: exiting", stop)
+        return 0
+    finally:
+        signals.close()
+
+
+def _work(args: argparse.Namespace, settings: Settings, signals: _Signals, stop_timeout: float | None) -> int:
+    """The worker command once its signals are heard: the app or the demo, the surface, the engine
+    until a stop is asked for."""
+    from brooq_py.http.server import serve
+
     pool: ConnectionPool | None = None
     store: Store | None = None
     close_app: Callable[[], None] | None = None
@@ -234,6 +274,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     try:
         # The port first: a busy one is refused before the engine claims anything (/healthz is 503 till then).
         server = _listen(engine, settings, serve)
+        signals.started()  # from here a signal asks for a graceful stop, which the loop below waits for
         try:
             engine.start()
         except BrooqError as exc:  # e.g. the schema is not migrated: one line naming the fix

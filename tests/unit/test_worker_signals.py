@@ -1,5 +1,5 @@
 """The worker command's wait for SIGTERM/SIGINT (brooq_py/cli/worker.py): woken by the signal itself,
-whichever thread it lands on, without a poll."""
+whichever thread it lands on, without a poll; before the engine started, a signal interrupts."""
 
 from __future__ import annotations
 
@@ -11,23 +11,19 @@ from collections.abc import Iterator
 
 import pytest
 
-from brooq_py.cli.worker import _Signals
+from brooq_py.cli.worker import _Interrupted, _Signals
 
 
 @pytest.fixture
 def signals() -> Iterator[_Signals]:
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    """Installed, the engine started (a signal asks for a graceful stop), closed after."""
     s = _Signals()
     s.install()
+    s.started()
     try:
         yield s
     finally:
-        previous = signal.set_wakeup_fd(-1)
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-        for fd in (s._woken, previous):
-            if fd is not None and fd >= 0:
-                os.close(fd)
+        s.close()
 
 
 def test_a_sigterm_sent_during_the_wait_ends_it_at_once(signals: _Signals) -> None:
@@ -49,3 +45,41 @@ def test_a_signal_before_the_wait_is_seen_by_it(signals: _Signals) -> None:
     os.kill(os.getpid(), signal.SIGINT)
     assert signals.wait(60.0) is True
     assert signals.requested == "SIGINT"
+
+
+def test_close_puts_back_the_wakeup_fd_and_the_handlers_and_closes_the_pipe() -> None:
+    def before(signum: int, frame: object) -> None:
+        pass
+
+    previous = {s: signal.signal(s, before) for s in (signal.SIGTERM, signal.SIGINT)}
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    old = signal.set_wakeup_fd(w)
+    try:
+        s = _Signals()
+        s.install()
+        pipe = (s._woken, s._wake)
+        s.close()
+        assert signal.set_wakeup_fd(w) == w, "the wakeup fd before install() is back"
+        assert signal.getsignal(signal.SIGTERM) is before and signal.getsignal(signal.SIGINT) is before
+        for fd in pipe:
+            with pytest.raises(OSError):
+                os.fstat(fd)  # type: ignore[arg-type]
+    finally:
+        signal.set_wakeup_fd(old)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        os.close(r)
+        os.close(w)
+
+
+def test_a_signal_before_the_engine_started_interrupts_the_main_thread() -> None:
+    s = _Signals()
+    s.install()
+    try:
+        with pytest.raises(_Interrupted):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)  # what the main thread was doing (an --app factory): interrupted
+        assert s.requested == "SIGTERM"
+    finally:
+        s.close()

@@ -13,13 +13,14 @@
 --   owned: the role may drop it (its owner's alone); emptiable: it may delete its rows instead;
 --   past: its every row ended more than %(ttl)s ago (its day ended before the day of now - ttl,
 --     compared as text: a name that is no date is never an error; a ttl of 0: no); overdue: past
---     a day ago (a role that may not drop it empties it then, once an owner's engine had a day to
---     drop it whole).
--- And on every row, whether the role may make a day (CREATE TABLE … INHERITS is the owner's of
--- job, in a schema it may create in): a row of its own, day NULL, when no day exists.
+--     an hour ago (a role that may not drop it empties it then, once an owner's engine, whose
+--     retention passes come at least hourly by default, had the time to drop it whole).
+-- And on every row, whether the role owns job and whether it may create in its schema (it may make
+-- a day with both: CREATE TABLE … INHERITS is the owner's of job): a row of its own, day NULL, when
+-- no day exists.
 WITH p AS (
     SELECT c.oid, c.relnamespace,
-           pg_has_role(c.relowner, 'USAGE') AND has_schema_privilege(c.relnamespace, 'CREATE') AS creatable,
+           pg_has_role(c.relowner, 'USAGE') AS owner, has_schema_privilege(c.relnamespace, 'CREATE') AS create,
            array(SELECT (a.attname, a.atttypid, a.atttypmod, a.attnotnull)::text FROM pg_attribute a
                  WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum) AS columns
     FROM pg_class c
@@ -33,7 +34,7 @@ WITH p AS (
     FROM pg_type t, p
     WHERE t.typnamespace = p.relnamespace AND t.typrelid = 0 AND t.typname ~ '^job_history_[0-9]{{8}}$'
 )
-SELECT t.day, t.ours, t.writable, t.owned, t.emptiable, t.past, t.overdue, p.creatable
+SELECT t.day, t.ours, t.writable, t.owned, t.emptiable, t.past, t.overdue, p.owner, p.create
 FROM p
 LEFT JOIN LATERAL (
     SELECT n.day,
@@ -56,7 +57,7 @@ LEFT JOIN LATERAL (
            %(ttl)s::interval > interval '0'
            AND n.day < to_char((now() - %(ttl)s::interval) AT TIME ZONE 'UTC', 'YYYYMMDD') AS past,
            %(ttl)s::interval > interval '0'
-           AND n.day < to_char((now() - %(ttl)s::interval - interval '1 day') AT TIME ZONE 'UTC', 'YYYYMMDD')
+           AND n.day < to_char((now() - %(ttl)s::interval - interval '1 hour') AT TIME ZONE 'UTC', 'YYYYMMDD')
                AS overdue
     FROM named n
 ) AS t ON true

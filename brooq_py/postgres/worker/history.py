@@ -49,6 +49,11 @@ CANNOT = (
     "history: %s: its ended jobs stay in job until retention deletes them at the ttl (a day's table "
     "is made and dropped by the owner of job: run the engines as that role, or set history_after to 0)"
 )
+NO_CREATE = (
+    "history: this role owns job but may not create tables in its schema, so it makes no day: ended "
+    "jobs stay in job until retention deletes them at the ttl (grant it CREATE on the schema, or set "
+    "history_after to 0)"
+)
 STRANGER = (
     "history: %s exists and is no day of history (a child of job as the engine makes them: its "
     "constraints, job's columns in job's order, no trigger, rule nor row-level security): the jobs of "
@@ -139,10 +144,10 @@ class History:
         may write them and later drop or empty them), every day's name, whether it may make a day. A
         day that opened since the last look (an operator's grant or fix, a table gone) resets the
         mark: the rows it passed are read again."""
-        days, creatable = self._look(timedelta(0))
-        self._say(
-            ("create", ""), not creatable, logging.WARNING, CANNOT, "this role may not make a day's table"
-        )
+        days, owner, create = self._look(timedelta(0))
+        creatable = owner and create
+        self._say(("create", ""), not owner, logging.WARNING, CANNOT, "this role may not make a day's table")
+        self._say(("schema", ""), owner and not create, logging.WARNING, NO_CREATE)
         made = frozenset(d.day for d in days)
         writable = frozenset(d.day for d in days if d.ours and d.writable and (d.owned or d.emptiable))
         was_writable, was_made, could_create = self._open
@@ -266,24 +271,24 @@ class History:
         rows = self.session.run("reading a day of history", self._q["history_any" + HISTORY + day.day], {})
         return self._drop(day.day, "history_empty") if rows[0][0] else Dropped(day.day, {}, 0)
 
-    def _look(self, ttl: timedelta) -> tuple[list[Day], bool]:
-        """The tables of days and whether this role may make one (sql/history_tables.sql); what stands
-        in the way of a day is logged once while it lasts."""
+    def _look(self, ttl: timedelta) -> tuple[list[Day], bool, bool]:
+        """The tables of days, whether this role owns job, whether it may create in its schema
+        (sql/history_tables.sql); what stands in the way of a day is logged once while it lasts."""
         with self.session.autocommit("reading the tables of history") as conn, conn.transaction():
             run = on_connection(conn)
             run(self._q["history_scope"], {})
             rows = run(self._q["history_tables"], {"ttl": ttl})
         days = [Day(str(r[0]), *(bool(v) for v in r[1:7])) for r in rows if r[0] is not None]
         names = {d.day for d in days}
-        creatable = bool(rows and rows[0][7])
-        self._said = {w for w in self._said if w[0] in ("create", "move") or w[1] in names}
+        owner, create = (bool(rows[0][7]), bool(rows[0][8])) if rows else (False, False)
+        self._said = {w for w in self._said if w[0] in ("create", "schema", "move") or w[1] in names}
         for d in days:
             self._say(("stranger", d.day), not d.ours, logging.ERROR, STRANGER, history_table(d.day))
-            # an anomaly only where this role makes days (an owner's engine): a role with DML grants
-            # alone was told once that it makes none
-            cannot = creatable and d.ours and not (d.writable and (d.owned or d.emptiable))
+            # an anomaly only for an owner's engine: a role with DML grants alone was told once that
+            # it makes no day
+            cannot = owner and d.ours and not (d.writable and (d.owned or d.emptiable))
             self._say(("write", d.day), cannot, logging.WARNING, CANNOT, f"this role may not write {d.day}")
-        return days, creatable
+        return days, owner, create
 
     def _say(self, what: tuple[str, str], stands: bool, level: int, msg: str, *args: object) -> None:
         """Log *msg* once while *stands* holds; again if it holds again after it did not."""
