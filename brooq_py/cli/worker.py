@@ -173,10 +173,12 @@ class _Signals:
         self._before: tuple[int, dict[signal.Signals, Any]] | None = None  # the wakeup fd, handlers replaced
 
     def install(self) -> None:
+        """Hear SIGTERM/SIGINT (in the main thread alone; elsewhere, as when the command runs in a
+        thread of a test, no signal comes and the wait only times out)."""
+        self._woken, self._wake = os.pipe()
+        for fd in (self._woken, self._wake):
+            os.set_blocking(fd, False)
         if threading.current_thread() is threading.main_thread():
-            self._woken, self._wake = os.pipe()
-            for fd in (self._woken, self._wake):
-                os.set_blocking(fd, False)
             handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
             self._before = (signal.set_wakeup_fd(self._wake, warn_on_full_buffer=False), handlers)
             signal.signal(signal.SIGTERM, self._handle)
@@ -188,14 +190,16 @@ class _Signals:
 
     def close(self) -> None:
         """Put back the wakeup fd and the handlers ``install`` replaced, and close the pipe."""
-        if self._before is not None and self._woken is not None:
+        if self._before is not None:
             fd, handlers = self._before
             signal.set_wakeup_fd(fd)
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
+            self._before = None
+        if self._woken is not None:
             os.close(self._woken)
             os.close(self._wake)
-            self._before = self._woken = None
+            self._woken = None
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.requested is None:
@@ -208,12 +212,10 @@ class _Signals:
 
     def wait(self, timeout: float) -> bool:
         """Whether a stop was asked for within *timeout* seconds (no lock a handler could meet)."""
-        if self.requested is None:
-            if self._woken is None:  # not installed (not the main thread): no signal comes here
-                time.sleep(timeout)
-            elif select.select([self._woken], [], [], timeout)[0]:
-                with contextlib.suppress(BlockingIOError):
-                    os.read(self._woken, 64)  # the handler has run by now: it runs between bytecodes
+        assert self._woken is not None, "install() first"
+        if self.requested is None and select.select([self._woken], [], [], timeout)[0]:
+            with contextlib.suppress(BlockingIOError):
+                os.read(self._woken, 64)  # the handler has run by now: it runs between bytecodes
         if self.requested is not None:
             log.info("%s received: stopping gracefully (a second SIGINT exits at once)", self.requested)
         return self.requested is not None

@@ -83,3 +83,22 @@ def test_a_signal_before_the_engine_started_interrupts_the_main_thread() -> None
         assert s.requested == "SIGTERM"
     finally:
         s.close()
+
+
+def test_installed_off_the_main_thread_the_wait_times_out_and_close_leaves_no_pipe() -> None:
+    """The command run in a thread (no signal comes there): the wait only times out."""
+    seen: list[object] = []
+
+    def run() -> None:
+        s = _Signals()
+        s.install()
+        started = time.monotonic()
+        seen.extend([s.wait(0.3), time.monotonic() - started >= 0.25, signal.getsignal(signal.SIGTERM)])
+        s.close()
+        seen.append(s._woken)
+
+    before = signal.getsignal(signal.SIGTERM)
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(30)
+    assert seen == [False, True, before, None]

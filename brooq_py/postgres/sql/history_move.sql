@@ -10,9 +10,12 @@
 WITH moved AS (
     -- By the primary key alone: the rows are locked, ended, since history_lock (with "state IN" here,
     -- statistics behind the moves had the planner walk the retention index instead, 0.5 s a batch).
+    -- A job id the day holds already (a row copied back to job by hand with psql) stays in job,
+    -- where retention deletes it at the ttl: the rest moves.
     DELETE FROM {live} j
     WHERE j.id = ANY (%(ids)s::uuid[])
       AND NOT {terminal_kept}
+      AND NOT EXISTS (SELECT FROM ONLY {history} h WHERE h.id = j.id)
     RETURNING j.*
 ), put AS (
     INSERT INTO {history}

@@ -24,8 +24,8 @@ by another role, is never touched), and those rows stay in ``job``, deleted at t
 history off; a day past the ttl that it may not drop but may delete from (made while the engines ran
 as the owner), or that a view keeps, is emptied row by row. A grant, an owner or a table changed by
 an operator counts from the next pass; what stands in the way is logged once, and again if it comes
-back. A row the day's table refuses for a reason the catalog cannot show (an id it holds already)
-stays in ``job``; the rest of its batch moves. Every transaction here starts with
+back. A job id a day's table holds already (copied back to ``job`` by hand) stays in ``job``; the
+rest of its batch moves. Every transaction here starts with
 ``sql/history_scope.sql``: pg_catalog's functions and operators alone.
 """
 
@@ -165,29 +165,17 @@ class History:
         }
 
     def _move_day(self, conn: psycopg.Connection[Any], day: str, ids: list[str]) -> list[tuple[str, str]]:
-        """Move one day's part of the batch, in a savepoint. When the day's table refuses it for a
-        reason the catalog does not show (a job id it holds already), each row is moved in
-        a savepoint of its own: the rows refused stay in job, passed by the mark (retention deletes
-        them at the ttl), said once while it lasts; the others move."""
+        """Move one day's part of the batch, in a savepoint: when the day's table refuses it for a
+        reason the catalog does not show, those rows stay in job, passed by the mark (retention
+        deletes them at the ttl), said once while it lasts; the other days move."""
         try:
             moved = self._move_rows(conn, day, ids)
         except psycopg.OperationalError:
             raise
-        except (psycopg.Error, _Lost) as exc:
+        except (psycopg.Error, _Lost) as exc:  # UndefinedTable: gone since the look; the next resets the mark
             self._say(("move", day), True, logging.WARNING, MOVE_FAILED, history_table(day), exc)
-            if isinstance(exc, psycopg.errors.UndefinedTable):
-                return []  # gone since the look (a downgrade, an operator): the next look reads from the start
-        else:
-            self._said.discard(("move", day))
-            return moved
-        moved = []
-        for one in ids if len(ids) > 1 else []:
-            try:
-                moved.extend(self._move_rows(conn, day, [one]))
-            except psycopg.OperationalError:
-                raise
-            except (psycopg.Error, _Lost):
-                continue
+            return []
+        self._said.discard(("move", day))
         return moved
 
     def _move_rows(self, conn: psycopg.Connection[Any], day: str, ids: list[str]) -> list[tuple[str, str]]:
