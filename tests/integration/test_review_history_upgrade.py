@@ -19,7 +19,7 @@ from brooq_py.engine import Engine
 from brooq_py.postgres import Store
 from brooq_py.queue import Job
 from tests.integration.conftest import q
-from tests.integration.history import app_role, days, owner_group, run_sql, short, store_as, where
+from tests.integration.history import app_role, days, ended, owner_group, run_sql, short, store_as, where
 from tests.polling import wait_for
 
 OPERATING = Path(__file__).resolve().parents[2] / "docs" / "operating.md"
@@ -49,12 +49,7 @@ def test_t1_a_day_one_members_engine_kept_is_named_with_what_to_do(
     names the day and what to do, once."""
     with owner_group(dsn, schema, 2) as (m0, m1):
         old = store.enqueue(Job("old", {})).id
-        q(
-            pool,
-            schema,
-            "UPDATE {job} SET state = 'done', updated_at = now() - interval '40 days' WHERE id = %s",
-            old,
-        )
+        ended(dsn, schema, [old], "done", days_ago=40)
         assert [i for i, _ in store.move_terminal(timedelta(seconds=0.5), timedelta(days=400), 10)] == [old]
         table = short(str(where(pool, schema, old)))
         run_sql(
@@ -68,12 +63,7 @@ def test_t1_a_day_one_members_engine_kept_is_named_with_what_to_do(
             e.start()
             try:
                 today = store.enqueue(Job("h", {})).id
-                q(
-                    pool,
-                    schema,
-                    "UPDATE {job} SET state = 'done', updated_at = now() - interval '2 s' WHERE id = %s",
-                    today,
-                )
+                ended(dsn, schema, [today], "done", days_ago=1 / 86400)
                 wait_for(lambda: where(pool, schema, today) != "job", "the engine to move today's job", 30)
                 wait_for(
                     lambda: any(table in w for w in history_warnings(caplog)),
@@ -181,12 +171,7 @@ def test_t1_b2_beside_an_owners_engine_a_dml_engine_empties_a_day_row_by_row_tha
             ),
         )
         ids = [store.enqueue(Job("h", {"i": i})).id for i in range(200)]
-        q(
-            pool,
-            schema,
-            "UPDATE {job} SET state = 'done', updated_at = now() - interval '1 day' WHERE id = ANY(%s::uuid[])",
-            ids,
-        )
+        ended(dsn, schema, ids, "done", days_ago=1)
         while store.move_terminal(timedelta(seconds=0.5), timedelta(days=400), 1000):
             pass
         (day,) = days(pool, schema)

@@ -24,7 +24,7 @@ from brooq_py.engine import Engine
 from brooq_py.postgres import Store
 from brooq_py.queue import Job
 from tests.integration.conftest import q
-from tests.integration.history import app_role, days, run_sql, store_as, where
+from tests.integration.history import app_role, days, ended, run_sql, store_as, where
 from tests.integration.test_cli import Worker, cli_env
 from tests.polling import wait_for
 
@@ -146,12 +146,7 @@ def test_t1_b2_a_dml_engine_alone_keeps_a_day_more_than_a_day_past_the_ttl(
             e.start()
             try:
                 fresh = store.enqueue(Job("h", {})).id
-                q(
-                    pool,
-                    schema,
-                    "UPDATE {job} SET state = 'done', updated_at = now() - interval '2 s' WHERE id = %s",
-                    fresh,
-                )
+                ended(dsn, schema, [fresh], "done", days_ago=1 / 86400)
                 wait_for(
                     lambda: where(pool, schema, old) is None, "the DML engine to empty the overdue day", 30
                 )
@@ -174,12 +169,7 @@ def test_b2_an_engine_running_as_the_owner_of_job_is_told_to_run_as_the_owner_of
     said."""
     with app_role(dsn, schema, owner=True, create=False) as role, store_as(dsn, schema, role) as app:
         j = app.enqueue(Job("h", {})).id
-        q(
-            pool,
-            schema,
-            "UPDATE {job} SET state = 'done', updated_at = now() - interval '2 s' WHERE id = %s",
-            j,
-        )
+        ended(dsn, schema, [j], "done", days_ago=1 / 86400)
         caplog.set_level(logging.INFO, logger="brooq_py.history")
         assert app.move_terminal(timedelta(seconds=0.5), timedelta(days=30), 10) == []
         ((owns,),) = q(
