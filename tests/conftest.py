@@ -175,8 +175,19 @@ def ddl_dsn(dsn: str) -> str:
 
 
 def drop_schema(dsn: str, schema: str) -> None:
+    """Drop *schema* and what is in it. A statement the test left running (a server connection
+    PgBouncer still holds) can lock the schema's tables in another order than the drop does: the
+    server then ends one of the two as a deadlock's victim, and when that is the drop, it runs
+    again, as PostgreSQL asks of a deadlock's victim."""
+    drop = sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
     with psycopg.connect(ddl_dsn(dsn), autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+        for last in (False, False, True):
+            try:
+                conn.execute(drop)
+                return
+            except psycopg.errors.DeadlockDetected:
+                if last:
+                    raise
 
 
 # One schema per process and server migrated to head by the real migrations, and its pg_dump:
