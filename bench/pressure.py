@@ -78,7 +78,9 @@ class DurableServer(ThrowawayServer):
 
     def _spawn_and_wait(self) -> None:
         fast = devdb_process._SERVER_SETTINGS
-        devdb_process._SERVER_SETTINGS = ("listen_addresses=127.0.0.1",)
+        # BENCH_PG_SETTINGS="name=value;name=value": more -c settings, e.g. auto_explain's.
+        extra = tuple(s for s in os.environ.get("BENCH_PG_SETTINGS", "").split(";") if s.strip())
+        devdb_process._SERVER_SETTINGS = ("listen_addresses=127.0.0.1", *extra)
         try:
             super()._spawn_and_wait()
         finally:
@@ -214,6 +216,8 @@ def run_system(name: str, args: argparse.Namespace) -> dict[str, Any]:
     try:
         dsn = server.dsn
         res["server"] = server_settings(dsn)
+        res["queue_env"] = {k: v for k, v in os.environ.items() if k.startswith("QUEUE_")}
+        res["pg_settings_added"] = os.environ.get("BENCH_PG_SETTINGS", "")
         system.install(dsn)
         n_cal = args.calibrate
         system.preload(dsn, n_cal)

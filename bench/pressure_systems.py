@@ -154,6 +154,8 @@ class Brooq:
 
     @classmethod
     def consume(cls, dsn: str, workers: int, stop: Any, out: Any) -> None:
+        from dataclasses import replace
+
         from brooq_py.engine import Config, Engine
 
         rec = Recorder("done", out)
@@ -164,7 +166,8 @@ class Brooq:
             rec.add()
 
         pool, store = cls._store(dsn, workers + 4)
-        engine = Engine(store, Config(workers=workers))
+        # QUEUE_* variables in the bench's environment tune the engines (QUEUE_HISTORY_AFTER, ...).
+        engine = Engine(store, replace(Config.from_env(), workers=workers))
         engine.register_kind(TOPIC, handler)
         engine.start()
         try:
