@@ -19,17 +19,10 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
-from psycopg_pool import ConnectionPool
+from big_table import _fill
+from util import fresh_schema, store_on
 
 from brooq_py import devdb
-from brooq_py.postgres import Store, migrations
-
-ENDED = """
-INSERT INTO job (id, topic, payload, state, attempts, available_at, created_at, updated_at)
-SELECT gen_random_uuid(), 'bench', jsonb_build_object('t', extract(epoch FROM now()), 'n', g), 'done', 1,
-       now() - interval '3 hours', now() - interval '3 hours', now() - interval '2 hours'
-FROM generate_series(1, %s) g
-"""
 
 
 def timed_count(conn: psycopg.Connection[Any], runs: int, label: str) -> None:
@@ -52,16 +45,15 @@ def main() -> None:
     args = ap.parse_args()
     db = devdb.start_throwaway()
     try:
-        migrations.upgrade(db.dsn, schema="public")
-        with psycopg.connect(db.dsn, autocommit=True) as conn:
-            conn.execute(ENDED, (args.jobs,))
-            conn.execute("VACUUM ANALYZE job")
+        with fresh_schema(db.dsn, "hscan") as schema, psycopg.connect(db.dsn, autocommit=True) as conn:
+            _fill(db.dsn, schema, args.jobs, 0)  # ended a day ago, vacuumed
+            conn.execute("SELECT set_config('search_path', %s, false)", (schema,))
             timed_count(conn, args.runs, f"{args.jobs:,} ended jobs in job")
             conn.execute("SET max_parallel_workers_per_gather = 0")
             timed_count(conn, args.runs, "    the same, no parallel plan")
             conn.execute("RESET max_parallel_workers_per_gather")
-            with ConnectionPool(db.dsn, min_size=1, max_size=2, open=True) as pool:
-                store, moved, t0 = Store(pool), 0, time.perf_counter()
+            with store_on(db.dsn, schema, max_size=2) as store:
+                moved, t0 = 0, time.perf_counter()
                 while got := store.worker.move_terminal(timedelta(seconds=1), timedelta(days=30), 10_000):
                     moved += len(got)
                 print(f"moved {moved:,} to the history in {time.perf_counter() - t0:.1f} s")

@@ -79,7 +79,7 @@ class DurableServer(ThrowawayServer):
     def _spawn_and_wait(self) -> None:
         fast = devdb_process._SERVER_SETTINGS
         # BENCH_PG_SETTINGS="name=value;name=value": more -c settings, e.g. auto_explain's.
-        extra = tuple(s for s in os.environ.get("BENCH_PG_SETTINGS", "").split(";") if s.strip())
+        extra = tuple(s.strip() for s in os.environ.get("BENCH_PG_SETTINGS", "").split(";") if s.strip())
         devdb_process._SERVER_SETTINGS = ("listen_addresses=127.0.0.1", *extra)
         try:
             super()._spawn_and_wait()
