@@ -61,6 +61,8 @@ from brooq_py.queue.port import (
 GAUGE_CAP = 100_000
 # The reaper looks at no more expired rows than this a tick (the rest wait for the next).
 REAP_BATCH = 1000
+# Seconds the schema's check at an engine's start waits for a connection, for a lock, for the answer.
+SCHEMA_CHECK_WAIT = 2.0
 # A fair claim reads at most this many entries of its order past two per job it may take (SPEC T5).
 FAIR_WINDOW = 16
 
@@ -446,11 +448,19 @@ class WorkerRepo:
         }
 
     def schema_version(self) -> str | None:
-        """The migration revision of the schema; None when it was never migrated."""
+        """The migration revision of the schema; None when it was never migrated. Bounded by
+        SCHEMA_CHECK_WAIT (for a connection, a lock, the answer): a version table locked by a migration
+        running elsewhere, or a server that does not answer, raises StoreUnavailable instead of holding
+        up the engine's start, and a SIGTERM that came meanwhile, for as long as it lasts."""
+        doing = "reading the schema version"
         try:
-            rows = self.session.run("reading the schema version", self._q["schema_version"], {})
+            rows = self.session.run_bounded(
+                doing, self._q["schema_version"], {}, SCHEMA_CHECK_WAIT, conn_wait=SCHEMA_CHECK_WAIT
+            )
         except psycopg.errors.UndefinedTable:
             return None
+        except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled) as exc:
+            raise StoreUnavailable(f"{doing}: {type(exc).__name__}: {str(exc).strip()}") from exc
         return str(rows[0][0]) if rows else None
 
     def reap(self) -> list[tuple[str, str]]:
