@@ -1,20 +1,30 @@
 """The worker command stops on SIGTERM within its stop timeout in every state (SPEC C11''), here while
 ``engine.start()`` waits on the database: its check of the schema's version waits for a lock an
-operator holds on the version table (a migration running in another session holds it so)."""
+operator holds on the version table (a migration running in another session holds it so), or for a
+server that stopped answering on the pool's connection. And the check, bounded, still refuses a
+schema that is not there."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
+import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
+import pytest
 from psycopg import sql
+from psycopg_pool import ConnectionPool
 
+from brooq_py import Config
+from brooq_py.engine import Engine
 from brooq_py.postgres import Store
-from brooq_py.queue import Job
+from brooq_py.queue import BrooqError, Job
+from tests.integration.test_cli import Worker, cli_env
 from tests.integration.test_review_session17 import _slow_worker
 from tests.polling import wait_for
 
@@ -78,3 +88,73 @@ def test_worker_sigterm_while_engine_start_waits_for_a_lock_stops_within_the_sto
             worker.kill()
             operator.rollback()
     assert list(ran.iterdir()) == []
+
+
+SILENT_FACTORY = """
+    import os
+    import signal
+    from pathlib import Path
+
+    from psycopg_pool import ConnectionPool
+
+    from brooq_py import Config, Engine
+    from brooq_py.postgres import Store
+
+
+    def make_engine():
+        pool = ConnectionPool(os.environ["DATABASE_URL"], min_size=1, max_size=1, open=True)
+        pool.wait(30)
+        with pool.connection() as conn:
+            pid = conn.info.backend_pid
+        Path(os.environ["PID"]).write_text(str(pid))
+        # The server stops answering after the pool opened (a SIGSTOPped postgres, a path that drops
+        # packets): here only the backend of the pool's one connection, so no other session is touched.
+        os.kill(pid, signal.SIGSTOP)
+        engine = Engine(Store(pool, schema=os.environ["APP_SCHEMA"]), Config(workers=2, poll_interval=0.2, lease=5))
+        engine.register_kind("silent.t", lambda ctx, claim: None)
+        return engine
+    """
+
+
+def test_worker_sigterm_while_engine_start_waits_on_a_silent_server_stops_within_the_stop_timeout(
+    dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """The check's own bounds are the server's (statement and lock timeouts), set by a statement that a
+    silent server never answers: the engine gives up on the check after CHECK_WAIT, whatever holds it.
+    (The stop that follows, its last writes unanswered, takes its timeout + the watchdog's grace (the
+    lease, 5 s here) + 4 s at most.)"""
+    (tmp_path / "silentfactory.py").write_text(textwrap.dedent(SILENT_FACTORY))
+    pid_file = tmp_path / "pid"
+    env = cli_env(dsn, BROOQ_HTTP_ADDR="127.0.0.1:0", APP_SCHEMA=schema, PID=str(pid_file))
+    worker = Worker(["worker", "--app", "silentfactory:make_engine", "--stop-timeout", "5s"], env, tmp_path)
+    backend: int | None = None
+    try:
+        wait_for(lambda: pid_file.exists() or worker.proc.poll() is not None, "the factory to run", 90)
+        backend = int(pid_file.read_text())
+        wait_for(lambda: "dashboard at" in worker.output or worker.proc.poll() is not None, "the surface", 30)
+        time.sleep(1)  # within the check's wait (or just past it on a busy machine)
+        started = time.monotonic()
+        worker.proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            worker.proc.wait(timeout=30)
+        took = time.monotonic() - started
+        assert worker.proc.poll() is not None, (
+            f"still running {took:.0f} s after SIGTERM (--stop-timeout 5s), the server silent\n"
+            + worker.output
+        )
+        assert "cannot check schema" in worker.output, worker.output
+    finally:
+        if backend is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(backend, signal.SIGCONT)
+        worker.kill()
+
+
+def test_the_bounded_check_still_refuses_a_schema_that_is_not_there(pool: ConnectionPool[Any]) -> None:
+    """SELECT from a schema that does not exist is 42P01 (UndefinedTable) in the check's transaction too."""
+    engine = Engine(Store(pool, schema="no_such_schema_here"), Config(workers=1))
+    try:
+        with pytest.raises(BrooqError, match="migrate up --schema no_such_schema_here"):
+            engine.start()
+    finally:
+        engine.close()

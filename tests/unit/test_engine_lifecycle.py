@@ -12,6 +12,7 @@ from datetime import timedelta
 import pytest
 
 from brooq_py.engine import Engine
+from brooq_py.engine import schema as schema_check
 from brooq_py.engine.attempt.outcome import Ending, Phase, decide
 from brooq_py.engine.attempt.runner import SlotPool
 from brooq_py.engine.services.dispatcher import Dispatcher
@@ -503,6 +504,35 @@ def test_start_refuses_a_schema_missing_or_too_old(
     with pytest.raises(BrooqError, match="migrate up --schema public"):
         e.start()
     assert not e.running
+
+
+def test_start_gives_up_on_a_schema_check_that_does_not_answer(
+    repo: FakeRepo,
+    make_engine: Callable[..., Engine],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A check held up (a silent server on a pooled connection) is no verdict after CHECK_WAIT: the
+    engine starts, and says why; a check that fails otherwise fails the start."""
+    monkeypatch.setattr(schema_check, "CHECK_WAIT", 0.2)
+    answer = threading.Event()
+    monkeypatch.setattr(repo, "schema_version", lambda: answer.wait(30) and None)
+    e = make_engine()
+    e.register_kind("t", lambda ctx, claim: None)
+    with caplog.at_level(logging.WARNING):
+        e.start()
+    answer.set()
+    assert e.running
+    assert "no answer in 0.2s" in caplog.text
+
+    def broken() -> str | None:
+        raise RuntimeError("not an outage")
+
+    monkeypatch.setattr(repo, "schema_version", broken)
+    other = make_engine()
+    with pytest.raises(RuntimeError, match="not an outage"):
+        other.start()
+    assert not other.running
 
 
 def test_start_bounds_the_stores_own_waits_by_the_lease_l3(
