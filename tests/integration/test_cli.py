@@ -3,6 +3,7 @@ command line"; SPEC K2, K3, C11)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -126,6 +127,16 @@ class Worker:
         rc = self.proc.wait(timeout=timeout)
         self._reader.join(timeout=10)
         return rc
+
+    def stopped_within(self, timeout: float, sig: int = signal.SIGTERM) -> str | None:
+        """Send *sig* and wait up to *timeout* s: None once the process has exited, else what to say."""
+        started = time.monotonic()
+        self.proc.send_signal(sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=timeout)
+        if self.proc.poll() is not None:
+            return None
+        return f"still running {time.monotonic() - started:.0f} s after {signal.Signals(sig).name}\n{self.output}"
 
     def kill(self) -> None:
         if self.proc.poll() is None:
