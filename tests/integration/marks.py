@@ -27,6 +27,15 @@ def blocked_by(dsn: str, pid: int) -> int:
         return int(row[0])
 
 
+def lock_waiter(dsn: str, table: str) -> int | None:
+    """A backend waiting for a lock on *table* (a relation's name), if one is."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        row = c.execute(
+            "SELECT pid FROM pg_locks WHERE NOT granted AND relation = %s::regclass LIMIT 1", (table,)
+        ).fetchone()
+    return None if row is None else int(row[0])
+
+
 def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any], list[BaseException]]:
     """Run *fn* on a thread of its own: the thread, what it returned, what it raised."""
     out: list[Any] = []

@@ -16,7 +16,7 @@ from brooq_py.postgres import Store
 from brooq_py.queue import Job
 from tests.integration.conftest import q
 from tests.integration.history import AFTER, TTL, ended, short
-from tests.integration.marks import in_thread
+from tests.integration.marks import in_thread, lock_waiter
 from tests.polling import wait_for
 
 
@@ -31,15 +31,6 @@ def _places(pool: ConnectionPool[Any], schema: str, ids: list[str]) -> dict[str,
     return places
 
 
-def _waiter_on(dsn: str, table: str) -> int | None:
-    """The backend waiting for a lock on *table*, if one is."""
-    with psycopg.connect(dsn, autocommit=True) as c:
-        row = c.execute(
-            "SELECT pid FROM pg_locks WHERE NOT granted AND relation = %s::regclass LIMIT 1", (table,)
-        ).fetchone()
-    return None if row is None else int(row[0])
-
-
 def test_b2_a_move_whose_connection_is_ended_mid_transaction_loses_and_doubles_nothing(
     dsn: str, schema: str, store: Store, pool: ConnectionPool[Any], day_table: str
 ) -> None:
@@ -52,7 +43,7 @@ def test_b2_a_move_whose_connection_is_ended_mid_transaction_loses_and_doubles_n
             operator.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(sql.SQL(day_table)))
             t, _, errors = in_thread(lambda: mover.move_terminal(AFTER, TTL, 100))
             pid = wait_for(
-                lambda: _waiter_on(dsn, day_table), timeout=30, what="the move waiting for the day"
+                lambda: lock_waiter(dsn, day_table), timeout=30, what="the move waiting for the day"
             )
             with psycopg.connect(dsn, autocommit=True) as admin:
                 admin.execute("SELECT pg_terminate_backend(%s)", (pid,))

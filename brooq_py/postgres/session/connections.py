@@ -119,13 +119,10 @@ class Session:
         with self.autocommit(doing) as conn:
             return on_connection(conn)(query, params)
 
-    def run_bounded(
-        self, doing: str, query: Query, params: dict[str, Any], seconds: float, conn_wait: float | None = None
-    ) -> Rows:
-        """Run *query* in a transaction whose statement and lock timeouts are bounded, not the session's;
-        *conn_wait*: seconds to wait for a pool connection (None: the pool's own timeout)."""
+    def run_bounded(self, doing: str, query: Query, params: dict[str, Any], seconds: float) -> Rows:
+        """Run *query* in a transaction whose statement and lock timeouts are bounded, not the session's."""
         bounds = {"lock_timeout": SETTLE_LOCK_WAIT, "statement_timeout": f"{max(int(seconds * 1000), 100)}ms"}
-        with self.autocommit(doing, timeout=conn_wait) as conn, conn.transaction():
+        with self.autocommit(doing) as conn, conn.transaction():
             run = on_connection(conn)
             run(self.q["session_bounds"], bounds)
             return run(query, params)

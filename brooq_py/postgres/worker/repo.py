@@ -23,6 +23,7 @@ from brooq_py.postgres.session.connections import (
     SETTLE_LOCK_WAIT,
     OwnConnection,
     Session,
+    deadline,
     delegate,
     statement_budget,
 )
@@ -61,8 +62,9 @@ from brooq_py.queue.port import (
 GAUGE_CAP = 100_000
 # The reaper looks at no more expired rows than this a tick (the rest wait for the next).
 REAP_BATCH = 1000
-# Seconds the schema's check at an engine's start waits for a connection, for a lock, for the answer.
-SCHEMA_CHECK_WAIT = 2.0
+# Seconds the schema's check at an engine's start waits for a pool connection, then for the answer
+# (the version table's lock: SETTLE_LOCK_WAIT).
+SCHEMA_CHECK_WAIT = 1.5
 # A fair claim reads at most this many entries of its order past two per job it may take (SPEC T5).
 FAIR_WINDOW = 16
 
@@ -448,15 +450,23 @@ class WorkerRepo:
         }
 
     def schema_version(self) -> str | None:
-        """The migration revision of the schema; None when it was never migrated. Bounded by
-        SCHEMA_CHECK_WAIT (for a connection, a lock, the answer): a version table locked by a migration
-        running elsewhere, or a server that does not answer, raises StoreUnavailable instead of holding
-        up the engine's start, and a SIGTERM that came meanwhile, for as long as it lasts."""
+        """The migration revision of the schema; None when it was never migrated. An engine reads it
+        at start, where no wait may hold up the start or a SIGTERM sent meanwhile: SCHEMA_CHECK_WAIT
+        for a pool connection, SETTLE_LOCK_WAIT for the version table's lock (a migration running in
+        another session holds it), SCHEMA_CHECK_WAIT for the answer, after which the socket is shut
+        down (a server that stopped answering; the pool discards the connection). Past any of them it
+        raises StoreUnavailable: no verdict."""
         doing = "reading the schema version"
+        bounds = {"lock_timeout": SETTLE_LOCK_WAIT, "statement_timeout": f"{int(SCHEMA_CHECK_WAIT * 1000)}ms"}
         try:
-            rows = self.session.run_bounded(
-                doing, self._q["schema_version"], {}, SCHEMA_CHECK_WAIT, conn_wait=SCHEMA_CHECK_WAIT
-            )
+            with (
+                self.session.autocommit(doing, timeout=SCHEMA_CHECK_WAIT) as conn,
+                deadline(conn, SCHEMA_CHECK_WAIT),
+                conn.transaction(),
+            ):
+                run = on_connection(conn)
+                run(self._q["session_bounds"], bounds)
+                rows = run(self._q["schema_version"], {})
         except psycopg.errors.UndefinedTable:
             return None
         except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled) as exc:
