@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import psycopg
 import pytest
 
-from brooq_py.postgres.session.connections import OwnConnection
+from brooq_py.postgres.session.connections import OwnConnection, deadline
 from brooq_py.postgres.session.statements import Query
 from brooq_py.queue import StoreUnavailable
 from tests.polling import wait_for
@@ -94,3 +95,13 @@ def test_try_run_leaves_statements_to_the_pool_while_the_connection_cannot_be_op
     own._reopen_at = 0.0  # the pause is over
     assert own.try_run("testing", ONE, {}) == [(1,)]
     own.close()
+
+
+def test_a_deadline_that_fires_as_its_block_ends_closes_the_connection(dsn: str) -> None:
+    """``deadline()`` shut the socket down after its check that the block had not ended: a block ending
+    just then handed its connection on (to the pool, to the next statement) with a dead socket. Here the
+    block outlives the deadline without a statement of its own, and ends cleanly."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        with deadline(conn, 0.1):
+            time.sleep(0.5)  # the timer fires while nothing waits on the socket
+        assert conn.closed, "a connection whose socket was shut down was handed on open"

@@ -378,19 +378,26 @@ def statement_budget(lease: timedelta) -> float:
 @contextlib.contextmanager
 def deadline(conn: psycopg.Connection[Any], seconds: float) -> Iterator[None]:
     """Shut *conn*'s socket down if the block has not ended after *seconds*: the waiting call then
-    fails at once with a connection error instead of blocking on a socket nobody answers."""
-    done = threading.Event()
+    fails at once with a connection error instead of blocking on a socket nobody answers. A socket
+    shut down as the block ended is closed with it: the connection never goes back to a pool (or on
+    to its next statement) with a dead socket, and no shutdown comes after the block."""
+    lock = threading.Lock()
+    done = False
+    fired = False
 
     def expire() -> None:
-        if done.is_set():
-            return
-        with contextlib.suppress(Exception):
-            fd = conn.pgconn.socket
-            sock = socket.socket(fileno=fd)
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            finally:
-                sock.detach()  # the fd stays libpq's
+        nonlocal fired
+        with lock:
+            if done:
+                return
+            fired = True
+            with contextlib.suppress(Exception):
+                fd = conn.pgconn.socket
+                sock = socket.socket(fileno=fd)
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                finally:
+                    sock.detach()  # the fd stays libpq's
 
     timer = threading.Timer(seconds, expire)
     timer.daemon = True
@@ -398,8 +405,12 @@ def deadline(conn: psycopg.Connection[Any], seconds: float) -> Iterator[None]:
     try:
         yield
     finally:
-        done.set()
+        with lock:
+            done = True
         timer.cancel()
+        if fired:
+            with contextlib.suppress(Exception):
+                conn.close()
 
 
 # --- what both Stores check before they connect ---------------------------------------------------

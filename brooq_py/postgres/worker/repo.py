@@ -62,8 +62,7 @@ from brooq_py.queue.port import (
 GAUGE_CAP = 100_000
 # The reaper looks at no more expired rows than this a tick (the rest wait for the next).
 REAP_BATCH = 1000
-# Seconds the schema's check at an engine's start waits for a pool connection, then for the answer
-# (the version table's lock: SETTLE_LOCK_WAIT).
+# Seconds the schema's check at an engine's start waits for a pool connection, then for the answer.
 SCHEMA_CHECK_WAIT = 1.5
 # A fair claim reads at most this many entries of its order past two per job it may take (SPEC T5).
 FAIR_WINDOW = 16
@@ -452,12 +451,14 @@ class WorkerRepo:
     def schema_version(self) -> str | None:
         """The migration revision of the schema; None when it was never migrated. An engine reads it
         at start, where no wait may hold up the start or a SIGTERM sent meanwhile: SCHEMA_CHECK_WAIT
-        for a pool connection, SETTLE_LOCK_WAIT for the version table's lock (a migration running in
-        another session holds it), SCHEMA_CHECK_WAIT for the answer, after which the socket is shut
-        down (a server that stopped answering; the pool discards the connection). Past any of them it
-        raises StoreUnavailable: no verdict."""
+        for a pool connection, then SCHEMA_CHECK_WAIT for the rest, after which the socket is shut
+        down (a server that stopped answering; the pool discards the connection); within it the
+        server cancels a wait for the version table's lock after SETTLE_LOCK_WAIT (a migration
+        running in another session holds it) and a statement after two thirds of it (a slow server).
+        Past any of them it raises StoreUnavailable: no verdict. (A pool's own ``check`` callback runs
+        inside ``getconn``, outside these bounds.)"""
         doing = "reading the schema version"
-        bounds = {"lock_timeout": SETTLE_LOCK_WAIT, "statement_timeout": f"{int(SCHEMA_CHECK_WAIT * 1000)}ms"}
+        bounds = {"lock_timeout": SETTLE_LOCK_WAIT, "statement_timeout": f"{int(SCHEMA_CHECK_WAIT * 667)}ms"}
         try:
             with (
                 self.session.autocommit(doing, timeout=SCHEMA_CHECK_WAIT) as conn,
