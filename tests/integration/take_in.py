@@ -9,6 +9,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from psycopg import sql
 from psycopg_pool import ConnectionPool
 
 from brooq_py.engine import Engine
@@ -149,8 +150,17 @@ def fault_after_hold(e: Engine, topic: str | None = None) -> list[str]:
     return faulted
 
 
-def poisoned_job(store: Store, pool: ConnectionPool[Any], schema: str, topic: str) -> str:
-    """A job of *topic* whose row has crashed max_crashes (3) times: poisoned at its next claim."""
-    job = store.enqueue(Job(topic, {"n": 0})).id
-    q(pool, schema, "UPDATE {job} SET crashes = 3 WHERE id = %s", job)
+def poisoned_job(
+    store: Store, pool: ConnectionPool[Any], schema: str, topic: str, ids: list[str] | None = None
+) -> str:
+    """A job of *topic* whose row has crashed max_crashes (3) times: poisoned at its next claim. Made
+    in one transaction, so a running engine never claims it unpoisoned; its id is appended to *ids*
+    before the commit."""
+    with pool.connection() as conn:
+        job = store.enqueue_tx(conn, Job(topic, {"n": 0})).id
+        conn.execute(
+            sql.SQL("UPDATE {} SET crashes = 3 WHERE id = %s").format(sql.Identifier(schema, "job")), (job,)
+        )
+        if ids is not None:
+            ids.append(job)
     return job

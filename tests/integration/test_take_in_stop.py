@@ -238,23 +238,26 @@ def test_x2_l5_a_poisoned_row_canceled_while_taken_in(
     runs: list[Any] = []
     e = engines(lease=6, workers=1)
     _register(e, topic, "sync", runs)
-    job = poisoned_job(store, pool, schema, topic)
-    heard, errors = hear_cancels(e, [job])
+    jobs: list[str] = []
+    heard, errors = hear_cancels(e, jobs)
     real_add = e.inflight.add
 
     def add(a: Any, *rest: Any) -> bool:
-        if a.id == job and when == "before-hold" and not heard.is_set():
-            assert store.cancel(job)
+        if a.id in jobs and when == "before-hold" and not heard.is_set():
+            assert store.cancel(a.id)
             assert heard.wait(30)
         got = real_add(a, *rest)
-        if a.id == job and when == "after-hold" and not heard.is_set():
-            assert store.cancel(job)
+        if a.id in jobs and when == "after-hold" and not heard.is_set():
+            assert store.cancel(a.id)
             assert heard.wait(30)
         return got
 
     e.inflight.add = add  # type: ignore[method-assign]
     e.start()
+    # The job comes once the engine listens: a cancel sent before its LISTEN was in place (the
+    # claim can come first at start) would not be heard by the notification this test waits for.
     wait_listening(pool, schema)
+    job = poisoned_job(store, pool, schema, topic, jobs)
     wait_for(heard.is_set, "the cancel heard", 30)
     wait_for(lambda: e.inflight.held() == [] and e.inflight.running() == [], "the attempt settled", 30)
     wait_for(lambda: e._slots is not None and e._slots.free == e.config.workers, "slots back", 30)
