@@ -119,10 +119,18 @@ class Session:
         with self.autocommit(doing) as conn:
             return on_connection(conn)(query, params)
 
-    def run_bounded(self, doing: str, query: Query, params: dict[str, Any], seconds: float) -> Rows:
-        """Run *query* in a transaction whose statement and lock timeouts are bounded, not the session's."""
+    def run_bounded(
+        self, doing: str, query: Query, params: dict[str, Any], seconds: float, cut: float | None = None
+    ) -> Rows:
+        """Run *query* in a transaction whose statement and lock timeouts are bounded, not the session's;
+        *cut*: also wait at most that long for a pool connection, and shut its socket down that long
+        after (a server that stopped answering never sees the timeouts)."""
         bounds = {"lock_timeout": SETTLE_LOCK_WAIT, "statement_timeout": f"{max(int(seconds * 1000), 100)}ms"}
-        with self.autocommit(doing) as conn, conn.transaction():
+        with (
+            self.autocommit(doing, timeout=cut) as conn,
+            deadline(conn, cut) if cut is not None else contextlib.nullcontext(),
+            conn.transaction(),
+        ):
             run = on_connection(conn)
             run(self.q["session_bounds"], bounds)
             return run(query, params)

@@ -23,7 +23,6 @@ from brooq_py.postgres.session.connections import (
     SETTLE_LOCK_WAIT,
     OwnConnection,
     Session,
-    deadline,
     delegate,
     statement_budget,
 )
@@ -449,25 +448,17 @@ class WorkerRepo:
         }
 
     def schema_version(self) -> str | None:
-        """The migration revision of the schema; None when it was never migrated. An engine reads it
-        at start, where no wait may hold up the start or a SIGTERM sent meanwhile: SCHEMA_CHECK_WAIT
-        for a pool connection, then SCHEMA_CHECK_WAIT for the rest, after which the socket is shut
-        down (a server that stopped answering; the pool discards the connection); within it the
-        server cancels a wait for the version table's lock after SETTLE_LOCK_WAIT (a migration
-        running in another session holds it) and a statement after two thirds of it (a slow server).
-        Past any of them it raises StoreUnavailable: no verdict. (A pool's own ``check`` callback runs
-        inside ``getconn``, outside these bounds.)"""
+        """The migration revision of the schema; None when it was never migrated. Read at an engine's
+        start, which no wait may hold up (nor a SIGTERM sent meanwhile): SCHEMA_CHECK_WAIT for a pool
+        connection, then as long for the rest, the socket shut down after it (a silent server); within
+        it the server gives up the version table's lock (a migration holds it) after SETTLE_LOCK_WAIT
+        and a slow statement after two thirds. Past any of them StoreUnavailable: no verdict. (A pool's
+        own ``check`` callback runs inside ``getconn``, outside these bounds.)"""
         doing = "reading the schema version"
-        bounds = {"lock_timeout": SETTLE_LOCK_WAIT, "statement_timeout": f"{int(SCHEMA_CHECK_WAIT * 667)}ms"}
         try:
-            with (
-                self.session.autocommit(doing, timeout=SCHEMA_CHECK_WAIT) as conn,
-                deadline(conn, SCHEMA_CHECK_WAIT),
-                conn.transaction(),
-            ):
-                run = on_connection(conn)
-                run(self._q["session_bounds"], bounds)
-                rows = run(self._q["schema_version"], {})
+            rows = self.session.run_bounded(
+                doing, self._q["schema_version"], {}, SCHEMA_CHECK_WAIT * 2 / 3, cut=SCHEMA_CHECK_WAIT
+            )
         except psycopg.errors.UndefinedTable:
             return None
         except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled) as exc:
