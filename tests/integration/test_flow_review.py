@@ -41,24 +41,25 @@ def test_t2_the_default_limit_holds_the_tenant_of_no_name_too(store: Store) -> N
 def test_s1_psql_insert_with_tenant_and_sequence_columns(
     store: Store, pool: ConnectionPool[Any], schema: str, engines: Callable[..., Engine]
 ) -> None:
+    """Members inserted by psql, one after another and many in one statement (most within one
+    millisecond), run in the order they were inserted: the id's default increases in a session."""
     store.set_tenant_limit("tn.psql", 1)
+    insert = sql.SQL("INSERT INTO {}.job (topic, payload, tenant, sequence) VALUES ").format(
+        sql.Identifier(schema)
+    )
+    row = sql.SQL("('tn.psql', {}, 'a', 's')")
     with pool.connection() as conn:
-        for n in range(3):
-            conn.execute(
-                sql.SQL(
-                    "INSERT INTO {}.job (topic, payload, tenant, sequence) VALUES (%s, %s, %s, %s)"
-                ).format(sql.Identifier(schema)),
-                ("tn.psql", psycopg.types.json.Jsonb(n), "a", "s"),
-            )
-            # uuid_v7() (the id's default) is ordered by the millisecond only: two rows inserted
-            # within one keep no order between them, and a sequence runs its members in id order
-            time.sleep(0.002)
+        for n in range(10):
+            conn.execute(insert + row.format(psycopg.types.json.Jsonb(n)))
+        conn.execute(
+            insert + sql.SQL(", ").join(row.format(psycopg.types.json.Jsonb(n)) for n in range(10, 30))
+        )
     ran: list[int] = []
     e = engines(workers=4, poll_interval=0.02)
     e.register_kind("tn.psql", lambda ctx, c: ran.append(c.payload))
     e.start()
-    wait_for(lambda: len(ran) == 3, "three ran", timeout=20)
-    assert ran == [0, 1, 2]
+    wait_for(lambda: len(ran) == 30, "thirty ran", timeout=30)
+    assert ran == list(range(30))
 
 
 def test_t2_tenant_limit_and_sequences_and_parking_with_two_engines(

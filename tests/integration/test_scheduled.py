@@ -423,8 +423,20 @@ def test_z4_ids_are_uuidv7_and_increasing(store: Store, db: psycopg.Connection[A
         None,
     )
     assert uuid.UUID(str(psql)).version == 7 and uuid.UUID(str(psql)) > parsed[0]
-    stamps = db.execute("SELECT uuid_v7() FROM generate_series(1, 3)").fetchall()
-    assert all(uuid.UUID(str(s)).version == 7 for (s,) in stamps)
+    # the default increases within a session: along one statement, from one statement to the
+    # next, and past a rolled-back transaction's (thousands a millisecond: the clock alone ties)
+    stamps = [uuid.UUID(str(s)) for (s,) in db.execute("SELECT uuid_v7() FROM generate_series(1, 5000)")]
+    for _ in range(200):
+        stamps += [uuid.UUID(str(s)) for (s,) in db.execute("SELECT uuid_v7()")]
+    with pytest.raises(RuntimeError), db.transaction():
+        db.execute("SELECT uuid_v7() FROM generate_series(1, 100)")
+        raise RuntimeError("rolled back")
+    stamps += [uuid.UUID(str(s)) for (s,) in db.execute("SELECT uuid_v7() FROM generate_series(1, 5000)")]
+    assert all(s.version == 7 and s.variant == uuid.RFC_4122 for s in stamps)
+    assert stamps == sorted(stamps) and len(set(stamps)) == len(stamps)
+    assert stamps[0] > uuid.UUID(str(psql))
+    # the same layout as the Store's ids: an id made after them in Python sorts after them
+    assert uuid.UUID(store.enqueue(Job("a", 0)).id) > stamps[-1]
 
 
 # --- Z1 ------------------------------------------------------------------------------------------
