@@ -11,6 +11,9 @@ INSERT, get increasing ids; two sessions' ids are ordered by their clock. The do
 puts the 0008 text back.
 """
 
+import runpy
+from pathlib import Path
+
 from alembic import op
 
 revision = "0025"
@@ -39,18 +42,11 @@ _IN_ORDER = """
             'hex')::uuid;
     END $$"""
 
+
 # 0008's text.
-_BY_MILLISECOND = """
-    CREATE OR REPLACE FUNCTION uuid_v7() RETURNS uuid LANGUAGE sql VOLATILE PARALLEL SAFE AS $$
-        SELECT encode(
-            set_bit(set_bit(
-                overlay(uuid_send(gen_random_uuid())
-                        PLACING substring(int8send(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)
-                                          FROM 3)
-                        FROM 1 FOR 6),
-                52, 1), 53, 1),
-            'hex')::uuid
-    $$"""
+_BY_MILLISECOND = runpy.run_path(str(Path(__file__).with_name("0008_scheduled_state.py")))[
+    "_UUID_V7"
+].replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
 
 
 def upgrade() -> None:
