@@ -6,7 +6,7 @@ between them, and a sequence runs its members in id order. It now builds the id 
 ``brooq_py.queue.ids`` does (RFC 9562, method 3): the millisecond, then twelve bits of
 its fraction, and a stamp that never falls back within the session (the last one handed
 out is kept in the session setting ``brooq_py.uuid_v7_last``; a stamp not above it is
-the last plus one). Rows inserted one after another in a session, or by one multi-row
+the last plus one, unless the last is more than a second ahead of the clock). Rows inserted one after another in a session, or by one multi-row
 INSERT, get increasing ids; two sessions' ids are ordered by their clock. The downgrade
 puts the 0008 text back.
 """
@@ -24,15 +24,18 @@ depends_on = None
 # A stamp is (Unix milliseconds << 12 | the millisecond's fraction in 4,096ths); the id's high
 # 64 bits are the milliseconds, the version 7 and the fraction, the low 64 a v4 UUID's (its
 # variant bits included). The setting is the session's (set_config's false), so an aborted
-# transaction takes its stamps back with its rows.
+# transaction takes its stamps back with its rows. A setting that is no stamp, or one more than a
+# second ahead of the clock (a SET by hand, or another client's on a pooled server connection), is
+# not followed: the clock's stamp is taken, so an insert never fails on it nor jumps ahead.
 _IN_ORDER = """
     CREATE OR REPLACE FUNCTION uuid_v7() RETURNS uuid LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE AS $$
     DECLARE
         us bigint := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
         stamp bigint := ((us / 1000) << 12) | ((us % 1000) * 4096 / 1000);
-        last bigint := coalesce(nullif(current_setting('brooq_py.uuid_v7_last', true), '')::bigint, 0);
+        kept text := current_setting('brooq_py.uuid_v7_last', true);
+        last bigint := CASE WHEN kept ~ '^[0-9]{1,18}$' THEN kept::bigint END;
     BEGIN
-        IF stamp <= last THEN
+        IF last >= stamp AND last < stamp + 4096000 THEN
             stamp := last + 1;
         END IF;
         PERFORM set_config('brooq_py.uuid_v7_last', stamp::text, false);

@@ -437,6 +437,15 @@ def test_z4_ids_are_uuidv7_and_increasing(store: Store, db: psycopg.Connection[A
     assert stamps[0] > uuid.UUID(str(psql))
     # the same layout as the Store's ids: an id made after them in Python sorts after them
     assert uuid.UUID(store.enqueue(Job("a", 0)).id) > stamps[-1]
+    # a setting that is no stamp, or far ahead of the clock (a SET by hand, another client's on a
+    # pooled server connection), is not followed: the insert works and its id is the clock's
+    for kept in ("abc", "", "9223372036854775807", "999999999999999999", str(1 << 62)):
+        db.execute("SELECT set_config('brooq_py.uuid_v7_last', %s, false)", (kept,))
+        (got,) = db.execute(
+            "INSERT INTO job (topic, payload) VALUES ('a', '{}') RETURNING id"
+        ).fetchone() or (None,)
+        ms = int.from_bytes(uuid.UUID(str(got)).bytes[:6], "big")
+        assert uuid.UUID(str(got)).version == 7 and abs(ms - time.time() * 1000) < 60_000, (kept, got)
 
 
 # --- Z1 ------------------------------------------------------------------------------------------
