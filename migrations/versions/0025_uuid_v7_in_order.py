@@ -6,9 +6,9 @@ between them, and a sequence runs its members in id order. It now builds the id 
 ``brooq_py.queue.ids`` does (RFC 9562, method 3): the millisecond, then twelve bits of
 its fraction, and a stamp that never falls back within the session (the last one handed
 out is kept in the session setting ``brooq_py.uuid_v7_last``; a stamp not above it is
-the last plus one, unless the last is more than a second ahead of the clock). Rows inserted one after another in a session, or by one multi-row
-INSERT, get increasing ids; two sessions' ids are ordered by their clock. The downgrade
-puts the 0008 text back.
+the last plus one, unless the last is more than a second ahead of the clock). Rows
+inserted one after another in a session, or by one multi-row INSERT, get increasing
+ids; two sessions' ids are ordered by their clocks. The downgrade puts 0008's text back.
 """
 
 import runpy
