@@ -446,6 +446,18 @@ def test_z4_ids_are_uuidv7_and_increasing(store: Store, db: psycopg.Connection[A
         ).fetchone() or (None,)
         ms = int.from_bytes(uuid.UUID(str(got)).bytes[:6], "big")
         assert uuid.UUID(str(got)).version == 7 and abs(ms - time.time() * 1000) < 60_000, (kept, got)
+    # a last stamp the clock has not passed yet (two calls within one tick of a coarse clock; here
+    # set half a second ahead) is followed: the next ids are the last plus one, then plus two
+    (now_ms,) = db.execute("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint").fetchone() or (0,)
+    ahead = ((now_ms + 500) << 12) | 7
+    db.execute("SELECT set_config('brooq_py.uuid_v7_last', %s, false)", (str(ahead),))
+    got = [uuid.UUID(str(s)) for (s,) in db.execute("SELECT uuid_v7() FROM generate_series(1, 2)")]
+    assert [_stamp(u) for u in got] == [ahead + 1, ahead + 2]
+
+
+def _stamp(u: uuid.UUID) -> int:
+    """A UUIDv7's stamp: its milliseconds << 12 | the 12 bits of their fraction."""
+    return (int.from_bytes(u.bytes[:6], "big") << 12) | (u.int >> 64) & 0xFFF
 
 
 # --- Z1 ------------------------------------------------------------------------------------------
