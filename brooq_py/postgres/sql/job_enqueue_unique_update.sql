@@ -8,6 +8,14 @@
 -- are woken); a pending one pushed into the future becomes scheduled, and a
 -- scheduled or failed one moved in time wakes the stagers (their channel). The
 -- old values come from the statement's snapshot (a sub-select in RETURNING).
+-- A holder in the middle of a durable run (SPEC DS1: a step, sleep or wait
+-- recorded) is not replaced either: its record was made from its payload, which a
+-- replace would swap under it (its steps replayed for another job's payload, its
+-- wait's timeout moved); a merge changes no payload and may wake it early (the run
+-- goes back to its sleep or wait). The snapshot's job_step is read; a claim made
+-- after this statement's snapshot (a new claim_token on the row it locked) may
+-- have recorded steps since, so that holder is left too, as one this statement met
+-- processing (it was, during the statement).
 -- A holder this statement's snapshot sees processing is not even tried: ON
 -- CONFLICT DO UPDATE locks the row it meets, its WHERE false or not, and that
 -- lock would last to the end of the caller's transaction, keeping the running
@@ -27,7 +35,10 @@ WITH {depth_room}
     FROM a
     WHERE a.room
       AND NOT EXISTS (SELECT FROM {job} p
-                      WHERE p.topic = %(topic)s AND p.unique_key = %(unique_key)s AND p.state = 'processing')
+                      WHERE p.topic = %(topic)s AND p.unique_key = %(unique_key)s
+                        AND p.state IN ('scheduled', 'pending', 'processing', 'failed', 'blocked')
+                        AND (p.state = 'processing'
+                             OR (%(mode)s = 'replace' AND EXISTS (SELECT FROM {job_step} s WHERE s.job_id = p.id))))
     ON CONFLICT (topic, unique_key)
         WHERE unique_key IS NOT NULL AND state IN ('scheduled', 'pending', 'processing', 'failed', 'blocked')
     DO UPDATE SET
@@ -51,6 +62,10 @@ WITH {depth_room}
             ELSE j.state END,
         updated_at = now()
     WHERE j.state <> 'processing'
+      AND (%(mode)s <> 'replace'
+           OR (NOT EXISTS (SELECT FROM {job_step} s WHERE s.job_id = j.id)
+               AND (j.claim_token IS NULL
+                    OR j.claim_token = (SELECT o.claim_token FROM {job} o WHERE o.id = j.id))))
     RETURNING j.id, j.topic, j.state, j.available_at,
               (SELECT o.state FROM {job} o WHERE o.id = j.id) AS old_state,
               (SELECT o.available_at FROM {job} o WHERE o.id = j.id) AS old_at

@@ -3,9 +3,12 @@
 -- active holder of (topic, unique_key) while it is not processing, for a job
 -- that carried an idempotency key too (job_enqueue_unique took no change) or
 -- that a depth cap refused. A holder that became processing meanwhile is
--- skipped (READ COMMITTED re-checks the row). Rows: ('updated', id, state), or
--- ('unique', id, state) for a processing holder left as it was; none when no
--- active job holds the key any more (the caller inserts again).
+-- skipped (READ COMMITTED re-checks the row), and a replace leaves a holder in
+-- the middle of a durable run, or claimed since this statement's snapshot, as
+-- job_enqueue_unique_update.sql does. Rows: ('updated', id, state), or ('unique',
+-- id, state) for a processing or durable holder left as it was; none when no
+-- active job holds the key any more, or a claim came meanwhile (the caller asks
+-- again).
 WITH n AS (
     SELECT %(payload)s::jsonb AS payload, %(meta)s::jsonb AS meta, %(priority)s::int AS priority,
            coalesce(%(available_at)s::timestamptz, statement_timestamp()) AS at
@@ -31,6 +34,10 @@ WITH n AS (
     FROM n
     WHERE j.topic = %(topic)s AND j.unique_key = %(unique_key)s
       AND j.state IN ('scheduled', 'pending', 'failed', 'blocked')
+      AND (%(mode)s <> 'replace'
+           OR (NOT EXISTS (SELECT FROM {job_step} s WHERE s.job_id = j.id)
+               AND (j.claim_token IS NULL
+                    OR j.claim_token = (SELECT o.claim_token FROM {job} o WHERE o.id = j.id))))
     RETURNING j.id, j.topic, j.state, j.available_at,
               (SELECT o.state FROM {job} o WHERE o.id = j.id) AS old_state,
               (SELECT o.available_at FROM {job} o WHERE o.id = j.id) AS old_at
@@ -46,5 +53,8 @@ FROM upd AS u
 UNION ALL
 SELECT 'unique', h.id, h.state, NULL
 FROM {job} h
-WHERE h.topic = %(topic)s AND h.unique_key = %(unique_key)s AND h.state = 'processing'
+WHERE h.topic = %(topic)s AND h.unique_key = %(unique_key)s
+  AND h.state IN ('scheduled', 'pending', 'processing', 'failed', 'blocked')
+  AND (h.state = 'processing'
+       OR (%(mode)s = 'replace' AND EXISTS (SELECT FROM {job_step} s WHERE s.job_id = h.id)))
   AND NOT EXISTS (SELECT FROM upd)
