@@ -116,16 +116,43 @@ def open_store(settings: Settings, max_size: int = 1) -> Iterator[Store]:
 
 
 def translate_db_error(exc: Exception, settings: Settings) -> None:
-    """Turn a driver error into a Failure naming the likely cause; leave others alone."""
+    """Turn a driver error into a Failure naming the likely cause; leave others alone.
+
+    A missing table, column or function (bare, or behind the store's BrooqError) on a schema an
+    older brooq_py migrated says so, with its revision and the fix."""
     import psycopg
 
-    missing = psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName
-    if any(isinstance(e, missing) for e in iter_chain(exc)):
+    errors = psycopg.errors
+    missing = errors.UndefinedTable | errors.InvalidSchemaName
+    undefined = missing | errors.UndefinedColumn | errors.UndefinedFunction | errors.UndefinedObject
+    chain = list(iter_chain(exc))
+    if any(isinstance(e, undefined) for e in chain):
+        fail_if_behind(settings)
+    if any(isinstance(e, missing) for e in chain):
         raise Failure(
             f"no job table in schema {settings.schema!r}: run `{PROG} migrate up --schema {settings.schema}`"
         ) from None
     if isinstance(exc, psycopg.Error):
         raise Failure(f"database error: {first_line(exc)}") from None
+
+
+def fail_if_behind(settings: Settings) -> None:
+    """Raise a Failure naming the schema's revision and `migrate up` when it is behind the code's head;
+    return when it is at head, not migrated, or its revision cannot be read."""
+    from brooq_py.postgres import migrations
+
+    try:
+        revision = migrations.current(database_url(settings), schema=settings.schema)
+        heads = migrations.heads()
+    except Exception:
+        return
+    # Revision ids are zero-padded numbers ("0009"): a larger one is of a newer brooq_py, not behind.
+    if revision is None or revision in heads or revision > max(heads):
+        return
+    raise Failure(
+        f"schema {settings.schema!r} is at revision {revision}, behind this brooq_py's {', '.join(heads)}: "
+        f"run `{PROG} migrate up --schema {settings.schema}`"
+    )
 
 
 def check_migrated(settings: Settings) -> None:
