@@ -25,6 +25,7 @@ from brooq_py.queue import (
     Job,
     KindOptions,
 )
+from brooq_py.queue.durations import to_timedelta
 from brooq_py.queue.job import encode_payload
 
 P = ParamSpec("P")
@@ -218,7 +219,10 @@ class Task(_TaskBase, Generic[P, R]):
         f = self._fields
         available_at = f.available_at
         if f.delay is not None:
-            available_at = datetime.now(UTC) + f.delay
+            try:
+                available_at = datetime.now(UTC) + f.delay
+            except OverflowError:
+                raise InvalidJob(f"delay: {f.delay} from now is past the last date Python holds") from None
         return Job(
             self.topic,
             payload,
@@ -243,13 +247,22 @@ class Task(_TaskBase, Generic[P, R]):
         on_duplicate: Literal["keep", "merge", "replace"] = _UNSET,
         after: Sequence[str] = _UNSET,
     ) -> Task[P, R]:
-        """Return this task with per-job fields set (``delay``: seconds or a timedelta from now)."""
+        """Return this task with per-job fields set (``delay``: seconds or a timedelta from now). A
+        ``delay`` or an ``available_at`` given here replaces the other one given earlier; both at once
+        raise InvalidJob, as does a delay that is no finite number of seconds."""
         given = {k: v for k, v in locals().items() if k != "self" and v is not _UNSET}
+        if given.get("delay") is not None and given.get("available_at") is not None:
+            raise InvalidJob("using: give delay or available_at, not both")
         d = given.get("delay")
-        if d is not None and not isinstance(d, timedelta):
-            if isinstance(d, bool) or not isinstance(d, int | float):
-                raise InvalidJob(f"delay must be seconds or a timedelta, got {type(d).__name__}")
-            given["delay"] = timedelta(seconds=d)
+        if d is not None:
+            try:
+                given["delay"] = to_timedelta(d, "delay")
+            except (TypeError, ValueError) as exc:
+                raise InvalidJob(str(exc)) from None
+        if "delay" in given and given["delay"] is not None:
+            given["available_at"] = None
+        elif given.get("available_at") is not None:
+            given["delay"] = None
         fields = dataclasses.replace(self._fields, **given)
         return Task(self.fn, self.topic, self.options, self._tasks, fields)
 

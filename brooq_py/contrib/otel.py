@@ -132,6 +132,10 @@ def _traced(
     """Bind the call and yield it inside ``enqueue_span``, each Job of *names* replaced by its traced
     copy (named jobs keep their names)."""
     bound = inspect.signature(fn).bind(*args, **kwargs)
+    for name in names:  # jobs from a generator: read once here, so each is traced and then enqueued
+        value = bound.arguments.get(name)
+        if isinstance(value, Iterator):
+            bound.arguments[name] = list(value)
     values = {name: bound.arguments.get(name) for name in names}
     with enqueue_span([j for v in values.values() for j in _jobs_in(v)]) as traced:
         it = iter(traced)

@@ -6,6 +6,7 @@ import enum
 import json
 import math
 import re
+import sys
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -25,6 +26,8 @@ MAX_META_BYTES = 4096
 _NUMERIC_MAX_INT_DIGITS = 131_072
 _NUMERIC_MAX_SCALE = 16_383
 _NUMERIC_MAX_EXPONENT = (2**31 - 1) // 2
+# What one jsonb value holds (a string, or an array or object's entries): 2**28 - 1 bytes.
+_JSONB_MAX_BYTES = 2**28 - 1
 _NUMBER = re.compile(r"-?(\d+)(?:\.(\d+))?(?:[eE]([+-]?\d+))?")
 
 # A "\u0000" escape, not the storable text "\\u0000" (an escaped backslash, then "u0000").
@@ -85,6 +88,17 @@ def _check_number(literal: str) -> float:
     magnitude = len(whole) - 1 - first + exponent if first < len(mantissa) else 0
     if scale > _NUMERIC_MAX_SCALE or magnitude >= _NUMERIC_MAX_INT_DIGITS:
         raise ValueError(f"number {literal[:40]!r} is outside what PostgreSQL jsonb holds")
+    # jsonb gives it back in plain notation: without a scale an integer, which Python reads with int()
+    # (at most sys.get_int_max_str_digits() digits), else a fraction it reads as a float (finite).
+    if scale == 0:
+        limit = sys.get_int_max_str_digits()
+        if limit and magnitude + 1 > limit:
+            raise ValueError(
+                f"number {literal[:40]!r} comes back from jsonb as an integer of {magnitude + 1} digits;"
+                f" Python reads at most {limit} (sys.get_int_max_str_digits)"
+            )
+    elif math.isinf(float(literal)):
+        raise ValueError(f"number {literal[:40]!r} comes back from jsonb as a float Python reads as infinity")
     return 0.0
 
 
@@ -114,6 +128,10 @@ def encode_payload(payload: Any, what: str = "payload") -> str:
             raise InvalidJob(f"{what} holds a lone surrogate, which is not valid Unicode text")
     if "\x00" in text or ("\\u0000" in text and _NUL_ESCAPE.search(text)):
         raise InvalidJob(f"{what} contains \\u0000, which PostgreSQL jsonb cannot store")
+    if len(text) > _JSONB_MAX_BYTES // 4 and (size := utf8_length(text)) > _JSONB_MAX_BYTES:
+        raise InvalidJob(
+            f"{what} is {size:,} bytes as JSON; PostgreSQL jsonb holds at most {_JSONB_MAX_BYTES:,}"
+        )
     return text
 
 
@@ -125,7 +143,8 @@ def encode_payloads(payloads: Sequence[Any]) -> str:
         pass
     else:
         if (
-            (text.isascii() or _is_utf8(text))
+            len(text) <= _JSONB_MAX_BYTES // 4
+            and (text.isascii() or _is_utf8(text))
             and "\x00" not in text
             and not ("\\u0000" in text and _NUL_ESCAPE.search(text))
         ):

@@ -352,6 +352,16 @@ def test_e5_enqueue_many_is_one_statement(dsn: str, schema: str) -> None:
         store.close()
 
 
+def test_e5_enqueue_many_takes_any_iterable_of_jobs(store: Store) -> None:
+    """A generator is read once (TypeError "not subscriptable" before); a Job alone is refused."""
+    results = store.enqueue_many(Job("t", i) for i in range(3))
+    assert len(results) == 3 and all(r.created for r in results)
+    assert [store.get(r.id).payload for r in results] == [0, 1, 2]  # type: ignore[union-attr]
+    assert store.enqueue_many(iter([])) == []
+    with pytest.raises(InvalidJob, match="iterable of Job"):
+        store.enqueue_many(Job("t", 1))  # type: ignore[arg-type]
+
+
 def test_e5_enqueue_many_in_callers_transaction(store: Store) -> None:
     with pytest.raises(RuntimeError), store.begin() as tx:
         res = store.enqueue_many([Job("t", 1), Job("t", 2, idempotency_key="k")], tx=tx)

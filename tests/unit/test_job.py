@@ -281,9 +281,34 @@ def test_e4_bytes_with_a_number_jsonb_cannot_hold_refused(raw: bytes) -> None:
     assert "outside what PostgreSQL jsonb holds" in str(refused(payload=raw))
 
 
-@pytest.mark.parametrize("raw", [b"1e131071", b"-9e131071", b"1e-16383", b"0e1000000000", b"1.5", b"1e308"])
-def test_e4_bytes_with_a_number_jsonb_holds_accepted(raw: bytes) -> None:
+@pytest.mark.parametrize(
+    "raw", [b"1e4299", b"-9e4299", b"-1e400", b"1e-16383", b"0e1000000000", b"1.5", b"1e308", b"12.5e3"]
+)
+def test_e4_bytes_with_a_number_jsonb_holds_and_python_reads_back_accepted(raw: bytes) -> None:
     assert Job("t", raw).payload_json() == raw.decode()
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"1e4300",
+        b"[1e131071]",
+        b'{"a": -9e131071}',
+        b"1e5000",
+        b"1" + b"0" * 5000 + b".5",
+        b"-1" + b"0" * 400 + b".25",
+    ],
+)
+def test_e4_bytes_with_a_number_jsonb_gives_back_as_python_cannot_read_refused(raw: bytes) -> None:
+    """jsonb gives numbers back in plain notation: an integer of more digits than Python's int reads
+    (sys.get_int_max_str_digits), or a fraction whose float is infinite, could never be read back."""
+    message = str(refused(payload=raw))
+    assert "comes back from jsonb" in message
+
+
+def test_e4_a_payload_longer_than_a_jsonb_value_holds_refused() -> None:
+    """One string of 2**28 characters (PostgreSQL: "string too long to represent as jsonb string")."""
+    assert "PostgreSQL jsonb holds at most 268,435,455" in str(refused(payload="x" * (2**28)))
 
 
 @pytest.mark.parametrize(

@@ -164,6 +164,34 @@ def test_using_sets_job_fields_and_delay() -> None:
         f.using(delay="soon").job(1)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    "delay", [float("inf"), float("nan"), 1e20, 1e13], ids=["inf", "nan", "huge", "past-9999"]
+)
+def test_using_an_impossible_delay_is_invalid_job(delay: float) -> None:
+    """Not OverflowError nor a bare ValueError: the error every other bad job field raises."""
+    tasks = Tasks()
+
+    @tasks.task("u")
+    def f(n: int) -> None: ...
+
+    with pytest.raises(InvalidJob, match="delay"):
+        f.using(delay=delay).job(1)
+
+
+def test_using_takes_a_delay_or_an_available_at_and_the_later_call_wins() -> None:
+    tasks = Tasks()
+
+    @tasks.task("u")
+    def f(n: int) -> None: ...
+
+    at = datetime(2030, 1, 1, tzinfo=UTC)
+    with pytest.raises(InvalidJob, match="not both"):
+        f.using(delay=5, available_at=at)
+    assert f.using(delay=5).using(available_at=at).job(1).available_at == at
+    later = f.using(available_at=at).using(delay=1).job(1).available_at
+    assert later is not None and later < at
+
+
 class FakeStore:
     def __init__(self) -> None:
         self.jobs: list[tuple[Any, Job]] = []

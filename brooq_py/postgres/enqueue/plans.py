@@ -6,7 +6,7 @@ so a job's id is known before commit.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -26,6 +26,16 @@ ATTEMPTS = 5
 
 # A key of a job in a batch: ("key" or "unique", topic, key).
 Name = tuple[str, str, str]
+
+
+def as_sequence(jobs: Iterable[Job]) -> Sequence[Job]:
+    """*jobs* as given when a list or a tuple, else read once into a list (a generator, say);
+    InvalidJob for what is not iterable (a Job alone)."""
+    if isinstance(jobs, list | tuple):
+        return jobs
+    if not isinstance(jobs, Iterable):
+        raise InvalidJob(f"jobs must be an iterable of Job, got {type(jobs).__name__}")
+    return list(jobs)
 
 
 def validated(jobs: Sequence[Job]) -> list[str]:

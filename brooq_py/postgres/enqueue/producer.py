@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from brooq_py.contrib.otel import traced_enqueue
 from brooq_py.postgres.enqueue import jobs as enqueueing
 from brooq_py.postgres.enqueue import plans
+from brooq_py.postgres.enqueue.plans import as_sequence
 from brooq_py.postgres.enqueue.unique import FirstTries
 from brooq_py.postgres.flow.caps import RoomWait, TopicCaps, checked_wait, no_wait_in_tx
 from brooq_py.postgres.session.connections import Session
@@ -74,9 +75,11 @@ class Producer:
 
     @traced_enqueue("jobs")
     @names_migration
-    def enqueue_many(self, jobs: Sequence[Job], tx: Tx | None = None) -> list[EnqueueResult]:
-        """Enqueue *jobs* in one statement, in *tx* when given; results in input order. One bad job
-        refuses the batch (InvalidJob, nothing written); a key repeated inside it creates one job."""
+    def enqueue_many(self, jobs: Iterable[Job], tx: Tx | None = None) -> list[EnqueueResult]:
+        """Enqueue *jobs* (any iterable) in one statement, in *tx* when given; results in input order.
+        One bad job refuses the batch (InvalidJob, nothing written); a key repeated inside it creates
+        one job."""
+        jobs = as_sequence(jobs)
         run = on_tx(tx) if tx is not None else None  # a wrong tx is refused even for no jobs
         plan = enqueueing.enqueue_many(self._q, jobs, self._caps)
         if not jobs:
