@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from brooq_py.postgres.flow.limits import TenantPage, TenantRow, parse_count, parse_rate
 from brooq_py.queue import InvalidJob, JobRow, StoreUnavailable
-from brooq_py.queue.job import check_tenant
+from brooq_py.queue.job import MAX_KEY_BYTES, MAX_TOPIC_BYTES, check_length, check_tenant, check_text
 
 if TYPE_CHECKING:
     from brooq_py.postgres.operator.overview import Overview, Topics
@@ -22,7 +22,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("brooq_py.service")
 
 UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
-MAX_TOPIC = 200
+# The longest name a request's path may carry (UTF-8 bytes): the longest name brooq_py stores (a
+# sequence, a unique key). Each name's own limit is checked after (a topic's is MAX_TOPIC_BYTES).
+MAX_PATH_NAME = MAX_KEY_BYTES
 
 
 class ActionError(Exception):
@@ -46,10 +48,28 @@ def job_id(raw: str) -> str:
     return raw.lower()
 
 
+def path_name(raw: str) -> str:
+    """Return *raw*, a name, id or value a request's path carries (decoded), or raise ActionError(400)
+    for what no name brooq_py stores can be: a NUL, broken Unicode, over MAX_PATH_NAME UTF-8 bytes.
+    Every route's path parameters pass here before their own checks."""
+    try:
+        check_text(raw, "a name in the path")
+        check_length(raw, MAX_PATH_NAME, "a name in the path")
+    except InvalidJob as exc:
+        raise ActionError(400, f"malformed path: {exc}") from None
+    return raw
+
+
 def topic_name(raw: str) -> str:
-    """Return *raw* as a topic name, or raise ActionError(400)."""
-    if not raw or "\x00" in raw or len(raw) > MAX_TOPIC or not raw.isprintable():
-        raise ActionError(400, f"malformed topic: expected printable text of 1 to {MAX_TOPIC} characters")
+    """Return *raw* as a topic name (as a job's topic may be, and printable), or raise ActionError(400)."""
+    bad = f"malformed topic: expected printable text of 1 to {MAX_TOPIC_BYTES} UTF-8 bytes"
+    if not raw or not raw.isprintable():
+        raise ActionError(400, bad)
+    try:
+        check_text(raw, "topic")
+        check_length(raw, MAX_TOPIC_BYTES, "topic")
+    except InvalidJob:
+        raise ActionError(400, bad) from None
     return raw
 
 
@@ -113,7 +133,7 @@ class Operator:
         row = self.get(raw_id)
         try:
             sent = self.guarded("signalling a job", controls.signal, row.id, name, payload)
-        except InvalidJob as exc:
+        except (InvalidJob, ValueError) as exc:  # a payload or a name (a NUL) the store refuses
             raise ActionError(400, str(exc)) from None
         return self._acted(sent, "job %s signalled %r", row.id, name)
 
@@ -150,9 +170,12 @@ class Operator:
     def resume_sequence(self, raw_topic: str, raw_sequence: str) -> bool:
         """SPEC Q5: let the sequence halted behind a dead job go on; False when it was not halted."""
         topic = topic_name(raw_topic)
-        if not raw_sequence or "\x00" in raw_sequence or len(raw_sequence) > 1024:
-            raise ActionError(400, "malformed sequence: expected text of 1 to 1024 characters")
-        resumed = self.guarded("resuming a sequence", self._controls().resume_sequence, topic, raw_sequence)
+        try:  # the sequence checked as a job's (InvalidJob): non-empty, no NUL, at most MAX_KEY_BYTES
+            resumed = self.guarded(
+                "resuming a sequence", self._controls().resume_sequence, topic, raw_sequence
+            )
+        except InvalidJob as exc:
+            raise ActionError(400, f"malformed sequence: {exc}") from None
         return self._acted(resumed, "topic %r sequence %r resumed", topic, raw_sequence)
 
     def tenants(self, raw_topic: str) -> tuple[list[TenantRow], tuple[int | None, str | None]]:

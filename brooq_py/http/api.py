@@ -10,11 +10,10 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from brooq_py.http.actions import ActionError, Operator, for_repo
+from brooq_py.http.actions import ActionError, Operator, for_repo, path_name
 from brooq_py.http.auth import Roles
 
 if TYPE_CHECKING:
@@ -154,7 +153,7 @@ def _cancel(op: Operator, raw: str) -> Reply:
 
 
 def _signal(op: Operator, raw: str, name: str, body: bytes) -> Reply:
-    return Reply.json(200, {"signaled": op.signal(raw, unquote(name), body)})
+    return Reply.json(200, {"signaled": op.signal(raw, name, body)})
 
 
 def _retry(op: Operator, raw: str) -> Reply:
@@ -308,10 +307,12 @@ class Surface:
                 if role != "operator" and method not in READ_METHODS:
                     return Reply.error(403, "forbidden: this token may read, not act")
                 try:
+                    # The path arrives decoded (%00 is a NUL): every parameter is checked here, once.
+                    params = [path_name(p) for p in match.groups()]
                     if action is _signal:
-                        raw, name = match.groups()
+                        raw, name = params
                         return _signal(self.operator, raw, name, request.body)
-                    return action(self.operator, *match.groups())
+                    return action(self.operator, *params)
                 except ActionError as exc:
                     return Reply.error(exc.status, exc.message)
         return Reply.error(404, "not found")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -18,21 +18,26 @@ import psycopg_pool
 from brooq_py.contrib.otel import traced_aenqueue
 from brooq_py.postgres.enqueue import jobs as enqueueing
 from brooq_py.postgres.enqueue import plans
+from brooq_py.postgres.enqueue.plans import as_sequence
 from brooq_py.postgres.enqueue.unique import FirstTries
 from brooq_py.postgres.flow.caps import RoomWait, TopicCaps, checked_wait, no_wait_in_tx
 from brooq_py.postgres.flow.limits import (
     LIMIT_WAIT,
+    checked_count,
+    checked_topic,
     depth_params,
     park_column,
     rate_params,
+    setting_of,
     tenant_limit_params,
     tenant_rate_params,
     tenant_weight_params,
     writers_left,
 )
-from brooq_py.postgres.operator.actions import sequence_params
+from brooq_py.postgres.operator.actions import TopicOverview, refusal_text, sequence_params, topic_overview_of
 from brooq_py.postgres.session.connections import AsyncSession, delegate
 from brooq_py.postgres.session.errors import names_migration, translated
+from brooq_py.postgres.session.statements import parse_id
 from brooq_py.postgres.session.tx import (
     AsyncWrapTx,
     async_connection_of,
@@ -43,6 +48,7 @@ from brooq_py.postgres.session.tx import (
 from brooq_py.postgres.wait import DEFAULT_POLL, AsyncWatch
 from brooq_py.queue import EnqueueResult, GroupResult, Job, JobRow, QueueFull
 from brooq_py.queue.job import check_tenant
+from brooq_py.queue.port import TopicSetting
 
 AsyncTx = AsyncWrapTx | psycopg.AsyncConnection[Any]
 
@@ -98,8 +104,9 @@ class AsyncStore:
 
     @traced_aenqueue("jobs")
     @names_migration
-    async def enqueue_many(self, jobs: Sequence[Job], tx: AsyncTx | None = None) -> list[EnqueueResult]:
+    async def enqueue_many(self, jobs: Iterable[Job], tx: AsyncTx | None = None) -> list[EnqueueResult]:
         """``Store.enqueue_many``, awaited, in *tx* when given."""
+        jobs = as_sequence(jobs)
         conn = async_connection_of(tx) if tx is not None else None
         plan = enqueueing.enqueue_many(self._q, jobs, self._caps)
         if not jobs:
@@ -150,6 +157,14 @@ class AsyncStore:
         """``Store.retry``, awaited."""
         return await self.session.drive("retrying a job", plans.retry(self._q, job_id), whole=True)
 
+    async def retry_refusal(self, job_id: str) -> str | None:
+        """``Store.retry_refusal``, awaited."""
+        parsed = parse_id(job_id)
+        if parsed is None:
+            return f"{job_id!r} is not a job id"
+        rows = await self.session.run("reading a job", self._q["job_retry_refusal"], {"id": parsed})
+        return refusal_text(job_id, rows)
+
     async def resume_sequence(self, topic: str, sequence: str) -> bool:
         """``Store.resume_sequence``, awaited."""
         params = sequence_params(topic, sequence)
@@ -170,6 +185,51 @@ class AsyncStore:
         return await self.session.drive(
             "listing jobs", plans.list_jobs(self._q, topic, state, limit, payload, tenant)
         )
+
+    async def topic_active(self, topic: str) -> bool:
+        """``Store.topic_active``, awaited."""
+        params = {"topic": checked_topic(topic)}
+        rows = await self.session.run("looking for a topic's jobs", self._q["topic_active"], params)
+        return bool(rows[0][0])
+
+    async def topic_overview(self) -> list[TopicOverview]:
+        """``Store.topic_overview``, awaited."""
+        rows = await self.session.run("reading topics", self._q["topic_overview"], {})
+        return [topic_overview_of(r) for r in rows]
+
+    async def topic_settings(self) -> list[TopicSetting]:
+        """``Store.topic_settings``, awaited."""
+        rows = await self.session.run("reading topic settings", self._q["topic_settings"], {})
+        return [setting_of(r) for r in rows]
+
+    async def paused(self) -> set[str]:
+        """``Store.paused``, awaited."""
+        return {s.topic for s in await self.topic_settings() if s.paused}
+
+    async def pause(self, topic: str) -> None:
+        """``Store.pause``, awaited."""
+        await self.session.run("pausing a topic", self._q["topic_pause"], {"topic": checked_topic(topic)})
+
+    async def resume(self, topic: str) -> None:
+        """``Store.resume``, awaited."""
+        await self.session.run("resuming a topic", self._q["topic_resume"], {"topic": checked_topic(topic)})
+
+    async def forget_topic(self, topic: str) -> bool:
+        """``Store.forget_topic``, awaited."""
+        params = {"topic": checked_topic(topic)}
+        return bool(await self.session.run("forgetting a topic's settings", self._q["topic_forget"], params))
+
+    async def set_limit(self, topic: str, limit: int | None) -> None:
+        """``Store.set_limit``, awaited (a first limit's wait for earlier claims sleeps on the event loop)."""
+        params = {"topic": checked_topic(topic), "limit": checked_count(limit, "limit")}
+        if params["limit"] is None:
+            await self.session.run("setting a topic's limit", self._q["topic_set_limit"], params)
+            return
+        async with self.session.autocommit("setting a topic's limit") as conn:  # held at 0 meanwhile
+            run = on_async_connection(conn)
+            if await run(self._q["topic_limit_hold"], params):
+                await self._after_writers(run)
+            await run(self._q["topic_set_limit"], params)
 
     async def set_rate_limit(
         self, topic: str, limit: int | None, per: float | timedelta = 1, *, burst: int | None = None

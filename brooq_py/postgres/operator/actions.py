@@ -14,7 +14,7 @@ from brooq_py.postgres.session.statements import parse_id
 from brooq_py.queue import Job, JobRow
 from brooq_py.queue.job import check_tenant
 
-__all__ = ["Operator", "TopicOverview", "sequence_params"]
+__all__ = ["Operator", "TopicOverview", "sequence_params", "topic_overview_of"]
 
 
 def sequence_params(topic: str, sequence: str) -> dict[str, str]:
@@ -101,20 +101,22 @@ class Operator:
         """Every topic with jobs or settings: jobs per state, oldest ready age, paused, limit (one
         grouped scan of the whole table: an operator's command, not a scrape)."""
         rows = self.session.run("reading topics", self._q["topic_overview"], {})
-        return [
-            TopicOverview(
-                topic=r[0],
-                counts={str(k): int(v) for k, v in (r[1] or {}).items()},
-                oldest_ready_seconds=max(0.0, float(r[2] or 0.0)),
-                paused=bool(r[3]),
-                limit=r[4],
-                rate=rate_text(r[5], r[6], r[7]),
-                tokens=None if r[8] is None else float(r[8]),
-                max_depth=r[9],
-                tenants_waiting=r[10],
-            )
-            for r in rows
-        ]
+        return [topic_overview_of(r) for r in rows]
+
+
+def topic_overview_of(r: tuple[Any, ...]) -> TopicOverview:
+    """A row of ``topic_overview`` as a TopicOverview."""
+    return TopicOverview(
+        topic=r[0],
+        counts={str(k): int(v) for k, v in (r[1] or {}).items()},
+        oldest_ready_seconds=max(0.0, float(r[2] or 0.0)),
+        paused=bool(r[3]),
+        limit=r[4],
+        rate=rate_text(r[5], r[6], r[7]),
+        tokens=None if r[8] is None else float(r[8]),
+        max_depth=r[9],
+        tenants_waiting=r[10],
+    )
 
 
 def refusal_text(job_id: str, rows: list[tuple[Any, ...]]) -> str | None:
