@@ -41,6 +41,7 @@ from brooq_py.queue.job import (
     Lease,
     State,
     StepRecord,
+    UnreadablePayload,
 )
 from brooq_py.queue.options import KindOptions
 from brooq_py.queue.tx import Tx
@@ -83,6 +84,7 @@ __all__ = [
     "StoreUnavailable",
     "Tx",
     "UnknownTopic",
+    "UnreadablePayload",
     "WaitTimeout",
     "delay_of",
     "parse_go_duration",

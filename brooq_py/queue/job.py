@@ -152,6 +152,30 @@ def encode_payloads(payloads: Sequence[Any]) -> str:
     return "[" + ",".join([encode_payload(p) for p in payloads]) + "]"
 
 
+class UnreadablePayload(str):
+    """A stored payload Python's json cannot read (a number written by psql beyond Python's int, an
+    array nested deeper than its recursion): its JSON text, with ``error``. A row read with one shows
+    the text; a claimed job with one ends dead without running (SPEC E4', L5')."""
+
+    error: str
+
+    def __new__(cls, text: str, error: str) -> UnreadablePayload:
+        made = super().__new__(cls, text)
+        made.error = error
+        return made
+
+
+def read_payload(text: str | None) -> Any:
+    """The payload of a row's JSON *text* (a statement's ``payload::text``): what json reads, or an
+    UnreadablePayload, so one row written by psql never fails the statement that read it."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        return UnreadablePayload(text, f"{type(exc).__name__}: {exc}")
+
+
 def _is_utf8(text: str) -> bool:
     try:
         text.encode("utf-8")

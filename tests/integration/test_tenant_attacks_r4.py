@@ -22,6 +22,7 @@ from brooq_py.postgres import Store
 from brooq_py.postgres.session.tx import on_connection
 from brooq_py.postgres.worker.repo import FAIR_WINDOW
 from brooq_py.queue import Claim, Context, Job, State
+from brooq_py.queue.job import read_payload
 from brooq_py.queue.port import Outcome
 from tests.integration.conftest import q
 from tests.polling import wait_for
@@ -373,7 +374,7 @@ def test_q5_a_cancel_racing_the_claim_of_a_tenant_members_holds_the_next(
     params = {"topic": topic, "limit": 1, "window": 2 + FAIR_WINDOW, "worker": "gone", "lease": lease}
     done = threading.Event()
     with psycopg.connect(dsn) as slow:
-        got = [r[2] for r in on_connection(slow)(free, params) if r[0] is not None]
+        got = [read_payload(r[2]) for r in on_connection(slow)(free, params) if r[0] is not None]
         assert got == [0]
         canceler = threading.Thread(target=lambda: (store.cancel(first), done.set()), daemon=True)
         canceler.start()

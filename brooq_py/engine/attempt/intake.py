@@ -25,7 +25,7 @@ from brooq_py.engine.attempt.runner import Runner, SlotPool
 from brooq_py.engine.clock import Clock
 from brooq_py.engine.config import Config
 from brooq_py.engine.metrics import Metrics
-from brooq_py.queue import Context
+from brooq_py.queue import Context, UnreadablePayload
 from brooq_py.queue.port import ClaimedJob, LimitedClaim, Repo
 
 # How soon a limited topic whose lock another engine held is tried again: that claim takes milliseconds.
@@ -225,7 +225,10 @@ class Capacity:
 
 def poison(row: ClaimedJob, max_crashes: int, max_attempts: int) -> str | None:
     """Why *row* must not run again but end dead, or None. A crash gives its attempt
-    back, so attempts past max_attempts come only from rows an older release reaped."""
+    back, so attempts past max_attempts come only from rows an older release reaped. A payload no
+    json reader reads (written by psql: a number beyond Python's int) would fail every attempt alike."""
+    if isinstance(row.payload, UnreadablePayload):
+        return f"its payload cannot be read by Python's json ({row.payload.error[:200]}); never run"
     if row.crashes >= max_crashes:
         return POISON_ERROR.format(crashes=row.crashes)
     if row.attempts > max_attempts:

@@ -22,6 +22,7 @@ from typing import Any
 from psycopg import sql
 
 from brooq_py.queue import AttemptError, JobRow, State, StepRecord
+from brooq_py.queue.job import read_payload
 
 _BINARY_PLACEHOLDER = re.compile(r"%\((\w+)\)b")
 
@@ -345,7 +346,7 @@ def job_row(r: Any) -> JobRow:
     return JobRow(
         id=str(r[0]),
         topic=r[1],
-        payload=r[2],
+        payload=read_payload(r[2]),
         state=state,
         attempts=r[4],
         priority=r[5],

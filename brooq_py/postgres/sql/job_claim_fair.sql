@@ -129,7 +129,7 @@ WITH clock AS (
     SELECT s.rate_limit, s.rate_per, s.tokens - (SELECT count(*) FROM claimed) AS tokens
     FROM setting s
 )
-SELECT c.id::text, c.topic, c.payload, c.attempts, c.priority, c.claim_token::text, c.locked_by,
+SELECT c.id::text, c.topic, c.payload::text, c.attempts, c.priority, c.claim_token::text, c.locked_by,
        c.locked_until, c.meta, c.crashes,
        CASE WHEN l.rate_limit IS NOT NULL AND l.tokens < 1
             THEN (1 - l.tokens) * l.rate_per / l.rate_limit END AS next_token_in,

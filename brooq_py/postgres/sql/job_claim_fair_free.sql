@@ -97,7 +97,7 @@ WITH setting AS (
     RETURNING j.id, j.topic, j.payload, j.attempts, j.priority, j.claim_token, j.locked_by,
               j.locked_until, j.meta, j.crashes, j.turn
 )
-SELECT c.id::text, c.topic, c.payload, c.attempts, c.priority, c.claim_token::text, c.locked_by,
+SELECT c.id::text, c.topic, c.payload::text, c.attempts, c.priority, c.claim_token::text, c.locked_by,
        c.locked_until, c.meta, c.crashes, NULL::float8 AS next_token_in, %(limit)s::int AS room
 FROM setting s
 LEFT JOIN claimed c ON true

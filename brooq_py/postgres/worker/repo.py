@@ -38,6 +38,7 @@ from brooq_py.postgres.session.tx import Rows, as_psycopg, on_connection, on_tx
 from brooq_py.postgres.worker.heads import SLACK, ClaimHeads
 from brooq_py.postgres.worker.history import History
 from brooq_py.queue import BrooqError, State, StoreUnavailable, Tx
+from brooq_py.queue.job import read_payload
 from brooq_py.queue.port import (
     ClaimedJob,
     DatabaseGauges,
@@ -90,8 +91,10 @@ def _settle_state(outcome: Outcome) -> str:
 def claimed_jobs(rows: Rows, keyed: bool = False) -> list[ClaimedJob]:
     """The rows a claim statement returned (ClaimedJob's fields, in order), as ClaimedJob records;
     *keyed*: the eleventh and twelfth columns are the claim key's available_at and whether the job had
-    no step record (job_claim)."""
-    return [ClaimedJob(*r[: 12 if keyed else 10]) for r in rows]
+    no step record (job_claim). The payload comes as text, read here row by row (``read_payload``):
+    one no json reader reads ends its own job, not the claim that took it with others."""
+    width = 12 if keyed else 10
+    return [ClaimedJob(r[0], r[1], read_payload(r[2]), *r[3:width]) for r in rows]
 
 
 def _until(recorded: Any) -> datetime | None:
