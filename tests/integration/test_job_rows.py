@@ -77,3 +77,13 @@ def test_r0_cli_jobs_json_fills_every_field(
     code, out, err = cli(dsn, schema, tmp_path, "jobs", "--topic", "rows", "--json")
     assert code == 0, err
     assert [json.loads(line) for line in out.splitlines()] == [full_row.to_json()]
+
+
+@pytest.mark.parametrize("limit", [-1, 2.5, True, "3"])
+def test_r0_list_jobs_refuses_a_limit_that_is_no_count(store: Store, limit: object) -> None:
+    """A negative limit answered [] as if no job were there; a float or text was cut or failed late."""
+    store.enqueue(Job("t", 1))
+    with pytest.raises(ValueError, match="limit"):
+        store.list_jobs("t", limit=limit)  # type: ignore[arg-type]
+    assert store.list_jobs("t", limit=0) == []
+    assert len(store.list_jobs("t", limit=1)) == 1

@@ -310,7 +310,9 @@ def list_jobs(
     payload contains *payload* (jsonb ``@>``; None: any; not JSON: InvalidJob), of *tenant* when given."""
     if state is not None:
         state = str(State(state))  # an unknown state is a ValueError here, not an empty answer
-    params: dict[str, Any] = {"topic": topic, "state": state, "limit": max(0, int(limit)), "tenant": tenant}
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise ValueError(f"limit must be an int of 0 or more, got {limit!r}")  # not an empty answer
+    params: dict[str, Any] = {"topic": topic, "state": state, "limit": limit, "tenant": tenant}
     if payload is None:
         rows = yield q["job_list"], params
     else:
