@@ -18,7 +18,7 @@ from brooq_py.engine import Engine
 from brooq_py.postgres import Store
 from brooq_py.queue import Claim, Context, Job, KindOptions, State
 from tests.integration.conftest import q, wait_listening
-from tests.integration.take_in import hear_cancels, register
+from tests.integration.take_in import enqueue_known, hear_cancels, register
 from tests.polling import wait_for
 
 LEASE = 3.0
@@ -355,7 +355,7 @@ def test_x2_a_cancel_heard_before_or_after_the_hold_keeps_the_handler_from_start
     e.inflight.add = add  # type: ignore[method-assign]
     e.start()
     wait_listening(pool, schema)
-    jobs.append(store.enqueue(Job(topic, {"n": 0})).id)
+    enqueue_known(store, Job(topic, {"n": 0}), jobs)
     wait_for(handled.is_set, "the cancel handled", 30)
     wait_for(lambda: e.inflight.held() == [] and e.inflight.running() == [], "the attempt ended", 30)
     e.stop()

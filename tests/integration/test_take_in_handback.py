@@ -20,6 +20,7 @@ from brooq_py.postgres import Store
 from brooq_py.queue import Claim, Context, Event, Job, KindOptions, State
 from tests.integration.conftest import wait_listening
 from tests.integration.take_in import (
+    enqueue_known,
     fault_after_hold,
     hear_cancels,
     job_state,
@@ -247,7 +248,7 @@ def test_x2_a_cancel_racing_the_unrun_give_back_wins(
     stall = stall_launch(e, topic) if when != "during-hand-over" else None
     e.start()
     wait_listening(pool, schema)
-    jobs.append(store.enqueue(Job(topic, {"n": 0})).id)
+    enqueue_known(store, Job(topic, {"n": 0}), jobs)
     job = jobs[0]
     try:
         if stall is not None:
