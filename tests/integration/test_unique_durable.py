@@ -12,12 +12,14 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg
 import pytest
 from psycopg_pool import ConnectionPool
 
 from brooq_py.engine import Engine
-from brooq_py.postgres import Store
+from brooq_py.postgres import Store, WrapTx
 from brooq_py.queue import Claim, Context, Job, SignalTimeout, State
+from brooq_py.queue.port import Outcome
 from tests.integration.conftest import q
 from tests.integration.test_durable_steps import OPTS, ended
 from tests.integration.test_unique_races import _row, _while_held
@@ -165,3 +167,54 @@ def test_u2_replace_still_replaces_a_holder_that_ran_without_a_record(
     assert r == (a.id, False)
     row = _row(store, a.id)
     assert row.payload == {"v": 2} and row.state == State.PENDING
+
+
+def _with_a_step(pool: ConnectionPool[Any], schema: str, job_id: str) -> None:
+    """The holder recorded a step and is back in the queue (as after a crash, a sleep or a wait)."""
+    q(
+        pool,
+        schema,
+        f"INSERT INTO \"{schema}\".job_step (job_id, seq, name, kind, result) VALUES (%s, 0, 'charge', 'step', '1')",
+        job_id,
+    )
+
+
+@pytest.mark.parametrize("both_keys", [False, True])
+def test_u2_a_replace_in_repeatable_read_is_never_answered_by_a_durable_holder_that_ended_since(
+    store: Store, pool: ConnectionPool[Any], schema: str, dsn: str, both_keys: bool
+) -> None:
+    """The caller's snapshot saw the holder active with its record; the holder ended since. The
+    replace creates the job, or raises the serialization failure docs/unique-jobs.md documents:
+    never created=False for a job that ended (nothing would hold the key: the enqueue lost)."""
+    holder = store.enqueue(Job("rr", {"v": 1}, unique_key="k")).id
+    _with_a_step(pool, schema, holder)
+    key = "i" if both_keys else None
+    with psycopg.connect(dsn) as caller:
+        caller.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        caller.execute("SELECT 1")  # the snapshot: the holder active, with its step
+        (c,) = store.worker.claim(["rr"], 1, "w", timedelta(seconds=30))
+        store.worker.settle_many([Outcome(c.id, c.claim_token, State.DONE)])
+        try:
+            r = store.enqueue_tx(
+                WrapTx(caller),
+                Job("rr", {"v": 2}, unique_key="k", on_duplicate="replace", idempotency_key=key),
+            )
+        except psycopg.errors.SerializationFailure:
+            return
+        caller.commit()
+    assert r.created and r.id != holder
+    assert q(pool, schema, "SELECT payload FROM {job} WHERE state = 'pending'") == [({"v": 2},)]
+
+
+def test_u2_a_replace_in_repeatable_read_leaves_a_durable_holder_as_it_was(
+    store: Store, pool: ConnectionPool[Any], schema: str, dsn: str
+) -> None:
+    holder = store.enqueue(Job("rr", {"v": 1}, unique_key="k")).id
+    _with_a_step(pool, schema, holder)
+    with psycopg.connect(dsn) as caller:
+        caller.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        caller.execute("SELECT 1")
+        r = store.enqueue_tx(WrapTx(caller), Job("rr", {"v": 2}, unique_key="k", on_duplicate="replace"))
+        caller.commit()
+    assert r == (holder, False)
+    assert _row(store, holder).payload == {"v": 1}

@@ -12,10 +12,12 @@
 -- recorded) is not replaced either: its record was made from its payload, which a
 -- replace would swap under it (its steps replayed for another job's payload, its
 -- wait's timeout moved); a merge changes no payload and may wake it early (the run
--- goes back to its sleep or wait). The snapshot's job_step is read; a claim made
--- after this statement's snapshot (a new claim_token on the row it locked) may
--- have recorded steps since, so that holder is left too, as one this statement met
--- processing (it was, during the statement).
+-- goes back to its sleep or wait). It is met through the conflict, on its current
+-- row (a holder ended since the snapshot is no conflict, a REPEATABLE READ caller
+-- whose snapshot is older than the row gets a serialization failure), and left by
+-- the DO UPDATE's WHERE, which reads job_step in the snapshot: a claim made after
+-- it (a new claim_token on the row) may have recorded steps since, so that holder
+-- is left too, as one this statement met processing (it was, during the statement).
 -- A holder this statement's snapshot sees processing is not even tried: ON
 -- CONFLICT DO UPDATE locks the row it meets, its WHERE false or not, and that
 -- lock would last to the end of the caller's transaction, keeping the running
@@ -35,10 +37,7 @@ WITH {depth_room}
     FROM a
     WHERE a.room
       AND NOT EXISTS (SELECT FROM {job} p
-                      WHERE p.topic = %(topic)s AND p.unique_key = %(unique_key)s
-                        AND p.state IN ('scheduled', 'pending', 'processing', 'failed', 'blocked')
-                        AND (p.state = 'processing'
-                             OR (%(mode)s = 'replace' AND EXISTS (SELECT FROM {job_step} s WHERE s.job_id = p.id))))
+                      WHERE p.topic = %(topic)s AND p.unique_key = %(unique_key)s AND p.state = 'processing')
     ON CONFLICT (topic, unique_key)
         WHERE unique_key IS NOT NULL AND state IN ('scheduled', 'pending', 'processing', 'failed', 'blocked')
     DO UPDATE SET

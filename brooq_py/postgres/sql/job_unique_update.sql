@@ -41,6 +41,17 @@ WITH n AS (
     RETURNING j.id, j.topic, j.state, j.available_at,
               (SELECT o.state FROM {job} o WHERE o.id = j.id) AS old_state,
               (SELECT o.available_at FROM {job} o WHERE o.id = j.id) AS old_at
+), durable AS (
+    -- A holder a replace left for its record, locked as it is now: one that ended or moved since
+    -- the snapshot is not answered (READ COMMITTED reads its row again: no row, the caller asks
+    -- again; REPEATABLE READ raises a serialization failure), so no ended job answers an enqueue.
+    SELECT h.id, h.state
+    FROM {job} h
+    WHERE %(mode)s = 'replace' AND NOT EXISTS (SELECT FROM upd)
+      AND h.topic = %(topic)s AND h.unique_key = %(unique_key)s
+      AND h.state IN ('scheduled', 'pending', 'failed', 'blocked')
+      AND EXISTS (SELECT FROM {job_step} s WHERE s.job_id = h.id)
+    FOR SHARE OF h
 )
 SELECT 'updated', u.id, u.state,
        CASE WHEN (u.state = 'pending' AND u.old_state IS DISTINCT FROM 'pending')
@@ -53,8 +64,9 @@ FROM upd AS u
 UNION ALL
 SELECT 'unique', h.id, h.state, NULL
 FROM {job} h
-WHERE h.topic = %(topic)s AND h.unique_key = %(unique_key)s
-  AND h.state IN ('scheduled', 'pending', 'processing', 'failed', 'blocked')
-  AND (h.state = 'processing'
-       OR (%(mode)s = 'replace' AND EXISTS (SELECT FROM {job_step} s WHERE s.job_id = h.id)))
+WHERE h.topic = %(topic)s AND h.unique_key = %(unique_key)s AND h.state = 'processing'
   AND NOT EXISTS (SELECT FROM upd)
+UNION ALL
+SELECT 'unique', d.id, d.state, NULL
+FROM durable d
+WHERE NOT EXISTS (SELECT FROM upd)
