@@ -26,8 +26,14 @@ MAX_META_BYTES = 4096
 _NUMERIC_MAX_INT_DIGITS = 131_072
 _NUMERIC_MAX_SCALE = 16_383
 _NUMERIC_MAX_EXPONENT = (2**31 - 1) // 2
-# What one jsonb value holds (a string, or an array or object's entries): 2**28 - 1 bytes.
+# What one jsonb value holds (a string, or an array or object's entries): 2**28 - 1 bytes. Its parser
+# keeps an array's values (32 bytes each) and an object's pairs (72) in a buffer that doubles, up to
+# 1 GB: at most 2**24 values and 2**23 pairs. Only a text of 2**25 characters or more can hold that
+# many (two a value), so shorter ones are not walked.
 _JSONB_MAX_BYTES = 2**28 - 1
+_JSONB_MAX_VALUES = 2**24
+_JSONB_MAX_PAIRS = 2**23
+_JSONB_WALK_FROM = 2**25
 _NUMBER = re.compile(r"-?(\d+)(?:\.(\d+))?(?:[eE]([+-]?\d+))?")
 
 # A "\u0000" escape, not the storable text "\\u0000" (an escaped backslash, then "u0000").
@@ -132,7 +138,45 @@ def encode_payload(payload: Any, what: str = "payload") -> str:
         raise InvalidJob(
             f"{what} is {size:,} bytes as JSON; PostgreSQL jsonb holds at most {_JSONB_MAX_BYTES:,}"
         )
+    if len(text) >= _JSONB_WALK_FROM and (why := _jsonb_refusal(json.loads(text))) is not None:
+        raise InvalidJob(f"{what} {why}")
     return text
+
+
+def _jsonb_refusal(value: Any) -> str | None:
+    """Why PostgreSQL's jsonb would refuse *value* (a long payload, decoded), or None: an array or an
+    object past what its parser holds, or a binary form past _JSONB_MAX_BYTES, counted low (4 bytes
+    an entry and 8 a pair, a string's UTF-8 bytes, 6 a number), so nothing jsonb holds is refused."""
+    if not isinstance(value, dict | list):
+        return None  # a string: its length is the text's, checked before
+    size = 4
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        items = node.values() if isinstance(node, dict) else node
+        if isinstance(node, dict):
+            if len(node) > _JSONB_MAX_PAIRS:
+                return (
+                    f"is an object of {len(node):,} keys; PostgreSQL jsonb holds at most {_JSONB_MAX_PAIRS:,}"
+                )
+            size += 8 * len(node) + sum(utf8_length(k) for k in node)
+        elif len(node) > _JSONB_MAX_VALUES:
+            return (
+                f"is an array of {len(node):,} values; PostgreSQL jsonb holds at most {_JSONB_MAX_VALUES:,}"
+            )
+        else:
+            size += 4 * len(node)
+        for item in items:
+            if isinstance(item, dict | list):
+                size += 4
+                stack.append(item)
+            elif isinstance(item, str):
+                size += utf8_length(item)
+            elif item is not None and not isinstance(item, bool):
+                size += 6  # a numeric's 4-byte header and its own 2
+        if size > _JSONB_MAX_BYTES:
+            return f"takes more than {_JSONB_MAX_BYTES:,} bytes as jsonb stores it; PostgreSQL holds at most that"
+    return None
 
 
 def encode_payloads(payloads: Sequence[Any]) -> str:
@@ -163,6 +207,9 @@ class UnreadablePayload(str):
         made = super().__new__(cls, text)
         made.error = error
         return made
+
+    def __getnewargs__(self) -> tuple[str, str]:  # type: ignore[override]  # copy and pickle
+        return str(self), self.error
 
 
 def read_payload(text: str | None) -> Any:

@@ -9,6 +9,8 @@ claimed beside it were handed to the reaper again and again until their crash co
 
 from __future__ import annotations
 
+import copy
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -51,6 +53,7 @@ def test_e4_a_row_psql_wrote_beyond_pythons_json_is_read_as_its_text(
     assert deep_row is not None and isinstance(deep_row.payload, UnreadablePayload)
     assert "RecursionError" in deep_row.payload.error
     assert {r.id for r in store.list_jobs(topic="t")} == {huge, deep}
+    assert copy.deepcopy(row) == row and pickle.loads(pickle.dumps(row)).payload.error == row.payload.error
     for args in (["get", huge], ["jobs", "--topic", "t"]):
         p = run_cli(*args, "--schema", schema, dsn=dsn, cwd=tmp_path)
         assert p.returncode == 0 and "Traceback" not in p.stderr, (args, p.stderr[-400:])
@@ -72,3 +75,26 @@ def test_l5_a_claimed_row_beyond_pythons_json_ends_dead_and_the_jobs_beside_it_r
     assert "cannot be read by Python's json" in dead.last_error, dead.last_error
     assert sorted(p["fine"] for p in ran) == list(range(5))  # the unreadable one never ran
     assert all(r.crashes == 0 for r in (store.get(j) for j in good) if r is not None)
+
+
+def test_l5_a_claimed_row_whose_meta_is_beyond_pythons_json_ends_dead_and_the_others_run(
+    store: Store, pool: ConnectionPool[Any], schema: str, engines: Callable[..., Engine]
+) -> None:
+    ran: list[Any] = []
+    (row,) = q(
+        pool,
+        schema,
+        "INSERT INTO {job} (topic, payload, meta) VALUES ('m', %s::jsonb, %s::jsonb) RETURNING id::text",
+        "{}",
+        HUGE,
+    )
+    bad = str(row[0])
+    good = [store.enqueue(Job("m", {"fine": i})).id for i in range(3)]
+    e = engines(workers=4, claim_batch=8)
+    e.register_kind("m", lambda ctx, claim: ran.append(claim.payload))
+    e.start()
+    for job_id in good:
+        assert ended(store, job_id).state == State.DONE
+    dead = ended(store, bad)
+    assert dead.state == State.DEAD and "its meta cannot be read" in (dead.last_error or ""), dead.last_error
+    assert len(ran) == 3

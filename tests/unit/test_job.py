@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from brooq_py.queue import BrooqError, InvalidJob, Job
+from brooq_py.queue import job as job_module
 from brooq_py.queue.job import encode_payload, encode_payloads
 
 
@@ -304,6 +305,35 @@ def test_e4_bytes_with_a_number_jsonb_gives_back_as_python_cannot_read_refused(r
     (sys.get_int_max_str_digits), or a fraction whose float is infinite, could never be read back."""
     message = str(refused(payload=raw))
     assert "comes back from jsonb" in message
+
+
+@pytest.mark.parametrize(
+    ("payload", "why"),
+    [
+        (list(range(11)), "an array of 11 values"),
+        ({"a": [{str(i): i for i in range(6)}]}, "an object of 6 keys"),
+        ([1] * 9, "takes more than 64 bytes as jsonb stores it"),  # 4 + 9 x 4 + 9 x 6, from 19 of text
+        ([[1, 2, 3]] * 3, "takes more than 64 bytes"),  # 4 + 3 x (4 + 4) + 3 x (3 x 4 + 3 x 6)
+    ],
+)
+def test_e4_a_long_payload_jsonb_would_refuse_is_refused(
+    monkeypatch: pytest.MonkeyPatch, payload: Any, why: str
+) -> None:
+    """jsonb's parser holds 2**24 values in an array, 2**23 keys in an object, and 2**28 - 1 bytes of
+    binary form (more than the text takes: 4 bytes an entry, 6 at least a number). Checked on payloads
+    long enough to reach them; here with the limits made small."""
+    monkeypatch.setattr(job_module, "_JSONB_WALK_FROM", 0)
+    monkeypatch.setattr(job_module, "_JSONB_MAX_VALUES", 10)
+    monkeypatch.setattr(job_module, "_JSONB_MAX_PAIRS", 5)
+    monkeypatch.setattr(job_module, "_JSONB_MAX_BYTES", 64)
+    assert why in str(refused(payload=payload))
+    assert why in str(refused(payload=json.dumps(payload).encode()))  # bytes alike
+
+
+def test_e4_a_long_payload_within_jsonb_is_walked_and_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(job_module, "_JSONB_WALK_FROM", 0)
+    for payload in ("x" * 1000, list(range(10)), {"k": [None, True, 1.5, "s"]}, [[1]] * 3, 7):
+        assert Job("t", payload).payload_json()
 
 
 def test_e4_a_payload_longer_than_a_jsonb_value_holds_refused() -> None:

@@ -227,8 +227,9 @@ def poison(row: ClaimedJob, max_crashes: int, max_attempts: int) -> str | None:
     """Why *row* must not run again but end dead, or None. A crash gives its attempt
     back, so attempts past max_attempts come only from rows an older release reaped. A payload no
     json reader reads (written by psql: a number beyond Python's int) would fail every attempt alike."""
-    if isinstance(row.payload, UnreadablePayload):
-        return f"its payload cannot be read by Python's json ({row.payload.error[:200]}); never run"
+    for what, value in (("payload", row.payload), ("meta", row.meta)):
+        if isinstance(value, UnreadablePayload):
+            return f"its {what} cannot be read by Python's json ({value.error[:200]}); never run"
     if row.crashes >= max_crashes:
         return POISON_ERROR.format(crashes=row.crashes)
     if row.attempts > max_attempts:

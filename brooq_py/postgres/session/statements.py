@@ -361,7 +361,7 @@ def job_row(r: Any) -> JobRow:
         errors=attempt_errors(errors),
         progress=None if progress is None else float(progress),
         progress_note=note,
-        meta=meta or {},
+        meta=read_payload(meta) or {},
         parents=tuple(dict.fromkeys(str(p) for p in r[14] or ())),  # a group's job given twice: once
         crashes=crashes or 0,
         steps=step_records(r[22]),

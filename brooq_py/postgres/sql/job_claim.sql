@@ -91,7 +91,7 @@ WITH topics AS MATERIALIZED (
               j.locked_until, j.available_at, j.meta, j.crashes
 )
 SELECT c.id::text, c.topic, c.payload::text, c.attempts, c.priority, c.claim_token::text, c.locked_by,
-       c.locked_until, c.meta, c.crashes, c.available_at,
+       c.locked_until, c.meta::text, c.crashes, c.available_at,
        k.seen = (SELECT o.ctid FROM {live} o WHERE o.id = c.id)
            AND (SELECT s.seq FROM {job_step} s WHERE s.job_id = c.id ORDER BY s.seq LIMIT 1) IS NULL AS unrecorded
 FROM claimed c

@@ -130,7 +130,7 @@ WITH clock AS (
     FROM setting s
 )
 SELECT c.id::text, c.topic, c.payload::text, c.attempts, c.priority, c.claim_token::text, c.locked_by,
-       c.locked_until, c.meta, c.crashes,
+       c.locked_until, c.meta::text, c.crashes,
        CASE WHEN l.rate_limit IS NOT NULL AND l.tokens < 1
             THEN (1 - l.tokens) * l.rate_per / l.rate_limit END AS next_token_in,
        (SELECT n FROM room) AS room  -- fewer taken: no more ready, or only tenants at their limit

@@ -98,7 +98,7 @@ WITH setting AS (
               j.locked_until, j.meta, j.crashes, j.turn
 )
 SELECT c.id::text, c.topic, c.payload::text, c.attempts, c.priority, c.claim_token::text, c.locked_by,
-       c.locked_until, c.meta, c.crashes, NULL::float8 AS next_token_in, %(limit)s::int AS room
+       c.locked_until, c.meta::text, c.crashes, NULL::float8 AS next_token_in, %(limit)s::int AS room
 FROM setting s
 LEFT JOIN claimed c ON true
 ORDER BY c.priority DESC, c.turn, c.id

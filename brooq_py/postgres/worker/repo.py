@@ -91,10 +91,15 @@ def _settle_state(outcome: Outcome) -> str:
 def claimed_jobs(rows: Rows, keyed: bool = False) -> list[ClaimedJob]:
     """The rows a claim statement returned (ClaimedJob's fields, in order), as ClaimedJob records;
     *keyed*: the eleventh and twelfth columns are the claim key's available_at and whether the job had
-    no step record (job_claim). The payload comes as text, read here row by row (``read_payload``):
-    one no json reader reads ends its own job, not the claim that took it with others."""
+    no step record (job_claim). The payload and the meta come as text, read here row by row
+    (``read_payload``): one no json reader reads ends its own job, not the claim that took it with others."""
     width = 12 if keyed else 10
-    return [ClaimedJob(r[0], r[1], read_payload(r[2]), *r[3:width]) for r in rows]
+    claimed = []
+    for r in rows:
+        fields = list(r[:width])
+        fields[2], fields[8] = read_payload(fields[2]), read_payload(fields[8])
+        claimed.append(ClaimedJob(*fields))
+    return claimed
 
 
 def _until(recorded: Any) -> datetime | None:
