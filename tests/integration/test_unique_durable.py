@@ -8,6 +8,7 @@ no payload and still applies (a holder woken early goes back to its sleep or wai
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -22,7 +23,7 @@ from brooq_py.queue import Claim, Context, Job, SignalTimeout, State
 from brooq_py.queue.port import Outcome
 from tests.integration.conftest import q
 from tests.integration.test_durable_steps import OPTS, ended
-from tests.integration.test_unique_races import _row, _while_held
+from tests.integration.test_unique_races import _row, _waiting_on_a_lock, _while_held
 from tests.polling import wait_for
 
 
@@ -217,4 +218,49 @@ def test_u2_a_replace_in_repeatable_read_leaves_a_durable_holder_as_it_was(
         r = store.enqueue_tx(WrapTx(caller), Job("rr", {"v": 2}, unique_key="k", on_duplicate="replace"))
         caller.commit()
     assert r == (holder, False)
+    assert _row(store, holder).payload == {"v": 1}
+
+
+def test_u2_two_callers_replacing_a_durable_holder_twice_each_wait_and_never_deadlock(
+    store: Store, pool: ConnectionPool[Any], schema: str, dsn: str
+) -> None:
+    """Each caller replaces the key twice in its transaction: first with an idempotency key too
+    (job_unique_update, which locks the durable holder it answers), then without
+    (job_enqueue_unique_update, whose ON CONFLICT locks the row it meets). The first lock is as
+    strong as the second: the later caller waits for the earlier's commit (a share lock, upgraded
+    by each, made the two deadlock, and one caller's transaction was aborted)."""
+    holder = store.enqueue(Job("d", {"v": 1}, unique_key="k")).id
+    _with_a_step(pool, schema, holder)
+    out: dict[str, Any] = {}
+
+    def caller(name: str, started: threading.Event, go: threading.Event) -> None:
+        with psycopg.connect(dsn) as conn:
+            try:
+                first = store.enqueue_tx(
+                    WrapTx(conn),
+                    Job("d", {"v": name}, unique_key="k", on_duplicate="replace", idempotency_key=name),
+                )
+                started.set()
+                assert go.wait(30)
+                second = store.enqueue_tx(
+                    WrapTx(conn), Job("d", {"v": name + "2"}, unique_key="k", on_duplicate="replace")
+                )
+                conn.commit()
+                out[name] = (first, second)
+            except psycopg.Error as exc:
+                out[name] = exc
+            finally:
+                started.set()
+
+    events = {n: (threading.Event(), threading.Event()) for n in ("a", "b")}
+    threads = {n: threading.Thread(target=caller, args=(n, *events[n])) for n in ("a", "b")}
+    threads["a"].start()
+    assert events["a"][0].wait(30)  # a holds the holder's lock
+    threads["b"].start()
+    wait_for(lambda: _waiting_on_a_lock(pool), "b to wait for a")
+    events["b"][1].set()
+    events["a"][1].set()  # a's second replace, then its commit: b goes on
+    for t in threads.values():
+        t.join(30)
+    assert out == {"a": ((holder, False), (holder, False)), "b": ((holder, False), (holder, False))}, out
     assert _row(store, holder).payload == {"v": 1}

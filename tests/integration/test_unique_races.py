@@ -20,6 +20,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from brooq_py.engine import Engine
 from brooq_py.postgres import AsyncStore, Store, WrapTx
 from brooq_py.queue import Job, State
+from brooq_py.queue.port import Outcome
 from tests.budget import APP, MINE
 from tests.integration.conftest import q
 from tests.polling import wait_for
@@ -333,3 +334,25 @@ def test_u3_the_reaper_returns_a_unique_holder_without_conflict(
     assert _row(store, a.id).state == State.PENDING
     assert store.enqueue(Job("u", {}, unique_key="k")) == (a.id, False)
     del c
+
+
+@pytest.mark.parametrize("mode", ["merge", "replace"])
+def test_u2_a_repeatable_read_caller_is_never_answered_by_a_running_holder_that_ended_since(
+    store: Store, pool: ConnectionPool[Any], schema: str, dsn: str, mode: Any
+) -> None:
+    """The caller's REPEATABLE READ snapshot saw the holder running; it ended since. The enqueue
+    creates the job or raises the documented serialization failure: never created=False with no
+    active holder at the commit (the snapshot alone answered it: the job lost)."""
+    holder = store.enqueue(Job("rr", {"v": 1}, unique_key="k")).id
+    (c,) = store.worker.claim(["rr"], 1, "w", LEASE)
+    with psycopg.connect(dsn) as caller:
+        caller.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        caller.execute("SELECT 1")  # the snapshot: the holder processing
+        store.worker.settle_many([Outcome(c.id, c.claim_token, State.DONE)])
+        try:
+            r = store.enqueue_tx(WrapTx(caller), Job("rr", {"v": 2}, unique_key="k", on_duplicate=mode))
+        except psycopg.errors.SerializationFailure:
+            return
+        caller.commit()
+    active = q(pool, schema, "SELECT id::text FROM {job} WHERE state NOT IN ('done', 'dead', 'canceled')")
+    assert r.created and active == [(r.id,)], (r, holder, active)

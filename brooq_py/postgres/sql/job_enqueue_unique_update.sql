@@ -68,6 +68,28 @@ WITH {depth_room}
     RETURNING j.id, j.topic, j.state, j.available_at,
               (SELECT o.state FROM {job} o WHERE o.id = j.id) AS old_state,
               (SELECT o.available_at FROM {job} o WHERE o.id = j.id) AS old_at
+), held AS (
+    -- The holder answered when nothing was inserted nor changed, as this statement's snapshot sees
+    -- it: at READ COMMITTED that snapshot is this statement's own, and a holder that ends while it
+    -- runs was one the enqueue met active. A caller's REPEATABLE READ or SERIALIZABLE snapshot may be
+    -- older than the holder's end: there the row is locked as it is now (FOR SHARE, the first lock
+    -- that an engine's write of it conflicts with), a serialization failure for a row written since
+    -- (docs/unique-jobs.md), so no ended job answers an enqueue; the holder's own outcome waits for
+    -- that caller's commit (SPEC L3'), as it does for any lock a caller holds on its row.
+    SELECT h.id, h.state
+    FROM {job} h
+    WHERE h.topic = %(topic)s AND h.unique_key = %(unique_key)s
+      AND h.state IN ('scheduled', 'pending', 'processing', 'failed', 'blocked')
+      AND NOT EXISTS (SELECT FROM ins)
+      AND current_setting('transaction_isolation') = 'read committed'
+), held_since AS (
+    SELECT h.id, h.state
+    FROM {job} h
+    WHERE h.topic = %(topic)s AND h.unique_key = %(unique_key)s
+      AND h.state IN ('scheduled', 'pending', 'processing', 'failed', 'blocked')
+      AND NOT EXISTS (SELECT FROM ins)
+      AND current_setting('transaction_isolation') <> 'read committed'
+    FOR SHARE OF h
 )
 SELECT r.*, a.seq, a.seen, a.anchor, a.horizon
 FROM (
@@ -82,10 +104,10 @@ SELECT CASE WHEN i.id = %(id)s THEN 'created' ELSE 'updated' END, i.id, i.state,
 FROM ins AS i
 UNION ALL
 SELECT 'unique', h.id, h.state, NULL
-FROM {job} h
-WHERE h.topic = %(topic)s AND h.unique_key = %(unique_key)s
-  AND h.state IN ('scheduled', 'pending', 'processing', 'failed', 'blocked')
-  AND NOT EXISTS (SELECT FROM ins)
+FROM held h
+UNION ALL
+SELECT 'unique', h.id, h.state, NULL
+FROM held_since h
 UNION ALL
 SELECT 'full', NULL, NULL, NULL FROM a WHERE NOT a.room
 ) AS r, a

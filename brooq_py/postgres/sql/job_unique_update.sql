@@ -41,17 +41,34 @@ WITH n AS (
     RETURNING j.id, j.topic, j.state, j.available_at,
               (SELECT o.state FROM {job} o WHERE o.id = j.id) AS old_state,
               (SELECT o.available_at FROM {job} o WHERE o.id = j.id) AS old_at
+), running AS (
+    -- A processing holder, as job_enqueue_unique_update's `held` and `held_since` answer one: as
+    -- the snapshot sees it at READ COMMITTED, locked as it is now under an older snapshot.
+    SELECT h.id, h.state
+    FROM {job} h
+    WHERE h.topic = %(topic)s AND h.unique_key = %(unique_key)s AND h.state = 'processing'
+      AND NOT EXISTS (SELECT FROM upd)
+      AND current_setting('transaction_isolation') = 'read committed'
+), running_since AS (
+    SELECT h.id, h.state
+    FROM {job} h
+    WHERE h.topic = %(topic)s AND h.unique_key = %(unique_key)s AND h.state = 'processing'
+      AND NOT EXISTS (SELECT FROM upd)
+      AND current_setting('transaction_isolation') <> 'read committed'
+    FOR SHARE OF h
 ), durable AS (
     -- A holder a replace left for its record, locked as it is now: one that ended or moved since
     -- the snapshot is not answered (READ COMMITTED reads its row again: no row, the caller asks
     -- again; REPEATABLE READ raises a serialization failure), so no ended job answers an enqueue.
+    -- The lock is the one job_enqueue_unique_update's ON CONFLICT takes (a later replace of the key
+    -- in the caller's transaction): a weaker one, upgraded there, deadlocked two such callers.
     SELECT h.id, h.state
     FROM {job} h
     WHERE %(mode)s = 'replace' AND NOT EXISTS (SELECT FROM upd)
       AND h.topic = %(topic)s AND h.unique_key = %(unique_key)s
       AND h.state IN ('scheduled', 'pending', 'failed', 'blocked')
       AND EXISTS (SELECT FROM {job_step} s WHERE s.job_id = h.id)
-    FOR SHARE OF h
+    FOR NO KEY UPDATE OF h
 )
 SELECT 'updated', u.id, u.state,
        CASE WHEN (u.state = 'pending' AND u.old_state IS DISTINCT FROM 'pending')
@@ -62,10 +79,11 @@ SELECT 'updated', u.id, u.state,
        END
 FROM upd AS u
 UNION ALL
-SELECT 'unique', h.id, h.state, NULL
-FROM {job} h
-WHERE h.topic = %(topic)s AND h.unique_key = %(unique_key)s AND h.state = 'processing'
-  AND NOT EXISTS (SELECT FROM upd)
+SELECT 'unique', r.id, r.state, NULL
+FROM running r
+UNION ALL
+SELECT 'unique', r.id, r.state, NULL
+FROM running_since r
 UNION ALL
 SELECT 'unique', d.id, d.state, NULL
 FROM durable d
