@@ -138,45 +138,99 @@ def encode_payload(payload: Any, what: str = "payload") -> str:
         raise InvalidJob(
             f"{what} is {size:,} bytes as JSON; PostgreSQL jsonb holds at most {_JSONB_MAX_BYTES:,}"
         )
-    if len(text) >= _JSONB_WALK_FROM and (why := _jsonb_refusal(json.loads(text))) is not None:
+    if len(text) >= _JSONB_WALK_FROM and (why := _jsonb_refusal(text)) is not None:
         raise InvalidJob(f"{what} {why}")
     return text
 
 
-def _jsonb_refusal(value: Any) -> str | None:
-    """Why PostgreSQL's jsonb would refuse *value* (a long payload, decoded), or None: an array or an
-    object past what its parser holds, or a binary form past _JSONB_MAX_BYTES, counted low (4 bytes
-    an entry and 8 a pair, a string's UTF-8 bytes, 6 a number), so nothing jsonb holds is refused."""
-    if not isinstance(value, dict | list):
-        return None  # a string: its length is the text's, checked before
-    size = 4
-    stack = [value]
-    while stack:
-        node = stack.pop()
-        items = node.values() if isinstance(node, dict) else node
-        if isinstance(node, dict):
-            if len(node) > _JSONB_MAX_PAIRS:
-                return (
-                    f"is an object of {len(node):,} keys; PostgreSQL jsonb holds at most {_JSONB_MAX_PAIRS:,}"
-                )
-            size += 8 * len(node) + sum(utf8_length(k) for k in node)
-        elif len(node) > _JSONB_MAX_VALUES:
-            return (
+class _Number(str):
+    """A fraction's literal as the walk reads it: jsonb's numeric takes room by its digits and scale."""
+
+
+class _Pairs(list[tuple[str, Any]]):
+    """An object's pairs as the walk reads them, a repeated key's too (jsonb's parser holds them all)."""
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _jsonb_refusal(text: str) -> str | None:
+    """Why PostgreSQL's jsonb would refuse the JSON *text* (a long payload), or None: an array or an
+    object past what its parser holds, or a container past _JSONB_MAX_BYTES as jsonb lays it out (a
+    4-byte header, 4 bytes an entry, strings' UTF-8 bytes, numerics and containers aligned to 4)."""
+    value = json.loads(text, object_pairs_hook=_Pairs, parse_float=_Number)  # ints read as ints: faster
+    try:
+        _stored_size(value)
+    except _TooLarge as exc:
+        return str(exc)
+    except RecursionError:  # nested deeper than this walk goes: jsonb's own limit then answers
+        return None
+    return None
+
+
+def _stored_size(node: Any) -> int:
+    """The bytes *node* takes inside a jsonb (a container: header, entries and data); raise _TooLarge."""
+    if isinstance(node, _Number | int) and not isinstance(node, bool):
+        return _numeric_size(str(node))
+    if isinstance(node, str):
+        return utf8_length(node)
+    if not isinstance(node, list):  # true, false, null: an entry alone
+        return 0
+    if isinstance(node, _Pairs):
+        if len(node) > _JSONB_MAX_PAIRS:
+            raise _TooLarge(
+                f"is an object of {len(node):,} keys; PostgreSQL jsonb holds at most {_JSONB_MAX_PAIRS:,}"
+            )
+        # Stored once a key (the last value), keys sorted by length then bytes, then the values.
+        pairs = sorted(
+            dict(node).items(), key=lambda kv: (len(b := kv[0].encode("utf-8", "surrogatepass")), b)
+        )
+        children: list[Any] = [k for k, _ in pairs] + [v for _, v in pairs]
+    else:
+        if len(node) > _JSONB_MAX_VALUES:
+            raise _TooLarge(
                 f"is an array of {len(node):,} values; PostgreSQL jsonb holds at most {_JSONB_MAX_VALUES:,}"
             )
-        else:
-            size += 4 * len(node)
-        for item in items:
-            if isinstance(item, dict | list):
-                size += 4
-                stack.append(item)
-            elif isinstance(item, str):
-                size += utf8_length(item)
-            elif item is not None and not isinstance(item, bool):
-                size += 6  # a numeric's 4-byte header and its own 2
-        if size > _JSONB_MAX_BYTES:
-            return f"takes more than {_JSONB_MAX_BYTES:,} bytes as jsonb stores it; PostgreSQL holds at most that"
-    return None
+        children = node
+    data = 0
+    for child in children:  # scalars here, not by a call each: a long payload has millions
+        kind = type(child)
+        if kind is int:
+            data = ((data + 3) & ~3) + (
+                (8 if child else 6) if -9999 <= child <= 9999 else _numeric_size(str(child))
+            )
+        elif kind is _Number:
+            data = ((data + 3) & ~3) + _numeric_size(child)
+        elif kind is str:
+            data += len(child) if child.isascii() else utf8_length(child)
+        elif kind is list or kind is _Pairs:
+            data = ((data + 3) & ~3) + _stored_size(child)  # aligned to 4, as numerics are
+    size = 4 + 4 * len(children) + data
+    if size > _JSONB_MAX_BYTES:
+        raise _TooLarge(
+            f"takes more than {_JSONB_MAX_BYTES:,} bytes as jsonb stores it; PostgreSQL holds at most that"
+        )
+    return size
+
+
+def _numeric_size(literal: str) -> int:
+    """The bytes PostgreSQL's numeric takes for the JSON number *literal*: a 4-byte length, a header of
+    2 bytes (4 when its scale or weight is large), 2 bytes a group of 4 significant digits."""
+    match = _NUMBER.fullmatch(literal)
+    if match is None:  # pragma: no cover - json only calls this for its own number grammar
+        return 8
+    whole, fraction, exp_text = match.group(1), match.group(2) or "", match.group(3) or "0"
+    exponent = int(exp_text)
+    scale = max(0, len(fraction) - exponent)
+    digits = (whole + fraction).lstrip("0")
+    significant = digits.rstrip("0")
+    if not significant:
+        return 4 + (2 if scale <= 63 else 4)
+    low = exponent - len(fraction) + (len(digits) - len(significant))  # the power of ten of its last digit
+    high = low + len(significant) - 1
+    weight, groups = high // 4, high // 4 - low // 4 + 1
+    return 4 + (2 if scale <= 63 and -64 <= weight <= 63 else 4) + 2 * groups
 
 
 def encode_payloads(payloads: Sequence[Any]) -> str:

@@ -8,6 +8,7 @@ real indexes.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import random
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from psycopg import sql
 
 from brooq_py.postgres import AsyncStore, Store
 from brooq_py.queue import InvalidJob, Job
+from brooq_py.queue import job as job_module
 from brooq_py.queue.job import MAX_KEY_BYTES, MAX_TOPIC_BYTES, encode_payload
 
 BAD: list[Callable[[], Job]] = [
@@ -160,3 +162,49 @@ def test_e4_an_operator_topic_beyond_the_limit_is_refused_before_the_database(st
     for act in (store.pause, store.resume, lambda t: store.set_limit(t, 1)):
         with pytest.raises(InvalidJob, match="at most 255"):
             act("t" * 3000)
+
+
+def test_e4_the_size_of_a_payload_as_jsonb_stores_it_is_postgresqls(dsn: str) -> None:
+    """The walk of a long payload (job._stored_size) counts what PostgreSQL's jsonb takes: header,
+    entries, keys sorted and stored once, numerics by their digits and scale, alignment."""
+    rng = random.Random(5)
+    numbers = [
+        0,
+        1,
+        -7,
+        100,
+        12345,
+        10**20,
+        0.5,
+        1.25,
+        -3.75e-5,
+        1e300,
+        123456789.123,
+        2**63,
+        1e-70,
+        99990000,
+    ]
+
+    def value(depth: int = 0) -> Any:
+        r = rng.random()
+        if depth < 3 and r < 0.2:
+            return [value(depth + 1) for _ in range(rng.randrange(6))]
+        if depth < 3 and r < 0.4:
+            return {
+                rng.choice(["a", "bb", "é", "ccc"]) + str(rng.randrange(9)): value(depth + 1)
+                for _ in range(5)
+            }
+        if r < 0.6:
+            return "".join(rng.choice("xyé€") for _ in range(rng.randrange(12)))
+        return rng.choice([True, None, *numbers])
+
+    with psycopg.connect(dsn) as conn:
+        for i in range(200):
+            text = json.dumps({f"k{j}": value() for j in range(6)}, ensure_ascii=False)
+            if i % 4 == 0:
+                text = text.replace('"k1"', '"k0"')  # a repeated key: stored once, its last value
+            walked = job_module._stored_size(
+                json.loads(text, object_pairs_hook=job_module._Pairs, parse_float=job_module._Number)
+            )
+            (stored,) = conn.execute("SELECT pg_column_size(%s::jsonb)", (text,)).fetchone()  # type: ignore[misc]
+            assert 4 + walked == stored, text

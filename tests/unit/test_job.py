@@ -312,8 +312,8 @@ def test_e4_bytes_with_a_number_jsonb_gives_back_as_python_cannot_read_refused(r
     [
         (list(range(11)), "an array of 11 values"),
         ({"a": [{str(i): i for i in range(6)}]}, "an object of 6 keys"),
-        ([1] * 9, "takes more than 64 bytes as jsonb stores it"),  # 4 + 9 x 4 + 9 x 6, from 19 of text
-        ([[1, 2, 3]] * 3, "takes more than 64 bytes"),  # 4 + 3 x (4 + 4) + 3 x (3 x 4 + 3 x 6)
+        ([1] * 9, "takes more than 64 bytes as jsonb stores it"),  # 4 + 9 x 4 + 9 x 8, from 19 of text
+        ([[1, 2, 3]] * 3, "takes more than 64 bytes"),  # 4 + 3 x 4 + 3 x (4 + 3 x 4 + 3 x 8)
     ],
 )
 def test_e4_a_long_payload_jsonb_would_refuse_is_refused(
@@ -328,6 +328,14 @@ def test_e4_a_long_payload_jsonb_would_refuse_is_refused(
     monkeypatch.setattr(job_module, "_JSONB_MAX_BYTES", 64)
     assert why in str(refused(payload=payload))
     assert why in str(refused(payload=json.dumps(payload).encode()))  # bytes alike
+
+
+def test_e4_an_object_of_repeated_keys_counts_every_pair(monkeypatch: pytest.MonkeyPatch) -> None:
+    """jsonb's parser holds every pair before it drops the repeats; Python's dict keeps one."""
+    monkeypatch.setattr(job_module, "_JSONB_WALK_FROM", 0)
+    monkeypatch.setattr(job_module, "_JSONB_MAX_PAIRS", 5)
+    assert Job("t", b'{"a":0,"a":0,"a":0,"a":0,"a":0}').payload_json()
+    assert "an object of 6 keys" in str(refused(payload=b'{"a":0,"a":0,"a":0,"a":0,"a":0,"a":0}'))
 
 
 def test_e4_a_long_payload_within_jsonb_is_walked_and_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
