@@ -241,13 +241,21 @@ def encode_payloads(payloads: Sequence[Any]) -> str:
         pass
     else:
         if (
-            len(text) <= _JSONB_MAX_BYTES // 4
+            len(text) < _JSONB_WALK_FROM  # a longer batch: each payload measured alone, then the array
             and (text.isascii() or _is_utf8(text))
             and "\x00" not in text
             and not ("\\u0000" in text and _NUL_ESCAPE.search(text))
         ):
             return text
-    return "[" + ",".join([encode_payload(p) for p in payloads]) + "]"
+    text = "[" + ",".join([encode_payload(p) for p in payloads]) + "]"
+    # The batch is sent as one jsonb array: what it holds together, jsonb must hold too.
+    if len(text) > _JSONB_MAX_BYTES // 4 and (size := utf8_length(text)) > _JSONB_MAX_BYTES:
+        raise InvalidJob(
+            f"the batch's payloads are {size:,} bytes as JSON; one statement holds at most {_JSONB_MAX_BYTES:,}"
+        )
+    if len(text) >= _JSONB_WALK_FROM and (why := _jsonb_refusal(text)) is not None:
+        raise InvalidJob(f"the batch's payloads together (one jsonb array) {why}")
+    return text
 
 
 class UnreadablePayload(str):

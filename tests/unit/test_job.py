@@ -330,6 +330,17 @@ def test_e4_a_long_payload_jsonb_would_refuse_is_refused(
     assert why in str(refused(payload=json.dumps(payload).encode()))  # bytes alike
 
 
+def test_e4_a_batch_whose_payloads_together_jsonb_would_refuse_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """enqueue_many sends its payloads as one jsonb array: each may fit while the array does not."""
+    monkeypatch.setattr(job_module, "_JSONB_WALK_FROM", 0)
+    monkeypatch.setattr(job_module, "_JSONB_MAX_BYTES", 70)
+    assert encode_payloads([[1, 2], [1, 2]]) == "[[1,2],[1,2]]"  # 4 + 2 x 4 + 2 x 28 = 68
+    with pytest.raises(InvalidJob, match="the batch's payloads together"):
+        encode_payloads([[1, 2], [1, 2], [1, 2]])  # 4 + 3 x 4 + 3 x (4 + 2 x 4 + 2 x 8) = 100
+
+
 def test_e4_an_object_of_repeated_keys_counts_every_pair(monkeypatch: pytest.MonkeyPatch) -> None:
     """jsonb's parser holds every pair before it drops the repeats; Python's dict keeps one."""
     monkeypatch.setattr(job_module, "_JSONB_WALK_FROM", 0)
