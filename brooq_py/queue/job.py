@@ -134,10 +134,6 @@ def encode_payload(payload: Any, what: str = "payload") -> str:
             raise InvalidJob(f"{what} holds a lone surrogate, which is not valid Unicode text")
     if "\x00" in text or ("\\u0000" in text and _NUL_ESCAPE.search(text)):
         raise InvalidJob(f"{what} contains \\u0000, which PostgreSQL jsonb cannot store")
-    if len(text) > _JSONB_MAX_BYTES // 4 and (size := utf8_length(text)) > _JSONB_MAX_BYTES:
-        raise InvalidJob(
-            f"{what} is {size:,} bytes as JSON; PostgreSQL jsonb holds at most {_JSONB_MAX_BYTES:,}"
-        )
     if len(text) >= _JSONB_WALK_FROM and (why := _jsonb_refusal(text)) is not None:
         raise InvalidJob(f"{what} {why}")
     return text
@@ -158,7 +154,10 @@ class _TooLarge(Exception):
 def _jsonb_refusal(text: str) -> str | None:
     """Why PostgreSQL's jsonb would refuse the JSON *text* (a long payload), or None: an array or an
     object past what its parser holds, or a container past _JSONB_MAX_BYTES as jsonb lays it out (a
-    4-byte header, 4 bytes an entry, strings' UTF-8 bytes, numerics and containers aligned to 4)."""
+    4-byte header, 4 bytes an entry, strings' UTF-8 bytes, numerics and containers aligned to 4), or
+    its text past it. Only a text of _JSONB_WALK_FROM characters or more can be refused."""
+    if (size := utf8_length(text)) > _JSONB_MAX_BYTES:
+        return f"takes {size:,} bytes as JSON; PostgreSQL jsonb holds at most {_JSONB_MAX_BYTES:,}"
     value = json.loads(text, object_pairs_hook=_Pairs, parse_float=_Number)  # ints read as ints: faster
     try:
         _stored_size(value)
@@ -249,10 +248,6 @@ def encode_payloads(payloads: Sequence[Any]) -> str:
             return text
     text = "[" + ",".join([encode_payload(p) for p in payloads]) + "]"
     # The batch is sent as one jsonb array: what it holds together, jsonb must hold too.
-    if len(text) > _JSONB_MAX_BYTES // 4 and (size := utf8_length(text)) > _JSONB_MAX_BYTES:
-        raise InvalidJob(
-            f"the batch's payloads are {size:,} bytes as JSON; one statement holds at most {_JSONB_MAX_BYTES:,}"
-        )
     if len(text) >= _JSONB_WALK_FROM and (why := _jsonb_refusal(text)) is not None:
         raise InvalidJob(f"the batch's payloads together (one jsonb array) {why}")
     return text
