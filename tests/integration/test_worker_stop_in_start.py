@@ -113,7 +113,12 @@ def test_worker_sigterm_while_engine_start_waits_on_a_silent_server_stops_within
     worker = Worker(["worker", "--app", "silentfactory:make_engine", "--stop-timeout", "5s"], env, tmp_path)
     backend: int | None = None
     try:
-        wait_for(lambda: pid_file.exists() or worker.proc.poll() is not None, "the factory to run", 90)
+        # the file is made, then written: wait for its number, not its name (read empty on a busy CI)
+        wait_for(
+            lambda: (pid_file.exists() and pid_file.read_text().strip()) or worker.proc.poll() is not None,
+            "the factory to run",
+            90,
+        )
         backend = int(pid_file.read_text())
         wait_for(lambda: "dashboard at" in worker.output or worker.proc.poll() is not None, "the surface", 30)
         time.sleep(1)  # within the check's wait (or just past it on a busy machine)
