@@ -10,12 +10,20 @@ import json
 import math
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from brooq_py.queue.durations import to_timedelta
-from brooq_py.queue.errors import BrooqError, LeaseLost, ReplayMismatch, SignalTimeout, Snooze, storable
+from brooq_py.queue.errors import (
+    BrooqError,
+    LeaseLost,
+    ReplayMismatch,
+    SignalTimeout,
+    Snooze,
+    StoreUnavailable,
+    storable,
+)
 from brooq_py.queue.job import encode_payload
 from brooq_py.queue.port import StepLog
 
@@ -30,6 +38,8 @@ R = TypeVar("R")
 _Progress = tuple[float | None, str | None]
 # A progress note is a short status line: longer ones are cut, so a renewal stays small.
 MAX_PROGRESS_NOTE = 1000
+# A durable call whose statement met an outage ends its attempt given back; the job is tried again after.
+OUTAGE_RETRY = timedelta(seconds=1)
 
 
 class Context:
@@ -102,7 +112,8 @@ class Context:
         """
         j = self._journal_for()
         seq, identity = j.position("step", name)
-        j.ensure_loaded(clock=False)
+        with self._given_back_if_down(f"step {identity!r}"):
+            j.ensure_loaded(clock=False)
         rec = j.recorded(seq, "step", identity)
         if rec is not None:
             return rec.result  # type: ignore[no-any-return]
@@ -110,7 +121,8 @@ class Context:
         value = fn(*args, **kwargs)
         if inspect.isawaitable(value):
             raise TypeError(f"step {identity!r}: fn returned an awaitable; use `await ctx.astep(...)`")
-        return j.record_result(seq, identity, value)  # type: ignore[no-any-return]
+        with self._given_back_if_down(f"step {identity!r}"):
+            return j.record_result(seq, identity, value)  # type: ignore[no-any-return]
 
     async def astep(
         self, name: str, fn: Callable[P, Awaitable[R] | R], /, *args: P.args, **kwargs: P.kwargs
@@ -119,9 +131,10 @@ class Context:
         a thread, never blocking the event loop."""
         j = self._journal_for()
         seq, identity = j.position("step", name)
-        if j.log is None and not j.unrecorded:
-            await asyncio.to_thread(j.ensure_loaded, False)
-        j.ensure_loaded(clock=False)
+        with self._given_back_if_down(f"step {identity!r}"):
+            if j.log is None and not j.unrecorded:
+                await asyncio.to_thread(j.ensure_loaded, False)
+            j.ensure_loaded(clock=False)
         rec = j.recorded(seq, "step", identity)
         if rec is not None:
             return rec.result  # type: ignore[no-any-return]
@@ -129,7 +142,8 @@ class Context:
         value = fn(*args, **kwargs)
         if inspect.isawaitable(value):
             value = await value
-        return await asyncio.to_thread(j.record_result, seq, identity, value)
+        with self._given_back_if_down(f"step {identity!r}"):
+            return await asyncio.to_thread(j.record_result, seq, identity, value)
 
     def transaction_step(
         self, name: str, fn: Callable[Concatenate[Tx, P], R], /, *args: P.args, **kwargs: P.kwargs
@@ -142,12 +156,13 @@ class Context:
         """
         j = self._journal_for()
         seq, identity = j.position("step", name)
-        j.ensure_loaded(clock=False)
+        with self._given_back_if_down(f"step {identity!r}"):
+            j.ensure_loaded(clock=False)
         rec = j.recorded(seq, "step", identity)
         if rec is not None:
             return rec.result  # type: ignore[no-any-return]
         self.raise_if_done()
-        with j.port.begin() as tx:
+        with self._given_back_if_down(f"transaction step {identity!r}"), j.port.begin() as tx:
             value = fn(tx, *args, **kwargs)
             text = _step_json(identity, value)
             write = j.write(seq, identity, "step", result=text, tx=tx)
@@ -201,6 +216,20 @@ class Context:
                     j = self._journal = _Journal(steps, claim, self._unrecorded)
         return j
 
+    @contextlib.contextmanager
+    def _given_back_if_down(self, what: str) -> Iterator[None]:
+        """A durable call whose statement met an outage (``StoreUnavailable``: a connection dropped, the
+        server gone) ends the attempt as a sleep does: given back, the job tried again after
+        OUTAGE_RETRY. The handler did not fail; the database was away (as a crash, L5'). A record that
+        committed before the drop is replayed by the next run; one that did not runs its step again."""
+        try:
+            yield
+        except StoreUnavailable as exc:
+            snooze = self._suspend(OUTAGE_RETRY)
+            seconds = OUTAGE_RETRY.total_seconds()
+            snooze.args = (f"{what}: {exc}; the attempt given back, the job tried again in {seconds:g}s",)
+            raise snooze from exc
+
     def _suspend(self, delay: timedelta, waiting_for: str | None = None) -> Snooze:
         snooze = Snooze(max(delay, timedelta(0)))
         snooze.waiting_for = waiting_for
@@ -208,6 +237,10 @@ class Context:
         return snooze
 
     def _sleep(self, delay: timedelta | None, until: datetime | None) -> None:
+        with self._given_back_if_down("sleep"):
+            self._sleep_now(delay, until)
+
+    def _sleep_now(self, delay: timedelta | None, until: datetime | None) -> None:
         j = self._journal_for()
         seq, identity = j.position("sleep", "sleep")
         fresh = j.ensure_loaded(clock=until is not None)  # a duration's end is the record's to say
@@ -228,6 +261,10 @@ class Context:
         raise self._suspend(wake - now)
 
     def _wait_for(self, name: str, limit: timedelta) -> Any:
+        with self._given_back_if_down(f"wait {name!r}"):
+            return self._wait_now(name, limit)
+
+    def _wait_now(self, name: str, limit: timedelta) -> Any:
         j = self._journal_for()
         seq, identity = j.position("wait", name)
         fresh = j.ensure_loaded()

@@ -54,6 +54,7 @@ from brooq_py.queue import (
     MustDelay,
     MustPreserveAttempt,
     Snooze,
+    StoreUnavailable,
 )
 from brooq_py.queue.claim import Parent
 from brooq_py.queue.errors import find_signal
@@ -506,6 +507,9 @@ class Hooks:
             find_signal(error, s) is not None
             for s in (MustCancelTask, MustDelay, MustPreserveAttempt, Snooze)
         ):
+            if isinstance(error, Snooze) and isinstance(error.__cause__, StoreUnavailable):
+                self._tell(logging.WARNING, a, "ended by an outage: %s", error)
+                return
             self._tell(logging.INFO, a, "handler signalled %s%s", describe_error(error), then)
             return
         self.log.error(
