@@ -40,6 +40,8 @@ _LAZY = {
     "StepRecord": ("brooq_py.queue", "StepRecord"),
     "Snooze": ("brooq_py.queue", "Snooze"),
     "SignalTimeout": ("brooq_py.queue", "SignalTimeout"),
+    "StoreUnavailable": ("brooq_py.queue", "StoreUnavailable"),
+    "ConfigError": ("brooq_py.queue", "ConfigError"),
 }
 
 __all__ = sorted(_LAZY)
@@ -54,6 +56,7 @@ if TYPE_CHECKING:
     from brooq_py.queue import AttemptError as AttemptError
     from brooq_py.queue import BrooqError as BrooqError
     from brooq_py.queue import Claim as Claim
+    from brooq_py.queue import ConfigError as ConfigError
     from brooq_py.queue import Context as Context
     from brooq_py.queue import EnqueueResult as EnqueueResult
     from brooq_py.queue import Event as Event
@@ -70,6 +73,7 @@ if TYPE_CHECKING:
     from brooq_py.queue import Snooze as Snooze
     from brooq_py.queue import State as State
     from brooq_py.queue import StepRecord as StepRecord
+    from brooq_py.queue import StoreUnavailable as StoreUnavailable
     from brooq_py.queue import WaitTimeout as WaitTimeout
     from brooq_py.tasks import BatchTask as BatchTask
     from brooq_py.tasks import Task as Task

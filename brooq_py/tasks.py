@@ -61,6 +61,8 @@ class _JobFields:
     unique_key: str | None = None
     on_duplicate: Literal["keep", "merge", "replace"] = "keep"
     after: Sequence[str] = ()
+    sequence: str | None = None
+    tenant: str | None = None
 
 
 def _takes_context(fn: Callable[..., Any]) -> bool:
@@ -233,6 +235,8 @@ class Task(_TaskBase, Generic[P, R]):
             unique_key=f.unique_key,
             on_duplicate=f.on_duplicate,
             after=f.after,
+            sequence=f.sequence,
+            tenant=f.tenant,
         )
 
     def using(
@@ -246,6 +250,8 @@ class Task(_TaskBase, Generic[P, R]):
         unique_key: str | None = _UNSET,
         on_duplicate: Literal["keep", "merge", "replace"] = _UNSET,
         after: Sequence[str] = _UNSET,
+        sequence: str | None = _UNSET,
+        tenant: str | None = _UNSET,
     ) -> Task[P, R]:
         """Return this task with per-job fields set (``delay``: seconds or a timedelta from now). A
         ``delay`` or an ``available_at`` given here replaces the other one given earlier; both at once

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import inspect
 import subprocess
 import sys
 import textwrap
@@ -162,6 +164,23 @@ def test_using_sets_job_fields_and_delay() -> None:
     assert f.job(1).priority == 0  # using() returned a copy
     with pytest.raises(InvalidJob):
         f.using(delay="soon").job(1)  # type: ignore[arg-type]
+
+
+def test_using_takes_every_job_field_but_topic_and_payload() -> None:
+    """API.md: `.using(...)` sets every Job field; a field Job gains is one using() must take."""
+    tasks = Tasks()
+
+    @tasks.task("u")
+    def f(n: int) -> None: ...
+
+    named = {fl.name for fl in dataclasses.fields(Job)} - {"topic", "payload"}
+    taken = set(inspect.signature(f.using).parameters) - {"delay"}
+    assert taken == named
+    job = f.using(tenant="acme", sequence="order-7").job(1)
+    assert (job.tenant, job.sequence) == ("acme", "order-7")
+    assert f.job(1).tenant is None and f.job(1).sequence is None
+    with pytest.raises(InvalidJob, match="tenant"):
+        f.using(tenant="").job(1)
 
 
 @pytest.mark.parametrize(
