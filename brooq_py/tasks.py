@@ -169,6 +169,8 @@ class Task(_TaskBase, Generic[P, R]):
         self._names = tuple(p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD)  # by position
         self._name_set = frozenset(p.name for p in params if p.kind is not p.VAR_KEYWORD)
         self._plain = not any(p.kind is p.VAR_KEYWORD for p in params)
+        # With **kwargs, an argument named as the Context parameter would reach the function twice.
+        self._context_name = next(iter(sig.parameters)) if self.takes_context and not self._plain else None
         self._needed = frozenset(
             p.name for p in params if p.default is p.empty and p.kind is not p.VAR_KEYWORD
         )
@@ -211,6 +213,11 @@ class Task(_TaskBase, Generic[P, R]):
                 payload.update(value)
             else:
                 payload[name] = value
+        if self._context_name is not None and self._context_name in payload:
+            raise InvalidJob(
+                f"task {self.topic!r}: argument {self._context_name!r} is the name of its Context "
+                "parameter; the engine passes that one"
+            )
         return payload
 
     def job(self, *args: P.args, **kwargs: P.kwargs) -> Job:
@@ -311,6 +318,11 @@ class Task(_TaskBase, Generic[P, R]):
                 raise UnboundPayload(
                     f"task {self.topic!r}: the payload does not bind to the function's signature: {exc}"
                 ) from None
+        if self._context_name is not None and self._context_name in keys:
+            raise UnboundPayload(
+                f"task {self.topic!r}: the payload names {self._context_name!r}, the function's Context "
+                "parameter"
+            )
         return (), payload
 
 

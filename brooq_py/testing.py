@@ -90,8 +90,14 @@ def drain(
     Raise TimeoutError when ``"wait"`` would pass *timeout*, and BrooqError after *max_runs*
     attempts (a handler that chains itself forever).
     """
+    if not isinstance(engine, Engine):
+        raise TypeError(f"drain() takes the Engine whose handlers run the jobs, got {type(engine).__name__}")
     if retries not in ("now", "wait", "never"):
         raise ValueError(f"retries must be 'now', 'wait' or 'never', got {retries!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
+        raise ValueError(f"timeout must be a number of seconds (0 or more), got {timeout!r}")
+    if isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1:
+        raise ValueError(f"max_runs must be an int of at least 1, got {max_runs!r}")
     store: Any = engine.store
     if not isinstance(store, Store):
         raise BrooqError(f"drain() needs an engine on a brooq_py Store, not {type(store).__name__}")
@@ -125,13 +131,33 @@ def drain(
 MAX_LISTED = 100_000
 
 
+def _store_of(store: Any, name: str, asynchronous: bool) -> None:
+    """TypeError naming the helper for the other kind of store (or for no store at all)."""
+    if isinstance(store, AsyncStore if asynchronous else Store):
+        return
+    other = {"jobs": "ajobs", "assert_enqueued": "aassert_enqueued"}
+    if isinstance(store, Store if asynchronous else AsyncStore):
+        hint = f"; use {name[1:]}()" if asynchronous else f"; use {other[name]}()"
+    else:
+        hint = ""
+    want = "an AsyncStore" if asynchronous else "a Store"
+    raise TypeError(f"{name}() takes {want}, got {type(store).__name__}{hint}")
+
+
+def _topic(topic: Any) -> None:
+    if not isinstance(topic, str):
+        raise TypeError(f"topic must be a str, got {type(topic).__name__}")
+
+
 def jobs(store: Store, topic: str | None = None, state: str | None = None) -> list[JobRow]:
     """Return the jobs of *store*'s schema, of *topic* and/or *state* when given, oldest first."""
+    _store_of(store, "jobs", asynchronous=False)
     return store.list_jobs(topic, None if state is None else str(state), MAX_LISTED)[::-1]
 
 
 async def ajobs(store: AsyncStore, topic: str | None = None, state: str | None = None) -> list[JobRow]:
     """``jobs`` for an AsyncStore."""
+    _store_of(store, "ajobs", asynchronous=True)
     return (await store.list_jobs(topic, None if state is None else str(state), MAX_LISTED))[::-1]
 
 
@@ -160,6 +186,8 @@ def assert_enqueued(store: Store, topic: str, payload: Any = None, count: int | 
     *payload* matches as a subset: ``{"user_id": 42}`` matches a job whose
     payload is ``{"user_id": 42, "lang": "fr"}``; nested mappings likewise.
     """
+    _store_of(store, "assert_enqueued", asynchronous=False)
+    _topic(topic)
     return _check_enqueued(jobs(store, topic), topic, payload, count)
 
 
@@ -167,6 +195,8 @@ async def aassert_enqueued(
     store: AsyncStore, topic: str, payload: Any = None, count: int | None = 1
 ) -> list[JobRow]:
     """``assert_enqueued`` for an AsyncStore."""
+    _store_of(store, "aassert_enqueued", asynchronous=True)
+    _topic(topic)
     return _check_enqueued(await ajobs(store, topic), topic, payload, count)
 
 

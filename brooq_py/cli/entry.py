@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import re
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from brooq_py.cli import commands, dashboard, operator, tenants, worker
 from brooq_py.cli.common import PROG, Failure, first_line, scrub
-from brooq_py.queue import ConfigError, StoreUnavailable
+from brooq_py.queue import ConfigError, InvalidJob, StoreUnavailable
+from brooq_py.queue.job import is_utf8
 from brooq_py.settings import Settings, load_settings
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -39,15 +43,24 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """A value that starts with a dash and a digit is a value, not an option (none is named so):
+    `rate t -5/1s`, `--delay -5s` and `enqueue t -1e3` reach the check that names what is wrong."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument(
         "--schema",
         metavar="S",
         default=argparse.SUPPRESS,
         help="the schema of the job table (default: BROOQ_SCHEMA, else public)",
     )
-    parser = argparse.ArgumentParser(
+    parser: argparse.ArgumentParser = _Parser(  # its subparsers are _Parser too (argparse: type(self))
         prog=PROG,
         description="brooq_py: a PostgreSQL-native job queue. Settings come from the environment and ./.env.",
     )
@@ -89,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     cancel = sub.add_parser(
         "cancel",
         parents=[common],
-        help="cancel a pending, scheduled, failed, blocked or processing job (and its blocked descendants)",
+        help="cancel a pending, scheduled, failed, processing, blocked or parked job (and its blocked descendants)",
     )
     cancel.add_argument("job_id", metavar="ID")
     get = sub.add_parser(
@@ -124,6 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     parser = build_parser()
+    given = sys.argv[1:] if argv is None else argv
+    undecodable = next((a for a in given if not is_utf8(a)), None)
+    if undecodable is not None:  # a byte the locale could not decode: no name, tenant nor JSON holds it
+        print(f"{PROG}: argument {os.fsencode(undecodable)!r} is not valid UTF-8 text", file=sys.stderr)
+        return 2
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
@@ -150,6 +168,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Failure as exc:
         print(f"{PROG}: {scrub(str(exc), settings)}", file=sys.stderr)
         return exc.status
+    except InvalidJob as exc:  # a value the command passed on as given (a signal's payload, a tenant)
+        print(f"{PROG}: {scrub(first_line(exc), settings)}", file=sys.stderr)
+        return 2
     except StoreUnavailable as exc:
         print(
             f"{PROG}: database unavailable ({settings.masked_database_url}): {scrub(first_line(exc), settings)}",

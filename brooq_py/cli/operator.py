@@ -209,6 +209,8 @@ def cmd_rate(args: argparse.Namespace, settings: Settings) -> int:
     limit, per = _usage(flow.parse_rate, args.rate)
     if args.burst is not None and not 1 <= args.burst <= INT32_MAX:
         raise Failure(f"invalid burst {args.burst}: expected a number from 1 to {INT32_MAX}", status=2)
+    if args.burst is not None and limit is None:
+        raise Failure("--burst goes with a rate: `none` removes the rate, and its burst with it", status=2)
     with open_store(settings) as store:
         if whose:
             store.set_tenant_rate_limit(topic, limit, per, burst=args.burst, tenant=whose["tenant"])

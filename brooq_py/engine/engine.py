@@ -213,8 +213,20 @@ class Engine(Producing):
             self.metrics.prime([topic])
 
     def register_tasks(self, tasks: Tasks) -> None:
-        """Register each task of *tasks* as a kind, before ``start()`` (see ``Tasks.register``)."""
-        tasks.register(self.register_kind, self.config.kind_defaults(), register_batch=self.register_batch)
+        """Register each task of *tasks* as a kind, before ``start()`` (see ``Tasks.register``): all of
+        them or, on a ``ConfigError`` naming the task, none."""
+        with self._lock:
+            kinds, caps = dict(self._kinds), dict(self._caps)
+            try:
+                tasks.register(
+                    self.register_kind, self.config.kind_defaults(), register_batch=self.register_batch
+                )
+            except BaseException:
+                self._kinds.clear()
+                self._kinds.update(kinds)
+                self._caps.clear()
+                self._caps.update(caps)
+                raise
 
     def on_event(self, fn: Callable[[Event], None]) -> None:
         """Call *fn* once per event after its commit (before ``start()``; see docs/events.md)."""
@@ -428,7 +440,10 @@ class Engine(Producing):
         """Stop gracefully, safe before start() and twice: stop claiming, wait up to *timeout* seconds
         (None: the lease) for in-flight handlers, cancel the rest with ``EngineStopping`` and wait up to
         watchdog_grace (one still running is hung, its row handed back), flush every outcome. A call
-        during another stop returns once that one is over; one from a handler only starts the stop."""
+        during another stop returns once that one is over; one from a handler or an event listener
+        only starts the stop. ``math.inf``: wait as long as the handlers run; TypeError for a timeout
+        that is no number (nothing stopped)."""
+        timeout = _stop_wait(timeout)
         if self._defer(lambda: self.stop(timeout)):
             return
         with self._lock:
@@ -448,7 +463,7 @@ class Engine(Producing):
     def _stop(self, timeout: float | None) -> None:
         """``stop``'s work, once the engine is "stopping"."""
         cfg = self.config
-        wait = cfg.lease_td.total_seconds() if timeout is None else max(0.0, float(timeout))
+        wait = cfg.lease_td.total_seconds() if timeout is None else timeout
         grace = cfg.effective_watchdog_grace.total_seconds()
         # Whatever the database does: what still waits on it after this is left to daemon threads.
         deadline = time.monotonic() + wait + grace + STOP_AFTER
@@ -559,9 +574,31 @@ class Engine(Producing):
             self.intake.give_back([a.row])  # ... but the row, still this claim's: no crash counted
 
     def _defer(self, fn: Callable[[], None]) -> bool:
-        """Run *fn* on a thread of its own when called from a handler thread, which it would wait for."""
+        """Run *fn* on a thread of its own when called from a handler's or a listener's thread, which it
+        would wait for."""
         runner = self.runner
-        if not (runner.threads.owns_current() or runner.settlers.owns_current() or self._async.on_loop()):
+        if not (
+            runner.threads.owns_current()
+            or runner.settlers.owns_current()
+            or self._async.on_loop()
+            or self.events.owns_current()
+        ):
             return False
         threading.Thread(target=fn, name="brooq-stop", daemon=True).start()
         return True
+
+
+# The longest a stop waits for its handlers: past it, a wait is as good as forever (threading's waits
+# refuse timeouts much longer than this).
+_LONGEST_STOP_WAIT = 10.0**8
+
+
+def _stop_wait(timeout: object) -> float | None:
+    """``stop``'s *timeout* as seconds to wait (at least 0; ``math.inf`` the longest), or None."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        raise TypeError(f"stop: timeout must be seconds (a number) or None, got {type(timeout).__name__}")
+    if timeout != timeout:  # NaN
+        raise ValueError("stop: timeout must be a number of seconds, got nan")
+    return _LONGEST_STOP_WAIT if timeout > _LONGEST_STOP_WAIT else max(0.0, float(timeout))

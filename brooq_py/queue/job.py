@@ -121,16 +121,14 @@ def encode_payload(payload: Any, what: str = "payload") -> str:
         except (ValueError, RecursionError) as exc:
             raise InvalidJob(f"{what} bytes are not valid JSON: {exc}") from None
         # Python pairs surrogate escapes and keeps a lone one as a lone surrogate; jsonb refuses it.
-        if "\\u" in text and _SURROGATE_ESCAPE.search(text) and not _is_utf8(_ENCODER.encode(decoded)):
+        if "\\u" in text and _SURROGATE_ESCAPE.search(text) and not is_utf8(_ENCODER.encode(decoded)):
             raise InvalidJob(f"{what} bytes hold a lone surrogate escape, which PostgreSQL jsonb refuses")
     else:
         try:
             text = _ENCODER.encode(payload)
         except (TypeError, ValueError, RecursionError) as exc:
             raise InvalidJob(f"{what} is not JSON-serialisable: {exc}") from None
-        if not text.isascii() and not _is_utf8(
-            text
-        ):  # ASCII text (the usual payload) holds no lone surrogate
+        if not text.isascii() and not is_utf8(text):  # ASCII text (the usual payload) holds no lone surrogate
             raise InvalidJob(f"{what} holds a lone surrogate, which is not valid Unicode text")
     if "\x00" in text or ("\\u0000" in text and _NUL_ESCAPE.search(text)):
         raise InvalidJob(f"{what} contains \\u0000, which PostgreSQL jsonb cannot store")
@@ -241,7 +239,7 @@ def encode_payloads(payloads: Sequence[Any]) -> str:
     else:
         if (
             len(text) < _JSONB_WALK_FROM  # a longer batch: each payload measured alone, then the array
-            and (text.isascii() or _is_utf8(text))
+            and (text.isascii() or is_utf8(text))
             and "\x00" not in text
             and not ("\\u0000" in text and _NUL_ESCAPE.search(text))
         ):
@@ -280,7 +278,7 @@ def read_payload(text: str | None) -> Any:
         return UnreadablePayload(text, f"{type(exc).__name__}: {exc}")
 
 
-def _is_utf8(text: str) -> bool:
+def is_utf8(text: str) -> bool:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -292,7 +290,7 @@ def check_text(value: str, what: str) -> None:
     """Raise ``InvalidJob`` if *value* holds NUL or lone surrogates (PostgreSQL text cannot)."""
     if "\x00" in value:
         raise InvalidJob(f"{what} contains a NUL character")
-    if not value.isascii() and not _is_utf8(value):
+    if not value.isascii() and not is_utf8(value):
         raise InvalidJob(f"{what} is not valid Unicode text")
 
 

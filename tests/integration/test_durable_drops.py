@@ -81,7 +81,7 @@ def tq(store: Store, query: str, *args: Any) -> list[tuple[Any, ...]]:
     pool = store.session.pool
     assert pool is not None
     with pool.connection() as conn:
-        cur = conn.execute(query.replace("{s}", f'"{store.schema}"'), args or None)  # type: ignore[arg-type]
+        cur = conn.execute(query.replace("{s}", f'"{store.schema}"'), args or None)
         return cur.fetchall() if cur.description is not None else []
 
 
@@ -207,7 +207,12 @@ def test_a_step_record_dropped_gives_the_attempt_back(
     def handler(ctx: Context, claim: Claim) -> Any:
         running.set()
         assert go.wait(30)
-        return ctx.step("a", lambda: calls.append(1) or len(calls))
+
+        def once() -> int:
+            calls.append(1)
+            return len(calls)
+
+        return ctx.step("a", once)
 
     e = engines(estore, workers=1, lease=3)
     e.register_kind("drop.last", handler, KindOptions(max_attempts=1))

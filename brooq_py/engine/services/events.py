@@ -58,6 +58,10 @@ class EventBus:
         except queue.Full:
             self._on_dropped()
 
+    def owns_current(self) -> bool:
+        """Whether this is the thread that calls the listeners."""
+        return self._thread is threading.current_thread()
+
     def start(self) -> None:
         with self._lock:
             if self._thread is not None or not self._listeners:

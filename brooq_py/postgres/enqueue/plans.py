@@ -18,7 +18,7 @@ from brooq_py.postgres.session.statements import Queries, Query, job_row, parse_
 from brooq_py.postgres.session.tx import Plan
 from brooq_py.queue import BrooqError, EnqueueResult, InvalidJob, Job, JobRow, State
 from brooq_py.queue.ids import uuid7, uuid7_text
-from brooq_py.queue.job import encode_payload
+from brooq_py.queue.job import encode_payload, is_utf8
 
 INT32_MAX = 2**31 - 1
 # A row found by key can vanish (retention) before we read it: insert again, a few times.
@@ -233,6 +233,8 @@ def signal(q: Queries, job_id: Any, name: Any, payload: Any, savepoint: bool = F
         raise ValueError("signal: name must be a non-empty str")
     if "\x00" in name:
         raise ValueError("signal: name must not hold NUL")
+    if not name.isascii() and not is_utf8(name):
+        raise ValueError("signal: name is not valid Unicode text (a lone surrogate)")
     text = encode_payload(payload, "signal payload")
     parsed = parse_id(job_id)
     if parsed is None:

@@ -424,10 +424,23 @@ def deadline(conn: psycopg.Connection[Any], seconds: float) -> Iterator[None]:
 # --- what both Stores check before they connect ---------------------------------------------------
 
 
+# PostgreSQL cuts a longer identifier to this many bytes: two names alike in them would be one schema.
+MAX_SCHEMA_BYTES = 63
+
+
 def check_schema(schema: Any) -> str:
-    """Return *schema*, or raise ValueError for anything but non-empty text without NUL."""
+    """Return *schema*; ValueError for anything but non-empty Unicode text without NUL, of at most
+    MAX_SCHEMA_BYTES bytes in UTF-8."""
     if not isinstance(schema, str) or not schema or "\x00" in schema:
         raise ValueError(f"invalid schema name: {schema!r}")
+    try:
+        size = len(schema.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ValueError(f"invalid schema name: {schema!r} is not valid Unicode text") from None
+    if size > MAX_SCHEMA_BYTES:
+        raise ValueError(
+            f"invalid schema name: {schema!r} is {size} bytes in UTF-8; PostgreSQL keeps {MAX_SCHEMA_BYTES}"
+        )
     return schema
 
 

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
+import psycopg_pool
 from psycopg import sql
 
 from brooq_py.postgres.enqueue.producer import Producer
@@ -37,7 +38,7 @@ from brooq_py.postgres.session.statements import (
 from brooq_py.postgres.session.tx import Rows, as_psycopg, on_connection, on_tx
 from brooq_py.postgres.worker.heads import SLACK, ClaimHeads
 from brooq_py.postgres.worker.history import History
-from brooq_py.queue import BrooqError, State, StoreUnavailable, Tx
+from brooq_py.queue import BrooqError, InvalidUsage, State, StoreUnavailable, Tx
 from brooq_py.queue.job import read_payload
 from brooq_py.queue.port import (
     ClaimedJob,
@@ -471,6 +472,13 @@ class WorkerRepo:
             return None
         except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled) as exc:
             raise StoreUnavailable(f"{doing}: {type(exc).__name__}: {str(exc).strip()}") from exc
+        except StoreUnavailable as exc:
+            if isinstance(exc.__cause__, psycopg_pool.PoolClosed):  # closed for good: no outage to wait out
+                raise InvalidUsage(
+                    f"the connection pool given to the Store is closed ({doing}): a closed pool does not "
+                    "open again; give the Store an open pool"
+                ) from exc.__cause__
+            raise
         return str(rows[0][0]) if rows else None
 
     def reap(self) -> list[tuple[str, str]]:
