@@ -85,6 +85,21 @@ def tq(store: Store, query: str, *args: Any) -> list[tuple[Any, ...]]:
         return cur.fetchall() if cur.description is not None else []
 
 
+def drop_record_under_lock(dsn: str, store: Store, jid: str, go: threading.Event) -> None:
+    """Hold job *jid*'s row as an operator would (FOR UPDATE), let the handler go on to its record,
+    and terminate the record's backend while it waits on that lock; then let the row go."""
+    pool = store.session.pool
+    assert pool is not None
+    with pool.connection() as conn, conn.transaction():
+        conn.execute(f'SELECT id FROM "{store.schema}".job WHERE id = %s FOR UPDATE', (jid,)).fetchall()
+        go.set()
+        wait_for(
+            lambda: backends(dsn, statement("job_step_record") + " AND wait_event_type = 'Lock'"),
+            "the record to wait on the lock",
+        )
+        assert terminate(dsn, statement("job_step_record")) == 1
+
+
 # --- a transaction step's COMMIT killed -------------------------------------------------------------
 
 
@@ -171,17 +186,8 @@ def test_a_waits_record_dropped_never_makes_the_job_dead(
     jid = store.enqueue(Job("drop.wait")).id
     e.start()
     assert running.wait(30)
-    pool = store.session.pool
-    assert pool is not None
-    with pool.connection() as conn, conn.transaction():
-        conn.execute(f'SELECT id FROM "{store.schema}".job WHERE id = %s FOR UPDATE', (jid,)).fetchall()
-        go.set()
-        wait_for(
-            lambda: backends(dsn, statement("job_step_record") + " AND wait_event_type = 'Lock'"),
-            "the record to wait on the lock",
-        )
-        assert terminate(dsn, statement("job_step_record")) == 1
-        wait_for(lambda: errors, "the handler to see the drop")
+    drop_record_under_lock(dsn, store, jid, go)
+    wait_for(lambda: errors, "the handler to see the drop")
 
     def settled() -> Any:
         row = store.get(jid)
@@ -219,16 +225,7 @@ def test_a_step_record_dropped_gives_the_attempt_back(
     jid = store.enqueue(Job("drop.last")).id
     e.start()
     assert running.wait(30)
-    pool = store.session.pool
-    assert pool is not None
-    with pool.connection() as conn, conn.transaction():
-        conn.execute(f'SELECT id FROM "{store.schema}".job WHERE id = %s FOR UPDATE', (jid,)).fetchall()
-        go.set()
-        wait_for(
-            lambda: backends(dsn, statement("job_step_record") + " AND wait_event_type = 'Lock'"),
-            "the record to wait on the lock",
-        )
-        assert terminate(dsn, statement("job_step_record")) == 1
+    drop_record_under_lock(dsn, store, jid, go)
     row = ended(store, jid)
     assert row.state is State.DONE, (row.state, row.attempts, row.last_error)
     assert (row.result, len(calls), row.attempts) == (2, 2, 1)
