@@ -346,3 +346,31 @@ def test_a_waiting_job_canceled_then_retried_row_tells_the_story(
     assert store.signal(jid, "go", 2) is True
     assert ended(store, jid).result == 2
     assert canceled_waiting_for is None, f"a canceled job still says waiting_for={canceled_waiting_for!r}"
+
+
+def test_a_durable_call_that_always_loses_its_connection_ends_dead_by_the_crash_count(
+    store: Store, estore: Store, engines: Callable[..., Engine]
+) -> None:
+    """An outage gives the attempt back, so one that comes back every run (here a transaction step
+    whose own statement ends its backend; in life, say, a step outliving
+    idle_in_transaction_session_timeout) must not loop forever: each such attempt counts with the
+    crashes (L5'), and at max_crashes (3) the job ends dead saying why, with attempts to spare."""
+    runs: list[int] = []
+
+    def kill_own_connection(tx: Tx) -> None:
+        runs.append(1)
+        tx.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+
+    def handler(ctx: Context, claim: Claim) -> Any:
+        return ctx.transaction_step("doomed", kill_own_connection)
+
+    e = engines(estore, workers=1)
+    e.register_kind("drop.always", handler, KindOptions(max_attempts=10, max_crashes=3))
+    jid = store.enqueue(Job("drop.always")).id
+    e.start()
+    row = ended(store, jid)
+    assert row.state is State.DEAD, (row.state, row.attempts, row.last_error)
+    assert "3 engines stopped while running it" in (row.last_error or ""), row.last_error
+    assert "cut off from the database" in (row.last_error or "")
+    assert len(runs) == 3 and not row.steps
+    assert tq(store, "SELECT crashes FROM {s}.job WHERE id = %s", jid) == [(3,)]

@@ -211,7 +211,9 @@ def test_l5_poisoned_is_dead_and_says_why() -> None:
     why = POISON_ERROR.format(crashes=3)
     out = route(Ending(Phase.POISONED, error=Poisoned(why)), attempt=1)
     assert out is not None and out.state is State.DEAD  # type: ignore[attr-defined]
-    assert out.last_error == "3 engines stopped while running it (crashed, stalled or hung); not run again"  # type: ignore[attr-defined]
+    assert out.last_error == (
+        "3 engines stopped while running it (crashed, stalled, hung or cut off from the database); not run again"
+    )  # type: ignore[attr-defined]
 
 
 def test_unrun_is_pending_with_the_attempt_given_back() -> None:

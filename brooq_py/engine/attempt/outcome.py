@@ -24,6 +24,7 @@ from brooq_py.queue import (
     MustPreserveAttempt,
     Snooze,
     State,
+    StoreUnavailable,
 )
 from brooq_py.queue.errors import find_signal, storable
 from brooq_py.queue.port import Outcome
@@ -146,7 +147,10 @@ class Ending:
     result: str | None = None
 
 
-POISON_ERROR = "{crashes} engines stopped while running it (crashed, stalled or hung); not run again"
+POISON_ERROR = (
+    "{crashes} engines stopped while running it (crashed, stalled, hung or cut off from the database); "
+    "not run again"
+)
 
 
 def decide(
@@ -203,6 +207,10 @@ def decide(
     # handled when another error arose (its __context__) leaves that failure to spend the attempt.
     snooze = next((e for e in (error, error.__cause__) if isinstance(e, Snooze)), None)
     if snooze is not None:  # DS3, DS4: back to scheduled (waiting for a signal), the attempt given back
+        if isinstance(snooze.__cause__, StoreUnavailable):  # a durable call lost the database: as a crash
+            return outcome(
+                State.SCHEDULED, delay=snooze.delay, give_back=True, crashed=True, last_error=str(snooze)
+            )
         return outcome(State.SCHEDULED, delay=snooze.delay, give_back=True, waiting_for=snooze.waiting_for)
     if find_signal(error, MustCancelTask) is not None:
         return outcome(State.CANCELED, last_error=describe_error(error))
