@@ -12,6 +12,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from types import TracebackType
 from typing import Any
 
@@ -436,7 +437,7 @@ class Engine(Producing):
             )
         return services
 
-    def stop(self, timeout: float | None = None) -> None:
+    def stop(self, timeout: float | timedelta | None = None) -> None:
         """Stop gracefully, safe before start() and twice: stop claiming, wait up to *timeout* seconds
         (None: the lease) for in-flight handlers, cancel the rest with ``EngineStopping`` and wait up to
         watchdog_grace (one still running is hung, its row handed back), flush every outcome. A call
@@ -597,8 +598,14 @@ def _stop_wait(timeout: object) -> float | None:
     """``stop``'s *timeout* as seconds to wait (at least 0; ``math.inf`` the longest), or None."""
     if timeout is None:
         return None
+    if isinstance(timeout, timedelta):
+        timeout = timeout.total_seconds()
     if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-        raise TypeError(f"stop: timeout must be seconds (a number) or None, got {type(timeout).__name__}")
+        raise TypeError(
+            f"stop: timeout must be seconds (a number or timedelta) or None, got {type(timeout).__name__}"
+        )
     if timeout != timeout:  # NaN
         raise ValueError("stop: timeout must be a number of seconds, got nan")
-    return _LONGEST_STOP_WAIT if timeout > _LONGEST_STOP_WAIT else max(0.0, float(timeout))
+    if timeout <= 0:
+        return 0.0
+    return _LONGEST_STOP_WAIT if timeout > _LONGEST_STOP_WAIT else float(timeout)

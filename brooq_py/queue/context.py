@@ -162,12 +162,24 @@ class Context:
         if rec is not None:
             return rec.result  # type: ignore[no-any-return]
         self.raise_if_done()
-        with self._given_back_if_down(f"transaction step {identity!r}"), j.port.begin() as tx:
-            value = fn(tx, *args, **kwargs)
-            text = _step_json(identity, value)
-            write = j.write(seq, identity, "step", result=text, tx=tx)
-            if not write.inserted:
-                raise ReplayMismatch(f"step {identity!r} was recorded meanwhile by another run; rolled back")
+        fn_failed = False  # a StoreUnavailable of fn's own (another store's), not the transaction's
+        try:
+            with j.port.begin() as tx:
+                try:
+                    value = fn(tx, *args, **kwargs)
+                except StoreUnavailable:
+                    fn_failed = not j.port.tx_lost(tx)
+                    raise
+                text = _step_json(identity, value)
+                write = j.write(seq, identity, "step", result=text, tx=tx)
+                if not write.inserted:
+                    raise ReplayMismatch(
+                        f"step {identity!r} was recorded meanwhile by another run; rolled back"
+                    )
+        except StoreUnavailable as exc:
+            if fn_failed:
+                raise
+            raise self._outage(f"transaction step {identity!r}", exc) from exc
         return _decoded(text)  # type: ignore[no-any-return]
 
     def sleep(self, duration: float | timedelta) -> Any:
@@ -225,10 +237,14 @@ class Context:
         try:
             yield
         except StoreUnavailable as exc:
-            snooze = self._suspend(OUTAGE_RETRY)
-            seconds = OUTAGE_RETRY.total_seconds()
-            snooze.args = (f"{what}: {exc}; the attempt given back, the job tried again in {seconds:g}s",)
-            raise snooze from exc
+            raise self._outage(what, exc) from exc
+
+    def _outage(self, what: str, exc: StoreUnavailable) -> Snooze:
+        snooze = self._suspend(OUTAGE_RETRY)
+        snooze.outage = exc
+        seconds = OUTAGE_RETRY.total_seconds()
+        snooze.args = (f"{what}: {exc}; the attempt given back, the job tried again in {seconds:g}s",)
+        return snooze
 
     def _suspend(self, delay: timedelta, waiting_for: str | None = None) -> Snooze:
         snooze = Snooze(max(delay, timedelta(0)))

@@ -133,6 +133,9 @@ class StepPort(Protocol):
 
     def signal_read(self, job_id: str, name: str) -> SignalRead: ...
 
+    def tx_lost(self, tx: Tx) -> bool:
+        """Whether *tx* (from ``begin``) lost its connection: an outage, not a failure of the step's."""
+
 
 @dataclass(frozen=True)
 class EngineProof:

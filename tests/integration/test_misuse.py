@@ -474,3 +474,40 @@ def test_cli_operator_values_out_of_range_are_one_line(dsn: str, schema: str, tm
         assert code == 2 and "Traceback" not in err and err.startswith("brooq-py: "), (args, code, err)
     with ConnectionPool(dsn, min_size=1, max_size=1) as p:
         assert Store(p, schema=schema).topic_settings() == []
+
+
+def test_stop_from_a_listener_during_the_events_drain_does_not_hold_up_the_stop(store: Store) -> None:
+    """engine.stop() from a listener "only starts the stop", also for a listener called while the stop
+    drains the events queued when it began: its stop() waited for the stop in progress, which joined
+    the events thread, both until the join's timeout (40 s here), then "a listener still runs ... left
+    behind". Here a listener stops the engine on its first event and again on a later one."""
+    e = Engine(store, Config(workers=2, poll_interval=0.2, lease=30, reaper_period=0.5))
+    e.register_kind("rv.ev", lambda ctx, claim: time.sleep(0.1))
+    calls: list[tuple[str, float]] = []
+    first_done = threading.Event()
+    t0: list[float] = []
+
+    def on(event: Any) -> None:
+        if not first_done.is_set():
+            first_done.set()
+            t0.append(time.monotonic())
+            e.stop(timeout=8)  # from the events thread: deferred
+            time.sleep(2.5)  # the stop reaches events.stop() while more events wait in the queue
+            return
+        start = time.monotonic()
+        e.stop(timeout=8)
+        calls.append((event.kind, time.monotonic() - start))
+
+    e.on_event(on)
+    for _ in range(2):
+        store.enqueue(Job("rv.ev", {}))
+    try:
+        e.start()
+        assert first_done.wait(30)
+        time.sleep(0.5)
+        e.stop()  # from this thread: returns once the stop in progress is over
+        took = time.monotonic() - t0[0]
+        slow = [(kind, round(s, 1)) for kind, s in calls if s > 2.0]
+        assert took < 8.0 and not slow, (f"the stop took {took:.1f}s", slow)
+    finally:
+        e.close()

@@ -217,6 +217,10 @@ class FakeRepo:
             self.ticks[schedule] = instant
             return result
 
+    @staticmethod
+    def tx_lost(tx: Tx) -> bool:
+        return False  # a fake transaction keeps its connection
+
     @contextmanager
     def begin(self) -> Iterator[Tx]:
         tx = FakeTx()

@@ -14,6 +14,7 @@ import pytest
 from brooq_py.engine import Engine
 from brooq_py.engine.attempt.outcome import Ending, Phase, decide
 from brooq_py.engine.attempt.runner import SlotPool
+from brooq_py.engine.engine import _stop_wait
 from brooq_py.engine.services.dispatcher import Dispatcher
 from brooq_py.engine.services.liveness import Heartbeat
 from brooq_py.engine.services.wakeups import RECONNECT_MAX, WakeListener
@@ -909,3 +910,27 @@ def test_o1_l6_an_outcome_batch_written_but_answered_with_a_lost_connection_is_c
     wait_for(lambda: repo.row(jid).state is State.DONE and not e.inflight.held(), what="done and settled")
     assert lost == [1] and repo.row(jid).history == [State.PROCESSING, State.DONE]
     assert e.registry.get_sample_value("brooq_settle_total", {"topic": "t", "outcome": "done"}) == 1
+
+
+@pytest.mark.parametrize(
+    ("given", "wait"),
+    [
+        (None, None),
+        (5, 5.0),
+        (timedelta(seconds=2), 2.0),
+        (-3, 0.0),
+        (-(10**400), 0.0),
+        (float("-inf"), 0.0),
+        (float("inf"), 1e8),
+        (10**400, 1e8),
+    ],
+)
+def test_stop_reads_its_timeout_as_seconds_to_wait(given: object, wait: float | None) -> None:
+    """math.inf waits as long as the handlers run (within threading's bounds), a negative one not at all."""
+    assert _stop_wait(given) == wait
+
+
+@pytest.mark.parametrize("given", ["abc", True, [1], float("nan")])
+def test_stop_refuses_a_timeout_that_is_no_number_before_anything_stops(given: object) -> None:
+    with pytest.raises((TypeError, ValueError), match="timeout"):
+        _stop_wait(given)

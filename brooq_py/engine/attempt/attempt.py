@@ -54,7 +54,6 @@ from brooq_py.queue import (
     MustDelay,
     MustPreserveAttempt,
     Snooze,
-    StoreUnavailable,
 )
 from brooq_py.queue.claim import Parent
 from brooq_py.queue.errors import find_signal
@@ -507,7 +506,7 @@ class Hooks:
             find_signal(error, s) is not None
             for s in (MustCancelTask, MustDelay, MustPreserveAttempt, Snooze)
         ):
-            if isinstance(error, Snooze) and isinstance(error.__cause__, StoreUnavailable):
+            if isinstance(error, Snooze) and error.outage is not None:
                 self._tell(logging.WARNING, a, "ended by an outage: %s", error)
                 return
             self._tell(logging.INFO, a, "handler signalled %s%s", describe_error(error), then)

@@ -24,7 +24,6 @@ from brooq_py.queue import (
     MustPreserveAttempt,
     Snooze,
     State,
-    StoreUnavailable,
 )
 from brooq_py.queue.errors import find_signal, storable
 from brooq_py.queue.port import Outcome
@@ -207,7 +206,7 @@ def decide(
     # handled when another error arose (its __context__) leaves that failure to spend the attempt.
     snooze = next((e for e in (error, error.__cause__) if isinstance(e, Snooze)), None)
     if snooze is not None:  # DS3, DS4: back to scheduled (waiting for a signal), the attempt given back
-        if isinstance(snooze.__cause__, StoreUnavailable):  # a durable call lost the database: as a crash
+        if snooze.outage is not None:  # a durable call lost the database: as a crash
             return outcome(
                 State.SCHEDULED, delay=snooze.delay, give_back=True, crashed=True, last_error=str(snooze)
             )

@@ -37,6 +37,7 @@ class EventBus:
         self._on_dropped = on_dropped
         self._on_listener_error = on_listener_error
         self._thread: threading.Thread | None = None
+        self._delivering: threading.Thread | None = None  # kept through stop(), which clears _thread
         self._lock = threading.Lock()
 
     @property
@@ -59,8 +60,8 @@ class EventBus:
             self._on_dropped()
 
     def owns_current(self) -> bool:
-        """Whether this is the thread that calls the listeners."""
-        return self._thread is threading.current_thread()
+        """Whether this is the thread that calls the listeners (during the stop's drain too)."""
+        return self._delivering is threading.current_thread()
 
     def start(self) -> None:
         with self._lock:
@@ -88,6 +89,7 @@ class EventBus:
             self._log.warning("events: a listener still runs %.1fs after stop; left behind", timeout)
 
     def _loop(self) -> None:
+        self._delivering = threading.current_thread()
         while True:
             item = self._queue.get()
             if item is _STOP:

@@ -365,6 +365,12 @@ class WorkerRepo:
         rows = self.session.run("recording a wait's timeout", self._q["job_step_time_out"], params)
         return bool(rows[0][0])
 
+    @staticmethod
+    def tx_lost(tx: Tx) -> bool:
+        """Whether *tx*'s connection broke or closed (no round trip)."""
+        conn = as_psycopg(tx)
+        return conn is None or conn.closed or conn.broken
+
     def signal_read(self, job_id: str, name: str) -> SignalRead:
         """A primary-key probe (sql/job_signal_read.sql) with the clock."""
         rows = self.session.run(
