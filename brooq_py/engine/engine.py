@@ -351,6 +351,7 @@ class Engine(Producing):
             self.supervisor,
             log,
             self.clock,
+            write_progress=repo.write_progress,
         )
         self.inflight.on_unheld_end = heartbeat.wake  # a canceled handler ended: say so now
         self.capacity.wake = wake

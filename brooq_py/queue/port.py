@@ -319,10 +319,14 @@ class Repo(StepPort, Protocol):
         orphans: bool = False,
         running: Sequence[str] | None = None,
     ) -> Renewal:
-        """Renew the engine's row, write *leases*' progress and read their fate (with *orphans*, our
-        unsent claims too), never waiting on a job row. *running*: the claim tokens whose handlers
-        still run here, held or not (None: the leases not dropped); a canceled sequence member's hold
-        ends once its claim is not among them (SPEC Q5, X1)."""
+        """Renew the engine's row and read *leases*' fate (with *orphans*, our unsent claims too),
+        never waiting on a job row nor on a lock on the job table. *running*: the claim tokens whose
+        handlers still run here, held or not (None: the leases not dropped); a canceled sequence
+        member's hold ends once its claim is not among them (SPEC Q5, X1)."""
+
+    def write_progress(self, leases: Sequence[HeldLease]) -> frozenset[str]:
+        """Write the progress *leases* carry, only while each row is processing under its claim and
+        not locked elsewhere (never waited on); the claim tokens written (SPEC V4)."""
 
     def leave(self, engine_id: str, instance: str | None = None) -> None:
         """Remove a stopping engine's row; the reaper returns what it still holds."""

@@ -194,12 +194,18 @@ def test_v4_a_heartbeat_writes_a_reported_progress_and_skips_a_row_locked_elsewh
 ) -> None:
     store.enqueue(Job("a", 1))
     [j] = store.worker.claim(["a"], 1, "w", LEASE)
+    lease = HeldLease(j.id, j.claim_token, 0.5, "half")
     with psycopg.connect(dsn) as op:
         op.execute(f'SELECT 1 FROM "{store.schema}".job WHERE id = %s FOR UPDATE', (j.id,))
-        renewal = store.worker.beat(PROOF, [HeldLease(j.id, j.claim_token, 0.5, "half")])
-        assert renewal.held == {j.claim_token} and renewal.locked == {j.claim_token}  # sent again later
+        assert store.worker.beat(PROOF, [lease]).held == {j.claim_token}  # the beat only reads
+        assert store.worker.write_progress([lease]) == set()  # skipped, sent again with the next beat
         op.rollback()
-    assert store.worker.beat(PROOF, [HeldLease(j.id, j.claim_token, 0.5, "half")]).locked == set()
+    assert store.worker.write_progress([lease]) == {j.claim_token}
+    row = store.get(j.id)
+    assert row is not None and row.progress == 0.5 and row.progress_note == "half"
+    # a claim no longer processing under its token gets nothing written
+    stale = HeldLease(j.id, "00000000-0000-7000-8000-000000000000", 0.9, "late")
+    assert store.worker.write_progress([stale]) == set()
     row = store.get(j.id)
     assert row is not None and row.progress == 0.5 and row.progress_note == "half"
 

@@ -488,6 +488,19 @@ class FakeRepo:
                         locked.add(h.claim_token)
             return Renewal(frozenset(held), frozenset(locked), frozenset(canceled))
 
+    def write_progress(self, leases: Sequence[HeldLease]) -> frozenset[str]:
+        """job_progress.sql: the claims still processing whose rows are not locked (progress not kept)."""
+        self._count("progress")
+        with self.lock:
+            return frozenset(
+                h.claim_token
+                for h in leases
+                if (r := self.rows.get(h.id)) is not None
+                and r.claim_token == h.claim_token
+                and r.state is State.PROCESSING
+                and r.id not in self.locked
+            )
+
     def leave(self, engine_id: str, instance: str | None = None) -> None:
         self._count("leave")
         with self.lock:

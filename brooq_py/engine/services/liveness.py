@@ -95,10 +95,12 @@ class Heartbeat(Ticker):
         supervisor: Supervisor,
         log: logging.Logger,
         clock: Clock,
+        write_progress: Callable[[Sequence[HeldLease]], frozenset[str]] | None = None,
     ) -> None:
         super().__init__(period, log)
         self.backoff_base = self.period / 4  # a blip is retried soon, never slower than the period
         self.proof = proof
+        self._write_progress = write_progress
         self._inflight = inflight
         self._beat = beat
         self.fence = fence
@@ -143,8 +145,24 @@ class Heartbeat(Ticker):
         # Claims fenced since the send are named by the next beat, at once, before any new claim.
         complete = self._inflight.dropped().keys() <= dropped.keys()
         self.fence.proven(sent, complete)
+        self._progress([(a, p) for a, p in taken if a.row.claim_token in renewal.held - renewal.locked])
         if not complete:
             self.wake()
+
+    def _progress(self, taken: list[tuple[Attempt, tuple[float | None, str | None]]]) -> None:
+        """Write the progress of the claims still held, once the proof of life is recorded: a lock on
+        the job table (an operator's CREATE INDEX) delays the progress, never the proof. What is not
+        written is kept for the next beat."""
+        if not taken or self._write_progress is None:
+            return
+        try:
+            written = self._write_progress([HeldLease(a.id, a.row.claim_token, *p) for a, p in taken])
+        except Exception as exc:
+            self.log.info("heartbeat: progress not written now (%s); sent again with the next beat", exc)
+            written = frozenset()
+        for a, progress in taken:
+            if a.row.claim_token not in written:
+                a.ctx.give_back_progress(progress)
 
     @staticmethod
     def _leases(

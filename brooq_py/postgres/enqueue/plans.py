@@ -198,17 +198,20 @@ def by_id(query: Query, job_id: Any) -> Plan[bool]:
 
 def retry(q: Queries, job_id: Any) -> Plan[bool]:
     """Put a dead or canceled job back to pending; False as ``by_id``, and when an active holder of its
-    unique key committed meanwhile. A job in the terminal history goes back to the job table first
-    (SPEC B2); one that moved there while the retry waited for its row is looked for again, up to
-    RETRY_PASSES times. Run whole (``drive(..., whole=True)``): a refused retry brings nothing back."""
+    unique key committed meanwhile. A job the job table does not hold is looked for in the terminal
+    history and brought back (SPEC B2), then retried; one that moved there while the retry waited for
+    its row likewise, up to RETRY_PASSES times. The job table is tried first: the history's
+    statement writes through every day's table, and waits for a lock an operator holds on any of
+    them. Run whole (``drive(..., whole=True)``): a refused retry brings nothing back."""
     parsed = parse_id(job_id)
     if parsed is None:
         return False
     try:
         for _ in range(RETRY_PASSES):
-            yield q["job_history_back"], {"id": parsed}
             if (yield q["job_retry"], {"id": parsed}):
                 return True
+            if not (yield q["job_history_back"], {"id": parsed}):
+                return False  # not in the history either: unknown, or in no state to retry
     except psycopg.errors.UniqueViolation:
         pass
     return False

@@ -1,10 +1,12 @@
 -- name: engine_beat
 -- The engine's proof of life: one upsert of its own row, which nothing done to job rows can
--- block; refused ('taken') while another live engine instance holds the same id. The claims it holds are read, not written (a job row is written only for a progress a
--- handler reported, never waiting on a row locked elsewhere). Claims the engine let go without an
+-- block; refused ('taken') while another live engine instance holds the same id. The claims it
+-- holds are read, never written or locked: no lock an operator takes on the job table short of
+-- ACCESS EXCLUSIVE (a CREATE INDEX, a REINDEX: SHARE) holds it up (a handler's progress is written
+-- apart, job_progress.sql). Claims the engine let go without an
 -- outcome (hung, fenced) are named in its row's `dropped`, for the reaper to take back at once.
--- One row per claim sent: its token and 'held' (still processing under it), 'locked' (held, its
--- progress not written now), the row's state under this claim ('canceled', ...), or 'gone'; and
+-- One row per claim sent: its token and 'held' (still processing under it), the row's state
+-- under this claim ('canceled', ...), or 'gone'; and
 -- with %(orphans)s (once a lease), one 'orphan' row (with its job id) per claim of this engine
 -- older than a lease that it did not send: a claim whose answer never reached it (a connection
 -- lost at the commit), to be dropped. That look reads every processing row.
@@ -30,28 +32,12 @@ WITH proof AS (
     WHERE h.engine = %(engine)s AND h.token <> ALL (%(running)s::uuid[]) AND h.until < now()
       AND EXISTS (SELECT FROM proof)
 ), sent AS MATERIALIZED (
-    SELECT h.id, h.token, h.progress, h.note, 'processing'::text AS guard
-    FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(progress)s::real[], %(notes)s::text[])
-        AS h(id, token, progress, note)
-), reported AS MATERIALIZED (
-    SELECT j.id, s.progress, s.note
-    FROM {live} j
-    JOIN sent s ON j.id = s.id
-    WHERE j.id = ANY (%(ids)s::uuid[]) AND (s.progress IS NOT NULL OR s.note IS NOT NULL)
-        AND j.state = s.guard AND j.claim_token = s.token
-    FOR NO KEY UPDATE OF j SKIP LOCKED
-), written AS (
-    UPDATE {live} j
-    SET progress = coalesce(r.progress, j.progress), progress_note = coalesce(r.note, j.progress_note)
-    FROM reported r
-    WHERE j.id = r.id
-    RETURNING j.id
+    SELECT h.id, h.token, 'processing'::text AS guard
+    FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) AS h(id, token)
 )
 SELECT s.token::text,
     CASE WHEN j.id IS NULL OR j.claim_token IS DISTINCT FROM s.token THEN 'gone'
          WHEN j.state <> s.guard THEN j.state
-         WHEN (s.progress IS NOT NULL OR s.note IS NOT NULL) AND s.id NOT IN (SELECT id FROM reported)
-         THEN 'locked'
          ELSE 'held' END,
     NULL::text
 FROM sent s

@@ -19,6 +19,9 @@
 -- its job (it reads the job's row without a lock, so retention cannot wait for it) would
 -- otherwise stay behind. A committed signal's job was committed before it (or with it), so
 -- a snapshot that sees the signal and not the job sees a deleted job.
+-- SPEC B2, L3: the rows it locks and writes are active ones, in the job table alone ({live}): a
+-- table of history locked by an operator (a CREATE INDEX takes SHARE) holds up no tick. A child or
+-- a signalled job no longer there (ended and moved to history, or deleted) owes nothing.
 WITH due AS (
     SELECT w.parent, w.child, p.state AS parent_state
     FROM {job_wait} w
@@ -28,7 +31,7 @@ WITH due AS (
     FOR UPDATE OF w SKIP LOCKED
 ), free AS (
     SELECT c.id, coalesce(c.parents_any_end, false) AS any_end
-    FROM {job} c
+    FROM {live} c
     WHERE c.id = ANY (ARRAY(SELECT DISTINCT d.child FROM due d))
     FOR UPDATE SKIP LOCKED
 ), verdict AS (
@@ -40,7 +43,7 @@ WITH due AS (
     JOIN free f ON f.id = d.child
     GROUP BY d.child
 ), changed AS (
-    UPDATE {job} c
+    UPDATE {live} c
     SET state = CASE WHEN v.doomed_by IS NOT NULL THEN 'canceled'
                      WHEN c.waiting_parents > v.done THEN 'blocked'
                      WHEN c.available_at > clock_timestamp() THEN 'scheduled'
@@ -61,7 +64,7 @@ WITH due AS (
     USING due d
     WHERE w.parent = d.parent AND w.child = d.child
       AND (d.child = ANY (ARRAY(SELECT f.id FROM free f))
-           OR NOT EXISTS (SELECT FROM {job} c WHERE c.id = d.child))
+           OR NOT EXISTS (SELECT FROM {live} c WHERE c.id = d.child))
 ), owed AS (
     SELECT g.job_id, g.name
     FROM {job_signal} g
@@ -72,11 +75,11 @@ WITH due AS (
     FOR UPDATE OF g SKIP LOCKED
 ), waiter AS (
     SELECT j.id, j.state
-    FROM {job} j
+    FROM {live} j
     WHERE j.id = ANY (ARRAY(SELECT o.job_id FROM owed o))
     FOR NO KEY UPDATE SKIP LOCKED
 ), signalled AS (
-    UPDATE {job} j
+    UPDATE {live} j
     SET state = 'pending', waiting_for = NULL, available_at = now(), updated_at = now()
     FROM owed o
     WHERE j.id = o.job_id AND j.id = ANY (ARRAY(SELECT w.id FROM waiter w))
@@ -87,7 +90,8 @@ WITH due AS (
     SET woke = true
     FROM owed o
     WHERE g.job_id = o.job_id AND g.name = o.name
-      AND EXISTS (SELECT FROM waiter w WHERE w.id = o.job_id AND w.state <> 'processing')
+      AND (EXISTS (SELECT FROM waiter w WHERE w.id = o.job_id AND w.state <> 'processing')
+           OR NOT EXISTS (SELECT FROM {live} l WHERE l.id = o.job_id))
 ), orphaned AS (
     DELETE FROM {job_signal} g
     USING owed o

@@ -60,6 +60,7 @@ STRANGER = (
     "that day stay in job until the ttl; drop or rename it (or drop what was added to it)"
 )
 MOVE_FAILED = "history: moving jobs into %s failed (%s); they stay in job until the ttl"
+LOCKED = "history: a table of history is locked by another transaction; the move waits for the next pass"
 KEPT = "history: %s could not be dropped (%s); its rows are deleted one by one instead"
 STUCK = (
     "history: %s is older than the ttl and this role may neither drop it nor delete its rows: its jobs "
@@ -122,16 +123,25 @@ class History:
         for _ in range(4):  # a day without its table: make it outside the batch's transaction, look again
             params = self._params(after, ttl, batch)
             moved: list[tuple[str, str]] = []
-            with self.session.autocommit("moving terminal jobs to history") as conn, conn.transaction():
-                run = on_connection(conn)
-                run(self._q["history_scope"], {})
-                locked = run(self._q["history_lock"], params)
-                if not locked:
-                    return []
-                days = sorted({str(r[1]) for r in locked})
-                missing = [d for d in days if d not in params["made"]]
-                for day in days if not missing else []:
-                    moved.extend(self._move_day(conn, day, [str(r[0]) for r in locked if r[1] == day]))
+            try:
+                with self.session.autocommit("moving terminal jobs to history") as conn, conn.transaction():
+                    run = on_connection(conn)
+                    run(self._q["history_scope"], {})
+                    # The batch's rows stay locked while a day's table is waited for, and an enqueue
+                    # naming one as a parent waits for them: a day an operator holds is waited for
+                    # a second, then the batch goes back whole (the mark unmoved) to the next pass.
+                    run(self._q["history_lock_wait"], {})
+                    locked = run(self._q["history_lock"], params)
+                    if not locked:
+                        return []
+                    days = sorted({str(r[1]) for r in locked})
+                    missing = [d for d in days if d not in params["made"]]
+                    for day in days if not missing else []:
+                        moved.extend(self._move_day(conn, day, [str(r[0]) for r in locked if r[1] == day]))
+            except psycopg.errors.LockNotAvailable:
+                self._say(("locked", ""), True, logging.INFO, LOCKED)
+                return []
+            self._said.discard(("locked", ""))
             if not missing:
                 self._since = max(r[2] for r in locked)  # once committed: a failed commit passes nothing
                 return moved

@@ -439,11 +439,18 @@ class WorkerRepo:
                 f"worker id {proof.id!r} is held by another live engine ({taken[0]}): give each engine "
                 "its own worker id (the default is unique)"
             )
-        tokens = {
-            kind: frozenset(r[0] for r in rows if r[1] == kind) for kind in ("held", "locked", "canceled")
-        }
+        tokens = {kind: frozenset(r[0] for r in rows if r[1] == kind) for kind in ("held", "canceled")}
         orphaned = frozenset((r[0], r[2]) for r in rows if r[1] == "orphan")
-        return Renewal(tokens["held"] | tokens["locked"], tokens["locked"], tokens["canceled"], orphaned)
+        return Renewal(tokens["held"], frozenset(), tokens["canceled"], orphaned)
+
+    def write_progress(self, leases: Sequence[HeldLease]) -> frozenset[str]:
+        """One statement (sql/job_progress.sql) on the heartbeat's connection, after its beat: the
+        claims whose reported progress it wrote (rows locked elsewhere skipped, never waited on)."""
+        params = self._renew_params(leases)
+        rows = self._own_or_pool(
+            self._heartbeat, "writing the handlers' progress", self._q["job_progress"], params
+        )
+        return frozenset(str(r[0]) for r in rows)
 
     def leave(self, engine_id: str, instance: str | None = None) -> None:
         """Remove a stopping engine's row, *instance*'s only."""
