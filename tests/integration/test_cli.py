@@ -225,9 +225,9 @@ def test_get_shows_result_errors_with_tracebacks_and_progress(
     job_id = store.enqueue(Job("cli.res")).id
     lease = timedelta(seconds=30)
     (c,) = store.worker.claim(["cli.res"], 1, "w", lease)
-    store.worker.beat(
-        EngineProof("w", "h", 1, lease, lease / 3), [HeldLease(c.id, c.claim_token, 0.5, "half")]
-    )
+    held = [HeldLease(c.id, c.claim_token, 0.5, "half")]
+    store.worker.beat(EngineProof("w", "h", 1, lease, lease / 3), held)
+    assert store.worker.write_progress(held) == {c.claim_token}  # the heartbeat's, after its beat
     long_tb = "Traceback (most recent call last):\n" + "  frame\n" * 1000 + "ValueError: bad\n"
     store.worker.settle_many(
         [Outcome(c.id, c.claim_token, State.FAILED, last_error="ValueError: bad", traceback=long_tb)]

@@ -3,6 +3,7 @@ a table of history or on job, maintenance, an application's own column, a dump r
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from datetime import UTC
@@ -378,3 +379,112 @@ def test_a_day_dropped_or_truncated_by_hand_while_the_engine_moves(
     wait_for(lambda: where(pool, schema, third) not in (None, "job"), "a job moved after a DROP", 30)
     assert _state(store, third) == "done"
     assert store.get(first) is None
+
+
+# --- what else a lock on the storage held up -------------------------------------------------------
+
+
+def test_a_refused_retry_of_a_job_in_job_waits_for_no_lock_on_a_day(
+    dsn: str, schema: str, store: Store, pool: ConnectionPool[Any], day_table: str
+) -> None:
+    """docs/operating.md: locks an operator takes on a day's table (CREATE INDEX: SHARE) hold up
+    nothing that writes job alone; "a retry of a job that moved to history waits for it". A retry of a
+    job that never left job but is in no state to retry (pending: a double click in the dashboard, the
+    CLI on a running job) ran job_retry (nothing), then job_history_back, a DELETE FROM job with its
+    inheritance, which asks ROW EXCLUSIVE of every day: it waited as long as the operator's lock (L3':
+    every wait is bounded). A job the job table holds is now looked for nowhere else."""
+    pending = store.enqueue(Job("r", {})).id  # no engine: it stays pending, in job
+    with psycopg.connect(dsn) as dba:
+        dba.execute(sql.SQL("LOCK TABLE {} IN SHARE MODE").format(sql.SQL(day_table)))
+        t, out, errors = in_thread(lambda: store.retry(pending))
+        t.join(10)
+        stuck = t.is_alive()
+        dba.rollback()
+    t.join(30)
+    assert not stuck, (
+        "Store.retry of a pending job in job (answer: False) waited >10 s behind an operator's SHARE "
+        "lock on a table of history (job_history_back runs whenever job_retry changed nothing)"
+    )
+    assert out == [False], (out, errors)
+
+
+# --- the heartbeat: the progress write holds the heartbeat thread --------------------------------
+
+
+def _progress_handler(causes: list[BaseException | None], started: threading.Event, seconds: float) -> Any:
+    def long(ctx: Any, claim: Any) -> str:
+        started.set()
+        end = time.monotonic() + seconds
+        i = 0
+        while time.monotonic() < end and not ctx.done():
+            i += 1
+            ctx.progress(min(i / 1000, 1.0), f"step {i}")  # a handler reporting as it goes
+            ctx.wait(0.05)
+        causes.append(ctx.cause)
+        return "ok"
+
+    return long
+
+
+def test_a_share_lock_on_job_fences_no_short_lease_engine_whose_handler_reports_progress(
+    dsn: str, schema: str, store: Store, pool: ConnectionPool[Any], engines: Any
+) -> None:
+    """P1'' and docs/operating.md ("a plain CREATE INDEX [on job] ... the heartbeat goes on, so no
+    engine fences itself for it"). The progress is written after the proof, on the heartbeat's own
+    thread: job_progress waited for the table lock up to the own connection's lock_timeout (at least
+    500 ms), then on the pool (250 ms more), and the next beat was sent a period after that tick
+    ended: with a lease of 1.2 s (proof good for 0.8 s) the live engine fenced itself. It now waits
+    100 ms for the lock."""
+    causes: list[BaseException | None] = []
+    started = threading.Event()
+    e = engines(lease=1.2, workers=1, attempt_timeout=60, max_execution_timeout=120)
+    e.register_kind("l", _progress_handler(causes, started, 8))
+    e.start()
+    job = store.enqueue(Job("l", {})).id
+    assert started.wait(30)
+    with psycopg.connect(dsn) as dba:
+        dba.execute(sql.SQL("LOCK TABLE ONLY {} IN SHARE MODE").format(_tbl(schema, "job")))
+        time.sleep(4)  # the index build's duration: over three leases
+        dba.rollback()
+    wait_for(lambda: causes, "the handler to return", 30)
+    assert causes[0] is None, (
+        f"a running handler of a live engine (lease 1.2 s) was cancelled with {causes[0]!r} while a DBA "
+        "held a SHARE lock on job (CREATE INDEX): the heartbeat thread waited for the progress write"
+    )
+    wait_for(lambda: _state(store, job) == "done", "the job done", 60)
+
+
+def test_a_share_lock_on_job_and_busy_producers_fence_no_engine_through_the_progress_write(
+    dsn: str, schema: str, store: Store, pool: ConnectionPool[Any], engines: Any
+) -> None:
+    """The same CREATE INDEX on job (SHARE lock), the fixtures' lease of 3 s, and the application's
+    producers enqueueing on the same Store meanwhile (each INSERT waits for the DBA, holding a pool
+    connection). The heartbeat has its own connection so that "handlers holding pool connections
+    cannot starve it" (WorkerRepo); but a job_progress that passed the own connection's lock_timeout
+    ran again on the pool and waited for a free pool connection, i.e. for the end of the DBA's lock:
+    the engine fenced itself. The progress now waits 0.2 s at most for a pool connection."""
+    causes: list[BaseException | None] = []
+    started = threading.Event()
+    e = engines(lease=3, workers=1, attempt_timeout=60, max_execution_timeout=120)
+    e.register_kind("l", _progress_handler(causes, started, 14))
+    e.register_kind("p", lambda ctx, claim: "ok")
+    e.start()
+    job = store.enqueue(Job("l", {})).id
+    assert started.wait(30)
+    producers: list[threading.Thread] = []
+    with psycopg.connect(dsn) as dba:
+        dba.execute(sql.SQL("LOCK TABLE ONLY {} IN SHARE MODE").format(_tbl(schema, "job")))
+        for n in range(8):  # the pool's max_size: an application's request threads
+            t, _out, _err = in_thread(functools.partial(store.enqueue, Job("p", {"n": n})))
+            producers.append(t)
+        time.sleep(7)  # the index build's duration: over two leases
+        dba.rollback()
+    for t in producers:
+        t.join(30)
+    wait_for(lambda: causes, "the handler to return", 30)
+    assert causes[0] is None, (
+        f"a running handler of a live engine was cancelled with {causes[0]!r} while a DBA held a SHARE "
+        "lock on job and producers waited for it on the Store's pool: the heartbeat's progress write "
+        "fell back to the pool and waited there"
+    )
+    wait_for(lambda: _state(store, job) == "done", "the job done", 60)

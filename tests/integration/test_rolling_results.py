@@ -102,9 +102,9 @@ def test_rows_of_old_producers_are_claimed_and_settled_by_new_code(store: Store)
     rows = {r.id: r for r in store.worker.claim(["roll"], 2, "new", LEASE)}
     assert set(rows) == {ok, bad}
     proof = EngineProof("new", "h", 1, LEASE, LEASE / 3)
-    assert store.worker.beat(proof, [HeldLease(ok, rows[ok].claim_token, 0.5, "half")]).held == {
-        rows[ok].claim_token
-    }
+    held = [HeldLease(ok, rows[ok].claim_token, 0.5, "half")]
+    assert store.worker.beat(proof, held).held == {rows[ok].claim_token}
+    assert store.worker.write_progress(held) == {rows[ok].claim_token}
     written = store.worker.settle_many(
         [
             Outcome(ok, rows[ok].claim_token, State.DONE, result="[1, 2]"),

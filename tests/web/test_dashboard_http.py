@@ -389,9 +389,9 @@ def test_v1_v3_v4_the_job_page_shows_result_failed_attempts_and_progress(board: 
     lease = timedelta(seconds=30)
     job_id = store.enqueue(Job(TOPIC, {"a": 1})).id
     (c,) = store.worker.claim([TOPIC], 1, "w", lease)
-    store.worker.beat(
-        EngineProof("w", "h", 1, lease, lease / 3), [HeldLease(c.id, c.claim_token, 0.42, "resizing <img>")]
-    )
+    held = [HeldLease(c.id, c.claim_token, 0.42, "resizing <img>")]
+    store.worker.beat(EngineProof("w", "h", 1, lease, lease / 3), held)
+    assert store.worker.write_progress(held) == {c.claim_token}  # the heartbeat's, after its beat
     running = board.request("GET", f"/jobs/{job_id}", token=TOKEN).body
     assert "42%" in running and "resizing &lt;img&gt;" in running and "Running: no result yet." in running
     tb = 'Traceback (most recent call last):\n  File "app.py", line 3, in handler\nValueError: <bad>\n'

@@ -200,9 +200,9 @@ def retry(q: Queries, job_id: Any) -> Plan[bool]:
     """Put a dead or canceled job back to pending; False as ``by_id``, and when an active holder of its
     unique key committed meanwhile. A job the job table does not hold is looked for in the terminal
     history and brought back (SPEC B2), then retried; one that moved there while the retry waited for
-    its row likewise, up to RETRY_PASSES times. The job table is tried first: the history's
-    statement writes through every day's table, and waits for a lock an operator holds on any of
-    them. Run whole (``drive(..., whole=True)``): a refused retry brings nothing back."""
+    its row likewise, up to RETRY_PASSES times. The job table is tried first, and a job it holds is
+    looked for nowhere else: the history's statement writes through every day's table, and waits for
+    a lock an operator holds on any of them. Run whole (``drive(..., whole=True)``): a refused retry brings nothing back."""
     parsed = parse_id(job_id)
     if parsed is None:
         return False
@@ -210,6 +210,8 @@ def retry(q: Queries, job_id: Any) -> Plan[bool]:
         for _ in range(RETRY_PASSES):
             if (yield q["job_retry"], {"id": parsed}):
                 return True
+            if (yield q["job_is_live"], {"id": parsed})[0][0]:
+                return False  # refused where it is (its state, a parent, its unique key)
             if not (yield q["job_history_back"], {"id": parsed}):
                 return False  # not in the history either: unknown, or in no state to retry
     except psycopg.errors.UniqueViolation:

@@ -120,12 +120,18 @@ class Session:
             return on_connection(conn)(query, params)
 
     def run_bounded(
-        self, doing: str, query: Query, params: dict[str, Any], seconds: float, cut: float | None = None
+        self,
+        doing: str,
+        query: Query,
+        params: dict[str, Any],
+        seconds: float,
+        cut: float | None = None,
+        lock_wait: str = SETTLE_LOCK_WAIT,
     ) -> Rows:
         """Run *query* in a transaction whose statement and lock timeouts are bounded, not the session's;
         *cut*: also wait at most that long for a pool connection, and shut its socket down that long
         after (a server that stopped answering never sees the timeouts)."""
-        bounds = {"lock_timeout": SETTLE_LOCK_WAIT, "statement_timeout": f"{max(int(seconds * 1000), 100)}ms"}
+        bounds = bounded(seconds, lock_wait)
         with (
             self.autocommit(doing, timeout=cut) as conn,
             deadline(conn, cut) if cut is not None else contextlib.nullcontext(),
@@ -306,6 +312,33 @@ class OwnConnection:
             self._close_if_asked()
             self._lock.release()
 
+    def try_run_bounded(
+        self, doing: str, bounds: Query, limits: dict[str, str], query: Query, params: dict[str, Any]
+    ) -> Rows | None:
+        """``try_run`` of *query* in a transaction whose waits *bounds* (session_bounds.sql) limits."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            conn = self._conn
+            if self._closed or conn is None or conn.closed:
+                return None  # opened by try_run, whose statements come first
+            try:
+                with (
+                    deadline(conn, self._budget()) if self._budget else contextlib.nullcontext(),
+                    conn.transaction(),
+                ):
+                    run = on_connection(conn)
+                    run(bounds, limits)
+                    return run(query, params)
+            except psycopg.Error as exc:
+                if not is_own_outage(exc):
+                    raise
+                self._close_locked()
+                raise unavailable(exc, doing) from exc
+        finally:
+            self._close_if_asked()
+            self._lock.release()
+
     def _close_if_asked(self) -> None:
         if self._closed:
             self._close_locked()
@@ -354,6 +387,11 @@ class OwnConnection:
 
 
 # --- bounded waits on the own connections ---------------------------------------------------------
+
+
+def bounded(seconds: float, lock_wait: str = SETTLE_LOCK_WAIT) -> dict[str, str]:
+    """session_bounds.sql's parameters: waits for locks up to *lock_wait*, statements up to *seconds*."""
+    return {"lock_timeout": lock_wait, "statement_timeout": f"{max(int(seconds * 1000), 100)}ms"}
 
 
 def merged(kwargs: dict[str, Any], lease: timedelta, options: str = "") -> dict[str, Any]:

@@ -24,6 +24,7 @@ from brooq_py.postgres.session.connections import (
     SETTLE_LOCK_WAIT,
     OwnConnection,
     Session,
+    bounded,
     delegate,
     statement_budget,
 )
@@ -132,6 +133,11 @@ def _maybe_text_array(values: Sequence[str | None]) -> str:
         return text_array(values)
     return "{" + ",".join(["NULL"] * len(values)) + "}"
 
+
+# How long a handler's progress waits for a lock on the job table, and, when the heartbeat's own
+# connection is away, for a pool connection: on the heartbeat's thread, before its next beat.
+PROGRESS_LOCK_WAIT = "100ms"
+PROGRESS_WAIT = 0.2
 
 # How long a limited topic's claim waits for a row lock (its settings row, held by a caller's
 # transaction that marks the topic's first tenant job, or by a settings change): the claims of
@@ -445,11 +451,25 @@ class WorkerRepo:
 
     def write_progress(self, leases: Sequence[HeldLease]) -> frozenset[str]:
         """One statement (sql/job_progress.sql) on the heartbeat's connection, after its beat: the
-        claims whose reported progress it wrote (rows locked elsewhere skipped, never waited on)."""
+        claims whose reported progress it wrote (rows locked elsewhere skipped, never waited on). It
+        waits PROGRESS_WAIT at most for a lock on the job table (an operator's CREATE INDEX), and for a
+        pool connection when the heartbeat's own is away: the next beat is never held up long."""
+        doing = "writing the handlers' progress"
         params = self._renew_params(leases)
-        rows = self._own_or_pool(
-            self._heartbeat, "writing the handlers' progress", self._q["job_progress"], params
-        )
+        query = self._q["job_progress"]
+        try:
+            rows = None
+            if self._heartbeat is not None:
+                limits = bounded(statement_budget(self.session.own_lease), PROGRESS_LOCK_WAIT)
+                rows = self._heartbeat.try_run_bounded(
+                    doing, self._q["session_bounds"], limits, query, params
+                )
+            if rows is None:
+                rows = self.session.run_bounded(
+                    doing, query, params, PROGRESS_WAIT, cut=PROGRESS_WAIT, lock_wait=PROGRESS_LOCK_WAIT
+                )
+        except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled, StoreUnavailable):
+            return frozenset()  # sent again with the next beat
         return frozenset(str(r[0]) for r in rows)
 
     def leave(self, engine_id: str, instance: str | None = None) -> None:
