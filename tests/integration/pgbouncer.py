@@ -42,8 +42,9 @@ def _account() -> pwd.struct_passwd | None:
 
 
 @contextmanager
-def pgbouncer(dsn: str, binary: str) -> Iterator[str]:
-    """Yield the DSN of a transaction-mode PgBouncer in front of *dsn*'s server."""
+def pgbouncer(dsn: str, binary: str, pool_size: int = 20, ignore_options: bool = True) -> Iterator[str]:
+    """Yield the DSN of a transaction-mode PgBouncer in front of *dsn*'s server, *pool_size* server
+    connections; *ignore_options* False: PgBouncer's own default, which refuses libpq ``options``."""
     params = conninfo_to_dict(dsn)
     host = str(params.get("host") or "127.0.0.1")
     port = int(params.get("port") or 5432)
@@ -65,9 +66,9 @@ def pgbouncer(dsn: str, binary: str) -> Iterator[str]:
             f"auth_file = {workdir / 'userlist.txt'}\n"
             "pool_mode = transaction\n"
             "max_client_conn = 500\n"
-            "default_pool_size = 20\n"
-            "ignore_startup_parameters = extra_float_digits,options\n"
-            f"logfile = {workdir / 'pgbouncer.log'}\n"
+            f"default_pool_size = {pool_size}\n"
+            + ("ignore_startup_parameters = extra_float_digits,options\n" if ignore_options else "")
+            + f"logfile = {workdir / 'pgbouncer.log'}\n"
         )
         parent = os.getpid()
         proc = subprocess.Popen(
@@ -83,7 +84,7 @@ def pgbouncer(dsn: str, binary: str) -> Iterator[str]:
         )
         try:
             params.update(host="127.0.0.1", port=str(listen))
-            bouncer = make_conninfo(**{k: v for k, v in params.items() if v is not None})
+            bouncer = make_conninfo("", **{k: v for k, v in params.items() if v is not None})
             deadline = time.monotonic() + 30
             while True:
                 try:

@@ -201,6 +201,29 @@ def test_an_apps_column_on_job_and_the_drop_of_a_day_past_the_ttl(
     assert not problems, problems
 
 
+def _locked_job_table_beside(
+    dsn: str, schema: str, store: Store, engines: Any, handler: Any, lease: float, hold: float
+) -> str:
+    """Run one job of *handler* on an engine of *lease*; while it runs, hold a SHARE lock on job (a
+    plain CREATE INDEX) for *hold* seconds. The job's id, once its handler returned."""
+    started = threading.Event()
+
+    def run(ctx: Any, claim: Any) -> Any:
+        started.set()
+        return handler(ctx, claim)
+
+    e = engines(lease=lease, workers=1, attempt_timeout=60, max_execution_timeout=120)
+    e.register_kind("l", run)
+    e.start()
+    job = store.enqueue(Job("l", {})).id
+    assert started.wait(30)
+    with psycopg.connect(dsn) as dba:
+        dba.execute(sql.SQL("LOCK TABLE ONLY {} IN SHARE MODE").format(_tbl(schema, "job")))
+        time.sleep(hold)
+        dba.rollback()
+    return job
+
+
 def test_a_share_lock_on_job_holds_up_no_heartbeat(
     dsn: str, schema: str, store: Store, pool: ConnectionPool[Any], engines: Any
 ) -> None:
@@ -210,24 +233,14 @@ def test_a_share_lock_on_job_holds_up_no_heartbeat(
     the DBA: the live engine fenced itself and cancelled the handler. Now the progress is written
     apart, once the lock is gone; the handler runs on."""
     causes: list[BaseException | None] = []
-    started = threading.Event()
 
     def long(ctx: Any, claim: Any) -> str:
         ctx.progress(0.5, "half")
-        started.set()
         ctx.wait(12)
         causes.append(ctx.cause)
         return "ok"
 
-    e = engines(lease=3, workers=1, attempt_timeout=60, max_execution_timeout=120)
-    e.register_kind("l", long)
-    e.start()
-    job = store.enqueue(Job("l", {})).id
-    assert started.wait(30)
-    with psycopg.connect(dsn) as dba:
-        dba.execute(sql.SQL("LOCK TABLE ONLY {} IN SHARE MODE").format(_tbl(schema, "job")))
-        time.sleep(7)  # the index build's duration: over two leases
-        dba.rollback()
+    job = _locked_job_table_beside(dsn, schema, store, engines, long, lease=3, hold=7)  # two leases
     wait_for(lambda: causes, "the handler to return", 30)
     wait_for(lambda: _state(store, job) == "done", "the job done", 60)
     assert causes[0] is None, (
@@ -436,16 +449,8 @@ def test_a_share_lock_on_job_fences_no_short_lease_engine_whose_handler_reports_
     ended: with a lease of 1.2 s (proof good for 0.8 s) the live engine fenced itself. It now waits
     100 ms for the lock."""
     causes: list[BaseException | None] = []
-    started = threading.Event()
-    e = engines(lease=1.2, workers=1, attempt_timeout=60, max_execution_timeout=120)
-    e.register_kind("l", _progress_handler(causes, started, 8))
-    e.start()
-    job = store.enqueue(Job("l", {})).id
-    assert started.wait(30)
-    with psycopg.connect(dsn) as dba:
-        dba.execute(sql.SQL("LOCK TABLE ONLY {} IN SHARE MODE").format(_tbl(schema, "job")))
-        time.sleep(4)  # the index build's duration: over three leases
-        dba.rollback()
+    handler = _progress_handler(causes, threading.Event(), 8)
+    job = _locked_job_table_beside(dsn, schema, store, engines, handler, lease=1.2, hold=4)  # three leases
     wait_for(lambda: causes, "the handler to return", 30)
     assert causes[0] is None, (
         f"a running handler of a live engine (lease 1.2 s) was cancelled with {causes[0]!r} while a DBA "

@@ -7,28 +7,19 @@ The documented setup (docs/operating.md "PgBouncer"): the pool through the bounc
 
 from __future__ import annotations
 
-import os
-import pwd
-import shutil
-import signal as os_signal
-import subprocess
-import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool
 
-from brooq_py.devdb.process import die_with_parent, free_port
 from brooq_py.engine import Config, Engine
 from brooq_py.postgres import Store
 from brooq_py.queue import Claim, Context, Job, KindOptions, State
@@ -43,70 +34,6 @@ def bouncer(dsn: str) -> Iterator[str]:
         pytest.skip("pgbouncer is not installed")
     with pgbouncer(dsn, binary) as url:
         yield url
-
-
-@contextmanager
-def default_pgbouncer(
-    dsn: str, binary: str, pool_size: int = 10, ignore_options: bool = False
-) -> Iterator[str]:
-    """A transaction-mode PgBouncer with PgBouncer's own defaults (no ignore_startup_parameters
-    unless *ignore_options*), *pool_size* server connections."""
-    params = conninfo_to_dict(dsn)
-    host = str(params.get("host") or "127.0.0.1")
-    port = int(params.get("port") or 5432)
-    user = str(params.get("user") or pwd.getpwuid(os.getuid()).pw_name)
-    listen = free_port()
-    workdir = Path(tempfile.mkdtemp(prefix="brooq-probe-pgb-"))
-    account = pwd.getpwnam("postgres") if os.geteuid() == 0 else None
-    try:
-        os.chmod(workdir, 0o777)
-        (workdir / "userlist.txt").write_text(f'"{user}" ""\n')
-        (workdir / "pgbouncer.ini").write_text(
-            "[databases]\n"
-            f"* = host={host} port={port}\n"
-            "[pgbouncer]\n"
-            "listen_addr = 127.0.0.1\n"
-            f"listen_port = {listen}\n"
-            "unix_socket_dir =\n"
-            "auth_type = trust\n"
-            f"auth_file = {workdir / 'userlist.txt'}\n"
-            "pool_mode = transaction\n"
-            "max_client_conn = 200\n"
-            f"default_pool_size = {pool_size}\n"
-            + ("ignore_startup_parameters = extra_float_digits,options\n" if ignore_options else "")
-            + f"logfile = {workdir / 'pgbouncer.log'}\n"
-        )
-        parent = os.getpid()
-        proc = subprocess.Popen(
-            [binary, str(workdir / "pgbouncer.ini")],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            cwd=workdir,
-            user=None if account is None else account.pw_uid,
-            group=None if account is None else account.pw_gid,
-            extra_groups=None if account is None else [],
-            preexec_fn=lambda: die_with_parent(parent),
-        )
-        try:
-            params.update(host="127.0.0.1", port=str(listen))
-            url = make_conninfo("", **{k: v for k, v in params.items() if v is not None})
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    with psycopg.connect(url, prepare_threshold=None, connect_timeout=2) as conn:
-                        conn.execute("SELECT 1")
-                    break
-                except psycopg.OperationalError:
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError("pgbouncer did not start") from None
-                    time.sleep(0.1)
-            yield url
-        finally:
-            proc.send_signal(os_signal.SIGKILL)
-            proc.wait(10)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def bounced(url: str, max_size: int = 6) -> ConnectionPool[Any]:
@@ -132,7 +59,7 @@ def test_poll_only_engine_behind_a_default_pgbouncer_runs_jobs(dsn: str, schema:
     binary = pgbouncer_binary()
     if binary is None:
         pytest.skip("pgbouncer is not installed")
-    with default_pgbouncer(dsn, binary) as url:
+    with pgbouncer(dsn, binary, pool_size=10, ignore_options=False) as url:
         pool = bounced(url)
         store = Store(pool, schema=schema)
         done: list[int] = []
@@ -513,7 +440,7 @@ def test_own_connections_direct_keep_the_heartbeat_beside_long_transaction_steps
     def handler(ctx: Context, claim: Claim) -> Any:
         return ctx.transaction_step("hold", hold, claim.id)
 
-    with default_pgbouncer(dsn, binary, pool_size=8, ignore_options=True) as url:
+    with pgbouncer(dsn, binary, pool_size=8) as url:
         pool = bounced(url, max_size=16)
         store = Store(pool, schema=schema, conninfo=dsn)
         try:
