@@ -123,7 +123,7 @@ def refusal_text(job_id: str, rows: list[tuple[Any, ...]]) -> str | None:
     """Why a retry changes nothing, from the row of ``job_retry_refusal``; None when it would retry."""
     if not rows:
         return f"no job {job_id}"
-    state, holder, unique_key, parent = rows[0]
+    state, holder, unique_key, parent, unapplied = rows[0]
     if state not in ("dead", "canceled"):
         return f"job {job_id} is {state}: only dead or canceled jobs can be retried"
     if holder is not None:
@@ -131,4 +131,9 @@ def refusal_text(job_id: str, rows: list[tuple[Any, ...]]) -> str | None:
     if parent is not None:  # a deleted parent cannot be retried
         retry = "" if parent.endswith(" no longer exists") else " (retry the parent first)"
         return f"its parent {parent}: a job runs only after its parents are done{retry}"
+    if unapplied is not None:
+        return (
+            f"its end is not yet applied to its child {unapplied} (whose row another transaction "
+            "held): the engines' next sweep applies it; retry then"
+        )
     return None

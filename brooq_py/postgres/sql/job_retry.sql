@@ -8,6 +8,11 @@
 -- key-share locked, as an enqueue naming them locks them, so retention cannot delete one
 -- before this commit. A group's finally_ (parents_any_end) needs its parents ended, in
 -- any state, as its first run did.
+-- SPEC D3: a job whose end is not yet applied to a child (the child's row was held elsewhere when
+-- it ended: a job_wait row still names it as a parent, for the stager's sweep) is left alone: the
+-- sweep would otherwise find it active again and never cancel that child, as its end would have.
+-- SPEC BD2: a group's finally_ still blocked waits for a retried member again (its end had
+-- counted as one of the group's): it runs once every member has ended, the retried one too.
 -- The notification wakes the engines of its topic.
 -- SPEC B2: the job table alone (job_history_back.sql brings a moved job back first); a job moved
 -- since changes nothing here, and the retry looks again.
@@ -25,7 +30,24 @@ WITH retried AS (
                                        AND (p.state = 'done' OR (j.parents_any_end AND p.state IN ('dead', 'canceled')))
                                      FOR KEY SHARE) AS done)
               = (SELECT count(DISTINCT x.id) FROM unnest(j.parents) AS x(id)))
+      AND NOT EXISTS (SELECT FROM {job_wait} w WHERE w.parent = j.id)
     RETURNING j.id, j.topic, j.sequence
+), regained AS (
+    SELECT f.id
+    FROM {job_edge} e
+    JOIN {live} f ON f.id = e.child
+    WHERE e.parent = %(id)s AND f.state = 'blocked' AND f.parents_any_end AND EXISTS (SELECT FROM retried)
+    FOR NO KEY UPDATE OF f
+), rewait AS (
+    INSERT INTO {job_wait} (parent, child)
+    SELECT %(id)s, r.id FROM regained r
+    ON CONFLICT (parent, child) DO NOTHING
+    RETURNING child
+), recount AS (
+    UPDATE {live} f
+    SET waiting_parents = f.waiting_parents + 1
+    FROM rewait w
+    WHERE f.id = w.child
 )
 SELECT id, pg_notify({channel_literal}, topic),
        -- SPEC F2, Q5: a member of a sequence retried may end its sequence's halt, whose members
