@@ -359,7 +359,7 @@ def test_u2_a_scheduled_holder_pulled_forward_by_a_batch_in_a_transaction_runs_s
 
 def _retry_sql(store: Store, job_id: str) -> Callable[[psycopg.Connection[Any]], list[Any]]:
     def move(conn: psycopg.Connection[Any]) -> list[Any]:
-        return on_connection(conn)(store.session.q["job_retry"], {"id": uuid.UUID(job_id)})
+        return on_connection(conn)(store.session.q["job_retry"], {"id": uuid.UUID(job_id), "turn": None})
 
     return move
 

@@ -207,13 +207,16 @@ def retry(q: Queries, job_id: Any) -> Plan[bool]:
     if parsed is None:
         return False
     try:
+        turn = None  # a job brought back from the history: the tenant turn it had (SPEC T1)
         for _ in range(RETRY_PASSES):
-            if (yield q["job_retry"], {"id": parsed}):
+            if (yield q["job_retry"], {"id": parsed, "turn": turn}):
                 return True
             if (yield q["job_is_live"], {"id": parsed})[0][0]:
                 return False  # refused where it is (its state, a parent, its unique key)
-            if not (yield q["job_history_back"], {"id": parsed}):
+            back = yield q["job_history_back"], {"id": parsed}
+            if not back:
                 return False  # not in the history either: unknown, or in no state to retry
+            turn = back[0][1]
     except psycopg.errors.UniqueViolation:
         pass
     return False

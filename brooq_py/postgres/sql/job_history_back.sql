@@ -11,8 +11,13 @@ WITH back AS (
       AND j.tableoid OPERATOR(pg_catalog.<>) pg_catalog.to_regclass({job_literal})::pg_catalog.oid
     RETURNING j AS r
 )
--- Its end is now: the mover does not take it back before the retry's UPDATE has had it.
-INSERT INTO {job}
-SELECT (pg_catalog.jsonb_populate_record(b.r, pg_catalog.jsonb_build_object('updated_at', pg_catalog.now()))).*
-FROM back b
-RETURNING id
+-- Its end is now: the mover does not take it back before the retry's UPDATE has had it. SPEC T1:
+-- the insert's trigger gives a tenant job a new turn; the one it had is answered beside its id, for
+-- the retry to put back (a retried job keeps its turn, docs/tenants.md).
+, put AS (
+    INSERT INTO {job}
+    SELECT (pg_catalog.jsonb_populate_record(b.r, pg_catalog.jsonb_build_object('updated_at', pg_catalog.now()))).*
+    FROM back b
+    RETURNING id
+)
+SELECT p.id, (b.r).turn FROM put p JOIN back b ON (b.r).id OPERATOR(pg_catalog.=) p.id

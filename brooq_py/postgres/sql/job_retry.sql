@@ -15,11 +15,12 @@
 -- counted as one of the group's): it runs once every member has ended, the retried one too.
 -- The notification wakes the engines of its topic.
 -- SPEC B2: the job table alone (job_history_back.sql brings a moved job back first); a job moved
--- since changes nothing here, and the retry looks again.
+-- since changes nothing here, and the retry looks again. SPEC T1: %(turn)s, the turn a job brought
+-- back had (the insert gave it a new one); NULL: the row's own.
 WITH retried AS (
     UPDATE {live} j
     SET state = 'pending', attempts = 0, crashes = 0, available_at = now(), locked_by = NULL,
-        locked_until = NULL, updated_at = now()
+        locked_until = NULL, updated_at = now(), turn = coalesce(%(turn)s::float8, j.turn)
     WHERE j.id = %(id)s AND j.state IN ('dead', 'canceled')
       AND (j.unique_key IS NULL OR NOT EXISTS (
           SELECT FROM {job} h
