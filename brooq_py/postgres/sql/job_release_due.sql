@@ -21,7 +21,8 @@
 -- a snapshot that sees the signal and not the job sees a deleted job.
 -- SPEC B2, L3: the rows it locks and writes are active ones, in the job table alone ({live}): a
 -- table of history locked by an operator (a CREATE INDEX takes SHARE) holds up no tick. A child or
--- a signalled job no longer there (ended and moved to history, or deleted) owes nothing.
+-- a signalled job no longer there (ended and moved to history, or deleted) owes nothing: a signal
+-- of a job moved to history is looked at, one of a job gone is deleted (orphaned).
 WITH due AS (
     SELECT w.parent, w.child, p.state AS parent_state
     FROM {job_wait} w
@@ -91,7 +92,8 @@ WITH due AS (
     FROM owed o
     WHERE g.job_id = o.job_id AND g.name = o.name
       AND (EXISTS (SELECT FROM waiter w WHERE w.id = o.job_id AND w.state <> 'processing')
-           OR NOT EXISTS (SELECT FROM {live} l WHERE l.id = o.job_id))
+           OR (NOT EXISTS (SELECT FROM {live} l WHERE l.id = o.job_id)
+               AND EXISTS (SELECT FROM {job} h WHERE h.id = o.job_id)))
 ), orphaned AS (
     DELETE FROM {job_signal} g
     USING owed o
