@@ -452,8 +452,9 @@ class WorkerRepo:
     def write_progress(self, leases: Sequence[HeldLease]) -> frozenset[str]:
         """One statement (sql/job_progress.sql) on the heartbeat's connection, after its beat: the
         claims whose reported progress it wrote (rows locked elsewhere skipped, never waited on). It
-        waits PROGRESS_WAIT at most for a lock on the job table (an operator's CREATE INDEX), and for a
-        pool connection when the heartbeat's own is away: the next beat is never held up long."""
+        waits PROGRESS_LOCK_WAIT at most for a lock on the job table (an operator's CREATE INDEX), and
+        PROGRESS_WAIT for a pool connection when the heartbeat's own is away: the next beat is never
+        held up long."""
         doing = "writing the handlers' progress"
         params = self._renew_params(leases)
         query = self._q["job_progress"]
