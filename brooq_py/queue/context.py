@@ -38,8 +38,6 @@ R = TypeVar("R")
 _Progress = tuple[float | None, str | None]
 # A progress note is a short status line: longer ones are cut, so a renewal stays small.
 MAX_PROGRESS_NOTE = 1000
-# A durable call whose statement met an outage ends its attempt given back; the job is tried again after.
-OUTAGE_RETRY = timedelta(seconds=1)
 
 
 class Context:
@@ -231,20 +229,22 @@ class Context:
     @contextlib.contextmanager
     def _given_back_if_down(self, what: str) -> Iterator[None]:
         """A durable call whose statement met an outage (``StoreUnavailable``: a connection dropped, the
-        server gone) ends the attempt as a sleep does: given back, the job tried again after
-        OUTAGE_RETRY. The handler did not fail; the database was away (as a crash, L5'). A record that
-        committed before the drop is replayed by the next run; one that did not runs its step again."""
+        server gone) ends the attempt as a crash does (L5'): the handler did not fail, the database was
+        away. A record that committed before the drop is replayed by the next run; one that did not
+        runs its step again."""
         try:
             yield
         except StoreUnavailable as exc:
             raise self._outage(what, exc) from exc
 
-    def _outage(self, what: str, exc: StoreUnavailable) -> Snooze:
-        snooze = self._suspend(OUTAGE_RETRY)
-        snooze.outage = exc
-        seconds = OUTAGE_RETRY.total_seconds()
-        snooze.args = (f"{what}: {exc}; the attempt given back, the job tried again in {seconds:g}s",)
-        return snooze
+    def _outage(self, what: str, exc: StoreUnavailable) -> LeaseLost:
+        """Cancel the attempt with a LeaseLost caused by *exc*: the engine lets its claim go unsettled
+        and the reaper takes it back (attempt given back, one crash counted), as for a fenced one."""
+        lost = LeaseLost(f"{what}: {exc}; the claim let go, taken back as a crash")
+        lost.__cause__ = exc
+        self.cancel(lost)
+        cause = self._cause
+        return cause if isinstance(cause, LeaseLost) else lost
 
     def _suspend(self, delay: timedelta, waiting_for: str | None = None) -> Snooze:
         snooze = Snooze(max(delay, timedelta(0)))

@@ -88,7 +88,6 @@ class Snooze(Exception):
         if self.delay > MAX_SNOOZE:  # the wake-up must be a time PostgreSQL can store
             raise ValueError("Snooze: delay must be at most 100 years")
         self.waiting_for: str | None = None
-        self.outage: BaseException | None = None  # set by a durable call that lost the database
         super().__init__(f"snoozed for {self.delay.total_seconds():g}s")
 
 

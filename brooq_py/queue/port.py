@@ -56,8 +56,6 @@ class Outcome:
     result: str | None = field(default=None, compare=False)
     traceback: str | None = field(default=None, compare=False)
     waiting_for: str | None = field(default=None, compare=False)  # SCHEDULED: the signal it waits for
-    # An outage ended the attempt in a durable call (given back): counted with the crashes (L5').
-    crashed: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True)

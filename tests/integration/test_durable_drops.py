@@ -1,6 +1,7 @@
 """Durable steps, sleeps, waits and signals where they meet dropped connections (pg_terminate_backend),
 operator locks, cancels and retries (SPEC DS1-DS5, L5'): a durable call whose own statement met an
-outage ends its attempt given back (docs/durable.md), never as the handler's failure."""
+outage ends its attempt as a crash (docs/durable.md: the claim let go, the reaper takes the job back,
+the attempt given back), never as the handler's failure."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from psycopg_pool import ConnectionPool
 
 from brooq_py.engine import Engine
 from brooq_py.postgres import Store
-from brooq_py.queue import Claim, Context, Job, KindOptions, Snooze, State, StoreUnavailable, Tx
+from brooq_py.queue import Claim, Context, Job, KindOptions, LeaseLost, State, StoreUnavailable, Tx
 from tests.budget import app_name
 from tests.integration.test_durable_steps import ended, in_state
 from tests.polling import wait_for
@@ -146,10 +147,10 @@ def test_a_transaction_steps_commit_killed_writes_once(
     assert terminate(dsn, "query ILIKE 'commit%%' AND state = 'active'") == 1
     row = ended(store, jid)
     assert row.state is State.DONE, (row.state, row.last_error)
-    # the handler sees the attempt end as a sleep's does (its cause the outage), not a raw error
-    assert errors and isinstance(errors[0], Snooze), errors
-    assert isinstance(errors[0].__cause__, StoreUnavailable) and "given back" in str(errors[0])
-    assert row.attempts == 1  # the dropped attempt was given back
+    # the handler sees its claim lost (its cause the outage), not a raw error
+    assert errors and isinstance(errors[0], LeaseLost), errors
+    assert isinstance(errors[0].__cause__, StoreUnavailable) and "let go" in str(errors[0])
+    assert (row.attempts, row.crashes) == (1, 1)  # the dropped attempt was given back, as a crash
     assert runs["charge"] == 2  # the killed COMMIT committed nothing: fn ran again, once
     assert tq(store, "SELECT count(*) FROM {s}.pay") == [(1,)]
     assert [s.name for s in row.steps] == ["charge"]
@@ -274,7 +275,7 @@ def test_idle_pool_connections_dropped_between_two_steps_give_the_attempt_back(
     row = ended(store, jid)
     assert row.state is State.DONE, (row.state, row.attempts, row.last_error)
     assert (row.result, row.attempts) == (3, 1)
-    assert errors and all(isinstance(x, Snooze) for x in errors), errors
+    assert errors and all(isinstance(x, LeaseLost) for x in errors), errors
     assert isinstance(errors[0].__cause__, StoreUnavailable)
 
 

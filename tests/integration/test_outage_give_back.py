@@ -1,6 +1,6 @@
-"""Where a durable call's outage give-back (docs/durable.md) ends: a handler's own Snooze chained from
-another database's outage, and a step's fn that raises StoreUnavailable from another store, keep
-their usual rules (DS3: given back, never a crash; DS1: a failed attempt)."""
+"""Where a durable call's outage (docs/durable.md: taken back as a crash) ends: a handler's own Snooze
+chained from another database's outage, and a step's fn that raises StoreUnavailable from another
+store, keep their usual rules (DS3: given back, never a crash; DS1: a failed attempt)."""
 
 from __future__ import annotations
 

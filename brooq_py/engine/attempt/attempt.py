@@ -54,6 +54,7 @@ from brooq_py.queue import (
     MustDelay,
     MustPreserveAttempt,
     Snooze,
+    StoreUnavailable,
 )
 from brooq_py.queue.claim import Parent
 from brooq_py.queue.errors import find_signal
@@ -405,7 +406,11 @@ class Attempt:
         )
         outcome = self.decide(ending)
         if outcome is None:
-            self.let_go(unsettled=phase in (Phase.FENCED, Phase.HUNG))
+            # fenced, hung, or a durable call's outage (its claim may still be ours): the reaper's
+            outage = _outage(self.ctx.cause)
+            if outage:
+                self._hooks.tell_outage(self, self.ctx.cause)
+            self.let_go(unsettled=phase in (Phase.FENCED, Phase.HUNG) or outage)
             return None
         if phase is Phase.RAISED and error is not None:
             self._hooks.tell_failed(self, error, outcome)
@@ -473,6 +478,10 @@ class Hooks:
             self._count("lease_lost", a)
             self._tell(logging.WARNING, a, "lease lost; cancelling the handler, nothing will be written")
 
+    def tell_outage(self, a: Attempt, cause: BaseException | None) -> None:
+        self._count("lease_lost", a)
+        self._tell(logging.WARNING, a, "%s; the reaper takes the job back", cause)
+
     def tell_fenced(self, a: Attempt, lease: float) -> None:
         self._count("lease_lost", a)
         what = "no heartbeat for %gs: fencing (cancelling the handler, nothing will be written)"
@@ -506,9 +515,6 @@ class Hooks:
             find_signal(error, s) is not None
             for s in (MustCancelTask, MustDelay, MustPreserveAttempt, Snooze)
         ):
-            if isinstance(error, Snooze) and error.outage is not None:
-                self._tell(logging.WARNING, a, "ended by an outage: %s", error)
-                return
             self._tell(logging.INFO, a, "handler signalled %s%s", describe_error(error), then)
             return
         self.log.error(
@@ -536,3 +542,8 @@ def unstarted(a: Attempt) -> BaseException | None:
     if ending is not None:
         return LeaseLost(f"the attempt ended ({ending}) before its handler started")
     return None
+
+
+def _outage(cause: BaseException | None) -> bool:
+    """Whether *cause* is a durable call's lost database (``Context._outage``)."""
+    return isinstance(cause, LeaseLost) and isinstance(cause.__cause__, StoreUnavailable)

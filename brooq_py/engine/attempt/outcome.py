@@ -206,10 +206,6 @@ def decide(
     # handled when another error arose (its __context__) leaves that failure to spend the attempt.
     snooze = next((e for e in (error, error.__cause__) if isinstance(e, Snooze)), None)
     if snooze is not None:  # DS3, DS4: back to scheduled (waiting for a signal), the attempt given back
-        if snooze.outage is not None:  # a durable call lost the database: as a crash
-            return outcome(
-                State.SCHEDULED, delay=snooze.delay, give_back=True, crashed=True, last_error=str(snooze)
-            )
         return outcome(State.SCHEDULED, delay=snooze.delay, give_back=True, waiting_for=snooze.waiting_for)
     if find_signal(error, MustCancelTask) is not None:
         return outcome(State.CANCELED, last_error=describe_error(error))

@@ -13,15 +13,13 @@
 -- channel, not one per job; its column is not read. The claim token tells which outcome was
 -- written when a batch holds two of one job (a late outcome of an older claim beside the new).
 -- DS3, DS4: a scheduled outcome (a durable sleep, a wait for a signal, a Snooze) frees the
--- claim like a pending one, and names the signal the job waits for (NULL for every other). L5':
--- an attempt a durable call's outage ended (given back) counts with the crashes.
+-- claim like a pending one, and names the signal the job waits for (NULL for every other).
 -- The outcomes are unnested once, in the subquery that locks their rows: joined to them
 -- after the lock instead, the planner took a nested loop that unnested every array once
 -- per outcome (O(n^2): 270 ms for a batch of 500, SPEC BD1).
 UPDATE {live} j
 SET state = u.state,
     attempts = CASE WHEN u.give_back THEN greatest(j.attempts - 1, 0) ELSE j.attempts END,
-    crashes = CASE WHEN u.crashed THEN j.crashes + 1 ELSE j.crashes END,
     available_at = CASE WHEN u.state IN ('failed', 'pending', 'scheduled')
                         THEN now() + make_interval(secs => u.delay) ELSE j.available_at END,
     last_error = coalesce(u.error, j.last_error),
@@ -42,8 +40,8 @@ FROM (
     JOIN (SELECT x.*, 'processing'::text AS guard
           FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(states)s::text[], %(delays)s::float8[],
                       %(give_back)s::bool[], %(errors)s::text[], %(results)s::jsonb[], %(tracebacks)s::text[],
-                      %(waits)s::text[], %(crashed)s::bool[])
-              AS x(id, token, state, delay, give_back, error, result, traceback, waiting, crashed)
+                      %(waits)s::text[])
+              AS x(id, token, state, delay, give_back, error, result, traceback, waiting)
           OFFSET 0) o ON f.id = o.id
     WHERE f.id = ANY (%(ids)s::uuid[]) AND f.state = o.guard AND f.claim_token = o.token
     FOR NO KEY UPDATE OF f SKIP LOCKED

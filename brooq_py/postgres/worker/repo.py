@@ -323,7 +323,6 @@ class WorkerRepo:
             "results": _maybe_text_array([o.result for o in outcomes]),
             "tracebacks": _maybe_text_array([o.traceback for o in outcomes]),
             "waits": _maybe_text_array([o.waiting_for for o in outcomes]),
-            "crashed": bool_array([o.crashed for o in outcomes]),
             "notify": any(o.state in _ENDS for o in outcomes),
         }
 
